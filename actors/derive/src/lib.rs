@@ -1,0 +1,122 @@
+//! Procedural macros for mailring: `#[mailring::main]` (re-exported by `mailring`).
+//!
+//! This crate depends on no other mailring crate; generated code names
+//! `::mailring` paths.
+
+use proc_macro::TokenStream;
+use quote::quote;
+use syn::parse::Parser;
+use syn::punctuated::Punctuated;
+use syn::{parse_macro_input, Expr, FnArg, ItemFn, Lit, Meta, Token};
+
+/// Runs an `async fn main` on a mailring runtime.
+///
+/// Arguments (all optional): `shards = N`, `ring_entries = N`, `pin_threads = bool`.
+/// `main` may take one argument, a `mailring::Handle`. When the runtime cannot
+/// start, the error (cause and remedy) is printed and the process exits with
+/// status 1.
+///
+/// ```ignore
+/// #[mailring::main(shards = 2)]
+/// async fn main() {
+///     let h = mailring::spawn(async { 40 + 2 });
+///     assert_eq!(h.await.unwrap(), 42);
+/// }
+/// ```
+#[proc_macro_attribute]
+pub fn main(args: TokenStream, item: TokenStream) -> TokenStream {
+    let input = parse_macro_input!(item as ItemFn);
+    let parser = Punctuated::<Meta, Token![,]>::parse_terminated;
+    let args = match parser.parse(args) {
+        Ok(a) => a,
+        Err(e) => return e.to_compile_error().into(),
+    };
+    match expand_main(args, input) {
+        Ok(ts) => ts.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+fn expand_main(
+    args: Punctuated<Meta, Token![,]>,
+    input: ItemFn,
+) -> syn::Result<proc_macro2::TokenStream> {
+    if input.sig.asyncness.is_none() {
+        return Err(syn::Error::new_spanned(
+            input.sig.fn_token,
+            "#[mailring::main] needs an `async fn`",
+        ));
+    }
+    let mut settings = Vec::new();
+    for arg in args {
+        let Meta::NameValue(nv) = arg else {
+            return Err(syn::Error::new_spanned(arg, "expected `name = value`"));
+        };
+        let name = nv
+            .path
+            .get_ident()
+            .map(ToString::to_string)
+            .ok_or_else(|| syn::Error::new_spanned(&nv.path, "expected an identifier"))?;
+        let value = match &nv.value {
+            Expr::Lit(l) => match &l.lit {
+                Lit::Int(_) | Lit::Bool(_) => l.clone(),
+                other => {
+                    return Err(syn::Error::new_spanned(
+                        other,
+                        "expected an integer or a bool",
+                    ))
+                }
+            },
+            other => return Err(syn::Error::new_spanned(other, "expected a literal")),
+        };
+        let setting = match name.as_str() {
+            "shards" => quote!(.shards(#value)),
+            "ring_entries" => quote!(.ring_entries(#value)),
+            "pin_threads" => quote!(.pin_threads(#value)),
+            _ => {
+                return Err(syn::Error::new_spanned(
+                    &nv.path,
+                    "unknown setting: expected `shards`, `ring_entries` or `pin_threads`",
+                ))
+            }
+        };
+        settings.push(setting);
+    }
+    let attrs = &input.attrs;
+    let vis = &input.vis;
+    let body = &input.block;
+    let output = &input.sig.output;
+    let inputs: Vec<_> = input.sig.inputs.iter().collect();
+    let bind_handle = match inputs.as_slice() {
+        [] => quote!(),
+        [FnArg::Typed(pat)] => {
+            let pat = &pat.pat;
+            quote!(let #pat = __mailring_handle;)
+        }
+        _ => {
+            return Err(syn::Error::new_spanned(
+                &input.sig.inputs,
+                "#[mailring::main] takes no argument or one `mailring::Handle`",
+            ))
+        }
+    };
+    Ok(quote! {
+        #(#attrs)*
+        #vis fn main() #output {
+            let __mailring_rt = match ::mailring::Runtime::builder() #(#settings)* .build() {
+                ::core::result::Result::Ok(rt) => rt,
+                ::core::result::Result::Err(e) => {
+                    ::std::eprintln!("error: cannot start the mailring runtime: {}", e);
+                    ::std::process::exit(1);
+                }
+            };
+            let __mailring_handle = __mailring_rt.handle().clone();
+            let __mailring_out = __mailring_rt.block_on_local(move || async move {
+                #bind_handle
+                #body
+            });
+            __mailring_rt.shutdown();
+            __mailring_out
+        }
+    })
+}

@@ -1,0 +1,417 @@
+//! The io_uring driver: one ring per shard, created and used on the shard's thread only.
+//!
+//! Owns the ring, the external-wake eventfd (with one read armed on it), and the
+//! single armed `IORING_OP_TIMEOUT` that covers the shard's nearest timer
+//! deadline. Every SQE it queues either refers to no memory (doorbells, tiny
+//! messages, cancels) or to memory the driver owns and keeps until the
+//! matching CQE: the eventfd read buffer and the timeout's timespec.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Instant;
+
+use io_uring::types::{CancelBuilder, Fd, TimeoutFlags, Timespec};
+use io_uring::{opcode, squeue, EnterFlags, IoUring};
+
+use super::{
+    kind_of, token, Completion, RingFeatures, ShardDriver, WakeTarget, KIND_DOORBELL,
+    KIND_DOORBELL_SENT, KIND_EVENTFD, KIND_IGNORE, KIND_SHIFT, KIND_TIMER, KIND_TINY,
+    KIND_TINY_SENT,
+};
+use crate::builder::{Builder, ExternalWake};
+use crate::error::BuildError;
+
+/// The io_uring implementation of [`ShardDriver`].
+pub(crate) struct UringDriver {
+    ring: IoUring,
+    features: RingFeatures,
+    eventfd: OwnedFd,
+    /// Target of the armed eventfd read; lives until that read's CQE.
+    eventfd_buf: Box<u64>,
+    eventfd_armed: bool,
+    /// The armed timeout: its deadline and generation.
+    timer_armed: Option<(Instant, u64)>,
+    timer_generation: u64,
+    /// The armed timeout's absolute deadline; read by the kernel at submission.
+    timer_ts: Box<Timespec>,
+    timeouts_in_flight: usize,
+    skip_success: squeue::Flags,
+    cqes: Vec<(u64, i32)>,
+    cancelling: bool,
+    overflows: u64,
+}
+
+impl UringDriver {
+    /// Creates the ring of shard `shard`; must run on that shard's thread.
+    pub(crate) fn new(builder: &Builder, shard: usize) -> Result<Self, BuildError> {
+        let (ring, mut features) = super::probe::setup_ring(builder, shard)?;
+        features.registered_ring_fd = ring.submitter().register_ring_fd().is_ok();
+        // SAFETY: eventfd(2) has no memory arguments; the result is checked below.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(BuildError::Setup {
+                shard,
+                source: io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: `raw` is a fresh eventfd that nothing else owns.
+        let eventfd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let skip_success = if features.skip_cqe_on_success {
+            squeue::Flags::SKIP_SUCCESS
+        } else {
+            squeue::Flags::empty()
+        };
+        let mut driver = UringDriver {
+            ring,
+            features,
+            eventfd,
+            eventfd_buf: Box::new(0),
+            eventfd_armed: false,
+            timer_armed: None,
+            timer_generation: 0,
+            timer_ts: Box::new(Timespec::new()),
+            timeouts_in_flight: 0,
+            skip_success,
+            cqes: Vec::with_capacity(256),
+            cancelling: false,
+            overflows: 0,
+        };
+        driver.features.send_msg_ring =
+            builder.external_wake != ExternalWake::EventFd && driver.probe_send_msg_ring();
+        driver.arm_eventfd();
+        driver
+            .submit()
+            .map_err(|source| BuildError::Setup { shard, source })?;
+        Ok(driver)
+    }
+
+    /// Tries `IORING_REGISTER_SEND_MSG_RING` on our own ring (kernel 6.13+).
+    fn probe_send_msg_ring(&mut self) -> bool {
+        let target = self.ring.as_raw_fd();
+        let ok = send_msg_ring_from_outside(target, token(KIND_IGNORE, 0), 0).is_ok();
+        // Consume the probe's completion, if any, so it does not linger.
+        let _ = self.ring.submit();
+        self.ring.completion().for_each(drop);
+        ok
+    }
+
+    fn arm_eventfd(&mut self) {
+        if self.eventfd_armed || self.cancelling {
+            return;
+        }
+        let buf: *mut u64 = &mut *self.eventfd_buf;
+        let entry = opcode::Read::new(Fd(self.eventfd.as_raw_fd()), buf.cast(), 8)
+            .build()
+            .user_data(token(KIND_EVENTFD, 0));
+        // SAFETY: the read targets `eventfd_buf`, a heap allocation owned by the
+        // driver; it is freed only after this read's CQE (see `Drop`), and no
+        // other read is armed on it meanwhile (`eventfd_armed`).
+        unsafe { self.push(&entry) };
+        self.eventfd_armed = true;
+    }
+
+    /// Pushes an SQE, submitting first when the queue is full so that internal
+    /// SQEs (doorbells, timers, cancels) are never refused.
+    ///
+    /// # Safety
+    ///
+    /// Memory the entry points to must stay valid until its CQE (or, for a
+    /// timespec, until it has been submitted).
+    unsafe fn push(&mut self, entry: &squeue::Entry) {
+        loop {
+            // SAFETY: forwarded from this function's contract.
+            if unsafe { self.ring.submission().push(entry) }.is_ok() {
+                return;
+            }
+            if let Err(e) = self.ring.submit() {
+                if e.raw_os_error() == Some(libc::EBUSY) {
+                    // CQ overflow backlog: make room by consuming completions
+                    // later; the SQ drains once the kernel accepts again.
+                    let _ = self.ring.submitter().submit_and_wait(0);
+                }
+            }
+        }
+    }
+
+    fn absolute_timespec(deadline: Instant) -> Timespec {
+        let mut now_ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now_ts` is a valid, writable timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now_ts) };
+        let delta = deadline.saturating_duration_since(Instant::now());
+        let mut sec = now_ts.tv_sec as u64 + delta.as_secs();
+        let mut nsec = now_ts.tv_nsec as u64 + u64::from(delta.subsec_nanos());
+        if nsec >= 1_000_000_000 {
+            sec += 1;
+            nsec -= 1_000_000_000;
+        }
+        Timespec::new().sec(sec).nsec(nsec as u32)
+    }
+}
+
+/// Posts a `MSG_RING` data message to `target_ring_fd` from a thread with no ring
+/// (`IORING_REGISTER_SEND_MSG_RING`, Linux 6.13+).
+pub(crate) fn send_msg_ring_from_outside(
+    target_ring_fd: i32,
+    user_data: u64,
+    value: i32,
+) -> io::Result<()> {
+    const IORING_REGISTER_SEND_MSG_RING: libc::c_uint = 31;
+    let entry = opcode::MsgRingData::new(Fd(target_ring_fd), value, user_data, None).build();
+    // SAFETY: `squeue::Entry` is `repr(C)` around one `io_uring_sqe`, which is what
+    // this register opcode reads (one entry, `nr_args == 1`); fd -1 means "no ring".
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_register,
+            -1,
+            IORING_REGISTER_SEND_MSG_RING,
+            &entry as *const squeue::Entry,
+            1,
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Wakes a shard through its eventfd.
+pub(crate) fn write_eventfd(eventfd: i32) -> io::Result<()> {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a valid u64 to an fd; the caller keeps the fd open
+    // (the runtime's wake gate is held while external wakes are sent).
+    let n = unsafe { libc::write(eventfd, (&one as *const u64).cast(), 8) };
+    if n == 8 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+impl ShardDriver for UringDriver {
+    fn features(&self) -> &RingFeatures {
+        &self.features
+    }
+
+    fn wake_target(&self) -> WakeTarget {
+        WakeTarget {
+            ring_fd: self.ring.as_raw_fd(),
+            eventfd: self.eventfd.as_raw_fd(),
+            send_msg_ring: self.features.send_msg_ring,
+        }
+    }
+
+    fn queue_doorbell(&mut self, target_index: usize, target: &WakeTarget) {
+        let entry = opcode::MsgRingData::new(Fd(target.ring_fd), 0, token(KIND_DOORBELL, 0), None)
+            .build()
+            .flags(self.skip_success)
+            .user_data(token(KIND_DOORBELL_SENT, target_index as u64));
+        // SAFETY: a MSG_RING data SQE refers to no memory.
+        unsafe { self.push(&entry) };
+    }
+
+    fn queue_tiny(
+        &mut self,
+        from: usize,
+        target_index: usize,
+        target: &WakeTarget,
+        tag: u16,
+        value: u32,
+    ) {
+        let theirs = token(KIND_TINY, ((from as u64 & 0xffff) << 40) | u64::from(tag));
+        let ours = token(
+            KIND_TINY_SENT,
+            ((target_index as u64 & 0xff) << 48) | (u64::from(tag) << 32) | u64::from(value),
+        );
+        let entry = opcode::MsgRingData::new(Fd(target.ring_fd), value as i32, theirs, None)
+            .build()
+            .flags(self.skip_success)
+            .user_data(ours);
+        // SAFETY: a MSG_RING data SQE refers to no memory.
+        unsafe { self.push(&entry) };
+    }
+
+    fn arm_timer(&mut self, deadline: Instant) {
+        if let Some((armed, generation)) = self.timer_armed {
+            if armed <= deadline {
+                return;
+            }
+            let remove = opcode::TimeoutRemove::new(token(KIND_TIMER, generation))
+                .build()
+                .flags(self.skip_success)
+                .user_data(token(KIND_IGNORE, 0));
+            // SAFETY: a timeout removal refers to no memory.
+            unsafe { self.push(&remove) };
+        }
+        self.timer_generation += 1;
+        *self.timer_ts = Self::absolute_timespec(deadline);
+        let ts: *const Timespec = &*self.timer_ts;
+        let entry = opcode::Timeout::new(ts)
+            .flags(TimeoutFlags::ABS)
+            .build()
+            .user_data(token(KIND_TIMER, self.timer_generation));
+        // SAFETY: `timer_ts` is owned by the driver and only rewritten by the next
+        // `arm_timer`, which the scheduler calls once per park, after the previous
+        // SQE was submitted by `wait`; the kernel copies the timespec at submission.
+        unsafe { self.push(&entry) };
+        self.timeouts_in_flight += 1;
+        self.timer_armed = Some((deadline, self.timer_generation));
+    }
+
+    fn has_completions(&self) -> bool {
+        // SAFETY: only the head/tail/flags words are read; this thread is the
+        // ring's single issuer and no `SubmissionQueue`/`CompletionQueue` borrow
+        // is alive across this call.
+        let (sq, cq) = unsafe { (self.ring.submission_shared(), self.ring.completion_shared()) };
+        !cq.is_empty() || sq.taskrun() || sq.cq_overflow()
+    }
+
+    fn submit(&mut self) -> io::Result<()> {
+        let (needed, overflow) = {
+            let sq = self.ring.submission();
+            (
+                !sq.is_empty() || sq.taskrun() || sq.cq_overflow(),
+                sq.cq_overflow(),
+            )
+        };
+        if overflow {
+            self.overflows += 1;
+        }
+        if !needed {
+            return Ok(());
+        }
+        match self.ring.submit() {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn wait(&mut self) -> io::Result<()> {
+        let mut flags = EnterFlags::GETEVENTS;
+        if self.features.no_iowait {
+            flags |= EnterFlags::NO_IOWAIT;
+        }
+        let to_submit = self.ring.submission().len() as u32;
+        // SAFETY: no extra argument is passed (`None`); flags are valid enter flags.
+        let res = unsafe {
+            self.ring
+                .submitter()
+                .enter::<libc::sigset_t>(to_submit, 1, flags.bits(), None)
+        };
+        match res {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EBUSY | libc::ETIME | libc::EAGAIN)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn reap(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+        self.cqes.clear();
+        self.cqes.extend(
+            self.ring
+                .completion()
+                .map(|cqe| (cqe.user_data(), cqe.result())),
+        );
+        let n = self.cqes.len();
+        for i in 0..n {
+            let (user_data, res) = self.cqes[i];
+            let rest = user_data & ((1 << KIND_SHIFT) - 1);
+            match kind_of(user_data) {
+                KIND_TINY => sink(Completion::Tiny {
+                    from: (rest >> 40) as u16,
+                    tag: rest as u16,
+                    value: res as u32,
+                }),
+                KIND_TIMER => {
+                    self.timeouts_in_flight = self.timeouts_in_flight.saturating_sub(1);
+                    if matches!(self.timer_armed, Some((_, generation)) if generation == rest) {
+                        self.timer_armed = None;
+                    }
+                }
+                KIND_EVENTFD => {
+                    self.eventfd_armed = false;
+                    self.arm_eventfd();
+                }
+                KIND_DOORBELL_SENT if res < 0 => sink(Completion::DoorbellFailed {
+                    target: rest as usize,
+                }),
+                KIND_TINY_SENT if res < 0 => sink(Completion::TinyFailed {
+                    target: ((rest >> 48) & 0xff) as usize,
+                    tag: (rest >> 32) as u16,
+                    value: rest as u32,
+                }),
+                // Doorbells only wake the ring; sender-side successes, cancels and
+                // timeout removals need nothing.
+                _ => {}
+            }
+        }
+        n
+    }
+
+    fn in_flight(&self) -> usize {
+        usize::from(self.eventfd_armed) + self.timeouts_in_flight
+    }
+
+    fn cancel_all(&mut self) {
+        self.cancelling = true;
+        if let Some((_, generation)) = self.timer_armed {
+            let remove = opcode::TimeoutRemove::new(token(KIND_TIMER, generation))
+                .build()
+                .user_data(token(KIND_IGNORE, 0));
+            // SAFETY: a timeout removal refers to no memory.
+            unsafe { self.push(&remove) };
+        }
+        let cancel = opcode::AsyncCancel2::new(CancelBuilder::any().all())
+            .build()
+            .user_data(token(KIND_IGNORE, 0));
+        // SAFETY: a cancel refers to no memory.
+        unsafe { self.push(&cancel) };
+        // Completing the eventfd read for certain, whatever the cancel matched.
+        if self.eventfd_armed {
+            let _ = write_eventfd(self.eventfd.as_raw_fd());
+        }
+        let _ = self.submit();
+    }
+
+    fn cq_overflows(&self) -> u64 {
+        self.overflows
+    }
+}
+
+impl std::fmt::Debug for UringDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringDriver")
+            .field("features", &self.features)
+            .field("in_flight", &self.in_flight())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for UringDriver {
+    fn drop(&mut self) {
+        if self.eventfd_armed {
+            // The kernel may still write into the buffer while the ring tears
+            // down: give it up rather than free memory it could touch.
+            let buf = std::mem::replace(&mut self.eventfd_buf, Box::new(0));
+            Box::leak(buf);
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Tiny messages and coalesced hot counters.
+//!
+//! A tiny message is a 16-bit tag and a 32-bit value carried by the
+//! `IORING_OP_MSG_RING` completion itself: no payload queue, no allocation.
+//! Messages sent during one shard tick are queued per destination and posted
+//! when the tick ends.
+//!
+//! A tag registered with [`Builder::coalesced_hot_tag`](crate::Builder::coalesced_hot_tag)
+//! is a *hot counter*: values arriving on a shard are summed into a shard-local
+//! counter instead of becoming one event each, and senders sum their own
+//! increments per destination within a tick, so a burst of a million
+//! increments can cost a handful of completions. Consumers take the sum with
+//! [`next_hot_count`] or [`try_take_hot_count`]. Other tags queue their messages
+//! per tag for [`next_tiny`] / [`try_next_tiny`].
+//!
+//! Each (shard, tag) has one logical consumer; if several tasks wait on the same
+//! tag, all are woken and the first to look takes the value.
+//!
+//! # Examples
+//!
+//! ```
+//! use mailring::{hot, Placement, ShardId};
+//! let rt = mailring::Runtime::builder().shards(2).coalesced_hot_tag(7).build()?;
+//! let total = rt.block_on(async {
+//!     let consumer = mailring::spawn_with(Placement::Pinned(ShardId::new(1)), async {
+//!         let mut sum = 0;
+//!         while sum < 6 {
+//!             sum += hot::next_hot_count(7).await;
+//!         }
+//!         sum
+//!     });
+//!     for v in 1..=3 {
+//!         hot::send_tiny(ShardId::new(1), 7, v);
+//!     }
+//!     consumer.await.unwrap()
+//! });
+//! assert_eq!(total, 6);
+//! # Ok::<(), mailring::BuildError>(())
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::future::poll_fn;
+use std::task::{Poll, Waker};
+
+use crate::shard::{with_current, ShardId};
+
+/// A tiny message as received.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TinyMessage {
+    /// The sending shard; `None` when it came from a thread outside the runtime.
+    pub from: Option<ShardId>,
+    /// The tag it was sent with.
+    pub tag: u16,
+    /// The value.
+    pub value: u32,
+}
+
+#[derive(Debug, Default)]
+struct Counter {
+    value: u64,
+    waiters: Vec<Waker>,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    items: VecDeque<TinyMessage>,
+    waiters: Vec<Waker>,
+}
+
+/// The receiving side of one shard.
+#[derive(Debug)]
+pub(crate) struct HotState {
+    threshold: u64,
+    counters: HashMap<u16, Counter>,
+    queues: HashMap<u16, Queue>,
+}
+
+impl HotState {
+    pub(crate) fn new(hot_tags: &[u16], threshold: u64) -> Self {
+        HotState {
+            threshold,
+            counters: hot_tags.iter().map(|&t| (t, Counter::default())).collect(),
+            queues: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn is_hot(&self, tag: u16) -> bool {
+        self.counters.contains_key(&tag)
+    }
+
+    /// Files one arrival; wakers to call are appended to `wake`.
+    pub(crate) fn ingest(&mut self, msg: TinyMessage, wake: &mut Vec<Waker>) {
+        if let Some(c) = self.counters.get_mut(&msg.tag) {
+            c.value += u64::from(msg.value);
+            if c.value >= self.threshold {
+                wake.append(&mut c.waiters);
+            }
+        } else {
+            let q = self.queues.entry(msg.tag).or_default();
+            q.items.push_back(msg);
+            wake.append(&mut q.waiters);
+        }
+    }
+
+    /// The shard is about to go idle: wake consumers of every non-zero counter
+    /// still under the threshold. Returns whether anyone was woken.
+    pub(crate) fn flush_idle(&mut self, wake: &mut Vec<Waker>) -> bool {
+        let before = wake.len();
+        for c in self.counters.values_mut() {
+            if c.value > 0 {
+                wake.append(&mut c.waiters);
+            }
+        }
+        wake.len() > before
+    }
+
+    fn take_count(&mut self, tag: u16) -> Option<u64> {
+        let c = self.counters.get_mut(&tag)?;
+        (c.value > 0).then(|| std::mem::take(&mut c.value))
+    }
+
+    pub(crate) fn clear(&mut self) {
+        for c in self.counters.values_mut() {
+            c.waiters.clear();
+        }
+        self.queues.clear();
+    }
+}
+
+fn on_shard<R>(what: &str, f: impl FnOnce(&crate::shard::Shard) -> R) -> R {
+    with_current(f)
+        .unwrap_or_else(|| panic!("mailring::hot::{what} must be called on a mailring shard"))
+}
+
+/// Sends a tiny message from the current shard to shard `to`.
+///
+/// It is posted at the end of the current tick with the other messages of the
+/// tick (hot tags summed per destination). To the current shard itself it is
+/// delivered at once. From outside the runtime use [`crate::Handle::send_tiny`].
+///
+/// # Panics
+///
+/// Outside a mailring shard, or when `to` is not a shard of this runtime.
+pub fn send_tiny(to: ShardId, tag: u16, value: u32) {
+    on_shard("send_tiny", |shard| shard.send_tiny(to.index(), tag, value));
+}
+
+/// Takes the current shard's hot counter for `tag` if it is non-zero.
+///
+/// # Panics
+///
+/// Outside a mailring shard, or when `tag` was not registered as a hot tag.
+pub fn try_take_hot_count(tag: u16) -> Option<u64> {
+    on_shard("try_take_hot_count", |shard| {
+        let mut hot = shard.hot_mut();
+        assert!(
+            hot.is_hot(tag),
+            "tag {tag} is not a coalesced hot tag: register it with Builder::coalesced_hot_tag"
+        );
+        hot.take_count(tag)
+    })
+}
+
+/// Waits until the current shard's hot counter for `tag` is non-zero (and has
+/// reached the wake threshold, or the shard has nothing else to do), then takes it.
+///
+/// # Panics
+///
+/// Outside a mailring shard, or when `tag` was not registered as a hot tag.
+pub async fn next_hot_count(tag: u16) -> u64 {
+    poll_fn(|cx| {
+        on_shard("next_hot_count", |shard| {
+            let mut hot = shard.hot_mut();
+            assert!(
+                hot.is_hot(tag),
+                "tag {tag} is not a coalesced hot tag: register it with Builder::coalesced_hot_tag"
+            );
+            if let Some(v) = hot.take_count(tag) {
+                return Poll::Ready(v);
+            }
+            let c = hot.counters.get_mut(&tag).expect("checked above");
+            if !c.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                c.waiters.push(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+    })
+    .await
+}
+
+/// Takes the oldest queued tiny message with `tag` on the current shard.
+///
+/// # Panics
+///
+/// Outside a mailring shard.
+pub fn try_next_tiny(tag: u16) -> Option<TinyMessage> {
+    on_shard("try_next_tiny", |shard| {
+        shard
+            .hot_mut()
+            .queues
+            .get_mut(&tag)
+            .and_then(|q| q.items.pop_front())
+    })
+}
+
+/// Waits for the next tiny message with `tag` on the current shard.
+///
+/// # Panics
+///
+/// Outside a mailring shard.
+pub async fn next_tiny(tag: u16) -> TinyMessage {
+    poll_fn(|cx| {
+        on_shard("next_tiny", |shard| {
+            let mut hot = shard.hot_mut();
+            let q = hot.queues.entry(tag).or_default();
+            if let Some(m) = q.items.pop_front() {
+                return Poll::Ready(m);
+            }
+            if !q.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                q.waiters.push(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+    })
+    .await
+}

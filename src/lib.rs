@@ -1,0 +1,209 @@
+//! mailring: an actor/session runtime whose tasks live on io_uring shards.
+//!
+//! A **shard** is one thread with its own io_uring ring, a local run queue, a
+//! deque of stealable tasks, and an inbox for work from elsewhere. Tasks are
+//! placed by a [`Placement`]; a task that has started never changes shard.
+//! Shards that sleep are woken by **doorbells**: one `IORING_OP_MSG_RING` per
+//! burst from the sender's own ring, never one per message.
+//!
+//! # The loop every shard runs
+//!
+//! ```text
+//! drain inbox → reap completions → fire timers → poll up to N tasks
+//!   → publish this tick's cross-shard batches (one doorbell per sleeping target)
+//! nothing to do? steal unstarted tasks (injector, then peers in random order)
+//! still nothing? spin for the idle budget, then block in io_uring_enter
+//! ```
+//!
+//! # Examples
+//!
+//! ```
+//! use mailring::{Placement, ShardId};
+//!
+//! let rt = mailring::Runtime::builder().shards(2).build()?;
+//! let sum = rt.block_on(async {
+//!     let handles: Vec<_> = (0..8u64)
+//!         .map(|i| mailring::spawn_with(Placement::Sticky(i), async move { i * 2 }))
+//!         .collect();
+//!     let mut sum = 0;
+//!     for h in handles {
+//!         sum += h.await.unwrap();
+//!     }
+//!     sum
+//! });
+//! assert_eq!(sum, 56);
+//! # Ok::<(), mailring::BuildError>(())
+//! ```
+//!
+//! When io_uring cannot be used here (disabled by sysctl, refused by a seccomp
+//! profile, a kernel without `IORING_OP_MSG_RING`), [`Builder::build`] returns
+//! a [`BuildError`] that names the cause and the remedy.
+
+#![cfg_attr(loom, allow(dead_code, unused_imports))]
+
+mod doorbell;
+mod loom;
+
+#[cfg(not(loom))]
+mod blocking;
+#[cfg(not(loom))]
+mod builder;
+#[cfg(not(loom))]
+mod driver;
+#[cfg(not(loom))]
+mod error;
+#[cfg(not(loom))]
+pub mod hot;
+#[cfg(not(loom))]
+mod placement;
+#[cfg(not(loom))]
+mod runtime;
+#[cfg(not(loom))]
+mod shard;
+#[cfg(not(loom))]
+mod stats;
+#[cfg(not(loom))]
+mod task;
+#[cfg(not(loom))]
+pub mod time;
+
+#[cfg(not(loom))]
+pub use crate::api::*;
+
+#[cfg(not(loom))]
+mod api {
+    use std::future::{poll_fn, Future};
+    use std::task::Poll;
+
+    pub use crate::builder::{Builder, ExternalWake, FaultInjection, IdlePolicy, MAX_SHARDS};
+    pub use crate::driver::RingFeatures;
+    pub use crate::error::BuildError;
+    pub use crate::placement::{sticky_shard, Placement};
+    pub use crate::runtime::{Handle, Runtime};
+    pub use crate::shard::ShardId;
+    pub use crate::stats::{ExternalWakeMode, RuntimeStats, ShardStats};
+    pub use crate::task::join::{JoinError, JoinHandle};
+    pub use mailring_macros::main;
+
+    use crate::shard::with_current;
+    use crate::task::Task;
+
+    /// Spawns a `Send` future as [`Placement::Stealable`] on the current runtime.
+    ///
+    /// # Panics
+    ///
+    /// Outside a mailring shard; use [`Handle::spawn`] there.
+    pub fn spawn<F>(future: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        Handle::current().spawn(future)
+    }
+
+    /// Spawns a `Send` future pinned to `shard` of the current runtime.
+    ///
+    /// # Panics
+    ///
+    /// Outside a mailring shard, or when `shard` does not exist.
+    pub fn spawn_on<F>(shard: ShardId, future: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        Handle::current().spawn_on(shard, future)
+    }
+
+    /// Spawns a `Send` future with `placement` on the current runtime.
+    ///
+    /// # Panics
+    ///
+    /// Outside a mailring shard, or when the placement names a missing shard.
+    pub fn spawn_with<F>(placement: Placement, future: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        Handle::current().spawn_with(placement, future)
+    }
+
+    /// Spawns a future that need not be `Send` on the current shard; it runs
+    /// only there.
+    ///
+    /// # Panics
+    ///
+    /// Outside a mailring shard.
+    pub fn spawn_local<F>(future: F) -> JoinHandle<F::Output>
+    where
+        F: Future + 'static,
+        F::Output: 'static,
+    {
+        with_current(move |shard| {
+            let task = Task::new(future, shard.shared.clone(), shard.index());
+            task.register_owned(shard);
+            let handle = JoinHandle::new(task.clone());
+            shard.push_local(task);
+            handle
+        })
+        .expect("mailring::spawn_local called outside a mailring shard")
+    }
+
+    /// Runs blocking work on the current runtime's blocking pool.
+    ///
+    /// # Panics
+    ///
+    /// Outside a mailring shard; use [`Handle::spawn_blocking`] there.
+    pub fn spawn_blocking<F, T>(f: F) -> JoinHandle<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        Handle::current().spawn_blocking(f)
+    }
+
+    /// The shard running the caller, if any.
+    pub fn current_shard() -> Option<ShardId> {
+        with_current(|shard| ShardId::new(shard.index()))
+    }
+
+    /// Lets the shard run other ready tasks before continuing.
+    pub async fn yield_now() {
+        let mut yielded = false;
+        poll_fn(|cx| {
+            if yielded {
+                return Poll::Ready(());
+            }
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        })
+        .await;
+    }
+
+    /// Starts a runtime with the default settings, runs `f`'s future on shard 0
+    /// until it finishes, and shuts the runtime down.
+    ///
+    /// # Errors
+    ///
+    /// A [`BuildError`] when the runtime cannot start.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let n = mailring::run(|handle| async move { handle.shards() })?;
+    /// assert!(n >= 1);
+    /// # Ok::<(), mailring::BuildError>(())
+    /// ```
+    pub fn run<G, Fut>(f: G) -> Result<Fut::Output, BuildError>
+    where
+        G: FnOnce(Handle) -> Fut + Send + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
+        let rt = Runtime::new()?;
+        let handle = rt.handle().clone();
+        let out = rt.block_on_local(move || f(handle));
+        rt.shutdown();
+        Ok(out)
+    }
+}

@@ -1,0 +1,592 @@
+//! The runtime: starting shards, the [`Handle`] that spawns onto them,
+//! `block_on`, statistics, and the shutdown protocol.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Barrier, RwLock};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::{self, Thread};
+
+use crossbeam_deque::{Injector, Steal, Worker};
+
+use crate::blocking::BlockingPool;
+use crate::builder::{Builder, IdlePolicy};
+use crate::doorbell::{Delivery, Inbox};
+use crate::driver::uring::{send_msg_ring_from_outside, write_eventfd};
+use crate::driver::{token, KIND_DOORBELL};
+use crate::error::BuildError;
+use crate::hot::TinyMessage;
+use crate::placement::{sticky_shard, Placement};
+use crate::shard::{shard_main, with_current, InboxItem, SetupReport, ShardId, ShardRemote};
+use crate::stats::{ExternalWakeMode, RuntimeStats, ShardCounters};
+use crate::task::join::{JoinError, JoinHandle};
+use crate::task::{LocalFactory, Task, TaskRef};
+
+static NEXT_RUNTIME_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Settings every shard reads.
+#[derive(Debug)]
+pub(crate) struct Config {
+    pub(crate) idle: IdlePolicy,
+    pub(crate) task_budget: usize,
+    pub(crate) hot_tags: Vec<u16>,
+    pub(crate) hot_wake_threshold: u64,
+}
+
+/// State shared by all shards of one runtime and its handles.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) id: u64,
+    pub(crate) shards: Box<[ShardRemote]>,
+    /// Stealable tasks spawned from threads outside the runtime.
+    pub(crate) injector: Injector<TaskRef>,
+    pub(crate) config: Config,
+    pub(crate) shutdown_barrier: Barrier,
+    round_robin: AtomicUsize,
+    shutdown: AtomicBool,
+    /// `true` while shard fds may be targeted by external wakes.
+    wake_gate: RwLock<bool>,
+    external_mode: ExternalWakeMode,
+    external_wakes: AtomicU64,
+    blocking: BlockingPool,
+}
+
+impl Shared {
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutdown.load(Ordering::SeqCst)
+    }
+
+    /// Re-queues a woken task on its home shard (see `task` module docs, step 3).
+    pub(crate) fn schedule_task(self: &Arc<Self>, task: TaskRef, home: usize) {
+        self.deliver(home, InboxItem::Task(task));
+    }
+
+    /// Hands `item` to shard `dest` from wherever the caller is.
+    fn deliver(self: &Arc<Self>, dest: usize, item: InboxItem) {
+        let mut item = Some(item);
+        with_current(|shard| {
+            if shard.belongs_to(self) {
+                shard.send_item(dest, item.take().expect("item present"));
+            }
+        });
+        if let Some(item) = item {
+            self.push_from_outside(dest, item);
+        }
+    }
+
+    fn push_from_outside(&self, dest: usize, item: InboxItem) {
+        match self.shards[dest].inbox.push(item) {
+            Ok(Delivery::Ring) => self.wake_from_outside(dest),
+            Ok(Delivery::Coalesced) => {}
+            // Shut down: nobody will run it.
+            Err(item) => item.refuse(),
+        }
+    }
+
+    /// Wakes shard `dest` from a thread that has no ring of this runtime.
+    fn wake_from_outside(&self, dest: usize) {
+        let gate = self.wake_gate.read().unwrap_or_else(|p| p.into_inner());
+        if !*gate {
+            return;
+        }
+        let target = &self.shards[dest].target;
+        let sent = self.external_mode == ExternalWakeMode::SendMsgRing
+            && send_msg_ring_from_outside(target.ring_fd, token(KIND_DOORBELL, 0), 0).is_ok();
+        if !sent {
+            let _ = write_eventfd(target.eventfd);
+        }
+        self.external_wakes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Wakes one sleeping shard so it picks up injected work.
+    fn wake_one_sleeping(&self) {
+        for (i, remote) in self.shards.iter().enumerate() {
+            if remote.inbox.is_sleeping() && remote.inbox.claim_wake() == Delivery::Ring {
+                self.wake_from_outside(i);
+                return;
+            }
+        }
+    }
+
+    fn submit(self: &Arc<Self>, task: TaskRef, placement: Placement) {
+        let n = self.shards.len();
+        let check = |s: ShardId| {
+            assert!(
+                s.index() < n,
+                "{s} does not exist: this runtime has {n} shards"
+            );
+            s.index()
+        };
+        match placement {
+            Placement::Pinned(s) => self.deliver(check(s), InboxItem::Task(task)),
+            Placement::Sticky(key) => {
+                self.deliver(sticky_shard(key, n).index(), InboxItem::Task(task))
+            }
+            Placement::RoundRobin => {
+                let s = self.round_robin.fetch_add(1, Ordering::Relaxed) % n;
+                self.deliver(s, InboxItem::Task(task));
+            }
+            Placement::StealablePreferred(s) => self.deliver(check(s), InboxItem::Stealable(task)),
+            Placement::Stealable => {
+                let mut task = Some(task);
+                with_current(|shard| {
+                    if shard.belongs_to(self) {
+                        let dest = shard.least_loaded();
+                        shard.send_item(
+                            dest,
+                            InboxItem::Stealable(task.take().expect("task present")),
+                        );
+                    }
+                });
+                if let Some(task) = task {
+                    self.injector.push(task);
+                    self.wake_one_sleeping();
+                }
+            }
+        }
+    }
+}
+
+/// A cheap, cloneable reference to a runtime, usable from any thread.
+///
+/// Spawning through a handle works from shard threads and from outside
+/// threads alike; from a shard, deliveries to other shards are batched until
+/// the end of the current tick.
+#[derive(Debug, Clone)]
+pub struct Handle {
+    shared: Arc<Shared>,
+}
+
+impl Handle {
+    /// The handle of the runtime whose shard is running the caller.
+    ///
+    /// # Panics
+    ///
+    /// Outside a mailring shard; see [`Handle::try_current`].
+    pub fn current() -> Handle {
+        Self::try_current().expect("Handle::current() called outside a mailring shard")
+    }
+
+    /// The handle of the current shard's runtime, if the caller runs on one.
+    pub fn try_current() -> Option<Handle> {
+        with_current(|shard| Handle {
+            shared: shard.shared.clone(),
+        })
+    }
+
+    /// The number of shards.
+    pub fn shards(&self) -> usize {
+        self.shared.shards.len()
+    }
+
+    /// Spawns a `Send` future as [`Placement::Stealable`].
+    pub fn spawn<F>(&self, future: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.spawn_with(Placement::Stealable, future)
+    }
+
+    /// Spawns a `Send` future pinned to `shard`.
+    ///
+    /// # Panics
+    ///
+    /// When `shard` is not a shard of this runtime.
+    pub fn spawn_on<F>(&self, shard: ShardId, future: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.spawn_with(Placement::Pinned(shard), future)
+    }
+
+    /// Spawns a `Send` future with the given [`Placement`].
+    ///
+    /// # Panics
+    ///
+    /// When the placement names a shard this runtime does not have.
+    pub fn spawn_with<F>(&self, placement: Placement, future: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let task = Task::new(future, self.shared.clone(), 0);
+        let handle = JoinHandle::new(task.clone());
+        self.shared.submit(task, placement);
+        handle
+    }
+
+    /// Builds a future on `shard` with a `Send` factory and runs it there.
+    ///
+    /// The future itself need not be `Send` (it may hold `Rc` or `RefCell`
+    /// state): it is created, polled and dropped on `shard` only.
+    ///
+    /// # Panics
+    ///
+    /// When `shard` is not a shard of this runtime.
+    pub fn spawn_local_on<G, Fut>(&self, shard: ShardId, factory: G) -> JoinHandle<Fut::Output>
+    where
+        G: FnOnce() -> Fut + Send + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
+        let future = LocalFactory::Factory(Some(factory));
+        let task = Task::new(future, self.shared.clone(), shard.index());
+        let handle = JoinHandle::new(task.clone());
+        self.shared.submit(task, Placement::Pinned(shard));
+        handle
+    }
+
+    /// Runs blocking work on the blocking pool, off the shards.
+    pub fn spawn_blocking<F, T>(&self, f: F) -> JoinHandle<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        self.shared.blocking.spawn(f)
+    }
+
+    /// Runs `f` on `shard` (in its next tick).
+    ///
+    /// # Panics
+    ///
+    /// When `shard` is not a shard of this runtime.
+    pub fn run_on(&self, shard: ShardId, f: impl FnOnce() + Send + 'static) {
+        assert!(shard.index() < self.shards(), "{shard} does not exist");
+        self.shared
+            .deliver(shard.index(), InboxItem::Call(Box::new(f)));
+    }
+
+    /// Sends a tiny message to `shard` from any thread; see [`crate::hot`].
+    ///
+    /// # Panics
+    ///
+    /// When `shard` is not a shard of this runtime.
+    pub fn send_tiny(&self, shard: ShardId, tag: u16, value: u32) {
+        assert!(shard.index() < self.shards(), "{shard} does not exist");
+        let mut sent = false;
+        with_current(|s| {
+            if s.belongs_to(&self.shared) {
+                s.send_tiny(shard.index(), tag, value);
+                sent = true;
+            }
+        });
+        if !sent {
+            let msg = TinyMessage {
+                from: None,
+                tag,
+                value,
+            };
+            self.shared
+                .push_from_outside(shard.index(), InboxItem::Tiny(msg));
+        }
+    }
+
+    /// A snapshot of every shard's counters.
+    pub fn stats(&self) -> RuntimeStats {
+        RuntimeStats {
+            shards: self
+                .shared
+                .shards
+                .iter()
+                .enumerate()
+                .map(|(i, r)| r.counters.snapshot(i, r.features))
+                .collect(),
+            external_wake: self.shared.external_mode,
+            external_wakes: self.shared.external_wakes.load(Ordering::Relaxed),
+            injector_depth: self.shared.injector.len() as u64,
+        }
+    }
+}
+
+/// A running set of shards.
+///
+/// Dropping it shuts it down (see [`Runtime::shutdown`]).
+#[derive(Debug)]
+pub struct Runtime {
+    handle: Handle,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+impl Runtime {
+    /// A [`Builder`] with the defaults.
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+
+    /// A runtime with the default settings.
+    ///
+    /// # Errors
+    ///
+    /// See [`Builder::build`].
+    pub fn new() -> Result<Runtime, BuildError> {
+        Builder::new().build()
+    }
+
+    pub(crate) fn start(builder: Builder) -> Result<Runtime, BuildError> {
+        crate::driver::probe::check_sysctl(&builder)?;
+        let n = builder.shards;
+        let (setup_tx, setup_rx) = mpsc::channel::<SetupReport>();
+        let mut threads = Vec::with_capacity(n);
+        let mut gos = Vec::with_capacity(n);
+        let mut stealers = Vec::with_capacity(n);
+        let abort = |gos: Vec<mpsc::Sender<Option<Arc<Shared>>>>,
+                     threads: Vec<thread::JoinHandle<()>>| {
+            for go in gos {
+                let _ = go.send(None);
+            }
+            for t in threads {
+                let _ = t.join();
+            }
+        };
+        for index in 0..n {
+            let worker = Worker::new_fifo();
+            stealers.push(worker.stealer());
+            let (go_tx, go_rx) = mpsc::channel();
+            let (b, tx) = (builder.clone(), setup_tx.clone());
+            let spawned = thread::Builder::new()
+                .name(format!("{}-{index}", builder.thread_name))
+                .spawn(move || shard_main(index, b, worker, tx, go_rx));
+            match spawned {
+                Ok(t) => {
+                    threads.push(t);
+                    gos.push(go_tx);
+                }
+                Err(source) => {
+                    abort(gos, threads);
+                    return Err(BuildError::ThreadSpawn {
+                        shard: index,
+                        source,
+                    });
+                }
+            }
+        }
+        drop(setup_tx);
+        let mut reports: Vec<Option<_>> = (0..n).map(|_| None).collect();
+        let mut first_error: Option<(usize, BuildError)> = None;
+        for (index, report) in setup_rx.iter() {
+            match report {
+                Ok(r) => reports[index] = Some(r),
+                Err(e) => {
+                    if first_error.as_ref().is_none_or(|(i, _)| index < *i) {
+                        first_error = Some((index, e));
+                    }
+                }
+            }
+        }
+        if let Some((_, e)) = first_error {
+            abort(gos, threads);
+            return Err(e);
+        }
+        let mut remotes = Vec::with_capacity(n);
+        for (report, stealer) in reports.into_iter().zip(stealers) {
+            let Some((target, features)) = report else {
+                abort(gos, threads);
+                return Err(BuildError::Config(
+                    "a shard thread exited during setup".into(),
+                ));
+            };
+            remotes.push(ShardRemote {
+                inbox: Inbox::new(),
+                stealer,
+                target,
+                features,
+                load: AtomicUsize::new(0),
+                counters: ShardCounters::default(),
+            });
+        }
+        let send_msg_ring = remotes.iter().all(|r| r.target.send_msg_ring);
+        let shared = Arc::new(Shared {
+            id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
+            shards: remotes.into_boxed_slice(),
+            injector: Injector::new(),
+            config: Config {
+                idle: builder.idle,
+                task_budget: builder.task_budget,
+                hot_tags: builder.hot_tags.clone(),
+                hot_wake_threshold: builder.hot_wake_threshold,
+            },
+            shutdown_barrier: Barrier::new(n + 1),
+            round_robin: AtomicUsize::new(0),
+            shutdown: AtomicBool::new(false),
+            wake_gate: RwLock::new(true),
+            external_mode: ExternalWakeMode::resolve(builder.external_wake, send_msg_ring),
+            external_wakes: AtomicU64::new(0),
+            blocking: BlockingPool::new(builder.blocking_threads, builder.thread_name.clone()),
+        });
+        for go in gos {
+            let _ = go.send(Some(shared.clone()));
+        }
+        Ok(Runtime {
+            handle: Handle { shared },
+            threads,
+        })
+    }
+
+    /// The runtime's [`Handle`].
+    pub fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
+    /// Spawns a `Send` future as [`Placement::Stealable`]; see [`Handle::spawn`].
+    pub fn spawn<F>(&self, future: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.handle.spawn(future)
+    }
+
+    /// Runs `future` on shard 0 and blocks the calling thread until it finishes.
+    ///
+    /// # Panics
+    ///
+    /// Re-raises the future's panic; panics when called from a shard thread of
+    /// this runtime (it would block that shard).
+    pub fn block_on<F>(&self, future: F) -> F::Output
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.assert_not_on_shard("block_on");
+        let handle = self.handle.spawn_on(ShardId::new(0), future);
+        finish_blocking(wait_on_thread(handle))
+    }
+
+    /// Builds a future on shard 0 with `factory` (the future need not be `Send`)
+    /// and blocks until it finishes. `#[mailring::main]` uses this.
+    ///
+    /// # Panics
+    ///
+    /// As [`Runtime::block_on`].
+    pub fn block_on_local<G, Fut>(&self, factory: G) -> Fut::Output
+    where
+        G: FnOnce() -> Fut + Send + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
+        self.assert_not_on_shard("block_on_local");
+        let handle = self.handle.spawn_local_on(ShardId::new(0), factory);
+        finish_blocking(wait_on_thread(handle))
+    }
+
+    fn assert_not_on_shard(&self, what: &str) {
+        let on_shard = with_current(|s| s.belongs_to(&self.handle.shared)).unwrap_or(false);
+        assert!(!on_shard, "Runtime::{what} called from one of the runtime's own shards: it would block that shard; spawn instead");
+    }
+
+    /// A snapshot of every shard's counters; see [`Handle::stats`].
+    pub fn stats(&self) -> RuntimeStats {
+        self.handle.stats()
+    }
+
+    /// Stops the runtime: every task is dropped, every in-flight operation is
+    /// cancelled and completed, rings and eventfds are closed, threads joined.
+    ///
+    /// Steps (the shard side is in the `shard` module docs):
+    ///
+    /// 1. Set the shutdown flag and wake every shard.
+    /// 2. Close the external wake gate (no outside thread touches a shard fd after this).
+    /// 3. Meet the shards at the barrier, after which no doorbell targets any ring.
+    /// 4. Join the shard threads (each cancels its ops, waits for them, closes its ring).
+    /// 5. Drop injected tasks that never started, then stop the blocking pool.
+    pub fn shutdown(mut self) {
+        self.shutdown_inner();
+    }
+
+    fn shutdown_inner(&mut self) {
+        if self.threads.is_empty() {
+            return;
+        }
+        let shared = self.handle.shared.clone();
+        if with_current(|s| s.belongs_to(&shared)).unwrap_or(false) {
+            // Dropped on one of its own shards: finish on another thread once this
+            // shard's current task returns.
+            let threads = std::mem::take(&mut self.threads);
+            let _ = thread::Builder::new()
+                .name("mailring-shutdown".into())
+                .spawn(move || shutdown_runtime(&shared, threads));
+            return;
+        }
+        let threads = std::mem::take(&mut self.threads);
+        shutdown_runtime(&shared, threads);
+    }
+}
+
+fn shutdown_runtime(shared: &Arc<Shared>, threads: Vec<thread::JoinHandle<()>>) {
+    // 1.
+    shared.shutdown.store(true, Ordering::SeqCst);
+    for i in 0..shared.shards.len() {
+        shared.wake_from_outside(i);
+    }
+    // 2.
+    *shared.wake_gate.write().unwrap_or_else(|p| p.into_inner()) = false;
+    // 3.
+    shared.shutdown_barrier.wait();
+    // 4.
+    for t in threads {
+        let _ = t.join();
+    }
+    // 5.
+    loop {
+        match shared.injector.steal() {
+            Steal::Success(task) => task.shutdown(None),
+            Steal::Retry => continue,
+            Steal::Empty => break,
+        }
+    }
+    shared.blocking.shutdown();
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.shutdown_inner();
+    }
+}
+
+fn finish_blocking<T>(result: Result<T, JoinError>) -> T {
+    match result {
+        Ok(v) => v,
+        Err(JoinError::Panicked(p)) => std::panic::resume_unwind(p),
+        Err(JoinError::Cancelled) => {
+            panic!("the runtime shut down before the blocked-on future finished")
+        }
+    }
+}
+
+struct ThreadWaker {
+    thread: Thread,
+    notified: AtomicBool,
+}
+
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.notified.store(true, Ordering::Release);
+        self.thread.unpark();
+    }
+}
+
+/// Polls `future` on the calling (non-shard) thread, parking between wakes.
+pub(crate) fn wait_on_thread<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let signal = Arc::new(ThreadWaker {
+        thread: thread::current(),
+        notified: AtomicBool::new(false),
+    });
+    let waker = Waker::from(signal.clone());
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(v) = Pin::as_mut(&mut future).poll(&mut cx) {
+            return v;
+        }
+        while !signal.notified.swap(false, Ordering::Acquire) {
+            thread::park();
+        }
+    }
+}

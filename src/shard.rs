@@ -1,0 +1,778 @@
+//! Shards: one thread, one ring, its run queues, and the loop that drives them.
+//!
+//! A shard owns (thread-local, no locks): the local run queue of started and
+//! pinned tasks, a crossbeam `Worker` deque of unstarted stealable tasks, the
+//! ring driver, the timer queue, hot counters, the table of tasks it owns, and
+//! the per-destination batches of what it sends to other shards this tick.
+//! Other threads reach it only through its [`ShardRemote`]: the inbox (with
+//! its doorbell flags), the deque's `Stealer`, its wake target, its published
+//! load, and its counters.
+//!
+//! # The loop
+//!
+//! ```text
+//! loop {
+//!     tick: drain inbox → reap CQEs → fire timers → poll up to `task_budget` tasks
+//!           → flush per-destination batches (one doorbell per sleeping target) → submit
+//!     if the tick did nothing: steal (injector, then peers in random order)
+//!     still nothing: spin for the idle budget watching inbox, CQ and peers
+//!     still nothing: arm the nearest timer, announce sleep, block in io_uring_enter
+//! }
+//! ```
+//!
+//! # Shutdown (numbered as in `Runtime::shutdown`)
+//!
+//! 1. The runtime sets the shutdown flag and wakes every shard.
+//! 2. Each shard closes its inbox (later pushes fail and drop their items),
+//!    drops every task it owns or holds, its timers and batches, and submits
+//!    what its SQ still holds.
+//! 3. All shards and the runtime meet at a barrier: after it no doorbell
+//!    targets any ring, and the runtime has closed the external wake gate.
+//! 4. Each shard cancels its in-flight operations and waits until none is left.
+//! 5. The shard drops its driver, closing its ring and eventfd; the runtime
+//!    joins the threads.
+
+use std::cell::{Cell, RefCell, RefMut};
+use std::collections::VecDeque;
+use std::fmt;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::Waker;
+use std::time::Instant;
+
+use crossbeam_deque::{Steal, Stealer, Worker};
+use slab::Slab;
+
+use crate::builder::IdlePolicy;
+use crate::doorbell::{Delivery, Inbox};
+use crate::driver::uring::UringDriver;
+use crate::driver::{Completion, RingFeatures, ShardDriver, WakeTarget};
+use crate::hot::{HotState, TinyMessage};
+use crate::runtime::Shared;
+use crate::stats::ShardCounters;
+use crate::task::TaskRef;
+use crate::time::queue::TimerQueue;
+
+/// Flush a destination's batch early once it holds this many items.
+const BATCH_LIMIT: usize = 128;
+
+/// The index of a shard within its runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ShardId(usize);
+
+impl ShardId {
+    /// The shard with this index (`0..shards`).
+    pub const fn new(index: usize) -> Self {
+        ShardId(index)
+    }
+
+    /// The shard's index.
+    pub const fn index(self) -> usize {
+        self.0
+    }
+}
+
+impl fmt::Display for ShardId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "shard {}", self.0)
+    }
+}
+
+/// Something delivered to a shard through its inbox.
+pub(crate) enum InboxItem {
+    /// A started or pinned task to run here.
+    Task(TaskRef),
+    /// An unstarted stealable task for this shard's deque.
+    Stealable(TaskRef),
+    /// A tiny message that could not travel in a MSG_RING completion.
+    Tiny(TinyMessage),
+    /// A closure to run here.
+    Call(Box<dyn FnOnce() + Send>),
+}
+
+impl InboxItem {
+    /// Disposes of an item no shard will take (see [`crate::task::Runnable::refuse`]).
+    pub(crate) fn refuse(self) {
+        match self {
+            InboxItem::Task(t) | InboxItem::Stealable(t) => t.refuse(),
+            InboxItem::Tiny(_) | InboxItem::Call(_) => {}
+        }
+    }
+}
+
+impl fmt::Debug for InboxItem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InboxItem::Task(_) => f.write_str("Task"),
+            InboxItem::Stealable(_) => f.write_str("Stealable"),
+            InboxItem::Tiny(m) => f.debug_tuple("Tiny").field(m).finish(),
+            InboxItem::Call(_) => f.write_str("Call"),
+        }
+    }
+}
+
+/// The part of a shard that other threads may touch.
+pub(crate) struct ShardRemote {
+    pub(crate) inbox: Inbox<InboxItem>,
+    pub(crate) stealer: Stealer<TaskRef>,
+    pub(crate) target: WakeTarget,
+    pub(crate) features: RingFeatures,
+    /// Runnable tasks here, published once per tick for submission-time placement.
+    pub(crate) load: AtomicUsize,
+    pub(crate) counters: ShardCounters,
+}
+
+impl fmt::Debug for ShardRemote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShardRemote")
+            .field("target", &self.target)
+            .field("load", &self.load)
+            .finish_non_exhaustive()
+    }
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Rc<Shard>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with the shard of the calling thread, if it is a shard thread.
+pub(crate) fn with_current<R>(f: impl FnOnce(&Shard) -> R) -> Option<R> {
+    let shard = CURRENT.try_with(|c| c.borrow().clone()).ok().flatten()?;
+    Some(f(&shard))
+}
+
+/// What a shard sends to others during one tick.
+#[derive(Default)]
+struct Outgoing {
+    batches: Vec<Vec<InboxItem>>,
+    /// Destinations whose batch is non-empty, in first-use order.
+    dirty: Vec<usize>,
+    /// Tiny messages: (destination, tag, value or hot sum).
+    tiny: Vec<(usize, u16, u64)>,
+    /// Doorbells whose MSG_RING failed and must be rung again.
+    retry_doorbells: Vec<usize>,
+}
+
+/// The thread-owned state of one shard (see the module docs).
+pub(crate) struct Shard {
+    index: usize,
+    pub(crate) shared: Arc<Shared>,
+    run_queue: RefCell<VecDeque<TaskRef>>,
+    worker: Worker<TaskRef>,
+    driver: RefCell<UringDriver>,
+    timers: RefCell<TimerQueue>,
+    hot: RefCell<HotState>,
+    owned: RefCell<Slab<TaskRef>>,
+    outgoing: RefCell<Outgoing>,
+    inbox_buf: RefCell<Vec<InboxItem>>,
+    completions: RefCell<Vec<Completion>>,
+    rng: Cell<u64>,
+    ticks: Cell<u64>,
+    shutting_down: Cell<bool>,
+}
+
+impl fmt::Debug for Shard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shard")
+            .field("index", &self.index)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shard {
+    fn new(
+        index: usize,
+        shared: Arc<Shared>,
+        worker: Worker<TaskRef>,
+        driver: UringDriver,
+    ) -> Self {
+        let n = shared.shards.len();
+        let hot = HotState::new(&shared.config.hot_tags, shared.config.hot_wake_threshold);
+        Shard {
+            index,
+            run_queue: RefCell::new(VecDeque::with_capacity(256)),
+            worker,
+            driver: RefCell::new(driver),
+            timers: RefCell::new(TimerQueue::default()),
+            hot: RefCell::new(hot),
+            owned: RefCell::new(Slab::with_capacity(256)),
+            outgoing: RefCell::new(Outgoing {
+                batches: (0..n).map(|_| Vec::new()).collect(),
+                ..Outgoing::default()
+            }),
+            inbox_buf: RefCell::new(Vec::new()),
+            completions: RefCell::new(Vec::new()),
+            rng: Cell::new(0x2545_f491_4f6c_dd1d ^ ((index as u64 + 1) << 17)),
+            ticks: Cell::new(0),
+            shutting_down: Cell::new(false),
+            shared,
+        }
+    }
+
+    pub(crate) fn index(&self) -> usize {
+        self.index
+    }
+
+    pub(crate) fn runtime_id(&self) -> u64 {
+        self.shared.id
+    }
+
+    pub(crate) fn belongs_to(&self, shared: &Arc<Shared>) -> bool {
+        Arc::ptr_eq(&self.shared, shared)
+    }
+
+    fn remote(&self) -> &ShardRemote {
+        &self.shared.shards[self.index]
+    }
+
+    pub(crate) fn timers_mut(&self) -> RefMut<'_, TimerQueue> {
+        self.timers.borrow_mut()
+    }
+
+    pub(crate) fn hot_mut(&self) -> RefMut<'_, HotState> {
+        self.hot.borrow_mut()
+    }
+
+    /// Records a task this shard now owns; returns its key.
+    pub(crate) fn own_task(&self, task: TaskRef) -> usize {
+        self.owned.borrow_mut().insert(task)
+    }
+
+    pub(crate) fn disown_task(&self, key: usize) -> Option<TaskRef> {
+        self.owned.borrow_mut().try_remove(key)
+    }
+
+    /// Queues a started or pinned task on this shard.
+    pub(crate) fn push_local(&self, task: TaskRef) {
+        self.run_queue.borrow_mut().push_back(task);
+    }
+
+    /// Queues an unstarted stealable task on this shard's deque.
+    pub(crate) fn push_stealable(&self, task: TaskRef) {
+        self.worker.push(task);
+    }
+
+    fn next_random(&self) -> u64 {
+        let mut x = self.rng.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.set(x);
+        x
+    }
+
+    /// Delivers an item to shard `dest`: at once if it is this shard, else in
+    /// this tick's batch for `dest`.
+    pub(crate) fn send_item(&self, dest: usize, item: InboxItem) {
+        if dest == self.index {
+            self.accept(item);
+            return;
+        }
+        let flush_now = {
+            let mut out = self.outgoing.borrow_mut();
+            let batch = &mut out.batches[dest];
+            batch.push(item);
+            let len = batch.len();
+            if len == 1 {
+                out.dirty.push(dest);
+            }
+            len >= BATCH_LIMIT
+        };
+        if flush_now && !self.shutting_down.get() {
+            self.flush_outgoing();
+        }
+    }
+
+    fn accept(&self, item: InboxItem) {
+        match item {
+            InboxItem::Task(t) => self.push_local(t),
+            InboxItem::Stealable(t) => self.push_stealable(t),
+            InboxItem::Tiny(m) => self.ingest_tiny(m),
+            InboxItem::Call(f) => f(),
+        }
+    }
+
+    fn ingest_tiny(&self, msg: TinyMessage) {
+        self.remote().counters.tiny_received.add(1);
+        let mut wake = Vec::new();
+        self.hot.borrow_mut().ingest(msg, &mut wake);
+        wake.into_iter().for_each(Waker::wake);
+    }
+
+    /// Sends a tiny message (see [`crate::hot::send_tiny`]).
+    pub(crate) fn send_tiny(&self, dest: usize, tag: u16, value: u32) {
+        assert!(
+            dest < self.shared.shards.len(),
+            "shard {dest} does not exist"
+        );
+        if dest == self.index {
+            self.ingest_tiny(TinyMessage {
+                from: Some(crate::ShardId::new(self.index)),
+                tag,
+                value,
+            });
+            return;
+        }
+        let hot = self.hot.borrow().is_hot(tag);
+        let mut out = self.outgoing.borrow_mut();
+        if hot {
+            if let Some(slot) = out
+                .tiny
+                .iter_mut()
+                .rev()
+                .find(|(d, t, _)| *d == dest && *t == tag)
+            {
+                slot.2 += u64::from(value);
+                return;
+            }
+        }
+        out.tiny.push((dest, tag, u64::from(value)));
+    }
+
+    /// Least-loaded shard for a stealable spawn; this shard wins ties.
+    pub(crate) fn least_loaded(&self) -> usize {
+        let out = self.outgoing.borrow();
+        let mine = self.run_queue.borrow().len() + self.worker.len();
+        let mut best = (mine, self.index);
+        for (i, remote) in self.shared.shards.iter().enumerate() {
+            if i == self.index {
+                continue;
+            }
+            let load = remote.load.load(Ordering::Relaxed) + out.batches[i].len();
+            if load < best.0 {
+                best = (load, i);
+            }
+        }
+        best.1
+    }
+
+    /// Runs the shard until shutdown.
+    fn run(&self) {
+        loop {
+            if self.shared.is_shutting_down() {
+                break;
+            }
+            if self.tick() {
+                continue;
+            }
+            if self.try_steal() {
+                continue;
+            }
+            if self.spin() {
+                continue;
+            }
+            self.park();
+        }
+        self.shutdown_sequence();
+    }
+
+    /// One pass over every source of work; returns whether anything happened.
+    fn tick(&self) -> bool {
+        self.ticks.set(self.ticks.get().wrapping_add(1));
+        let mut work = self.drain_inbox();
+        work |= self.reap();
+        work |= self.fire_timers();
+        if self.ticks.get() % 32 == 0 && !self.shared.injector.is_empty() {
+            let _ = self.shared.injector.steal_batch(&self.worker);
+        }
+        work |= self.run_tasks();
+        self.flush_outgoing();
+        self.publish_load();
+        work
+    }
+
+    fn drain_inbox(&self) -> bool {
+        let mut buf = self.inbox_buf.take();
+        let n = self.remote().inbox.drain_into(&mut buf);
+        if n > 0 {
+            self.remote().counters.inbox_items.add(n as u64);
+            for item in buf.drain(..) {
+                self.accept(item);
+            }
+        }
+        *self.inbox_buf.borrow_mut() = buf;
+        n > 0
+    }
+
+    fn reap(&self) -> bool {
+        let mut comps = self.completions.take();
+        let consumed = {
+            let mut driver = self.driver.borrow_mut();
+            if !driver.has_completions() {
+                0
+            } else {
+                let _ = driver.submit();
+                let n = driver.reap(&mut |c| comps.push(c));
+                self.remote()
+                    .counters
+                    .cq_overflows
+                    .set(driver.cq_overflows());
+                n
+            }
+        };
+        for c in comps.drain(..) {
+            match c {
+                Completion::Tiny { from, tag, value } => {
+                    let from = (usize::from(from) < self.shared.shards.len())
+                        .then(|| crate::ShardId::new(from.into()));
+                    self.ingest_tiny(TinyMessage { from, tag, value });
+                }
+                Completion::DoorbellFailed { target } => {
+                    self.outgoing.borrow_mut().retry_doorbells.push(target)
+                }
+                Completion::TinyFailed { target, tag, value } => {
+                    let from = Some(crate::ShardId::new(self.index));
+                    self.send_item(target, InboxItem::Tiny(TinyMessage { from, tag, value }));
+                }
+            }
+        }
+        *self.completions.borrow_mut() = comps;
+        consumed > 0
+    }
+
+    fn fire_timers(&self) -> bool {
+        let mut wakers = Vec::new();
+        {
+            let mut timers = self.timers.borrow_mut();
+            match timers.next_deadline() {
+                Some(d) if d <= Instant::now() => {}
+                _ => return false,
+            }
+            timers.fire_expired(Instant::now(), &mut wakers);
+        }
+        let fired = !wakers.is_empty();
+        wakers.into_iter().for_each(Waker::wake);
+        fired
+    }
+
+    fn run_tasks(&self) -> bool {
+        let budget = self.shared.config.task_budget;
+        let mut polled = 0;
+        while polled < budget {
+            let next = self.run_queue.borrow_mut().pop_front();
+            let Some(task) = next.or_else(|| self.worker.pop()) else {
+                break;
+            };
+            task.run(self);
+            polled += 1;
+        }
+        self.remote().counters.polls.add(polled as u64);
+        polled > 0
+    }
+
+    /// Publishes this tick's batches: one push (and at most one doorbell) per
+    /// destination, the tiny messages, and a steal hint; then submits.
+    fn flush_outgoing(&self) {
+        let counters = &self.remote().counters;
+        let mut refused = Vec::new();
+        {
+            let mut out = self.outgoing.borrow_mut();
+            let mut driver = self.driver.borrow_mut();
+            let Outgoing {
+                batches,
+                dirty,
+                tiny,
+                retry_doorbells,
+            } = &mut *out;
+            for dest in dirty.drain(..) {
+                let remote = &self.shared.shards[dest];
+                match remote.inbox.push_batch(&mut batches[dest]) {
+                    Ok(Delivery::Ring) => {
+                        driver.queue_doorbell(dest, &remote.target);
+                        counters.doorbells_sent.add(1);
+                    }
+                    Ok(Delivery::Coalesced) => counters.doorbells_coalesced.add(1),
+                    Err(()) => refused.append(&mut batches[dest]),
+                }
+            }
+            for dest in retry_doorbells.drain(..) {
+                driver.queue_doorbell(dest, &self.shared.shards[dest].target);
+                counters.doorbells_sent.add(1);
+            }
+            for (dest, tag, mut sum) in tiny.drain(..) {
+                let target = self.shared.shards[dest].target;
+                loop {
+                    let value = sum.min(u64::from(u32::MAX)) as u32;
+                    driver.queue_tiny(self.index, dest, &target, tag, value);
+                    counters.tiny_sent.add(1);
+                    sum -= u64::from(value);
+                    if sum == 0 {
+                        break;
+                    }
+                }
+            }
+            if self.worker.len() > 1 {
+                self.hint_idle_peer(&mut driver);
+            }
+            if let Err(e) = driver.submit() {
+                debug_assert!(false, "io_uring_enter failed: {e}");
+            }
+        }
+        refused.into_iter().for_each(InboxItem::refuse);
+    }
+
+    /// Rings one sleeping peer so it comes to steal from our deque.
+    fn hint_idle_peer(&self, driver: &mut UringDriver) {
+        let n = self.shared.shards.len();
+        let start = self.next_random() as usize % n;
+        for i in 0..n {
+            let peer = (start + i) % n;
+            if peer == self.index {
+                continue;
+            }
+            let remote = &self.shared.shards[peer];
+            if remote.inbox.is_sleeping() && remote.inbox.claim_wake() == Delivery::Ring {
+                driver.queue_doorbell(peer, &remote.target);
+                self.remote().counters.doorbells_sent.add(1);
+                return;
+            }
+        }
+    }
+
+    fn publish_load(&self) {
+        let local = self.run_queue.borrow().len();
+        let stealable = self.worker.len();
+        let counters = &self.remote().counters;
+        counters.local_queue_depth.set(local as u64);
+        counters.stealable_queue_depth.set(stealable as u64);
+        counters.owned_tasks.set(self.owned.borrow().len() as u64);
+        counters.timers_armed.set(self.timers.borrow().len() as u64);
+        counters
+            .ops_in_flight
+            .set(self.driver.borrow().in_flight() as u64);
+        self.remote()
+            .load
+            .store(local + stealable, Ordering::Relaxed);
+    }
+
+    /// Looks for unstarted tasks elsewhere: the injector, then peers in random order.
+    fn try_steal(&self) -> bool {
+        let counters = &self.remote().counters;
+        counters.steal_attempts.add(1);
+        let found = loop {
+            match self.shared.injector.steal_batch_and_pop(&self.worker) {
+                Steal::Success(t) => break Some(t),
+                Steal::Retry => continue,
+                Steal::Empty => {}
+            }
+            let n = self.shared.shards.len();
+            let start = self.next_random() as usize % n;
+            let mut retry = false;
+            let mut got = None;
+            for i in 0..n {
+                let victim = (start + i) % n;
+                if victim == self.index {
+                    continue;
+                }
+                match self.shared.shards[victim]
+                    .stealer
+                    .steal_batch_and_pop(&self.worker)
+                {
+                    Steal::Success(t) => {
+                        got = Some(t);
+                        break;
+                    }
+                    Steal::Retry => retry = true,
+                    Steal::Empty => {}
+                }
+            }
+            if got.is_some() || !retry {
+                break got;
+            }
+        };
+        let Some(task) = found else { return false };
+        counters.steal_successes.add(1);
+        counters.tasks_stolen.add(1 + self.worker.len() as u64);
+        task.run(self);
+        counters.polls.add(1);
+        self.flush_outgoing();
+        true
+    }
+
+    fn peers_have_work(&self) -> bool {
+        !self.shared.injector.is_empty()
+            || self
+                .shared
+                .shards
+                .iter()
+                .enumerate()
+                .any(|(i, r)| i != self.index && !r.stealer.is_empty())
+    }
+
+    fn wake_idle_hot_consumers(&self) -> bool {
+        let mut wake = Vec::new();
+        let woke = self.hot.borrow_mut().flush_idle(&mut wake);
+        wake.into_iter().for_each(Waker::wake);
+        woke
+    }
+
+    /// Spins for the idle budget; returns whether work showed up.
+    fn spin(&self) -> bool {
+        if self.wake_idle_hot_consumers() {
+            return true;
+        }
+        let IdlePolicy::Spin(budget) = self.shared.config.idle else {
+            return false;
+        };
+        if budget.is_zero() {
+            return false;
+        }
+        let start = Instant::now();
+        let inbox = &self.remote().inbox;
+        let mut i: u32 = 0;
+        loop {
+            if inbox.has_pending() || self.driver.borrow().has_completions() {
+                self.remote().counters.spin_wakeups.add(1);
+                return true;
+            }
+            if i % 32 == 0 {
+                let due = self
+                    .timers
+                    .borrow()
+                    .next_deadline()
+                    .is_some_and(|d| d <= Instant::now());
+                if due || self.peers_have_work() || self.shared.is_shutting_down() {
+                    return true;
+                }
+                if start.elapsed() >= budget {
+                    return false;
+                }
+            }
+            std::hint::spin_loop();
+            i = i.wrapping_add(1);
+        }
+    }
+
+    /// Blocks in `io_uring_enter` until a completion arrives.
+    fn park(&self) {
+        if let Some(deadline) = self.timers.borrow().next_deadline() {
+            self.driver.borrow_mut().arm_timer(deadline);
+        }
+        let inbox = &self.remote().inbox;
+        if !inbox.prepare_park() {
+            return;
+        }
+        if self.shared.is_shutting_down() || self.peers_have_work() {
+            inbox.unpark();
+            return;
+        }
+        self.remote().counters.parks.add(1);
+        let res = self.driver.borrow_mut().wait();
+        inbox.unpark();
+        if let Err(e) = res {
+            debug_assert!(false, "io_uring_enter failed while parking: {e}");
+        }
+    }
+
+    /// Steps 2–4 of the shutdown protocol (module docs).
+    fn shutdown_sequence(&self) {
+        self.shutting_down.set(true);
+        // 2. Stop accepting; drop every task and everything queued.
+        self.remote()
+            .inbox
+            .close()
+            .into_iter()
+            .for_each(InboxItem::refuse);
+        loop {
+            let queued: Vec<TaskRef> = self.run_queue.borrow_mut().drain(..).collect();
+            drop(queued);
+            while let Some(t) = self.worker.pop() {
+                t.shutdown(Some(self));
+            }
+            let next = self
+                .owned
+                .borrow()
+                .iter()
+                .next()
+                .map(|(k, t)| (k, t.clone()));
+            match next {
+                Some((key, task)) => {
+                    task.shutdown(Some(self));
+                    let mut owned = self.owned.borrow_mut();
+                    if owned.get(key).is_some_and(|t| Arc::ptr_eq(t, &task)) {
+                        let stale = owned.remove(key);
+                        drop(owned);
+                        drop(stale);
+                    }
+                }
+                None if self.run_queue.borrow().is_empty() && self.worker.is_empty() => break,
+                None => {}
+            }
+        }
+        let wakers = self.timers.borrow_mut().clear();
+        drop(wakers);
+        self.hot.borrow_mut().clear();
+        let outgoing = std::mem::take(&mut *self.outgoing.borrow_mut());
+        outgoing
+            .batches
+            .into_iter()
+            .flatten()
+            .for_each(InboxItem::refuse);
+        self.remote()
+            .inbox
+            .close()
+            .into_iter()
+            .for_each(InboxItem::refuse);
+        let _ = self.driver.borrow_mut().submit();
+        // 3. Nobody rings anybody after this point.
+        self.shared.shutdown_barrier.wait();
+        // 4. Cancel in-flight operations and wait for their completions.
+        let mut driver = self.driver.borrow_mut();
+        driver.cancel_all();
+        let mut idle_rounds = 0;
+        while driver.in_flight() > 0 && idle_rounds < 100 {
+            let _ = driver.wait();
+            if driver.reap(&mut drop) == 0 {
+                idle_rounds += 1;
+            }
+        }
+        self.remote()
+            .counters
+            .ops_in_flight
+            .set(driver.in_flight() as u64);
+    }
+}
+
+/// What a shard thread reports once its ring is (or is not) set up.
+pub(crate) type SetupReport = (usize, Result<(WakeTarget, RingFeatures), crate::BuildError>);
+
+/// The body of a shard thread: set up the ring, report, wait for the go, run.
+pub(crate) fn shard_main(
+    index: usize,
+    builder: crate::Builder,
+    worker: Worker<TaskRef>,
+    setup: std::sync::mpsc::Sender<SetupReport>,
+    go: std::sync::mpsc::Receiver<Option<Arc<Shared>>>,
+) {
+    if builder.pin_threads {
+        pin_to_cpu(index);
+    }
+    let driver = match UringDriver::new(&builder, index) {
+        Ok(d) => d,
+        Err(e) => {
+            let _ = setup.send((index, Err(e)));
+            return;
+        }
+    };
+    let _ = setup.send((index, Ok((driver.wake_target(), *driver.features()))));
+    drop(setup);
+    let Ok(Some(shared)) = go.recv() else { return };
+    let shard = Rc::new(Shard::new(index, shared, worker, driver));
+    CURRENT.with(|c| *c.borrow_mut() = Some(shard.clone()));
+    shard.run();
+    CURRENT.with(|c| c.borrow_mut().take());
+    // 5. Dropping the last reference closes the ring and the eventfd.
+    drop(shard);
+}
+
+fn pin_to_cpu(index: usize) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // SAFETY: `set` is a plain-data cpu_set_t, zeroed and then filled through
+    // libc's CPU_SET; sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(index % cpus, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}

@@ -1,0 +1,157 @@
+//! Runtime statistics: counters each shard keeps about itself, cheap enough to leave on.
+//!
+//! Each counter is written by one thread only (its shard) with a relaxed
+//! load + store, never a read-modify-write; [`crate::Runtime::stats`] reads them
+//! with relaxed loads, so a snapshot is consistent per counter, not across counters.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::builder::ExternalWake;
+use crate::driver::RingFeatures;
+
+/// A counter written by one thread.
+#[derive(Debug, Default)]
+pub(crate) struct Counter(AtomicU64);
+
+impl Counter {
+    #[inline]
+    pub(crate) fn add(&self, n: u64) {
+        self.0.store(self.0.load(Relaxed).wrapping_add(n), Relaxed);
+    }
+
+    #[inline]
+    pub(crate) fn set(&self, v: u64) {
+        self.0.store(v, Relaxed);
+    }
+
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+/// The counters of one shard (see the module docs for the write rule).
+#[derive(Debug, Default)]
+pub(crate) struct ShardCounters {
+    pub(crate) polls: Counter,
+    pub(crate) local_queue_depth: Counter,
+    pub(crate) stealable_queue_depth: Counter,
+    pub(crate) inbox_items: Counter,
+    pub(crate) steal_attempts: Counter,
+    pub(crate) steal_successes: Counter,
+    pub(crate) tasks_stolen: Counter,
+    pub(crate) doorbells_sent: Counter,
+    pub(crate) doorbells_coalesced: Counter,
+    pub(crate) tiny_sent: Counter,
+    pub(crate) tiny_received: Counter,
+    pub(crate) ops_in_flight: Counter,
+    pub(crate) timers_armed: Counter,
+    pub(crate) parks: Counter,
+    pub(crate) spin_wakeups: Counter,
+    pub(crate) cq_overflows: Counter,
+    pub(crate) owned_tasks: Counter,
+}
+
+/// A snapshot of one shard.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardStats {
+    /// The shard's index.
+    pub shard: usize,
+    /// What the kernel accepted for this shard's ring.
+    pub ring: RingFeatures,
+    /// Started and pinned tasks waiting to run.
+    pub local_queue_depth: u64,
+    /// Unstarted stealable tasks waiting in this shard's deque.
+    pub stealable_queue_depth: u64,
+    /// Live tasks owned by this shard (started or pinned, not finished).
+    pub owned_tasks: u64,
+    /// Items received through the inbox.
+    pub inbox_items: u64,
+    /// Task polls.
+    pub polls: u64,
+    /// Times this shard looked for work to steal.
+    pub steal_attempts: u64,
+    /// Steal attempts that found work.
+    pub steal_successes: u64,
+    /// Tasks this shard stole and ran.
+    pub tasks_stolen: u64,
+    /// Doorbells this shard rang into sleeping shards.
+    pub doorbells_sent: u64,
+    /// Deliveries by this shard that needed no doorbell (target awake or already rung).
+    pub doorbells_coalesced: u64,
+    /// Tiny messages posted by this shard (after hot-counter summing).
+    pub tiny_sent: u64,
+    /// Tiny messages received.
+    pub tiny_received: u64,
+    /// Operations in flight on this shard's ring.
+    pub ops_in_flight: u64,
+    /// Live timers on this shard.
+    pub timers_armed: u64,
+    /// Times the shard blocked in `io_uring_enter`.
+    pub parks: u64,
+    /// Times spinning found work before the shard blocked.
+    pub spin_wakeups: u64,
+    /// Times the completion queue overflowed and was flushed.
+    pub cq_overflows: u64,
+}
+
+/// A snapshot of the whole runtime; see [`crate::Runtime::stats`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RuntimeStats {
+    /// One entry per shard.
+    pub shards: Vec<ShardStats>,
+    /// How outside threads wake shards.
+    pub external_wake: ExternalWakeMode,
+    /// Wakes sent to shards by threads outside the runtime.
+    pub external_wakes: u64,
+    /// Tasks waiting in the global injector (stealable spawns from outside).
+    pub injector_depth: u64,
+}
+
+/// The external wake mechanism in use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExternalWakeMode {
+    /// `IORING_REGISTER_SEND_MSG_RING`.
+    SendMsgRing,
+    /// An eventfd per shard.
+    #[default]
+    EventFd,
+}
+
+impl ExternalWakeMode {
+    pub(crate) fn resolve(requested: ExternalWake, available: bool) -> Self {
+        match requested {
+            ExternalWake::EventFd => ExternalWakeMode::EventFd,
+            _ if available => ExternalWakeMode::SendMsgRing,
+            _ => ExternalWakeMode::EventFd,
+        }
+    }
+}
+
+impl ShardCounters {
+    pub(crate) fn snapshot(&self, shard: usize, ring: RingFeatures) -> ShardStats {
+        ShardStats {
+            shard,
+            ring,
+            local_queue_depth: self.local_queue_depth.get(),
+            stealable_queue_depth: self.stealable_queue_depth.get(),
+            owned_tasks: self.owned_tasks.get(),
+            inbox_items: self.inbox_items.get(),
+            polls: self.polls.get(),
+            steal_attempts: self.steal_attempts.get(),
+            steal_successes: self.steal_successes.get(),
+            tasks_stolen: self.tasks_stolen.get(),
+            doorbells_sent: self.doorbells_sent.get(),
+            doorbells_coalesced: self.doorbells_coalesced.get(),
+            tiny_sent: self.tiny_sent.get(),
+            tiny_received: self.tiny_received.get(),
+            ops_in_flight: self.ops_in_flight.get(),
+            timers_armed: self.timers_armed.get(),
+            parks: self.parks.get(),
+            spin_wakeups: self.spin_wakeups.get(),
+            cq_overflows: self.cq_overflows.get(),
+        }
+    }
+}

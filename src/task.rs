@@ -1,0 +1,345 @@
+//! Tasks: the cell that holds a future, its state word, and its waker.
+//!
+//! A task is an `Arc<Task<F>>`, seen by the scheduler as a [`TaskRef`]
+//! (`Arc<dyn Runnable>`) and by its joiner as a `JoinHandle`. Its waker is the
+//! same `Arc`, so waking costs no allocation.
+//!
+//! # State word
+//!
+//! | bit | set when | cleared when |
+//! | --- | --- | --- |
+//! | `SCHEDULED` | a reference sits in a run queue, deque or inbox (or the task was woken while running) | the shard starts polling it |
+//! | `RUNNING` | a shard is polling it | the poll returns |
+//! | `COMPLETE` | the future finished, panicked or was cancelled and has been dropped | never |
+//! | `CANCELLED` | `abort()` or shutdown asked for it to stop | never |
+//! | `STARTED` | its first run began (on its home shard) | never |
+//!
+//! Transitions:
+//!
+//! 1. spawn: the cell starts `SCHEDULED` and one reference goes to a queue.
+//! 2. run: `SCHEDULED → RUNNING`. On its first run the task records the running
+//!    shard as its home and registers in that shard's owned-task table; from
+//!    then on it never changes shard.
+//! 3. wake while idle: set `SCHEDULED`, send a reference to the home shard (its
+//!    local queue if the waker runs there, else its inbox).
+//! 4. wake while running: set `SCHEDULED` only; the runner re-queues it after the poll.
+//! 5. finish: drop the future, set `COMPLETE`, hand the output to the join cell.
+//!
+//! # Thread safety
+//!
+//! The future of a `spawn_local` task is not `Send`, yet its waker may be used
+//! from any thread. That is sound because the future is only touched by the
+//! task's home shard: it is polled there (a started task never migrates), and
+//! it is dropped there, either when it finishes or when the shard shuts down and
+//! drops every task in its owned-task table. Other threads only touch the state
+//! word, the home index and the join cell, which are all synchronised.
+
+pub(crate) mod join;
+
+use std::cell::{Cell, UnsafeCell};
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use self::join::{JoinCell, JoinError, Joinable};
+use crate::runtime::Shared;
+use crate::shard::Shard;
+
+const SCHEDULED: u32 = 1;
+const RUNNING: u32 = 1 << 1;
+const COMPLETE: u32 = 1 << 2;
+const CANCELLED: u32 = 1 << 3;
+const STARTED: u32 = 1 << 4;
+
+const NO_SLOT: usize = usize::MAX;
+
+/// A task as the scheduler sees it.
+pub(crate) type TaskRef = Arc<dyn Runnable>;
+
+/// The scheduler's view of a task.
+pub(crate) trait Runnable: Send + Sync {
+    /// Polls the task once; must run on a shard thread of the task's runtime.
+    fn run(self: Arc<Self>, shard: &Shard);
+    /// Drops the future without polling it and resolves the joiner with
+    /// `Cancelled`. Must run on the home shard once the task has started.
+    fn shutdown(&self, shard: Option<&Shard>);
+    /// A queue refused this reference (its shard is shut down). A task that
+    /// never started is dropped here (the refused reference was its only
+    /// queued one, so nobody else can start it); a started task is left to
+    /// its home shard, which drops every task it owns.
+    fn refuse(&self);
+}
+
+/// The cell of one spawned future.
+pub(crate) struct Task<F: Future> {
+    state: AtomicU32,
+    /// The shard the task runs on; fixed at its first poll.
+    home: AtomicUsize,
+    shared: Arc<Shared>,
+    /// Touched only by the home shard's thread (see the module docs).
+    future: UnsafeCell<Option<F>>,
+    /// Key in the home shard's owned-task table; home thread only.
+    owned_slot: Cell<usize>,
+    join: JoinCell<F::Output>,
+}
+
+// SAFETY: the future and `owned_slot` are only accessed on the home shard's
+// thread (module docs, "Thread safety"); everything else is atomic or behind
+// the join cell's mutex. The output crosses threads only through a
+// `JoinHandle<T>`, which is itself `Send` only when `T: Send`.
+unsafe impl<F: Future> Send for Task<F> {}
+// SAFETY: as for `Send`: shared access from other threads touches only
+// synchronised fields.
+unsafe impl<F: Future> Sync for Task<F> {}
+
+impl<F> Task<F>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    /// A new, scheduled task whose first run will happen on `home`.
+    pub(crate) fn new(future: F, shared: Arc<Shared>, home: usize) -> Arc<Self> {
+        Arc::new(Task {
+            state: AtomicU32::new(SCHEDULED),
+            home: AtomicUsize::new(home),
+            shared,
+            future: UnsafeCell::new(Some(future)),
+            owned_slot: Cell::new(NO_SLOT),
+            join: JoinCell::new(),
+        })
+    }
+
+    /// Registers a task that starts on the current shard (a `spawn_local`
+    /// task is owned from birth, since its future may not leave this thread).
+    pub(crate) fn register_owned(self: &Arc<Self>, shard: &Shard) {
+        let key = shard.own_task(self.clone());
+        self.owned_slot.set(key);
+    }
+
+    fn schedule(self: Arc<Self>) {
+        let home = self.home.load(Ordering::Acquire);
+        let shared = self.shared.clone();
+        shared.schedule_task(self, home);
+    }
+
+    /// Sets `SCHEDULED`; returns whether the caller must enqueue the task.
+    fn transition_to_scheduled(&self) -> bool {
+        let mut cur = self.state.load(Ordering::Acquire);
+        loop {
+            if cur & (COMPLETE | SCHEDULED) != 0 {
+                return false;
+            }
+            match self.state.compare_exchange_weak(
+                cur,
+                cur | SCHEDULED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return cur & RUNNING == 0,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Drops the future and resolves the joiner. Home thread only.
+    fn finish(&self, shard: Option<&Shard>, result: Result<F::Output, JoinError>) {
+        // SAFETY: called on the home thread, never while the future is being polled.
+        let future = unsafe { (*self.future.get()).take() };
+        let drop_result = catch_unwind(AssertUnwindSafe(move || drop(future)));
+        self.state.fetch_or(COMPLETE, Ordering::AcqRel);
+        self.state.fetch_and(!RUNNING, Ordering::AcqRel);
+        let result = match (result, drop_result) {
+            (Ok(v), Err(p)) => {
+                drop(v);
+                Err(JoinError::Panicked(p))
+            }
+            (r, _) => r,
+        };
+        self.join.complete(result);
+        let key = self.owned_slot.replace(NO_SLOT);
+        if key != NO_SLOT {
+            if let Some(shard) = shard {
+                // Dropped outside the table's borrow: it may be the last reference.
+                let removed = shard.disown_task(key);
+                drop(removed);
+            }
+        }
+    }
+}
+
+impl<F> Runnable for Task<F>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    fn run(self: Arc<Self>, shard: &Shard) {
+        let mut cur = self.state.load(Ordering::Acquire);
+        loop {
+            if cur & COMPLETE != 0 {
+                return;
+            }
+            let next = (cur & !SCHEDULED) | RUNNING | STARTED;
+            match self
+                .state
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(actual) => cur = actual,
+            }
+        }
+        if self.owned_slot.get() == NO_SLOT {
+            // First run: this shard becomes home for good.
+            self.home.store(shard.index(), Ordering::Release);
+            self.register_owned(shard);
+        }
+        if cur & CANCELLED != 0 {
+            self.finish(Some(shard), Err(JoinError::Cancelled));
+            return;
+        }
+        let waker = Waker::from(self.clone());
+        let mut cx = Context::from_waker(&waker);
+        let polled = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: we are on the home thread, the task is RUNNING so no one
+            // else polls or drops the future, and it stays pinned inside the
+            // `Arc` allocation until `finish` drops it in place.
+            let future = unsafe { &mut *self.future.get() };
+            match future.as_mut() {
+                // SAFETY: see above; the future never moves out of the cell.
+                Some(f) => unsafe { Pin::new_unchecked(f) }.poll(&mut cx),
+                None => Poll::Pending,
+            }
+        }));
+        match polled {
+            Ok(Poll::Ready(output)) => self.finish(Some(shard), Ok(output)),
+            Err(panic) => self.finish(Some(shard), Err(JoinError::Panicked(panic))),
+            Ok(Poll::Pending) => {
+                let prev = self.state.fetch_and(!RUNNING, Ordering::AcqRel);
+                if prev & SCHEDULED != 0 {
+                    // Woken (or aborted) while running: go round again.
+                    shard.push_local(self);
+                }
+            }
+        }
+    }
+
+    fn shutdown(&self, shard: Option<&Shard>) {
+        if self.state.fetch_or(CANCELLED, Ordering::AcqRel) & COMPLETE != 0 {
+            return;
+        }
+        self.finish(shard, Err(JoinError::Cancelled));
+    }
+
+    fn refuse(&self) {
+        if self.state.load(Ordering::Acquire) & STARTED == 0 {
+            self.shutdown(None);
+        }
+    }
+}
+
+impl<F> Wake for Task<F>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    fn wake(self: Arc<Self>) {
+        if self.transition_to_scheduled() {
+            self.schedule();
+        }
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if self.transition_to_scheduled() {
+            self.clone().schedule();
+        }
+    }
+}
+
+impl<F> Joinable<F::Output> for Task<F>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    fn poll_join(&self, cx: &mut Context<'_>) -> Poll<Result<F::Output, JoinError>> {
+        self.join.poll(cx)
+    }
+
+    fn detach(&self) {
+        self.join.detach();
+    }
+
+    fn abort(self: Arc<Self>) {
+        let prev = self.state.fetch_or(CANCELLED, Ordering::AcqRel);
+        if prev & (COMPLETE | CANCELLED) != 0 {
+            return;
+        }
+        // An idle task must be scheduled so that its home shard drops it.
+        let mut cur = prev | CANCELLED;
+        loop {
+            if cur & (COMPLETE | SCHEDULED) != 0 {
+                return;
+            }
+            match self.state.compare_exchange_weak(
+                cur,
+                cur | SCHEDULED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(actual) => cur = actual,
+            }
+        }
+        if cur & RUNNING != 0 {
+            return;
+        }
+        self.schedule();
+    }
+
+    fn is_finished(&self) -> bool {
+        self.join.is_finished()
+    }
+}
+
+/// A future built on its shard by a `Send` factory.
+///
+/// Before its first poll it holds only the factory (which is `Send`); the
+/// future it builds is created, polled and dropped on the shard that first
+/// polls it. Only pinned placement may carry it, so it never migrates.
+pub(crate) enum LocalFactory<G, Fut> {
+    Factory(Option<G>),
+    Running(Fut),
+}
+
+// SAFETY: only the `Factory` state (which holds a `Send` factory) may be sent to
+// another thread. The runtime spawns a `LocalFactory` with pinned placement, so
+// it is first polled, and its `Running` future is created, on the target shard,
+// and a started task is never moved or dropped anywhere else (see
+// "Thread safety" above).
+unsafe impl<G: Send, Fut> Send for LocalFactory<G, Fut> {}
+
+impl<G, Fut> Future for LocalFactory<G, Fut>
+where
+    G: FnOnce() -> Fut,
+    Fut: Future,
+{
+    type Output = Fut::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Fut::Output> {
+        // SAFETY: we never move the `Running` future out of the pinned `self`;
+        // the state is only overwritten while it is `Factory` (nothing pinned yet).
+        let this = unsafe { self.get_unchecked_mut() };
+        if let LocalFactory::Factory(g) = this {
+            let g = g
+                .take()
+                .expect("LocalFactory polled after a panic in its factory");
+            *this = LocalFactory::Running(g());
+        }
+        match this {
+            // SAFETY: `this` is pinned and the future stays in place until dropped.
+            LocalFactory::Running(f) => unsafe { Pin::new_unchecked(f) }.poll(cx),
+            LocalFactory::Factory(_) => unreachable!("factory state replaced above"),
+        }
+    }
+}

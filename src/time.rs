@@ -1,0 +1,237 @@
+//! Time: `sleep`, `sleep_until`, `timeout`, `interval` and the resettable [`Sleep`].
+//!
+//! Timers live in the current shard's [`queue::TimerQueue`]; creating,
+//! resetting and dropping one never makes a syscall. When the shard parks, the
+//! driver keeps one `IORING_OP_TIMEOUT` armed for the nearest deadline.
+//!
+//! Timer futures must be polled on a mailring shard; polling one elsewhere panics.
+//! A `Sleep` moved to another shard re-registers there; its old entry fires
+//! harmlessly.
+
+pub(crate) mod queue;
+
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use self::queue::TimerKey;
+use crate::shard::{with_current, Shard};
+
+/// The error of [`timeout`]: the deadline passed first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("deadline elapsed")]
+pub struct Elapsed(());
+
+/// Waits until `duration` has passed.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// let rt = mailring::Runtime::builder().shards(1).build()?;
+/// let waited = rt.block_on(async {
+///     let start = Instant::now();
+///     mailring::time::sleep(Duration::from_millis(5)).await;
+///     start.elapsed()
+/// });
+/// assert!(waited >= Duration::from_millis(5));
+/// # Ok::<(), mailring::BuildError>(())
+/// ```
+pub fn sleep(duration: Duration) -> Sleep {
+    sleep_until(Instant::now() + duration)
+}
+
+/// Waits until `deadline`.
+pub fn sleep_until(deadline: Instant) -> Sleep {
+    Sleep {
+        deadline,
+        registration: None,
+    }
+}
+
+/// Runs `future`, giving up when `duration` passes first.
+///
+/// # Errors
+///
+/// [`Elapsed`] when the deadline passed before the future finished; the future is dropped.
+pub async fn timeout<F: Future>(duration: Duration, future: F) -> Result<F::Output, Elapsed> {
+    timeout_at(Instant::now() + duration, future).await
+}
+
+/// Runs `future`, giving up at `deadline`.
+///
+/// # Errors
+///
+/// [`Elapsed`] when the deadline passed before the future finished.
+pub async fn timeout_at<F: Future>(deadline: Instant, future: F) -> Result<F::Output, Elapsed> {
+    let mut future = pin!(future);
+    let mut sleep = sleep_until(deadline);
+    poll_fn(|cx| {
+        if let Poll::Ready(v) = future.as_mut().poll(cx) {
+            return Poll::Ready(Ok(v));
+        }
+        match Pin::new(&mut sleep).poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(Elapsed(()))),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// A ticker: the first tick completes at once, then one every `period`.
+///
+/// Missed ticks fire back to back until the schedule has caught up.
+///
+/// # Panics
+///
+/// When `period` is zero.
+pub fn interval(period: Duration) -> Interval {
+    interval_at(Instant::now(), period)
+}
+
+/// A ticker whose first tick is at `start`.
+///
+/// # Panics
+///
+/// When `period` is zero.
+pub fn interval_at(start: Instant, period: Duration) -> Interval {
+    assert!(!period.is_zero(), "interval period must be non-zero");
+    Interval {
+        sleep: sleep_until(start),
+        period,
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Registration {
+    runtime: u64,
+    shard: usize,
+    timer: TimerKey,
+}
+
+/// A future that completes at a deadline; see [`sleep`].
+///
+/// It can be moved to a new deadline with [`Sleep::reset`] without allocating
+/// or making a syscall.
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub struct Sleep {
+    deadline: Instant,
+    registration: Option<Registration>,
+}
+
+impl Sleep {
+    /// The instant this sleep completes at.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Whether the deadline has passed.
+    pub fn is_elapsed(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+
+    /// Moves the deadline (earlier or later), even after the sleep completed.
+    pub fn reset(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+        if let Some(reg) = self.registration {
+            let moved = with_current(|shard| {
+                reg.is_on(shard) && shard.timers_mut().reset(reg.timer, deadline)
+            });
+            if moved != Some(true) {
+                self.deregister();
+            }
+        }
+    }
+
+    fn deregister(&mut self) {
+        if let Some(reg) = self.registration.take() {
+            with_current(|shard| {
+                if reg.is_on(shard) {
+                    shard.timers_mut().remove(reg.timer);
+                }
+            });
+        }
+    }
+}
+
+impl Registration {
+    fn is_on(&self, shard: &Shard) -> bool {
+        self.runtime == shard.runtime_id() && self.shard == shard.index()
+    }
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        let polled = with_current(|shard| {
+            if Instant::now() >= this.deadline {
+                if let Some(reg) = this.registration.take() {
+                    if reg.is_on(shard) {
+                        shard.timers_mut().remove(reg.timer);
+                    }
+                }
+                return Poll::Ready(());
+            }
+            let mut timers = shard.timers_mut();
+            match this.registration {
+                Some(reg) if reg.is_on(shard) && timers.set_waker(reg.timer, cx.waker()) => {}
+                _ => {
+                    let timer = timers.insert(this.deadline, cx.waker().clone());
+                    this.registration = Some(Registration {
+                        runtime: shard.runtime_id(),
+                        shard: shard.index(),
+                        timer,
+                    });
+                }
+            }
+            Poll::Pending
+        });
+        polled.expect("mailring::time::Sleep must be polled on a mailring shard")
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        self.deregister();
+    }
+}
+
+/// A periodic ticker; see [`interval`].
+#[derive(Debug)]
+pub struct Interval {
+    sleep: Sleep,
+    period: Duration,
+}
+
+impl Interval {
+    /// Waits for the next tick and returns its scheduled instant.
+    pub async fn tick(&mut self) -> Instant {
+        poll_fn(|cx| self.poll_tick(cx)).await
+    }
+
+    /// Polls for the next tick.
+    pub fn poll_tick(&mut self, cx: &mut Context<'_>) -> Poll<Instant> {
+        match Pin::new(&mut self.sleep).poll(cx) {
+            Poll::Ready(()) => {
+                let at = self.sleep.deadline();
+                self.sleep.reset(at + self.period);
+                Poll::Ready(at)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// The period between ticks.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// Restarts the schedule: the next tick is one period from now.
+    pub fn reset(&mut self) {
+        self.sleep.reset(Instant::now() + self.period);
+    }
+}

@@ -1,0 +1,128 @@
+//! Tiny messages carried by MSG_RING completions, and coalesced hot counters.
+
+use mailring::{hot, Placement, ShardId};
+
+const HOT: u16 = 11;
+const PLAIN: u16 = 12;
+
+#[test]
+fn hot_counter_sums_values_across_shards() {
+    let rt = mailring::Runtime::builder()
+        .shards(2)
+        .coalesced_hot_tag(HOT)
+        .build()
+        .unwrap();
+    let total = rt.block_on(async {
+        let consumer = mailring::spawn_with(Placement::Pinned(ShardId::new(1)), async {
+            let mut sum = 0u64;
+            let mut wakeups = 0u64;
+            while sum < 100_000 {
+                sum += hot::next_hot_count(HOT).await;
+                wakeups += 1;
+            }
+            (sum, wakeups)
+        });
+        for _ in 0..100_000 {
+            hot::send_tiny(ShardId::new(1), HOT, 1);
+        }
+        consumer.await.unwrap()
+    });
+    assert_eq!(total.0, 100_000);
+    // Sent from one task in one tick: summed into very few completions.
+    assert!(total.1 < 100, "{} wakeups for 100k increments", total.1);
+    let stats = rt.stats();
+    assert!(stats.shards[0].tiny_sent < 100, "{stats:?}");
+}
+
+#[test]
+fn plain_tiny_messages_keep_order_and_sender() {
+    let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+    let got = rt.block_on(async {
+        let consumer = mailring::spawn_on(ShardId::new(1), async {
+            let mut v = Vec::new();
+            for _ in 0..100 {
+                v.push(hot::next_tiny(PLAIN).await);
+            }
+            v
+        });
+        for i in 0..100 {
+            hot::send_tiny(ShardId::new(1), PLAIN, i);
+            if i % 10 == 0 {
+                mailring::yield_now().await;
+            }
+        }
+        consumer.await.unwrap()
+    });
+    let values: Vec<u32> = got.iter().map(|m| m.value).collect();
+    assert_eq!(values, (0..100).collect::<Vec<_>>());
+    assert!(got
+        .iter()
+        .all(|m| m.from == Some(ShardId::new(0)) && m.tag == PLAIN));
+}
+
+#[test]
+fn tiny_messages_from_outside_threads_arrive() {
+    let rt = mailring::Runtime::builder()
+        .shards(2)
+        .coalesced_hot_tag(HOT)
+        .build()
+        .unwrap();
+    let consumer = rt.handle().spawn_on(ShardId::new(1), async {
+        let mut sum = 0;
+        while sum < 10 {
+            sum += hot::next_hot_count(HOT).await;
+        }
+        let m = hot::next_tiny(PLAIN).await;
+        (sum, m)
+    });
+    for _ in 0..10 {
+        rt.handle().send_tiny(ShardId::new(1), HOT, 1);
+    }
+    rt.handle().send_tiny(ShardId::new(1), PLAIN, 99);
+    let (sum, m) = rt.block_on(async move { consumer.await.unwrap() });
+    assert_eq!(sum, 10);
+    assert_eq!((m.from, m.value), (None, 99));
+}
+
+#[test]
+fn wake_threshold_batches_wakeups() {
+    let rt = mailring::Runtime::builder()
+        .shards(2)
+        .coalesced_hot_tag(HOT)
+        .hot_counter_wake_threshold(1_000)
+        .build()
+        .unwrap();
+    let (sum, first) = rt.block_on(async {
+        let consumer = mailring::spawn_on(ShardId::new(1), async {
+            let first = hot::next_hot_count(HOT).await;
+            let mut sum = first;
+            while sum < 5 {
+                sum += hot::next_hot_count(HOT).await;
+            }
+            (sum, first)
+        });
+        // Below the threshold the consumer still wakes once the shard idles.
+        for _ in 0..5 {
+            hot::send_tiny(ShardId::new(1), HOT, 1);
+        }
+        consumer.await.unwrap()
+    });
+    assert_eq!(sum, 5);
+    assert!(first >= 1);
+}
+
+#[test]
+fn try_take_hot_count_does_not_wait() {
+    let rt = mailring::Runtime::builder()
+        .shards(1)
+        .coalesced_hot_tag(HOT)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        assert_eq!(hot::try_take_hot_count(HOT), None);
+        hot::send_tiny(ShardId::new(0), HOT, 4);
+        hot::send_tiny(ShardId::new(0), HOT, 5);
+        assert_eq!(hot::try_take_hot_count(HOT), Some(9));
+        assert_eq!(hot::try_take_hot_count(HOT), None);
+    });
+}

@@ -1,0 +1,15 @@
+//! Integration tests of the runtime through its public API (one binary, many modules).
+
+mod build;
+mod hot;
+mod shutdown;
+mod spawn;
+mod time;
+
+/// A two-shard runtime with the default settings.
+pub(crate) fn rt2() -> mailring::Runtime {
+    mailring::Runtime::builder()
+        .shards(2)
+        .build()
+        .expect("io_uring runtime")
+}

@@ -1,0 +1,298 @@
+//! Spawning, placement, join handles, panics, abort, stealing.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use mailring::{current_shard, sticky_shard, Placement, ShardId};
+
+use crate::rt2;
+
+#[test]
+fn block_on_returns_output() {
+    let rt = rt2();
+    assert_eq!(rt.block_on(async { 40 + 2 }), 42);
+}
+
+#[test]
+fn spawn_on_runs_on_that_shard() {
+    let rt = rt2();
+    let shards = rt.block_on(async {
+        let a = mailring::spawn_on(ShardId::new(0), async { current_shard() });
+        let b = mailring::spawn_on(ShardId::new(1), async { current_shard() });
+        (a.await.unwrap(), b.await.unwrap())
+    });
+    assert_eq!(shards, (Some(ShardId::new(0)), Some(ShardId::new(1))));
+}
+
+#[test]
+fn sticky_placement_follows_the_hash() {
+    let rt = rt2();
+    rt.block_on(async {
+        for key in 0..64u64 {
+            let ran_on =
+                mailring::spawn_with(Placement::Sticky(key), async { current_shard().unwrap() })
+                    .await
+                    .unwrap();
+            assert_eq!(ran_on, sticky_shard(key, 2), "key {key}");
+        }
+    });
+}
+
+#[test]
+fn round_robin_alternates() {
+    let rt = rt2();
+    let shards = rt.block_on(async {
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(
+                mailring::spawn_with(Placement::RoundRobin, async {
+                    current_shard().unwrap().index()
+                })
+                .await
+                .unwrap(),
+            );
+        }
+        v
+    });
+    assert_eq!(shards[0] ^ shards[1], 1);
+    assert_eq!(shards[0], shards[2]);
+}
+
+#[test]
+fn spawn_from_outside_thread_runs() {
+    let rt = rt2();
+    let h = rt.handle().spawn(async { 7 });
+    assert_eq!(mailring_block(h), 7);
+    let h = rt
+        .handle()
+        .spawn_on(ShardId::new(1), async { current_shard() });
+    assert_eq!(mailring_block(h), Some(ShardId::new(1)));
+}
+
+fn mailring_block<T: Send + 'static>(h: mailring::JoinHandle<T>) -> T {
+    let rt = mailring::Runtime::builder().shards(1).build().unwrap();
+    rt.block_on(async move { h.await.unwrap() })
+}
+
+#[test]
+fn spawn_local_accepts_non_send_futures() {
+    let rt = rt2();
+    let n = rt.block_on_local(|| async {
+        let state = Rc::new(RefCell::new(0));
+        let mut handles = Vec::new();
+        for i in 0..10 {
+            let state = state.clone();
+            handles.push(mailring::spawn_local(async move {
+                mailring::yield_now().await;
+                *state.borrow_mut() += i;
+                current_shard()
+            }));
+        }
+        for h in handles {
+            assert_eq!(h.await.unwrap(), Some(ShardId::new(0)));
+        }
+        let v = *state.borrow();
+        v
+    });
+    assert_eq!(n, 45);
+}
+
+#[test]
+fn spawn_local_on_builds_the_future_on_the_target_shard() {
+    let rt = rt2();
+    let h = rt.handle().spawn_local_on(ShardId::new(1), || {
+        let rc = Rc::new(5);
+        async move {
+            mailring::yield_now().await;
+            (*rc, current_shard())
+        }
+    });
+    let out = rt.block_on(async move { h.await.unwrap() });
+    assert_eq!(out, (5, Some(ShardId::new(1))));
+}
+
+#[test]
+fn panicking_task_reports_to_its_joiner_and_the_shard_survives() {
+    let rt = rt2();
+    rt.block_on(async {
+        let h = mailring::spawn_on(ShardId::new(1), async {
+            panic!("boom");
+        });
+        let err = h.await.unwrap_err();
+        assert!(err.is_panic());
+        assert!(err.to_string().contains("boom"), "{err}");
+        let after = mailring::spawn_on(ShardId::new(1), async { 1 })
+            .await
+            .unwrap();
+        assert_eq!(after, 1);
+    });
+}
+
+#[test]
+fn abort_cancels_a_pending_task() {
+    let rt = rt2();
+    rt.block_on(async {
+        let dropped = Arc::new(AtomicUsize::new(0));
+        struct Guard(Arc<AtomicUsize>);
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let g = Guard(dropped.clone());
+        let h = mailring::spawn_on(ShardId::new(1), async move {
+            let _g = g;
+            std::future::pending::<()>().await;
+        });
+        mailring::time::sleep(std::time::Duration::from_millis(5)).await;
+        h.abort();
+        let err = h.await.unwrap_err();
+        assert!(err.is_cancelled());
+        assert_eq!(dropped.load(Ordering::SeqCst), 1, "the future was dropped");
+    });
+}
+
+#[test]
+fn detached_tasks_still_run() {
+    let rt = rt2();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h2 = hits.clone();
+    rt.block_on(async move {
+        for _ in 0..100 {
+            let h = h2.clone();
+            mailring::spawn(async move {
+                h.fetch_add(1, Ordering::SeqCst);
+            })
+            .detach();
+        }
+        while h2.load(Ordering::SeqCst) < 100 {
+            mailring::yield_now().await;
+        }
+    });
+    assert_eq!(hits.load(Ordering::SeqCst), 100);
+}
+
+#[test]
+fn cross_shard_wakes_reach_the_home_shard() {
+    // A task on shard 1 waits on a channel fed from shard 0: every wake crosses shards.
+    let rt = rt2();
+    rt.block_on(async {
+        let (tx, mut rx) = futures_channel();
+        let consumer = mailring::spawn_on(ShardId::new(1), async move {
+            let mut sum = 0u64;
+            while let Some(v) = rx.recv().await {
+                assert_eq!(current_shard(), Some(ShardId::new(1)));
+                sum += v;
+            }
+            sum
+        });
+        for i in 0..10_000u64 {
+            tx.send(i);
+            if i % 100 == 0 {
+                mailring::yield_now().await;
+            }
+        }
+        drop(tx);
+        assert_eq!(consumer.await.unwrap(), (0..10_000u64).sum::<u64>());
+    });
+}
+
+#[test]
+fn idle_shards_steal_unstarted_tasks() {
+    let rt = rt2();
+    let ran_on = rt.block_on(async {
+        // Queue many stealable tasks on shard 0 while shard 0 is busy.
+        let handles: Vec<_> = (0..200)
+            .map(|_| {
+                mailring::spawn_with(Placement::StealablePreferred(ShardId::new(0)), async {
+                    let start = std::time::Instant::now();
+                    while start.elapsed() < std::time::Duration::from_micros(200) {
+                        std::hint::spin_loop();
+                    }
+                    current_shard().unwrap().index()
+                })
+            })
+            .collect();
+        let mut per_shard = [0usize; 2];
+        for h in handles {
+            per_shard[h.await.unwrap()] += 1;
+        }
+        per_shard
+    });
+    assert!(ran_on[1] > 0, "shard 1 stole nothing: {ran_on:?}");
+    let stats = rt.stats();
+    assert!(stats.shards[1].steal_successes > 0, "{stats:?}");
+}
+
+#[test]
+fn blocking_pool_runs_off_the_shards() {
+    let rt = rt2();
+    let (on_shard, v) = rt.block_on(async {
+        mailring::spawn_blocking(|| (mailring::current_shard(), 9))
+            .await
+            .unwrap()
+    });
+    assert_eq!(on_shard, None);
+    assert_eq!(v, 9);
+    let err = rt.block_on(async {
+        mailring::spawn_blocking(|| panic!("blocking boom"))
+            .await
+            .unwrap_err()
+    });
+    assert!(err.is_panic());
+}
+
+/// A minimal unbounded channel so the tests depend on nothing but mailring.
+fn futures_channel() -> (Tx, Rx) {
+    let inner = Arc::new(std::sync::Mutex::new(Chan {
+        items: Default::default(),
+        waker: None,
+        closed: false,
+    }));
+    (Tx(inner.clone()), Rx(inner))
+}
+
+struct Chan {
+    items: std::collections::VecDeque<u64>,
+    waker: Option<std::task::Waker>,
+    closed: bool,
+}
+struct Tx(Arc<std::sync::Mutex<Chan>>);
+struct Rx(Arc<std::sync::Mutex<Chan>>);
+
+impl Tx {
+    fn send(&self, v: u64) {
+        let mut c = self.0.lock().unwrap();
+        c.items.push_back(v);
+        if let Some(w) = c.waker.take() {
+            w.wake();
+        }
+    }
+}
+impl Drop for Tx {
+    fn drop(&mut self) {
+        let mut c = self.0.lock().unwrap();
+        c.closed = true;
+        if let Some(w) = c.waker.take() {
+            w.wake();
+        }
+    }
+}
+impl Rx {
+    async fn recv(&mut self) -> Option<u64> {
+        std::future::poll_fn(|cx| {
+            let mut c = self.0.lock().unwrap();
+            if let Some(v) = c.items.pop_front() {
+                return std::task::Poll::Ready(Some(v));
+            }
+            if c.closed {
+                return std::task::Poll::Ready(None);
+            }
+            c.waker = Some(cx.waker().clone());
+            std::task::Poll::Pending
+        })
+        .await
+    }
+}
