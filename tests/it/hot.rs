@@ -126,3 +126,35 @@ fn try_take_hot_count_does_not_wait() {
         assert_eq!(hot::try_take_hot_count(HOT), None);
     });
 }
+
+#[test]
+fn more_completions_than_cq_entries_lose_no_message() {
+    // A small ring (CQ of 1024 entries) receives 5000 plain tiny messages posted
+    // in one tick while it sleeps. Depending on the kernel, the surplus waits in
+    // deferred task work or in the CQ overflow list, which the shard flushes.
+    let rt = mailring::Runtime::builder()
+        .shards(2)
+        .ring_entries(4)
+        .idle_policy(mailring::IdlePolicy::Block)
+        .build()
+        .unwrap();
+    const N: u32 = 5_000;
+    let got = rt.block_on(async {
+        let consumer = mailring::spawn_on(ShardId::new(1), async {
+            let mut v = Vec::with_capacity(N as usize);
+            while v.len() < N as usize {
+                v.push(hot::next_tiny(PLAIN).await.value);
+            }
+            v
+        });
+        // Let shard 1 start the consumer and fall asleep.
+        mailring::time::sleep(std::time::Duration::from_millis(20)).await;
+        for i in 0..N {
+            hot::send_tiny(ShardId::new(1), PLAIN, i);
+        }
+        consumer.await.unwrap()
+    });
+    assert_eq!(got, (0..N).collect::<Vec<_>>());
+    let stats = rt.stats();
+    assert!(stats.shards[1].ring.cq_entries < N, "{stats:?}");
+}

@@ -1,6 +1,7 @@
 //! Integration tests of the runtime through its public API (one binary, many modules).
 
 mod build;
+mod entry;
 mod hot;
 mod shutdown;
 mod spawn;

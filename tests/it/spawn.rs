@@ -296,3 +296,32 @@ impl Rx {
         .await
     }
 }
+
+#[test]
+fn a_burst_rings_one_doorbell_per_batch_not_per_message() {
+    let rt = mailring::Runtime::builder()
+        .shards(2)
+        .idle_policy(mailring::IdlePolicy::Block)
+        .build()
+        .unwrap();
+    let before = rt.stats().shards[0].doorbells_sent;
+    rt.block_on(async {
+        // Let shard 1 fall asleep.
+        mailring::time::sleep(std::time::Duration::from_millis(20)).await;
+        // 1000 spawns in one tick: one batch, one doorbell.
+        let handles: Vec<_> = (0..1000u64)
+            .map(|i| mailring::spawn_on(ShardId::new(1), async move { i }))
+            .collect();
+        let mut sum = 0;
+        for h in handles {
+            sum += h.await.unwrap();
+        }
+        assert_eq!(sum, 999 * 1000 / 2);
+    });
+    let stats = rt.stats();
+    let rung = stats.shards[0].doorbells_sent - before;
+    // The batch is flushed every 128 items: at most one doorbell per flush (8),
+    // plus a few for wake-ups while joining; far from one per message.
+    assert!(rung <= 11, "{rung} doorbells for one burst: {stats:?}");
+    assert_eq!(stats.shards[1].inbox_items, 1000, "{stats:?}");
+}

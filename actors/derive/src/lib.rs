@@ -11,6 +11,10 @@ use syn::{parse_macro_input, Expr, FnArg, ItemFn, Lit, Meta, Token};
 
 /// Runs an `async fn main` on a mailring runtime.
 ///
+/// The function keeps its name (so tests may use the attribute on any
+/// `async fn`) and becomes a plain `fn` that starts a runtime, runs the body on
+/// shard 0 (it need not be `Send`), and shuts the runtime down.
+///
 /// Arguments (all optional): `shards = N`, `ring_entries = N`, `pin_threads = bool`.
 /// `main` may take one argument, a `mailring::Handle`. When the runtime cannot
 /// start, the error (cause and remedy) is printed and the process exits with
@@ -86,6 +90,7 @@ fn expand_main(
     let vis = &input.vis;
     let body = &input.block;
     let output = &input.sig.output;
+    let name = &input.sig.ident;
     let inputs: Vec<_> = input.sig.inputs.iter().collect();
     let bind_handle = match inputs.as_slice() {
         [] => quote!(),
@@ -102,7 +107,7 @@ fn expand_main(
     };
     Ok(quote! {
         #(#attrs)*
-        #vis fn main() #output {
+        #vis fn #name() #output {
             let __mailring_rt = match ::mailring::Runtime::builder() #(#settings)* .build() {
                 ::core::result::Result::Ok(rt) => rt,
                 ::core::result::Result::Err(e) => {
