@@ -1,0 +1,1 @@
+//! Benchmarks of mailring against peer runtimes; see `benches/`.
