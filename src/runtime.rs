@@ -10,6 +10,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
 
 use crossbeam_deque::{Injector, Steal, Worker};
+use crossbeam_utils::CachePadded;
 
 use crate::blocking::BlockingPool;
 use crate::builder::{Builder, IdlePolicy};
@@ -390,12 +391,12 @@ impl Runtime {
                 ));
             };
             remotes.push(ShardRemote {
-                inbox: Inbox::new(),
+                inbox: CachePadded::new(Inbox::new()),
                 stealer,
                 target,
                 features,
-                load: AtomicUsize::new(0),
-                counters: ShardCounters::default(),
+                load: CachePadded::new(AtomicUsize::new(0)),
+                counters: CachePadded::new(ShardCounters::default()),
             });
         }
         let send_msg_ring = remotes.iter().all(|r| r.target.send_msg_ring);

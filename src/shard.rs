@@ -42,6 +42,7 @@ use std::task::Waker;
 use std::time::Instant;
 
 use crossbeam_deque::{Steal, Stealer, Worker};
+use crossbeam_utils::CachePadded;
 use slab::Slab;
 
 use crate::builder::IdlePolicy;
@@ -113,14 +114,18 @@ impl fmt::Debug for InboxItem {
 }
 
 /// The part of a shard that other threads may touch.
+///
+/// The inbox (written by senders), the published load and the counters
+/// (written by the owner) sit on cache lines of their own, so the owner's
+/// bookkeeping never bounces the line senders are pushing through.
 pub(crate) struct ShardRemote {
-    pub(crate) inbox: Inbox<InboxItem>,
+    pub(crate) inbox: CachePadded<Inbox<InboxItem>>,
     pub(crate) stealer: Stealer<TaskRef>,
     pub(crate) target: WakeTarget,
     pub(crate) features: RingFeatures,
     /// Runnable tasks here, published once per tick for submission-time placement.
-    pub(crate) load: AtomicUsize,
-    pub(crate) counters: ShardCounters,
+    pub(crate) load: CachePadded<AtomicUsize>,
+    pub(crate) counters: CachePadded<ShardCounters>,
 }
 
 impl fmt::Debug for ShardRemote {
@@ -133,13 +138,22 @@ impl fmt::Debug for ShardRemote {
 }
 
 thread_local! {
-    static CURRENT: RefCell<Option<Rc<Shard>>> = const { RefCell::new(None) };
+    /// The shard this thread runs, while `shard_main` runs it; null otherwise.
+    static CURRENT: Cell<*const Shard> = const { Cell::new(std::ptr::null()) };
 }
 
 /// Runs `f` with the shard of the calling thread, if it is a shard thread.
 pub(crate) fn with_current<R>(f: impl FnOnce(&Shard) -> R) -> Option<R> {
-    let shard = CURRENT.try_with(|c| c.borrow().clone()).ok().flatten()?;
-    Some(f(&shard))
+    let ptr = CURRENT.try_with(Cell::get).ok()?;
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `shard_main` stores a pointer into its own `Rc<Shard>` before it
+    // runs the shard and nulls it before that `Rc` is dropped, all on this
+    // thread; so a non-null pointer names a live `Shard`. Only shared references
+    // are handed out (the shard's mutable state is behind `Cell`/`RefCell`), and
+    // the reference cannot outlive `f`.
+    Some(f(unsafe { &*ptr }))
 }
 
 /// What a shard sends to others during one tick.
@@ -169,6 +183,8 @@ pub(crate) struct Shard {
     completions: RefCell<Vec<Completion>>,
     rng: Cell<u64>,
     ticks: Cell<u64>,
+    /// The clock as last read by the loop; timers compare against it.
+    now: Cell<Instant>,
     shutting_down: Cell<bool>,
 }
 
@@ -204,6 +220,7 @@ impl Shard {
             inbox_buf: RefCell::new(Vec::new()),
             completions: RefCell::new(Vec::new()),
             rng: Cell::new(0x2545_f491_4f6c_dd1d ^ ((index as u64 + 1) << 17)),
+            now: Cell::new(Instant::now()),
             ticks: Cell::new(0),
             shutting_down: Cell::new(false),
             shared,
@@ -224,6 +241,11 @@ impl Shard {
 
     fn remote(&self) -> &ShardRemote {
         &self.shared.shards[self.index]
+    }
+
+    /// The clock as last read by this shard's loop (never ahead of the real clock).
+    pub(crate) fn cached_now(&self) -> Instant {
+        self.now.get()
     }
 
     pub(crate) fn timers_mut(&self) -> RefMut<'_, TimerQueue> {
@@ -435,11 +457,15 @@ impl Shard {
         let mut wakers = Vec::new();
         {
             let mut timers = self.timers.borrow_mut();
-            match timers.next_deadline() {
-                Some(d) if d <= Instant::now() => {}
-                _ => return false,
+            let Some(next) = timers.next_deadline() else {
+                return false;
+            };
+            let now = Instant::now();
+            self.now.set(now);
+            if next > now {
+                return false;
             }
-            timers.fire_expired(Instant::now(), &mut wakers);
+            timers.fire_expired(now, &mut wakers);
         }
         let fired = !wakers.is_empty();
         wakers.into_iter().for_each(Waker::wake);
@@ -759,9 +785,9 @@ pub(crate) fn shard_main(
     drop(setup);
     let Ok(Some(shared)) = go.recv() else { return };
     let shard = Rc::new(Shard::new(index, shared, worker, driver));
-    CURRENT.with(|c| *c.borrow_mut() = Some(shard.clone()));
+    CURRENT.with(|c| c.set(Rc::as_ptr(&shard)));
     shard.run();
-    CURRENT.with(|c| c.borrow_mut().take());
+    CURRENT.with(|c| c.set(std::ptr::null()));
     // 5. Dropping the last reference closes the ring and the eventfd.
     drop(shard);
 }

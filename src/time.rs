@@ -168,7 +168,9 @@ impl Future for Sleep {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
         let polled = with_current(|shard| {
-            if Instant::now() >= this.deadline {
+            // The loop's cached clock: a deadline it has not seen pass yet is
+            // registered and fires at the next tick, without a clock read here.
+            if shard.cached_now() >= this.deadline {
                 if let Some(reg) = this.registration.take() {
                     if reg.is_on(shard) {
                         shard.timers_mut().remove(reg.timer);

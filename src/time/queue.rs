@@ -88,13 +88,16 @@ impl TimerQueue {
         }
     }
 
+    /// Drops stale heap items in place (no allocation). An item stays while its
+    /// timer is live and not due before it (a timer moved later is still
+    /// represented by its older, earlier item, which re-files it when it surfaces).
     fn rebuild(&mut self) {
-        let items: Vec<_> = self
-            .entries
-            .iter()
-            .map(|(key, e)| Reverse((e.deadline, key, e.id)))
-            .collect();
-        self.heap = BinaryHeap::from(items);
+        let entries = &self.entries;
+        self.heap.retain(|Reverse((deadline, key, id))| {
+            entries
+                .get(*key)
+                .is_some_and(|e| e.id == *id && *deadline <= e.deadline)
+        });
     }
 
     /// Fires every timer due at `now`, passing its waker to `wake`; returns how many fired.
@@ -178,6 +181,31 @@ mod tests {
         assert_eq!(q.len(), 0);
         wakers.into_iter().for_each(Waker::wake);
         assert_eq!(count.0.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn compaction_keeps_timers_that_were_moved_later() {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let t0 = Instant::now();
+        let mut q = TimerQueue::default();
+        let kept = q.insert(t0 + Duration::from_millis(1), waker.clone());
+        assert!(q.reset(kept, t0 + Duration::from_millis(5)));
+        let others: Vec<_> = (0..1_000)
+            .map(|i| q.insert(t0 + Duration::from_secs(1 + i), waker.clone()))
+            .collect();
+        for k in others {
+            q.remove(k);
+        }
+        let mut wakers = Vec::new();
+        assert_eq!(
+            q.fire_expired(t0 + Duration::from_millis(2), &mut wakers),
+            0
+        );
+        assert_eq!(
+            q.fire_expired(t0 + Duration::from_millis(6), &mut wakers),
+            1
+        );
     }
 
     #[test]

@@ -1,0 +1,42 @@
+//! Timer storm for profiling: 100k sleeps created, polled once, reset and dropped.
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use mailring::ShardId;
+
+fn main() {
+    let rounds: u32 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10);
+    let rt = mailring::Runtime::builder().shards(1).build().unwrap();
+    let h = rt.handle().spawn_on(ShardId::new(0), async move {
+        let start = Instant::now();
+        for _ in 0..rounds {
+            let now = Instant::now();
+            let mut v: Vec<mailring::time::Sleep> = Vec::with_capacity(100_000);
+            for i in 0..100_000u64 {
+                let mut s = mailring::time::sleep_until(
+                    now + Duration::from_secs(30) + Duration::from_micros(i * 7 % 100_000),
+                );
+                let waker = futures::task::noop_waker_ref();
+                assert!(matches!(
+                    Pin::new(&mut s).poll(&mut Context::from_waker(waker)),
+                    Poll::Pending
+                ));
+                v.push(s);
+            }
+            for (i, s) in v.iter_mut().enumerate() {
+                s.reset(
+                    now + Duration::from_secs(60) + Duration::from_micros(i as u64 * 7 % 100_000),
+                );
+            }
+            drop(v);
+        }
+        start.elapsed() / (rounds * 100_000)
+    });
+    let per = futures::executor::block_on(h).unwrap();
+    println!("{per:?} per timer (create + poll + reset + drop)");
+}
