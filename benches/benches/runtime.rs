@@ -36,6 +36,7 @@ const FANOUT_TASKS: u64 = 1_000;
 const LIGHT_ITERS: u32 = 200; // ~0.3us of dependent arithmetic
 const HEAVY_ITERS: u32 = LIGHT_ITERS * 50; // skewed: every 10th task
 const TIMERS: usize = 100_000;
+const EXTERNAL_ROUNDS: u64 = 1_000;
 // Deadlines are far beyond the whole run, so no timer ever fires during the
 // measurement (the "idle timeout that keeps getting pushed back, then is
 // cancelled" case).  spargio cannot cancel: every dropped/reset Sleep leaves an
@@ -1058,11 +1059,80 @@ fn bench_timers(c: &mut Criterion) {
     g.finish();
 }
 
+// ---------------------------------------------------------------- external_wake
+
+/// A thread outside the runtime wakes a sleeping shard (idle policy `Block`)
+/// by spawning a trivial task on it and waits for the result: one external wake
+/// per round trip, by `IORING_REGISTER_SEND_MSG_RING` or by eventfd.
+fn external_wake_mailring(
+    g: &mut BenchmarkGroup<WallTime>,
+    name: &str,
+    mode: mailring::ExternalWake,
+) {
+    let rt = mailring::Runtime::builder()
+        .shards(2)
+        .idle_policy(mailring::IdlePolicy::Block)
+        .external_wake(mode)
+        .build()
+        .expect("mailring runtime");
+    let h = rt.handle().clone();
+    let mut m = Meter::default();
+    let id = format!("external_wake/{name}");
+    start_watchdog(&id);
+    g.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            m.measure(iters, || {
+                for _ in 0..iters * EXTERNAL_ROUNDS {
+                    black_box(block_on(h.spawn_on(ShardId::new(1), async { 1u64 })).unwrap());
+                }
+            })
+        })
+    });
+    m.report(&id, EXTERNAL_ROUNDS);
+    eprintln!(
+        "[mailring-stats] {id}: {:?}, external wakes {}",
+        rt.stats().external_wake,
+        rt.stats().external_wakes
+    );
+    rt.shutdown();
+}
+
+/// The same round trip into a tokio runtime (its workers park on a futex).
+fn external_wake_tokio(g: &mut BenchmarkGroup<WallTime>) {
+    let rt = tokio_rt();
+    let mut m = Meter::default();
+    start_watchdog("external_wake/tokio");
+    g.bench_function("tokio", |b| {
+        b.iter_custom(|iters| {
+            m.measure(iters, || {
+                for _ in 0..iters * EXTERNAL_ROUNDS {
+                    black_box(block_on(rt.spawn(async { 1u64 })).unwrap());
+                }
+            })
+        })
+    });
+    m.report("external_wake/tokio", EXTERNAL_ROUNDS);
+}
+
+fn bench_external_wake(c: &mut Criterion) {
+    let mut g = c.benchmark_group("external_wake");
+    g.throughput(Throughput::Elements(EXTERNAL_ROUNDS));
+    external_wake_mailring(
+        &mut g,
+        "mailring_send_msg_ring",
+        mailring::ExternalWake::SendMsgRing,
+    );
+    external_wake_mailring(&mut g, "mailring_eventfd", mailring::ExternalWake::EventFd);
+    external_wake_tokio(&mut g);
+    g.finish();
+}
+
 criterion_group!(
     benches,
     bench_pingpong,
     bench_oneway,
     bench_fanout,
-    bench_timers
+    bench_timers,
+    bench_external_wake
 );
 criterion_main!(benches);
