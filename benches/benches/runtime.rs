@@ -1127,12 +1127,104 @@ fn bench_external_wake(c: &mut Criterion) {
     g.finish();
 }
 
+// ---------------------------------------------------------------- timer_churn
+
+/// The per-request timeout pattern: one timer at a time is created, registered,
+/// pushed back, and cancelled when the "request" finishes; 100k in a row.
+/// spargio is left out: its `Sleep` cannot be cancelled (each would leave two
+/// kernel timeouts armed), so the batch would measure a leak, not a cancel.
+fn churn_mailring(g: &mut BenchmarkGroup<WallTime>) {
+    let rt = mailring_rt();
+    let h = rt.handle().clone();
+    let mut m = Meter::default();
+    start_watchdog("timer_churn/mailring");
+    g.bench_function("mailring", |b| {
+        b.iter_custom(|iters| {
+            m.measure(iters, || {
+                let task = h.spawn_on(ShardId::new(0), async move {
+                    let mut pending = 0usize;
+                    for _ in 0..iters {
+                        let now = Instant::now();
+                        for i in 0..TIMERS {
+                            if i % YIELD_EVERY == YIELD_EVERY - 1 {
+                                mailring::yield_now().await;
+                            }
+                            let mut s = mailring::time::sleep_until(now + TIMER_D1 + jitter(i));
+                            if poll_noop(Pin::new(&mut s)).is_pending() {
+                                pending += 1;
+                            }
+                            s.reset(now + TIMER_D2 + jitter(i));
+                            drop(black_box(s));
+                        }
+                    }
+                    pending
+                });
+                let pending = block_on(task).unwrap();
+                assert_eq!(
+                    pending as u64,
+                    iters * TIMERS as u64,
+                    "mailring timers not registered"
+                );
+            })
+        })
+    });
+    m.report("timer_churn/mailring", TIMERS as u64);
+    rt.shutdown();
+}
+
+fn churn_tokio(g: &mut BenchmarkGroup<WallTime>) {
+    let rt = tokio_rt();
+    let mut m = Meter::default();
+    start_watchdog("timer_churn/tokio");
+    g.bench_function("tokio", |b| {
+        b.iter_custom(|iters| {
+            m.measure(iters, || {
+                let task = rt.spawn(tokio::task::unconstrained(async move {
+                    let mut pending = 0usize;
+                    for _ in 0..iters {
+                        let now = tokio::time::Instant::now();
+                        for i in 0..TIMERS {
+                            if i % YIELD_EVERY == YIELD_EVERY - 1 {
+                                YieldNow(false).await;
+                            }
+                            let mut s = std::pin::pin!(tokio::time::sleep_until(
+                                now + TIMER_D1 + jitter(i)
+                            ));
+                            if poll_noop(s.as_mut()).is_pending() {
+                                pending += 1;
+                            }
+                            s.as_mut().reset(now + TIMER_D2 + jitter(i));
+                        }
+                    }
+                    pending
+                }));
+                let pending = rt.block_on(task).unwrap();
+                assert_eq!(
+                    pending as u64,
+                    iters * TIMERS as u64,
+                    "tokio timers not registered"
+                );
+            })
+        })
+    });
+    m.report("timer_churn/tokio", TIMERS as u64);
+}
+
+fn bench_timer_churn(c: &mut Criterion) {
+    let mut g = c.benchmark_group("timer_churn");
+    g.throughput(Throughput::Elements(TIMERS as u64));
+    churn_mailring(&mut g);
+    churn_tokio(&mut g);
+    g.finish();
+}
+
 criterion_group!(
     benches,
     bench_pingpong,
     bench_oneway,
     bench_fanout,
     bench_timers,
+    bench_timer_churn,
     bench_external_wake
 );
 criterion_main!(benches);
