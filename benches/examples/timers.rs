@@ -11,11 +11,21 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(10);
+    let churn = std::env::args().nth(2).as_deref() == Some("churn");
     let rt = mailring::Runtime::builder().shards(1).build().unwrap();
     let h = rt.handle().spawn_on(ShardId::new(0), async move {
         let start = Instant::now();
         for _ in 0..rounds {
             let now = Instant::now();
+            if churn {
+                for i in 0..100_000u64 {
+                    let mut s = mailring::time::sleep_until(now + Duration::from_secs(30) + Duration::from_micros(i * 7 % 100_000));
+                    let waker = futures::task::noop_waker_ref();
+                    assert!(matches!(Pin::new(&mut s).poll(&mut Context::from_waker(waker)), Poll::Pending));
+                    s.reset(now + Duration::from_secs(60) + Duration::from_micros(i * 7 % 100_000));
+                }
+                continue;
+            }
             let mut v: Vec<mailring::time::Sleep> = Vec::with_capacity(100_000);
             for i in 0..100_000u64 {
                 let mut s = mailring::time::sleep_until(
