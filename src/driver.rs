@@ -32,6 +32,7 @@ use std::time::Instant;
 pub use probe::RingFeatures;
 
 pub(crate) const KIND_SHIFT: u32 = 56;
+pub(crate) const KIND_OP: u64 = 0;
 pub(crate) const KIND_DOORBELL: u64 = 1;
 pub(crate) const KIND_TINY: u64 = 2;
 pub(crate) const KIND_TIMER: u64 = 3;
@@ -62,6 +63,12 @@ pub(crate) struct WakeTarget {
 /// A decoded completion that the scheduler must act on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Completion {
+    /// An operation of the op table completed.
+    Op {
+        user_data: u64,
+        res: i32,
+        flags: u32,
+    },
     /// A tiny message from another shard (or from outside, `from == u16::MAX`).
     Tiny { from: u16, tag: u16, value: u32 },
     /// A doorbell we sent could not be delivered; ring again.
@@ -104,4 +111,13 @@ pub(crate) trait ShardDriver {
     fn cancel_all(&mut self);
     /// Times the completion queue was found overflowed and flushed.
     fn cq_overflows(&self) -> u64;
+    /// Queues the SQE of an operation of the op table.
+    ///
+    /// # Safety
+    ///
+    /// Every buffer, path or fd the entry refers to must stay valid until the
+    /// operation's CQE has been reaped (the op table keeps them).
+    unsafe fn push_op(&mut self, entry: &io_uring::squeue::Entry);
+    /// Queues an `ASYNC_CANCEL` for the operation with this `user_data`.
+    fn queue_cancel(&mut self, user_data: u64);
 }

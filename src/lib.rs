@@ -47,13 +47,19 @@ mod loom;
 #[cfg(not(loom))]
 mod blocking;
 #[cfg(not(loom))]
+pub mod buf;
+#[cfg(not(loom))]
 mod builder;
 #[cfg(not(loom))]
 mod driver;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
+pub mod fs;
+#[cfg(not(loom))]
 pub mod hot;
+#[cfg(not(loom))]
+mod op;
 #[cfg(not(loom))]
 mod placement;
 #[cfg(not(loom))]

@@ -50,6 +50,7 @@ use crate::doorbell::{Delivery, Inbox};
 use crate::driver::uring::UringDriver;
 use crate::driver::{Completion, RingFeatures, ShardDriver, WakeTarget};
 use crate::hot::{HotState, TinyMessage};
+use crate::op::OpTable;
 use crate::runtime::Shared;
 use crate::stats::ShardCounters;
 use crate::task::TaskRef;
@@ -178,6 +179,7 @@ pub(crate) struct Shard {
     timers: RefCell<TimerQueue>,
     hot: RefCell<HotState>,
     owned: RefCell<Slab<TaskRef>>,
+    ops: RefCell<OpTable>,
     outgoing: RefCell<Outgoing>,
     inbox_buf: RefCell<Vec<InboxItem>>,
     completions: RefCell<Vec<Completion>>,
@@ -213,6 +215,7 @@ impl Shard {
             timers: RefCell::new(TimerQueue::default()),
             hot: RefCell::new(hot),
             owned: RefCell::new(Slab::with_capacity(256)),
+            ops: RefCell::new(OpTable::default()),
             outgoing: RefCell::new(Outgoing {
                 batches: (0..n).map(|_| Vec::new()).collect(),
                 ..Outgoing::default()
@@ -254,6 +257,32 @@ impl Shard {
 
     pub(crate) fn hot_mut(&self) -> RefMut<'_, HotState> {
         self.hot.borrow_mut()
+    }
+
+    pub(crate) fn ops_mut(&self) -> RefMut<'_, OpTable> {
+        self.ops.borrow_mut()
+    }
+
+    /// Queues the SQE of an op-table operation on this shard's ring.
+    ///
+    /// # Safety
+    ///
+    /// As [`ShardDriver::push_op`].
+    pub(crate) unsafe fn push_op(&self, entry: &io_uring::squeue::Entry) {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.driver.borrow_mut().push_op(entry) };
+    }
+
+    /// Asks the kernel to cancel an in-flight operation.
+    pub(crate) fn cancel_op(&self, user_data: u64) {
+        self.driver.borrow_mut().queue_cancel(user_data);
+    }
+
+    fn complete_op(&self, user_data: u64, res: i32, flags: u32) {
+        let waker = self.ops.borrow_mut().complete(user_data, res, flags);
+        if let Some(w) = waker {
+            w.wake();
+        }
     }
 
     /// Records a task this shard now owns; returns its key.
@@ -435,6 +464,11 @@ impl Shard {
         };
         for c in comps.drain(..) {
             match c {
+                Completion::Op {
+                    user_data,
+                    res,
+                    flags,
+                } => self.complete_op(user_data, res, flags),
                 Completion::Tiny { from, tag, value } => {
                     let from = (usize::from(from) < self.shared.shards.len())
                         .then(|| crate::ShardId::new(from.into()));
@@ -564,9 +598,8 @@ impl Shard {
         counters.stealable_queue_depth.set(stealable as u64);
         counters.owned_tasks.set(self.owned.borrow().len() as u64);
         counters.timers_armed.set(self.timers.borrow().len() as u64);
-        counters
-            .ops_in_flight
-            .set(self.driver.borrow().in_flight() as u64);
+        let in_flight = self.driver.borrow().in_flight() + self.ops.borrow().len();
+        counters.ops_in_flight.set(in_flight as u64);
         self.remote()
             .load
             .store(local + stealable, Ordering::Relaxed);
@@ -743,20 +776,33 @@ impl Shard {
         let _ = self.driver.borrow_mut().submit();
         // 3. Nobody rings anybody after this point.
         self.shared.shutdown_barrier.wait();
-        // 4. Cancel in-flight operations and wait for their completions.
-        let mut driver = self.driver.borrow_mut();
-        driver.cancel_all();
+        // 4. Cancel in-flight operations and wait for their completions; each
+        //    abandoned operation's resources are freed as its CQE arrives.
+        self.driver.borrow_mut().cancel_all();
+        let in_flight = || self.driver.borrow().in_flight() + self.ops.borrow().len();
         let mut idle_rounds = 0;
-        while driver.in_flight() > 0 && idle_rounds < 100 {
-            let _ = driver.wait();
-            if driver.reap(&mut drop) == 0 {
+        while in_flight() > 0 && idle_rounds < 100 {
+            let mut comps = Vec::new();
+            let reaped = {
+                let mut driver = self.driver.borrow_mut();
+                let _ = driver.wait();
+                driver.reap(&mut |c| comps.push(c))
+            };
+            for c in comps {
+                if let Completion::Op {
+                    user_data,
+                    res,
+                    flags,
+                } = c
+                {
+                    self.complete_op(user_data, res, flags);
+                }
+            }
+            if reaped == 0 {
                 idle_rounds += 1;
             }
         }
-        self.remote()
-            .counters
-            .ops_in_flight
-            .set(driver.in_flight() as u64);
+        self.remote().counters.ops_in_flight.set(in_flight() as u64);
     }
 }
 

@@ -72,3 +72,43 @@ fn shutdown_with_ops_and_tasks_in_flight_leaks_nothing() {
     );
     assert_eq!(open_fds(), before);
 }
+
+#[test]
+fn shutdown_with_reads_in_flight_closes_their_files() {
+    let _g = FD_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let before = open_fds();
+    {
+        let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+        let handle = rt.handle().clone();
+        rt.block_on(async move {
+            for i in 0..20 {
+                handle
+                    .spawn_on(ShardId::new(i % 2), async move {
+                        let mut fds = [0i32; 2];
+                        // SAFETY: `fds` is a valid two-element array for pipe2 to fill.
+                        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+                        // SAFETY: pipe2 returned two fresh descriptors that we now own.
+                        let (reader, writer) = unsafe {
+                            use std::os::fd::FromRawFd;
+                            (
+                                std::fs::File::from_raw_fd(fds[0]),
+                                std::fs::File::from_raw_fd(fds[1]),
+                            )
+                        };
+                        let reader = mailring::fs::File::from_std(reader).unwrap();
+                        let _writer = writer;
+                        // Never completes: the runtime shuts down under it.
+                        let _ = reader.read_at(vec![0u8; 4096], 0).await;
+                    })
+                    .detach();
+            }
+            mailring::time::sleep(Duration::from_millis(20)).await;
+        });
+        let in_flight: u64 = rt.stats().shards.iter().map(|s| s.ops_in_flight).sum();
+        assert!(
+            in_flight >= 20,
+            "expected the reads in flight, got {in_flight}"
+        );
+    }
+    assert_eq!(open_fds(), before);
+}

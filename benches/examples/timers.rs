@@ -19,9 +19,14 @@ fn main() {
             let now = Instant::now();
             if churn {
                 for i in 0..100_000u64 {
-                    let mut s = mailring::time::sleep_until(now + Duration::from_secs(30) + Duration::from_micros(i * 7 % 100_000));
+                    let mut s = mailring::time::sleep_until(
+                        now + Duration::from_secs(30) + Duration::from_micros(i * 7 % 100_000),
+                    );
                     let waker = futures::task::noop_waker_ref();
-                    assert!(matches!(Pin::new(&mut s).poll(&mut Context::from_waker(waker)), Poll::Pending));
+                    assert!(matches!(
+                        Pin::new(&mut s).poll(&mut Context::from_waker(waker)),
+                        Poll::Pending
+                    ));
                     s.reset(now + Duration::from_secs(60) + Duration::from_micros(i * 7 % 100_000));
                 }
                 continue;

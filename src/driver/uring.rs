@@ -15,7 +15,7 @@ use io_uring::{opcode, squeue, EnterFlags, IoUring};
 
 use super::{
     kind_of, token, Completion, RingFeatures, ShardDriver, WakeTarget, KIND_DOORBELL,
-    KIND_DOORBELL_SENT, KIND_EVENTFD, KIND_IGNORE, KIND_SHIFT, KIND_TIMER, KIND_TINY,
+    KIND_DOORBELL_SENT, KIND_EVENTFD, KIND_IGNORE, KIND_OP, KIND_SHIFT, KIND_TIMER, KIND_TINY,
     KIND_TINY_SENT,
 };
 use crate::builder::{Builder, ExternalWake};
@@ -36,7 +36,7 @@ pub(crate) struct UringDriver {
     timer_ts: Box<Timespec>,
     timeouts_in_flight: usize,
     skip_success: squeue::Flags,
-    cqes: Vec<(u64, i32)>,
+    cqes: Vec<(u64, i32, u32)>,
     cancelling: bool,
     overflows: u64,
 }
@@ -328,13 +328,18 @@ impl ShardDriver for UringDriver {
         self.cqes.extend(
             self.ring
                 .completion()
-                .map(|cqe| (cqe.user_data(), cqe.result())),
+                .map(|cqe| (cqe.user_data(), cqe.result(), cqe.flags())),
         );
         let n = self.cqes.len();
         for i in 0..n {
-            let (user_data, res) = self.cqes[i];
+            let (user_data, res, flags) = self.cqes[i];
             let rest = user_data & ((1 << KIND_SHIFT) - 1);
             match kind_of(user_data) {
+                KIND_OP => sink(Completion::Op {
+                    user_data,
+                    res,
+                    flags,
+                }),
                 KIND_TINY => sink(Completion::Tiny {
                     from: (rest >> 40) as u16,
                     tag: rest as u16,
@@ -393,6 +398,20 @@ impl ShardDriver for UringDriver {
 
     fn cq_overflows(&self) -> u64 {
         self.overflows
+    }
+
+    unsafe fn push_op(&mut self, entry: &squeue::Entry) {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.push(entry) };
+    }
+
+    fn queue_cancel(&mut self, user_data: u64) {
+        let cancel = opcode::AsyncCancel::new(user_data)
+            .build()
+            .flags(self.skip_success)
+            .user_data(token(KIND_IGNORE, 0));
+        // SAFETY: a cancel refers to no memory.
+        unsafe { self.push(&cancel) };
     }
 }
 

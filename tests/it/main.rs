@@ -2,6 +2,7 @@
 
 mod build;
 mod entry;
+mod fs;
 mod hot;
 mod shutdown;
 mod spawn;

@@ -1,0 +1,447 @@
+//! Files on the shard's ring: open, positional reads and writes, fsync, close.
+//!
+//! A [`File`] belongs to the shard that opened it (or adopted it): its
+//! operations are SQEs on that shard's ring. Using it from another thread gives
+//! an [`io::ErrorKind::Other`] error naming the rule; it never touches another
+//! shard's ring. In-flight operations hold a reference to the descriptor, so
+//! it is closed only after the kernel is done with it.
+//!
+//! # Examples
+//!
+//! ```
+//! use mailring::fs::File;
+//! let rt = mailring::Runtime::builder().shards(1).build()?;
+//! let path = std::env::temp_dir().join(format!("mailring-doc-{}", std::process::id()));
+//! let p = path.clone();
+//! let back = rt.block_on(async move {
+//!     let file = File::create(&p).await?;
+//!     let (n, _) = file.write_all_at(b"hello".to_vec(), 0).await;
+//!     n?;
+//!     file.sync_data().await?;
+//!     let (n, buf) = file.read_at(Vec::with_capacity(16), 0).await;
+//!     n?;
+//!     file.close().await?;
+//!     Ok::<_, std::io::Error>(buf)
+//! })?;
+//! assert_eq!(back, b"hello");
+//! # std::fs::remove_file(path).ok();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use io_uring::opcode;
+use io_uring::types::{Fd, FsyncFlags};
+
+use crate::buf::{IoBuf, IoBufMut};
+use crate::op::{wrong_shard, Op};
+use crate::shard::with_current;
+
+/// Options for [`File`]; the same meaning as [`std::fs::OpenOptions`].
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    read: bool,
+    write: bool,
+    append: bool,
+    truncate: bool,
+    create: bool,
+    create_new: bool,
+    mode: u32,
+    custom_flags: i32,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl OpenOptions {
+    /// All options off; mode 0o666 (before the umask).
+    pub fn new() -> Self {
+        OpenOptions {
+            read: false,
+            write: false,
+            append: false,
+            truncate: false,
+            create: false,
+            create_new: false,
+            mode: 0o666,
+            custom_flags: 0,
+        }
+    }
+
+    /// Open for reading.
+    pub fn read(&mut self, read: bool) -> &mut Self {
+        self.read = read;
+        self
+    }
+
+    /// Open for writing.
+    pub fn write(&mut self, write: bool) -> &mut Self {
+        self.write = write;
+        self
+    }
+
+    /// Open in append mode.
+    pub fn append(&mut self, append: bool) -> &mut Self {
+        self.append = append;
+        self
+    }
+
+    /// Truncate to zero length.
+    pub fn truncate(&mut self, truncate: bool) -> &mut Self {
+        self.truncate = truncate;
+        self
+    }
+
+    /// Create the file if missing.
+    pub fn create(&mut self, create: bool) -> &mut Self {
+        self.create = create;
+        self
+    }
+
+    /// Create the file, failing if it exists.
+    pub fn create_new(&mut self, create_new: bool) -> &mut Self {
+        self.create_new = create_new;
+        self
+    }
+
+    /// Permission bits for a created file.
+    pub fn mode(&mut self, mode: u32) -> &mut Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Extra `open(2)` flags, e.g. `libc::O_DIRECT`.
+    pub fn custom_flags(&mut self, flags: i32) -> &mut Self {
+        self.custom_flags = flags;
+        self
+    }
+
+    fn flags(&self) -> io::Result<i32> {
+        let access = match (self.read, self.write || self.append) {
+            (true, false) => libc::O_RDONLY,
+            (false, true) => libc::O_WRONLY,
+            (true, true) => libc::O_RDWR,
+            (false, false) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "open: neither read nor write was requested",
+                ))
+            }
+        };
+        let mut flags = access | libc::O_CLOEXEC | self.custom_flags;
+        if self.append {
+            flags |= libc::O_APPEND;
+        }
+        if self.truncate {
+            flags |= libc::O_TRUNC;
+        }
+        if self.create_new {
+            flags |= libc::O_CREAT | libc::O_EXCL;
+        } else if self.create {
+            flags |= libc::O_CREAT;
+        }
+        Ok(flags)
+    }
+
+    /// Opens `path` with `IORING_OP_OPENAT` on the current shard.
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error (e.g. `NotFound`, `AlreadyExists`, `PermissionDenied`),
+    /// `InvalidInput` for a path with a NUL byte or no access mode, and an
+    /// `Other` error outside a mailring shard.
+    pub async fn open(&self, path: impl AsRef<Path>) -> io::Result<File> {
+        let flags = self.flags()?;
+        let path = path.as_ref();
+        let c_path = CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
+        let mode = self.mode;
+        // SAFETY: the SQE points into the CString's heap buffer, which the op
+        // owns until its CQE.
+        let op = unsafe {
+            Op::submit(c_path, Some(close_fd), |p| {
+                opcode::OpenAt::new(Fd(libc::AT_FDCWD), p.as_ptr())
+                    .flags(flags)
+                    .mode(mode)
+                    .build()
+            })
+        }?;
+        let (res, _) = op.await;
+        let (fd, _) =
+            res.map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", path.display())))?;
+        // SAFETY: a successful openat returned a new descriptor that we now own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        File::adopt(fd)
+    }
+}
+
+/// Closes the fd an abandoned `openat` produced.
+fn close_fd(res: i32) {
+    if res >= 0 {
+        // SAFETY: the fd was created by the abandoned open and nobody else has it.
+        drop(unsafe { OwnedFd::from_raw_fd(res) });
+    }
+}
+
+/// An open file whose operations run on its shard's ring.
+#[derive(Debug)]
+pub struct File {
+    fd: Arc<OwnedFd>,
+    runtime: u64,
+    shard: usize,
+}
+
+impl File {
+    /// Opens a file for reading.
+    ///
+    /// # Errors
+    ///
+    /// See [`OpenOptions::open`].
+    pub async fn open(path: impl AsRef<Path>) -> io::Result<File> {
+        OpenOptions::new().read(true).open(path).await
+    }
+
+    /// Creates (or truncates) a file for reading and writing.
+    ///
+    /// # Errors
+    ///
+    /// See [`OpenOptions::open`].
+    pub async fn create(path: impl AsRef<Path>) -> io::Result<File> {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .await
+    }
+
+    /// Adopts an open descriptor on the current shard.
+    ///
+    /// # Errors
+    ///
+    /// An `Other` error outside a mailring shard.
+    pub fn from_std(file: std::fs::File) -> io::Result<File> {
+        File::adopt(OwnedFd::from(file))
+    }
+
+    fn adopt(fd: OwnedFd) -> io::Result<File> {
+        let (runtime, shard) =
+            with_current(|s| (s.runtime_id(), s.index())).ok_or_else(wrong_shard)?;
+        Ok(File {
+            fd: Arc::new(fd),
+            runtime,
+            shard,
+        })
+    }
+
+    fn check_shard(&self) -> io::Result<()> {
+        match with_current(|s| s.runtime_id() == self.runtime && s.index() == self.shard) {
+            Some(true) => Ok(()),
+            _ => Err(wrong_shard()),
+        }
+    }
+
+    /// Reads into `buf` from offset `pos`, filling it from its start up to its
+    /// capacity; returns the byte count (0 at end of file) and the buffer,
+    /// whose length is then the byte count. A short read is returned as such.
+    pub async fn read_at<B: IoBufMut>(&self, mut buf: B, pos: u64) -> (io::Result<usize>, B) {
+        if let Err(e) = self.check_shard() {
+            return (Err(e), buf);
+        }
+        let fd = self.fd.clone();
+        let raw = fd.as_raw_fd();
+        let len = buf.bytes_total().min(u32::MAX as usize) as u32;
+        // SAFETY: the read targets the buffer's heap memory (stable across moves,
+        // `IoBufMut` contract) and the fd held by the op's `Arc`.
+        let op = unsafe {
+            Op::submit((buf, fd), None, |(b, _)| {
+                opcode::Read::new(Fd(raw), b.stable_mut_ptr(), len)
+                    .offset(pos)
+                    .build()
+            })
+        };
+        let op = op.expect("checked to be on the file's shard");
+        let (res, (mut buf, _fd)) = op.await;
+        match res {
+            Ok((n, _)) => {
+                // SAFETY: the kernel wrote `n <= len` bytes at the buffer's start.
+                unsafe { buf.set_init(n as usize) };
+                (Ok(n as usize), buf)
+            }
+            Err(e) => (Err(e), buf),
+        }
+    }
+
+    /// Reads until `buf` is full (its [`IoBufMut::bytes_total`] bytes).
+    ///
+    /// # Errors
+    ///
+    /// `UnexpectedEof` if the file ends first (the buffer keeps what was read).
+    pub async fn read_exact_at<B: IoBufMut>(&self, mut buf: B, pos: u64) -> (io::Result<()>, B) {
+        let total = buf.bytes_total();
+        let mut done = 0usize;
+        let mut scratch = vec![0u8; 0];
+        while done < total {
+            // Read the remainder into a scratch buffer, then copy: keeps `buf`'s
+            // initialised prefix intact whatever its type.
+            scratch.clear();
+            scratch.reserve_exact(total - done);
+            let (res, back) = self.read_at(scratch, pos + done as u64).await;
+            scratch = back;
+            match res {
+                Ok(0) => {
+                    return (
+                        Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "file ended before the buffer was full",
+                        )),
+                        buf,
+                    )
+                }
+                Ok(n) => {
+                    let n = n.min(total - done);
+                    // SAFETY: `done + n <= total` bytes of writable memory; the
+                    // copied prefix initialises them.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            scratch.as_ptr(),
+                            buf.stable_mut_ptr().add(done),
+                            n,
+                        );
+                        buf.set_init(done + n);
+                    }
+                    done += n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return (Err(e), buf),
+            }
+        }
+        (Ok(()), buf)
+    }
+
+    /// Writes `buf`'s bytes at offset `pos`; returns how many were written
+    /// (possibly fewer: a short write is returned as such) and the buffer.
+    pub async fn write_at<B: IoBuf>(&self, buf: B, pos: u64) -> (io::Result<usize>, B) {
+        self.write_slice_at(buf, 0, pos).await
+    }
+
+    async fn write_slice_at<B: IoBuf>(
+        &self,
+        buf: B,
+        from: usize,
+        pos: u64,
+    ) -> (io::Result<usize>, B) {
+        if let Err(e) = self.check_shard() {
+            return (Err(e), buf);
+        }
+        let fd = self.fd.clone();
+        let raw = fd.as_raw_fd();
+        let init = buf.bytes_init();
+        let from = from.min(init);
+        let len = (init - from).min(u32::MAX as usize) as u32;
+        // SAFETY: the write reads the buffer's heap memory (stable, `IoBuf`
+        // contract) from `from <= bytes_init` on, and uses the fd held by the
+        // op's `Arc`.
+        let op = unsafe {
+            Op::submit((buf, fd), None, |(b, _)| {
+                opcode::Write::new(Fd(raw), b.stable_ptr().add(from), len)
+                    .offset(pos)
+                    .build()
+            })
+        };
+        let op = op.expect("checked to be on the file's shard");
+        let (res, (buf, _fd)) = op.await;
+        (res.map(|(n, _)| n as usize), buf)
+    }
+
+    /// Writes all of `buf`'s bytes at offset `pos`, continuing after short writes.
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error; `WriteZero` if the kernel accepts nothing.
+    pub async fn write_all_at<B: IoBuf>(&self, mut buf: B, pos: u64) -> (io::Result<()>, B) {
+        let total = buf.bytes_init();
+        let mut done = 0usize;
+        while done < total {
+            let (res, back) = self.write_slice_at(buf, done, pos + done as u64).await;
+            buf = back;
+            match res {
+                Ok(0) => {
+                    return (
+                        Err(io::Error::new(io::ErrorKind::WriteZero, "write returned 0")),
+                        buf,
+                    )
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return (Err(e), buf),
+            }
+        }
+        (Ok(()), buf)
+    }
+
+    async fn fsync(&self, flags: FsyncFlags) -> io::Result<()> {
+        self.check_shard()?;
+        let fd = self.fd.clone();
+        let raw = fd.as_raw_fd();
+        // SAFETY: the fsync uses only the fd, held by the op's `Arc`.
+        let op = unsafe {
+            Op::submit(fd, None, |_| {
+                opcode::Fsync::new(Fd(raw)).flags(flags).build()
+            })
+        }?;
+        op.await.0.map(drop)
+    }
+
+    /// Flushes data and metadata to the device (`fsync`).
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error.
+    pub async fn sync_all(&self) -> io::Result<()> {
+        self.fsync(FsyncFlags::empty()).await
+    }
+
+    /// Flushes data (and the metadata needed to read it) to the device (`fdatasync`).
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error.
+    pub async fn sync_data(&self) -> io::Result<()> {
+        self.fsync(FsyncFlags::DATASYNC).await
+    }
+
+    /// Closes the file with `IORING_OP_CLOSE`, reporting the kernel's answer.
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error (a close error can mean lost writes on some filesystems).
+    pub async fn close(self) -> io::Result<()> {
+        self.check_shard()?;
+        match Arc::try_unwrap(self.fd) {
+            Ok(fd) => {
+                let raw = fd.into_raw_fd();
+                // SAFETY: the close uses a raw fd we own and no longer use elsewhere.
+                let op = unsafe { Op::submit((), None, |_| opcode::Close::new(Fd(raw)).build()) }?;
+                op.await.0.map(drop)
+            }
+            // Operations abandoned earlier still hold it: it closes when they finish.
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+impl AsRawFd for File {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}

@@ -1,0 +1,288 @@
+//! In-flight operations: the per-shard op table and the [`Op`] future.
+//!
+//! Every native I/O operation is one SQE on the current shard's ring and one
+//! slot in that shard's [`OpTable`]. The SQE's `user_data` is the slot key (low
+//! 32 bits) and the slot's generation (bits 32..56), so a CQE for a slot that
+//! was freed and reused can never complete the wrong operation.
+//!
+//! # Slot states
+//!
+//! 1. `Waiting(waker)`: submitted; the `Op` future owns its resources
+//!    (buffer, path, fd) and waits.
+//! 2. `Done(res, flags)`: the CQE arrived before the future looked; the next
+//!    poll takes the result and frees the slot.
+//! 3. `Abandoned(resources)`: the future was dropped before its CQE. Its
+//!    resources moved into the slot and an `ASYNC_CANCEL` was queued; when the
+//!    CQE arrives (cancelled or not) the resources are dropped, the optional
+//!    clean-up runs on the result (an `openat` that succeeded anyway has its fd
+//!    closed), and the slot is freed.
+//!
+//! So whatever the user drops, memory handed to the kernel lives until the
+//! kernel is done with it.
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use io_uring::squeue;
+use slab::Slab;
+
+use crate::shard::{with_current, Shard};
+
+const GENERATION_MASK: u64 = (1 << 24) - 1;
+
+/// What runs on the result of an abandoned operation.
+pub(crate) type Cleanup = fn(i32);
+
+enum SlotState {
+    Waiting(Option<Waker>),
+    Done {
+        res: i32,
+        flags: u32,
+    },
+    Abandoned {
+        _resources: Box<dyn Any>,
+        cleanup: Option<Cleanup>,
+    },
+}
+
+struct Slot {
+    generation: u32,
+    state: SlotState,
+}
+
+/// The in-flight operations of one shard.
+#[derive(Default)]
+pub(crate) struct OpTable {
+    slots: Slab<Slot>,
+    next_generation: u32,
+}
+
+impl fmt::Debug for OpTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpTable")
+            .field("in_flight", &self.slots.len())
+            .finish()
+    }
+}
+
+fn user_data(key: usize, generation: u32) -> u64 {
+    ((u64::from(generation) & GENERATION_MASK) << 32) | key as u64
+}
+
+impl OpTable {
+    fn insert(&mut self) -> (usize, u32) {
+        self.next_generation = self.next_generation.wrapping_add(1) & GENERATION_MASK as u32;
+        let generation = self.next_generation;
+        let key = self.slots.insert(Slot {
+            generation,
+            state: SlotState::Waiting(None),
+        });
+        (key, generation)
+    }
+
+    fn slot_mut(&mut self, key: usize, generation: u32) -> Option<&mut Slot> {
+        self.slots
+            .get_mut(key)
+            .filter(|s| s.generation == generation)
+    }
+
+    /// Files a CQE; returns the waker to wake, if any.
+    pub(crate) fn complete(&mut self, user_data: u64, res: i32, flags: u32) -> Option<Waker> {
+        let key = (user_data & 0xffff_ffff) as usize;
+        let generation = ((user_data >> 32) & GENERATION_MASK) as u32;
+        let slot = self.slot_mut(key, generation)?;
+        match &mut slot.state {
+            SlotState::Waiting(waker) => {
+                let waker = waker.take();
+                slot.state = SlotState::Done { res, flags };
+                waker
+            }
+            SlotState::Abandoned { cleanup, .. } => {
+                if let Some(cleanup) = cleanup.take() {
+                    cleanup(res);
+                }
+                // Dropping the slot drops the resources the kernel is now done with.
+                self.slots.remove(key);
+                None
+            }
+            // A second CQE for a single-shot op cannot happen; keep the first.
+            SlotState::Done { .. } => None,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+/// An operation submitted on the current shard, owning what the kernel uses.
+///
+/// Resolves to the CQE's result (`Ok(res)` for `res >= 0`, else the errno)
+/// and gives back the resources. Dropping it before completion cancels the
+/// operation and keeps the resources alive until the kernel lets go of them.
+pub(crate) struct Op<T: 'static> {
+    key: usize,
+    generation: u32,
+    runtime: u64,
+    shard: usize,
+    resources: Option<T>,
+    cleanup: Option<Cleanup>,
+    _not_sync: PhantomData<std::cell::Cell<()>>,
+}
+
+impl<T: 'static> fmt::Debug for Op<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Op")
+            .field("key", &self.key)
+            .field("shard", &self.shard)
+            .finish()
+    }
+}
+
+/// The error of an operation used on a thread that is not its shard.
+pub(crate) fn wrong_shard() -> io::Error {
+    io::Error::other("mailring: this I/O object belongs to another shard (or no shard runs this thread); use it from the shard that opened it")
+}
+
+impl<T: 'static> Op<T> {
+    /// Submits the SQE that `build` makes from the resources, on the current shard.
+    ///
+    /// # Safety
+    ///
+    /// The entry may refer only to memory owned by `resources` whose address
+    /// does not change when `resources` is moved (heap buffers, `CString`s),
+    /// and to fds that stay open while the operation is in flight.
+    pub(crate) unsafe fn submit(
+        mut resources: T,
+        cleanup: Option<Cleanup>,
+        build: impl FnOnce(&mut T) -> squeue::Entry,
+    ) -> io::Result<Op<T>> {
+        let entry = build(&mut resources);
+        with_current(move |shard| {
+            let (key, generation) = shard.ops_mut().insert();
+            let entry = entry.user_data(user_data(key, generation));
+            // SAFETY: the caller guarantees the entry only refers to memory that
+            // `resources` owns at a stable address; the `Op` (or, once dropped,
+            // the op table) keeps `resources` until the CQE is reaped.
+            unsafe { shard.push_op(&entry) };
+            Op {
+                key,
+                generation,
+                runtime: shard.runtime_id(),
+                shard: shard.index(),
+                resources: Some(resources),
+                cleanup,
+                _not_sync: PhantomData,
+            }
+        })
+        .ok_or_else(wrong_shard)
+    }
+
+    fn on_own_shard(&self, shard: &Shard) -> bool {
+        shard.runtime_id() == self.runtime && shard.index() == self.shard
+    }
+}
+
+// The kernel only sees memory that `T` owns at stable addresses (see
+// `Op::submit`), never `T` itself, so moving an `Op` is harmless.
+impl<T: 'static> Unpin for Op<T> {}
+
+impl<T: 'static> Future for Op<T> {
+    type Output = (io::Result<(u32, u32)>, T);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let polled = with_current(|shard| {
+            if !this.on_own_shard(shard) {
+                return Poll::Ready(Err(wrong_shard()));
+            }
+            let mut ops = shard.ops_mut();
+            let Some(slot) = ops.slot_mut(this.key, this.generation) else {
+                return Poll::Ready(Err(io::Error::other("mailring: operation slot lost")));
+            };
+            match &mut slot.state {
+                SlotState::Done { res, flags } => {
+                    let (res, flags) = (*res, *flags);
+                    ops.slots.remove(this.key);
+                    Poll::Ready(Ok((res, flags)))
+                }
+                SlotState::Waiting(waker) => {
+                    match waker {
+                        Some(w) if w.will_wake(cx.waker()) => {}
+                        _ => *waker = Some(cx.waker().clone()),
+                    }
+                    Poll::Pending
+                }
+                SlotState::Abandoned { .. } => {
+                    Poll::Ready(Err(io::Error::other("mailring: operation abandoned")))
+                }
+            }
+        });
+        let result = match polled {
+            None => panic!("{}", wrong_shard()),
+            Some(Poll::Pending) => return Poll::Pending,
+            Some(Poll::Ready(Ok((res, flags)))) => {
+                this.cleanup = None;
+                if res < 0 {
+                    Err(io::Error::from_raw_os_error(-res))
+                } else {
+                    Ok((res as u32, flags))
+                }
+            }
+            // Polled off its shard: the kernel may still use the resources, so
+            // they cannot be handed back. Tasks never move between shards, so
+            // only a future polled by hand on another thread gets here.
+            Some(Poll::Ready(Err(e))) => panic!("{e}"),
+        };
+        this.key = usize::MAX;
+        let resources = this.resources.take().expect("Op polled after completion");
+        Poll::Ready((result, resources))
+    }
+}
+
+impl<T: 'static> Drop for Op<T> {
+    fn drop(&mut self) {
+        if self.key == usize::MAX {
+            return;
+        }
+        let mut resources = self.resources.take();
+        let (key, generation, cleanup) = (self.key, self.generation, self.cleanup.take());
+        let (runtime, home) = (self.runtime, self.shard);
+        // `Some(true)`: the resources may be dropped here (the kernel is done with them).
+        let released = with_current(|shard| {
+            if shard.runtime_id() != runtime || shard.index() != home {
+                return false;
+            }
+            let mut ops = shard.ops_mut();
+            let Some(slot) = ops.slot_mut(key, generation) else {
+                return true;
+            };
+            if let SlotState::Done { res, .. } = slot.state {
+                // Completed but never looked at: undo what it produced.
+                if let Some(cleanup) = cleanup {
+                    cleanup(res);
+                }
+                ops.slots.remove(key);
+                return true;
+            }
+            slot.state = SlotState::Abandoned {
+                _resources: Box::new(resources.take()),
+                cleanup,
+            };
+            drop(ops);
+            shard.cancel_op(user_data(key, generation));
+            true
+        });
+        if released != Some(true) {
+            // Dropped off its shard (only possible by moving an in-flight future
+            // between threads by hand): the kernel may still write into the
+            // resources, so they are leaked rather than freed.
+            std::mem::forget(resources);
+        }
+    }
+}

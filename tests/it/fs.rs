@@ -1,0 +1,157 @@
+//! Files on the ring: open/create, positional I/O, fsync, close, errors,
+//! shard ownership, and cancellation of in-flight operations.
+
+use std::io::ErrorKind;
+use std::os::fd::FromRawFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use mailring::fs::{File, OpenOptions};
+use mailring::ShardId;
+
+use crate::rt2;
+
+fn temp_path(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mailring-fs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[test]
+fn write_read_roundtrip_with_every_buffer_type() {
+    let rt = rt2();
+    let path = temp_path("roundtrip");
+    let p = path.clone();
+    rt.block_on(async move {
+        let file = File::create(&p).await.unwrap();
+        let (r, _) = file.write_all_at(b"hello ".to_vec(), 0).await;
+        r.unwrap();
+        let (r, _) = file.write_all_at(Bytes::from_static(b"io_uring "), 6).await;
+        r.unwrap();
+        let (r, _) = file.write_all_at(BytesMut::from(&b"world"[..]), 15).await;
+        r.unwrap();
+        let boxed: Box<[u8]> = b"!".to_vec().into_boxed_slice();
+        let (r, _) = file.write_all_at(boxed, 20).await;
+        r.unwrap();
+        file.sync_all().await.unwrap();
+        file.sync_data().await.unwrap();
+
+        let (n, buf) = file.read_at(Vec::with_capacity(64), 0).await;
+        assert_eq!(n.unwrap(), 21);
+        assert_eq!(buf, b"hello io_uring world!");
+
+        let (n, buf) = file.read_at(BytesMut::with_capacity(5), 6).await;
+        assert_eq!(n.unwrap(), 5);
+        assert_eq!(&buf[..], b"io_ur");
+
+        let (r, buf) = file.read_exact_at(vec![0u8; 0].into_boxed_slice(), 0).await;
+        r.unwrap();
+        assert!(buf.is_empty());
+        let (r, buf) = file.read_exact_at(Vec::with_capacity(11), 10).await;
+        r.unwrap();
+        assert_eq!(buf, b"ring world!");
+
+        // Reading past the end: zero bytes, and read_exact reports EOF.
+        let (n, _) = file.read_at(Vec::with_capacity(8), 1000).await;
+        assert_eq!(n.unwrap(), 0);
+        let (r, _) = file.read_exact_at(Vec::with_capacity(8), 18).await;
+        assert_eq!(r.unwrap_err().kind(), ErrorKind::UnexpectedEof);
+        file.close().await.unwrap();
+    });
+    assert_eq!(std::fs::read(&path).unwrap(), b"hello io_uring world!");
+}
+
+#[test]
+fn open_errors_carry_the_errno_and_path() {
+    let rt = rt2();
+    let missing = temp_path("does-not-exist");
+    let existing = temp_path("exists");
+    std::fs::write(&existing, b"x").unwrap();
+    let (m, e) = (missing.clone(), existing.clone());
+    rt.block_on(async move {
+        let err = File::open(&m).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotFound);
+        assert!(err.to_string().contains("does-not-exist"), "{err}");
+        let err = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&e)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::AlreadyExists);
+        let err = OpenOptions::new().open(&e).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        let err = File::open("bad\0path").await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        // Writing to a read-only file: the kernel's EBADF comes back as such.
+        let ro = File::open(&e).await.unwrap();
+        let (r, buf) = ro.write_at(b"y".to_vec(), 0).await;
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(9));
+        assert_eq!(buf, b"y", "the buffer comes back with the error");
+    });
+}
+
+#[test]
+fn a_file_used_from_another_shard_gives_an_error() {
+    let rt = rt2();
+    let path = temp_path("other-shard");
+    std::fs::write(&path, b"abc").unwrap();
+    let handle = rt.handle().clone();
+    rt.block_on(async move {
+        let file = std::sync::Arc::new(File::open(&path).await.unwrap());
+        let f = file.clone();
+        let (err, buf) = handle
+            .spawn_on(ShardId::new(1), async move {
+                let (r, buf) = f.read_at(Vec::with_capacity(3), 0).await;
+                (r.unwrap_err(), buf)
+            })
+            .await
+            .unwrap();
+        assert!(err.to_string().contains("another shard"), "{err}");
+        assert_eq!(buf.capacity(), 3, "the buffer is handed back");
+        let (n, _) = file.read_at(Vec::with_capacity(3), 0).await;
+        assert_eq!(n.unwrap(), 3);
+    });
+}
+
+#[test]
+fn dropped_reads_are_cancelled_and_their_buffers_kept_until_completion() {
+    // Reads from an empty pipe never complete on their own: dropping them must
+    // cancel them, and the slot (with its buffer) is freed when the CQE arrives.
+    let rt = rt2();
+    rt.block_on(async move {
+        let mut fds = [0i32; 2];
+        // SAFETY: `fds` is a valid two-element array for pipe2 to fill.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: pipe2 returned two fresh descriptors that we now own.
+        let (reader, writer) = unsafe {
+            (
+                std::fs::File::from_raw_fd(fds[0]),
+                std::fs::File::from_raw_fd(fds[1]),
+            )
+        };
+        let reader = File::from_std(reader).unwrap();
+        for _ in 0..1_000 {
+            let read = reader.read_at(vec![0u8; 4096], 0);
+            assert!(mailring::time::timeout(Duration::ZERO, read).await.is_err());
+        }
+        // Data written now must be readable by a fresh read (no abandoned read stole it
+        // after its cancellation completed).
+        let mut settled = false;
+        for _ in 0..200 {
+            mailring::time::sleep(Duration::from_millis(1)).await;
+            let in_flight = mailring::Handle::current().stats().shards[0].ops_in_flight;
+            if in_flight <= 2 {
+                settled = true;
+                break;
+            }
+        }
+        assert!(settled, "cancelled reads are still in flight");
+        use std::io::Write;
+        (&writer).write_all(b"ping").unwrap();
+        let (n, buf) = reader.read_at(Vec::with_capacity(16), 0).await;
+        assert_eq!(n.unwrap(), 4);
+        assert_eq!(buf, b"ping");
+    });
+}
