@@ -161,8 +161,7 @@ impl OpenOptions {
     pub async fn open(&self, path: impl AsRef<Path>) -> io::Result<File> {
         let flags = self.flags()?;
         let path = path.as_ref();
-        let c_path = CString::new(path.as_os_str().as_bytes())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
+        let c_path = c_path(path)?;
         let mode = self.mode;
         // SAFETY: the SQE points into the CString's heap buffer, which the op
         // owns until its CQE.
@@ -444,4 +443,312 @@ impl AsRawFd for File {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
+}
+
+/// What `statx` reports about a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metadata {
+    len: u64,
+    mode: u32,
+    modified: std::time::SystemTime,
+    accessed: std::time::SystemTime,
+    blocks: u64,
+    inode: u64,
+}
+
+impl Metadata {
+    fn from_statx(st: &libc::statx) -> Metadata {
+        let time = |t: libc::statx_timestamp| {
+            let since = std::time::Duration::new(t.tv_sec.unsigned_abs(), t.tv_nsec);
+            if t.tv_sec >= 0 {
+                std::time::UNIX_EPOCH + since
+            } else {
+                std::time::UNIX_EPOCH - since
+            }
+        };
+        Metadata {
+            len: st.stx_size,
+            mode: u32::from(st.stx_mode),
+            modified: time(st.stx_mtime),
+            accessed: time(st.stx_atime),
+            blocks: st.stx_blocks,
+            inode: st.stx_ino,
+        }
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the size is zero.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether it is a regular file.
+    pub fn is_file(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFREG
+    }
+
+    /// Whether it is a directory.
+    pub fn is_dir(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+
+    /// Whether it is a symbolic link (only seen by [`symlink_metadata`]).
+    pub fn is_symlink(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFLNK
+    }
+
+    /// Permission bits (`st_mode & 0o7777`).
+    pub fn permissions_mode(&self) -> u32 {
+        self.mode & 0o7777
+    }
+
+    /// Last modification time.
+    pub fn modified(&self) -> std::time::SystemTime {
+        self.modified
+    }
+
+    /// Last access time.
+    pub fn accessed(&self) -> std::time::SystemTime {
+        self.accessed
+    }
+
+    /// 512-byte blocks allocated.
+    pub fn blocks(&self) -> u64 {
+        self.blocks
+    }
+
+    /// Inode number.
+    pub fn inode(&self) -> u64 {
+        self.inode
+    }
+}
+
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+fn with_path(e: io::Error, what: &str, path: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+}
+
+async fn statx(
+    dirfd: RawFd,
+    path: CString,
+    flags: i32,
+    keep: Option<Arc<OwnedFd>>,
+) -> io::Result<Metadata> {
+    // SAFETY: statx is plain data; all-zero is a valid value.
+    let buf: Box<libc::statx> = Box::new(unsafe { std::mem::zeroed() });
+    // SAFETY: the SQE points at the CString's and the box's heap memory, both
+    // owned by the op until its CQE; `keep` holds the fd for `AT_EMPTY_PATH`.
+    let op = unsafe {
+        Op::submit((path, buf, keep), None, |(p, b, _)| {
+            let out: *mut libc::statx = &mut **b;
+            opcode::Statx::new(Fd(dirfd), p.as_ptr(), out.cast())
+                .flags(flags)
+                .mask(libc::STATX_BASIC_STATS)
+                .build()
+        })
+    }?;
+    let (res, (_, buf, _)) = op.await;
+    res?;
+    Ok(Metadata::from_statx(&buf))
+}
+
+impl File {
+    /// The file's metadata (`statx` on the open descriptor).
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error, or the shard-ownership error.
+    pub async fn metadata(&self) -> io::Result<Metadata> {
+        self.check_shard()?;
+        let fd = self.fd.clone();
+        statx(
+            fd.as_raw_fd(),
+            CString::default(),
+            libc::AT_EMPTY_PATH,
+            Some(fd),
+        )
+        .await
+    }
+}
+
+/// Metadata of `path`, following symbolic links.
+///
+/// # Errors
+///
+/// The kernel's error with the path, or an error outside a mailring shard.
+pub async fn metadata(path: impl AsRef<Path>) -> io::Result<Metadata> {
+    let path = path.as_ref();
+    statx(libc::AT_FDCWD, c_path(path)?, 0, None)
+        .await
+        .map_err(|e| with_path(e, "stat", path))
+}
+
+/// Metadata of `path` itself, not following a final symbolic link.
+///
+/// # Errors
+///
+/// As [`metadata`].
+pub async fn symlink_metadata(path: impl AsRef<Path>) -> io::Result<Metadata> {
+    let path = path.as_ref();
+    statx(
+        libc::AT_FDCWD,
+        c_path(path)?,
+        libc::AT_SYMLINK_NOFOLLOW,
+        None,
+    )
+    .await
+    .map_err(|e| with_path(e, "lstat", path))
+}
+
+async fn path_op(
+    path: &Path,
+    what: &str,
+    build: impl FnOnce(*const libc::c_char) -> io_uring::squeue::Entry,
+) -> io::Result<()> {
+    let c = c_path(path)?;
+    // SAFETY: the SQE points into the CString's heap buffer, owned by the op.
+    let op = unsafe { Op::submit(c, None, |p| build(p.as_ptr())) }?;
+    op.await.0.map(drop).map_err(|e| with_path(e, what, path))
+}
+
+/// Creates a directory (mode 0o777 before the umask).
+///
+/// # Errors
+///
+/// The kernel's error with the path (`AlreadyExists`, `NotFound` for a missing parent, ...).
+pub async fn create_dir(path: impl AsRef<Path>) -> io::Result<()> {
+    path_op(path.as_ref(), "mkdir", |p| {
+        opcode::MkDirAt::new(Fd(libc::AT_FDCWD), p)
+            .mode(0o777)
+            .build()
+    })
+    .await
+}
+
+/// Creates a directory and every missing parent.
+///
+/// # Errors
+///
+/// The first error other than `AlreadyExists` for a directory.
+pub async fn create_dir_all(path: impl AsRef<Path>) -> io::Result<()> {
+    let path = path.as_ref();
+    let mut prefix = std::path::PathBuf::new();
+    for component in path.components() {
+        prefix.push(component);
+        if matches!(
+            component,
+            std::path::Component::RootDir | std::path::Component::Prefix(_)
+        ) {
+            continue;
+        }
+        match create_dir(&prefix).await {
+            Ok(()) => {}
+            Err(e)
+                if e.kind() == io::ErrorKind::AlreadyExists
+                    && metadata(&prefix).await?.is_dir() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Renames `from` to `to`, replacing `to` if it exists.
+///
+/// # Errors
+///
+/// The kernel's error with the source path.
+pub async fn rename(from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
+    let (from, to) = (from.as_ref(), to.as_ref());
+    let (c_from, c_to) = (c_path(from)?, c_path(to)?);
+    // SAFETY: the SQE points into both CStrings' heap buffers, owned by the op.
+    let op = unsafe {
+        Op::submit((c_from, c_to), None, |(a, b)| {
+            opcode::RenameAt::new(
+                Fd(libc::AT_FDCWD),
+                a.as_ptr(),
+                Fd(libc::AT_FDCWD),
+                b.as_ptr(),
+            )
+            .build()
+        })
+    }?;
+    op.await
+        .0
+        .map(drop)
+        .map_err(|e| with_path(e, "rename", from))
+}
+
+/// Removes a file.
+///
+/// # Errors
+///
+/// The kernel's error with the path.
+pub async fn remove_file(path: impl AsRef<Path>) -> io::Result<()> {
+    path_op(path.as_ref(), "unlink", |p| {
+        opcode::UnlinkAt::new(Fd(libc::AT_FDCWD), p).build()
+    })
+    .await
+}
+
+/// Removes an empty directory.
+///
+/// # Errors
+///
+/// The kernel's error with the path.
+pub async fn remove_dir(path: impl AsRef<Path>) -> io::Result<()> {
+    path_op(path.as_ref(), "rmdir", |p| {
+        opcode::UnlinkAt::new(Fd(libc::AT_FDCWD), p)
+            .flags(libc::AT_REMOVEDIR)
+            .build()
+    })
+    .await
+}
+
+/// Reads a whole file.
+///
+/// # Errors
+///
+/// The errors of opening and reading it.
+pub async fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
+    let file = File::open(path).await?;
+    let hint = file.metadata().await.map(|m| m.len() as usize).unwrap_or(0);
+    let mut out = Vec::with_capacity(hint);
+    let mut chunk = Vec::with_capacity(hint.clamp(4096, 1 << 20));
+    loop {
+        let (res, back) = file.read_at(chunk, out.len() as u64).await;
+        chunk = back;
+        match res {
+            Ok(0) => break,
+            Ok(_) => out.extend_from_slice(&chunk),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    file.close().await?;
+    Ok(out)
+}
+
+/// Writes `data` to a file, creating or truncating it.
+///
+/// # Errors
+///
+/// The errors of creating, writing and closing it.
+pub async fn write(path: impl AsRef<Path>, data: impl Into<Vec<u8>>) -> io::Result<()> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .await?;
+    let (res, _) = file.write_all_at(data.into(), 0).await;
+    res?;
+    file.close().await
 }

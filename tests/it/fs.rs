@@ -155,3 +155,69 @@ fn dropped_reads_are_cancelled_and_their_buffers_kept_until_completion() {
         assert_eq!(buf, b"ping");
     });
 }
+
+#[test]
+fn metadata_and_path_helpers() {
+    let rt = rt2();
+    let base = temp_path("tree");
+    let b = base.clone();
+    rt.block_on(async move {
+        let deep = b.join("a/b/c");
+        mailring::fs::create_dir_all(&deep).await.unwrap();
+        mailring::fs::create_dir_all(&deep).await.unwrap(); // idempotent
+        assert!(mailring::fs::metadata(&deep).await.unwrap().is_dir());
+        let err = mailring::fs::create_dir(&deep).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::AlreadyExists);
+
+        let file = deep.join("data.bin");
+        mailring::fs::write(&file, vec![7u8; 10_000]).await.unwrap();
+        let md = mailring::fs::metadata(&file).await.unwrap();
+        assert!(md.is_file() && !md.is_dir());
+        assert_eq!(md.len(), 10_000);
+        let opened = File::open(&file).await.unwrap();
+        let by_fd = opened.metadata().await.unwrap();
+        assert_eq!((by_fd.len(), by_fd.inode()), (10_000, md.inode()));
+        opened.close().await.unwrap();
+        assert_eq!(mailring::fs::read(&file).await.unwrap(), vec![7u8; 10_000]);
+
+        let moved = deep.join("moved.bin");
+        mailring::fs::rename(&file, &moved).await.unwrap();
+        assert_eq!(
+            mailring::fs::metadata(&file).await.unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
+        mailring::fs::remove_file(&moved).await.unwrap();
+        let err = mailring::fs::remove_file(&moved).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotFound);
+        assert!(err.to_string().contains("moved.bin"), "{err}");
+        mailring::fs::remove_dir(&deep).await.unwrap();
+        assert!(!deep.exists());
+    });
+}
+
+#[test]
+fn large_file_survives_sync_and_reopen() {
+    // 8 MiB written in 1 MiB chunks, fdatasync'd, read back through a new descriptor.
+    let rt = rt2();
+    let path = temp_path("large");
+    let p = path.clone();
+    let sum = rt.block_on(async move {
+        let file = File::create(&p).await.unwrap();
+        for i in 0..8u64 {
+            let chunk: Vec<u8> = (0..1 << 20).map(|j| ((i * 31 + j) % 251) as u8).collect();
+            let (r, _) = file.write_all_at(chunk, i << 20).await;
+            r.unwrap();
+        }
+        file.sync_data().await.unwrap();
+        file.close().await.unwrap();
+        let back = mailring::fs::read(&p).await.unwrap();
+        assert_eq!(back.len(), 8 << 20);
+        back.iter().map(|&b| u64::from(b)).sum::<u64>()
+    });
+    let expected: u64 = std::fs::read(&path)
+        .unwrap()
+        .iter()
+        .map(|&b| u64::from(b))
+        .sum();
+    assert_eq!(sum, expected);
+}
