@@ -39,8 +39,7 @@ use io_uring::opcode;
 use io_uring::types::{Fd, FsyncFlags};
 
 use crate::buf::{IoBuf, IoBufMut};
-use crate::op::{wrong_shard, Op};
-use crate::shard::with_current;
+use crate::op::{submit_read, submit_write, Op, ShardFd};
 
 /// Options for [`File`]; the same meaning as [`std::fs::OpenOptions`].
 #[derive(Debug, Clone)]
@@ -193,9 +192,7 @@ fn close_fd(res: i32) {
 /// An open file whose operations run on its shard's ring.
 #[derive(Debug)]
 pub struct File {
-    fd: Arc<OwnedFd>,
-    runtime: u64,
-    shard: usize,
+    inner: ShardFd,
 }
 
 impl File {
@@ -233,50 +230,25 @@ impl File {
     }
 
     fn adopt(fd: OwnedFd) -> io::Result<File> {
-        let (runtime, shard) =
-            with_current(|s| (s.runtime_id(), s.index())).ok_or_else(wrong_shard)?;
         Ok(File {
-            fd: Arc::new(fd),
-            runtime,
-            shard,
+            inner: ShardFd::adopt(fd)?,
         })
     }
 
     fn check_shard(&self) -> io::Result<()> {
-        match with_current(|s| s.runtime_id() == self.runtime && s.index() == self.shard) {
-            Some(true) => Ok(()),
-            _ => Err(wrong_shard()),
-        }
+        self.inner.check()
     }
 
     /// Reads into `buf` from offset `pos`, filling it from its start up to its
     /// capacity; returns the byte count (0 at end of file) and the buffer,
     /// whose length is then the byte count. A short read is returned as such.
-    pub async fn read_at<B: IoBufMut>(&self, mut buf: B, pos: u64) -> (io::Result<usize>, B) {
-        if let Err(e) = self.check_shard() {
-            return (Err(e), buf);
-        }
-        let fd = self.fd.clone();
-        let raw = fd.as_raw_fd();
-        let len = buf.bytes_total().min(u32::MAX as usize) as u32;
-        // SAFETY: the read targets the buffer's heap memory (stable across moves,
-        // `IoBufMut` contract) and the fd held by the op's `Arc`.
-        let op = unsafe {
-            Op::submit((buf, fd), None, |(b, _)| {
-                opcode::Read::new(Fd(raw), b.stable_mut_ptr(), len)
-                    .offset(pos)
-                    .build()
+    pub async fn read_at<B: IoBufMut>(&self, buf: B, pos: u64) -> (io::Result<usize>, B) {
+        // SAFETY: a positional read writes at most `len` bytes at `ptr`.
+        unsafe {
+            submit_read(&self.inner, buf, |fd, ptr, len| {
+                opcode::Read::new(Fd(fd), ptr, len).offset(pos).build()
             })
-        };
-        let op = op.expect("checked to be on the file's shard");
-        let (res, (mut buf, _fd)) = op.await;
-        match res {
-            Ok((n, _)) => {
-                // SAFETY: the kernel wrote `n <= len` bytes at the buffer's start.
-                unsafe { buf.set_init(n as usize) };
-                (Ok(n as usize), buf)
-            }
-            Err(e) => (Err(e), buf),
+            .await
         }
     }
 
@@ -339,27 +311,13 @@ impl File {
         from: usize,
         pos: u64,
     ) -> (io::Result<usize>, B) {
-        if let Err(e) = self.check_shard() {
-            return (Err(e), buf);
-        }
-        let fd = self.fd.clone();
-        let raw = fd.as_raw_fd();
-        let init = buf.bytes_init();
-        let from = from.min(init);
-        let len = (init - from).min(u32::MAX as usize) as u32;
-        // SAFETY: the write reads the buffer's heap memory (stable, `IoBuf`
-        // contract) from `from <= bytes_init` on, and uses the fd held by the
-        // op's `Arc`.
-        let op = unsafe {
-            Op::submit((buf, fd), None, |(b, _)| {
-                opcode::Write::new(Fd(raw), b.stable_ptr().add(from), len)
-                    .offset(pos)
-                    .build()
+        // SAFETY: a positional write reads at most `len` bytes at `ptr`.
+        unsafe {
+            submit_write(&self.inner, buf, from, |fd, ptr, len| {
+                opcode::Write::new(Fd(fd), ptr, len).offset(pos).build()
             })
-        };
-        let op = op.expect("checked to be on the file's shard");
-        let (res, (buf, _fd)) = op.await;
-        (res.map(|(n, _)| n as usize), buf)
+            .await
+        }
     }
 
     /// Writes all of `buf`'s bytes at offset `pos`, continuing after short writes.
@@ -390,7 +348,7 @@ impl File {
 
     async fn fsync(&self, flags: FsyncFlags) -> io::Result<()> {
         self.check_shard()?;
-        let fd = self.fd.clone();
+        let fd = self.inner.fd.clone();
         let raw = fd.as_raw_fd();
         // SAFETY: the fsync uses only the fd, held by the op's `Arc`.
         let op = unsafe {
@@ -426,7 +384,7 @@ impl File {
     /// The kernel's error (a close error can mean lost writes on some filesystems).
     pub async fn close(self) -> io::Result<()> {
         self.check_shard()?;
-        match Arc::try_unwrap(self.fd) {
+        match Arc::try_unwrap(self.inner.fd) {
             Ok(fd) => {
                 let raw = fd.into_raw_fd();
                 // SAFETY: the close uses a raw fd we own and no longer use elsewhere.
@@ -441,7 +399,7 @@ impl File {
 
 impl AsRawFd for File {
     fn as_raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.inner.raw()
     }
 }
 
@@ -568,7 +526,7 @@ impl File {
     /// The kernel's error, or the shard-ownership error.
     pub async fn metadata(&self) -> io::Result<Metadata> {
         self.check_shard()?;
-        let fd = self.fd.clone();
+        let fd = self.inner.fd.clone();
         statx(
             fd.as_raw_fd(),
             CString::default(),

@@ -59,6 +59,8 @@ pub mod fs;
 #[cfg(not(loom))]
 pub mod hot;
 #[cfg(not(loom))]
+pub mod net;
+#[cfg(not(loom))]
 mod op;
 #[cfg(not(loom))]
 mod placement;

@@ -286,3 +286,109 @@ impl<T: 'static> Drop for Op<T> {
         }
     }
 }
+
+/// A descriptor that belongs to one shard: its operations go to that shard's
+/// ring, and in-flight operations keep it open through the shared `Arc`.
+#[derive(Debug)]
+pub(crate) struct ShardFd {
+    pub(crate) fd: std::sync::Arc<std::os::fd::OwnedFd>,
+    runtime: u64,
+    shard: usize,
+}
+
+impl ShardFd {
+    /// Adopts `fd` on the current shard.
+    pub(crate) fn adopt(fd: std::os::fd::OwnedFd) -> io::Result<ShardFd> {
+        let (runtime, shard) =
+            with_current(|s| (s.runtime_id(), s.index())).ok_or_else(wrong_shard)?;
+        Ok(ShardFd {
+            fd: std::sync::Arc::new(fd),
+            runtime,
+            shard,
+        })
+    }
+
+    /// `Ok` when the caller runs on the owning shard.
+    pub(crate) fn check(&self) -> io::Result<()> {
+        match with_current(|s| s.runtime_id() == self.runtime && s.index() == self.shard) {
+            Some(true) => Ok(()),
+            _ => Err(wrong_shard()),
+        }
+    }
+
+    pub(crate) fn raw(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Submits a read-like operation (the kernel writes into `buf` from its start)
+/// on `fd`'s shard; sets the buffer's initialised length to the byte count.
+///
+/// # Safety
+///
+/// `build(fd, ptr, len)` must make an SQE that writes at most `len` bytes at
+/// `ptr` and uses no other memory.
+pub(crate) async unsafe fn submit_read<B: crate::buf::IoBufMut>(
+    fd: &ShardFd,
+    mut buf: B,
+    build: impl FnOnce(std::os::fd::RawFd, *mut u8, u32) -> squeue::Entry,
+) -> (io::Result<usize>, B) {
+    if let Err(e) = fd.check() {
+        return (Err(e), buf);
+    }
+    let keep = fd.fd.clone();
+    let raw = fd.raw();
+    let len = buf.bytes_total().min(u32::MAX as usize) as u32;
+    // SAFETY: the SQE writes into the buffer's heap memory (stable across moves,
+    // `IoBufMut` contract; caller's contract on `build`) and uses the fd kept
+    // open by `keep`; both live in the op until its CQE.
+    let op = unsafe {
+        Op::submit((buf, keep), None, |(b, _)| {
+            build(raw, b.stable_mut_ptr(), len)
+        })
+    };
+    let op = op.expect("checked to be on the descriptor's shard");
+    let (res, (mut buf, _)) = op.await;
+    match res {
+        Ok((n, _)) => {
+            // SAFETY: the kernel wrote `n <= len` bytes at the buffer's start.
+            unsafe { buf.set_init(n as usize) };
+            (Ok(n as usize), buf)
+        }
+        Err(e) => (Err(e), buf),
+    }
+}
+
+/// Submits a write-like operation (the kernel reads `buf[from..]`) on `fd`'s shard.
+///
+/// # Safety
+///
+/// `build(fd, ptr, len)` must make an SQE that reads at most `len` bytes at
+/// `ptr` and uses no other memory.
+pub(crate) async unsafe fn submit_write<B: crate::buf::IoBuf>(
+    fd: &ShardFd,
+    buf: B,
+    from: usize,
+    build: impl FnOnce(std::os::fd::RawFd, *const u8, u32) -> squeue::Entry,
+) -> (io::Result<usize>, B) {
+    if let Err(e) = fd.check() {
+        return (Err(e), buf);
+    }
+    let keep = fd.fd.clone();
+    let raw = fd.raw();
+    let init = buf.bytes_init();
+    let from = from.min(init);
+    let len = (init - from).min(u32::MAX as usize) as u32;
+    // SAFETY: the SQE reads the buffer's heap memory from `from <= bytes_init`
+    // on (stable, `IoBuf` contract; caller's contract on `build`) and uses the
+    // fd kept open by `keep`; both live in the op until its CQE.
+    let op = unsafe {
+        Op::submit((buf, keep), None, |(b, _)| {
+            build(raw, b.stable_ptr().add(from), len)
+        })
+    };
+    let op = op.expect("checked to be on the descriptor's shard");
+    let (res, (buf, _)) = op.await;
+    (res.map(|(n, _)| n as usize), buf)
+}

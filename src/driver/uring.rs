@@ -412,6 +412,20 @@ impl ShardDriver for UringDriver {
             .user_data(token(KIND_IGNORE, 0));
         // SAFETY: a cancel refers to no memory.
         unsafe { self.push(&cancel) };
+        // Submit now and run the deferred task work that actually removes a
+        // cancelled poll from its wait queue. Otherwise an exclusive wake-up
+        // (accept) arriving before our next enter could be swallowed by the
+        // cancelled request while a newer one, queued behind the cancel, waits.
+        let to_submit = self.ring.submission().len() as u32;
+        // SAFETY: no extra argument; GETEVENTS with min_complete 0 never blocks.
+        let _ = unsafe {
+            self.ring.submitter().enter::<libc::sigset_t>(
+                to_submit,
+                0,
+                EnterFlags::GETEVENTS.bits(),
+                None,
+            )
+        };
     }
 }
 

@@ -4,6 +4,7 @@ mod build;
 mod entry;
 mod fs;
 mod hot;
+mod net;
 mod shutdown;
 mod spawn;
 mod time;

@@ -1,0 +1,320 @@
+//! TCP on the shard's ring: [`TcpListener`] (accept) and [`TcpStream`]
+//! (connect, send, recv, shutdown), with owned buffers.
+//!
+//! Like files, sockets belong to the shard that created or accepted them; use
+//! from another thread gives an error. Addresses are [`SocketAddr`]s: nothing
+//! here resolves host names.
+//!
+//! A `recv` whose future is dropped is cancelled; if the kernel had already
+//! received data into its buffer, that data is lost with the buffer (the
+//! kernel reports the operation as done, not cancelled). Do not drop a pending
+//! `recv` on a stream you keep using, unless losing those bytes is acceptable:
+//! keep the future and poll it again instead (e.g. with `select` in a loop).
+//!
+//! # Examples
+//!
+//! ```
+//! use mailring::net::{TcpListener, TcpStream};
+//! let rt = mailring::Runtime::builder().shards(1).build()?;
+//! let echoed = rt.block_on(async {
+//!     let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())?;
+//!     let addr = listener.local_addr();
+//!     let server = mailring::spawn_local(async move {
+//!         let (conn, _) = listener.accept().await?;
+//!         let (n, buf) = conn.recv(Vec::with_capacity(64)).await;
+//!         n?;
+//!         conn.send_all(buf).await.0
+//!     });
+//!     let client = TcpStream::connect(addr).await?;
+//!     client.send_all(b"ping".to_vec()).await.0?;
+//!     let (n, buf) = client.recv(Vec::with_capacity(64)).await;
+//!     n?;
+//!     server.await.unwrap()?;
+//!     Ok::<_, std::io::Error>(buf)
+//! })?;
+//! assert_eq!(echoed, b"ping");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::net::{Shutdown, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use io_uring::opcode;
+use io_uring::types::Fd;
+use socket2::{Domain, Protocol, SockAddr, SockAddrStorage, SockRef, Socket, Type};
+
+use crate::buf::{IoBuf, IoBufMut};
+use crate::op::{submit_read, submit_write, Op, ShardFd};
+
+/// Closes the fd an abandoned `accept` produced.
+fn close_fd(res: i32) {
+    if res >= 0 {
+        // SAFETY: the fd was created by the abandoned accept and nobody else has it.
+        drop(unsafe { OwnedFd::from_raw_fd(res) });
+    }
+}
+
+/// A TCP listening socket on the current shard.
+#[derive(Debug)]
+pub struct TcpListener {
+    inner: ShardFd,
+    local: SocketAddr,
+}
+
+impl TcpListener {
+    /// Binds and listens (backlog 1024, `SO_REUSEADDR`) on the current shard.
+    ///
+    /// # Errors
+    ///
+    /// The OS error (e.g. `AddrInUse`), or an error outside a mailring shard.
+    pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+        let socket = Socket::new(
+            Domain::for_address(addr),
+            Type::STREAM.cloexec(),
+            Some(Protocol::TCP),
+        )?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(1024)?;
+        Self::adopt(socket)
+    }
+
+    /// Adopts a bound, listening std socket on the current shard.
+    ///
+    /// # Errors
+    ///
+    /// An error outside a mailring shard.
+    pub fn from_std(listener: std::net::TcpListener) -> io::Result<TcpListener> {
+        Self::adopt(Socket::from(listener))
+    }
+
+    fn adopt(socket: Socket) -> io::Result<TcpListener> {
+        let local = socket
+            .local_addr()?
+            .as_socket()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not an IP socket"))?;
+        Ok(TcpListener {
+            inner: ShardFd::adopt(OwnedFd::from(socket))?,
+            local,
+        })
+    }
+
+    /// The bound address (with the port the OS chose for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Accepts one connection with `IORING_OP_ACCEPT`.
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error, or the shard-ownership error.
+    pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
+        self.inner.check()?;
+        let keep = self.inner.fd.clone();
+        let raw = self.inner.raw();
+        let storage: Box<MaybeUninit<SockAddrStorage>> = Box::new(MaybeUninit::zeroed());
+        let len: Box<libc::socklen_t> =
+            Box::new(std::mem::size_of::<SockAddrStorage>() as libc::socklen_t);
+        // SAFETY: the SQE writes the peer address into the two boxes (heap, owned
+        // by the op until its CQE) and uses the listening fd kept by `keep`.
+        let op = unsafe {
+            Op::submit((storage, len, keep), Some(close_fd), |(st, ln, _)| {
+                opcode::Accept::new(Fd(raw), st.as_mut_ptr().cast(), &mut **ln)
+                    .flags(libc::SOCK_CLOEXEC)
+                    .build()
+            })
+        }?;
+        let (res, (storage, len, _)) = op.await;
+        let (fd, _) = res?;
+        // SAFETY: a successful accept returned a new descriptor that we now own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        // SAFETY: the kernel initialised `len` bytes of the storage with a sockaddr.
+        let peer = unsafe { SockAddr::new(*storage.assume_init(), *len) };
+        let peer = peer
+            .as_socket()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "accepted a non-IP peer"))?;
+        Ok((
+            TcpStream {
+                inner: ShardFd::adopt(fd)?,
+            },
+            peer,
+        ))
+    }
+}
+
+impl AsRawFd for TcpListener {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.raw()
+    }
+}
+
+/// A TCP connection on the current shard.
+#[derive(Debug)]
+pub struct TcpStream {
+    inner: ShardFd,
+}
+
+impl TcpStream {
+    /// Connects with `IORING_OP_CONNECT`.
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error (e.g. `ConnectionRefused`), or an error outside a mailring shard.
+    pub async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+        let socket = Socket::new(
+            Domain::for_address(addr),
+            Type::STREAM.cloexec(),
+            Some(Protocol::TCP),
+        )?;
+        let inner = ShardFd::adopt(OwnedFd::from(socket))?;
+        let keep = inner.fd.clone();
+        let raw = inner.raw();
+        let target = Box::new(SockAddr::from(addr));
+        // SAFETY: the SQE reads the address from the box (heap, owned by the op
+        // until its CQE) and uses the socket kept by `keep`.
+        let op = unsafe {
+            Op::submit((target, keep), None, |(t, _)| {
+                opcode::Connect::new(Fd(raw), t.as_ptr().cast(), t.len()).build()
+            })
+        }?;
+        op.await
+            .0
+            .map_err(|e| io::Error::new(e.kind(), format!("connect {addr}: {e}")))?;
+        Ok(TcpStream { inner })
+    }
+
+    /// Adopts a connected std stream on the current shard.
+    ///
+    /// # Errors
+    ///
+    /// An error outside a mailring shard.
+    pub fn from_std(stream: std::net::TcpStream) -> io::Result<TcpStream> {
+        Ok(TcpStream {
+            inner: ShardFd::adopt(OwnedFd::from(stream))?,
+        })
+    }
+
+    /// Sends some of `buf`'s bytes; returns how many (a short send is returned as such).
+    pub async fn send<B: IoBuf>(&self, buf: B) -> (io::Result<usize>, B) {
+        self.send_from(buf, 0).await
+    }
+
+    async fn send_from<B: IoBuf>(&self, buf: B, from: usize) -> (io::Result<usize>, B) {
+        // SAFETY: a send reads at most `len` bytes at `ptr`.
+        unsafe {
+            submit_write(&self.inner, buf, from, |fd, ptr, len| {
+                opcode::Send::new(Fd(fd), ptr, len)
+                    .flags(libc::MSG_NOSIGNAL)
+                    .build()
+            })
+            .await
+        }
+    }
+
+    /// Sends all of `buf`'s bytes, continuing after short sends.
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error (e.g. `BrokenPipe`); `WriteZero` if nothing is accepted.
+    pub async fn send_all<B: IoBuf>(&self, mut buf: B) -> (io::Result<()>, B) {
+        let total = buf.bytes_init();
+        let mut done = 0;
+        while done < total {
+            let (res, back) = self.send_from(buf, done).await;
+            buf = back;
+            match res {
+                Ok(0) => {
+                    return (
+                        Err(io::Error::new(io::ErrorKind::WriteZero, "send returned 0")),
+                        buf,
+                    )
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return (Err(e), buf),
+            }
+        }
+        (Ok(()), buf)
+    }
+
+    /// Receives into `buf` (from its start, up to its capacity); 0 means the
+    /// peer closed its side. See the module docs on dropping a pending `recv`.
+    pub async fn recv<B: IoBufMut>(&self, buf: B) -> (io::Result<usize>, B) {
+        // SAFETY: a recv writes at most `len` bytes at `ptr`.
+        unsafe {
+            submit_read(&self.inner, buf, |fd, ptr, len| {
+                opcode::Recv::new(Fd(fd), ptr, len).build()
+            })
+            .await
+        }
+    }
+
+    /// Shuts down one or both directions (`IORING_OP_SHUTDOWN`).
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error (e.g. `NotConnected`).
+    pub async fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        self.inner.check()?;
+        let how = match how {
+            Shutdown::Read => libc::SHUT_RD,
+            Shutdown::Write => libc::SHUT_WR,
+            Shutdown::Both => libc::SHUT_RDWR,
+        };
+        let keep = self.inner.fd.clone();
+        let raw = self.inner.raw();
+        // SAFETY: a shutdown uses only the socket, kept by `keep`.
+        let op =
+            unsafe { Op::submit(keep, None, |_| opcode::Shutdown::new(Fd(raw), how).build()) }?;
+        op.await.0.map(drop)
+    }
+
+    /// Sets `TCP_NODELAY`.
+    ///
+    /// # Errors
+    ///
+    /// The OS error.
+    pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
+        SockRef::from(&*self.inner.fd).set_tcp_nodelay(nodelay)
+    }
+
+    /// Whether `TCP_NODELAY` is set.
+    ///
+    /// # Errors
+    ///
+    /// The OS error.
+    pub fn nodelay(&self) -> io::Result<bool> {
+        SockRef::from(&*self.inner.fd).tcp_nodelay()
+    }
+
+    /// The remote address.
+    ///
+    /// # Errors
+    ///
+    /// The OS error.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        let addr = SockRef::from(&*self.inner.fd).peer_addr()?;
+        addr.as_socket()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not an IP socket"))
+    }
+
+    /// The local address.
+    ///
+    /// # Errors
+    ///
+    /// The OS error.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        let addr = SockRef::from(&*self.inner.fd).local_addr()?;
+        addr.as_socket()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not an IP socket"))
+    }
+}
+
+impl AsRawFd for TcpStream {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.raw()
+    }
+}

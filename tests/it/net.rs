@@ -1,0 +1,176 @@
+//! TCP over loopback: accept, connect, send/recv with owned buffers, shutdown,
+//! errors, and cancellation of pending accepts and receives.
+
+use std::io::ErrorKind;
+use std::net::{Shutdown, SocketAddr};
+use std::time::Duration;
+
+use mailring::net::{TcpListener, TcpStream};
+use mailring::{Placement, ShardId};
+
+use crate::rt2;
+
+fn any_port() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+#[test]
+fn echo_many_connections_across_shards() {
+    let rt = rt2();
+    let total = rt.block_on(async {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let addr = listener.local_addr();
+        const CLIENTS: usize = 20;
+        // The server accepts on shard 0 and echoes each connection on shard 0.
+        let server = mailring::spawn_local(async move {
+            let mut handles = Vec::new();
+            for _ in 0..CLIENTS {
+                let (conn, peer) = listener.accept().await.unwrap();
+                assert_eq!(peer.ip(), addr.ip());
+                handles.push(mailring::spawn_local(async move {
+                    let mut buf = Vec::with_capacity(1024);
+                    loop {
+                        let (n, back) = conn.recv(buf).await;
+                        let n = n.unwrap();
+                        if n == 0 {
+                            break;
+                        }
+                        let (r, back) = conn.send_all(back).await;
+                        r.unwrap();
+                        buf = back;
+                        buf.clear();
+                    }
+                }));
+            }
+            for h in handles {
+                h.await.unwrap();
+            }
+        });
+        // Clients on both shards, each sending 100 messages.
+        let mut clients = Vec::new();
+        for c in 0..CLIENTS {
+            clients.push(mailring::spawn_with(
+                Placement::Pinned(ShardId::new(c % 2)),
+                async move {
+                    let stream = TcpStream::connect(addr).await.unwrap();
+                    stream.set_nodelay(true).unwrap();
+                    assert!(stream.nodelay().unwrap());
+                    assert_eq!(stream.peer_addr().unwrap(), addr);
+                    let mut echoed = 0usize;
+                    for i in 0..100u32 {
+                        let msg = format!("client {c} message {i}").into_bytes();
+                        let len = msg.len();
+                        let (r, _) = stream.send_all(msg).await;
+                        r.unwrap();
+                        let mut got = Vec::new();
+                        while got.len() < len {
+                            let (n, buf) = stream.recv(Vec::with_capacity(len - got.len())).await;
+                            assert!(n.unwrap() > 0);
+                            got.extend_from_slice(&buf);
+                        }
+                        assert_eq!(got, format!("client {c} message {i}").into_bytes());
+                        echoed += len;
+                    }
+                    stream.shutdown(Shutdown::Write).await.unwrap();
+                    echoed
+                },
+            ));
+        }
+        let mut total = 0;
+        for c in clients {
+            total += c.await.unwrap();
+        }
+        server.await.unwrap();
+        total
+    });
+    assert!(total > 20 * 100 * 15);
+}
+
+#[test]
+fn large_transfer_with_short_sends_and_receives() {
+    let rt = rt2();
+    rt.block_on(async {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let addr = listener.local_addr();
+        let payload: Vec<u8> = (0..8u32 << 20).map(|i| (i % 253) as u8).collect();
+        let expected = payload.clone();
+        let sender = mailring::spawn_local(async move {
+            let (conn, _) = listener.accept().await.unwrap();
+            let (r, _) = conn.send_all(payload).await;
+            r.unwrap();
+            conn.shutdown(Shutdown::Write).await.unwrap();
+        });
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let mut got = Vec::with_capacity(expected.len());
+        loop {
+            let (n, buf) = stream.recv(Vec::with_capacity(64 * 1024)).await;
+            if n.unwrap() == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf);
+        }
+        sender.await.unwrap();
+        assert_eq!(got.len(), expected.len());
+        assert!(got == expected);
+    });
+}
+
+#[test]
+fn connect_refused_and_bind_in_use_are_errors() {
+    let rt = rt2();
+    rt.block_on(async {
+        // Bind a port, then close it: connecting must be refused.
+        let port = std::net::TcpListener::bind(any_port())
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let err = TcpStream::connect(port).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ConnectionRefused);
+        assert!(err.to_string().contains(&port.to_string()), "{err}");
+        let held = std::net::TcpListener::bind(any_port()).unwrap();
+        let err = TcpListener::bind(held.local_addr().unwrap()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::AddrInUse);
+    });
+}
+
+#[test]
+fn dropped_accepts_and_receives_are_cancelled() {
+    let rt = rt2();
+    rt.block_on(async {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let addr = listener.local_addr();
+        for _ in 0..500 {
+            assert!(mailring::time::timeout(Duration::ZERO, listener.accept())
+                .await
+                .is_err());
+        }
+        // The listener still works after its cancelled accepts.
+        let client = mailring::spawn_local(async move { TcpStream::connect(addr).await.unwrap() });
+        // Right after the cancellations, in the same tick: the new accept must
+        // not lose the connection to a cancelled one.
+        let accepted = mailring::time::timeout(Duration::from_secs(5), listener.accept()).await;
+        let (server_side, _) = accepted
+            .expect("a cancelled accept swallowed the connection")
+            .unwrap();
+        let client = client.await.unwrap();
+        for _ in 0..500 {
+            let recv = server_side.recv(vec![0u8; 1024]);
+            assert!(mailring::time::timeout(Duration::ZERO, recv).await.is_err());
+        }
+        // Everything cancelled settles back to the shard's own armed operations.
+        let mut settled = false;
+        for _ in 0..200 {
+            mailring::time::sleep(Duration::from_millis(1)).await;
+            if mailring::Handle::current().stats().shards[0].ops_in_flight <= 2 {
+                settled = true;
+                break;
+            }
+        }
+        assert!(settled, "cancelled operations still in flight");
+        let (r, _) = client.send_all(b"after".to_vec()).await;
+        r.unwrap();
+        let (n, buf) = server_side.recv(Vec::with_capacity(16)).await;
+        assert_eq!(n.unwrap(), 5);
+        assert_eq!(buf, b"after");
+    });
+}
