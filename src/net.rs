@@ -1,5 +1,6 @@
-//! TCP on the shard's ring: [`TcpListener`] (accept) and [`TcpStream`]
-//! (connect, send, recv, shutdown), with owned buffers.
+//! Sockets on the shard's ring, with owned buffers: TCP ([`TcpListener`],
+//! [`TcpStream`]), UDP ([`UdpSocket`], via `sendmsg`/`recvmsg`) and Unix
+//! ([`UnixListener`], [`UnixStream`], [`UnixDatagram`]).
 //!
 //! Like files, sockets belong to the shard that created or accepted them; use
 //! from another thread gives an error. Addresses are [`SocketAddr`]s: nothing
@@ -48,8 +49,15 @@ use socket2::{Domain, Protocol, SockAddr, SockAddrStorage, SockRef, Socket, Type
 use crate::buf::{IoBuf, IoBufMut};
 use crate::op::{submit_read, submit_write, Op, ShardFd};
 
+mod msg;
+mod udp;
+mod unix;
+
+pub use self::udp::UdpSocket;
+pub use self::unix::{UnixDatagram, UnixListener, UnixStream};
+
 /// Closes the fd an abandoned `accept` produced.
-fn close_fd(res: i32) {
+pub(crate) fn close_fd(res: i32) {
     if res >= 0 {
         // SAFETY: the fd was created by the abandoned accept and nobody else has it.
         drop(unsafe { OwnedFd::from_raw_fd(res) });
@@ -138,7 +146,9 @@ impl TcpListener {
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "accepted a non-IP peer"))?;
         Ok((
             TcpStream {
-                inner: ShardFd::adopt(fd)?,
+                core: StreamCore {
+                    inner: ShardFd::adopt(fd)?,
+                },
             },
             peer,
         ))
@@ -154,7 +164,85 @@ impl AsRawFd for TcpListener {
 /// A TCP connection on the current shard.
 #[derive(Debug)]
 pub struct TcpStream {
-    inner: ShardFd,
+    core: StreamCore,
+}
+
+/// What every connected stream socket does on the ring.
+#[derive(Debug)]
+pub(crate) struct StreamCore {
+    pub(crate) inner: ShardFd,
+}
+
+impl StreamCore {
+    pub(crate) async fn send_from<B: IoBuf>(&self, buf: B, from: usize) -> (io::Result<usize>, B) {
+        // SAFETY: a send reads at most `len` bytes at `ptr`.
+        unsafe {
+            submit_write(&self.inner, buf, from, |fd, ptr, len| {
+                opcode::Send::new(Fd(fd), ptr, len)
+                    .flags(libc::MSG_NOSIGNAL)
+                    .build()
+            })
+            .await
+        }
+    }
+
+    /// Sends all of `buf`'s bytes, continuing after short sends.
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error (e.g. `BrokenPipe`); `WriteZero` if nothing is accepted.
+    pub(crate) async fn send_all<B: IoBuf>(&self, mut buf: B) -> (io::Result<()>, B) {
+        let total = buf.bytes_init();
+        let mut done = 0;
+        while done < total {
+            let (res, back) = self.send_from(buf, done).await;
+            buf = back;
+            match res {
+                Ok(0) => {
+                    return (
+                        Err(io::Error::new(io::ErrorKind::WriteZero, "send returned 0")),
+                        buf,
+                    )
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return (Err(e), buf),
+            }
+        }
+        (Ok(()), buf)
+    }
+
+    /// Receives into `buf` (from its start, up to its capacity); 0 means the
+    /// peer closed its side. See the module docs on dropping a pending `recv`.
+    pub(crate) async fn recv<B: IoBufMut>(&self, buf: B) -> (io::Result<usize>, B) {
+        // SAFETY: a recv writes at most `len` bytes at `ptr`.
+        unsafe {
+            submit_read(&self.inner, buf, |fd, ptr, len| {
+                opcode::Recv::new(Fd(fd), ptr, len).build()
+            })
+            .await
+        }
+    }
+
+    /// Shuts down one or both directions (`IORING_OP_SHUTDOWN`).
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error (e.g. `NotConnected`).
+    pub(crate) async fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        self.inner.check()?;
+        let how = match how {
+            Shutdown::Read => libc::SHUT_RD,
+            Shutdown::Write => libc::SHUT_WR,
+            Shutdown::Both => libc::SHUT_RDWR,
+        };
+        let keep = self.inner.fd.clone();
+        let raw = self.inner.raw();
+        // SAFETY: a shutdown uses only the socket, kept by `keep`.
+        let op =
+            unsafe { Op::submit(keep, None, |_| opcode::Shutdown::new(Fd(raw), how).build()) }?;
+        op.await.0.map(drop)
+    }
 }
 
 impl TcpStream {
@@ -183,7 +271,9 @@ impl TcpStream {
         op.await
             .0
             .map_err(|e| io::Error::new(e.kind(), format!("connect {addr}: {e}")))?;
-        Ok(TcpStream { inner })
+        Ok(TcpStream {
+            core: StreamCore { inner },
+        })
     }
 
     /// Adopts a connected std stream on the current shard.
@@ -193,25 +283,15 @@ impl TcpStream {
     /// An error outside a mailring shard.
     pub fn from_std(stream: std::net::TcpStream) -> io::Result<TcpStream> {
         Ok(TcpStream {
-            inner: ShardFd::adopt(OwnedFd::from(stream))?,
+            core: StreamCore {
+                inner: ShardFd::adopt(OwnedFd::from(stream))?,
+            },
         })
     }
 
     /// Sends some of `buf`'s bytes; returns how many (a short send is returned as such).
     pub async fn send<B: IoBuf>(&self, buf: B) -> (io::Result<usize>, B) {
-        self.send_from(buf, 0).await
-    }
-
-    async fn send_from<B: IoBuf>(&self, buf: B, from: usize) -> (io::Result<usize>, B) {
-        // SAFETY: a send reads at most `len` bytes at `ptr`.
-        unsafe {
-            submit_write(&self.inner, buf, from, |fd, ptr, len| {
-                opcode::Send::new(Fd(fd), ptr, len)
-                    .flags(libc::MSG_NOSIGNAL)
-                    .build()
-            })
-            .await
-        }
+        self.core.send_from(buf, 0).await
     }
 
     /// Sends all of `buf`'s bytes, continuing after short sends.
@@ -219,37 +299,14 @@ impl TcpStream {
     /// # Errors
     ///
     /// The kernel's error (e.g. `BrokenPipe`); `WriteZero` if nothing is accepted.
-    pub async fn send_all<B: IoBuf>(&self, mut buf: B) -> (io::Result<()>, B) {
-        let total = buf.bytes_init();
-        let mut done = 0;
-        while done < total {
-            let (res, back) = self.send_from(buf, done).await;
-            buf = back;
-            match res {
-                Ok(0) => {
-                    return (
-                        Err(io::Error::new(io::ErrorKind::WriteZero, "send returned 0")),
-                        buf,
-                    )
-                }
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return (Err(e), buf),
-            }
-        }
-        (Ok(()), buf)
+    pub async fn send_all<B: IoBuf>(&self, buf: B) -> (io::Result<()>, B) {
+        self.core.send_all(buf).await
     }
 
     /// Receives into `buf` (from its start, up to its capacity); 0 means the
     /// peer closed its side. See the module docs on dropping a pending `recv`.
     pub async fn recv<B: IoBufMut>(&self, buf: B) -> (io::Result<usize>, B) {
-        // SAFETY: a recv writes at most `len` bytes at `ptr`.
-        unsafe {
-            submit_read(&self.inner, buf, |fd, ptr, len| {
-                opcode::Recv::new(Fd(fd), ptr, len).build()
-            })
-            .await
-        }
+        self.core.recv(buf).await
     }
 
     /// Shuts down one or both directions (`IORING_OP_SHUTDOWN`).
@@ -258,18 +315,7 @@ impl TcpStream {
     ///
     /// The kernel's error (e.g. `NotConnected`).
     pub async fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        self.inner.check()?;
-        let how = match how {
-            Shutdown::Read => libc::SHUT_RD,
-            Shutdown::Write => libc::SHUT_WR,
-            Shutdown::Both => libc::SHUT_RDWR,
-        };
-        let keep = self.inner.fd.clone();
-        let raw = self.inner.raw();
-        // SAFETY: a shutdown uses only the socket, kept by `keep`.
-        let op =
-            unsafe { Op::submit(keep, None, |_| opcode::Shutdown::new(Fd(raw), how).build()) }?;
-        op.await.0.map(drop)
+        self.core.shutdown(how).await
     }
 
     /// Sets `TCP_NODELAY`.
@@ -278,7 +324,7 @@ impl TcpStream {
     ///
     /// The OS error.
     pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
-        SockRef::from(&*self.inner.fd).set_tcp_nodelay(nodelay)
+        SockRef::from(&*self.core.inner.fd).set_tcp_nodelay(nodelay)
     }
 
     /// Whether `TCP_NODELAY` is set.
@@ -287,7 +333,7 @@ impl TcpStream {
     ///
     /// The OS error.
     pub fn nodelay(&self) -> io::Result<bool> {
-        SockRef::from(&*self.inner.fd).tcp_nodelay()
+        SockRef::from(&*self.core.inner.fd).tcp_nodelay()
     }
 
     /// The remote address.
@@ -296,7 +342,7 @@ impl TcpStream {
     ///
     /// The OS error.
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
-        let addr = SockRef::from(&*self.inner.fd).peer_addr()?;
+        let addr = SockRef::from(&*self.core.inner.fd).peer_addr()?;
         addr.as_socket()
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not an IP socket"))
     }
@@ -307,7 +353,7 @@ impl TcpStream {
     ///
     /// The OS error.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        let addr = SockRef::from(&*self.inner.fd).local_addr()?;
+        let addr = SockRef::from(&*self.core.inner.fd).local_addr()?;
         addr.as_socket()
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not an IP socket"))
     }
@@ -315,6 +361,6 @@ impl TcpStream {
 
 impl AsRawFd for TcpStream {
     fn as_raw_fd(&self) -> RawFd {
-        self.inner.raw()
+        self.core.inner.raw()
     }
 }

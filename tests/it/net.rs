@@ -174,3 +174,96 @@ fn dropped_accepts_and_receives_are_cancelled() {
         assert_eq!(buf, b"after");
     });
 }
+
+#[test]
+fn udp_datagrams_keep_boundaries_and_senders() {
+    let rt = rt2();
+    rt.block_on(async {
+        use mailring::net::UdpSocket;
+        let a = UdpSocket::bind(any_port()).unwrap();
+        let b = UdpSocket::bind(any_port()).unwrap();
+        let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+        for i in 0..50u8 {
+            let (r, _) = a.send_to(vec![i; 1 + i as usize], b_addr).await;
+            assert_eq!(r.unwrap(), 1 + i as usize);
+        }
+        for i in 0..50u8 {
+            let (r, buf) = b.recv_from(Vec::with_capacity(256)).await;
+            let (n, from) = r.unwrap();
+            assert_eq!((n, from), (1 + i as usize, a_addr));
+            assert!(buf.iter().all(|&x| x == i));
+        }
+        // Truncation: a datagram longer than the buffer is cut, not split.
+        a.send_to(vec![9u8; 100], b_addr).await.0.unwrap();
+        let (r, buf) = b.recv_from(Vec::with_capacity(10)).await;
+        assert_eq!(r.unwrap().0, 10);
+        assert_eq!(buf.len(), 10);
+        // Connected sockets.
+        a.connect(b_addr).unwrap();
+        b.connect(a_addr).unwrap();
+        a.send(b"connected".to_vec()).await.0.unwrap();
+        let (n, buf) = b.recv(Vec::with_capacity(32)).await;
+        assert_eq!(n.unwrap(), 9);
+        assert_eq!(buf, b"connected");
+    });
+}
+
+#[test]
+fn unix_streams_and_datagrams() {
+    use mailring::net::{UnixDatagram, UnixListener, UnixStream};
+    let dir = std::env::temp_dir().join(format!("mailring-unix-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let rt = rt2();
+    let d = dir.clone();
+    rt.block_on(async move {
+        let sock = d.join("stream.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        let server = mailring::spawn_local(async move {
+            let conn = listener.accept().await.unwrap();
+            let (n, buf) = conn.recv(Vec::with_capacity(64)).await;
+            n.unwrap();
+            conn.send_all(buf).await.0.unwrap();
+            conn.shutdown(Shutdown::Both).await.unwrap();
+        });
+        let client = UnixStream::connect(&sock).await.unwrap();
+        client.send_all(b"over unix".to_vec()).await.0.unwrap();
+        let (n, buf) = client.recv(Vec::with_capacity(64)).await;
+        assert_eq!(n.unwrap(), 9);
+        assert_eq!(buf, b"over unix");
+        let (n, _) = client.recv(Vec::with_capacity(8)).await;
+        assert_eq!(n.unwrap(), 0, "peer shut down");
+        server.await.unwrap();
+        let err = UnixStream::connect(d.join("missing.sock"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotFound);
+
+        let (x, y) = UnixStream::pair().unwrap();
+        x.send(b"pair".to_vec()).await.0.unwrap();
+        let (n, buf) = y.recv(Vec::with_capacity(8)).await;
+        assert_eq!((n.unwrap(), &buf[..]), (4, &b"pair"[..]));
+
+        let server_path = d.join("dgram.sock");
+        let client_path = d.join("client.sock");
+        let server = UnixDatagram::bind(&server_path).unwrap();
+        let client = UnixDatagram::bind(&client_path).unwrap();
+        client
+            .send_to(b"dgram".to_vec(), &server_path)
+            .await
+            .0
+            .unwrap();
+        let (r, buf) = server.recv_from(Vec::with_capacity(16)).await;
+        let (n, from) = r.unwrap();
+        assert_eq!((n, &buf[..]), (5, &b"dgram"[..]));
+        assert_eq!(from.as_deref(), Some(client_path.as_path()));
+        let anon = UnixDatagram::unbound().unwrap();
+        anon.send_to(b"anon".to_vec(), &server_path)
+            .await
+            .0
+            .unwrap();
+        let (r, _) = server.recv_from(Vec::with_capacity(16)).await;
+        assert_eq!(r.unwrap().1, None);
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,221 @@
+//! Unix-domain sockets on the shard's ring: streams and datagrams.
+
+use std::io;
+use std::net::Shutdown;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use io_uring::opcode;
+use io_uring::types::Fd;
+use socket2::{Domain, SockAddr, Socket, Type};
+
+use super::msg::{recv_msg, send_msg};
+use super::{close_fd, StreamCore};
+use crate::buf::{IoBuf, IoBufMut};
+use crate::op::{Op, ShardFd};
+
+/// A Unix-domain listening socket on the current shard.
+#[derive(Debug)]
+pub struct UnixListener {
+    inner: ShardFd,
+}
+
+impl UnixListener {
+    /// Binds `path` and listens.
+    ///
+    /// # Errors
+    ///
+    /// The OS error (e.g. `AddrInUse` if the path exists), or an error outside a shard.
+    pub fn bind(path: impl AsRef<Path>) -> io::Result<UnixListener> {
+        let listener = std::os::unix::net::UnixListener::bind(path)?;
+        Ok(UnixListener {
+            inner: ShardFd::adopt(OwnedFd::from(listener))?,
+        })
+    }
+
+    /// Accepts one connection.
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error, or the shard-ownership error.
+    pub async fn accept(&self) -> io::Result<UnixStream> {
+        self.inner.check()?;
+        let keep = self.inner.fd.clone();
+        let raw = self.inner.raw();
+        // SAFETY: the accept asks for no peer address and uses the listening fd kept by `keep`.
+        let op = unsafe {
+            Op::submit(keep, Some(close_fd), |_| {
+                opcode::Accept::new(Fd(raw), std::ptr::null_mut(), std::ptr::null_mut())
+                    .flags(libc::SOCK_CLOEXEC)
+                    .build()
+            })
+        }?;
+        let (fd, _) = op.await.0?;
+        // SAFETY: a successful accept returned a new descriptor that we now own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        Ok(UnixStream {
+            core: StreamCore {
+                inner: ShardFd::adopt(fd)?,
+            },
+        })
+    }
+}
+
+impl AsRawFd for UnixListener {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.raw()
+    }
+}
+
+/// A Unix-domain stream on the current shard.
+#[derive(Debug)]
+pub struct UnixStream {
+    core: StreamCore,
+}
+
+impl UnixStream {
+    /// Connects to the socket at `path` (`IORING_OP_CONNECT`).
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error (e.g. `NotFound`, `ConnectionRefused`), or an error outside a shard.
+    pub async fn connect(path: impl AsRef<Path>) -> io::Result<UnixStream> {
+        let path = path.as_ref();
+        let target = Box::new(SockAddr::unix(path)?);
+        let socket = Socket::new(Domain::UNIX, Type::STREAM.cloexec(), None)?;
+        let inner = ShardFd::adopt(OwnedFd::from(socket))?;
+        let keep = inner.fd.clone();
+        let raw = inner.raw();
+        // SAFETY: the SQE reads the address from the box (heap, owned by the op
+        // until its CQE) and uses the socket kept by `keep`.
+        let op = unsafe {
+            Op::submit((target, keep), None, |(t, _)| {
+                opcode::Connect::new(Fd(raw), t.as_ptr().cast(), t.len()).build()
+            })
+        }?;
+        op.await
+            .0
+            .map_err(|e| io::Error::new(e.kind(), format!("connect {}: {e}", path.display())))?;
+        Ok(UnixStream {
+            core: StreamCore { inner },
+        })
+    }
+
+    /// A connected pair (`socketpair`), both on the current shard.
+    ///
+    /// # Errors
+    ///
+    /// The OS error, or an error outside a shard.
+    pub fn pair() -> io::Result<(UnixStream, UnixStream)> {
+        let (a, b) = std::os::unix::net::UnixStream::pair()?;
+        Ok((
+            UnixStream {
+                core: StreamCore {
+                    inner: ShardFd::adopt(OwnedFd::from(a))?,
+                },
+            },
+            UnixStream {
+                core: StreamCore {
+                    inner: ShardFd::adopt(OwnedFd::from(b))?,
+                },
+            },
+        ))
+    }
+
+    /// Sends some of `buf`'s bytes; returns how many.
+    pub async fn send<B: IoBuf>(&self, buf: B) -> (io::Result<usize>, B) {
+        self.core.send_from(buf, 0).await
+    }
+
+    /// Sends all of `buf`'s bytes.
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error; `WriteZero` if nothing is accepted.
+    pub async fn send_all<B: IoBuf>(&self, buf: B) -> (io::Result<()>, B) {
+        self.core.send_all(buf).await
+    }
+
+    /// Receives into `buf`; 0 means the peer closed its side.
+    pub async fn recv<B: IoBufMut>(&self, buf: B) -> (io::Result<usize>, B) {
+        self.core.recv(buf).await
+    }
+
+    /// Shuts down one or both directions.
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error.
+    pub async fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        self.core.shutdown(how).await
+    }
+}
+
+impl AsRawFd for UnixStream {
+    fn as_raw_fd(&self) -> RawFd {
+        self.core.inner.raw()
+    }
+}
+
+/// A Unix-domain datagram socket on the current shard.
+#[derive(Debug)]
+pub struct UnixDatagram {
+    inner: ShardFd,
+}
+
+impl UnixDatagram {
+    /// Binds `path`.
+    ///
+    /// # Errors
+    ///
+    /// The OS error, or an error outside a shard.
+    pub fn bind(path: impl AsRef<Path>) -> io::Result<UnixDatagram> {
+        let socket = std::os::unix::net::UnixDatagram::bind(path)?;
+        Ok(UnixDatagram {
+            inner: ShardFd::adopt(OwnedFd::from(socket))?,
+        })
+    }
+
+    /// An unbound socket (it can send, and receive once connected).
+    ///
+    /// # Errors
+    ///
+    /// The OS error, or an error outside a shard.
+    pub fn unbound() -> io::Result<UnixDatagram> {
+        let socket = std::os::unix::net::UnixDatagram::unbound()?;
+        Ok(UnixDatagram {
+            inner: ShardFd::adopt(OwnedFd::from(socket))?,
+        })
+    }
+
+    /// Sends `buf` as one datagram to the socket bound at `path`.
+    pub async fn send_to<B: IoBuf>(
+        &self,
+        buf: B,
+        path: impl AsRef<Path>,
+    ) -> (io::Result<usize>, B) {
+        match SockAddr::unix(path) {
+            Ok(addr) => send_msg(&self.inner, buf, Some(&addr)).await,
+            Err(e) => (Err(e), buf),
+        }
+    }
+
+    /// Receives one datagram; returns its length and the sender's path (`None`
+    /// for an unbound sender).
+    pub async fn recv_from<B: IoBufMut>(
+        &self,
+        buf: B,
+    ) -> (io::Result<(usize, Option<PathBuf>)>, B) {
+        let (res, buf) = recv_msg(&self.inner, buf).await;
+        (
+            res.map(|(n, from)| (n, from.as_pathname().map(Path::to_path_buf))),
+            buf,
+        )
+    }
+}
+
+impl AsRawFd for UnixDatagram {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.raw()
+    }
+}
