@@ -1,0 +1,396 @@
+//! Native I/O benchmarks: mailring (2 shards) vs tokio (2 workers), same run.
+//!
+//! Run: `cargo bench -p mailring-bench --bench io`. Every criterion iteration is
+//! one batch (sizes below); divide by the batch size for per-op figures, which
+//! the `[cpu]` lines print together with CPU time (cores busy = CPU / wall).
+
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+use futures::executor::block_on;
+use mailring::fs::File;
+use mailring::net::{TcpListener, TcpStream};
+use mailring::ShardId;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const FILE_SIZE: u64 = 64 << 20;
+const BLOCK: usize = 4096;
+const READS: u64 = 10_000;
+const QD: u64 = 32;
+const FSYNC_WRITES: u64 = 200;
+const ECHO_ROUNDS: u64 = 10_000;
+const ECHO_SIZE: usize = 256;
+
+fn process_cpu() -> Duration {
+    // SAFETY: rusage is plain data; all-zero is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage.
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) }, 0);
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+#[derive(Default)]
+struct Meter {
+    wall: Duration,
+    cpu: Duration,
+    ops: u64,
+}
+
+impl Meter {
+    fn measure(&mut self, ops: u64, f: impl FnOnce()) -> Duration {
+        let c0 = process_cpu();
+        let t0 = Instant::now();
+        f();
+        let wall = t0.elapsed();
+        self.cpu += process_cpu() - c0;
+        self.wall += wall;
+        self.ops += ops;
+        wall
+    }
+
+    fn report(&self, id: &str) {
+        let ops = self.ops.max(1) as f64;
+        eprintln!(
+            "[cpu] {id}: wall/op={:.0}ns cpu/op={:.0}ns cores={:.2}",
+            self.wall.as_secs_f64() * 1e9 / ops,
+            self.cpu.as_secs_f64() * 1e9 / ops,
+            self.cpu.as_secs_f64() / self.wall.as_secs_f64().max(1e-12)
+        );
+    }
+}
+
+fn data_file() -> PathBuf {
+    let path = std::env::temp_dir().join("mailring-bench-64m.bin");
+    let ok = std::fs::metadata(&path)
+        .map(|m| m.len() == FILE_SIZE)
+        .unwrap_or(false);
+    if !ok {
+        let chunk: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+        let mut f = std::fs::File::create(&path).unwrap();
+        for _ in 0..FILE_SIZE >> 20 {
+            std::io::Write::write_all(&mut f, &chunk).unwrap();
+        }
+        f.sync_all().unwrap();
+    }
+    // Warm the page cache.
+    let _ = std::fs::read(&path).unwrap();
+    path
+}
+
+/// Deterministic 4 KiB-aligned offsets.
+fn offset(i: u64) -> u64 {
+    let x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;
+    (x % (FILE_SIZE / BLOCK as u64)) * BLOCK as u64
+}
+
+fn mailring_rt() -> mailring::Runtime {
+    mailring::Runtime::builder()
+        .shards(2)
+        .build()
+        .expect("mailring runtime")
+}
+
+fn tokio_rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn read_rtt(c: &mut Criterion) {
+    let path = data_file();
+    let mut g = c.benchmark_group("fs_read_rtt_4k");
+    g.throughput(Throughput::Elements(READS));
+    {
+        let rt = mailring_rt();
+        let h = rt.handle().clone();
+        let mut m = Meter::default();
+        g.bench_function("mailring", |b| {
+            b.iter_custom(|iters| {
+                let p = path.clone();
+                m.measure(iters * READS, || {
+                    let task = h.spawn_on(ShardId::new(0), async move {
+                        let file = File::open(&p).await.unwrap();
+                        let mut buf = Vec::with_capacity(BLOCK);
+                        for i in 0..iters * READS {
+                            buf.clear();
+                            let (n, back) = file.read_at(buf, offset(i)).await;
+                            assert_eq!(n.unwrap(), BLOCK);
+                            buf = back;
+                        }
+                    });
+                    block_on(task).unwrap();
+                })
+            })
+        });
+        m.report("fs_read_rtt_4k/mailring");
+    }
+    {
+        let rt = tokio_rt();
+        let mut m = Meter::default();
+        g.bench_function("tokio", |b| {
+            b.iter_custom(|iters| {
+                let p = path.clone();
+                m.measure(iters * READS, || {
+                    rt.block_on(async move {
+                        // tokio::fs has no positional read: seek + read, as its docs suggest.
+                        use tokio::io::AsyncSeekExt;
+                        let mut file = tokio::fs::File::open(&p).await.unwrap();
+                        let mut buf = vec![0u8; BLOCK];
+                        for i in 0..iters * READS {
+                            file.seek(std::io::SeekFrom::Start(offset(i)))
+                                .await
+                                .unwrap();
+                            file.read_exact(&mut buf).await.unwrap();
+                        }
+                        black_box(&buf);
+                    });
+                })
+            })
+        });
+        m.report("fs_read_rtt_4k/tokio");
+    }
+    g.finish();
+}
+
+fn read_qd32(c: &mut Criterion) {
+    let path = data_file();
+    let mut g = c.benchmark_group("fs_read_throughput_4k_qd32");
+    g.throughput(Throughput::Bytes(READS * BLOCK as u64));
+    {
+        let rt = mailring_rt();
+        let h = rt.handle().clone();
+        let mut m = Meter::default();
+        g.bench_function("mailring", |b| {
+            b.iter_custom(|iters| {
+                let p = path.clone();
+                m.measure(iters * READS, || {
+                    let task = h.spawn_local_on(ShardId::new(0), move || async move {
+                        let file = Rc::new(File::open(&p).await.unwrap());
+                        let per = iters * READS / QD;
+                        let workers: Vec<_> = (0..QD)
+                            .map(|w| {
+                                let file = file.clone();
+                                mailring::spawn_local(async move {
+                                    let mut buf = Vec::with_capacity(BLOCK);
+                                    for i in 0..per {
+                                        buf.clear();
+                                        let (n, back) =
+                                            file.read_at(buf, offset(w * per + i)).await;
+                                        assert_eq!(n.unwrap(), BLOCK);
+                                        buf = back;
+                                    }
+                                })
+                            })
+                            .collect();
+                        for w in workers {
+                            w.await.unwrap();
+                        }
+                    });
+                    block_on(task).unwrap();
+                })
+            })
+        });
+        m.report("fs_read_throughput_4k_qd32/mailring");
+    }
+    {
+        let rt = tokio_rt();
+        let mut m = Meter::default();
+        g.bench_function("tokio", |b| {
+            b.iter_custom(|iters| {
+                let p = path.clone();
+                m.measure(iters * READS, || {
+                    rt.block_on(async move {
+                        // Positional reads in tokio go through spawn_blocking (what tokio::fs does).
+                        let file = Arc::new(std::fs::File::open(&p).unwrap());
+                        let per = iters * READS / QD;
+                        let workers: Vec<_> = (0..QD)
+                            .map(|w| {
+                                let file = file.clone();
+                                tokio::spawn(async move {
+                                    let mut buf = vec![0u8; BLOCK];
+                                    for i in 0..per {
+                                        let f = file.clone();
+                                        buf = tokio::task::spawn_blocking(move || {
+                                            f.read_exact_at(&mut buf, offset(w * per + i)).unwrap();
+                                            buf
+                                        })
+                                        .await
+                                        .unwrap();
+                                    }
+                                })
+                            })
+                            .collect();
+                        for w in workers {
+                            w.await.unwrap();
+                        }
+                    });
+                })
+            })
+        });
+        m.report("fs_read_throughput_4k_qd32/tokio");
+    }
+    g.finish();
+}
+
+fn write_fsync(c: &mut Criterion) {
+    let mut g = c.benchmark_group("fs_write_fsync_4k");
+    g.throughput(Throughput::Elements(FSYNC_WRITES));
+    let dir = std::env::temp_dir();
+    {
+        let rt = mailring_rt();
+        let h = rt.handle().clone();
+        let mut m = Meter::default();
+        let path = dir.join("mailring-bench-append-mailring.bin");
+        g.bench_function("mailring", |b| {
+            b.iter_custom(|iters| {
+                let p = path.clone();
+                m.measure(iters * FSYNC_WRITES, || {
+                    let task = h.spawn_on(ShardId::new(0), async move {
+                        let file = File::create(&p).await.unwrap();
+                        let mut buf = vec![7u8; BLOCK];
+                        for i in 0..iters * FSYNC_WRITES {
+                            let (r, back) = file.write_all_at(buf, i * BLOCK as u64).await;
+                            r.unwrap();
+                            buf = back;
+                            file.sync_data().await.unwrap();
+                        }
+                    });
+                    block_on(task).unwrap();
+                })
+            })
+        });
+        m.report("fs_write_fsync_4k/mailring");
+    }
+    {
+        let rt = tokio_rt();
+        let mut m = Meter::default();
+        let path = dir.join("mailring-bench-append-tokio.bin");
+        g.bench_function("tokio", |b| {
+            b.iter_custom(|iters| {
+                let p = path.clone();
+                m.measure(iters * FSYNC_WRITES, || {
+                    rt.block_on(async move {
+                        let mut file = tokio::fs::File::create(&p).await.unwrap();
+                        let buf = vec![7u8; BLOCK];
+                        for _ in 0..iters * FSYNC_WRITES {
+                            file.write_all(&buf).await.unwrap();
+                            file.sync_data().await.unwrap();
+                        }
+                    });
+                })
+            })
+        });
+        m.report("fs_write_fsync_4k/tokio");
+    }
+    g.finish();
+}
+
+fn echo_rtt(c: &mut Criterion) {
+    let mut g = c.benchmark_group("net_echo_rtt_256b");
+    g.throughput(Throughput::Elements(ECHO_ROUNDS));
+    {
+        let rt = mailring_rt();
+        let h = rt.handle().clone();
+        let mut m = Meter::default();
+        g.bench_function("mailring", |b| {
+            b.iter_custom(|iters| {
+                m.measure(iters * ECHO_ROUNDS, || {
+                    // Server on shard 1, client on shard 0: the usual deployment
+                    // (each connection on its owner's ring).
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    let server = h.spawn_on(ShardId::new(1), async move {
+                        let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+                        tx.send(listener.local_addr()).unwrap();
+                        let (conn, _) = listener.accept().await.unwrap();
+                        conn.set_nodelay(true).unwrap();
+                        let mut buf = Vec::with_capacity(ECHO_SIZE);
+                        loop {
+                            buf.clear();
+                            let (n, back) = conn.recv(buf).await;
+                            if n.unwrap() == 0 {
+                                break;
+                            }
+                            let (r, back) = conn.send_all(back).await;
+                            r.unwrap();
+                            buf = back;
+                        }
+                    });
+                    let addr = rx.recv().unwrap();
+                    let client = h.spawn_on(ShardId::new(0), async move {
+                        let stream = TcpStream::connect(addr).await.unwrap();
+                        stream.set_nodelay(true).unwrap();
+                        let mut out = vec![1u8; ECHO_SIZE];
+                        let mut inb = Vec::with_capacity(ECHO_SIZE);
+                        for _ in 0..iters * ECHO_ROUNDS {
+                            let (r, back) = stream.send_all(out).await;
+                            r.unwrap();
+                            out = back;
+                            let mut got = 0;
+                            while got < ECHO_SIZE {
+                                inb.clear();
+                                let (n, back) = stream.recv(inb).await;
+                                got += n.unwrap();
+                                inb = back;
+                            }
+                        }
+                        stream.shutdown(std::net::Shutdown::Write).await.unwrap();
+                    });
+                    block_on(client).unwrap();
+                    block_on(server).unwrap();
+                })
+            })
+        });
+        m.report("net_echo_rtt_256b/mailring");
+    }
+    {
+        let rt = tokio_rt();
+        let mut m = Meter::default();
+        g.bench_function("tokio", |b| {
+            b.iter_custom(|iters| {
+                m.measure(iters * ECHO_ROUNDS, || {
+                    rt.block_on(async move {
+                        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                        let addr = listener.local_addr().unwrap();
+                        let server = tokio::spawn(async move {
+                            let (mut conn, _) = listener.accept().await.unwrap();
+                            conn.set_nodelay(true).unwrap();
+                            let mut buf = vec![0u8; ECHO_SIZE];
+                            loop {
+                                let n = conn.read(&mut buf).await.unwrap();
+                                if n == 0 {
+                                    break;
+                                }
+                                conn.write_all(&buf[..n]).await.unwrap();
+                            }
+                        });
+                        let client = tokio::spawn(async move {
+                            let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+                            stream.set_nodelay(true).unwrap();
+                            let out = vec![1u8; ECHO_SIZE];
+                            let mut inb = vec![0u8; ECHO_SIZE];
+                            for _ in 0..iters * ECHO_ROUNDS {
+                                stream.write_all(&out).await.unwrap();
+                                stream.read_exact(&mut inb).await.unwrap();
+                            }
+                            stream.shutdown().await.unwrap();
+                        });
+                        client.await.unwrap();
+                        server.await.unwrap();
+                    });
+                })
+            })
+        });
+        m.report("net_echo_rtt_256b/tokio");
+    }
+    g.finish();
+}
+
+criterion_group!(benches, read_rtt, read_qd32, write_fsync, echo_rtt);
+criterion_main!(benches);
