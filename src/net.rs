@@ -38,16 +38,17 @@
 //! ```
 
 use std::io;
-use std::mem::MaybeUninit;
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use io_uring::opcode;
 use io_uring::types::Fd;
-use socket2::{Domain, Protocol, SockAddr, SockAddrStorage, SockRef, Socket, Type};
+use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 
 use crate::buf::{IoBuf, IoBufMut};
-use crate::op::{submit_read, submit_write, Op, ShardFd};
+use std::task::Poll;
+
+use crate::op::{submit_read, submit_write, MultishotOp, Op, ShardFd};
 
 mod msg;
 mod udp;
@@ -64,11 +65,57 @@ pub(crate) fn close_fd(res: i32) {
     }
 }
 
+/// The accepting side of a listener: one multishot `IORING_OP_ACCEPT` kept
+/// armed while the listener lives, re-armed when the kernel ends it.
+///
+/// Accepted connections queue in the op table until an `accept()` takes
+/// them, so dropping a pending `accept()` future loses nothing.
+#[derive(Debug, Default)]
+pub(crate) struct Acceptor {
+    op: std::sync::Mutex<Option<MultishotOp>>,
+}
+
+impl Acceptor {
+    pub(crate) async fn accept(&self, listener: &ShardFd) -> io::Result<OwnedFd> {
+        listener.check()?;
+        std::future::poll_fn(|cx| {
+            let mut op = self.op.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if op.is_none() {
+                    let raw = listener.raw();
+                    let entry = opcode::AcceptMulti::new(Fd(raw))
+                        .flags(libc::SOCK_CLOEXEC)
+                        .build();
+                    // SAFETY: a multishot accept refers to no memory, only to the
+                    // listening fd, which the op keeps open.
+                    *op =
+                        Some(unsafe { MultishotOp::submit(listener.fd.clone(), close_fd, entry) }?);
+                }
+                match op.as_ref().expect("armed above").poll_next(cx) {
+                    Poll::Ready(Ok(Some(fd))) if fd >= 0 => {
+                        // SAFETY: a successful accept returned a new descriptor that we now own.
+                        return Poll::Ready(Ok(unsafe { OwnedFd::from_raw_fd(fd) }));
+                    }
+                    Poll::Ready(Ok(Some(err))) => {
+                        return Poll::Ready(Err(io::Error::from_raw_os_error(-err)))
+                    }
+                    // The kernel ended the multishot: arm a new one.
+                    Poll::Ready(Ok(None)) => *op = None,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+        })
+        .await
+    }
+}
+
 /// A TCP listening socket on the current shard.
 #[derive(Debug)]
 pub struct TcpListener {
     inner: ShardFd,
     local: SocketAddr,
+    acceptor: Acceptor,
 }
 
 impl TcpListener {
@@ -106,6 +153,7 @@ impl TcpListener {
         Ok(TcpListener {
             inner: ShardFd::adopt(OwnedFd::from(socket))?,
             local,
+            acceptor: Acceptor::default(),
         })
     }
 
@@ -114,34 +162,17 @@ impl TcpListener {
         self.local
     }
 
-    /// Accepts one connection with `IORING_OP_ACCEPT`.
+    /// Accepts one connection. The listener keeps one multishot
+    /// `IORING_OP_ACCEPT` armed; connections wait in its queue, so a dropped
+    /// `accept()` future loses none.
     ///
     /// # Errors
     ///
-    /// The kernel's error, or the shard-ownership error.
+    /// The kernel's error (e.g. `EMFILE`), or the shard-ownership error.
     pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
-        self.inner.check()?;
-        let keep = self.inner.fd.clone();
-        let raw = self.inner.raw();
-        let storage: Box<MaybeUninit<SockAddrStorage>> = Box::new(MaybeUninit::zeroed());
-        let len: Box<libc::socklen_t> =
-            Box::new(std::mem::size_of::<SockAddrStorage>() as libc::socklen_t);
-        // SAFETY: the SQE writes the peer address into the two boxes (heap, owned
-        // by the op until its CQE) and uses the listening fd kept by `keep`.
-        let op = unsafe {
-            Op::submit((storage, len, keep), Some(close_fd), |(st, ln, _)| {
-                opcode::Accept::new(Fd(raw), st.as_mut_ptr().cast(), &mut **ln)
-                    .flags(libc::SOCK_CLOEXEC)
-                    .build()
-            })
-        }?;
-        let (res, (storage, len, _)) = op.await;
-        let (fd, _) = res?;
-        // SAFETY: a successful accept returned a new descriptor that we now own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-        // SAFETY: the kernel initialised `len` bytes of the storage with a sockaddr.
-        let peer = unsafe { SockAddr::new(*storage.assume_init(), *len) };
-        let peer = peer
+        let fd = self.acceptor.accept(&self.inner).await?;
+        let peer = SockRef::from(&fd)
+            .peer_addr()?
             .as_socket()
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "accepted a non-IP peer"))?;
         Ok((

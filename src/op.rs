@@ -15,7 +15,10 @@
 //!    resources moved into the slot and an `ASYNC_CANCEL` was queued; when the
 //!    CQE arrives (cancelled or not) the resources are dropped, the optional
 //!    clean-up runs on the result (an `openat` that succeeded anyway has its fd
-//!    closed), and the slot is freed.
+//!    closed), and the slot is freed. For a multishot operation this happens
+//!    for every CQE, and the slot is freed by the last (no `IORING_CQE_F_MORE`).
+//! 4. `Multishot(results)`: a multishot operation ([`MultishotOp`]) queues
+//!    each CQE's result; the op is live while CQEs carry `IORING_CQE_F_MORE`.
 //!
 //! So whatever the user drops, memory handed to the kernel lives until the
 //! kernel is done with it.
@@ -47,6 +50,11 @@ enum SlotState {
     Abandoned {
         _resources: Box<dyn Any>,
         cleanup: Option<Cleanup>,
+    },
+    Multishot {
+        results: std::collections::VecDeque<i32>,
+        wakers: Vec<Waker>,
+        live: bool,
     },
 }
 
@@ -103,12 +111,31 @@ impl OpTable {
                 waker
             }
             SlotState::Abandoned { cleanup, .. } => {
-                if let Some(cleanup) = cleanup.take() {
+                if let Some(cleanup) = *cleanup {
                     cleanup(res);
                 }
-                // Dropping the slot drops the resources the kernel is now done with.
-                self.slots.remove(key);
+                if !io_uring::cqueue::more(flags) {
+                    // Dropping the slot drops the resources the kernel is now done with.
+                    self.slots.remove(key);
+                }
                 None
+            }
+            SlotState::Multishot {
+                results,
+                wakers,
+                live,
+            } => {
+                results.push_back(res);
+                if !io_uring::cqueue::more(flags) {
+                    *live = false;
+                }
+                // Woken outside the table's borrow by the caller.
+                let mut wakers = std::mem::take(wakers);
+                let first = wakers.pop();
+                for w in wakers {
+                    w.wake();
+                }
+                first
             }
             // A second CQE for a single-shot op cannot happen; keep the first.
             SlotState::Done { .. } => None,
@@ -218,9 +245,9 @@ impl<T: 'static> Future for Op<T> {
                     }
                     Poll::Pending
                 }
-                SlotState::Abandoned { .. } => {
-                    Poll::Ready(Err(io::Error::other("mailring: operation abandoned")))
-                }
+                SlotState::Abandoned { .. } | SlotState::Multishot { .. } => Poll::Ready(Err(
+                    io::Error::other("mailring: operation slot in the wrong state"),
+                )),
             }
         });
         let result = match polled {
@@ -391,4 +418,126 @@ pub(crate) async unsafe fn submit_write<B: crate::buf::IoBuf>(
     let op = op.expect("checked to be on the descriptor's shard");
     let (res, (buf, _)) = op.await;
     (res.map(|(n, _)| n as usize), buf)
+}
+
+/// A multishot operation (e.g. multishot accept): one SQE, many CQEs, each
+/// result queued in the op table until taken.
+///
+/// Dropping it cancels the operation; results still queued or still arriving
+/// go through `cleanup` (an accepted fd is closed), so nothing leaks.
+#[derive(Debug)]
+pub(crate) struct MultishotOp {
+    key: usize,
+    generation: u32,
+    runtime: u64,
+    shard: usize,
+    keep: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    cleanup: Cleanup,
+}
+
+impl MultishotOp {
+    /// Submits a multishot SQE on the current shard.
+    ///
+    /// # Safety
+    ///
+    /// The entry may refer to no memory, only to the fd kept by `keep`.
+    pub(crate) unsafe fn submit(
+        keep: std::sync::Arc<std::os::fd::OwnedFd>,
+        cleanup: Cleanup,
+        entry: squeue::Entry,
+    ) -> io::Result<MultishotOp> {
+        with_current(move |shard| {
+            let (key, generation) = shard.ops_mut().insert();
+            if let Some(slot) = shard.ops_mut().slot_mut(key, generation) {
+                slot.state = SlotState::Multishot {
+                    results: Default::default(),
+                    wakers: Vec::new(),
+                    live: true,
+                };
+            }
+            let entry = entry.user_data(user_data(key, generation));
+            // SAFETY: the entry refers only to the fd, which `keep` holds open
+            // until the op's last CQE (the caller's contract).
+            unsafe { shard.push_op(&entry) };
+            MultishotOp {
+                key,
+                generation,
+                runtime: shard.runtime_id(),
+                shard: shard.index(),
+                keep: Some(keep),
+                cleanup,
+            }
+        })
+        .ok_or_else(wrong_shard)
+    }
+
+    /// The next result; `Ready(None)` once the operation ended (re-arm it).
+    pub(crate) fn poll_next(&self, cx: &mut Context<'_>) -> Poll<io::Result<Option<i32>>> {
+        let polled = with_current(|shard| {
+            if shard.runtime_id() != self.runtime || shard.index() != self.shard {
+                return Poll::Ready(Err(wrong_shard()));
+            }
+            let mut ops = shard.ops_mut();
+            let Some(slot) = ops.slot_mut(self.key, self.generation) else {
+                return Poll::Ready(Ok(None));
+            };
+            let SlotState::Multishot {
+                results,
+                wakers,
+                live,
+            } = &mut slot.state
+            else {
+                return Poll::Ready(Ok(None));
+            };
+            if let Some(res) = results.pop_front() {
+                return Poll::Ready(Ok(Some(res)));
+            }
+            if !*live {
+                return Poll::Ready(Ok(None));
+            }
+            if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                wakers.push(cx.waker().clone());
+            }
+            Poll::Pending
+        });
+        polled.unwrap_or_else(|| Poll::Ready(Err(wrong_shard())))
+    }
+}
+
+impl Drop for MultishotOp {
+    fn drop(&mut self) {
+        let (key, generation, cleanup) = (self.key, self.generation, self.cleanup);
+        let keep = self.keep.take();
+        let (runtime, home) = (self.runtime, self.shard);
+        let handled = with_current(|shard| {
+            if shard.runtime_id() != runtime || shard.index() != home {
+                return false;
+            }
+            let mut ops = shard.ops_mut();
+            let Some(slot) = ops.slot_mut(key, generation) else {
+                return true;
+            };
+            let SlotState::Multishot { results, live, .. } = &mut slot.state else {
+                return true;
+            };
+            for res in results.drain(..) {
+                cleanup(res);
+            }
+            if !*live {
+                ops.slots.remove(key);
+                return true;
+            }
+            slot.state = SlotState::Abandoned {
+                _resources: Box::new(keep.clone()),
+                cleanup: Some(cleanup),
+            };
+            drop(ops);
+            shard.cancel_op(user_data(key, generation));
+            true
+        });
+        if handled != Some(true) {
+            // Off its shard: keep the fd open forever rather than close it under the kernel.
+            std::mem::forget(keep);
+        }
+    }
 }

@@ -112,3 +112,28 @@ fn shutdown_with_reads_in_flight_closes_their_files() {
     }
     assert_eq!(open_fds(), before);
 }
+
+#[test]
+fn dropping_a_listener_closes_queued_connections() {
+    let _g = FD_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let before = open_fds();
+    {
+        let rt = mailring::Runtime::builder().shards(1).build().unwrap();
+        rt.block_on(async {
+            let listener =
+                mailring::net::TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            let addr = listener.local_addr();
+            let _ = mailring::time::timeout(Duration::ZERO, listener.accept()).await;
+            let mut clients = Vec::new();
+            for _ in 0..5 {
+                clients.push(mailring::net::TcpStream::connect(addr).await.unwrap());
+            }
+            // Let the multishot accept take them into its queue, then drop everything.
+            mailring::time::sleep(Duration::from_millis(10)).await;
+            drop(listener);
+            drop(clients);
+            mailring::time::sleep(Duration::from_millis(10)).await;
+        });
+    }
+    assert_eq!(open_fds(), before);
+}

@@ -10,7 +10,10 @@ use mailring::net::{TcpListener, TcpStream};
 use mailring::{IdlePolicy, ShardId};
 
 fn main() {
-    let rounds: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(200);
+    let rounds: u64 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(200);
     let rt = mailring::Runtime::builder()
         .shards(2)
         .idle_policy(IdlePolicy::Spin(Duration::from_secs(3600)))
@@ -22,7 +25,12 @@ fn main() {
         // SAFETY: `fds` is a valid two-element array for pipe2 to fill.
         assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
         // SAFETY: pipe2 returned two fresh descriptors that we now own.
-        let (r, w) = unsafe { (std::fs::File::from_raw_fd(fds[0]), std::fs::File::from_raw_fd(fds[1])) };
+        let (r, w) = unsafe {
+            (
+                std::fs::File::from_raw_fd(fds[0]),
+                std::fs::File::from_raw_fd(fds[1]),
+            )
+        };
         let reader = File::from_std(r).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr();
@@ -38,8 +46,13 @@ fn main() {
             match i % 4 {
                 0 => drop(mailring::time::timeout(wait, reader.read_at(vec![0u8; 4096], 0)).await),
                 1 => drop(mailring::time::timeout(wait, listener.accept()).await),
-                2 => drop(mailring::time::timeout(wait, server_side.recv(Vec::with_capacity(4096))).await),
-                _ => drop(mailring::time::timeout(wait, mailring::time::sleep(Duration::from_secs(60))).await),
+                2 => drop(
+                    mailring::time::timeout(wait, server_side.recv(Vec::with_capacity(4096))).await,
+                ),
+                _ => drop(
+                    mailring::time::timeout(wait, mailring::time::sleep(Duration::from_secs(60)))
+                        .await,
+                ),
             }
         }
         // Leave operations in flight for the shutdown.

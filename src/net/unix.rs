@@ -2,7 +2,7 @@
 
 use std::io;
 use std::net::Shutdown;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use io_uring::opcode;
@@ -10,7 +10,7 @@ use io_uring::types::Fd;
 use socket2::{Domain, SockAddr, Socket, Type};
 
 use super::msg::{recv_msg, send_msg};
-use super::{close_fd, StreamCore};
+use super::{Acceptor, StreamCore};
 use crate::buf::{IoBuf, IoBufMut};
 use crate::op::{Op, ShardFd};
 
@@ -18,6 +18,7 @@ use crate::op::{Op, ShardFd};
 #[derive(Debug)]
 pub struct UnixListener {
     inner: ShardFd,
+    acceptor: Acceptor,
 }
 
 impl UnixListener {
@@ -30,6 +31,7 @@ impl UnixListener {
         let listener = std::os::unix::net::UnixListener::bind(path)?;
         Ok(UnixListener {
             inner: ShardFd::adopt(OwnedFd::from(listener))?,
+            acceptor: Acceptor::default(),
         })
     }
 
@@ -39,20 +41,7 @@ impl UnixListener {
     ///
     /// The kernel's error, or the shard-ownership error.
     pub async fn accept(&self) -> io::Result<UnixStream> {
-        self.inner.check()?;
-        let keep = self.inner.fd.clone();
-        let raw = self.inner.raw();
-        // SAFETY: the accept asks for no peer address and uses the listening fd kept by `keep`.
-        let op = unsafe {
-            Op::submit(keep, Some(close_fd), |_| {
-                opcode::Accept::new(Fd(raw), std::ptr::null_mut(), std::ptr::null_mut())
-                    .flags(libc::SOCK_CLOEXEC)
-                    .build()
-            })
-        }?;
-        let (fd, _) = op.await.0?;
-        // SAFETY: a successful accept returned a new descriptor that we now own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        let fd = self.acceptor.accept(&self.inner).await?;
         Ok(UnixStream {
             core: StreamCore {
                 inner: ShardFd::adopt(fd)?,

@@ -267,3 +267,36 @@ fn unix_streams_and_datagrams() {
     });
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn multishot_accept_queues_connections_for_dropped_accepts() {
+    let rt = rt2();
+    rt.block_on(async {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let addr = listener.local_addr();
+        // Arm the multishot accept, then drop the future.
+        assert!(mailring::time::timeout(Duration::ZERO, listener.accept())
+            .await
+            .is_err());
+        // Ten clients connect while nobody is accepting.
+        let mut clients = Vec::new();
+        for _ in 0..10 {
+            clients.push(TcpStream::connect(addr).await.unwrap());
+        }
+        // Each is still there, with dropped accepts in between.
+        for i in 0..10 {
+            assert!(
+                mailring::time::timeout(Duration::ZERO, std::future::pending::<()>())
+                    .await
+                    .is_err()
+            );
+            let (conn, peer) = mailring::time::timeout(Duration::from_secs(5), listener.accept())
+                .await
+                .unwrap_or_else(|_| panic!("connection {i} was lost"))
+                .unwrap();
+            assert_eq!(peer.ip(), addr.ip());
+            drop(conn);
+        }
+        drop(clients);
+    });
+}
