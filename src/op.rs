@@ -43,6 +43,12 @@ pub(crate) type Cleanup = fn(i32);
 
 enum SlotState {
     Waiting(Option<Waker>),
+    /// A zero-copy send returned its result; its buffer is in use until the
+    /// notification CQE (`IORING_CQE_F_NOTIF`).
+    AwaitingNotif {
+        res: i32,
+        waker: Option<Waker>,
+    },
     Done {
         res: i32,
         flags: u32,
@@ -105,9 +111,20 @@ impl OpTable {
         let generation = ((user_data >> 32) & GENERATION_MASK) as u32;
         let slot = self.slot_mut(key, generation)?;
         match &mut slot.state {
+            SlotState::Waiting(waker) if io_uring::cqueue::more(flags) => {
+                // Zero-copy send: the result now, the buffer's release later.
+                let waker = waker.take();
+                slot.state = SlotState::AwaitingNotif { res, waker };
+                None
+            }
             SlotState::Waiting(waker) => {
                 let waker = waker.take();
                 slot.state = SlotState::Done { res, flags };
+                waker
+            }
+            SlotState::AwaitingNotif { res: first, waker } => {
+                let waker = waker.take();
+                slot.state = SlotState::Done { res: *first, flags };
                 waker
             }
             SlotState::Abandoned { cleanup, .. } => {
@@ -238,7 +255,7 @@ impl<T: 'static> Future for Op<T> {
                     ops.slots.remove(this.key);
                     Poll::Ready(Ok((res, flags)))
                 }
-                SlotState::Waiting(waker) => {
+                SlotState::Waiting(waker) | SlotState::AwaitingNotif { waker, .. } => {
                     match waker {
                         Some(w) if w.will_wake(cx.waker()) => {}
                         _ => *waker = Some(cx.waker().clone()),

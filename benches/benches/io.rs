@@ -392,5 +392,66 @@ fn echo_rtt(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, read_rtt, read_qd32, write_fsync, echo_rtt);
+/// Where zero-copy send starts to pay: 64 MiB one way over loopback in
+/// chunks of each size, with `send_all` (copying) and `send_all_zc`.
+fn send_zc(c: &mut Criterion) {
+    const TOTAL: usize = 64 << 20;
+    let mut g = c.benchmark_group("net_send_zc");
+    g.throughput(Throughput::Bytes(TOTAL as u64));
+    let rt = mailring_rt();
+    let h = rt.handle().clone();
+    for size in [4usize << 10, 16 << 10, 64 << 10, 256 << 10] {
+        for zc in [false, true] {
+            let name = format!("{}_{}k", if zc { "send_zc" } else { "send" }, size >> 10);
+            let mut m = Meter::default();
+            g.bench_function(&name, |b| {
+                b.iter_custom(|iters| {
+                    m.measure(iters * (TOTAL / size) as u64, || {
+                        let (tx, rx) = std::sync::mpsc::channel();
+                        let receiver = h.spawn_on(ShardId::new(1), async move {
+                            let listener =
+                                TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+                            tx.send(listener.local_addr()).unwrap();
+                            let (conn, _) = listener.accept().await.unwrap();
+                            let mut buf = Vec::with_capacity(256 << 10);
+                            let mut got = 0usize;
+                            loop {
+                                buf.clear();
+                                let (n, back) = conn.recv(buf).await;
+                                let n = n.unwrap();
+                                if n == 0 {
+                                    break;
+                                }
+                                got += n;
+                                buf = back;
+                            }
+                            got
+                        });
+                        let addr = rx.recv().unwrap();
+                        let sender = h.spawn_on(ShardId::new(0), async move {
+                            let stream = TcpStream::connect(addr).await.unwrap();
+                            let mut chunk = vec![5u8; size];
+                            for _ in 0..iters as usize * (TOTAL / size) {
+                                let (r, back) = if zc {
+                                    stream.send_all_zc(chunk).await
+                                } else {
+                                    stream.send_all(chunk).await
+                                };
+                                r.unwrap();
+                                chunk = back;
+                            }
+                            stream.shutdown(std::net::Shutdown::Write).await.unwrap();
+                        });
+                        block_on(sender).unwrap();
+                        assert_eq!(block_on(receiver).unwrap(), iters as usize * TOTAL);
+                    })
+                })
+            });
+            m.report(&format!("net_send_zc/{name}"));
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, read_rtt, read_qd32, write_fsync, echo_rtt, send_zc);
 criterion_main!(benches);

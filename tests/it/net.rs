@@ -300,3 +300,46 @@ fn multishot_accept_queues_connections_for_dropped_accepts() {
         drop(clients);
     });
 }
+
+#[test]
+fn zero_copy_send_delivers_and_returns_the_buffer_after_release() {
+    let rt = rt2();
+    rt.block_on(async {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let addr = listener.local_addr();
+        let payload: Vec<u8> = (0..4u32 << 20).map(|i| (i % 241) as u8).collect();
+        let expected = payload.clone();
+        let sender = mailring::spawn_local(async move {
+            let (conn, _) = listener.accept().await.unwrap();
+            let (r, back) = conn.send_all_zc(payload).await;
+            r.unwrap();
+            conn.shutdown(Shutdown::Write).await.unwrap();
+            back.len()
+        });
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let mut got = Vec::with_capacity(expected.len());
+        loop {
+            let (n, buf) = stream.recv(Vec::with_capacity(256 * 1024)).await;
+            if n.unwrap() == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf);
+        }
+        assert_eq!(
+            sender.await.unwrap(),
+            4 << 20,
+            "the buffer comes back whole"
+        );
+        assert!(got == expected);
+        // Nothing is left waiting for a notification.
+        let mut settled = false;
+        for _ in 0..100 {
+            if mailring::Handle::current().stats().shards[0].ops_in_flight <= 3 {
+                settled = true;
+                break;
+            }
+            mailring::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(settled);
+    });
+}
