@@ -182,7 +182,7 @@ impl OpenOptions {
 }
 
 /// Closes the fd an abandoned `openat` produced.
-fn close_fd(res: i32) {
+fn close_fd(res: i32, _flags: u32, _resources: &dyn std::any::Any) {
     if res >= 0 {
         // SAFETY: the fd was created by the abandoned open and nobody else has it.
         drop(unsafe { OwnedFd::from_raw_fd(res) });

@@ -58,7 +58,7 @@ pub use self::udp::UdpSocket;
 pub use self::unix::{UnixDatagram, UnixListener, UnixStream};
 
 /// Closes the fd an abandoned `accept` produced.
-pub(crate) fn close_fd(res: i32) {
+pub(crate) fn close_fd(res: i32, _flags: u32, _resources: &dyn std::any::Any) {
     if res >= 0 {
         // SAFETY: the fd was created by the abandoned accept and nobody else has it.
         drop(unsafe { OwnedFd::from_raw_fd(res) });
@@ -88,15 +88,16 @@ impl Acceptor {
                         .build();
                     // SAFETY: a multishot accept refers to no memory, only to the
                     // listening fd, which the op keeps open.
-                    *op =
-                        Some(unsafe { MultishotOp::submit(listener.fd.clone(), close_fd, entry) }?);
+                    *op = Some(unsafe {
+                        MultishotOp::submit(Box::new(listener.fd.clone()), close_fd, entry)
+                    }?);
                 }
                 match op.as_ref().expect("armed above").poll_next(cx) {
-                    Poll::Ready(Ok(Some(fd))) if fd >= 0 => {
+                    Poll::Ready(Ok(Some((fd, _)))) if fd >= 0 => {
                         // SAFETY: a successful accept returned a new descriptor that we now own.
                         return Poll::Ready(Ok(unsafe { OwnedFd::from_raw_fd(fd) }));
                     }
-                    Poll::Ready(Ok(Some(err))) => {
+                    Poll::Ready(Ok(Some((err, _)))) => {
                         return Poll::Ready(Err(io::Error::from_raw_os_error(-err)))
                     }
                     // The kernel ended the multishot: arm a new one.

@@ -39,7 +39,9 @@ use crate::shard::{with_current, Shard};
 const GENERATION_MASK: u64 = (1 << 24) - 1;
 
 /// What runs on the result of an abandoned operation.
-pub(crate) type Cleanup = fn(i32);
+/// What runs on each CQE of an abandoned operation (and on results nobody
+/// took): the result, the CQE flags, and the operation's resources.
+pub(crate) type Cleanup = fn(i32, u32, &dyn Any);
 
 enum SlotState {
     Waiting(Option<Waker>),
@@ -54,11 +56,11 @@ enum SlotState {
         flags: u32,
     },
     Abandoned {
-        _resources: Box<dyn Any>,
+        resources: Box<dyn Any>,
         cleanup: Option<Cleanup>,
     },
     Multishot {
-        results: std::collections::VecDeque<i32>,
+        results: std::collections::VecDeque<(i32, u32)>,
         wakers: Vec<Waker>,
         live: bool,
     },
@@ -127,9 +129,9 @@ impl OpTable {
                 slot.state = SlotState::Done { res: *first, flags };
                 waker
             }
-            SlotState::Abandoned { cleanup, .. } => {
+            SlotState::Abandoned { cleanup, resources } => {
                 if let Some(cleanup) = *cleanup {
-                    cleanup(res);
+                    cleanup(res, flags, &**resources);
                 }
                 if !io_uring::cqueue::more(flags) {
                     // Dropping the slot drops the resources the kernel is now done with.
@@ -142,7 +144,7 @@ impl OpTable {
                 wakers,
                 live,
             } => {
-                results.push_back(res);
+                results.push_back((res, flags));
                 if !io_uring::cqueue::more(flags) {
                     *live = false;
                 }
@@ -306,16 +308,16 @@ impl<T: 'static> Drop for Op<T> {
             let Some(slot) = ops.slot_mut(key, generation) else {
                 return true;
             };
-            if let SlotState::Done { res, .. } = slot.state {
+            if let SlotState::Done { res, flags } = slot.state {
                 // Completed but never looked at: undo what it produced.
                 if let Some(cleanup) = cleanup {
-                    cleanup(res);
+                    cleanup(res, flags, &resources);
                 }
                 ops.slots.remove(key);
                 return true;
             }
             slot.state = SlotState::Abandoned {
-                _resources: Box::new(resources.take()),
+                resources: Box::new(resources.take()),
                 cleanup,
             };
             drop(ops);
@@ -448,7 +450,7 @@ pub(crate) struct MultishotOp {
     generation: u32,
     runtime: u64,
     shard: usize,
-    keep: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    keep: Option<Box<dyn Any + Send>>,
     cleanup: Cleanup,
 }
 
@@ -457,9 +459,9 @@ impl MultishotOp {
     ///
     /// # Safety
     ///
-    /// The entry may refer to no memory, only to the fd kept by `keep`.
+    /// The entry may refer only to resources `keep` owns (the fd, a buffer ring).
     pub(crate) unsafe fn submit(
-        keep: std::sync::Arc<std::os::fd::OwnedFd>,
+        keep: Box<dyn Any + Send>,
         cleanup: Cleanup,
         entry: squeue::Entry,
     ) -> io::Result<MultishotOp> {
@@ -489,7 +491,7 @@ impl MultishotOp {
     }
 
     /// The next result; `Ready(None)` once the operation ended (re-arm it).
-    pub(crate) fn poll_next(&self, cx: &mut Context<'_>) -> Poll<io::Result<Option<i32>>> {
+    pub(crate) fn poll_next(&self, cx: &mut Context<'_>) -> Poll<io::Result<Option<(i32, u32)>>> {
         let polled = with_current(|shard| {
             if shard.runtime_id() != self.runtime || shard.index() != self.shard {
                 return Poll::Ready(Err(wrong_shard()));
@@ -524,7 +526,8 @@ impl MultishotOp {
 impl Drop for MultishotOp {
     fn drop(&mut self) {
         let (key, generation, cleanup) = (self.key, self.generation, self.cleanup);
-        let keep = self.keep.take();
+        let Some(keep) = self.keep.take() else { return };
+        let mut keep = Some(keep);
         let (runtime, home) = (self.runtime, self.shard);
         let handled = with_current(|shard| {
             if shard.runtime_id() != runtime || shard.index() != home {
@@ -537,15 +540,16 @@ impl Drop for MultishotOp {
             let SlotState::Multishot { results, live, .. } = &mut slot.state else {
                 return true;
             };
-            for res in results.drain(..) {
-                cleanup(res);
+            let resources: &dyn Any = keep.as_deref().expect("present");
+            for (res, flags) in results.drain(..) {
+                cleanup(res, flags, resources);
             }
             if !*live {
                 ops.slots.remove(key);
                 return true;
             }
             slot.state = SlotState::Abandoned {
-                _resources: Box::new(keep.clone()),
+                resources: Box::new(keep.take()),
                 cleanup: Some(cleanup),
             };
             drop(ops);
@@ -553,7 +557,7 @@ impl Drop for MultishotOp {
             true
         });
         if handled != Some(true) {
-            // Off its shard: keep the fd open forever rather than close it under the kernel.
+            // Off its shard: keep the resources forever rather than free them under the kernel.
             std::mem::forget(keep);
         }
     }
