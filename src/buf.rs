@@ -11,6 +11,10 @@
 
 use bytes::{Bytes, BytesMut};
 
+mod ring;
+
+pub use self::ring::{BufRing, RecvBuf};
+
 /// A buffer the kernel may read from while an operation is in flight.
 ///
 /// # Safety

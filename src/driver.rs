@@ -120,4 +120,13 @@ pub(crate) trait ShardDriver {
     unsafe fn push_op(&mut self, entry: &io_uring::squeue::Entry);
     /// Queues an `ASYNC_CANCEL` for the operation with this `user_data`.
     fn queue_cancel(&mut self, user_data: u64);
+    /// Registers a provided-buffer ring (`IORING_REGISTER_PBUF_RING`).
+    ///
+    /// # Safety
+    ///
+    /// `addr` must point to `entries` ring entries, page aligned, that stay
+    /// valid until the group is unregistered or the ring is closed.
+    unsafe fn register_buf_ring(&mut self, addr: u64, entries: u16, group: u16) -> io::Result<()>;
+    /// Unregisters a provided-buffer ring.
+    fn unregister_buf_ring(&mut self, group: u16) -> io::Result<()>;
 }

@@ -45,7 +45,7 @@ use io_uring::opcode;
 use io_uring::types::Fd;
 use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 
-use crate::buf::{IoBuf, IoBufMut};
+use crate::buf::{BufRing, IoBuf, IoBufMut, RecvBuf};
 use std::task::Poll;
 
 use crate::op::{submit_read, submit_write, MultishotOp, Op, ShardFd};
@@ -55,6 +55,7 @@ mod udp;
 mod unix;
 
 pub use self::udp::UdpSocket;
+
 pub use self::unix::{UnixDatagram, UnixListener, UnixStream};
 
 /// Closes the fd an abandoned `accept` produced.
@@ -197,6 +198,112 @@ impl AsRawFd for TcpListener {
 #[derive(Debug)]
 pub struct TcpStream {
     core: StreamCore,
+}
+
+/// Gives a provided buffer back when a multishot receive's CQE arrives after
+/// nobody waits for it any more.
+fn recycle_buffer(_res: i32, flags: u32, resources: &dyn std::any::Any) {
+    if let (Some(bid), Some((_, ring))) = (
+        io_uring::cqueue::buffer_select(flags),
+        resources.downcast_ref::<(std::sync::Arc<OwnedFd>, BufRing)>(),
+    ) {
+        ring.discard(bid);
+    }
+}
+
+/// A stream of received buffers from one multishot `IORING_OP_RECV` with
+/// buffers picked from a [`BufRing`]; see [`TcpStream::recv_multishot`].
+///
+/// The receive stays armed between calls to [`next`](Self::next), so data
+/// keeps arriving into the ring's buffers; dropping the stream cancels it and
+/// gives every buffer it still held back to the ring, discarding data that had
+/// arrived in them but was not taken (keep the stream while the connection is
+/// in use). When the ring runs out
+/// of buffers the kernel ends the receive (`ENOBUFS`) without losing data; it
+/// is re-armed as soon as a buffer comes back.
+#[derive(Debug)]
+pub struct RecvMultishot<'a> {
+    stream: &'a StreamCore,
+    ring: BufRing,
+    op: Option<MultishotOp>,
+    finished: bool,
+}
+
+impl<'a> RecvMultishot<'a> {
+    pub(crate) fn new(stream: &'a StreamCore, ring: &BufRing) -> Self {
+        RecvMultishot {
+            stream,
+            ring: ring.clone(),
+            op: None,
+            finished: false,
+        }
+    }
+
+    /// The next buffer of data; `None` once the peer closed its side.
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error, or the shard-ownership error.
+    pub async fn next(&mut self) -> Option<io::Result<RecvBuf>> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Option<io::Result<RecvBuf>>> {
+        if self.finished {
+            return Poll::Ready(None);
+        }
+        if let Err(e) = self.stream.inner.check() {
+            return Poll::Ready(Some(Err(e)));
+        }
+        loop {
+            if self.op.is_none() {
+                if self.ring.available() == 0 {
+                    self.ring.wait_for_buffer(cx.waker());
+                    return Poll::Pending;
+                }
+                let raw = self.stream.inner.raw();
+                let entry = opcode::RecvMulti::new(Fd(raw), self.ring.group()).build();
+                let keep: Box<dyn std::any::Any + Send> =
+                    Box::new((self.stream.inner.fd.clone(), self.ring.clone()));
+                // SAFETY: a multishot receive writes only into buffers of the ring
+                // it names, which `keep` holds (with the fd) until its last CQE.
+                match unsafe { MultishotOp::submit(keep, recycle_buffer, entry) } {
+                    Ok(op) => self.op = Some(op),
+                    Err(e) => return Poll::Ready(Some(Err(e))),
+                }
+            }
+            let polled = self.op.as_ref().expect("armed above").poll_next(cx);
+            match polled {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(e))),
+                // Ended by the kernel (ENOBUFS handled below, or after an error): re-arm.
+                Poll::Ready(Ok(None)) => self.op = None,
+                Poll::Ready(Ok(Some((res, flags)))) => {
+                    let bid = io_uring::cqueue::buffer_select(flags);
+                    if res > 0 {
+                        let Some(bid) = bid else {
+                            return Poll::Ready(Some(Err(io::Error::other(
+                                "receive completed without a buffer",
+                            ))));
+                        };
+                        return Poll::Ready(Some(Ok(self.ring.take(bid, res as usize))));
+                    }
+                    if let Some(bid) = bid {
+                        self.ring.discard(bid);
+                    }
+                    if res == 0 {
+                        self.finished = true;
+                        return Poll::Ready(None);
+                    }
+                    if res == -libc::ENOBUFS {
+                        // No data was lost: the kernel left it in the socket.
+                        continue;
+                    }
+                    return Poll::Ready(Some(Err(io::Error::from_raw_os_error(-res))));
+                }
+            }
+        }
+    }
 }
 
 /// What every connected stream socket does on the ring.
@@ -394,6 +501,13 @@ impl TcpStream {
     /// peer closed its side. See the module docs on dropping a pending `recv`.
     pub async fn recv<B: IoBufMut>(&self, buf: B) -> (io::Result<usize>, B) {
         self.core.recv(buf).await
+    }
+
+    /// Starts a multishot receive into buffers of `ring` (an opt-in mode for
+    /// servers with many connections: one armed receive per connection, memory
+    /// shared through the ring).
+    pub fn recv_multishot(&self, ring: &BufRing) -> RecvMultishot<'_> {
+        RecvMultishot::new(&self.core, ring)
     }
 
     /// Shuts down one or both directions (`IORING_OP_SHUTDOWN`).

@@ -548,8 +548,9 @@ impl Drop for MultishotOp {
                 ops.slots.remove(key);
                 return true;
             }
+            let resources: Box<dyn Any> = keep.take().expect("present");
             slot.state = SlotState::Abandoned {
-                resources: Box::new(keep.take()),
+                resources,
                 cleanup: Some(cleanup),
             };
             drop(ops);

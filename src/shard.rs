@@ -187,6 +187,7 @@ pub(crate) struct Shard {
     ticks: Cell<u64>,
     /// The clock as last read by the loop; timers compare against it.
     now: Cell<Instant>,
+    next_buf_group: Cell<u16>,
     shutting_down: Cell<bool>,
 }
 
@@ -224,6 +225,7 @@ impl Shard {
             completions: RefCell::new(Vec::new()),
             rng: Cell::new(0x2545_f491_4f6c_dd1d ^ ((index as u64 + 1) << 17)),
             now: Cell::new(Instant::now()),
+            next_buf_group: Cell::new(0),
             ticks: Cell::new(0),
             shutting_down: Cell::new(false),
             shared,
@@ -271,6 +273,27 @@ impl Shard {
     pub(crate) unsafe fn push_op(&self, entry: &io_uring::squeue::Entry) {
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.driver.borrow_mut().push_op(entry) };
+    }
+
+    /// Registers a provided-buffer ring; returns its group id.
+    ///
+    /// # Safety
+    ///
+    /// As [`ShardDriver::register_buf_ring`].
+    pub(crate) unsafe fn register_buf_ring(&self, addr: u64, entries: u16) -> std::io::Result<u16> {
+        let group = self.next_buf_group.get();
+        self.next_buf_group.set(group.wrapping_add(1));
+        // SAFETY: forwarded from the caller's contract.
+        unsafe {
+            self.driver
+                .borrow_mut()
+                .register_buf_ring(addr, entries, group)
+        }?;
+        Ok(group)
+    }
+
+    pub(crate) fn unregister_buf_ring(&self, group: u16) -> std::io::Result<()> {
+        self.driver.borrow_mut().unregister_buf_ring(group)
     }
 
     /// Asks the kernel to cancel an in-flight operation.

@@ -405,6 +405,19 @@ impl ShardDriver for UringDriver {
         unsafe { self.push(entry) };
     }
 
+    unsafe fn register_buf_ring(&mut self, addr: u64, entries: u16, group: u16) -> io::Result<()> {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe {
+            self.ring
+                .submitter()
+                .register_buf_ring_with_flags(addr, entries, group, 0)
+        }
+    }
+
+    fn unregister_buf_ring(&mut self, group: u16) -> io::Result<()> {
+        self.ring.submitter().unregister_buf_ring(group)
+    }
+
     fn queue_cancel(&mut self, user_data: u64) {
         let cancel = opcode::AsyncCancel::new(user_data)
             .build()

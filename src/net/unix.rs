@@ -10,8 +10,8 @@ use io_uring::types::Fd;
 use socket2::{Domain, SockAddr, Socket, Type};
 
 use super::msg::{recv_msg, send_msg};
-use super::{Acceptor, StreamCore};
-use crate::buf::{IoBuf, IoBufMut};
+use super::{Acceptor, RecvMultishot, StreamCore};
+use crate::buf::{BufRing, IoBuf, IoBufMut};
 use crate::op::{Op, ShardFd};
 
 /// A Unix-domain listening socket on the current shard.
@@ -128,6 +128,12 @@ impl UnixStream {
     /// Receives into `buf`; 0 means the peer closed its side.
     pub async fn recv<B: IoBufMut>(&self, buf: B) -> (io::Result<usize>, B) {
         self.core.recv(buf).await
+    }
+
+    /// Starts a multishot receive into buffers of `ring`; see
+    /// [`TcpStream::recv_multishot`](super::TcpStream::recv_multishot).
+    pub fn recv_multishot(&self, ring: &BufRing) -> RecvMultishot<'_> {
+        RecvMultishot::new(&self.core, ring)
     }
 
     /// Shuts down one or both directions.

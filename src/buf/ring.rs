@@ -1,0 +1,317 @@
+//! Provided buffer rings (`IORING_REGISTER_PBUF_RING`) and the buffers they
+//! hand out to multishot receives.
+//!
+//! A [`BufRing`] is a group of equal-sized buffers registered with one shard's
+//! ring. A multishot receive picks a free buffer per completion; the
+//! [`RecvBuf`] it yields gives the buffer back to the ring when dropped. Many
+//! connections can share one ring, so memory scales with the data in flight,
+//! not with the number of connections.
+//!
+//! The ring memory and the buffers are freed only once no operation can use
+//! them: every multishot receive holds the ring until its last CQE.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::fmt;
+use std::io;
+use std::ops::Deref;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Waker;
+
+use io_uring::types::BufRingEntry;
+
+use crate::runtime::Handle;
+use crate::shard::with_current;
+
+/// A provided-buffer ring registered on the current shard; cheap to clone.
+///
+/// # Examples
+///
+/// ```
+/// use mailring::buf::BufRing;
+/// use mailring::net::UnixStream;
+/// let rt = mailring::Runtime::builder().shards(1).build()?;
+/// let got = rt.block_on(async {
+///     let ring = BufRing::new(16, 4096)?;
+///     let (a, b) = UnixStream::pair()?;
+///     a.send_all(b"hello".to_vec()).await.0?;
+///     let mut incoming = b.recv_multishot(&ring);
+///     let buf = incoming.next().await.expect("data")?;
+///     Ok::<_, std::io::Error>(buf.to_vec())
+/// })?;
+/// assert_eq!(got, b"hello");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct BufRing {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    ring: NonNull<BufRingEntry>,
+    ring_layout: Layout,
+    bufs: NonNull<u8>,
+    bufs_layout: Layout,
+    entries: u16,
+    buf_size: usize,
+    group: u16,
+    /// Buffers handed to the kernel so far (our copy of the ring's tail).
+    tail: AtomicU16,
+    /// Buffers the kernel has used (completions that selected one).
+    consumed: AtomicU16,
+    /// Receives waiting for a buffer to come back.
+    waiters: Mutex<Vec<Waker>>,
+    runtime: u64,
+    shard: usize,
+    handle: Handle,
+}
+
+// SAFETY: the raw memory is written only on the owning shard's thread (checked
+// by `on_owner` before every write) and read by the kernel; counters are atomics.
+unsafe impl Send for Inner {}
+// SAFETY: as for `Send`; shared access from other threads touches nothing.
+unsafe impl Sync for Inner {}
+
+impl fmt::Debug for BufRing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BufRing")
+            .field("group", &self.inner.group)
+            .field("entries", &self.inner.entries)
+            .field("buf_size", &self.inner.buf_size)
+            .finish()
+    }
+}
+
+impl BufRing {
+    /// Registers `entries` buffers of `buf_size` bytes on the current shard.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` unless `entries` is a power of two up to 32768 and
+    /// `buf_size` is non-zero; the kernel's error (e.g. `EINVAL` before Linux
+    /// 5.19); an error outside a mailring shard.
+    pub fn new(entries: u16, buf_size: usize) -> io::Result<BufRing> {
+        if !entries.is_power_of_two()
+            || entries > 32768
+            || buf_size == 0
+            || buf_size > u32::MAX as usize
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a buffer ring needs a power-of-two entry count up to 32768 and a non-zero buffer size",
+            ));
+        }
+        let invalid = |_| io::Error::new(io::ErrorKind::InvalidInput, "buffer ring too large");
+        let ring_layout = Layout::from_size_align(
+            usize::from(entries) * std::mem::size_of::<BufRingEntry>(),
+            4096,
+        )
+        .map_err(invalid)?;
+        let bufs_layout =
+            Layout::from_size_align(usize::from(entries) * buf_size, 64).map_err(invalid)?;
+        // SAFETY: both layouts have a non-zero size.
+        let (ring, bufs) = unsafe { (alloc_zeroed(ring_layout), alloc_zeroed(bufs_layout)) };
+        let (Some(ring), Some(bufs)) = (
+            NonNull::new(ring.cast::<BufRingEntry>()),
+            NonNull::new(bufs),
+        ) else {
+            return Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                "cannot allocate a buffer ring",
+            ));
+        };
+        let registered = with_current(|shard| {
+            // SAFETY: `ring` points to `entries` zeroed, page-aligned entries that
+            // live until `Inner` is dropped, which unregisters the group first.
+            let group = unsafe { shard.register_buf_ring(ring.as_ptr() as u64, entries) };
+            group.map(|g| (g, shard.runtime_id(), shard.index()))
+        });
+        let (group, runtime, shard) = match registered {
+            Some(Ok(v)) => v,
+            other => {
+                // SAFETY: allocated above with these layouts; the kernel never saw them.
+                unsafe {
+                    dealloc(ring.as_ptr().cast(), ring_layout);
+                    dealloc(bufs.as_ptr(), bufs_layout);
+                }
+                return Err(match other {
+                    Some(Err(e)) => e,
+                    _ => crate::op::wrong_shard(),
+                });
+            }
+        };
+        let handle = Handle::current();
+        let inner = Arc::new(Inner {
+            ring,
+            ring_layout,
+            bufs,
+            bufs_layout,
+            entries,
+            buf_size,
+            group,
+            tail: AtomicU16::new(0),
+            consumed: AtomicU16::new(0),
+            waiters: Mutex::new(Vec::new()),
+            runtime,
+            shard,
+            handle,
+        });
+        for bid in 0..entries {
+            inner.provide(bid);
+        }
+        Ok(BufRing { inner })
+    }
+
+    /// The group id receives name.
+    pub fn group(&self) -> u16 {
+        self.inner.group
+    }
+
+    /// The size of each buffer.
+    pub fn buf_size(&self) -> usize {
+        self.inner.buf_size
+    }
+
+    /// The number of buffers.
+    pub fn entries(&self) -> u16 {
+        self.inner.entries
+    }
+
+    pub(crate) fn on_owner(&self) -> bool {
+        self.inner.on_owner()
+    }
+
+    /// Buffers currently in the kernel's hands.
+    pub(crate) fn available(&self) -> u16 {
+        let i = &self.inner;
+        i.tail
+            .load(Ordering::Relaxed)
+            .wrapping_sub(i.consumed.load(Ordering::Relaxed))
+    }
+
+    /// Wraps the buffer a completion selected (owner shard only).
+    pub(crate) fn take(&self, bid: u16, len: usize) -> RecvBuf {
+        self.inner.consumed.fetch_add(1, Ordering::Relaxed);
+        RecvBuf {
+            ring: self.clone(),
+            bid,
+            len: len.min(self.inner.buf_size),
+        }
+    }
+
+    /// Gives back a buffer a completion selected but nobody will read.
+    pub(crate) fn discard(&self, bid: u16) {
+        self.inner.consumed.fetch_add(1, Ordering::Relaxed);
+        self.inner.provide(bid);
+    }
+
+    pub(crate) fn wait_for_buffer(&self, waker: &Waker) {
+        let mut waiters = self.inner.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        if !waiters.iter().any(|w| w.will_wake(waker)) {
+            waiters.push(waker.clone());
+        }
+    }
+}
+
+impl Inner {
+    fn on_owner(&self) -> bool {
+        with_current(|s| s.runtime_id() == self.runtime && s.index() == self.shard).unwrap_or(false)
+    }
+
+    /// Hands buffer `bid` to the kernel. Owner shard only.
+    fn provide(&self, bid: u16) {
+        debug_assert!(self.on_owner());
+        let tail = self.tail.load(Ordering::Relaxed);
+        let index = usize::from(tail & (self.entries - 1));
+        // SAFETY: `index < entries`; only this thread writes entries, and the
+        // kernel reads only entries between its head and the published tail,
+        // which this slot is not part of until the store below.
+        unsafe {
+            let entry = &mut *self.ring.as_ptr().add(index);
+            entry.set_addr(self.bufs.as_ptr().add(usize::from(bid) * self.buf_size) as u64);
+            entry.set_len(self.buf_size as u32);
+            entry.set_bid(bid);
+        }
+        let next = tail.wrapping_add(1);
+        self.tail.store(next, Ordering::Relaxed);
+        // SAFETY: the tail is the u16 the kernel reads at the ring's start; it is
+        // aligned and lives as long as the ring memory. Release publishes the entry.
+        unsafe {
+            let shared_tail = &*(BufRingEntry::tail(self.ring.as_ptr()) as *const AtomicU16);
+            shared_tail.store(next, Ordering::Release);
+        }
+        let waiters = std::mem::take(&mut *self.waiters.lock().unwrap_or_else(|p| p.into_inner()));
+        waiters.into_iter().for_each(Waker::wake);
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if !self.on_owner() {
+            // Off the owning shard the kernel may still read the ring: keep the
+            // memory (the ring's closing at shutdown releases the registration).
+            return;
+        }
+        let unregistered =
+            with_current(|s| s.unregister_buf_ring(self.group).is_ok()).unwrap_or(false);
+        if unregistered {
+            // SAFETY: no operation holds the ring any more (each keeps a clone until
+            // its last CQE) and the kernel forgot the group: the memory is ours.
+            unsafe {
+                dealloc(self.ring.as_ptr().cast(), self.ring_layout);
+                dealloc(self.bufs.as_ptr(), self.bufs_layout);
+            }
+        }
+    }
+}
+
+/// A received buffer from a [`BufRing`]; returns to the ring when dropped.
+pub struct RecvBuf {
+    ring: BufRing,
+    bid: u16,
+    len: usize,
+}
+
+impl fmt::Debug for RecvBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecvBuf")
+            .field("bid", &self.bid)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Deref for RecvBuf {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        let inner = &self.ring.inner;
+        // SAFETY: the kernel wrote `len <= buf_size` bytes into buffer `bid` and
+        // no longer touches it until we provide it again (in `drop`).
+        unsafe {
+            std::slice::from_raw_parts(
+                inner
+                    .bufs
+                    .as_ptr()
+                    .add(usize::from(self.bid) * inner.buf_size),
+                self.len,
+            )
+        }
+    }
+}
+
+impl Drop for RecvBuf {
+    fn drop(&mut self) {
+        if self.ring.on_owner() {
+            self.ring.inner.provide(self.bid);
+        } else {
+            let (ring, bid) = (self.ring.clone(), self.bid);
+            let shard = crate::ShardId::new(ring.inner.shard);
+            ring.inner
+                .handle
+                .clone()
+                .run_on(shard, move || ring.inner.provide(bid));
+        }
+    }
+}
