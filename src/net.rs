@@ -7,10 +7,12 @@
 //! here resolves host names.
 //!
 //! A `recv` whose future is dropped is cancelled; if the kernel had already
-//! received data into its buffer, that data is lost with the buffer (the
-//! kernel reports the operation as done, not cancelled). Do not drop a pending
-//! `recv` on a stream you keep using, unless losing those bytes is acceptable:
-//! keep the future and poll it again instead (e.g. with `select` in a loop).
+//! received data into its buffer, that data goes with the buffer (the kernel
+//! reports the operation as done, not cancelled). It is never lost silently:
+//! the stream's next `recv` fails once with an error that says how many bytes
+//! were lost. Do not drop a pending `recv` on a stream you keep using: keep the
+//! future and poll it again, or use [`TcpStream::recv_multishot`], whose data
+//! waits in its buffers.
 //!
 //! # Examples
 //!
@@ -48,7 +50,7 @@ use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 use crate::buf::{BufRing, IoBuf, IoBufMut, RecvBuf};
 use std::task::Poll;
 
-use crate::op::{submit_read, submit_write, MultishotOp, Op, ShardFd};
+use crate::op::{submit_write, MultishotOp, Op, ShardFd};
 
 mod msg;
 mod udp;
@@ -179,9 +181,7 @@ impl TcpListener {
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "accepted a non-IP peer"))?;
         Ok((
             TcpStream {
-                core: StreamCore {
-                    inner: ShardFd::adopt(fd)?,
-                },
+                core: StreamCore::new(ShardFd::adopt(fd)?),
             },
             peer,
         ))
@@ -252,7 +252,12 @@ impl<'a> RecvMultishot<'a> {
         if self.finished {
             return Poll::Ready(None);
         }
-        if let Err(e) = self.stream.inner.check() {
+        if let Err(e) = self
+            .stream
+            .inner
+            .check()
+            .and_then(|()| self.stream.check_lost())
+        {
             return Poll::Ready(Some(Err(e)));
         }
         loop {
@@ -310,9 +315,33 @@ impl<'a> RecvMultishot<'a> {
 #[derive(Debug)]
 pub(crate) struct StreamCore {
     pub(crate) inner: ShardFd,
+    /// Bytes received by `recv`s whose futures were dropped after the kernel
+    /// had filled their buffers; reported by the next `recv`.
+    lost: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Records data an abandoned `recv` received (its buffer is gone with it).
+fn note_lost_recv<B: 'static>(res: i32, _flags: u32, resources: &dyn std::any::Any) {
+    type Resources<B> = Option<(
+        B,
+        std::sync::Arc<OwnedFd>,
+        std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    )>;
+    if res > 0 {
+        if let Some(Some((_, _, lost))) = resources.downcast_ref::<Resources<B>>() {
+            lost.fetch_add(res as usize, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 impl StreamCore {
+    pub(crate) fn new(inner: ShardFd) -> StreamCore {
+        StreamCore {
+            inner,
+            lost: Default::default(),
+        }
+    }
+
     pub(crate) async fn send_from<B: IoBuf>(&self, buf: B, from: usize) -> (io::Result<usize>, B) {
         // SAFETY: a send reads at most `len` bytes at `ptr`.
         unsafe {
@@ -370,13 +399,41 @@ impl StreamCore {
 
     /// Receives into `buf` (from its start, up to its capacity); 0 means the
     /// peer closed its side. See the module docs on dropping a pending `recv`.
-    pub(crate) async fn recv<B: IoBufMut>(&self, buf: B) -> (io::Result<usize>, B) {
-        // SAFETY: a recv writes at most `len` bytes at `ptr`.
-        unsafe {
-            submit_read(&self.inner, buf, |fd, ptr, len| {
-                opcode::Recv::new(Fd(fd), ptr, len).build()
+    /// Errors once if an earlier, dropped `recv` took data (see the module docs).
+    pub(crate) fn check_lost(&self) -> io::Result<()> {
+        match self.lost.swap(0, std::sync::atomic::Ordering::Relaxed) {
+            0 => Ok(()),
+            n => Err(io::Error::other(format!(
+                "{n} bytes received by a dropped recv were lost; the stream's data is no longer contiguous"
+            ))),
+        }
+    }
+
+    pub(crate) async fn recv<B: IoBufMut>(&self, mut buf: B) -> (io::Result<usize>, B) {
+        if let Err(e) = self.inner.check().and_then(|()| self.check_lost()) {
+            return (Err(e), buf);
+        }
+        let keep = self.inner.fd.clone();
+        let lost = self.lost.clone();
+        let raw = self.inner.raw();
+        let len = buf.bytes_total().min(u32::MAX as usize) as u32;
+        // SAFETY: the recv writes at most `len` bytes into the buffer's heap memory
+        // (stable, `IoBufMut` contract) and uses the socket kept by `keep`; both
+        // stay in the op until its CQE.
+        let op = unsafe {
+            Op::submit((buf, keep, lost), Some(note_lost_recv::<B>), |(b, _, _)| {
+                opcode::Recv::new(Fd(raw), b.stable_mut_ptr(), len).build()
             })
-            .await
+        };
+        let op = op.expect("checked to be on the socket's shard");
+        let (res, (mut buf, _, _)) = op.await;
+        match res {
+            Ok((n, _)) => {
+                // SAFETY: the kernel wrote `n <= len` bytes at the buffer's start.
+                unsafe { buf.set_init(n as usize) };
+                (Ok(n as usize), buf)
+            }
+            Err(e) => (Err(e), buf),
         }
     }
 
@@ -428,7 +485,7 @@ impl TcpStream {
             .0
             .map_err(|e| io::Error::new(e.kind(), format!("connect {addr}: {e}")))?;
         Ok(TcpStream {
-            core: StreamCore { inner },
+            core: StreamCore::new(inner),
         })
     }
 
@@ -439,9 +496,7 @@ impl TcpStream {
     /// An error outside a mailring shard.
     pub fn from_std(stream: std::net::TcpStream) -> io::Result<TcpStream> {
         Ok(TcpStream {
-            core: StreamCore {
-                inner: ShardFd::adopt(OwnedFd::from(stream))?,
-            },
+            core: StreamCore::new(ShardFd::adopt(OwnedFd::from(stream))?),
         })
     }
 

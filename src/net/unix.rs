@@ -43,9 +43,7 @@ impl UnixListener {
     pub async fn accept(&self) -> io::Result<UnixStream> {
         let fd = self.acceptor.accept(&self.inner).await?;
         Ok(UnixStream {
-            core: StreamCore {
-                inner: ShardFd::adopt(fd)?,
-            },
+            core: StreamCore::new(ShardFd::adopt(fd)?),
         })
     }
 }
@@ -86,7 +84,7 @@ impl UnixStream {
             .0
             .map_err(|e| io::Error::new(e.kind(), format!("connect {}: {e}", path.display())))?;
         Ok(UnixStream {
-            core: StreamCore { inner },
+            core: StreamCore::new(inner),
         })
     }
 
@@ -99,14 +97,10 @@ impl UnixStream {
         let (a, b) = std::os::unix::net::UnixStream::pair()?;
         Ok((
             UnixStream {
-                core: StreamCore {
-                    inner: ShardFd::adopt(OwnedFd::from(a))?,
-                },
+                core: StreamCore::new(ShardFd::adopt(OwnedFd::from(a))?),
             },
             UnixStream {
-                core: StreamCore {
-                    inner: ShardFd::adopt(OwnedFd::from(b))?,
-                },
+                core: StreamCore::new(ShardFd::adopt(OwnedFd::from(b))?),
             },
         ))
     }

@@ -413,3 +413,33 @@ fn connections_share_a_buffer_ring_and_dropped_receives_return_buffers() {
         }
     });
 }
+
+#[test]
+fn data_taken_by_a_dropped_recv_is_reported_not_silently_lost() {
+    use std::future::Future;
+    let rt = rt2();
+    rt.block_on(async {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let addr = listener.local_addr();
+        let client = TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        {
+            let mut pending = std::pin::pin!(server.recv(Vec::with_capacity(64)));
+            // Submit the receive, then let the data land in its buffer.
+            std::future::poll_fn(|cx| {
+                assert!(pending.as_mut().poll(cx).is_pending());
+                std::task::Poll::Ready(())
+            })
+            .await;
+            client.send_all(b"0123456789".to_vec()).await.0.unwrap();
+            mailring::time::sleep(Duration::from_millis(20)).await;
+        } // dropped with the 10 bytes in its buffer
+        let (r, _) = server.recv(Vec::with_capacity(64)).await;
+        let err = r.unwrap_err();
+        assert!(err.to_string().contains("10 bytes"), "{err}");
+        // The stream goes on.
+        client.send_all(b"next".to_vec()).await.0.unwrap();
+        let (n, buf) = server.recv(Vec::with_capacity(64)).await;
+        assert_eq!((n.unwrap(), &buf[..]), (4, &b"next"[..]));
+    });
+}
