@@ -229,6 +229,19 @@ impl File {
         File::adopt(OwnedFd::from(file))
     }
 
+    /// Turns the file back into a std file, e.g. to move it to another shard
+    /// (`File::from_std` there).
+    ///
+    /// # Errors
+    ///
+    /// Gives the file back while an abandoned operation still uses its descriptor.
+    pub fn into_std(self) -> Result<std::fs::File, File> {
+        self.inner
+            .into_owned()
+            .map(std::fs::File::from)
+            .map_err(|inner| File { inner })
+    }
+
     fn adopt(fd: OwnedFd) -> io::Result<File> {
         Ok(File {
             inner: ShardFd::adopt(fd)?,

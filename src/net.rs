@@ -500,6 +500,51 @@ impl TcpStream {
         })
     }
 
+    /// Turns the stream back into a std stream, e.g. to move it to another
+    /// shard (`TcpStream::from_std` there).
+    ///
+    /// # Errors
+    ///
+    /// Gives the stream back while an abandoned operation still uses it.
+    pub fn into_std(self) -> Result<std::net::TcpStream, TcpStream> {
+        let TcpStream { core } = self;
+        let StreamCore { inner, lost } = core;
+        inner
+            .into_owned()
+            .map(std::net::TcpStream::from)
+            .map_err(|inner| TcpStream {
+                core: StreamCore { inner, lost },
+            })
+    }
+
+    /// Connects to `host:port`, resolving the name on the blocking pool and
+    /// trying each address in turn.
+    ///
+    /// # Errors
+    ///
+    /// The resolver's error, or the last connection error.
+    pub async fn connect_host(host_and_port: &str) -> io::Result<TcpStream> {
+        let name = host_and_port.to_owned();
+        let addrs: Vec<SocketAddr> = crate::Handle::try_current()
+            .ok_or_else(crate::op::wrong_shard)?
+            .spawn_blocking(move || {
+                std::net::ToSocketAddrs::to_socket_addrs(&name).map(Iterator::collect)
+            })
+            .await
+            .map_err(|e| io::Error::other(format!("name resolution failed: {e}")))??;
+        let mut last = io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{host_and_port} resolved to no address"),
+        );
+        for addr in addrs {
+            match TcpStream::connect(addr).await {
+                Ok(s) => return Ok(s),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
     /// Sends some of `buf`'s bytes; returns how many (a short send is returned as such).
     pub async fn send<B: IoBuf>(&self, buf: B) -> (io::Result<usize>, B) {
         self.core.send_from(buf, 0).await

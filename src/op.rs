@@ -362,6 +362,13 @@ impl ShardFd {
         }
     }
 
+    /// Gives the descriptor up, for moving it to another shard; fails (giving
+    /// `self` back) while an abandoned operation still holds it.
+    pub(crate) fn into_owned(self) -> Result<std::os::fd::OwnedFd, ShardFd> {
+        let ShardFd { fd, runtime, shard } = self;
+        std::sync::Arc::try_unwrap(fd).map_err(|fd| ShardFd { fd, runtime, shard })
+    }
+
     pub(crate) fn raw(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsRawFd;
         self.fd.as_raw_fd()

@@ -221,3 +221,24 @@ fn large_file_survives_sync_and_reopen() {
         .sum();
     assert_eq!(sum, expected);
 }
+
+#[test]
+fn a_file_moves_to_another_shard_explicitly() {
+    let rt = rt2();
+    let path = temp_path("move");
+    std::fs::write(&path, b"payload").unwrap();
+    let handle = rt.handle().clone();
+    rt.block_on(async move {
+        let file = File::open(&path).await.unwrap();
+        let std_file = file.into_std().unwrap();
+        let n = handle
+            .spawn_on(ShardId::new(1), async move {
+                let file = File::from_std(std_file).unwrap();
+                let (n, _) = file.read_at(Vec::with_capacity(16), 0).await;
+                n.unwrap()
+            })
+            .await
+            .unwrap();
+        assert_eq!(n, 7);
+    });
+}

@@ -443,3 +443,33 @@ fn data_taken_by_a_dropped_recv_is_reported_not_silently_lost() {
         assert_eq!((n.unwrap(), &buf[..]), (4, &b"next"[..]));
     });
 }
+
+#[test]
+fn a_stream_moves_to_another_shard_explicitly_and_host_names_resolve() {
+    let rt = rt2();
+    let handle = rt.handle().clone();
+    rt.block_on(async move {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let port = listener.local_addr().port();
+        let client = TcpStream::connect_host(&format!("localhost:{port}"))
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        // Move the server side to shard 1 and use it there.
+        let std_stream = server.into_std().unwrap();
+        let echoed = handle.spawn_on(ShardId::new(1), async move {
+            let server = TcpStream::from_std(std_stream).unwrap();
+            let (n, buf) = server.recv(Vec::with_capacity(16)).await;
+            n.unwrap();
+            server.send_all(buf).await.0.unwrap();
+            mailring::current_shard()
+        });
+        client.send_all(b"moved".to_vec()).await.0.unwrap();
+        let (n, buf) = client.recv(Vec::with_capacity(16)).await;
+        assert_eq!((n.unwrap(), &buf[..]), (5, &b"moved"[..]));
+        assert_eq!(echoed.await.unwrap(), Some(ShardId::new(1)));
+        // No port: rejected by the resolver without any lookup.
+        let err = TcpStream::connect_host("localhost").await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    });
+}
