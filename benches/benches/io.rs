@@ -392,6 +392,124 @@ fn echo_rtt(c: &mut Criterion) {
     g.finish();
 }
 
+/// Streaming 4 KiB messages through an echo server with at most 32 in flight.
+fn stream_window32(c: &mut Criterion) {
+    const MSGS: u64 = 10_000;
+    const WINDOW: usize = 32;
+    let mut g = c.benchmark_group("net_stream_throughput_4k_window32");
+    g.throughput(Throughput::Bytes(MSGS * BLOCK as u64));
+    {
+        let rt = mailring_rt();
+        let h = rt.handle().clone();
+        let mut m = Meter::default();
+        g.bench_function("mailring", |b| {
+            b.iter_custom(|iters| {
+                m.measure(iters * MSGS, || {
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    let server = h.spawn_on(ShardId::new(1), async move {
+                        let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+                        tx.send(listener.local_addr()).unwrap();
+                        let (conn, _) = listener.accept().await.unwrap();
+                        let mut buf = Vec::with_capacity(64 << 10);
+                        loop {
+                            buf.clear();
+                            let (n, back) = conn.recv(buf).await;
+                            if n.unwrap() == 0 {
+                                break;
+                            }
+                            let (r, back) = conn.send_all(back).await;
+                            r.unwrap();
+                            buf = back;
+                        }
+                    });
+                    let addr = rx.recv().unwrap();
+                    let total = iters * MSGS;
+                    let client = h.spawn_local_on(ShardId::new(0), move || async move {
+                        let stream = Rc::new(TcpStream::connect(addr).await.unwrap());
+                        let window = Arc::new(tokio::sync::Semaphore::new(WINDOW));
+                        let (s2, w2) = (stream.clone(), window.clone());
+                        let reader = mailring::spawn_local(async move {
+                            let mut got = 0usize;
+                            let mut buf = Vec::with_capacity(64 << 10);
+                            while got < total as usize * BLOCK {
+                                buf.clear();
+                                let (n, back) = s2.recv(buf).await;
+                                let n = n.unwrap();
+                                let before = got / BLOCK;
+                                got += n;
+                                w2.add_permits(got / BLOCK - before);
+                                buf = back;
+                            }
+                        });
+                        let mut msg = vec![3u8; BLOCK];
+                        for _ in 0..total {
+                            window.acquire().await.unwrap().forget();
+                            let (r, back) = stream.send_all(msg).await;
+                            r.unwrap();
+                            msg = back;
+                        }
+                        reader.await.unwrap();
+                        stream.shutdown(std::net::Shutdown::Write).await.unwrap();
+                    });
+                    block_on(client).unwrap();
+                    block_on(server).unwrap();
+                })
+            })
+        });
+        m.report("net_stream_throughput_4k_window32/mailring");
+    }
+    {
+        let rt = tokio_rt();
+        let mut m = Meter::default();
+        g.bench_function("tokio", |b| {
+            b.iter_custom(|iters| {
+                m.measure(iters * MSGS, || {
+                    rt.block_on(async move {
+                        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                        let addr = listener.local_addr().unwrap();
+                        let server = tokio::spawn(async move {
+                            let (mut conn, _) = listener.accept().await.unwrap();
+                            let mut buf = vec![0u8; 64 << 10];
+                            loop {
+                                let n = conn.read(&mut buf).await.unwrap();
+                                if n == 0 {
+                                    break;
+                                }
+                                conn.write_all(&buf[..n]).await.unwrap();
+                            }
+                        });
+                        let total = iters * MSGS;
+                        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+                        let (mut rd, mut wr) = stream.into_split();
+                        let window = Arc::new(tokio::sync::Semaphore::new(WINDOW));
+                        let w2 = window.clone();
+                        let reader = tokio::spawn(async move {
+                            let mut got = 0usize;
+                            let mut buf = vec![0u8; 64 << 10];
+                            while got < total as usize * BLOCK {
+                                let n = rd.read(&mut buf).await.unwrap();
+                                let before = got / BLOCK;
+                                got += n;
+                                w2.add_permits(got / BLOCK - before);
+                            }
+                        });
+                        let msg = vec![3u8; BLOCK];
+                        for _ in 0..total {
+                            window.acquire().await.unwrap().forget();
+                            wr.write_all(&msg).await.unwrap();
+                        }
+                        reader.await.unwrap();
+                        wr.shutdown().await.unwrap();
+                        server.await.unwrap();
+                    });
+                })
+            })
+        });
+        m.report("net_stream_throughput_4k_window32/tokio");
+    }
+    g.finish();
+}
+
 /// Where zero-copy send starts to pay: 64 MiB one way over loopback in
 /// chunks of each size, with `send_all` (copying) and `send_all_zc`.
 fn send_zc(c: &mut Criterion) {
@@ -453,5 +571,13 @@ fn send_zc(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, read_rtt, read_qd32, write_fsync, echo_rtt, send_zc);
+criterion_group!(
+    benches,
+    read_rtt,
+    read_qd32,
+    write_fsync,
+    echo_rtt,
+    stream_window32,
+    send_zc
+);
 criterion_main!(benches);
