@@ -56,6 +56,10 @@ use crate::stats::ShardCounters;
 use crate::task::TaskRef;
 use crate::time::queue::TimerQueue;
 
+/// The smallest adaptive spin budget: still longer than a cross-shard round
+/// trip while both shards are awake (~0.9 µs measured), see docs/runtime.md.
+const SPIN_FLOOR: std::time::Duration = std::time::Duration::from_micros(5);
+
 /// Flush a destination's batch early once it holds this many items.
 const BATCH_LIMIT: usize = 128;
 
@@ -189,6 +193,8 @@ pub(crate) struct Shard {
     now: Cell<Instant>,
     next_buf_group: Cell<u16>,
     shutting_down: Cell<bool>,
+    /// The current (adaptive) spin budget; see `spin`.
+    spin_budget: Cell<std::time::Duration>,
 }
 
 impl fmt::Debug for Shard {
@@ -226,6 +232,7 @@ impl Shard {
             rng: Cell::new(0x2545_f491_4f6c_dd1d ^ ((index as u64 + 1) << 17)),
             now: Cell::new(Instant::now()),
             next_buf_group: Cell::new(0),
+            spin_budget: Cell::new(std::time::Duration::MAX),
             ticks: Cell::new(0),
             shutting_down: Cell::new(false),
             shared,
@@ -694,18 +701,24 @@ impl Shard {
         if self.wake_idle_hot_consumers() {
             return true;
         }
-        let IdlePolicy::Spin(budget) = self.shared.config.idle else {
+        let IdlePolicy::Spin(max) = self.shared.config.idle else {
             return false;
         };
-        if budget.is_zero() {
+        if max.is_zero() {
             return false;
         }
+        // Adaptive: a spin that finds work restores the full budget; one that
+        // times out halves it (down to a floor that still covers a cross-shard
+        // round trip), so a shard waiting on slow I/O (fsync) stops burning CPU
+        // while a shard in a message exchange keeps spinning.
+        let budget = self.spin_budget.get().min(max);
         let start = Instant::now();
         let inbox = &self.remote().inbox;
         let mut i: u32 = 0;
         loop {
             if inbox.has_pending() || self.driver.borrow().has_completions() {
                 self.remote().counters.spin_wakeups.add(1);
+                self.spin_budget.set(max);
                 return true;
             }
             if i % 32 == 0 {
@@ -718,6 +731,7 @@ impl Shard {
                     return true;
                 }
                 if start.elapsed() >= budget {
+                    self.spin_budget.set((budget / 2).max(SPIN_FLOOR.min(max)));
                     return false;
                 }
             }
