@@ -195,6 +195,8 @@ pub(crate) struct Shard {
     shutting_down: Cell<bool>,
     /// The current (adaptive) spin budget; see `spin`.
     spin_budget: Cell<std::time::Duration>,
+    /// When the current idle period began (set by `spin`, read by `park`).
+    idle_since: Cell<Option<Instant>>,
 }
 
 impl fmt::Debug for Shard {
@@ -233,6 +235,7 @@ impl Shard {
             now: Cell::new(Instant::now()),
             next_buf_group: Cell::new(0),
             spin_budget: Cell::new(std::time::Duration::MAX),
+            idle_since: Cell::new(None),
             ticks: Cell::new(0),
             shutting_down: Cell::new(false),
             shared,
@@ -707,18 +710,21 @@ impl Shard {
         if max.is_zero() {
             return false;
         }
-        // Adaptive: a spin that finds work restores the full budget; one that
-        // times out halves it (down to a floor that still covers a cross-shard
-        // round trip), so a shard waiting on slow I/O (fsync) stops burning CPU
-        // while a shard in a message exchange keeps spinning.
+        // Adaptive: after a wait, the shard learns how long the idle period
+        // actually lasted (see `park`). Waits shorter than the full budget keep
+        // it; longer ones (slow I/O such as fsync) halve it down to a floor that
+        // still covers a cross-shard round trip, so such a shard stops burning
+        // CPU while one in a message exchange keeps spinning.
         let budget = self.spin_budget.get().min(max);
         let start = Instant::now();
+        self.idle_since.set(Some(start));
         let inbox = &self.remote().inbox;
         let mut i: u32 = 0;
         loop {
             if inbox.has_pending() || self.driver.borrow().has_completions() {
                 self.remote().counters.spin_wakeups.add(1);
                 self.spin_budget.set(max);
+                self.idle_since.set(None);
                 return true;
             }
             if i % 32 == 0 {
@@ -731,7 +737,6 @@ impl Shard {
                     return true;
                 }
                 if start.elapsed() >= budget {
-                    self.spin_budget.set((budget / 2).max(SPIN_FLOOR.min(max)));
                     return false;
                 }
             }
@@ -756,6 +761,16 @@ impl Shard {
         self.remote().counters.parks.add(1);
         let res = self.driver.borrow_mut().wait();
         inbox.unpark();
+        if let (Some(since), IdlePolicy::Spin(max)) =
+            (self.idle_since.take(), self.shared.config.idle)
+        {
+            let budget = if since.elapsed() <= max {
+                max
+            } else {
+                (self.spin_budget.get().min(max) / 2).max(SPIN_FLOOR.min(max))
+            };
+            self.spin_budget.set(budget);
+        }
         if let Err(e) = res {
             debug_assert!(false, "io_uring_enter failed while parking: {e}");
         }
