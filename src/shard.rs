@@ -193,8 +193,8 @@ pub(crate) struct Shard {
     now: Cell<Instant>,
     next_buf_group: Cell<u16>,
     shutting_down: Cell<bool>,
-    /// The current (adaptive) spin budget; see `spin`.
-    spin_budget: Cell<std::time::Duration>,
+    /// Moving average of idle-period lengths, in ns; see `spin`.
+    idle_avg_ns: Cell<u64>,
     /// When the current idle period began (set by `spin`, read by `park`).
     idle_since: Cell<Option<Instant>>,
 }
@@ -234,7 +234,7 @@ impl Shard {
             rng: Cell::new(0x2545_f491_4f6c_dd1d ^ ((index as u64 + 1) << 17)),
             now: Cell::new(Instant::now()),
             next_buf_group: Cell::new(0),
-            spin_budget: Cell::new(std::time::Duration::MAX),
+            idle_avg_ns: Cell::new(0),
             idle_since: Cell::new(None),
             ticks: Cell::new(0),
             shutting_down: Cell::new(false),
@@ -710,12 +710,17 @@ impl Shard {
         if max.is_zero() {
             return false;
         }
-        // Adaptive: after a wait, the shard learns how long the idle period
-        // actually lasted (see `park`). Waits shorter than the full budget keep
-        // it; longer ones (slow I/O such as fsync) halve it down to a floor that
-        // still covers a cross-shard round trip, so such a shard stops burning
-        // CPU while one in a message exchange keeps spinning.
-        let budget = self.spin_budget.get().min(max);
+        // Adaptive: the shard keeps a moving average of how long its idle
+        // periods last (a spin that finds work counts as a short one; `park`
+        // measures the others). While that average fits in the budget it spins
+        // the full budget; when idle periods are mostly longer (slow I/O such
+        // as fsync) it spins only a short floor that still covers a
+        // cross-shard round trip, so it stops burning CPU for nothing.
+        let budget = if self.idle_avg_ns.get() <= max.as_nanos() as u64 {
+            max
+        } else {
+            SPIN_FLOOR.min(max)
+        };
         let start = Instant::now();
         self.idle_since.set(Some(start));
         let inbox = &self.remote().inbox;
@@ -723,7 +728,7 @@ impl Shard {
         loop {
             if inbox.has_pending() || self.driver.borrow().has_completions() {
                 self.remote().counters.spin_wakeups.add(1);
-                self.spin_budget.set(max);
+                self.idle_avg_ns.set(self.idle_avg_ns.get() / 4 * 3);
                 self.idle_since.set(None);
                 return true;
             }
@@ -761,15 +766,10 @@ impl Shard {
         self.remote().counters.parks.add(1);
         let res = self.driver.borrow_mut().wait();
         inbox.unpark();
-        if let (Some(since), IdlePolicy::Spin(max)) =
-            (self.idle_since.take(), self.shared.config.idle)
-        {
-            let budget = if since.elapsed() <= max {
-                max
-            } else {
-                (self.spin_budget.get().min(max) / 2).max(SPIN_FLOOR.min(max))
-            };
-            self.spin_budget.set(budget);
+        if let Some(since) = self.idle_since.take() {
+            let waited = since.elapsed().as_nanos().min(u128::from(u64::MAX / 4)) as u64;
+            self.idle_avg_ns
+                .set(self.idle_avg_ns.get() / 4 * 3 + waited / 4);
         }
         if let Err(e) = res {
             debug_assert!(false, "io_uring_enter failed while parking: {e}");
