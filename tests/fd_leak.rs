@@ -137,3 +137,77 @@ fn dropping_a_listener_closes_queued_connections() {
     }
     assert_eq!(open_fds(), before);
 }
+
+#[test]
+fn thousands_of_ops_dropped_at_random_points_leak_nothing() {
+    use mailring::fs::File;
+    use mailring::net::{TcpListener, TcpStream};
+    let _g = FD_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let before = open_fds();
+    {
+        let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+        let settled = rt.block_on(async {
+            let mut fds = [0i32; 2];
+            // SAFETY: `fds` is a valid two-element array for pipe2 to fill.
+            assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+            // SAFETY: pipe2 returned two fresh descriptors that we now own.
+            let (r, w) = unsafe {
+                use std::os::fd::FromRawFd;
+                (
+                    std::fs::File::from_raw_fd(fds[0]),
+                    std::fs::File::from_raw_fd(fds[1]),
+                )
+            };
+            let reader = File::from_std(r).unwrap();
+            let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            let addr = listener.local_addr();
+            let client = TcpStream::connect(addr).await.unwrap();
+            let (server, _) = listener.accept().await.unwrap();
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+            for i in 0..4_000u32 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let wait = Duration::from_micros(seed % 30);
+                match i % 5 {
+                    0 => drop(
+                        mailring::time::timeout(wait, reader.read_at(vec![0u8; 4096], 0)).await,
+                    ),
+                    1 => drop(mailring::time::timeout(wait, listener.accept()).await),
+                    2 => drop(
+                        mailring::time::timeout(wait, server.recv(Vec::with_capacity(4096))).await,
+                    ),
+                    3 => drop(
+                        mailring::time::timeout(
+                            wait,
+                            mailring::time::sleep(Duration::from_secs(60)),
+                        )
+                        .await,
+                    ),
+                    _ => drop(mailring::time::timeout(wait, TcpStream::connect(addr)).await),
+                }
+            }
+            drop((client, w));
+            // Every cancelled operation completes and frees its slot.
+            let mut settled = false;
+            for _ in 0..500 {
+                mailring::time::sleep(Duration::from_millis(2)).await;
+                let stats = mailring::Handle::current().stats();
+                let in_flight: u64 = stats.shards.iter().map(|s| s.ops_in_flight).sum();
+                // Per shard: the eventfd read and, on shard 0, the armed timer and
+                // the listener's multishot accept.
+                if in_flight <= 4 {
+                    settled = true;
+                    break;
+                }
+            }
+            settled
+        });
+        assert!(
+            settled,
+            "cancelled operations never completed: {:?}",
+            rt.stats()
+        );
+    }
+    assert_eq!(open_fds(), before);
+}
