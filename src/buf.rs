@@ -131,3 +131,114 @@ unsafe impl IoBufMut for BytesMut {
         unsafe { self.set_len(n) };
     }
 }
+
+/// A heap buffer with a chosen alignment, for `O_DIRECT` files (which need
+/// block-aligned memory, offsets and lengths).
+///
+/// # Examples
+///
+/// ```
+/// let mut buf = mailring::buf::AlignedBuf::new(4096, 4096);
+/// assert_eq!(buf.as_ptr() as usize % 4096, 0);
+/// assert!(buf.is_empty());
+/// ```
+pub struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: the buffer owns its allocation exclusively, like a `Vec<u8>`.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only reads.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A zeroed buffer of `capacity` bytes aligned to `align`; its length starts at 0.
+    ///
+    /// # Panics
+    ///
+    /// When `align` is not a power of two or `capacity` is zero or too large.
+    pub fn new(capacity: usize, align: usize) -> AlignedBuf {
+        assert!(capacity > 0, "AlignedBuf needs a non-zero capacity");
+        let layout = std::alloc::Layout::from_size_align(capacity, align)
+            .expect("valid size and power-of-two alignment");
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr =
+            std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf {
+            ptr,
+            len: 0,
+            layout,
+        }
+    }
+
+    /// The capacity in bytes.
+    pub fn capacity(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// Sets the length to 0.
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the first `len <= capacity` bytes are initialised (zeroed at
+        // allocation, then written by reads).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and we hold `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .field("capacity", &self.layout.size())
+            .field("align", &self.layout.align())
+            .finish()
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+// SAFETY: the allocation does not move with the handle; `len` bytes are initialised.
+unsafe impl IoBuf for AlignedBuf {
+    fn stable_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len
+    }
+}
+
+// SAFETY: the whole allocation is writable (and zero-initialised); `set_init`
+// stays within the capacity.
+unsafe impl IoBufMut for AlignedBuf {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn bytes_total(&mut self) -> usize {
+        self.layout.size()
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        self.len = n.min(self.layout.size());
+    }
+}

@@ -159,6 +159,89 @@ fn read_rtt(c: &mut Criterion) {
     g.finish();
 }
 
+/// 4 KiB reads at queue depth 1 with `O_DIRECT` (no page cache), aligned buffers.
+fn read_rtt_direct(c: &mut Criterion) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_file();
+    let mut g = c.benchmark_group("fs_read_rtt_4k_odirect");
+    g.throughput(Throughput::Elements(READS));
+    // Probe: some filesystems (tmpfs) refuse O_DIRECT.
+    if std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path)
+        .is_err()
+    {
+        eprintln!("fs_read_rtt_4k_odirect: skipped, O_DIRECT is not supported here");
+        return;
+    }
+    {
+        let rt = mailring_rt();
+        let h = rt.handle().clone();
+        let mut m = Meter::default();
+        g.bench_function("mailring", |b| {
+            b.iter_custom(|iters| {
+                let p = path.clone();
+                m.measure(iters * READS, || {
+                    let task = h.spawn_on(ShardId::new(0), async move {
+                        let file = mailring::fs::OpenOptions::new()
+                            .read(true)
+                            .custom_flags(libc::O_DIRECT)
+                            .open(&p)
+                            .await
+                            .unwrap();
+                        let mut buf = mailring::buf::AlignedBuf::new(BLOCK, BLOCK);
+                        for i in 0..iters * READS {
+                            buf.clear();
+                            let (n, back) = file.read_at(buf, offset(i)).await;
+                            assert_eq!(n.unwrap(), BLOCK);
+                            buf = back;
+                        }
+                    });
+                    block_on(task).unwrap();
+                })
+            })
+        });
+        m.report("fs_read_rtt_4k_odirect/mailring");
+    }
+    {
+        let rt = tokio_rt();
+        let mut m = Meter::default();
+        g.bench_function("tokio", |b| {
+            b.iter_custom(|iters| {
+                let p = path.clone();
+                m.measure(iters * READS, || {
+                    rt.block_on(async move {
+                        // tokio::fs buffers internally (unaligned): O_DIRECT goes
+                        // through spawn_blocking with an aligned buffer instead.
+                        let file = Arc::new(
+                            std::fs::OpenOptions::new()
+                                .read(true)
+                                .custom_flags(libc::O_DIRECT)
+                                .open(&p)
+                                .unwrap(),
+                        );
+                        let mut raw = vec![0u8; 2 * BLOCK];
+                        for i in 0..iters * READS {
+                            let f = file.clone();
+                            raw = tokio::task::spawn_blocking(move || {
+                                let start = raw.as_ptr().align_offset(BLOCK);
+                                f.read_exact_at(&mut raw[start..start + BLOCK], offset(i))
+                                    .unwrap();
+                                raw
+                            })
+                            .await
+                            .unwrap();
+                        }
+                    });
+                })
+            })
+        });
+        m.report("fs_read_rtt_4k_odirect/tokio");
+    }
+    g.finish();
+}
+
 fn read_qd32(c: &mut Criterion) {
     let path = data_file();
     let mut g = c.benchmark_group("fs_read_throughput_4k_qd32");
@@ -574,6 +657,7 @@ fn send_zc(c: &mut Criterion) {
 criterion_group!(
     benches,
     read_rtt,
+    read_rtt_direct,
     read_qd32,
     write_fsync,
     echo_rtt,

@@ -242,3 +242,41 @@ fn a_file_moves_to_another_shard_explicitly() {
         assert_eq!(n, 7);
     });
 }
+
+#[test]
+fn o_direct_reads_with_aligned_buffers() {
+    use mailring::buf::AlignedBuf;
+    let rt = rt2();
+    let path = temp_path("direct");
+    let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 247) as u8).collect();
+    std::fs::write(&path, &data).unwrap();
+    let p = path.clone();
+    let got = rt.block_on(async move {
+        let opened = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&p)
+            .await;
+        let file = match opened {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                eprintln!("skipping: this filesystem does not support O_DIRECT ({e})");
+                return None;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let mut out = Vec::new();
+        let mut buf = AlignedBuf::new(4096, 4096);
+        for block in 0..16u64 {
+            buf.clear();
+            let (n, back) = file.read_at(buf, block * 4096).await;
+            assert_eq!(n.unwrap(), 4096);
+            out.extend_from_slice(&back);
+            buf = back;
+        }
+        Some(out)
+    });
+    if let Some(got) = got {
+        assert!(got == data);
+    }
+}
