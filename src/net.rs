@@ -376,11 +376,25 @@ impl StreamCore {
     /// # Errors
     ///
     /// The kernel's error (e.g. `BrokenPipe`); `WriteZero` if nothing is accepted.
-    pub(crate) async fn send_all<B: IoBuf>(&self, mut buf: B) -> (io::Result<()>, B) {
+    pub(crate) async fn send_all<B: IoBuf>(&self, buf: B) -> (io::Result<()>, B) {
+        self.send_all_with(buf, false).await
+    }
+
+    /// Sends every initialised byte, continuing after short sends, with
+    /// copying sends or zero-copy ones.
+    pub(crate) async fn send_all_with<B: IoBuf>(
+        &self,
+        mut buf: B,
+        zero_copy: bool,
+    ) -> (io::Result<()>, B) {
         let total = buf.bytes_init();
         let mut done = 0;
         while done < total {
-            let (res, back) = self.send_from(buf, done).await;
+            let (res, back) = if zero_copy {
+                self.send_zc_from(buf, done).await
+            } else {
+                self.send_from(buf, done).await
+            };
             buf = back;
             match res {
                 Ok(0) => {
@@ -576,25 +590,8 @@ impl TcpStream {
     /// # Errors
     ///
     /// As [`send_all`](Self::send_all).
-    pub async fn send_all_zc<B: IoBuf>(&self, mut buf: B) -> (io::Result<()>, B) {
-        let total = buf.bytes_init();
-        let mut done = 0;
-        while done < total {
-            let (res, back) = self.core.send_zc_from(buf, done).await;
-            buf = back;
-            match res {
-                Ok(0) => {
-                    return (
-                        Err(io::Error::new(io::ErrorKind::WriteZero, "send returned 0")),
-                        buf,
-                    )
-                }
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return (Err(e), buf),
-            }
-        }
-        (Ok(()), buf)
+    pub async fn send_all_zc<B: IoBuf>(&self, buf: B) -> (io::Result<()>, B) {
+        self.core.send_all_with(buf, true).await
     }
 
     /// Receives into `buf` (from its start, up to its capacity); 0 means the

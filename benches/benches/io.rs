@@ -5,10 +5,8 @@
 //! the `[cpu]` lines print together with CPU time (cores busy = CPU / wall).
 
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use futures::executor::block_on;
@@ -17,76 +15,9 @@ use mailring::net::{TcpListener, TcpStream};
 use mailring::ShardId;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const FILE_SIZE: u64 = 64 << 20;
-const BLOCK: usize = 4096;
-const READS: u64 = 10_000;
-const QD: u64 = 32;
-const FSYNC_WRITES: u64 = 200;
-const ECHO_ROUNDS: u64 = 10_000;
-const ECHO_SIZE: usize = 256;
-
-fn process_cpu() -> Duration {
-    // SAFETY: rusage is plain data; all-zero is a valid value.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid, writable rusage.
-    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) }, 0);
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
-#[derive(Default)]
-struct Meter {
-    wall: Duration,
-    cpu: Duration,
-    ops: u64,
-}
-
-impl Meter {
-    fn measure(&mut self, ops: u64, f: impl FnOnce()) -> Duration {
-        let c0 = process_cpu();
-        let t0 = Instant::now();
-        f();
-        let wall = t0.elapsed();
-        self.cpu += process_cpu() - c0;
-        self.wall += wall;
-        self.ops += ops;
-        wall
-    }
-
-    fn report(&self, id: &str) {
-        let ops = self.ops.max(1) as f64;
-        eprintln!(
-            "[cpu] {id}: wall/op={:.0}ns cpu/op={:.0}ns cores={:.2}",
-            self.wall.as_secs_f64() * 1e9 / ops,
-            self.cpu.as_secs_f64() * 1e9 / ops,
-            self.cpu.as_secs_f64() / self.wall.as_secs_f64().max(1e-12)
-        );
-    }
-}
-
-fn data_file() -> PathBuf {
-    let path = std::env::temp_dir().join("mailring-bench-64m.bin");
-    let ok = std::fs::metadata(&path)
-        .map(|m| m.len() == FILE_SIZE)
-        .unwrap_or(false);
-    if !ok {
-        let chunk: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
-        let mut f = std::fs::File::create(&path).unwrap();
-        for _ in 0..FILE_SIZE >> 20 {
-            std::io::Write::write_all(&mut f, &chunk).unwrap();
-        }
-        f.sync_all().unwrap();
-    }
-    // Warm the page cache.
-    let _ = std::fs::read(&path).unwrap();
-    path
-}
-
-/// Deterministic 4 KiB-aligned offsets.
-fn offset(i: u64) -> u64 {
-    let x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;
-    (x % (FILE_SIZE / BLOCK as u64)) * BLOCK as u64
-}
+use mailring_bench::{
+    data_file, offset, Meter, BLOCK, ECHO_ROUNDS, ECHO_SIZE, FSYNC_WRITES, QD, READS,
+};
 
 fn mailring_rt() -> mailring::Runtime {
     mailring::Runtime::builder()
