@@ -126,7 +126,13 @@ pub(crate) trait ShardDriver {
     ///
     /// `addr` must point to `entries` ring entries, page aligned, that stay
     /// valid until the group is unregistered or the ring is closed.
-    unsafe fn register_buf_ring(&mut self, addr: u64, entries: u16, group: u16) -> io::Result<()>;
+    unsafe fn register_buf_ring(
+        &mut self,
+        addr: u64,
+        entries: u16,
+        group: u16,
+        flags: u16,
+    ) -> io::Result<()>;
     /// Unregisters a provided-buffer ring.
     fn unregister_buf_ring(&mut self, group: u16) -> io::Result<()>;
 }

@@ -202,12 +202,12 @@ pub struct TcpStream {
 
 /// Gives a provided buffer back when a multishot receive's CQE arrives after
 /// nobody waits for it any more.
-fn recycle_buffer(_res: i32, flags: u32, resources: &dyn std::any::Any) {
+fn recycle_buffer(res: i32, flags: u32, resources: &dyn std::any::Any) {
     if let (Some(bid), Some((_, ring))) = (
         io_uring::cqueue::buffer_select(flags),
         resources.downcast_ref::<(std::sync::Arc<OwnedFd>, BufRing)>(),
     ) {
-        ring.discard(bid);
+        ring.discard(bid, res.max(0) as usize, flags);
     }
 }
 
@@ -291,10 +291,10 @@ impl<'a> RecvMultishot<'a> {
                                 "receive completed without a buffer",
                             ))));
                         };
-                        return Poll::Ready(Some(Ok(self.ring.take(bid, res as usize))));
+                        return Poll::Ready(Some(Ok(self.ring.take(bid, res as usize, flags))));
                     }
                     if let Some(bid) = bid {
-                        self.ring.discard(bid);
+                        self.ring.discard(bid, 0, flags);
                     }
                     if res == 0 {
                         self.finished = true;

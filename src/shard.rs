@@ -285,21 +285,32 @@ impl Shard {
         unsafe { self.driver.borrow_mut().push_op(entry) };
     }
 
-    /// Registers a provided-buffer ring; returns its group id.
+    /// Registers a provided-buffer ring, with incremental consumption
+    /// (`IOU_PBUF_RING_INC`, Linux 6.12+) where the kernel accepts it; returns
+    /// the group id and whether consumption is incremental.
     ///
     /// # Safety
     ///
     /// As [`ShardDriver::register_buf_ring`].
-    pub(crate) unsafe fn register_buf_ring(&self, addr: u64, entries: u16) -> std::io::Result<u16> {
+    pub(crate) unsafe fn register_buf_ring(
+        &self,
+        addr: u64,
+        entries: u16,
+    ) -> std::io::Result<(u16, bool)> {
+        const IOU_PBUF_RING_INC: u16 = 2;
         let group = self.next_buf_group.get();
         self.next_buf_group.set(group.wrapping_add(1));
+        let mut driver = self.driver.borrow_mut();
         // SAFETY: forwarded from the caller's contract.
-        unsafe {
-            self.driver
-                .borrow_mut()
-                .register_buf_ring(addr, entries, group)
-        }?;
-        Ok(group)
+        match unsafe { driver.register_buf_ring(addr, entries, group, IOU_PBUF_RING_INC) } {
+            Ok(()) => Ok((group, true)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                // SAFETY: as above; an older kernel without incremental rings.
+                unsafe { driver.register_buf_ring(addr, entries, group, 0) }?;
+                Ok((group, false))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     pub(crate) fn unregister_buf_ring(&self, group: u16) -> std::io::Result<()> {

@@ -7,6 +7,13 @@
 //! connections can share one ring, so memory scales with the data in flight,
 //! not with the number of connections.
 //!
+//! Where the kernel has it (Linux 6.12+), the ring is registered with
+//! incremental consumption (`IOU_PBUF_RING_INC`): a completion uses only the
+//! bytes it needs and the next one continues in the same buffer
+//! (`IORING_CQE_F_BUF_MORE`), so small messages do not each take a whole
+//! buffer. A buffer then goes back to the kernel once the kernel is done with
+//! it and every [`RecvBuf`] cut from it has been dropped.
+//!
 //! The ring memory and the buffers are freed only once no operation can use
 //! them: every multishot receive holds the ring until its last CQE.
 
@@ -48,6 +55,16 @@ pub struct BufRing {
     inner: Arc<Inner>,
 }
 
+#[derive(Debug, Default, Clone, Copy)]
+struct Slices {
+    offset: usize,
+    refs: u32,
+    kernel_done: bool,
+}
+
+/// The kernel will put more data into this buffer (incremental rings).
+const CQE_F_BUF_MORE: u32 = 1 << 4;
+
 struct Inner {
     ring: NonNull<BufRingEntry>,
     ring_layout: Layout,
@@ -62,6 +79,12 @@ struct Inner {
     consumed: AtomicU16,
     /// Receives waiting for a buffer to come back.
     waiters: Mutex<Vec<Waker>>,
+    /// Incremental consumption accepted by the kernel.
+    incremental: bool,
+    /// Per buffer, with incremental consumption: where the next completion's
+    /// data starts, how many `RecvBuf`s point into it, and whether the kernel
+    /// is done with it.
+    slices: Mutex<Vec<Slices>>,
     runtime: u64,
     shard: usize,
     handle: Handle,
@@ -125,9 +148,9 @@ impl BufRing {
             // SAFETY: `ring` points to `entries` zeroed, page-aligned entries that
             // live until `Inner` is dropped, which unregisters the group first.
             let group = unsafe { shard.register_buf_ring(ring.as_ptr() as u64, entries) };
-            group.map(|g| (g, shard.runtime_id(), shard.index()))
+            group.map(|(g, inc)| (g, inc, shard.runtime_id(), shard.index()))
         });
-        let (group, runtime, shard) = match registered {
+        let (group, incremental, runtime, shard) = match registered {
             Some(Ok(v)) => v,
             other => {
                 // SAFETY: allocated above with these layouts; the kernel never saw them.
@@ -153,6 +176,8 @@ impl BufRing {
             tail: AtomicU16::new(0),
             consumed: AtomicU16::new(0),
             waiters: Mutex::new(Vec::new()),
+            incremental,
+            slices: Mutex::new(vec![Slices::default(); usize::from(entries)]),
             runtime,
             shard,
             handle,
@@ -161,6 +186,11 @@ impl BufRing {
             inner.provide(bid);
         }
         Ok(BufRing { inner })
+    }
+
+    /// Whether the kernel consumes buffers incrementally (`IOU_PBUF_RING_INC`).
+    pub fn is_incremental(&self) -> bool {
+        self.inner.incremental
     }
 
     /// The group id receives name.
@@ -190,20 +220,35 @@ impl BufRing {
             .wrapping_sub(i.consumed.load(Ordering::Relaxed))
     }
 
-    /// Wraps the buffer a completion selected (owner shard only).
-    pub(crate) fn take(&self, bid: u16, len: usize) -> RecvBuf {
-        self.inner.consumed.fetch_add(1, Ordering::Relaxed);
+    /// Wraps the data a completion put into buffer `bid` (owner shard only).
+    pub(crate) fn take(&self, bid: u16, len: usize, flags: u32) -> RecvBuf {
+        let inner = &self.inner;
+        let mut offset = 0;
+        if inner.incremental {
+            let mut slices = inner.slices.lock().unwrap_or_else(|p| p.into_inner());
+            let s = &mut slices[usize::from(bid)];
+            offset = s.offset;
+            s.offset += len;
+            s.refs += 1;
+            if flags & CQE_F_BUF_MORE == 0 {
+                s.kernel_done = true;
+                inner.consumed.fetch_add(1, Ordering::Relaxed);
+            }
+        } else {
+            inner.consumed.fetch_add(1, Ordering::Relaxed);
+        }
+        let len = len.min(inner.buf_size.saturating_sub(offset));
         RecvBuf {
             ring: self.clone(),
             bid,
-            len: len.min(self.inner.buf_size),
+            offset,
+            len,
         }
     }
 
-    /// Gives back a buffer a completion selected but nobody will read.
-    pub(crate) fn discard(&self, bid: u16) {
-        self.inner.consumed.fetch_add(1, Ordering::Relaxed);
-        self.inner.provide(bid);
+    /// Drops the data a completion put into buffer `bid`, nobody will read it.
+    pub(crate) fn discard(&self, bid: u16, len: usize, flags: u32) {
+        drop(self.take(bid, len, flags));
     }
 
     pub(crate) fn wait_for_buffer(&self, waker: &Waker) {
@@ -217,6 +262,20 @@ impl BufRing {
 impl Inner {
     fn on_owner(&self) -> bool {
         with_current(|s| s.runtime_id() == self.runtime && s.index() == self.shard).unwrap_or(false)
+    }
+
+    /// A `RecvBuf` cut from buffer `bid` was dropped. Owner shard only.
+    fn release(&self, bid: u16) {
+        if self.incremental {
+            let mut slices = self.slices.lock().unwrap_or_else(|p| p.into_inner());
+            let s = &mut slices[usize::from(bid)];
+            s.refs -= 1;
+            if s.refs > 0 || !s.kernel_done {
+                return;
+            }
+            *s = Slices::default();
+        }
+        self.provide(bid);
     }
 
     /// Hands buffer `bid` to the kernel. Owner shard only.
@@ -270,6 +329,7 @@ impl Drop for Inner {
 pub struct RecvBuf {
     ring: BufRing,
     bid: u16,
+    offset: usize,
     len: usize,
 }
 
@@ -287,14 +347,15 @@ impl Deref for RecvBuf {
 
     fn deref(&self) -> &[u8] {
         let inner = &self.ring.inner;
-        // SAFETY: the kernel wrote `len <= buf_size` bytes into buffer `bid` and
-        // no longer touches it until we provide it again (in `drop`).
+        // SAFETY: the kernel wrote `len` bytes at `offset` of buffer `bid`
+        // (`offset + len <= buf_size`) and does not write that range again until
+        // the buffer is provided anew, which waits for this `RecvBuf` to drop.
         unsafe {
             std::slice::from_raw_parts(
                 inner
                     .bufs
                     .as_ptr()
-                    .add(usize::from(self.bid) * inner.buf_size),
+                    .add(usize::from(self.bid) * inner.buf_size + self.offset),
                 self.len,
             )
         }
@@ -304,14 +365,14 @@ impl Deref for RecvBuf {
 impl Drop for RecvBuf {
     fn drop(&mut self) {
         if self.ring.on_owner() {
-            self.ring.inner.provide(self.bid);
+            self.ring.inner.release(self.bid);
         } else {
             let (ring, bid) = (self.ring.clone(), self.bid);
             let shard = crate::ShardId::new(ring.inner.shard);
             ring.inner
                 .handle
                 .clone()
-                .run_on(shard, move || ring.inner.provide(bid));
+                .run_on(shard, move || ring.inner.release(bid));
         }
     }
 }

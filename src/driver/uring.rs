@@ -405,12 +405,18 @@ impl ShardDriver for UringDriver {
         unsafe { self.push(entry) };
     }
 
-    unsafe fn register_buf_ring(&mut self, addr: u64, entries: u16, group: u16) -> io::Result<()> {
+    unsafe fn register_buf_ring(
+        &mut self,
+        addr: u64,
+        entries: u16,
+        group: u16,
+        flags: u16,
+    ) -> io::Result<()> {
         // SAFETY: forwarded from the caller's contract.
         unsafe {
             self.ring
                 .submitter()
-                .register_buf_ring_with_flags(addr, entries, group, 0)
+                .register_buf_ring_with_flags(addr, entries, group, flags)
         }
     }
 

@@ -473,3 +473,39 @@ fn a_stream_moves_to_another_shard_explicitly_and_host_names_resolve() {
         assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
     });
 }
+
+#[test]
+fn incremental_buffer_rings_pack_small_messages_into_one_buffer() {
+    use mailring::buf::BufRing;
+    let rt = rt2();
+    rt.block_on(async {
+        // One 4 KiB buffer: without incremental consumption, holding three
+        // received messages at once would need three buffers.
+        let ring = BufRing::new(1, 4096).unwrap();
+        if !ring.is_incremental() {
+            eprintln!("skipping: the kernel lacks IOU_PBUF_RING_INC");
+            return;
+        }
+        let (a, b) = mailring::net::UnixStream::pair().unwrap();
+        let mut incoming = b.recv_multishot(&ring);
+        let mut held = Vec::new();
+        for i in 0..3u8 {
+            a.send_all(vec![i; 100]).await.0.unwrap();
+            let buf = incoming.next().await.unwrap().unwrap();
+            assert_eq!(&buf[..], &[i; 100][..]);
+            held.push(buf);
+        }
+        assert!(held.iter().all(|b| b.len() == 100));
+        drop(held);
+        // The buffer comes back once all three are dropped; traffic continues.
+        for round in 0..50u8 {
+            a.send_all(vec![round; 1000]).await.0.unwrap();
+            let mut got = 0;
+            while got < 1000 {
+                let buf = incoming.next().await.unwrap().unwrap();
+                assert!(buf.iter().all(|&x| x == round));
+                got += buf.len();
+            }
+        }
+    });
+}
