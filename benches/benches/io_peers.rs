@@ -491,5 +491,154 @@ fn echo_rtt(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, read_rtt, read_qd32, write_fsync, echo_rtt);
+/// Streaming 4 KiB messages through an echo server with at most 32 in flight
+/// (the same workload as `net_stream_throughput_4k_window32` in `io.rs`).
+fn stream_window32(c: &mut Criterion) {
+    const MSGS: u64 = 10_000;
+    const WINDOW: usize = 32;
+    let mut g = c.benchmark_group("net_stream_throughput_4k_window32");
+    g.throughput(Throughput::Bytes(MSGS * BLOCK as u64));
+    {
+        let rt = compio_rt();
+        let mut m = Meter::default();
+        g.bench_function("compio_1thread", |b| {
+            b.iter_custom(|iters| {
+                m.measure(iters * MSGS, || {
+                    rt.block_on(async move {
+                        let listener = compio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                        let addr = listener.local_addr().unwrap();
+                        let server = compio::runtime::spawn(async move {
+                            let (mut conn, _) = listener.accept().await.unwrap();
+                            let mut buf = Vec::with_capacity(64 << 10);
+                            loop {
+                                buf.clear();
+                                let BufResult(n, back) = conn.read(buf).await;
+                                if n.unwrap() == 0 {
+                                    break;
+                                }
+                                let BufResult(r, back) = conn.write_all(back).await;
+                                r.unwrap();
+                                buf = back;
+                            }
+                        });
+                        let total = iters * MSGS;
+                        let stream = compio::net::TcpStream::connect(addr).await.unwrap();
+                        let (mut rd, mut wr) = stream.into_split();
+                        let window = Arc::new(tokio::sync::Semaphore::new(WINDOW));
+                        let w2 = window.clone();
+                        let reader = compio::runtime::spawn(async move {
+                            let mut got = 0usize;
+                            let mut buf = Vec::with_capacity(64 << 10);
+                            while got < total as usize * BLOCK {
+                                buf.clear();
+                                let BufResult(n, back) = rd.read(buf).await;
+                                let n = n.unwrap();
+                                let before = got / BLOCK;
+                                got += n;
+                                w2.add_permits(got / BLOCK - before);
+                                buf = back;
+                            }
+                        });
+                        let mut msg = vec![3u8; BLOCK];
+                        for _ in 0..total {
+                            window.acquire().await.unwrap().forget();
+                            let BufResult(r, back) = wr.write_all(msg).await;
+                            r.unwrap();
+                            msg = back;
+                        }
+                        reader.await.unwrap();
+                        wr.shutdown().await.unwrap();
+                        server.await.unwrap();
+                    })
+                })
+            })
+        });
+        m.report("net_stream_throughput_4k_window32/compio_1thread");
+        drop(rt);
+    }
+    {
+        let rt = spargio_rt();
+        let h = rt.handle();
+        let mut m = Meter::default();
+        g.bench_function("spargio", |b| {
+            b.iter_custom(|iters| {
+                m.measure(iters * MSGS, || {
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    let hs = h.clone();
+                    let server = h
+                        .spawn_pinned(1, async move {
+                            let listener = spargio::net::TcpListener::bind(hs, "127.0.0.1:0")
+                                .await
+                                .unwrap();
+                            tx.send(listener.local_addr().unwrap()).unwrap();
+                            let (conn, _) = listener.accept().await.unwrap();
+                            let mut buf = vec![0u8; 64 << 10];
+                            loop {
+                                let (n, mut back) = conn.recv_owned(buf).await.unwrap();
+                                if n == 0 {
+                                    break;
+                                }
+                                back.truncate(n);
+                                let mut back = conn.write_all_owned(back).await.unwrap();
+                                back.resize(64 << 10, 0);
+                                buf = back;
+                            }
+                        })
+                        .unwrap();
+                    let addr: SocketAddr = rx.recv().unwrap();
+                    let total = iters * MSGS;
+                    let hc = h.clone();
+                    let window = Arc::new(tokio::sync::Semaphore::new(WINDOW));
+                    let (client, reader) = {
+                        let stream = block_on(spargio::net::TcpStream::connect(hc, addr)).unwrap();
+                        let (rs, w2) = (stream.clone(), window.clone());
+                        let reader = h
+                            .spawn_pinned(0, async move {
+                                let mut got = 0usize;
+                                let mut buf = vec![0u8; 64 << 10];
+                                while got < total as usize * BLOCK {
+                                    let (n, back) = rs.recv_owned(buf).await.unwrap();
+                                    let before = got / BLOCK;
+                                    got += n;
+                                    w2.add_permits(got / BLOCK - before);
+                                    buf = back;
+                                    buf.resize(64 << 10, 0);
+                                }
+                            })
+                            .unwrap();
+                        let client = h
+                            .spawn_pinned(0, async move {
+                                let mut msg = vec![3u8; BLOCK];
+                                for _ in 0..total {
+                                    window.acquire().await.unwrap().forget();
+                                    msg = stream.write_all_owned(msg).await.unwrap();
+                                }
+                                stream
+                            })
+                            .unwrap();
+                        (client, reader)
+                    };
+                    let stream = block_on(client).unwrap();
+                    block_on(reader).unwrap();
+                    // No shutdown API; half-close so the server sees EOF.
+                    // SAFETY: valid socket fd owned by `stream`.
+                    unsafe { libc::shutdown(stream.as_raw_fd(), libc::SHUT_WR) };
+                    block_on(server).unwrap();
+                })
+            })
+        });
+        m.report("net_stream_throughput_4k_window32/spargio");
+        spargio_shutdown(rt);
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    read_rtt,
+    read_qd32,
+    write_fsync,
+    echo_rtt,
+    stream_window32
+);
 criterion_main!(benches);
