@@ -24,6 +24,7 @@ use criterion::{
 use futures::executor::block_on;
 use futures::StreamExt;
 use mailring::{hot, ShardId};
+use mailring_bench::process_cpu;
 use spargio::{Event, ShardCtx};
 use std::future::Future;
 use std::pin::Pin;
@@ -128,16 +129,6 @@ fn spargio_stats(id: &str, h: &spargio::RuntimeHandle) {
 }
 
 // ---------------------------------------------------------------- CPU meter
-
-fn process_cpu() -> Duration {
-    // SAFETY: rusage is plain data; all-zero is a valid value.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid, writable rusage.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    assert_eq!(rc, 0, "getrusage");
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
 
 #[derive(Default)]
 struct Meter {
