@@ -258,7 +258,7 @@ impl File {
     pub async fn read_at<B: IoBufMut>(&self, buf: B, pos: u64) -> (io::Result<usize>, B) {
         // SAFETY: a positional read writes at most `len` bytes at `ptr`.
         unsafe {
-            submit_read(&self.inner, buf, |fd, ptr, len| {
+            submit_read(&self.inner, buf, 0, |fd, ptr, len| {
                 opcode::Read::new(Fd(fd), ptr, len).offset(pos).build()
             })
             .await
@@ -273,14 +273,16 @@ impl File {
     pub async fn read_exact_at<B: IoBufMut>(&self, mut buf: B, pos: u64) -> (io::Result<()>, B) {
         let total = buf.bytes_total();
         let mut done = 0usize;
-        let mut scratch = vec![0u8; 0];
         while done < total {
-            // Read the remainder into a scratch buffer, then copy: keeps `buf`'s
-            // initialised prefix intact whatever its type.
-            scratch.clear();
-            scratch.reserve_exact(total - done);
-            let (res, back) = self.read_at(scratch, pos + done as u64).await;
-            scratch = back;
+            let at = pos + done as u64;
+            // SAFETY: a positional read writes at most `len` bytes at `ptr`.
+            let (res, back) = unsafe {
+                submit_read(&self.inner, buf, done, |fd, ptr, len| {
+                    opcode::Read::new(Fd(fd), ptr, len).offset(at).build()
+                })
+                .await
+            };
+            buf = back;
             match res {
                 Ok(0) => {
                     return (
@@ -291,20 +293,7 @@ impl File {
                         buf,
                     )
                 }
-                Ok(n) => {
-                    let n = n.min(total - done);
-                    // SAFETY: `done + n <= total` bytes of writable memory; the
-                    // copied prefix initialises them.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            scratch.as_ptr(),
-                            buf.stable_mut_ptr().add(done),
-                            n,
-                        );
-                        buf.set_init(done + n);
-                    }
-                    done += n;
-                }
+                Ok(n) => done += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return (Err(e), buf),
             }

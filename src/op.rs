@@ -375,8 +375,10 @@ impl ShardFd {
     }
 }
 
-/// Submits a read-like operation (the kernel writes into `buf` from its start)
-/// on `fd`'s shard; sets the buffer's initialised length to the byte count.
+/// Submits a read-like operation on `fd`'s shard: the kernel writes into
+/// `buf` from byte `from` up to its capacity; afterwards the buffer's
+/// initialised length is `from` plus the byte count (the first `from` bytes
+/// must already be initialised).
 ///
 /// # Safety
 ///
@@ -385,6 +387,7 @@ impl ShardFd {
 pub(crate) async unsafe fn submit_read<B: crate::buf::IoBufMut>(
     fd: &ShardFd,
     mut buf: B,
+    from: usize,
     build: impl FnOnce(std::os::fd::RawFd, *mut u8, u32) -> squeue::Entry,
 ) -> (io::Result<usize>, B) {
     if let Err(e) = fd.check() {
@@ -392,21 +395,25 @@ pub(crate) async unsafe fn submit_read<B: crate::buf::IoBufMut>(
     }
     let keep = fd.fd.clone();
     let raw = fd.raw();
-    let len = buf.bytes_total().min(u32::MAX as usize) as u32;
-    // SAFETY: the SQE writes into the buffer's heap memory (stable across moves,
-    // `IoBufMut` contract; caller's contract on `build`) and uses the fd kept
-    // open by `keep`; both live in the op until its CQE.
+    let total = buf.bytes_total();
+    let from = from.min(total);
+    let len = (total - from).min(u32::MAX as usize) as u32;
+    // SAFETY: the SQE writes into the buffer's heap memory from `from <= total`
+    // on (stable across moves, `IoBufMut` contract; caller's contract on
+    // `build`) and uses the fd kept open by `keep`; both live in the op until
+    // its CQE.
     let op = unsafe {
         Op::submit((buf, keep), None, |(b, _)| {
-            build(raw, b.stable_mut_ptr(), len)
+            build(raw, b.stable_mut_ptr().add(from), len)
         })
     };
     let op = op.expect("checked to be on the descriptor's shard");
     let (res, (mut buf, _)) = op.await;
     match res {
         Ok((n, _)) => {
-            // SAFETY: the kernel wrote `n <= len` bytes at the buffer's start.
-            unsafe { buf.set_init(n as usize) };
+            // SAFETY: the first `from` bytes were initialised before (caller)
+            // and the kernel wrote `n <= len` bytes right after them.
+            unsafe { buf.set_init(from + n as usize) };
             (Ok(n as usize), buf)
         }
         Err(e) => (Err(e), buf),

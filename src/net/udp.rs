@@ -111,7 +111,7 @@ impl UdpSocket {
     pub async fn recv<B: IoBufMut>(&self, buf: B) -> (io::Result<usize>, B) {
         // SAFETY: a recv writes at most `len` bytes at `ptr`.
         unsafe {
-            submit_read(&self.inner, buf, |fd, ptr, len| {
+            submit_read(&self.inner, buf, 0, |fd, ptr, len| {
                 opcode::Recv::new(Fd(fd), ptr, len).build()
             })
             .await
