@@ -214,4 +214,28 @@ mod api {
         rt.shutdown();
         Ok(out)
     }
+
+    /// Runs `f` on the calling shard at the end of its current tick, just
+    /// before the tick's cross-shard batches are published.
+    ///
+    /// This is the hook for layers that batch their own typed messages per
+    /// destination (the actor layer does): the first send of a tick queues one
+    /// callback that hands the whole batch to the runtime, so the batch still
+    /// travels with this tick's doorbell.
+    ///
+    /// # Errors
+    ///
+    /// Gives `f` back when the caller is not running on a shard.
+    pub fn defer_to_tick_end<F: FnOnce() + 'static>(f: F) -> Result<(), F> {
+        let mut f = Some(f);
+        with_current(|shard| {
+            if let Some(f) = f.take() {
+                shard.defer_to_tick_end(Box::new(f));
+            }
+        });
+        match f {
+            None => Ok(()),
+            Some(f) => Err(f),
+        }
+    }
 }

@@ -286,6 +286,32 @@ impl Handle {
         }
     }
 
+    /// The shard running the caller, when it is one of this runtime's shards.
+    ///
+    /// Unlike [`crate::current_shard`], a shard of another runtime gives `None`.
+    pub fn local_shard(&self) -> Option<ShardId> {
+        with_current(|s| s.belongs_to(&self.shared).then(|| ShardId::new(s.index()))).flatten()
+    }
+
+    /// The shard with the fewest runnable tasks, as last published by each
+    /// shard (the calling shard counts its own queues and this tick's batches
+    /// and wins ties). From an outside thread: the least loaded published shard.
+    pub fn least_loaded_shard(&self) -> ShardId {
+        if let Some(Some(i)) =
+            with_current(|s| s.belongs_to(&self.shared).then(|| s.least_loaded()))
+        {
+            return ShardId::new(i);
+        }
+        let best = self
+            .shared
+            .shards
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, r)| r.load.load(Ordering::Relaxed))
+            .map_or(0, |(i, _)| i);
+        ShardId::new(best)
+    }
+
     /// A snapshot of every shard's counters.
     pub fn stats(&self) -> RuntimeStats {
         RuntimeStats {

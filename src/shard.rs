@@ -185,6 +185,8 @@ pub(crate) struct Shard {
     owned: RefCell<Slab<TaskRef>>,
     ops: RefCell<OpTable>,
     outgoing: RefCell<Outgoing>,
+    /// Callbacks to run before this tick's batches are published.
+    tick_end: RefCell<Vec<Box<dyn FnOnce()>>>,
     inbox_buf: RefCell<Vec<InboxItem>>,
     completions: RefCell<Vec<Completion>>,
     rng: Cell<u64>,
@@ -229,6 +231,7 @@ impl Shard {
                 batches: (0..n).map(|_| Vec::new()).collect(),
                 ..Outgoing::default()
             }),
+            tick_end: RefCell::new(Vec::new()),
             inbox_buf: RefCell::new(Vec::new()),
             completions: RefCell::new(Vec::new()),
             rng: Cell::new(0x2545_f491_4f6c_dd1d ^ ((index as u64 + 1) << 17)),
@@ -568,6 +571,7 @@ impl Shard {
     /// Publishes this tick's batches: one push (and at most one doorbell) per
     /// destination, the tiny messages, and a steal hint; then submits.
     fn flush_outgoing(&self) {
+        self.run_tick_end();
         let counters = &self.remote().counters;
         let mut refused = Vec::new();
         {
@@ -614,6 +618,22 @@ impl Shard {
             }
         }
         refused.into_iter().for_each(InboxItem::refuse);
+    }
+
+    /// Queues `f` to run before this tick's batches are published.
+    pub(crate) fn defer_to_tick_end(&self, f: Box<dyn FnOnce()>) {
+        self.tick_end.borrow_mut().push(f);
+    }
+
+    /// Runs the tick-end callbacks, including any they queue themselves.
+    fn run_tick_end(&self) {
+        loop {
+            let batch = std::mem::take(&mut *self.tick_end.borrow_mut());
+            if batch.is_empty() {
+                return;
+            }
+            batch.into_iter().for_each(|f| f());
+        }
     }
 
     /// Rings one sleeping peer so it comes to steal from our deque.

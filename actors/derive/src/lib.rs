@@ -1,13 +1,40 @@
-//! Procedural macros for mailring: `#[mailring::main]` (re-exported by `mailring`).
+//! Procedural macros for mailring: `#[mailring::main]` (re-exported by
+//! `mailring`), `#[derive(Actor)]` and `#[derive(Message)]` (re-exported by
+//! `mailring-actors`).
 //!
 //! This crate depends on no other mailring crate; generated code names
-//! `::mailring` paths.
+//! `::mailring` and `::mailring_actors` paths.
+
+mod actor;
 
 use proc_macro::TokenStream;
 use quote::quote;
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
-use syn::{parse_macro_input, Expr, FnArg, ItemFn, Lit, Meta, Token};
+use syn::{parse_macro_input, DeriveInput, Expr, FnArg, ItemFn, Lit, Meta, Token};
+
+/// Implements `mailring_actors::Actor` (and, unless `hooks` is given,
+/// `mailring_actors::Hooks` with its defaults). See the `Actor` trait's docs
+/// for the attributes of `#[actor(...)]`.
+#[proc_macro_derive(Actor, attributes(actor))]
+pub fn derive_actor(item: TokenStream) -> TokenStream {
+    let input = parse_macro_input!(item as DeriveInput);
+    match actor::expand_actor(input) {
+        Ok(ts) => ts.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+/// Implements `mailring_actors::Message`; `#[message(reply = Type)]` sets the
+/// reply type (default `()`).
+#[proc_macro_derive(Message, attributes(message))]
+pub fn derive_message(item: TokenStream) -> TokenStream {
+    let input = parse_macro_input!(item as DeriveInput);
+    match actor::expand_message(input) {
+        Ok(ts) => ts.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
 
 /// Runs an `async fn main` on a mailring runtime.
 ///

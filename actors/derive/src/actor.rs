@@ -1,0 +1,303 @@
+//! `#[derive(Actor)]` and `#[derive(Message)]`.
+
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote};
+use syn::punctuated::Punctuated;
+use syn::{DeriveInput, Expr, ExprLit, Lit, LitInt, LitStr, Meta, Path, Token, Type};
+
+#[derive(Default)]
+struct ActorArgs {
+    key: Option<Type>,
+    activate: Option<Expr>,
+    placement: Option<TokenStream>,
+    mailbox: Option<LitInt>,
+    idle_timeout_ms: Option<LitInt>,
+    max_active: Option<LitInt>,
+    supervision: Option<TokenStream>,
+    max_restarts: Option<LitInt>,
+    restart_window_ms: Option<LitInt>,
+    handles: Option<Vec<Type>>,
+    hooks: bool,
+}
+
+fn int(e: &Expr, what: &str) -> syn::Result<LitInt> {
+    match e {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(i), ..
+        }) => Ok(i.clone()),
+        other => Err(syn::Error::new_spanned(
+            other,
+            format!("`{what}` expects an integer literal"),
+        )),
+    }
+}
+
+fn string(e: &Expr, what: &str) -> syn::Result<LitStr> {
+    match e {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => Ok(s.clone()),
+        other => Err(syn::Error::new_spanned(
+            other,
+            format!("`{what}` expects a string literal"),
+        )),
+    }
+}
+
+fn parse_actor_args(input: &DeriveInput) -> syn::Result<ActorArgs> {
+    let mut args = ActorArgs::default();
+    for attr in input.attrs.iter().filter(|a| a.path().is_ident("actor")) {
+        let metas = attr.parse_args_with(Punctuated::<Meta, Token![,]>::parse_terminated)?;
+        for meta in metas {
+            match &meta {
+                Meta::Path(p) if p.is_ident("hooks") => args.hooks = true,
+                Meta::List(list) if list.path.is_ident("handles") => {
+                    let types =
+                        list.parse_args_with(Punctuated::<Type, Token![,]>::parse_terminated)?;
+                    args.handles = Some(types.into_iter().collect());
+                }
+                Meta::NameValue(nv) => {
+                    let name = nv
+                        .path
+                        .get_ident()
+                        .map(ToString::to_string)
+                        .unwrap_or_default();
+                    let v = &nv.value;
+                    match name.as_str() {
+                        "key" => {
+                            args.key = Some(syn::parse2::<Type>(quote!(#v)).map_err(|_| {
+                                syn::Error::new_spanned(v, "`key` expects a type, e.g. `key = u64`")
+                            })?)
+                        }
+                        "activate" => args.activate = Some(v.clone()),
+                        "placement" => {
+                            let s = string(v, "placement")?;
+                            args.placement = Some(match s.value().as_str() {
+                                "sticky" => quote!(::mailring_actors::ActorPlacement::Sticky),
+                                "stealable" => quote!(::mailring_actors::ActorPlacement::Stealable),
+                                _ => {
+                                    return Err(syn::Error::new_spanned(
+                                        s,
+                                        "unknown placement: expected \"sticky\" or \"stealable\" (or `pinned = N`)",
+                                    ))
+                                }
+                            });
+                        }
+                        "pinned" => {
+                            let n = int(v, "pinned")?;
+                            args.placement =
+                                Some(quote!(::mailring_actors::ActorPlacement::Pinned(#n)));
+                        }
+                        "mailbox" => args.mailbox = Some(int(v, "mailbox")?),
+                        "idle_timeout_ms" => {
+                            args.idle_timeout_ms = Some(int(v, "idle_timeout_ms")?)
+                        }
+                        "max_active" => args.max_active = Some(int(v, "max_active")?),
+                        "max_restarts" => args.max_restarts = Some(int(v, "max_restarts")?),
+                        "restart_window_ms" => {
+                            args.restart_window_ms = Some(int(v, "restart_window_ms")?)
+                        }
+                        "supervision" => {
+                            let s = string(v, "supervision")?;
+                            args.supervision = Some(match s.value().as_str() {
+                                "restart" => quote!(::mailring_actors::SupervisionPolicy::Restart),
+                                "stop" => quote!(::mailring_actors::SupervisionPolicy::Stop),
+                                "escalate" => quote!(::mailring_actors::SupervisionPolicy::Escalate),
+                                _ => {
+                                    return Err(syn::Error::new_spanned(
+                                        s,
+                                        "unknown supervision: expected \"restart\", \"stop\" or \"escalate\"",
+                                    ))
+                                }
+                            });
+                        }
+                        _ => return Err(unknown(&nv.path)),
+                    }
+                }
+                Meta::Path(p) => return Err(unknown(p)),
+                Meta::List(l) => return Err(unknown(&l.path)),
+            }
+        }
+    }
+    Ok(args)
+}
+
+fn unknown(p: &Path) -> syn::Error {
+    syn::Error::new_spanned(
+        p,
+        "unknown actor attribute: expected one of `key`, `activate`, `placement`, `pinned`, `mailbox`, \
+         `idle_timeout_ms`, `max_active`, `supervision`, `max_restarts`, `restart_window_ms`, `handles(...)`, `hooks`",
+    )
+}
+
+pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
+    if !input.generics.params.is_empty() {
+        return Err(syn::Error::new_spanned(
+            &input.generics,
+            "#[derive(Actor)] does not support generic actor types yet",
+        ));
+    }
+    let args = parse_actor_args(&input)?;
+    let name = &input.ident;
+    let vis = &input.vis;
+    let key = args.key.clone().map_or_else(|| quote!(()), |k| quote!(#k));
+    if args.key.is_none() && args.activate.is_some() {
+        return Err(syn::Error::new_spanned(
+            args.activate.as_ref(),
+            "`activate` builds keyed actors: add `key = Type`",
+        ));
+    }
+    let placement = args
+        .placement
+        .clone()
+        .unwrap_or_else(|| quote!(::mailring_actors::ActorPlacement::Sticky));
+    let opt_int = |v: &Option<LitInt>| match v {
+        Some(n) => quote!(::core::option::Option::Some(#n)),
+        None => quote!(::core::option::Option::None),
+    };
+    let mailbox = opt_int(&args.mailbox);
+    let max_active = opt_int(&args.max_active);
+    let idle = match &args.idle_timeout_ms {
+        Some(n) => quote!(::core::option::Option::Some(::core::time::Duration::from_millis(#n))),
+        None => quote!(::core::option::Option::None),
+    };
+    let policy = args
+        .supervision
+        .clone()
+        .unwrap_or_else(|| quote!(::mailring_actors::Supervision::DEFAULT.policy));
+    let max_restarts = args.max_restarts.as_ref().map_or_else(
+        || quote!(::mailring_actors::Supervision::DEFAULT.max_restarts),
+        |n| quote!(#n),
+    );
+    let within = args.restart_window_ms.as_ref().map_or_else(
+        || quote!(::mailring_actors::Supervision::DEFAULT.within),
+        |n| quote!(::core::time::Duration::from_millis(#n)),
+    );
+    let activate = match &args.activate {
+        Some(path) => quote! {
+            const HAS_ACTIVATE: bool = true;
+            fn activate(key: &Self::Key) -> ::core::option::Option<Self> {
+                ::core::option::Option::Some((#path)(key))
+            }
+        },
+        None => quote!(),
+    };
+    let hooks = if args.hooks {
+        quote!()
+    } else {
+        quote!(impl ::mailring_actors::Hooks for #name {})
+    };
+    let (envelope_ty, envelope_items) = match &args.handles {
+        Some(types) => {
+            let env = format_ident!("__MailringEnvelope{}", name);
+            let variants: Vec<_> = (0..types.len()).map(|i| format_ident!("M{}", i)).collect();
+            let doc =
+                format!("The mailbox envelope of [`{name}`], generated by `#[derive(Actor)]`.");
+            let items = quote! {
+                #[doc = #doc]
+                #[doc(hidden)]
+                #[allow(non_camel_case_types, missing_docs)]
+                #vis enum #env {
+                    #( #variants(#types, ::mailring_actors::ReplyTo<<#types as ::mailring_actors::Message>::Reply>), )*
+                }
+
+                impl ::core::fmt::Debug for #env {
+                    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                        f.write_str(::core::stringify!(#env))
+                    }
+                }
+
+                impl ::mailring_actors::Envelope<#name> for #env {
+                    async fn handle(self, actor: &mut #name, cx: &mut ::mailring_actors::Ctx<#name>) {
+                        match self {
+                            #( #env::#variants(m, r) => ::mailring_actors::handle_message(actor, m, r, cx).await, )*
+                        }
+                    }
+                }
+
+                #(
+                    impl ::mailring_actors::Accepts<#types> for #name {
+                        fn envelope(
+                            msg: #types,
+                            reply: ::mailring_actors::ReplyTo<<#types as ::mailring_actors::Message>::Reply>,
+                        ) -> #env {
+                            #env::#variants(msg, reply)
+                        }
+                    }
+                )*
+            };
+            (quote!(#env), items)
+        }
+        None => (
+            quote!(::mailring_actors::DynEnvelope<Self>),
+            quote! {
+                impl<M> ::mailring_actors::Accepts<M> for #name
+                where
+                    #name: ::mailring_actors::Handler<M>,
+                    M: ::mailring_actors::Message + ::core::marker::Send,
+                    M::Reply: ::core::marker::Send,
+                {
+                    fn envelope(
+                        msg: M,
+                        reply: ::mailring_actors::ReplyTo<M::Reply>,
+                    ) -> ::mailring_actors::DynEnvelope<Self> {
+                        ::mailring_actors::DynEnvelope::new(msg, reply)
+                    }
+                }
+            },
+        ),
+    };
+    Ok(quote! {
+        impl ::mailring_actors::Actor for #name {
+            type Key = #key;
+            type Envelope = #envelope_ty;
+            const CONFIG: ::mailring_actors::ActorConfig = ::mailring_actors::ActorConfig {
+                placement: #placement,
+                mailbox: #mailbox,
+                idle_timeout: #idle,
+                max_active_per_shard: #max_active,
+                supervision: ::mailring_actors::Supervision {
+                    policy: #policy,
+                    max_restarts: #max_restarts,
+                    within: #within,
+                },
+            };
+            #activate
+        }
+
+        #hooks
+
+        #envelope_items
+    })
+}
+
+pub(crate) fn expand_message(input: DeriveInput) -> syn::Result<TokenStream> {
+    let mut reply: Option<Type> = None;
+    for attr in input.attrs.iter().filter(|a| a.path().is_ident("message")) {
+        let metas = attr.parse_args_with(Punctuated::<Meta, Token![,]>::parse_terminated)?;
+        for meta in metas {
+            match &meta {
+                Meta::NameValue(nv) if nv.path.is_ident("reply") => {
+                    let v = &nv.value;
+                    reply = Some(syn::parse2::<Type>(quote!(#v)).map_err(|_| {
+                        syn::Error::new_spanned(v, "`reply` expects a type, e.g. `reply = u64`")
+                    })?);
+                }
+                other => {
+                    return Err(syn::Error::new_spanned(
+                        other,
+                        "unknown message attribute: expected `reply = Type`",
+                    ))
+                }
+            }
+        }
+    }
+    let name = &input.ident;
+    let reply = reply.map_or_else(|| quote!(()), |r| quote!(#r));
+    let (impl_g, ty_g, where_g) = input.generics.split_for_impl();
+    Ok(quote! {
+        impl #impl_g ::mailring_actors::Message for #name #ty_g #where_g {
+            type Reply = #reply;
+        }
+    })
+}

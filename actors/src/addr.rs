@@ -1,0 +1,352 @@
+//! Actor references: [`Addr`] for unkeyed actors and [`KeyedRef`] (the same
+//! type, naming a key) for keyed virtual actors. Both are `Send + Sync` and
+//! cheap to clone; every send method works from any shard or outside thread.
+//!
+//! Paths of a send (see `local` for the data structures):
+//! 1. on the target's shard: look the actor up (activating a keyed one),
+//!    wrap the message, push it on the mailbox, wake the actor's task;
+//! 2. on another shard: append to this tick's batch for the target's shard;
+//! 3. from an outside thread: hand a closure to the target's shard.
+
+use std::fmt;
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use mailring::ShardId;
+
+use crate::actor::{Accepts, Actor, Message};
+use crate::error::{AskError, StopReason, TellError};
+use crate::local::{self, Delivery, TargetId};
+use crate::mailbox::Capacity;
+use crate::reply::{self, Reply, ReplyTo};
+use crate::system::{SystemHandle, SystemShared};
+
+/// The identity of an actor within its system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ActorId(pub(crate) u64);
+
+impl fmt::Display for ActorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "actor#{:x}", self.0)
+    }
+}
+
+const UNKNOWN: usize = usize::MAX;
+
+pub(crate) enum AddrTarget<A: Actor> {
+    Actor {
+        shard: usize,
+        uid: u64,
+    },
+    Key {
+        key: A::Key,
+        hash: u64,
+        home: AtomicUsize,
+    },
+}
+
+/// A reference to an actor of type `A`: unkeyed (from `spawn_actor`) or keyed
+/// (from `keyed(key)`, valid before the actor exists).
+pub struct Addr<A: Actor> {
+    pub(crate) system: Arc<SystemShared>,
+    pub(crate) target: AddrTarget<A>,
+    capacity: Option<Arc<Capacity>>,
+}
+
+/// A reference to a keyed (virtual) actor: an [`Addr`] that names a key.
+pub type KeyedRef<A> = Addr<A>;
+
+impl<A: Actor> Clone for Addr<A> {
+    fn clone(&self) -> Self {
+        let target = match &self.target {
+            AddrTarget::Actor { shard, uid } => AddrTarget::Actor {
+                shard: *shard,
+                uid: *uid,
+            },
+            AddrTarget::Key { key, hash, home } => AddrTarget::Key {
+                key: key.clone(),
+                hash: *hash,
+                home: AtomicUsize::new(home.load(Ordering::Relaxed)),
+            },
+        };
+        Addr {
+            system: self.system.clone(),
+            target,
+            capacity: self.capacity.clone(),
+        }
+    }
+}
+
+impl<A: Actor> fmt::Debug for Addr<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Addr");
+        d.field("actor", &std::any::type_name::<A>());
+        match &self.target {
+            AddrTarget::Actor { shard, uid } => d.field("shard", shard).field("uid", uid),
+            AddrTarget::Key { key, .. } => d.field("key", key),
+        };
+        d.finish()
+    }
+}
+
+impl<A: Actor> Addr<A> {
+    pub(crate) fn keyed(system: Arc<SystemShared>, key: A::Key) -> Self {
+        let hash = crate::route::route_hash(&key);
+        let capacity = A::CONFIG
+            .mailbox
+            .map(|cap| system.keyed_capacity::<A>(&key, cap));
+        Addr {
+            system,
+            target: AddrTarget::Key {
+                key,
+                hash,
+                home: AtomicUsize::new(UNKNOWN),
+            },
+            capacity,
+        }
+    }
+
+    pub(crate) fn unkeyed(
+        system: Arc<SystemShared>,
+        shard: usize,
+        uid: u64,
+        capacity: Option<Arc<Capacity>>,
+    ) -> Self {
+        Addr {
+            system,
+            target: AddrTarget::Actor { shard, uid },
+            capacity,
+        }
+    }
+
+    /// The actor's identity (for keyed actors, a stable function of type and key).
+    pub fn id(&self) -> ActorId {
+        ActorId(self.uid())
+    }
+
+    pub(crate) fn uid(&self) -> u64 {
+        match &self.target {
+            AddrTarget::Actor { uid, .. } => *uid,
+            AddrTarget::Key { key, .. } => crate::route::keyed_uid::<A, _>(key),
+        }
+    }
+
+    /// The key, for a keyed reference.
+    pub fn key(&self) -> Option<&A::Key> {
+        match &self.target {
+            AddrTarget::Actor { .. } => None,
+            AddrTarget::Key { key, .. } => Some(key),
+        }
+    }
+
+    /// The shard the actor lives on (or will be activated on).
+    pub fn shard(&self) -> ShardId {
+        ShardId::new(self.home())
+    }
+
+    /// The system this reference belongs to.
+    pub fn system(&self) -> SystemHandle {
+        SystemHandle {
+            shared: self.system.clone(),
+        }
+    }
+
+    pub(crate) fn home(&self) -> usize {
+        match &self.target {
+            AddrTarget::Actor { shard, .. } => *shard,
+            AddrTarget::Key { key, hash, home } => {
+                let h = home.load(Ordering::Relaxed);
+                if h != UNKNOWN {
+                    return h;
+                }
+                let h = local::keyed_home::<A>(&self.system, key, *hash);
+                home.store(h, Ordering::Relaxed);
+                h
+            }
+        }
+    }
+
+    pub(crate) fn target_id(&self) -> TargetId<A> {
+        match &self.target {
+            AddrTarget::Actor { uid, .. } => TargetId::Uid(*uid),
+            AddrTarget::Key { key, .. } => TargetId::Key(key.clone()),
+        }
+    }
+
+    /// Sends `msg` without waiting for a reply. Never waits: on a bounded
+    /// mailbox it enqueues even past the bound (use [`Addr::try_tell`] or
+    /// [`Addr::send`] for backpressure).
+    ///
+    /// # Errors
+    ///
+    /// The message comes back when the actor is known to have stopped (an
+    /// unkeyed actor on this shard), cannot be activated, or the system is
+    /// shutting down. A stop noticed on another shard counts as a dead letter.
+    pub fn tell<M>(&self, msg: M) -> Result<(), TellError<M>>
+    where
+        A: Accepts<M>,
+        M: Message + Send,
+        A::Envelope: Send,
+    {
+        if let Some(c) = &self.capacity {
+            c.force_acquire();
+        }
+        self.deliver_msg(msg, ReplyTo::none())
+    }
+
+    /// Sends `msg` if the bounded mailbox has room; never waits.
+    ///
+    /// # Errors
+    ///
+    /// [`TellError::Full`] with the message when the mailbox is full; else as [`Addr::tell`].
+    pub fn try_tell<M>(&self, msg: M) -> Result<(), TellError<M>>
+    where
+        A: Accepts<M>,
+        M: Message + Send,
+        A::Envelope: Send,
+    {
+        if let Some(c) = &self.capacity {
+            if !c.try_acquire() {
+                return Err(TellError::Full(msg));
+            }
+        }
+        self.deliver_msg(msg, ReplyTo::none())
+    }
+
+    /// Sends `msg`, waiting for room in a bounded mailbox.
+    ///
+    /// # Errors
+    ///
+    /// As [`Addr::tell`].
+    pub async fn send<M>(&self, msg: M) -> Result<(), TellError<M>>
+    where
+        A: Accepts<M>,
+        M: Message + Send,
+        A::Envelope: Send,
+    {
+        if let Some(c) = &self.capacity {
+            poll_fn(|cx| c.poll_acquire(cx)).await;
+        }
+        self.deliver_msg(msg, ReplyTo::none())
+    }
+
+    /// Sends `msg` and returns the future of its reply. The message is sent
+    /// now, whether or not the reply is awaited. The system's default ask
+    /// timeout applies unless [`Reply::timeout`], [`Reply::deadline`] or
+    /// [`Reply::no_timeout`] says otherwise.
+    ///
+    /// The reply fails with [`AskError::WouldDeadlock`] at once when the
+    /// target is the asking actor itself or an actor waiting on it.
+    pub fn ask<M>(&self, msg: M) -> Reply<M::Reply>
+    where
+        A: Accepts<M>,
+        M: Message + Send,
+        M::Reply: Send,
+        A::Envelope: Send,
+    {
+        let chain = match crate::runner::ask_chain(|| self.uid()) {
+            Ok(c) => c,
+            Err(e) => return Reply::failed(e),
+        };
+        let (reply_to, reply) = reply::ask_pair(chain);
+        if let Some(c) = &self.capacity {
+            c.force_acquire();
+        }
+        if let Err(e) = self.deliver_msg(msg, reply_to) {
+            let err = match e {
+                TellError::Stopped(_) => AskError::Stopped,
+                TellError::Full(_) => AskError::Full,
+                TellError::ShuttingDown(_) => AskError::ShuttingDown,
+                TellError::NoFactory(_) => AskError::NoFactory,
+            };
+            return Reply::failed(err);
+        }
+        reply.with_default_deadline(self.system.ask_timeout)
+    }
+
+    fn deliver_msg<M>(&self, msg: M, reply_to: ReplyTo<M::Reply>) -> Result<(), TellError<M>>
+    where
+        A: Accepts<M>,
+        M: Message + Send,
+        A::Envelope: Send,
+    {
+        let dest = self.home();
+        let target = self.target_id();
+        match local::type_state::<A>(&self.system) {
+            Some(ts) if ts.shard == dest => {
+                let cell = match ts.resolve(&target) {
+                    Ok(cell) => cell,
+                    Err(e) => {
+                        self.release_place();
+                        // The reply slot inside is dropped unanswered: the
+                        // caller turns the error into the ask's error.
+                        drop(reply_to);
+                        return Err(tell_error(e, msg));
+                    }
+                };
+                ts.touch(&cell);
+                if let Err(env) = cell.push(A::envelope(msg, reply_to)) {
+                    reply::drop_with_reason(AskError::Stopped, env);
+                }
+                Ok(())
+            }
+            Some(ts) => {
+                ts.push_outbound(dest, target, Delivery::Msg(A::envelope(msg, reply_to)));
+                Ok(())
+            }
+            None => {
+                if self.system.is_closed() {
+                    self.release_place();
+                    return Err(TellError::ShuttingDown(msg));
+                }
+                let env = A::envelope(msg, reply_to);
+                local::send_delivery(&self.system, dest, target, Delivery::Msg(env));
+                Ok(())
+            }
+        }
+    }
+
+    fn release_place(&self) {
+        if let Some(c) = &self.capacity {
+            c.release(1);
+        }
+    }
+
+    /// Asks the actor to stop after the message it is handling; queued
+    /// messages are dropped (their asks fail with [`AskError::Stopped`]). A
+    /// keyed actor passivates and re-activates on its next message.
+    pub fn stop(&self)
+    where
+        A::Envelope: Send,
+    {
+        local::send_delivery(
+            &self.system,
+            self.home(),
+            self.target_id(),
+            Delivery::Stop(StopReason::Stopped),
+        );
+    }
+
+    /// Asks that `notify` be called once with the actor's [`crate::Terminated`]
+    /// when it stops (at once if it is not running).
+    pub(crate) fn watch_with(&self, notify: Box<dyn FnOnce(crate::Terminated) + Send>)
+    where
+        A::Envelope: Send,
+    {
+        local::send_delivery(
+            &self.system,
+            self.home(),
+            self.target_id(),
+            Delivery::Watch(notify),
+        );
+    }
+}
+
+fn tell_error<M>(e: AskError, msg: M) -> TellError<M> {
+    match e {
+        AskError::NoFactory => TellError::NoFactory(msg),
+        AskError::ShuttingDown => TellError::ShuttingDown(msg),
+        _ => TellError::Stopped(msg),
+    }
+}

@@ -1,0 +1,100 @@
+//! Errors of the actor layer: one enum per failure domain.
+
+use std::fmt;
+
+/// Why a `tell` (or `try_tell`, `send`) did not enqueue the message; the
+/// message comes back in the error.
+#[non_exhaustive]
+pub enum TellError<M> {
+    /// The actor has stopped (unkeyed actors only: a keyed actor re-activates).
+    Stopped(M),
+    /// The bounded mailbox is full (`try_tell` only).
+    Full(M),
+    /// The actor system is shutting down.
+    ShuttingDown(M),
+    /// The keyed actor could not be activated (no factory, no `activate`).
+    NoFactory(M),
+}
+
+impl<M> TellError<M> {
+    /// The message that was not sent.
+    pub fn into_inner(self) -> M {
+        match self {
+            TellError::Stopped(m)
+            | TellError::Full(m)
+            | TellError::ShuttingDown(m)
+            | TellError::NoFactory(m) => m,
+        }
+    }
+}
+
+impl<M> fmt::Debug for TellError<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TellError::Stopped(_) => f.write_str("Stopped(..)"),
+            TellError::Full(_) => f.write_str("Full(..)"),
+            TellError::ShuttingDown(_) => f.write_str("ShuttingDown(..)"),
+            TellError::NoFactory(_) => f.write_str("NoFactory(..)"),
+        }
+    }
+}
+
+impl<M> fmt::Display for TellError<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TellError::Stopped(_) => f.write_str("the actor has stopped"),
+            TellError::Full(_) => f.write_str("the actor's mailbox is full"),
+            TellError::ShuttingDown(_) => f.write_str("the actor system is shutting down"),
+            TellError::NoFactory(_) => f.write_str("no factory to activate the keyed actor"),
+        }
+    }
+}
+
+impl<M> std::error::Error for TellError<M> {}
+
+/// Why an `ask` got no reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AskError {
+    /// The actor stopped (or was stopped) before answering.
+    #[error("the actor stopped before replying")]
+    Stopped,
+    /// The handler panicked while handling this message.
+    #[error("the actor's handler panicked while handling the message")]
+    Panicked,
+    /// No reply before the deadline.
+    #[error("no reply before the ask deadline")]
+    Timeout,
+    /// The ask would wait on an actor that is itself waiting on the asker
+    /// (an actor asking itself, or a cycle of asks).
+    #[error("ask cycle: the target is waiting on the asker, this ask would deadlock")]
+    WouldDeadlock,
+    /// The bounded mailbox is full (`try_ask` only).
+    #[error("the actor's mailbox is full")]
+    Full,
+    /// The keyed actor could not be activated: no factory registered and no
+    /// `activate` given.
+    #[error(
+        "no factory to activate the keyed actor (register one or set #[actor(activate = ...)])"
+    )]
+    NoFactory,
+    /// The actor system is shutting down.
+    #[error("the actor system is shutting down")]
+    ShuttingDown,
+}
+
+/// Why an actor stopped, as carried by [`crate::Terminated`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// `cx.stop()` or a stop request.
+    Stopped,
+    /// A keyed actor passivated (idle, LRU or stop); it re-activates on demand.
+    Passivated,
+    /// A panic the supervision policy did not restart from.
+    Panicked,
+    /// Its parent stopped.
+    ParentStopped,
+    /// The system shut down.
+    Shutdown,
+}

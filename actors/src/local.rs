@@ -1,0 +1,535 @@
+//! The per-shard actor registry: for each actor type, its key → cell table,
+//! its unkeyed cells, its outbound batches to other shards and its counters.
+//!
+//! Everything here lives in a thread-local of the shard thread and is touched
+//! by that thread only, so the same-shard path of a `tell` is a table lookup
+//! and a `VecDeque` push with no atomic operation (bounded mailboxes add the
+//! shared [`Capacity`] count).
+//!
+//! Cross-shard path: the sender pushes `(target, envelope)` into the type's
+//! outbound batch for the destination; the first push of a tick queues one
+//! tick-end callback which hands the whole batch to the runtime as one inbox
+//! item, published with the tick's doorbell. The destination shard then
+//! delivers the batch in order, so per-sender FIFO holds.
+
+use std::any::{Any, TypeId};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use mailring::ShardId;
+
+use crate::actor::{Actor, ActorPlacement};
+use crate::error::{AskError, StopReason};
+use crate::mailbox::{ActorCell, Capacity};
+use crate::reply;
+use crate::stats::ActorTypeStats;
+use crate::system::SystemShared;
+
+/// Which actor a delivery is for.
+pub(crate) enum TargetId<A: Actor> {
+    /// An unkeyed actor, by identity.
+    Uid(u64),
+    /// A keyed actor, by key (activated on demand).
+    Key(A::Key),
+}
+
+impl<A: Actor> Clone for TargetId<A> {
+    fn clone(&self) -> Self {
+        match self {
+            TargetId::Uid(u) => TargetId::Uid(*u),
+            TargetId::Key(k) => TargetId::Key(k.clone()),
+        }
+    }
+}
+
+/// Per-type counters of one shard.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) handled: Cell<u64>,
+    pub(crate) activations: Cell<u64>,
+    pub(crate) passivations: Cell<u64>,
+    pub(crate) restarts: Cell<u64>,
+    pub(crate) panics: Cell<u64>,
+    pub(crate) stops: Cell<u64>,
+    pub(crate) dead_letters: Cell<u64>,
+    pub(crate) high_water: Cell<usize>,
+}
+
+/// What travels to an actor: a message, or a control request that must keep
+/// its place among the sender's messages.
+pub(crate) enum Delivery<A: Actor> {
+    Msg(A::Envelope),
+    Stop(StopReason),
+    Watch(Box<dyn FnOnce(crate::Terminated) + Send>),
+}
+
+type Outbound<A> = Vec<(TargetId<A>, Delivery<A>)>;
+
+/// One actor type's state on one shard.
+pub(crate) struct TypeState<A: Actor> {
+    pub(crate) shard: usize,
+    pub(crate) system: Arc<SystemShared>,
+    keyed: RefCell<HashMap<A::Key, Rc<ActorCell<A>>>>,
+    unkeyed: RefCell<HashMap<u64, Rc<ActorCell<A>>>>,
+    outbound: RefCell<Vec<Outbound<A>>>,
+    /// Advances on every delivery; cells remember it for LRU passivation.
+    clock: Cell<u64>,
+    pub(crate) counters: Counters,
+}
+
+impl<A: Actor> TypeState<A> {
+    fn new(shard: usize, system: Arc<SystemShared>) -> Self {
+        let shards = system.handle.shards();
+        TypeState {
+            shard,
+            system,
+            keyed: RefCell::new(HashMap::new()),
+            unkeyed: RefCell::new(HashMap::new()),
+            outbound: RefCell::new((0..shards).map(|_| Vec::new()).collect()),
+            clock: Cell::new(0),
+            counters: Counters::default(),
+        }
+    }
+
+    pub(crate) fn touch(&self, cell: &ActorCell<A>) {
+        let t = self.clock.get().wrapping_add(1);
+        self.clock.set(t);
+        cell.last_used.set(t);
+    }
+
+    /// The live cell for `target`, activating a keyed actor when needed.
+    pub(crate) fn resolve(
+        self: &Rc<Self>,
+        target: &TargetId<A>,
+    ) -> Result<Rc<ActorCell<A>>, AskError> {
+        match target {
+            TargetId::Uid(uid) => self
+                .unkeyed
+                .borrow()
+                .get(uid)
+                .filter(|c| c.is_open())
+                .cloned()
+                .ok_or(AskError::Stopped),
+            TargetId::Key(key) => {
+                let found = self
+                    .keyed
+                    .borrow()
+                    .get(key)
+                    .filter(|c| c.is_open())
+                    .cloned();
+                match found {
+                    Some(c) => Ok(c),
+                    None => self.activate(key.clone()),
+                }
+            }
+        }
+    }
+
+    /// Delivers on this shard; an envelope that cannot be delivered is dropped
+    /// (its ask fails with the reason) and counted as a dead letter.
+    pub(crate) fn deliver(
+        self: &Rc<Self>,
+        target: &TargetId<A>,
+        env: A::Envelope,
+    ) -> Result<(), (AskError, A::Envelope)> {
+        let cell = match self.resolve(target) {
+            Ok(c) => c,
+            Err(e) => return Err((e, env)),
+        };
+        self.touch(&cell);
+        cell.push(env).map_err(|env| (AskError::Stopped, env))
+    }
+
+    pub(crate) fn deliver_or_drop(self: &Rc<Self>, target: &TargetId<A>, env: A::Envelope) {
+        if let Err((reason, env)) = self.deliver(target, env) {
+            self.counters
+                .dead_letters
+                .set(self.counters.dead_letters.get() + 1);
+            reply::drop_with_reason(reason, env);
+        }
+    }
+
+    fn activate(self: &Rc<Self>, key: A::Key) -> Result<Rc<ActorCell<A>>, AskError> {
+        if self.system.is_shutting_down() {
+            return Err(AskError::ShuttingDown);
+        }
+        let factory = self.system.factory::<A>();
+        let make: Box<dyn FnMut() -> Option<A>> = match factory {
+            Some(f) => {
+                let key = key.clone();
+                Box::new(move || Some(f(&key)))
+            }
+            None if A::HAS_ACTIVATE => {
+                let key = key.clone();
+                Box::new(move || A::activate(&key))
+            }
+            None => return Err(AskError::NoFactory),
+        };
+        let capacity = A::CONFIG.mailbox.map(Capacity::new);
+        let uid = crate::route::keyed_uid::<A, _>(&key);
+        let cell = ActorCell::new(uid, key.clone(), capacity);
+        self.keyed.borrow_mut().insert(key, cell.clone());
+        self.counters
+            .activations
+            .set(self.counters.activations.get() + 1);
+        self.enforce_active_limit(&cell);
+        crate::runner::start(self.clone(), cell.clone(), make, None);
+        Ok(cell)
+    }
+
+    /// Passivates the least recently used keyed actor when over the limit.
+    fn enforce_active_limit(&self, newest: &Rc<ActorCell<A>>) {
+        let Some(max) = A::CONFIG.max_active_per_shard else {
+            return;
+        };
+        let keyed = self.keyed.borrow();
+        let active = keyed
+            .values()
+            .filter(|c| c.is_open() && c.stop_request.get().is_none())
+            .count();
+        if active <= max {
+            return;
+        }
+        let victim = keyed
+            .values()
+            .filter(|c| c.is_open() && c.stop_request.get().is_none() && !Rc::ptr_eq(c, newest))
+            .min_by_key(|c| c.last_used.get())
+            .cloned();
+        drop(keyed);
+        if let Some(v) = victim {
+            v.stop_request.set(Some(StopReason::Passivated));
+            v.nudge();
+        }
+    }
+
+    /// Registers a new unkeyed actor and starts it.
+    pub(crate) fn spawn_unkeyed(
+        self: &Rc<Self>,
+        uid: u64,
+        make: Box<dyn FnMut() -> Option<A>>,
+        capacity: Option<Arc<Capacity>>,
+        parent: Option<crate::runner::ParentLink>,
+    ) {
+        let cell = ActorCell::new(uid, unkeyed_key::<A>(), capacity);
+        self.unkeyed.borrow_mut().insert(uid, cell.clone());
+        self.counters
+            .activations
+            .set(self.counters.activations.get() + 1);
+        crate::runner::start(self.clone(), cell, make, parent);
+    }
+
+    /// Forgets `cell` (its task is finishing); a newer activation of the same
+    /// key stays.
+    pub(crate) fn remove(&self, cell: &Rc<ActorCell<A>>) {
+        if cell.uid >> 63 == 1 {
+            self.unkeyed.borrow_mut().remove(&cell.uid);
+        } else {
+            let mut keyed = self.keyed.borrow_mut();
+            if keyed.get(&cell.key).is_some_and(|c| Rc::ptr_eq(c, cell)) {
+                keyed.remove(&cell.key);
+            }
+        }
+        let hw = cell.high_water.get();
+        if hw > self.counters.high_water.get() {
+            self.counters.high_water.set(hw);
+        }
+    }
+
+    /// Queues `env` for `dest`, flushing the batch at the end of this tick.
+    pub(crate) fn push_outbound(
+        self: &Rc<Self>,
+        dest: usize,
+        target: TargetId<A>,
+        item: Delivery<A>,
+    ) where
+        A::Envelope: Send,
+    {
+        let first = {
+            let mut out = self.outbound.borrow_mut();
+            let batch = &mut out[dest];
+            batch.push((target, item));
+            batch.len() == 1
+        };
+        if first {
+            let ts = self.clone();
+            let queued = mailring::defer_to_tick_end(move || ts.flush_outbound(dest));
+            debug_assert!(queued.is_ok(), "push_outbound runs on a shard");
+        }
+    }
+
+    fn flush_outbound(&self, dest: usize)
+    where
+        A::Envelope: Send,
+    {
+        let batch = std::mem::take(&mut self.outbound.borrow_mut()[dest]);
+        if batch.is_empty() {
+            return;
+        }
+        let system = self.system.clone();
+        self.system.handle.run_on(ShardId::new(dest), move || {
+            deliver_batch::<A>(&system, batch)
+        });
+    }
+
+    /// Requests every actor of this type on this shard to stop.
+    fn stop_all(&self, reason: StopReason) -> usize {
+        let cells: Vec<Rc<ActorCell<A>>> = self
+            .keyed
+            .borrow()
+            .values()
+            .chain(self.unkeyed.borrow().values())
+            .cloned()
+            .collect();
+        for c in &cells {
+            if c.stop_request.get().is_none() {
+                c.stop_request.set(Some(reason));
+            }
+            c.nudge();
+        }
+        cells.len()
+    }
+
+    pub(crate) fn find_unkeyed(&self, uid: u64) -> Option<Rc<ActorCell<A>>> {
+        self.unkeyed.borrow().get(&uid).cloned()
+    }
+
+    pub(crate) fn find_keyed(&self, key: &A::Key) -> Option<Rc<ActorCell<A>>> {
+        self.keyed.borrow().get(key).cloned()
+    }
+}
+
+/// The key of unkeyed actors (`()`); any other key type never reaches here
+/// since unkeyed actors have `Key = ()`.
+fn unkeyed_key<A: Actor>() -> A::Key {
+    let unit: Box<dyn Any> = Box::new(());
+    match unit.downcast::<A::Key>() {
+        Ok(k) => *k,
+        Err(_) => panic!(
+            "{} is keyed: use ActorSystem::keyed, not spawn_actor",
+            std::any::type_name::<A>()
+        ),
+    }
+}
+
+/// Delivers a batch from another shard, in order.
+fn deliver_batch<A: Actor>(system: &Arc<SystemShared>, batch: Outbound<A>) {
+    let Some(ts) = type_state::<A>(system) else {
+        batch
+            .into_iter()
+            .for_each(|(_, item)| reply::drop_with_reason(AskError::ShuttingDown, item));
+        return;
+    };
+    for (target, item) in batch {
+        ts.apply(&target, item);
+    }
+}
+
+impl<A: Actor> TypeState<A> {
+    /// Applies one delivery on this shard.
+    pub(crate) fn apply(self: &Rc<Self>, target: &TargetId<A>, item: Delivery<A>) {
+        match item {
+            Delivery::Msg(env) => self.deliver_or_drop(target, env),
+            Delivery::Stop(reason) => {
+                if let Some(cell) = self.find(target).filter(|c| c.is_open()) {
+                    if cell.stop_request.get().is_none() || reason == StopReason::Panicked {
+                        cell.stop_request.set(Some(reason));
+                    }
+                    cell.nudge();
+                }
+            }
+            Delivery::Watch(notify) => match self.find(target).filter(|c| c.is_open()) {
+                Some(cell) => cell.add_watcher(notify),
+                None => {
+                    let id = crate::ActorId(match target {
+                        TargetId::Uid(u) => *u,
+                        TargetId::Key(k) => crate::route::keyed_uid::<A, _>(k),
+                    });
+                    let reason = match target {
+                        TargetId::Uid(_) => StopReason::Stopped,
+                        TargetId::Key(_) => StopReason::Passivated,
+                    };
+                    notify(crate::Terminated { id, reason });
+                }
+            },
+        }
+    }
+
+    /// The current cell of `target`, without activating anything.
+    pub(crate) fn find(&self, target: &TargetId<A>) -> Option<Rc<ActorCell<A>>> {
+        match target {
+            TargetId::Uid(uid) => self.find_unkeyed(*uid),
+            TargetId::Key(key) => self.find_keyed(key),
+        }
+    }
+}
+
+/// Sends `item` to `target` on shard `dest` from wherever the caller runs,
+/// keeping its order among this sender's deliveries.
+pub(crate) fn send_delivery<A: Actor>(
+    system: &Arc<SystemShared>,
+    dest: usize,
+    target: TargetId<A>,
+    item: Delivery<A>,
+) where
+    A::Envelope: Send,
+{
+    match type_state::<A>(system) {
+        Some(ts) if ts.shard == dest => ts.apply(&target, item),
+        Some(ts) => ts.push_outbound(dest, target, item),
+        None => {
+            if system.is_closed() {
+                reply::drop_with_reason(AskError::ShuttingDown, item);
+                return;
+            }
+            let s = system.clone();
+            system
+                .handle
+                .run_on(ShardId::new(dest), move || match type_state::<A>(&s) {
+                    Some(ts) => ts.apply(&target, item),
+                    None => reply::drop_with_reason(AskError::ShuttingDown, item),
+                });
+        }
+    }
+}
+
+/// The type-erased face of a [`TypeState`] (stats and shutdown).
+pub(crate) trait AnyTypeState {
+    fn as_any(self: Rc<Self>) -> Rc<dyn Any>;
+    fn stats(&self) -> ActorTypeStats;
+    fn stop_all(&self, reason: StopReason) -> usize;
+}
+
+impl<A: Actor> AnyTypeState for TypeState<A> {
+    fn as_any(self: Rc<Self>) -> Rc<dyn Any> {
+        self
+    }
+
+    fn stats(&self) -> ActorTypeStats {
+        let c = &self.counters;
+        let live_high = self
+            .keyed
+            .borrow()
+            .values()
+            .chain(self.unkeyed.borrow().values())
+            .map(|c| c.high_water.get())
+            .max()
+            .unwrap_or(0);
+        ActorTypeStats {
+            actor_type: std::any::type_name::<A>(),
+            shard: self.shard,
+            active: self.keyed.borrow().len() + self.unkeyed.borrow().len(),
+            handled: c.handled.get(),
+            activations: c.activations.get(),
+            passivations: c.passivations.get(),
+            restarts: c.restarts.get(),
+            panics: c.panics.get(),
+            stops: c.stops.get(),
+            dead_letters: c.dead_letters.get(),
+            mailbox_high_water: c.high_water.get().max(live_high),
+        }
+    }
+
+    fn stop_all(&self, reason: StopReason) -> usize {
+        TypeState::stop_all(self, reason)
+    }
+}
+
+/// This shard's registry.
+pub(crate) struct ShardActors {
+    system_id: u64,
+    system: Arc<SystemShared>,
+    shard: usize,
+    types: RefCell<HashMap<TypeId, Rc<dyn AnyTypeState>>>,
+}
+
+thread_local! {
+    static REGISTRY: RefCell<Option<Rc<ShardActors>>> = const { RefCell::new(None) };
+}
+
+/// The registry of the calling shard if it runs `system`, installing it on
+/// first use.
+fn registry(system: &Arc<SystemShared>) -> Option<Rc<ShardActors>> {
+    let existing = REGISTRY.try_with(|r| r.borrow().clone()).ok().flatten();
+    if let Some(reg) = existing {
+        if reg.system_id == system.id {
+            return Some(reg);
+        }
+    }
+    let shard = system.handle.local_shard()?;
+    if system.is_closed() {
+        return None;
+    }
+    let reg = Rc::new(ShardActors {
+        system_id: system.id,
+        system: system.clone(),
+        shard: shard.index(),
+        types: RefCell::new(HashMap::new()),
+    });
+    REGISTRY
+        .try_with(|r| *r.borrow_mut() = Some(reg.clone()))
+        .ok()?;
+    Some(reg)
+}
+
+/// The calling shard's state for actor type `A`, when it is a shard of `system`.
+pub(crate) fn type_state<A: Actor>(system: &Arc<SystemShared>) -> Option<Rc<TypeState<A>>> {
+    let reg = registry(system)?;
+    let id = TypeId::of::<A>();
+    let found = reg.types.borrow().get(&id).cloned();
+    let any = match found {
+        Some(ts) => ts,
+        None => {
+            let ts: Rc<dyn AnyTypeState> =
+                Rc::new(TypeState::<A>::new(reg.shard, reg.system.clone()));
+            reg.types.borrow_mut().insert(id, ts.clone());
+            ts
+        }
+    };
+    any.as_any().downcast::<TypeState<A>>().ok()
+}
+
+/// Stats of every actor type on the calling shard.
+pub(crate) fn shard_stats(system: &Arc<SystemShared>) -> Vec<ActorTypeStats> {
+    let Some(reg) = registry(system) else {
+        return Vec::new();
+    };
+    let types: Vec<_> = reg.types.borrow().values().cloned().collect();
+    types.iter().map(|t| t.stats()).collect()
+}
+
+/// Asks every actor on the calling shard to stop; returns how many are live.
+pub(crate) fn stop_shard(system: &Arc<SystemShared>, reason: StopReason) -> usize {
+    let Some(reg) = registry(system) else {
+        return 0;
+    };
+    let types: Vec<_> = reg.types.borrow().values().cloned().collect();
+    types.iter().map(|t| t.stop_all(reason)).sum()
+}
+
+/// Drops the calling shard's registry (system shutdown, after every actor stopped).
+pub(crate) fn clear_shard(system: &Arc<SystemShared>) {
+    let reg = REGISTRY.try_with(|r| r.borrow_mut().take()).ok().flatten();
+    if let Some(reg) = reg {
+        if reg.system_id != system.id {
+            let _ = REGISTRY.try_with(|r| *r.borrow_mut() = Some(reg));
+            return;
+        }
+        let types = std::mem::take(&mut *reg.types.borrow_mut());
+        drop(types);
+    }
+}
+
+/// Where a keyed actor of type `A` with this key lives.
+pub(crate) fn keyed_home<A: Actor>(system: &SystemShared, key: &A::Key, hash: u64) -> usize {
+    let n = system.handle.shards();
+    match A::CONFIG.placement {
+        ActorPlacement::Sticky => mailring::sticky_shard(hash, n).index(),
+        ActorPlacement::Pinned(s) => s.min(n - 1),
+        ActorPlacement::Stealable => {
+            let dir = system.directory::<A>();
+            dir.route(key, hash, || system.handle.least_loaded_shard().index())
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The actor cell: mailbox, wake-up and status of one activation, owned by
+//! the actor's shard (no atomics on the unbounded path).
+//!
+//! States of a cell: `open` while its actor task runs; closed (`open =
+//! false`) once the task has decided to stop, after which same-shard senders
+//! get their message back and remote deliveries become dead letters (keyed
+//! actors: the next message activates a new cell instead). A closed cell is
+//! never reopened.
+//!
+//! Bounded mailboxes add a [`Capacity`] shared with senders on every shard:
+//! `depth` counts messages sent and not yet taken by the actor.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use crate::actor::Actor;
+use crate::Terminated;
+
+/// The shared count of a bounded mailbox.
+#[derive(Debug)]
+pub(crate) struct Capacity {
+    cap: usize,
+    depth: AtomicUsize,
+    waiting: AtomicBool,
+    waiters: Mutex<Vec<Waker>>,
+}
+
+impl Capacity {
+    pub(crate) fn new(cap: usize) -> Arc<Self> {
+        Arc::new(Capacity {
+            cap: cap.max(1),
+            depth: AtomicUsize::new(0),
+            waiting: AtomicBool::new(false),
+            waiters: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Takes a place if one is free.
+    pub(crate) fn try_acquire(&self) -> bool {
+        if self.depth.fetch_add(1, Ordering::AcqRel) < self.cap {
+            true
+        } else {
+            self.depth.fetch_sub(1, Ordering::AcqRel);
+            false
+        }
+    }
+
+    /// Takes a place whatever the bound (`tell`).
+    pub(crate) fn force_acquire(&self) {
+        self.depth.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Frees `n` places and wakes senders waiting for room.
+    pub(crate) fn release(&self, n: usize) {
+        self.depth.fetch_sub(n, Ordering::AcqRel);
+        if self.waiting.load(Ordering::Acquire) {
+            let waiters = {
+                let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+                self.waiting.store(false, Ordering::Release);
+                std::mem::take(&mut *w)
+            };
+            waiters.into_iter().for_each(Waker::wake);
+        }
+    }
+
+    /// Takes a place, or registers `cx` to be woken when one frees.
+    pub(crate) fn poll_acquire(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.try_acquire() {
+            return Poll::Ready(());
+        }
+        {
+            let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+            w.push(cx.waker().clone());
+            self.waiting.store(true, Ordering::Release);
+        }
+        // A release between the failed attempt and the registration would
+        // have found no waiter: try again now that we are registered.
+        if self.try_acquire() {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+}
+
+/// Called once with the actor's end.
+pub(crate) type Watcher = Box<dyn FnOnce(Terminated)>;
+
+/// One activation of an actor on its shard.
+pub(crate) struct ActorCell<A: Actor> {
+    pub(crate) uid: u64,
+    pub(crate) key: A::Key,
+    queue: RefCell<VecDeque<A::Envelope>>,
+    waker: Cell<Option<Waker>>,
+    open: Cell<bool>,
+    /// Asked to passivate (LRU) or stop (parent, system); read by its task.
+    pub(crate) stop_request: Cell<Option<crate::error::StopReason>>,
+    /// The type's activation clock value at the last delivery (LRU).
+    pub(crate) last_used: Cell<u64>,
+    pub(crate) capacity: Option<Arc<Capacity>>,
+    watchers: RefCell<Vec<Watcher>>,
+    pub(crate) high_water: Cell<usize>,
+}
+
+impl<A: Actor> ActorCell<A> {
+    pub(crate) fn new(uid: u64, key: A::Key, capacity: Option<Arc<Capacity>>) -> Rc<Self> {
+        Rc::new(ActorCell {
+            uid,
+            key,
+            queue: RefCell::new(VecDeque::new()),
+            waker: Cell::new(None),
+            open: Cell::new(true),
+            stop_request: Cell::new(None),
+            last_used: Cell::new(0),
+            capacity,
+            watchers: RefCell::new(Vec::new()),
+            high_water: Cell::new(0),
+        })
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        self.open.get()
+    }
+
+    /// Enqueues and wakes the actor's task if it waits; a closed cell gives
+    /// the envelope back.
+    pub(crate) fn push(&self, env: A::Envelope) -> Result<(), A::Envelope> {
+        if !self.open.get() {
+            return Err(env);
+        }
+        let len = {
+            let mut q = self.queue.borrow_mut();
+            q.push_back(env);
+            q.len()
+        };
+        if len > self.high_water.get() {
+            self.high_water.set(len);
+        }
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+        Ok(())
+    }
+
+    /// Takes the next envelope (and frees its place in a bounded mailbox).
+    pub(crate) fn pop(&self) -> Option<A::Envelope> {
+        let env = self.queue.borrow_mut().pop_front();
+        if env.is_some() {
+            if let Some(c) = &self.capacity {
+                c.release(1);
+            }
+        }
+        env
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.queue.borrow().is_empty()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.queue.borrow().len()
+    }
+
+    /// The next envelope, or registers the task's waker.
+    pub(crate) fn poll_pop(&self, cx: &mut Context<'_>) -> Poll<A::Envelope> {
+        match self.pop() {
+            Some(env) => Poll::Ready(env),
+            None => {
+                self.waker.set(Some(cx.waker().clone()));
+                Poll::Pending
+            }
+        }
+    }
+
+    /// Wakes the task without a message (stop and passivation requests).
+    pub(crate) fn nudge(&self) {
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+
+    /// Closes the cell: later pushes fail; queued envelopes are returned.
+    pub(crate) fn close(&self) -> VecDeque<A::Envelope> {
+        self.open.set(false);
+        self.waker.take();
+        let rest = std::mem::take(&mut *self.queue.borrow_mut());
+        if let Some(c) = &self.capacity {
+            if !rest.is_empty() {
+                c.release(rest.len());
+            }
+        }
+        rest
+    }
+
+    pub(crate) fn add_watcher(&self, notify: Watcher) {
+        self.watchers.borrow_mut().push(notify);
+    }
+
+    pub(crate) fn take_watchers(&self) -> Vec<Watcher> {
+        std::mem::take(&mut *self.watchers.borrow_mut())
+    }
+}

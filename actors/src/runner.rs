@@ -1,0 +1,348 @@
+//! The task that runs one actor activation on its shard.
+//!
+//! Life of an activation:
+//! 1. build the actor (factory or `Actor::activate`), run `on_start`;
+//! 2. take envelopes one at a time and await their handlers (one message at a
+//!    time: `&mut self` is never shared), yielding to the shard every
+//!    [`YIELD_EVERY`] messages;
+//! 3. a panic (caught per poll) goes to the supervision policy: restart
+//!    builds a fresh actor and goes back to 1 with the same mailbox, within
+//!    the restart budget; stop ends; escalate ends and fails the parent;
+//! 4. a stop request, `cx.stop()` or (keyed) the idle timeout or LRU limit
+//!    ends the loop; a passivating keyed actor runs `on_passivate` and stays
+//!    active if messages arrived meanwhile;
+//! 5. teardown: `on_stop`, leave the shard's table, close the mailbox (a
+//!    keyed actor's leftovers are re-delivered, so they activate a fresh
+//!    one; an unkeyed actor's fail their asks), stop children, cancel timers,
+//!    notify watchers.
+//!
+//! Ask-cycle detection: while an actor's future is polled, [`FRAME`] names the
+//! actor and the chain of actors waiting on the message it handles; an ask
+//! made then carries the chain one link longer, and an ask to any actor on
+//! the chain fails at once with `AskError::WouldDeadlock`.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use mailring::{Placement, ShardId};
+
+use crate::actor::{Actor, Envelope, SupervisionPolicy};
+use crate::addr::Addr;
+use crate::ctx::Ctx;
+use crate::error::{AskError, StopReason};
+use crate::local::{self, Delivery, TargetId, TypeState};
+use crate::mailbox::{ActorCell, Capacity};
+use crate::reply;
+use crate::system::SystemShared;
+use crate::Terminated;
+
+/// Messages handled before the actor yields its shard to other tasks.
+const YIELD_EVERY: u32 = 64;
+
+/// The actor being polled and what its current message waits on.
+pub(crate) struct Frame {
+    pub(crate) uid: u64,
+    pub(crate) chain: RefCell<Option<Arc<[u64]>>>,
+}
+
+thread_local! {
+    static FRAME: RefCell<Option<Rc<Frame>>> = const { RefCell::new(None) };
+}
+
+/// The chain a new ask carries, or `WouldDeadlock` if `target` is on it.
+pub(crate) fn ask_chain(target: impl FnOnce() -> u64) -> Result<Option<Arc<[u64]>>, AskError> {
+    let frame = FRAME.try_with(|f| f.borrow().clone()).ok().flatten();
+    let Some(frame) = frame else {
+        return Ok(None);
+    };
+    let target = target();
+    let chain = frame.chain.borrow();
+    if target == frame.uid || chain.as_ref().is_some_and(|c| c.contains(&target)) {
+        return Err(AskError::WouldDeadlock);
+    }
+    let mut links: Vec<u64> = chain.as_deref().map(<[u64]>::to_vec).unwrap_or_default();
+    links.push(frame.uid);
+    Ok(Some(links.into()))
+}
+
+/// Polls `fut` with the actor's frame installed, catching panics.
+async fn guarded<F: Future>(frame: &Rc<Frame>, fut: F) -> Result<F::Output, ()> {
+    let mut fut = pin!(fut);
+    poll_fn(|cx| {
+        let prev = FRAME.with(|f| f.replace(Some(frame.clone())));
+        let polled = catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx)));
+        FRAME.with(|f| *f.borrow_mut() = prev);
+        match polled {
+            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(_) => Poll::Ready(Err(())),
+        }
+    })
+    .await
+}
+
+/// How a child reaches its parent when it escalates a failure.
+pub(crate) struct ParentLink {
+    escalate: Box<dyn FnOnce() + Send>,
+}
+
+impl ParentLink {
+    pub(crate) fn new<P: Actor>(parent: &Addr<P>) -> Self
+    where
+        P::Envelope: Send,
+    {
+        let parent = parent.clone();
+        ParentLink {
+            escalate: Box::new(move || {
+                local::send_delivery(
+                    &parent.system,
+                    parent.home(),
+                    parent.target_id(),
+                    Delivery::Stop(StopReason::Panicked),
+                )
+            }),
+        }
+    }
+}
+
+enum Outcome {
+    Panicked,
+    Stop(StopReason),
+}
+
+/// Spawns the task of a new activation on the calling shard.
+pub(crate) fn start<A: Actor>(
+    ts: Rc<TypeState<A>>,
+    cell: Rc<ActorCell<A>>,
+    make: Box<dyn FnMut() -> Option<A>>,
+    parent: Option<ParentLink>,
+) {
+    let myself = if cell.uid >> 63 == 1 {
+        Addr::unkeyed(ts.system.clone(), ts.shard, cell.uid, cell.capacity.clone())
+    } else {
+        Addr::keyed(ts.system.clone(), cell.key.clone())
+    };
+    let cx = Ctx::new(myself, cell.clone(), ts.clone());
+    mailring::spawn_local(run(ts, cell, make, cx, parent)).detach();
+}
+
+async fn run<A: Actor>(
+    ts: Rc<TypeState<A>>,
+    cell: Rc<ActorCell<A>>,
+    mut make: Box<dyn FnMut() -> Option<A>>,
+    mut cx: Ctx<A>,
+    parent: Option<ParentLink>,
+) {
+    let frame = cx.frame.clone();
+    let keyed = cell.uid >> 63 == 0;
+    let supervision = A::CONFIG.supervision;
+    let mut restarts: VecDeque<Instant> = VecDeque::new();
+    let mut actor = guarded(&frame, async { make() }).await.ok().flatten();
+    let mut needs_start = true;
+    let reason = loop {
+        let Some(a) = actor.as_mut() else {
+            break StopReason::Panicked;
+        };
+        let outcome = if needs_start {
+            needs_start = false;
+            match guarded(&frame, a.on_start(&mut cx)).await {
+                Ok(()) => process(a, &mut cx, &cell, &ts, keyed).await,
+                Err(()) => Outcome::Panicked,
+            }
+        } else {
+            process(a, &mut cx, &cell, &ts, keyed).await
+        };
+        match outcome {
+            Outcome::Panicked => {
+                bump(&ts.counters.panics);
+                let now = Instant::now();
+                while restarts
+                    .front()
+                    .is_some_and(|t| now.duration_since(*t) > supervision.within)
+                {
+                    restarts.pop_front();
+                }
+                let within_budget = (restarts.len() as u32) < supervision.max_restarts;
+                match supervision.policy {
+                    SupervisionPolicy::Restart if within_budget => {
+                        restarts.push_back(now);
+                        bump(&ts.counters.restarts);
+                        cx.stop_children();
+                        cx.cancel_timers();
+                        drop(actor.take());
+                        actor = guarded(&frame, async { make() }).await.ok().flatten();
+                        needs_start = true;
+                        continue;
+                    }
+                    SupervisionPolicy::Escalate => {
+                        if let Some(p) = parent {
+                            (p.escalate)();
+                        }
+                        break StopReason::Panicked;
+                    }
+                    _ => break StopReason::Panicked,
+                }
+            }
+            Outcome::Stop(reason) => {
+                if keyed && matches!(reason, StopReason::Passivated | StopReason::Stopped) {
+                    let _ = guarded(&frame, a.on_passivate(&mut cx)).await;
+                    if reason == StopReason::Passivated
+                        && !cell.is_empty()
+                        && cell.stop_request.get().is_none()
+                    {
+                        // Messages came in while passivating: stay active.
+                        continue;
+                    }
+                    bump(&ts.counters.passivations);
+                }
+                break reason;
+            }
+        }
+    };
+    if reason != StopReason::Panicked {
+        if let Some(a) = actor.as_mut() {
+            let _ = guarded(&frame, a.on_stop(&mut cx)).await;
+        }
+    }
+    if reason == StopReason::Stopped && !keyed {
+        bump(&ts.counters.stops);
+    }
+    ts.remove(&cell);
+    let rest = cell.close();
+    cx.cancel_timers();
+    cx.stop_children();
+    drop(actor);
+    let id = crate::ActorId(cell.uid);
+    for notify in cell.take_watchers() {
+        notify(Terminated { id, reason });
+    }
+    let redeliver = keyed && matches!(reason, StopReason::Passivated | StopReason::Stopped);
+    if redeliver && !rest.is_empty() {
+        let target = TargetId::Key(cell.key.clone());
+        for env in rest {
+            ts.deliver_or_drop(&target, env);
+        }
+    } else {
+        let why = if reason == StopReason::Shutdown {
+            AskError::ShuttingDown
+        } else {
+            AskError::Stopped
+        };
+        reply::drop_with_reason(why, rest);
+    }
+}
+
+fn bump(c: &std::cell::Cell<u64>) {
+    c.set(c.get() + 1);
+}
+
+enum Next<E> {
+    Msg(E),
+    Signal,
+    Idle,
+}
+
+/// The message loop of step 2.
+async fn process<A: Actor>(
+    actor: &mut A,
+    cx: &mut Ctx<A>,
+    cell: &Rc<ActorCell<A>>,
+    ts: &Rc<TypeState<A>>,
+    keyed: bool,
+) -> Outcome {
+    let frame = cx.frame.clone();
+    let idle = if keyed { A::CONFIG.idle_timeout } else { None };
+    let mut since_yield = 0u32;
+    loop {
+        if let Some(r) = cx.stop_requested.take() {
+            return Outcome::Stop(r);
+        }
+        if let Some(r) = cell.stop_request.take() {
+            return match r {
+                StopReason::Panicked => Outcome::Panicked,
+                r => Outcome::Stop(r),
+            };
+        }
+        let env = match cell.pop() {
+            Some(env) => env,
+            None => match next_message(cell, idle).await {
+                Next::Msg(env) => env,
+                Next::Signal => continue,
+                Next::Idle => return Outcome::Stop(StopReason::Passivated),
+            },
+        };
+        if guarded(&frame, env.handle(actor, cx)).await.is_err() {
+            cx.leave_message();
+            return Outcome::Panicked;
+        }
+        bump(&ts.counters.handled);
+        since_yield += 1;
+        if since_yield == YIELD_EVERY {
+            since_yield = 0;
+            mailring::yield_now().await;
+        }
+    }
+}
+
+/// Waits for a message, a stop request, or the idle deadline.
+async fn next_message<A: Actor>(cell: &ActorCell<A>, idle: Option<Duration>) -> Next<A::Envelope> {
+    let mut sleep = idle.map(mailring::time::sleep);
+    poll_fn(|cx| {
+        if cell.stop_request.get().is_some() {
+            return Poll::Ready(Next::Signal);
+        }
+        if let Poll::Ready(env) = cell.poll_pop(cx) {
+            return Poll::Ready(Next::Msg(env));
+        }
+        if let Some(s) = sleep.as_mut() {
+            if std::pin::Pin::new(s).poll(cx).is_ready() {
+                return Poll::Ready(Next::Idle);
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// Spawns an unkeyed actor (see `SystemHandle::spawn_actor`).
+pub(crate) fn spawn_unkeyed<A, F>(
+    shared: &Arc<SystemShared>,
+    placement: Placement,
+    mut factory: F,
+    parent: Option<ParentLink>,
+) -> Addr<A>
+where
+    A: Actor<Key = ()>,
+    F: FnMut() -> A + Send + 'static,
+{
+    let n = shared.handle.shards();
+    let dest = match placement {
+        Placement::Pinned(s) => {
+            assert!(
+                s.index() < n,
+                "{s} does not exist: the system has {n} shards"
+            );
+            s.index()
+        }
+        Placement::Sticky(k) => mailring::sticky_shard(k, n).index(),
+        Placement::RoundRobin => (shared.next_uid() as usize) % n,
+        _ => shared.handle.least_loaded_shard().index(),
+    };
+    let uid = shared.next_uid();
+    let capacity = A::CONFIG.mailbox.map(Capacity::new);
+    let addr = Addr::unkeyed(shared.clone(), dest, uid, capacity.clone());
+    let s = shared.clone();
+    shared.handle.run_on(ShardId::new(dest), move || {
+        if let Some(ts) = local::type_state::<A>(&s) {
+            ts.spawn_unkeyed(uid, Box::new(move || Some(factory())), capacity, parent);
+        }
+    });
+    addr
+}

@@ -1,0 +1,420 @@
+//! The actor system: a [`mailring::Runtime`] plus what its actors share
+//! across shards (factories, stealable directories, bounded-mailbox counts,
+//! the name registry) and the graceful shutdown.
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use mailring::{BuildError, Builder, Handle, Placement, Runtime, ShardId};
+
+use crate::actor::Actor;
+use crate::addr::Addr;
+use crate::error::StopReason;
+use crate::local;
+use crate::mailbox::Capacity;
+use crate::route::Directory;
+use crate::stats::{ActorStats, ActorTypeStats};
+
+static NEXT_SYSTEM_ID: AtomicU64 = AtomicU64::new(1);
+
+type Factory<A> = Arc<dyn Fn(&<A as Actor>::Key) -> A + Send + Sync>;
+type AnyMap = HashMap<TypeId, Arc<dyn Any + Send + Sync>>;
+/// A registered name: the actor type and its `Addr`.
+type NamedAddr = (TypeId, Box<dyn Any + Send + Sync>);
+
+/// What the shards of one system share.
+pub(crate) struct SystemShared {
+    pub(crate) id: u64,
+    pub(crate) handle: Handle,
+    pub(crate) ask_timeout: Option<Duration>,
+    next_uid: AtomicU64,
+    shutting_down: AtomicBool,
+    closed: AtomicBool,
+    factories: RwLock<AnyMap>,
+    directories: Mutex<AnyMap>,
+    capacities: Mutex<AnyMap>,
+    names: Mutex<HashMap<String, NamedAddr>>,
+}
+
+impl fmt::Debug for SystemShared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SystemShared")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SystemShared {
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn next_uid(&self) -> u64 {
+        self.next_uid.fetch_add(1, Ordering::Relaxed) | (1 << 63)
+    }
+
+    pub(crate) fn factory<A: Actor>(&self) -> Option<Factory<A>> {
+        let map = self.factories.read().unwrap_or_else(|p| p.into_inner());
+        map.get(&TypeId::of::<A>())
+            .and_then(|f| f.downcast_ref::<Factory<A>>())
+            .cloned()
+    }
+
+    pub(crate) fn directory<A: Actor>(&self) -> Arc<Directory<A::Key>> {
+        let mut map = self.directories.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = map
+            .entry(TypeId::of::<A>())
+            .or_insert_with(|| Arc::new(Directory::<A::Key>::new()));
+        entry
+            .clone()
+            .downcast::<Directory<A::Key>>()
+            .expect("directory of the right key type")
+    }
+
+    /// The shared count of a keyed actor's bounded mailbox.
+    pub(crate) fn keyed_capacity<A: Actor>(&self, key: &A::Key, cap: usize) -> Arc<Capacity> {
+        type Caps<K> = Mutex<HashMap<K, Arc<Capacity>>>;
+        let caps = {
+            let mut map = self.capacities.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(TypeId::of::<A>())
+                .or_insert_with(|| Arc::new(Caps::<A::Key>::new(HashMap::new())))
+                .clone()
+                .downcast::<Caps<A::Key>>()
+                .expect("capacity map of the right key type")
+        };
+        let mut caps = caps.lock().unwrap_or_else(|p| p.into_inner());
+        caps.entry(key.clone())
+            .or_insert_with(|| Capacity::new(cap))
+            .clone()
+    }
+}
+
+/// Settings of an [`ActorSystem`] beyond the runtime's.
+#[derive(Debug, Clone)]
+pub struct SystemConfig {
+    /// The default deadline of every `ask` (`None`: wait as long as the actor
+    /// lives). 30 seconds unless set.
+    pub ask_timeout: Option<Duration>,
+    /// How long [`ActorSystem::shutdown`] waits for actors to run `on_stop`.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for SystemConfig {
+    fn default() -> Self {
+        SystemConfig {
+            ask_timeout: Some(Duration::from_secs(30)),
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A running actor system: shards, and the actors placed on them.
+///
+/// ```
+/// use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, Runtime};
+///
+/// #[derive(Actor, Default)]
+/// #[actor(key = u64, activate = Counter::new, handles(Add))]
+/// struct Counter { total: u64 }
+/// impl Counter { fn new(_: &u64) -> Self { Counter::default() } }
+///
+/// #[derive(Message)]
+/// #[message(reply = u64)]
+/// struct Add(u64);
+///
+/// impl Handler<Add> for Counter {
+///     async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) -> u64 {
+///         self.total += m.0;
+///         self.total
+///     }
+/// }
+///
+/// let system = ActorSystem::start(Runtime::builder().shards(2))?;
+/// let counter = system.keyed::<Counter>(7);
+/// let total = system.block_on(async move {
+///     counter.tell(Add(1)).unwrap();
+///     counter.ask(Add(2)).await.unwrap()
+/// });
+/// assert_eq!(total, 3);
+/// system.shutdown();
+/// # Ok::<(), mailring::BuildError>(())
+/// ```
+pub struct ActorSystem {
+    shared: Arc<SystemShared>,
+    runtime: Option<Runtime>,
+    grace: Duration,
+}
+
+impl fmt::Debug for ActorSystem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ActorSystem")
+            .field("id", &self.shared.id)
+            .field("shards", &self.shared.handle.shards())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ActorSystem {
+    /// Starts the runtime `builder` describes and an actor system on it.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's [`BuildError`] (io_uring unavailable, ...).
+    pub fn start(builder: Builder) -> Result<ActorSystem, BuildError> {
+        Self::start_with(builder, SystemConfig::default())
+    }
+
+    /// As [`ActorSystem::start`], with system settings.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's [`BuildError`].
+    pub fn start_with(builder: Builder, config: SystemConfig) -> Result<ActorSystem, BuildError> {
+        let runtime = builder.build()?;
+        let shared = Arc::new(SystemShared {
+            id: NEXT_SYSTEM_ID.fetch_add(1, Ordering::Relaxed),
+            handle: runtime.handle().clone(),
+            ask_timeout: config.ask_timeout,
+            next_uid: AtomicU64::new(1),
+            shutting_down: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            factories: RwLock::new(HashMap::new()),
+            directories: Mutex::new(HashMap::new()),
+            capacities: Mutex::new(HashMap::new()),
+            names: Mutex::new(HashMap::new()),
+        });
+        Ok(ActorSystem {
+            shared,
+            runtime: Some(runtime),
+            grace: config.shutdown_grace,
+        })
+    }
+
+    /// A cheap handle to this system, usable from any thread and inside actors.
+    pub fn handle(&self) -> SystemHandle {
+        SystemHandle {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The runtime's handle.
+    pub fn runtime(&self) -> &Handle {
+        &self.shared.handle
+    }
+
+    /// Runs `future` on shard 0 and blocks until it finishes.
+    pub fn block_on<F>(&self, future: F) -> F::Output
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.runtime
+            .as_ref()
+            .expect("runtime present until shutdown")
+            .block_on(future)
+    }
+
+    /// Builds a future on shard 0 (it need not be `Send`) and blocks until it
+    /// finishes.
+    pub fn block_on_local<G, Fut>(&self, factory: G) -> Fut::Output
+    where
+        G: FnOnce() -> Fut + Send + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
+        self.runtime
+            .as_ref()
+            .expect("runtime present until shutdown")
+            .block_on_local(factory)
+    }
+
+    /// A reference to the keyed actor `key` of type `A` (see [`SystemHandle::keyed`]).
+    pub fn keyed<A: Actor>(&self, key: A::Key) -> Addr<A> {
+        Addr::keyed(self.shared.clone(), key)
+    }
+
+    /// Spawns an unkeyed actor (see [`SystemHandle::spawn_actor`]).
+    pub fn spawn_actor<A, F>(&self, placement: Placement, factory: F) -> Addr<A>
+    where
+        A: Actor<Key = ()>,
+        F: FnMut() -> A + Send + 'static,
+    {
+        self.handle().spawn_actor(placement, factory)
+    }
+
+    /// Registers how keyed actors of type `A` are built (see
+    /// [`SystemHandle::register_factory`]).
+    pub fn register_factory<A: Actor>(
+        &self,
+        factory: impl Fn(&A::Key) -> A + Send + Sync + 'static,
+    ) {
+        self.handle().register_factory(factory)
+    }
+
+    /// Per-shard, per-type actor counters (see [`SystemHandle::stats`]).
+    pub fn stats(&self) -> ActorStats {
+        let h = self.handle();
+        self.block_on(async move { h.stats().await })
+    }
+
+    /// Stops every actor (each runs `on_passivate`/`on_stop`; pending asks
+    /// fail with `ShuttingDown`), then shuts the runtime down.
+    pub fn shutdown(mut self) {
+        self.shutdown_inner();
+    }
+
+    fn shutdown_inner(&mut self) {
+        let Some(runtime) = self.runtime.take() else {
+            return;
+        };
+        self.shared.shutting_down.store(true, Ordering::Release);
+        let shared = self.shared.clone();
+        let grace = self.grace;
+        let n = shared.handle.shards();
+        let stopped = runtime.block_on(async move {
+            let deadline = std::time::Instant::now() + grace;
+            let mut joins = Vec::new();
+            for i in 0..n {
+                let s = shared.clone();
+                joins.push(s.handle.clone().spawn_on(ShardId::new(i), async move {
+                    loop {
+                        let live = local::stop_shard(&s, StopReason::Shutdown);
+                        if live == 0 || std::time::Instant::now() >= deadline {
+                            s.closed.store(true, Ordering::Release);
+                            local::clear_shard(&s);
+                            return live;
+                        }
+                        mailring::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }));
+            }
+            let mut left = 0;
+            for j in joins {
+                left += j.await.unwrap_or(0);
+            }
+            left
+        });
+        if stopped > 0 {
+            eprintln!("mailring-actors: {stopped} actors still running after the shutdown grace period; dropping them");
+        }
+        runtime.shutdown();
+    }
+}
+
+impl Drop for ActorSystem {
+    fn drop(&mut self) {
+        self.shutdown_inner();
+    }
+}
+
+/// A cheap, cloneable, `Send` handle to an [`ActorSystem`].
+#[derive(Clone)]
+pub struct SystemHandle {
+    pub(crate) shared: Arc<SystemShared>,
+}
+
+impl fmt::Debug for SystemHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SystemHandle")
+            .field("id", &self.shared.id)
+            .finish()
+    }
+}
+
+impl SystemHandle {
+    /// The runtime's handle.
+    pub fn runtime(&self) -> &Handle {
+        &self.shared.handle
+    }
+
+    /// A reference to the keyed actor `key` of type `A`. It is valid before
+    /// the actor exists: the first message activates it on the shard its
+    /// placement picks.
+    pub fn keyed<A: Actor>(&self, key: A::Key) -> Addr<A> {
+        Addr::keyed(self.shared.clone(), key)
+    }
+
+    /// Spawns an unkeyed actor built by `factory` on the shard `placement`
+    /// picks (`Stealable` picks the least-loaded shard now: a started actor
+    /// never moves). The factory runs on that shard, and again on restarts.
+    pub fn spawn_actor<A, F>(&self, placement: Placement, factory: F) -> Addr<A>
+    where
+        A: Actor<Key = ()>,
+        F: FnMut() -> A + Send + 'static,
+    {
+        crate::runner::spawn_unkeyed(&self.shared, placement, factory, None)
+    }
+
+    /// Registers how keyed actors of type `A` are built; it takes precedence
+    /// over `#[actor(activate = ...)]`. Register before the first message.
+    pub fn register_factory<A: Actor>(
+        &self,
+        factory: impl Fn(&A::Key) -> A + Send + Sync + 'static,
+    ) {
+        let f: Factory<A> = Arc::new(factory);
+        let mut map = self
+            .shared
+            .factories
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        map.insert(TypeId::of::<A>(), Arc::new(f));
+    }
+
+    /// Registers `addr` under `name`; a previous actor of that name is replaced.
+    pub fn register_name<A: Actor>(&self, name: impl Into<String>, addr: Addr<A>)
+    where
+        A::Key: Send,
+    {
+        let mut names = self.shared.names.lock().unwrap_or_else(|p| p.into_inner());
+        names.insert(name.into(), (TypeId::of::<A>(), Box::new(addr)));
+    }
+
+    /// The actor registered under `name`, if it has type `A`.
+    pub fn lookup<A: Actor>(&self, name: &str) -> Option<Addr<A>> {
+        let names = self.shared.names.lock().unwrap_or_else(|p| p.into_inner());
+        let (ty, addr) = names.get(name)?;
+        if *ty != TypeId::of::<A>() {
+            return None;
+        }
+        addr.downcast_ref::<Addr<A>>().cloned()
+    }
+
+    /// Removes a name; returns whether it was registered.
+    pub fn unregister_name(&self, name: &str) -> bool {
+        let mut names = self.shared.names.lock().unwrap_or_else(|p| p.into_inner());
+        names.remove(name).is_some()
+    }
+
+    /// Per-shard, per-type counters, gathered on every shard.
+    pub async fn stats(&self) -> ActorStats {
+        let n = self.shared.handle.shards();
+        let mut joins = Vec::new();
+        for i in 0..n {
+            let s = self.shared.clone();
+            joins.push(
+                self.shared
+                    .handle
+                    .spawn_on(ShardId::new(i), async move { local::shard_stats(&s) }),
+            );
+        }
+        let mut per_shard: Vec<ActorTypeStats> = Vec::new();
+        for j in joins {
+            per_shard.extend(j.await.unwrap_or_default());
+        }
+        ActorStats::from_shards(per_shard)
+    }
+
+    /// Number of stealable keys recorded in `A`'s directory.
+    pub fn directory_len<A: Actor>(&self) -> usize {
+        self.shared.directory::<A>().len()
+    }
+}
