@@ -3,7 +3,7 @@
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
 use syn::punctuated::Punctuated;
-use syn::{DeriveInput, Expr, ExprLit, Lit, LitInt, LitStr, Meta, Path, Token, Type};
+use syn::{DeriveInput, Expr, ExprLit, Lit, LitInt, LitStr, Path, Token, Type};
 
 #[derive(Default)]
 struct ActorArgs {
@@ -44,78 +44,110 @@ fn string(e: &Expr, what: &str) -> syn::Result<LitStr> {
     }
 }
 
+/// One item of `#[actor(...)]` / `#[message(...)]`: `name`, `name = value`
+/// (a type for `key`/`reply`, an expression otherwise) or `name(T, ...)`.
+enum Item {
+    Flag(Path),
+    Value(Path, Expr),
+    Type(Path, Type),
+    List(Path, Vec<Type>),
+}
+
+impl Item {
+    fn path(&self) -> &Path {
+        match self {
+            Item::Flag(p) | Item::Value(p, _) | Item::Type(p, _) | Item::List(p, _) => p,
+        }
+    }
+}
+
+fn parse_items(attr: &syn::Attribute, type_valued: &[&str]) -> syn::Result<Vec<Item>> {
+    attr.parse_args_with(|input: syn::parse::ParseStream<'_>| {
+        let mut items = Vec::new();
+        while !input.is_empty() {
+            let path: Path = input.parse()?;
+            if input.peek(Token![=]) {
+                input.parse::<Token![=]>()?;
+                let is_type = path
+                    .get_ident()
+                    .is_some_and(|i| type_valued.iter().any(|t| i == t));
+                if is_type {
+                    items.push(Item::Type(path, input.parse()?));
+                } else {
+                    items.push(Item::Value(path, input.parse()?));
+                }
+            } else if input.peek(syn::token::Paren) {
+                let content;
+                syn::parenthesized!(content in input);
+                let types = Punctuated::<Type, Token![,]>::parse_terminated(&content)?;
+                items.push(Item::List(path, types.into_iter().collect()));
+            } else {
+                items.push(Item::Flag(path));
+            }
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        Ok(items)
+    })
+}
+
 fn parse_actor_args(input: &DeriveInput) -> syn::Result<ActorArgs> {
     let mut args = ActorArgs::default();
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("actor")) {
-        let metas = attr.parse_args_with(Punctuated::<Meta, Token![,]>::parse_terminated)?;
-        for meta in metas {
-            match &meta {
-                Meta::Path(p) if p.is_ident("hooks") => args.hooks = true,
-                Meta::List(list) if list.path.is_ident("handles") => {
-                    let types =
-                        list.parse_args_with(Punctuated::<Type, Token![,]>::parse_terminated)?;
-                    args.handles = Some(types.into_iter().collect());
+        for item in parse_items(attr, &["key"])? {
+            let name = item
+                .path()
+                .get_ident()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            match (name.as_str(), &item) {
+                ("hooks", Item::Flag(_)) => args.hooks = true,
+                ("handles", Item::List(_, types)) => args.handles = Some(types.clone()),
+                ("key", Item::Type(_, ty)) => args.key = Some(ty.clone()),
+                ("activate", Item::Value(_, v)) => args.activate = Some(v.clone()),
+                ("placement", Item::Value(_, v)) => {
+                    let s = string(v, "placement")?;
+                    args.placement = Some(match s.value().as_str() {
+                        "sticky" => quote!(::mailring_actors::ActorPlacement::Sticky),
+                        "stealable" => quote!(::mailring_actors::ActorPlacement::Stealable),
+                        _ => {
+                            return Err(syn::Error::new_spanned(
+                                s,
+                                "unknown placement: expected \"sticky\" or \"stealable\" (or `pinned = N`)",
+                            ))
+                        }
+                    });
                 }
-                Meta::NameValue(nv) => {
-                    let name = nv
-                        .path
-                        .get_ident()
-                        .map(ToString::to_string)
-                        .unwrap_or_default();
-                    let v = &nv.value;
-                    match name.as_str() {
-                        "key" => {
-                            args.key = Some(syn::parse2::<Type>(quote!(#v)).map_err(|_| {
-                                syn::Error::new_spanned(v, "`key` expects a type, e.g. `key = u64`")
-                            })?)
-                        }
-                        "activate" => args.activate = Some(v.clone()),
-                        "placement" => {
-                            let s = string(v, "placement")?;
-                            args.placement = Some(match s.value().as_str() {
-                                "sticky" => quote!(::mailring_actors::ActorPlacement::Sticky),
-                                "stealable" => quote!(::mailring_actors::ActorPlacement::Stealable),
-                                _ => {
-                                    return Err(syn::Error::new_spanned(
-                                        s,
-                                        "unknown placement: expected \"sticky\" or \"stealable\" (or `pinned = N`)",
-                                    ))
-                                }
-                            });
-                        }
-                        "pinned" => {
-                            let n = int(v, "pinned")?;
-                            args.placement =
-                                Some(quote!(::mailring_actors::ActorPlacement::Pinned(#n)));
-                        }
-                        "mailbox" => args.mailbox = Some(int(v, "mailbox")?),
-                        "idle_timeout_ms" => {
-                            args.idle_timeout_ms = Some(int(v, "idle_timeout_ms")?)
-                        }
-                        "max_active" => args.max_active = Some(int(v, "max_active")?),
-                        "max_restarts" => args.max_restarts = Some(int(v, "max_restarts")?),
-                        "restart_window_ms" => {
-                            args.restart_window_ms = Some(int(v, "restart_window_ms")?)
-                        }
-                        "supervision" => {
-                            let s = string(v, "supervision")?;
-                            args.supervision = Some(match s.value().as_str() {
-                                "restart" => quote!(::mailring_actors::SupervisionPolicy::Restart),
-                                "stop" => quote!(::mailring_actors::SupervisionPolicy::Stop),
-                                "escalate" => quote!(::mailring_actors::SupervisionPolicy::Escalate),
-                                _ => {
-                                    return Err(syn::Error::new_spanned(
-                                        s,
-                                        "unknown supervision: expected \"restart\", \"stop\" or \"escalate\"",
-                                    ))
-                                }
-                            });
-                        }
-                        _ => return Err(unknown(&nv.path)),
-                    }
+                ("pinned", Item::Value(_, v)) => {
+                    let n = int(v, "pinned")?;
+                    args.placement = Some(quote!(::mailring_actors::ActorPlacement::Pinned(#n)));
                 }
-                Meta::Path(p) => return Err(unknown(p)),
-                Meta::List(l) => return Err(unknown(&l.path)),
+                ("mailbox", Item::Value(_, v)) => args.mailbox = Some(int(v, "mailbox")?),
+                ("idle_timeout_ms", Item::Value(_, v)) => {
+                    args.idle_timeout_ms = Some(int(v, "idle_timeout_ms")?)
+                }
+                ("max_active", Item::Value(_, v)) => args.max_active = Some(int(v, "max_active")?),
+                ("max_restarts", Item::Value(_, v)) => {
+                    args.max_restarts = Some(int(v, "max_restarts")?)
+                }
+                ("restart_window_ms", Item::Value(_, v)) => {
+                    args.restart_window_ms = Some(int(v, "restart_window_ms")?)
+                }
+                ("supervision", Item::Value(_, v)) => {
+                    let s = string(v, "supervision")?;
+                    args.supervision = Some(match s.value().as_str() {
+                        "restart" => quote!(::mailring_actors::SupervisionPolicy::Restart),
+                        "stop" => quote!(::mailring_actors::SupervisionPolicy::Stop),
+                        "escalate" => quote!(::mailring_actors::SupervisionPolicy::Escalate),
+                        _ => return Err(syn::Error::new_spanned(
+                            s,
+                            "unknown supervision: expected \"restart\", \"stop\" or \"escalate\"",
+                        )),
+                    });
+                }
+                _ => return Err(unknown(item.path())),
             }
         }
     }
@@ -274,18 +306,12 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
 pub(crate) fn expand_message(input: DeriveInput) -> syn::Result<TokenStream> {
     let mut reply: Option<Type> = None;
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("message")) {
-        let metas = attr.parse_args_with(Punctuated::<Meta, Token![,]>::parse_terminated)?;
-        for meta in metas {
-            match &meta {
-                Meta::NameValue(nv) if nv.path.is_ident("reply") => {
-                    let v = &nv.value;
-                    reply = Some(syn::parse2::<Type>(quote!(#v)).map_err(|_| {
-                        syn::Error::new_spanned(v, "`reply` expects a type, e.g. `reply = u64`")
-                    })?);
-                }
+        for item in parse_items(attr, &["reply"])? {
+            match item {
+                Item::Type(p, ty) if p.is_ident("reply") => reply = Some(ty),
                 other => {
                     return Err(syn::Error::new_spanned(
-                        other,
+                        other.path(),
                         "unknown message attribute: expected `reply = Type`",
                     ))
                 }

@@ -1,0 +1,1069 @@
+//! Integration tests of the actor layer, through the public API.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mailring_actors::{
+    Actor, ActorSystem, AskError, Ctx, Handler, Hooks, Message, Placement, Runtime, ShardId,
+    StopReason, SystemConfig, TellError, Terminated,
+};
+
+fn system(shards: usize) -> ActorSystem {
+    ActorSystem::start(Runtime::builder().shards(shards)).expect("io_uring available")
+}
+
+// ---------------------------------------------------------------- basics
+
+#[derive(Actor, Default)]
+#[actor(handles(Add, Get, WhereAmI))]
+struct Counter {
+    total: u64,
+}
+
+#[derive(Message)]
+struct Add(u64);
+
+#[derive(Message)]
+#[message(reply = u64)]
+struct Get;
+
+#[derive(Message)]
+#[message(reply = usize)]
+struct WhereAmI;
+
+impl Handler<Add> for Counter {
+    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
+        self.total += m.0;
+    }
+}
+
+impl Handler<Get> for Counter {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.total
+    }
+}
+
+impl Handler<WhereAmI> for Counter {
+    async fn handle(&mut self, _m: WhereAmI, cx: &mut Ctx<Self>) -> usize {
+        assert_eq!(Some(cx.shard()), mailring_actors::mailring::current_shard());
+        cx.shard().index()
+    }
+}
+
+#[test]
+fn unkeyed_actor_tell_and_ask_across_shards() {
+    let sys = system(2);
+    let c = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Counter::default);
+    assert_eq!(c.shard(), ShardId::new(1));
+    let got = sys.block_on(async move {
+        // block_on runs on shard 0: every send crosses shards.
+        for i in 1..=100 {
+            c.tell(Add(i)).unwrap();
+        }
+        let total = c.ask(Get).await.unwrap();
+        let shard = c.ask(WhereAmI).await.unwrap();
+        (total, shard)
+    });
+    assert_eq!(got, (5050, 1));
+    sys.shutdown();
+}
+
+#[test]
+fn same_shard_and_outside_thread_sends() {
+    let sys = system(2);
+    let c = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Counter::default);
+    // From this (outside) thread.
+    for _ in 0..10 {
+        c.tell(Add(1)).unwrap();
+    }
+    let c2 = c.clone();
+    let total = sys.block_on(async move {
+        for _ in 0..10 {
+            c2.tell(Add(1)).unwrap();
+        }
+        c2.ask(Get).await.unwrap()
+    });
+    assert_eq!(total, 20);
+    sys.shutdown();
+}
+
+// ---------------------------------------------------------------- keyed
+
+static ACTIVATIONS: AtomicUsize = AtomicUsize::new(0);
+
+#[derive(Actor)]
+#[actor(key = u64, activate = Account::new, handles(Deposit, Balance, WhereAmI))]
+struct Account {
+    key: u64,
+    balance: u64,
+}
+
+impl Account {
+    fn new(key: &u64) -> Self {
+        ACTIVATIONS.fetch_add(1, Ordering::SeqCst);
+        Account {
+            key: *key,
+            balance: 0,
+        }
+    }
+}
+
+#[derive(Message)]
+struct Deposit(u64);
+
+#[derive(Message)]
+#[message(reply = (u64, u64))]
+struct Balance;
+
+impl Handler<Deposit> for Account {
+    async fn handle(&mut self, m: Deposit, _cx: &mut Ctx<Self>) {
+        self.balance += m.0;
+    }
+}
+
+impl Handler<Balance> for Account {
+    async fn handle(&mut self, _m: Balance, cx: &mut Ctx<Self>) -> (u64, u64) {
+        assert_eq!(*cx.key(), self.key);
+        (self.key, self.balance)
+    }
+}
+
+impl Handler<WhereAmI> for Account {
+    async fn handle(&mut self, _m: WhereAmI, cx: &mut Ctx<Self>) -> usize {
+        cx.shard().index()
+    }
+}
+
+#[test]
+fn keyed_actors_activate_on_first_message_on_their_sticky_shard() {
+    let sys = system(2);
+    let before = ACTIVATIONS.load(Ordering::SeqCst);
+    let refs: Vec<_> = (0..16u64).map(|k| sys.keyed::<Account>(k)).collect();
+    assert_eq!(
+        ACTIVATIONS.load(Ordering::SeqCst),
+        before,
+        "refs alone activate nothing"
+    );
+    let out = sys.block_on(async move {
+        let mut out = Vec::new();
+        for r in &refs {
+            r.tell(Deposit(r.key().copied().unwrap() * 10)).unwrap();
+        }
+        for r in &refs {
+            let (k, b) = r.ask(Balance).await.unwrap();
+            let shard = r.ask(WhereAmI).await.unwrap();
+            out.push((k, b, shard, r.shard().index()));
+        }
+        out
+    });
+    for (k, b, shard, routed) in out {
+        assert_eq!(b, k * 10);
+        assert_eq!(shard, routed, "key {k} runs where the router says");
+        assert_eq!(
+            routed,
+            mailring_actors::mailring::sticky_shard(mailring_actors::route_hash(&k), 2).index()
+        );
+    }
+    let stats = sys.stats().by_type("Account").unwrap();
+    assert_eq!(stats.activations, 16);
+    assert_eq!(stats.active, 16);
+    sys.shutdown();
+}
+
+#[derive(Actor)]
+#[actor(key = String)]
+struct NoFactory;
+
+impl Handler<Get> for NoFactory {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        0
+    }
+}
+
+#[test]
+fn keyed_actor_without_factory_reports_it() {
+    let sys = system(1);
+    let r = sys.keyed::<NoFactory>("a".to_string());
+    let err = sys.block_on(async move { r.ask(Get).await });
+    assert_eq!(err, Err(AskError::NoFactory));
+    // With a factory registered, the same key works.
+    sys.register_factory::<NoFactory>(|_k| NoFactory);
+    let r = sys.keyed::<NoFactory>("a".to_string());
+    assert_eq!(sys.block_on(async move { r.ask(Get).await }), Ok(0));
+    sys.shutdown();
+}
+
+// ---------------------------------------------------------------- ordering
+
+#[derive(Actor, Default)]
+#[actor(handles(Seq, Check))]
+struct OrderChecker {
+    next: HashMap<u64, u64>,
+    violations: u64,
+    seen: u64,
+}
+
+#[derive(Message)]
+struct Seq {
+    sender: u64,
+    n: u64,
+}
+
+#[derive(Message)]
+#[message(reply = (u64, u64))]
+struct Check;
+
+impl Handler<Seq> for OrderChecker {
+    async fn handle(&mut self, m: Seq, _cx: &mut Ctx<Self>) {
+        let next = self.next.entry(m.sender).or_insert(0);
+        if *next != m.n {
+            self.violations += 1;
+        }
+        *next = m.n + 1;
+        self.seen += 1;
+    }
+}
+
+impl Handler<Check> for OrderChecker {
+    async fn handle(&mut self, _m: Check, _cx: &mut Ctx<Self>) -> (u64, u64) {
+        (self.seen, self.violations)
+    }
+}
+
+#[test]
+fn per_sender_fifo_holds_across_shards_under_load() {
+    const SENDERS_PER_SHARD: u64 = 4;
+    const PER_SENDER: u64 = 20_000;
+    let sys = system(2);
+    let checker = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), OrderChecker::default);
+    let rt = sys.runtime().clone();
+    let c = checker.clone();
+    let (seen, violations) = sys.block_on(async move {
+        let mut joins = Vec::new();
+        for shard in 0..2 {
+            for s in 0..SENDERS_PER_SHARD {
+                let c = c.clone();
+                let sender = shard as u64 * 100 + s;
+                joins.push(rt.spawn_on(ShardId::new(shard), async move {
+                    for n in 0..PER_SENDER {
+                        c.tell(Seq { sender, n }).unwrap();
+                        if n % 512 == 0 {
+                            mailring_actors::mailring::yield_now().await;
+                        }
+                    }
+                }));
+            }
+        }
+        for j in joins {
+            j.await.unwrap();
+        }
+        // Every sender is done; asks from each shard see all their messages
+        // because an ask travels behind the sender's earlier tells.
+        c.ask(Check).await.unwrap()
+    });
+    assert_eq!(violations, 0);
+    // The ask came from shard 0: shard 1's senders were joined first, and
+    // their tells were handed over before their tasks finished.
+    assert_eq!(seen, 2 * SENDERS_PER_SHARD * PER_SENDER);
+    sys.shutdown();
+}
+
+// ---------------------------------------------------------------- panics and supervision
+
+#[derive(Actor, Default)]
+#[actor(handles(Add, Get, Boom), max_restarts = 2, restart_window_ms = 60000)]
+struct Fragile {
+    total: u64,
+}
+
+#[derive(Message)]
+#[message(reply = u64)]
+struct Boom;
+
+impl Handler<Add> for Fragile {
+    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
+        self.total += m.0;
+    }
+}
+
+impl Handler<Get> for Fragile {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.total
+    }
+}
+
+impl Handler<Boom> for Fragile {
+    async fn handle(&mut self, _m: Boom, _cx: &mut Ctx<Self>) -> u64 {
+        panic!("boom (expected by the test)");
+    }
+}
+
+#[test]
+fn panics_fail_the_ask_and_restart_with_fresh_state_within_budget() {
+    let sys = system(2);
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Fragile::default);
+    let out = sys.block_on(async move {
+        a.tell(Add(5)).unwrap();
+        assert_eq!(a.ask(Get).await, Ok(5));
+        assert_eq!(a.ask(Boom).await, Err(AskError::Panicked));
+        // Restarted: fresh state, same address, the shard survived.
+        assert_eq!(a.ask(Get).await, Ok(0));
+        assert_eq!(a.ask(Boom).await, Err(AskError::Panicked));
+        assert_eq!(a.ask(Get).await, Ok(0));
+        // Third panic in the window: over budget, the actor stops.
+        assert_eq!(a.ask(Boom).await, Err(AskError::Panicked));
+        let after = a.ask(Get).await;
+        let tell = a.tell(Add(1));
+        (after, tell.map_err(|e| matches!(e, TellError::Stopped(_))))
+    });
+    assert_eq!(out.0, Err(AskError::Stopped));
+    let stats = sys.stats().by_type("Fragile").unwrap();
+    assert_eq!(stats.panics, 3);
+    assert_eq!(stats.restarts, 2);
+    sys.shutdown();
+}
+
+#[derive(Actor, Default)]
+#[actor(handles(Get, Boom), supervision = "stop")]
+struct StopsOnPanic;
+
+impl Handler<Get> for StopsOnPanic {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        1
+    }
+}
+
+impl Handler<Boom> for StopsOnPanic {
+    async fn handle(&mut self, _m: Boom, _cx: &mut Ctx<Self>) -> u64 {
+        panic!("stop policy (expected by the test)");
+    }
+}
+
+#[test]
+fn stop_policy_stops_and_queued_asks_fail_instead_of_hanging() {
+    let sys = system(2);
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), StopsOnPanic::default);
+    let out = sys.block_on(async move {
+        let boom = a.ask(Boom);
+        // Queued behind the panicking message.
+        let queued: Vec<_> = (0..10).map(|_| a.ask(Get)).collect();
+        let mut results = vec![boom.await];
+        for q in queued {
+            results.push(q.await);
+        }
+        results
+    });
+    assert_eq!(out[0], Err(AskError::Panicked));
+    assert!(
+        out[1..].iter().all(|r| *r == Err(AskError::Stopped)),
+        "{out:?}"
+    );
+    sys.shutdown();
+}
+
+// ---------------------------------------------------------------- passivation
+
+type Store = Arc<Mutex<HashMap<u64, u64>>>;
+
+#[derive(Actor)]
+#[actor(key = u64, idle_timeout_ms = 50, handles(Deposit, Balance), hooks)]
+struct Durable {
+    key: u64,
+    balance: u64,
+    store: Store,
+}
+
+impl Hooks for Durable {
+    async fn on_passivate(&mut self, _cx: &mut Ctx<Self>) {
+        self.store.lock().unwrap().insert(self.key, self.balance);
+    }
+}
+
+impl Handler<Deposit> for Durable {
+    async fn handle(&mut self, m: Deposit, _cx: &mut Ctx<Self>) {
+        self.balance += m.0;
+    }
+}
+
+impl Handler<Balance> for Durable {
+    async fn handle(&mut self, _m: Balance, _cx: &mut Ctx<Self>) -> (u64, u64) {
+        (self.key, self.balance)
+    }
+}
+
+#[test]
+fn idle_keyed_actor_passivates_and_reactivates_with_persisted_state() {
+    let sys = system(2);
+    let store: Store = Arc::default();
+    let s = store.clone();
+    sys.register_factory::<Durable>(move |k| Durable {
+        key: *k,
+        balance: s.lock().unwrap().get(k).copied().unwrap_or(0),
+        store: s.clone(),
+    });
+    let r = sys.keyed::<Durable>(9);
+    let r2 = r.clone();
+    sys.block_on(async move {
+        r2.tell(Deposit(7)).unwrap();
+        assert_eq!(r2.ask(Balance).await, Ok((9, 7)));
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        store.lock().unwrap().get(&9),
+        Some(&7),
+        "on_passivate persisted"
+    );
+    let stats = sys.stats().by_type("Durable").unwrap();
+    assert_eq!(
+        (stats.activations, stats.passivations, stats.active),
+        (1, 1, 0)
+    );
+    let b = sys.block_on(async move {
+        r.tell(Deposit(1)).unwrap();
+        r.ask(Balance).await
+    });
+    assert_eq!(b, Ok((9, 8)), "re-activated from the persisted state");
+    assert_eq!(sys.stats().by_type("Durable").unwrap().activations, 2);
+    sys.shutdown();
+}
+
+#[derive(Actor)]
+#[actor(key = u64, activate = Lru::new, max_active = 2, pinned = 0, handles(Get))]
+struct Lru;
+
+impl Lru {
+    fn new(_k: &u64) -> Self {
+        Lru
+    }
+}
+
+impl Handler<Get> for Lru {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        1
+    }
+}
+
+#[test]
+fn max_active_passivates_the_least_recently_used() {
+    let sys = system(2);
+    let h = sys.handle();
+    sys.block_on(async move {
+        for k in 0..5u64 {
+            h.keyed::<Lru>(k).ask(Get).await.unwrap();
+        }
+        // Let the passivated ones finish.
+        mailring_actors::mailring::time::sleep(Duration::from_millis(20)).await;
+    });
+    let stats = sys.stats().by_type("Lru").unwrap();
+    assert_eq!(stats.activations, 5);
+    assert_eq!(stats.passivations, 3);
+    assert_eq!(stats.active, 2);
+    sys.shutdown();
+}
+
+// ---------------------------------------------------------------- bounded mailboxes
+
+#[derive(Actor, Default)]
+#[actor(mailbox = 4, handles(Add, Get, Hold))]
+struct Slow {
+    total: u64,
+}
+
+#[derive(Message)]
+struct Hold(Duration);
+
+impl Handler<Add> for Slow {
+    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
+        self.total += m.0;
+    }
+}
+
+impl Handler<Get> for Slow {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.total
+    }
+}
+
+impl Handler<Hold> for Slow {
+    async fn handle(&mut self, m: Hold, _cx: &mut Ctx<Self>) {
+        mailring_actors::mailring::time::sleep(m.0).await;
+    }
+}
+
+#[test]
+fn bounded_mailbox_try_tell_gives_the_message_back_and_send_waits() {
+    let sys = system(2);
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Slow::default);
+    let out = sys.block_on(async move {
+        // Occupy the actor so nothing is taken for a while.
+        a.try_tell(Hold(Duration::from_millis(100))).unwrap();
+        mailring_actors::mailring::time::sleep(Duration::from_millis(20)).await;
+        let mut accepted = 0;
+        let mut refused = Vec::new();
+        for i in 0..10 {
+            match a.try_tell(Add(i)) {
+                Ok(()) => accepted += 1,
+                Err(TellError::Full(Add(v))) => refused.push(v),
+                Err(e) => panic!("unexpected {e}"),
+            }
+        }
+        // send() waits for room instead of failing.
+        let start = std::time::Instant::now();
+        for i in 0..10 {
+            a.send(Add(i)).await.unwrap();
+        }
+        let waited = start.elapsed();
+        let total = a.ask(Get).await.unwrap();
+        (accepted, refused, waited, total)
+    });
+    assert_eq!(out.0, 4, "four places");
+    assert_eq!(
+        out.1,
+        vec![4, 5, 6, 7, 8, 9],
+        "the refused messages come back"
+    );
+    assert!(
+        out.2 >= Duration::from_millis(30),
+        "send waited for room: {:?}",
+        out.2
+    );
+    assert_eq!(out.3, (0..4).sum::<u64>() + (0..10).sum::<u64>());
+    sys.shutdown();
+}
+
+// ---------------------------------------------------------------- stop and asks
+
+#[test]
+fn stop_races_with_asks_and_every_ask_resolves() {
+    let sys = system(2);
+    for round in 0..20 {
+        let a = sys.spawn_actor(Placement::Pinned(ShardId::new(round % 2)), Counter::default);
+        let rt = sys.runtime().clone();
+        let results = sys.block_on(async move {
+            let mut joins = Vec::new();
+            for shard in 0..2 {
+                let a = a.clone();
+                joins.push(rt.spawn_on(ShardId::new(shard), async move {
+                    let mut out = Vec::new();
+                    for i in 0..50 {
+                        if shard == 1 && i == 25 {
+                            a.stop();
+                        }
+                        out.push(a.ask(Get).timeout(Duration::from_secs(10)).await);
+                    }
+                    out
+                }));
+            }
+            let mut all = Vec::new();
+            for j in joins {
+                all.extend(j.await.unwrap());
+            }
+            all
+        });
+        assert_eq!(results.len(), 100);
+        for r in results {
+            assert!(
+                matches!(r, Ok(0) | Err(AskError::Stopped)),
+                "round {round}: {r:?}"
+            );
+        }
+    }
+    sys.shutdown();
+}
+
+// ---------------------------------------------------------------- single activation
+
+static SINGLE: AtomicUsize = AtomicUsize::new(0);
+static SINGLE_STEAL: AtomicUsize = AtomicUsize::new(0);
+
+#[derive(Actor)]
+#[actor(key = u64, activate = Once::new, handles(Add, Get))]
+struct Once {
+    n: u64,
+}
+
+impl Once {
+    fn new(_k: &u64) -> Self {
+        SINGLE.fetch_add(1, Ordering::SeqCst);
+        Once { n: 0 }
+    }
+}
+
+impl Handler<Add> for Once {
+    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
+        self.n += m.0;
+    }
+}
+
+impl Handler<Get> for Once {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.n
+    }
+}
+
+#[derive(Actor)]
+#[actor(key = u64, activate = OnceStealable::new, placement = "stealable", handles(Add, Get))]
+struct OnceStealable {
+    n: u64,
+}
+
+impl OnceStealable {
+    fn new(_k: &u64) -> Self {
+        SINGLE_STEAL.fetch_add(1, Ordering::SeqCst);
+        OnceStealable { n: 0 }
+    }
+}
+
+impl Handler<Add> for OnceStealable {
+    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
+        self.n += m.0;
+    }
+}
+
+impl Handler<Get> for OnceStealable {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.n
+    }
+}
+
+#[test]
+fn concurrent_first_messages_from_every_shard_activate_once() {
+    const KEYS: u64 = 200;
+    const SHARDS: usize = 4;
+    let sys = system(SHARDS);
+    let h = sys.handle();
+    let (sticky, stealable) = sys.block_on(async move {
+        let mut joins = Vec::new();
+        for shard in 0..SHARDS {
+            let h = h.clone();
+            joins.push(
+                h.runtime()
+                    .clone()
+                    .spawn_on(ShardId::new(shard), async move {
+                        for k in 0..KEYS {
+                            h.keyed::<Once>(k).tell(Add(1)).unwrap();
+                            h.keyed::<OnceStealable>(k).tell(Add(1)).unwrap();
+                        }
+                    }),
+            );
+        }
+        for j in joins {
+            j.await.unwrap();
+        }
+        let mut sticky = 0;
+        let mut stealable = 0;
+        for k in 0..KEYS {
+            sticky += h.keyed::<Once>(k).ask(Get).await.unwrap();
+            stealable += h.keyed::<OnceStealable>(k).ask(Get).await.unwrap();
+        }
+        (sticky, stealable)
+    });
+    assert_eq!(SINGLE.load(Ordering::SeqCst), KEYS as usize);
+    assert_eq!(SINGLE_STEAL.load(Ordering::SeqCst), KEYS as usize);
+    assert_eq!(sticky, KEYS * SHARDS as u64);
+    assert_eq!(stealable, KEYS * SHARDS as u64);
+    assert_eq!(sys.handle().directory_len::<OnceStealable>(), KEYS as usize);
+    let stats = sys.stats();
+    assert_eq!(stats.by_type("OnceStealable").unwrap().activations, KEYS);
+    // Stealable keys spread over the shards rather than piling on one.
+    let used = stats
+        .active_by_shard("OnceStealable")
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .count();
+    assert!(used >= 2, "{:?}", stats.active_by_shard("OnceStealable"));
+    sys.shutdown();
+}
+
+// ---------------------------------------------------------------- reentrancy
+
+#[derive(Actor, Default)]
+#[actor(handles(AskSelf, AskPeer, Ping))]
+struct Cyclic {
+    peer: Option<mailring_actors::Addr<Cyclic>>,
+}
+
+#[derive(Message)]
+#[message(reply = Result<u64, AskError>)]
+struct AskSelf;
+
+#[derive(Message)]
+#[message(reply = Result<u64, AskError>)]
+struct AskPeer(Option<mailring_actors::Addr<Cyclic>>);
+
+#[derive(Message)]
+#[message(reply = u64)]
+struct Ping;
+
+impl Handler<AskSelf> for Cyclic {
+    async fn handle(&mut self, _m: AskSelf, cx: &mut Ctx<Self>) -> Result<u64, AskError> {
+        cx.myself().ask(Ping).await
+    }
+}
+
+impl Handler<AskPeer> for Cyclic {
+    async fn handle(&mut self, m: AskPeer, cx: &mut Ctx<Self>) -> Result<u64, AskError> {
+        match m.0 {
+            // First hop: remember who to call back and ask the peer to ask us.
+            Some(peer) => {
+                self.peer = Some(peer.clone());
+                peer.ask(AskPeer(Some(cx.myself()).filter(|_| false)))
+                    .await
+                    .and_then(|r| r)
+            }
+            // Second hop: ask back the actor that is waiting on us.
+            None => match &self.peer {
+                Some(p) => p.ask(Ping).await,
+                None => Err(AskError::Stopped),
+            },
+        }
+    }
+}
+
+impl Handler<Ping> for Cyclic {
+    async fn handle(&mut self, _m: Ping, _cx: &mut Ctx<Self>) -> u64 {
+        1
+    }
+}
+
+#[test]
+fn ask_cycles_fail_fast_instead_of_deadlocking() {
+    let sys = system(2);
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Cyclic::default);
+    let b = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Cyclic::default);
+    let (a2, b2) = (a.clone(), b.clone());
+    let out = sys.block_on(async move {
+        let own = a2.ask(AskSelf).no_timeout().await;
+        // b must know a to call it back: set b.peer = a by a first hop from b.
+        let _ = b2.ask(AskPeer(Some(a2.clone()))).await;
+        let cycle = a2.ask(AskPeer(Some(b2.clone()))).no_timeout().await;
+        (own, cycle)
+    });
+    assert_eq!(
+        out.0,
+        Ok(Err(AskError::WouldDeadlock)),
+        "an actor asking itself"
+    );
+    assert_eq!(
+        out.1,
+        Ok(Err(AskError::WouldDeadlock)),
+        "a asks b, b asks a"
+    );
+    sys.shutdown();
+}
+
+// ---------------------------------------------------------------- lifecycle, timers, watch
+
+#[derive(Actor)]
+#[actor(handles(Tick, Get, Terminated, StopMe), hooks)]
+struct Lifecycle {
+    log: Arc<Mutex<Vec<String>>>,
+    ticks: u64,
+    // !Send state is fine: the actor is built on its shard.
+    local: Rc<RefCell<u64>>,
+}
+
+impl Hooks for Lifecycle {
+    async fn on_start(&mut self, cx: &mut Ctx<Self>) {
+        self.log.lock().unwrap().push("start".into());
+        cx.run_later(Duration::from_millis(5), Tick);
+        cx.run_interval(Duration::from_millis(5), || Tick);
+    }
+
+    async fn on_stop(&mut self, _cx: &mut Ctx<Self>) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("stop after {} ticks", self.ticks.min(3)));
+    }
+}
+
+#[derive(Message)]
+struct Tick;
+
+#[derive(Message)]
+struct StopMe;
+
+impl Handler<Tick> for Lifecycle {
+    async fn handle(&mut self, _m: Tick, _cx: &mut Ctx<Self>) {
+        self.ticks += 1;
+        *self.local.borrow_mut() += 1;
+    }
+}
+
+impl Handler<Get> for Lifecycle {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.ticks
+    }
+}
+
+impl Handler<StopMe> for Lifecycle {
+    async fn handle(&mut self, _m: StopMe, cx: &mut Ctx<Self>) {
+        cx.stop();
+    }
+}
+
+impl Handler<Terminated> for Lifecycle {
+    async fn handle(&mut self, m: Terminated, _cx: &mut Ctx<Self>) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("terminated {:?}", m.reason));
+    }
+}
+
+#[derive(Actor, Default)]
+#[actor(handles(WatchIt, Get, Terminated))]
+struct Watcher {
+    seen: Vec<Terminated>,
+}
+
+#[derive(Message)]
+struct WatchIt(mailring_actors::Addr<Lifecycle>);
+
+impl Handler<WatchIt> for Watcher {
+    async fn handle(&mut self, m: WatchIt, cx: &mut Ctx<Self>) {
+        cx.watch(&m.0);
+    }
+}
+
+impl Handler<Get> for Watcher {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.seen.len() as u64
+    }
+}
+
+impl Handler<Terminated> for Watcher {
+    async fn handle(&mut self, m: Terminated, _cx: &mut Ctx<Self>) {
+        assert_eq!(m.reason, StopReason::Stopped);
+        self.seen.push(m);
+    }
+}
+
+#[test]
+fn hooks_timers_stop_and_watch() {
+    let sys = system(2);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let l = log.clone();
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), move || Lifecycle {
+        log: l.clone(),
+        ticks: 0,
+        local: Rc::new(RefCell::new(0)),
+    });
+    let w = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Watcher::default);
+    let out = sys.block_on(async move {
+        w.tell(WatchIt(a.clone())).unwrap();
+        mailring_actors::mailring::time::sleep(Duration::from_millis(40)).await;
+        let ticks = a.ask(Get).await.unwrap();
+        a.tell(StopMe).unwrap();
+        mailring_actors::mailring::time::sleep(Duration::from_millis(20)).await;
+        let after = a.ask(Get).await;
+        let seen = w.ask(Get).await.unwrap();
+        (ticks, after, seen)
+    });
+    assert!(
+        out.0 >= 3,
+        "run_later + run_interval delivered {} ticks",
+        out.0
+    );
+    assert_eq!(out.1, Err(AskError::Stopped));
+    assert_eq!(out.2, 1, "the watcher got one Terminated");
+    let log = log.lock().unwrap().clone();
+    assert_eq!(
+        log,
+        vec!["start".to_string(), "stop after 3 ticks".to_string()]
+    );
+    sys.shutdown();
+}
+
+// ---------------------------------------------------------------- children
+
+static PARENT_STARTS: AtomicUsize = AtomicUsize::new(0);
+
+#[derive(Actor, Default)]
+#[actor(handles(SpawnChild, Get), hooks)]
+struct Parent {
+    child: Option<mailring_actors::Addr<Child>>,
+}
+
+impl Hooks for Parent {
+    async fn on_start(&mut self, _cx: &mut Ctx<Self>) {
+        PARENT_STARTS.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[derive(Actor, Default)]
+#[actor(handles(Get, Boom), supervision = "escalate")]
+struct Child;
+
+impl Handler<Get> for Child {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        7
+    }
+}
+
+impl Handler<Boom> for Child {
+    async fn handle(&mut self, _m: Boom, _cx: &mut Ctx<Self>) -> u64 {
+        panic!("child failure (expected by the test)");
+    }
+}
+
+#[derive(Message)]
+#[message(reply = mailring_actors::Addr<Child>)]
+struct SpawnChild;
+
+impl Handler<SpawnChild> for Parent {
+    async fn handle(&mut self, _m: SpawnChild, cx: &mut Ctx<Self>) -> mailring_actors::Addr<Child> {
+        let c = cx.spawn_child(Placement::Pinned(ShardId::new(1)), Child::default);
+        self.child = Some(c.clone());
+        c
+    }
+}
+
+impl Handler<Get> for Parent {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        u64::from(self.child.is_some())
+    }
+}
+
+#[test]
+fn escalation_restarts_the_parent_and_stops_its_children() {
+    let sys = system(2);
+    let p = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Parent::default);
+    let out = sys.block_on(async move {
+        let child = p.ask(SpawnChild).await.unwrap();
+        assert_eq!(child.ask(Get).await, Ok(7));
+        assert_eq!(p.ask(Get).await, Ok(1));
+        assert_eq!(child.ask(Boom).await, Err(AskError::Panicked));
+        mailring_actors::mailring::time::sleep(Duration::from_millis(30)).await;
+        // The parent restarted with fresh state (no child); the child is gone.
+        (p.ask(Get).await, child.ask(Get).await)
+    });
+    assert_eq!(out, (Ok(0), Err(AskError::Stopped)));
+    assert_eq!(PARENT_STARTS.load(Ordering::SeqCst), 2);
+    sys.shutdown();
+}
+
+#[test]
+fn stopping_a_parent_stops_its_children() {
+    let sys = system(2);
+    let p = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Parent::default);
+    let out = sys.block_on(async move {
+        let child = p.ask(SpawnChild).await.unwrap();
+        assert_eq!(child.ask(Get).await, Ok(7));
+        p.stop();
+        mailring_actors::mailring::time::sleep(Duration::from_millis(30)).await;
+        child.ask(Get).await
+    });
+    assert_eq!(out, Err(AskError::Stopped));
+    sys.shutdown();
+}
+
+// ---------------------------------------------------------------- registry, dyn mailbox, shutdown
+
+#[derive(Actor, Default)]
+struct Dynamic {
+    n: u64,
+}
+
+impl Handler<Add> for Dynamic {
+    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
+        self.n += m.0;
+    }
+}
+
+impl Handler<Get> for Dynamic {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.n
+    }
+}
+
+#[test]
+fn registry_lookup_and_boxed_mailbox_without_handles_list() {
+    let sys = system(2);
+    let d = sys.spawn_actor(Placement::RoundRobin, Dynamic::default);
+    let h = sys.handle();
+    h.register_name("dynamic", d);
+    assert!(h.lookup::<Counter>("dynamic").is_none(), "wrong type");
+    assert!(h.lookup::<Dynamic>("nope").is_none());
+    let found = h.lookup::<Dynamic>("dynamic").unwrap();
+    let n = sys.block_on(async move {
+        found.tell(Add(3)).unwrap();
+        found.ask(Get).await
+    });
+    assert_eq!(n, Ok(3));
+    assert!(h.unregister_name("dynamic"));
+    sys.shutdown();
+}
+
+static STOPS_AT_SHUTDOWN: AtomicUsize = AtomicUsize::new(0);
+
+#[derive(Actor, Default)]
+#[actor(handles(Get), hooks)]
+struct ShutdownWatcher;
+
+impl Hooks for ShutdownWatcher {
+    async fn on_stop(&mut self, _cx: &mut Ctx<Self>) {
+        STOPS_AT_SHUTDOWN.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Handler<Get> for ShutdownWatcher {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        mailring_actors::mailring::time::sleep(Duration::from_secs(3600)).await;
+        0
+    }
+}
+
+#[test]
+fn shutdown_runs_on_stop_and_fails_pending_asks() {
+    let sys = ActorSystem::start_with(
+        Runtime::builder().shards(2),
+        SystemConfig {
+            shutdown_grace: Duration::from_millis(200),
+            ..SystemConfig::default()
+        },
+    )
+    .unwrap();
+    let addrs: Vec<_> = (0..4)
+        .map(|i| {
+            sys.spawn_actor(
+                Placement::Pinned(ShardId::new(i % 2)),
+                ShutdownWatcher::default,
+            )
+        })
+        .collect();
+    // Idle actors stop at once; the busy one is dropped after the grace period.
+    let pending = addrs[0].ask(Get).no_timeout();
+    std::thread::sleep(Duration::from_millis(20));
+    sys.shutdown();
+    assert_eq!(STOPS_AT_SHUTDOWN.load(Ordering::SeqCst), 3);
+    assert!(
+        block_on_thread(pending).is_err(),
+        "a pending ask fails, never hangs"
+    );
+}
+
+/// Polls a future to completion on this (non-shard) thread.
+fn block_on_thread<F: std::future::Future>(fut: F) -> F::Output {
+    use std::task::{Context, Poll, Wake, Waker};
+    struct ThreadWaker(std::thread::Thread);
+    impl Wake for ThreadWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}
