@@ -50,6 +50,17 @@ impl Meter {
         wall
     }
 
+    /// Runs `f`, which performs `ops` operations and returns the wall time of
+    /// its timed part; the process CPU time of the whole call is recorded.
+    pub fn record(&mut self, ops: u64, f: impl FnOnce() -> Duration) -> Duration {
+        let c0 = process_cpu();
+        let wall = f();
+        self.cpu += process_cpu() - c0;
+        self.wall += wall;
+        self.ops += ops;
+        wall
+    }
+
     /// Prints per-operation wall and CPU time and the cores kept busy.
     pub fn report(&self, id: &str) {
         let ops = self.ops.max(1) as f64;
@@ -86,3 +97,57 @@ pub fn offset(i: u64) -> u64 {
     let x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;
     (x % (FILE_SIZE / BLOCK as u64)) * BLOCK as u64
 }
+
+/// Keyed-routing workload: number of keyed actors.
+pub const ZIPF_KEYS: u32 = 10_000;
+/// Keyed-routing workload: tells in total (split over the producers).
+pub const ZIPF_TELLS: u64 = 1_000_000;
+/// Keyed-routing workload: Zipf exponent.
+pub const ZIPF_S: f64 = 1.1;
+
+/// `count` keys in `0..n_keys` drawn from Zipf(`s`) with a fixed seed
+/// (key 0 is the most popular). Deterministic: the same arguments always
+/// give the same keys.
+pub fn zipf_keys(n_keys: u32, count: u64, s: f64, seed: u64) -> Vec<u32> {
+    let mut cdf = Vec::with_capacity(n_keys as usize);
+    let mut total = 0.0;
+    for k in 1..=n_keys {
+        total += 1.0 / f64::from(k).powf(s);
+        cdf.push(total);
+    }
+    let mut state = seed ^ 0x9e37_79b9_7f4a_7c15;
+    (0..count)
+        .map(|_| {
+            // xorshift64*
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            let r = state.wrapping_mul(0x2545_f491_4f6c_dd1d);
+            let u = (r >> 11) as f64 / (1u64 << 53) as f64 * total;
+            cdf.partition_point(|&c| c < u).min(n_keys as usize - 1) as u32
+        })
+        .collect()
+}
+
+/// Per-key expected counts of a key list.
+pub fn histogram(n_keys: u32, keys: &[Vec<u32>]) -> Vec<u64> {
+    let mut h = vec![0u64; n_keys as usize];
+    for list in keys {
+        for &k in list {
+            h[k as usize] += 1;
+        }
+    }
+    h
+}
+
+/// Actor benches: round trips of the ping-pong and the sequential asks.
+pub const ACTOR_RTT_ROUNDS: u64 = 100_000;
+/// Actor benches: tells of the throughput workloads.
+pub const ACTOR_TELLS: u64 = 2_000_000;
+/// Actor benches: fan-out width and rounds.
+pub const FANOUT_ACTORS: usize = 1_000;
+/// Actor benches: fan-out rounds.
+pub const FANOUT_ROUNDS: usize = 200;
+/// Tell workloads: producers yield to their scheduler after this many sends
+/// (every contender does the same), as a producer fed by I/O would.
+pub const PRODUCER_BURST: u64 = 256;

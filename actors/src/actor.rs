@@ -237,8 +237,11 @@ pub trait Envelope<A: Actor>: Sized + 'static {
     note = "add `{M}` to `#[actor(handles(...))]` on `{Self}` and implement `Handler<{M}>`"
 )]
 pub trait Accepts<M: Message>: Actor {
-    /// Wraps `msg` and its reply slot.
-    fn envelope(msg: M, reply: ReplyTo<M::Reply>) -> Self::Envelope;
+    /// Wraps a told `msg` (no reply).
+    fn envelope(msg: M) -> Self::Envelope;
+
+    /// Wraps an asked `msg` and its reply slot.
+    fn ask_envelope(msg: M, reply: ReplyTo<M::Reply>) -> Self::Envelope;
 }
 
 /// The envelope of actors without a `handles(...)` list: one allocation per
@@ -294,8 +297,12 @@ where
     A: Handler<M>,
     M: Message,
 {
-    cx.enter_message(reply.chain());
-    let out = actor.handle(msg, cx).await;
-    cx.leave_message();
-    reply.send(out);
+    if reply.is_ask() {
+        cx.enter_message(reply.chain());
+        let out = actor.handle(msg, cx).await;
+        cx.leave_message();
+        reply.send(out);
+    } else {
+        actor.handle(msg, cx).await;
+    }
 }

@@ -192,7 +192,7 @@ impl<A: Actor> Addr<A> {
         if let Some(c) = &self.capacity {
             c.force_acquire();
         }
-        self.deliver_msg(msg, ReplyTo::none())
+        self.deliver_msg(msg, None)
     }
 
     /// Sends `msg` if the bounded mailbox has room; never waits.
@@ -211,7 +211,7 @@ impl<A: Actor> Addr<A> {
                 return Err(TellError::Full(msg));
             }
         }
-        self.deliver_msg(msg, ReplyTo::none())
+        self.deliver_msg(msg, None)
     }
 
     /// Sends `msg`, waiting for room in a bounded mailbox.
@@ -228,7 +228,7 @@ impl<A: Actor> Addr<A> {
         if let Some(c) = &self.capacity {
             poll_fn(|cx| c.poll_acquire(cx)).await;
         }
-        self.deliver_msg(msg, ReplyTo::none())
+        self.deliver_msg(msg, None)
     }
 
     /// Sends `msg` and returns the future of its reply. The message is sent
@@ -253,7 +253,7 @@ impl<A: Actor> Addr<A> {
         if let Some(c) = &self.capacity {
             c.force_acquire();
         }
-        if let Err(e) = self.deliver_msg(msg, reply_to) {
+        if let Err(e) = self.deliver_msg(msg, Some(reply_to)) {
             let err = match e {
                 TellError::Stopped(_) => AskError::Stopped,
                 TellError::Full(_) => AskError::Full,
@@ -265,7 +265,11 @@ impl<A: Actor> Addr<A> {
         reply.with_default_deadline(self.system.ask_timeout)
     }
 
-    fn deliver_msg<M>(&self, msg: M, reply_to: ReplyTo<M::Reply>) -> Result<(), TellError<M>>
+    fn deliver_msg<M>(
+        &self,
+        msg: M,
+        reply_to: Option<ReplyTo<M::Reply>>,
+    ) -> Result<(), TellError<M>>
     where
         A: Accepts<M>,
         M: Message + Send,
@@ -286,13 +290,13 @@ impl<A: Actor> Addr<A> {
                     }
                 };
                 ts.touch(&cell);
-                if let Err(env) = cell.push(A::envelope(msg, reply_to)) {
+                if let Err(env) = cell.push(wrap::<A, M>(msg, reply_to)) {
                     reply::drop_with_reason(AskError::Stopped, env);
                 }
                 Ok(())
             }
             Some(ts) => {
-                ts.push_outbound(dest, target, Delivery::Msg(A::envelope(msg, reply_to)));
+                ts.push_outbound(dest, target, Delivery::Msg(wrap::<A, M>(msg, reply_to)));
                 Ok(())
             }
             None => {
@@ -300,7 +304,7 @@ impl<A: Actor> Addr<A> {
                     self.release_place();
                     return Err(TellError::ShuttingDown(msg));
                 }
-                let env = A::envelope(msg, reply_to);
+                let env = wrap::<A, M>(msg, reply_to);
                 local::send_delivery(&self.system, dest, target, Delivery::Msg(env));
                 Ok(())
             }
@@ -343,10 +347,167 @@ impl<A: Actor> Addr<A> {
     }
 }
 
+#[inline]
+fn wrap<A: Accepts<M>, M: Message>(msg: M, reply_to: Option<ReplyTo<M::Reply>>) -> A::Envelope {
+    match reply_to {
+        None => A::envelope(msg),
+        Some(r) => A::ask_envelope(msg, r),
+    }
+}
+
 fn tell_error<M>(e: AskError, msg: M) -> TellError<M> {
     match e {
         AskError::NoFactory => TellError::NoFactory(msg),
         AskError::ShuttingDown => TellError::ShuttingDown(msg),
         _ => TellError::Stopped(msg),
+    }
+}
+
+/// A reference pinned to the actor's own shard, for hot same-shard loops:
+/// a send is a queue push with no lookup and no atomic operation, and
+/// messages need not be `Send`. Get one with [`Addr::local`]; it is `!Send`.
+pub struct LocalAddr<A: Actor> {
+    addr: Addr<A>,
+    ts: std::rc::Rc<local::TypeState<A>>,
+    cell: std::cell::RefCell<std::rc::Rc<crate::mailbox::ActorCell<A>>>,
+}
+
+impl<A: Actor> fmt::Debug for LocalAddr<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalAddr")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl<A: Actor> Addr<A> {
+    /// A [`LocalAddr`] for this actor, when called on the actor's shard
+    /// (activating a keyed actor if needed).
+    ///
+    /// # Errors
+    ///
+    /// [`AskError::WrongShard`] off the actor's shard; [`AskError::Stopped`]
+    /// for a stopped unkeyed actor; [`AskError::NoFactory`] or
+    /// [`AskError::ShuttingDown`].
+    pub fn local(&self) -> Result<LocalAddr<A>, AskError> {
+        let ts = local::type_state::<A>(&self.system).ok_or(AskError::WrongShard)?;
+        if ts.shard != self.home() {
+            return Err(AskError::WrongShard);
+        }
+        let cell = ts.resolve(&self.target_id())?;
+        Ok(LocalAddr {
+            addr: self.clone(),
+            ts,
+            cell: std::cell::RefCell::new(cell),
+        })
+    }
+}
+
+impl<A: Actor> LocalAddr<A> {
+    /// The shard-independent reference.
+    pub fn addr(&self) -> &Addr<A> {
+        &self.addr
+    }
+
+    fn live_cell(&self) -> Result<std::rc::Rc<crate::mailbox::ActorCell<A>>, AskError> {
+        let cell = self.cell.borrow().clone();
+        if cell.is_open() {
+            return Ok(cell);
+        }
+        // A keyed actor passivated: the next message activates it again.
+        let fresh = self.ts.resolve(&self.addr.target_id())?;
+        *self.cell.borrow_mut() = fresh.clone();
+        Ok(fresh)
+    }
+
+    /// As [`Addr::tell`], without the lookup (and `M` need not be `Send`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Addr::tell`].
+    #[inline]
+    pub fn tell<M>(&self, msg: M) -> Result<(), TellError<M>>
+    where
+        A: Accepts<M>,
+        M: Message,
+    {
+        {
+            let cell = self.cell.borrow();
+            if cell.is_open() && cell.capacity.is_none() {
+                if let Err(env) = cell.push(A::envelope(msg)) {
+                    reply::drop_with_reason(AskError::Stopped, env);
+                }
+                return Ok(());
+            }
+        }
+        self.tell_slow(msg)
+    }
+
+    #[cold]
+    fn tell_slow<M>(&self, msg: M) -> Result<(), TellError<M>>
+    where
+        A: Accepts<M>,
+        M: Message,
+    {
+        let cell = match self.live_cell() {
+            Ok(c) => c,
+            Err(e) => return Err(tell_error(e, msg)),
+        };
+        if let Some(c) = &cell.capacity {
+            c.force_acquire();
+        }
+        if let Err(env) = cell.push(A::envelope(msg)) {
+            reply::drop_with_reason(AskError::Stopped, env);
+        }
+        Ok(())
+    }
+
+    /// As [`Addr::try_tell`], without the lookup.
+    ///
+    /// # Errors
+    ///
+    /// As [`Addr::try_tell`].
+    pub fn try_tell<M>(&self, msg: M) -> Result<(), TellError<M>>
+    where
+        A: Accepts<M>,
+        M: Message,
+    {
+        let cell = match self.live_cell() {
+            Ok(c) => c,
+            Err(e) => return Err(tell_error(e, msg)),
+        };
+        if let Some(c) = &cell.capacity {
+            if !c.try_acquire() {
+                return Err(TellError::Full(msg));
+            }
+        }
+        if let Err(env) = cell.push(A::envelope(msg)) {
+            reply::drop_with_reason(AskError::Stopped, env);
+        }
+        Ok(())
+    }
+
+    /// As [`Addr::ask`], without the lookup.
+    pub fn ask<M>(&self, msg: M) -> Reply<M::Reply>
+    where
+        A: Accepts<M>,
+        M: Message,
+    {
+        let chain = match crate::runner::ask_chain(|| self.addr.uid()) {
+            Ok(c) => c,
+            Err(e) => return Reply::failed(e),
+        };
+        let cell = match self.live_cell() {
+            Ok(c) => c,
+            Err(e) => return Reply::failed(e),
+        };
+        let (reply_to, reply) = reply::ask_pair(chain);
+        if let Some(c) = &cell.capacity {
+            c.force_acquire();
+        }
+        if let Err(env) = cell.push(A::ask_envelope(msg, reply_to)) {
+            reply::drop_with_reason(AskError::Stopped, env);
+        }
+        reply.with_default_deadline(self.addr.system.ask_timeout)
     }
 }

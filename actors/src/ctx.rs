@@ -14,7 +14,6 @@ use crate::addr::{ActorId, Addr};
 use crate::error::StopReason;
 use crate::local::TypeState;
 use crate::mailbox::ActorCell;
-use crate::reply::ReplyTo;
 use crate::runner::{Frame, ParentLink};
 use crate::system::SystemHandle;
 use crate::Terminated;
@@ -126,7 +125,7 @@ impl<A: Actor> Ctx<A> {
         let join = mailring::spawn_local(async move {
             mailring::time::sleep(delay).await;
             if epoch.get() == mine {
-                let _ = cell.push(A::envelope(msg, ReplyTo::none()));
+                let _ = cell.push(A::envelope(msg));
             }
         });
         TimerHandle { join }
@@ -146,7 +145,7 @@ impl<A: Actor> Ctx<A> {
             let mut ticks = mailring::time::interval_at(std::time::Instant::now() + period, period);
             loop {
                 ticks.tick().await;
-                if epoch.get() != mine || cell.push(A::envelope(make(), ReplyTo::none())).is_err() {
+                if epoch.get() != mine || cell.push(A::envelope(make())).is_err() {
                     return;
                 }
             }

@@ -81,6 +81,9 @@ pub enum AskError {
     /// The actor system is shutting down.
     #[error("the actor system is shutting down")]
     ShuttingDown,
+    /// A shard-local reference was requested off the actor's shard.
+    #[error("not on the actor's shard")]
+    WrongShard,
 }
 
 /// Why an actor stopped, as carried by [`crate::Terminated`].

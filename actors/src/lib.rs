@@ -61,7 +61,7 @@ pub use crate::actor::{
     handle_message, Accepts, Actor, ActorConfig, ActorKey, ActorPlacement, DynEnvelope, Envelope,
     Handler, Hooks, Message, Supervision, SupervisionPolicy,
 };
-pub use crate::addr::{ActorId, Addr, KeyedRef};
+pub use crate::addr::{ActorId, Addr, KeyedRef, LocalAddr};
 pub use crate::ctx::{Ctx, TimerHandle};
 pub use crate::error::{AskError, StopReason, TellError};
 pub use crate::reply::{Reply, ReplyTo};

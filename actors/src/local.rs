@@ -15,6 +15,8 @@
 use std::any::{Any, TypeId};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+
+use foldhash::fast::RandomState;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -67,12 +69,15 @@ pub(crate) enum Delivery<A: Actor> {
 
 type Outbound<A> = Vec<(TargetId<A>, Delivery<A>)>;
 
+/// Deliveries to one shard handed to the runtime at once, at the latest.
+const OUTBOUND_BATCH: usize = 64;
+
 /// One actor type's state on one shard.
 pub(crate) struct TypeState<A: Actor> {
     pub(crate) shard: usize,
     pub(crate) system: Arc<SystemShared>,
-    keyed: RefCell<HashMap<A::Key, Rc<ActorCell<A>>>>,
-    unkeyed: RefCell<HashMap<u64, Rc<ActorCell<A>>>>,
+    keyed: RefCell<HashMap<A::Key, Rc<ActorCell<A>>, RandomState>>,
+    unkeyed: RefCell<HashMap<u64, Rc<ActorCell<A>>, RandomState>>,
     outbound: RefCell<Vec<Outbound<A>>>,
     /// Advances on every delivery; cells remember it for LRU passivation.
     clock: Cell<u64>,
@@ -85,8 +90,8 @@ impl<A: Actor> TypeState<A> {
         TypeState {
             shard,
             system,
-            keyed: RefCell::new(HashMap::new()),
-            unkeyed: RefCell::new(HashMap::new()),
+            keyed: RefCell::new(HashMap::default()),
+            unkeyed: RefCell::new(HashMap::default()),
             outbound: RefCell::new((0..shards).map(|_| Vec::new()).collect()),
             clock: Cell::new(0),
             counters: Counters::default(),
@@ -246,13 +251,18 @@ impl<A: Actor> TypeState<A> {
     ) where
         A::Envelope: Send,
     {
-        let first = {
+        let len = {
             let mut out = self.outbound.borrow_mut();
             let batch = &mut out[dest];
             batch.push((target, item));
-            batch.len() == 1
+            batch.len()
         };
-        if first {
+        if len == OUTBOUND_BATCH {
+            // A long burst: hand this part over now so the receiver can
+            // start while we go on (a callback is still queued for the rest).
+            self.flush_outbound(dest);
+            self.outbound.borrow_mut()[dest].reserve(OUTBOUND_BATCH);
+        } else if len == 1 {
             let ts = self.clone();
             let queued = mailring::defer_to_tick_end(move || ts.flush_outbound(dest));
             debug_assert!(queued.is_ok(), "push_outbound runs on a shard");
@@ -441,7 +451,9 @@ pub(crate) struct ShardActors {
     system_id: u64,
     system: Arc<SystemShared>,
     shard: usize,
-    types: RefCell<HashMap<TypeId, Rc<dyn AnyTypeState>>>,
+    types: RefCell<HashMap<TypeId, Rc<dyn AnyTypeState>, RandomState>>,
+    /// The type looked up last (most loops send to one type).
+    last: RefCell<Option<(TypeId, Rc<dyn AnyTypeState>)>>,
 }
 
 thread_local! {
@@ -465,7 +477,8 @@ fn registry(system: &Arc<SystemShared>) -> Option<Rc<ShardActors>> {
         system_id: system.id,
         system: system.clone(),
         shard: shard.index(),
-        types: RefCell::new(HashMap::new()),
+        types: RefCell::new(HashMap::default()),
+        last: RefCell::new(None),
     });
     REGISTRY
         .try_with(|r| *r.borrow_mut() = Some(reg.clone()))
@@ -477,13 +490,24 @@ fn registry(system: &Arc<SystemShared>) -> Option<Rc<ShardActors>> {
 pub(crate) fn type_state<A: Actor>(system: &Arc<SystemShared>) -> Option<Rc<TypeState<A>>> {
     let reg = registry(system)?;
     let id = TypeId::of::<A>();
-    let found = reg.types.borrow().get(&id).cloned();
-    let any = match found {
+    let cached = match &*reg.last.borrow() {
+        Some((last, ts)) if *last == id => Some(ts.clone()),
+        _ => None,
+    };
+    let any = match cached {
         Some(ts) => ts,
         None => {
-            let ts: Rc<dyn AnyTypeState> =
-                Rc::new(TypeState::<A>::new(reg.shard, reg.system.clone()));
-            reg.types.borrow_mut().insert(id, ts.clone());
+            let found = reg.types.borrow().get(&id).cloned();
+            let ts = match found {
+                Some(ts) => ts,
+                None => {
+                    let ts: Rc<dyn AnyTypeState> =
+                        Rc::new(TypeState::<A>::new(reg.shard, reg.system.clone()));
+                    reg.types.borrow_mut().insert(id, ts.clone());
+                    ts
+                }
+            };
+            *reg.last.borrow_mut() = Some((id, ts.clone()));
             ts
         }
     };
@@ -516,6 +540,7 @@ pub(crate) fn clear_shard(system: &Arc<SystemShared>) {
             let _ = REGISTRY.try_with(|r| *r.borrow_mut() = Some(reg));
             return;
         }
+        reg.last.borrow_mut().take();
         let types = std::mem::take(&mut *reg.types.borrow_mut());
         drop(types);
     }

@@ -94,6 +94,8 @@ pub(crate) struct ActorCell<A: Actor> {
     pub(crate) uid: u64,
     pub(crate) key: A::Key,
     queue: RefCell<VecDeque<A::Envelope>>,
+    /// The actor's task waits for a message (its waker is in `waker`).
+    waiting: Cell<bool>,
     waker: Cell<Option<Waker>>,
     open: Cell<bool>,
     /// Asked to passivate (LRU) or stop (parent, system); read by its task.
@@ -111,6 +113,7 @@ impl<A: Actor> ActorCell<A> {
             uid,
             key,
             queue: RefCell::new(VecDeque::new()),
+            waiting: Cell::new(false),
             waker: Cell::new(None),
             open: Cell::new(true),
             stop_request: Cell::new(None),
@@ -121,41 +124,59 @@ impl<A: Actor> ActorCell<A> {
         })
     }
 
+    #[inline]
     pub(crate) fn is_open(&self) -> bool {
         self.open.get()
     }
 
     /// Enqueues and wakes the actor's task if it waits; a closed cell gives
     /// the envelope back.
+    #[inline]
     pub(crate) fn push(&self, env: A::Envelope) -> Result<(), A::Envelope> {
         if !self.open.get() {
             return Err(env);
         }
-        let len = {
-            let mut q = self.queue.borrow_mut();
-            q.push_back(env);
-            q.len()
-        };
-        if len > self.high_water.get() {
-            self.high_water.set(len);
-        }
-        if let Some(w) = self.waker.take() {
-            w.wake();
+        self.queue.borrow_mut().push_back(env);
+        if self.waiting.get() {
+            self.wake();
         }
         Ok(())
     }
 
-    /// Takes the next envelope (and frees its place in a bounded mailbox).
-    pub(crate) fn pop(&self) -> Option<A::Envelope> {
-        let env = self.queue.borrow_mut().pop_front();
-        if env.is_some() {
-            if let Some(c) = &self.capacity {
-                c.release(1);
-            }
+    #[cold]
+    fn wake(&self) {
+        self.waiting.set(false);
+        if let Some(w) = self.waker.take() {
+            w.wake();
         }
-        env
     }
 
+    /// Moves every queued envelope to the back of `into` (the actor task's
+    /// own batch), freeing their places in a bounded mailbox.
+    #[inline]
+    pub(crate) fn take_all(&self, into: &mut VecDeque<A::Envelope>) -> usize {
+        let mut q = self.queue.borrow_mut();
+        let n = q.len();
+        if n == 0 {
+            return 0;
+        }
+        // Between two takes the queue only grows: its length now is its peak.
+        if n > self.high_water.get() {
+            self.high_water.set(n);
+        }
+        if into.is_empty() {
+            std::mem::swap(&mut *q, into);
+        } else {
+            into.append(&mut q);
+        }
+        drop(q);
+        if let Some(c) = &self.capacity {
+            c.release(n);
+        }
+        n
+    }
+
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.queue.borrow().is_empty()
     }
@@ -164,27 +185,29 @@ impl<A: Actor> ActorCell<A> {
         self.queue.borrow().len()
     }
 
-    /// The next envelope, or registers the task's waker.
-    pub(crate) fn poll_pop(&self, cx: &mut Context<'_>) -> Poll<A::Envelope> {
-        match self.pop() {
-            Some(env) => Poll::Ready(env),
-            None => {
-                self.waker.set(Some(cx.waker().clone()));
-                Poll::Pending
-            }
+    /// Takes the queued envelopes into `into`, or registers the task's waker.
+    pub(crate) fn poll_take(
+        &self,
+        into: &mut VecDeque<A::Envelope>,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
+        if self.take_all(into) > 0 {
+            return Poll::Ready(());
         }
+        self.waker.set(Some(cx.waker().clone()));
+        self.waiting.set(true);
+        Poll::Pending
     }
 
     /// Wakes the task without a message (stop and passivation requests).
     pub(crate) fn nudge(&self) {
-        if let Some(w) = self.waker.take() {
-            w.wake();
-        }
+        self.wake();
     }
 
     /// Closes the cell: later pushes fail; queued envelopes are returned.
     pub(crate) fn close(&self) -> VecDeque<A::Envelope> {
         self.open.set(false);
+        self.waiting.set(false);
         self.waker.take();
         let rest = std::mem::take(&mut *self.queue.borrow_mut());
         if let Some(c) = &self.capacity {

@@ -61,11 +61,13 @@ impl<R> fmt::Debug for ReplyTo<R> {
 
 impl<R> ReplyTo<R> {
     /// No one waits for the reply (a `tell`).
+    #[inline]
     pub const fn none() -> Self {
         ReplyTo { slot: None }
     }
 
     /// Whether someone waits for the reply.
+    #[inline]
     pub fn is_ask(&self) -> bool {
         self.slot.is_some()
     }
@@ -97,6 +99,7 @@ pub(crate) fn drop_with_reason<T>(reason: AskError, value: T) {
 }
 
 impl<R> Drop for ReplyTo<R> {
+    #[inline]
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
             let err = if std::thread::panicking() {

@@ -100,14 +100,14 @@ const DIRECTORY_STRIPES: usize = 16;
 /// Where each stealable key of one actor type lives.
 #[derive(Debug)]
 pub(crate) struct Directory<K> {
-    stripes: Vec<Mutex<HashMap<K, u32>>>,
+    stripes: Vec<Mutex<HashMap<K, u32, foldhash::fast::RandomState>>>,
 }
 
 impl<K: Hash + Eq + Clone> Directory<K> {
     pub(crate) fn new() -> Self {
         Directory {
             stripes: (0..DIRECTORY_STRIPES)
-                .map(|_| Mutex::new(HashMap::new()))
+                .map(|_| Mutex::new(HashMap::default()))
                 .collect(),
         }
     }

@@ -44,7 +44,7 @@ use crate::system::SystemShared;
 use crate::Terminated;
 
 /// Messages handled before the actor yields its shard to other tasks.
-const YIELD_EVERY: u32 = 64;
+const YIELD_EVERY: u32 = 1024;
 
 /// The actor being polled and what its current message waits on.
 pub(crate) struct Frame {
@@ -144,20 +144,31 @@ async fn run<A: Actor>(
     let keyed = cell.uid >> 63 == 0;
     let supervision = A::CONFIG.supervision;
     let mut restarts: VecDeque<Instant> = VecDeque::new();
+    // Envelopes taken from the mailbox and not yet handled; they survive a
+    // restart (the one that panicked is gone).
+    let mut batch: VecDeque<A::Envelope> = VecDeque::new();
     let mut actor = guarded(&frame, async { make() }).await.ok().flatten();
     let mut needs_start = true;
     let reason = loop {
         let Some(a) = actor.as_mut() else {
             break StopReason::Panicked;
         };
-        let outcome = if needs_start {
+        let started = if needs_start {
             needs_start = false;
-            match guarded(&frame, a.on_start(&mut cx)).await {
-                Ok(()) => process(a, &mut cx, &cell, &ts, keyed).await,
-                Err(()) => Outcome::Panicked,
+            guarded(&frame, a.on_start(&mut cx)).await.is_ok()
+        } else {
+            true
+        };
+        let outcome = if started {
+            match guarded(&frame, process(a, &mut cx, &cell, &ts, keyed, &mut batch)).await {
+                Ok(outcome) => outcome,
+                Err(()) => {
+                    cx.leave_message();
+                    Outcome::Panicked
+                }
             }
         } else {
-            process(a, &mut cx, &cell, &ts, keyed).await
+            Outcome::Panicked
         };
         match outcome {
             Outcome::Panicked => {
@@ -194,7 +205,7 @@ async fn run<A: Actor>(
                 if keyed && matches!(reason, StopReason::Passivated | StopReason::Stopped) {
                     let _ = guarded(&frame, a.on_passivate(&mut cx)).await;
                     if reason == StopReason::Passivated
-                        && !cell.is_empty()
+                        && !(cell.is_empty() && batch.is_empty())
                         && cell.stop_request.get().is_none()
                     {
                         // Messages came in while passivating: stay active.
@@ -215,7 +226,11 @@ async fn run<A: Actor>(
         bump(&ts.counters.stops);
     }
     ts.remove(&cell);
-    let rest = cell.close();
+    let mut rest = cell.close();
+    if !batch.is_empty() {
+        batch.append(&mut rest);
+        rest = batch;
+    }
     cx.cancel_timers();
     cx.stop_children();
     drop(actor);
@@ -243,45 +258,49 @@ fn bump(c: &std::cell::Cell<u64>) {
     c.set(c.get() + 1);
 }
 
-enum Next<E> {
-    Msg(E),
+enum Next {
+    Msg,
     Signal,
     Idle,
 }
 
-/// The message loop of step 2.
+/// The message loop of step 2 (a panic unwinds out of it, to [`guarded`]).
 async fn process<A: Actor>(
     actor: &mut A,
     cx: &mut Ctx<A>,
     cell: &Rc<ActorCell<A>>,
     ts: &Rc<TypeState<A>>,
     keyed: bool,
+    batch: &mut VecDeque<A::Envelope>,
 ) -> Outcome {
-    let frame = cx.frame.clone();
     let idle = if keyed { A::CONFIG.idle_timeout } else { None };
     let mut since_yield = 0u32;
     loop {
-        if let Some(r) = cx.stop_requested.take() {
-            return Outcome::Stop(r);
+        if cx.stop_requested.is_some() || cell.stop_request.get().is_some() {
+            if let Some(r) = cx.stop_requested.take() {
+                return Outcome::Stop(r);
+            }
+            if let Some(r) = cell.stop_request.take() {
+                return match r {
+                    StopReason::Panicked => Outcome::Panicked,
+                    r => Outcome::Stop(r),
+                };
+            }
         }
-        if let Some(r) = cell.stop_request.take() {
-            return match r {
-                StopReason::Panicked => Outcome::Panicked,
-                r => Outcome::Stop(r),
-            };
-        }
-        let env = match cell.pop() {
+        let env = match batch.pop_front() {
             Some(env) => env,
-            None => match next_message(cell, idle).await {
-                Next::Msg(env) => env,
-                Next::Signal => continue,
-                Next::Idle => return Outcome::Stop(StopReason::Passivated),
-            },
+            None => {
+                if cell.take_all(batch) == 0 {
+                    match next_batch(cell, batch, idle).await {
+                        Next::Msg => {}
+                        Next::Signal => continue,
+                        Next::Idle => return Outcome::Stop(StopReason::Passivated),
+                    }
+                }
+                continue;
+            }
         };
-        if guarded(&frame, env.handle(actor, cx)).await.is_err() {
-            cx.leave_message();
-            return Outcome::Panicked;
-        }
+        env.handle(actor, cx).await;
         bump(&ts.counters.handled);
         since_yield += 1;
         if since_yield == YIELD_EVERY {
@@ -291,15 +310,19 @@ async fn process<A: Actor>(
     }
 }
 
-/// Waits for a message, a stop request, or the idle deadline.
-async fn next_message<A: Actor>(cell: &ActorCell<A>, idle: Option<Duration>) -> Next<A::Envelope> {
+/// Waits for messages (taken into `batch`), a stop request, or the idle deadline.
+async fn next_batch<A: Actor>(
+    cell: &ActorCell<A>,
+    batch: &mut VecDeque<A::Envelope>,
+    idle: Option<Duration>,
+) -> Next {
     let mut sleep = idle.map(mailring::time::sleep);
     poll_fn(|cx| {
         if cell.stop_request.get().is_some() {
             return Poll::Ready(Next::Signal);
         }
-        if let Poll::Ready(env) = cell.poll_pop(cx) {
-            return Poll::Ready(Next::Msg(env));
+        if cell.poll_take(batch, cx).is_ready() {
+            return Poll::Ready(Next::Msg);
         }
         if let Some(s) = sleep.as_mut() {
             if std::pin::Pin::new(s).poll(cx).is_ready() {

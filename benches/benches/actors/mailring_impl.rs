@@ -1,0 +1,290 @@
+//! The workloads on mailring-actors: 2 shards, typed mailboxes (`handles`).
+
+use std::time::{Duration, Instant};
+
+use mailring_actors::{
+    Actor, ActorSystem, Addr, Ctx, Handler, Message, Placement, Runtime, ShardId,
+};
+use mailring_bench::PRODUCER_BURST;
+use tokio::sync::oneshot;
+
+#[derive(Message)]
+struct Ping(u64);
+
+#[derive(Message)]
+struct Pong(u64);
+
+#[derive(Message)]
+struct Start {
+    peer: Addr<PongSide>,
+    rounds: u64,
+    done: oneshot::Sender<()>,
+}
+
+#[derive(Actor, Default)]
+#[actor(handles(Pong, Start))]
+struct PingSide {
+    peer: Option<Addr<PongSide>>,
+    rounds: u64,
+    done: Option<oneshot::Sender<()>>,
+}
+
+impl Handler<Start> for PingSide {
+    async fn handle(&mut self, m: Start, _cx: &mut Ctx<Self>) {
+        m.peer.tell(Ping(0)).unwrap();
+        self.peer = Some(m.peer);
+        self.rounds = m.rounds;
+        self.done = Some(m.done);
+    }
+}
+
+impl Handler<Pong> for PingSide {
+    async fn handle(&mut self, m: Pong, _cx: &mut Ctx<Self>) {
+        let n = m.0 + 1;
+        if n == self.rounds {
+            let _ = self.done.take().unwrap().send(());
+        } else {
+            self.peer.as_ref().unwrap().tell(Ping(n)).unwrap();
+        }
+    }
+}
+
+#[derive(Actor)]
+#[actor(handles(Ping))]
+struct PongSide {
+    peer: Addr<PingSide>,
+}
+
+impl Handler<Ping> for PongSide {
+    async fn handle(&mut self, m: Ping, _cx: &mut Ctx<Self>) {
+        self.peer.tell(Pong(m.0)).unwrap();
+    }
+}
+
+#[derive(Message)]
+struct Inc(u64);
+
+#[derive(Message)]
+#[message(reply = u64)]
+struct Get;
+
+#[derive(Actor, Default)]
+#[actor(handles(Inc, Get))]
+struct Counter {
+    n: u64,
+}
+
+impl Handler<Inc> for Counter {
+    async fn handle(&mut self, m: Inc, _cx: &mut Ctx<Self>) {
+        self.n += m.0;
+    }
+}
+
+impl Handler<Get> for Counter {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.n
+    }
+}
+
+#[derive(Actor)]
+#[actor(key = u64, activate = KeyCounter::new, handles(Inc, Get))]
+struct KeyCounter {
+    n: u64,
+}
+
+impl KeyCounter {
+    fn new(_key: &u64) -> Self {
+        KeyCounter { n: 0 }
+    }
+}
+
+impl Handler<Inc> for KeyCounter {
+    async fn handle(&mut self, m: Inc, _cx: &mut Ctx<Self>) {
+        self.n += m.0;
+    }
+}
+
+impl Handler<Get> for KeyCounter {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.n
+    }
+}
+
+/// A 2-shard actor system kept for the whole bench function.
+pub struct Bench {
+    sys: ActorSystem,
+    generation: u64,
+}
+
+const S0: ShardId = ShardId::new(0);
+const S1: ShardId = ShardId::new(1);
+
+impl Bench {
+    /// Starts the system.
+    pub fn new() -> Bench {
+        Bench {
+            sys: ActorSystem::start(Runtime::builder().shards(2)).unwrap(),
+            generation: 0,
+        }
+    }
+
+    /// Two actors on different shards bounce a message `rounds` times.
+    pub fn pingpong(&mut self, rounds: u64) -> Duration {
+        let ping = self
+            .sys
+            .spawn_actor(Placement::Pinned(S0), PingSide::default);
+        let p = ping.clone();
+        let pong = self
+            .sys
+            .spawn_actor(Placement::Pinned(S1), move || PongSide { peer: p.clone() });
+        let (pong2, ping2) = (pong.clone(), ping.clone());
+        let took = self.sys.block_on(async move {
+            let (tx, rx) = oneshot::channel();
+            let t0 = Instant::now();
+            ping2
+                .tell(Start {
+                    peer: pong2,
+                    rounds,
+                    done: tx,
+                })
+                .unwrap();
+            rx.await.unwrap();
+            t0.elapsed()
+        });
+        ping.stop();
+        pong.stop();
+        took
+    }
+
+    fn tells(&mut self, producer: ShardId, msgs: u64) -> Duration {
+        let c = self
+            .sys
+            .spawn_actor(Placement::Pinned(S1), Counter::default);
+        let c2 = c.clone();
+        let rt = self.sys.runtime().clone();
+        let took = self.sys.block_on(async move {
+            rt.spawn_local_on(producer, move || async move {
+                let t0 = Instant::now();
+                // On the actor's shard, the shard-pinned reference skips the lookup.
+                match c2.local() {
+                    Ok(local) if std::env::var_os("MAILRING_BENCH_ADDR").is_none() => {
+                        for i in 0..msgs {
+                            local.tell(Inc(1)).unwrap();
+                            if i % PRODUCER_BURST == PRODUCER_BURST - 1 {
+                                mailring_actors::mailring::yield_now().await;
+                            }
+                        }
+                    }
+                    _ => {
+                        for i in 0..msgs {
+                            c2.tell(Inc(1)).unwrap();
+                            if i % PRODUCER_BURST == PRODUCER_BURST - 1 {
+                                mailring_actors::mailring::yield_now().await;
+                            }
+                        }
+                    }
+                }
+                assert_eq!(c2.ask(Get).await.unwrap(), msgs);
+                t0.elapsed()
+            })
+            .await
+            .unwrap()
+        });
+        c.stop();
+        took
+    }
+
+    /// `msgs` tells from a task on the actor's shard, then one ask.
+    pub fn tell_same(&mut self, msgs: u64) -> Duration {
+        self.tells(S1, msgs)
+    }
+
+    /// `msgs` tells from a task on the other shard, then one ask.
+    pub fn tell_cross(&mut self, msgs: u64) -> Duration {
+        self.tells(S0, msgs)
+    }
+
+    /// Sequential asks from shard 0 to an actor on shard 1.
+    pub fn ask_cross(&mut self, asks: u64) -> Duration {
+        let c = self
+            .sys
+            .spawn_actor(Placement::Pinned(S1), Counter::default);
+        let c2 = c.clone();
+        let took = self.sys.block_on(async move {
+            let t0 = Instant::now();
+            for _ in 0..asks {
+                c2.ask(Get).await.unwrap();
+            }
+            t0.elapsed()
+        });
+        c.stop();
+        took
+    }
+
+    /// One producer per shard tells keyed actors (activated lazily), then
+    /// every key's count is checked.
+    pub fn zipf(&mut self, producers: &[Vec<u32>], n_keys: u32) -> Duration {
+        self.generation += 1;
+        let base = self.generation << 32;
+        let expected = mailring_bench::histogram(n_keys, producers);
+        let h = self.sys.handle();
+        let producers = producers.to_vec();
+        let took = self.sys.block_on(async move {
+            let t0 = Instant::now();
+            let mut joins = Vec::new();
+            for (i, keys) in producers.into_iter().enumerate() {
+                let h = h.clone();
+                joins.push(h.runtime().clone().spawn_on(ShardId::new(i), async move {
+                    for k in keys {
+                        h.keyed::<KeyCounter>(base | u64::from(k))
+                            .tell(Inc(1))
+                            .unwrap();
+                    }
+                }));
+            }
+            for j in joins {
+                j.await.unwrap();
+            }
+            let replies: Vec<_> = (0..n_keys)
+                .filter(|k| expected[*k as usize] > 0)
+                .map(|k| (k, h.keyed::<KeyCounter>(base | u64::from(k)).ask(Get)))
+                .collect();
+            for (k, r) in replies {
+                assert_eq!(r.await.unwrap(), expected[k as usize]);
+            }
+            let took = t0.elapsed();
+            for k in 0..n_keys {
+                h.keyed::<KeyCounter>(base | u64::from(k)).stop();
+            }
+            took
+        });
+        took
+    }
+
+    /// A coordinator on shard 0 asks `actors` actors on both shards, `rounds` times.
+    pub fn fanout(&mut self, actors: usize, rounds: usize) -> Duration {
+        let addrs: Vec<Addr<Counter>> = (0..actors)
+            .map(|i| {
+                self.sys
+                    .spawn_actor(Placement::Pinned(ShardId::new(i % 2)), Counter::default)
+            })
+            .collect();
+        let a2 = addrs.clone();
+        let took = self.sys.block_on(async move {
+            let t0 = Instant::now();
+            for _ in 0..rounds {
+                let replies: Vec<_> = a2.iter().map(|a| a.ask(Get)).collect();
+                let mut sum = 0;
+                for r in replies {
+                    sum += r.await.unwrap();
+                }
+                assert_eq!(sum, 0);
+            }
+            t0.elapsed()
+        });
+        for a in addrs {
+            a.stop();
+        }
+        took
+    }
+}
