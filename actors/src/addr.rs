@@ -152,6 +152,7 @@ impl<A: Actor> Addr<A> {
         }
     }
 
+    #[inline]
     pub(crate) fn home(&self) -> usize {
         match &self.target {
             AddrTarget::Actor { shard, .. } => *shard,
@@ -167,6 +168,7 @@ impl<A: Actor> Addr<A> {
         }
     }
 
+    #[inline]
     pub(crate) fn target_id(&self) -> TargetId<A> {
         match &self.target {
             AddrTarget::Actor { uid, .. } => TargetId::Uid(*uid),
@@ -183,6 +185,7 @@ impl<A: Actor> Addr<A> {
     /// The message comes back when the actor is known to have stopped (an
     /// unkeyed actor on this shard), cannot be activated, or the system is
     /// shutting down. A stop noticed on another shard counts as a dead letter.
+    #[inline]
     pub fn tell<M>(&self, msg: M) -> Result<(), TellError<M>>
     where
         A: Accepts<M>,
@@ -265,6 +268,7 @@ impl<A: Actor> Addr<A> {
         reply.with_default_deadline(self.system.ask_timeout)
     }
 
+    #[inline]
     fn deliver_msg<M>(
         &self,
         msg: M,

@@ -59,7 +59,7 @@ mod system;
 
 pub use crate::actor::{
     handle_message, Accepts, Actor, ActorConfig, ActorKey, ActorPlacement, DynEnvelope, Envelope,
-    Handler, Hooks, Message, Supervision, SupervisionPolicy,
+    Handler, Hooks, Message, Supervision, SupervisionPolicy, TypeSlot,
 };
 pub use crate::addr::{ActorId, Addr, KeyedRef, LocalAddr};
 pub use crate::ctx::{Ctx, TimerHandle};

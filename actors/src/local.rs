@@ -12,7 +12,7 @@
 //! item, published with the tick's doorbell. The destination shard then
 //! delivers the batch in order, so per-sender FIFO holds.
 
-use std::any::{Any, TypeId};
+use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
@@ -35,6 +35,16 @@ pub(crate) enum TargetId<A: Actor> {
     Uid(u64),
     /// A keyed actor, by key (activated on demand).
     Key(A::Key),
+}
+
+impl<A: Actor> PartialEq for TargetId<A> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (TargetId::Uid(a), TargetId::Uid(b)) => a == b,
+            (TargetId::Key(a), TargetId::Key(b)) => a == b,
+            _ => false,
+        }
+    }
 }
 
 impl<A: Actor> Clone for TargetId<A> {
@@ -98,6 +108,7 @@ impl<A: Actor> TypeState<A> {
         }
     }
 
+    #[inline]
     pub(crate) fn touch(&self, cell: &ActorCell<A>) {
         let t = self.clock.get().wrapping_add(1);
         self.clock.set(t);
@@ -105,6 +116,7 @@ impl<A: Actor> TypeState<A> {
     }
 
     /// The live cell for `target`, activating a keyed actor when needed.
+    #[inline]
     pub(crate) fn resolve(
         self: &Rc<Self>,
         target: &TargetId<A>,
@@ -243,6 +255,7 @@ impl<A: Actor> TypeState<A> {
     }
 
     /// Queues `env` for `dest`, flushing the batch at the end of this tick.
+    #[inline]
     pub(crate) fn push_outbound(
         self: &Rc<Self>,
         dest: usize,
@@ -331,8 +344,41 @@ fn deliver_batch<A: Actor>(system: &Arc<SystemShared>, batch: Outbound<A>) {
             .for_each(|(_, item)| reply::drop_with_reason(AskError::ShuttingDown, item));
         return;
     };
+    // Runs of deliveries to one actor (the common case: a producer telling
+    // one actor) resolve the target once.
+    let mut last: Option<(TargetId<A>, Rc<ActorCell<A>>)> = None;
     for (target, item) in batch {
-        ts.apply(&target, item);
+        match item {
+            Delivery::Msg(env) => {
+                if let Some((t, cell)) = &last {
+                    if *t == target && cell.is_open() {
+                        if let Err(env) = cell.push(env) {
+                            ts.counters.dead_letters.set(ts.counters.dead_letters.get() + 1);
+                            reply::drop_with_reason(AskError::Stopped, env);
+                        }
+                        continue;
+                    }
+                }
+                match ts.resolve(&target) {
+                    Ok(cell) => {
+                        ts.touch(&cell);
+                        if let Err(env) = cell.push(env) {
+                            ts.counters.dead_letters.set(ts.counters.dead_letters.get() + 1);
+                            reply::drop_with_reason(AskError::Stopped, env);
+                        }
+                        last = Some((target, cell));
+                    }
+                    Err(reason) => {
+                        ts.counters.dead_letters.set(ts.counters.dead_letters.get() + 1);
+                        reply::drop_with_reason(reason, env);
+                    }
+                }
+            }
+            other => {
+                last = None;
+                ts.apply(&target, other);
+            }
+        }
     }
 }
 
@@ -406,16 +452,11 @@ pub(crate) fn send_delivery<A: Actor>(
 
 /// The type-erased face of a [`TypeState`] (stats and shutdown).
 pub(crate) trait AnyTypeState {
-    fn as_any(self: Rc<Self>) -> Rc<dyn Any>;
     fn stats(&self) -> ActorTypeStats;
     fn stop_all(&self, reason: StopReason) -> usize;
 }
 
 impl<A: Actor> AnyTypeState for TypeState<A> {
-    fn as_any(self: Rc<Self>) -> Rc<dyn Any> {
-        self
-    }
-
     fn stats(&self) -> ActorTypeStats {
         let c = &self.counters;
         let live_high = self
@@ -451,9 +492,11 @@ pub(crate) struct ShardActors {
     system_id: u64,
     system: Arc<SystemShared>,
     shard: usize,
-    types: RefCell<HashMap<TypeId, Rc<dyn AnyTypeState>, RandomState>>,
-    /// The type looked up last (most loops send to one type).
-    last: RefCell<Option<(TypeId, Rc<dyn AnyTypeState>)>>,
+    /// Indexed by each actor type's [`crate::actor::TypeSlot`]: that type's
+    /// `Rc<TypeState<A>>`.
+    typed: RefCell<Vec<Option<Box<dyn Any>>>>,
+    /// Every type state, for stats and shutdown.
+    all: RefCell<Vec<Rc<dyn AnyTypeState>>>,
 }
 
 thread_local! {
@@ -477,8 +520,8 @@ fn registry(system: &Arc<SystemShared>) -> Option<Rc<ShardActors>> {
         system_id: system.id,
         system: system.clone(),
         shard: shard.index(),
-        types: RefCell::new(HashMap::default()),
-        last: RefCell::new(None),
+        typed: RefCell::new(Vec::new()),
+        all: RefCell::new(Vec::new()),
     });
     REGISTRY
         .try_with(|r| *r.borrow_mut() = Some(reg.clone()))
@@ -487,31 +530,41 @@ fn registry(system: &Arc<SystemShared>) -> Option<Rc<ShardActors>> {
 }
 
 /// The calling shard's state for actor type `A`, when it is a shard of `system`.
+#[inline]
 pub(crate) fn type_state<A: Actor>(system: &Arc<SystemShared>) -> Option<Rc<TypeState<A>>> {
+    let slot = A::__slot().index();
+    let hit = REGISTRY
+        .try_with(|r| {
+            let r = r.borrow();
+            let reg = r.as_ref().filter(|reg| reg.system_id == system.id)?;
+            let typed = reg.typed.borrow();
+            typed
+                .get(slot)?
+                .as_ref()?
+                .downcast_ref::<Rc<TypeState<A>>>()
+                .cloned()
+        })
+        .ok()
+        .flatten();
+    match hit {
+        Some(ts) => Some(ts),
+        None => new_type_state::<A>(system, slot),
+    }
+}
+
+#[cold]
+fn new_type_state<A: Actor>(system: &Arc<SystemShared>, slot: usize) -> Option<Rc<TypeState<A>>> {
     let reg = registry(system)?;
-    let id = TypeId::of::<A>();
-    let cached = match &*reg.last.borrow() {
-        Some((last, ts)) if *last == id => Some(ts.clone()),
-        _ => None,
-    };
-    let any = match cached {
-        Some(ts) => ts,
-        None => {
-            let found = reg.types.borrow().get(&id).cloned();
-            let ts = match found {
-                Some(ts) => ts,
-                None => {
-                    let ts: Rc<dyn AnyTypeState> =
-                        Rc::new(TypeState::<A>::new(reg.shard, reg.system.clone()));
-                    reg.types.borrow_mut().insert(id, ts.clone());
-                    ts
-                }
-            };
-            *reg.last.borrow_mut() = Some((id, ts.clone()));
-            ts
+    let ts = Rc::new(TypeState::<A>::new(reg.shard, reg.system.clone()));
+    {
+        let mut typed = reg.typed.borrow_mut();
+        if typed.len() <= slot {
+            typed.resize_with(slot + 1, || None);
         }
-    };
-    any.as_any().downcast::<TypeState<A>>().ok()
+        typed[slot] = Some(Box::new(ts.clone()));
+    }
+    reg.all.borrow_mut().push(ts.clone());
+    Some(ts)
 }
 
 /// Stats of every actor type on the calling shard.
@@ -519,7 +572,7 @@ pub(crate) fn shard_stats(system: &Arc<SystemShared>) -> Vec<ActorTypeStats> {
     let Some(reg) = registry(system) else {
         return Vec::new();
     };
-    let types: Vec<_> = reg.types.borrow().values().cloned().collect();
+    let types: Vec<_> = reg.all.borrow().clone();
     types.iter().map(|t| t.stats()).collect()
 }
 
@@ -528,7 +581,7 @@ pub(crate) fn stop_shard(system: &Arc<SystemShared>, reason: StopReason) -> usiz
     let Some(reg) = registry(system) else {
         return 0;
     };
-    let types: Vec<_> = reg.types.borrow().values().cloned().collect();
+    let types: Vec<_> = reg.all.borrow().clone();
     types.iter().map(|t| t.stop_all(reason)).sum()
 }
 
@@ -540,9 +593,9 @@ pub(crate) fn clear_shard(system: &Arc<SystemShared>) {
             let _ = REGISTRY.try_with(|r| *r.borrow_mut() = Some(reg));
             return;
         }
-        reg.last.borrow_mut().take();
-        let types = std::mem::take(&mut *reg.types.borrow_mut());
-        drop(types);
+        let typed = std::mem::take(&mut *reg.typed.borrow_mut());
+        let all = std::mem::take(&mut *reg.all.borrow_mut());
+        drop((typed, all));
     }
 }
 

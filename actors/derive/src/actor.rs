@@ -303,6 +303,10 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
         impl ::mailring_actors::Actor for #name {
             type Key = #key;
             type Envelope = #envelope_ty;
+            fn __slot() -> &'static ::mailring_actors::TypeSlot {
+                static SLOT: ::mailring_actors::TypeSlot = ::mailring_actors::TypeSlot::new();
+                &SLOT
+            }
             const CONFIG: ::mailring_actors::ActorConfig = ::mailring_actors::ActorConfig {
                 placement: #placement,
                 mailbox: #mailbox,

@@ -18,6 +18,10 @@
 //!   own arbiter (`Actor::start`), the count check runs on arbiter 0;
 //! * fanout: worker i on arbiter i % 2, the coordinator on arbiter 0.
 //!
+//! Tell producers yield (`tokio::task::yield_now`, the arbiter is a Tokio
+//! current-thread runtime + `LocalSet`) every `PRODUCER_BURST` sends, like
+//! every other contender.
+//!
 //! Actors stop when their last `Addr` is dropped (the ping-pong pair, which
 //! holds each other's address, stops itself after the last pong).
 
@@ -28,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use futures::future::join_all;
+use mailring_bench::PRODUCER_BURST;
 
 // ------------------------------------------------------------------ actors
 
@@ -231,6 +236,9 @@ async fn tell_run(counter: Addr<Counter>, msgs: u64) -> Duration {
     let t0 = Instant::now();
     for i in 0..msgs {
         counter.do_send(Tell(i));
+        if i % PRODUCER_BURST == PRODUCER_BURST - 1 {
+            tokio::task::yield_now().await;
+        }
     }
     let (count, sum) = counter.send(Get).await.unwrap();
     let elapsed = t0.elapsed();
@@ -373,7 +381,7 @@ impl Bench {
                 .iter()
                 .zip(replies)
                 .map(|((key, _), reply)| (*key, reply.unwrap().0))
-                .collect()
+                .collect::<Vec<_>>()
         });
         for (key, count) in &counts {
             assert_eq!(*count, expected[*key as usize], "key {key}");

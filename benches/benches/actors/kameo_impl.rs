@@ -13,11 +13,15 @@
 //! * ping-pong: both actors are spawned on `rt`; a task woken from a worker
 //!   lands in that worker's LIFO slot, so the pair usually ends up on one
 //!   worker (Tokio gives no pinning; this is what the docs' `spawn` does).
-//! * tell_cross / ask_cross: the producer / asker is the bench thread inside
-//!   `Runtime::block_on` (not a worker), the actor runs on a worker, so the two
-//!   sides are always on different threads.
-//! * zipf: one producer task per list spawned on `rt`; fanout: one coordinator
-//!   task spawned on `rt`; actors are spawned on `rt` (work-stealing placement).
+//! * tell_cross / ask_cross / zipf / fanout: as in the Tokio baseline, the
+//!   driver (producer, caller, coordinator) is a task spawned on `rt`, never
+//!   the bench thread; the actors are spawned from the bench thread (inject
+//!   queue) or, in zipf, from the producer tasks. Whether the two sides of a
+//!   "cross" bench really sit on different workers is up to Tokio's work
+//!   stealing.
+//!
+//! Tell producers yield (`tokio::task::yield_now`) every `PRODUCER_BURST`
+//! sends, like every other contender.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -28,6 +32,7 @@ use kameo::actor::{ActorRef, Spawn};
 use kameo::mailbox;
 use kameo::message::{Context, Message};
 use kameo::Actor;
+use mailring_bench::PRODUCER_BURST;
 use tokio::runtime::{Builder, Runtime};
 use tokio::sync::oneshot;
 
@@ -192,19 +197,29 @@ async fn stop_all<A: Actor>(actors: &[ActorRef<A>]) {
     }
 }
 
-/// `msgs` tells from the calling task to a fresh counter, then one ask.
-async fn tell_run(msgs: u64) -> Duration {
-    let counter = spawn_counter();
-    counter.wait_for_startup().await;
+/// Runs `f` as a task on the runtime's workers (not on the bench thread).
+async fn on_worker<F>(f: F) -> F::Output
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(f).await.unwrap()
+}
+
+/// The timed part of the tell benches: `msgs` tells to `counter` from the
+/// calling task, then one confirming ask.
+async fn tell_run(counter: &ActorRef<Counter>, msgs: u64) -> Duration {
     let t0 = Instant::now();
     for i in 0..msgs {
         counter.tell(Tell(i)).try_send().unwrap();
+        if i % PRODUCER_BURST == PRODUCER_BURST - 1 {
+            tokio::task::yield_now().await;
+        }
     }
     let [count, sum] = counter.ask(Get).await.unwrap();
     let elapsed = t0.elapsed();
     assert_eq!(count, msgs);
     assert_eq!(sum, tell_sum(msgs));
-    stop_all(&[counter]).await;
     elapsed
 }
 
@@ -286,37 +301,57 @@ impl Bench {
     /// `msgs` tells to an actor on the same thread (current-thread runtime),
     /// plus one confirming ask.
     pub fn tell_same(&mut self, msgs: u64) -> Duration {
-        self.local.block_on(tell_run(msgs))
+        self.local.block_on(async move {
+            let counter = spawn_counter();
+            counter.wait_for_startup().await;
+            let elapsed = tell_run(&counter, msgs).await;
+            stop_all(&[counter]).await;
+            elapsed
+        })
     }
 
-    /// `msgs` tells from the bench thread to an actor on a runtime worker,
-    /// plus one confirming ask.
+    /// `msgs` tells from a producer task to an actor, both on the 2-worker
+    /// runtime, plus one confirming ask.
     pub fn tell_cross(&mut self, msgs: u64) -> Duration {
-        self.rt.block_on(tell_run(msgs))
+        self.rt.block_on(async move {
+            let counter = spawn_counter();
+            counter.wait_for_startup().await;
+            let (elapsed, counter) = on_worker(async move {
+                let elapsed = tell_run(&counter, msgs).await;
+                (elapsed, counter)
+            })
+            .await;
+            stop_all(&[counter]).await;
+            elapsed
+        })
     }
 
-    /// `asks` sequential asks from the bench thread to an actor on a runtime
-    /// worker.
+    /// `asks` sequential asks from a task to an actor, both on the 2-worker
+    /// runtime.
     pub fn ask_cross(&mut self, asks: u64) -> Duration {
         self.rt.block_on(async move {
             let worker = spawn_worker(0);
             worker.wait_for_startup().await;
-            let t0 = Instant::now();
-            for i in 0..asks {
-                assert_eq!(worker.ask(Query(i)).await.unwrap(), i);
-            }
-            let elapsed = t0.elapsed();
+            let (elapsed, worker) = on_worker(async move {
+                let t0 = Instant::now();
+                for i in 0..asks {
+                    assert_eq!(worker.ask(Query(i)).await.unwrap(), i);
+                }
+                (t0.elapsed(), worker)
+            })
+            .await;
             stop_all(&[worker]).await;
             elapsed
         })
     }
 
     /// Keyed routing: one producer task per key list, actors spawned on the
-    /// first message to their key, then every actor's count is checked.
+    /// first message to their key, then a driver task checks every actor's
+    /// count.
     pub fn zipf(&mut self, producers: &[Vec<u32>], n_keys: u32) -> Duration {
         let expected = mailring_bench::histogram(n_keys, producers);
         let lists: Vec<Vec<u32>> = producers.to_vec();
-        self.rt.block_on(async move {
+        self.rt.block_on(on_worker(async move {
             let registry: Arc<Registry> = Arc::default();
             let t0 = Instant::now();
             let tasks: Vec<_> = lists
@@ -351,7 +386,7 @@ impl Bench {
             let refs: Vec<ActorRef<Counter>> = actors.into_iter().map(|(_, a)| a).collect();
             stop_all(&refs).await;
             elapsed
-        })
+        }))
     }
 
     /// Fan-out/fan-in: `actors` workers on the runtime, one coordinator task

@@ -14,11 +14,15 @@
 //! * ping-pong: both actors are spawned on `rt`; a task woken from a worker
 //!   lands in that worker's LIFO slot, so the pair usually ends up on one
 //!   worker (Tokio gives no pinning; this is what `Actor::spawn` does).
-//! * tell_cross / ask_cross: the producer / caller is the bench thread inside
-//!   `Runtime::block_on` (not a worker), the actor runs on a worker, so the two
-//!   sides are always on different threads.
-//! * zipf: one producer task per list spawned on `rt`; fanout: one coordinator
-//!   task spawned on `rt`; actors are spawned on `rt` (work-stealing placement).
+//! * tell_cross / ask_cross / zipf / fanout: as in the Tokio baseline, the
+//!   driver (producer, caller, coordinator) is a task spawned on `rt`, never
+//!   the bench thread; the actors are spawned from the bench thread (inject
+//!   queue) or, in zipf, from the producer tasks. Whether the two sides of a
+//!   "cross" bench really sit on different workers is up to Tokio's work
+//!   stealing.
+//!
+//! Tell producers yield (`tokio::task::yield_now`) every `PRODUCER_BURST`
+//! sends, like every other contender.
 
 use std::collections::hash_map;
 use std::collections::HashMap;
@@ -26,6 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use mailring_bench::PRODUCER_BURST;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::runtime::{Builder, Runtime};
 use tokio::sync::{oneshot, Mutex};
@@ -256,18 +261,29 @@ async fn stop_all<M: ractor::Message>(actors: Vec<Spawned<M>>) {
     }
 }
 
-/// `msgs` tells from the calling task to a fresh counter, then one call.
-async fn tell_run(msgs: u64) -> Duration {
-    let (counter, handle) = Actor::spawn(None, Counter, ()).await.unwrap();
+/// Runs `f` as a task on the runtime's workers (not on the bench thread).
+async fn on_worker<F>(f: F) -> F::Output
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(f).await.unwrap()
+}
+
+/// The timed part of the tell benches: `msgs` casts to `counter` from the
+/// calling task, then one confirming call.
+async fn tell_run(counter: &ActorRef<CounterMsg>, msgs: u64) -> Duration {
     let t0 = Instant::now();
     for i in 0..msgs {
         counter.cast(CounterMsg::Tell(i)).unwrap();
+        if i % PRODUCER_BURST == PRODUCER_BURST - 1 {
+            tokio::task::yield_now().await;
+        }
     }
     let (count, sum) = ractor::call!(counter, CounterMsg::Get).unwrap();
     let elapsed = t0.elapsed();
     assert_eq!(count, msgs);
     assert_eq!(sum, tell_sum(msgs));
-    stop_all(vec![(counter, handle)]).await;
     elapsed
 }
 
@@ -332,36 +348,54 @@ impl Bench {
     /// `msgs` casts to an actor on the same thread (current-thread runtime),
     /// plus one confirming call.
     pub fn tell_same(&mut self, msgs: u64) -> Duration {
-        self.local.block_on(tell_run(msgs))
+        self.local.block_on(async move {
+            let (counter, handle) = Actor::spawn(None, Counter, ()).await.unwrap();
+            let elapsed = tell_run(&counter, msgs).await;
+            stop_all(vec![(counter, handle)]).await;
+            elapsed
+        })
     }
 
-    /// `msgs` casts from the bench thread to an actor on a runtime worker,
-    /// plus one confirming call.
+    /// `msgs` casts from a producer task to an actor, both on the 2-worker
+    /// runtime, plus one confirming call.
     pub fn tell_cross(&mut self, msgs: u64) -> Duration {
-        self.rt.block_on(tell_run(msgs))
+        self.rt.block_on(async move {
+            let (counter, handle) = Actor::spawn(None, Counter, ()).await.unwrap();
+            let (elapsed, counter) = on_worker(async move {
+                let elapsed = tell_run(&counter, msgs).await;
+                (elapsed, counter)
+            })
+            .await;
+            stop_all(vec![(counter, handle)]).await;
+            elapsed
+        })
     }
 
-    /// `asks` sequential calls from the bench thread to an actor on a runtime
-    /// worker.
+    /// `asks` sequential calls from a task to an actor, both on the 2-worker
+    /// runtime.
     pub fn ask_cross(&mut self, asks: u64) -> Duration {
         self.rt.block_on(async move {
             let (worker, handle) = Actor::spawn(None, Worker, 0).await.unwrap();
-            let t0 = Instant::now();
-            for i in 0..asks {
-                assert_eq!(ractor::call!(worker, WorkerMsg::Query, i).unwrap(), i);
-            }
-            let elapsed = t0.elapsed();
+            let (elapsed, worker) = on_worker(async move {
+                let t0 = Instant::now();
+                for i in 0..asks {
+                    assert_eq!(ractor::call!(worker, WorkerMsg::Query, i).unwrap(), i);
+                }
+                (t0.elapsed(), worker)
+            })
+            .await;
             stop_all(vec![(worker, handle)]).await;
             elapsed
         })
     }
 
     /// Keyed routing: one producer task per key list, actors spawned on the
-    /// first message to their key, then every actor's count is checked.
+    /// first message to their key, then a driver task checks every actor's
+    /// count.
     pub fn zipf(&mut self, producers: &[Vec<u32>], n_keys: u32) -> Duration {
         let expected = mailring_bench::histogram(n_keys, producers);
         let lists: Vec<Vec<u32>> = producers.to_vec();
-        self.rt.block_on(async move {
+        self.rt.block_on(on_worker(async move {
             let registry: Arc<Registry> = Arc::default();
             let t0 = Instant::now();
             let tasks: Vec<_> = lists
@@ -404,7 +438,7 @@ impl Bench {
             let elapsed = t0.elapsed();
             stop_all(actors.into_iter().map(|(_, s)| s).collect()).await;
             elapsed
-        })
+        }))
     }
 
     /// Fan-out/fan-in: `actors` workers on the runtime, one coordinator task
