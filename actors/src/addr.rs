@@ -444,11 +444,13 @@ impl<A: Actor> LocalAddr<A> {
                 return Ok(());
             }
         }
-        self.tell_slow(msg)
+        self.push_counted(msg, false)
     }
 
+    /// The general path: re-resolves a passivated keyed actor and takes a
+    /// place in a bounded mailbox (`bounded`: refuse when full).
     #[cold]
-    fn tell_slow<M>(&self, msg: M) -> Result<(), TellError<M>>
+    fn push_counted<M>(&self, msg: M, bounded: bool) -> Result<(), TellError<M>>
     where
         A: Accepts<M>,
         M: Message,
@@ -458,7 +460,11 @@ impl<A: Actor> LocalAddr<A> {
             Err(e) => return Err(tell_error(e, msg)),
         };
         if let Some(c) = &cell.capacity {
-            c.force_acquire();
+            if !bounded {
+                c.force_acquire();
+            } else if !c.try_acquire() {
+                return Err(TellError::Full(msg));
+            }
         }
         if let Err(env) = cell.push(A::envelope(msg)) {
             reply::drop_with_reason(AskError::Stopped, env);
@@ -476,19 +482,7 @@ impl<A: Actor> LocalAddr<A> {
         A: Accepts<M>,
         M: Message,
     {
-        let cell = match self.live_cell() {
-            Ok(c) => c,
-            Err(e) => return Err(tell_error(e, msg)),
-        };
-        if let Some(c) = &cell.capacity {
-            if !c.try_acquire() {
-                return Err(TellError::Full(msg));
-            }
-        }
-        if let Err(env) = cell.push(A::envelope(msg)) {
-            reply::drop_with_reason(AskError::Stopped, env);
-        }
-        Ok(())
+        self.push_counted(msg, true)
     }
 
     /// As [`Addr::ask`], without the lookup.

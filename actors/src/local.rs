@@ -353,7 +353,9 @@ fn deliver_batch<A: Actor>(system: &Arc<SystemShared>, batch: Outbound<A>) {
                 if let Some((t, cell)) = &last {
                     if *t == target && cell.is_open() {
                         if let Err(env) = cell.push(env) {
-                            ts.counters.dead_letters.set(ts.counters.dead_letters.get() + 1);
+                            ts.counters
+                                .dead_letters
+                                .set(ts.counters.dead_letters.get() + 1);
                             reply::drop_with_reason(AskError::Stopped, env);
                         }
                         continue;
@@ -363,13 +365,17 @@ fn deliver_batch<A: Actor>(system: &Arc<SystemShared>, batch: Outbound<A>) {
                     Ok(cell) => {
                         ts.touch(&cell);
                         if let Err(env) = cell.push(env) {
-                            ts.counters.dead_letters.set(ts.counters.dead_letters.get() + 1);
+                            ts.counters
+                                .dead_letters
+                                .set(ts.counters.dead_letters.get() + 1);
                             reply::drop_with_reason(AskError::Stopped, env);
                         }
                         last = Some((target, cell));
                     }
                     Err(reason) => {
-                        ts.counters.dead_letters.set(ts.counters.dead_letters.get() + 1);
+                        ts.counters
+                            .dead_letters
+                            .set(ts.counters.dead_letters.get() + 1);
                         reply::drop_with_reason(reason, env);
                     }
                 }

@@ -1,0 +1,7 @@
+use mailring_actors::Message;
+
+#[derive(Message)]
+#[message(response = u64)]
+struct Get;
+
+fn main() {}

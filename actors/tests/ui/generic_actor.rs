@@ -1,0 +1,8 @@
+use mailring_actors::Actor;
+
+#[derive(Actor)]
+struct Holder<T: 'static> {
+    value: T,
+}
+
+fn main() {}
