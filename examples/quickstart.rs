@@ -1,7 +1,7 @@
 //! The shortest complete keyed-actor program: a counter per key, placed on
 //! shards by a stable hash of the key, activated by its first message.
 //!
-//! Run: `cargo run --release --example quickstart`
+//! Run: `cargo run --release -p mailring-actors --example quickstart`
 
 use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, Runtime};
 
@@ -30,7 +30,7 @@ impl Handler<Add> for Counter {
     }
 }
 
-fn main() -> Result<(), mailring::BuildError> {
+fn main() -> Result<(), mailring_actors::mailring::BuildError> {
     let system = ActorSystem::start(Runtime::builder().shards(2))?;
     let handle = system.handle();
     let totals = system.block_on(async move {

@@ -52,9 +52,22 @@ pub(crate) struct Shared {
     external_mode: ExternalWakeMode,
     external_wakes: AtomicU64,
     blocking: BlockingPool,
+    /// How far the runtime's clock is ahead of the real one (see
+    /// [`Handle::advance_clock`]); only ever grows.
+    clock_offset_ns: AtomicU64,
 }
 
 impl Shared {
+    /// The runtime's clock: the real monotonic clock plus the test offset.
+    pub(crate) fn now(&self) -> std::time::Instant {
+        std::time::Instant::now() + self.clock_offset()
+    }
+
+    /// How far the runtime's clock is ahead of the real one.
+    pub(crate) fn clock_offset(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.clock_offset_ns.load(Ordering::Acquire))
+    }
+
     pub(crate) fn is_shutting_down(&self) -> bool {
         self.shutdown.load(Ordering::SeqCst)
     }
@@ -312,6 +325,40 @@ impl Handle {
         ShardId::new(best)
     }
 
+    /// Moves this runtime's clock forward by `by`, for tests: timers, sleeps,
+    /// timeouts and intervals see the time jump at once (every shard is woken
+    /// to fire what became due), while real time keeps running underneath.
+    /// The clock never goes back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let rt = mailring::Runtime::builder().shards(1).build()?;
+    /// let h = rt.handle().clone();
+    /// let slept = rt.block_on(async move {
+    ///     let sleep = mailring::spawn(mailring::time::sleep(Duration::from_secs(3600)));
+    ///     mailring::time::sleep(Duration::from_millis(1)).await;
+    ///     h.advance_clock(Duration::from_secs(3600));
+    ///     sleep.await.is_ok()
+    /// });
+    /// assert!(slept);
+    /// # Ok::<(), mailring::BuildError>(())
+    /// ```
+    pub fn advance_clock(&self, by: std::time::Duration) {
+        let ns = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        self.shared.clock_offset_ns.fetch_add(ns, Ordering::AcqRel);
+        for i in 0..self.shards() {
+            self.run_on(ShardId::new(i), || {});
+        }
+    }
+
+    /// This runtime's clock (see [`Handle::advance_clock`]); the real
+    /// monotonic clock unless a test moved it.
+    pub fn now(&self) -> std::time::Instant {
+        self.shared.now()
+    }
+
     /// A snapshot of every shard's counters.
     pub fn stats(&self) -> RuntimeStats {
         RuntimeStats {
@@ -443,6 +490,7 @@ impl Runtime {
             external_mode: ExternalWakeMode::resolve(builder.external_wake, send_msg_ring),
             external_wakes: AtomicU64::new(0),
             blocking: BlockingPool::new(builder.blocking_threads, builder.thread_name.clone()),
+            clock_offset_ns: AtomicU64::new(0),
         });
         for go in gos {
             let _ = go.send(Some(shared.clone()));

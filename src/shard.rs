@@ -235,7 +235,7 @@ impl Shard {
             inbox_buf: RefCell::new(Vec::new()),
             completions: RefCell::new(Vec::new()),
             rng: Cell::new(0x2545_f491_4f6c_dd1d ^ ((index as u64 + 1) << 17)),
-            now: Cell::new(Instant::now()),
+            now: Cell::new(shared.now()),
             next_buf_group: Cell::new(0),
             idle_avg_ns: Cell::new(0),
             idle_since: Cell::new(None),
@@ -541,7 +541,7 @@ impl Shard {
             let Some(next) = timers.next_deadline() else {
                 return false;
             };
-            let now = Instant::now();
+            let now = self.shared.now();
             self.now.set(now);
             if next > now {
                 return false;
@@ -768,7 +768,7 @@ impl Shard {
                     .timers
                     .borrow()
                     .next_deadline()
-                    .is_some_and(|d| d <= Instant::now());
+                    .is_some_and(|d| d <= self.shared.now());
                 if due || self.peers_have_work() || self.shared.is_shutting_down() {
                     return true;
                 }
@@ -784,7 +784,10 @@ impl Shard {
     /// Blocks in `io_uring_enter` until a completion arrives.
     fn park(&self) {
         if let Some(deadline) = self.timers.borrow().next_deadline() {
-            self.driver.borrow_mut().arm_timer(deadline);
+            // The kernel counts real time: take the test offset back out.
+            let offset = self.shared.clock_offset();
+            let real = deadline.checked_sub(offset).unwrap_or_else(Instant::now);
+            self.driver.borrow_mut().arm_timer(real);
         }
         let inbox = &self.remote().inbox;
         if !inbox.prepare_park() {

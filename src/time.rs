@@ -39,7 +39,14 @@ pub struct Elapsed(());
 /// # Ok::<(), mailring::BuildError>(())
 /// ```
 pub fn sleep(duration: Duration) -> Sleep {
-    sleep_until(Instant::now() + duration)
+    sleep_until(now() + duration)
+}
+
+/// The current shard's runtime clock: the real monotonic clock, plus whatever
+/// a test added with [`crate::Handle::advance_clock`]. Off a shard, the real
+/// clock. Deadlines given to this module are on this clock.
+pub fn now() -> Instant {
+    with_current(|shard| shard.shared.now()).unwrap_or_else(Instant::now)
 }
 
 /// Waits until `deadline`.
@@ -56,7 +63,7 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
 ///
 /// [`Elapsed`] when the deadline passed before the future finished; the future is dropped.
 pub async fn timeout<F: Future>(duration: Duration, future: F) -> Result<F::Output, Elapsed> {
-    timeout_at(Instant::now() + duration, future).await
+    timeout_at(now() + duration, future).await
 }
 
 /// Runs `future`, giving up at `deadline`.
@@ -87,7 +94,7 @@ pub async fn timeout_at<F: Future>(deadline: Instant, future: F) -> Result<F::Ou
 ///
 /// When `period` is zero.
 pub fn interval(period: Duration) -> Interval {
-    interval_at(Instant::now(), period)
+    interval_at(now(), period)
 }
 
 /// A ticker whose first tick is at `start`.
@@ -129,7 +136,7 @@ impl Sleep {
 
     /// Whether the deadline has passed.
     pub fn is_elapsed(&self) -> bool {
-        Instant::now() >= self.deadline
+        now() >= self.deadline
     }
 
     /// Moves the deadline (earlier or later), even after the sleep completed.
@@ -234,6 +241,6 @@ impl Interval {
 
     /// Restarts the schedule: the next tick is one period from now.
     pub fn reset(&mut self) {
-        self.sleep.reset(Instant::now() + self.period);
+        self.sleep.reset(now() + self.period);
     }
 }

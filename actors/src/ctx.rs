@@ -142,7 +142,7 @@ impl<A: Actor> Ctx<A> {
         let epoch = self.timer_epoch.clone();
         let mine = epoch.get();
         let join = mailring::spawn_local(async move {
-            let mut ticks = mailring::time::interval_at(std::time::Instant::now() + period, period);
+            let mut ticks = mailring::time::interval_at(mailring::time::now() + period, period);
             loop {
                 ticks.tick().await;
                 if epoch.get() != mine || cell.push(A::envelope(make())).is_err() {

@@ -56,6 +56,7 @@ mod route;
 mod runner;
 mod stats;
 mod system;
+pub mod testkit;
 
 pub use crate::actor::{
     handle_message, Accepts, Actor, ActorConfig, ActorKey, ActorPlacement, DynEnvelope, Envelope,

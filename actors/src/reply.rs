@@ -169,7 +169,7 @@ impl<R> Reply<R> {
 
     /// Gives up with [`AskError::Timeout`] after `duration`.
     pub fn timeout(self, duration: Duration) -> Self {
-        self.deadline(Instant::now() + duration)
+        self.deadline(mailring::time::now() + duration)
     }
 
     /// Gives up with [`AskError::Timeout`] at `deadline`.
@@ -243,7 +243,7 @@ impl<R> Future for Reply<R> {
                     this.inner = ReplyInner::Done;
                     return Poll::Ready(Err(AskError::Timeout));
                 }
-            } else if Instant::now() >= deadline {
+            } else if mailring::time::now() >= deadline {
                 this.inner = ReplyInner::Done;
                 return Poll::Ready(Err(AskError::Timeout));
             }

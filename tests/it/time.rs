@@ -161,3 +161,33 @@ fn idle_runtime_uses_almost_no_cpu() {
         "idle shards keep waking up: {parks_before} -> {parks_after}"
     );
 }
+
+#[test]
+fn advancing_the_clock_fires_long_timers_at_once_on_every_shard() {
+    let rt = rt2();
+    let h = rt.handle().clone();
+    let real = Instant::now();
+    let out = rt.block_on(async move {
+        let hour = Duration::from_secs(3600);
+        let a = mailring::spawn_on(ShardId::new(0), sleep(hour));
+        let b = mailring::spawn_on(ShardId::new(1), async move {
+            timeout(2 * hour, std::future::pending::<()>()).await
+        });
+        let c = mailring::spawn_on(ShardId::new(1), async move {
+            let mut ticks = interval(Duration::from_secs(60));
+            ticks.tick().await; // the first tick is immediate
+            ticks.tick().await;
+            ticks.tick().await;
+        });
+        sleep(Duration::from_millis(5)).await;
+        let before = mailring::time::now();
+        h.advance_clock(hour);
+        a.await.unwrap();
+        c.await.unwrap();
+        assert!(mailring::time::now() >= before + hour);
+        h.advance_clock(hour);
+        b.await.unwrap()
+    });
+    assert!(out.is_err(), "the 2 h timeout elapsed on the moved clock");
+    assert!(real.elapsed() < Duration::from_secs(60), "no real waiting");
+}
