@@ -236,7 +236,8 @@ impl<A: Actor> Addr<A> {
 
     /// Sends `msg` and returns the future of its reply. The message is sent
     /// now, whether or not the reply is awaited. The system's default ask
-    /// timeout applies unless [`Reply::timeout`], [`Reply::deadline`] or
+    /// timeout ([`crate::SystemConfig::ask_timeout`], none unless set)
+    /// applies unless [`Reply::timeout`], [`Reply::deadline`] or
     /// [`Reply::no_timeout`] says otherwise.
     ///
     /// The reply fails with [`AskError::WouldDeadlock`] at once when the

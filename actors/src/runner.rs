@@ -43,6 +43,19 @@ use crate::reply;
 use crate::system::SystemShared;
 use crate::Terminated;
 
+/// Logs a lifecycle event (with the `tracing` feature).
+macro_rules! lifecycle {
+    ($event:literal, $cell:expr, $ts:expr) => {
+        #[cfg(feature = "tracing")]
+        tracing::debug!(
+            actor = std::any::type_name::<A>(),
+            id = $cell.uid,
+            shard = $ts.shard,
+            $event
+        );
+    };
+}
+
 /// Messages handled before the actor yields its shard to other tasks.
 const YIELD_EVERY: u32 = 1024;
 
@@ -147,6 +160,7 @@ async fn run<A: Actor>(
     // Envelopes taken from the mailbox and not yet handled; they survive a
     // restart (the one that panicked is gone).
     let mut batch: VecDeque<A::Envelope> = VecDeque::new();
+    lifecycle!("actor activated", cell, ts);
     let mut actor = guarded(&frame, async { make() }).await.ok().flatten();
     let mut needs_start = true;
     let reason = loop {
@@ -172,6 +186,7 @@ async fn run<A: Actor>(
         };
         match outcome {
             Outcome::Panicked => {
+                lifecycle!("actor panicked", cell, ts);
                 bump(&ts.counters.panics);
                 let now = Instant::now();
                 while restarts
@@ -184,6 +199,7 @@ async fn run<A: Actor>(
                 match supervision.policy {
                     SupervisionPolicy::Restart if within_budget => {
                         restarts.push_back(now);
+                        lifecycle!("actor restarting", cell, ts);
                         bump(&ts.counters.restarts);
                         cx.stop_children();
                         cx.cancel_timers();
@@ -211,6 +227,7 @@ async fn run<A: Actor>(
                         // Messages came in while passivating: stay active.
                         continue;
                     }
+                    lifecycle!("actor passivated", cell, ts);
                     bump(&ts.counters.passivations);
                 }
                 break reason;
@@ -300,13 +317,41 @@ async fn process<A: Actor>(
                 continue;
             }
         };
-        env.handle(actor, cx).await;
+        handle_traced(env, actor, cx, cell.uid, ts.shard).await;
         bump(&ts.counters.handled);
         since_yield += 1;
         if since_yield == YIELD_EVERY {
             since_yield = 0;
             mailring::yield_now().await;
         }
+    }
+}
+
+/// Runs one envelope's handler; with the `tracing` feature, inside an
+/// `actor.message` span (type, id, shard). Without it, nothing is added.
+#[inline]
+async fn handle_traced<A: Actor>(
+    env: A::Envelope,
+    actor: &mut A,
+    cx: &mut Ctx<A>,
+    uid: u64,
+    shard: usize,
+) {
+    #[cfg(feature = "tracing")]
+    {
+        use tracing::Instrument;
+        let span = tracing::trace_span!(
+            "actor.message",
+            actor = std::any::type_name::<A>(),
+            id = uid,
+            shard = shard
+        );
+        env.handle(actor, cx).instrument(span).await;
+    }
+    #[cfg(not(feature = "tracing"))]
+    {
+        let _ = (uid, shard);
+        env.handle(actor, cx).await;
     }
 }
 

@@ -101,8 +101,10 @@ impl SystemShared {
 /// Settings of an [`ActorSystem`] beyond the runtime's.
 #[derive(Debug, Clone)]
 pub struct SystemConfig {
-    /// The default deadline of every `ask` (`None`: wait as long as the actor
-    /// lives). 30 seconds unless set.
+    /// The default deadline of every `ask` (`None`, the default: wait as long
+    /// as the actor lives; an ask to a stopped or panicking actor fails at
+    /// once, and ask cycles between actors are detected, so no deadline is
+    /// needed for those).
     pub ask_timeout: Option<Duration>,
     /// How long [`ActorSystem::shutdown`] waits for actors to run `on_stop`.
     pub shutdown_grace: Duration,
@@ -111,7 +113,7 @@ pub struct SystemConfig {
 impl Default for SystemConfig {
     fn default() -> Self {
         SystemConfig {
-            ask_timeout: Some(Duration::from_secs(30)),
+            ask_timeout: None,
             shutdown_grace: Duration::from_secs(5),
         }
     }

@@ -532,6 +532,9 @@ fn bounded_mailbox_try_tell_gives_the_message_back_and_send_waits() {
         out.2
     );
     assert_eq!(out.3, (0..4).sum::<u64>() + (0..10).sum::<u64>());
+    let stats = sys.stats().by_type("Slow").unwrap();
+    assert!(stats.mailbox_high_water >= 4, "{stats:?}");
+    assert_eq!(stats.handled, 1 + 4 + 10 + 1);
     sys.shutdown();
 }
 
@@ -1066,4 +1069,59 @@ fn block_on_thread<F: std::future::Future>(fut: F) -> F::Output {
         }
         std::thread::park_timeout(Duration::from_millis(10));
     }
+}
+
+// ---------------------------------------------------------------- !Send messages on the actor's shard
+
+#[derive(Actor, Default)]
+#[actor(handles(ShareRc, Get))]
+struct RcHolder {
+    sum: u64,
+}
+
+/// A message that cannot cross threads.
+#[derive(Message)]
+struct ShareRc(Rc<RefCell<u64>>);
+
+impl Handler<ShareRc> for RcHolder {
+    async fn handle(&mut self, m: ShareRc, _cx: &mut Ctx<Self>) {
+        *m.0.borrow_mut() += 1;
+        self.sum += *m.0.borrow();
+    }
+}
+
+impl Handler<Get> for RcHolder {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.sum
+    }
+}
+
+#[test]
+fn local_addr_sends_non_send_messages_on_the_actors_shard() {
+    let sys = system(2);
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), RcHolder::default);
+    let other = a.clone();
+    let out = sys.block_on_local(move || async move {
+        // block_on_local runs on shard 0, the actor's shard.
+        let local = a.local().expect("on the actor's shard");
+        let shared = Rc::new(RefCell::new(0));
+        for _ in 0..3 {
+            local.tell(ShareRc(shared.clone())).unwrap();
+        }
+        let sum = local.ask(Get).await.unwrap();
+        let seen = *shared.borrow();
+        (sum, seen)
+    });
+    assert_eq!(out, (1 + 2 + 3, 3));
+    // Off the actor's shard there is no LocalAddr.
+    let wrong = sys.block_on(async move {
+        let h = other.system().runtime().clone();
+        h.spawn_on(ShardId::new(1), async move { other.local().err() })
+            .await
+            .unwrap()
+    });
+    assert_eq!(wrong, Some(AskError::WrongShard));
+    let stats = sys.stats().by_type("RcHolder").unwrap();
+    assert_eq!(stats.handled, 4);
+    sys.shutdown();
 }
