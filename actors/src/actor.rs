@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::ctx::Ctx;
-use crate::reply::ReplyTo;
+use crate::reply::{Asked, ReplyTo};
 
 /// A key that names a keyed (virtual) actor; `()` for unkeyed actors.
 pub trait ActorKey: Clone + Eq + Hash + fmt::Debug + Send + Sync + 'static {}
@@ -278,8 +278,8 @@ pub trait Accepts<M: Message>: Actor {
     /// Wraps a told `msg` (no reply).
     fn envelope(msg: M) -> Self::Envelope;
 
-    /// Wraps an asked `msg` and its reply slot.
-    fn ask_envelope(msg: M, reply: ReplyTo<M::Reply>) -> Self::Envelope;
+    /// Wraps an asked message (with its reply slot).
+    fn ask_envelope(asked: Asked<M>) -> Self::Envelope;
 }
 
 /// The envelope of actors without a `handles(...)` list: one allocation per
@@ -298,28 +298,49 @@ trait DynMessage<A: Actor> {
     fn handle<'a>(self: Box<Self>, actor: &'a mut A, cx: &'a mut Ctx<A>) -> BoxedHandling<'a>;
 }
 
-struct Boxed<M: Message>(M, ReplyTo<M::Reply>);
+struct Told<M: Message>(M);
 
-impl<A, M> DynMessage<A> for Boxed<M>
+impl<A, M> DynMessage<A> for Told<M>
 where
     A: Handler<M>,
     M: Message,
 {
     fn handle<'a>(self: Box<Self>, actor: &'a mut A, cx: &'a mut Ctx<A>) -> BoxedHandling<'a> {
-        let Boxed(msg, reply) = *self;
+        let Told(msg) = *self;
+        Box::pin(handle_message(actor, msg, ReplyTo::none(), cx))
+    }
+}
+
+impl<A, M> DynMessage<A> for Asked<M>
+where
+    A: Handler<M>,
+    M: Message + Send,
+    M::Reply: Send,
+{
+    fn handle<'a>(self: Box<Self>, actor: &'a mut A, cx: &'a mut Ctx<A>) -> BoxedHandling<'a> {
+        let (msg, reply) = (*self).open();
         Box::pin(handle_message(actor, msg, reply, cx))
     }
 }
 
 impl<A: Actor> DynEnvelope<A> {
-    /// Boxes `msg` with its reply slot.
-    pub fn new<M>(msg: M, reply: ReplyTo<M::Reply>) -> Self
+    /// Boxes a told `msg`.
+    pub fn told<M>(msg: M) -> Self
+    where
+        A: Handler<M>,
+        M: Message + Send,
+    {
+        DynEnvelope(Box::new(Told(msg)))
+    }
+
+    /// Boxes an asked message.
+    pub fn asked<M>(asked: Asked<M>) -> Self
     where
         A: Handler<M>,
         M: Message + Send,
         M::Reply: Send,
     {
-        DynEnvelope(Box::new(Boxed(msg, reply)))
+        DynEnvelope(Box::new(asked))
     }
 }
 
@@ -329,7 +350,18 @@ impl<A: Actor> Envelope<A> for DynEnvelope<A> {
     }
 }
 
-/// Runs one handler and answers the asker; the derive's envelopes call this.
+/// Opens an asked message, runs its handler and answers the asker; the
+/// derive's envelopes call this.
+pub async fn handle_asked<A, M>(actor: &mut A, asked: Asked<M>, cx: &mut Ctx<A>)
+where
+    A: Handler<M>,
+    M: Message,
+{
+    let (msg, reply) = asked.open();
+    handle_message(actor, msg, reply, cx).await
+}
+
+/// Runs one handler and answers the asker, if any.
 pub async fn handle_message<A, M>(actor: &mut A, msg: M, reply: ReplyTo<M::Reply>, cx: &mut Ctx<A>)
 where
     A: Handler<M>,

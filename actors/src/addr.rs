@@ -19,7 +19,7 @@ use crate::actor::{Accepts, Actor, Message};
 use crate::error::{AskError, StopReason, TellError};
 use crate::local::{self, Delivery, TargetId};
 use crate::mailbox::Capacity;
-use crate::reply::{self, Reply, ReplyTo};
+use crate::reply::{self, Asked, Reply};
 use crate::system::{SystemHandle, SystemShared};
 
 /// The identity of an actor within its system.
@@ -195,7 +195,7 @@ impl<A: Actor> Addr<A> {
         if let Some(c) = &self.capacity {
             c.force_acquire();
         }
-        self.deliver_msg(msg, None)
+        self.deliver_msg(msg)
     }
 
     /// Sends `msg` if the bounded mailbox has room; never waits.
@@ -214,7 +214,7 @@ impl<A: Actor> Addr<A> {
                 return Err(TellError::Full(msg));
             }
         }
-        self.deliver_msg(msg, None)
+        self.deliver_msg(msg)
     }
 
     /// Sends `msg`, waiting for room in a bounded mailbox.
@@ -231,7 +231,7 @@ impl<A: Actor> Addr<A> {
         if let Some(c) = &self.capacity {
             poll_fn(|cx| c.poll_acquire(cx)).await;
         }
-        self.deliver_msg(msg, None)
+        self.deliver_msg(msg)
     }
 
     /// Sends `msg` and returns the future of its reply. The message is sent
@@ -253,28 +253,47 @@ impl<A: Actor> Addr<A> {
             Ok(c) => c,
             Err(e) => return Reply::failed(e),
         };
-        let (reply_to, reply) = reply::ask_pair(chain);
+        let (asked, reply) = Asked::new(msg, chain);
         if let Some(c) = &self.capacity {
             c.force_acquire();
         }
-        if let Err(e) = self.deliver_msg(msg, Some(reply_to)) {
-            let err = match e {
-                TellError::Stopped(_) => AskError::Stopped,
-                TellError::Full(_) => AskError::Full,
-                TellError::ShuttingDown(_) => AskError::ShuttingDown,
-                TellError::NoFactory(_) => AskError::NoFactory,
-            };
-            return Reply::failed(err);
-        }
+        // A failed delivery drops the envelope with its reason, which the
+        // reply then reports.
+        self.deliver_env(A::ask_envelope(asked));
         reply.with_default_deadline(self.system.ask_timeout)
     }
 
+    /// Delivers a ready envelope (an ask); a failure drops it with the reason.
     #[inline]
-    fn deliver_msg<M>(
-        &self,
-        msg: M,
-        reply_to: Option<ReplyTo<M::Reply>>,
-    ) -> Result<(), TellError<M>>
+    fn deliver_env(&self, env: A::Envelope)
+    where
+        A::Envelope: Send,
+    {
+        let dest = self.home();
+        let target = self.target_id();
+        match local::type_state::<A>(&self.system) {
+            Some(ts) if ts.shard == dest => {
+                let cell = match ts.resolve(&target) {
+                    Ok(cell) => cell,
+                    Err(e) => {
+                        self.release_place();
+                        reply::drop_with_reason(e, env);
+                        return;
+                    }
+                };
+                ts.touch(&cell);
+                if let Err(env) = cell.push(env) {
+                    reply::drop_with_reason(AskError::Stopped, env);
+                }
+            }
+            Some(ts) => ts.push_outbound(dest, target, Delivery::Msg(env)),
+            None => local::send_delivery(&self.system, dest, target, Delivery::Msg(env)),
+        }
+    }
+
+    /// Delivers a told message; a failure noticed here gives it back.
+    #[inline]
+    fn deliver_msg<M>(&self, msg: M) -> Result<(), TellError<M>>
     where
         A: Accepts<M>,
         M: Message + Send,
@@ -288,20 +307,17 @@ impl<A: Actor> Addr<A> {
                     Ok(cell) => cell,
                     Err(e) => {
                         self.release_place();
-                        // The reply slot inside is dropped unanswered: the
-                        // caller turns the error into the ask's error.
-                        drop(reply_to);
                         return Err(tell_error(e, msg));
                     }
                 };
                 ts.touch(&cell);
-                if let Err(env) = cell.push(wrap::<A, M>(msg, reply_to)) {
+                if let Err(env) = cell.push(A::envelope(msg)) {
                     reply::drop_with_reason(AskError::Stopped, env);
                 }
                 Ok(())
             }
             Some(ts) => {
-                ts.push_outbound(dest, target, Delivery::Msg(wrap::<A, M>(msg, reply_to)));
+                ts.push_outbound(dest, target, Delivery::Msg(A::envelope(msg)));
                 Ok(())
             }
             None => {
@@ -309,7 +325,7 @@ impl<A: Actor> Addr<A> {
                     self.release_place();
                     return Err(TellError::ShuttingDown(msg));
                 }
-                let env = wrap::<A, M>(msg, reply_to);
+                let env = A::envelope(msg);
                 local::send_delivery(&self.system, dest, target, Delivery::Msg(env));
                 Ok(())
             }
@@ -349,14 +365,6 @@ impl<A: Actor> Addr<A> {
             self.target_id(),
             Delivery::Watch(notify),
         );
-    }
-}
-
-#[inline]
-fn wrap<A: Accepts<M>, M: Message>(msg: M, reply_to: Option<ReplyTo<M::Reply>>) -> A::Envelope {
-    match reply_to {
-        None => A::envelope(msg),
-        Some(r) => A::ask_envelope(msg, r),
     }
 }
 
@@ -486,11 +494,14 @@ impl<A: Actor> LocalAddr<A> {
         self.push_counted(msg, true)
     }
 
-    /// As [`Addr::ask`], without the lookup.
+    /// As [`Addr::ask`], without the lookup. (An asked message and its
+    /// reply must be `Send`: the reply slot is shared with the asker, which
+    /// may be anywhere.)
     pub fn ask<M>(&self, msg: M) -> Reply<M::Reply>
     where
         A: Accepts<M>,
-        M: Message,
+        M: Message + Send,
+        M::Reply: Send,
     {
         let chain = match crate::runner::ask_chain(|| self.addr.uid()) {
             Ok(c) => c,
@@ -500,11 +511,11 @@ impl<A: Actor> LocalAddr<A> {
             Ok(c) => c,
             Err(e) => return Reply::failed(e),
         };
-        let (reply_to, reply) = reply::ask_pair(chain);
+        let (asked, reply) = Asked::new(msg, chain);
         if let Some(c) = &cell.capacity {
             c.force_acquire();
         }
-        if let Err(env) = cell.push(A::ask_envelope(msg, reply_to)) {
+        if let Err(env) = cell.push(A::ask_envelope(asked)) {
             reply::drop_with_reason(AskError::Stopped, env);
         }
         reply.with_default_deadline(self.addr.system.ask_timeout)

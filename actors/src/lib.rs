@@ -59,13 +59,13 @@ mod system;
 pub mod testkit;
 
 pub use crate::actor::{
-    handle_message, Accepts, Actor, ActorConfig, ActorKey, ActorPlacement, DynEnvelope, Envelope,
-    Handler, Hooks, Message, Supervision, SupervisionPolicy, TypeSlot,
+    handle_asked, handle_message, Accepts, Actor, ActorConfig, ActorKey, ActorPlacement,
+    DynEnvelope, Envelope, Handler, Hooks, Message, Supervision, SupervisionPolicy, TypeSlot,
 };
 pub use crate::addr::{ActorId, Addr, KeyedRef, LocalAddr};
 pub use crate::ctx::{Ctx, TimerHandle};
 pub use crate::error::{AskError, StopReason, TellError};
-pub use crate::reply::{Reply, ReplyTo};
+pub use crate::reply::{Asked, Reply, ReplyTo};
 pub use crate::route::{route_hash, RouteHasher};
 pub use crate::stats::{ActorStats, ActorTypeStats};
 pub use crate::system::{ActorSystem, SystemConfig, SystemHandle};

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use crate::actor::Message;
 use crate::error::AskError;
 
 enum SlotState<R> {
@@ -22,13 +23,14 @@ enum SlotState<R> {
     Taken,
 }
 
-struct Slot<R> {
+/// The reply half of an ask's shared cell.
+struct SlotCore<R> {
     state: Mutex<SlotState<R>>,
     /// The actors waiting on this ask, outermost first (deadlock detection).
     chain: Option<Arc<[u64]>>,
 }
 
-impl<R> Slot<R> {
+impl<R> SlotCore<R> {
     fn complete(&self, outcome: Result<R, AskError>) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if let SlotState::Waiting(waker) = &mut *state {
@@ -43,12 +45,142 @@ impl<R> Slot<R> {
             }
         }
     }
+
+    fn poll_outcome(&self, cx: &mut Context<'_>) -> Poll<Result<R, AskError>> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match std::mem::replace(&mut *state, SlotState::Taken) {
+            SlotState::Ready(r) => Poll::Ready(Ok(r)),
+            SlotState::Failed(e) => Poll::Ready(Err(e)),
+            SlotState::Waiting(w) => {
+                let w = match w {
+                    Some(w) if w.will_wake(cx.waker()) => w,
+                    _ => cx.waker().clone(),
+                };
+                *state = SlotState::Waiting(Some(w));
+                Poll::Pending
+            }
+            SlotState::Taken => Poll::Ready(Err(AskError::Stopped)),
+        }
+    }
+}
+
+/// One ask: the message until the actor takes it, and the reply slot. One
+/// allocation, shared by the envelope and the asker's [`Reply`].
+struct AskCell<M: Message> {
+    msg: Mutex<Option<M>>,
+    core: SlotCore<M::Reply>,
+}
+
+/// What the handler side sees of an ask: where the reply goes (on the
+/// actor's shard only, so no `Send` needed).
+trait Completer<R> {
+    fn complete(&self, outcome: Result<R, AskError>);
+    fn chain(&self) -> Option<Arc<[u64]>>;
+}
+
+/// What the asker sees of an ask: the outcome to wait for.
+trait Outcome<R>: Send + Sync {
+    fn poll_outcome(&self, cx: &mut Context<'_>) -> Poll<Result<R, AskError>>;
+}
+
+impl<M: Message> Completer<M::Reply> for AskCell<M> {
+    fn complete(&self, outcome: Result<M::Reply, AskError>) {
+        self.core.complete(outcome);
+    }
+
+    fn chain(&self) -> Option<Arc<[u64]>> {
+        self.core.chain.clone()
+    }
+}
+
+impl<M> Outcome<M::Reply> for AskCell<M>
+where
+    M: Message + Send,
+    M::Reply: Send,
+{
+    fn poll_outcome(&self, cx: &mut Context<'_>) -> Poll<Result<M::Reply, AskError>> {
+        self.core.poll_outcome(cx)
+    }
+}
+
+/// Why an ask dropped right now goes unanswered.
+fn drop_reason() -> AskError {
+    if std::thread::panicking() {
+        AskError::Panicked
+    } else {
+        DROP_REASON
+            .try_with(std::cell::Cell::get)
+            .ok()
+            .flatten()
+            .unwrap_or(AskError::Stopped)
+    }
+}
+
+/// An asked message on its way to (or in) an actor's mailbox. Dropping it
+/// unopened fails the ask with the reason (stopped, panicked, shutting down).
+pub struct Asked<M: Message> {
+    cell: Option<Arc<AskCell<M>>>,
+}
+
+impl<M: Message> fmt::Debug for Asked<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Asked")
+    }
+}
+
+impl<M> Asked<M>
+where
+    M: Message + Send,
+    M::Reply: Send,
+{
+    /// A new ask of `msg`: the envelope half and the asker's reply.
+    pub(crate) fn new(msg: M, chain: Option<Arc<[u64]>>) -> (Asked<M>, Reply<M::Reply>) {
+        let cell = Arc::new(AskCell {
+            msg: Mutex::new(Some(msg)),
+            core: SlotCore {
+                state: Mutex::new(SlotState::Waiting(None)),
+                chain,
+            },
+        });
+        let outcome: Arc<dyn Outcome<M::Reply>> = cell.clone();
+        (
+            Asked { cell: Some(cell) },
+            Reply {
+                inner: ReplyInner::Pending(outcome),
+                deadline: None,
+                sleep: None,
+            },
+        )
+    }
+}
+
+impl<M: Message> Asked<M> {
+    /// Takes the message out, with the slot its reply goes to.
+    pub fn open(mut self) -> (M, ReplyTo<M::Reply>) {
+        let cell = self.cell.take().expect("an ask is opened once");
+        let msg = cell
+            .msg
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .expect("an ask's message is taken once");
+        let slot: Arc<dyn Completer<M::Reply>> = cell;
+        (msg, ReplyTo { slot: Some(slot) })
+    }
+}
+
+impl<M: Message> Drop for Asked<M> {
+    fn drop(&mut self) {
+        if let Some(cell) = self.cell.take() {
+            cell.core.complete(Err(drop_reason()));
+        }
+    }
 }
 
 /// Where the reply to a message goes: nowhere for a `tell`, the asker's
 /// slot for an `ask`. Dropping it unanswered fails the ask.
 pub struct ReplyTo<R> {
-    slot: Option<Arc<Slot<R>>>,
+    slot: Option<Arc<dyn Completer<R>>>,
 }
 
 impl<R> fmt::Debug for ReplyTo<R> {
@@ -81,7 +213,7 @@ impl<R> ReplyTo<R> {
 
     /// The actors waiting (transitively) on this message's reply.
     pub(crate) fn chain(&self) -> Option<Arc<[u64]>> {
-        self.slot.as_ref().and_then(|s| s.chain.clone())
+        self.slot.as_ref().and_then(|s| s.chain())
     }
 }
 
@@ -102,40 +234,13 @@ impl<R> Drop for ReplyTo<R> {
     #[inline]
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
-            let err = if std::thread::panicking() {
-                AskError::Panicked
-            } else {
-                DROP_REASON
-                    .try_with(std::cell::Cell::get)
-                    .ok()
-                    .flatten()
-                    .unwrap_or(AskError::Stopped)
-            };
-            slot.complete(Err(err));
+            slot.complete(Err(drop_reason()));
         }
     }
 }
 
-/// A new ask: the reply slot for the envelope, and the receiving half.
-pub(crate) fn ask_pair<R>(chain: Option<Arc<[u64]>>) -> (ReplyTo<R>, Reply<R>) {
-    let slot = Arc::new(Slot {
-        state: Mutex::new(SlotState::Waiting(None)),
-        chain,
-    });
-    (
-        ReplyTo {
-            slot: Some(slot.clone()),
-        },
-        Reply {
-            inner: ReplyInner::Pending(slot),
-            deadline: None,
-            sleep: None,
-        },
-    )
-}
-
 enum ReplyInner<R> {
-    Pending(Arc<Slot<R>>),
+    Pending(Arc<dyn Outcome<R>>),
     Failed(AskError),
     Done,
 }
@@ -202,37 +307,14 @@ impl<R> Future for Reply<R> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        let slot = match &this.inner {
-            ReplyInner::Pending(slot) => slot.clone(),
-            ReplyInner::Failed(e) => {
-                let e = *e;
-                this.inner = ReplyInner::Done;
-                return Poll::Ready(Err(e));
-            }
+        let polled = match &this.inner {
+            ReplyInner::Pending(slot) => slot.poll_outcome(cx),
+            ReplyInner::Failed(e) => Poll::Ready(Err(*e)),
             ReplyInner::Done => panic!("Reply polled after completion"),
         };
-        {
-            let mut state = slot.state.lock().unwrap_or_else(|p| p.into_inner());
-            match std::mem::replace(&mut *state, SlotState::Taken) {
-                SlotState::Ready(r) => {
-                    drop(state);
-                    this.inner = ReplyInner::Done;
-                    return Poll::Ready(Ok(r));
-                }
-                SlotState::Failed(e) => {
-                    drop(state);
-                    this.inner = ReplyInner::Done;
-                    return Poll::Ready(Err(e));
-                }
-                SlotState::Waiting(w) => {
-                    let w = match w {
-                        Some(w) if w.will_wake(cx.waker()) => w,
-                        _ => cx.waker().clone(),
-                    };
-                    *state = SlotState::Waiting(Some(w));
-                }
-                SlotState::Taken => unreachable!("a pending reply is never taken"),
-            }
+        if let Poll::Ready(outcome) = polled {
+            this.inner = ReplyInner::Done;
+            return Poll::Ready(outcome);
         }
         if let Some(deadline) = this.deadline {
             if mailring::current_shard().is_some() {

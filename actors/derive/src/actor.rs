@@ -231,10 +231,9 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                 #[doc(hidden)]
                 #[allow(non_camel_case_types, missing_docs, clippy::type_complexity)]
                 #vis enum #env {
-                    // A tell carries the message inline; an ask (which allocates
-                    // its reply slot anyway) is boxed so the envelope stays small.
+                    // A tell carries just the message; an ask also its reply slot.
                     #( #tells(#types), )*
-                    #( #asks(::std::boxed::Box<(#types, ::mailring_actors::ReplyTo<<#types as ::mailring_actors::Message>::Reply>)>), )*
+                    #( #asks(::mailring_actors::Asked<#types>), )*
                 }
 
                 impl ::core::fmt::Debug for #env {
@@ -249,9 +248,8 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                             #( #env::#tells(m) => {
                                 let _ = <#name as ::mailring_actors::Handler<#types>>::handle(actor, m, cx).await;
                             } )*
-                            #( #env::#asks(b) => {
-                                let (m, r) = *b;
-                                ::mailring_actors::handle_message(actor, m, r, cx).await
+                            #( #env::#asks(asked) => {
+                                ::mailring_actors::handle_asked(actor, asked, cx).await
                             } )*
                         }
                     }
@@ -265,11 +263,8 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                         }
 
                         #[inline]
-                        fn ask_envelope(
-                            msg: #types,
-                            reply: ::mailring_actors::ReplyTo<<#types as ::mailring_actors::Message>::Reply>,
-                        ) -> #env {
-                            #env::#asks(::std::boxed::Box::new((msg, reply)))
+                        fn ask_envelope(asked: ::mailring_actors::Asked<#types>) -> #env {
+                            #env::#asks(asked)
                         }
                     }
                 )*
@@ -286,14 +281,11 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                     M::Reply: ::core::marker::Send,
                 {
                     fn envelope(msg: M) -> ::mailring_actors::DynEnvelope<Self> {
-                        ::mailring_actors::DynEnvelope::new(msg, ::mailring_actors::ReplyTo::none())
+                        ::mailring_actors::DynEnvelope::told(msg)
                     }
 
-                    fn ask_envelope(
-                        msg: M,
-                        reply: ::mailring_actors::ReplyTo<M::Reply>,
-                    ) -> ::mailring_actors::DynEnvelope<Self> {
-                        ::mailring_actors::DynEnvelope::new(msg, reply)
+                    fn ask_envelope(asked: ::mailring_actors::Asked<M>) -> ::mailring_actors::DynEnvelope<Self> {
+                        ::mailring_actors::DynEnvelope::asked(asked)
                     }
                 }
             },
