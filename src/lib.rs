@@ -93,7 +93,7 @@ mod api {
     pub use crate::task::join::{JoinError, JoinHandle};
     pub use mailring_macros::main;
 
-    use crate::shard::with_current;
+    use crate::shard::{with_current, Shard};
     use crate::task::Task;
 
     /// Spawns a `Send` future as [`Placement::Stealable`] on the current runtime.
@@ -237,5 +237,19 @@ mod api {
             None => Ok(()),
             Some(f) => Err(f),
         }
+    }
+
+    /// Applies, now, what other shards have already delivered to the calling
+    /// shard (its inbox), in order; a no-op off a shard, when nothing is
+    /// pending, or inside a delivery being applied.
+    ///
+    /// A layer that delivers to a local queue directly (the actor layer's
+    /// same-shard sends) calls this first, so that a message never overtakes
+    /// one another shard published earlier: if a task on another shard sent
+    /// to an actor here and then finished, whoever joins it and then sends
+    /// to the same actor sends after it.
+    #[inline]
+    pub fn receive_pending() {
+        with_current(Shard::receive_pending);
     }
 }

@@ -188,6 +188,8 @@ pub(crate) struct Shard {
     /// Callbacks to run before this tick's batches are published.
     tick_end: RefCell<Vec<Box<dyn FnOnce()>>>,
     inbox_buf: RefCell<Vec<InboxItem>>,
+    /// An inbox drain is applying items (no nested drain may overtake them).
+    draining: Cell<bool>,
     completions: RefCell<Vec<Completion>>,
     rng: Cell<u64>,
     ticks: Cell<u64>,
@@ -233,6 +235,7 @@ impl Shard {
             }),
             tick_end: RefCell::new(Vec::new()),
             inbox_buf: RefCell::new(Vec::new()),
+            draining: Cell::new(false),
             completions: RefCell::new(Vec::new()),
             rng: Cell::new(0x2545_f491_4f6c_dd1d ^ ((index as u64 + 1) << 17)),
             now: Cell::new(shared.now()),
@@ -481,6 +484,7 @@ impl Shard {
     }
 
     fn drain_inbox(&self) -> bool {
+        let was_draining = self.draining.replace(true);
         let mut buf = self.inbox_buf.take();
         let n = self.remote().inbox.drain_into(&mut buf);
         if n > 0 {
@@ -490,7 +494,18 @@ impl Shard {
             }
         }
         *self.inbox_buf.borrow_mut() = buf;
+        self.draining.set(was_draining);
         n > 0
+    }
+
+    /// Applies what other shards have already delivered here, unless an
+    /// inbox drain is under way on this thread (its remaining items must go
+    /// first); see [`crate::receive_pending`].
+    #[inline]
+    pub(crate) fn receive_pending(&self) {
+        if !self.draining.get() && self.remote().inbox.has_pending() {
+            self.drain_inbox();
+        }
     }
 
     fn reap(&self) -> bool {
@@ -623,6 +638,19 @@ impl Shard {
     /// Queues `f` to run before this tick's batches are published.
     pub(crate) fn defer_to_tick_end(&self, f: Box<dyn FnOnce()>) {
         self.tick_end.borrow_mut().push(f);
+    }
+
+    /// Publishes this tick's deliveries now if there are any (tick-end
+    /// callbacks included), so that an effect seen through shared memory
+    /// (a task's completion) never overtakes them.
+    pub(crate) fn publish_pending(&self) {
+        let pending = !self.tick_end.borrow().is_empty() || {
+            let out = self.outgoing.borrow();
+            !out.dirty.is_empty() || !out.tiny.is_empty()
+        };
+        if pending && !self.shutting_down.get() {
+            self.flush_outgoing();
+        }
     }
 
     /// Runs the tick-end callbacks, including any they queue themselves.

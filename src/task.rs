@@ -213,8 +213,17 @@ where
             }
         }));
         match polled {
-            Ok(Poll::Ready(output)) => self.finish(Some(shard), Ok(output)),
-            Err(panic) => self.finish(Some(shard), Err(JoinError::Panicked(panic))),
+            Ok(Poll::Ready(output)) => {
+                // What the task sent must be published before anyone can see
+                // it finished (a joiner on another shard may poll the handle
+                // before this tick ends).
+                shard.publish_pending();
+                self.finish(Some(shard), Ok(output))
+            }
+            Err(panic) => {
+                shard.publish_pending();
+                self.finish(Some(shard), Err(JoinError::Panicked(panic)))
+            }
             Ok(Poll::Pending) => {
                 let prev = self.state.fetch_and(!RUNNING, Ordering::AcqRel);
                 if prev & SCHEDULED != 0 {

@@ -273,6 +273,8 @@ impl<A: Actor> Addr<A> {
         let target = self.target_id();
         match local::type_state::<A>(&self.system) {
             Some(ts) if ts.shard == dest => {
+                // Deliveries already published to this shard go first.
+                mailring::receive_pending();
                 let cell = match ts.resolve(&target) {
                     Ok(cell) => cell,
                     Err(e) => {
@@ -303,6 +305,8 @@ impl<A: Actor> Addr<A> {
         let target = self.target_id();
         match local::type_state::<A>(&self.system) {
             Some(ts) if ts.shard == dest => {
+                // Deliveries already published to this shard go first.
+                mailring::receive_pending();
                 let cell = match ts.resolve(&target) {
                     Ok(cell) => cell,
                     Err(e) => {
@@ -444,6 +448,8 @@ impl<A: Actor> LocalAddr<A> {
         A: Accepts<M>,
         M: Message,
     {
+        // Deliveries already published to this shard go first.
+        mailring::receive_pending();
         {
             let cell = self.cell.borrow();
             if cell.is_open() && cell.capacity.is_none() {
@@ -464,6 +470,7 @@ impl<A: Actor> LocalAddr<A> {
         A: Accepts<M>,
         M: Message,
     {
+        mailring::receive_pending();
         let cell = match self.live_cell() {
             Ok(c) => c,
             Err(e) => return Err(tell_error(e, msg)),
@@ -507,6 +514,7 @@ impl<A: Actor> LocalAddr<A> {
             Ok(c) => c,
             Err(e) => return Reply::failed(e),
         };
+        mailring::receive_pending();
         let cell = match self.live_cell() {
             Ok(c) => c,
             Err(e) => return Reply::failed(e),

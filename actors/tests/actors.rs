@@ -1125,3 +1125,42 @@ fn local_addr_sends_non_send_messages_on_the_actors_shard() {
     assert_eq!(stats.handled, 4);
     sys.shutdown();
 }
+
+// ---------------------------------------------------------------- causality through join
+
+#[test]
+fn tells_are_delivered_before_the_senders_join_completes() {
+    // A task tells an actor on another shard and finishes; whoever joins it
+    // and then asks that actor must find every tell handled.
+    let sys = system(2);
+    let c = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Counter::default);
+    let rt = sys.runtime().clone();
+    let short = sys.block_on(async move {
+        let mut short = 0;
+        for round in 1..=300u64 {
+            let c2 = c.clone();
+            let n = 1 + round % 97;
+            let remote = rt.spawn_on(ShardId::new(1), async move {
+                for _ in 0..n {
+                    c2.tell(Add(1)).unwrap();
+                }
+            });
+            // Publish the spawn, then keep this shard busy while the remote
+            // task runs, so that its handle is polled right after it
+            // completes rather than woken.
+            mailring_actors::mailring::time::sleep(Duration::from_micros(1)).await;
+            let start = std::time::Instant::now();
+            while !remote.is_finished() && start.elapsed() < Duration::from_millis(50) {
+                std::hint::spin_loop();
+            }
+            remote.await.unwrap();
+            let expected: u64 = (1..=round).map(|r| 1 + r % 97).sum();
+            if c.ask(Get).await.unwrap() != expected {
+                short += 1;
+            }
+        }
+        short
+    });
+    assert_eq!(short, 0, "rounds where the join overtook the tells");
+    sys.shutdown();
+}
