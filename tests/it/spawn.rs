@@ -325,3 +325,40 @@ fn a_burst_rings_one_doorbell_per_batch_not_per_message() {
     assert!(rung <= 11, "{rung} doorbells for one burst: {stats:?}");
     assert_eq!(stats.shards[1].inbox_items, 1000, "{stats:?}");
 }
+
+#[test]
+fn a_finished_tasks_deliveries_are_published_before_its_completion() {
+    // A task on shard 1 hands closures to shard 0 and finishes. A task on
+    // shard 0 that sees it finished (polling, not woken) and then applies
+    // its inbox finds every closure run.
+    let rt = rt2();
+    let h = rt.handle().clone();
+    let misses = rt.block_on(async move {
+        let ran = Arc::new(AtomicUsize::new(0));
+        let mut misses = 0;
+        for round in 1..=200usize {
+            let (h2, ran2) = (h.clone(), ran.clone());
+            let sender = h.spawn_on(ShardId::new(1), async move {
+                for _ in 0..round % 7 + 1 {
+                    let ran = ran2.clone();
+                    h2.run_on(ShardId::new(0), move || {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                    });
+                }
+            });
+            // Publish the spawn, then spin on this shard until it finished.
+            mailring::time::sleep(std::time::Duration::from_micros(1)).await;
+            while !sender.is_finished() {
+                std::hint::spin_loop();
+            }
+            mailring::receive_pending();
+            let expected: usize = (1..=round).map(|r| r % 7 + 1).sum();
+            if ran.load(Ordering::SeqCst) != expected {
+                misses += 1;
+            }
+            sender.await.unwrap();
+        }
+        misses
+    });
+    assert_eq!(misses, 0);
+}
