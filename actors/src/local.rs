@@ -80,7 +80,7 @@ pub(crate) enum Delivery<A: Actor> {
 type Outbound<A> = Vec<(TargetId<A>, Delivery<A>)>;
 
 /// Deliveries to one shard handed to the runtime at once, at the latest.
-const OUTBOUND_BATCH: usize = 64;
+const OUTBOUND_BATCH: usize = 128;
 
 /// One actor type's state on one shard.
 pub(crate) struct TypeState<A: Actor> {
