@@ -1,6 +1,6 @@
 //! Time: `sleep`, `sleep_until`, `timeout`, `interval` and the resettable [`Sleep`].
 //!
-//! Timers live in the current shard's [`queue::TimerQueue`]; creating,
+//! Timers live in the current shard's timer queue (`queue::TimerQueue`); creating,
 //! resetting and dropping one never makes a syscall. When the shard parks, the
 //! driver keeps one `IORING_OP_TIMEOUT` armed for the nearest deadline.
 //!

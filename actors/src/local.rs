@@ -610,7 +610,14 @@ pub(crate) fn keyed_home<A: Actor>(system: &SystemShared, key: &A::Key, hash: u6
     let n = system.handle.shards();
     match A::CONFIG.placement {
         ActorPlacement::Sticky => mailring::sticky_shard(hash, n).index(),
-        ActorPlacement::Pinned(s) => s.min(n - 1),
+        ActorPlacement::Pinned(s) => {
+            assert!(
+                s < n,
+                "{} is pinned to shard {s}, but the system has {n} shards",
+                std::any::type_name::<A>()
+            );
+            s
+        }
         ActorPlacement::Stealable => {
             let dir = system.directory::<A>();
             dir.route(key, hash, || system.handle.least_loaded_shard().index())
