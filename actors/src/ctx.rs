@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use mailring::{JoinHandle, Placement, ShardId};
 
-use crate::actor::{Accepts, Actor, Message};
+use crate::actor::{Accepts, Actor, Continuation, Message};
 use crate::addr::{ActorId, Addr};
 use crate::error::StopReason;
 use crate::local::TypeState;
@@ -155,6 +155,46 @@ impl<A: Actor> Ctx<A> {
 
     pub(crate) fn cancel_timers(&mut self) {
         self.timer_epoch.set(self.timer_epoch.get() + 1);
+    }
+
+    /// Waits for `future` without holding up the actor: other messages are
+    /// handled meanwhile, and once `future` is ready, `then` runs on the actor
+    /// (with `&mut self`) in its turn, like a message. This is the opt-in way
+    /// for a handler to await something slow (I/O, an ask to an actor that may
+    /// ask back) and let messages interleave. `future` runs on this shard and
+    /// need not be `Send`; its output must be. Dropped if the actor stops or
+    /// restarts first.
+    ///
+    /// ```ignore
+    /// impl Handler<Refresh> for Cache {
+    ///     async fn handle(&mut self, m: Refresh, cx: &mut Ctx<Self>) {
+    ///         let source = self.source.clone();
+    ///         cx.wait_for(async move { source.ask(Load(m.key)).await }, |this, loaded, _cx| {
+    ///             if let Ok(v) = loaded { this.entries.insert(m.key, v); }
+    ///         });
+    ///     }
+    /// }
+    /// ```
+    pub fn wait_for<F, T>(
+        &mut self,
+        future: F,
+        then: impl FnOnce(&mut A, T, &mut Ctx<A>) + Send + 'static,
+    ) where
+        F: std::future::Future<Output = T> + 'static,
+        T: Send + 'static,
+    {
+        let cell = self.cell.clone();
+        let epoch = self.timer_epoch.clone();
+        let mine = epoch.get();
+        mailring::spawn_local(async move {
+            let out = future.await;
+            if epoch.get() == mine {
+                let resume =
+                    Continuation::new(move |actor: &mut A, cx: &mut Ctx<A>| then(actor, out, cx));
+                let _ = cell.push(A::__continuation(resume));
+            }
+        })
+        .detach();
     }
 
     /// Delivers a [`Terminated`] message to this actor when `target` stops

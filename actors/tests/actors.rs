@@ -1164,3 +1164,65 @@ fn tells_are_delivered_before_the_senders_join_completes() {
     assert_eq!(short, 0, "rounds where the join overtook the tells");
     sys.shutdown();
 }
+
+// ---------------------------------------------------------------- wait_for: messages interleave while a handler waits
+
+#[derive(Actor, Default)]
+#[actor(handles(SlowWork, Get, AskPeerLater))]
+struct Patient {
+    done: u64,
+}
+
+#[derive(Message)]
+struct SlowWork(Duration);
+
+#[derive(Message)]
+struct AskPeerLater(mailring_actors::Addr<Patient>);
+
+impl Handler<SlowWork> for Patient {
+    async fn handle(&mut self, m: SlowWork, cx: &mut Ctx<Self>) {
+        cx.wait_for(mailring_actors::mailring::time::sleep(m.0), |this, (), _cx| {
+            this.done += 1;
+        });
+    }
+}
+
+impl Handler<Get> for Patient {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.done
+    }
+}
+
+impl Handler<AskPeerLater> for Patient {
+    async fn handle(&mut self, m: AskPeerLater, cx: &mut Ctx<Self>) {
+        // Asking from inside a handler while the peer may ask us back: with
+        // wait_for the ask runs off the actor, so no cycle can form.
+        let peer = m.0;
+        cx.wait_for(async move { peer.ask(Get).await }, |this, got, _cx| {
+            this.done += 10 + got.unwrap_or(100);
+        });
+    }
+}
+
+#[test]
+fn wait_for_lets_other_messages_interleave() {
+    let sys = system(2);
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Patient::default);
+    let b = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Patient::default);
+    let out = sys.block_on(async move {
+        a.tell(SlowWork(Duration::from_millis(50))).unwrap();
+        // Handled while the slow work is pending.
+        let during = a.ask(Get).await.unwrap();
+        mailring_actors::mailring::time::sleep(Duration::from_millis(100)).await;
+        let after = a.ask(Get).await.unwrap();
+        a.tell(AskPeerLater(b.clone())).unwrap();
+        b.tell(AskPeerLater(a.clone())).unwrap();
+        mailring_actors::mailring::time::sleep(Duration::from_millis(20)).await;
+        (during, after, a.ask(Get).await.unwrap(), b.ask(Get).await.unwrap())
+    });
+    assert_eq!(out.0, 0, "the ask was answered while the work was pending");
+    assert_eq!(out.1, 1, "the continuation ran afterwards, with &mut self");
+    // Each asked the other while being asked: no deadlock, both continued.
+    assert!(out.2 >= 11 && out.3 >= 10, "{out:?}");
+    sys.shutdown();
+}

@@ -219,7 +219,7 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
     } else {
         quote!(impl ::mailring_actors::Hooks for #name {})
     };
-    let (envelope_ty, envelope_items) = match &args.handles {
+    let (envelope_ty, envelope_items, continuation) = match &args.handles {
         Some(types) => {
             let env = format_ident!("__MailringEnvelope{}", name);
             let tells: Vec<_> = (0..types.len()).map(|i| format_ident!("T{}", i)).collect();
@@ -234,6 +234,8 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                     // A tell carries just the message; an ask also its reply slot.
                     #( #tells(#types), )*
                     #( #asks(::mailring_actors::Asked<#types>), )*
+                    /// Work resumed after `Ctx::wait_for`.
+                    __Continue(::mailring_actors::Continuation<#name>),
                 }
 
                 impl ::core::fmt::Debug for #env {
@@ -251,6 +253,7 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                             #( #env::#asks(asked) => {
                                 ::mailring_actors::handle_asked(actor, asked, cx).await
                             } )*
+                            #env::__Continue(c) => c.run(actor, cx),
                         }
                     }
                 }
@@ -269,7 +272,12 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                     }
                 )*
             };
-            (quote!(#env), items)
+            let cont = quote! {
+                fn __continuation(c: ::mailring_actors::Continuation<Self>) -> #env {
+                    #env::__Continue(c)
+                }
+            };
+            (quote!(#env), items, cont)
         }
         None => (
             quote!(::mailring_actors::DynEnvelope<Self>),
@@ -289,8 +297,16 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                     }
                 }
             },
+            quote! {
+                fn __continuation(
+                    c: ::mailring_actors::Continuation<Self>,
+                ) -> ::mailring_actors::DynEnvelope<Self> {
+                    ::mailring_actors::DynEnvelope::continuation(c)
+                }
+            },
         ),
     };
+
     Ok(quote! {
         impl ::mailring_actors::Actor for #name {
             type Key = #key;
@@ -311,6 +327,7 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                 },
             };
             #activate
+            #continuation
         }
 
         #hooks
