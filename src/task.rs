@@ -46,7 +46,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use self::join::{JoinCell, JoinError, Joinable};
 use crate::runtime::Shared;
-use crate::shard::Shard;
+use crate::shard::{with_current, InboxItem, Shard};
 
 const SCHEDULED: u32 = 1;
 const RUNNING: u32 = 1 << 1;
@@ -121,8 +121,22 @@ where
 
     fn schedule(self: Arc<Self>) {
         let home = self.home.load(Ordering::Acquire);
-        let shared = self.shared.clone();
-        shared.schedule_task(self, home);
+        let runtime = self.shared.id;
+        // From a shard of this runtime: straight into its queue or batch,
+        // without touching the runtime's shared reference count (a cache
+        // line every shard would otherwise bounce on every wake).
+        let mut task = Some(self);
+        with_current(|shard| {
+            if shard.runtime_id() == runtime {
+                if let Some(t) = task.take() {
+                    shard.send_item(home, InboxItem::Task(t));
+                }
+            }
+        });
+        if let Some(task) = task {
+            let shared = task.shared.clone();
+            shared.schedule_task(task, home);
+        }
     }
 
     /// Sets `SCHEDULED`; returns whether the caller must enqueue the task.

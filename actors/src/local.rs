@@ -290,9 +290,11 @@ impl<A: Actor> TypeState<A> {
         if batch.is_empty() {
             return;
         }
-        let system = self.system.clone();
+        // Only the system's id travels: the receiver finds its own registry,
+        // so no shared reference count bounces between shards per batch.
+        let system_id = self.system.id;
         self.system.handle.run_on(ShardId::new(dest), move || {
-            deliver_batch::<A>(&system, batch)
+            deliver_batch::<A>(system_id, batch)
         });
     }
 
@@ -337,8 +339,8 @@ fn unkeyed_key<A: Actor>() -> A::Key {
 }
 
 /// Delivers a batch from another shard, in order.
-fn deliver_batch<A: Actor>(system: &Arc<SystemShared>, batch: Outbound<A>) {
-    let Some(ts) = type_state::<A>(system) else {
+fn deliver_batch<A: Actor>(system_id: u64, batch: Outbound<A>) {
+    let Some(ts) = type_state_by_id::<A>(system_id) else {
         batch
             .into_iter()
             .for_each(|(_, item)| reply::drop_with_reason(AskError::ShuttingDown, item));
@@ -556,6 +558,36 @@ pub(crate) fn type_state<A: Actor>(system: &Arc<SystemShared>) -> Option<Rc<Type
         Some(ts) => Some(ts),
         None => new_type_state::<A>(system, slot),
     }
+}
+
+/// As [`type_state`], for a shard whose registry is installed (every shard
+/// of a system installs it at start).
+fn type_state_by_id<A: Actor>(system_id: u64) -> Option<Rc<TypeState<A>>> {
+    let reg = REGISTRY
+        .try_with(|r| r.borrow().clone())
+        .ok()
+        .flatten()
+        .filter(|reg| reg.system_id == system_id)?;
+    let hit = {
+        let typed = reg.typed.borrow();
+        typed
+            .get(A::__slot().index())
+            .and_then(Option::as_ref)
+            .and_then(|t| t.downcast_ref::<Rc<TypeState<A>>>())
+            .cloned()
+    };
+    match hit {
+        Some(ts) => Some(ts),
+        None => {
+            let system = reg.system.clone();
+            type_state::<A>(&system)
+        }
+    }
+}
+
+/// Installs the calling shard's registry for `system` (at system start).
+pub(crate) fn install(system: &Arc<SystemShared>) {
+    let _ = registry(system);
 }
 
 #[cold]

@@ -194,6 +194,14 @@ impl ActorSystem {
             capacities: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
         });
+        // Every shard's registry exists before any delivery can reach it
+        // (inboxes are FIFO), so deliveries need not carry the system.
+        for i in 0..shared.handle.shards() {
+            let s = shared.clone();
+            shared
+                .handle
+                .run_on(ShardId::new(i), move || local::install(&s));
+        }
         Ok(ActorSystem {
             shared,
             runtime: Some(runtime),

@@ -1181,9 +1181,12 @@ struct AskPeerLater(mailring_actors::Addr<Patient>);
 
 impl Handler<SlowWork> for Patient {
     async fn handle(&mut self, m: SlowWork, cx: &mut Ctx<Self>) {
-        cx.wait_for(mailring_actors::mailring::time::sleep(m.0), |this, (), _cx| {
-            this.done += 1;
-        });
+        cx.wait_for(
+            mailring_actors::mailring::time::sleep(m.0),
+            |this, (), _cx| {
+                this.done += 1;
+            },
+        );
     }
 }
 
@@ -1218,7 +1221,12 @@ fn wait_for_lets_other_messages_interleave() {
         a.tell(AskPeerLater(b.clone())).unwrap();
         b.tell(AskPeerLater(a.clone())).unwrap();
         mailring_actors::mailring::time::sleep(Duration::from_millis(20)).await;
-        (during, after, a.ask(Get).await.unwrap(), b.ask(Get).await.unwrap())
+        (
+            during,
+            after,
+            a.ask(Get).await.unwrap(),
+            b.ask(Get).await.unwrap(),
+        )
     });
     assert_eq!(out.0, 0, "the ask was answered while the work was pending");
     assert_eq!(out.1, 1, "the continuation ran afterwards, with &mut self");
