@@ -398,7 +398,10 @@ where
     M: Message,
 {
     let (msg, reply) = asked.open();
-    handle_message(actor, msg, reply, cx).await
+    cx.enter_message(reply.chain());
+    let out = actor.handle(msg, cx).await;
+    cx.leave_message();
+    reply.send(out);
 }
 
 /// Runs one handler and answers the asker, if any.

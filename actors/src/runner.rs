@@ -317,41 +317,27 @@ async fn process<A: Actor>(
                 continue;
             }
         };
-        handle_traced(env, actor, cx, cell.uid, ts.shard).await;
+        // With the `tracing` feature, each message runs in an `actor.message`
+        // span; without it, nothing is added (not even a future layer).
+        #[cfg(feature = "tracing")]
+        {
+            use tracing::Instrument;
+            let span = tracing::trace_span!(
+                "actor.message",
+                actor = std::any::type_name::<A>(),
+                id = cell.uid,
+                shard = ts.shard
+            );
+            env.handle(actor, cx).instrument(span).await;
+        }
+        #[cfg(not(feature = "tracing"))]
+        env.handle(actor, cx).await;
         bump(&ts.counters.handled);
         since_yield += 1;
         if since_yield == YIELD_EVERY {
             since_yield = 0;
             mailring::yield_now().await;
         }
-    }
-}
-
-/// Runs one envelope's handler; with the `tracing` feature, inside an
-/// `actor.message` span (type, id, shard). Without it, nothing is added.
-#[inline]
-async fn handle_traced<A: Actor>(
-    env: A::Envelope,
-    actor: &mut A,
-    cx: &mut Ctx<A>,
-    uid: u64,
-    shard: usize,
-) {
-    #[cfg(feature = "tracing")]
-    {
-        use tracing::Instrument;
-        let span = tracing::trace_span!(
-            "actor.message",
-            actor = std::any::type_name::<A>(),
-            id = uid,
-            shard = shard
-        );
-        env.handle(actor, cx).instrument(span).await;
-    }
-    #[cfg(not(feature = "tracing"))]
-    {
-        let _ = (uid, shard);
-        env.handle(actor, cx).await;
     }
 }
 
