@@ -1234,3 +1234,60 @@ fn wait_for_lets_other_messages_interleave() {
     assert!(out.2 >= 11 && out.3 >= 10, "{out:?}");
     sys.shutdown();
 }
+
+// ---------------------------------------------------------------- keyed stop: queued messages are not lost
+
+static KEYED_SEEN: AtomicUsize = AtomicUsize::new(0);
+static KEYED_STARTS: AtomicUsize = AtomicUsize::new(0);
+
+#[derive(Actor)]
+#[actor(key = u64, activate = Restartable::new, handles(Add, StopMe, Get))]
+struct Restartable;
+
+impl Restartable {
+    fn new(_k: &u64) -> Self {
+        KEYED_STARTS.fetch_add(1, Ordering::SeqCst);
+        Restartable
+    }
+}
+
+impl Handler<Add> for Restartable {
+    async fn handle(&mut self, _m: Add, _cx: &mut Ctx<Self>) {
+        KEYED_SEEN.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Handler<StopMe> for Restartable {
+    async fn handle(&mut self, _m: StopMe, cx: &mut Ctx<Self>) {
+        cx.stop();
+    }
+}
+
+impl Handler<Get> for Restartable {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        KEYED_SEEN.load(Ordering::SeqCst) as u64
+    }
+}
+
+#[test]
+fn a_stopped_keyed_actor_hands_its_queued_messages_to_the_next_activation() {
+    let sys = system(2);
+    let r = sys.keyed::<Restartable>(5);
+    let seen = sys.block_on(async move {
+        for i in 0..200 {
+            r.tell(Add(1)).unwrap();
+            if i == 50 {
+                r.tell(StopMe).unwrap();
+            }
+        }
+        r.ask(Get).await.unwrap()
+    });
+    assert_eq!(
+        seen, 200,
+        "every message handled across the two activations"
+    );
+    assert_eq!(KEYED_STARTS.load(Ordering::SeqCst), 2);
+    let stats = sys.stats().by_type("Restartable").unwrap();
+    assert_eq!((stats.activations, stats.passivations), (2, 1));
+    sys.shutdown();
+}
