@@ -263,34 +263,14 @@ impl<A: Actor> Addr<A> {
         reply.with_default_deadline(self.system.ask_timeout)
     }
 
-    /// Delivers a ready envelope (an ask); a failure drops it with the reason.
+    /// Delivers an ask's envelope; a failure drops it with the reason, which
+    /// the ask's reply then reports.
     #[inline]
     fn deliver_env(&self, env: A::Envelope)
     where
         A::Envelope: Send,
     {
-        let dest = self.home();
-        let target = self.target_id();
-        match local::type_state::<A>(&self.system) {
-            Some(ts) if ts.shard == dest => {
-                // Deliveries already published to this shard go first.
-                mailring::receive_pending();
-                let cell = match ts.resolve(&target) {
-                    Ok(cell) => cell,
-                    Err(e) => {
-                        self.release_place();
-                        reply::drop_with_reason(e, env);
-                        return;
-                    }
-                };
-                ts.touch(&cell);
-                if let Err(env) = cell.push(env) {
-                    reply::drop_with_reason(AskError::Stopped, env);
-                }
-            }
-            Some(ts) => ts.push_outbound(dest, target, Delivery::Msg(env)),
-            None => local::send_delivery(&self.system, dest, target, Delivery::Msg(env)),
-        }
+        let _ = self.deliver(env, |env| env, reply::drop_with_reason);
     }
 
     /// Delivers a told message; a failure noticed here gives it back.
@@ -301,6 +281,22 @@ impl<A: Actor> Addr<A> {
         M: Message + Send,
         A::Envelope: Send,
     {
+        self.deliver(msg, A::envelope, tell_error)
+    }
+
+    /// The three paths of a send (see the module docs): `wrap` makes the
+    /// envelope, `fail` handles a failure noticed on this side (a stopped
+    /// local actor, no factory, a closed system).
+    #[inline]
+    fn deliver<P, E>(
+        &self,
+        payload: P,
+        wrap: impl FnOnce(P) -> A::Envelope,
+        fail: impl FnOnce(AskError, P) -> E,
+    ) -> Result<(), E>
+    where
+        A::Envelope: Send,
+    {
         let dest = self.home();
         let target = self.target_id();
         match local::type_state::<A>(&self.system) {
@@ -311,26 +307,25 @@ impl<A: Actor> Addr<A> {
                     Ok(cell) => cell,
                     Err(e) => {
                         self.release_place();
-                        return Err(tell_error(e, msg));
+                        return Err(fail(e, payload));
                     }
                 };
                 ts.touch(&cell);
-                if let Err(env) = cell.push(A::envelope(msg)) {
+                if let Err(env) = cell.push(wrap(payload)) {
                     reply::drop_with_reason(AskError::Stopped, env);
                 }
                 Ok(())
             }
             Some(ts) => {
-                ts.push_outbound(dest, target, Delivery::Msg(A::envelope(msg)));
+                ts.push_outbound(dest, target, Delivery::Msg(wrap(payload)));
                 Ok(())
             }
+            None if self.system.is_closed() => {
+                self.release_place();
+                Err(fail(AskError::ShuttingDown, payload))
+            }
             None => {
-                if self.system.is_closed() {
-                    self.release_place();
-                    return Err(TellError::ShuttingDown(msg));
-                }
-                let env = A::envelope(msg);
-                local::send_delivery(&self.system, dest, target, Delivery::Msg(env));
+                local::send_delivery(&self.system, dest, target, Delivery::Msg(wrap(payload)));
                 Ok(())
             }
         }

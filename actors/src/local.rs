@@ -161,11 +161,17 @@ impl<A: Actor> TypeState<A> {
 
     pub(crate) fn deliver_or_drop(self: &Rc<Self>, target: &TargetId<A>, env: A::Envelope) {
         if let Err((reason, env)) = self.deliver(target, env) {
-            self.counters
-                .dead_letters
-                .set(self.counters.dead_letters.get() + 1);
-            reply::drop_with_reason(reason, env);
+            self.dead_letter(reason, env);
         }
+    }
+
+    /// Counts an envelope no live actor took and drops it, failing its ask
+    /// with `reason`.
+    fn dead_letter(&self, reason: AskError, env: A::Envelope) {
+        self.counters
+            .dead_letters
+            .set(self.counters.dead_letters.get() + 1);
+        reply::drop_with_reason(reason, env);
     }
 
     fn activate(self: &Rc<Self>, key: A::Key) -> Result<Rc<ActorCell<A>>, AskError> {
@@ -352,34 +358,19 @@ fn deliver_batch<A: Actor>(system_id: u64, batch: Outbound<A>) {
     for (target, item) in batch {
         match item {
             Delivery::Msg(env) => {
-                if let Some((t, cell)) = &last {
-                    if *t == target && cell.is_open() {
-                        if let Err(env) = cell.push(env) {
-                            ts.counters
-                                .dead_letters
-                                .set(ts.counters.dead_letters.get() + 1);
-                            reply::drop_with_reason(AskError::Stopped, env);
-                        }
-                        continue;
-                    }
-                }
-                match ts.resolve(&target) {
+                let cached = last
+                    .as_ref()
+                    .filter(|(t, cell)| *t == target && cell.is_open())
+                    .map(|(_, cell)| cell.clone());
+                match cached.map_or_else(|| ts.resolve(&target), Ok) {
                     Ok(cell) => {
                         ts.touch(&cell);
                         if let Err(env) = cell.push(env) {
-                            ts.counters
-                                .dead_letters
-                                .set(ts.counters.dead_letters.get() + 1);
-                            reply::drop_with_reason(AskError::Stopped, env);
+                            ts.dead_letter(AskError::Stopped, env);
                         }
                         last = Some((target, cell));
                     }
-                    Err(reason) => {
-                        ts.counters
-                            .dead_letters
-                            .set(ts.counters.dead_letters.get() + 1);
-                        reply::drop_with_reason(reason, env);
-                    }
+                    Err(reason) => ts.dead_letter(reason, env),
                 }
             }
             other => {

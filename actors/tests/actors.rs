@@ -261,13 +261,11 @@ fn per_sender_fifo_holds_across_shards_under_load() {
         for j in joins {
             j.await.unwrap();
         }
-        // Every sender is done; asks from each shard see all their messages
-        // because an ask travels behind the sender's earlier tells.
+        // Every sender has been joined: a finished task's sends are published
+        // before its completion is visible, so this ask comes after them all.
         c.ask(Check).await.unwrap()
     });
     assert_eq!(violations, 0);
-    // The ask came from shard 0: shard 1's senders were joined first, and
-    // their tells were handed over before their tasks finished.
     assert_eq!(seen, 2 * SENDERS_PER_SHARD * PER_SENDER);
     sys.shutdown();
 }
