@@ -176,6 +176,8 @@ struct Outgoing {
 /// The thread-owned state of one shard (see the module docs).
 pub(crate) struct Shard {
     index: usize,
+    /// `runtime id << 8 | index` (shard indices fit in 8 bits).
+    timer_owner: u64,
     pub(crate) shared: Arc<Shared>,
     run_queue: RefCell<VecDeque<TaskRef>>,
     worker: Worker<TaskRef>,
@@ -222,10 +224,11 @@ impl Shard {
         let hot = HotState::new(&shared.config.hot_tags, shared.config.hot_wake_threshold);
         Shard {
             index,
+            timer_owner: (shared.id << 8) | index as u64,
             run_queue: RefCell::new(VecDeque::with_capacity(256)),
             worker,
             driver: RefCell::new(driver),
-            timers: RefCell::new(TimerQueue::default()),
+            timers: RefCell::new(TimerQueue::new(shared.now())),
             hot: RefCell::new(hot),
             owned: RefCell::new(Slab::with_capacity(256)),
             ops: RefCell::new(OpTable::default()),
@@ -254,6 +257,11 @@ impl Shard {
 
     pub(crate) fn runtime_id(&self) -> u64 {
         self.shared.id
+    }
+
+    /// Names this shard among every runtime's shards (timer registrations use it).
+    pub(crate) fn timer_owner(&self) -> u64 {
+        self.timer_owner
     }
 
     pub(crate) fn belongs_to(&self, shared: &Arc<Shared>) -> bool {

@@ -110,10 +110,10 @@ pub fn interval_at(start: Instant, period: Duration) -> Interval {
     }
 }
 
+/// Where a `Sleep` is registered: its shard (as [`Shard::timer_owner`]) and key.
 #[derive(Debug, Clone, Copy)]
 struct Registration {
-    runtime: u64,
-    shard: usize,
+    owner: u64,
     timer: TimerKey,
 }
 
@@ -140,8 +140,17 @@ impl Sleep {
     }
 
     /// Moves the deadline (earlier or later), even after the sleep completed.
+    ///
+    /// Moving it later touches nothing but this value: the shard's timer stays
+    /// at the old deadline, where it wakes the task once and the sleep, polled,
+    /// registers again for the new one. So a timeout pushed back on every
+    /// message costs one wake per period, not timer work per message. Moving it
+    /// earlier moves the shard's timer at once.
     pub fn reset(&mut self, deadline: Instant) {
-        self.deadline = deadline;
+        let previous = std::mem::replace(&mut self.deadline, deadline);
+        if deadline >= previous {
+            return;
+        }
         if let Some(reg) = self.registration {
             let moved = with_current(|shard| {
                 reg.is_on(shard) && shard.timers_mut().reset(reg.timer, deadline)
@@ -165,7 +174,7 @@ impl Sleep {
 
 impl Registration {
     fn is_on(&self, shard: &Shard) -> bool {
-        self.runtime == shard.runtime_id() && self.shard == shard.index()
+        self.owner == shard.timer_owner()
     }
 }
 
@@ -191,8 +200,7 @@ impl Future for Sleep {
                 _ => {
                     let timer = timers.insert(this.deadline, cx.waker().clone());
                     this.registration = Some(Registration {
-                        runtime: shard.runtime_id(),
-                        shard: shard.index(),
+                        owner: shard.timer_owner(),
                         timer,
                     });
                 }

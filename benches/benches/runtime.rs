@@ -7,7 +7,9 @@
 //!   pingpong_rtt        : 100_000 round trips            (Throughput::Elements = 100k)
 //!   oneway_send_drain   : 100_000 u64 msgs + 1 barrier   (Throughput::Elements = 100k)
 //!   fanout_fanin_*      : 1_000 spawned tasks + gather   (Throughput::Elements = 1k)
+//!   pingpong_rtt_across_threads : as pingpong_rtt, tokio with one task per thread
 //!   timer_storm         : 100_000 timers create+reset+drop (Throughput::Elements = 100k)
+//!   timer_deadline_rounds : 100 rounds of 256 deadlines + a 1 us sleep (Elements = 100)
 //! so criterion's "time" is per batch; divide by the element count (or read the
 //! elem/s line) for per-op cost.
 //!
@@ -625,6 +627,63 @@ fn timers_mailring(g: &mut BenchmarkGroup<WallTime>) {
     rt.shutdown();
 }
 
+/// The placement mailring's shards have, given to tokio: each task alone on a
+/// single-threaded runtime on its own thread, so every round trip crosses
+/// threads (the multi-thread runtime above mostly keeps both tasks on one
+/// worker through its LIFO slot). A thread with nothing to run parks, as tokio
+/// does, and the other wakes it.
+fn pingpong_tokio_two_threads(g: &mut BenchmarkGroup<WallTime>) {
+    let mut m = Meter::default();
+    start_watchdog("pingpong_rtt_across_threads/tokio_two_threads");
+    g.bench_function("tokio_two_threads", |b| {
+        b.iter_custom(|iters| {
+            let n = iters * RTT_ROUNDS;
+            let (to_pong, mut pong_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+            let (to_ping, mut ping_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+            let ponger = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .expect("tokio runtime");
+                rt.block_on(async move {
+                    while let Some(v) = pong_rx.recv().await {
+                        if to_ping.send(v).is_err() {
+                            break;
+                        }
+                    }
+                });
+            });
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("tokio runtime");
+            let wall = m.measure(iters, || {
+                black_box(rt.block_on(async move {
+                    let mut sum = 0u64;
+                    for i in 0..n {
+                        to_pong.send(i).unwrap();
+                        sum = sum.wrapping_add(ping_rx.recv().await.unwrap());
+                    }
+                    sum
+                }));
+            });
+            ponger.join().unwrap();
+            wall
+        })
+    });
+    m.report("pingpong_rtt_across_threads/tokio_two_threads", RTT_ROUNDS);
+}
+
+/// Ping-pong where both sides are known to run on different cores: mailring's
+/// two shards against tokio with one task per thread (at about 12 µs a round
+/// trip it takes ~1.2 s a batch, so this group takes fewer samples).
+fn bench_pingpong_across_threads(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pingpong_rtt_across_threads");
+    g.throughput(Throughput::Elements(RTT_ROUNDS));
+    g.sample_size(10);
+    pingpong_mailring(&mut g);
+    pingpong_tokio_two_threads(&mut g);
+    g.finish();
+}
+
 fn bench_pingpong(c: &mut Criterion) {
     let mut g = c.benchmark_group("pingpong_rtt");
     g.throughput(Throughput::Elements(RTT_ROUNDS));
@@ -1050,6 +1109,101 @@ fn bench_timers(c: &mut Criterion) {
     g.finish();
 }
 
+// ---------------------------------------------------------------- timer_deadline_rounds
+
+/// The shape of the seed's `timer_cancel_reschedule_storm`: rounds of
+/// DEADLINE_BATCH request deadlines, each created, registered, pushed back and
+/// cancelled, with a 1 µs pause between rounds. It measures timer bookkeeping
+/// and timer resolution together: tokio's wheel counts whole milliseconds, so
+/// its 1 µs sleep lasts until the next millisecond tick.
+const DEADLINE_ROUNDS: usize = 100;
+const DEADLINE_BATCH: usize = 256;
+const DEADLINE_PAUSE: Duration = Duration::from_micros(1);
+
+fn deadline_rounds_mailring(g: &mut BenchmarkGroup<WallTime>) {
+    let rt = mailring_rt();
+    let h = rt.handle().clone();
+    let mut m = Meter::default();
+    start_watchdog("timer_deadline_rounds/mailring");
+    g.bench_function("mailring", |b| {
+        b.iter_custom(|iters| {
+            m.measure(iters, || {
+                let task = h.spawn_on(ShardId::new(0), async move {
+                    let mut pending = 0usize;
+                    for _ in 0..iters {
+                        for _ in 0..DEADLINE_ROUNDS {
+                            let now = mailring::time::now();
+                            for i in 0..DEADLINE_BATCH {
+                                let mut s = mailring::time::sleep_until(now + TIMER_D1 + jitter(i));
+                                if poll_noop(Pin::new(&mut s)).is_pending() {
+                                    pending += 1;
+                                }
+                                s.reset(now + TIMER_D2 + jitter(i));
+                                drop(black_box(s));
+                            }
+                            mailring::time::sleep(DEADLINE_PAUSE).await;
+                        }
+                    }
+                    pending
+                });
+                let pending = block_on(task).unwrap();
+                assert_eq!(
+                    pending as u64,
+                    iters * (DEADLINE_ROUNDS * DEADLINE_BATCH) as u64
+                );
+            })
+        })
+    });
+    m.report("timer_deadline_rounds/mailring", DEADLINE_ROUNDS as u64);
+    rt.shutdown();
+}
+
+fn deadline_rounds_tokio(g: &mut BenchmarkGroup<WallTime>) {
+    let rt = tokio_rt();
+    let mut m = Meter::default();
+    start_watchdog("timer_deadline_rounds/tokio");
+    g.bench_function("tokio", |b| {
+        b.iter_custom(|iters| {
+            m.measure(iters, || {
+                let task = rt.spawn(tokio::task::unconstrained(async move {
+                    let mut pending = 0usize;
+                    for _ in 0..iters {
+                        for _ in 0..DEADLINE_ROUNDS {
+                            let now = tokio::time::Instant::now();
+                            for i in 0..DEADLINE_BATCH {
+                                let mut s =
+                                    Box::pin(tokio::time::sleep_until(now + TIMER_D1 + jitter(i)));
+                                if poll_noop(s.as_mut()).is_pending() {
+                                    pending += 1;
+                                }
+                                s.as_mut().reset(now + TIMER_D2 + jitter(i));
+                                drop(black_box(s));
+                            }
+                            tokio::time::sleep(DEADLINE_PAUSE).await;
+                        }
+                    }
+                    pending
+                }));
+                let pending = rt.block_on(task).unwrap();
+                assert_eq!(
+                    pending as u64,
+                    iters * (DEADLINE_ROUNDS * DEADLINE_BATCH) as u64
+                );
+            })
+        })
+    });
+    m.report("timer_deadline_rounds/tokio", DEADLINE_ROUNDS as u64);
+}
+
+fn bench_deadline_rounds(c: &mut Criterion) {
+    let mut g = c.benchmark_group("timer_deadline_rounds");
+    g.throughput(Throughput::Elements(DEADLINE_ROUNDS as u64));
+    g.sample_size(20);
+    deadline_rounds_mailring(&mut g);
+    deadline_rounds_tokio(&mut g);
+    g.finish();
+}
+
 // ---------------------------------------------------------------- external_wake
 
 /// A thread outside the runtime wakes a sleeping shard (idle policy `Block`)
@@ -1212,10 +1366,12 @@ fn bench_timer_churn(c: &mut Criterion) {
 criterion_group!(
     benches,
     bench_pingpong,
+    bench_pingpong_across_threads,
     bench_oneway,
     bench_fanout,
     bench_timers,
     bench_timer_churn,
+    bench_deadline_rounds,
     bench_external_wake
 );
 criterion_main!(benches);

@@ -12,7 +12,12 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(10);
     let churn = std::env::args().nth(2).as_deref() == Some("churn");
-    let rt = mailring::Runtime::builder().shards(1).build().unwrap();
+    // Shards spin instead of parking (valgrind stalls on a blocking io_uring_enter).
+    let rt = mailring::Runtime::builder()
+        .shards(1)
+        .idle_policy(mailring::IdlePolicy::Spin(Duration::from_secs(3600)))
+        .build()
+        .unwrap();
     let h = rt.handle().spawn_on(ShardId::new(0), async move {
         let start = Instant::now();
         for _ in 0..rounds {

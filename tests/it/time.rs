@@ -71,6 +71,39 @@ fn reset_moves_a_sleep_both_ways() {
 }
 
 #[test]
+fn a_sleep_moved_later_completes_at_its_new_deadline_only() {
+    let rt = rt2();
+    rt.block_on(async {
+        let mut s = sleep(Duration::from_millis(10));
+        // Registered at +10 ms, then pushed back several times (each lazily).
+        assert!(timeout(Duration::from_millis(1), &mut s).await.is_err());
+        let start = Instant::now();
+        for extra in [20, 30, 40] {
+            s.reset(start + Duration::from_millis(extra));
+        }
+        (&mut s).await;
+        assert!(
+            start.elapsed() >= Duration::from_millis(40),
+            "{:?}",
+            start.elapsed()
+        );
+        // Pushed later, then pulled in again before the old timer fires.
+        let mut s = sleep(Duration::from_millis(200));
+        assert!(timeout(Duration::from_millis(1), &mut s).await.is_err());
+        let start = Instant::now();
+        s.reset(start + Duration::from_secs(3600));
+        s.reset(start + Duration::from_millis(5));
+        (&mut s).await;
+        assert!(start.elapsed() >= Duration::from_millis(5));
+        assert!(
+            start.elapsed() < Duration::from_millis(150),
+            "{:?}",
+            start.elapsed()
+        );
+    });
+}
+
+#[test]
 fn dropped_timers_cost_nothing_and_leave_no_entry() {
     let rt = rt2();
     rt.block_on(async {
