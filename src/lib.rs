@@ -43,6 +43,7 @@
 
 mod doorbell;
 mod loom;
+pub mod sync;
 
 #[cfg(not(loom))]
 mod blocking;

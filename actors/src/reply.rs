@@ -1,74 +1,32 @@
 //! The reply slot of an `ask`: a one-shot cell shared by the asker's future
 //! and the envelope in the actor's mailbox.
 //!
-//! States: `Waiting(waker)` → `Ready(value)` (the handler answered) or
-//! `Failed(error)` (the envelope was dropped unanswered: the actor stopped, or
-//! the handler panicked, which `std::thread::panicking()` tells apart) →
-//! `Taken` (the asker has the outcome). A `tell` carries no slot at all.
+//! The reply slot takes one outcome: the handler's answer, or the error of an
+//! envelope dropped unanswered (the actor stopped, or the handler panicked,
+//! which `std::thread::panicking()` tells apart); the first one wins and the
+//! asker takes it once. A `tell` carries no slot at all.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use mailring::sync::Slot;
 use std::time::{Duration, Instant};
 
 use crate::actor::Message;
 use crate::error::AskError;
 
-enum SlotState<R> {
-    Waiting(Option<Waker>),
-    Ready(R),
-    Failed(AskError),
-    Taken,
-}
-
-/// The reply half of an ask's shared cell.
-struct SlotCore<R> {
-    state: Mutex<SlotState<R>>,
+/// One ask: the message until the actor takes it, and the reply slot. One
+/// allocation, shared by the envelope and the asker's [`Reply`]; both halves
+/// are lock-free one-shot slots (`mailring::sync::Slot`).
+struct AskCell<M: Message> {
+    msg: Slot<M>,
+    /// The first outcome wins: the handler's answer, or the reason it never came.
+    reply: Slot<Result<M::Reply, AskError>>,
     /// The actors waiting on this ask, outermost first (deadlock detection).
     chain: Option<Arc<[u64]>>,
-}
-
-impl<R> SlotCore<R> {
-    fn complete(&self, outcome: Result<R, AskError>) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if let SlotState::Waiting(waker) = &mut *state {
-            let waker = waker.take();
-            *state = match outcome {
-                Ok(r) => SlotState::Ready(r),
-                Err(e) => SlotState::Failed(e),
-            };
-            drop(state);
-            if let Some(w) = waker {
-                w.wake();
-            }
-        }
-    }
-
-    fn poll_outcome(&self, cx: &mut Context<'_>) -> Poll<Result<R, AskError>> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        match std::mem::replace(&mut *state, SlotState::Taken) {
-            SlotState::Ready(r) => Poll::Ready(Ok(r)),
-            SlotState::Failed(e) => Poll::Ready(Err(e)),
-            SlotState::Waiting(w) => {
-                let w = match w {
-                    Some(w) if w.will_wake(cx.waker()) => w,
-                    _ => cx.waker().clone(),
-                };
-                *state = SlotState::Waiting(Some(w));
-                Poll::Pending
-            }
-            SlotState::Taken => Poll::Ready(Err(AskError::Stopped)),
-        }
-    }
-}
-
-/// One ask: the message until the actor takes it, and the reply slot. One
-/// allocation, shared by the envelope and the asker's [`Reply`].
-struct AskCell<M: Message> {
-    msg: Mutex<Option<M>>,
-    core: SlotCore<M::Reply>,
 }
 
 /// What the handler side sees of an ask: where the reply goes (on the
@@ -85,11 +43,12 @@ trait Outcome<R>: Send + Sync {
 
 impl<M: Message> Completer<M::Reply> for AskCell<M> {
     fn complete(&self, outcome: Result<M::Reply, AskError>) {
-        self.core.complete(outcome);
+        // A second outcome (a drop after an answer) finds the slot taken.
+        let _ = self.reply.send(outcome);
     }
 
     fn chain(&self) -> Option<Arc<[u64]>> {
-        self.core.chain.clone()
+        self.chain.clone()
     }
 }
 
@@ -99,7 +58,10 @@ where
     M::Reply: Send,
 {
     fn poll_outcome(&self, cx: &mut Context<'_>) -> Poll<Result<M::Reply, AskError>> {
-        self.core.poll_outcome(cx)
+        // `None`: the outcome was already taken.
+        self.reply
+            .poll_take(cx)
+            .map(|outcome| outcome.unwrap_or(Err(AskError::Stopped)))
     }
 }
 
@@ -136,11 +98,9 @@ where
     /// A new ask of `msg`: the envelope half and the asker's reply.
     pub(crate) fn new(msg: M, chain: Option<Arc<[u64]>>) -> (Asked<M>, Reply<M::Reply>) {
         let cell = Arc::new(AskCell {
-            msg: Mutex::new(Some(msg)),
-            core: SlotCore {
-                state: Mutex::new(SlotState::Waiting(None)),
-                chain,
-            },
+            msg: Slot::with_value(msg),
+            reply: Slot::new(),
+            chain,
         });
         let outcome: Arc<dyn Outcome<M::Reply>> = cell.clone();
         (
@@ -158,12 +118,7 @@ impl<M: Message> Asked<M> {
     /// Takes the message out, with the slot its reply goes to.
     pub fn open(mut self) -> (M, ReplyTo<M::Reply>) {
         let cell = self.cell.take().expect("an ask is opened once");
-        let msg = cell
-            .msg
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-            .expect("an ask's message is taken once");
+        let msg = cell.msg.try_take().expect("an ask's message is taken once");
         let slot: Arc<dyn Completer<M::Reply>> = cell;
         (msg, ReplyTo { slot: Some(slot) })
     }
@@ -172,7 +127,7 @@ impl<M: Message> Asked<M> {
 impl<M: Message> Drop for Asked<M> {
     fn drop(&mut self) {
         if let Some(cell) = self.cell.take() {
-            cell.core.complete(Err(drop_reason()));
+            cell.complete(Err(drop_reason()));
         }
     }
 }

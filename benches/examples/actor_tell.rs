@@ -1,0 +1,58 @@
+//! Same-shard tells for instruction counting:
+//! `valgrind --tool=callgrind target/release/examples/actor_tell 2000000`.
+//! The shard spins instead of parking (valgrind stalls on a blocking
+//! `io_uring_enter`).
+
+use std::time::Duration;
+
+use mailring::IdlePolicy;
+use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, Placement, Runtime, ShardId};
+
+#[derive(Message)]
+struct Inc(u64);
+
+#[derive(Message)]
+#[message(reply = u64)]
+struct Get;
+
+#[derive(Actor, Default)]
+#[actor(handles(Inc, Get))]
+struct Counter {
+    n: u64,
+}
+
+impl Handler<Inc> for Counter {
+    async fn handle(&mut self, m: Inc, _cx: &mut Ctx<Self>) {
+        self.n += m.0;
+    }
+}
+
+impl Handler<Get> for Counter {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.n
+    }
+}
+
+fn main() {
+    let msgs: u64 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2_000_000);
+    let builder = Runtime::builder()
+        .shards(1)
+        .idle_policy(IdlePolicy::Spin(Duration::from_secs(3600)));
+    let sys = ActorSystem::start(builder).expect("io_uring available");
+    let counter = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Counter::default);
+    let n = sys.block_on_local(move || async move {
+        let local = counter.local().expect("on the actor's shard");
+        for i in 0..msgs {
+            local.tell(Inc(1)).expect("running");
+            if i % 256 == 255 {
+                mailring::yield_now().await;
+            }
+        }
+        counter.ask(Get).await.expect("running")
+    });
+    assert_eq!(n, msgs);
+    sys.shutdown();
+}

@@ -1,0 +1,85 @@
+//! The keyed Zipf workload for instruction counting:
+//! `valgrind --tool=callgrind target/release/examples/actor_zipf 1`.
+//! Shards spin instead of parking (valgrind stalls on a blocking
+//! `io_uring_enter`).
+
+use std::time::Duration;
+
+use mailring::IdlePolicy;
+use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, Runtime, ShardId};
+use mailring_bench::{histogram, zipf_keys, ZIPF_KEYS, ZIPF_S, ZIPF_TELLS};
+
+#[derive(Message)]
+struct Inc(u64);
+
+#[derive(Message)]
+#[message(reply = u64)]
+struct Get;
+
+#[derive(Actor)]
+#[actor(key = u64, activate = KeyCounter::new, handles(Inc, Get))]
+struct KeyCounter {
+    n: u64,
+}
+
+impl KeyCounter {
+    fn new(_key: &u64) -> Self {
+        KeyCounter { n: 0 }
+    }
+}
+
+impl Handler<Inc> for KeyCounter {
+    async fn handle(&mut self, m: Inc, _cx: &mut Ctx<Self>) {
+        self.n += m.0;
+    }
+}
+
+impl Handler<Get> for KeyCounter {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.n
+    }
+}
+
+fn main() {
+    let rounds: u64 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1);
+    let producers: Vec<Vec<u32>> = (0..2)
+        .map(|p| zipf_keys(ZIPF_KEYS, ZIPF_TELLS / 2, ZIPF_S, 42 + p))
+        .collect();
+    let expected = histogram(ZIPF_KEYS, &producers);
+    let builder = Runtime::builder()
+        .shards(2)
+        .idle_policy(IdlePolicy::Spin(Duration::from_secs(3600)));
+    let sys = ActorSystem::start(builder).expect("io_uring available");
+    for round in 0..rounds {
+        let h = sys.handle();
+        let producers = producers.clone();
+        let expected = expected.clone();
+        let base = round << 32;
+        sys.block_on(async move {
+            let mut joins = Vec::new();
+            for (i, keys) in producers.into_iter().enumerate() {
+                let h = h.clone();
+                joins.push(h.runtime().clone().spawn_on(ShardId::new(i), async move {
+                    for k in keys {
+                        h.keyed::<KeyCounter>(base | u64::from(k))
+                            .tell(Inc(1))
+                            .expect("running");
+                    }
+                }));
+            }
+            for j in joins {
+                j.await.expect("producer");
+            }
+            for k in 0..ZIPF_KEYS {
+                if expected[k as usize] > 0 {
+                    let n = h.keyed::<KeyCounter>(base | u64::from(k)).ask(Get).await;
+                    assert_eq!(n.expect("running"), expected[k as usize]);
+                }
+            }
+        });
+    }
+    sys.shutdown();
+}

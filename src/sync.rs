@@ -1,0 +1,491 @@
+//! Synchronisation that works with any executor: a lock-free one-shot value
+//! [`Slot`] to embed in shared state, and the [`oneshot`] channel built on it.
+//!
+//! A [`Slot`] holds at most one value over its life: the first
+//! [`send`](Slot::send) (or [`close`](Slot::close)) wins, the first
+//! [`try_take`](Slot::try_take) or [`poll_take`](Slot::poll_take) that finds the
+//! value takes it, and a task polling for it is woken when it arrives. Every
+//! method takes `&self` and may race with every other: one atomic state word
+//! decides who touches the value, and the waker sits in a lock-free cell (the
+//! register/wake protocol of an `AtomicWaker`). Both are model-checked with
+//! loom (`RUSTFLAGS="--cfg loom" cargo test -p mailring --lib --release loom_tests`).
+//!
+//! The actor layer's asks keep their message and their reply in two slots of
+//! one allocation.
+
+pub mod oneshot;
+
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::task::{Context, Poll, Waker};
+
+use crate::loom::{AtomicU8, Ordering, UnsafeCell};
+
+/// Nothing sent yet.
+const EMPTY: u8 = 0;
+/// A sender is writing the value.
+const WRITING: u8 = 1;
+/// The value is there.
+const FULL: u8 = 2;
+/// A taker is reading the value.
+const READING: u8 = 3;
+/// The value was taken.
+const TAKEN: u8 = 4;
+/// Closed before any value was sent.
+const CLOSED: u8 = 5;
+
+/// What [`Slot::try_take`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TakeError {
+    /// Nothing was sent yet: a value may still come.
+    Empty,
+    /// Nothing will come: the slot was closed unsent, or its value was already taken.
+    Closed,
+}
+
+/// A one-shot value cell shared by reference (put it in an `Arc` or a
+/// `static`). See the [module docs](self).
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use mailring::sync::{Slot, TakeError};
+///
+/// let slot = Arc::new(Slot::new());
+/// assert_eq!(slot.try_take(), Err(TakeError::Empty));
+/// let sender = slot.clone();
+/// std::thread::spawn(move || sender.send(42).unwrap()).join().unwrap();
+/// assert_eq!(slot.try_take(), Ok(42));
+/// assert_eq!(slot.try_take(), Err(TakeError::Closed));
+/// ```
+pub struct Slot<T> {
+    state: AtomicU8,
+    value: UnsafeCell<MaybeUninit<T>>,
+    waker: WakerCell,
+}
+
+// SAFETY: the value moves between threads (sent on one, taken on another), so
+// `T: Send` is required and sufficient: no `&T` is ever handed out, and the
+// state word gives exactly one thread access to the value at a time.
+unsafe impl<T: Send> Send for Slot<T> {}
+// SAFETY: as above; shared references only reach the value through the state
+// protocol (one writer, then one reader), never concurrently.
+unsafe impl<T: Send> Sync for Slot<T> {}
+
+impl<T> Default for Slot<T> {
+    fn default() -> Self {
+        Slot::new()
+    }
+}
+
+impl<T> fmt::Debug for Slot<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state.load(Ordering::Acquire) {
+            EMPTY => "empty",
+            WRITING | FULL => "full",
+            READING | TAKEN => "taken",
+            _ => "closed",
+        };
+        f.debug_struct("Slot").field("state", &state).finish()
+    }
+}
+
+impl<T> Slot<T> {
+    /// An empty slot.
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        Slot {
+            state: AtomicU8::new(EMPTY),
+            value: UnsafeCell::new(MaybeUninit::uninit()),
+            waker: WakerCell::new(),
+        }
+    }
+
+    /// An empty slot.
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        Slot {
+            state: AtomicU8::new(EMPTY),
+            value: UnsafeCell::new(MaybeUninit::uninit()),
+            waker: WakerCell::new(),
+        }
+    }
+
+    /// A slot that already holds `value`.
+    pub fn with_value(value: T) -> Self {
+        Slot {
+            state: AtomicU8::new(FULL),
+            value: UnsafeCell::new(MaybeUninit::new(value)),
+            waker: WakerCell::new(),
+        }
+    }
+
+    /// Puts `value` in the slot and wakes the task waiting for it.
+    ///
+    /// # Errors
+    ///
+    /// The value comes back when something was sent before or the slot was closed.
+    pub fn send(&self, value: T) -> Result<(), T> {
+        if self
+            .state
+            .compare_exchange(EMPTY, WRITING, Ordering::Acquire, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(value);
+        }
+        // SAFETY: winning EMPTY -> WRITING gives this thread sole access to the
+        // value until it publishes FULL; no value was written before (EMPTY).
+        self.value.with_mut(|v| unsafe { (*v).write(value) });
+        self.state.store(FULL, Ordering::Release);
+        self.waker.wake();
+        Ok(())
+    }
+
+    /// Closes an empty slot (the sender went away): takers see [`TakeError::Closed`]
+    /// and the waiting task is woken. Returns `false` when a value was sent first.
+    pub fn close(&self) -> bool {
+        let closed = self
+            .state
+            .compare_exchange(EMPTY, CLOSED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if closed {
+            self.waker.wake();
+        }
+        closed
+    }
+
+    /// Takes the value if it is there.
+    ///
+    /// # Errors
+    ///
+    /// [`TakeError::Empty`] while nothing was sent; [`TakeError::Closed`] once
+    /// the slot was closed or the value already taken.
+    pub fn try_take(&self) -> Result<T, TakeError> {
+        match self
+            .state
+            .compare_exchange(FULL, READING, Ordering::Acquire, Ordering::Acquire)
+        {
+            Ok(_) => {
+                // SAFETY: winning FULL -> READING gives this thread sole access
+                // to the value, which the sender initialised before its Release
+                // store of FULL (synchronised by the Acquire above). It is read
+                // once: the state never returns to FULL.
+                let value = self.value.with(|v| unsafe { (*v).assume_init_read() });
+                self.state.store(TAKEN, Ordering::Release);
+                Ok(value)
+            }
+            // A sender is mid-write: the value is as good as there, but not yet
+            // readable; the sender wakes whoever registered.
+            Err(EMPTY | WRITING) => Err(TakeError::Empty),
+            Err(_) => Err(TakeError::Closed),
+        }
+    }
+
+    /// Takes the value, or registers `cx` to be woken when it arrives. `None`
+    /// once the slot was closed or its value taken.
+    pub fn poll_take(&self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        match self.try_take() {
+            Ok(v) => return Poll::Ready(Some(v)),
+            Err(TakeError::Closed) => return Poll::Ready(None),
+            Err(TakeError::Empty) => {}
+        }
+        self.waker.register(cx.waker());
+        // A send that finished before the registration found no waker: look again.
+        match self.try_take() {
+            Ok(v) => Poll::Ready(Some(v)),
+            Err(TakeError::Closed) => Poll::Ready(None),
+            Err(TakeError::Empty) => Poll::Pending,
+        }
+    }
+
+    /// Whether nothing can be taken any more (closed, or the value was taken).
+    pub fn is_closed(&self) -> bool {
+        matches!(self.state.load(Ordering::Acquire), READING | TAKEN | CLOSED)
+    }
+}
+
+impl<T> Drop for Slot<T> {
+    fn drop(&mut self) {
+        if self.state.load(Ordering::Acquire) == FULL {
+            // SAFETY: FULL means a value was written and never read, and `&mut
+            // self` excludes every other access.
+            self.value.with_mut(|v| unsafe { (*v).assume_init_drop() });
+        }
+    }
+}
+
+/// No registration or wake in progress.
+const IDLE: u8 = 0;
+/// A task is storing its waker.
+const REGISTERING: u8 = 1;
+/// A wake is taking the waker.
+const WAKING: u8 = 2;
+
+/// A waker cell that `register` and `wake` may race on (the `AtomicWaker`
+/// protocol): a wake that lands during a registration is handed to the
+/// registering task, which wakes itself.
+struct WakerCell {
+    state: AtomicU8,
+    waker: UnsafeCell<Option<Waker>>,
+}
+
+impl WakerCell {
+    #[cfg(not(loom))]
+    const fn new() -> Self {
+        WakerCell {
+            state: AtomicU8::new(IDLE),
+            waker: UnsafeCell::new(None),
+        }
+    }
+
+    #[cfg(loom)]
+    fn new() -> Self {
+        WakerCell {
+            state: AtomicU8::new(IDLE),
+            waker: UnsafeCell::new(None),
+        }
+    }
+
+    fn register(&self, waker: &Waker) {
+        match self
+            .state
+            .compare_exchange(IDLE, REGISTERING, Ordering::Acquire, Ordering::Acquire)
+        {
+            Ok(_) => {
+                // SAFETY: holding REGISTERING excludes other registrations and
+                // keeps `wake` from touching the waker (it only sets WAKING).
+                self.waker.with_mut(|w| unsafe {
+                    match &mut *w {
+                        Some(old) if old.will_wake(waker) => {}
+                        slot => *slot = Some(waker.clone()),
+                    }
+                });
+                if self
+                    .state
+                    .compare_exchange(REGISTERING, IDLE, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    // A wake came in meanwhile (state is REGISTERING | WAKING):
+                    // it left the waker to us. Take it and wake it.
+                    // SAFETY: the state still has REGISTERING set, so the
+                    // waker is ours alone until the swap below.
+                    let woken = self.waker.with_mut(|w| unsafe { (*w).take() });
+                    self.state.swap(IDLE, Ordering::AcqRel);
+                    if let Some(w) = woken {
+                        w.wake();
+                    }
+                }
+            }
+            // A wake is running: the value (or the close) is there or
+            // coming; have the task poll again.
+            Err(WAKING) => waker.wake_by_ref(),
+            // Another task is registering at the same time: one slot has one
+            // taker in practice; both are polled again to be safe.
+            Err(_) => waker.wake_by_ref(),
+        }
+    }
+
+    fn wake(&self) {
+        if self.state.fetch_or(WAKING, Ordering::AcqRel) == IDLE {
+            // SAFETY: moving IDLE -> WAKING gives this thread the waker until
+            // it clears WAKING; a registration arriving meanwhile fails its
+            // CAS and only wakes its own task.
+            let woken = self.waker.with_mut(|w| unsafe { (*w).take() });
+            self.state.fetch_and(!WAKING, Ordering::Release);
+            if let Some(w) = woken {
+                w.wake();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn the_first_send_wins_and_the_value_is_taken_once() {
+        let slot = Slot::new();
+        assert_eq!(slot.send(1), Ok(()));
+        assert_eq!(slot.send(2), Err(2));
+        assert!(!slot.close());
+        assert_eq!(slot.try_take(), Ok(1));
+        assert_eq!(slot.try_take(), Err(TakeError::Closed));
+        assert!(slot.is_closed());
+    }
+
+    #[test]
+    fn a_registered_task_is_woken_by_send_and_by_close() {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        let slot = Slot::<u8>::new();
+        assert!(slot.poll_take(&mut cx).is_pending());
+        slot.send(7).unwrap();
+        assert_eq!(count.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(slot.poll_take(&mut cx), Poll::Ready(Some(7)));
+
+        let closed = Slot::<u8>::new();
+        assert!(closed.poll_take(&mut cx).is_pending());
+        assert!(closed.close());
+        assert_eq!(count.0.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(closed.poll_take(&mut cx), Poll::Ready(None));
+    }
+
+    #[test]
+    fn an_untaken_value_is_dropped_with_the_slot() {
+        let value = Arc::new(());
+        let slot = Slot::with_value(value.clone());
+        assert_eq!(Arc::strong_count(&value), 2);
+        drop(slot);
+        assert_eq!(Arc::strong_count(&value), 1);
+    }
+
+    #[test]
+    fn racing_threads_deliver_exactly_once() {
+        for _ in 0..2_000 {
+            let slot = Arc::new(Slot::new());
+            let senders: Vec<_> = (0..2)
+                .map(|i| {
+                    let slot = slot.clone();
+                    std::thread::spawn(move || slot.send(i).is_ok())
+                })
+                .collect();
+            let takers: Vec<_> = (0..2)
+                .map(|_| {
+                    let slot = slot.clone();
+                    std::thread::spawn(move || loop {
+                        match slot.try_take() {
+                            Ok(v) => return Some(v),
+                            Err(TakeError::Closed) => return None,
+                            Err(TakeError::Empty) => std::hint::spin_loop(),
+                        }
+                    })
+                })
+                .collect();
+            let sent = senders
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .filter(|ok| *ok)
+                .count();
+            let taken: Vec<_> = takers
+                .into_iter()
+                .filter_map(|h| h.join().unwrap())
+                .collect();
+            assert_eq!(sent, 1);
+            assert_eq!(taken.len(), 1);
+        }
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::sync::atomic::AtomicUsize;
+    use loom::sync::Arc;
+    use loom::thread;
+    use std::task::Wake;
+
+    /// Counts wakes; `Wake` needs std's `Arc`, which is fine for a counter.
+    struct Count(std::sync::atomic::AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// A send racing a poll: the poller gets the value at once, or was
+    /// registered in time to be woken (never both missed).
+    #[test]
+    fn a_send_racing_a_poll_is_never_lost() {
+        loom::model(|| {
+            let slot = Arc::new(Slot::new());
+            let sender = {
+                let slot = slot.clone();
+                thread::spawn(move || slot.send(5u32).unwrap())
+            };
+            let count = std::sync::Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+            let waker = Waker::from(count.clone());
+            let mut cx = Context::from_waker(&waker);
+            let first = slot.poll_take(&mut cx);
+            sender.join().unwrap();
+            match first {
+                Poll::Ready(v) => assert_eq!(v, Some(5)),
+                Poll::Pending => {
+                    assert!(
+                        count.0.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+                        "lost wake"
+                    );
+                    assert_eq!(slot.try_take(), Ok(5));
+                }
+            }
+        });
+    }
+
+    /// A send racing a second registration (the task polled, was not woken
+    /// yet, and polls again with the same waker): the wake is never lost.
+    #[test]
+    fn a_send_racing_a_re_registration_is_never_lost() {
+        loom::model(|| {
+            let slot = Arc::new(Slot::<u32>::new());
+            let count = std::sync::Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+            let waker = Waker::from(count.clone());
+            let mut cx = Context::from_waker(&waker);
+            assert!(slot.poll_take(&mut cx).is_pending());
+            let sender = {
+                let slot = slot.clone();
+                thread::spawn(move || slot.send(9).unwrap())
+            };
+            let second = slot.poll_take(&mut cx);
+            sender.join().unwrap();
+            match second {
+                Poll::Ready(v) => assert_eq!(v, Some(9)),
+                Poll::Pending => {
+                    assert!(
+                        count.0.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+                        "lost wake"
+                    );
+                    assert_eq!(slot.try_take(), Ok(9));
+                }
+            }
+        });
+    }
+
+    /// Two senders and a closer race: exactly one of them wins, and a value
+    /// is taken only if a send won.
+    #[test]
+    fn one_of_racing_sends_and_close_wins() {
+        loom::model(|| {
+            let slot = Arc::new(Slot::new());
+            let wins = Arc::new(AtomicUsize::new(0));
+            let threads: Vec<_> = (0..2u32)
+                .map(|i| {
+                    let (slot, wins) = (slot.clone(), wins.clone());
+                    thread::spawn(move || {
+                        if slot.send(i).is_ok() {
+                            wins.fetch_add(1, Ordering::SeqCst);
+                        }
+                    })
+                })
+                .collect();
+            let closed = slot.close();
+            for t in threads {
+                t.join().unwrap();
+            }
+            let sent = wins.load(Ordering::SeqCst);
+            assert_eq!(sent + usize::from(closed), 1);
+            assert_eq!(slot.try_take().is_ok(), sent == 1);
+        });
+    }
+}
