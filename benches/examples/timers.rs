@@ -1,4 +1,7 @@
-//! Timer storm for profiling: 100k sleeps created, polled once, reset and dropped.
+//! Timer storm for profiling: 100k sleeps created, polled once, reset and
+//! dropped (`timers ROUNDS`), one at a time (`timers ROUNDS churn`), or the
+//! same loop with no timer (`timers ROUNDS floor`: the cost every runtime's
+//! figure includes).
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -11,7 +14,11 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(10);
-    let churn = std::env::args().nth(2).as_deref() == Some("churn");
+    let mode = std::env::args().nth(2);
+    let churn = mode.as_deref() == Some("churn");
+    // The storm's loop with no timer at all (same clock arithmetic, same
+    // vector of 32-byte values): what any runtime's figure includes.
+    let floor = mode.as_deref() == Some("floor");
     // Shards spin instead of parking (valgrind stalls on a blocking io_uring_enter).
     let rt = mailring::Runtime::builder()
         .shards(1)
@@ -22,6 +29,21 @@ fn main() {
         let start = Instant::now();
         for _ in 0..rounds {
             let now = Instant::now();
+            if floor {
+                let mut v: Vec<(Instant, u64)> = Vec::with_capacity(100_000);
+                for i in 0..100_000u64 {
+                    let d = now + Duration::from_secs(30) + Duration::from_micros(i * 7 % 100_000);
+                    v.push(std::hint::black_box((d, i)));
+                }
+                for (i, s) in v.iter_mut().enumerate() {
+                    s.0 = std::hint::black_box(
+                        now + Duration::from_secs(60)
+                            + Duration::from_micros(i as u64 * 7 % 100_000),
+                    );
+                }
+                drop(std::hint::black_box(v));
+                continue;
+            }
             if churn {
                 for i in 0..100_000u64 {
                     let mut s = mailring::time::sleep_until(
@@ -58,5 +80,10 @@ fn main() {
         start.elapsed() / (rounds * 100_000)
     });
     let per = futures::executor::block_on(h).unwrap();
-    println!("{per:?} per timer (create + poll + reset + drop)");
+    let what = if floor {
+        "per iteration of the loop alone"
+    } else {
+        "per timer (create + poll + reset + drop)"
+    };
+    println!("{per:?} {what}");
 }
