@@ -353,30 +353,36 @@ fn deliver_batch<A: Actor>(system_id: u64, batch: Outbound<A>) {
         return;
     };
     // Runs of deliveries to one actor (the common case: a producer telling
-    // one actor) resolve the target once.
+    // one actor) resolve the target once, and push without touching the
+    // cell's reference count.
     let mut last: Option<(TargetId<A>, Rc<ActorCell<A>>)> = None;
     for (target, item) in batch {
-        match item {
-            Delivery::Msg(env) => {
-                let cached = last
-                    .as_ref()
-                    .filter(|(t, cell)| *t == target && cell.is_open())
-                    .map(|(_, cell)| cell.clone());
-                match cached.map_or_else(|| ts.resolve(&target), Ok) {
-                    Ok(cell) => {
-                        ts.touch(&cell);
-                        if let Err(env) = cell.push(env) {
-                            ts.dead_letter(AskError::Stopped, env);
-                        }
-                        last = Some((target, cell));
-                    }
-                    Err(reason) => ts.dead_letter(reason, env),
-                }
-            }
+        let env = match item {
+            Delivery::Msg(env) => env,
             other => {
                 last = None;
                 ts.apply(&target, other);
+                continue;
             }
+        };
+        if let Some((t, cell)) = &last {
+            if *t == target && cell.is_open() {
+                ts.touch(cell);
+                if let Err(env) = cell.push(env) {
+                    ts.dead_letter(AskError::Stopped, env);
+                }
+                continue;
+            }
+        }
+        match ts.resolve(&target) {
+            Ok(cell) => {
+                ts.touch(&cell);
+                if let Err(env) = cell.push(env) {
+                    ts.dead_letter(AskError::Stopped, env);
+                }
+                last = Some((target, cell));
+            }
+            Err(reason) => ts.dead_letter(reason, env),
         }
     }
 }
