@@ -277,8 +277,12 @@ impl<A: Actor> TypeState<A> {
             batch.len()
         };
         if len == OUTBOUND_BATCH {
-            // A long burst: hand this part over now so the receiver can
-            // start while we go on (a callback is still queued for the rest).
+            // A long burst: hand this part to the runtime's batch for `dest`
+            // (a callback is still queued for the rest). The runtime publishes
+            // it with the tick's other batches, or once it holds 128 items;
+            // publishing each part at once was measured slower (cross-shard
+            // tells 30 -> 49-93 ns: the receiver then contends with the
+            // producer for the inbox and the allocator).
             self.flush_outbound(dest);
             self.outbound.borrow_mut()[dest].reserve(OUTBOUND_BATCH);
         } else if len == 1 {
