@@ -7,6 +7,7 @@ mod hot;
 mod net;
 mod shutdown;
 mod spawn;
+mod sync;
 mod time;
 
 /// A two-shard runtime with the default settings.
