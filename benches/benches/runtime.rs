@@ -369,11 +369,13 @@ fn mailring_rt() -> mailring::Runtime {
 
 /// mailring, same channel as the tokio peer (tokio's runtime-agnostic mpsc):
 /// one task pinned on each shard.
-fn pingpong_mailring(g: &mut BenchmarkGroup<WallTime>) {
+/// `group` names the criterion group it runs in (for the CPU report).
+fn pingpong_mailring(g: &mut BenchmarkGroup<WallTime>, group: &str) {
     let rt = mailring_rt();
     let h = rt.handle().clone();
     let mut m = Meter::default();
-    start_watchdog("pingpong_rtt/mailring");
+    let id = format!("{group}/mailring");
+    start_watchdog(&id);
     g.bench_function("mailring", |b| {
         b.iter_custom(|iters| {
             let n = iters * RTT_ROUNDS;
@@ -400,7 +402,7 @@ fn pingpong_mailring(g: &mut BenchmarkGroup<WallTime>) {
             })
         })
     });
-    m.report("pingpong_rtt/mailring", RTT_ROUNDS);
+    m.report(&id, RTT_ROUNDS);
     rt.shutdown();
 }
 
@@ -679,7 +681,7 @@ fn bench_pingpong_across_threads(c: &mut Criterion) {
     let mut g = c.benchmark_group("pingpong_rtt_across_threads");
     g.throughput(Throughput::Elements(RTT_ROUNDS));
     g.sample_size(10);
-    pingpong_mailring(&mut g);
+    pingpong_mailring(&mut g, "pingpong_rtt_across_threads");
     pingpong_tokio_two_threads(&mut g);
     g.finish();
 }
@@ -687,7 +689,7 @@ fn bench_pingpong_across_threads(c: &mut Criterion) {
 fn bench_pingpong(c: &mut Criterion) {
     let mut g = c.benchmark_group("pingpong_rtt");
     g.throughput(Throughput::Elements(RTT_ROUNDS));
-    pingpong_mailring(&mut g);
+    pingpong_mailring(&mut g, "pingpong_rtt");
     pingpong_mailring_same_shard(&mut g);
     pingpong_mailring_tiny(&mut g);
     pingpong_tokio(&mut g);
