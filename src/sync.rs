@@ -199,6 +199,11 @@ impl<T> Slot<T> {
         }
     }
 
+    /// Whether a value was sent (it may have been taken since).
+    pub fn is_sent(&self) -> bool {
+        matches!(self.state.load(Ordering::Acquire), FULL | READING | TAKEN)
+    }
+
     /// Whether nothing can be taken any more (closed, or the value was taken).
     pub fn is_closed(&self) -> bool {
         matches!(self.state.load(Ordering::Acquire), READING | TAKEN | CLOSED)

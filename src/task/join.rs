@@ -6,8 +6,10 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use crate::sync::Slot;
 
 /// Why a task produced no output.
 #[derive(thiserror::Error)]
@@ -67,87 +69,49 @@ pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> &str {
     }
 }
 
-/// The output slot shared by a task (or blocking job) and its [`JoinHandle`].
+/// The output slot shared by a task (or blocking job) and its [`JoinHandle`]:
+/// a lock-free [`Slot`], so a joiner on another shard never parks the
+/// completing shard (or the other way round) in a futex.
 ///
-/// States: empty and attached → `output` set (task finished) → taken by the
-/// handle. If the handle is dropped first (`detached`), the output is dropped by
-/// whoever completes the task, on its own thread.
+/// The first completion stores the output and wakes the joiner; the handle
+/// takes it once. A detached handle closes the slot first when it can, so a
+/// later completion finds it closed and drops the output itself, on its own
+/// thread; an output already stored is taken and dropped by the detach.
 #[derive(Debug)]
 pub(crate) struct JoinCell<T> {
-    slot: Mutex<Slot<T>>,
-}
-
-#[derive(Debug)]
-struct Slot<T> {
-    output: Option<Result<T, JoinError>>,
-    waker: Option<Waker>,
-    detached: bool,
-    finished: bool,
+    slot: Slot<Result<T, JoinError>>,
 }
 
 impl<T> JoinCell<T> {
     pub(crate) fn new() -> Self {
-        JoinCell {
-            slot: Mutex::new(Slot {
-                output: None,
-                waker: None,
-                detached: false,
-                finished: false,
-            }),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Slot<T>> {
-        self.slot.lock().unwrap_or_else(|p| p.into_inner())
+        JoinCell { slot: Slot::new() }
     }
 
     /// Stores the result and wakes the joiner. Only the first completion counts.
     pub(crate) fn complete(&self, result: Result<T, JoinError>) {
-        let mut slot = self.lock();
-        if slot.finished {
-            return;
-        }
-        slot.finished = true;
-        if slot.detached {
-            drop(slot);
-            drop(result);
-            return;
-        }
-        slot.output = Some(result);
-        let waker = slot.waker.take();
-        drop(slot);
-        if let Some(w) = waker {
-            w.wake();
-        }
+        // Refused: completed before, or detached. Either way the result is
+        // dropped here.
+        let _ = self.slot.send(result);
     }
 
     pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<Result<T, JoinError>> {
-        let mut slot = self.lock();
-        if let Some(out) = slot.output.take() {
-            return Poll::Ready(out);
+        match self.slot.poll_take(cx) {
+            Poll::Ready(Some(out)) => Poll::Ready(out),
+            // Only a detach closes the slot, and it consumes the handle.
+            Poll::Ready(None) => panic!("JoinHandle polled after it returned its output"),
+            Poll::Pending => Poll::Pending,
         }
-        assert!(
-            !slot.finished,
-            "JoinHandle polled after it returned its output"
-        );
-        match &slot.waker {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            _ => slot.waker = Some(cx.waker().clone()),
-        }
-        Poll::Pending
     }
 
     pub(crate) fn detach(&self) {
-        let mut slot = self.lock();
-        slot.detached = true;
-        slot.waker = None;
-        let output = slot.output.take();
-        drop(slot);
-        drop(output);
+        if !self.slot.close() {
+            // Already completed: drop the output now.
+            drop(self.slot.try_take());
+        }
     }
 
     pub(crate) fn is_finished(&self) -> bool {
-        self.lock().finished
+        self.slot.is_sent()
     }
 }
 

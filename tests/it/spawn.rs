@@ -155,6 +155,41 @@ fn abort_cancels_a_pending_task() {
 }
 
 #[test]
+fn outputs_of_detached_and_unread_handles_are_dropped() {
+    // An output whose handle was detached before or after the task finished,
+    // or never awaited, is dropped, never leaked.
+    let rt = rt2();
+    let output = Arc::new(());
+    let o = output.clone();
+    rt.block_on(async move {
+        for i in 0..200 {
+            let value = o.clone();
+            let h = mailring::spawn_on(ShardId::new(i % 2), async move { value });
+            if i % 3 == 0 {
+                // Likely before it finished.
+                h.detach();
+            } else {
+                while !h.is_finished() {
+                    mailring::yield_now().await;
+                }
+                if i % 3 == 1 {
+                    h.detach();
+                } else {
+                    drop(h);
+                }
+            }
+        }
+    });
+    for _ in 0..1000 {
+        if Arc::strong_count(&output) == 1 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(Arc::strong_count(&output), 1, "an output leaked");
+}
+
+#[test]
 fn detached_tasks_still_run() {
     let rt = rt2();
     let hits = Arc::new(AtomicUsize::new(0));
