@@ -1,6 +1,8 @@
 //! Shared helpers of the benchmarks: workload sizes of the I/O benches, the
 //! data file, the offsets, and a wall + CPU time meter.
 
+pub mod counters;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

@@ -410,6 +410,21 @@ mod loom_tests {
         }
     }
 
+    /// After the sender finished: a poll that returned `Pending` must have
+    /// been woken, and the value must be there.
+    fn got_it_or_was_woken(polled: Poll<Option<u32>>, count: &Count, slot: &Slot<u32>, sent: u32) {
+        match polled {
+            Poll::Ready(v) => assert_eq!(v, Some(sent)),
+            Poll::Pending => {
+                assert!(
+                    count.0.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+                    "lost wake"
+                );
+                assert_eq!(slot.try_take(), Ok(sent));
+            }
+        }
+    }
+
     /// A send racing a poll: the poller gets the value at once, or was
     /// registered in time to be woken (never both missed).
     #[test]
@@ -425,16 +440,7 @@ mod loom_tests {
             let mut cx = Context::from_waker(&waker);
             let first = slot.poll_take(&mut cx);
             sender.join().unwrap();
-            match first {
-                Poll::Ready(v) => assert_eq!(v, Some(5)),
-                Poll::Pending => {
-                    assert!(
-                        count.0.load(std::sync::atomic::Ordering::SeqCst) >= 1,
-                        "lost wake"
-                    );
-                    assert_eq!(slot.try_take(), Ok(5));
-                }
-            }
+            got_it_or_was_woken(first, &count, &slot, 5);
         });
     }
 
@@ -454,16 +460,7 @@ mod loom_tests {
             };
             let second = slot.poll_take(&mut cx);
             sender.join().unwrap();
-            match second {
-                Poll::Ready(v) => assert_eq!(v, Some(9)),
-                Poll::Pending => {
-                    assert!(
-                        count.0.load(std::sync::atomic::Ordering::SeqCst) >= 1,
-                        "lost wake"
-                    );
-                    assert_eq!(slot.try_take(), Ok(9));
-                }
-            }
+            got_it_or_was_woken(second, &count, &slot, 9);
         });
     }
 

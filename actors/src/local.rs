@@ -159,6 +159,16 @@ impl<A: Actor> TypeState<A> {
         cell.push(env).map_err(|env| (AskError::Stopped, env))
     }
 
+    /// Pushes `env` on a resolved cell (marking it used for LRU); a cell that
+    /// closed meanwhile makes it a dead letter.
+    #[inline]
+    fn push_resolved(&self, cell: &ActorCell<A>, env: A::Envelope) {
+        self.touch(cell);
+        if let Err(env) = cell.push(env) {
+            self.dead_letter(AskError::Stopped, env);
+        }
+    }
+
     pub(crate) fn deliver_or_drop(self: &Rc<Self>, target: &TargetId<A>, env: A::Envelope) {
         if let Err((reason, env)) = self.deliver(target, env) {
             self.dead_letter(reason, env);
@@ -371,19 +381,13 @@ fn deliver_batch<A: Actor>(system_id: u64, batch: Outbound<A>) {
         };
         if let Some((t, cell)) = &last {
             if *t == target && cell.is_open() {
-                ts.touch(cell);
-                if let Err(env) = cell.push(env) {
-                    ts.dead_letter(AskError::Stopped, env);
-                }
+                ts.push_resolved(cell, env);
                 continue;
             }
         }
         match ts.resolve(&target) {
             Ok(cell) => {
-                ts.touch(&cell);
-                if let Err(env) = cell.push(env) {
-                    ts.dead_letter(AskError::Stopped, env);
-                }
+                ts.push_resolved(&cell, env);
                 last = Some((target, cell));
             }
             Err(reason) => ts.dead_letter(reason, env),

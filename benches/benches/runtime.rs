@@ -1136,12 +1136,7 @@ fn deadline_rounds_mailring(g: &mut BenchmarkGroup<WallTime>) {
                         for _ in 0..DEADLINE_ROUNDS {
                             let now = mailring::time::now();
                             for i in 0..DEADLINE_BATCH {
-                                let mut s = mailring::time::sleep_until(now + TIMER_D1 + jitter(i));
-                                if poll_noop(Pin::new(&mut s)).is_pending() {
-                                    pending += 1;
-                                }
-                                s.reset(now + TIMER_D2 + jitter(i));
-                                drop(black_box(s));
+                                pending += usize::from(mailring_deadline(now, i));
                             }
                             mailring::time::sleep(DEADLINE_PAUSE).await;
                         }
@@ -1173,13 +1168,7 @@ fn deadline_rounds_tokio(g: &mut BenchmarkGroup<WallTime>) {
                         for _ in 0..DEADLINE_ROUNDS {
                             let now = tokio::time::Instant::now();
                             for i in 0..DEADLINE_BATCH {
-                                let mut s =
-                                    Box::pin(tokio::time::sleep_until(now + TIMER_D1 + jitter(i)));
-                                if poll_noop(s.as_mut()).is_pending() {
-                                    pending += 1;
-                                }
-                                s.as_mut().reset(now + TIMER_D2 + jitter(i));
-                                drop(black_box(s));
+                                pending += usize::from(tokio_deadline(now, i));
                             }
                             tokio::time::sleep(DEADLINE_PAUSE).await;
                         }
@@ -1274,6 +1263,28 @@ fn bench_external_wake(c: &mut Criterion) {
     g.finish();
 }
 
+// ---------------------------------------------------------------- one deadline
+
+/// One request deadline on mailring: created, registered, pushed back and
+/// dropped (the churn and deadline-rounds step); `true` if it registered.
+#[inline]
+fn mailring_deadline(now: Instant, i: usize) -> bool {
+    let mut s = mailring::time::sleep_until(now + TIMER_D1 + jitter(i));
+    let registered = poll_noop(Pin::new(&mut s)).is_pending();
+    s.reset(now + TIMER_D2 + jitter(i));
+    drop(black_box(s));
+    registered
+}
+
+/// The same step on tokio (its `Sleep` is `!Unpin`: pinned on the stack).
+#[inline]
+fn tokio_deadline(now: tokio::time::Instant, i: usize) -> bool {
+    let mut s = std::pin::pin!(tokio::time::sleep_until(now + TIMER_D1 + jitter(i)));
+    let registered = poll_noop(s.as_mut()).is_pending();
+    s.as_mut().reset(now + TIMER_D2 + jitter(i));
+    registered
+}
+
 // ---------------------------------------------------------------- timer_churn
 
 /// The per-request timeout pattern: one timer at a time is created, registered,
@@ -1296,12 +1307,7 @@ fn churn_mailring(g: &mut BenchmarkGroup<WallTime>) {
                             if i % YIELD_EVERY == YIELD_EVERY - 1 {
                                 mailring::yield_now().await;
                             }
-                            let mut s = mailring::time::sleep_until(now + TIMER_D1 + jitter(i));
-                            if poll_noop(Pin::new(&mut s)).is_pending() {
-                                pending += 1;
-                            }
-                            s.reset(now + TIMER_D2 + jitter(i));
-                            drop(black_box(s));
+                            pending += usize::from(mailring_deadline(now, i));
                         }
                     }
                     pending
@@ -1334,13 +1340,7 @@ fn churn_tokio(g: &mut BenchmarkGroup<WallTime>) {
                             if i % YIELD_EVERY == YIELD_EVERY - 1 {
                                 YieldNow(false).await;
                             }
-                            let mut s = std::pin::pin!(tokio::time::sleep_until(
-                                now + TIMER_D1 + jitter(i)
-                            ));
-                            if poll_noop(s.as_mut()).is_pending() {
-                                pending += 1;
-                            }
-                            s.as_mut().reset(now + TIMER_D2 + jitter(i));
+                            pending += usize::from(tokio_deadline(now, i));
                         }
                     }
                     pending

@@ -7,32 +7,8 @@
 use std::time::Duration;
 
 use mailring::IdlePolicy;
-use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, Placement, Runtime, ShardId};
-
-#[derive(Message)]
-struct Inc(u64);
-
-#[derive(Message)]
-#[message(reply = u64)]
-struct Get;
-
-#[derive(Actor, Default)]
-#[actor(handles(Inc, Get))]
-struct Counter {
-    n: u64,
-}
-
-impl Handler<Inc> for Counter {
-    async fn handle(&mut self, m: Inc, _cx: &mut Ctx<Self>) {
-        self.n += m.0;
-    }
-}
-
-impl Handler<Get> for Counter {
-    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
-        self.n
-    }
-}
+use mailring_actors::{ActorSystem, Placement, Runtime, ShardId};
+use mailring_bench::counters::{Counter, Get, Inc};
 
 fn main() {
     let msgs: u64 = std::env::args()

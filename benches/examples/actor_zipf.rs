@@ -6,39 +6,9 @@
 use std::time::Duration;
 
 use mailring::IdlePolicy;
-use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, Runtime, ShardId};
+use mailring_actors::{ActorSystem, Runtime, ShardId};
+use mailring_bench::counters::{Get, Inc, KeyCounter};
 use mailring_bench::{histogram, zipf_keys, ZIPF_KEYS, ZIPF_S, ZIPF_TELLS};
-
-#[derive(Message)]
-struct Inc(u64);
-
-#[derive(Message)]
-#[message(reply = u64)]
-struct Get;
-
-#[derive(Actor)]
-#[actor(key = u64, activate = KeyCounter::new, handles(Inc, Get))]
-struct KeyCounter {
-    n: u64,
-}
-
-impl KeyCounter {
-    fn new(_key: &u64) -> Self {
-        KeyCounter { n: 0 }
-    }
-}
-
-impl Handler<Inc> for KeyCounter {
-    async fn handle(&mut self, m: Inc, _cx: &mut Ctx<Self>) {
-        self.n += m.0;
-    }
-}
-
-impl Handler<Get> for KeyCounter {
-    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
-        self.n
-    }
-}
 
 fn main() {
     let rounds: u64 = std::env::args()

