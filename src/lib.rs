@@ -66,6 +66,8 @@ mod op;
 #[cfg(not(loom))]
 mod placement;
 #[cfg(not(loom))]
+pub mod pool;
+#[cfg(not(loom))]
 mod runtime;
 #[cfg(not(loom))]
 mod shard;

@@ -1,14 +1,27 @@
-//! The reply slot of an `ask`: a one-shot cell shared by the asker's future
-//! and the envelope in the actor's mailbox.
+//! The shared cell of an `ask`: the message on its way to the actor and the
+//! one-shot reply slot, in one block that the asker's [`Reply`] and the
+//! envelope in the actor's mailbox both point to.
 //!
 //! The reply slot takes one outcome: the handler's answer, or the error of an
 //! envelope dropped unanswered (the actor stopped, or the handler panicked,
 //! which `std::thread::panicking()` tells apart); the first one wins and the
-//! asker takes it once. A `tell` carries no slot at all.
+//! asker takes it once. A `tell` carries no cell at all.
+//!
+//! The cell is a [`Header`] (reference count, reply slot, ask chain, and the
+//! function that frees the cell) followed by the message. Both halves hold a
+//! thin pointer to the header, so neither needs the message type; the block
+//! comes from `mailring::pool`, whose per-thread caches make a burst of asks
+//! allocation-free after its first round. This module owns the cell's
+//! `unsafe` code.
 
+use std::alloc::Layout;
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
+use std::mem::{self, MaybeUninit};
 use std::pin::Pin;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{fence, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -18,50 +31,64 @@ use std::time::{Duration, Instant};
 use crate::actor::Message;
 use crate::error::AskError;
 
-/// One ask: the message until the actor takes it, and the reply slot. One
-/// allocation, shared by the envelope and the asker's [`Reply`]; both halves
-/// are lock-free one-shot slots (`mailring::sync::Slot`).
-struct AskCell<M: Message> {
-    msg: Slot<M>,
+/// The part of an ask's cell both halves use, whatever the message type.
+#[repr(C)]
+struct Header<R> {
+    /// Live handles: the asker's [`Reply`], and the envelope half ([`Asked`],
+    /// then [`ReplyTo`]). The last one to let go frees the cell.
+    refs: AtomicUsize,
     /// The first outcome wins: the handler's answer, or the reason it never came.
-    reply: Slot<Result<M::Reply, AskError>>,
+    reply: Slot<Result<R, AskError>>,
     /// The actors waiting on this ask, outermost first (deadlock detection).
     chain: Option<Arc<[u64]>>,
+    /// Drops the header's fields and frees the cell (it knows the message type).
+    free: unsafe fn(NonNull<Header<R>>),
 }
 
-/// What the handler side sees of an ask: where the reply goes (on the
-/// actor's shard only, so no `Send` needed).
-trait Completer<R> {
-    fn complete(&self, outcome: Result<R, AskError>);
-    fn chain(&self) -> Option<Arc<[u64]>>;
+/// One ask's block: the header first (`repr(C)`), so a pointer to the cell is
+/// a pointer to its header.
+#[repr(C)]
+struct AskCell<M: Message> {
+    header: Header<M::Reply>,
+    /// Owned by the envelope half: moved out when the ask is opened, dropped
+    /// in place when the envelope is dropped unopened. Gone before the cell
+    /// is freed, because the envelope half deals with it before letting go.
+    msg: MaybeUninit<M>,
 }
 
-/// What the asker sees of an ask: the outcome to wait for.
-trait Outcome<R>: Send + Sync {
-    fn poll_outcome(&self, cx: &mut Context<'_>) -> Poll<Result<R, AskError>>;
-}
-
-impl<M: Message> Completer<M::Reply> for AskCell<M> {
-    fn complete(&self, outcome: Result<M::Reply, AskError>) {
-        // A second outcome (a drop after an answer) finds the slot taken.
-        let _ = self.reply.send(outcome);
+/// Frees a cell of message type `M` whose last handle let go.
+///
+/// # Safety
+///
+/// `header` points to the header of a live `AskCell<M>` from [`Asked::new`],
+/// with no handle left and the message already moved out or dropped.
+unsafe fn free_cell<M: Message>(header: NonNull<Header<M::Reply>>) {
+    let cell = header.cast::<AskCell<M>>();
+    // SAFETY: (caller) the cell is live and unreachable from anywhere else;
+    // the header is initialised, the message is not (nothing to drop there).
+    unsafe {
+        ptr::drop_in_place(ptr::addr_of_mut!((*cell.as_ptr()).header));
+        mailring::pool::dealloc(cell.cast(), Layout::new::<AskCell<M>>());
     }
-
-    fn chain(&self) -> Option<Arc<[u64]>> {
-        self.chain.clone()
-    }
 }
 
-impl<M> Outcome<M::Reply> for AskCell<M>
-where
-    M: Message + Send,
-    M::Reply: Send,
-{
-    fn poll_outcome(&self, cx: &mut Context<'_>) -> Poll<Result<M::Reply, AskError>> {
-        // `None`: the outcome was already taken.
-        self.reply
-            .poll_take(cx)
-            .map(|outcome| outcome.unwrap_or(Err(AskError::Stopped)))
+/// Lets go of one handle on the cell, freeing it if that was the last.
+///
+/// # Safety
+///
+/// `header` is a live cell's header and the caller owns one of its handles,
+/// which it does not use again.
+unsafe fn release<R>(header: NonNull<Header<R>>) {
+    // SAFETY: (caller) the handle keeps the cell alive until this decrement.
+    let h = unsafe { header.as_ref() };
+    // Release: this side's uses of the cell happen before the free; the
+    // Acquire fence below makes the freeing side see them (as `Arc` does).
+    if h.refs.fetch_sub(1, Ordering::Release) == 1 {
+        fence(Ordering::Acquire);
+        let free = h.free;
+        // SAFETY: the count reached zero, so no other handle exists; `free`
+        // is the cell's own function, and the message is gone (see `AskCell::msg`).
+        unsafe { free(header) };
     }
 }
 
@@ -81,8 +108,15 @@ fn drop_reason() -> AskError {
 /// An asked message on its way to (or in) an actor's mailbox. Dropping it
 /// unopened fails the ask with the reason (stopped, panicked, shutting down).
 pub struct Asked<M: Message> {
-    cell: Option<Arc<AskCell<M>>>,
+    cell: NonNull<AskCell<M>>,
+    _owns: PhantomData<M>,
 }
+
+// SAFETY: an `Asked` owns the message (it moves with the envelope to the
+// actor's shard, so `M: Send`) and one handle on the reply slot, whose value
+// is sent from the actor's shard to the asker (`M::Reply: Send`; `Slot` is
+// `Sync` for `Send` values). The count is atomic.
+unsafe impl<M: Message + Send> Send for Asked<M> where M::Reply: Send {}
 
 impl<M: Message> fmt::Debug for Asked<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -97,18 +131,27 @@ where
 {
     /// A new ask of `msg`: the envelope half and the asker's reply.
     pub(crate) fn new(msg: M, chain: Option<Arc<[u64]>>) -> (Asked<M>, Reply<M::Reply>) {
-        let cell = Arc::new(AskCell {
-            msg: Slot::with_value(msg),
-            reply: Slot::new(),
-            chain,
-        });
-        let outcome: Arc<dyn Outcome<M::Reply>> = cell.clone();
+        let cell = mailring::pool::alloc(Layout::new::<AskCell<M>>()).cast::<AskCell<M>>();
+        // SAFETY: the block is fresh, sized and aligned for an `AskCell<M>`.
+        unsafe {
+            cell.as_ptr().write(AskCell {
+                header: Header {
+                    refs: AtomicUsize::new(2),
+                    reply: Slot::new(),
+                    chain,
+                    free: free_cell::<M>,
+                },
+                msg: MaybeUninit::new(msg),
+            });
+        }
         (
-            Asked { cell: Some(cell) },
+            Asked {
+                cell,
+                _owns: PhantomData,
+            },
             Reply {
-                inner: ReplyInner::Pending(outcome),
-                deadline: None,
-                sleep: None,
+                inner: ReplyInner::Pending(cell.cast()),
+                timer: Timer::None,
             },
         )
     }
@@ -116,32 +159,54 @@ where
 
 impl<M: Message> Asked<M> {
     /// Takes the message out, with the slot its reply goes to.
-    pub fn open(mut self) -> (M, ReplyTo<M::Reply>) {
-        let cell = self.cell.take().expect("an ask is opened once");
-        let msg = cell.msg.try_take().expect("an ask's message is taken once");
-        let slot: Arc<dyn Completer<M::Reply>> = cell;
-        (msg, ReplyTo { slot: Some(slot) })
+    pub fn open(self) -> (M, ReplyTo<M::Reply>) {
+        let cell = self.cell;
+        mem::forget(self);
+        // SAFETY: this `Asked` owned the message, which is initialised (it is
+        // moved out only here, and dropped only by `Drop`, which is skipped).
+        let msg = unsafe { ptr::addr_of!((*cell.as_ptr()).msg).read().assume_init() };
+        (
+            msg,
+            ReplyTo {
+                header: Some(cell.cast()),
+            },
+        )
     }
 }
 
 impl<M: Message> Drop for Asked<M> {
     fn drop(&mut self) {
-        if let Some(cell) = self.cell.take() {
-            cell.complete(Err(drop_reason()));
-        }
+        // SAFETY: unopened, so the message is still there and ours to move out.
+        let msg = unsafe {
+            ptr::addr_of!((*self.cell.as_ptr()).msg)
+                .read()
+                .assume_init()
+        };
+        let header: NonNull<Header<M::Reply>> = self.cell.cast();
+        // SAFETY: our handle keeps the cell alive; it is let go of just after.
+        let _ = unsafe { header.as_ref() }.reply.send(Err(drop_reason()));
+        // SAFETY: our handle, not used again.
+        unsafe { release(header) };
+        // The message last: a panicking drop cannot leak the cell.
+        drop(msg);
     }
 }
 
 /// Where the reply to a message goes: nowhere for a `tell`, the asker's
 /// slot for an `ask`. Dropping it unanswered fails the ask.
 pub struct ReplyTo<R> {
-    slot: Option<Arc<dyn Completer<R>>>,
+    header: Option<NonNull<Header<R>>>,
 }
+
+// SAFETY: a `ReplyTo` is one handle on the reply slot; sending through it
+// from any thread moves an `R` to the asker (`Slot` is `Sync` for `Send`
+// values, and the count is atomic).
+unsafe impl<R: Send> Send for ReplyTo<R> {}
 
 impl<R> fmt::Debug for ReplyTo<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReplyTo")
-            .field("ask", &self.slot.is_some())
+            .field("ask", &self.header.is_some())
             .finish()
     }
 }
@@ -150,25 +215,37 @@ impl<R> ReplyTo<R> {
     /// No one waits for the reply (a `tell`).
     #[inline]
     pub const fn none() -> Self {
-        ReplyTo { slot: None }
+        ReplyTo { header: None }
     }
 
     /// Whether someone waits for the reply.
     #[inline]
     pub fn is_ask(&self) -> bool {
-        self.slot.is_some()
+        self.header.is_some()
     }
 
     /// Answers the asker, if any.
     pub fn send(mut self, value: R) {
-        if let Some(slot) = self.slot.take() {
-            slot.complete(Ok(value));
+        self.complete(Ok(value));
+    }
+
+    #[inline]
+    fn complete(&mut self, outcome: Result<R, AskError>) {
+        if let Some(header) = self.header.take() {
+            // SAFETY: our handle keeps the cell alive; it is let go of just
+            // after. A second outcome (none can come: the handle is gone)
+            // would find the slot taken.
+            let _ = unsafe { header.as_ref() }.reply.send(outcome);
+            // SAFETY: our handle, not used again.
+            unsafe { release(header) };
         }
     }
 
     /// The actors waiting (transitively) on this message's reply.
     pub(crate) fn chain(&self) -> Option<Arc<[u64]>> {
-        self.slot.as_ref().and_then(|s| s.chain())
+        // SAFETY: our handle keeps the cell alive.
+        self.header
+            .and_then(|h| unsafe { h.as_ref() }.chain.clone())
     }
 }
 
@@ -188,16 +265,24 @@ pub(crate) fn drop_with_reason<T>(reason: AskError, value: T) {
 impl<R> Drop for ReplyTo<R> {
     #[inline]
     fn drop(&mut self) {
-        if let Some(slot) = self.slot.take() {
-            slot.complete(Err(drop_reason()));
+        if self.header.is_some() {
+            self.complete(Err(drop_reason()));
         }
     }
 }
 
 enum ReplyInner<R> {
-    Pending(Arc<dyn Outcome<R>>),
+    /// Our handle on the ask's cell.
+    Pending(NonNull<Header<R>>),
     Failed(AskError),
     Done,
+}
+
+/// The deadline of a [`Reply`], and its timer once one is armed.
+enum Timer {
+    None,
+    At(Instant),
+    Armed(mailring::time::Sleep),
 }
 
 /// The reply to an `ask`: a future resolving to the handler's return value or
@@ -206,14 +291,25 @@ enum ReplyInner<R> {
 #[must_use = "an ask does nothing useful unless its reply is awaited"]
 pub struct Reply<R> {
     inner: ReplyInner<R>,
-    deadline: Option<Instant>,
-    sleep: Option<mailring::time::Sleep>,
+    timer: Timer,
 }
+
+// SAFETY: a `Reply` is one handle on the reply slot, whose value arrives from
+// the actor's shard (`Slot` is `Sync` for `Send` values; the count is
+// atomic); the rest of it is plain data.
+unsafe impl<R: Send> Send for Reply<R> {}
+// SAFETY: `&Reply` reaches nothing but the deadline (`Debug`).
+unsafe impl<R: Send> Sync for Reply<R> {}
 
 impl<R> fmt::Debug for Reply<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let deadline = match &self.timer {
+            Timer::None => None,
+            Timer::At(at) => Some(*at),
+            Timer::Armed(sleep) => Some(sleep.deadline()),
+        };
         f.debug_struct("Reply")
-            .field("deadline", &self.deadline)
+            .field("deadline", &deadline)
             .finish_non_exhaustive()
     }
 }
@@ -222,8 +318,7 @@ impl<R> Reply<R> {
     pub(crate) fn failed(err: AskError) -> Self {
         Reply {
             inner: ReplyInner::Failed(err),
-            deadline: None,
-            sleep: None,
+            timer: Timer::None,
         }
     }
 
@@ -234,16 +329,14 @@ impl<R> Reply<R> {
 
     /// Gives up with [`AskError::Timeout`] at `deadline`.
     pub fn deadline(mut self, deadline: Instant) -> Self {
-        self.deadline = Some(deadline);
-        self.sleep = None;
+        self.timer = Timer::At(deadline);
         self
     }
 
     /// Waits for as long as it takes (no deadline; a dead actor still fails
     /// the ask at once).
     pub fn no_timeout(mut self) -> Self {
-        self.deadline = None;
-        self.sleep = None;
+        self.timer = Timer::None;
         self
     }
 
@@ -252,6 +345,20 @@ impl<R> Reply<R> {
             Some(t) => self.timeout(t),
             None => self,
         }
+    }
+
+    /// Lets go of the cell (the outcome was taken, or the wait given up).
+    fn finish(&mut self) {
+        if let ReplyInner::Pending(header) = mem::replace(&mut self.inner, ReplyInner::Done) {
+            // SAFETY: the handle was ours and is gone from `inner`.
+            unsafe { release(header) };
+        }
+    }
+}
+
+impl<R> Drop for Reply<R> {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 
@@ -263,28 +370,148 @@ impl<R> Future for Reply<R> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let polled = match &this.inner {
-            ReplyInner::Pending(slot) => slot.poll_outcome(cx),
+            // SAFETY: our handle keeps the cell alive. `None`: the outcome
+            // was already taken, which only this handle does.
+            ReplyInner::Pending(header) => unsafe { header.as_ref() }
+                .reply
+                .poll_take(cx)
+                .map(|outcome| outcome.unwrap_or(Err(AskError::Stopped))),
             ReplyInner::Failed(e) => Poll::Ready(Err(*e)),
             ReplyInner::Done => panic!("Reply polled after completion"),
         };
         if let Poll::Ready(outcome) = polled {
-            this.inner = ReplyInner::Done;
+            this.finish();
             return Poll::Ready(outcome);
         }
-        if let Some(deadline) = this.deadline {
-            if mailring::current_shard().is_some() {
-                let sleep = this
-                    .sleep
-                    .get_or_insert_with(|| mailring::time::sleep_until(deadline));
-                if Pin::new(sleep).poll(cx).is_ready() {
-                    this.inner = ReplyInner::Done;
-                    return Poll::Ready(Err(AskError::Timeout));
-                }
-            } else if mailring::time::now() >= deadline {
-                this.inner = ReplyInner::Done;
-                return Poll::Ready(Err(AskError::Timeout));
+        let timed_out = match &mut this.timer {
+            Timer::None => false,
+            Timer::At(deadline) if mailring::current_shard().is_some() => {
+                let mut sleep = mailring::time::sleep_until(*deadline);
+                let elapsed = Pin::new(&mut sleep).poll(cx).is_ready();
+                this.timer = Timer::Armed(sleep);
+                elapsed
             }
+            Timer::At(deadline) => mailring::time::now() >= *deadline,
+            Timer::Armed(sleep) => Pin::new(sleep).poll(cx).is_ready(),
+        };
+        if timed_out {
+            this.finish();
+            return Poll::Ready(Err(AskError::Timeout));
         }
         Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::task::Waker;
+
+    /// Counts its drops in the counter it points to.
+    struct Tracked(Arc<AtomicUsize>);
+
+    impl Drop for Tracked {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    struct Question(#[allow(dead_code)] Tracked);
+
+    impl Message for Question {
+        type Reply = Tracked;
+    }
+
+    fn poll_now<R>(reply: &mut Reply<R>) -> Poll<Result<R, AskError>> {
+        Pin::new(reply).poll(&mut Context::from_waker(Waker::noop()))
+    }
+
+    fn ask(drops: &Arc<AtomicUsize>) -> (Asked<Question>, Reply<Tracked>) {
+        Asked::new(Question(Tracked(drops.clone())), None)
+    }
+
+    #[test]
+    fn an_answered_ask_hands_over_the_reply_and_drops_everything_once() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let (asked, mut reply) = ask(&drops);
+        assert!(poll_now(&mut reply).is_pending());
+        let (msg, to) = asked.open();
+        drop(msg);
+        assert_eq!(drops.load(Ordering::Relaxed), 1);
+        to.send(Tracked(drops.clone()));
+        let Poll::Ready(Ok(answer)) = poll_now(&mut reply) else {
+            panic!("the answer should be there");
+        };
+        drop(answer);
+        drop(reply);
+        assert_eq!(drops.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn an_envelope_dropped_unopened_fails_the_ask_and_drops_the_message() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let (asked, mut reply) = ask(&drops);
+        drop_with_reason(AskError::ShuttingDown, asked);
+        assert_eq!(drops.load(Ordering::Relaxed), 1);
+        assert!(matches!(
+            poll_now(&mut reply),
+            Poll::Ready(Err(AskError::ShuttingDown))
+        ));
+    }
+
+    #[test]
+    fn an_unread_answer_is_dropped_with_the_last_handle() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        // The asker gives up first; the actor answers into the void.
+        let (asked, reply) = ask(&drops);
+        drop(reply);
+        let (msg, to) = asked.open();
+        drop(msg);
+        to.send(Tracked(drops.clone()));
+        assert_eq!(drops.load(Ordering::Relaxed), 2);
+        // The actor answers first; the asker never reads it.
+        let (asked, reply) = ask(&drops);
+        let (msg, to) = asked.open();
+        drop(msg);
+        to.send(Tracked(drops.clone()));
+        assert_eq!(drops.load(Ordering::Relaxed), 3);
+        drop(reply);
+        assert_eq!(drops.load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn a_reply_slot_dropped_unanswered_fails_the_ask() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let (asked, mut reply) = ask(&drops);
+        let (_msg, to) = asked.open();
+        drop(to);
+        assert!(matches!(
+            poll_now(&mut reply),
+            Poll::Ready(Err(AskError::Stopped))
+        ));
+    }
+
+    #[test]
+    fn handles_on_two_threads_free_the_cell_once() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        for _ in 0..2_000 {
+            let (asked, mut reply) = ask(&drops);
+            let d = drops.clone();
+            let actor = std::thread::spawn(move || {
+                let (msg, to) = asked.open();
+                drop(msg);
+                to.send(Tracked(d));
+            });
+            let answer = loop {
+                if let Poll::Ready(r) = poll_now(&mut reply) {
+                    break r;
+                }
+                std::hint::spin_loop();
+            };
+            drop(answer.ok());
+            actor.join().unwrap();
+        }
+        assert_eq!(drops.load(Ordering::Relaxed), 4_000);
     }
 }
