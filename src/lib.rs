@@ -218,6 +218,21 @@ mod api {
         Ok(out)
     }
 
+    /// Starts waking `shard` now if it sleeps, because the caller is batching
+    /// work for it that will be published at the end of this tick.
+    ///
+    /// A sleeping shard takes several microseconds to come back from
+    /// `io_uring_enter`; ringing its doorbell when the first delivery of a
+    /// long tick is batched overlaps that with the rest of the tick, instead
+    /// of paying it after the publication. A shard that is awake (or already
+    /// rung) costs one load here. The actor layer calls this for the first
+    /// delivery of a tick to each shard. Does nothing off a shard, or for the
+    /// caller's own shard.
+    #[inline]
+    pub fn prewake(shard: ShardId) {
+        with_current(|s| s.prewake(shard.index()));
+    }
+
     /// Runs `f` on the calling shard at the end of its current tick, just
     /// before the tick's cross-shard batches are published.
     ///

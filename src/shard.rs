@@ -673,6 +673,32 @@ impl Shard {
     }
 
     /// Rings one sleeping peer so it comes to steal from our deque.
+    /// Starts waking shard `dest` now if it sleeps, because this tick is
+    /// batching work for it (see [`crate::prewake`]).
+    pub(crate) fn prewake(&self, dest: usize) {
+        if dest == self.index || dest >= self.shared.shards.len() {
+            return;
+        }
+        let remote = &self.shared.shards[dest];
+        if !remote.inbox.is_sleeping() {
+            return;
+        }
+        // Mid-tick the driver is free; if some caller up the stack holds it,
+        // the tick-end publication rings as usual.
+        let Ok(mut driver) = self.driver.try_borrow_mut() else {
+            return;
+        };
+        if remote.inbox.claim_wake() == Delivery::Ring {
+            driver.queue_doorbell(dest, &remote.target);
+            let counters = &self.remote().counters;
+            counters.doorbells_sent.add(1);
+            counters.prewakes.add(1);
+            if let Err(e) = driver.submit() {
+                debug_assert!(false, "io_uring_enter failed: {e}");
+            }
+        }
+    }
+
     fn hint_idle_peer(&self, driver: &mut UringDriver) {
         let n = self.shared.shards.len();
         let start = self.next_random() as usize % n;

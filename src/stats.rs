@@ -41,6 +41,7 @@ pub(crate) struct ShardCounters {
     pub(crate) tasks_stolen: Counter,
     pub(crate) doorbells_sent: Counter,
     pub(crate) doorbells_coalesced: Counter,
+    pub(crate) prewakes: Counter,
     pub(crate) tiny_sent: Counter,
     pub(crate) tiny_received: Counter,
     pub(crate) ops_in_flight: Counter,
@@ -79,6 +80,9 @@ pub struct ShardStats {
     pub doorbells_sent: u64,
     /// Deliveries by this shard that needed no doorbell (target awake or already rung).
     pub doorbells_coalesced: u64,
+    /// Doorbells of those rung early, mid-tick, because the tick was batching
+    /// work for a sleeping shard ([`crate::prewake`]).
+    pub prewakes: u64,
     /// Tiny messages posted by this shard (after hot-counter summing).
     pub tiny_sent: u64,
     /// Tiny messages received.
@@ -145,6 +149,7 @@ impl ShardCounters {
             tasks_stolen: self.tasks_stolen.get(),
             doorbells_sent: self.doorbells_sent.get(),
             doorbells_coalesced: self.doorbells_coalesced.get(),
+            prewakes: self.prewakes.get(),
             tiny_sent: self.tiny_sent.get(),
             tiny_received: self.tiny_received.get(),
             ops_in_flight: self.ops_in_flight.get(),

@@ -296,6 +296,8 @@ impl<A: Actor> TypeState<A> {
             self.flush_outbound(dest);
             self.outbound.borrow_mut()[dest].reserve(OUTBOUND_BATCH);
         } else if len == 1 {
+            // A sleeping destination starts waking while this tick goes on.
+            mailring::prewake(ShardId::new(dest));
             let ts = self.clone();
             let queued = mailring::defer_to_tick_end(move || ts.flush_outbound(dest));
             debug_assert!(queued.is_ok(), "push_outbound runs on a shard");

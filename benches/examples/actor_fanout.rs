@@ -1,5 +1,6 @@
 //! A fixed actor fan-out workload for instruction counting:
-//! `valgrind --tool=callgrind target/release/examples/actor_fanout 20`.
+//! `valgrind --tool=callgrind target/release/examples/actor_fanout 20`
+//! (`actor_fanout 2000 default` runs with the default idle policy).
 //! Shards spin instead of parking (valgrind stalls on a blocking
 //! `io_uring_enter`).
 
@@ -27,9 +28,13 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(20);
-    let builder = Runtime::builder()
-        .shards(2)
-        .idle_policy(IdlePolicy::Spin(Duration::from_secs(3600)));
+    // Second argument `default`: the runtime's own idle policy (what the
+    // criterion bench runs with) instead of spinning.
+    let spin = std::env::args().nth(2).as_deref() != Some("default");
+    let mut builder = Runtime::builder().shards(2);
+    if spin {
+        builder = builder.idle_policy(IdlePolicy::Spin(Duration::from_secs(3600)));
+    }
     let sys = ActorSystem::start(builder).expect("io_uring available");
     let workers: Vec<_> = (0..1000)
         .map(|i| sys.spawn_actor(Placement::Pinned(ShardId::new(i % 2)), Worker::default))

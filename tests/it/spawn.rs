@@ -397,3 +397,35 @@ fn a_finished_tasks_deliveries_are_published_before_its_completion() {
     });
     assert_eq!(misses, 0);
 }
+
+#[test]
+fn prewake_rings_a_sleeping_shard_while_the_tick_goes_on() {
+    let rt = mailring::Runtime::builder()
+        .shards(2)
+        .idle_policy(mailring::IdlePolicy::Block)
+        .build()
+        .unwrap();
+    let h = rt.handle().clone();
+    let (prewakes, woke_mid_tick) = rt.block_on(async move {
+        // Let shard 1 fall asleep.
+        mailring::time::sleep(std::time::Duration::from_millis(20)).await;
+        let parks = h.stats().shards[1].parks;
+        // On the same shard: nothing to do.
+        mailring::prewake(ShardId::new(0));
+        mailring::prewake(ShardId::new(1));
+        // Without yielding: shard 1 wakes on the doorbell, finds nothing and
+        // parks again, all while this tick runs.
+        let t0 = std::time::Instant::now();
+        let mut woke = false;
+        while t0.elapsed() < std::time::Duration::from_secs(10) {
+            if h.stats().shards[1].parks > parks {
+                woke = true;
+                break;
+            }
+            std::thread::yield_now();
+        }
+        (h.stats().shards[0].prewakes, woke)
+    });
+    assert!(woke_mid_tick, "shard 1 never woke during the tick");
+    assert_eq!(prewakes, 1);
+}
