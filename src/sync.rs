@@ -62,7 +62,11 @@ pub enum TakeError {
 pub struct Slot<T> {
     state: AtomicU8,
     value: UnsafeCell<MaybeUninit<T>>,
-    waker: WakerCell,
+    // The waker cell's two fields sit in the slot itself (not in a nested
+    // struct), so both state bytes share one word of padding: a slot of a
+    // 16-byte value is 40 bytes, and an ask's whole cell fits a cache line.
+    waker_state: AtomicU8,
+    waker: UnsafeCell<Option<Waker>>,
 }
 
 // SAFETY: the value moves between threads (sent on one, taken on another), so
@@ -98,7 +102,8 @@ impl<T> Slot<T> {
         Slot {
             state: AtomicU8::new(EMPTY),
             value: UnsafeCell::new(MaybeUninit::uninit()),
-            waker: WakerCell::new(),
+            waker_state: AtomicU8::new(IDLE),
+            waker: UnsafeCell::new(None),
         }
     }
 
@@ -108,7 +113,8 @@ impl<T> Slot<T> {
         Slot {
             state: AtomicU8::new(EMPTY),
             value: UnsafeCell::new(MaybeUninit::uninit()),
-            waker: WakerCell::new(),
+            waker_state: AtomicU8::new(IDLE),
+            waker: UnsafeCell::new(None),
         }
     }
 
@@ -117,7 +123,8 @@ impl<T> Slot<T> {
         Slot {
             state: AtomicU8::new(FULL),
             value: UnsafeCell::new(MaybeUninit::new(value)),
-            waker: WakerCell::new(),
+            waker_state: AtomicU8::new(IDLE),
+            waker: UnsafeCell::new(None),
         }
     }
 
@@ -138,7 +145,7 @@ impl<T> Slot<T> {
         // value until it publishes FULL; no value was written before (EMPTY).
         self.value.with_mut(|v| unsafe { (*v).write(value) });
         self.state.store(FULL, Ordering::Release);
-        self.waker.wake();
+        self.waker_cell().wake();
         Ok(())
     }
 
@@ -150,7 +157,7 @@ impl<T> Slot<T> {
             .compare_exchange(EMPTY, CLOSED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if closed {
-            self.waker.wake();
+            self.waker_cell().wake();
         }
         closed
     }
@@ -190,7 +197,7 @@ impl<T> Slot<T> {
             Err(TakeError::Closed) => return Poll::Ready(None),
             Err(TakeError::Empty) => {}
         }
-        self.waker.register(cx.waker());
+        self.waker_cell().register(cx.waker());
         // A send that finished before the registration found no waker: look again.
         match self.try_take() {
             Ok(v) => Poll::Ready(Some(v)),
@@ -207,6 +214,16 @@ impl<T> Slot<T> {
     /// Whether nothing can be taken any more (closed, or the value was taken).
     pub fn is_closed(&self) -> bool {
         matches!(self.state.load(Ordering::Acquire), READING | TAKEN | CLOSED)
+    }
+}
+
+impl<T> Slot<T> {
+    #[inline]
+    fn waker_cell(&self) -> WakerCell<'_> {
+        WakerCell {
+            state: &self.waker_state,
+            waker: &self.waker,
+        }
     }
 }
 
@@ -229,29 +246,13 @@ const WAKING: u8 = 2;
 
 /// A waker cell that `register` and `wake` may race on (the `AtomicWaker`
 /// protocol): a wake that lands during a registration is handed to the
-/// registering task, which wakes itself.
-struct WakerCell {
-    state: AtomicU8,
-    waker: UnsafeCell<Option<Waker>>,
+/// registering task, which wakes itself. A view of a [`Slot`]'s two fields.
+struct WakerCell<'a> {
+    state: &'a AtomicU8,
+    waker: &'a UnsafeCell<Option<Waker>>,
 }
 
-impl WakerCell {
-    #[cfg(not(loom))]
-    const fn new() -> Self {
-        WakerCell {
-            state: AtomicU8::new(IDLE),
-            waker: UnsafeCell::new(None),
-        }
-    }
-
-    #[cfg(loom)]
-    fn new() -> Self {
-        WakerCell {
-            state: AtomicU8::new(IDLE),
-            waker: UnsafeCell::new(None),
-        }
-    }
-
+impl WakerCell<'_> {
     fn register(&self, waker: &Waker) {
         match self
             .state

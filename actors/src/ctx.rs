@@ -1,10 +1,10 @@
 //! [`Ctx`]: what a handler can do besides changing its actor's state — who
 //! am I, stop, timers, watches, children.
 
+use crate::runner::Chain;
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::Duration;
 
 use mailring::{JoinHandle, Placement, ShardId};
@@ -57,6 +57,7 @@ impl<A: Actor> Ctx<A> {
         let frame = Rc::new(Frame {
             uid: cell.uid,
             chain: RefCell::new(None),
+            outgoing: RefCell::new(None),
         });
         Ctx {
             myself,
@@ -105,12 +106,14 @@ impl<A: Actor> Ctx<A> {
         self.stop_requested = Some(StopReason::Stopped);
     }
 
-    pub(crate) fn enter_message(&mut self, chain: Option<Arc<[u64]>>) {
+    pub(crate) fn enter_message(&mut self, chain: Option<Chain>) {
         *self.frame.chain.borrow_mut() = chain;
+        *self.frame.outgoing.borrow_mut() = None;
     }
 
     pub(crate) fn leave_message(&mut self) {
         *self.frame.chain.borrow_mut() = None;
+        *self.frame.outgoing.borrow_mut() = None;
     }
 
     /// Sends `msg` to this actor after `delay` (the message need not be `Send`).

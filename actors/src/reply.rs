@@ -22,7 +22,6 @@ use std::mem::{self, MaybeUninit};
 use std::pin::Pin;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{fence, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use mailring::sync::Slot;
@@ -30,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use crate::actor::Message;
 use crate::error::AskError;
+use crate::runner::Chain;
 
 /// The part of an ask's cell both halves use, whatever the message type.
 #[repr(C)]
@@ -40,7 +40,7 @@ struct Header<R> {
     /// The first outcome wins: the handler's answer, or the reason it never came.
     reply: Slot<Result<R, AskError>>,
     /// The actors waiting on this ask, outermost first (deadlock detection).
-    chain: Option<Arc<[u64]>>,
+    chain: Option<Chain>,
     /// Drops the header's fields and frees the cell (it knows the message type).
     free: unsafe fn(NonNull<Header<R>>),
 }
@@ -130,7 +130,7 @@ where
     M::Reply: Send,
 {
     /// A new ask of `msg`: the envelope half and the asker's reply.
-    pub(crate) fn new(msg: M, chain: Option<Arc<[u64]>>) -> (Asked<M>, Reply<M::Reply>) {
+    pub(crate) fn new(msg: M, chain: Option<Chain>) -> (Asked<M>, Reply<M::Reply>) {
         let cell = mailring::pool::alloc(Layout::new::<AskCell<M>>()).cast::<AskCell<M>>();
         // SAFETY: the block is fresh, sized and aligned for an `AskCell<M>`.
         unsafe {
@@ -242,7 +242,7 @@ impl<R> ReplyTo<R> {
     }
 
     /// The actors waiting (transitively) on this message's reply.
-    pub(crate) fn chain(&self) -> Option<Arc<[u64]>> {
+    pub(crate) fn chain(&self) -> Option<Chain> {
         // SAFETY: our handle keeps the cell alive.
         self.header
             .and_then(|h| unsafe { h.as_ref() }.chain.clone())
@@ -406,6 +406,7 @@ impl<R> Future for Reply<R> {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
     use std::task::Waker;
 
     /// Counts its drops in the counter it points to.
@@ -425,6 +426,19 @@ mod tests {
 
     fn poll_now<R>(reply: &mut Reply<R>) -> Poll<Result<R, AskError>> {
         Pin::new(reply).poll(&mut Context::from_waker(Waker::noop()))
+    }
+
+    struct Ping;
+
+    impl Message for Ping {
+        type Reply = u64;
+    }
+
+    #[test]
+    fn the_cell_of_a_small_ask_fits_one_cache_line() {
+        // Both shards touch the whole cell: one line moves each way, not two
+        // (a message without fields and a word-sized reply).
+        assert!(std::mem::size_of::<AskCell<Ping>>() <= 64);
     }
 
     fn ask(drops: &Arc<AtomicUsize>) -> (Asked<Question>, Reply<Tracked>) {

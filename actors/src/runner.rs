@@ -59,10 +59,18 @@ macro_rules! lifecycle {
 /// Messages handled before the actor yields its shard to other tasks.
 const YIELD_EVERY: u32 = 1024;
 
+/// The actors waiting on an ask, outermost first. A thin pointer, so that an
+/// ask's shared cell stays within one cache line.
+pub(crate) type Chain = Arc<Vec<u64>>;
+
 /// The actor being polled and what its current message waits on.
 pub(crate) struct Frame {
     pub(crate) uid: u64,
-    pub(crate) chain: RefCell<Option<Arc<[u64]>>>,
+    /// The chain of the ask being handled (`None` for a tell).
+    pub(crate) chain: RefCell<Option<Chain>>,
+    /// The chain of asks made while handling it (`chain` plus this actor),
+    /// built by the first such ask and shared by the others.
+    pub(crate) outgoing: RefCell<Option<Chain>>,
 }
 
 thread_local! {
@@ -70,7 +78,7 @@ thread_local! {
 }
 
 /// The chain a new ask carries, or `WouldDeadlock` if `target` is on it.
-pub(crate) fn ask_chain(target: impl FnOnce() -> u64) -> Result<Option<Arc<[u64]>>, AskError> {
+pub(crate) fn ask_chain(target: impl FnOnce() -> u64) -> Result<Option<Chain>, AskError> {
     let frame = FRAME.try_with(|f| f.borrow().clone()).ok().flatten();
     let Some(frame) = frame else {
         return Ok(None);
@@ -80,9 +88,13 @@ pub(crate) fn ask_chain(target: impl FnOnce() -> u64) -> Result<Option<Arc<[u64]
     if target == frame.uid || chain.as_ref().is_some_and(|c| c.contains(&target)) {
         return Err(AskError::WouldDeadlock);
     }
-    let mut links: Vec<u64> = chain.as_deref().map(<[u64]>::to_vec).unwrap_or_default();
-    links.push(frame.uid);
-    Ok(Some(links.into()))
+    let mut outgoing = frame.outgoing.borrow_mut();
+    let links = outgoing.get_or_insert_with(|| {
+        let mut links = chain.as_ref().map(|c| c.to_vec()).unwrap_or_default();
+        links.push(frame.uid);
+        Arc::new(links)
+    });
+    Ok(Some(links.clone()))
 }
 
 /// Polls `fut` with the actor's frame installed, catching panics.
