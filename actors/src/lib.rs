@@ -43,12 +43,15 @@
 //! the sender's per-destination batch, which the runtime publishes with one
 //! `IORING_OP_MSG_RING` doorbell at the end of the sender's tick. See the
 //! `local` and `runner` module docs for the details, and `docs/actors.md`.
-// Unsafe code lives in `reply` alone (the ask cell); everything else is safe Rust.
+// Unsafe code lives in `reply` (the ask cell) and `erased` (the registry's
+// typed lookup) alone; everything else is safe Rust.
 #![deny(unsafe_code)]
 
 mod actor;
 mod addr;
 mod ctx;
+#[allow(unsafe_code)]
+mod erased;
 mod error;
 mod local;
 mod mailbox;
