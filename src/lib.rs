@@ -91,7 +91,7 @@ mod api {
     pub use crate::error::BuildError;
     pub use crate::placement::{sticky_shard, Placement};
     pub use crate::runtime::{Handle, Runtime};
-    pub use crate::shard::ShardId;
+    pub use crate::shard::{PendingProbe, ShardId};
     pub use crate::stats::{ExternalWakeMode, RuntimeStats, ShardStats};
     pub use crate::task::join::{JoinError, JoinHandle};
     pub use mailring_macros::main;

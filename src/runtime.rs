@@ -464,7 +464,7 @@ impl Runtime {
                 ));
             };
             remotes.push(ShardRemote {
-                inbox: CachePadded::new(Inbox::new()),
+                inbox: Arc::new(CachePadded::new(Inbox::new())),
                 stealer,
                 target,
                 features,

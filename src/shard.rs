@@ -124,7 +124,9 @@ impl fmt::Debug for InboxItem {
 /// (written by the owner) sit on cache lines of their own, so the owner's
 /// bookkeeping never bounces the line senders are pushing through.
 pub(crate) struct ShardRemote {
-    pub(crate) inbox: CachePadded<Inbox<InboxItem>>,
+    /// Shared with the shard itself and its [`PendingProbe`]s (one load to
+    /// reach the pending flag, where `shared.shards[index]` takes several).
+    pub(crate) inbox: Arc<CachePadded<Inbox<InboxItem>>>,
     pub(crate) stealer: Stealer<TaskRef>,
     pub(crate) target: WakeTarget,
     pub(crate) features: RingFeatures,
@@ -139,6 +141,49 @@ impl fmt::Debug for ShardRemote {
             .field("target", &self.target)
             .field("load", &self.load)
             .finish_non_exhaustive()
+    }
+}
+
+/// A cheap check, from a shard, for deliveries that other shards published
+/// to it and it has not applied yet; see [`crate::receive_pending`].
+///
+/// Hot same-shard send paths call [`receive_pending`](Self::receive_pending)
+/// on a probe they keep: one load of the inbox's pending flag, and the full
+/// drain only when something is there. Use a probe on the shard it came from.
+#[derive(Clone)]
+pub struct PendingProbe {
+    inbox: Arc<CachePadded<Inbox<InboxItem>>>,
+}
+
+impl fmt::Debug for PendingProbe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PendingProbe")
+            .field("pending", &self.inbox.has_pending())
+            .finish()
+    }
+}
+
+impl PendingProbe {
+    /// A probe of the calling shard's inbox; `None` off a shard.
+    pub fn current() -> Option<PendingProbe> {
+        with_current(|shard| PendingProbe {
+            inbox: shard.inbox.clone(),
+        })
+    }
+
+    /// Whether deliveries wait in the probed shard's inbox.
+    #[inline]
+    pub fn has_pending(&self) -> bool {
+        self.inbox.has_pending()
+    }
+
+    /// Applies what other shards have delivered here, if anything waits
+    /// (as [`crate::receive_pending`], which it calls only then).
+    #[inline]
+    pub fn receive_pending(&self) {
+        if self.inbox.has_pending() {
+            with_current(Shard::receive_pending);
+        }
     }
 }
 
@@ -189,6 +234,8 @@ pub(crate) struct Shard {
     outgoing: RefCell<Outgoing>,
     /// Callbacks to run before this tick's batches are published.
     tick_end: RefCell<Vec<Box<dyn FnOnce()>>>,
+    /// This shard's own inbox (the one in its `ShardRemote`).
+    inbox: Arc<CachePadded<Inbox<InboxItem>>>,
     inbox_buf: RefCell<Vec<InboxItem>>,
     /// An inbox drain is applying items (no nested drain may overtake them).
     draining: Cell<bool>,
@@ -237,6 +284,7 @@ impl Shard {
                 ..Outgoing::default()
             }),
             tick_end: RefCell::new(Vec::new()),
+            inbox: shared.shards[index].inbox.clone(),
             inbox_buf: RefCell::new(Vec::new()),
             draining: Cell::new(false),
             completions: RefCell::new(Vec::new()),
@@ -494,7 +542,7 @@ impl Shard {
     fn drain_inbox(&self) -> bool {
         let was_draining = self.draining.replace(true);
         let mut buf = self.inbox_buf.take();
-        let n = self.remote().inbox.drain_into(&mut buf);
+        let n = self.inbox.drain_into(&mut buf);
         if n > 0 {
             self.remote().counters.inbox_items.add(n as u64);
             for item in buf.drain(..) {
@@ -511,7 +559,7 @@ impl Shard {
     /// first); see [`crate::receive_pending`].
     #[inline]
     pub(crate) fn receive_pending(&self) {
-        if !self.draining.get() && self.remote().inbox.has_pending() {
+        if !self.draining.get() && self.inbox.has_pending() {
             self.drain_inbox();
         }
     }
@@ -816,7 +864,7 @@ impl Shard {
         };
         let start = Instant::now();
         self.idle_since.set(Some(start));
-        let inbox = &self.remote().inbox;
+        let inbox = &self.inbox;
         let mut i: u32 = 0;
         loop {
             if inbox.has_pending() || self.driver.borrow().has_completions() {
@@ -851,7 +899,7 @@ impl Shard {
             let real = deadline.checked_sub(offset).unwrap_or_else(Instant::now);
             self.driver.borrow_mut().arm_timer(real);
         }
-        let inbox = &self.remote().inbox;
+        let inbox = &self.inbox;
         if !inbox.prepare_park() {
             return;
         }

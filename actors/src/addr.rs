@@ -382,6 +382,9 @@ pub struct LocalAddr<A: Actor> {
     addr: Addr<A>,
     ts: std::rc::Rc<local::TypeState<A>>,
     cell: std::cell::RefCell<std::rc::Rc<crate::mailbox::ActorCell<A>>>,
+    /// This shard's inbox flag: deliveries other shards published here go
+    /// first (see `mailring::receive_pending`), checked with one load.
+    pending: mailring::PendingProbe,
 }
 
 impl<A: Actor> fmt::Debug for LocalAddr<A> {
@@ -411,6 +414,7 @@ impl<A: Actor> Addr<A> {
             addr: self.clone(),
             ts,
             cell: std::cell::RefCell::new(cell),
+            pending: mailring::PendingProbe::current().ok_or(AskError::WrongShard)?,
         })
     }
 }
@@ -444,7 +448,7 @@ impl<A: Actor> LocalAddr<A> {
         M: Message,
     {
         // Deliveries already published to this shard go first.
-        mailring::receive_pending();
+        self.pending.receive_pending();
         {
             let cell = self.cell.borrow();
             if cell.is_open() && cell.capacity.is_none() {
@@ -465,7 +469,7 @@ impl<A: Actor> LocalAddr<A> {
         A: Accepts<M>,
         M: Message,
     {
-        mailring::receive_pending();
+        self.pending.receive_pending();
         let cell = match self.live_cell() {
             Ok(c) => c,
             Err(e) => return Err(tell_error(e, msg)),
@@ -509,7 +513,7 @@ impl<A: Actor> LocalAddr<A> {
             Ok(c) => c,
             Err(e) => return Reply::failed(e),
         };
-        mailring::receive_pending();
+        self.pending.receive_pending();
         let cell = match self.live_cell() {
             Ok(c) => c,
             Err(e) => return Reply::failed(e),

@@ -303,7 +303,14 @@ async fn process<A: Actor>(
     batch: &mut VecDeque<A::Envelope>,
 ) -> Outcome {
     let idle = if keyed { A::CONFIG.idle_timeout } else { None };
-    let mut since_yield = 0u32;
+    // Handled messages are counted here and added to the type's counter in
+    // one step when the mailbox runs empty, at each yield, and when the loop
+    // ends (even by a panic): one local increment per message, which also
+    // paces the yields.
+    let mut handled = HandledCount {
+        total: &ts.counters.handled,
+        pending: 0,
+    };
     loop {
         if cx.stop_requested.is_some() || cell.stop_request.get().is_some() {
             if let Some(r) = cx.stop_requested.take() {
@@ -320,6 +327,7 @@ async fn process<A: Actor>(
             Some(env) => env,
             None => {
                 if cell.take_all(batch) == 0 {
+                    handled.flush();
                     match next_batch(cell, batch, idle).await {
                         Next::Msg => {}
                         Next::Signal => continue,
@@ -344,12 +352,30 @@ async fn process<A: Actor>(
         }
         #[cfg(not(feature = "tracing"))]
         env.handle(actor, cx).await;
-        bump(&ts.counters.handled);
-        since_yield += 1;
-        if since_yield == YIELD_EVERY {
-            since_yield = 0;
+        handled.pending += 1;
+        if handled.pending == YIELD_EVERY {
+            handled.flush();
             mailring::yield_now().await;
         }
+    }
+}
+
+/// Messages handled by a message loop and not yet added to the type's counter.
+struct HandledCount<'a> {
+    total: &'a std::cell::Cell<u64>,
+    pending: u32,
+}
+
+impl HandledCount<'_> {
+    fn flush(&mut self) {
+        self.total.set(self.total.get() + u64::from(self.pending));
+        self.pending = 0;
+    }
+}
+
+impl Drop for HandledCount<'_> {
+    fn drop(&mut self) {
+        self.flush();
     }
 }
 

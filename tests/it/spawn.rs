@@ -429,3 +429,34 @@ fn prewake_rings_a_sleeping_shard_while_the_tick_goes_on() {
     assert!(woke_mid_tick, "shard 1 never woke during the tick");
     assert_eq!(prewakes, 1);
 }
+
+#[test]
+fn a_pending_probe_sees_and_applies_what_another_shard_delivered() {
+    let rt = rt2();
+    let h = rt.handle().clone();
+    let applied = rt.block_on(async move {
+        assert_eq!(current_shard(), Some(ShardId::new(0)));
+        let probe = mailring::PendingProbe::current().expect("on a shard");
+        assert!(!probe.has_pending());
+        let ran = Arc::new(AtomicUsize::new(0));
+        let (h2, ran2) = (h.clone(), ran.clone());
+        // A thread outside the runtime delivers a closure here while this
+        // task keeps shard 0 busy.
+        let sender = std::thread::spawn(move || {
+            h2.run_on(ShardId::new(0), move || {
+                ran2.fetch_add(1, Ordering::SeqCst);
+            });
+        });
+        let t0 = std::time::Instant::now();
+        while !probe.has_pending() && t0.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::yield_now();
+        }
+        sender.join().unwrap();
+        assert!(probe.has_pending(), "the delivery never showed");
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "applied without a drain");
+        probe.receive_pending();
+        ran.load(Ordering::SeqCst)
+    });
+    assert_eq!(applied, 1);
+    assert!(mailring::PendingProbe::current().is_none(), "off a shard");
+}
