@@ -38,6 +38,7 @@ pub(crate) mod join;
 
 use std::cell::{Cell, UnsafeCell};
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -213,7 +214,13 @@ where
             self.finish(Some(shard), Err(JoinError::Cancelled));
             return;
         }
-        let waker = Waker::from(self.clone());
+        // A waker that borrows this reference instead of taking its own: no
+        // count is added for the poll and none dropped after it (two atomic
+        // operations per poll saved). Clones of it count as usual.
+        // SAFETY: `self` holds a count for the whole poll, so the task outlives
+        // the borrowed `Arc`; wrapping the waker in `ManuallyDrop` means the
+        // count it pretends to own is never released.
+        let waker = ManuallyDrop::new(Waker::from(unsafe { Arc::from_raw(Arc::as_ptr(&self)) }));
         let mut cx = Context::from_waker(&waker);
         let polled = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: we are on the home thread, the task is RUNNING so no one

@@ -21,7 +21,7 @@
 //! made then carries the chain one link longer, and an ask to any actor on
 //! the chain fails at once with `AskError::WouldDeadlock`.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -74,12 +74,19 @@ pub(crate) struct Frame {
 }
 
 thread_local! {
-    static FRAME: RefCell<Option<Rc<Frame>>> = const { RefCell::new(None) };
+    static FRAME: Cell<Option<Rc<Frame>>> = const { Cell::new(None) };
 }
 
 /// The chain a new ask carries, or `WouldDeadlock` if `target` is on it.
 pub(crate) fn ask_chain(target: impl FnOnce() -> u64) -> Result<Option<Chain>, AskError> {
-    let frame = FRAME.try_with(|f| f.borrow().clone()).ok().flatten();
+    let frame = FRAME
+        .try_with(|f| {
+            let frame = f.take();
+            f.set(frame.clone());
+            frame
+        })
+        .ok()
+        .flatten();
     let Some(frame) = frame else {
         return Ok(None);
     };
@@ -101,9 +108,9 @@ pub(crate) fn ask_chain(target: impl FnOnce() -> u64) -> Result<Option<Chain>, A
 async fn guarded<F: Future>(frame: &Rc<Frame>, fut: F) -> Result<F::Output, ()> {
     let mut fut = pin!(fut);
     poll_fn(|cx| {
-        let prev = FRAME.with(|f| f.replace(Some(frame.clone())));
+        let prev = FRAME.replace(Some(frame.clone()));
         let polled = catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx)));
-        FRAME.with(|f| *f.borrow_mut() = prev);
+        FRAME.set(prev);
         match polled {
             Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
             Ok(Poll::Pending) => Poll::Pending,
