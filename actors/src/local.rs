@@ -84,6 +84,9 @@ pub(crate) enum Delivery<A: Actor> {
 /// Control deliveries (stop, watch) do not join it: they flush it and follow
 /// it as their own item, which keeps their place in the order.
 pub(crate) struct Outbound<A: Actor> {
+    /// The first message of a tick, kept inline: a lone message (an ask, a
+    /// ping) travels without allocating the two vectors.
+    first: Option<(TargetId<A>, A::Envelope)>,
     targets: Vec<TargetId<A>>,
     envs: Vec<A::Envelope>,
 }
@@ -91,9 +94,14 @@ pub(crate) struct Outbound<A: Actor> {
 impl<A: Actor> Outbound<A> {
     fn new() -> Self {
         Outbound {
+            first: None,
             targets: Vec::new(),
             envs: Vec::new(),
         }
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.envs.len()
     }
 }
 
@@ -322,13 +330,18 @@ impl<A: Actor> TypeState<A> {
         let len = {
             let mut out = self.outbound.borrow_mut();
             let batch = &mut out[dest];
-            if batch.envs.len() == batch.envs.capacity() {
-                batch.envs.reserve(OUTBOUND_BATCH);
-                batch.targets.reserve(OUTBOUND_BATCH);
+            if batch.first.is_none() {
+                batch.first = Some((target, env()));
+                1
+            } else {
+                if batch.envs.len() == batch.envs.capacity() {
+                    batch.envs.reserve(OUTBOUND_BATCH);
+                    batch.targets.reserve(OUTBOUND_BATCH);
+                }
+                batch.targets.push(target);
+                batch.envs.push(env());
+                batch.envs.len() + 1
             }
-            batch.targets.push(target);
-            batch.envs.push(env());
-            batch.envs.len()
         };
         if len == OUTBOUND_BATCH {
             // A long burst: hand this part to the runtime's batch for `dest`
@@ -352,7 +365,7 @@ impl<A: Actor> TypeState<A> {
         A::Envelope: Send,
     {
         let batch = std::mem::replace(&mut self.outbound.borrow_mut()[dest], Outbound::new());
-        if batch.envs.is_empty() {
+        if batch.len() == 0 {
             return;
         }
         // Only the system's id travels: the receiver finds its own registry,
@@ -406,14 +419,15 @@ fn unkeyed_key<A: Actor>() -> A::Key {
 /// Delivers a batch of messages from another shard, in order.
 fn deliver_batch<A: Actor>(system_id: u64, batch: Outbound<A>) {
     let Some(ts) = type_state_by_id::<A>(system_id) else {
-        reply::drop_with_reason(AskError::ShuttingDown, batch.envs);
+        reply::drop_with_reason(AskError::ShuttingDown, batch);
         return;
     };
     // Runs of deliveries to one actor (the common case: a producer telling
     // one actor) resolve the target once, and push without touching the
     // cell's reference count.
     let mut last: Option<(TargetId<A>, Rc<ActorCell<A>>)> = None;
-    for (target, env) in batch.targets.into_iter().zip(batch.envs) {
+    let rest = batch.targets.into_iter().zip(batch.envs);
+    for (target, env) in batch.first.into_iter().chain(rest) {
         if let Some((t, cell)) = &last {
             if *t == target && cell.is_open() {
                 ts.push_resolved(cell, env);
