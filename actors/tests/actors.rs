@@ -1289,3 +1289,89 @@ fn a_stopped_keyed_actor_hands_its_queued_messages_to_the_next_activation() {
     assert_eq!((stats.activations, stats.passivations), (2, 1));
     sys.shutdown();
 }
+
+// ---------------------------------------------------------------- ask cells under races
+
+#[derive(Message)]
+#[message(reply = Arc<()>)]
+struct Echo(Arc<()>, u64);
+
+#[derive(Actor, Default)]
+#[actor(handles(Echo))]
+struct Echoer;
+
+impl Handler<Echo> for Echoer {
+    async fn handle(&mut self, m: Echo, _cx: &mut Ctx<Self>) -> Arc<()> {
+        if m.1 % 3 == 0 {
+            mailring_actors::mailring::time::sleep(Duration::from_micros(m.1 % 200)).await;
+        }
+        m.0
+    }
+}
+
+#[test]
+fn asks_given_up_dropped_or_answered_across_shards_leak_nothing() {
+    // Every message and every answer holds a clone of `token`; asks time out
+    // while the answer is on its way, replies are dropped unawaited, and the
+    // actors stop while asks are queued. When all is over, the token's count
+    // is back to one: each ask's cell freed what it held, exactly once.
+    let token = Arc::new(());
+    let sys = system(2);
+    let actors: Vec<_> = (0..8)
+        .map(|i| sys.spawn_actor(Placement::Pinned(ShardId::new(i % 2)), Echoer::default))
+        .collect();
+    let rt = sys.runtime().clone();
+    let (t, a) = (token.clone(), actors.clone());
+    let (answered, timed_out, stopped) = sys.block_on(async move {
+        let mut joins = Vec::new();
+        for task in 0..4u64 {
+            let (t, a) = (t.clone(), a.clone());
+            joins.push(rt.spawn_on(ShardId::new(task as usize % 2), async move {
+                let mut counts = (0, 0, 0);
+                for i in 0..1500u64 {
+                    let n = i * 4 + task;
+                    let actor = &a[(n % 8) as usize];
+                    if i == 1200 && task == 3 {
+                        a[5].stop();
+                    }
+                    let reply = actor.ask(Echo(t.clone(), n));
+                    if n % 7 == 0 {
+                        drop(reply);
+                        continue;
+                    }
+                    match reply.timeout(Duration::from_micros(n % 150)).await {
+                        Ok(echoed) => {
+                            assert!(Arc::ptr_eq(&echoed, &t));
+                            counts.0 += 1;
+                        }
+                        Err(AskError::Timeout) => counts.1 += 1,
+                        Err(AskError::Stopped) => counts.2 += 1,
+                        Err(e) => panic!("ask {n}: {e:?}"),
+                    }
+                }
+                counts
+            }));
+        }
+        let mut total = (0, 0, 0);
+        for j in joins {
+            let c = j.await.unwrap();
+            total = (total.0 + c.0, total.1 + c.1, total.2 + c.2);
+        }
+        total
+    });
+    assert!(
+        answered > 0 && timed_out > 0,
+        "{answered} answered, {timed_out} timed out"
+    );
+    assert!(stopped > 0, "no ask met the stopped actor");
+    for a in &actors {
+        a.stop();
+    }
+    drop(actors);
+    sys.shutdown();
+    assert_eq!(
+        Arc::strong_count(&token),
+        1,
+        "an ask cell leaked its message or answer"
+    );
+}
