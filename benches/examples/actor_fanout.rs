@@ -1,6 +1,8 @@
 //! A fixed actor fan-out workload for instruction counting:
 //! `valgrind --tool=callgrind target/release/examples/actor_fanout 20`
-//! (`actor_fanout 2000 default` runs with the default idle policy).
+//! (`actor_fanout 2000 default` runs with the default idle policy;
+//! `FANOUT_SHARD=0` or `=1` puts every actor on that shard, to count a local
+//! or a remote ask alone).
 //! Shards spin instead of parking (valgrind stalls on a blocking
 //! `io_uring_enter`).
 
@@ -37,7 +39,16 @@ fn main() {
     }
     let sys = ActorSystem::start(builder).expect("io_uring available");
     let workers: Vec<_> = (0..1000)
-        .map(|i| sys.spawn_actor(Placement::Pinned(ShardId::new(i % 2)), Worker::default))
+        .map(|i| {
+            let shard = match std::env::var("FANOUT_SHARD")
+                .ok()
+                .and_then(|s| s.parse().ok())
+            {
+                Some(s) => s,
+                None => i % 2,
+            };
+            sys.spawn_actor(Placement::Pinned(ShardId::new(shard)), Worker::default)
+        })
         .collect();
     let sum = sys.block_on(async move {
         let mut sum = 0;
