@@ -43,9 +43,8 @@
 //! the sender's per-destination batch, which the runtime publishes with one
 //! `IORING_OP_MSG_RING` doorbell at the end of the sender's tick. See the
 //! `local` and `runner` module docs for the details, and `docs/actors.md`.
-// Unsafe code lives in `reply` (the ask cell), `erased` (the registry's
-// typed lookup) and `inplace` (a pin projection) alone; everything else is
-// safe Rust.
+// Unsafe code lives in `reply` (the ask cell) and `erased` (the registry's
+// typed lookup) alone; everything else is safe Rust.
 #![deny(unsafe_code)]
 
 mod actor;
@@ -54,8 +53,6 @@ mod ctx;
 #[allow(unsafe_code)]
 mod erased;
 mod error;
-#[allow(unsafe_code)]
-mod inplace;
 mod local;
 mod mailbox;
 #[allow(unsafe_code)]

@@ -257,9 +257,15 @@ thread_local! {
 /// Drops `value` (envelopes) so that the asks inside fail with `reason`
 /// rather than the generic [`AskError::Stopped`].
 pub(crate) fn drop_with_reason<T>(reason: AskError, value: T) {
-    let prev = DROP_REASON.replace(Some(reason));
+    /// Puts the previous reason back, even if a drop unwinds.
+    struct Restore(Option<AskError>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            DROP_REASON.set(self.0);
+        }
+    }
+    let _restore = Restore(DROP_REASON.replace(Some(reason)));
     drop(value);
-    DROP_REASON.set(prev);
 }
 
 impl<R> Drop for ReplyTo<R> {
@@ -392,7 +398,11 @@ impl<R> Future for Reply<R> {
                 elapsed
             }
             Timer::At(deadline) => mailring::time::now() >= *deadline,
-            Timer::Armed(sleep) => Pin::new(sleep).poll(cx).is_ready(),
+            Timer::Armed(sleep) if mailring::current_shard().is_some() => {
+                Pin::new(sleep).poll(cx).is_ready()
+            }
+            // Armed on a shard, then moved to a thread outside the runtime.
+            Timer::Armed(sleep) => mailring::time::now() >= sleep.deadline(),
         };
         if timed_out {
             this.finish();

@@ -355,10 +355,10 @@ async fn process<A: Actor>(
                 id = cell.uid,
                 shard = ts.shard
             );
-            crate::inplace::InPlace::new(env.handle(actor, cx).instrument(span)).await;
+            env.handle(actor, cx).instrument(span).await;
         }
         #[cfg(not(feature = "tracing"))]
-        crate::inplace::InPlace::new(env.handle(actor, cx)).await;
+        env.handle(actor, cx).await;
         handled.pending += 1;
         if handled.pending == YIELD_EVERY {
             handled.flush();

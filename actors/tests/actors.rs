@@ -1375,3 +1375,40 @@ fn asks_given_up_dropped_or_answered_across_shards_leak_nothing() {
         "an ask cell leaked its message or answer"
     );
 }
+
+#[derive(Message)]
+#[message(reply = ())]
+struct Nap(u64);
+
+#[derive(Actor, Default)]
+#[actor(handles(Nap))]
+struct Sleeper;
+
+impl Handler<Nap> for Sleeper {
+    async fn handle(&mut self, m: Nap, _cx: &mut Ctx<Self>) {
+        mailring_actors::mailring::time::sleep(Duration::from_millis(m.0)).await;
+    }
+}
+
+#[test]
+fn a_reply_armed_on_a_shard_still_times_out_on_an_outside_thread() {
+    let sys = system(2);
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Sleeper::default);
+    let reply = sys.block_on(async move {
+        let mut reply = a.ask(Nap(300)).timeout(Duration::from_millis(20));
+        // One poll on shard 0 arms the deadline's timer there.
+        std::future::poll_fn(|cx| {
+            assert!(std::future::Future::poll(std::pin::Pin::new(&mut reply), cx).is_pending());
+            std::task::Poll::Ready(())
+        })
+        .await;
+        // Wrapped: the block hands the reply over rather than awaiting it.
+        Some(reply)
+    });
+    let reply = reply.expect("the reply");
+    // Polled from here on, off every shard: no panic, and the deadline holds.
+    let t0 = std::time::Instant::now();
+    assert_eq!(block_on_thread(reply), Err(AskError::Timeout));
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    sys.shutdown();
+}
