@@ -65,8 +65,8 @@ pub mod testkit;
 
 pub use crate::actor::{
     handle_asked, handle_message, Accepts, Actor, ActorConfig, ActorKey, ActorPlacement,
-    Continuation, DynEnvelope, Envelope, Handler, Hooks, Message, Supervision, SupervisionPolicy,
-    TypeSlot,
+    Continuation, DynEnvelope, Envelope, Handler, Hooks, LocalCache, Message, Supervision,
+    SupervisionPolicy, TypeSlot,
 };
 pub use crate::addr::{ActorId, Addr, KeyedRef, LocalAddr};
 pub use crate::ctx::{Ctx, TimerHandle};

@@ -519,9 +519,15 @@ pub(crate) fn send_delivery<A: Actor>(
 pub(crate) trait AnyTypeState {
     fn stats(&self) -> ActorTypeStats;
     fn stop_all(&self, reason: StopReason) -> usize;
+    /// Empties this thread's per-type cache (the registry is going away).
+    fn forget_cached(&self);
 }
 
 impl<A: Actor> AnyTypeState for TypeState<A> {
+    fn forget_cached(&self) {
+        let _ = A::__with_local_cache(|c| c.0.borrow_mut().take());
+    }
+
     fn stats(&self) -> ActorTypeStats {
         let c = &self.counters;
         let live_high = self
@@ -597,6 +603,26 @@ fn registry(system: &Arc<SystemShared>) -> Option<Rc<ShardActors>> {
 /// The calling shard's state for actor type `A`, when it is a shard of `system`.
 #[inline]
 pub(crate) fn type_state<A: Actor>(system: &Arc<SystemShared>) -> Option<Rc<TypeState<A>>> {
+    if let Some(ts) = cached_type_state::<A>(system.id) {
+        return Some(ts);
+    }
+    let ts = registry_type_state::<A>(system)?;
+    A::__with_local_cache(|c| *c.0.borrow_mut() = Some((system.id, ts.clone())));
+    Some(ts)
+}
+
+/// This thread's cached state of type `A` for `system_id`, if cached.
+#[inline]
+fn cached_type_state<A: Actor>(system_id: u64) -> Option<Rc<TypeState<A>>> {
+    A::__with_local_cache(|c| match &*c.0.borrow() {
+        Some((id, ts)) if *id == system_id => Some(ts.clone()),
+        _ => None,
+    })
+    .flatten()
+}
+
+/// [`type_state`] without the per-type cache: the registry's entry.
+fn registry_type_state<A: Actor>(system: &Arc<SystemShared>) -> Option<Rc<TypeState<A>>> {
     let slot = A::__slot().index();
     let hit = REGISTRY
         .try_with(|r| {
@@ -616,6 +642,9 @@ pub(crate) fn type_state<A: Actor>(system: &Arc<SystemShared>) -> Option<Rc<Type
 /// As [`type_state`], for a shard whose registry is installed (every shard
 /// of a system installs it at start).
 fn type_state_by_id<A: Actor>(system_id: u64) -> Option<Rc<TypeState<A>>> {
+    if let Some(ts) = cached_type_state::<A>(system_id) {
+        return Some(ts);
+    }
     let reg = REGISTRY
         .try_with(|r| r.borrow().clone())
         .ok()
@@ -685,6 +714,7 @@ pub(crate) fn clear_shard(system: &Arc<SystemShared>) {
         }
         let typed = std::mem::take(&mut *reg.typed.borrow_mut());
         let all = std::mem::take(&mut *reg.all.borrow_mut());
+        all.iter().for_each(|t| t.forget_cached());
         drop((typed, all));
     }
 }

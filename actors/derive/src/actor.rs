@@ -315,6 +315,15 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                 static SLOT: ::mailring_actors::TypeSlot = ::mailring_actors::TypeSlot::new();
                 &SLOT
             }
+            fn __with_local_cache<R>(
+                f: impl ::core::ops::FnOnce(&::mailring_actors::LocalCache<Self>) -> R,
+            ) -> ::core::option::Option<R> {
+                ::std::thread_local! {
+                    static CACHE: ::mailring_actors::LocalCache<#name> =
+                        const { ::mailring_actors::LocalCache::new() };
+                }
+                CACHE.try_with(f).ok()
+            }
             const CONFIG: ::mailring_actors::ActorConfig = ::mailring_actors::ActorConfig {
                 placement: #placement,
                 mailbox: #mailbox,
