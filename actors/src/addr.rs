@@ -20,7 +20,7 @@ use crate::error::{AskError, StopReason, TellError};
 use crate::local::{self, Delivery, TargetId};
 use crate::mailbox::Capacity;
 use crate::reply::{self, Asked, Reply};
-use crate::system::{SystemHandle, SystemShared};
+use crate::system::{SystemHandle, SystemRef};
 
 /// The identity of an actor within its system.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -49,7 +49,7 @@ pub(crate) enum AddrTarget<A: Actor> {
 /// A reference to an actor of type `A`: unkeyed (from `spawn_actor`) or keyed
 /// (from `keyed(key)`, valid before the actor exists).
 pub struct Addr<A: Actor> {
-    pub(crate) system: Arc<SystemShared>,
+    pub(crate) system: SystemRef,
     pub(crate) target: AddrTarget<A>,
     capacity: Option<Arc<Capacity>>,
 }
@@ -91,7 +91,7 @@ impl<A: Actor> fmt::Debug for Addr<A> {
 }
 
 impl<A: Actor> Addr<A> {
-    pub(crate) fn keyed(system: Arc<SystemShared>, key: A::Key) -> Self {
+    pub(crate) fn keyed(system: SystemRef, key: A::Key) -> Self {
         let hash = crate::route::route_hash(&key);
         let capacity = A::CONFIG
             .mailbox
@@ -108,7 +108,7 @@ impl<A: Actor> Addr<A> {
     }
 
     pub(crate) fn unkeyed(
-        system: Arc<SystemShared>,
+        system: SystemRef,
         shard: usize,
         uid: u64,
         capacity: Option<Arc<Capacity>>,
@@ -148,7 +148,7 @@ impl<A: Actor> Addr<A> {
     /// The system this reference belongs to.
     pub fn system(&self) -> SystemHandle {
         SystemHandle {
-            shared: self.system.clone(),
+            shared: self.system.arc().clone(),
         }
     }
 
@@ -299,7 +299,7 @@ impl<A: Actor> Addr<A> {
     {
         let dest = self.home();
         let target = self.target_id();
-        match local::type_state::<A>(&self.system) {
+        match local::type_state::<A>(self.system.arc()) {
             Some(ts) if ts.shard == dest => {
                 // Deliveries already published to this shard go first.
                 mailring::receive_pending();
@@ -325,7 +325,12 @@ impl<A: Actor> Addr<A> {
                 Err(fail(AskError::ShuttingDown, payload))
             }
             None => {
-                local::send_delivery(&self.system, dest, target, Delivery::Msg(wrap(payload)));
+                local::send_delivery(
+                    self.system.arc(),
+                    dest,
+                    target,
+                    Delivery::Msg(wrap(payload)),
+                );
                 Ok(())
             }
         }
@@ -345,7 +350,7 @@ impl<A: Actor> Addr<A> {
         A::Envelope: Send,
     {
         local::send_delivery(
-            &self.system,
+            self.system.arc(),
             self.home(),
             self.target_id(),
             Delivery::Stop(StopReason::Stopped),
@@ -359,7 +364,7 @@ impl<A: Actor> Addr<A> {
         A::Envelope: Send,
     {
         local::send_delivery(
-            &self.system,
+            self.system.arc(),
             self.home(),
             self.target_id(),
             Delivery::Watch(notify),
@@ -405,7 +410,7 @@ impl<A: Actor> Addr<A> {
     /// for a stopped unkeyed actor; [`AskError::NoFactory`] or
     /// [`AskError::ShuttingDown`].
     pub fn local(&self) -> Result<LocalAddr<A>, AskError> {
-        let ts = local::type_state::<A>(&self.system).ok_or(AskError::WrongShard)?;
+        let ts = local::type_state::<A>(self.system.arc()).ok_or(AskError::WrongShard)?;
         if ts.shard != self.home() {
             return Err(AskError::WrongShard);
         }

@@ -226,11 +226,11 @@ impl<A: Actor> Ctx<A> {
     {
         let link = ParentLink::new(&self.myself);
         let child =
-            crate::runner::spawn_unkeyed(&self.myself.system, placement, factory, Some(link));
+            crate::runner::spawn_unkeyed(self.myself.system.arc(), placement, factory, Some(link));
         let stop = child.clone();
         self.children.push(Box::new(move || {
             crate::local::send_delivery(
-                &stop.system,
+                stop.system.arc(),
                 stop.home(),
                 stop.target_id(),
                 crate::local::Delivery::Stop(StopReason::ParentStopped),

@@ -562,6 +562,8 @@ impl<A: Actor> AnyTypeState for TypeState<A> {
 pub(crate) struct ShardActors {
     system_id: u64,
     system: Arc<SystemShared>,
+    /// This shard's replica, on which the shard's `SystemRef`s count.
+    replica: Arc<crate::system::Replica>,
     shard: usize,
     /// Indexed by each actor type's [`crate::actor::TypeSlot`]: that type's
     /// `TypeState<A>`.
@@ -590,6 +592,9 @@ fn registry(system: &Arc<SystemShared>) -> Option<Rc<ShardActors>> {
     let reg = Rc::new(ShardActors {
         system_id: system.id,
         system: system.clone(),
+        replica: Arc::new(crate::system::Replica {
+            shared: system.clone(),
+        }),
         shard: shard.index(),
         typed: RefCell::new(Vec::new()),
         all: RefCell::new(Vec::new()),
@@ -664,6 +669,20 @@ fn type_state_by_id<A: Actor>(system_id: u64) -> Option<Rc<TypeState<A>>> {
             type_state::<A>(&system)
         }
     }
+}
+
+/// The calling shard's replica of system `system_id`, if this thread is one
+/// of its shards.
+pub(crate) fn replica(system_id: u64) -> Option<Arc<crate::system::Replica>> {
+    REGISTRY
+        .try_with(|r| {
+            r.borrow()
+                .as_ref()
+                .filter(|reg| reg.system_id == system_id)
+                .map(|reg| reg.replica.clone())
+        })
+        .ok()
+        .flatten()
 }
 
 /// Installs the calling shard's registry for `system` (at system start).

@@ -40,7 +40,7 @@ use crate::error::{AskError, StopReason};
 use crate::local::{self, Delivery, TargetId, TypeState};
 use crate::mailbox::{ActorCell, Capacity};
 use crate::reply;
-use crate::system::SystemShared;
+use crate::system::{SystemRef, SystemShared};
 use crate::Terminated;
 
 /// Logs a lifecycle event (with the `tracing` feature).
@@ -134,7 +134,7 @@ impl ParentLink {
         ParentLink {
             escalate: Box::new(move || {
                 local::send_delivery(
-                    &parent.system,
+                    parent.system.arc(),
                     parent.home(),
                     parent.target_id(),
                     Delivery::Stop(StopReason::Panicked),
@@ -157,9 +157,14 @@ pub(crate) fn start<A: Actor>(
     parent: Option<ParentLink>,
 ) {
     let myself = if cell.uid >> 63 == 1 {
-        Addr::unkeyed(ts.system.clone(), ts.shard, cell.uid, cell.capacity.clone())
+        Addr::unkeyed(
+            SystemRef::here(&ts.system),
+            ts.shard,
+            cell.uid,
+            cell.capacity.clone(),
+        )
     } else {
-        Addr::keyed(ts.system.clone(), cell.key.clone())
+        Addr::keyed(SystemRef::here(&ts.system), cell.key.clone())
     };
     let cx = Ctx::new(myself, cell.clone(), ts.clone());
     mailring::spawn_local(run(ts, cell, make, cx, parent)).detach();
@@ -436,7 +441,7 @@ where
     };
     let uid = shared.next_uid();
     let capacity = A::CONFIG.mailbox.map(Capacity::new);
-    let addr = Addr::unkeyed(shared.clone(), dest, uid, capacity.clone());
+    let addr = Addr::unkeyed(SystemRef::here(shared), dest, uid, capacity.clone());
     let s = shared.clone();
     shared.handle.run_on(ShardId::new(dest), move || {
         if let Some(ts) = local::type_state::<A>(&s) {

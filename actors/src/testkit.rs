@@ -105,7 +105,7 @@ impl TestSystem {
     pub fn active_on<A: Actor>(&self, addr: &Addr<A>) -> Option<ShardId> {
         self.settle();
         let rt = self.system.runtime().clone();
-        let system = addr.system.clone();
+        let system = addr.system.arc().clone();
         let target = addr.target_id();
         self.system.block_on(async move {
             for i in 0..rt.shards() {

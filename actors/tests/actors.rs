@@ -1412,3 +1412,48 @@ fn a_reply_armed_on_a_shard_still_times_out_on_an_outside_thread() {
     assert!(t0.elapsed() < Duration::from_secs(1));
     sys.shutdown();
 }
+
+#[test]
+fn references_made_on_shards_work_anywhere_and_outlive_the_system() {
+    // A reference built on a shard counts on that shard's replica of the
+    // system; it must work from other shards and outside threads, clone
+    // anywhere, and fail cleanly once the system is gone.
+    let sys = system(2);
+    let h = sys.handle();
+    let rt = sys.runtime().clone();
+    let refs = sys.block_on(async move {
+        let made_on_1 = rt
+            .spawn_on(ShardId::new(1), {
+                let h = h.clone();
+                async move {
+                    (0..8u64)
+                        .map(|k| h.keyed::<Account>(1000 + k))
+                        .collect::<Vec<_>>()
+                }
+            })
+            .await
+            .unwrap();
+        // Used (and cloned) on shard 0.
+        for (i, r) in made_on_1.iter().enumerate() {
+            r.clone().tell(Deposit(i as u64 + 1)).unwrap();
+        }
+        made_on_1
+    });
+    // Asked from a thread outside the runtime.
+    let outside = std::thread::spawn(move || {
+        refs.iter()
+            .map(|r| block_on_thread(r.ask(Balance)).unwrap().1)
+            .sum::<u64>()
+    });
+    let refs_after: Vec<_> = (0..2)
+        .map(|k| sys.handle().keyed::<Account>(1000 + k))
+        .collect();
+    assert_eq!(outside.join().unwrap(), (1..=8).sum::<u64>());
+    sys.shutdown();
+    for r in refs_after {
+        assert!(matches!(
+            r.tell(Deposit(1)),
+            Err(TellError::ShuttingDown(_))
+        ));
+    }
+}
