@@ -49,6 +49,11 @@ fn main() {
                     assert_eq!(n.expect("running"), expected[k as usize]);
                 }
             }
+            // As the criterion bench does: the round's actors stop.
+            for k in 0..ZIPF_KEYS {
+                h.keyed::<KeyCounter>(base | u64::from(k)).stop();
+            }
+            mailring::time::sleep(Duration::from_millis(20)).await;
         });
     }
     sys.shutdown();
