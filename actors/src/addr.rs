@@ -317,7 +317,7 @@ impl<A: Actor> Addr<A> {
                 Ok(())
             }
             Some(ts) => {
-                ts.push_outbound_with(dest, target, || wrap(payload));
+                ts.push_outbound(dest, target, || wrap(payload));
                 Ok(())
             }
             None if self.system.is_closed() => {

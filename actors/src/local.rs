@@ -80,7 +80,7 @@ pub(crate) enum Delivery<A: Actor> {
 
 /// Messages for one destination shard, in send order: targets and envelopes
 /// in two vectors, so that each push writes a pair of words rather than
-/// copying a 40-byte tuple through the stack (see [`TypeState::push_outbound_with`]).
+/// copying a 40-byte tuple through the stack (see [`TypeState::push_outbound`]).
 /// Control deliveries (stop, watch) do not join it: they flush it and follow
 /// it as their own item, which keeps their place in the order.
 pub(crate) struct Outbound<A: Actor> {
@@ -319,7 +319,7 @@ impl<A: Actor> TypeState<A> {
     /// copied back with wide loads, which stall on store forwarding (measured:
     /// most of a cross-shard tell's producer time).
     #[inline]
-    pub(crate) fn push_outbound_with(
+    pub(crate) fn push_outbound(
         self: &Rc<Self>,
         dest: usize,
         target: TargetId<A>,
@@ -496,7 +496,7 @@ pub(crate) fn send_delivery<A: Actor>(
     match type_state::<A>(system) {
         Some(ts) if ts.shard == dest => ts.apply(&target, item),
         Some(ts) => match item {
-            Delivery::Msg(env) => ts.push_outbound_with(dest, target, || env),
+            Delivery::Msg(env) => ts.push_outbound(dest, target, || env),
             control => ts.push_control(dest, target, control),
         },
         None => {
@@ -650,39 +650,27 @@ fn type_state_by_id<A: Actor>(system_id: u64) -> Option<Rc<TypeState<A>>> {
     if let Some(ts) = cached_type_state::<A>(system_id) {
         return Some(ts);
     }
-    let reg = REGISTRY
-        .try_with(|r| r.borrow().clone())
-        .ok()
-        .flatten()
-        .filter(|reg| reg.system_id == system_id)?;
-    let hit = {
-        let typed = reg.typed.borrow();
-        typed
-            .get(A::__slot().index())
-            .and_then(Option::as_ref)
-            .and_then(ErasedRc::get_rc::<TypeState<A>>)
-    };
-    match hit {
-        Some(ts) => Some(ts),
-        None => {
-            let system = reg.system.clone();
-            type_state::<A>(&system)
-        }
-    }
+    let system = with_registry(system_id, |reg| reg.system.clone())?;
+    type_state::<A>(&system)
 }
 
-/// The calling shard's replica of system `system_id`, if this thread is one
-/// of its shards.
-pub(crate) fn replica(system_id: u64) -> Option<Arc<crate::system::Replica>> {
+/// Runs `f` on the calling shard's registry, if it is installed for `system_id`.
+fn with_registry<R>(system_id: u64, f: impl FnOnce(&ShardActors) -> R) -> Option<R> {
     REGISTRY
         .try_with(|r| {
             r.borrow()
                 .as_ref()
                 .filter(|reg| reg.system_id == system_id)
-                .map(|reg| reg.replica.clone())
+                .map(|reg| f(reg))
         })
         .ok()
         .flatten()
+}
+
+/// The calling shard's replica of system `system_id`, if this thread is one
+/// of its shards.
+pub(crate) fn replica(system_id: u64) -> Option<Arc<crate::system::Replica>> {
+    with_registry(system_id, |reg| reg.replica.clone())
 }
 
 /// Installs the calling shard's registry for `system` (at system start).

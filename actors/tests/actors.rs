@@ -1406,10 +1406,9 @@ fn a_reply_armed_on_a_shard_still_times_out_on_an_outside_thread() {
         Some(reply)
     });
     let reply = reply.expect("the reply");
-    // Polled from here on, off every shard: no panic, and the deadline holds.
-    let t0 = std::time::Instant::now();
+    // Polled from here on, off every shard: no panic, and the deadline holds
+    // (without it the answer would come, as `Ok`, after the 300 ms nap).
     assert_eq!(block_on_thread(reply), Err(AskError::Timeout));
-    assert!(t0.elapsed() < Duration::from_secs(1));
     sys.shutdown();
 }
 
