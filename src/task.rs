@@ -74,16 +74,20 @@ pub(crate) trait Runnable: Send + Sync {
     fn refuse(&self);
 }
 
-/// The cell of one spawned future.
+/// The cell of one spawned future. `repr(C)` keeps the fields every poll
+/// reads (state, home, owned slot) in the cell's first cache line, next to
+/// the start of the future, instead of after a future that may be a
+/// kilobyte long: one line fewer to fetch when a cold task runs.
+#[repr(C)]
 pub(crate) struct Task<F: Future> {
     state: AtomicU32,
     /// The shard the task runs on; fixed at its first poll.
     home: AtomicUsize,
+    /// Key in the home shard's owned-task table; home thread only.
+    owned_slot: Cell<usize>,
     shared: Arc<Shared>,
     /// Touched only by the home shard's thread (see the module docs).
     future: UnsafeCell<Option<F>>,
-    /// Key in the home shard's owned-task table; home thread only.
-    owned_slot: Cell<usize>,
     join: JoinCell<F::Output>,
 }
 

@@ -43,8 +43,9 @@
 //! the sender's per-destination batch, which the runtime publishes with one
 //! `IORING_OP_MSG_RING` doorbell at the end of the sender's tick. See the
 //! `local` and `runner` module docs for the details, and `docs/actors.md`.
-// Unsafe code lives in `reply` (the ask cell) and `erased` (the registry's
-// typed lookup) alone; everything else is safe Rust.
+// Unsafe code lives in `reply` (the ask cell), `erased` (the registry's
+// typed lookup) and `replica` (the biased count of a shard's system
+// reference) alone; everything else is safe Rust.
 #![deny(unsafe_code)]
 
 mod actor;
@@ -55,6 +56,8 @@ mod erased;
 mod error;
 mod local;
 mod mailbox;
+#[allow(unsafe_code)]
+mod replica;
 #[allow(unsafe_code)]
 mod reply;
 mod route;

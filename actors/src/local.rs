@@ -108,6 +108,13 @@ impl<A: Actor> Outbound<A> {
 /// Deliveries to one shard handed to the runtime at once, at the latest.
 const OUTBOUND_BATCH: usize = 128;
 
+/// Emptied batch vectors a shard keeps for its own outbound batches, per
+/// actor type.
+const SPARE_BATCHES: usize = 8;
+
+/// The two vectors of a batch, emptied, kept with their capacity.
+type SpareBatch<A> = (Vec<TargetId<A>>, Vec<<A as Actor>::Envelope>);
+
 /// One actor type's state on one shard.
 pub(crate) struct TypeState<A: Actor> {
     pub(crate) shard: usize,
@@ -115,6 +122,12 @@ pub(crate) struct TypeState<A: Actor> {
     keyed: RefCell<HashMap<A::Key, Rc<ActorCell<A>>, RandomState>>,
     unkeyed: RefCell<HashMap<u64, Rc<ActorCell<A>>, RandomState>>,
     outbound: RefCell<Vec<Outbound<A>>>,
+    /// Vectors of batches delivered here, reused for batches sent from here:
+    /// a batch's vectors are allocated on the sending shard and emptied on
+    /// the receiving one, and freeing them there takes the sender's
+    /// allocator lock while the sender allocates (measured: futex waits in
+    /// a keyed Zipf run). Kept, they cost neither shard an allocation.
+    spare: RefCell<Vec<SpareBatch<A>>>,
     /// Advances on every delivery; cells remember it for LRU passivation.
     clock: Cell<u64>,
     pub(crate) counters: Counters,
@@ -129,6 +142,7 @@ impl<A: Actor> TypeState<A> {
             keyed: RefCell::new(HashMap::default()),
             unkeyed: RefCell::new(HashMap::default()),
             outbound: RefCell::new((0..shards).map(|_| Outbound::new()).collect()),
+            spare: RefCell::new(Vec::new()),
             clock: Cell::new(0),
             counters: Counters::default(),
         }
@@ -335,8 +349,7 @@ impl<A: Actor> TypeState<A> {
                 1
             } else {
                 if batch.envs.len() == batch.envs.capacity() {
-                    batch.envs.reserve(OUTBOUND_BATCH);
-                    batch.targets.reserve(OUTBOUND_BATCH);
+                    self.grow_batch(batch);
                 }
                 batch.targets.push(target);
                 batch.envs.push(env());
@@ -357,6 +370,33 @@ impl<A: Actor> TypeState<A> {
             let ts = self.clone();
             let queued = mailring::defer_to_tick_end(move || ts.flush_outbound(dest));
             debug_assert!(queued.is_ok(), "push_outbound runs on a shard");
+        }
+    }
+
+    /// Gives a batch's vectors room: spare ones if the shard has some.
+    #[cold]
+    fn grow_batch(&self, batch: &mut Outbound<A>) {
+        if batch.envs.capacity() == 0 {
+            if let Some((targets, envs)) = self.spare.borrow_mut().pop() {
+                batch.targets = targets;
+                batch.envs = envs;
+                return;
+            }
+        }
+        batch.envs.reserve(OUTBOUND_BATCH);
+        batch.targets.reserve(OUTBOUND_BATCH);
+    }
+
+    /// Keeps a delivered batch's emptied vectors for later batches.
+    fn keep_spare(&self, mut targets: Vec<TargetId<A>>, mut envs: Vec<A::Envelope>) {
+        if envs.capacity() < OUTBOUND_BATCH || targets.capacity() < OUTBOUND_BATCH {
+            return;
+        }
+        let mut spare = self.spare.borrow_mut();
+        if spare.len() < SPARE_BATCHES {
+            targets.clear();
+            envs.clear();
+            spare.push((targets, envs));
         }
     }
 
@@ -426,8 +466,13 @@ fn deliver_batch<A: Actor>(system_id: u64, batch: Outbound<A>) {
     // one actor) resolve the target once, and push without touching the
     // cell's reference count.
     let mut last: Option<(TargetId<A>, Rc<ActorCell<A>>)> = None;
-    let rest = batch.targets.into_iter().zip(batch.envs);
-    for (target, env) in batch.first.into_iter().chain(rest) {
+    let Outbound {
+        first,
+        mut targets,
+        mut envs,
+    } = batch;
+    let rest = targets.drain(..).zip(envs.drain(..));
+    for (target, env) in first.into_iter().chain(rest) {
         if let Some((t, cell)) = &last {
             if *t == target && cell.is_open() {
                 ts.push_resolved(cell, env);
@@ -442,6 +487,8 @@ fn deliver_batch<A: Actor>(system_id: u64, batch: Outbound<A>) {
             Err(reason) => ts.dead_letter(reason, env),
         }
     }
+    drop(last);
+    ts.keep_spare(targets, envs);
 }
 
 impl<A: Actor> TypeState<A> {
@@ -562,8 +609,9 @@ impl<A: Actor> AnyTypeState for TypeState<A> {
 pub(crate) struct ShardActors {
     system_id: u64,
     system: Arc<SystemShared>,
-    /// This shard's replica, on which the shard's `SystemRef`s count.
-    replica: Arc<crate::system::Replica>,
+    /// This shard's replica, on which the shard's `SystemRef`s count
+    /// (dropped with the registry, on this thread).
+    _replica: crate::replica::ReplicaHome,
     shard: usize,
     /// Indexed by each actor type's [`crate::actor::TypeSlot`]: that type's
     /// `TypeState<A>`.
@@ -592,9 +640,7 @@ fn registry(system: &Arc<SystemShared>) -> Option<Rc<ShardActors>> {
     let reg = Rc::new(ShardActors {
         system_id: system.id,
         system: system.clone(),
-        replica: Arc::new(crate::system::Replica {
-            shared: system.clone(),
-        }),
+        _replica: crate::replica::ReplicaHome::new(system.clone()),
         shard: shard.index(),
         typed: RefCell::new(Vec::new()),
         all: RefCell::new(Vec::new()),
@@ -665,12 +711,6 @@ fn with_registry<R>(system_id: u64, f: impl FnOnce(&ShardActors) -> R) -> Option
         })
         .ok()
         .flatten()
-}
-
-/// The calling shard's replica of system `system_id`, if this thread is one
-/// of its shards.
-pub(crate) fn replica(system_id: u64) -> Option<Arc<crate::system::Replica>> {
-    with_registry(system_id, |reg| reg.replica.clone())
 }
 
 /// Installs the calling shard's registry for `system` (at system start).
