@@ -38,6 +38,7 @@ pub enum Placement {
 /// # Panics
 ///
 /// When `shards` is zero.
+#[inline]
 pub fn sticky_shard(key: u64, shards: usize) -> ShardId {
     assert!(shards > 0, "sticky_shard needs at least one shard");
     let mut z = key.wrapping_add(0x9e37_79b9_7f4a_7c15);

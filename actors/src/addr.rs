@@ -303,18 +303,11 @@ impl<A: Actor> Addr<A> {
             Some(ts) if ts.shard == dest => {
                 // Deliveries already published to this shard go first.
                 mailring::receive_pending();
-                let cell = match ts.resolve(&target) {
-                    Ok(cell) => cell,
-                    Err(e) => {
+                ts.push_with(&target, payload, wrap)
+                    .map_err(|(e, payload)| {
                         self.release_place();
-                        return Err(fail(e, payload));
-                    }
-                };
-                ts.touch(&cell);
-                if let Err(env) = cell.push(wrap(payload)) {
-                    reply::drop_with_reason(AskError::Stopped, env);
-                }
-                Ok(())
+                        fail(e, payload)
+                    })
             }
             Some(ts) => {
                 ts.push_outbound(dest, target, || wrap(payload));

@@ -191,12 +191,39 @@ impl<A: Actor> TypeState<A> {
         target: &TargetId<A>,
         env: A::Envelope,
     ) -> Result<(), (AskError, A::Envelope)> {
-        let cell = match self.resolve(target) {
-            Ok(c) => c,
-            Err(e) => return Err((e, env)),
+        self.push_with(target, env, |env| env)
+    }
+
+    /// Wraps `payload` and pushes it to `target`'s live cell, activating a
+    /// keyed actor when needed. A live cell is used in place, through the
+    /// table's reference (no count taken: a send to a cold actor touches
+    /// only the cell's first line). The payload comes back, unwrapped, when
+    /// there is no live cell and none can be activated.
+    #[inline]
+    pub(crate) fn push_with<P>(
+        self: &Rc<Self>,
+        target: &TargetId<A>,
+        payload: P,
+        wrap: impl FnOnce(P) -> A::Envelope,
+    ) -> Result<(), (AskError, P)> {
+        // The table's borrow ends with this statement, before any activation.
+        let missed = match target {
+            TargetId::Uid(uid) => push_live(self, self.unkeyed.borrow().get(uid), payload, wrap),
+            TargetId::Key(key) => push_live(self, self.keyed.borrow().get(key), payload, wrap),
         };
-        self.touch(&cell);
-        cell.push(env).map_err(|env| (AskError::Stopped, env))
+        let Err((payload, wrap)) = missed else {
+            return Ok(());
+        };
+        match target {
+            TargetId::Uid(_) => Err((AskError::Stopped, payload)),
+            TargetId::Key(key) => match self.activate(key.clone()) {
+                Ok(cell) => {
+                    self.push_resolved(&cell, wrap(payload));
+                    Ok(())
+                }
+                Err(e) => Err((e, payload)),
+            },
+        }
     }
 
     /// Pushes `env` on a resolved cell (marking it used for LRU); a cell that
@@ -462,10 +489,11 @@ fn deliver_batch<A: Actor>(system_id: u64, batch: Outbound<A>) {
         reply::drop_with_reason(AskError::ShuttingDown, batch);
         return;
     };
-    // Runs of deliveries to one actor (the common case: a producer telling
-    // one actor) resolve the target once, and push without touching the
-    // cell's reference count.
-    let mut last: Option<(TargetId<A>, Rc<ActorCell<A>>)> = None;
+    // A run of deliveries to one actor (a producer telling one actor)
+    // resolves the target once, at its second message, and pushes on the
+    // kept cell; other deliveries push through the table without taking a
+    // reference to the cell.
+    let mut last: Option<(TargetId<A>, Option<Rc<ActorCell<A>>>)> = None;
     let Outbound {
         first,
         mut targets,
@@ -473,19 +501,26 @@ fn deliver_batch<A: Actor>(system_id: u64, batch: Outbound<A>) {
     } = batch;
     let rest = targets.drain(..).zip(envs.drain(..));
     for (target, env) in first.into_iter().chain(rest) {
-        if let Some((t, cell)) = &last {
-            if *t == target && cell.is_open() {
-                ts.push_resolved(cell, env);
+        if let Some((t, kept)) = &mut last {
+            if *t == target {
+                if let Some(cell) = kept.as_ref().filter(|c| c.is_open()) {
+                    ts.push_resolved(cell, env);
+                    continue;
+                }
+                match ts.resolve(&target) {
+                    Ok(cell) => {
+                        ts.push_resolved(&cell, env);
+                        *kept = Some(cell);
+                    }
+                    Err(reason) => ts.dead_letter(reason, env),
+                }
                 continue;
             }
         }
-        match ts.resolve(&target) {
-            Ok(cell) => {
-                ts.push_resolved(&cell, env);
-                last = Some((target, cell));
-            }
-            Err(reason) => ts.dead_letter(reason, env),
+        if let Err((reason, env)) = ts.deliver(&target, env) {
+            ts.dead_letter(reason, env);
         }
+        last = Some((target, None));
     }
     drop(last);
     ts.keep_spare(targets, envs);
@@ -527,6 +562,26 @@ impl<A: Actor> TypeState<A> {
             TargetId::Uid(uid) => self.find_unkeyed(*uid),
             TargetId::Key(key) => self.find_keyed(key),
         }
+    }
+}
+
+/// Pushes on `cell` if it is live; else gives the payload and its wrapper
+/// back. The cell is pushed through the caller's borrow of its table:
+/// pushing wakes at most a task into a run queue, and the cell is open, so
+/// nothing here reaches the tables.
+#[inline(always)]
+fn push_live<A: Actor, P, W: FnOnce(P) -> A::Envelope>(
+    ts: &TypeState<A>,
+    cell: Option<&Rc<ActorCell<A>>>,
+    payload: P,
+    wrap: W,
+) -> Result<(), (P, W)> {
+    match cell {
+        Some(cell) if cell.is_open() => {
+            ts.push_resolved(cell, wrap(payload));
+            Ok(())
+        }
+        _ => Err((payload, wrap)),
     }
 }
 
