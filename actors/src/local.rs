@@ -493,7 +493,8 @@ fn deliver_batch<A: Actor>(system_id: u64, batch: Outbound<A>) {
     // resolves the target once, at its second message, and pushes on the
     // kept cell; other deliveries push through the table without taking a
     // reference to the cell.
-    let mut last: Option<(TargetId<A>, Option<Rc<ActorCell<A>>>)> = None;
+    let mut last: Option<TargetId<A>> = None;
+    let mut kept: Option<Rc<ActorCell<A>>> = None;
     let Outbound {
         first,
         mut targets,
@@ -501,28 +502,27 @@ fn deliver_batch<A: Actor>(system_id: u64, batch: Outbound<A>) {
     } = batch;
     let rest = targets.drain(..).zip(envs.drain(..));
     for (target, env) in first.into_iter().chain(rest) {
-        if let Some((t, kept)) = &mut last {
-            if *t == target {
-                if let Some(cell) = kept.as_ref().filter(|c| c.is_open()) {
-                    ts.push_resolved(cell, env);
-                    continue;
-                }
-                match ts.resolve(&target) {
-                    Ok(cell) => {
-                        ts.push_resolved(&cell, env);
-                        *kept = Some(cell);
-                    }
-                    Err(reason) => ts.dead_letter(reason, env),
-                }
+        if last.as_ref() == Some(&target) {
+            if let Some(cell) = kept.as_ref().filter(|c| c.is_open()) {
+                ts.push_resolved(cell, env);
                 continue;
             }
+            match ts.resolve(&target) {
+                Ok(cell) => {
+                    ts.push_resolved(&cell, env);
+                    kept = Some(cell);
+                }
+                Err(reason) => ts.dead_letter(reason, env),
+            }
+            continue;
         }
         if let Err((reason, env)) = ts.deliver(&target, env) {
             ts.dead_letter(reason, env);
         }
-        last = Some((target, None));
+        last = Some(target);
+        kept = None;
     }
-    drop(last);
+    drop(kept);
     ts.keep_spare(targets, envs);
 }
 
