@@ -108,6 +108,9 @@ impl<A: Actor> Outbound<A> {
 /// Deliveries to one shard handed to the runtime at once, at the latest.
 const OUTBOUND_BATCH: usize = 128;
 
+/// Deliveries of a received batch looked up before any of them is pushed.
+const LOOKAHEAD: usize = 16;
+
 /// Emptied batch vectors a shard keeps for its own outbound batches, per
 /// actor type.
 const SPARE_BATCHES: usize = 8;
@@ -489,40 +492,59 @@ fn deliver_batch<A: Actor>(system_id: u64, batch: Outbound<A>) {
         reply::drop_with_reason(AskError::ShuttingDown, batch);
         return;
     };
-    // A run of deliveries to one actor (a producer telling one actor)
-    // resolves the target once, at its second message, and pushes on the
-    // kept cell; other deliveries push through the table without taking a
-    // reference to the cell.
-    let mut last: Option<TargetId<A>> = None;
-    let mut kept: Option<Rc<ActorCell<A>>> = None;
     let Outbound {
         first,
-        mut targets,
+        targets,
         mut envs,
     } = batch;
-    let rest = targets.drain(..).zip(envs.drain(..));
-    for (target, env) in first.into_iter().chain(rest) {
-        if last.as_ref() == Some(&target) {
-            if let Some(cell) = kept.as_ref().filter(|c| c.is_open()) {
-                ts.push_resolved(cell, env);
-                continue;
-            }
-            match ts.resolve(&target) {
-                Ok(cell) => {
-                    ts.push_resolved(&cell, env);
-                    kept = Some(cell);
-                }
-                Err(reason) => ts.dead_letter(reason, env),
-            }
-            continue;
-        }
-        if let Err((reason, env)) = ts.deliver(&target, env) {
-            ts.dead_letter(reason, env);
-        }
-        last = Some(target);
-        kept = None;
+    if let Some((target, env)) = first {
+        ts.deliver_or_drop(&target, env);
     }
-    drop(kept);
+    // The rest goes in windows of `LOOKAHEAD`: first every target of the
+    // window is looked up (and its cell's first line loaded), then the
+    // envelopes are pushed. The lookups of a window are independent, so the
+    // processor overlaps their cache misses, where a lookup-then-push loop
+    // waits for each cell in turn (the keyed Zipf case: most deliveries go
+    // to a cold actor). A delivery to one actor after another reuses the
+    // previous lookup. A target with no live cell ends its window's pushes
+    // and is delivered alone (it may activate an actor, which changes the
+    // table).
+    let mut envs_left = envs.drain(..);
+    let mut i = 0;
+    while i < targets.len() {
+        let window = &targets[i..targets.len().min(i + LOOKAHEAD)];
+        let pushed = {
+            let keyed = ts.keyed.borrow();
+            let unkeyed = ts.unkeyed.borrow();
+            let mut cells: [Option<&Rc<ActorCell<A>>>; LOOKAHEAD] = [None; LOOKAHEAD];
+            for (j, target) in window.iter().enumerate() {
+                cells[j] = if j > 0 && window[j - 1] == *target {
+                    cells[j - 1]
+                } else {
+                    match target {
+                        TargetId::Uid(uid) => unkeyed.get(uid),
+                        TargetId::Key(key) => keyed.get(key),
+                    }
+                    .filter(|c| c.is_open())
+                };
+            }
+            let mut pushed = 0;
+            for cell in cells.iter().take(window.len()) {
+                let Some(cell) = cell else { break };
+                let env = envs_left.next().expect("one envelope per target");
+                ts.push_resolved(cell, env);
+                pushed += 1;
+            }
+            pushed
+        };
+        i += pushed;
+        if pushed < window.len() {
+            let env = envs_left.next().expect("one envelope per target");
+            ts.deliver_or_drop(&targets[i], env);
+            i += 1;
+        }
+    }
+    drop(envs_left);
     ts.keep_spare(targets, envs);
 }
 
