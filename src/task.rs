@@ -134,7 +134,11 @@ where
         with_current(|shard| {
             if shard.runtime_id() == runtime {
                 if let Some(t) = task.take() {
-                    shard.send_item(home, InboxItem::Task(t));
+                    if home == shard.index() {
+                        shard.push_local(t);
+                    } else {
+                        shard.send_item(home, InboxItem::Task(t));
+                    }
                 }
             }
         });

@@ -151,8 +151,13 @@ impl<A: Actor> TypeState<A> {
         }
     }
 
+    /// Stamps `cell` as just used, for least-recently-used passivation (a
+    /// type without `max_active` never reads the stamps: nothing is done).
     #[inline]
     pub(crate) fn touch(&self, cell: &ActorCell<A>) {
+        if A::CONFIG.max_active_per_shard.is_none() {
+            return;
+        }
         let t = self.clock.get().wrapping_add(1);
         self.clock.set(t);
         cell.last_used.set(t);
