@@ -2,7 +2,7 @@
 //! am I, stop, timers, watches, children.
 
 use crate::runner::Chain;
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::fmt;
 use std::rc::Rc;
 use std::time::Duration;
@@ -56,8 +56,8 @@ impl<A: Actor> Ctx<A> {
     pub(crate) fn new(myself: Addr<A>, cell: Rc<ActorCell<A>>, ts: Rc<TypeState<A>>) -> Self {
         let frame = Rc::new(Frame {
             uid: cell.uid,
-            chain: RefCell::new(None),
-            outgoing: RefCell::new(None),
+            chain: Cell::new(None),
+            outgoing: Cell::new(None),
         });
         Ctx {
             myself,
@@ -107,13 +107,13 @@ impl<A: Actor> Ctx<A> {
     }
 
     pub(crate) fn enter_message(&mut self, chain: Option<Chain>) {
-        *self.frame.chain.borrow_mut() = chain;
-        *self.frame.outgoing.borrow_mut() = None;
+        self.frame.chain.set(chain);
+        self.frame.outgoing.set(None);
     }
 
     pub(crate) fn leave_message(&mut self) {
-        *self.frame.chain.borrow_mut() = None;
-        *self.frame.outgoing.borrow_mut() = None;
+        self.frame.chain.set(None);
+        self.frame.outgoing.set(None);
     }
 
     /// Sends `msg` to this actor after `delay` (the message need not be `Send`).

@@ -21,7 +21,7 @@
 //! made then carries the chain one link longer, and an ask to any actor on
 //! the chain fails at once with `AskError::WouldDeadlock`.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -66,10 +66,10 @@ pub(crate) type Chain = Arc<Vec<u64>>;
 pub(crate) struct Frame {
     pub(crate) uid: u64,
     /// The chain of the ask being handled (`None` for a tell).
-    pub(crate) chain: RefCell<Option<Chain>>,
+    pub(crate) chain: Cell<Option<Chain>>,
     /// The chain of asks made while handling it (`chain` plus this actor),
     /// built by the first such ask and shared by the others.
-    pub(crate) outgoing: RefCell<Option<Chain>>,
+    pub(crate) outgoing: Cell<Option<Chain>>,
 }
 
 thread_local! {
@@ -90,17 +90,20 @@ pub(crate) fn ask_chain(target: impl FnOnce() -> u64) -> Result<Option<Chain>, A
         return Ok(None);
     };
     let target = target();
-    let chain = frame.chain.borrow();
+    // Plain cells, taken and put back (nothing in between can panic).
+    let chain = frame.chain.take();
     if target == frame.uid || chain.as_ref().is_some_and(|c| c.contains(&target)) {
+        frame.chain.set(chain);
         return Err(AskError::WouldDeadlock);
     }
-    let mut outgoing = frame.outgoing.borrow_mut();
-    let links = outgoing.get_or_insert_with(|| {
+    let links = frame.outgoing.take().unwrap_or_else(|| {
         let mut links = chain.as_ref().map(|c| c.to_vec()).unwrap_or_default();
         links.push(frame.uid);
         Arc::new(links)
     });
-    Ok(Some(links.clone()))
+    frame.outgoing.set(Some(links.clone()));
+    frame.chain.set(chain);
+    Ok(Some(links))
 }
 
 /// Polls `fut` with the actor's frame installed, catching panics.
@@ -478,8 +481,8 @@ mod tests {
     fn a_guarded_future_adds_only_its_frame_reference() {
         let frame = Rc::new(Frame {
             uid: 7,
-            chain: RefCell::new(None),
-            outgoing: RefCell::new(None),
+            chain: Cell::new(None),
+            outgoing: Cell::new(None),
         });
         let big = [0u8; 256];
         let inner = async move { big.len() };
