@@ -16,9 +16,12 @@
 //!
 //! - `local` belongs to the owner thread. It starts at one, the reference
 //!   the shard's registry holds ([`ReplicaHome`]).
-//! - `remote` is atomic and starts at [`UNMERGED`], a bias so large that no
-//!   sequence of releases on other threads can bring it to zero while the
-//!   owner still counts locally.
+//! - `remote` is atomic and starts at [`UNMERGED`], a bias that keeps it far
+//!   from zero while the owner still counts locally. Releases elsewhere of
+//!   references taken on the owner thread lower `remote` and raise `local`
+//!   by as much; so that this drift stays bounded however long a shard
+//!   runs, the owner folds `local` back into `remote` whenever it passes
+//!   [`FOLD_AT`] (one compare on the owner's increment).
 //! - When the registry drops its home (on the owner thread, when the shard's
 //!   actors are cleared or the thread exits), the owner *merges*: it stops
 //!   counting locally (its thread-local marker is cleared, so later
@@ -26,9 +29,14 @@
 //!   to `remote`. From then on `remote` is the true count, and whoever brings
 //!   it to zero frees the replica.
 //!
-//! Which count an operation uses is decided by the calling thread: the owner
-//! thread's `OWNED` marker points at the replica from its creation until the
-//! merge, and no other thread's marker ever does.
+//! Which count an operation uses is decided by the calling thread: a thread's
+//! `OWNED` marker is null or points at the replica of a live home created on
+//! that thread (set when the home is made; cleared by that home's drop if it
+//! still points there, and overwritten if the thread makes another home, in
+//! which case the older replica simply takes the atomic path from then on).
+//! No other thread's marker ever points at a replica. A home is dropped on
+//! the thread that made it: it is not `Send`, and the registry holding it is
+//! a thread-local `Rc`.
 
 use std::cell::Cell;
 use std::ptr::NonNull;
@@ -39,6 +47,11 @@ use crate::system::SystemShared;
 
 /// The bias `remote` carries until the owner merges.
 const UNMERGED: isize = 1 << 60;
+
+/// The owner's count at which it is folded into `remote` (far below the
+/// bias, so `remote` never comes near zero before the merge).
+/// Small in tests, so that they fold.
+const FOLD_AT: isize = if cfg!(test) { 1 << 4 } else { 1 << 40 };
 
 thread_local! {
     /// The replica this thread owns and still counts locally, if any.
@@ -60,9 +73,9 @@ struct Replica {
 fn owned_replica_of(shared: &SystemShared) -> Option<NonNull<Replica>> {
     let ptr = OWNED.try_with(Cell::get).ok()?;
     let ptr = NonNull::new(ptr.cast_mut())?;
-    // SAFETY: `OWNED` is non-null only between a `ReplicaHome::new` on this
-    // thread and that home's drop (also on this thread, which clears it
-    // first); the home's own reference keeps the replica alive in between.
+    // SAFETY: `OWNED` is null or points at the replica of a live home made on
+    // this thread (module docs): a home's drop clears it first if it still
+    // points there, and the home's own reference keeps the replica alive.
     let replica = unsafe { ptr.as_ref() };
     (replica.shared.id == shared.id).then_some(ptr)
 }
@@ -80,9 +93,27 @@ pub(crate) struct ReplicaRef(NonNull<Replica>);
 // SAFETY: the only non-thread-safe part of a replica is `local`, which is
 // touched only on the thread whose `OWNED` marker points at the replica
 // (module docs); everything else is an `Arc` of `Send + Sync` state or atomic.
+// (`OWNED` has no destructor, so its access does not fail; if it did, the
+// operation would take the atomic path, which is always correct.)
 unsafe impl Send for ReplicaRef {}
-// SAFETY: as for `Send`; `&ReplicaRef` gives access to `shared` alone.
+// SAFETY: as for `Send`: through `&ReplicaRef` a thread reads `shared` or
+// clones, and a clone touches `local` only on the owner thread.
 unsafe impl Sync for ReplicaRef {}
+
+/// Adds one to the owner's count, folding it into `remote` when it grows
+/// large. Owner thread only, before the merge.
+#[inline]
+fn increment_local(replica: &Replica) {
+    let local = replica.local.get() + 1;
+    if local < FOLD_AT {
+        replica.local.set(local);
+    } else {
+        // Keeps `local + remote` and brings `remote` back up by as much as
+        // releases elsewhere of references taken here had lowered it.
+        replica.remote.fetch_add(local - 1, Ordering::Relaxed);
+        replica.local.set(1);
+    }
+}
 
 impl ReplicaRef {
     /// A new reference to the calling thread's replica of `shared`'s system,
@@ -93,7 +124,7 @@ impl ReplicaRef {
         // SAFETY: owned by this thread and alive (see `owned_replica_of`);
         // `local` is this thread's to touch.
         let replica = unsafe { ptr.as_ref() };
-        replica.local.set(replica.local.get() + 1);
+        increment_local(replica);
         Some(ReplicaRef(ptr))
     }
 
@@ -111,7 +142,7 @@ impl Clone for ReplicaRef {
         // SAFETY: this counted reference keeps the replica alive.
         let replica = unsafe { self.0.as_ref() };
         if owns(self.0) {
-            replica.local.set(replica.local.get() + 1);
+            increment_local(replica);
         } else {
             // As `Arc::clone`: a new reference is made from a live one, so
             // no ordering is needed.
@@ -135,15 +166,18 @@ impl Drop for ReplicaRef {
         }
         if replica.remote.fetch_sub(1, Ordering::Release) == 1 {
             fence(Ordering::Acquire);
-            // SAFETY: `remote` reached zero after the merge (before it the
-            // bias keeps it far from zero): this was the last reference.
+            // SAFETY: `remote` reached zero, which happens only after the
+            // merge (before it, the bias minus the folded drift keeps it
+            // above `UNMERGED - FOLD_AT - live references`): this was the
+            // last reference.
             unsafe { free(self.0) };
         }
     }
 }
 
 /// The registry's reference, which makes its thread the owner: made on the
-/// shard thread, dropped there (the registry is thread-local).
+/// shard thread, dropped there (the registry is thread-local). Not `Send`
+/// (the raw pointer sees to that, and the merge relies on it).
 pub(crate) struct ReplicaHome(NonNull<Replica>);
 
 impl ReplicaHome {
@@ -235,6 +269,26 @@ mod tests {
         assert_eq!(Arc::strong_count(&s), 2);
         assert!(ReplicaRef::here(&s).is_none(), "merged: no longer local");
         drop(here);
+        assert_eq!(Arc::strong_count(&s), 1, "the replica was freed");
+    }
+
+    #[test]
+    fn folding_the_owners_count_keeps_the_total() {
+        let (_rt, s) = shared();
+        let home = ReplicaHome::new(s.clone());
+        // Many references taken here (past several folds), released on
+        // another thread, and a few kept here.
+        let taken: Vec<ReplicaRef> = (0..100)
+            .map(|_| ReplicaRef::here(&s).expect("owner thread"))
+            .collect();
+        let kept: Vec<ReplicaRef> = taken.iter().take(3).cloned().collect();
+        std::thread::scope(|t| {
+            t.spawn(move || drop(taken));
+        });
+        assert_eq!(Arc::strong_count(&s), 2);
+        drop(home);
+        assert_eq!(Arc::strong_count(&s), 2, "three references are left");
+        drop(kept);
         assert_eq!(Arc::strong_count(&s), 1, "the replica was freed");
     }
 
