@@ -48,6 +48,10 @@
 // reference) alone; everything else is safe Rust.
 #![deny(unsafe_code)]
 
+// The derive macros name this crate by its path; unit tests use them inside it.
+#[cfg(test)]
+extern crate self as mailring_actors;
+
 mod actor;
 mod addr;
 mod ctx;

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use foldhash::fast::RandomState;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use mailring::ShardId;
 
@@ -111,12 +111,45 @@ const OUTBOUND_BATCH: usize = 128;
 /// Deliveries of a received batch looked up before any of them is pushed.
 const LOOKAHEAD: usize = 16;
 
-/// Emptied batch vectors a shard keeps for its own outbound batches, per
-/// actor type.
+/// Emptied batch vectors kept per shard and actor type.
 const SPARE_BATCHES: usize = 8;
 
 /// The two vectors of a batch, emptied, kept with their capacity.
 type SpareBatch<A> = (Vec<TargetId<A>>, Vec<<A as Actor>::Envelope>);
+
+/// Emptied batch vectors of one actor type, one list per shard.
+///
+/// A batch's vectors are allocated on the sending shard and emptied on the
+/// receiving one. Freed there, they would take the sender's allocator lock
+/// while the sender allocates (perf showed futex waits in glibc's arena
+/// lock from both shards), and a one-way stream would allocate and free a
+/// pair per batch forever. Instead the receiver puts them back on the
+/// sender's list (one uncontended lock per batch), and the sender takes
+/// them from there for its next batch: in steady state no batch allocates.
+pub(crate) struct SpareBatches<A: Actor> {
+    per_shard: Vec<SpareList<A>>,
+}
+
+/// One shard's list, on cache lines of its own.
+#[repr(align(128))]
+struct SpareList<A: Actor>(Mutex<Vec<SpareBatch<A>>>);
+
+impl<A: Actor> SpareBatches<A> {
+    pub(crate) fn new(shards: usize) -> Self {
+        SpareBatches {
+            per_shard: (0..shards)
+                .map(|_| SpareList(Mutex::new(Vec::new())))
+                .collect(),
+        }
+    }
+
+    fn list(&self, shard: usize) -> std::sync::MutexGuard<'_, Vec<SpareBatch<A>>> {
+        self.per_shard[shard]
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 /// One actor type's state on one shard.
 pub(crate) struct TypeState<A: Actor> {
@@ -125,12 +158,9 @@ pub(crate) struct TypeState<A: Actor> {
     keyed: RefCell<HashMap<A::Key, Rc<ActorCell<A>>, RandomState>>,
     unkeyed: RefCell<HashMap<u64, Rc<ActorCell<A>>, RandomState>>,
     outbound: RefCell<Vec<Outbound<A>>>,
-    /// Vectors of batches delivered here, reused for batches sent from here:
-    /// a batch's vectors are allocated on the sending shard and emptied on
-    /// the receiving one, and freeing them there takes the sender's
-    /// allocator lock while the sender allocates (measured: futex waits in
-    /// a keyed Zipf run). Kept, they cost neither shard an allocation.
-    spare: RefCell<Vec<SpareBatch<A>>>,
+    /// The system's spare batch vectors of this type (see [`SpareBatches`]),
+    /// fetched on the first cross-shard batch.
+    spares: std::cell::OnceCell<Arc<SpareBatches<A>>>,
     /// Advances on every delivery; cells remember it for LRU passivation.
     clock: Cell<u64>,
     pub(crate) counters: Counters,
@@ -145,7 +175,7 @@ impl<A: Actor> TypeState<A> {
             keyed: RefCell::new(HashMap::default()),
             unkeyed: RefCell::new(HashMap::default()),
             outbound: RefCell::new((0..shards).map(|_| Outbound::new()).collect()),
-            spare: RefCell::new(Vec::new()),
+            spares: std::cell::OnceCell::new(),
             clock: Cell::new(0),
             counters: Counters::default(),
         }
@@ -408,11 +438,22 @@ impl<A: Actor> TypeState<A> {
         }
     }
 
-    /// Gives a batch's vectors room: spare ones if the shard has some.
+    fn spares(&self) -> &SpareBatches<A>
+    where
+        A::Envelope: Send,
+    {
+        self.spares.get_or_init(|| self.system.spare_batches::<A>())
+    }
+
+    /// Gives a batch's vectors room: a pair from this shard's spare list if
+    /// one came back.
     #[cold]
-    fn grow_batch(&self, batch: &mut Outbound<A>) {
+    fn grow_batch(&self, batch: &mut Outbound<A>)
+    where
+        A::Envelope: Send,
+    {
         if batch.envs.capacity() == 0 {
-            if let Some((targets, envs)) = self.spare.borrow_mut().pop() {
+            if let Some((targets, envs)) = self.spares().list(self.shard).pop() {
                 batch.targets = targets;
                 batch.envs = envs;
                 return;
@@ -422,16 +463,24 @@ impl<A: Actor> TypeState<A> {
         batch.targets.reserve(OUTBOUND_BATCH);
     }
 
-    /// Keeps a delivered batch's emptied vectors for later batches.
-    fn keep_spare(&self, mut targets: Vec<TargetId<A>>, mut envs: Vec<A::Envelope>) {
+    /// Puts a delivered batch's emptied vectors back on the list of the
+    /// shard that sent them.
+    fn return_spare(&self, from: usize, mut targets: Vec<TargetId<A>>, mut envs: Vec<A::Envelope>)
+    where
+        A::Envelope: Send,
+    {
         if envs.capacity() < OUTBOUND_BATCH || targets.capacity() < OUTBOUND_BATCH {
             return;
         }
-        let mut spare = self.spare.borrow_mut();
-        if spare.len() < SPARE_BATCHES {
-            targets.clear();
-            envs.clear();
-            spare.push((targets, envs));
+        targets.clear();
+        envs.clear();
+        let spare = (targets, envs);
+        let mut list = self.spares().list(from);
+        if list.len() < SPARE_BATCHES {
+            list.push(spare);
+        } else {
+            drop(list);
+            drop(spare);
         }
     }
 
@@ -446,8 +495,9 @@ impl<A: Actor> TypeState<A> {
         // Only the system's id travels: the receiver finds its own registry,
         // so no shared reference count bounces between shards per batch.
         let system_id = self.system.id;
+        let from = self.shard;
         self.system.handle.run_on(ShardId::new(dest), move || {
-            deliver_batch::<A>(system_id, batch)
+            deliver_batch::<A>(system_id, from, batch)
         });
     }
 
@@ -492,7 +542,10 @@ fn unkeyed_key<A: Actor>() -> A::Key {
 }
 
 /// Delivers a batch of messages from another shard, in order.
-fn deliver_batch<A: Actor>(system_id: u64, batch: Outbound<A>) {
+fn deliver_batch<A: Actor>(system_id: u64, from: usize, batch: Outbound<A>)
+where
+    A::Envelope: Send,
+{
     let Some(ts) = type_state_by_id::<A>(system_id) else {
         reply::drop_with_reason(AskError::ShuttingDown, batch);
         return;
@@ -550,7 +603,7 @@ fn deliver_batch<A: Actor>(system_id: u64, batch: Outbound<A>) {
         }
     }
     drop(envs_left);
-    ts.keep_spare(targets, envs);
+    ts.return_spare(from, targets, envs);
 }
 
 impl<A: Actor> TypeState<A> {
@@ -865,5 +918,63 @@ pub(crate) fn keyed_home<A: Actor>(system: &SystemShared, key: &A::Key, hash: u6
             let dir = system.directory::<A>();
             dir.route(key, hash, || system.handle.least_loaded_shard().index())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Actor, ActorSystem, Ctx, Handler, Message, Placement, Runtime, ShardId};
+
+    #[derive(Actor, Default)]
+    #[actor(handles(Tick, Count))]
+    struct Sink {
+        n: u64,
+    }
+
+    #[derive(Message)]
+    struct Tick;
+
+    #[derive(Message)]
+    #[message(reply = u64)]
+    struct Count;
+
+    impl Handler<Tick> for Sink {
+        async fn handle(&mut self, _m: Tick, _cx: &mut Ctx<Self>) {
+            self.n += 1;
+        }
+    }
+
+    impl Handler<Count> for Sink {
+        async fn handle(&mut self, _m: Count, _cx: &mut Ctx<Self>) -> u64 {
+            self.n
+        }
+    }
+
+    #[test]
+    fn a_one_way_stream_gets_its_batch_vectors_back() {
+        let sys = ActorSystem::start(Runtime::builder().shards(2)).expect("io_uring available");
+        let sink = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Sink::default);
+        let rt = sys.runtime().clone();
+        let (count, returned) = sys.block_on(async move {
+            rt.spawn_on(ShardId::new(0), async move {
+                for i in 0..20_000u32 {
+                    sink.tell(Tick).unwrap();
+                    if i % 1000 == 999 {
+                        mailring::yield_now().await;
+                    }
+                }
+                let n = sink.ask(Count).await.unwrap();
+                // The reply came after every batch was delivered: their
+                // vectors went back to this (the sending) shard's list.
+                let ts = super::type_state::<Sink>(sink.system.arc()).expect("on a shard");
+                let returned = ts.spares().list(0).len();
+                (n, returned)
+            })
+            .await
+            .unwrap()
+        });
+        assert_eq!(count, 20_000);
+        assert!(returned > 0, "no batch vectors came back to the sender");
+        sys.shutdown();
     }
 }
