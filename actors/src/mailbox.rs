@@ -92,6 +92,20 @@ impl Capacity {
 /// copy) without costing the send path anything.
 const INITIAL_MAILBOX: usize = 16;
 
+/// Envelopes an emptied mailbox buffer may keep room for. A `VecDeque` keeps
+/// its peak capacity: after a burst of a million messages an actor would
+/// hold two 16 MB buffers (its queue and its task's batch trade places)
+/// for as long as it lives. An emptied buffer above this size is given back
+/// when the actor next takes its mailbox (a compare per take, not per
+/// message).
+const KEEP_AFTER_BURST: usize = 1024;
+
+/// Replaces an emptied, oversized buffer with a small one.
+#[cold]
+fn release_burst<E>(buffer: &mut VecDeque<E>) {
+    *buffer = VecDeque::with_capacity(INITIAL_MAILBOX);
+}
+
 /// Called once with the actor's end.
 pub(crate) type Watcher = Box<dyn FnOnce(Terminated)>;
 
@@ -168,6 +182,9 @@ impl<A: Actor> ActorCell<A> {
     /// own batch), freeing their places in a bounded mailbox.
     #[inline]
     pub(crate) fn take_all(&self, into: &mut VecDeque<A::Envelope>) -> usize {
+        if into.capacity() > KEEP_AFTER_BURST && into.is_empty() {
+            release_burst(into);
+        }
         let mut q = self.queue.borrow_mut();
         let n = q.len();
         if n == 0 {
@@ -237,5 +254,43 @@ impl<A: Actor> ActorCell<A> {
 
     pub(crate) fn take_watchers(&self) -> Vec<Watcher> {
         std::mem::take(&mut *self.watchers.borrow_mut())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Accepts, Ctx, Handler, Message};
+
+    #[derive(crate::Actor, Default)]
+    #[actor(handles(Ping))]
+    struct Quiet;
+
+    #[derive(Message)]
+    struct Ping;
+
+    impl Handler<Ping> for Quiet {
+        async fn handle(&mut self, _m: Ping, _cx: &mut Ctx<Self>) {}
+    }
+
+    #[test]
+    fn a_burst_leaves_no_oversized_buffer_behind() {
+        let cell = ActorCell::<Quiet>::new(1, (), None);
+        for _ in 0..100_000 {
+            assert!(cell.push(<Quiet as Accepts<Ping>>::envelope(Ping)).is_ok());
+        }
+        let mut batch = VecDeque::new();
+        assert_eq!(cell.take_all(&mut batch), 100_000);
+        assert!(batch.capacity() >= 100_000);
+        batch.clear();
+        // The next take, empty or not, gives the burst's buffer back; the
+        // queue was handed the batch's small one by the first take.
+        assert!(cell.push(<Quiet as Accepts<Ping>>::envelope(Ping)).is_ok());
+        assert_eq!(cell.take_all(&mut batch), 1);
+        batch.clear();
+        assert_eq!(cell.take_all(&mut batch), 0);
+        assert!(batch.capacity() <= KEEP_AFTER_BURST, "{}", batch.capacity());
+        assert!(cell.queue.borrow().capacity() <= KEEP_AFTER_BURST);
+        assert_eq!(cell.high_water.get(), 100_000);
     }
 }
