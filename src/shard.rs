@@ -420,12 +420,19 @@ impl Shard {
     }
 
     /// Delivers an item to shard `dest`: at once if it is this shard, else in
-    /// this tick's batch for `dest`.
+    /// this tick's batch for `dest`. Inlined, so that a local item (a wake
+    /// on the task's own shard, the common case) folds to its run-queue push.
+    #[inline]
     pub(crate) fn send_item(&self, dest: usize, item: InboxItem) {
         if dest == self.index {
             self.accept(item);
-            return;
+        } else {
+            self.batch_item(dest, item);
         }
+    }
+
+    /// Adds an item to this tick's batch for shard `dest`.
+    fn batch_item(&self, dest: usize, item: InboxItem) {
         let flush_now = {
             let mut out = self.outgoing.borrow_mut();
             let batch = &mut out.batches[dest];
@@ -441,6 +448,7 @@ impl Shard {
         }
     }
 
+    #[inline]
     fn accept(&self, item: InboxItem) {
         match item {
             InboxItem::Task(t) => self.push_local(t),

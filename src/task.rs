@@ -134,11 +134,7 @@ where
         with_current(|shard| {
             if shard.runtime_id() == runtime {
                 if let Some(t) = task.take() {
-                    if home == shard.index() {
-                        shard.push_local(t);
-                    } else {
-                        shard.send_item(home, InboxItem::Task(t));
-                    }
+                    shard.send_item(home, InboxItem::Task(t));
                 }
             }
         });

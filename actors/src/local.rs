@@ -474,13 +474,9 @@ impl<A: Actor> TypeState<A> {
         }
         targets.clear();
         envs.clear();
-        let spare = (targets, envs);
         let mut list = self.spares().list(from);
         if list.len() < SPARE_BATCHES {
-            list.push(spare);
-        } else {
-            drop(list);
-            drop(spare);
+            list.push((targets, envs));
         }
     }
 

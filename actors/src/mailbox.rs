@@ -95,9 +95,9 @@ const INITIAL_MAILBOX: usize = 16;
 /// Envelopes an emptied mailbox buffer may keep room for. A `VecDeque` keeps
 /// its peak capacity: after a burst of a million messages an actor would
 /// hold two 16 MB buffers (its queue and its task's batch trade places)
-/// for as long as it lives. An emptied buffer above this size is given back
-/// when the actor next takes its mailbox (a compare per take, not per
-/// message).
+/// for as long as it lives. An emptied batch above this size is given back
+/// when the actor refills it ([`ActorCell::refill`]: a compare per refill,
+/// not per message).
 const KEEP_AFTER_BURST: usize = 1024;
 
 /// Replaces an emptied, oversized buffer with a small one.
@@ -182,9 +182,6 @@ impl<A: Actor> ActorCell<A> {
     /// own batch), freeing their places in a bounded mailbox.
     #[inline]
     pub(crate) fn take_all(&self, into: &mut VecDeque<A::Envelope>) -> usize {
-        if into.capacity() > KEEP_AFTER_BURST && into.is_empty() {
-            release_burst(into);
-        }
         let mut q = self.queue.borrow_mut();
         let n = q.len();
         if n == 0 {
@@ -204,6 +201,18 @@ impl<A: Actor> ActorCell<A> {
             c.release(n);
         }
         n
+    }
+
+    /// [`ActorCell::take_all`] into the actor task's emptied batch, first
+    /// giving back the batch's buffer if a burst left it oversized (the
+    /// queue receives that buffer next, so both are kept in check).
+    #[inline]
+    pub(crate) fn refill(&self, batch: &mut VecDeque<A::Envelope>) -> usize {
+        debug_assert!(batch.is_empty());
+        if batch.capacity() > KEEP_AFTER_BURST {
+            release_burst(batch);
+        }
+        self.take_all(batch)
     }
 
     #[inline]
@@ -280,15 +289,15 @@ mod tests {
             assert!(cell.push(<Quiet as Accepts<Ping>>::envelope(Ping)).is_ok());
         }
         let mut batch = VecDeque::new();
-        assert_eq!(cell.take_all(&mut batch), 100_000);
+        assert_eq!(cell.refill(&mut batch), 100_000);
         assert!(batch.capacity() >= 100_000);
         batch.clear();
-        // The next take, empty or not, gives the burst's buffer back; the
-        // queue was handed the batch's small one by the first take.
+        // The next refill, empty or not, gives the burst's buffer back; the
+        // queue was handed the batch's small one by the first refill.
         assert!(cell.push(<Quiet as Accepts<Ping>>::envelope(Ping)).is_ok());
-        assert_eq!(cell.take_all(&mut batch), 1);
+        assert_eq!(cell.refill(&mut batch), 1);
         batch.clear();
-        assert_eq!(cell.take_all(&mut batch), 0);
+        assert_eq!(cell.refill(&mut batch), 0);
         assert!(batch.capacity() <= KEEP_AFTER_BURST, "{}", batch.capacity());
         assert!(cell.queue.borrow().capacity() <= KEEP_AFTER_BURST);
         assert_eq!(cell.high_water.get(), 100_000);

@@ -360,7 +360,7 @@ async fn process<A: Actor>(
         let env = match batch.pop_front() {
             Some(env) => env,
             None => {
-                if cell.take_all(batch) == 0 {
+                if cell.refill(batch) == 0 {
                     handled.flush();
                     match next_batch(cell, batch, idle).await {
                         Next::Msg => {}
