@@ -90,14 +90,15 @@ mod api {
     pub use crate::driver::RingFeatures;
     pub use crate::error::BuildError;
     pub use crate::placement::{sticky_shard, Placement};
-    pub use crate::runtime::{Handle, Runtime};
+    pub use crate::runtime::{Handle, Runtime, ShardJob};
     pub use crate::shard::{PendingProbe, ShardId};
     pub use crate::stats::{ExternalWakeMode, RuntimeStats, ShardStats};
     pub use crate::task::join::{JoinError, JoinHandle};
     pub use mailring_macros::main;
 
-    use crate::shard::{with_current, Shard};
+    use crate::shard::{with_current, Shard, TickEnd};
     use crate::task::Task;
+    use std::rc::Rc;
 
     /// Spawns a `Send` future as [`Placement::Stealable`] on the current runtime.
     ///
@@ -248,12 +249,76 @@ mod api {
         let mut f = Some(f);
         with_current(|shard| {
             if let Some(f) = f.take() {
-                shard.defer_to_tick_end(Box::new(f));
+                shard.defer_to_tick_end(TickEnd::Once(Box::new(f)));
             }
         });
         match f {
             None => Ok(()),
             Some(f) => Err(f),
+        }
+    }
+
+    /// A callback for [`defer_hook_to_tick_end`]: an object the caller keeps
+    /// (in an `Rc`) and queues as often as it needs, with no allocation per
+    /// queueing.
+    pub trait TickEndHook {
+        /// Runs at the end of the tick it was queued in, with the argument
+        /// it was queued with.
+        fn at_tick_end(&self, arg: usize);
+    }
+
+    /// Runs `hook.at_tick_end(arg)` on the calling shard at the end of its
+    /// current tick, as [`defer_to_tick_end`] does a closure, without boxing
+    /// anything: for a callback queued on every busy tick (the actor layer
+    /// queues one per destination shard and actor type).
+    ///
+    /// # Errors
+    ///
+    /// Gives `hook` back when the caller is not running on a shard.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::cell::Cell;
+    /// use std::rc::Rc;
+    /// use mailring::TickEndHook;
+    ///
+    /// struct Sum(Cell<usize>);
+    ///
+    /// impl TickEndHook for Sum {
+    ///     fn at_tick_end(&self, arg: usize) {
+    ///         self.0.set(self.0.get() + arg);
+    ///     }
+    /// }
+    ///
+    /// let rt = mailring::Runtime::builder().shards(1).build()?;
+    /// let total = rt.block_on_local(|| async {
+    ///     let sum = Rc::new(Sum(Cell::new(0)));
+    ///     for n in 1..=3 {
+    ///         assert!(mailring::defer_hook_to_tick_end(sum.clone(), n).is_ok());
+    ///     }
+    ///     assert_eq!(sum.0.get(), 0);
+    ///     // Waiting ends the tick (a yield may not: the task runs again
+    ///     // in the same one).
+    ///     mailring::time::sleep(std::time::Duration::from_millis(1)).await;
+    ///     sum.0.get()
+    /// });
+    /// assert_eq!(total, 6);
+    /// # Ok::<(), mailring::BuildError>(())
+    /// ```
+    pub fn defer_hook_to_tick_end(
+        hook: Rc<dyn TickEndHook>,
+        arg: usize,
+    ) -> Result<(), Rc<dyn TickEndHook>> {
+        let mut hook = Some(hook);
+        with_current(|shard| {
+            if let Some(h) = hook.take() {
+                shard.defer_to_tick_end(TickEnd::Hook(h, arg));
+            }
+        });
+        match hook {
+            None => Ok(()),
+            Some(h) => Err(h),
         }
     }
 

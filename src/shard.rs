@@ -95,6 +95,23 @@ pub(crate) enum InboxItem {
     Tiny(TinyMessage),
     /// A closure to run here.
     Call(Box<dyn FnOnce() + Send>),
+    /// A job that owns (and may recycle) its allocation.
+    Job(Box<dyn crate::ShardJob>),
+}
+
+/// A callback queued for the end of the current tick.
+pub(crate) enum TickEnd {
+    Once(Box<dyn FnOnce()>),
+    Hook(std::rc::Rc<dyn crate::TickEndHook>, usize),
+}
+
+impl TickEnd {
+    fn run(self) {
+        match self {
+            TickEnd::Once(f) => f(),
+            TickEnd::Hook(hook, arg) => hook.at_tick_end(arg),
+        }
+    }
 }
 
 impl InboxItem {
@@ -102,7 +119,7 @@ impl InboxItem {
     pub(crate) fn refuse(self) {
         match self {
             InboxItem::Task(t) | InboxItem::Stealable(t) => t.refuse(),
-            InboxItem::Tiny(_) | InboxItem::Call(_) => {}
+            InboxItem::Tiny(_) | InboxItem::Call(_) | InboxItem::Job(_) => {}
         }
     }
 }
@@ -114,6 +131,7 @@ impl fmt::Debug for InboxItem {
             InboxItem::Stealable(_) => f.write_str("Stealable"),
             InboxItem::Tiny(m) => f.debug_tuple("Tiny").field(m).finish(),
             InboxItem::Call(_) => f.write_str("Call"),
+            InboxItem::Job(_) => f.write_str("Job"),
         }
     }
 }
@@ -233,7 +251,10 @@ pub(crate) struct Shard {
     ops: RefCell<OpTable>,
     outgoing: RefCell<Outgoing>,
     /// Callbacks to run before this tick's batches are published.
-    tick_end: RefCell<Vec<Box<dyn FnOnce()>>>,
+    tick_end: RefCell<Vec<TickEnd>>,
+    /// The emptied buffer of the last tick-end run, kept so that queueing
+    /// the first callback of a tick does not allocate.
+    tick_end_spare: RefCell<Vec<TickEnd>>,
     /// This shard's own inbox (the one in its `ShardRemote`).
     inbox: Arc<CachePadded<Inbox<InboxItem>>>,
     inbox_buf: RefCell<Vec<InboxItem>>,
@@ -284,6 +305,7 @@ impl Shard {
                 ..Outgoing::default()
             }),
             tick_end: RefCell::new(Vec::new()),
+            tick_end_spare: RefCell::new(Vec::new()),
             inbox: shared.shards[index].inbox.clone(),
             inbox_buf: RefCell::new(Vec::new()),
             draining: Cell::new(false),
@@ -455,6 +477,7 @@ impl Shard {
             InboxItem::Stealable(t) => self.push_stealable(t),
             InboxItem::Tiny(m) => self.ingest_tiny(m),
             InboxItem::Call(f) => f(),
+            InboxItem::Job(job) => job.run(),
         }
     }
 
@@ -700,7 +723,7 @@ impl Shard {
     }
 
     /// Queues `f` to run before this tick's batches are published.
-    pub(crate) fn defer_to_tick_end(&self, f: Box<dyn FnOnce()>) {
+    pub(crate) fn defer_to_tick_end(&self, f: TickEnd) {
         self.tick_end.borrow_mut().push(f);
     }
 
@@ -720,11 +743,18 @@ impl Shard {
     /// Runs the tick-end callbacks, including any they queue themselves.
     fn run_tick_end(&self) {
         loop {
-            let batch = std::mem::take(&mut *self.tick_end.borrow_mut());
+            // The spare buffer takes the queue's place, so callbacks queued
+            // while these run (and next tick's) find room without allocating.
+            let mut batch = self.tick_end_spare.take();
+            std::mem::swap(&mut batch, &mut *self.tick_end.borrow_mut());
             if batch.is_empty() {
+                *self.tick_end_spare.borrow_mut() = batch;
                 return;
             }
-            batch.into_iter().for_each(|f| f());
+            for f in batch.drain(..) {
+                f.run();
+            }
+            *self.tick_end_spare.borrow_mut() = batch;
         }
     }
 

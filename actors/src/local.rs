@@ -111,39 +111,66 @@ const OUTBOUND_BATCH: usize = 128;
 /// Deliveries of a received batch looked up before any of them is pushed.
 const LOOKAHEAD: usize = 16;
 
-/// Emptied batch vectors kept per shard and actor type.
-const SPARE_BATCHES: usize = 8;
+/// Emptied carriers kept per shard and actor type.
+const SPARE_CARRIERS: usize = 8;
 
-/// The two vectors of a batch, emptied, kept with their capacity.
-type SpareBatch<A> = (Vec<TargetId<A>>, Vec<<A as Actor>::Envelope>);
+/// A batch on its way to another shard, in a box that goes back to the
+/// shard that sent it (see [`SpareCarriers`]).
+pub(crate) struct Carrier<A: Actor> {
+    system_id: u64,
+    /// The sending shard, whose spare list the emptied carrier joins.
+    from: usize,
+    batch: Outbound<A>,
+}
 
-/// Emptied batch vectors of one actor type, one list per shard.
+impl<A: Actor> mailring::ShardJob for Carrier<A>
+where
+    A::Envelope: Send,
+{
+    fn run(mut self: Box<Self>) {
+        let Some(ts) = type_state_by_id::<A>(self.system_id) else {
+            reply::drop_with_reason(AskError::ShuttingDown, self);
+            return;
+        };
+        deliver_batch(&ts, &mut self.batch);
+        ts.return_carrier(self);
+    }
+}
+
+/// Emptied carriers of one actor type, one list per shard.
 ///
-/// A batch's vectors are allocated on the sending shard and emptied on the
-/// receiving one. Freed there, they would take the sender's allocator lock
-/// while the sender allocates (perf showed futex waits in glibc's arena
-/// lock from both shards), and a one-way stream would allocate and free a
-/// pair per batch forever. Instead the receiver puts them back on the
-/// sender's list (one uncontended lock per batch), and the sender takes
-/// them from there for its next batch: in steady state no batch allocates.
-pub(crate) struct SpareBatches<A: Actor> {
+/// A carrier (the box a batch travels in, with the batch's two vectors) is
+/// allocated on the sending shard and emptied on the receiving one. Freed
+/// there, it would take the sender's allocator lock while the sender
+/// allocates (perf showed futex waits in glibc's arena lock from both
+/// shards), and every batch would pay the allocator's slow paths on both
+/// sides: a block made on one thread and freed on another never comes back
+/// through either thread's cache (callgrind of a cross-shard actor ping-pong:
+/// ~330 instructions per hop in `malloc` and `free`). Instead the receiver
+/// puts the carrier back on the sender's list (one uncontended lock per
+/// batch), and the sender takes it from there for its next batch: in steady
+/// state no batch allocates, whatever its size.
+pub(crate) struct SpareCarriers<A: Actor> {
     per_shard: Vec<SpareList<A>>,
+    /// Carriers made so far (they are made only when a list is empty).
+    made: std::sync::atomic::AtomicUsize,
 }
 
 /// One shard's list, on cache lines of its own.
 #[repr(align(128))]
-struct SpareList<A: Actor>(Mutex<Vec<SpareBatch<A>>>);
+struct SpareList<A: Actor>(Mutex<Vec<Box<Carrier<A>>>>);
 
-impl<A: Actor> SpareBatches<A> {
+impl<A: Actor> SpareCarriers<A> {
     pub(crate) fn new(shards: usize) -> Self {
-        SpareBatches {
+        SpareCarriers {
             per_shard: (0..shards)
                 .map(|_| SpareList(Mutex::new(Vec::new())))
                 .collect(),
+            made: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
-    fn list(&self, shard: usize) -> std::sync::MutexGuard<'_, Vec<SpareBatch<A>>> {
+    fn list(&self, shard: usize) -> std::sync::MutexGuard<'_, Vec<Box<Carrier<A>>>> {
         self.per_shard[shard]
             .0
             .lock()
@@ -158,9 +185,9 @@ pub(crate) struct TypeState<A: Actor> {
     keyed: RefCell<HashMap<A::Key, Rc<ActorCell<A>>, RandomState>>,
     unkeyed: RefCell<HashMap<u64, Rc<ActorCell<A>>, RandomState>>,
     outbound: RefCell<Vec<Outbound<A>>>,
-    /// The system's spare batch vectors of this type (see [`SpareBatches`]),
+    /// The system's spare carriers of this type (see [`SpareCarriers`]),
     /// fetched on the first cross-shard batch.
-    spares: std::cell::OnceCell<Arc<SpareBatches<A>>>,
+    spares: std::cell::OnceCell<Arc<SpareCarriers<A>>>,
     /// Advances on every delivery; cells remember it for LRU passivation.
     clock: Cell<u64>,
     pub(crate) counters: Counters,
@@ -432,69 +459,69 @@ impl<A: Actor> TypeState<A> {
         } else if len == 1 {
             // A sleeping destination starts waking while this tick goes on.
             mailring::prewake(ShardId::new(dest));
-            let ts = self.clone();
-            let queued = mailring::defer_to_tick_end(move || ts.flush_outbound(dest));
+            let hook: Rc<dyn mailring::TickEndHook> = self.clone();
+            let queued = mailring::defer_hook_to_tick_end(hook, dest);
             debug_assert!(queued.is_ok(), "push_outbound runs on a shard");
         }
     }
 
-    fn spares(&self) -> &SpareBatches<A>
+    fn spares(&self) -> &SpareCarriers<A>
     where
         A::Envelope: Send,
     {
-        self.spares.get_or_init(|| self.system.spare_batches::<A>())
+        self.spares
+            .get_or_init(|| self.system.spare_carriers::<A>())
     }
 
-    /// Gives a batch's vectors room: a pair from this shard's spare list if
-    /// one came back.
+    /// Gives a batch's vectors room. In steady state this runs only for a
+    /// batch that outgrew its vectors: a flush leaves the batch the emptied
+    /// vectors of a returned carrier.
     #[cold]
-    fn grow_batch(&self, batch: &mut Outbound<A>)
-    where
-        A::Envelope: Send,
-    {
-        if batch.envs.capacity() == 0 {
-            if let Some((targets, envs)) = self.spares().list(self.shard).pop() {
-                batch.targets = targets;
-                batch.envs = envs;
-                return;
-            }
-        }
+    fn grow_batch(&self, batch: &mut Outbound<A>) {
         batch.envs.reserve(OUTBOUND_BATCH);
         batch.targets.reserve(OUTBOUND_BATCH);
     }
 
-    /// Puts a delivered batch's emptied vectors back on the list of the
-    /// shard that sent them.
-    fn return_spare(&self, from: usize, mut targets: Vec<TargetId<A>>, mut envs: Vec<A::Envelope>)
+    /// Puts a delivered batch's emptied carrier back on the list of the
+    /// shard that sent it.
+    fn return_carrier(&self, carrier: Box<Carrier<A>>)
     where
         A::Envelope: Send,
     {
-        if envs.capacity() < OUTBOUND_BATCH || targets.capacity() < OUTBOUND_BATCH {
-            return;
-        }
-        targets.clear();
-        envs.clear();
+        debug_assert!(carrier.batch.len() == 0);
+        let from = carrier.from;
         let mut list = self.spares().list(from);
-        if list.len() < SPARE_BATCHES {
-            list.push((targets, envs));
+        if list.len() < SPARE_CARRIERS {
+            list.push(carrier);
         }
     }
 
+    /// Hands the batch for `dest` to the runtime in a carrier from this
+    /// shard's spare list (or a new one); the batch keeps the carrier's
+    /// emptied vectors for its next messages.
     fn flush_outbound(&self, dest: usize)
     where
         A::Envelope: Send,
     {
-        let batch = std::mem::replace(&mut self.outbound.borrow_mut()[dest], Outbound::new());
-        if batch.len() == 0 {
+        if self.outbound.borrow()[dest].len() == 0 {
             return;
         }
-        // Only the system's id travels: the receiver finds its own registry,
-        // so no shared reference count bounces between shards per batch.
-        let system_id = self.system.id;
-        let from = self.shard;
-        self.system.handle.run_on(ShardId::new(dest), move || {
-            deliver_batch::<A>(system_id, from, batch)
+        let spare = self.spares().list(self.shard).pop();
+        let mut carrier = spare.unwrap_or_else(|| {
+            self.spares()
+                .made
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // Only the system's id travels: the receiver finds its own
+            // registry, so no shared reference count bounces between shards
+            // per batch.
+            Box::new(Carrier {
+                system_id: self.system.id,
+                from: self.shard,
+                batch: Outbound::new(),
+            })
         });
+        std::mem::swap(&mut self.outbound.borrow_mut()[dest], &mut carrier.batch);
+        self.system.handle.send_job(ShardId::new(dest), carrier);
     }
 
     /// Requests every actor of this type on this shard to stop.
@@ -524,6 +551,17 @@ impl<A: Actor> TypeState<A> {
     }
 }
 
+/// The tick-end flush of this type's batch for one destination shard,
+/// queued by the batch's first message of a tick.
+impl<A: Actor> mailring::TickEndHook for TypeState<A>
+where
+    A::Envelope: Send,
+{
+    fn at_tick_end(&self, dest: usize) {
+        self.flush_outbound(dest);
+    }
+}
+
 /// The key of unkeyed actors (`()`); any other key type never reaches here
 /// since unkeyed actors have `Key = ()`.
 fn unkeyed_key<A: Actor>() -> A::Key {
@@ -537,21 +575,18 @@ fn unkeyed_key<A: Actor>() -> A::Key {
     }
 }
 
-/// Delivers a batch of messages from another shard, in order.
-fn deliver_batch<A: Actor>(system_id: u64, from: usize, batch: Outbound<A>)
+/// Delivers a batch of messages from another shard, in order, leaving it
+/// empty (its vectors keep their capacity).
+fn deliver_batch<A: Actor>(ts: &Rc<TypeState<A>>, batch: &mut Outbound<A>)
 where
     A::Envelope: Send,
 {
-    let Some(ts) = type_state_by_id::<A>(system_id) else {
-        reply::drop_with_reason(AskError::ShuttingDown, batch);
-        return;
-    };
     let Outbound {
         first,
         targets,
-        mut envs,
+        envs,
     } = batch;
-    if let Some((target, env)) = first {
+    if let Some((target, env)) = first.take() {
         ts.deliver_or_drop(&target, env);
     }
     // The rest goes in windows of `LOOKAHEAD`: first every target of the
@@ -599,7 +634,7 @@ where
         }
     }
     drop(envs_left);
-    ts.return_spare(from, targets, envs);
+    targets.clear();
 }
 
 impl<A: Actor> TypeState<A> {
@@ -947,30 +982,34 @@ mod tests {
     }
 
     #[test]
-    fn a_one_way_stream_gets_its_batch_vectors_back() {
+    fn a_one_way_stream_reuses_its_batch_carriers() {
         let sys = ActorSystem::start(Runtime::builder().shards(2)).expect("io_uring available");
         let sink = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Sink::default);
         let rt = sys.runtime().clone();
-        let (count, returned) = sys.block_on(async move {
+        let (count, returned, made) = sys.block_on(async move {
             rt.spawn_on(ShardId::new(0), async move {
-                for i in 0..20_000u32 {
-                    sink.tell(Tick).unwrap();
-                    if i % 1000 == 999 {
-                        mailring::yield_now().await;
+                // 200 batches of 100 tells and an ask. The ask's reply comes
+                // after its batch was delivered, whose carrier then went back
+                // to this (the sending) shard's list for the next batch.
+                let mut n = 0;
+                for _ in 0..200 {
+                    for _ in 0..100 {
+                        sink.tell(Tick).unwrap();
                     }
+                    n = sink.ask(Count).await.unwrap();
                 }
-                let n = sink.ask(Count).await.unwrap();
-                // The reply came after every batch was delivered: their
-                // vectors went back to this (the sending) shard's list.
                 let ts = super::type_state::<Sink>(sink.system.arc()).expect("on a shard");
                 let returned = ts.spares().list(0).len();
-                (n, returned)
+                let made = ts.spares().made.load(std::sync::atomic::Ordering::Relaxed);
+                (n, returned, made)
             })
             .await
             .unwrap()
         });
         assert_eq!(count, 20_000);
-        assert!(returned > 0, "no batch vectors came back to the sender");
+        assert!(returned > 0, "no carrier came back to the sender");
+        // Without the return trip every batch would need a new carrier.
+        assert!(made <= 2, "{made} carriers made for 200 batches");
         sys.shutdown();
     }
 }

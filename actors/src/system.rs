@@ -40,7 +40,7 @@ pub(crate) struct SystemShared {
     directories: Mutex<AnyMap>,
     capacities: Mutex<AnyMap>,
     /// Per actor type, the shards' lists of emptied batch vectors.
-    spare_batches: Mutex<AnyMap>,
+    spare_carriers: Mutex<AnyMap>,
     names: Mutex<HashMap<String, NamedAddr>>,
 }
 
@@ -123,7 +123,7 @@ impl SystemShared {
             factories: RwLock::new(HashMap::new()),
             directories: Mutex::new(HashMap::new()),
             capacities: Mutex::new(HashMap::new()),
-            spare_batches: Mutex::new(HashMap::new()),
+            spare_carriers: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
         })
     }
@@ -158,18 +158,23 @@ impl SystemShared {
             .expect("directory of the right key type")
     }
 
-    /// The lists of emptied batch vectors of actor type `A`, one per shard
+    /// The lists of emptied batch carriers of actor type `A`, one per shard
     /// (made on first use; each shard's `TypeState` keeps its `Arc`).
-    pub(crate) fn spare_batches<A: Actor>(&self) -> Arc<crate::local::SpareBatches<A>>
+    pub(crate) fn spare_carriers<A: Actor>(&self) -> Arc<crate::local::SpareCarriers<A>>
     where
         A::Envelope: Send,
     {
-        let mut map = self.spare_batches.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self
+            .spare_carriers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         map.entry(TypeId::of::<A>())
-            .or_insert_with(|| Arc::new(crate::local::SpareBatches::<A>::new(self.handle.shards())))
+            .or_insert_with(|| {
+                Arc::new(crate::local::SpareCarriers::<A>::new(self.handle.shards()))
+            })
             .clone()
-            .downcast::<crate::local::SpareBatches<A>>()
-            .expect("spare batches of the right actor type")
+            .downcast::<crate::local::SpareCarriers<A>>()
+            .expect("spare carriers of the right actor type")
     }
 
     /// The shared count of a keyed actor's bounded mailbox.

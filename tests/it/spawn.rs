@@ -460,3 +460,117 @@ fn a_pending_probe_sees_and_applies_what_another_shard_delivered() {
     assert_eq!(applied, 1);
     assert!(mailring::PendingProbe::current().is_none(), "off a shard");
 }
+
+/// A job that counts its runs on the shard it reached and goes back to the
+/// sender's list, as a recycling layer would use it.
+struct Recycled {
+    runs_on: Arc<std::sync::Mutex<Vec<Option<ShardId>>>>,
+    // Boxes on purpose: the test checks that the same allocation comes back.
+    #[allow(clippy::vec_box)]
+    spares: Arc<std::sync::Mutex<Vec<Box<Recycled>>>>,
+}
+
+impl mailring::ShardJob for Recycled {
+    fn run(self: Box<Self>) {
+        self.runs_on.lock().unwrap().push(current_shard());
+        let spares = self.spares.clone();
+        spares.lock().unwrap().push(self);
+    }
+}
+
+#[test]
+fn a_job_runs_on_its_shard_and_keeps_its_box() {
+    let rt = rt2();
+    let h = rt.handle().clone();
+    let runs_on = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let spares = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (r2, s2) = (runs_on.clone(), spares.clone());
+    let first_box = rt.block_on(async move {
+        let job = Box::new(Recycled {
+            runs_on: r2,
+            spares: s2.clone(),
+        });
+        let first_box = &*job as *const Recycled as usize;
+        h.send_job(ShardId::new(1), job);
+        // The same box goes round again, from shard 0 each time.
+        for _ in 0..10 {
+            let job = loop {
+                if let Some(job) = s2.lock().unwrap().pop() {
+                    break job;
+                }
+                mailring::time::sleep(std::time::Duration::from_micros(50)).await;
+            };
+            h.send_job(ShardId::new(1), job);
+        }
+        first_box
+    });
+    let t0 = std::time::Instant::now();
+    while runs_on.lock().unwrap().len() < 11 && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(*runs_on.lock().unwrap(), vec![Some(ShardId::new(1)); 11]);
+    let back = spares.lock().unwrap().pop().expect("the box came back");
+    assert_eq!(&*back as *const Recycled as usize, first_box);
+}
+
+/// Counts its drops.
+struct Dropped(Arc<AtomicUsize>, Arc<AtomicUsize>);
+
+impl mailring::ShardJob for Dropped {
+    fn run(self: Box<Self>) {
+        self.1.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_job_sent_after_shutdown_is_dropped_unrun() {
+    let rt = rt2();
+    let h = rt.handle().clone();
+    rt.shutdown();
+    let (drops, runs) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    h.send_job(
+        ShardId::new(1),
+        Box::new(Dropped(drops.clone(), runs.clone())),
+    );
+    assert_eq!(drops.load(Ordering::SeqCst), 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// Records each call in a shared log.
+struct Logger(RefCell<Vec<usize>>);
+
+impl mailring::TickEndHook for Logger {
+    fn at_tick_end(&self, arg: usize) {
+        self.0.borrow_mut().push(arg);
+    }
+}
+
+#[test]
+fn tick_end_hooks_run_once_per_queueing_in_order_with_closures() {
+    let rt = rt2();
+    let log = rt.block_on_local(|| async {
+        let log = Rc::new(Logger(RefCell::new(Vec::new())));
+        let hook: Rc<dyn mailring::TickEndHook> = log.clone();
+        assert!(mailring::defer_hook_to_tick_end(hook.clone(), 1).is_ok());
+        let l2 = log.clone();
+        assert!(mailring::defer_to_tick_end(move || l2.0.borrow_mut().push(2)).is_ok());
+        assert!(mailring::defer_hook_to_tick_end(hook.clone(), 3).is_ok());
+        assert!(log.0.borrow().is_empty(), "ran before the tick ended");
+        mailring::time::sleep(std::time::Duration::from_millis(1)).await;
+        // A later tick reuses the list: its hooks run once, not again.
+        assert!(mailring::defer_hook_to_tick_end(hook, 4).is_ok());
+        mailring::time::sleep(std::time::Duration::from_millis(1)).await;
+        let out = log.0.borrow().clone();
+        out
+    });
+    assert_eq!(log, vec![1, 2, 3, 4]);
+    // Off a shard the hook comes back.
+    let hook: Rc<dyn mailring::TickEndHook> = Rc::new(Logger(RefCell::new(Vec::new())));
+    assert!(mailring::defer_hook_to_tick_end(hook, 0).is_err());
+}

@@ -2,65 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use mailring_actors::{
-    Actor, ActorSystem, Addr, Ctx, Handler, Message, Placement, Runtime, ShardId,
-};
-use mailring_bench::counters::{Counter, Get, Inc, KeyCounter};
+use mailring_actors::{ActorSystem, Addr, Placement, Runtime, ShardId};
+use mailring_bench::counters::{Counter, Get, Inc, KeyCounter, PingSide, PongSide, Start};
 use mailring_bench::PRODUCER_BURST;
 use tokio::sync::oneshot;
-
-#[derive(Message)]
-struct Ping(u64);
-
-#[derive(Message)]
-struct Pong(u64);
-
-#[derive(Message)]
-struct Start {
-    peer: Addr<PongSide>,
-    rounds: u64,
-    done: oneshot::Sender<()>,
-}
-
-#[derive(Actor, Default)]
-#[actor(handles(Pong, Start))]
-struct PingSide {
-    peer: Option<Addr<PongSide>>,
-    rounds: u64,
-    done: Option<oneshot::Sender<()>>,
-}
-
-impl Handler<Start> for PingSide {
-    async fn handle(&mut self, m: Start, _cx: &mut Ctx<Self>) {
-        m.peer.tell(Ping(0)).unwrap();
-        self.peer = Some(m.peer);
-        self.rounds = m.rounds;
-        self.done = Some(m.done);
-    }
-}
-
-impl Handler<Pong> for PingSide {
-    async fn handle(&mut self, m: Pong, _cx: &mut Ctx<Self>) {
-        let n = m.0 + 1;
-        if n == self.rounds {
-            let _ = self.done.take().unwrap().send(());
-        } else {
-            self.peer.as_ref().unwrap().tell(Ping(n)).unwrap();
-        }
-    }
-}
-
-#[derive(Actor)]
-#[actor(handles(Ping))]
-struct PongSide {
-    peer: Addr<PingSide>,
-}
-
-impl Handler<Ping> for PongSide {
-    async fn handle(&mut self, m: Ping, _cx: &mut Ctx<Self>) {
-        self.peer.tell(Pong(m.0)).unwrap();
-    }
-}
 
 /// A 2-shard actor system kept for the whole bench function.
 pub struct Bench {
