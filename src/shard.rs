@@ -556,6 +556,12 @@ impl Shard {
     }
 
     /// One pass over every source of work; returns whether anything happened.
+    ///
+    /// Never inlined: one call per pass costs nothing measurable, and it
+    /// gives profilers a symbol that holds all of a shard's work and none of
+    /// its idle spinning (`valgrind --tool=callgrind
+    /// --toggle-collect='*Shard::tick'`).
+    #[inline(never)]
     fn tick(&self) -> bool {
         self.ticks.set(self.ticks.get().wrapping_add(1));
         let mut work = self.drain_inbox();
@@ -566,7 +572,15 @@ impl Shard {
         }
         work |= self.run_tasks();
         self.flush_outgoing();
-        self.publish_load();
+        // The gauges are for stats snapshots: refreshed every 16th busy tick
+        // and on every idle one (so an idle shard's figures are exact), not
+        // on each tick of a round trip. The load that placement reads is
+        // kept current.
+        if !work || self.ticks.get() % 16 == 0 {
+            self.publish_load();
+        } else {
+            self.publish_queue_load();
+        }
         work
     }
 
@@ -696,9 +710,11 @@ impl Shard {
                     Err(()) => refused.append(&mut batches[dest]),
                 }
             }
-            for dest in retry_doorbells.drain(..) {
-                driver.queue_doorbell(dest, &self.shared.shards[dest].target);
-                counters.doorbells_sent.add(1);
+            if !retry_doorbells.is_empty() {
+                for dest in retry_doorbells.drain(..) {
+                    driver.queue_doorbell(dest, &self.shared.shards[dest].target);
+                    counters.doorbells_sent.add(1);
+                }
             }
             for (dest, tag, mut sum) in tiny.drain(..) {
                 let target = self.shared.shards[dest].target;
@@ -742,6 +758,9 @@ impl Shard {
 
     /// Runs the tick-end callbacks, including any they queue themselves.
     fn run_tick_end(&self) {
+        if self.tick_end.borrow().is_empty() {
+            return;
+        }
         loop {
             // The spare buffer takes the queue's place, so callbacks queued
             // while these run (and next tick's) find room without allocating.
@@ -799,6 +818,15 @@ impl Shard {
                 self.remote().counters.doorbells_sent.add(1);
                 return;
             }
+        }
+    }
+
+    /// Publishes the queue length that placement reads, if it changed.
+    fn publish_queue_load(&self) {
+        let load = self.run_queue.borrow().len() + self.worker.len();
+        let remote = self.remote();
+        if remote.load.load(Ordering::Relaxed) != load {
+            remote.load.store(load, Ordering::Relaxed);
         }
     }
 
