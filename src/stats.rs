@@ -53,6 +53,10 @@ pub(crate) struct ShardCounters {
 }
 
 /// A snapshot of one shard.
+///
+/// The gauges (queue depths, owned tasks, ops in flight, timers) are as the
+/// shard last published them: on each of its idle passes, and every 16th
+/// busy one; the counters are exact.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShardStats {
