@@ -235,7 +235,9 @@ mod api {
     }
 
     /// Runs `f` on the calling shard at the end of its current tick, just
-    /// before the tick's cross-shard batches are published.
+    /// before the tick's cross-shard batches are published (earlier if they
+    /// are published early: a batch reached its size limit, or a task
+    /// finished and its deliveries must be visible first).
     ///
     /// This is the hook for layers that batch their own typed messages per
     /// destination (the actor layer does): the first send of a tick queues one
@@ -262,7 +264,8 @@ mod api {
     /// (in an `Rc`) and queues as often as it needs, with no allocation per
     /// queueing.
     pub trait TickEndHook {
-        /// Runs at the end of the tick it was queued in, with the argument
+        /// Runs when the tick it was queued in publishes its batches (at its
+        /// end, or earlier, as for [`defer_to_tick_end`]), with the argument
         /// it was queued with.
         fn at_tick_end(&self, arg: usize);
     }

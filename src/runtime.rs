@@ -270,7 +270,8 @@ impl Handle {
         self.shared.blocking.spawn(f)
     }
 
-    /// Runs `f` on `shard` (in its next tick).
+    /// Runs `f` on `shard`: in its next tick, or at once when called on
+    /// `shard` itself.
     ///
     /// The closure is boxed on the calling thread and freed on `shard`'s;
     /// for a stream of work between shards see [`Handle::send_job`].
@@ -284,7 +285,8 @@ impl Handle {
             .deliver(shard.index(), InboxItem::Call(Box::new(f)));
     }
 
-    /// Runs `job` on `shard` (in its next tick), as [`Handle::run_on`] does
+    /// Runs `job` on `shard` (in its next tick, or at once when called on
+    /// `shard` itself), as [`Handle::run_on`] does
     /// a closure, except that the job receives its own box: it may put it
     /// back on a list for the sender to reuse instead of freeing it on the
     /// destination's thread (a closure's box is freed where it runs, and a

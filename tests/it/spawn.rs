@@ -504,8 +504,11 @@ fn a_job_runs_on_its_shard_and_keeps_its_box() {
         }
         first_box
     });
+    // The last job records its run, then puts itself back: wait for both.
     let t0 = std::time::Instant::now();
-    while runs_on.lock().unwrap().len() < 11 && t0.elapsed() < std::time::Duration::from_secs(10) {
+    while (runs_on.lock().unwrap().len() < 11 || spares.lock().unwrap().is_empty())
+        && t0.elapsed() < std::time::Duration::from_secs(10)
+    {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     assert_eq!(*runs_on.lock().unwrap(), vec![Some(ShardId::new(1)); 11]);

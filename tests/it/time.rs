@@ -114,8 +114,9 @@ fn dropped_timers_cost_nothing_and_leave_no_entry() {
             s.reset(Instant::now() + Duration::from_secs(120));
         }
     });
-    // Stats are published at the end of each shard tick, which may come just
-    // after `block_on` returns: give the shard a moment to publish.
+    // Gauges are published on the shard's idle passes (and every 16th busy
+    // one), which may come just after `block_on` returns: give the shard a
+    // moment to publish.
     let mut stats = rt.stats();
     for _ in 0..100 {
         if stats.shards[0].timers_armed == 0 {
