@@ -3,7 +3,7 @@
 //!
 //! Everything here lives in a thread-local of the shard thread and is touched
 //! by that thread only, so the same-shard path of a `tell` is a table lookup
-//! and a `VecDeque` push with no atomic operation (bounded mailboxes add the
+//! and a `Vec` push with no atomic operation (bounded mailboxes add the
 //! shared [`Capacity`] count).
 //!
 //! Cross-shard path: the sender pushes `(target, envelope)` into the type's

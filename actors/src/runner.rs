@@ -37,7 +37,7 @@ use crate::addr::Addr;
 use crate::ctx::Ctx;
 use crate::error::{AskError, StopReason};
 use crate::local::{self, Delivery, TargetId, TypeState};
-use crate::mailbox::{ActorCell, Capacity};
+use crate::mailbox::{ActorCell, Batch, Capacity};
 use crate::reply;
 use crate::system::{SystemRef, SystemShared};
 use crate::Terminated;
@@ -205,7 +205,7 @@ async fn run<A: Actor>(
     let mut restarts: VecDeque<Instant> = VecDeque::new();
     // Envelopes taken from the mailbox and not yet handled; they survive a
     // restart (the one that panicked is gone).
-    let mut batch: VecDeque<A::Envelope> = VecDeque::new();
+    let mut batch: Batch<A::Envelope> = Batch::new();
     lifecycle!("actor activated", cell, ts);
     let mut actor = guarded(&frame, async { make() }).await.ok().flatten();
     let mut needs_start = true;
@@ -291,8 +291,9 @@ async fn run<A: Actor>(
     ts.remove(&cell);
     let mut rest = cell.close();
     if !batch.is_empty() {
-        batch.append(&mut rest);
-        rest = batch;
+        let mut ordered = batch.into_ordered();
+        ordered.append(&mut rest);
+        rest = ordered;
     }
     cx.cancel_timers();
     cx.stop_children();
@@ -334,7 +335,7 @@ async fn process<A: Actor>(
     cell: &Rc<ActorCell<A>>,
     ts: &Rc<TypeState<A>>,
     keyed: bool,
-    batch: &mut VecDeque<A::Envelope>,
+    batch: &mut Batch<A::Envelope>,
 ) -> Outcome {
     let idle = if keyed { A::CONFIG.idle_timeout } else { None };
     // Handled messages are counted here and added to the type's counter in
@@ -357,7 +358,7 @@ async fn process<A: Actor>(
                 };
             }
         }
-        let env = match batch.pop_front() {
+        let env = match batch.next() {
             Some(env) => env,
             None => {
                 if cell.refill(batch) == 0 {
@@ -416,7 +417,7 @@ impl Drop for HandledCount<'_> {
 /// Waits for messages (taken into `batch`), a stop request, or the idle deadline.
 async fn next_batch<A: Actor>(
     cell: &ActorCell<A>,
-    batch: &mut VecDeque<A::Envelope>,
+    batch: &mut Batch<A::Envelope>,
     idle: Option<Duration>,
 ) -> Next {
     let mut sleep = idle.map(mailring::time::sleep);
