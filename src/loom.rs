@@ -6,12 +6,14 @@
 #[cfg(loom)]
 pub(crate) use loom::cell::UnsafeCell;
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
+pub(crate) use loom::sync::atomic::{
+    fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 #[cfg(loom)]
 pub(crate) use loom::sync::Mutex;
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::Mutex;
 

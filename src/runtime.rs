@@ -514,7 +514,7 @@ impl Runtime {
                 ));
             };
             remotes.push(ShardRemote {
-                inbox: Arc::new(CachePadded::new(Inbox::new())),
+                inbox: Arc::new(CachePadded::new(Inbox::new(remotes.len(), n))),
                 stealer,
                 target,
                 features,

@@ -46,7 +46,7 @@ use crossbeam_utils::CachePadded;
 use slab::Slab;
 
 use crate::builder::IdlePolicy;
-use crate::doorbell::{Delivery, Inbox};
+use crate::doorbell::{Delivery, Inbox, InboxReader, PeerSender};
 use crate::driver::uring::UringDriver;
 use crate::driver::{Completion, RingFeatures, ShardDriver, WakeTarget};
 use crate::hot::{HotState, TinyMessage};
@@ -166,7 +166,7 @@ impl fmt::Debug for ShardRemote {
 /// to it and it has not applied yet; see [`crate::receive_pending`].
 ///
 /// Hot same-shard send paths call [`receive_pending`](Self::receive_pending)
-/// on a probe they keep: one load of the inbox's pending flag, and the full
+/// on a probe they keep: a load of the queue's flag and of each peer ring's next slot, and the full
 /// drain only when something is there. Use a probe on the shard it came from.
 #[derive(Clone)]
 pub struct PendingProbe {
@@ -234,6 +234,8 @@ struct Outgoing {
     tiny: Vec<(usize, u16, u64)>,
     /// Doorbells whose MSG_RING failed and must be rung again.
     retry_doorbells: Vec<usize>,
+    /// This shard's ring into each peer's inbox (`None` for itself).
+    senders: Vec<Option<PeerSender>>,
 }
 
 /// The thread-owned state of one shard (see the module docs).
@@ -257,6 +259,8 @@ pub(crate) struct Shard {
     tick_end_spare: RefCell<Vec<TickEnd>>,
     /// This shard's own inbox (the one in its `ShardRemote`).
     inbox: Arc<CachePadded<Inbox<InboxItem>>>,
+    /// The draining side of `inbox`.
+    reader: RefCell<InboxReader<InboxItem>>,
     inbox_buf: RefCell<Vec<InboxItem>>,
     /// An inbox drain is applying items (no nested drain may overtake them).
     draining: Cell<bool>,
@@ -302,11 +306,27 @@ impl Shard {
             ops: RefCell::new(OpTable::default()),
             outgoing: RefCell::new(Outgoing {
                 batches: (0..n).map(|_| Vec::new()).collect(),
+                senders: (0..n)
+                    .map(|dest| {
+                        (dest != index).then(|| {
+                            shared.shards[dest]
+                                .inbox
+                                .peer_sender(index)
+                                .expect("one sender per shard pair")
+                        })
+                    })
+                    .collect(),
                 ..Outgoing::default()
             }),
             tick_end: RefCell::new(Vec::new()),
             tick_end_spare: RefCell::new(Vec::new()),
             inbox: shared.shards[index].inbox.clone(),
+            reader: RefCell::new(
+                shared.shards[index]
+                    .inbox
+                    .reader()
+                    .expect("one reader per inbox"),
+            ),
             inbox_buf: RefCell::new(Vec::new()),
             draining: Cell::new(false),
             completions: RefCell::new(Vec::new()),
@@ -587,7 +607,7 @@ impl Shard {
     fn drain_inbox(&self) -> bool {
         let was_draining = self.draining.replace(true);
         let mut buf = self.inbox_buf.take();
-        let n = self.inbox.drain_into(&mut buf);
+        let n = self.reader.borrow_mut().drain_into(&self.inbox, &mut buf);
         if n > 0 {
             self.remote().counters.inbox_items.add(n as u64);
             for item in buf.drain(..) {
@@ -698,10 +718,14 @@ impl Shard {
                 dirty,
                 tiny,
                 retry_doorbells,
+                senders,
             } = &mut *out;
             for dest in dirty.drain(..) {
                 let remote = &self.shared.shards[dest];
-                match remote.inbox.push_batch(&mut batches[dest]) {
+                let sender = senders[dest]
+                    .as_mut()
+                    .expect("batches go to other shards only");
+                match sender.push_batch(&remote.inbox, &mut batches[dest]) {
                     Ok(Delivery::Ring) => {
                         driver.queue_doorbell(dest, &remote.target);
                         counters.doorbells_sent.add(1);
@@ -990,9 +1014,9 @@ impl Shard {
     fn shutdown_sequence(&self) {
         self.shutting_down.set(true);
         // 2. Stop accepting; drop every task and everything queued.
-        self.remote()
-            .inbox
-            .close()
+        self.reader
+            .borrow_mut()
+            .close(&self.inbox)
             .into_iter()
             .for_each(InboxItem::refuse);
         loop {
@@ -1030,9 +1054,9 @@ impl Shard {
             .into_iter()
             .flatten()
             .for_each(InboxItem::refuse);
-        self.remote()
-            .inbox
-            .close()
+        self.reader
+            .borrow_mut()
+            .close(&self.inbox)
             .into_iter()
             .for_each(InboxItem::refuse);
         let _ = self.driver.borrow_mut().submit();

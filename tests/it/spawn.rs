@@ -577,3 +577,75 @@ fn tick_end_hooks_run_once_per_queueing_in_order_with_closures() {
     let hook: Rc<dyn mailring::TickEndHook> = Rc::new(Logger(RefCell::new(Vec::new())));
     assert!(mailring::defer_hook_to_tick_end(hook, 0).is_err());
 }
+
+thread_local! {
+    /// The last round a `set` closure stored on this thread (shard 2 below).
+    static LAST_SET: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Sends `check` for `round` to shard 2: it counts a miss unless the `set`
+/// for that round ran there first.
+fn send_check(
+    h: &mailring::Handle,
+    round: usize,
+    checks: Arc<AtomicUsize>,
+    misses: Arc<AtomicUsize>,
+) {
+    h.run_on(ShardId::new(2), move || {
+        if LAST_SET.get() != round {
+            misses.fetch_add(1, Ordering::SeqCst);
+        }
+        checks.fetch_add(1, Ordering::SeqCst);
+    });
+}
+
+fn send_set(h: &mailring::Handle, round: usize) {
+    h.run_on(ShardId::new(2), move || LAST_SET.set(round));
+}
+
+#[test]
+fn deliveries_to_a_shard_keep_causal_order_whoever_sends_them() {
+    // A `set` reaches shard 2 one way, then a `check` another way from a
+    // sender that knew the `set` was sent; the check must find it applied.
+    // The ways in are the locked queue (from outside a shard) and each
+    // peer shard's ring, which a drain reads one after the other.
+    let rt = mailring::Runtime::builder()
+        .shards(3)
+        .build()
+        .expect("io_uring runtime");
+    let h = rt.handle().clone();
+    let checks = Arc::new(AtomicUsize::new(0));
+    let misses = Arc::new(AtomicUsize::new(0));
+    let mut round = 0;
+    // One round at a time: a later round's set must not overtake a check.
+    let wait_for = |n: usize| {
+        while checks.load(Ordering::SeqCst) < n {
+            std::thread::yield_now();
+        }
+    };
+    for _ in 0..300 {
+        // Outside (queue), then shard 0 (ring 0).
+        round += 1;
+        send_set(&h, round);
+        let (h2, c, m) = (h.clone(), checks.clone(), misses.clone());
+        h.run_on(ShardId::new(0), move || send_check(&h2, round, c, m));
+        wait_for(round);
+        // Shard 1 (ring 1), then shard 0 (ring 0, which a drain reads first).
+        round += 1;
+        let (h2, c, m) = (h.clone(), checks.clone(), misses.clone());
+        h.run_on(ShardId::new(1), move || {
+            send_set(&h2, round);
+            let h3 = h2.clone();
+            h2.run_on(ShardId::new(0), move || send_check(&h3, round, c, m));
+        });
+        wait_for(round);
+        // Shard 0 (ring 0), then outside (queue) once the task that sent it
+        // finished (its deliveries are published before its completion).
+        round += 1;
+        let h2 = h.clone();
+        mailring_block(h.spawn_on(ShardId::new(0), async move { send_set(&h2, round) }));
+        send_check(&h, round, checks.clone(), misses.clone());
+        wait_for(round);
+    }
+    assert_eq!(misses.load(Ordering::SeqCst), 0);
+}
