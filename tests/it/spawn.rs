@@ -649,3 +649,30 @@ fn deliveries_to_a_shard_keep_causal_order_whoever_sends_them() {
     }
     assert_eq!(misses.load(Ordering::SeqCst), 0);
 }
+
+#[test]
+fn publish_now_delivers_a_batch_before_the_tick_ends() {
+    // A task batches a closure for shard 1, then spins without yielding:
+    // the tick cannot end, so only `publish_now` gets the closure there.
+    let rt = rt2();
+    let h = rt.handle().clone();
+    let ran = rt.block_on(async move {
+        let h2 = h.clone();
+        h.spawn_on(ShardId::new(0), async move {
+            let ran = Arc::new(AtomicUsize::new(0));
+            let r = ran.clone();
+            h2.run_on(ShardId::new(1), move || {
+                r.fetch_add(1, Ordering::SeqCst);
+            });
+            mailring::publish_now();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while ran.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+                std::hint::spin_loop();
+            }
+            ran.load(Ordering::SeqCst)
+        })
+        .await
+        .unwrap()
+    });
+    assert_eq!(ran, 1);
+}
