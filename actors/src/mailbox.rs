@@ -314,6 +314,53 @@ mod tests {
     #[actor(handles(Ping))]
     struct Quiet;
 
+    #[derive(crate::Actor, Default)]
+    #[actor(handles(Num))]
+    struct Numbers;
+
+    #[derive(Message)]
+    struct Num(u32);
+
+    impl Handler<Num> for Numbers {
+        async fn handle(&mut self, _m: Num, _cx: &mut Ctx<Self>) {}
+    }
+
+    /// The number a told envelope carries.
+    fn number(env: __MailringEnvelopeNumbers) -> u32 {
+        match env {
+            __MailringEnvelopeNumbers::T0(Num(n)) => n,
+            _ => panic!("a tell was expected"),
+        }
+    }
+
+    /// The numbers of the envelopes left in `batch`, in delivery order.
+    fn drain_numbers(batch: &mut Batch<__MailringEnvelopeNumbers>) -> Vec<u32> {
+        let mut out = Vec::new();
+        while let Some(env) = batch.next() {
+            out.push(number(env));
+        }
+        out
+    }
+
+    #[test]
+    fn a_take_into_a_non_empty_batch_queues_behind_it_in_order() {
+        let cell = ActorCell::<Numbers>::new(1, (), None);
+        let num = |n| <Numbers as Accepts<Num>>::envelope(Num(n));
+        for n in 0..3 {
+            assert!(cell.push(num(n)).is_ok());
+        }
+        let mut batch = Batch::new();
+        assert_eq!(cell.take_all(&mut batch), 3);
+        // Consume one, leaving 1 and 2 in the batch, then queue 3..6.
+        assert_eq!(batch.next().map(number), Some(0));
+        for n in 3..6 {
+            assert!(cell.push(num(n)).is_ok());
+        }
+        assert_eq!(cell.take_all(&mut batch), 3);
+        assert_eq!(drain_numbers(&mut batch), vec![1, 2, 3, 4, 5]);
+        assert_eq!(cell.high_water.get(), 3);
+    }
+
     #[derive(Message)]
     struct Ping;
 
