@@ -21,8 +21,9 @@
 //! an item whose push happened before another's (the same sender's earlier
 //! push, or one whose effect the other sender saw: a spawn from the main
 //! thread, then a message from a shard that was told of it) must come out
-//! first. Every push takes a *stamp* from the inbox's counter (one atomic
-//! add per batch, AcqRel; pushes to the locked queue take theirs under the
+//! first. Every push takes a *stamp* from the inbox's counter (an atomic
+//! add, AcqRel: one per batch, and one more for the part of a batch that
+//! overflows into the queue; pushes to the locked queue take theirs under the
 //! lock, so the queue stays sorted), and the owner delivers what it drains in
 //! stamp order:
 //!
@@ -47,8 +48,8 @@
 //! doorbell: one `IORING_OP_MSG_RING` SQE from a sender's ring, or an external
 //! wake from a thread without one. A push is *published* by a ring slot's
 //! sequence number (Release) or by the `pending` flag of the locked queue; one
-//! flag makes sure a sleeping shard is rung exactly once per burst and a push
-//! is never missed:
+//! more flag makes sure a push is never missed and a sleeping shard is rung
+//! once per announcement of sleep, not once per push:
 //!
 //! * `pending`: set by a producer just after it released the queue lock,
 //!   cleared by the owner while it holds the lock and takes the queue. Set, it
@@ -75,9 +76,9 @@
 //! 4. After waking, the owner clears `needs_wake` and drains.
 //!
 //! Steps 1–2 and step 3 are each a store followed by a SeqCst fence and a load
-//! of the other side's (the fences are what loom models; on x86 the SeqCst
-//! stores already are full barriers), so at least one side sees the other's
-//! store: either the owner sees the items and stays awake, or the producer sees
+//! of the other side's, so at least one side sees the other's store (the
+//! fences are needed: a ring slot is published by a Release store, which on
+//! x86 is a plain move, not a barrier): either the owner sees the items and stays awake, or the producer sees
 //! `needs_wake` and rings. A push racing a drain is never missed. At worst a
 //! doorbell arrives after the owner withdrew, which only makes its next sleep
 //! return early.
@@ -90,7 +91,9 @@
 //! (the same store–fence–load pattern): if it is set, it takes back each of
 //! those slots the owner has not taken, by a compare-exchange of the slot's
 //! sequence number, while the owner's closing drain takes slots by the same
-//! compare-exchange, so each item ends up with exactly one side.
+//! compare-exchange, so each item ends up with exactly one side. After
+//! closing, the owner's ordinary drain takes nothing (its plain stores would
+//! race those take-backs).
 //!
 //! # Cache lines
 //!
@@ -120,6 +123,9 @@ use crate::loom::{
 /// Slots in each peer ring: how many items one shard can have published to
 /// another before it falls back to the locked queue.
 pub(crate) const PEER_RING_SLOTS: usize = 64;
+
+/// Ids of inboxes (not part of any protocol: a plain `std` atomic).
+static NEXT_INBOX_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// What a producer must do after a push.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,6 +251,9 @@ pub(crate) struct Inbox<T, const N: usize = PEER_RING_SLOTS> {
     /// The next push's stamp (module docs, "Order"); a line of its own, as
     /// producers write it and the owner never reads it.
     next_stamp: CachePadded<AtomicU64>,
+    /// Unique in the process: a sender or reader works only on the inbox
+    /// that made it (an address could be reused by a later inbox).
+    id: u64,
     /// The owning shard's index: it has no ring of its own.
     owner: usize,
     /// One per other shard of the runtime, in shard order without `owner`.
@@ -273,6 +282,7 @@ impl<T, const N: usize> Inbox<T, N> {
             closed: AtomicBool::new(false),
             reader_made: AtomicBool::new(false),
             next_stamp: CachePadded::new(AtomicU64::new(0)),
+            id: NEXT_INBOX_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             owner,
             rings: (0..shards.saturating_sub(1))
                 .map(|_| PeerRing::new())
@@ -297,7 +307,7 @@ impl<T, const N: usize> Inbox<T, N> {
             return None;
         }
         Some(PeerSender {
-            inbox: self as *const Self as usize,
+            inbox: self.id,
             src,
             tail: 0,
         })
@@ -309,7 +319,7 @@ impl<T, const N: usize> Inbox<T, N> {
             return None;
         }
         Some(InboxReader {
-            inbox: self as *const Self as usize,
+            inbox: self.id,
             staged: Vec::new(),
         })
     }
@@ -410,8 +420,8 @@ impl<T, const N: usize> Inbox<T, N> {
 /// position, for the life of the runtime.
 #[derive(Debug)]
 pub(crate) struct PeerSender {
-    /// The inbox it was made by (an address, only compared).
-    inbox: usize,
+    /// The id of the inbox that made it.
+    inbox: u64,
     src: usize,
     /// The number of the next push into the ring.
     tail: usize,
@@ -432,7 +442,7 @@ impl PeerSender {
         batch: &mut Vec<T>,
     ) -> Result<Delivery, ()> {
         assert_eq!(
-            self.inbox, inbox as *const Inbox<T, N> as usize,
+            self.inbox, inbox.id,
             "a peer sender pushes into its own inbox"
         );
         if batch.is_empty() {
@@ -509,8 +519,8 @@ impl PeerSender {
 
 /// The draining side of an inbox, kept by its shard.
 pub(crate) struct InboxReader<T> {
-    /// The inbox it was made by (an address, only compared).
-    inbox: usize,
+    /// The id of the inbox that made it.
+    inbox: u64,
     /// Stamped items between taking and sorting (kept for its buffer).
     staged: Vec<(u64, T)>,
 }
@@ -523,10 +533,7 @@ impl<T> std::fmt::Debug for InboxReader<T> {
 
 impl<T> InboxReader<T> {
     fn check<const N: usize>(&self, inbox: &Inbox<T, N>) {
-        assert_eq!(
-            self.inbox, inbox as *const Inbox<T, N> as usize,
-            "an inbox reader drains its own inbox"
-        );
+        assert_eq!(self.inbox, inbox.id, "an inbox reader drains its own inbox");
     }
 
     /// Moves every waiting item into `out`, in an order that respects
@@ -541,6 +548,12 @@ impl<T> InboxReader<T> {
         out: &mut Vec<T>,
     ) -> usize {
         self.check(inbox);
+        // After `close` the producers' take-backs decide slots by
+        // compare-exchange, which this drain's plain stores would race:
+        // nothing more is taken (the closing drains took what was there).
+        if inbox.closed.load(SeqCst) {
+            return 0;
+        }
         let staged = &mut self.staged;
         debug_assert!(staged.is_empty());
         // Step 1: everything visible, and the highest stamp.
@@ -807,8 +820,9 @@ mod loom_tests {
         causal_pair(Some(0), Some(1));
     }
 
-    /// A peer publishing while the owner closes: each item ends up exactly
-    /// once, in the owner's closing drain or back with the peer.
+    /// A peer publishing while the owner closes (and then drains): each item
+    /// ends up exactly once, in the owner's closing drain or back with the
+    /// peer.
     #[test]
     fn close_racing_a_ring_push_loses_and_doubles_nothing() {
         loom::model(|| {
@@ -824,7 +838,12 @@ mod loom_tests {
                 })
             };
             let mut closed = reader.close(&inbox);
+            // A drain after closing (a drop run by the shutdown may ask for
+            // one) must not take what the peer is taking back.
+            let mut late = Vec::new();
+            reader.drain_into(&inbox, &mut late);
             let back = producer.join().unwrap();
+            closed.extend(late);
             closed.extend(back);
             closed.sort_unstable();
             assert_eq!(closed, vec![1, 2]);

@@ -1014,11 +1014,9 @@ impl Shard {
     fn shutdown_sequence(&self) {
         self.shutting_down.set(true);
         // 2. Stop accepting; drop every task and everything queued.
-        self.reader
-            .borrow_mut()
-            .close(&self.inbox)
-            .into_iter()
-            .for_each(InboxItem::refuse);
+        // Bound first: refusing runs user drops, which may ask for a drain.
+        let refused = self.reader.borrow_mut().close(&self.inbox);
+        refused.into_iter().for_each(InboxItem::refuse);
         loop {
             let queued: Vec<TaskRef> = self.run_queue.borrow_mut().drain(..).collect();
             drop(queued);
@@ -1054,11 +1052,9 @@ impl Shard {
             .into_iter()
             .flatten()
             .for_each(InboxItem::refuse);
-        self.reader
-            .borrow_mut()
-            .close(&self.inbox)
-            .into_iter()
-            .for_each(InboxItem::refuse);
+        // Bound first: refusing runs user drops, which may ask for a drain.
+        let refused = self.reader.borrow_mut().close(&self.inbox);
+        refused.into_iter().for_each(InboxItem::refuse);
         let _ = self.driver.borrow_mut().submit();
         // 3. Nobody rings anybody after this point.
         self.shared.shutdown_barrier.wait();
