@@ -19,7 +19,7 @@ use std::fmt;
 use std::mem::MaybeUninit;
 use std::task::{Context, Poll, Waker};
 
-use crate::loom::{AtomicU8, Ordering, UnsafeCell};
+use crate::loom::{fence, AtomicU8, Ordering, UnsafeCell};
 
 /// Nothing sent yet.
 const EMPTY: u8 = 0;
@@ -145,6 +145,10 @@ impl<T> Slot<T> {
         // value until it publishes FULL; no value was written before (EMPTY).
         self.value.with_mut(|v| unsafe { (*v).write(value) });
         self.state.store(FULL, Ordering::Release);
+        // With the fence a registering receiver puts between registering
+        // and looking again: either `wake` sees the registration, or the
+        // receiver sees FULL.
+        fence(Ordering::SeqCst);
         self.waker_cell().wake();
         Ok(())
     }
@@ -157,6 +161,8 @@ impl<T> Slot<T> {
             .compare_exchange(EMPTY, CLOSED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if closed {
+            // As in `send`.
+            fence(Ordering::SeqCst);
             self.waker_cell().wake();
         }
         closed
@@ -198,8 +204,56 @@ impl<T> Slot<T> {
             Err(TakeError::Empty) => {}
         }
         self.waker_cell().register(cx.waker());
-        // A send that finished before the registration found no waker: look again.
+        // A send that finished before the registration found no waker: look
+        // again (the fence pairs with the sender's, see `send`).
+        fence(Ordering::SeqCst);
         match self.try_take() {
+            Ok(v) => Poll::Ready(Some(v)),
+            Err(TakeError::Closed) => Poll::Ready(None),
+            Err(TakeError::Empty) => Poll::Pending,
+        }
+    }
+
+    /// [`Slot::try_take`] for a slot with one taker: a load and a store
+    /// instead of a compare-exchange.
+    ///
+    /// # Safety
+    ///
+    /// No other thread calls a taking method (`try_take*`, `poll_take*`) on
+    /// this slot at the same time.
+    pub unsafe fn try_take_single(&self) -> Result<T, TakeError> {
+        match self.state.load(Ordering::Acquire) {
+            FULL => {
+                // SAFETY: FULL was published by the sender's store after its
+                // write (the load synchronises with it); only a taker moves
+                // the state on from FULL, and the caller is the only one.
+                let value = self.value.with(|v| unsafe { (*v).assume_init_read() });
+                self.state.store(TAKEN, Ordering::Release);
+                Ok(value)
+            }
+            EMPTY | WRITING => Err(TakeError::Empty),
+            _ => Err(TakeError::Closed),
+        }
+    }
+
+    /// [`Slot::poll_take`] for a slot with one taker.
+    ///
+    /// # Safety
+    ///
+    /// As [`Slot::try_take_single`].
+    pub unsafe fn poll_take_single(&self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        // SAFETY: (caller) the only taker.
+        match unsafe { self.try_take_single() } {
+            Ok(v) => return Poll::Ready(Some(v)),
+            Err(TakeError::Closed) => return Poll::Ready(None),
+            Err(TakeError::Empty) => {}
+        }
+        self.waker_cell().register(cx.waker());
+        // A send that finished before the registration found no waker: look
+        // again (the fence pairs with the sender's, see `send`).
+        fence(Ordering::SeqCst);
+        // SAFETY: as above.
+        match unsafe { self.try_take_single() } {
             Ok(v) => Poll::Ready(Some(v)),
             Err(TakeError::Closed) => Poll::Ready(None),
             Err(TakeError::Empty) => Poll::Pending,
@@ -237,12 +291,14 @@ impl<T> Drop for Slot<T> {
     }
 }
 
-/// No registration or wake in progress.
+/// No registration or wake in progress, and no waker stored.
 const IDLE: u8 = 0;
 /// A task is storing its waker.
 const REGISTERING: u8 = 1;
 /// A wake is taking the waker.
 const WAKING: u8 = 2;
+/// A waker is stored (and nothing is in progress).
+const WAITING: u8 = 4;
 
 /// A waker cell that `register` and `wake` may race on (the `AtomicWaker`
 /// protocol): a wake that lands during a registration is handed to the
@@ -254,51 +310,72 @@ struct WakerCell<'a> {
 
 impl WakerCell<'_> {
     fn register(&self, waker: &Waker) {
-        match self
-            .state
-            .compare_exchange(IDLE, REGISTERING, Ordering::Acquire, Ordering::Acquire)
-        {
-            Ok(_) => {
-                // SAFETY: holding REGISTERING excludes other registrations and
-                // keeps `wake` from touching the waker (it only sets WAKING).
-                self.waker.with_mut(|w| unsafe {
-                    match &mut *w {
-                        Some(old) if old.will_wake(waker) => {}
-                        slot => *slot = Some(waker.clone()),
-                    }
-                });
-                if self
-                    .state
-                    .compare_exchange(REGISTERING, IDLE, Ordering::AcqRel, Ordering::Acquire)
-                    .is_err()
-                {
-                    // A wake came in meanwhile (state is REGISTERING | WAKING):
-                    // it left the waker to us. Take it and wake it.
-                    // SAFETY: the state still has REGISTERING set, so the
-                    // waker is ours alone until the swap below.
-                    let woken = self.waker.with_mut(|w| unsafe { (*w).take() });
-                    self.state.swap(IDLE, Ordering::AcqRel);
-                    if let Some(w) = woken {
-                        w.wake();
-                    }
+        // Take the cell from IDLE (nothing stored) or WAITING (a waker
+        // stored, which is replaced or kept below).
+        let mut current = self.state.load(Ordering::Acquire);
+        let acquired = loop {
+            if current != IDLE && current != WAITING {
+                break false;
+            }
+            match self.state.compare_exchange(
+                current,
+                REGISTERING,
+                Ordering::SeqCst,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break true,
+                Err(actual) => current = actual,
+            }
+        };
+        if acquired {
+            // SAFETY: holding REGISTERING excludes other registrations and
+            // keeps `wake` from touching the waker (it only sets WAKING).
+            self.waker.with_mut(|w| unsafe {
+                match &mut *w {
+                    Some(old) if old.will_wake(waker) => {}
+                    slot => *slot = Some(waker.clone()),
+                }
+            });
+            if self
+                .state
+                .compare_exchange(REGISTERING, WAITING, Ordering::SeqCst, Ordering::Acquire)
+                .is_err()
+            {
+                // A wake came in meanwhile (state is REGISTERING | WAKING):
+                // it left the waker to us. Take it and wake it.
+                // SAFETY: the state still has REGISTERING set, so the
+                // waker is ours alone until the swap below.
+                let woken = self.waker.with_mut(|w| unsafe { (*w).take() });
+                self.state.swap(IDLE, Ordering::AcqRel);
+                if let Some(w) = woken {
+                    w.wake();
                 }
             }
+        } else {
             // A wake is running: the value (or the close) is there or
-            // coming; have the task poll again.
-            Err(WAKING) => waker.wake_by_ref(),
-            // Another task is registering at the same time: one slot has one
-            // taker in practice; both are polled again to be safe.
-            Err(_) => waker.wake_by_ref(),
+            // coming; have the task poll again. Or another task is
+            // registering at the same time: one slot has one taker in
+            // practice; both are polled again to be safe.
+            waker.wake_by_ref();
         }
     }
 
+    /// Wakes the stored waker. The caller published what the task waits
+    /// for and then fenced (SeqCst); a registration this first load misses
+    /// is fenced after it and finds the publication when its task looks
+    /// again. So nothing stored and nothing under way costs one load.
     fn wake(&self) {
-        if self.state.fetch_or(WAKING, Ordering::AcqRel) == IDLE {
-            // SAFETY: moving IDLE -> WAKING gives this thread the waker until
-            // it clears WAKING; a registration arriving meanwhile fails its
-            // CAS and only wakes its own task.
+        if self.state.load(Ordering::Acquire) == IDLE {
+            return;
+        }
+        let prev = self.state.fetch_or(WAKING, Ordering::SeqCst);
+        if prev & (REGISTERING | WAKING) == 0 {
+            // SAFETY: moving to WAKING with no registration under way gives
+            // this thread the waker until it resets the state; a
+            // registration arriving meanwhile fails its CAS and only wakes
+            // its own task.
             let woken = self.waker.with_mut(|w| unsafe { (*w).take() });
-            self.state.fetch_and(!WAKING, Ordering::Release);
+            self.state.store(IDLE, Ordering::Release);
             if let Some(w) = woken {
                 w.wake();
             }
@@ -462,6 +539,50 @@ mod loom_tests {
             let second = slot.poll_take(&mut cx);
             sender.join().unwrap();
             got_it_or_was_woken(second, &count, &slot, 9);
+        });
+    }
+
+    /// As above, through the single-taker poll (a load instead of a
+    /// compare-exchange on the taking side).
+    #[test]
+    fn a_send_racing_a_single_taker_poll_is_never_lost() {
+        loom::model(|| {
+            let slot = Arc::new(Slot::new());
+            let sender = {
+                let slot = slot.clone();
+                thread::spawn(move || slot.send(5u32).unwrap())
+            };
+            let count = std::sync::Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+            let waker = Waker::from(count.clone());
+            let mut cx = Context::from_waker(&waker);
+            // SAFETY: this thread is the only taker.
+            let first = unsafe { slot.poll_take_single(&mut cx) };
+            sender.join().unwrap();
+            got_it_or_was_woken(first, &count, &slot, 5);
+        });
+    }
+
+    /// A send racing a registration that replaces a stored waker with a new
+    /// one: the new one is woken, or the value is taken at once.
+    #[test]
+    fn a_send_racing_a_new_wakers_registration_is_never_lost() {
+        loom::model(|| {
+            let slot = Arc::new(Slot::<u32>::new());
+            let old = std::sync::Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+            let old_waker = Waker::from(old.clone());
+            // SAFETY: this thread is the only taker.
+            let first = unsafe { slot.poll_take_single(&mut Context::from_waker(&old_waker)) };
+            assert!(first.is_pending());
+            let sender = {
+                let slot = slot.clone();
+                thread::spawn(move || slot.send(9).unwrap())
+            };
+            let new = std::sync::Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+            let new_waker = Waker::from(new.clone());
+            // SAFETY: as above.
+            let second = unsafe { slot.poll_take_single(&mut Context::from_waker(&new_waker)) };
+            sender.join().unwrap();
+            got_it_or_was_woken(second, &new, &slot, 9);
         });
     }
 

@@ -378,9 +378,9 @@ impl<R> Future for Reply<R> {
         let polled = match &this.inner {
             // SAFETY: our handle keeps the cell alive. `None`: the outcome
             // was already taken, which only this handle does.
-            ReplyInner::Pending(header) => unsafe { header.as_ref() }
-                .reply
-                .poll_take(cx)
+            // The reply handle is the slot's only taker (the envelope half
+            // only sends), so the single-taker poll applies.
+            ReplyInner::Pending(header) => unsafe { header.as_ref().reply.poll_take_single(cx) }
                 .map(|outcome| outcome.unwrap_or(Err(AskError::Stopped))),
             ReplyInner::Failed(e) => Poll::Ready(Err(*e)),
             ReplyInner::Done => panic!("Reply polled after completion"),
