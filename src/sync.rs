@@ -503,11 +503,10 @@ mod loom_tests {
         }
     }
 
-    /// A send racing a poll: the poller gets the value at once, or was
-    /// registered in time to be woken (never both missed).
-    #[test]
-    fn a_send_racing_a_poll_is_never_lost() {
-        loom::model(|| {
+    /// A send racing `poll` (a taking poll of the slot): the poller gets
+    /// the value at once, or was registered in time to be woken.
+    fn send_racing_a_poll(poll: fn(&Slot<u32>, &mut Context<'_>) -> Poll<Option<u32>>) {
+        loom::model(move || {
             let slot = Arc::new(Slot::new());
             let sender = {
                 let slot = slot.clone();
@@ -516,10 +515,23 @@ mod loom_tests {
             let count = std::sync::Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
             let waker = Waker::from(count.clone());
             let mut cx = Context::from_waker(&waker);
-            let first = slot.poll_take(&mut cx);
+            let first = poll(&slot, &mut cx);
             sender.join().unwrap();
             got_it_or_was_woken(first, &count, &slot, 5);
         });
+    }
+
+    #[test]
+    fn a_send_racing_a_poll_is_never_lost() {
+        send_racing_a_poll(Slot::poll_take);
+    }
+
+    /// Through the single-taker poll (a load instead of a compare-exchange
+    /// on the taking side).
+    #[test]
+    fn a_send_racing_a_single_taker_poll_is_never_lost() {
+        // SAFETY: the model's main thread is the only taker.
+        send_racing_a_poll(|slot, cx| unsafe { slot.poll_take_single(cx) });
     }
 
     /// A send racing a second registration (the task polled, was not woken
@@ -539,26 +551,6 @@ mod loom_tests {
             let second = slot.poll_take(&mut cx);
             sender.join().unwrap();
             got_it_or_was_woken(second, &count, &slot, 9);
-        });
-    }
-
-    /// As above, through the single-taker poll (a load instead of a
-    /// compare-exchange on the taking side).
-    #[test]
-    fn a_send_racing_a_single_taker_poll_is_never_lost() {
-        loom::model(|| {
-            let slot = Arc::new(Slot::new());
-            let sender = {
-                let slot = slot.clone();
-                thread::spawn(move || slot.send(5u32).unwrap())
-            };
-            let count = std::sync::Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
-            let waker = Waker::from(count.clone());
-            let mut cx = Context::from_waker(&waker);
-            // SAFETY: this thread is the only taker.
-            let first = unsafe { slot.poll_take_single(&mut cx) };
-            sender.join().unwrap();
-            got_it_or_was_woken(first, &count, &slot, 5);
         });
     }
 
