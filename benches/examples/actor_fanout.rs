@@ -3,7 +3,7 @@
 //! (`actor_fanout 2000 default` runs with the default idle policy;
 //! `FANOUT_SHARD=0` or `=1` puts every actor on that shard, to count a local
 //! or a remote ask alone; with `default`, `MAILRING_SPIN_US` sets the spin
-//! budget).
+//! budget; `FANOUT_REPEAT=n,ms` times n runs, each after a pause of ms).
 //! Shards spin instead of parking (valgrind stalls on a blocking
 //! `io_uring_enter`).
 
@@ -57,16 +57,33 @@ fn main() {
             sys.spawn_actor(Placement::Pinned(ShardId::new(shard)), Worker::default)
         })
         .collect();
-    let sum = sys.block_on(async move {
-        let mut sum = 0;
-        for _ in 0..rounds {
-            let replies: Vec<_> = workers.iter().map(|w| w.ask(Get)).collect();
-            for r in replies {
-                sum += r.await.unwrap();
+    // FANOUT_REPEAT=n,ms: n timed runs, each after a pause of ms (as the
+    // bench's paired runs do), printing each run's time.
+    let (repeat, pause_ms) = std::env::var("FANOUT_REPEAT")
+        .ok()
+        .and_then(|v| {
+            let (n, ms) = v.split_once(',')?;
+            Some((n.parse().ok()?, ms.parse().ok()?))
+        })
+        .unwrap_or((1u32, 0u64));
+    for _ in 0..repeat {
+        std::thread::sleep(Duration::from_millis(pause_ms));
+        let w = workers.clone();
+        let t0 = std::time::Instant::now();
+        let sum = sys.block_on(async move {
+            let mut sum = 0;
+            for _ in 0..rounds {
+                let replies: Vec<_> = w.iter().map(|w| w.ask(Get)).collect();
+                for r in replies {
+                    sum += r.await.unwrap();
+                }
             }
+            sum
+        });
+        assert_eq!(sum, rounds * 1000);
+        if repeat > 1 {
+            println!("{:?}", t0.elapsed());
         }
-        sum
-    });
-    assert_eq!(sum, rounds * 1000);
+    }
     sys.shutdown();
 }
