@@ -3,7 +3,8 @@
 //! (`actor_fanout 2000 default` runs with the default idle policy;
 //! `FANOUT_SHARD=0` or `=1` puts every actor on that shard, to count a local
 //! or a remote ask alone; with `default`, `MAILRING_SPIN_US` sets the spin
-//! budget; `FANOUT_REPEAT=n,ms` times n runs, each after a pause of ms).
+//! budget; `FANOUT_REPEAT=n,ms` times n runs, each after a pause of ms,
+//! and `FANOUT_FRESH=1` spawns new actors for each run, as the bench does).
 //! Shards spin instead of parking (valgrind stalls on a blocking
 //! `io_uring_enter`).
 
@@ -66,9 +67,17 @@ fn main() {
             Some((n.parse().ok()?, ms.parse().ok()?))
         })
         .unwrap_or((1u32, 0u64));
+    let fresh = std::env::var("FANOUT_FRESH").is_ok();
     for _ in 0..repeat {
         std::thread::sleep(Duration::from_millis(pause_ms));
-        let w = workers.clone();
+        let w = if fresh {
+            (0..1000)
+                .map(|i| sys.spawn_actor(Placement::Pinned(ShardId::new(i % 2)), Worker::default))
+                .collect()
+        } else {
+            workers.clone()
+        };
+        let stop = w.clone();
         let t0 = std::time::Instant::now();
         let sum = sys.block_on(async move {
             let mut sum = 0;
@@ -83,6 +92,9 @@ fn main() {
         assert_eq!(sum, rounds * 1000);
         if repeat > 1 {
             println!("{:?}", t0.elapsed());
+        }
+        if fresh {
+            stop.iter().for_each(|w| w.stop());
         }
     }
     sys.shutdown();

@@ -182,24 +182,33 @@ fn paired(_c: &mut Criterion) {
         // Each run leaves work behind (actors stopping, tasks ending): a
         // pause lets it finish before the other contender's timed run.
         let settle = || std::thread::sleep(Duration::from_millis(20));
+        let mut times = (Vec::new(), Vec::new());
         let mut ratios: Vec<f64> = (0..pairs)
             .map(|_| {
                 let m = run(&mut mailring).as_secs_f64();
                 settle();
                 let t = run(&mut tokio).as_secs_f64();
                 settle();
+                times.0.push(m);
+                times.1.push(t);
                 t / m
             })
             .collect();
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2] * 1e3
+        };
         ratios.sort_by(f64::total_cmp);
         let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
         println!(
-            "[paired] {name}: tokio time / mailring time, median {:.2} (quartiles {:.2}-{:.2}, range {:.2}-{:.2}) over {pairs} alternating pairs",
+            "[paired] {name}: tokio time / mailring time, median {:.2} (quartiles {:.2}-{:.2}, range {:.2}-{:.2}) over {pairs} alternating pairs; median run {:.2} ms mailring, {:.2} ms tokio",
             at(0.5),
             at(0.25),
             at(0.75),
             ratios[0],
             ratios[ratios.len() - 1],
+            median(&mut times.0),
+            median(&mut times.1),
         );
     }
 }
