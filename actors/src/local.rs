@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use foldhash::fast::RandomState;
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use mailring::ShardId;
 
@@ -115,11 +115,26 @@ const LOOKAHEAD: usize = 16;
 const SPARE_CARRIERS: usize = 8;
 
 /// A batch on its way to another shard, in a box that goes back to the
-/// shard that sent it (see [`SpareCarriers`]).
+/// shard that sent it.
+///
+/// A carrier (the box, with the batch's two vectors) is allocated on the
+/// sending shard and emptied on the receiving one. Freed there, it would take
+/// the sender's allocator lock while the sender allocates (perf showed futex
+/// waits in glibc's arena lock from both shards), and every batch would pay
+/// the allocator's slow paths on both sides: a block made on one thread and
+/// freed on another never comes back through either thread's cache
+/// (callgrind of a cross-shard actor ping-pong: ~330 instructions per hop in
+/// `malloc` and `free`). Instead the receiver sends the emptied carrier back
+/// as a job of its own, in its next batch to the sender (with the replies it
+/// is about to publish, so no cache line moves for it alone), and the sender
+/// keeps it on its shard-local spare list for its next batch: in steady state
+/// no batch allocates, whatever its size, and no lock is taken.
 pub(crate) struct Carrier<A: Actor> {
     system_id: u64,
     /// The sending shard, whose spare list the emptied carrier joins.
     from: usize,
+    /// On its way back to `from`, empty.
+    returning: bool,
     batch: Outbound<A>,
 }
 
@@ -132,49 +147,12 @@ where
             reply::drop_with_reason(AskError::ShuttingDown, self);
             return;
         };
+        if self.returning {
+            ts.keep_spare(self);
+            return;
+        }
         deliver_batch(&ts, &mut self.batch);
         ts.return_carrier(self);
-    }
-}
-
-/// Emptied carriers of one actor type, one list per shard.
-///
-/// A carrier (the box a batch travels in, with the batch's two vectors) is
-/// allocated on the sending shard and emptied on the receiving one. Freed
-/// there, it would take the sender's allocator lock while the sender
-/// allocates (perf showed futex waits in glibc's arena lock from both
-/// shards), and every batch would pay the allocator's slow paths on both
-/// sides: a block made on one thread and freed on another never comes back
-/// through either thread's cache (callgrind of a cross-shard actor ping-pong:
-/// ~330 instructions per hop in `malloc` and `free`). Instead the receiver
-/// puts the carrier back on the sender's list (one uncontended lock per
-/// batch), and the sender takes it from there for its next batch: in steady
-/// state no batch allocates, whatever its size.
-pub(crate) struct SpareCarriers<A: Actor> {
-    per_shard: Vec<SpareList<A>>,
-    /// Carriers made so far (they are made only when a list is empty).
-    made: std::sync::atomic::AtomicUsize,
-}
-
-/// One shard's list, on cache lines of its own.
-#[repr(align(128))]
-struct SpareList<A: Actor>(Mutex<Vec<Box<Carrier<A>>>>);
-
-impl<A: Actor> SpareCarriers<A> {
-    pub(crate) fn new(shards: usize) -> Self {
-        SpareCarriers {
-            per_shard: (0..shards)
-                .map(|_| SpareList(Mutex::new(Vec::new())))
-                .collect(),
-            made: std::sync::atomic::AtomicUsize::new(0),
-        }
-    }
-
-    fn list(&self, shard: usize) -> std::sync::MutexGuard<'_, Vec<Box<Carrier<A>>>> {
-        self.per_shard[shard]
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -185,9 +163,11 @@ pub(crate) struct TypeState<A: Actor> {
     keyed: RefCell<HashMap<A::Key, Rc<ActorCell<A>>, RandomState>>,
     unkeyed: RefCell<HashMap<u64, Rc<ActorCell<A>>, RandomState>>,
     outbound: RefCell<Vec<Outbound<A>>>,
-    /// The system's spare carriers of this type (see [`SpareCarriers`]),
-    /// fetched on the first cross-shard batch.
-    spares: std::cell::OnceCell<Arc<SpareCarriers<A>>>,
+    /// Emptied carriers back from other shards, for this shard's next
+    /// batches (see [`Carrier`]).
+    spares: RefCell<Vec<Box<Carrier<A>>>>,
+    /// Carriers made here so far (only when `spares` is empty).
+    carriers_made: Cell<usize>,
     /// Advances on every delivery; cells remember it for LRU passivation.
     clock: Cell<u64>,
     pub(crate) counters: Counters,
@@ -202,7 +182,8 @@ impl<A: Actor> TypeState<A> {
             keyed: RefCell::new(HashMap::default()),
             unkeyed: RefCell::new(HashMap::default()),
             outbound: RefCell::new((0..shards).map(|_| Outbound::new()).collect()),
-            spares: std::cell::OnceCell::new(),
+            spares: RefCell::new(Vec::new()),
+            carriers_made: Cell::new(0),
             clock: Cell::new(0),
             counters: Counters::default(),
         }
@@ -462,14 +443,6 @@ impl<A: Actor> TypeState<A> {
         }
     }
 
-    fn spares(&self) -> &SpareCarriers<A>
-    where
-        A::Envelope: Send,
-    {
-        self.spares
-            .get_or_init(|| self.system.spare_carriers::<A>())
-    }
-
     /// Gives a batch's vectors room. In steady state this runs only for a
     /// batch that outgrew its vectors: a flush leaves the batch the emptied
     /// vectors of a returned carrier.
@@ -479,17 +452,24 @@ impl<A: Actor> TypeState<A> {
         batch.targets.reserve(OUTBOUND_BATCH);
     }
 
-    /// Puts a delivered batch's emptied carrier back on the list of the
-    /// shard that sent it.
-    fn return_carrier(&self, carrier: Box<Carrier<A>>)
+    /// Sends a delivered batch's emptied carrier back to the shard that
+    /// sent it (in this shard's next batch there).
+    fn return_carrier(&self, mut carrier: Box<Carrier<A>>)
     where
         A::Envelope: Send,
     {
         debug_assert!(carrier.batch.len() == 0);
+        carrier.returning = true;
         let from = carrier.from;
-        let mut list = self.spares().list(from);
-        if list.len() < SPARE_CARRIERS {
-            list.push(carrier);
+        self.system.handle.send_job(ShardId::new(from), carrier);
+    }
+
+    /// Keeps a carrier that came back, for this shard's next batches.
+    fn keep_spare(&self, mut carrier: Box<Carrier<A>>) {
+        let mut spares = self.spares.borrow_mut();
+        if spares.len() < SPARE_CARRIERS {
+            carrier.returning = false;
+            spares.push(carrier);
         }
     }
 
@@ -503,17 +483,16 @@ impl<A: Actor> TypeState<A> {
         if self.outbound.borrow()[dest].len() == 0 {
             return;
         }
-        let spare = self.spares().list(self.shard).pop();
+        let spare = self.spares.borrow_mut().pop();
         let mut carrier = spare.unwrap_or_else(|| {
-            self.spares()
-                .made
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.carriers_made.set(self.carriers_made.get() + 1);
             // Only the system's id travels: the receiver finds its own
             // registry, so no shared reference count bounces between shards
             // per batch.
             Box::new(Carrier {
                 system_id: self.system.id,
                 from: self.shard,
+                returning: false,
                 batch: Outbound::new(),
             })
         });
@@ -996,8 +975,8 @@ mod tests {
                     n = sink.ask(Count).await.unwrap();
                 }
                 let ts = super::type_state::<Sink>(sink.system.arc()).expect("on a shard");
-                let returned = ts.spares().list(0).len();
-                let made = ts.spares().made.load(std::sync::atomic::Ordering::Relaxed);
+                let returned = ts.spares.borrow().len();
+                let made = ts.carriers_made.get();
                 (n, returned, made)
             })
             .await

@@ -39,8 +39,6 @@ pub(crate) struct SystemShared {
     factories: RwLock<AnyMap>,
     directories: Mutex<AnyMap>,
     capacities: Mutex<AnyMap>,
-    /// Per actor type, the shards' lists of emptied batch vectors.
-    spare_carriers: Mutex<AnyMap>,
     names: Mutex<HashMap<String, NamedAddr>>,
 }
 
@@ -123,7 +121,6 @@ impl SystemShared {
             factories: RwLock::new(HashMap::new()),
             directories: Mutex::new(HashMap::new()),
             capacities: Mutex::new(HashMap::new()),
-            spare_carriers: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
         })
     }
@@ -156,25 +153,6 @@ impl SystemShared {
             .clone()
             .downcast::<Directory<A::Key>>()
             .expect("directory of the right key type")
-    }
-
-    /// The lists of emptied batch carriers of actor type `A`, one per shard
-    /// (made on first use; each shard's `TypeState` keeps its `Arc`).
-    pub(crate) fn spare_carriers<A: Actor>(&self) -> Arc<crate::local::SpareCarriers<A>>
-    where
-        A::Envelope: Send,
-    {
-        let mut map = self
-            .spare_carriers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        map.entry(TypeId::of::<A>())
-            .or_insert_with(|| {
-                Arc::new(crate::local::SpareCarriers::<A>::new(self.handle.shards()))
-            })
-            .clone()
-            .downcast::<crate::local::SpareCarriers<A>>()
-            .expect("spare carriers of the right actor type")
     }
 
     /// The shared count of a keyed actor's bounded mailbox.
