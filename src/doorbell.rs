@@ -188,7 +188,8 @@ impl<T, const N: usize> PeerRing<T, N> {
     }
 
     /// Moves the published items stamped `max` or lower into `out`, in
-    /// order; returns how many. Owner only (the [`InboxReader`]).
+    /// order; returns how many. Owner only (the [`InboxReader`], or the
+    /// ring's drop).
     fn take_published(&self, max: u64, out: &mut Vec<(u64, T)>) -> usize {
         let start = self.head.load(Relaxed);
         let mut head = start;
@@ -226,17 +227,8 @@ unsafe impl<T: Send, const N: usize> Send for PeerRing<T, N> {}
 impl<T, const N: usize> Drop for PeerRing<T, N> {
     fn drop(&mut self) {
         // Items published and never taken (an inbox dropped without closing).
-        let mut head = self.head.load(Relaxed);
-        loop {
-            let slot = self.slot(head);
-            if slot.seq.load(Acquire) != head.wrapping_add(1) {
-                break;
-            }
-            // SAFETY: published (seq says so) and not taken: initialised and
-            // ours, with every other handle on the ring gone (`&mut self`).
-            slot.value.with_mut(|p| unsafe { (*p).assume_init_drop() });
-            head = head.wrapping_add(1);
-        }
+        let mut rest = Vec::new();
+        self.take_published(u64::MAX, &mut rest);
     }
 }
 
@@ -624,7 +616,6 @@ impl<T> InboxReader<T> {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
-    use crate::loom::Ordering::{Acquire, Release};
     use loom::sync::atomic::AtomicUsize;
     use loom::sync::{Arc, Notify};
     use loom::thread;
@@ -650,6 +641,16 @@ mod loom_tests {
                 inbox.unpark();
             }
         }
+    }
+
+    /// Runs `push` on a new thread as peer 0 of `inbox`, with its sender.
+    fn spawn_peer<const N: usize, R: 'static>(
+        inbox: &Arc<Inbox<u8, N>>,
+        push: impl FnOnce(&Inbox<u8, N>, &mut PeerSender) -> R + 'static,
+    ) -> thread::JoinHandle<R> {
+        let inbox = inbox.clone();
+        let mut sender = inbox.peer_sender(0).unwrap();
+        thread::spawn(move || push(&inbox, &mut sender))
     }
 
     /// An outside producer (locked queue) and a peer (ring) push while the
@@ -703,14 +704,9 @@ mod loom_tests {
         loom::model(|| {
             let inbox = Arc::new(Inbox::<_, 2>::new(1, 2));
             let mut reader = inbox.reader().unwrap();
-            let producer = {
-                let inbox = inbox.clone();
-                let mut sender = inbox.peer_sender(0).unwrap();
-                thread::spawn(move || {
-                    let mut batch = vec![1u8, 2, 3];
-                    sender.push_batch(&inbox, &mut batch).unwrap()
-                })
-            };
+            let producer = spawn_peer(&inbox, |inbox, sender| {
+                sender.push_batch(inbox, &mut vec![1, 2, 3]).unwrap()
+            });
             let may_sleep = inbox.prepare_park();
             let delivery = producer.join().unwrap();
             if may_sleep {
@@ -736,18 +732,14 @@ mod loom_tests {
             let inbox = Arc::new(Inbox::<_, 2>::new(1, 2));
             let mut reader = inbox.reader().unwrap();
             let bell = Arc::new(Notify::new());
-            let producer = {
-                let (inbox, bell) = (inbox.clone(), bell.clone());
-                let mut sender = inbox.peer_sender(0).unwrap();
-                thread::spawn(move || {
-                    for batch in [vec![1u8, 2, 3], vec![4], vec![5]] {
-                        let mut batch = batch;
-                        if sender.push_batch(&inbox, &mut batch).unwrap() == Delivery::Ring {
-                            bell.notify();
-                        }
+            let peer_bell = bell.clone();
+            let producer = spawn_peer(&inbox, move |inbox, sender| {
+                for mut batch in [vec![1, 2, 3], vec![4], vec![5]] {
+                    if sender.push_batch(inbox, &mut batch).unwrap() == Delivery::Ring {
+                        peer_bell.notify();
                     }
-                })
-            };
+                }
+            });
             let (got, _) = drain_until(&inbox, &mut reader, &bell, 5);
             producer.join().unwrap();
             assert_eq!(got, vec![1, 2, 3, 4, 5]);
@@ -813,11 +805,12 @@ mod loom_tests {
         causal_pair(Some(0), None);
     }
 
-    /// Shard 0 publishes, then shard 1, whose ring the owner reads after
-    /// shard 0's: a drain can find the later item without the earlier one.
+    /// Shard 1 publishes, then shard 0, whose ring the owner reads first: a
+    /// drain that finds both must still deliver shard 1's first (the stamp
+    /// sort; without it this model fails).
     #[test]
     fn pushes_through_two_rings_arrive_in_causal_order() {
-        causal_pair(Some(0), Some(1));
+        causal_pair(Some(1), Some(0));
     }
 
     /// A peer publishing while the owner closes (and then drains): each item
@@ -828,15 +821,11 @@ mod loom_tests {
         loom::model(|| {
             let inbox = Arc::new(Inbox::<_, 4>::new(1, 2));
             let mut reader = inbox.reader().unwrap();
-            let producer = {
-                let inbox = inbox.clone();
-                let mut sender = inbox.peer_sender(0).unwrap();
-                thread::spawn(move || {
-                    let mut batch = vec![1u8, 2];
-                    let _ = sender.push_batch(&inbox, &mut batch);
-                    batch
-                })
-            };
+            let producer = spawn_peer(&inbox, |inbox, sender| {
+                let mut batch = vec![1, 2];
+                let _ = sender.push_batch(inbox, &mut batch);
+                batch
+            });
             let mut closed = reader.close(&inbox);
             // A drain after closing (a drop run by the shutdown may ask for
             // one) must not take what the peer is taking back.

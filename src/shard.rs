@@ -166,8 +166,9 @@ impl fmt::Debug for ShardRemote {
 /// to it and it has not applied yet; see [`crate::receive_pending`].
 ///
 /// Hot same-shard send paths call [`receive_pending`](Self::receive_pending)
-/// on a probe they keep: a load of the queue's flag and of each peer ring's next slot, and the full
-/// drain only when something is there. Use a probe on the shard it came from.
+/// on a probe they keep: a load of the queue's flag and of each peer ring's
+/// next slot, and the full drain only when something is there. Use a probe on
+/// the shard it came from.
 #[derive(Clone)]
 pub struct PendingProbe {
     inbox: Arc<CachePadded<Inbox<InboxItem>>>,
@@ -1020,13 +1021,19 @@ impl Shard {
         }
     }
 
+    /// Closes the inbox and refuses what it still held (again at step 2's
+    /// end: the close takes what peers pushed since).
+    fn close_inbox(&self) {
+        // Bound first: refusing runs user drops, which may ask for a drain.
+        let refused = self.reader.borrow_mut().close(&self.inbox);
+        refused.into_iter().for_each(InboxItem::refuse);
+    }
+
     /// Steps 2–4 of the shutdown protocol (module docs).
     fn shutdown_sequence(&self) {
         self.shutting_down.set(true);
         // 2. Stop accepting; drop every task and everything queued.
-        // Bound first: refusing runs user drops, which may ask for a drain.
-        let refused = self.reader.borrow_mut().close(&self.inbox);
-        refused.into_iter().for_each(InboxItem::refuse);
+        self.close_inbox();
         loop {
             let queued: Vec<TaskRef> = self.run_queue.borrow_mut().drain(..).collect();
             drop(queued);
@@ -1062,9 +1069,7 @@ impl Shard {
             .into_iter()
             .flatten()
             .for_each(InboxItem::refuse);
-        // Bound first: refusing runs user drops, which may ask for a drain.
-        let refused = self.reader.borrow_mut().close(&self.inbox);
-        refused.into_iter().for_each(InboxItem::refuse);
+        self.close_inbox();
         let _ = self.driver.borrow_mut().submit();
         // 3. Nobody rings anybody after this point.
         self.shared.shutdown_barrier.wait();

@@ -488,6 +488,12 @@ mod loom_tests {
         }
     }
 
+    /// A waker that counts its wakes, with its counter.
+    fn counting_waker() -> (std::sync::Arc<Count>, Waker) {
+        let count = std::sync::Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+        (count.clone(), Waker::from(count))
+    }
+
     /// After the sender finished: a poll that returned `Pending` must have
     /// been woken, and the value must be there.
     fn got_it_or_was_woken(polled: Poll<Option<u32>>, count: &Count, slot: &Slot<u32>, sent: u32) {
@@ -512,8 +518,7 @@ mod loom_tests {
                 let slot = slot.clone();
                 thread::spawn(move || slot.send(5u32).unwrap())
             };
-            let count = std::sync::Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
-            let waker = Waker::from(count.clone());
+            let (count, waker) = counting_waker();
             let mut cx = Context::from_waker(&waker);
             let first = poll(&slot, &mut cx);
             sender.join().unwrap();
@@ -540,8 +545,7 @@ mod loom_tests {
     fn a_send_racing_a_re_registration_is_never_lost() {
         loom::model(|| {
             let slot = Arc::new(Slot::<u32>::new());
-            let count = std::sync::Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
-            let waker = Waker::from(count.clone());
+            let (count, waker) = counting_waker();
             let mut cx = Context::from_waker(&waker);
             assert!(slot.poll_take(&mut cx).is_pending());
             let sender = {
@@ -560,8 +564,7 @@ mod loom_tests {
     fn a_send_racing_a_new_wakers_registration_is_never_lost() {
         loom::model(|| {
             let slot = Arc::new(Slot::<u32>::new());
-            let old = std::sync::Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
-            let old_waker = Waker::from(old.clone());
+            let (_old, old_waker) = counting_waker();
             // SAFETY: this thread is the only taker.
             let first = unsafe { slot.poll_take_single(&mut Context::from_waker(&old_waker)) };
             assert!(first.is_pending());
@@ -569,8 +572,7 @@ mod loom_tests {
                 let slot = slot.clone();
                 thread::spawn(move || slot.send(9).unwrap())
             };
-            let new = std::sync::Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
-            let new_waker = Waker::from(new.clone());
+            let (new, new_waker) = counting_waker();
             // SAFETY: as above.
             let second = unsafe { slot.poll_take_single(&mut Context::from_waker(&new_waker)) };
             sender.join().unwrap();

@@ -376,10 +376,10 @@ impl<R> Future for Reply<R> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let polled = match &this.inner {
-            // SAFETY: our handle keeps the cell alive. `None`: the outcome
-            // was already taken, which only this handle does.
-            // The reply handle is the slot's only taker (the envelope half
-            // only sends), so the single-taker poll applies.
+            // SAFETY: our handle keeps the cell alive, and it is the slot's
+            // only taker (the envelope half only sends; `&mut self` keeps
+            // two polls apart), as `poll_take_single` requires. `None`: the
+            // outcome was already taken, which only this handle does.
             ReplyInner::Pending(header) => unsafe { header.as_ref().reply.poll_take_single(cx) }
                 .map(|outcome| outcome.unwrap_or(Err(AskError::Stopped))),
             ReplyInner::Failed(e) => Poll::Ready(Err(*e)),
