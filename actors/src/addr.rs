@@ -51,7 +51,7 @@ pub(crate) enum AddrTarget<A: Actor> {
 pub struct Addr<A: Actor> {
     pub(crate) system: SystemRef,
     pub(crate) target: AddrTarget<A>,
-    capacity: Option<Arc<Capacity>>,
+    pub(crate) capacity: Option<Arc<Capacity>>,
 }
 
 /// A reference to a keyed (virtual) actor: an [`Addr`] that names a key.

@@ -313,7 +313,11 @@ impl<A: Actor> TypeState<A> {
             }
             None => return Err(AskError::NoFactory),
         };
-        let capacity = A::CONFIG.mailbox.map(Capacity::new);
+        // The count its senders' references hold: places taken through any
+        // reference are freed by this activation's takes.
+        let capacity = A::CONFIG
+            .mailbox
+            .map(|cap| self.system.keyed_capacity::<A>(&key, cap));
         let uid = crate::route::keyed_uid::<A, _>(&key);
         let cell = ActorCell::new(uid, key.clone(), capacity);
         self.keyed.borrow_mut().insert(key, cell.clone());

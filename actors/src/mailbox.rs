@@ -38,6 +38,11 @@ impl Capacity {
         })
     }
 
+    /// No place is taken (nothing sent and not yet taken by the actor).
+    pub(crate) fn is_idle(&self) -> bool {
+        self.depth.load(Ordering::Acquire) == 0
+    }
+
     /// Takes a place if one is free.
     pub(crate) fn try_acquire(&self) -> bool {
         if self.depth.fetch_add(1, Ordering::AcqRel) < self.cap {

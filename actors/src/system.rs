@@ -155,21 +155,53 @@ impl SystemShared {
             .expect("directory of the right key type")
     }
 
-    /// The shared count of a keyed actor's bounded mailbox.
+    /// The shared count of a keyed actor's bounded mailbox: one per key,
+    /// held by every reference to the key and by its activation.
+    ///
+    /// The map forgets a count that nothing else holds and that counts no
+    /// message (checked under its lock, through which alone a new holder can
+    /// appear), whenever it has doubled since it last looked: keys that come
+    /// and go do not pin a count each for the system's lifetime.
     pub(crate) fn keyed_capacity<A: Actor>(&self, key: &A::Key, cap: usize) -> Arc<Capacity> {
-        type Caps<K> = Mutex<HashMap<K, Arc<Capacity>>>;
         let caps = {
             let mut map = self.capacities.lock().unwrap_or_else(|p| p.into_inner());
             map.entry(TypeId::of::<A>())
-                .or_insert_with(|| Arc::new(Caps::<A::Key>::new(HashMap::new())))
+                .or_insert_with(|| Arc::new(Mutex::new(KeyedCapacities::<A::Key>::default())))
                 .clone()
-                .downcast::<Caps<A::Key>>()
+                .downcast::<Mutex<KeyedCapacities<A::Key>>>()
                 .expect("capacity map of the right key type")
         };
         let mut caps = caps.lock().unwrap_or_else(|p| p.into_inner());
-        caps.entry(key.clone())
-            .or_insert_with(|| Capacity::new(cap))
-            .clone()
+        if let Some(c) = caps.counts.get(key) {
+            return c.clone();
+        }
+        if caps.counts.len() >= caps.prune_at {
+            caps.counts
+                .retain(|_, c| Arc::strong_count(c) > 1 || !c.is_idle());
+            caps.prune_at = (caps.counts.len() * 2).max(KEYED_CAPACITIES_FIRST_PRUNE);
+        }
+        let c = Capacity::new(cap);
+        caps.counts.insert(key.clone(), c.clone());
+        c
+    }
+}
+
+/// Size of a type's keyed-capacity map at which it first drops unused counts.
+const KEYED_CAPACITIES_FIRST_PRUNE: usize = 1024;
+
+/// The bounded-mailbox counts of one keyed actor type.
+struct KeyedCapacities<K> {
+    counts: HashMap<K, Arc<Capacity>>,
+    /// Size at which the next insertion first drops unused counts.
+    prune_at: usize,
+}
+
+impl<K> Default for KeyedCapacities<K> {
+    fn default() -> Self {
+        KeyedCapacities {
+            counts: HashMap::new(),
+            prune_at: KEYED_CAPACITIES_FIRST_PRUNE,
+        }
     }
 }
 
@@ -490,5 +522,70 @@ impl SystemHandle {
     /// Number of stealable keys recorded in `A`'s directory.
     pub fn directory_len<A: Actor>(&self) -> usize {
         self.shared.directory::<A>().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Actor, ActorSystem, Ctx, Handler, Message, Runtime};
+
+    #[derive(Actor)]
+    #[actor(key = u64, mailbox = 2, activate = Bounded::new, handles(Ping))]
+    struct Bounded;
+
+    impl Bounded {
+        fn new(_key: &u64) -> Self {
+            Bounded
+        }
+    }
+
+    #[derive(Message)]
+    struct Ping;
+
+    impl Handler<Ping> for Bounded {
+        async fn handle(&mut self, _m: Ping, _cx: &mut Ctx<Self>) {}
+    }
+
+    fn counts(sys: &ActorSystem) -> usize {
+        let caps = sys.shared.capacities.lock().unwrap();
+        let any = caps
+            .values()
+            .next()
+            .expect("one keyed bounded type")
+            .clone();
+        drop(caps);
+        let caps = any
+            .downcast::<std::sync::Mutex<super::KeyedCapacities<u64>>>()
+            .expect("u64 keys");
+        let n = caps.lock().unwrap().counts.len();
+        n
+    }
+
+    #[test]
+    fn counts_of_keys_nobody_holds_are_forgotten() {
+        let sys = ActorSystem::start(Runtime::builder().shards(1)).expect("io_uring available");
+        // References made and dropped without sending: nothing holds their
+        // counts once the map has looked again.
+        for key in 0..10_000u64 {
+            drop(sys.keyed::<Bounded>(key));
+        }
+        let n = counts(&sys);
+        assert!(
+            n <= 2 * super::KEYED_CAPACITIES_FIRST_PRUNE,
+            "{n} counts kept"
+        );
+        // A held reference keeps its count, however many keys come after it,
+        // and its place stays taken until the actor takes the message.
+        let held = sys.keyed::<Bounded>(u64::MAX);
+        held.try_tell(Ping).unwrap();
+        for key in 0..10_000u64 {
+            drop(sys.keyed::<Bounded>(key));
+        }
+        let again = sys.keyed::<Bounded>(u64::MAX);
+        assert!(std::sync::Arc::ptr_eq(
+            held.capacity.as_ref().unwrap(),
+            again.capacity.as_ref().unwrap()
+        ));
+        sys.shutdown();
     }
 }

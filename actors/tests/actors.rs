@@ -622,6 +622,82 @@ fn bounded_mailbox_try_tell_gives_the_message_back_and_send_waits() {
     sys.shutdown();
 }
 
+#[derive(Actor, Default)]
+#[actor(key = u64, mailbox = 4, activate = SlowKeyed::new, handles(Add, Get, Hold))]
+struct SlowKeyed {
+    total: u64,
+}
+
+impl SlowKeyed {
+    fn new(_key: &u64) -> Self {
+        SlowKeyed::default()
+    }
+}
+
+impl Handler<Add> for SlowKeyed {
+    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
+        self.total += m.0;
+    }
+}
+
+impl Handler<Get> for SlowKeyed {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.total
+    }
+}
+
+impl Handler<Hold> for SlowKeyed {
+    async fn handle(&mut self, m: Hold, _cx: &mut Ctx<Self>) {
+        mailring_actors::mailring::time::sleep(m.0).await;
+    }
+}
+
+#[test]
+fn keyed_bounded_mailbox_frees_places_as_the_actor_takes_messages() {
+    let sys = system(2);
+    let h = sys.handle();
+    let rt = sys.runtime().clone();
+    let out = sys.block_on(async move {
+        let mut joins = Vec::new();
+        for shard in 0..2 {
+            let h = h.clone();
+            joins.push(rt.spawn_on(ShardId::new(shard), async move {
+                // Keys on both shards, so both the local and the remote path
+                // take and free places; a fresh ref per round, as a gateway
+                // would make one per request.
+                for round in 0..50u64 {
+                    for key in 0..4u64 {
+                        h.keyed::<SlowKeyed>(key).send(Add(round)).await.unwrap();
+                    }
+                }
+            }));
+        }
+        let sent = async {
+            for j in joins {
+                j.await.unwrap();
+            }
+        };
+        let finished = mailring_actors::mailring::time::timeout(Duration::from_secs(10), sent)
+            .await
+            .is_ok();
+        let mut totals = Vec::new();
+        for key in 0..4u64 {
+            totals.push(h.keyed::<SlowKeyed>(key).ask(Get).await.unwrap());
+        }
+        // The bound still holds for a keyed actor that is busy.
+        let busy = h.keyed::<SlowKeyed>(9);
+        busy.try_tell(Hold(Duration::from_millis(100))).unwrap();
+        mailring_actors::mailring::time::sleep(Duration::from_millis(20)).await;
+        let accepted = (0..10).filter(|&i| busy.try_tell(Add(i)).is_ok()).count();
+        (finished, totals, accepted)
+    });
+    assert!(out.0, "senders waited for places that were never freed");
+    let per_key = 2 * (0..50u64).sum::<u64>();
+    assert_eq!(out.1, vec![per_key; 4]);
+    assert_eq!(out.2, 4, "four places in a busy keyed actor's mailbox");
+    sys.shutdown();
+}
+
 // ---------------------------------------------------------------- stop and asks
 
 #[test]
