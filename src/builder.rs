@@ -109,6 +109,12 @@ impl Builder {
         self
     }
 
+    /// The number of shards this builder will start (as set by
+    /// [`Builder::shards`], or the default).
+    pub fn shard_count(&self) -> usize {
+        self.shards
+    }
+
     /// Submission queue entries per ring (rounded up to a power of two by the
     /// kernel). The completion queue gets four times as many plus room for doorbells.
     pub fn ring_entries(mut self, entries: u32) -> Self {

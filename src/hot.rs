@@ -40,7 +40,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::poll_fn;
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 
 use crate::shard::{with_current, ShardId};
 
@@ -168,24 +168,33 @@ pub fn try_take_hot_count(tag: u16) -> Option<u64> {
 ///
 /// Outside a mailring shard, or when `tag` was not registered as a hot tag.
 pub async fn next_hot_count(tag: u16) -> u64 {
-    poll_fn(|cx| {
-        on_shard("next_hot_count", |shard| {
-            let mut hot = shard.hot_mut();
-            assert!(
-                hot.is_hot(tag),
-                "tag {tag} is not a coalesced hot tag: register it with Builder::coalesced_hot_tag"
-            );
-            if let Some(v) = hot.take_count(tag) {
-                return Poll::Ready(v);
-            }
-            let c = hot.counters.get_mut(&tag).expect("checked above");
-            if !c.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                c.waiters.push(cx.waker().clone());
-            }
-            Poll::Pending
-        })
+    poll_fn(|cx| poll_hot_count(tag, cx)).await
+}
+
+/// Takes the current shard's hot counter for `tag` if it is non-zero; else
+/// registers `cx`'s waker to be woken when it reaches the wake threshold (or
+/// the shard has nothing else to do). The poll form of [`next_hot_count`],
+/// for futures that wait on a counter among other conditions.
+///
+/// # Panics
+///
+/// Outside a mailring shard, or when `tag` was not registered as a hot tag.
+pub fn poll_hot_count(tag: u16, cx: &mut Context<'_>) -> Poll<u64> {
+    on_shard("poll_hot_count", |shard| {
+        let mut hot = shard.hot_mut();
+        assert!(
+            hot.is_hot(tag),
+            "tag {tag} is not a coalesced hot tag: register it with Builder::coalesced_hot_tag"
+        );
+        if let Some(v) = hot.take_count(tag) {
+            return Poll::Ready(v);
+        }
+        let c = hot.counters.get_mut(&tag).expect("checked above");
+        if !c.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+            c.waiters.push(cx.waker().clone());
+        }
+        Poll::Pending
     })
-    .await
 }
 
 /// Takes the oldest queued tiny message with `tag` on the current shard.

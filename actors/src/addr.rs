@@ -12,6 +12,7 @@ use std::fmt;
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 
 use mailring::ShardId;
 
@@ -198,17 +199,26 @@ impl<A: Actor> Addr<A> {
         self.deliver_msg(msg)
     }
 
-    /// Sends `msg` if the bounded mailbox has room; never waits.
+    /// Sends `msg` if the bounded mailbox has room and, from another shard,
+    /// the sending shard's credit window to the actor's shard has room (see
+    /// [`crate::SystemConfig::cross_shard_window`]); never waits.
     ///
     /// # Errors
     ///
-    /// [`TellError::Full`] with the message when the mailbox is full; else as [`Addr::tell`].
+    /// [`TellError::Full`] with the message when the mailbox is full or the
+    /// window spent; else as [`Addr::tell`].
     pub fn try_tell<M>(&self, msg: M) -> Result<(), TellError<M>>
     where
         A: Accepts<M>,
         M: Message + Send,
         A::Envelope: Send,
     {
+        if let Some(ts) = local::type_state::<A>(self.system.arc()) {
+            let dest = self.home();
+            if ts.shard != dest && !ts.flow.has_credit(dest) {
+                return Err(TellError::Full(msg));
+            }
+        }
         if let Some(c) = &self.capacity {
             if !c.try_acquire() {
                 return Err(TellError::Full(msg));
@@ -217,7 +227,9 @@ impl<A: Actor> Addr<A> {
         self.deliver_msg(msg)
     }
 
-    /// Sends `msg`, waiting for room in a bounded mailbox.
+    /// Sends `msg`, waiting for room in a bounded mailbox and, from another
+    /// shard, for credit in the sending shard's window to the actor's shard
+    /// (see [`crate::SystemConfig::cross_shard_window`]).
     ///
     /// # Errors
     ///
@@ -228,9 +240,22 @@ impl<A: Actor> Addr<A> {
         M: Message + Send,
         A::Envelope: Send,
     {
-        if let Some(c) = &self.capacity {
-            poll_fn(|cx| c.poll_acquire(cx)).await;
-        }
+        poll_fn(|cx| {
+            // Looked up at every poll: the future holds nothing `!Send`.
+            if let Some(ts) = local::type_state::<A>(self.system.arc()) {
+                let dest = self.home();
+                if ts.shard != dest && ts.flow.poll_credit(dest, cx).is_pending() {
+                    return Poll::Pending;
+                }
+            }
+            // Credit checked in this same poll, with nothing between it and
+            // the delivery below: a place is taken only when both are there.
+            match &self.capacity {
+                Some(c) => c.poll_acquire(cx),
+                None => Poll::Ready(()),
+            }
+        })
+        .await;
         self.deliver_msg(msg)
     }
 

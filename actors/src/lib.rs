@@ -58,6 +58,7 @@ mod ctx;
 #[allow(unsafe_code)]
 mod erased;
 mod error;
+mod flow;
 mod local;
 mod mailbox;
 #[allow(unsafe_code)]
@@ -78,6 +79,7 @@ pub use crate::actor::{
 pub use crate::addr::{ActorId, Addr, KeyedRef, LocalAddr};
 pub use crate::ctx::{Ctx, TimerHandle};
 pub use crate::error::{AskError, StopReason, TellError};
+pub use crate::flow::CREDIT_TAG_BASE;
 pub use crate::reply::{Asked, Reply, ReplyTo};
 pub use crate::route::{route_hash, RouteHasher};
 pub use crate::stats::{ActorStats, ActorTypeStats};

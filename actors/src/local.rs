@@ -25,6 +25,7 @@ use mailring::ShardId;
 use crate::actor::{Actor, ActorPlacement};
 use crate::erased::ErasedRc;
 use crate::error::{AskError, StopReason};
+use crate::flow::{source_tag, ShardFlow};
 use crate::mailbox::{ActorCell, Capacity};
 use crate::reply;
 use crate::stats::ActorTypeStats;
@@ -151,7 +152,7 @@ where
             ts.keep_spare(self);
             return;
         }
-        deliver_batch(&ts, &mut self.batch);
+        deliver_batch(&ts, &mut self.batch, self.from);
         ts.return_carrier(self);
     }
 }
@@ -171,10 +172,12 @@ pub(crate) struct TypeState<A: Actor> {
     /// Advances on every delivery; cells remember it for LRU passivation.
     clock: Cell<u64>,
     pub(crate) counters: Counters,
+    /// This shard's credit windows (shared by every type here).
+    pub(crate) flow: Rc<ShardFlow>,
 }
 
 impl<A: Actor> TypeState<A> {
-    fn new(shard: usize, system: Arc<SystemShared>) -> Self {
+    fn new(shard: usize, system: Arc<SystemShared>, flow: Rc<ShardFlow>) -> Self {
         let shards = system.handle.shards();
         TypeState {
             shard,
@@ -186,6 +189,7 @@ impl<A: Actor> TypeState<A> {
             carriers_made: Cell::new(0),
             clock: Cell::new(0),
             counters: Counters::default(),
+            flow,
         }
     }
 
@@ -279,6 +283,42 @@ impl<A: Actor> TypeState<A> {
         self.touch(cell);
         if let Err(env) = cell.push(env) {
             self.dead_letter(AskError::Stopped, env);
+        }
+    }
+
+    /// [`TypeState::push_resolved`] for a message in a batch from shard
+    /// `source`; whether it was queued. The caller counts it in the cell's
+    /// [`RemoteCounts`](crate::flow::RemoteCounts) (its credit goes back
+    /// when the actor takes it); a dead letter's goes back now.
+    #[inline(always)]
+    fn push_remote(&self, cell: &ActorCell<A>, env: A::Envelope, source: usize) -> bool {
+        self.touch(cell);
+        match cell.push(env) {
+            Ok(()) => true,
+            Err(env) => {
+                self.dead_letter_from(source, AskError::Stopped, env);
+                false
+            }
+        }
+    }
+
+    /// A dead letter from a batch of shard `source`: its credit goes back.
+    #[cold]
+    fn dead_letter_from(&self, source: usize, reason: AskError, env: A::Envelope) {
+        self.flow.taken(source, 1);
+        self.dead_letter(reason, env);
+    }
+
+    /// Delivers a message in a batch from shard `source`, activating a
+    /// keyed actor when needed (see [`TypeState::push_remote`]).
+    fn deliver_remote(self: &Rc<Self>, target: &TargetId<A>, env: A::Envelope, source: usize) {
+        match self.resolve(target) {
+            Ok(cell) => {
+                if self.push_remote(&cell, env, source) {
+                    cell.remote.add(source_tag(source), 1);
+                }
+            }
+            Err(reason) => self.dead_letter_from(source, reason, env),
         }
     }
 
@@ -418,6 +458,7 @@ impl<A: Actor> TypeState<A> {
     ) where
         A::Envelope: Send,
     {
+        self.flow.sent(dest);
         let len = {
             let mut out = self.outbound.borrow_mut();
             let batch = &mut out[dest];
@@ -557,7 +598,7 @@ fn unkeyed_key<A: Actor>() -> A::Key {
 
 /// Delivers a batch of messages from another shard, in order, leaving it
 /// empty (its vectors keep their capacity).
-fn deliver_batch<A: Actor>(ts: &Rc<TypeState<A>>, batch: &mut Outbound<A>)
+fn deliver_batch<A: Actor>(ts: &Rc<TypeState<A>>, batch: &mut Outbound<A>, source: usize)
 where
     A::Envelope: Send,
 {
@@ -567,7 +608,7 @@ where
         envs,
     } = batch;
     if let Some((target, env)) = first.take() {
-        ts.deliver_or_drop(&target, env);
+        ts.deliver_remote(&target, env, source);
     }
     // The rest goes in windows of `LOOKAHEAD`: first every target of the
     // window is looked up (and its cell's first line loaded), then the
@@ -578,6 +619,7 @@ where
     // previous lookup. A target with no live cell ends its window's pushes
     // and is delivered alone (it may activate an actor, which changes the
     // table).
+    let tag = source_tag(source);
     let mut envs_left = envs.drain(..);
     let mut i = 0;
     while i < targets.len() {
@@ -598,18 +640,34 @@ where
                 };
             }
             let mut pushed = 0;
+            // Counted per run of messages to one actor: a burst to one
+            // actor costs one count per window, not one per message.
+            let mut run: Option<(&ActorCell<A>, u64)> = None;
             for cell in cells.iter().take(window.len()) {
                 let Some(cell) = cell else { break };
                 let env = envs_left.next().expect("one envelope per target");
-                ts.push_resolved(cell, env);
+                if ts.push_remote(cell, env, source) {
+                    match &mut run {
+                        Some((c, n)) if std::ptr::eq(*c, &***cell) => *n += 1,
+                        _ => {
+                            if let Some((c, n)) = run {
+                                c.remote.add(tag, n);
+                            }
+                            run = Some((cell, 1));
+                        }
+                    }
+                }
                 pushed += 1;
+            }
+            if let Some((c, n)) = run {
+                c.remote.add(tag, n);
             }
             pushed
         };
         i += pushed;
         if pushed < window.len() {
             let env = envs_left.next().expect("one envelope per target");
-            ts.deliver_or_drop(&targets[i], env);
+            ts.deliver_remote(&targets[i], env, source);
             i += 1;
         }
     }
@@ -764,6 +822,8 @@ pub(crate) struct ShardActors {
     typed: RefCell<Vec<Option<ErasedRc>>>,
     /// Every type state, for stats and shutdown.
     all: RefCell<Vec<Rc<dyn AnyTypeState>>>,
+    /// This shard's credit windows.
+    flow: Rc<ShardFlow>,
 }
 
 thread_local! {
@@ -790,6 +850,11 @@ fn registry(system: &Arc<SystemShared>) -> Option<Rc<ShardActors>> {
         shard: shard.index(),
         typed: RefCell::new(Vec::new()),
         all: RefCell::new(Vec::new()),
+        flow: Rc::new(ShardFlow::new(
+            shard.index(),
+            system.handle.shards(),
+            system.cross_shard_window,
+        )),
     });
     REGISTRY
         .try_with(|r| *r.borrow_mut() = Some(reg.clone()))
@@ -867,7 +932,11 @@ pub(crate) fn install(system: &Arc<SystemShared>) {
 #[cold]
 fn new_type_state<A: Actor>(system: &Arc<SystemShared>, slot: usize) -> Option<Rc<TypeState<A>>> {
     let reg = registry(system)?;
-    let ts = Rc::new(TypeState::<A>::new(reg.shard, reg.system.clone()));
+    let ts = Rc::new(TypeState::<A>::new(
+        reg.shard,
+        reg.system.clone(),
+        reg.flow.clone(),
+    ));
     {
         let mut typed = reg.typed.borrow_mut();
         if typed.len() <= slot {

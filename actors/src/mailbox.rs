@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use crate::actor::Actor;
+use crate::flow::{RemoteCounts, ShardFlow};
 use crate::Terminated;
 
 /// The shared count of a bounded mailbox.
@@ -163,6 +164,9 @@ pub(crate) struct ActorCell<A: Actor> {
     queue: RefCell<Vec<A::Envelope>>,
     /// The type's activation clock value at the last delivery (LRU).
     pub(crate) last_used: Cell<u64>,
+    /// Queued messages from other shards, whose credits a take hands back
+    /// (its counts share the senders' line; its list, rarely used, does not).
+    pub(crate) remote: RemoteCounts,
     pub(crate) uid: u64,
     pub(crate) key: A::Key,
     waker: Cell<Option<Waker>>,
@@ -184,6 +188,7 @@ impl<A: Actor> ActorCell<A> {
             open: Cell::new(true),
             stop_request: Cell::new(None),
             last_used: Cell::new(0),
+            remote: RemoteCounts::default(),
             capacity,
             watchers: RefCell::new(Vec::new()),
             high_water: Cell::new(0),
@@ -218,9 +223,10 @@ impl<A: Actor> ActorCell<A> {
     }
 
     /// Moves every queued envelope behind those already in `into` (the actor
-    /// task's own batch), freeing their places in a bounded mailbox.
+    /// task's own batch), freeing their places in a bounded mailbox and
+    /// crediting other shards' windows in `flow` for theirs.
     #[inline]
-    pub(crate) fn take_all(&self, into: &mut Batch<A::Envelope>) -> usize {
+    pub(crate) fn take_all(&self, into: &mut Batch<A::Envelope>, flow: &ShardFlow) -> usize {
         let mut q = self.queue.borrow_mut();
         let n = q.len();
         if n == 0 {
@@ -241,6 +247,7 @@ impl<A: Actor> ActorCell<A> {
             into.0.reverse();
         }
         drop(q);
+        self.remote.settle(flow);
         if let Some(c) = &self.capacity {
             c.release(n);
         }
@@ -251,12 +258,12 @@ impl<A: Actor> ActorCell<A> {
     /// giving back the batch's buffer if a burst left it oversized (the
     /// queue receives that buffer next, so both are kept in check).
     #[inline]
-    pub(crate) fn refill(&self, batch: &mut Batch<A::Envelope>) -> usize {
+    pub(crate) fn refill(&self, batch: &mut Batch<A::Envelope>, flow: &ShardFlow) -> usize {
         debug_assert!(batch.is_empty());
         if batch.capacity() > KEEP_AFTER_BURST {
             release_burst(batch);
         }
-        self.take_all(batch)
+        self.take_all(batch, flow)
     }
 
     #[inline]
@@ -272,9 +279,10 @@ impl<A: Actor> ActorCell<A> {
     pub(crate) fn poll_take(
         &self,
         into: &mut Batch<A::Envelope>,
+        flow: &ShardFlow,
         cx: &mut Context<'_>,
     ) -> Poll<()> {
-        if self.take_all(into) > 0 {
+        if self.take_all(into, flow) > 0 {
             return Poll::Ready(());
         }
         self.waker.set(Some(cx.waker().clone()));
@@ -287,12 +295,14 @@ impl<A: Actor> ActorCell<A> {
         self.wake();
     }
 
-    /// Closes the cell: later pushes fail; queued envelopes are returned.
-    pub(crate) fn close(&self) -> Vec<A::Envelope> {
+    /// Closes the cell: later pushes fail; queued envelopes are returned
+    /// (and credited in `flow`: the caller drops them).
+    pub(crate) fn close(&self, flow: &ShardFlow) -> Vec<A::Envelope> {
         self.open.set(false);
         self.waiting.set(false);
         self.waker.take();
         let rest = std::mem::take(&mut *self.queue.borrow_mut());
+        self.remote.settle(flow);
         if let Some(c) = &self.capacity {
             if !rest.is_empty() {
                 c.release(rest.len());
@@ -355,13 +365,14 @@ mod tests {
             assert!(cell.push(num(n)).is_ok());
         }
         let mut batch = Batch::new();
-        assert_eq!(cell.take_all(&mut batch), 3);
+        let flow = ShardFlow::new(0, 1, 8);
+        assert_eq!(cell.take_all(&mut batch, &flow), 3);
         // Consume one, leaving 1 and 2 in the batch, then queue 3..6.
         assert_eq!(batch.next().map(number), Some(0));
         for n in 3..6 {
             assert!(cell.push(num(n)).is_ok());
         }
-        assert_eq!(cell.take_all(&mut batch), 3);
+        assert_eq!(cell.take_all(&mut batch, &flow), 3);
         assert_eq!(drain_numbers(&mut batch), vec![1, 2, 3, 4, 5]);
         assert_eq!(cell.high_water.get(), 3);
     }
@@ -380,15 +391,16 @@ mod tests {
             assert!(cell.push(<Quiet as Accepts<Ping>>::envelope(Ping)).is_ok());
         }
         let mut batch = Batch::new();
-        assert_eq!(cell.refill(&mut batch), 100_000);
+        let flow = ShardFlow::new(0, 1, 8);
+        assert_eq!(cell.refill(&mut batch, &flow), 100_000);
         assert!(batch.capacity() >= 100_000);
         batch.0.clear();
         // The next refill, empty or not, gives the burst's buffer back; the
         // queue was handed the batch's small one by the first refill.
         assert!(cell.push(<Quiet as Accepts<Ping>>::envelope(Ping)).is_ok());
-        assert_eq!(cell.refill(&mut batch), 1);
+        assert_eq!(cell.refill(&mut batch, &flow), 1);
         batch.0.clear();
-        assert_eq!(cell.refill(&mut batch), 0);
+        assert_eq!(cell.refill(&mut batch, &flow), 0);
         assert!(batch.capacity() <= KEEP_AFTER_BURST, "{}", batch.capacity());
         assert!(cell.queue.borrow().capacity() <= KEEP_AFTER_BURST);
         assert_eq!(cell.high_water.get(), 100_000);

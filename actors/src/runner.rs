@@ -36,6 +36,7 @@ use crate::actor::{Actor, Envelope, SupervisionPolicy};
 use crate::addr::Addr;
 use crate::ctx::Ctx;
 use crate::error::{AskError, StopReason};
+use crate::flow::ShardFlow;
 use crate::local::{self, Delivery, TargetId, TypeState};
 use crate::mailbox::{ActorCell, Batch, Capacity};
 use crate::reply;
@@ -289,7 +290,7 @@ async fn run<A: Actor>(
         bump(&ts.counters.stops);
     }
     ts.remove(&cell);
-    let mut rest = cell.close();
+    let mut rest = cell.close(&ts.flow);
     if !batch.is_empty() {
         let mut ordered = batch.into_ordered();
         ordered.append(&mut rest);
@@ -361,9 +362,9 @@ async fn process<A: Actor>(
         let env = match batch.next() {
             Some(env) => env,
             None => {
-                if cell.refill(batch) == 0 {
+                if cell.refill(batch, &ts.flow) == 0 {
                     handled.flush();
-                    match next_batch(cell, batch, idle).await {
+                    match next_batch(cell, batch, &ts.flow, idle).await {
                         Next::Msg => {}
                         Next::Signal => continue,
                         Next::Idle => return Outcome::Stop(StopReason::Passivated),
@@ -418,6 +419,7 @@ impl Drop for HandledCount<'_> {
 async fn next_batch<A: Actor>(
     cell: &ActorCell<A>,
     batch: &mut Batch<A::Envelope>,
+    flow: &ShardFlow,
     idle: Option<Duration>,
 ) -> Next {
     let mut sleep = idle.map(mailring::time::sleep);
@@ -425,7 +427,7 @@ async fn next_batch<A: Actor>(
         if cell.stop_request.get().is_some() {
             return Poll::Ready(Next::Signal);
         }
-        if cell.poll_take(batch, cx).is_ready() {
+        if cell.poll_take(batch, flow, cx).is_ready() {
             return Poll::Ready(Next::Msg);
         }
         if let Some(s) = sleep.as_mut() {

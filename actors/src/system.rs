@@ -33,6 +33,7 @@ pub(crate) struct SystemShared {
     pub(crate) id: u64,
     pub(crate) handle: Handle,
     pub(crate) ask_timeout: Option<Duration>,
+    pub(crate) cross_shard_window: u32,
     next_uid: AtomicU64,
     shutting_down: AtomicBool,
     closed: AtomicBool,
@@ -115,6 +116,7 @@ impl SystemShared {
             id: NEXT_SYSTEM_ID.fetch_add(1, Ordering::Relaxed),
             handle,
             ask_timeout: config.ask_timeout,
+            cross_shard_window: config.cross_shard_window,
             next_uid: AtomicU64::new(1),
             shutting_down: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -215,6 +217,16 @@ pub struct SystemConfig {
     pub ask_timeout: Option<Duration>,
     /// How long [`ActorSystem::shutdown`] waits for actors to run `on_stop`.
     pub shutdown_grace: Duration,
+    /// The most messages one shard may have sent to the actors of another
+    /// shard that they have not taken from their mailboxes yet (default
+    /// 65 536; at least 1). Past it, [`Addr::send`](crate::Addr::send) waits
+    /// for credit and [`Addr::try_tell`](crate::Addr::try_tell) gives the
+    /// message back as [`TellError::Full`](crate::TellError::Full); `tell`
+    /// and `ask` are counted but never held back. Credits come back through
+    /// the runtime's coalesced hot counters, on the tags from
+    /// [`CREDIT_TAG_BASE`](crate::CREDIT_TAG_BASE) up, which the system
+    /// registers (one per shard): leave them to it.
+    pub cross_shard_window: u32,
 }
 
 impl Default for SystemConfig {
@@ -222,9 +234,15 @@ impl Default for SystemConfig {
         SystemConfig {
             ask_timeout: None,
             shutdown_grace: Duration::from_secs(5),
+            cross_shard_window: DEFAULT_CROSS_SHARD_WINDOW,
         }
     }
 }
+
+/// The default [`SystemConfig::cross_shard_window`]: large enough that
+/// bursts of `send` keep both shards busy, small enough to bound what one
+/// shard can queue for a saturated one.
+const DEFAULT_CROSS_SHARD_WINDOW: u32 = 1 << 16;
 
 /// A running actor system: shards, and the actors placed on them.
 ///
@@ -288,7 +306,10 @@ impl ActorSystem {
     ///
     /// The runtime's [`BuildError`].
     pub fn start_with(builder: Builder, config: SystemConfig) -> Result<ActorSystem, BuildError> {
-        let runtime = builder.build()?;
+        let shards = builder.shard_count();
+        let runtime = builder
+            .coalesced_hot_tags(crate::flow::credit_tags(shards))
+            .build()?;
         let shared = SystemShared::new(runtime.handle().clone(), &config);
         // Every shard's registry exists before any delivery can reach it
         // (inboxes are FIFO), so deliveries need not carry the system.

@@ -34,7 +34,7 @@ use mailring::{Runtime, ShardId};
 use crate::actor::Actor;
 use crate::addr::Addr;
 use crate::local;
-use crate::system::{ActorSystem, SystemConfig};
+use crate::system::{ActorSystem, SystemConfig, SystemHandle};
 
 /// An [`ActorSystem`] for tests; it derefs to the system.
 #[derive(Debug)]
@@ -126,4 +126,44 @@ impl TestSystem {
             None
         })
     }
+}
+
+/// Runs `make(shard)`'s future on every shard of `system` at once and waits
+/// for all of them, for at most `within` (`None` once it has passed: a
+/// test of something that must finish fails instead of hanging). Call it
+/// from a task of the system (`block_on`).
+///
+/// ```
+/// use std::time::Duration;
+/// use mailring_actors::testkit::{on_every_shard, TestSystem};
+///
+/// let kit = TestSystem::start(2);
+/// let handle = kit.handle();
+/// let shards = kit.block_on(async move {
+///     on_every_shard(&handle, Duration::from_secs(5), |shard| async move { shard.index() }).await
+/// });
+/// assert_eq!(shards, Some(vec![0, 1]));
+/// ```
+pub async fn on_every_shard<F, Fut>(
+    system: &SystemHandle,
+    within: Duration,
+    mut make: F,
+) -> Option<Vec<Fut::Output>>
+where
+    F: FnMut(ShardId) -> Fut,
+    Fut: std::future::Future + Send + 'static,
+    Fut::Output: Send + 'static,
+{
+    let rt = system.runtime();
+    let joins: Vec<_> = (0..rt.shards())
+        .map(|i| rt.spawn_on(ShardId::new(i), make(ShardId::new(i))))
+        .collect();
+    let all = async move {
+        let mut out = Vec::with_capacity(joins.len());
+        for j in joins {
+            out.push(j.await.expect("a task on every shard panicked"));
+        }
+        out
+    };
+    mailring::time::timeout(within, all).await.ok()
 }

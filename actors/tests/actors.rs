@@ -7,6 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod common;
+
+use common::{Add, Counter, Get, WhereAmI};
+use mailring_actors::testkit::on_every_shard;
 use mailring_actors::{
     Actor, ActorSystem, AskError, Ctx, Handler, Hooks, Message, Placement, Runtime, ShardId,
     StopReason, SystemConfig, TellError, Terminated,
@@ -17,42 +21,6 @@ fn system(shards: usize) -> ActorSystem {
 }
 
 // ---------------------------------------------------------------- basics
-
-#[derive(Actor, Default)]
-#[actor(handles(Add, Get, WhereAmI))]
-struct Counter {
-    total: u64,
-}
-
-#[derive(Message)]
-struct Add(u64);
-
-#[derive(Message)]
-#[message(reply = u64)]
-struct Get;
-
-#[derive(Message)]
-#[message(reply = usize)]
-struct WhereAmI;
-
-impl Handler<Add> for Counter {
-    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
-        self.total += m.0;
-    }
-}
-
-impl Handler<Get> for Counter {
-    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
-        self.total
-    }
-}
-
-impl Handler<WhereAmI> for Counter {
-    async fn handle(&mut self, _m: WhereAmI, cx: &mut Ctx<Self>) -> usize {
-        assert_eq!(Some(cx.shard()), mailring_actors::mailring::current_shard());
-        cx.shard().index()
-    }
-}
 
 #[test]
 fn unkeyed_actor_tell_and_ask_across_shards() {
@@ -656,30 +624,22 @@ impl Handler<Hold> for SlowKeyed {
 fn keyed_bounded_mailbox_frees_places_as_the_actor_takes_messages() {
     let sys = system(2);
     let h = sys.handle();
-    let rt = sys.runtime().clone();
     let out = sys.block_on(async move {
-        let mut joins = Vec::new();
-        for shard in 0..2 {
+        // Keys on both shards, so both the local and the remote path take
+        // and free places; a fresh ref per round, as a gateway would make
+        // one per request.
+        let sent = on_every_shard(&h, Duration::from_secs(10), |_| {
             let h = h.clone();
-            joins.push(rt.spawn_on(ShardId::new(shard), async move {
-                // Keys on both shards, so both the local and the remote path
-                // take and free places; a fresh ref per round, as a gateway
-                // would make one per request.
+            async move {
                 for round in 0..50u64 {
                     for key in 0..4u64 {
                         h.keyed::<SlowKeyed>(key).send(Add(round)).await.unwrap();
                     }
                 }
-            }));
-        }
-        let sent = async {
-            for j in joins {
-                j.await.unwrap();
             }
-        };
-        let finished = mailring_actors::mailring::time::timeout(Duration::from_secs(10), sent)
-            .await
-            .is_ok();
+        })
+        .await;
+        let finished = sent.is_some();
         let mut totals = Vec::new();
         for key in 0..4u64 {
             totals.push(h.keyed::<SlowKeyed>(key).ask(Get).await.unwrap());

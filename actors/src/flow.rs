@@ -1,0 +1,231 @@
+//! Credit windows between shards: flow control for messages that cross
+//! shards, with the credits carried back by the runtime's coalesced hot
+//! counters.
+//!
+//! A shard may have at most [`SystemConfig::cross_shard_window`] messages
+//! sent to another shard's actors that those actors have not taken from
+//! their mailboxes yet. The sender counts what it sends per destination
+//! ([`ShardFlow::sent`]); the receiving shard counts, per source, what its
+//! actors take (or drop: a dead letter, a mailbox closed with messages in
+//! it) and hands the credits back with `mailring::hot::send_tiny` on the
+//! tag [`credit_tag`] of its own index once half a window has gathered. The
+//! runtime sums the credits of a tick into one tiny message per
+//! destination, and sums what arrives into one counter per tag, so a burst
+//! of a million messages costs a handful of credit messages; the sender
+//! takes the sum when it next needs credit. The credit returns are also
+//! the notification a sender waiting in `Addr::send` wakes on.
+//!
+//! Who waits: [`Addr::send`](crate::Addr::send) waits for credit, and
+//! [`Addr::try_tell`](crate::Addr::try_tell) gives the message back as
+//! `Full` when the window is spent. `tell` and `ask` are counted but never
+//! held back (`tell` promises not to wait; an ask's reply is its own flow
+//! control). Sends from threads outside the runtime and sends to the
+//! sender's own shard are not counted.
+//!
+//! Why returns wait for half a window: while a sender is held back at a
+//! full window, its untaken messages, the receiver's unreturned credits and
+//! the credits on their way add up to the window. If none are on their way,
+//! the receiver's actors take what is left, and the unreturned credits
+//! reach half a window and go back: a held sender is always released while
+//! the receiving actors make progress.
+//!
+//! Credits cannot name an actor: a hot counter is one sum per shard and tag.
+//! So the window is per pair of shards, which is what the shard-per-core
+//! design needs to bound (a saturated shard slows its senders), and a
+//! bounded mailbox (`#[actor(mailbox = N)]`) bounds one actor.
+//!
+//! [`SystemConfig::cross_shard_window`]: crate::SystemConfig::cross_shard_window
+
+use std::cell::Cell;
+use std::task::{Context, Poll};
+
+use mailring::{hot, ShardId};
+
+/// The first hot-counter tag mailring-actors reserves: tag
+/// `CREDIT_TAG_BASE + s` carries credits returned by shard `s`.
+pub const CREDIT_TAG_BASE: u16 = 0xFF00;
+
+/// The tag on which shard `returning` hands credits back.
+pub(crate) fn credit_tag(returning: usize) -> u16 {
+    debug_assert!(returning < mailring::MAX_SHARDS);
+    CREDIT_TAG_BASE + returning as u16
+}
+
+/// The credit-tag registrations an actor system adds to its runtime.
+pub(crate) fn credit_tags(shards: usize) -> impl Iterator<Item = u16> {
+    (0..shards.min(mailring::MAX_SHARDS)).map(credit_tag)
+}
+
+/// One shard's side of every window it is part of.
+pub(crate) struct ShardFlow {
+    shard: usize,
+    window: u64,
+    /// Unreturned credits that make the receiver hand them back.
+    return_at: u64,
+    /// Per destination: messages sent there, not yet credited back.
+    in_flight: Box<[Cell<u64>]>,
+    /// Per source: messages from there that actors here took, whose credits
+    /// have not been handed back.
+    owed: Box<[Cell<u64>]>,
+}
+
+impl ShardFlow {
+    pub(crate) fn new(shard: usize, shards: usize, window: u32) -> Self {
+        let window = u64::from(window.max(1));
+        ShardFlow {
+            shard,
+            window,
+            return_at: window.div_ceil(2),
+            in_flight: (0..shards).map(|_| Cell::new(0)).collect(),
+            owed: (0..shards).map(|_| Cell::new(0)).collect(),
+        }
+    }
+
+    /// Counts a message sent to an actor on `dest`.
+    #[inline(always)]
+    pub(crate) fn sent(&self, dest: usize) {
+        let c = &self.in_flight[dest];
+        c.set(c.get() + 1);
+    }
+
+    /// Whether one more message may go to `dest` within the window.
+    #[inline]
+    pub(crate) fn has_credit(&self, dest: usize) -> bool {
+        self.in_flight[dest].get() < self.window || self.absorb(dest)
+    }
+
+    /// Takes the credits `dest` returned; whether the window has room now.
+    #[cold]
+    fn absorb(&self, dest: usize) -> bool {
+        if let Some(n) = hot::try_take_hot_count(credit_tag(dest)) {
+            self.credit(dest, n);
+        }
+        self.in_flight[dest].get() < self.window
+    }
+
+    fn credit(&self, dest: usize, n: u64) {
+        let c = &self.in_flight[dest];
+        // A count never falls below zero: `n` is at most what was counted.
+        c.set(c.get().saturating_sub(n));
+    }
+
+    /// Ready when one more message may go to `dest`; else `cx` is woken by
+    /// the next credits `dest` returns.
+    pub(crate) fn poll_credit(&self, dest: usize, cx: &mut Context<'_>) -> Poll<()> {
+        if self.has_credit(dest) {
+            return Poll::Ready(());
+        }
+        loop {
+            match hot::poll_hot_count(credit_tag(dest), cx) {
+                Poll::Ready(n) => {
+                    self.credit(dest, n);
+                    if self.in_flight[dest].get() < self.window {
+                        return Poll::Ready(());
+                    }
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    /// Counts `n` messages from `source` taken (or dropped) here, handing
+    /// the credits back once half a window has gathered.
+    #[inline]
+    pub(crate) fn taken(&self, source: usize, n: u64) {
+        let c = &self.owed[source];
+        let owed = c.get() + n;
+        if owed < self.return_at {
+            c.set(owed);
+        } else {
+            c.set(0);
+            self.give_back(source, owed);
+        }
+    }
+
+    #[cold]
+    fn give_back(&self, source: usize, mut owed: u64) {
+        while owed > 0 {
+            let part = owed.min(u64::from(u32::MAX));
+            hot::send_tiny(ShardId::new(source), credit_tag(self.shard), part as u32);
+            owed -= part;
+        }
+    }
+}
+
+/// Messages from other shards in one mailbox, by source, for the credits
+/// its next take hands back. The first source is inline, in one word (with
+/// two shards there is only one); others, when a mailbox holds messages
+/// from several at once, go in a list.
+#[derive(Default)]
+#[repr(C)]
+pub(crate) struct RemoteCounts {
+    /// The first source's [`source_tag`] in the high half, its count in the
+    /// low half; 0 when no message from another shard is counted.
+    first: Cell<u64>,
+    others: std::cell::RefCell<Vec<(usize, u64)>>,
+}
+
+const COUNT_MASK: u64 = u32::MAX as u64;
+
+/// Shard `source`, as [`RemoteCounts::add`] takes it (computed once per
+/// batch: every message of a batch has the same source).
+pub(crate) fn source_tag(source: usize) -> u64 {
+    (source as u64 + 1) << 32
+}
+
+impl RemoteCounts {
+    /// Counts `n` messages from the shard whose [`source_tag`] is `tag`.
+    #[inline(always)]
+    pub(crate) fn add(&self, tag: u64, n: u64) {
+        let first = self.first.get();
+        let count = first & COUNT_MASK;
+        if (first == 0 || first & !COUNT_MASK == tag) && count + n <= COUNT_MASK {
+            self.first.set(tag | (count + n));
+        } else {
+            self.add_other(tag, n);
+        }
+    }
+
+    #[cold]
+    fn add_other(&self, tag: u64, n: u64) {
+        let source = (tag >> 32) as usize - 1;
+        let mut others = self.others.borrow_mut();
+        match others.iter_mut().find(|(s, _)| *s == source) {
+            Some((_, m)) => *m += n,
+            None => others.push((source, n)),
+        }
+    }
+
+    /// Hands every counted message's credit to `flow` and starts over.
+    #[inline(always)]
+    pub(crate) fn settle(&self, flow: &ShardFlow) {
+        let first = self.first.get();
+        if first != 0 {
+            self.settle_all(flow, first);
+        }
+    }
+
+    #[cold]
+    fn settle_all(&self, flow: &ShardFlow, first: u64) {
+        self.first.set(0);
+        flow.taken((first >> 32) as usize - 1, first & COUNT_MASK);
+        for (source, n) in self.others.borrow_mut().drain(..) {
+            flow.taken(source, n);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_counts_keep_each_source_apart() {
+        let counts = RemoteCounts::default();
+        for (s, n) in [(1, 1), (1, 2), (2, 1), (1, 1), (3, 4), (2, 1)] {
+            counts.add(source_tag(s), n);
+        }
+        assert_eq!(counts.first.get(), source_tag(1) | 4);
+        assert_eq!(*counts.others.borrow(), vec![(2, 2), (3, 4)]);
+    }
+}
