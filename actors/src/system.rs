@@ -225,7 +225,9 @@ pub struct SystemConfig {
     /// and `ask` are counted but never held back. Credits come back through
     /// the runtime's coalesced hot counters, on the tags from
     /// [`CREDIT_TAG_BASE`](crate::CREDIT_TAG_BASE) up, which the system
-    /// registers (one per shard): leave them to it.
+    /// registers (one per shard): leave them to it. (A runtime
+    /// `hot_counter_wake_threshold` above half the window would delay a
+    /// held sender's wake-up until its shard has nothing else to do.)
     pub cross_shard_window: u32,
 }
 
