@@ -153,3 +153,8 @@ pub const FANOUT_ROUNDS: usize = 200;
 /// Tell workloads: producers yield to their scheduler after this many sends
 /// (every contender does the same), as a producer fed by I/O would.
 pub const PRODUCER_BURST: u64 = 256;
+
+/// Messages a sender may have in flight to a receiver that has not taken
+/// them, in the backpressured-send workload: mailring's cross-shard credit
+/// window, the Tokio baseline's bounded channel capacity.
+pub const SEND_WINDOW: u32 = 1024;

@@ -2,14 +2,17 @@
 
 use std::time::{Duration, Instant};
 
-use mailring_actors::{ActorSystem, Addr, Placement, Runtime, ShardId};
+use mailring_actors::{ActorSystem, Addr, Placement, Runtime, ShardId, SystemConfig};
 use mailring_bench::counters::{Counter, Get, Inc, KeyCounter, PingSide, PongSide, Start};
-use mailring_bench::PRODUCER_BURST;
+use mailring_bench::{PRODUCER_BURST, SEND_WINDOW};
 use tokio::sync::oneshot;
 
 /// A 2-shard actor system kept for the whole bench function.
 pub struct Bench {
     sys: ActorSystem,
+    /// A second system whose credit window is [`SEND_WINDOW`], for the
+    /// backpressured sends (made on first use; its shards park meanwhile).
+    windowed: Option<ActorSystem>,
     generation: u64,
 }
 
@@ -26,6 +29,7 @@ impl Bench {
     pub fn new() -> Bench {
         Bench {
             sys: ActorSystem::start(Runtime::builder().shards(2).pin_threads(true)).unwrap(),
+            windowed: None,
             generation: 0,
         }
     }
@@ -59,41 +63,27 @@ impl Bench {
     }
 
     fn tells(&mut self, producer: ShardId, msgs: u64) -> Duration {
-        let c = self
-            .sys
-            .spawn_actor(Placement::Pinned(S1), Counter::default);
-        let c2 = c.clone();
-        let rt = self.sys.runtime().clone();
-        let took = self.sys.block_on(async move {
-            rt.spawn_local_on(producer, move || async move {
-                let t0 = Instant::now();
-                // On the actor's shard, the shard-pinned reference skips the lookup.
-                match c2.local() {
-                    Ok(local) if std::env::var_os("MAILRING_BENCH_ADDR").is_none() => {
-                        for i in 0..msgs {
-                            local.tell(Inc(1)).unwrap();
-                            if i % PRODUCER_BURST == PRODUCER_BURST - 1 {
-                                mailring_actors::mailring::yield_now().await;
-                            }
-                        }
-                    }
-                    _ => {
-                        for i in 0..msgs {
-                            c2.tell(Inc(1)).unwrap();
-                            if i % PRODUCER_BURST == PRODUCER_BURST - 1 {
-                                mailring_actors::mailring::yield_now().await;
-                            }
+        timed_stream(&self.sys, producer, msgs, move |c| async move {
+            // On the actor's shard, the shard-pinned reference skips the lookup.
+            match c.local() {
+                Ok(local) if std::env::var_os("MAILRING_BENCH_ADDR").is_none() => {
+                    for i in 0..msgs {
+                        local.tell(Inc(1)).unwrap();
+                        if i % PRODUCER_BURST == PRODUCER_BURST - 1 {
+                            mailring_actors::mailring::yield_now().await;
                         }
                     }
                 }
-                assert_eq!(c2.ask(Get).await.unwrap(), msgs);
-                t0.elapsed()
-            })
-            .await
-            .unwrap()
-        });
-        c.stop();
-        took
+                _ => {
+                    for i in 0..msgs {
+                        c.tell(Inc(1)).unwrap();
+                        if i % PRODUCER_BURST == PRODUCER_BURST - 1 {
+                            mailring_actors::mailring::yield_now().await;
+                        }
+                    }
+                }
+            }
+        })
     }
 
     /// `msgs` tells from a task on the actor's shard, then one ask.
@@ -104,6 +94,23 @@ impl Bench {
     /// `msgs` tells from a task on the other shard, then one ask.
     pub fn tell_cross(&mut self, msgs: u64) -> Duration {
         self.tells(S0, msgs)
+    }
+
+    /// `msgs` `send().await`s from shard 0 to an actor on shard 1 within a
+    /// credit window of [`SEND_WINDOW`] messages, then one ask.
+    pub fn send_cross(&mut self, msgs: u64) -> Duration {
+        let sys = self.windowed.get_or_insert_with(|| {
+            let config = SystemConfig {
+                cross_shard_window: SEND_WINDOW,
+                ..SystemConfig::default()
+            };
+            ActorSystem::start_with(Runtime::builder().shards(2).pin_threads(true), config).unwrap()
+        });
+        timed_stream(sys, S0, msgs, move |c| async move {
+            for _ in 0..msgs {
+                c.send(Inc(1)).await.unwrap();
+            }
+        })
     }
 
     /// Sequential asks from shard 0 to an actor on shard 1.
@@ -189,4 +196,28 @@ impl Bench {
         }
         took
     }
+}
+
+/// Runs `produce` on shard `producer` against a fresh counter on shard 1 of
+/// `sys`, then asks the counter whether all `msgs` arrived; the time of both.
+fn timed_stream<F, Fut>(sys: &ActorSystem, producer: ShardId, msgs: u64, produce: F) -> Duration
+where
+    F: FnOnce(Addr<Counter>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let c = sys.spawn_actor(Placement::Pinned(S1), Counter::default);
+    let c2 = c.clone();
+    let rt = sys.runtime().clone();
+    let took = sys.block_on(async move {
+        rt.spawn_local_on(producer, move || async move {
+            let t0 = Instant::now();
+            produce(c2.clone()).await;
+            assert_eq!(c2.ask(Get).await.unwrap(), msgs);
+            t0.elapsed()
+        })
+        .await
+        .unwrap()
+    });
+    c.stop();
+    took
 }

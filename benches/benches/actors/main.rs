@@ -7,7 +7,10 @@
 //! Every criterion iteration is one whole batch (see the constants in the
 //! bench lib): ping-pong and asks 100k round trips, tells 2M messages plus
 //! one confirming ask, Zipf 1M tells from one producer per thread over 10k
-//! lazily activated keys plus a count check, fan-out 200 rounds of 1k asks.
+//! lazily activated keys plus a count check, fan-out 200 rounds of 1k asks,
+//! and (mailring and Tokio only) 2M backpressured sends to another thread:
+//! mailring's `send().await` within a 1024-message cross-shard credit window
+//! against a Tokio bounded channel of 1024 places.
 //! CPU time (whole process, user+sys) is printed per bench next to wall time.
 //! After the criterion groups, `[paired]` lines give mailring's ratio to the
 //! Tokio baseline from alternating iterations (see [`paired`]).
@@ -34,10 +37,25 @@ trait Contender {
     fn ask_cross(&mut self, asks: u64) -> Duration;
     fn zipf(&mut self, producers: &[Vec<u32>], n_keys: u32) -> Duration;
     fn fanout(&mut self, actors: usize, rounds: usize) -> Duration;
+    /// Backpressured cross-thread sends (`None`: not measured for this
+    /// contender).
+    fn send_cross(&mut self, _msgs: u64) -> Option<Duration> {
+        None
+    }
 }
 
 macro_rules! contender {
+    ($t:ty, send_cross) => {
+        contender!($t, {
+            fn send_cross(&mut self, msgs: u64) -> Option<Duration> {
+                Some(<$t>::send_cross(self, msgs))
+            }
+        });
+    };
     ($t:ty) => {
+        contender!($t, {});
+    };
+    ($t:ty, { $($extra:tt)* }) => {
         impl Contender for $t {
             fn pingpong(&mut self, rounds: u64) -> Duration {
                 <$t>::pingpong(self, rounds)
@@ -57,12 +75,13 @@ macro_rules! contender {
             fn fanout(&mut self, actors: usize, rounds: usize) -> Duration {
                 <$t>::fanout(self, actors, rounds)
             }
+            $($extra)*
         }
     };
 }
 
-contender!(mailring_impl::Bench);
-contender!(tokio_impl::Bench);
+contender!(mailring_impl::Bench, send_cross);
+contender!(tokio_impl::Bench, send_cross);
 contender!(kameo_impl::Bench);
 contender!(ractor_impl::Bench);
 contender!(actix_impl::Bench);
@@ -91,7 +110,8 @@ fn workload(
     c: &mut Criterion,
     group: &str,
     elements: u64,
-    mut run: impl FnMut(&mut dyn Contender) -> Duration,
+    has: impl Fn(&str) -> bool,
+    mut run: impl FnMut(&mut dyn Contender) -> Option<Duration>,
 ) {
     let mut g = c.benchmark_group(group);
     g.sample_size(10);
@@ -99,12 +119,19 @@ fn workload(
     g.measurement_time(Duration::from_secs(3));
     g.throughput(Throughput::Elements(elements));
     for (name, make) in contenders() {
+        if !has(name) {
+            continue;
+        }
         let mut contender = make();
         let mut meter = Meter::default();
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 (0..iters)
-                    .map(|_| meter.record(elements, || run(contender.as_mut())))
+                    .map(|_| {
+                        meter.record(elements, || {
+                            run(contender.as_mut()).expect("the contender has the workload")
+                        })
+                    })
                     .sum()
             })
         });
@@ -161,6 +188,13 @@ fn paired(_c: &mut Criterion) {
             "actor_fanout",
             Box::new(|x| x.fanout(FANOUT_ACTORS, FANOUT_ROUNDS)),
         ),
+        (
+            "actor_send_cross",
+            Box::new(|x| {
+                x.send_cross(ACTOR_TELLS)
+                    .expect("mailring and tokio have it")
+            }),
+        ),
     ];
     let mut mailring = mailring_impl::Bench::new();
     let mut tokio = tokio_impl::Bench::new();
@@ -214,27 +248,55 @@ fn paired(_c: &mut Criterion) {
 }
 
 fn benches(c: &mut Criterion) {
-    workload(c, "actor_pingpong_rtt", ACTOR_RTT_ROUNDS, |x| {
-        x.pingpong(ACTOR_RTT_ROUNDS)
-    });
-    workload(c, "actor_tell_same", ACTOR_TELLS, |x| {
-        x.tell_same(ACTOR_TELLS)
-    });
-    workload(c, "actor_tell_cross", ACTOR_TELLS, |x| {
-        x.tell_cross(ACTOR_TELLS)
-    });
-    workload(c, "actor_ask_cross", ACTOR_RTT_ROUNDS, |x| {
-        x.ask_cross(ACTOR_RTT_ROUNDS)
-    });
+    workload(
+        c,
+        "actor_pingpong_rtt",
+        ACTOR_RTT_ROUNDS,
+        |_| true,
+        |x| Some(x.pingpong(ACTOR_RTT_ROUNDS)),
+    );
+    workload(
+        c,
+        "actor_tell_same",
+        ACTOR_TELLS,
+        |_| true,
+        |x| Some(x.tell_same(ACTOR_TELLS)),
+    );
+    workload(
+        c,
+        "actor_tell_cross",
+        ACTOR_TELLS,
+        |_| true,
+        |x| Some(x.tell_cross(ACTOR_TELLS)),
+    );
+    workload(
+        c,
+        "actor_ask_cross",
+        ACTOR_RTT_ROUNDS,
+        |_| true,
+        |x| Some(x.ask_cross(ACTOR_RTT_ROUNDS)),
+    );
     let producers: Vec<Vec<u32>> = (0..2)
         .map(|p| mailring_bench::zipf_keys(ZIPF_KEYS, ZIPF_TELLS / 2, ZIPF_S, 42 + p))
         .collect();
-    workload(c, "actor_zipf_keyed", ZIPF_TELLS, |x| {
-        x.zipf(&producers, ZIPF_KEYS)
-    });
+    workload(
+        c,
+        "actor_zipf_keyed",
+        ZIPF_TELLS,
+        |_| true,
+        |x| Some(x.zipf(&producers, ZIPF_KEYS)),
+    );
     let asks = (FANOUT_ACTORS * FANOUT_ROUNDS) as u64;
-    workload(c, "actor_fanout", asks, |x| {
-        x.fanout(FANOUT_ACTORS, FANOUT_ROUNDS)
+    workload(
+        c,
+        "actor_fanout",
+        asks,
+        |_| true,
+        |x| Some(x.fanout(FANOUT_ACTORS, FANOUT_ROUNDS)),
+    );
+    let has_send_cross = |name: &str| matches!(name, "mailring" | "tokio");
+    workload(c, "actor_send_cross", ACTOR_TELLS, has_send_cross, |x| {
+        x.send_cross(ACTOR_TELLS)
     });
 }
 

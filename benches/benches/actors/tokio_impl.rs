@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mailring_bench::PRODUCER_BURST;
+use mailring_bench::{PRODUCER_BURST, SEND_WINDOW};
 use tokio::sync::{mpsc, oneshot};
 
 enum Msg {
@@ -18,15 +18,20 @@ fn spawn_counter(rt: &tokio::runtime::Handle) -> mpsc::UnboundedSender<Msg> {
     rt.spawn(async move {
         let mut n = 0u64;
         while let Some(m) = rx.recv().await {
-            match m {
-                Msg::Inc(d) => n += d,
-                Msg::Get(r) => {
-                    let _ = r.send(n);
-                }
-            }
+            handle(&mut n, m);
         }
     });
     tx
+}
+
+/// The counter's handler.
+fn handle(n: &mut u64, m: Msg) {
+    match m {
+        Msg::Inc(d) => *n += d,
+        Msg::Get(r) => {
+            let _ = r.send(*n);
+        }
+    }
 }
 
 async fn get(tx: &mpsc::UnboundedSender<Msg>) -> u64 {
@@ -112,6 +117,28 @@ impl Bench {
                 }
             }
             assert_eq!(get(&tx).await, msgs);
+            t0.elapsed()
+        }))
+    }
+
+    /// `msgs` sends into a channel of [`SEND_WINDOW`] places, each waiting
+    /// for room, from a task to an actor task on the multi-thread runtime.
+    pub fn send_cross(&mut self, msgs: u64) -> Duration {
+        let (tx, mut rx) = mpsc::channel::<Msg>(SEND_WINDOW as usize);
+        self.multi.spawn(async move {
+            let mut n = 0u64;
+            while let Some(m) = rx.recv().await {
+                handle(&mut n, m);
+            }
+        });
+        self.multi.block_on(spawn_and_wait(async move {
+            let t0 = Instant::now();
+            for _ in 0..msgs {
+                tx.send(Msg::Inc(1)).await.unwrap();
+            }
+            let (r, reply) = oneshot::channel();
+            tx.send(Msg::Get(r)).await.unwrap();
+            assert_eq!(reply.await.unwrap(), msgs);
             t0.elapsed()
         }))
     }
