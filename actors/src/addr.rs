@@ -242,9 +242,14 @@ impl<A: Actor> Addr<A> {
     {
         poll_fn(|cx| {
             // Looked up at every poll: the future holds nothing `!Send`.
+            // A shutting-down system returns no more credits: its sends go
+            // on (and fail or become dead letters) without waiting for them.
             if let Some(ts) = local::type_state::<A>(self.system.arc()) {
                 let dest = self.home();
-                if ts.shard != dest && ts.flow.poll_credit(dest, cx).is_pending() {
+                if ts.shard != dest
+                    && !self.system.arc().is_shutting_down()
+                    && ts.flow.poll_credit(dest, cx).is_pending()
+                {
                     return Poll::Pending;
                 }
             }

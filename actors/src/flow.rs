@@ -27,7 +27,17 @@
 //! the credits on their way add up to the window. If none are on their way,
 //! the receiver's actors take what is left, and the unreturned credits
 //! reach half a window and go back: a held sender is always released while
-//! the receiving actors make progress.
+//! the receiving actors make progress. Whoever takes arriving credits (a
+//! waiting `send`, or a `try_tell` that finds the window spent) wakes every
+//! task of its shard waiting on that window, so credits a `try_tell` took
+//! and did not use are never lost to the waiters (the hot counter wakes its
+//! own waiters only past its threshold, or when the shard idles).
+//!
+//! The window is per pair of shards, not per actor: an actor that takes
+//! nothing holds its share, and handlers that `send().await` to each
+//! other's shards can wait on each other's windows (the guide says to use
+//! `tell`/`try_tell` inside handlers). A shutting-down system returns no
+//! credits, so `send` stops waiting for them then.
 //!
 //! Credits cannot name an actor: a hot counter is one sum per shard and tag.
 //! So the window is per pair of shards, which is what the shard-per-core
@@ -36,8 +46,8 @@
 //!
 //! [`SystemConfig::cross_shard_window`]: crate::SystemConfig::cross_shard_window
 
-use std::cell::Cell;
-use std::task::{Context, Poll};
+use std::cell::{Cell, RefCell};
+use std::task::{Context, Poll, Waker};
 
 use mailring::{hot, ShardId};
 
@@ -67,6 +77,11 @@ pub(crate) struct ShardFlow {
     /// Per source: messages from there that actors here took, whose credits
     /// have not been handed back.
     owed: Box<[Cell<u64>]>,
+    /// Per destination: tasks of this shard waiting for credit. Whoever
+    /// takes arriving credits wakes them (a task that takes them with
+    /// `try_tell` may leave room it does not use: the hot counter's own
+    /// waiters would not hear of it).
+    waiting: Box<[RefCell<Vec<Waker>>]>,
 }
 
 impl ShardFlow {
@@ -78,6 +93,7 @@ impl ShardFlow {
             return_at: window.div_ceil(2),
             in_flight: (0..shards).map(|_| Cell::new(0)).collect(),
             owed: (0..shards).map(|_| Cell::new(0)).collect(),
+            waiting: (0..shards).map(|_| RefCell::new(Vec::new())).collect(),
         }
     }
 
@@ -105,8 +121,13 @@ impl ShardFlow {
 
     fn credit(&self, dest: usize, n: u64) {
         let c = &self.in_flight[dest];
-        // A count never falls below zero: `n` is at most what was counted.
-        c.set(c.get().saturating_sub(n));
+        debug_assert!(n <= c.get(), "{n} credits back for {} sent", c.get());
+        let left = c.get().saturating_sub(n);
+        c.set(left);
+        if left < self.window {
+            let waiting = std::mem::take(&mut *self.waiting[dest].borrow_mut());
+            waiting.into_iter().for_each(Waker::wake);
+        }
     }
 
     /// Ready when one more message may go to `dest`; else `cx` is woken by
@@ -115,16 +136,25 @@ impl ShardFlow {
         if self.has_credit(dest) {
             return Poll::Ready(());
         }
-        loop {
-            match hot::poll_hot_count(credit_tag(dest), cx) {
-                Poll::Ready(n) => {
-                    self.credit(dest, n);
-                    if self.in_flight[dest].get() < self.window {
-                        return Poll::Ready(());
-                    }
-                }
-                Poll::Pending => return Poll::Pending,
+        while let Poll::Ready(n) = hot::poll_hot_count(credit_tag(dest), cx) {
+            self.credit(dest, n);
+            if self.in_flight[dest].get() < self.window {
+                return Poll::Ready(());
             }
+        }
+        let mut waiting = self.waiting[dest].borrow_mut();
+        if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+            waiting.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    /// Wakes every task waiting for credit (the system is shutting down:
+    /// they stop waiting).
+    pub(crate) fn release_waiters(&self) {
+        for waiting in self.waiting.iter() {
+            let waiting = std::mem::take(&mut *waiting.borrow_mut());
+            waiting.into_iter().for_each(Waker::wake);
         }
     }
 
@@ -162,7 +192,7 @@ pub(crate) struct RemoteCounts {
     /// The first source's [`source_tag`] in the high half, its count in the
     /// low half; 0 when no message from another shard is counted.
     first: Cell<u64>,
-    others: std::cell::RefCell<Vec<(usize, u64)>>,
+    others: RefCell<Vec<(usize, u64)>>,
 }
 
 const COUNT_MASK: u64 = u32::MAX as u64;

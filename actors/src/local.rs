@@ -282,6 +282,7 @@ impl<A: Actor> TypeState<A> {
     fn push_resolved(&self, cell: &ActorCell<A>, env: A::Envelope) {
         self.touch(cell);
         if let Err(env) = cell.push(env) {
+            cell.free_place();
             self.dead_letter(AskError::Stopped, env);
         }
     }
@@ -296,6 +297,7 @@ impl<A: Actor> TypeState<A> {
         match cell.push(env) {
             Ok(()) => true,
             Err(env) => {
+                cell.free_place();
                 self.dead_letter_from(source, AskError::Stopped, env);
                 false
             }
@@ -318,13 +320,30 @@ impl<A: Actor> TypeState<A> {
                     cell.remote.add(source_tag(source), 1);
                 }
             }
-            Err(reason) => self.dead_letter_from(source, reason, env),
+            Err(reason) => {
+                self.free_place_of(target);
+                self.dead_letter_from(source, reason, env);
+            }
         }
     }
 
     pub(crate) fn deliver_or_drop(self: &Rc<Self>, target: &TargetId<A>, env: A::Envelope) {
         if let Err((reason, env)) = self.deliver(target, env) {
+            self.free_place_of(target);
             self.dead_letter(reason, env);
+        }
+    }
+
+    /// Frees the bounded-mailbox place a message to `target` held, when it
+    /// found no actor. A keyed actor's count outlives its activations, so
+    /// the place must go back; an unkeyed actor that is gone never takes a
+    /// message again, and its count goes with its references.
+    #[cold]
+    fn free_place_of(&self, target: &TargetId<A>) {
+        if let (Some(_), TargetId::Key(key)) = (A::CONFIG.mailbox, target) {
+            if let Some(c) = self.system.existing_keyed_capacity::<A>(key) {
+                c.release(1);
+            }
         }
     }
 
@@ -962,6 +981,9 @@ pub(crate) fn stop_shard(system: &Arc<SystemShared>, reason: StopReason) -> usiz
     let Some(reg) = registry(system) else {
         return 0;
     };
+    // Senders waiting for credit stop waiting: a shutting-down system
+    // returns no more (see `Addr::send`).
+    reg.flow.release_waiters();
     let types: Vec<_> = reg.all.borrow().clone();
     types.iter().map(|t| t.stop_all(reason)).sum()
 }

@@ -56,7 +56,12 @@ impl Capacity {
 
     /// Takes a place whatever the bound (`tell`).
     pub(crate) fn force_acquire(&self) {
-        self.depth.fetch_add(1, Ordering::AcqRel);
+        self.force_acquire_n(1);
+    }
+
+    /// Takes `n` places whatever the bound.
+    pub(crate) fn force_acquire_n(&self, n: usize) {
+        self.depth.fetch_add(n, Ordering::AcqRel);
     }
 
     /// Frees `n` places and wakes senders waiting for room.
@@ -288,6 +293,22 @@ impl<A: Actor> ActorCell<A> {
         self.waker.set(Some(cx.waker().clone()));
         self.waiting.set(true);
         Poll::Pending
+    }
+
+    /// Gives back the bounded-mailbox place of a message that did not stay
+    /// here (a dead letter).
+    pub(crate) fn free_place(&self) {
+        if let Some(c) = &self.capacity {
+            c.release(1);
+        }
+    }
+
+    /// Takes places again for `n` messages this cell gave back at its close
+    /// and that go to its key's next activation.
+    pub(crate) fn retake_places(&self, n: usize) {
+        if let Some(c) = &self.capacity {
+            c.force_acquire_n(n);
+        }
     }
 
     /// Wakes the task without a message (stop and passivation requests).

@@ -305,6 +305,10 @@ async fn run<A: Actor>(
     }
     let redeliver = keyed && matches!(reason, StopReason::Passivated | StopReason::Stopped);
     if redeliver && !rest.is_empty() {
+        // Their places were freed (at the take, or by the close): they
+        // hold them again in the key's count until the next activation
+        // takes them, or a dead letter frees them.
+        cell.retake_places(rest.len());
         let target = TargetId::Key(cell.key.clone());
         for env in rest {
             ts.deliver_or_drop(&target, env);

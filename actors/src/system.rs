@@ -178,13 +178,33 @@ impl SystemShared {
             return c.clone();
         }
         if caps.counts.len() >= caps.prune_at {
+            // `get_mut` succeeds only for a count nothing else holds, and
+            // (unlike a relaxed `strong_count`) orders the depth read after
+            // the last holder's release of it.
             caps.counts
-                .retain(|_, c| Arc::strong_count(c) > 1 || !c.is_idle());
+                .retain(|_, c| Arc::get_mut(c).is_none() || !c.is_idle());
             caps.prune_at = (caps.counts.len() * 2).max(KEYED_CAPACITIES_FIRST_PRUNE);
         }
         let c = Capacity::new(cap);
         caps.counts.insert(key.clone(), c.clone());
         c
+    }
+}
+
+impl SystemShared {
+    /// The key's bounded-mailbox count if the system has one (a count that
+    /// was forgotten held no place).
+    pub(crate) fn existing_keyed_capacity<A: Actor>(&self, key: &A::Key) -> Option<Arc<Capacity>> {
+        let caps = self
+            .capacities
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&TypeId::of::<A>())?
+            .clone()
+            .downcast::<Mutex<KeyedCapacities<A::Key>>>()
+            .ok()?;
+        let caps = caps.lock().unwrap_or_else(|p| p.into_inner());
+        caps.counts.get(key).cloned()
     }
 }
 
@@ -226,8 +246,14 @@ pub struct SystemConfig {
     /// the runtime's coalesced hot counters, on the tags from
     /// [`CREDIT_TAG_BASE`](crate::CREDIT_TAG_BASE) up, which the system
     /// registers (one per shard): leave them to it. (A runtime
-    /// `hot_counter_wake_threshold` above half the window would delay a
-    /// held sender's wake-up until its shard has nothing else to do.)
+    /// `hot_counter_wake_threshold` above half the window delays a held
+    /// sender's wake-up until its shard has nothing else to do or another
+    /// send takes the credits.)
+    ///
+    /// The window is shared by all actors of the receiving shard: inside
+    /// handlers prefer `tell`/`try_tell`, since handlers that `send().await`
+    /// to each other's shards can wait on each other's windows (see the
+    /// actors guide, "Flow control between shards").
     pub cross_shard_window: u32,
 }
 

@@ -658,6 +658,75 @@ fn keyed_bounded_mailbox_frees_places_as_the_actor_takes_messages() {
     sys.shutdown();
 }
 
+#[test]
+fn a_stopped_keyed_bounded_actor_hands_its_queue_and_places_to_the_next_activation() {
+    let sys = system(2);
+    let h = sys.handle();
+    let out = sys.block_on(async move {
+        let mut out = Vec::new();
+        // One key homed on each shard: one stop is local, one remote.
+        let keys = [0, 1].map(|shard| {
+            (100..)
+                .find(|&k| h.keyed::<SlowKeyed>(k).shard().index() == shard)
+                .unwrap()
+        });
+        for key in keys {
+            let a = h.keyed::<SlowKeyed>(key);
+            // Busy, then four queued messages, then a stop: the queued ones
+            // go to the next activation with their places.
+            a.try_tell(Hold(Duration::from_millis(50))).unwrap();
+            mailring_actors::mailring::time::sleep(Duration::from_millis(10)).await;
+            for i in 0..4 {
+                a.try_tell(Add(i)).unwrap();
+            }
+            a.stop();
+            let total = a.ask(Get).await.unwrap();
+            // Every place is free again: exactly four fit behind a busy actor.
+            a.try_tell(Hold(Duration::from_millis(50))).unwrap();
+            mailring_actors::mailring::time::sleep(Duration::from_millis(10)).await;
+            let accepted = (0..6).filter(|&i| a.try_tell(Add(i)).is_ok()).count();
+            out.push((total, accepted));
+        }
+        out
+    });
+    assert_eq!(out, vec![(6, 4), (6, 4)]);
+    sys.shutdown();
+}
+
+/// Keyed and bounded, with no way to activate until a factory is registered.
+#[derive(Actor, Default)]
+#[actor(key = u64, mailbox = 2, handles(Add))]
+struct Late;
+
+impl Handler<Add> for Late {
+    async fn handle(&mut self, _m: Add, _cx: &mut Ctx<Self>) {}
+}
+
+#[test]
+fn dead_letters_free_their_places_in_a_keyed_bounded_mailbox() {
+    let sys = system(2);
+    let h = sys.handle();
+    let out = sys.block_on(async move {
+        // A key on the other shard: its messages leave with a place taken
+        // and become dead letters there (no factory yet).
+        let key = (0..)
+            .find(|&k| h.keyed::<Late>(k).shard().index() == 1)
+            .unwrap();
+        let a = h.keyed::<Late>(key);
+        let sent = (0..2).filter(|&i| a.try_tell(Add(i)).is_ok()).count();
+        mailring_actors::mailring::time::sleep(Duration::from_millis(20)).await;
+        h.register_factory::<Late>(|_| Late);
+        // Both places are free again.
+        let after = (0..2).filter(|&i| a.try_tell(Add(i)).is_ok()).count();
+        (sent, after)
+    });
+    assert_eq!(out.0, 2);
+    assert_eq!(out.1, 2, "places held by dead letters were never freed");
+    let stats = sys.stats().by_type("Late").unwrap();
+    assert_eq!(stats.dead_letters, 2);
+    sys.shutdown();
+}
+
 // ---------------------------------------------------------------- stop and asks
 
 #[test]
