@@ -231,6 +231,50 @@ impl<A: Actor> Addr<A> {
     /// shard, for credit in the sending shard's window to the actor's shard
     /// (see [`crate::SystemConfig::cross_shard_window`]).
     ///
+    /// A producer that sends with `send().await` never gets further ahead
+    /// of the actors it feeds than the window:
+    ///
+    /// ```
+    /// use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message};
+    /// use mailring_actors::{Placement, Runtime, ShardId, SystemConfig};
+    ///
+    /// #[derive(Actor, Default)]
+    /// #[actor(handles(Line, Count))]
+    /// struct Sink(u64);
+    ///
+    /// #[derive(Message)]
+    /// struct Line(String);
+    ///
+    /// #[derive(Message)]
+    /// #[message(reply = u64)]
+    /// struct Count;
+    ///
+    /// impl Handler<Line> for Sink {
+    ///     async fn handle(&mut self, _line: Line, _cx: &mut Ctx<Self>) {
+    ///         self.0 += 1;
+    ///     }
+    /// }
+    /// impl Handler<Count> for Sink {
+    ///     async fn handle(&mut self, _m: Count, _cx: &mut Ctx<Self>) -> u64 {
+    ///         self.0
+    ///     }
+    /// }
+    ///
+    /// let config = SystemConfig { cross_shard_window: 64, ..SystemConfig::default() };
+    /// let system = ActorSystem::start_with(Runtime::builder().shards(2), config)?;
+    /// let sink = system.spawn_actor(Placement::Pinned(ShardId::new(1)), Sink::default);
+    /// let producer = system.runtime().spawn_on(ShardId::new(0), async move {
+    ///     for i in 0..1000 {
+    ///         // At most 64 lines wait in shard 1's mailboxes at any time.
+    ///         sink.send(Line(format!("line {i}"))).await.unwrap();
+    ///     }
+    ///     sink.ask(Count).await.unwrap()
+    /// });
+    /// assert_eq!(system.block_on(producer).unwrap(), 1000);
+    /// # system.shutdown();
+    /// # Ok::<(), mailring_actors::mailring::BuildError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`Addr::tell`].
