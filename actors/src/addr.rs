@@ -213,9 +213,8 @@ impl<A: Actor> Addr<A> {
         M: Message + Send,
         A::Envelope: Send,
     {
-        if let Some(ts) = local::type_state::<A>(self.system.arc()) {
-            let dest = self.home();
-            if ts.shard != dest && !ts.flow.has_credit(dest) {
+        if let Some((ts, dest)) = self.windowed_route() {
+            if !ts.flow.has_credit(dest) {
                 return Err(TellError::Full(msg));
             }
         }
@@ -288,11 +287,9 @@ impl<A: Actor> Addr<A> {
             // Looked up at every poll: the future holds nothing `!Send`.
             // A shutting-down system returns no more credits: its sends go
             // on (and fail or become dead letters) without waiting for them.
-            if let Some(ts) = local::type_state::<A>(self.system.arc()) {
-                let dest = self.home();
-                if ts.shard != dest
+            if let Some((ts, dest)) = self.windowed_route() {
+                if ts.flow.poll_credit(dest, cx).is_pending()
                     && !self.system.arc().is_shutting_down()
-                    && ts.flow.poll_credit(dest, cx).is_pending()
                 {
                     return Poll::Pending;
                 }
@@ -335,6 +332,16 @@ impl<A: Actor> Addr<A> {
         // reply then reports.
         self.deliver_env(A::ask_envelope(asked));
         reply.with_default_deadline(self.system.ask_timeout)
+    }
+
+    /// The calling shard's state and the actor's shard, when the caller is
+    /// a shard of this system other than the actor's (a send that a credit
+    /// window counts).
+    #[inline]
+    fn windowed_route(&self) -> Option<(std::rc::Rc<local::TypeState<A>>, usize)> {
+        let ts = local::type_state::<A>(self.system.arc())?;
+        let dest = self.home();
+        (ts.shard != dest).then_some((ts, dest))
     }
 
     /// Delivers an ask's envelope; a failure drops it with the reason, which

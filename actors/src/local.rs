@@ -280,11 +280,17 @@ impl<A: Actor> TypeState<A> {
     /// closed meanwhile makes it a dead letter.
     #[inline]
     fn push_resolved(&self, cell: &ActorCell<A>, env: A::Envelope) {
-        self.touch(cell);
-        if let Err(env) = cell.push(env) {
-            cell.free_place();
+        if let Err(env) = self.push_or_free(cell, env) {
             self.dead_letter(AskError::Stopped, env);
         }
+    }
+
+    /// Marks `cell` used and pushes `env`; a cell that closed meanwhile
+    /// frees the message's place and gives it back.
+    #[inline(always)]
+    fn push_or_free(&self, cell: &ActorCell<A>, env: A::Envelope) -> Result<(), A::Envelope> {
+        self.touch(cell);
+        cell.push(env).inspect_err(|_| cell.free_place())
     }
 
     /// [`TypeState::push_resolved`] for a message in a batch from shard
@@ -293,11 +299,9 @@ impl<A: Actor> TypeState<A> {
     /// when the actor takes it); a dead letter's goes back now.
     #[inline(always)]
     fn push_remote(&self, cell: &ActorCell<A>, env: A::Envelope, source: usize) -> bool {
-        self.touch(cell);
-        match cell.push(env) {
+        match self.push_or_free(cell, env) {
             Ok(()) => true,
             Err(env) => {
-                cell.free_place();
                 self.dead_letter_from(source, AskError::Stopped, env);
                 false
             }

@@ -165,14 +165,7 @@ impl SystemShared {
     /// appear), whenever it has doubled since it last looked: keys that come
     /// and go do not pin a count each for the system's lifetime.
     pub(crate) fn keyed_capacity<A: Actor>(&self, key: &A::Key, cap: usize) -> Arc<Capacity> {
-        let caps = {
-            let mut map = self.capacities.lock().unwrap_or_else(|p| p.into_inner());
-            map.entry(TypeId::of::<A>())
-                .or_insert_with(|| Arc::new(Mutex::new(KeyedCapacities::<A::Key>::default())))
-                .clone()
-                .downcast::<Mutex<KeyedCapacities<A::Key>>>()
-                .expect("capacity map of the right key type")
-        };
+        let caps = self.keyed_capacities::<A>();
         let mut caps = caps.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = caps.counts.get(key) {
             return c.clone();
@@ -189,22 +182,23 @@ impl SystemShared {
         caps.counts.insert(key.clone(), c.clone());
         c
     }
-}
 
-impl SystemShared {
     /// The key's bounded-mailbox count if the system has one (a count that
     /// was forgotten held no place).
     pub(crate) fn existing_keyed_capacity<A: Actor>(&self, key: &A::Key) -> Option<Arc<Capacity>> {
-        let caps = self
-            .capacities
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&TypeId::of::<A>())?
-            .clone()
-            .downcast::<Mutex<KeyedCapacities<A::Key>>>()
-            .ok()?;
+        let caps = self.keyed_capacities::<A>();
         let caps = caps.lock().unwrap_or_else(|p| p.into_inner());
         caps.counts.get(key).cloned()
+    }
+
+    /// The bounded-mailbox counts of keyed type `A`.
+    fn keyed_capacities<A: Actor>(&self) -> Arc<Mutex<KeyedCapacities<A::Key>>> {
+        let mut map = self.capacities.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(TypeId::of::<A>())
+            .or_insert_with(|| Arc::new(Mutex::new(KeyedCapacities::<A::Key>::default())))
+            .clone()
+            .downcast::<Mutex<KeyedCapacities<A::Key>>>()
+            .expect("capacity map of the right key type")
     }
 }
 

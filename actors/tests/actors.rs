@@ -9,8 +9,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{Add, Counter, Get, WhereAmI};
-use mailring_actors::testkit::on_every_shard;
+use common::{send_rounds_from_every_shard, Add, Counter, Get, WhereAmI};
 use mailring_actors::{
     Actor, ActorSystem, AskError, Ctx, Handler, Hooks, Message, Placement, Runtime, ShardId,
     StopReason, SystemConfig, TellError, Terminated,
@@ -626,24 +625,9 @@ fn keyed_bounded_mailbox_frees_places_as_the_actor_takes_messages() {
     let h = sys.handle();
     let out = sys.block_on(async move {
         // Keys on both shards, so both the local and the remote path take
-        // and free places; a fresh ref per round, as a gateway would make
-        // one per request.
-        let sent = on_every_shard(&h, Duration::from_secs(10), |_| {
-            let h = h.clone();
-            async move {
-                for round in 0..50u64 {
-                    for key in 0..4u64 {
-                        h.keyed::<SlowKeyed>(key).send(Add(round)).await.unwrap();
-                    }
-                }
-            }
-        })
-        .await;
-        let finished = sent.is_some();
-        let mut totals = Vec::new();
-        for key in 0..4u64 {
-            totals.push(h.keyed::<SlowKeyed>(key).ask(Get).await.unwrap());
-        }
+        // and free places.
+        let (finished, totals) =
+            send_rounds_from_every_shard::<SlowKeyed>(&h, 50, 4, Duration::from_secs(10)).await;
         // The bound still holds for a keyed actor that is busy.
         let busy = h.keyed::<SlowKeyed>(9);
         busy.try_tell(Hold(Duration::from_millis(100))).unwrap();

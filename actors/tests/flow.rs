@@ -7,9 +7,8 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Add, Counter, Get, KeyedCounter};
+use common::{send_rounds_from_every_shard, Add, Counter, Get, KeyedCounter};
 use mailring_actors::mailring::time;
-use mailring_actors::testkit::on_every_shard;
 use mailring_actors::{
     Actor, ActorSystem, Ctx, Handler, Message, Placement, Runtime, ShardId, SystemConfig, TellError,
 };
@@ -197,25 +196,10 @@ fn credits_of_dropped_messages_come_back() {
 fn windows_between_every_pair_of_shards_return_all_their_credits() {
     let sys = system(3, 4);
     let h = sys.handle();
+    // Every shard sends to keys homed on every shard, so mailboxes hold
+    // messages from several sources at once.
     let totals = sys.block_on(async move {
-        // Every shard sends to keys homed on every shard, so mailboxes hold
-        // messages from several sources at once.
-        let sent = on_every_shard(&h, Duration::from_secs(20), |_| {
-            let h = h.clone();
-            async move {
-                for round in 0..300u64 {
-                    for key in 0..12u64 {
-                        h.keyed::<KeyedCounter>(key).send(Add(round)).await.unwrap();
-                    }
-                }
-            }
-        })
-        .await;
-        let mut totals = Vec::new();
-        for key in 0..12u64 {
-            totals.push(h.keyed::<KeyedCounter>(key).ask(Get).await.unwrap());
-        }
-        (sent.is_some(), totals)
+        send_rounds_from_every_shard::<KeyedCounter>(&h, 300, 12, Duration::from_secs(20)).await
     });
     assert!(totals.0, "a window ran out of credits");
     assert_eq!(totals.1, vec![3 * (0..300u64).sum::<u64>(); 12]);

@@ -2,7 +2,10 @@
 
 #![allow(dead_code)] // each test crate uses some of them
 
-use mailring_actors::{Actor, Ctx, Handler, Message};
+use std::time::Duration;
+
+use mailring_actors::testkit::on_every_shard;
+use mailring_actors::{Accepts, Actor, Ctx, Handler, Message, SystemHandle};
 
 /// An unkeyed counter.
 #[derive(Actor, Default)]
@@ -64,4 +67,36 @@ impl Handler<Get> for KeyedCounter {
     async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
         self.total
     }
+}
+
+/// Every shard sends `Add(round)` to keys `0..keys` of `A` for `rounds`
+/// rounds with `send().await`, through a fresh reference per send (as a
+/// gateway makes one per request); then asks each key for its total.
+/// Returns whether every shard finished within `within`, and the totals.
+pub(crate) async fn send_rounds_from_every_shard<A>(
+    h: &SystemHandle,
+    rounds: u64,
+    keys: u64,
+    within: Duration,
+) -> (bool, Vec<u64>)
+where
+    A: Actor<Key = u64> + Accepts<Add> + Accepts<Get>,
+    A::Envelope: Send,
+{
+    let sent = on_every_shard(h, within, |_| {
+        let h = h.clone();
+        async move {
+            for round in 0..rounds {
+                for key in 0..keys {
+                    h.keyed::<A>(key).send(Add(round)).await.unwrap();
+                }
+            }
+        }
+    })
+    .await;
+    let mut totals = Vec::new();
+    for key in 0..keys {
+        totals.push(h.keyed::<A>(key).ask(Get).await.unwrap());
+    }
+    (sent.is_some(), totals)
 }
