@@ -77,6 +77,7 @@ pub struct Builder {
     pub(crate) blocking_threads: usize,
     pub(crate) thread_name: String,
     pub(crate) faults: FaultInjection,
+    pub(crate) panic_hook: Option<crate::panic::PanicHook>,
 }
 
 impl Default for Builder {
@@ -93,6 +94,7 @@ impl Default for Builder {
             blocking_threads: 16,
             thread_name: "mailring-shard".to_owned(),
             faults: FaultInjection::default(),
+            panic_hook: None,
         }
     }
 }
@@ -101,6 +103,40 @@ impl Builder {
     /// A builder with the defaults: one shard per available CPU, 256 SQ entries.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Calls `hook` for every panic a shard catches in user code (task
+    /// polls, `run_on` closures, shard jobs, tick-end callbacks, wakers,
+    /// drops; see [`crate::panic`]), on the shard that caught it, after the
+    /// panic was counted in the shard's stats and before the shard goes on.
+    ///
+    /// The hook must not block; a hook that panics is caught too (and not
+    /// called for its own panic). Rust's panic hook (`std::panic::set_hook`)
+    /// still runs first, when the panic is raised.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use mailring::panic::CallbackKind;
+    ///
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let log = seen.clone();
+    /// let rt = mailring::Runtime::builder()
+    ///     .shards(1)
+    ///     .on_panic(move |event| log.lock().unwrap().push((event.kind, event.message.to_owned())))
+    ///     .build()?;
+    /// rt.handle().run_on(mailring::ShardId::new(0), || panic!("boom"));
+    /// rt.block_on(async {}); // runs after the closure on the same shard
+    /// assert_eq!(seen.lock().unwrap()[0], (CallbackKind::RunOn, "boom".to_owned()));
+    /// # Ok::<(), mailring::BuildError>(())
+    /// ```
+    pub fn on_panic(
+        mut self,
+        hook: impl Fn(&crate::panic::PanicEvent<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        self.panic_hook = Some(crate::panic::PanicHook(std::sync::Arc::new(hook)));
+        self
     }
 
     /// The number of shards (threads, each with its own ring); 1 to [`MAX_SHARDS`].

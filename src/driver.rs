@@ -102,6 +102,9 @@ pub(crate) trait ShardDriver {
     fn submit(&mut self) -> io::Result<()>;
     /// Submits and blocks until at least one completion arrives.
     fn wait(&mut self) -> io::Result<()>;
+    /// Submits and blocks until at least one completion arrives or `limit`
+    /// has passed (shutdown's bounded wait; needs no armed timer).
+    fn wait_timeout(&mut self, limit: std::time::Duration) -> io::Result<()>;
     /// Consumes the completion queue, passing what matters to `sink`; returns how
     /// many CQEs were consumed.
     fn reap(&mut self, sink: &mut dyn FnMut(Completion)) -> usize;

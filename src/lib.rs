@@ -64,6 +64,8 @@ pub mod net;
 #[cfg(not(loom))]
 mod op;
 #[cfg(not(loom))]
+pub mod panic;
+#[cfg(not(loom))]
 mod placement;
 #[cfg(not(loom))]
 pub mod pool;
@@ -89,8 +91,9 @@ mod api {
     pub use crate::builder::{Builder, ExternalWake, FaultInjection, IdlePolicy, MAX_SHARDS};
     pub use crate::driver::RingFeatures;
     pub use crate::error::BuildError;
+    pub use crate::panic::{CallbackKind, PanicCounts, ShutdownReport};
     pub use crate::placement::{sticky_shard, Placement};
-    pub use crate::runtime::{Handle, Runtime, ShardJob};
+    pub use crate::runtime::{Handle, Runtime, ShardJob, SHUTDOWN_OP_GRACE};
     pub use crate::shard::{PendingProbe, ShardId};
     pub use crate::stats::{ExternalWakeMode, RuntimeStats, ShardStats};
     pub use crate::task::join::{JoinError, JoinHandle};

@@ -71,6 +71,29 @@ struct Slot {
     state: SlotState,
 }
 
+impl SlotState {
+    /// Whether the kernel may still post a CQE for this slot (and so may
+    /// still use the memory its operation lent it).
+    fn awaits_kernel(&self) -> bool {
+        match self {
+            SlotState::Waiting(_)
+            | SlotState::AwaitingNotif { .. }
+            | SlotState::Abandoned { .. } => true,
+            SlotState::Multishot { live, .. } => *live,
+            SlotState::Done { .. } => false,
+        }
+    }
+}
+
+/// The wakers a completion released, woken by the caller once the table's
+/// borrow has ended.
+pub(crate) enum Woken {
+    None,
+    One(Waker),
+    /// Every task waiting on a multishot operation.
+    Many(Vec<Waker>),
+}
+
 /// The in-flight operations of one shard.
 #[derive(Default)]
 pub(crate) struct OpTable {
@@ -107,27 +130,30 @@ impl OpTable {
             .filter(|s| s.generation == generation)
     }
 
-    /// Files a CQE; returns the waker to wake, if any.
-    pub(crate) fn complete(&mut self, user_data: u64, res: i32, flags: u32) -> Option<Waker> {
+    /// Files a CQE; returns the wakers to wake (outside the table's borrow).
+    pub(crate) fn complete(&mut self, user_data: u64, res: i32, flags: u32) -> Woken {
         let key = (user_data & 0xffff_ffff) as usize;
         let generation = ((user_data >> 32) & GENERATION_MASK) as u32;
-        let slot = self.slot_mut(key, generation)?;
+        let Some(slot) = self.slot_mut(key, generation) else {
+            return Woken::None;
+        };
+        let one = |w: Option<Waker>| w.map_or(Woken::None, Woken::One);
         match &mut slot.state {
             SlotState::Waiting(waker) if io_uring::cqueue::more(flags) => {
                 // Zero-copy send: the result now, the buffer's release later.
                 let waker = waker.take();
                 slot.state = SlotState::AwaitingNotif { res, waker };
-                None
+                Woken::None
             }
             SlotState::Waiting(waker) => {
                 let waker = waker.take();
                 slot.state = SlotState::Done { res, flags };
-                waker
+                one(waker)
             }
             SlotState::AwaitingNotif { res: first, waker } => {
                 let waker = waker.take();
                 slot.state = SlotState::Done { res: *first, flags };
-                waker
+                one(waker)
             }
             SlotState::Abandoned { cleanup, resources } => {
                 if let Some(cleanup) = *cleanup {
@@ -137,7 +163,7 @@ impl OpTable {
                     // Dropping the slot drops the resources the kernel is now done with.
                     self.slots.remove(key);
                 }
-                None
+                Woken::None
             }
             SlotState::Multishot {
                 results,
@@ -148,21 +174,45 @@ impl OpTable {
                 if !io_uring::cqueue::more(flags) {
                     *live = false;
                 }
-                // Woken outside the table's borrow by the caller.
-                let mut wakers = std::mem::take(wakers);
-                let first = wakers.pop();
-                for w in wakers {
-                    w.wake();
+                match wakers.len() {
+                    0 => Woken::None,
+                    1 => one(wakers.pop()),
+                    _ => Woken::Many(std::mem::take(wakers)),
                 }
-                first
             }
             // A second CQE for a single-shot op cannot happen; keep the first.
-            SlotState::Done { .. } => None,
+            SlotState::Done { .. } => Woken::None,
         }
     }
 
     pub(crate) fn len(&self) -> usize {
         self.slots.len()
+    }
+
+    /// Operations the kernel may still complete (see [`SlotState::awaits_kernel`]):
+    /// what shutdown waits for. A finished slot nobody looked at (a future
+    /// forgotten with `mem::forget`) does not count.
+    pub(crate) fn awaiting_kernel(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|(_, s)| s.state.awaits_kernel())
+            .count()
+    }
+
+    /// Empties the table at the end of shutdown. Slots the kernel may still
+    /// complete have what their operation lent it leaked, never freed
+    /// (abandoned resources are forgotten; a waiting future's resources
+    /// are in the future, which was forgotten or leaked with its task);
+    /// the rest are dropped. Returns how many were leaked.
+    pub(crate) fn leak_pending(&mut self) -> usize {
+        let mut leaked = 0;
+        for (_, slot) in std::mem::take(&mut self.slots) {
+            if slot.state.awaits_kernel() {
+                leaked += 1;
+                std::mem::forget(slot);
+            }
+        }
+        leaked
     }
 }
 
@@ -466,6 +516,8 @@ pub(crate) struct MultishotOp {
     shard: usize,
     keep: Option<Box<dyn Any + Send>>,
     cleanup: Cleanup,
+    /// To send the op home when it is dropped on another thread.
+    shared: std::sync::Arc<crate::runtime::Shared>,
 }
 
 impl MultishotOp {
@@ -499,6 +551,7 @@ impl MultishotOp {
                 shard: shard.index(),
                 keep: Some(keep),
                 cleanup,
+                shared: shard.shared.clone(),
             }
         })
         .ok_or_else(wrong_shard)
@@ -571,9 +624,33 @@ impl Drop for MultishotOp {
             shard.cancel_op(user_data(key, generation));
             true
         });
-        if handled != Some(true) {
-            // Off its shard: keep the resources forever rather than free them under the kernel.
-            std::mem::forget(keep);
+        if handled == Some(true) {
+            return;
         }
+        // Dropped off its shard (a listener moved to another thread): the
+        // op goes home and is dropped there, which cancels it and, once the
+        // kernel lets go, closes what it kept (a listening socket stops
+        // accepting). A runtime that is shutting down cannot take it: its
+        // shutdown cancels every operation, and the resources are leaked
+        // rather than freed under the kernel.
+        let keep = keep.take();
+        if self.shared.is_shutting_down() {
+            std::mem::forget(keep);
+            return;
+        }
+        let home_op = MultishotOp {
+            key,
+            generation,
+            runtime,
+            shard: home,
+            keep,
+            cleanup,
+            shared: self.shared.clone(),
+        };
+        let shared = self.shared.clone();
+        shared.deliver(
+            home,
+            crate::shard::InboxItem::Call(Box::new(move || drop(home_op))),
+        );
     }
 }

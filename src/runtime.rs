@@ -19,6 +19,7 @@ use crate::driver::uring::{send_msg_ring_from_outside, write_eventfd};
 use crate::driver::{token, KIND_DOORBELL};
 use crate::error::BuildError;
 use crate::hot::TinyMessage;
+use crate::panic::{drop_payload, CallbackKind, PanicCounts, PanicLog, ShutdownReport};
 use crate::placement::{sticky_shard, Placement};
 use crate::shard::{shard_main, with_current, InboxItem, SetupReport, ShardId, ShardRemote};
 use crate::stats::{ExternalWakeMode, RuntimeStats, ShardCounters};
@@ -26,6 +27,23 @@ use crate::task::join::{JoinError, JoinHandle};
 use crate::task::{LocalFactory, Task, TaskRef};
 
 static NEXT_RUNTIME_ID: AtomicU64 = AtomicU64::new(1);
+
+/// How long a shard's shutdown waits for the completions of the operations
+/// it cancelled; past it, what those operations lent the kernel is leaked
+/// (counted in [`ShutdownReport::ops_leaked`]), never freed.
+pub const SHUTDOWN_OP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What shutdown counts beside the per-shard counters (see [`ShutdownReport`]).
+#[derive(Debug, Default)]
+pub(crate) struct ShutdownTally {
+    pub(crate) tasks_cancelled: AtomicU64,
+    pub(crate) dropped_unrun: AtomicU64,
+    pub(crate) ops_cancelled: AtomicU64,
+    pub(crate) ops_leaked: AtomicU64,
+    /// Panics caught off the shards (a task or closure dropped by an
+    /// outside thread), per kind.
+    pub(crate) offshard_panics: [AtomicU64; CallbackKind::COUNT],
+}
 
 /// Settings every shard reads.
 #[derive(Debug)]
@@ -55,6 +73,8 @@ pub(crate) struct Shared {
     /// How far the runtime's clock is ahead of the real one (see
     /// [`Handle::advance_clock`]); only ever grows.
     clock_offset_ns: AtomicU64,
+    pub(crate) panics: PanicLog,
+    pub(crate) tally: ShutdownTally,
 }
 
 impl Shared {
@@ -72,13 +92,66 @@ impl Shared {
         self.shutdown.load(Ordering::SeqCst)
     }
 
+    /// Counts and reports a panic caught in user code (see [`crate::panic`]).
+    /// `shard` is the index of the shard whose thread caught it, if any.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn report_panic(
+        &self,
+        shard: Option<usize>,
+        kind: CallbackKind,
+        payload: &(dyn std::any::Any + Send),
+    ) {
+        match shard {
+            Some(i) => self.shards[i].counters.count_panic(kind),
+            None => {
+                self.tally.offshard_panics[kind.index()].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.panics.report(shard.map(ShardId::new), kind, payload);
+    }
+
+    /// Runs `f`, catching a panic as one of `kind` (reported and dropped).
+    #[inline]
+    pub(crate) fn guard(&self, shard: Option<usize>, kind: CallbackKind, f: impl FnOnce()) {
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            self.report_panic(shard, kind, &*p);
+            drop_payload(p);
+        }
+    }
+
+    /// Every panic caught so far, summed over shards (and off them).
+    fn panic_counts(&self) -> PanicCounts {
+        let counts = std::array::from_fn(|i| {
+            let off = self.tally.offshard_panics[i].load(Ordering::Relaxed);
+            self.shards
+                .iter()
+                .map(|r| r.counters.panics[i].load(Ordering::Relaxed))
+                .sum::<u64>()
+                + off
+        });
+        PanicCounts::from_array(counts)
+    }
+
+    fn shutdown_report(&self) -> ShutdownReport {
+        let t = &self.tally;
+        ShutdownReport {
+            tasks_cancelled: t.tasks_cancelled.load(Ordering::Relaxed),
+            dropped_unrun: t.dropped_unrun.load(Ordering::Relaxed),
+            ops_cancelled: t.ops_cancelled.load(Ordering::Relaxed),
+            ops_leaked: t.ops_leaked.load(Ordering::Relaxed),
+            panics: self.panic_counts(),
+            panic_records: self.panics.records(),
+        }
+    }
+
     /// Re-queues a woken task on its home shard (see `task` module docs, step 3).
     pub(crate) fn schedule_task(self: &Arc<Self>, task: TaskRef, home: usize) {
         self.deliver(home, InboxItem::Task(task));
     }
 
     /// Hands `item` to shard `dest` from wherever the caller is.
-    fn deliver(self: &Arc<Self>, dest: usize, item: InboxItem) {
+    pub(crate) fn deliver(self: &Arc<Self>, dest: usize, item: InboxItem) {
         let mut item = Some(item);
         with_current(|shard| {
             if shard.belongs_to(self) {
@@ -95,7 +168,7 @@ impl Shared {
             Ok(Delivery::Ring) => self.wake_from_outside(dest),
             Ok(Delivery::Coalesced) => {}
             // Shut down: nobody will run it.
-            Err(item) => item.refuse(),
+            Err(item) => item.refuse(self, None),
         }
     }
 
@@ -156,7 +229,13 @@ impl Shared {
                 });
                 if let Some(task) = task {
                     self.injector.push(task);
-                    self.wake_one_sleeping();
+                    if self.is_shutting_down() {
+                        // Shutdown may have drained the injector already
+                        // (its step 5): whoever sees the task first drops it.
+                        self.drain_injector();
+                    } else {
+                        self.wake_one_sleeping();
+                    }
                 }
             }
         }
@@ -541,6 +620,8 @@ impl Runtime {
             external_wakes: AtomicU64::new(0),
             blocking: BlockingPool::new(builder.blocking_threads, builder.thread_name.clone()),
             clock_offset_ns: AtomicU64::new(0),
+            panics: PanicLog::new(builder.panic_hook.clone()),
+            tally: ShutdownTally::default(),
         });
         for go in gos {
             let _ = go.send(Some(shared.clone()));
@@ -618,26 +699,50 @@ impl Runtime {
     /// 3. Meet the shards at the barrier, after which no doorbell targets any ring.
     /// 4. Join the shard threads (each cancels its ops, waits for them, closes its ring).
     /// 5. Drop injected tasks that never started, then stop the blocking pool.
-    pub fn shutdown(mut self) {
-        self.shutdown_inner();
+    ///
+    /// It finishes in bounded time whatever the user leaked: operations whose
+    /// completion does not come within [`SHUTDOWN_OP_GRACE`] are leaked, not
+    /// waited for. The [`ShutdownReport`] says what was cancelled, dropped
+    /// unrun and leaked, and which callbacks panicked during the runtime's life.
+    ///
+    /// Called on one of the runtime's own shards (from a task), it cannot
+    /// wait for that shard: the shutdown finishes on a thread of its own once
+    /// the calling task returns, and the report returned is the one of that
+    /// moment (nothing cancelled yet).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let rt = mailring::Runtime::builder().shards(2).build()?;
+    /// rt.spawn(std::future::pending::<()>()).detach();
+    /// rt.block_on(mailring::time::sleep(std::time::Duration::from_millis(5)));
+    /// let report = rt.shutdown();
+    /// assert_eq!(report.tasks_cancelled, 1);
+    /// assert_eq!(report.ops_leaked, 0);
+    /// # Ok::<(), mailring::BuildError>(())
+    /// ```
+    pub fn shutdown(mut self) -> ShutdownReport {
+        self.shutdown_inner()
     }
 
-    fn shutdown_inner(&mut self) {
-        if self.threads.is_empty() {
-            return;
-        }
+    fn shutdown_inner(&mut self) -> ShutdownReport {
         let shared = self.handle.shared.clone();
+        if self.threads.is_empty() {
+            return shared.shutdown_report();
+        }
         if with_current(|s| s.belongs_to(&shared)).unwrap_or(false) {
             // Dropped on one of its own shards: finish on another thread once this
             // shard's current task returns.
             let threads = std::mem::take(&mut self.threads);
+            let report = shared.shutdown_report();
             let _ = thread::Builder::new()
                 .name("mailring-shutdown".into())
                 .spawn(move || shutdown_runtime(&shared, threads));
-            return;
+            return report;
         }
         let threads = std::mem::take(&mut self.threads);
         shutdown_runtime(&shared, threads);
+        shared.shutdown_report()
     }
 }
 
@@ -656,19 +761,31 @@ fn shutdown_runtime(shared: &Arc<Shared>, threads: Vec<thread::JoinHandle<()>>) 
         let _ = t.join();
     }
     // 5.
-    loop {
-        match shared.injector.steal() {
-            Steal::Success(task) => task.shutdown(None),
-            Steal::Retry => continue,
-            Steal::Empty => break,
+    shared.drain_injector();
+    shared.blocking.shutdown();
+}
+
+impl Shared {
+    /// Drops the unstarted tasks in the injector (shutdown's step 5, and a
+    /// stealable spawn from outside that raced it).
+    fn drain_injector(&self) {
+        loop {
+            match self.injector.steal() {
+                Steal::Success(task) => {
+                    if task.shutdown(None) {
+                        self.tally.tasks_cancelled.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Steal::Retry => continue,
+                Steal::Empty => break,
+            }
         }
     }
-    shared.blocking.shutdown();
 }
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        self.shutdown_inner();
+        let _ = self.shutdown_inner();
     }
 }
 

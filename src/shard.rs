@@ -50,7 +50,8 @@ use crate::doorbell::{Delivery, Inbox, InboxReader, PeerSender};
 use crate::driver::uring::UringDriver;
 use crate::driver::{Completion, RingFeatures, ShardDriver, WakeTarget};
 use crate::hot::{HotState, TinyMessage};
-use crate::op::OpTable;
+use crate::op::{OpTable, Woken};
+use crate::panic::{drop_payload, CallbackKind};
 use crate::runtime::Shared;
 use crate::stats::ShardCounters;
 use crate::task::TaskRef;
@@ -115,11 +116,28 @@ impl TickEnd {
 }
 
 impl InboxItem {
-    /// Disposes of an item no shard will take (see [`crate::task::Runnable::refuse`]).
-    pub(crate) fn refuse(self) {
+    /// Disposes of an item no shard will take (see [`crate::task::Runnable::refuse`]),
+    /// counting it in the shutdown tally. `shard` is the index of the shard
+    /// running the caller, if any; a closure's or job's `Drop` that panics
+    /// is caught and reported.
+    pub(crate) fn refuse(self, shared: &Shared, shard: Option<usize>) {
+        let tally = &shared.tally;
         match self {
-            InboxItem::Task(t) | InboxItem::Stealable(t) => t.refuse(),
-            InboxItem::Tiny(_) | InboxItem::Call(_) | InboxItem::Job(_) => {}
+            InboxItem::Task(t) | InboxItem::Stealable(t) => {
+                if t.refuse() {
+                    tally.tasks_cancelled.fetch_add(1, Ordering::Relaxed);
+                }
+                shared.guard(shard, CallbackKind::Drop, move || drop(t));
+            }
+            InboxItem::Tiny(_) => {}
+            InboxItem::Call(f) => {
+                tally.dropped_unrun.fetch_add(1, Ordering::Relaxed);
+                shared.guard(shard, CallbackKind::Drop, move || drop(f));
+            }
+            InboxItem::Job(job) => {
+                tally.dropped_unrun.fetch_add(1, Ordering::Relaxed);
+                shared.guard(shard, CallbackKind::Drop, move || drop(job));
+            }
         }
     }
 }
@@ -428,10 +446,51 @@ impl Shard {
     }
 
     fn complete_op(&self, user_data: u64, res: i32, flags: u32) {
-        let waker = self.ops.borrow_mut().complete(user_data, res, flags);
-        if let Some(w) = waker {
-            w.wake();
+        // The table's borrow ends before any waker runs: a waker may be
+        // anything, and may submit or drop an operation itself.
+        let woken = self.ops.borrow_mut().complete(user_data, res, flags);
+        match woken {
+            Woken::None => {}
+            Woken::One(w) => self.guard(CallbackKind::Waker, move || w.wake()),
+            Woken::Many(ws) => self.wake_all(ws),
         }
+    }
+
+    /// Runs `f`, catching a panic as one of `kind` (counted, reported, and
+    /// the shard goes on; see [`crate::panic`]).
+    #[inline]
+    fn guard(&self, kind: CallbackKind, f: impl FnOnce()) {
+        self.shared.guard(Some(self.index), kind, f);
+    }
+
+    /// Counts and reports a panic this shard caught, and drops its payload.
+    #[cold]
+    fn caught(&self, kind: CallbackKind, payload: Box<dyn std::any::Any + Send>) {
+        self.shared.report_panic(Some(self.index), kind, &*payload);
+        drop_payload(payload);
+    }
+
+    /// Wakes every waker; one that panics is reported and the rest are
+    /// still woken. One `catch_unwind` for the whole list on the path that
+    /// does not panic.
+    fn wake_all(&self, wakers: Vec<Waker>) {
+        let mut wakers = wakers.into_iter();
+        loop {
+            let rest = &mut wakers;
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                rest.for_each(Waker::wake)
+            })) {
+                Ok(()) => return,
+                Err(p) => self.caught(CallbackKind::Waker, p),
+            }
+        }
+    }
+
+    /// Counts a failed `io_uring_enter` (other than the retryable errors,
+    /// which the driver absorbs); the shard goes on and submits again.
+    #[cold]
+    fn ring_error(&self, _error: std::io::Error) {
+        self.remote().counters.ring_errors.add(1);
     }
 
     /// Records a task this shard now owns; returns its key.
@@ -497,8 +556,8 @@ impl Shard {
             InboxItem::Task(t) => self.push_local(t),
             InboxItem::Stealable(t) => self.push_stealable(t),
             InboxItem::Tiny(m) => self.ingest_tiny(m),
-            InboxItem::Call(f) => f(),
-            InboxItem::Job(job) => job.run(),
+            InboxItem::Call(f) => self.guard(CallbackKind::RunOn, f),
+            InboxItem::Job(job) => self.guard(CallbackKind::Job, move || job.run()),
         }
     }
 
@@ -506,7 +565,9 @@ impl Shard {
         self.remote().counters.tiny_received.add(1);
         let mut wake = Vec::new();
         self.hot.borrow_mut().ingest(msg, &mut wake);
-        wake.into_iter().for_each(Waker::wake);
+        if !wake.is_empty() {
+            self.wake_all(wake);
+        }
     }
 
     /// Sends a tiny message (see [`crate::hot::send_tiny`]).
@@ -573,7 +634,6 @@ impl Shard {
             }
             self.park();
         }
-        self.shutdown_sequence();
     }
 
     /// One pass over every source of work; returns whether anything happened.
@@ -686,7 +746,9 @@ impl Shard {
             timers.fire_expired(now, &mut wakers);
         }
         let fired = !wakers.is_empty();
-        wakers.into_iter().for_each(Waker::wake);
+        if fired {
+            self.wake_all(wakers);
+        }
         fired
     }
 
@@ -757,10 +819,13 @@ impl Shard {
                 self.hint_idle_peer(&mut driver);
             }
             if let Err(e) = driver.submit() {
-                debug_assert!(false, "io_uring_enter failed: {e}");
+                drop(driver);
+                self.ring_error(e);
             }
         }
-        refused.into_iter().for_each(InboxItem::refuse);
+        for item in refused {
+            item.refuse(&self.shared, Some(self.index));
+        }
     }
 
     /// Queues `f` to run before this tick's batches are published.
@@ -796,7 +861,7 @@ impl Shard {
                 return;
             }
             for f in batch.drain(..) {
-                f.run();
+                self.guard(CallbackKind::TickEnd, move || f.run());
             }
             *self.tick_end_spare.borrow_mut() = batch;
         }
@@ -824,7 +889,8 @@ impl Shard {
             counters.doorbells_sent.add(1);
             counters.prewakes.add(1);
             if let Err(e) = driver.submit() {
-                debug_assert!(false, "io_uring_enter failed: {e}");
+                drop(driver);
+                self.ring_error(e);
             }
         }
     }
@@ -927,7 +993,9 @@ impl Shard {
     fn wake_idle_hot_consumers(&self) -> bool {
         let mut wake = Vec::new();
         let woke = self.hot.borrow_mut().flush_idle(&mut wake);
-        wake.into_iter().for_each(Waker::wake);
+        if !wake.is_empty() {
+            self.wake_all(wake);
+        }
         woke
     }
 
@@ -1017,7 +1085,7 @@ impl Shard {
                 .set(self.idle_avg_ns.get() / 4 * 3 + waited / 4);
         }
         if let Err(e) = res {
-            debug_assert!(false, "io_uring_enter failed while parking: {e}");
+            self.ring_error(e);
         }
     }
 
@@ -1026,19 +1094,84 @@ impl Shard {
     fn close_inbox(&self) {
         // Bound first: refusing runs user drops, which may ask for a drain.
         let refused = self.reader.borrow_mut().close(&self.inbox);
-        refused.into_iter().for_each(InboxItem::refuse);
+        for item in refused {
+            item.refuse(&self.shared, Some(self.index));
+        }
     }
 
-    /// Steps 2–4 of the shutdown protocol (module docs).
+    /// Runs the loop until shutdown; a panic that escapes the runtime's own
+    /// code (every user callback is caught where it runs) is reported as
+    /// [`CallbackKind::Runtime`] and the loop goes on, so a shard never
+    /// unwinds past this point.
+    fn run_guarded(&self) {
+        loop {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run())) {
+                Ok(()) => return,
+                Err(p) => {
+                    // An interrupted drain leaves its flag set; the items it
+                    // had taken were dropped by the unwind.
+                    self.draining.set(false);
+                    self.caught(CallbackKind::Runtime, p);
+                }
+            }
+        }
+    }
+
+    /// Steps 2–4 of the shutdown protocol (module docs). Each step is
+    /// guarded, so the barrier of step 3 is met whatever panics, and step 4
+    /// waits at most [`crate::SHUTDOWN_OP_GRACE`]: what is still in flight
+    /// then is leaked, never freed.
     fn shutdown_sequence(&self) {
         self.shutting_down.set(true);
-        // 2. Stop accepting; drop every task and everything queued.
+        // 2. Stop accepting; drop every task and everything queued. Retried
+        //    after a panic of the runtime's own (user drops are caught inside).
+        for _ in 0..3 {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.drop_all_work())) {
+                Ok(()) => break,
+                Err(p) => self.caught(CallbackKind::Runtime, p),
+            }
+        }
+        if let Err(e) = self.driver.borrow_mut().submit() {
+            self.ring_error(e);
+        }
+        // 3. Nobody rings anybody after this point.
+        self.shared.shutdown_barrier.wait();
+        // 4. Cancel in-flight operations and wait, for a bounded time, for
+        //    their completions; each abandoned operation's resources are
+        //    freed as its CQE arrives.
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.cancel_ops()))
+        {
+            self.caught(CallbackKind::Runtime, p);
+        }
+        let leaked = self.ops.borrow_mut().leak_pending();
+        let tally = &self.shared.tally;
+        tally.ops_leaked.fetch_add(leaked as u64, Ordering::Relaxed);
+        self.remote().counters.ops_in_flight.set(0);
+    }
+
+    /// Step 2: closes the inbox, drops every task (their joiners resolve to
+    /// `Cancelled`), timer, hot counter and batch.
+    fn drop_all_work(&self) {
         self.close_inbox();
+        let tally = &self.shared.tally;
+        let count = |cancelled: bool| {
+            if cancelled {
+                tally.tasks_cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+        };
         loop {
-            let queued: Vec<TaskRef> = self.run_queue.borrow_mut().drain(..).collect();
-            drop(queued);
+            // Queued tasks are shut down, not just dropped: a pinned task
+            // that never started is in no owned table, and dropping its last
+            // queue reference would leave its joiner waiting forever.
+            loop {
+                let next = self.run_queue.borrow_mut().pop_front();
+                let Some(t) = next else { break };
+                count(t.shutdown(Some(self)));
+                self.guard(CallbackKind::Drop, move || drop(t));
+            }
             while let Some(t) = self.worker.pop() {
-                t.shutdown(Some(self));
+                count(t.shutdown(Some(self)));
+                self.guard(CallbackKind::Drop, move || drop(t));
             }
             let next = self
                 .owned
@@ -1048,44 +1181,60 @@ impl Shard {
                 .map(|(k, t)| (k, t.clone()));
             match next {
                 Some((key, task)) => {
-                    task.shutdown(Some(self));
+                    count(task.shutdown(Some(self)));
                     let mut owned = self.owned.borrow_mut();
                     if owned.get(key).is_some_and(|t| Arc::ptr_eq(t, &task)) {
                         let stale = owned.remove(key);
                         drop(owned);
-                        drop(stale);
+                        self.guard(CallbackKind::Drop, move || drop(stale));
                     }
+                    self.guard(CallbackKind::Drop, move || drop(task));
                 }
                 None if self.run_queue.borrow().is_empty() && self.worker.is_empty() => break,
                 None => {}
             }
         }
         let wakers = self.timers.borrow_mut().clear();
-        drop(wakers);
+        self.guard(CallbackKind::Drop, move || drop(wakers));
         self.hot.borrow_mut().clear();
+        // Callbacks queued for a tick end that will not come are dropped unrun.
+        let tick_end = std::mem::take(&mut *self.tick_end.borrow_mut());
+        self.guard(CallbackKind::Drop, move || drop(tick_end));
         let outgoing = std::mem::take(&mut *self.outgoing.borrow_mut());
-        outgoing
-            .batches
-            .into_iter()
-            .flatten()
-            .for_each(InboxItem::refuse);
+        for item in outgoing.batches.into_iter().flatten() {
+            item.refuse(&self.shared, Some(self.index));
+        }
         self.close_inbox();
-        let _ = self.driver.borrow_mut().submit();
-        // 3. Nobody rings anybody after this point.
-        self.shared.shutdown_barrier.wait();
-        // 4. Cancel in-flight operations and wait for their completions; each
-        //    abandoned operation's resources are freed as its CQE arrives.
+    }
+
+    /// Step 4: cancels every operation in flight and reaps completions until
+    /// none is awaited or [`crate::SHUTDOWN_OP_GRACE`] has passed.
+    fn cancel_ops(&self) {
+        let in_flight = || self.driver.borrow().in_flight() + self.ops.borrow().awaiting_kernel();
+        let ops = self.ops.borrow().awaiting_kernel();
+        self.shared
+            .tally
+            .ops_cancelled
+            .fetch_add(ops as u64, Ordering::Relaxed);
         self.driver.borrow_mut().cancel_all();
-        let in_flight = || self.driver.borrow().in_flight() + self.ops.borrow().len();
-        let mut idle_rounds = 0;
-        while in_flight() > 0 && idle_rounds < 100 {
-            let mut comps = Vec::new();
-            let reaped = {
+        let deadline = Instant::now() + crate::SHUTDOWN_OP_GRACE;
+        let mut comps = Vec::new();
+        while in_flight() > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            {
                 let mut driver = self.driver.borrow_mut();
-                let _ = driver.wait();
-                driver.reap(&mut |c| comps.push(c))
-            };
-            for c in comps {
+                if let Err(e) = driver.wait_timeout(deadline - now) {
+                    drop(driver);
+                    self.ring_error(e);
+                    // A ring that cannot wait will not complete anything.
+                    break;
+                }
+                driver.reap(&mut |c| comps.push(c));
+            }
+            for c in comps.drain(..) {
                 if let Completion::Op {
                     user_data,
                     res,
@@ -1095,11 +1244,7 @@ impl Shard {
                     self.complete_op(user_data, res, flags);
                 }
             }
-            if reaped == 0 {
-                idle_rounds += 1;
-            }
         }
-        self.remote().counters.ops_in_flight.set(in_flight() as u64);
     }
 }
 
@@ -1129,7 +1274,8 @@ pub(crate) fn shard_main(
     let Ok(Some(shared)) = go.recv() else { return };
     let shard = Rc::new(Shard::new(index, shared, worker, driver));
     CURRENT.with(|c| c.set(Rc::as_ptr(&shard)));
-    shard.run();
+    shard.run_guarded();
+    shard.shutdown_sequence();
     CURRENT.with(|c| c.set(std::ptr::null()));
     // 5. Dropping the last reference closes the ring and the eventfd.
     drop(shard);

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::builder::ExternalWake;
 use crate::driver::RingFeatures;
+use crate::panic::{CallbackKind, PanicCounts};
 
 /// A counter written by one thread.
 #[derive(Debug, Default)]
@@ -50,6 +51,22 @@ pub(crate) struct ShardCounters {
     pub(crate) spin_wakeups: Counter,
     pub(crate) cq_overflows: Counter,
     pub(crate) owned_tasks: Counter,
+    /// `io_uring_enter` calls that failed with an error other than a retry.
+    pub(crate) ring_errors: Counter,
+    /// Panics caught per [`CallbackKind`]; incremented with an atomic add
+    /// (the one exception to the write rule: a task dropped off its shard at
+    /// shutdown reports here from the runtime's thread), a cold path.
+    pub(crate) panics: [AtomicU64; CallbackKind::COUNT],
+}
+
+impl ShardCounters {
+    pub(crate) fn count_panic(&self, kind: CallbackKind) {
+        self.panics[kind.index()].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn panic_counts(&self) -> PanicCounts {
+        PanicCounts::from_array(std::array::from_fn(|i| self.panics[i].load(Relaxed)))
+    }
 }
 
 /// A snapshot of one shard.
@@ -101,6 +118,11 @@ pub struct ShardStats {
     pub spin_wakeups: u64,
     /// Times the completion queue overflowed and was flushed.
     pub cq_overflows: u64,
+    /// `io_uring_enter` calls that failed (other than the retryable `EINTR`,
+    /// `EAGAIN`, `EBUSY`); the shard goes on and submits again next tick.
+    pub ring_errors: u64,
+    /// Panics this shard caught in user code, per kind (see [`crate::panic`]).
+    pub panics: PanicCounts,
 }
 
 /// A snapshot of the whole runtime; see [`crate::Runtime::stats`].
@@ -161,6 +183,8 @@ impl ShardCounters {
             parks: self.parks.get(),
             spin_wakeups: self.spin_wakeups.get(),
             cq_overflows: self.cq_overflows.get(),
+            ring_errors: self.ring_errors.get(),
+            panics: self.panic_counts(),
         }
     }
 }

@@ -46,6 +46,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use self::join::{JoinCell, JoinError, Joinable};
+use crate::panic::{drop_payload, CallbackKind};
 use crate::runtime::Shared;
 use crate::shard::{with_current, InboxItem, Shard};
 
@@ -66,12 +67,14 @@ pub(crate) trait Runnable: Send + Sync {
     fn run(self: Arc<Self>, shard: &Shard);
     /// Drops the future without polling it and resolves the joiner with
     /// `Cancelled`. Must run on the home shard once the task has started.
-    fn shutdown(&self, shard: Option<&Shard>);
+    /// Returns whether it stopped an unfinished task.
+    fn shutdown(&self, shard: Option<&Shard>) -> bool;
     /// A queue refused this reference (its shard is shut down). A task that
     /// never started is dropped here (the refused reference was its only
     /// queued one, so nobody else can start it); a started task is left to
-    /// its home shard, which drops every task it owns.
-    fn refuse(&self);
+    /// its home shard, which drops every task it owns. Returns whether it
+    /// stopped an unfinished task.
+    fn refuse(&self) -> bool;
 }
 
 /// The cell of one spawned future. `repr(C)` keeps the fields every poll
@@ -164,20 +167,38 @@ where
     }
 
     /// Drops the future and resolves the joiner. Home thread only.
+    ///
+    /// Neither the future's `Drop` nor the output's (a detached task's
+    /// output is dropped here) may unwind into the shard: both are caught
+    /// and reported as [`CallbackKind::Drop`].
     fn finish(&self, shard: Option<&Shard>, result: Result<F::Output, JoinError>) {
+        let shard_index = shard.map(Shard::index);
         // SAFETY: called on the home thread, never while the future is being polled.
         let future = unsafe { (*self.future.get()).take() };
         let drop_result = catch_unwind(AssertUnwindSafe(move || drop(future)));
         self.state.fetch_or(COMPLETE, Ordering::AcqRel);
         self.state.fetch_and(!RUNNING, Ordering::AcqRel);
         let result = match (result, drop_result) {
-            (Ok(v), Err(p)) => {
-                drop(v);
-                Err(JoinError::Panicked(p))
+            (r, Err(p)) => {
+                self.shared
+                    .report_panic(shard_index, CallbackKind::Drop, &*p);
+                match r {
+                    Ok(v) => {
+                        self.shared
+                            .guard(shard_index, CallbackKind::Drop, move || drop(v));
+                        Err(JoinError::Panicked(p))
+                    }
+                    Err(e) => {
+                        drop_payload(p);
+                        Err(e)
+                    }
+                }
             }
-            (r, _) => r,
+            (r, Ok(())) => r,
         };
-        self.join.complete(result);
+        self.shared.guard(shard_index, CallbackKind::Drop, || {
+            self.join.complete(result)
+        });
         let key = self.owned_slot.replace(NO_SLOT);
         if key != NO_SLOT {
             if let Some(shard) = shard {
@@ -246,6 +267,8 @@ where
                 self.finish(Some(shard), Ok(output))
             }
             Err(panic) => {
+                self.shared
+                    .report_panic(Some(shard.index()), CallbackKind::Task, &*panic);
                 shard.publish_pending();
                 self.finish(Some(shard), Err(JoinError::Panicked(panic)))
             }
@@ -259,17 +282,16 @@ where
         }
     }
 
-    fn shutdown(&self, shard: Option<&Shard>) {
+    fn shutdown(&self, shard: Option<&Shard>) -> bool {
         if self.state.fetch_or(CANCELLED, Ordering::AcqRel) & COMPLETE != 0 {
-            return;
+            return false;
         }
         self.finish(shard, Err(JoinError::Cancelled));
+        true
     }
 
-    fn refuse(&self) {
-        if self.state.load(Ordering::Acquire) & STARTED == 0 {
-            self.shutdown(None);
-        }
+    fn refuse(&self) -> bool {
+        self.state.load(Ordering::Acquire) & STARTED == 0 && self.shutdown(None)
     }
 }
 

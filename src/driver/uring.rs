@@ -323,6 +323,28 @@ impl ShardDriver for UringDriver {
         }
     }
 
+    fn wait_timeout(&mut self, limit: std::time::Duration) -> io::Result<()> {
+        let ts = Timespec::new()
+            .sec(limit.as_secs())
+            .nsec(limit.subsec_nanos());
+        // The timeout travels as an enter argument (IORING_ENTER_EXT_ARG,
+        // Linux 5.11, older than the MSG_RING mailring requires): the
+        // kernel reads `ts` during the call and keeps no reference.
+        let args = io_uring::types::SubmitArgs::new().timespec(&ts);
+        match self.ring.submitter().submit_with_args(1, &args) {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EBUSY | libc::ETIME | libc::EAGAIN)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn reap(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
         self.cqes.clear();
         self.cqes.extend(

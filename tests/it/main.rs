@@ -5,6 +5,7 @@ mod entry;
 mod fs;
 mod hot;
 mod net;
+mod panics;
 mod shutdown;
 mod spawn;
 mod sync;
