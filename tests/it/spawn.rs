@@ -706,3 +706,30 @@ fn publish_now_delivers_a_batch_before_the_tick_ends() {
     });
     assert_eq!(ran, 1);
 }
+
+// Misuse outside a runtime: the panic names the call the user made, not an
+// internal one.
+
+#[test]
+#[should_panic(expected = "mailring::spawn called outside a mailring shard")]
+fn spawn_outside_a_runtime_names_spawn() {
+    drop(mailring::spawn(async {}));
+}
+
+#[test]
+#[should_panic(expected = "mailring::spawn_on called outside a mailring shard")]
+fn spawn_on_outside_a_runtime_names_spawn_on() {
+    drop(mailring::spawn_on(ShardId::new(0), async {}));
+}
+
+#[test]
+#[should_panic(expected = "mailring::spawn_with called outside a mailring shard")]
+fn spawn_with_outside_a_runtime_names_spawn_with() {
+    drop(mailring::spawn_with(Placement::Stealable, async {}));
+}
+
+#[test]
+#[should_panic(expected = "mailring::spawn_blocking called outside a mailring shard")]
+fn spawn_blocking_outside_a_runtime_names_spawn_blocking() {
+    drop(mailring::spawn_blocking(|| ()));
+}
