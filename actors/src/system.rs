@@ -439,14 +439,16 @@ impl ActorSystem {
         let grace = self.grace;
         let n = shared.handle.shards();
         let stopped = runtime.block_on(async move {
-            let deadline = std::time::Instant::now() + grace;
+            // `None`: a grace too long for an `Instant` (`Duration::MAX`) waits
+            // for every actor.
+            let deadline = std::time::Instant::now().checked_add(grace);
             let mut joins = Vec::new();
             for i in 0..n {
                 let s = shared.clone();
                 joins.push(s.handle.clone().spawn_on(ShardId::new(i), async move {
                     loop {
                         let live = local::stop_shard(&s, StopReason::Shutdown);
-                        if live == 0 || std::time::Instant::now() >= deadline {
+                        if live == 0 || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
                             s.closed.store(true, Ordering::Release);
                             local::clear_shard(&s);
                             return live;
