@@ -114,7 +114,13 @@ impl BlockingPool {
             state.queue.push_back(job);
             if state.idle > 0 {
                 self.inner.cond.notify_one();
-            } else if state.threads < self.inner.max_threads {
+            }
+            // An idle thread stays counted idle until it wakes and takes a
+            // job, so a notified one may already be spoken for: start a thread
+            // whenever the queued jobs outnumber the idle threads, or two jobs
+            // spawned before that thread wakes (one waiting on the other) would
+            // share it and deadlock.
+            if state.queue.len() > state.idle && state.threads < self.inner.max_threads {
                 self.start_thread(&mut state);
             }
         }

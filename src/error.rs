@@ -1,11 +1,14 @@
 //! Errors of building a runtime; task errors live with the join handle.
 
+use std::fmt;
 use std::io;
 
 /// Why [`Builder::build`](crate::Builder::build) could not start a runtime.
 ///
-/// Every variant names the cause and, where there is one, the remedy.
-#[derive(Debug, thiserror::Error)]
+/// Every variant names the cause and, where there is one, the remedy. `Debug`
+/// prints the variant's name and that text, so `fn main() -> Result<(),
+/// BuildError>` reports the remedy too.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
     /// The `kernel.io_uring_disabled` sysctl forbids io_uring for this process.
@@ -66,4 +69,63 @@ pub enum BuildError {
         #[source]
         source: io::Error,
     },
+}
+
+impl fmt::Debug for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let variant = match self {
+            BuildError::Disabled { .. } => "Disabled",
+            BuildError::PermissionDenied => "PermissionDenied",
+            BuildError::Unsupported => "Unsupported",
+            BuildError::MissingOpcode { .. } => "MissingOpcode",
+            BuildError::Setup { .. } => "Setup",
+            BuildError::Config(_) => "Config",
+            BuildError::ThreadSpawn { .. } => "ThreadSpawn",
+        };
+        write!(f, "{variant}: {self}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `fn main() -> Result<(), BuildError>` prints the error with `Debug`:
+    /// it must carry the cause and the remedy, not just the variant's fields.
+    #[test]
+    fn debug_carries_the_cause_and_the_remedy() {
+        let errors = [
+            BuildError::Disabled { value: 2 },
+            BuildError::PermissionDenied,
+            BuildError::Unsupported,
+            BuildError::MissingOpcode {
+                opcode: "MSG_RING",
+                purpose: "waking shards",
+                min_kernel: "6.0",
+            },
+            BuildError::Setup {
+                shard: 3,
+                source: io::Error::from_raw_os_error(12),
+            },
+            BuildError::Config("shards must be between 1 and 64, got 0".into()),
+            BuildError::ThreadSpawn {
+                shard: 1,
+                source: io::Error::from_raw_os_error(11),
+            },
+        ];
+        for err in &errors {
+            let debug = format!("{err:?}");
+            assert!(
+                debug.contains(&err.to_string()),
+                "{debug:?} lacks the Display text {:?}",
+                err.to_string()
+            );
+        }
+        let debug = format!("{:?}", BuildError::Disabled { value: 2 });
+        assert!(debug.contains("Disabled"), "{debug}");
+        assert!(
+            debug.contains("sysctl -w kernel.io_uring_disabled=0"),
+            "{debug}"
+        );
+    }
 }

@@ -103,17 +103,31 @@ mod api {
     use crate::task::Task;
     use std::rc::Rc;
 
+    /// The current shard's handle, for the free function `call`; outside a
+    /// shard the panic names that call and what to use instead.
+    #[track_caller]
+    fn handle_for(call: &str, instead: &str) -> Handle {
+        match Handle::try_current() {
+            Some(handle) => handle,
+            None => panic!(
+                "mailring::{call} called outside a mailring shard: \
+                 call it from a task of a runtime, or use {instead} with the runtime's handle"
+            ),
+        }
+    }
+
     /// Spawns a `Send` future as [`Placement::Stealable`] on the current runtime.
     ///
     /// # Panics
     ///
     /// Outside a mailring shard; use [`Handle::spawn`] there.
+    #[track_caller]
     pub fn spawn<F>(future: F) -> JoinHandle<F::Output>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        Handle::current().spawn(future)
+        handle_for("spawn", "Handle::spawn").spawn(future)
     }
 
     /// Spawns a `Send` future pinned to `shard` of the current runtime.
@@ -121,12 +135,13 @@ mod api {
     /// # Panics
     ///
     /// Outside a mailring shard, or when `shard` does not exist.
+    #[track_caller]
     pub fn spawn_on<F>(shard: ShardId, future: F) -> JoinHandle<F::Output>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        Handle::current().spawn_on(shard, future)
+        handle_for("spawn_on", "Handle::spawn_on").spawn_on(shard, future)
     }
 
     /// Spawns a `Send` future with `placement` on the current runtime.
@@ -134,12 +149,13 @@ mod api {
     /// # Panics
     ///
     /// Outside a mailring shard, or when the placement names a missing shard.
+    #[track_caller]
     pub fn spawn_with<F>(placement: Placement, future: F) -> JoinHandle<F::Output>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        Handle::current().spawn_with(placement, future)
+        handle_for("spawn_with", "Handle::spawn_with").spawn_with(placement, future)
     }
 
     /// Spawns a future that need not be `Send` on the current shard; it runs
@@ -168,12 +184,13 @@ mod api {
     /// # Panics
     ///
     /// Outside a mailring shard; use [`Handle::spawn_blocking`] there.
+    #[track_caller]
     pub fn spawn_blocking<F, T>(f: F) -> JoinHandle<T>
     where
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        Handle::current().spawn_blocking(f)
+        handle_for("spawn_blocking", "Handle::spawn_blocking").spawn_blocking(f)
     }
 
     /// The shard running the caller, if any.

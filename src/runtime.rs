@@ -476,7 +476,12 @@ impl Handle {
     /// ```
     pub fn advance_clock(&self, by: std::time::Duration) {
         let ns = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
-        self.shared.clock_offset_ns.fetch_add(ns, Ordering::AcqRel);
+        // Saturating: a wrapped offset would move the clock back.
+        let _ = self.shared.clock_offset_ns.fetch_update(
+            Ordering::AcqRel,
+            Ordering::Acquire,
+            |offset| Some(offset.saturating_add(ns)),
+        );
         for i in 0..self.shards() {
             self.run_on(ShardId::new(i), || {});
         }

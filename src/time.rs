@@ -23,7 +23,8 @@ use crate::shard::{with_current, Shard};
 #[error("deadline elapsed")]
 pub struct Elapsed(());
 
-/// Waits until `duration` has passed.
+/// Waits until `duration` has passed. A duration too long for an `Instant`
+/// (`Duration::MAX`) waits about thirty years: in effect, forever.
 ///
 /// # Examples
 ///
@@ -39,7 +40,18 @@ pub struct Elapsed(());
 /// # Ok::<(), mailring::BuildError>(())
 /// ```
 pub fn sleep(duration: Duration) -> Sleep {
-    sleep_until(now() + duration)
+    sleep_until(after(now(), duration))
+}
+
+/// About thirty years: where a deadline too far for an `Instant` saturates.
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// `at + duration`, or a far-future instant when that overflows an `Instant`
+/// (`Duration::MAX` means "never", not a panic).
+pub(crate) fn after(at: Instant, duration: Duration) -> Instant {
+    at.checked_add(duration)
+        .or_else(|| at.checked_add(FAR_FUTURE))
+        .unwrap_or(at)
 }
 
 /// The current shard's runtime clock: the real monotonic clock, plus whatever
@@ -57,13 +69,14 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
     }
 }
 
-/// Runs `future`, giving up when `duration` passes first.
+/// Runs `future`, giving up when `duration` passes first (a duration too long
+/// for an `Instant`, such as `Duration::MAX`, saturates as in [`sleep`]).
 ///
 /// # Errors
 ///
 /// [`Elapsed`] when the deadline passed before the future finished; the future is dropped.
 pub async fn timeout<F: Future>(duration: Duration, future: F) -> Result<F::Output, Elapsed> {
-    timeout_at(now() + duration, future).await
+    timeout_at(after(now(), duration), future).await
 }
 
 /// Runs `future`, giving up at `deadline`.
@@ -235,7 +248,7 @@ impl Interval {
         match Pin::new(&mut self.sleep).poll(cx) {
             Poll::Ready(()) => {
                 let at = self.sleep.deadline();
-                self.sleep.reset(at + self.period);
+                self.sleep.reset(after(at, self.period));
                 Poll::Ready(at)
             }
             Poll::Pending => Poll::Pending,
@@ -249,6 +262,6 @@ impl Interval {
 
     /// Restarts the schedule: the next tick is one period from now.
     pub fn reset(&mut self) {
-        self.sleep.reset(now() + self.period);
+        self.sleep.reset(after(now(), self.period));
     }
 }

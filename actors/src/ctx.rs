@@ -145,7 +145,11 @@ impl<A: Actor> Ctx<A> {
         let epoch = self.timer_epoch.clone();
         let mine = epoch.get();
         let join = mailring::spawn_local(async move {
-            let mut ticks = mailring::time::interval_at(mailring::time::now() + period, period);
+            // A period too long for an `Instant` (`Duration::MAX`) never ticks.
+            let Some(first) = mailring::time::now().checked_add(period) else {
+                return;
+            };
+            let mut ticks = mailring::time::interval_at(first, period);
             loop {
                 ticks.tick().await;
                 if epoch.get() != mine || cell.push(A::envelope(make())).is_err() {

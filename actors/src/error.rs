@@ -53,7 +53,10 @@ impl<M> fmt::Display for TellError<M> {
 impl<M> std::error::Error for TellError<M> {}
 
 /// Why an `ask` got no reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+///
+/// `Debug` prints the variant's name and the `Display` text, so an unwrapped
+/// error keeps its explanation and remedy.
+#[derive(Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AskError {
     /// The actor stopped (or was stopped) before answering.
@@ -86,6 +89,22 @@ pub enum AskError {
     WrongShard,
 }
 
+impl fmt::Debug for AskError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let variant = match self {
+            AskError::Stopped => "Stopped",
+            AskError::Panicked => "Panicked",
+            AskError::Timeout => "Timeout",
+            AskError::WouldDeadlock => "WouldDeadlock",
+            AskError::Full => "Full",
+            AskError::NoFactory => "NoFactory",
+            AskError::ShuttingDown => "ShuttingDown",
+            AskError::WrongShard => "WrongShard",
+        };
+        write!(f, "{variant}: {self}")
+    }
+}
+
 /// Why an actor stopped, as carried by [`crate::Terminated`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -100,4 +119,32 @@ pub enum StopReason {
     ParentStopped,
     /// The system shut down.
     Shutdown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An unwrapped `AskError` prints with `Debug`: it must keep the remedy
+    /// the Display text gives.
+    #[test]
+    fn ask_error_debug_carries_the_display_text() {
+        let errors = [
+            AskError::Stopped,
+            AskError::Panicked,
+            AskError::Timeout,
+            AskError::WouldDeadlock,
+            AskError::Full,
+            AskError::NoFactory,
+            AskError::ShuttingDown,
+            AskError::WrongShard,
+        ];
+        for err in errors {
+            let debug = format!("{err:?}");
+            assert!(debug.contains(&err.to_string()), "{debug}");
+        }
+        let debug = format!("{:?}", AskError::NoFactory);
+        assert!(debug.contains("NoFactory"), "{debug}");
+        assert!(debug.contains("#[actor(activate = ...)]"), "{debug}");
+    }
 }

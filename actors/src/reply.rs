@@ -328,9 +328,13 @@ impl<R> Reply<R> {
         }
     }
 
-    /// Gives up with [`AskError::Timeout`] after `duration`.
+    /// Gives up with [`AskError::Timeout`] after `duration`; a duration too
+    /// long for an `Instant` (`Duration::MAX`) sets no deadline.
     pub fn timeout(self, duration: Duration) -> Self {
-        self.deadline(mailring::time::now() + duration)
+        match mailring::time::now().checked_add(duration) {
+            Some(deadline) => self.deadline(deadline),
+            None => self.no_timeout(),
+        }
     }
 
     /// Gives up with [`AskError::Timeout`] at `deadline`.

@@ -6,7 +6,7 @@ use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -35,6 +35,9 @@ pub(crate) struct SystemShared {
     pub(crate) ask_timeout: Option<Duration>,
     pub(crate) cross_shard_window: u32,
     next_uid: AtomicU64,
+    /// The turn of `Placement::RoundRobin`, apart from the uids (a spawn also
+    /// takes a uid, so sharing that counter skipped every other shard).
+    next_round_robin: AtomicUsize,
     shutting_down: AtomicBool,
     closed: AtomicBool,
     factories: RwLock<AnyMap>,
@@ -118,6 +121,7 @@ impl SystemShared {
             ask_timeout: config.ask_timeout,
             cross_shard_window: config.cross_shard_window,
             next_uid: AtomicU64::new(1),
+            next_round_robin: AtomicUsize::new(0),
             shutting_down: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             factories: RwLock::new(HashMap::new()),
@@ -137,6 +141,11 @@ impl SystemShared {
 
     pub(crate) fn next_uid(&self) -> u64 {
         self.next_uid.fetch_add(1, Ordering::Relaxed) | (1 << 63)
+    }
+
+    /// The next shard in turn of `shards` for `Placement::RoundRobin`.
+    pub(crate) fn next_round_robin(&self, shards: usize) -> usize {
+        self.next_round_robin.fetch_add(1, Ordering::Relaxed) % shards.max(1)
     }
 
     pub(crate) fn factory<A: Actor>(&self) -> Option<Factory<A>> {
@@ -430,14 +439,16 @@ impl ActorSystem {
         let grace = self.grace;
         let n = shared.handle.shards();
         let stopped = runtime.block_on(async move {
-            let deadline = std::time::Instant::now() + grace;
+            // `None`: a grace too long for an `Instant` (`Duration::MAX`) waits
+            // for every actor.
+            let deadline = std::time::Instant::now().checked_add(grace);
             let mut joins = Vec::new();
             for i in 0..n {
                 let s = shared.clone();
                 joins.push(s.handle.clone().spawn_on(ShardId::new(i), async move {
                     loop {
                         let live = local::stop_shard(&s, StopReason::Shutdown);
-                        if live == 0 || std::time::Instant::now() >= deadline {
+                        if live == 0 || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
                             s.closed.store(true, Ordering::Release);
                             local::clear_shard(&s);
                             return live;

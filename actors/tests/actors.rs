@@ -58,6 +58,33 @@ fn same_shard_and_outside_thread_sends() {
     sys.shutdown();
 }
 
+/// Unkeyed actors placed round robin spread over the shards. Each spawn used
+/// to take two ids from one counter, one for the actor and one to pick its
+/// shard, so with an even shard count every actor landed on the same shard.
+#[test]
+fn round_robin_actors_use_every_shard() {
+    let sys = system(2);
+    let addrs: Vec<_> = (0..4)
+        .map(|_| sys.spawn_actor(Placement::RoundRobin, Counter::default))
+        .collect();
+    let ran_on = sys.block_on(async move {
+        let mut ran_on = Vec::new();
+        for a in &addrs {
+            let asked =
+                mailring_actors::mailring::time::timeout(Duration::from_secs(5), a.ask(WhereAmI))
+                    .await;
+            ran_on.push(asked.expect("the actor answers").expect("the ask succeeds"));
+        }
+        ran_on
+    });
+    let mut per_shard = [0usize; 2];
+    for s in &ran_on {
+        per_shard[*s] += 1;
+    }
+    assert_eq!(per_shard, [2, 2], "actors ran on shards {ran_on:?}");
+    sys.shutdown();
+}
+
 // ---------------------------------------------------------------- keyed
 
 static ACTIVATIONS: AtomicUsize = AtomicUsize::new(0);

@@ -353,7 +353,7 @@ impl TimerQueue {
 
     /// The earliest deadline that may be live (possibly earlier than any).
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        (self.live > 0).then(|| self.origin + Duration::from_nanos(self.next_bound))
+        (self.live > 0).then(|| super::after(self.origin, Duration::from_nanos(self.next_bound)))
     }
 
     pub(crate) fn len(&self) -> usize {

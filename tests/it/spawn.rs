@@ -279,6 +279,36 @@ fn blocking_pool_runs_off_the_shards() {
     assert!(err.is_panic());
 }
 
+/// Two dependent blocking jobs spawned back to back onto a pool with one idle
+/// thread: the first waits for the second. The pool used to count the idle
+/// thread it had just notified as still idle, so the second job started no
+/// thread and waited behind the first for good.
+#[test]
+fn dependent_blocking_jobs_do_not_deadlock_on_one_idle_thread() {
+    for round in 0..3 {
+        let rt = mailring::Runtime::builder()
+            .shards(1)
+            .blocking_threads(4)
+            .build()
+            .expect("io_uring runtime");
+        let handle = rt.handle().clone();
+        // One pool thread, idle: it ran a job and is back waiting for work.
+        rt.block_on(handle.spawn_blocking(|| ())).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+
+        let (tx, rx) = std::sync::mpsc::channel::<u64>();
+        let a = handle.spawn_blocking(move || rx.recv_timeout(std::time::Duration::from_secs(5)));
+        let b = handle.spawn_blocking(move || tx.send(7).is_ok());
+        let (a, b) = rt.block_on(async move { (a.await.unwrap(), b.await.unwrap()) });
+        assert_eq!(
+            a,
+            Ok(7),
+            "round {round}: the job waiting on the other never heard from it"
+        );
+        assert!(b, "round {round}");
+    }
+}
+
 /// A minimal unbounded channel so the tests depend on nothing but mailring.
 fn futures_channel() -> (Tx, Rx) {
     let inner = Arc::new(std::sync::Mutex::new(Chan {
@@ -675,4 +705,31 @@ fn publish_now_delivers_a_batch_before_the_tick_ends() {
         .unwrap()
     });
     assert_eq!(ran, 1);
+}
+
+// Misuse outside a runtime: the panic names the call the user made, not an
+// internal one.
+
+#[test]
+#[should_panic(expected = "mailring::spawn called outside a mailring shard")]
+fn spawn_outside_a_runtime_names_spawn() {
+    drop(mailring::spawn(async {}));
+}
+
+#[test]
+#[should_panic(expected = "mailring::spawn_on called outside a mailring shard")]
+fn spawn_on_outside_a_runtime_names_spawn_on() {
+    drop(mailring::spawn_on(ShardId::new(0), async {}));
+}
+
+#[test]
+#[should_panic(expected = "mailring::spawn_with called outside a mailring shard")]
+fn spawn_with_outside_a_runtime_names_spawn_with() {
+    drop(mailring::spawn_with(Placement::Stealable, async {}));
+}
+
+#[test]
+#[should_panic(expected = "mailring::spawn_blocking called outside a mailring shard")]
+fn spawn_blocking_outside_a_runtime_names_spawn_blocking() {
+    drop(mailring::spawn_blocking(|| ()));
 }

@@ -226,3 +226,58 @@ fn advancing_the_clock_fires_long_timers_at_once_on_every_shard() {
     assert!(out.is_err(), "the 2 h timeout elapsed on the moved clock");
     assert!(real.elapsed() < Duration::from_secs(60), "no real waiting");
 }
+
+// Durations too long for an `Instant` saturate to a far-future deadline
+// instead of overflowing (which panicked).
+
+#[test]
+fn timeout_of_duration_max_passes_the_value_through() {
+    let rt = rt2();
+    assert_eq!(rt.block_on(timeout(Duration::MAX, async { 5 })), Ok(5));
+}
+
+#[test]
+fn sleep_of_duration_max_loses_to_a_short_timeout() {
+    let rt = rt2();
+    let raced = rt.block_on(async {
+        // Polled once (registered in the timer queue) and dropped.
+        timeout(Duration::from_millis(10), sleep(Duration::MAX)).await
+    });
+    assert!(raced.is_err(), "the 10 ms timeout wins");
+}
+
+#[test]
+fn interval_with_a_huge_period_ticks_once_then_waits() {
+    let rt = rt2();
+    let (second, after_reset) = rt.block_on(async {
+        let mut ticker = interval(Duration::MAX);
+        ticker.tick().await;
+        let second = timeout(Duration::from_millis(10), ticker.tick()).await;
+        ticker.reset();
+        let after_reset = timeout(Duration::from_millis(10), ticker.tick()).await;
+        (second, after_reset)
+    });
+    assert!(second.is_err(), "no second tick within 10 ms");
+    assert!(after_reset.is_err(), "no tick within 10 ms of a reset");
+}
+
+#[test]
+fn advancing_the_clock_saturates_instead_of_wrapping() {
+    let rt = mailring::Runtime::builder()
+        .shards(1)
+        .build()
+        .expect("io_uring runtime");
+    let h = rt.handle().clone();
+    let before = h.now();
+    h.advance_clock(Duration::MAX);
+    let advanced = h.now();
+    assert!(advanced >= before);
+    h.advance_clock(Duration::MAX);
+    h.advance_clock(Duration::from_secs(3600));
+    let after = h.now();
+    assert!(after >= advanced, "the clock went back");
+    // Timers still work on a clock this far ahead.
+    let raced =
+        rt.block_on(async { timeout(Duration::from_millis(10), sleep(Duration::MAX)).await });
+    assert!(raced.is_err());
+}
