@@ -17,9 +17,9 @@ use std::task::Poll;
 use mailring::ShardId;
 
 use crate::actor::{Accepts, Actor, Message};
+use crate::capacity::Capacity;
 use crate::error::{AskError, StopReason, TellError};
 use crate::local::{self, Delivery, TargetId};
-use crate::mailbox::Capacity;
 use crate::reply::{self, Asked, Reply};
 use crate::system::{SystemHandle, SystemRef};
 

@@ -47,48 +47,86 @@
 // typed lookup) and `replica` (the biased count of a shard's system
 // reference) alone; everything else is safe Rust.
 #![deny(unsafe_code)]
+// Under `cfg(loom)` the count's methods that only the gated-out modules
+// call are unused.
+#![cfg_attr(loom, allow(dead_code, unused_imports))]
 
 // The derive macros name this crate by its path; unit tests use them inside it.
 #[cfg(test)]
 extern crate self as mailring_actors;
 
+// Under `cfg(loom)` only the bounded-mailbox count and its sync switch are
+// compiled (the runtime then exports its own model-checked parts alone):
+// `RUSTFLAGS="--cfg loom" cargo test -p mailring-actors --lib --release
+// loom_tests` model-checks `capacity`.
+mod capacity;
+mod loom;
+
+#[cfg(not(loom))]
 mod actor;
+#[cfg(not(loom))]
 mod addr;
+#[cfg(not(loom))]
 mod ctx;
+#[cfg(not(loom))]
 #[allow(unsafe_code)]
 mod erased;
+#[cfg(not(loom))]
 mod error;
+#[cfg(not(loom))]
 mod flow;
+#[cfg(not(loom))]
 mod local;
+#[cfg(not(loom))]
 mod mailbox;
+#[cfg(not(loom))]
 #[allow(unsafe_code)]
 mod replica;
+#[cfg(not(loom))]
 #[allow(unsafe_code)]
 mod reply;
+#[cfg(not(loom))]
 mod route;
+#[cfg(not(loom))]
 mod runner;
+#[cfg(not(loom))]
 mod stats;
+#[cfg(not(loom))]
 mod system;
+#[cfg(not(loom))]
 pub mod testkit;
 
+#[cfg(not(loom))]
 pub use crate::actor::{
     handle_asked, handle_message, Accepts, Actor, ActorConfig, ActorKey, ActorPlacement,
     Continuation, DynEnvelope, Envelope, Handler, Hooks, LocalCache, Message, Supervision,
     SupervisionPolicy, TypeSlot,
 };
+#[cfg(not(loom))]
 pub use crate::addr::{ActorId, Addr, KeyedRef, LocalAddr};
+#[cfg(not(loom))]
 pub use crate::ctx::{Ctx, TimerHandle};
+#[cfg(not(loom))]
 pub use crate::error::{AskError, StopReason, TellError};
+#[cfg(not(loom))]
 pub use crate::flow::CREDIT_TAG_BASE;
+#[cfg(not(loom))]
 pub use crate::reply::{Asked, Reply, ReplyTo};
+#[cfg(not(loom))]
 pub use crate::route::{route_hash, RouteHasher};
+#[cfg(not(loom))]
 pub use crate::stats::{ActorStats, ActorTypeStats};
+#[cfg(not(loom))]
 pub use crate::system::{ActorSystem, SystemConfig, SystemHandle};
+#[cfg(not(loom))]
 pub use mailring;
+#[cfg(not(loom))]
 pub use mailring::{Placement, Runtime, ShardId};
+#[cfg(not(loom))]
 pub use mailring_macros::{Actor, Message};
 
 /// Sent to a watcher when the actor it watches stops (see [`Ctx::watch`]).
+#[cfg(not(loom))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Terminated {
     /// The actor that stopped.
@@ -97,6 +135,7 @@ pub struct Terminated {
     pub reason: StopReason,
 }
 
+#[cfg(not(loom))]
 impl Message for Terminated {
     type Reply = ();
 }

@@ -23,10 +23,11 @@ use std::sync::Arc;
 use mailring::ShardId;
 
 use crate::actor::{Actor, ActorPlacement};
+use crate::capacity::Capacity;
 use crate::erased::ErasedRc;
 use crate::error::{AskError, StopReason};
 use crate::flow::{source_tag, ShardFlow};
-use crate::mailbox::{ActorCell, Capacity};
+use crate::mailbox::ActorCell;
 use crate::reply;
 use crate::stats::ActorTypeStats;
 use crate::system::SystemShared;

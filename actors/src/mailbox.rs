@@ -12,89 +12,13 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use crate::actor::Actor;
+use crate::capacity::Capacity;
 use crate::flow::{RemoteCounts, ShardFlow};
 use crate::Terminated;
-
-/// The shared count of a bounded mailbox.
-#[derive(Debug)]
-pub(crate) struct Capacity {
-    cap: usize,
-    depth: AtomicUsize,
-    waiting: AtomicBool,
-    waiters: Mutex<Vec<Waker>>,
-}
-
-impl Capacity {
-    pub(crate) fn new(cap: usize) -> Arc<Self> {
-        Arc::new(Capacity {
-            cap: cap.max(1),
-            depth: AtomicUsize::new(0),
-            waiting: AtomicBool::new(false),
-            waiters: Mutex::new(Vec::new()),
-        })
-    }
-
-    /// No place is taken (nothing sent and not yet taken by the actor).
-    pub(crate) fn is_idle(&self) -> bool {
-        self.depth.load(Ordering::Acquire) == 0
-    }
-
-    /// Takes a place if one is free.
-    pub(crate) fn try_acquire(&self) -> bool {
-        if self.depth.fetch_add(1, Ordering::AcqRel) < self.cap {
-            true
-        } else {
-            self.depth.fetch_sub(1, Ordering::AcqRel);
-            false
-        }
-    }
-
-    /// Takes a place whatever the bound (`tell`).
-    pub(crate) fn force_acquire(&self) {
-        self.force_acquire_n(1);
-    }
-
-    /// Takes `n` places whatever the bound.
-    pub(crate) fn force_acquire_n(&self, n: usize) {
-        self.depth.fetch_add(n, Ordering::AcqRel);
-    }
-
-    /// Frees `n` places and wakes senders waiting for room.
-    pub(crate) fn release(&self, n: usize) {
-        self.depth.fetch_sub(n, Ordering::AcqRel);
-        if self.waiting.load(Ordering::Acquire) {
-            let waiters = {
-                let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
-                self.waiting.store(false, Ordering::Release);
-                std::mem::take(&mut *w)
-            };
-            waiters.into_iter().for_each(Waker::wake);
-        }
-    }
-
-    /// Takes a place, or registers `cx` to be woken when one frees.
-    pub(crate) fn poll_acquire(&self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.try_acquire() {
-            return Poll::Ready(());
-        }
-        {
-            let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
-            w.push(cx.waker().clone());
-            self.waiting.store(true, Ordering::Release);
-        }
-        // A release between the failed attempt and the registration would
-        // have found no waiter: try again now that we are registered.
-        if self.try_acquire() {
-            return Poll::Ready(());
-        }
-        Poll::Pending
-    }
-}
 
 /// Envelopes an activation's mailbox has room for before it first grows.
 /// Most activations of a keyed type get a handful of messages at a time:

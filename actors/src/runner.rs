@@ -34,11 +34,12 @@ use mailring::{Placement, ShardId};
 
 use crate::actor::{Actor, Envelope, SupervisionPolicy};
 use crate::addr::Addr;
+use crate::capacity::Capacity;
 use crate::ctx::Ctx;
 use crate::error::{AskError, StopReason};
 use crate::flow::ShardFlow;
 use crate::local::{self, Delivery, TargetId, TypeState};
-use crate::mailbox::{ActorCell, Batch, Capacity};
+use crate::mailbox::{ActorCell, Batch};
 use crate::reply;
 use crate::system::{SystemRef, SystemShared};
 use crate::Terminated;

@@ -14,9 +14,9 @@ use mailring::{BuildError, Builder, Handle, Placement, Runtime, ShardId};
 
 use crate::actor::Actor;
 use crate::addr::Addr;
+use crate::capacity::Capacity;
 use crate::error::StopReason;
 use crate::local;
-use crate::mailbox::Capacity;
 use crate::replica::ReplicaRef;
 use crate::route::Directory;
 use crate::stats::{ActorStats, ActorTypeStats};
