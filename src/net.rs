@@ -227,6 +227,20 @@ pub struct RecvMultishot<'a> {
     ring: BufRing,
     op: Option<MultishotOp>,
     finished: bool,
+    /// `ENOBUFS` completions in a row while the ring had buffers to give.
+    empty_rearms: u8,
+}
+
+/// `ENOBUFS` completions in a row, with buffers provided, after which a
+/// receive gives up: the kernel cannot use the ring's buffers.
+const MAX_EMPTY_REARMS: u8 = 8;
+
+/// The error of a buffer ring used on a shard that did not register it.
+fn foreign_ring() -> io::Error {
+    io::Error::other(
+        "mailring: this BufRing is registered on another shard (group ids repeat \
+         across shards); register a BufRing on the stream's shard and use that one",
+    )
 }
 
 impl<'a> RecvMultishot<'a> {
@@ -236,6 +250,7 @@ impl<'a> RecvMultishot<'a> {
             ring: ring.clone(),
             op: None,
             finished: false,
+            empty_rearms: 0,
         }
     }
 
@@ -259,6 +274,11 @@ impl<'a> RecvMultishot<'a> {
             .and_then(|()| self.stream.check_lost())
         {
             return Poll::Ready(Some(Err(e)));
+        }
+        // The stream is on this shard; the ring must be too, or the receive
+        // would name a group of this ring that is another shard's (or none).
+        if !self.ring.on_owner() {
+            return Poll::Ready(Some(Err(foreign_ring())));
         }
         loop {
             if self.op.is_none() {
@@ -291,6 +311,7 @@ impl<'a> RecvMultishot<'a> {
                                 "receive completed without a buffer",
                             ))));
                         };
+                        self.empty_rearms = 0;
                         return Poll::Ready(Some(Ok(self.ring.take(bid, res as usize, flags))));
                     }
                     if let Some(bid) = bid {
@@ -302,6 +323,19 @@ impl<'a> RecvMultishot<'a> {
                     }
                     if res == -libc::ENOBUFS {
                         // No data was lost: the kernel left it in the socket.
+                        // With buffers provided, ENOBUFS again and again
+                        // means the kernel cannot use them: an error, not
+                        // an endless re-arm.
+                        if self.ring.available() > 0 {
+                            self.empty_rearms += 1;
+                            if self.empty_rearms >= MAX_EMPTY_REARMS {
+                                self.finished = true;
+                                return Poll::Ready(Some(Err(io::Error::other(
+                                    "mailring: the kernel found no buffer in this BufRing's group \
+                                     although buffers were provided",
+                                ))));
+                            }
+                        }
                         continue;
                     }
                     return Poll::Ready(Some(Err(io::Error::from_raw_os_error(-res))));

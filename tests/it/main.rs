@@ -4,6 +4,7 @@ mod build;
 mod entry;
 mod fs;
 mod hot;
+mod misuse;
 mod net;
 mod panics;
 mod shutdown;
