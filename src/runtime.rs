@@ -655,8 +655,9 @@ impl Runtime {
     ///
     /// # Panics
     ///
-    /// Re-raises the future's panic; panics when called from a shard thread of
-    /// this runtime (it would block that shard).
+    /// Re-raises the future's panic; panics when called from a shard thread
+    /// of this or any other mailring runtime (it would block that shard).
+    #[track_caller]
     pub fn block_on<F>(&self, future: F) -> F::Output
     where
         F: Future + Send + 'static,
@@ -673,6 +674,7 @@ impl Runtime {
     /// # Panics
     ///
     /// As [`Runtime::block_on`].
+    #[track_caller]
     pub fn block_on_local<G, Fut>(&self, factory: G) -> Fut::Output
     where
         G: FnOnce() -> Fut + Send + 'static,
@@ -684,9 +686,25 @@ impl Runtime {
         finish_blocking(wait_on_thread(handle))
     }
 
+    /// Blocking a shard thread (of this runtime or any other) stalls every
+    /// task on it and deadlocks as soon as the blocked-on future waits for
+    /// one of them, so it is refused outright, as Tokio refuses to start a
+    /// runtime from within a runtime.
+    #[track_caller]
     fn assert_not_on_shard(&self, what: &str) {
-        let on_shard = with_current(|s| s.belongs_to(&self.handle.shared)).unwrap_or(false);
-        assert!(!on_shard, "Runtime::{what} called from one of the runtime's own shards: it would block that shard; spawn instead");
+        match with_current(|s| s.belongs_to(&self.handle.shared)) {
+            None => {}
+            Some(true) => panic!(
+                "Runtime::{what} called from one of the runtime's own shards: it would block \
+                 that shard; spawn the future instead (mailring::spawn) and await its JoinHandle"
+            ),
+            Some(false) => panic!(
+                "Runtime::{what} called from a shard of another mailring runtime: blocking that \
+                 shard stalls its tasks and deadlocks if the future waits on one of them; spawn \
+                 the future on this runtime (Handle::spawn) and await its JoinHandle, or call \
+                 {what} from a thread that is not a shard (e.g. spawn_blocking)"
+            ),
+        }
     }
 
     /// A snapshot of every shard's counters; see [`Handle::stats`].

@@ -537,7 +537,14 @@ impl Shard {
     fn batch_item(&self, dest: usize, item: InboxItem) {
         let flush_now = {
             let mut out = self.outgoing.borrow_mut();
-            let batch = &mut out.batches[dest];
+            // Shutdown took the batches (step 2): a wake or a send from a
+            // `Drop` that runs after it is refused, as its destination's
+            // closed inbox would.
+            let Some(batch) = out.batches.get_mut(dest) else {
+                drop(out);
+                item.refuse(&self.shared, Some(self.index));
+                return;
+            };
             batch.push(item);
             let len = batch.len();
             if len == 1 {

@@ -51,7 +51,11 @@ fn a_buf_ring_of_another_shard_never_reads_this_shards_buffers() {
             .unwrap();
         h.spawn_on(ShardId::new(0), async move {
             let own = BufRing::new(8, 256).unwrap();
-            assert_eq!(own.group(), foreign.group(), "group ids repeat across shards");
+            assert_eq!(
+                own.group(),
+                foreign.group(),
+                "group ids repeat across shards"
+            );
             let (a, b) = UnixStream::pair().unwrap();
             a.send_all(b"hello".to_vec()).await.0.unwrap();
             let mut incoming = b.recv_multishot(&foreign);
@@ -71,4 +75,30 @@ fn a_buf_ring_of_another_shard_never_reads_this_shards_buffers() {
     let got = got.expect("answered").expect("an item");
     assert!(got.is_err(), "read through a foreign ring: {got:?}");
     assert_eq!(data.expect("the data is still in the socket"), b"hello");
+}
+
+/// `block_on` of another runtime from a shard would block that shard (and
+/// deadlock if the future waits on a task there): it panics with a message
+/// that says what to do instead, as Tokio does.
+#[test]
+fn block_on_of_another_runtime_from_a_shard_panics_with_the_remedy() {
+    let rt = super::rt2();
+    let other = std::sync::Arc::new(super::rt2());
+    let inner = other.clone();
+    let message = rt.block_on(async move {
+        let caught =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.block_on(async { 1 })));
+        let payload = caught.expect_err("block_on from a shard must panic");
+        payload
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default()
+    });
+    assert!(
+        message.contains("another mailring runtime") && message.contains("spawn"),
+        "{message}"
+    );
+    // Both runtimes still work.
+    assert_eq!(other.block_on(async { 2 }), 2);
+    assert_eq!(rt.block_on(async { 3 }), 3);
 }

@@ -23,3 +23,120 @@ fn spawn_after_shutdown_resolves_cancelled() {
     let err = outer.block_on(async move { h.await.unwrap_err() });
     assert!(err.is_cancelled());
 }
+
+use std::future::Future;
+use std::sync::mpsc;
+use std::time::Duration;
+
+const S0: ShardId = ShardId::new(0);
+
+/// Waits for `rx`, failing (instead of hanging) after `secs` seconds.
+fn within<T>(rx: &mpsc::Receiver<T>, secs: u64, what: &str) -> T {
+    rx.recv_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// Awaits a join handle from outside with a deadline.
+fn join_within<T: Send + 'static>(
+    h: mailring::JoinHandle<T>,
+) -> Result<Result<T, mailring::JoinError>, mailring::time::Elapsed> {
+    let outer = mailring::Runtime::builder().shards(1).build().unwrap();
+    outer.block_on(async move { mailring::time::timeout(Duration::from_secs(5), h).await })
+}
+
+/// Shuts `rt` down on a thread of its own; fails if it takes over 20 s.
+fn shutdown_within(rt: mailring::Runtime) -> mailring::ShutdownReport {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || tx.send(rt.shutdown()).unwrap());
+    within(&rx, 20, "shutdown finishes")
+}
+
+#[test]
+fn a_pinned_task_queued_but_never_started_at_shutdown_resolves_cancelled() {
+    let rt = mailring::Runtime::builder().shards(1).build().unwrap();
+    let (handle_tx, handle_rx) = mpsc::channel();
+    rt.handle().run_on(S0, move || {
+        // At the end of this tick (after its tasks ran): queue a pinned task,
+        // then hold the shard while the runtime starts shutting down, so the
+        // task is still queued, unstarted, when the shard stops.
+        let queued = mailring::defer_to_tick_end(move || {
+            let h = mailring::spawn_on(S0, async { 1 });
+            handle_tx.send(h).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        assert!(queued.is_ok());
+    });
+    let h = within(&handle_rx, 5, "the task is queued");
+    let report = shutdown_within(rt);
+    let joined = join_within(h).expect("the JoinHandle resolves");
+    assert!(joined.unwrap_err().is_cancelled());
+    assert_eq!(report.tasks_cancelled, 1);
+}
+
+#[test]
+fn a_stealable_spawn_after_shutdown_resolves_cancelled() {
+    let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+    let handle = rt.handle().clone();
+    rt.shutdown();
+    let h = handle.spawn(async { 1 });
+    let joined = join_within(h).expect("the JoinHandle resolves");
+    assert!(joined.unwrap_err().is_cancelled());
+}
+
+/// Polls `f` once with the current task's waker.
+async fn poll_once<F: Future + Unpin>(f: &mut F) {
+    std::future::poll_fn(|cx| {
+        let _ = std::pin::Pin::new(&mut *f).poll(cx);
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+#[test]
+fn a_forgotten_receive_does_not_hang_shutdown() {
+    let rt = mailring::Runtime::builder().shards(1).build().unwrap();
+    let keep = rt.block_on(async {
+        let (a, b) = mailring::net::UnixStream::pair().unwrap();
+        let mut recv = Box::pin(a.recv(vec![0u8; 64]));
+        poll_once(&mut recv).await;
+        std::mem::forget(recv);
+        // The stream itself is leaked with the forgotten future's borrow.
+        std::mem::forget(a);
+        b
+    });
+    let report = shutdown_within(rt);
+    assert_eq!(report.ops_cancelled, 1);
+    assert_eq!(report.ops_leaked, 0);
+    drop(keep);
+}
+
+#[test]
+fn a_listener_dropped_off_its_shard_stops_accepting_and_shutdown_finishes() {
+    let rt = mailring::Runtime::builder().shards(1).build().unwrap();
+    let listener = rt.block_on(async {
+        let listener = mailring::net::TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        {
+            let mut accept = Box::pin(listener.accept());
+            poll_once(&mut accept).await;
+        }
+        listener
+    });
+    let addr = listener.local_addr();
+    // Dropped on this thread, not on its shard: the armed accept goes home.
+    drop(listener);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
+            _ => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the dropped listener still accepts on {addr}"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+    let report = shutdown_within(rt);
+    assert_eq!(report.ops_leaked, 0);
+}
