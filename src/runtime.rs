@@ -209,7 +209,7 @@ impl Shared {
         match placement {
             Placement::Pinned(s) => self.deliver(check(s), InboxItem::Task(task)),
             Placement::Sticky(key) => {
-                self.deliver(sticky_shard(key, n).index(), InboxItem::Task(task))
+                self.deliver(sticky_shard(&key, n).index(), InboxItem::Task(task))
             }
             Placement::RoundRobin => {
                 let s = self.round_robin.fetch_add(1, Ordering::Relaxed) % n;

@@ -1012,7 +1012,7 @@ pub(crate) fn clear_shard(system: &Arc<SystemShared>) {
 pub(crate) fn keyed_home<A: Actor>(system: &SystemShared, key: &A::Key, hash: u64) -> usize {
     let n = system.handle.shards();
     match A::CONFIG.placement {
-        ActorPlacement::Sticky => mailring::sticky_shard(hash, n).index(),
+        ActorPlacement::Sticky => mailring::shard_for_hash(hash, n).index(),
         ActorPlacement::Pinned(s) => {
             assert!(
                 s < n,

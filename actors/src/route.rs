@@ -1,8 +1,10 @@
 //! Routing: which shard a keyed actor lives on, and actor identities.
 //!
-//! Sticky keys go through [`RouteHasher`], a fixed, documented hash (stable
-//! across processes, platforms and Rust versions), then
-//! [`mailring::sticky_shard`]. Stealable keys are recorded in a [`Directory`]
+//! Sticky keys go through the runtime's one routing function,
+//! [`mailring::sticky_shard`] ([`RouteHasher`], a fixed, documented hash,
+//! stable across processes, platforms and Rust versions, then a map onto the
+//! shards), so a key picks the same shard for a task
+//! (`Placement::Sticky(k)`), a keyed actor and (next) a session. Stealable keys are recorded in a [`Directory`]
 //! the first time any sender routes them; the first writer wins, so every
 //! sender agrees on one shard and a key is activated at most once.
 
@@ -11,80 +13,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
-/// A stable 64-bit hasher (a SplitMix64 finaliser over 8-byte words) used to
-/// route keys. Unlike `DefaultHasher`, its output never changes between
-/// builds, so a key always lands on the same shard for a given shard count.
-#[derive(Debug, Clone)]
-pub struct RouteHasher {
-    state: u64,
-    tail: u64,
-    tail_len: u32,
-}
-
-impl Default for RouteHasher {
-    fn default() -> Self {
-        RouteHasher {
-            state: 0x6d61_696c_7269_6e67, // "mailring"
-            tail: 0,
-            tail_len: 0,
-        }
-    }
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-impl RouteHasher {
-    fn word(&mut self, w: u64) {
-        self.state = mix(self.state ^ w);
-    }
-}
-
-impl Hasher for RouteHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.tail |= u64::from(b) << (8 * self.tail_len);
-            self.tail_len += 1;
-            if self.tail_len == 8 {
-                let t = self.tail;
-                self.word(t);
-                self.tail = 0;
-                self.tail_len = 0;
-            }
-        }
-    }
-
-    fn write_u64(&mut self, i: u64) {
-        self.word(i);
-    }
-
-    fn write_u32(&mut self, i: u32) {
-        self.word(u64::from(i));
-    }
-
-    fn write_usize(&mut self, i: usize) {
-        self.word(i as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        if self.tail_len == 0 {
-            self.state
-        } else {
-            mix(self.state ^ self.tail ^ (u64::from(self.tail_len) << 56))
-        }
-    }
-}
-
-/// The stable routing hash of a key.
-pub fn route_hash<K: Hash + ?Sized>(key: &K) -> u64 {
-    let mut h = RouteHasher::default();
-    key.hash(&mut h);
-    h.finish()
-}
+pub use mailring::{route_hash, RouteHasher};
 
 /// The identity of the keyed actor `(A, key)` within this process (used by
 /// watches and ask-cycle detection); unkeyed identities have the top bit set.
@@ -136,17 +65,6 @@ impl<K: Hash + Eq + Clone> Directory<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn route_hash_is_stable() {
-        // Known answers: changing these moves every sticky key in deployed systems.
-        assert_eq!(route_hash(&42u64), route_hash(&42u64));
-        let known: Vec<u64> = (0u64..4).map(|k| route_hash(&k) % 16).collect();
-        assert_eq!(known, KNOWN_U64_MOD16);
-        assert_ne!(route_hash("tenant-a"), route_hash("tenant-b"));
-    }
-
-    const KNOWN_U64_MOD16: [u64; 4] = [10, 12, 15, 1];
 
     #[test]
     fn directory_first_writer_wins() {

@@ -465,7 +465,7 @@ where
             );
             s.index()
         }
-        Placement::Sticky(k) => mailring::sticky_shard(k, n).index(),
+        Placement::Sticky(k) => mailring::sticky_shard(&k, n).index(),
         Placement::RoundRobin => shared.next_round_robin(n),
         _ => shared.handle.least_loaded_shard().index(),
     };

@@ -159,13 +159,53 @@ fn keyed_actors_activate_on_first_message_on_their_sticky_shard() {
         assert_eq!(shard, routed, "key {k} runs where the router says");
         assert_eq!(
             routed,
-            mailring_actors::mailring::sticky_shard(mailring_actors::route_hash(&k), 2).index()
+            mailring_actors::mailring::sticky_shard(&k, 2).index()
         );
     }
     let stats = sys.stats().by_type("Account").unwrap();
     assert_eq!(stats.activations, 16);
     assert_eq!(stats.active, 16);
     sys.shutdown();
+}
+
+/// One key, one shard: a task placed `Sticky(k)`, an actor spawned
+/// `Sticky(k)` and the keyed actor with key `k` run on the same shard, the
+/// one `sticky_shard(&k, n)` names (with 2 shards, 40 of the keys 0..99 used
+/// to disagree between tasks and keyed actors).
+#[test]
+fn a_key_picks_one_shard_for_tasks_spawned_actors_and_keyed_actors() {
+    for shards in [2, 3] {
+        let sys = system(shards);
+        let h = sys.runtime().clone();
+        let spawned: Vec<_> = (0..100u64)
+            .map(|k| sys.spawn_actor(Placement::Sticky(k), Counter::default))
+            .collect();
+        let keyed: Vec<_> = (0..100u64).map(|k| sys.keyed::<Account>(k)).collect();
+        let seen = sys.block_on(async move {
+            let mut seen = Vec::new();
+            for (k, (s, a)) in spawned.iter().zip(&keyed).enumerate() {
+                let task = h
+                    .spawn_with(Placement::Sticky(k as u64), async {
+                        mailring_actors::mailring::current_shard().unwrap().index()
+                    })
+                    .await
+                    .unwrap();
+                let spawned_on = s.ask(WhereAmI).await.unwrap();
+                let keyed_on = a.ask(WhereAmI).await.unwrap();
+                seen.push((k as u64, task, spawned_on, keyed_on));
+            }
+            seen
+        });
+        for (k, task, spawned_on, keyed_on) in seen {
+            let routed = mailring_actors::mailring::sticky_shard(&k, shards).index();
+            assert_eq!(
+                (task, spawned_on, keyed_on),
+                (routed, routed, routed),
+                "key {k} with {shards} shards: (task, spawned actor, keyed actor)"
+            );
+        }
+        sys.shutdown();
+    }
 }
 
 #[derive(Actor)]

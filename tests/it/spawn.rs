@@ -35,7 +35,7 @@ fn sticky_placement_follows_the_hash() {
                 mailring::spawn_with(Placement::Sticky(key), async { current_shard().unwrap() })
                     .await
                     .unwrap();
-            assert_eq!(ran_on, sticky_shard(key, 2), "key {key}");
+            assert_eq!(ran_on, sticky_shard(&key, 2), "key {key}");
         }
     });
 }
