@@ -1,5 +1,6 @@
 //! Timers: sleep, timeout, interval, reset, and idle CPU use.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use mailring::time::{interval, sleep, sleep_until, timeout};
@@ -280,4 +281,117 @@ fn advancing_the_clock_saturates_instead_of_wrapping() {
     let raced =
         rt.block_on(async { timeout(Duration::from_millis(10), sleep(Duration::MAX)).await });
     assert!(raced.is_err());
+}
+
+/// Polls `fut` on a thread of its own, outside every runtime, parking until
+/// its waker is called (nothing else polls it again); its output, or `None`
+/// when it has not finished within `within`.
+fn off_shard<T: Send + 'static>(
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+    within: Duration,
+) -> Option<T> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Flag(std::thread::Thread, AtomicBool);
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.1.store(true, Ordering::Release);
+            self.0.unpark();
+        }
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let flag = Arc::new(Flag(std::thread::current(), AtomicBool::new(false)));
+        let waker = Waker::from(flag.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut fut = std::pin::pin!(fut);
+        let out = loop {
+            if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                break v;
+            }
+            while !flag.1.swap(false, Ordering::Acquire) {
+                std::thread::park();
+            }
+        };
+        let _ = tx.send(out);
+    });
+    rx.recv_timeout(within).ok()
+}
+
+#[test]
+fn timers_fire_when_polled_off_the_shards() {
+    let start = Instant::now();
+    let slept = off_shard(
+        async move {
+            sleep(Duration::from_millis(30)).await;
+            start.elapsed()
+        },
+        Duration::from_secs(2),
+    );
+    let slept = slept.expect("a sleep polled off the shards completes");
+    assert!(slept >= Duration::from_millis(30), "{slept:?}");
+    let timed_out = off_shard(
+        timeout(Duration::from_millis(20), std::future::pending::<()>()),
+        Duration::from_secs(2),
+    );
+    assert!(matches!(timed_out, Some(Err(_))), "{timed_out:?}");
+    // Many, each woken at its own deadline; one moved from 10 s to now.
+    let late = off_shard(
+        async move {
+            let start = Instant::now();
+            let mut sleeps: Vec<_> = (0..8u64)
+                .map(|i| sleep(Duration::from_millis(5 * i + 5)))
+                .collect();
+            let mut far = sleep(Duration::from_secs(10));
+            // Registered at 10 s, then moved earlier.
+            std::future::poll_fn(|cx| {
+                assert!(std::pin::Pin::new(&mut far).poll(cx).is_pending());
+                std::task::Poll::Ready(())
+            })
+            .await;
+            far.reset(Instant::now() + Duration::from_millis(10));
+            sleeps.push(far);
+            let deadlines: Vec<_> = sleeps.iter().map(|s| s.deadline()).collect();
+            let mut done = vec![None; sleeps.len()];
+            std::future::poll_fn(|cx| {
+                for (i, s) in sleeps.iter_mut().enumerate() {
+                    if done[i].is_none() && std::pin::Pin::new(s).poll(cx).is_ready() {
+                        done[i] = Some(Instant::now());
+                    }
+                }
+                if done.iter().all(Option::is_some) {
+                    std::task::Poll::Ready(())
+                } else {
+                    std::task::Poll::Pending
+                }
+            })
+            .await;
+            let early: Vec<_> = (0..done.len())
+                .filter(|&i| done[i].unwrap() < deadlines[i])
+                .collect();
+            (early, start.elapsed())
+        },
+        Duration::from_secs(2),
+    );
+    let (early, took) = late.expect("every sleep fires, the moved one at its new deadline");
+    assert!(early.is_empty(), "fired before their deadlines: {early:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+#[test]
+fn a_sleep_registered_on_a_shard_fires_when_then_polled_off_the_shards() {
+    let rt = rt2();
+    let s = rt.block_on(async {
+        let mut s = sleep(Duration::from_millis(50));
+        // One poll registers it in shard 0's wheel.
+        std::future::poll_fn(|cx| {
+            assert!(std::pin::Pin::new(&mut s).poll(cx).is_pending());
+            std::task::Poll::Ready(())
+        })
+        .await;
+        Some(s)
+    });
+    let s = s.expect("the sleep");
+    assert_eq!(off_shard(s, Duration::from_secs(2)), Some(()));
 }
