@@ -10,6 +10,14 @@
 //! thread (`offshard`), which wakes them at their deadlines on the real
 //! clock. A `Sleep` registers wherever it is polled: moved to another shard,
 //! or off the shards, it registers there and cancels its old entry.
+//!
+//! Cancelling (a drop, a move, an earlier deadline) is immediate on the
+//! shard that owns the entry and with the timer thread. An entry in another
+//! shard's wheel (a `Sleep` dropped or polled on another thread than the one
+//! that registered it) is removed by that shard: the removal is sent to it
+//! as a closure, found by the runtime id in the registration, so the entry
+//! and the waker it holds go in that shard's next tick, not at the deadline.
+//! That path takes a lock and allocates; the shard's own path does neither.
 
 mod offshard;
 pub(crate) mod queue;
@@ -20,7 +28,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use self::queue::TimerKey;
-use crate::shard::{with_current, Shard};
+use crate::runtime::Shared;
+use crate::shard::{with_current, InboxItem, Shard};
 
 /// The error of [`timeout`]: the deadline passed first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -277,11 +286,34 @@ impl Registration {
     fn cancel_elsewhere(self) {
         match self {
             Registration::Thread(key) => offshard::remove(key),
-            // In another shard's wheel, which only its thread touches: the
-            // entry stays until it fires (harmlessly).
-            Registration::Shard { .. } => {}
+            Registration::Shard { owner, timer } => send_removal_home(owner, timer),
         }
     }
+}
+
+/// Removes `timer` from the wheel of the shard named `owner`, from a thread
+/// that is not that shard: only the shard's own thread touches its wheel, so
+/// the removal travels to it as a closure (in its next tick), and the entry
+/// and its waker are released there, long before the deadline. A runtime
+/// that is gone or shutting down is left alone: its wheel, entry and waker
+/// included, is dropped with its shard. The key's generation makes a
+/// removal that arrives after the entry fired (and was reused) a no-op.
+#[cold]
+fn send_removal_home(owner: u64, timer: TimerKey) {
+    let Some(shared) = Shared::find(Shard::runtime_of(owner)) else {
+        return;
+    };
+    if shared.is_shutting_down() {
+        return;
+    }
+    let remove = move || {
+        with_current(|shard| {
+            if shard.timer_owner() == owner {
+                shard.timers_mut().remove(timer);
+            }
+        });
+    };
+    shared.deliver(Shard::index_of(owner), InboxItem::Call(Box::new(remove)));
 }
 
 impl Future for Sleep {

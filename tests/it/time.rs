@@ -395,3 +395,126 @@ fn a_sleep_registered_on_a_shard_fires_when_then_polled_off_the_shards() {
     let s = s.expect("the sleep");
     assert_eq!(off_shard(s, Duration::from_secs(2)), Some(()));
 }
+
+/// A waker that counts nothing: its `Arc`'s strong count tells whether a
+/// timer entry still holds it.
+struct Held;
+
+impl std::task::Wake for Held {
+    fn wake(self: std::sync::Arc<Self>) {}
+}
+
+/// A one-hour sleep polled once on `shard` of `rt` with a waker of `held`.
+fn sleep_registered_on(
+    rt: &mailring::Runtime,
+    shard: usize,
+    held: &std::sync::Arc<Held>,
+) -> mailring::time::Sleep {
+    let waker = std::task::Waker::from(held.clone());
+    on_shard(rt, shard, async move {
+        let mut s = sleep(Duration::from_secs(3600));
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(std::pin::Pin::new(&mut s).poll(&mut cx).is_pending());
+        Some(s)
+    })
+    .expect("the sleep")
+}
+
+/// Runs `fut` on `shard` of `rt` and waits for its output.
+fn on_shard<T: Send + 'static>(
+    rt: &mailring::Runtime,
+    shard: usize,
+    fut: impl Future<Output = T> + Send + 'static,
+) -> T {
+    rt.block_on(async move { mailring::spawn_on(ShardId::new(shard), fut).await })
+        .expect("the task")
+}
+
+/// Waits (bounded) until `done` holds; whether it did.
+fn eventually(mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    done()
+}
+
+fn armed(rt: &mailring::Runtime, shard: usize) -> u64 {
+    rt.stats().shards[shard].timers_armed
+}
+
+#[test]
+fn a_sleep_dropped_off_its_shard_releases_its_entry_and_waker() {
+    let rt = rt2();
+    let held = std::sync::Arc::new(Held);
+    let s = sleep_registered_on(&rt, 0, &held);
+    assert!(eventually(|| armed(&rt, 0) == 1), "registered on shard 0");
+    assert_eq!(
+        std::sync::Arc::strong_count(&held),
+        2,
+        "the entry holds the waker"
+    );
+    // Dropped here, on a thread outside the runtime.
+    drop(s);
+    assert!(
+        eventually(|| armed(&rt, 0) == 0 && std::sync::Arc::strong_count(&held) == 1),
+        "entry or waker kept until the deadline: {} armed, waker count {}",
+        armed(&rt, 0),
+        std::sync::Arc::strong_count(&held)
+    );
+}
+
+#[test]
+fn a_sleep_dropped_on_another_shard_releases_its_entry_and_waker() {
+    let rt = rt2();
+    let held = std::sync::Arc::new(Held);
+    let s = sleep_registered_on(&rt, 0, &held);
+    on_shard(&rt, 1, async move { drop(s) });
+    assert!(
+        eventually(|| armed(&rt, 0) == 0 && std::sync::Arc::strong_count(&held) == 1),
+        "entry or waker kept until the deadline: {} armed, waker count {}",
+        armed(&rt, 0),
+        std::sync::Arc::strong_count(&held)
+    );
+}
+
+#[test]
+fn a_sleep_moved_between_runtimes_and_threads_keeps_each_wheel_consistent() {
+    let (a, b) = (rt2(), rt2());
+    let held = std::sync::Arc::new(Held);
+    let s = sleep_registered_on(&a, 0, &held);
+    // Polled on another runtime's shard: it registers there and its entry
+    // in the first runtime's wheel goes.
+    let waker = std::task::Waker::from(held.clone());
+    let s = on_shard(&b, 0, async move {
+        let mut s = s;
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(std::pin::Pin::new(&mut s).poll(&mut cx).is_pending());
+        Some(s)
+    })
+    .expect("the sleep");
+    assert!(
+        eventually(|| armed(&a, 0) == 0 && armed(&b, 0) == 1),
+        "a: {}, b: {}",
+        armed(&a, 0),
+        armed(&b, 0)
+    );
+    // Polled off the shards, then dropped after its last wheel's runtime is gone.
+    let mut s = s;
+    let waker = std::task::Waker::from(held.clone());
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(std::pin::Pin::new(&mut s).poll(&mut cx).is_pending());
+    drop(waker);
+    assert!(eventually(|| armed(&b, 0) == 0), "b: {}", armed(&b, 0));
+    drop(a);
+    drop(b);
+    drop(s);
+    assert!(
+        eventually(|| std::sync::Arc::strong_count(&held) == 1),
+        "a waker kept: count {}",
+        std::sync::Arc::strong_count(&held)
+    );
+}
