@@ -1778,3 +1778,32 @@ fn a_reply_armed_on_a_shard_times_out_when_then_awaited_off_it() {
     assert_eq!(outcome, Some(Err(AskError::Timeout)));
     sys.shutdown();
 }
+
+#[test]
+fn an_armed_reply_dropped_off_its_shard_releases_its_timer() {
+    let sys = napping_system(SystemConfig::default());
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Sleeper::default);
+    let armed = |sys: &ActorSystem| sys.runtime().stats().shards[0].timers_armed;
+    let reply = sys.block_on(async move {
+        let mut reply = a.ask(Nap(10_000)).timeout(Duration::from_secs(3600));
+        // One poll on shard 0 arms the deadline's timer there.
+        std::future::poll_fn(|cx| {
+            assert!(std::future::Future::poll(std::pin::Pin::new(&mut reply), cx).is_pending());
+            std::task::Poll::Ready(())
+        })
+        .await;
+        Some(reply)
+    });
+    let wait_for = |want: u64| {
+        let start = std::time::Instant::now();
+        while armed(&sys) != want && start.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        armed(&sys)
+    };
+    assert_eq!(wait_for(1), 1, "armed on shard 0");
+    // Given up on this thread, outside the runtime.
+    drop(reply);
+    assert_eq!(wait_for(0), 0, "the timer stays until its deadline");
+    sys.shutdown();
+}
