@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Barrier, RwLock};
+use std::sync::{Arc, Barrier, Mutex, RwLock, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
 
@@ -27,6 +27,13 @@ use crate::task::join::{JoinError, JoinHandle};
 use crate::task::{LocalFactory, Task, TaskRef};
 
 static NEXT_RUNTIME_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Every started runtime's shared state, for the rare code that holds only a
+/// runtime's id (a timer dropped off its shard sends its removal home, see
+/// [`crate::time`]). Entries of runtimes that are gone are pruned when one
+/// registers; a few runtimes live at a time, so a list scanned under a lock
+/// is enough.
+static RUNTIMES: Mutex<Vec<(u64, Weak<Shared>)>> = Mutex::new(Vec::new());
 
 /// How long a shard's shutdown waits for the completions of the operations
 /// it cancelled; past it, what those operations lent the kernel is leaked
@@ -78,6 +85,22 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Makes this runtime findable by id ([`Shared::find`]).
+    fn register(self: &Arc<Self>) {
+        let mut all = RUNTIMES.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|(_, w)| w.strong_count() > 0);
+        all.push((self.id, Arc::downgrade(self)));
+    }
+
+    /// The runtime whose id is `id`, while it lives. Not for hot paths: it
+    /// takes a process-wide lock.
+    pub(crate) fn find(id: u64) -> Option<Arc<Shared>> {
+        let all = RUNTIMES.lock().unwrap_or_else(|p| p.into_inner());
+        all.iter()
+            .find(|(of, _)| *of == id)
+            .and_then(|(_, w)| w.upgrade())
+    }
+
     /// The runtime's clock: the real monotonic clock plus the test offset.
     pub(crate) fn now(&self) -> std::time::Instant {
         std::time::Instant::now() + self.clock_offset()
@@ -628,6 +651,7 @@ impl Runtime {
             panics: PanicLog::new(builder.panic_hook.clone()),
             tally: ShutdownTally::default(),
         });
+        shared.register();
         for go in gos {
             let _ = go.send(Some(shared.clone()));
         }

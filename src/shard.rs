@@ -373,6 +373,16 @@ impl Shard {
         self.timer_owner
     }
 
+    /// The runtime id in a [`Shard::timer_owner`] value.
+    pub(crate) fn runtime_of(timer_owner: u64) -> u64 {
+        timer_owner >> 8
+    }
+
+    /// The shard index in a [`Shard::timer_owner`] value.
+    pub(crate) fn index_of(timer_owner: u64) -> usize {
+        (timer_owner & 0xff) as usize
+    }
+
     pub(crate) fn belongs_to(&self, shared: &Arc<Shared>) -> bool {
         Arc::ptr_eq(&self.shared, shared)
     }

@@ -1,13 +1,25 @@
 //! Time: `sleep`, `sleep_until`, `timeout`, `interval` and the resettable [`Sleep`].
 //!
-//! Timers live in the current shard's timer queue (`queue::TimerQueue`); creating,
-//! resetting and dropping one never makes a syscall. When the shard parks, the
-//! driver keeps one `IORING_OP_TIMEOUT` armed for the nearest deadline.
+//! Timers polled on a shard live in that shard's timer queue
+//! (`queue::TimerQueue`); creating, resetting and dropping one never makes a
+//! syscall. When the shard parks, the driver keeps one `IORING_OP_TIMEOUT`
+//! armed for the nearest deadline.
 //!
-//! Timer futures must be polled on a mailring shard; polling one elsewhere panics.
-//! A `Sleep` moved to another shard re-registers there; its old entry fires
-//! harmlessly.
+//! Timers polled anywhere else (a thread outside the runtime, a `futures`
+//! executor, a Tokio task) register with the process's off-shard timer
+//! thread (`offshard`), which wakes them at their deadlines on the real
+//! clock. A `Sleep` registers wherever it is polled: moved to another shard,
+//! or off the shards, it registers there and cancels its old entry.
+//!
+//! Cancelling (a drop, a move, an earlier deadline) is immediate on the
+//! shard that owns the entry and with the timer thread. An entry in another
+//! shard's wheel (a `Sleep` dropped or polled on another thread than the one
+//! that registered it) is removed by that shard: the removal is sent to it
+//! as a closure, found by the runtime id in the registration, so the entry
+//! and the waker it holds go in that shard's next tick, not at the deadline.
+//! That path takes a lock and allocates; the shard's own path does neither.
 
+mod offshard;
 pub(crate) mod queue;
 
 use std::future::{poll_fn, Future};
@@ -16,7 +28,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use self::queue::TimerKey;
-use crate::shard::{with_current, Shard};
+use crate::runtime::Shared;
+use crate::shard::{with_current, InboxItem, Shard};
 
 /// The error of [`timeout`]: the deadline passed first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -123,17 +136,26 @@ pub fn interval_at(start: Instant, period: Duration) -> Interval {
     }
 }
 
-/// Where a `Sleep` is registered: its shard (as [`Shard::timer_owner`]) and key.
+/// Where a `Sleep` is registered.
 #[derive(Debug, Clone, Copy)]
-struct Registration {
-    owner: u64,
-    timer: TimerKey,
+enum Registration {
+    /// In the wheel of the shard named `owner` (as [`Shard::timer_owner`]).
+    Shard { owner: u64, timer: TimerKey },
+    /// With the off-shard timer thread.
+    Thread(offshard::Key),
 }
 
 /// A future that completes at a deadline; see [`sleep`].
 ///
-/// It can be moved to a new deadline with [`Sleep::reset`] without allocating
-/// or making a syscall.
+/// It can be polled on any thread: on a shard it registers in the shard's
+/// timer wheel, elsewhere with the off-shard timer thread (see the module
+/// docs). It can be moved to a new deadline with [`Sleep::reset`] without
+/// allocating or making a syscall.
+///
+/// # Panics
+///
+/// Polling it off the shards for the first time in the process starts the
+/// timer thread, and panics if that thread cannot be spawned.
 #[derive(Debug)]
 #[must_use = "futures do nothing unless polled"]
 pub struct Sleep {
@@ -158,37 +180,140 @@ impl Sleep {
     /// at the old deadline, where it wakes the task once and the sleep, polled,
     /// registers again for the new one. So a timeout pushed back on every
     /// message costs one wake per period, not timer work per message. Moving it
-    /// earlier moves the shard's timer at once.
+    /// earlier moves the shard's timer (or the off-shard timer thread's entry)
+    /// at once.
     pub fn reset(&mut self, deadline: Instant) {
         let previous = std::mem::replace(&mut self.deadline, deadline);
         if deadline >= previous {
             return;
         }
-        if let Some(reg) = self.registration {
-            let moved = with_current(|shard| {
-                reg.is_on(shard) && shard.timers_mut().reset(reg.timer, deadline)
-            });
-            if moved != Some(true) {
-                self.deregister();
+        match self.registration {
+            Some(Registration::Shard { owner, timer }) => {
+                let moved = with_current(|shard| {
+                    (shard.timer_owner() == owner)
+                        .then(|| shard.timers_mut().reset(timer, deadline))
+                });
+                // Fired already: the next poll registers again. (Registered
+                // on another shard: left there, the next poll moves it.)
+                if moved == Some(Some(false)) {
+                    self.registration = None;
+                }
             }
+            Some(Registration::Thread(key)) => {
+                self.registration = offshard::reset(key, deadline).map(Registration::Thread);
+            }
+            None => {}
         }
     }
 
     fn deregister(&mut self) {
-        if let Some(reg) = self.registration.take() {
-            with_current(|shard| {
-                if reg.is_on(shard) {
-                    shard.timers_mut().remove(reg.timer);
+        let Some(reg) = self.registration.take() else {
+            return;
+        };
+        if let Registration::Shard { owner, timer } = reg {
+            let removed = with_current(|shard| {
+                let here = shard.timer_owner() == owner;
+                if here {
+                    shard.timers_mut().remove(timer);
                 }
+                here
             });
+            if removed == Some(true) {
+                return;
+            }
         }
+        reg.cancel_elsewhere();
+    }
+
+    /// Polls on `shard`'s wheel.
+    fn poll_on(&mut self, shard: &Shard, cx: &mut Context<'_>) -> Poll<()> {
+        // The loop's cached clock: a deadline it has not seen pass yet is
+        // registered and fires at the next tick, without a clock read here.
+        if shard.cached_now() >= self.deadline {
+            match self.registration.take() {
+                Some(Registration::Shard { owner, timer }) if owner == shard.timer_owner() => {
+                    shard.timers_mut().remove(timer);
+                }
+                Some(other) => other.cancel_elsewhere(),
+                None => {}
+            }
+            return Poll::Ready(());
+        }
+        let mut timers = shard.timers_mut();
+        let old = match self.registration {
+            Some(Registration::Shard { owner, timer })
+                if owner == shard.timer_owner() && timers.set_waker(timer, cx.waker()) =>
+            {
+                return Poll::Pending;
+            }
+            // Here but fired: nothing to cancel.
+            Some(Registration::Shard { owner, .. }) if owner == shard.timer_owner() => None,
+            old => old,
+        };
+        let timer = timers.insert(self.deadline, cx.waker().clone());
+        drop(timers);
+        self.registration = Some(Registration::Shard {
+            owner: shard.timer_owner(),
+            timer,
+        });
+        if let Some(old) = old {
+            old.cancel_elsewhere();
+        }
+        Poll::Pending
+    }
+
+    /// Polls with the off-shard timer thread.
+    fn poll_off_shard(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if Instant::now() >= self.deadline {
+            self.deregister();
+            return Poll::Ready(());
+        }
+        if let Some(Registration::Thread(key)) = self.registration {
+            if offshard::set_waker(key, cx.waker()) {
+                return Poll::Pending;
+            }
+        }
+        let key = offshard::insert(self.deadline, cx.waker().clone());
+        if let Some(old) = self.registration.replace(Registration::Thread(key)) {
+            old.cancel_elsewhere();
+        }
+        Poll::Pending
     }
 }
 
 impl Registration {
-    fn is_on(&self, shard: &Shard) -> bool {
-        self.owner == shard.timer_owner()
+    /// Cancels a registration that is not in the calling shard's wheel.
+    fn cancel_elsewhere(self) {
+        match self {
+            Registration::Thread(key) => offshard::remove(key),
+            Registration::Shard { owner, timer } => send_removal_home(owner, timer),
+        }
     }
+}
+
+/// Removes `timer` from the wheel of the shard named `owner`, from a thread
+/// that is not that shard: only the shard's own thread touches its wheel, so
+/// the removal travels to it as a closure (in its next tick), and the entry
+/// and its waker are released there, long before the deadline. A runtime
+/// that is gone or shutting down is left alone: its wheel, entry and waker
+/// included, is dropped with its shard. The key's generation makes a
+/// removal that arrives after the entry fired (and was reused) a no-op.
+#[cold]
+fn send_removal_home(owner: u64, timer: TimerKey) {
+    let Some(shared) = Shared::find(Shard::runtime_of(owner)) else {
+        return;
+    };
+    if shared.is_shutting_down() {
+        return;
+    }
+    let remove = move || {
+        with_current(|shard| {
+            if shard.timer_owner() == owner {
+                shard.timers_mut().remove(timer);
+            }
+        });
+    };
+    shared.deliver(Shard::index_of(owner), InboxItem::Call(Box::new(remove)));
 }
 
 impl Future for Sleep {
@@ -196,31 +321,10 @@ impl Future for Sleep {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
-        let polled = with_current(|shard| {
-            // The loop's cached clock: a deadline it has not seen pass yet is
-            // registered and fires at the next tick, without a clock read here.
-            if shard.cached_now() >= this.deadline {
-                if let Some(reg) = this.registration.take() {
-                    if reg.is_on(shard) {
-                        shard.timers_mut().remove(reg.timer);
-                    }
-                }
-                return Poll::Ready(());
-            }
-            let mut timers = shard.timers_mut();
-            match this.registration {
-                Some(reg) if reg.is_on(shard) && timers.set_waker(reg.timer, cx.waker()) => {}
-                _ => {
-                    let timer = timers.insert(this.deadline, cx.waker().clone());
-                    this.registration = Some(Registration {
-                        owner: shard.timer_owner(),
-                        timer,
-                    });
-                }
-            }
-            Poll::Pending
-        });
-        polled.expect("mailring::time::Sleep must be polled on a mailring shard")
+        match with_current(|shard| this.poll_on(shard, cx)) {
+            Some(polled) => polled,
+            None => this.poll_off_shard(cx),
+        }
     }
 }
 

@@ -284,7 +284,8 @@ enum ReplyInner<R> {
     Done,
 }
 
-/// The deadline of a [`Reply`], and its timer once one is armed.
+/// The deadline of a [`Reply`], and its timer once one is armed (at the
+/// first poll that finds no outcome, on whatever thread polls).
 enum Timer {
     None,
     At(Instant),
@@ -293,7 +294,10 @@ enum Timer {
 
 /// The reply to an `ask`: a future resolving to the handler's return value or
 /// an [`AskError`]. It never hangs on a dead actor; a deadline (the system's
-/// default ask timeout, or [`Reply::timeout`]) bounds waiting on a live one.
+/// default ask timeout, or [`Reply::timeout`]) bounds waiting on a live one,
+/// wherever the reply is awaited: on a shard, its timer is in the shard's
+/// wheel; elsewhere (a plain thread, a Tokio task) the off-shard timer
+/// thread of `mailring::time` wakes it.
 #[must_use = "an ask does nothing useful unless its reply is awaited"]
 pub struct Reply<R> {
     inner: ReplyInner<R>,
@@ -393,20 +397,18 @@ impl<R> Future for Reply<R> {
             this.finish();
             return Poll::Ready(outcome);
         }
+        // A `Sleep` fires wherever it is polled: from the shard's wheel on a
+        // shard, from the off-shard timer thread elsewhere (a plain thread, a
+        // Tokio task), and it follows the reply when it moves between them.
         let timed_out = match &mut this.timer {
             Timer::None => false,
-            Timer::At(deadline) if mailring::current_shard().is_some() => {
+            Timer::At(deadline) => {
                 let mut sleep = mailring::time::sleep_until(*deadline);
                 let elapsed = Pin::new(&mut sleep).poll(cx).is_ready();
                 this.timer = Timer::Armed(sleep);
                 elapsed
             }
-            Timer::At(deadline) => mailring::time::now() >= *deadline,
-            Timer::Armed(sleep) if mailring::current_shard().is_some() => {
-                Pin::new(sleep).poll(cx).is_ready()
-            }
-            // Armed on a shard, then moved to a thread outside the runtime.
-            Timer::Armed(sleep) => mailring::time::now() >= sleep.deadline(),
+            Timer::Armed(sleep) => Pin::new(sleep).poll(cx).is_ready(),
         };
         if timed_out {
             this.finish();

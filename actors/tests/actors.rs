@@ -1698,3 +1698,152 @@ fn references_made_on_shards_work_anywhere_and_outlive_the_system() {
         ));
     }
 }
+
+// ---------------------------------------------------------------- deadlines off a shard
+
+/// Polls `fut` on this thread and parks until its waker is called: nothing
+/// but a wake polls it again (as a Tokio task or a `futures` executor).
+fn block_on_wakes_only<F: std::future::Future>(fut: F) -> F::Output {
+    use std::sync::atomic::AtomicBool;
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Flag(std::thread::Thread, AtomicBool);
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.1.store(true, Ordering::Release);
+            self.0.unpark();
+        }
+    }
+    let flag = Arc::new(Flag(std::thread::current(), AtomicBool::new(false)));
+    let waker = Waker::from(flag.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        while !flag.1.swap(false, Ordering::Acquire) {
+            std::thread::park();
+        }
+    }
+}
+
+/// Awaits `reply` on a thread of its own (see [`block_on_wakes_only`]) and
+/// gives its outcome, or `None` when it has not resolved within `within`.
+fn await_off_shard<T: Send + 'static>(
+    reply: impl std::future::Future<Output = T> + Send + 'static,
+    within: Duration,
+) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(block_on_wakes_only(reply));
+    });
+    rx.recv_timeout(within).ok()
+}
+
+fn napping_system(config: SystemConfig) -> ActorSystem {
+    ActorSystem::start_with(
+        Runtime::builder().shards(2),
+        SystemConfig {
+            // The nappers are dropped, not waited for.
+            shutdown_grace: Duration::from_millis(50),
+            ..config
+        },
+    )
+    .expect("io_uring available")
+}
+
+#[test]
+fn an_ask_timeout_fires_when_the_reply_is_awaited_off_a_shard() {
+    let sys = napping_system(SystemConfig::default());
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Sleeper::default);
+    let reply = a.ask(Nap(10_000)).timeout(Duration::from_millis(50));
+    let outcome = await_off_shard(reply, Duration::from_secs(2));
+    assert_eq!(outcome, Some(Err(AskError::Timeout)));
+    sys.shutdown();
+}
+
+#[test]
+fn the_default_ask_timeout_fires_when_the_reply_is_awaited_off_a_shard() {
+    let sys = napping_system(SystemConfig {
+        ask_timeout: Some(Duration::from_millis(50)),
+        ..SystemConfig::default()
+    });
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Sleeper::default);
+    let outcome = await_off_shard(a.ask(Nap(10_000)), Duration::from_secs(2));
+    assert_eq!(outcome, Some(Err(AskError::Timeout)));
+    sys.shutdown();
+}
+
+#[test]
+fn a_reply_before_the_deadline_arrives_off_a_shard() {
+    let sys = napping_system(SystemConfig::default());
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Sleeper::default);
+    let reply = a.ask(Nap(10)).timeout(Duration::from_secs(1));
+    let outcome = await_off_shard(reply, Duration::from_secs(2));
+    assert_eq!(outcome, Some(Ok(())));
+    // Many at once, each with a deadline the answer beats.
+    let replies: Vec<_> = (0..64)
+        .map(|_| a.ask(Nap(0)).timeout(Duration::from_secs(1)))
+        .collect();
+    let outcome = await_off_shard(
+        async move {
+            let mut all = Vec::new();
+            for r in replies {
+                all.push(r.await);
+            }
+            all
+        },
+        Duration::from_secs(2),
+    );
+    assert_eq!(outcome, Some(vec![Ok(()); 64]));
+    sys.shutdown();
+}
+
+#[test]
+fn a_reply_armed_on_a_shard_times_out_when_then_awaited_off_it() {
+    let sys = napping_system(SystemConfig::default());
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Sleeper::default);
+    let reply = sys.block_on(async move {
+        let mut reply = a.ask(Nap(10_000)).timeout(Duration::from_millis(50));
+        // One poll on shard 0 arms the deadline's timer there.
+        std::future::poll_fn(|cx| {
+            assert!(std::future::Future::poll(std::pin::Pin::new(&mut reply), cx).is_pending());
+            std::task::Poll::Ready(())
+        })
+        .await;
+        Some(reply)
+    });
+    let reply = reply.expect("the reply");
+    let outcome = await_off_shard(reply, Duration::from_secs(2));
+    assert_eq!(outcome, Some(Err(AskError::Timeout)));
+    sys.shutdown();
+}
+
+#[test]
+fn an_armed_reply_dropped_off_its_shard_releases_its_timer() {
+    let sys = napping_system(SystemConfig::default());
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Sleeper::default);
+    let armed = |sys: &ActorSystem| sys.runtime().stats().shards[0].timers_armed;
+    let reply = sys.block_on(async move {
+        let mut reply = a.ask(Nap(10_000)).timeout(Duration::from_secs(3600));
+        // One poll on shard 0 arms the deadline's timer there.
+        std::future::poll_fn(|cx| {
+            assert!(std::future::Future::poll(std::pin::Pin::new(&mut reply), cx).is_pending());
+            std::task::Poll::Ready(())
+        })
+        .await;
+        Some(reply)
+    });
+    let wait_for = |want: u64| {
+        let start = std::time::Instant::now();
+        while armed(&sys) != want && start.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        armed(&sys)
+    };
+    assert_eq!(wait_for(1), 1, "armed on shard 0");
+    // Given up on this thread, outside the runtime.
+    drop(reply);
+    assert_eq!(wait_for(0), 0, "the timer stays until its deadline");
+    sys.shutdown();
+}

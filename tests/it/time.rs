@@ -1,5 +1,6 @@
 //! Timers: sleep, timeout, interval, reset, and idle CPU use.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use mailring::time::{interval, sleep, sleep_until, timeout};
@@ -280,4 +281,240 @@ fn advancing_the_clock_saturates_instead_of_wrapping() {
     let raced =
         rt.block_on(async { timeout(Duration::from_millis(10), sleep(Duration::MAX)).await });
     assert!(raced.is_err());
+}
+
+/// Polls `fut` on a thread of its own, outside every runtime, parking until
+/// its waker is called (nothing else polls it again); its output, or `None`
+/// when it has not finished within `within`.
+fn off_shard<T: Send + 'static>(
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+    within: Duration,
+) -> Option<T> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Flag(std::thread::Thread, AtomicBool);
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.1.store(true, Ordering::Release);
+            self.0.unpark();
+        }
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let flag = Arc::new(Flag(std::thread::current(), AtomicBool::new(false)));
+        let waker = Waker::from(flag.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut fut = std::pin::pin!(fut);
+        let out = loop {
+            if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                break v;
+            }
+            while !flag.1.swap(false, Ordering::Acquire) {
+                std::thread::park();
+            }
+        };
+        let _ = tx.send(out);
+    });
+    rx.recv_timeout(within).ok()
+}
+
+#[test]
+fn timers_fire_when_polled_off_the_shards() {
+    let start = Instant::now();
+    let slept = off_shard(
+        async move {
+            sleep(Duration::from_millis(30)).await;
+            start.elapsed()
+        },
+        Duration::from_secs(2),
+    );
+    let slept = slept.expect("a sleep polled off the shards completes");
+    assert!(slept >= Duration::from_millis(30), "{slept:?}");
+    let timed_out = off_shard(
+        timeout(Duration::from_millis(20), std::future::pending::<()>()),
+        Duration::from_secs(2),
+    );
+    assert!(matches!(timed_out, Some(Err(_))), "{timed_out:?}");
+    // Many, each woken at its own deadline; one moved from 10 s to now.
+    let late = off_shard(
+        async move {
+            let start = Instant::now();
+            let mut sleeps: Vec<_> = (0..8u64)
+                .map(|i| sleep(Duration::from_millis(5 * i + 5)))
+                .collect();
+            let mut far = sleep(Duration::from_secs(10));
+            // Registered at 10 s, then moved earlier.
+            std::future::poll_fn(|cx| {
+                assert!(std::pin::Pin::new(&mut far).poll(cx).is_pending());
+                std::task::Poll::Ready(())
+            })
+            .await;
+            far.reset(Instant::now() + Duration::from_millis(10));
+            sleeps.push(far);
+            let deadlines: Vec<_> = sleeps.iter().map(|s| s.deadline()).collect();
+            let mut done = vec![None; sleeps.len()];
+            std::future::poll_fn(|cx| {
+                for (i, s) in sleeps.iter_mut().enumerate() {
+                    if done[i].is_none() && std::pin::Pin::new(s).poll(cx).is_ready() {
+                        done[i] = Some(Instant::now());
+                    }
+                }
+                if done.iter().all(Option::is_some) {
+                    std::task::Poll::Ready(())
+                } else {
+                    std::task::Poll::Pending
+                }
+            })
+            .await;
+            let early: Vec<_> = (0..done.len())
+                .filter(|&i| done[i].unwrap() < deadlines[i])
+                .collect();
+            (early, start.elapsed())
+        },
+        Duration::from_secs(2),
+    );
+    let (early, took) = late.expect("every sleep fires, the moved one at its new deadline");
+    assert!(early.is_empty(), "fired before their deadlines: {early:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+#[test]
+fn a_sleep_registered_on_a_shard_fires_when_then_polled_off_the_shards() {
+    let rt = rt2();
+    let s = rt.block_on(async {
+        let mut s = sleep(Duration::from_millis(50));
+        // One poll registers it in shard 0's wheel.
+        std::future::poll_fn(|cx| {
+            assert!(std::pin::Pin::new(&mut s).poll(cx).is_pending());
+            std::task::Poll::Ready(())
+        })
+        .await;
+        Some(s)
+    });
+    let s = s.expect("the sleep");
+    assert_eq!(off_shard(s, Duration::from_secs(2)), Some(()));
+}
+
+/// A waker that counts nothing: its `Arc`'s strong count tells whether a
+/// timer entry still holds it.
+struct Held;
+
+impl std::task::Wake for Held {
+    fn wake(self: std::sync::Arc<Self>) {}
+}
+
+/// A one-hour sleep polled once on `shard` of `rt` with a waker of `held`.
+fn sleep_registered_on(
+    rt: &mailring::Runtime,
+    shard: usize,
+    held: &std::sync::Arc<Held>,
+) -> mailring::time::Sleep {
+    let waker = std::task::Waker::from(held.clone());
+    on_shard(rt, shard, async move {
+        let mut s = sleep(Duration::from_secs(3600));
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(std::pin::Pin::new(&mut s).poll(&mut cx).is_pending());
+        Some(s)
+    })
+    .expect("the sleep")
+}
+
+/// Runs `fut` on `shard` of `rt` and waits for its output.
+fn on_shard<T: Send + 'static>(
+    rt: &mailring::Runtime,
+    shard: usize,
+    fut: impl Future<Output = T> + Send + 'static,
+) -> T {
+    rt.block_on(async move { mailring::spawn_on(ShardId::new(shard), fut).await })
+        .expect("the task")
+}
+
+/// Waits (bounded) until `done` holds; whether it did.
+fn eventually(mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    done()
+}
+
+fn armed(rt: &mailring::Runtime, shard: usize) -> u64 {
+    rt.stats().shards[shard].timers_armed
+}
+
+#[test]
+fn a_sleep_dropped_off_its_shard_releases_its_entry_and_waker() {
+    let rt = rt2();
+    let held = std::sync::Arc::new(Held);
+    let s = sleep_registered_on(&rt, 0, &held);
+    assert!(eventually(|| armed(&rt, 0) == 1), "registered on shard 0");
+    assert_eq!(
+        std::sync::Arc::strong_count(&held),
+        2,
+        "the entry holds the waker"
+    );
+    // Dropped here, on a thread outside the runtime.
+    drop(s);
+    assert!(
+        eventually(|| armed(&rt, 0) == 0 && std::sync::Arc::strong_count(&held) == 1),
+        "entry or waker kept until the deadline: {} armed, waker count {}",
+        armed(&rt, 0),
+        std::sync::Arc::strong_count(&held)
+    );
+}
+
+#[test]
+fn a_sleep_dropped_on_another_shard_releases_its_entry_and_waker() {
+    let rt = rt2();
+    let held = std::sync::Arc::new(Held);
+    let s = sleep_registered_on(&rt, 0, &held);
+    on_shard(&rt, 1, async move { drop(s) });
+    assert!(
+        eventually(|| armed(&rt, 0) == 0 && std::sync::Arc::strong_count(&held) == 1),
+        "entry or waker kept until the deadline: {} armed, waker count {}",
+        armed(&rt, 0),
+        std::sync::Arc::strong_count(&held)
+    );
+}
+
+#[test]
+fn a_sleep_moved_between_runtimes_and_threads_keeps_each_wheel_consistent() {
+    let (a, b) = (rt2(), rt2());
+    let held = std::sync::Arc::new(Held);
+    let s = sleep_registered_on(&a, 0, &held);
+    // Polled on another runtime's shard: it registers there and its entry
+    // in the first runtime's wheel goes.
+    let waker = std::task::Waker::from(held.clone());
+    let s = on_shard(&b, 0, async move {
+        let mut s = s;
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(std::pin::Pin::new(&mut s).poll(&mut cx).is_pending());
+        Some(s)
+    })
+    .expect("the sleep");
+    assert!(
+        eventually(|| armed(&a, 0) == 0 && armed(&b, 0) == 1),
+        "a: {}, b: {}",
+        armed(&a, 0),
+        armed(&b, 0)
+    );
+    // Polled off the shards, then dropped after its last wheel's runtime is gone.
+    let mut s = s;
+    let waker = std::task::Waker::from(held.clone());
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(std::pin::Pin::new(&mut s).poll(&mut cx).is_pending());
+    drop(waker);
+    assert!(eventually(|| armed(&b, 0) == 0), "b: {}", armed(&b, 0));
+    drop(a);
+    drop(b);
+    drop(s);
+    assert!(
+        eventually(|| std::sync::Arc::strong_count(&held) == 1),
+        "a waker kept: count {}",
+        std::sync::Arc::strong_count(&held)
+    );
 }
