@@ -228,7 +228,103 @@ pub(crate) struct Op<T: 'static> {
     shard: usize,
     resources: Option<T>,
     cleanup: Option<Cleanup>,
+    /// Set once the op was polled off its shard: the home shard hands the
+    /// result over through it (see [`RemoteResult`]).
+    remote: Option<std::sync::Arc<RemoteResult>>,
     _not_sync: PhantomData<std::cell::Cell<()>>,
+}
+
+/// The hand-over of an operation's result to a poller on another thread.
+///
+/// An `Op` moved off its shard after submission (a future polled by hand
+/// on another thread) cannot look at the op table, which only its shard's
+/// thread touches. Its first poll there sends a call to the home shard
+/// that takes the result if the CQE already came, or else puts a
+/// [`RemoteTaker`] in the slot as its waker, which takes it when the CQE
+/// comes. Either way the home shard removes the slot, stores the result
+/// here and wakes the poller. The kernel's writes into the op's buffers
+/// happen before its CQE is reaped on the home shard, which happens before
+/// the mutex hands the result over: the poller may then read them.
+#[derive(Default)]
+pub(crate) struct RemoteResult {
+    state: std::sync::Mutex<RemoteState>,
+}
+
+#[derive(Default)]
+struct RemoteState {
+    result: Option<(i32, u32)>,
+    waker: Option<Waker>,
+    requested: bool,
+    /// The home shard found no slot (its runtime shut down and dropped it).
+    lost: bool,
+}
+
+impl RemoteResult {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RemoteState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn finish(&self, outcome: Option<(i32, u32)>) {
+        let waker = {
+            let mut state = self.lock();
+            match outcome {
+                Some(r) => state.result = Some(r),
+                None => state.lost = true,
+            }
+            state.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// The waker a home shard leaves in the slot of an op polled elsewhere:
+/// woken by the op's CQE on the home shard, it takes the result over.
+struct RemoteTaker {
+    key: usize,
+    generation: u32,
+    remote: std::sync::Arc<RemoteResult>,
+}
+
+impl std::task::Wake for RemoteTaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        take_for_remote(self.key, self.generation, &self.remote);
+    }
+}
+
+/// On the home shard: moves a finished op's result to `remote`, or leaves a
+/// [`RemoteTaker`] in its slot to do so when it finishes.
+fn take_for_remote(key: usize, generation: u32, remote: &std::sync::Arc<RemoteResult>) {
+    let outcome = with_current(|shard| {
+        let mut ops = shard.ops_mut();
+        let Some(slot) = ops.slot_mut(key, generation) else {
+            return Some(None);
+        };
+        match &mut slot.state {
+            SlotState::Done { res, flags } => {
+                let done = (*res, *flags);
+                ops.slots.remove(key);
+                Some(Some(done))
+            }
+            SlotState::Waiting(waker) | SlotState::AwaitingNotif { waker, .. } => {
+                *waker = Some(Waker::from(std::sync::Arc::new(RemoteTaker {
+                    key,
+                    generation,
+                    remote: remote.clone(),
+                })));
+                None
+            }
+            SlotState::Abandoned { .. } | SlotState::Multishot { .. } => Some(None),
+        }
+    });
+    if let Some(outcome) = outcome.flatten() {
+        remote.finish(outcome);
+    }
 }
 
 impl<T: 'static> fmt::Debug for Op<T> {
@@ -273,6 +369,7 @@ impl<T: 'static> Op<T> {
                 shard: shard.index(),
                 resources: Some(resources),
                 cleanup,
+                remote: None,
                 _not_sync: PhantomData,
             }
         })
@@ -293,51 +390,122 @@ impl<T: 'static> Future for Op<T> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        let polled = with_current(|shard| {
-            if !this.on_own_shard(shard) {
-                return Poll::Ready(Err(wrong_shard()));
-            }
-            let mut ops = shard.ops_mut();
-            let Some(slot) = ops.slot_mut(this.key, this.generation) else {
-                return Poll::Ready(Err(io::Error::other("mailring: operation slot lost")));
-            };
-            match &mut slot.state {
-                SlotState::Done { res, flags } => {
-                    let (res, flags) = (*res, *flags);
-                    ops.slots.remove(this.key);
-                    Poll::Ready(Ok((res, flags)))
-                }
-                SlotState::Waiting(waker) | SlotState::AwaitingNotif { waker, .. } => {
-                    match waker {
-                        Some(w) if w.will_wake(cx.waker()) => {}
-                        _ => *waker = Some(cx.waker().clone()),
-                    }
-                    Poll::Pending
-                }
-                SlotState::Abandoned { .. } | SlotState::Multishot { .. } => Poll::Ready(Err(
-                    io::Error::other("mailring: operation slot in the wrong state"),
-                )),
-            }
-        });
-        let result = match polled {
-            None => panic!("{}", wrong_shard()),
-            Some(Poll::Pending) => return Poll::Pending,
-            Some(Poll::Ready(Ok((res, flags)))) => {
-                this.cleanup = None;
-                if res < 0 {
-                    Err(io::Error::from_raw_os_error(-res))
-                } else {
-                    Ok((res as u32, flags))
-                }
-            }
-            // Polled off its shard: the kernel may still use the resources, so
-            // they cannot be handed back. Tasks never move between shards, so
-            // only a future polled by hand on another thread gets here.
-            Some(Poll::Ready(Err(e))) => panic!("{e}"),
+        let polled = if this.remote.is_some() {
+            None
+        } else {
+            with_current(|shard| {
+                this.on_own_shard(shard)
+                    .then(|| this.poll_on_shard(shard, cx))
+            })
+            .flatten()
+        };
+        let outcome = match polled {
+            Some(p) => p,
+            // Off its shard (or handed over before): the home shard passes
+            // the result on.
+            None => this.poll_remote(cx),
+        };
+        let (res, flags) = match outcome {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(r) => r,
+        };
+        this.cleanup = None;
+        let result = if res < 0 {
+            Err(io::Error::from_raw_os_error(-res))
+        } else {
+            Ok((res as u32, flags))
         };
         this.key = usize::MAX;
         let resources = this.resources.take().expect("Op polled after completion");
         Poll::Ready((result, resources))
+    }
+}
+
+impl<T: 'static> Op<T> {
+    fn poll_on_shard(&mut self, shard: &Shard, cx: &mut Context<'_>) -> Poll<(i32, u32)> {
+        let mut ops = shard.ops_mut();
+        let slot = ops
+            .slot_mut(self.key, self.generation)
+            .expect("an op's slot lives until the op takes its result or is dropped");
+        match &mut slot.state {
+            SlotState::Done { res, flags } => {
+                let (res, flags) = (*res, *flags);
+                ops.slots.remove(self.key);
+                Poll::Ready((res, flags))
+            }
+            SlotState::Waiting(waker) | SlotState::AwaitingNotif { waker, .. } => {
+                match waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => *waker = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+            SlotState::Abandoned { .. } | SlotState::Multishot { .. } => {
+                unreachable!("a live op's slot is never abandoned or multishot")
+            }
+        }
+    }
+
+    /// Polled on another thread than its shard's: asks the home shard
+    /// (once) to hand the result over (see [`RemoteResult`]).
+    #[cold]
+    fn poll_remote(&mut self, cx: &mut Context<'_>) -> Poll<(i32, u32)> {
+        let remote = self.remote.get_or_insert_with(Default::default).clone();
+        {
+            let mut state = remote.lock();
+            if let Some(done) = state.result.take() {
+                return Poll::Ready(done);
+            }
+            assert!(
+                !state.lost,
+                "mailring: the runtime that owns this I/O operation shut down before it completed"
+            );
+            state.waker = Some(cx.waker().clone());
+            if state.requested {
+                return Poll::Pending;
+            }
+            state.requested = true;
+        }
+        let Some(shared) = crate::runtime::Shared::find(self.runtime) else {
+            panic!(
+                "mailring: the runtime that owns this I/O operation shut down before it completed"
+            );
+        };
+        let request = RemoteRequest {
+            key: self.key,
+            generation: self.generation,
+            remote: Some(remote),
+        };
+        shared.deliver(
+            self.shard,
+            crate::shard::InboxItem::Call(Box::new(move || request.run())),
+        );
+        Poll::Pending
+    }
+}
+
+/// The call that asks a home shard for an op's result; one that no shard
+/// runs (the runtime shut down) tells the poller the result is lost
+/// instead of leaving it waiting.
+struct RemoteRequest {
+    key: usize,
+    generation: u32,
+    remote: Option<std::sync::Arc<RemoteResult>>,
+}
+
+impl RemoteRequest {
+    fn run(mut self) {
+        if let Some(remote) = self.remote.take() {
+            take_for_remote(self.key, self.generation, &remote);
+        }
+    }
+}
+
+impl Drop for RemoteRequest {
+    fn drop(&mut self) {
+        if let Some(remote) = self.remote.take() {
+            remote.finish(None);
+        }
     }
 }
 
@@ -349,6 +517,12 @@ impl<T: 'static> Drop for Op<T> {
         let mut resources = self.resources.take();
         let (key, generation, cleanup) = (self.key, self.generation, self.cleanup.take());
         let (runtime, home) = (self.runtime, self.shard);
+        if let Some(remote) = &self.remote {
+            if remote.lock().result.is_some() {
+                // Handed over: the kernel is done with the resources.
+                return;
+            }
+        }
         // `Some(true)`: the resources may be dropped here (the kernel is done with them).
         let released = with_current(|shard| {
             if shard.runtime_id() != runtime || shard.index() != home {

@@ -1,6 +1,7 @@
 //! Misuse from the wrong shard or thread gives errors (or a panic that names
 //! the call and its remedy), never another shard's memory or a hang.
 
+use std::future::Future;
 use std::time::Duration;
 
 use mailring::buf::BufRing;
@@ -101,4 +102,65 @@ fn block_on_of_another_runtime_from_a_shard_panics_with_the_remedy() {
     // Both runtimes still work.
     assert_eq!(other.block_on(async { 2 }), 2);
     assert_eq!(rt.block_on(async { 3 }), 3);
+}
+
+/// Polls `f` on this thread until it is ready, failing after `secs` seconds.
+fn poll_here_within<F: std::future::Future>(f: F, secs: u64) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        let now = std::time::Instant::now();
+        assert!(now < deadline, "timed out polling off the shards");
+        std::thread::park_timeout(deadline - now);
+    }
+}
+
+/// An I/O future submitted on its shard, then moved to a plain thread and
+/// polled there, completes there (the home shard hands the result over)
+/// instead of panicking.
+#[test]
+fn an_io_future_moved_off_its_shard_mid_flight_completes_where_it_is_polled() {
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
+    let rt = super::rt2();
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe(2) writes.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both descriptors are new and owned by nobody else.
+    let (reader, mut writer) = unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    rt.handle().spawn_on(ShardId::new(1), async move {
+        let file = mailring::fs::File::from_std(reader).unwrap();
+        let mut read = Box::pin(async move { file.read_at(vec![0u8; 32], 0).await });
+        // Submitted on shard 1, pending: nothing was written yet.
+        std::future::poll_fn(|cx| {
+            assert!(read.as_mut().poll(cx).is_pending());
+            std::task::Poll::Ready(())
+        })
+        .await;
+        tx.send(read).unwrap();
+    });
+    let read = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    writer.write_all(b"off the shard").unwrap();
+    let (res, buf) = poll_here_within(read, 5);
+    let n = res.expect("the read's own result, not a wrong-shard error");
+    assert_eq!(&buf[..n], b"off the shard");
+    // The shard is unharmed.
+    assert_eq!(rt.block_on(async { 5 }), 5);
 }
