@@ -1251,6 +1251,76 @@ fn shutdown_runs_on_stop_and_fails_pending_asks() {
     );
 }
 
+/// An actor whose `Nap` keeps it busy far past any shutdown grace.
+#[derive(Actor, Default)]
+#[actor(handles(LongNap, Get))]
+struct Napper;
+
+#[derive(Message)]
+struct LongNap;
+
+impl Handler<LongNap> for Napper {
+    async fn handle(&mut self, _m: LongNap, _cx: &mut Ctx<Self>) {
+        mailring_actors::mailring::time::sleep(Duration::from_secs(3600)).await;
+    }
+}
+
+impl Handler<Get> for Napper {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        0
+    }
+}
+
+#[test]
+fn shutdown_reports_stopped_and_abandoned_actors_and_handler_panics() {
+    let sys = ActorSystem::start_with(
+        Runtime::builder().shards(2),
+        SystemConfig {
+            shutdown_grace: Duration::from_millis(100),
+            ..SystemConfig::default()
+        },
+    )
+    .unwrap();
+    let busy = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Napper::default);
+    let flaky = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Fragile::default);
+    let idle = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Counter::default);
+    sys.block_on(async move {
+        assert_eq!(busy.ask(Get).await, Ok(0), "started");
+        busy.tell(LongNap).unwrap();
+        assert_eq!(flaky.ask(Boom).await, Err(AskError::Panicked));
+        assert_eq!(flaky.ask(Get).await, Ok(0), "restarted");
+        // Behind the nap on the same shard: the nap has begun.
+        assert_eq!(idle.ask(Get).await, Ok(0));
+    });
+    let report = sys.shutdown();
+    assert_eq!(report.actors_stopped, 2, "{report:?}");
+    assert_eq!(report.actors_abandoned, 1, "the napper, {report:?}");
+    assert_eq!(report.actor_panics, 1, "{report:?}");
+    assert!(
+        report.runtime.tasks_cancelled >= 1,
+        "the napper's task was dropped with the runtime: {report:?}"
+    );
+    assert!(!report.is_clean());
+}
+
+#[test]
+fn a_shutdown_with_every_actor_stopped_in_time_reports_clean() {
+    let sys = system(2);
+    let c = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Counter::default);
+    sys.block_on(async move { c.ask(Get).await }).unwrap();
+    let report = sys.shutdown();
+    assert_eq!(
+        (
+            report.actors_stopped,
+            report.actors_abandoned,
+            report.actor_panics
+        ),
+        (1, 0, 0),
+        "{report:?}"
+    );
+    assert!(report.is_clean(), "{report:?}");
+}
+
 /// Polls a future to completion on this (non-shard) thread.
 fn block_on_thread<F: std::future::Future>(fut: F) -> F::Output {
     use std::task::{Context, Poll, Wake, Waker};
