@@ -11,10 +11,10 @@
 //! 4. a stop request, `cx.stop()` or (keyed) the idle timeout or LRU limit
 //!    ends the loop; a passivating keyed actor runs `on_passivate` and stays
 //!    active if messages arrived meanwhile;
-//! 5. teardown: `on_stop`, leave the shard's table, close the mailbox (a
-//!    keyed actor's leftovers are re-delivered, so they activate a fresh
-//!    one; an unkeyed actor's fail their asks), stop children, cancel timers,
-//!    notify watchers.
+//! 5. teardown: end the activation's timers and `wait_for` tasks, `on_stop`,
+//!    leave the shard's table, close the mailbox (a keyed actor's leftovers
+//!    are re-delivered, so they activate a fresh one; an unkeyed actor's
+//!    fail their asks), stop children, notify watchers.
 //!
 //! Ask-cycle detection: while an actor's future is polled, [`FRAME`] names the
 //! actor and the chain of actors waiting on the message it handles; an ask
@@ -250,7 +250,7 @@ async fn run<A: Actor>(
                         lifecycle!("actor restarting", cell, ts);
                         bump(&ts.counters.restarts);
                         cx.stop_children();
-                        cx.cancel_timers();
+                        cx.restart_tasks();
                         drop(actor.take());
                         actor = guarded(&frame, async { make() }).await.ok().flatten();
                         needs_start = true;
@@ -282,6 +282,9 @@ async fn run<A: Actor>(
             }
         }
     };
+    // Timers and waits end with the activation, before `on_stop` (one
+    // started there never runs): no timer message joins the leftovers.
+    cx.end_tasks();
     if reason != StopReason::Panicked {
         if let Some(a) = actor.as_mut() {
             let _ = guarded(&frame, a.on_stop(&mut cx)).await;
@@ -297,7 +300,6 @@ async fn run<A: Actor>(
         ordered.append(&mut rest);
         rest = ordered;
     }
-    cx.cancel_timers();
     cx.stop_children();
     drop(actor);
     let id = crate::ActorId(cell.uid);

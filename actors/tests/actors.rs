@@ -1083,6 +1083,207 @@ fn hooks_timers_stop_and_watch() {
     sys.shutdown();
 }
 
+// ---------------------------------------------------------------- timers and waits end with their actor
+
+/// What a `Scheduler`'s timers and waits did, seen from outside the actor.
+#[derive(Default)]
+struct Probe {
+    /// `Tick`s the actor handled.
+    ticks: AtomicUsize,
+    /// Delayed messages and `wait_for` continuations that ran.
+    ran: AtomicUsize,
+    /// [`Guard`]s dropped (held by timer messages, closures and futures).
+    dropped: AtomicUsize,
+}
+
+/// Counts its drop in its probe.
+struct Guard(Arc<Probe>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.0.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[derive(Actor)]
+#[actor(handles(Tick, Ran, ArmTimers, ArmWaits, LaterThenStop, StopMe, Get))]
+struct Scheduler {
+    probe: Arc<Probe>,
+}
+
+#[derive(Message)]
+struct Ran(Guard);
+
+#[derive(Message)]
+struct ArmTimers;
+
+#[derive(Message)]
+struct ArmWaits;
+
+#[derive(Message)]
+struct LaterThenStop;
+
+impl Handler<Tick> for Scheduler {
+    async fn handle(&mut self, _m: Tick, _cx: &mut Ctx<Self>) {
+        self.probe.ticks.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Handler<Ran> for Scheduler {
+    async fn handle(&mut self, m: Ran, _cx: &mut Ctx<Self>) {
+        drop(m.0);
+        self.probe.ran.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Handler<ArmTimers> for Scheduler {
+    async fn handle(&mut self, _m: ArmTimers, cx: &mut Ctx<Self>) {
+        cx.run_interval(Duration::from_millis(5), || Tick);
+        // Timers far in the future: their tasks hold a guard until they end.
+        let held = Guard(self.probe.clone());
+        cx.run_interval(Duration::from_secs(3600), move || {
+            let _ = &held;
+            Tick
+        });
+        cx.run_later(Duration::from_secs(3600), Ran(Guard(self.probe.clone())));
+    }
+}
+
+impl Handler<ArmWaits> for Scheduler {
+    async fn handle(&mut self, _m: ArmWaits, cx: &mut Ctx<Self>) {
+        // Never ready: the task holds its future (and guard) until it ends.
+        let held = Guard(self.probe.clone());
+        cx.wait_for(
+            async move {
+                let _held = held;
+                std::future::pending::<()>().await
+            },
+            |this: &mut Scheduler, (), _cx| {
+                this.probe.ran.fetch_add(1, Ordering::SeqCst);
+            },
+        );
+        // Ready 30 ms from now, after the actor stopped.
+        let held = Guard(self.probe.clone());
+        cx.wait_for(
+            async move {
+                let _held = held;
+                mailring_actors::mailring::time::sleep(Duration::from_millis(30)).await
+            },
+            |this: &mut Scheduler, (), _cx| {
+                this.probe.ran.fetch_add(1, Ordering::SeqCst);
+            },
+        );
+    }
+}
+
+impl Handler<LaterThenStop> for Scheduler {
+    async fn handle(&mut self, _m: LaterThenStop, cx: &mut Ctx<Self>) {
+        cx.run_later(Duration::from_millis(30), Ran(Guard(self.probe.clone())));
+        cx.stop();
+    }
+}
+
+impl Handler<StopMe> for Scheduler {
+    async fn handle(&mut self, _m: StopMe, cx: &mut Ctx<Self>) {
+        cx.stop();
+    }
+}
+
+impl Handler<Get> for Scheduler {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.probe.ticks.load(Ordering::SeqCst) as u64
+    }
+}
+
+/// Polls `done` every millisecond for up to `within`; whether it held.
+async fn eventually(within: Duration, done: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        mailring_actors::mailring::time::sleep(Duration::from_millis(1)).await;
+    }
+    true
+}
+
+#[test]
+fn run_interval_and_run_later_stop_with_their_actor() {
+    let sys = system(2);
+    let probe = Arc::new(Probe::default());
+    let p = probe.clone();
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), move || Scheduler {
+        probe: p.clone(),
+    });
+    let p = probe.clone();
+    let (before, after, all_dropped) = sys.block_on(async move {
+        a.tell(ArmTimers).unwrap();
+        assert!(
+            eventually(Duration::from_secs(2), || p.ticks.load(Ordering::SeqCst)
+                >= 3)
+            .await,
+            "the 5 ms interval ticks"
+        );
+        // A 30 ms run_later just before the stop; the ask observes the stop.
+        a.tell(LaterThenStop).unwrap();
+        assert_eq!(a.ask(Get).await, Err(AskError::Stopped));
+        let before = p.ticks.load(Ordering::SeqCst);
+        mailring_actors::mailring::time::sleep(Duration::from_millis(50)).await;
+        let after = p.ticks.load(Ordering::SeqCst);
+        // The hour-long interval's closure and both delayed messages.
+        let all_dropped = eventually(Duration::from_secs(1), || {
+            p.dropped.load(Ordering::SeqCst) == 3
+        })
+        .await;
+        (before, after, all_dropped)
+    });
+    assert_eq!(after, before, "the interval ticked after its actor stopped");
+    assert_eq!(
+        probe.ran.load(Ordering::SeqCst),
+        0,
+        "a run_later message was delivered after its actor stopped"
+    );
+    assert!(
+        all_dropped,
+        "timer tasks outlived their actor: {} of 3 guards dropped a second after the stop",
+        probe.dropped.load(Ordering::SeqCst)
+    );
+    sys.shutdown();
+}
+
+#[test]
+fn wait_for_futures_end_with_their_actor_and_never_continue_into_it() {
+    let sys = system(2);
+    let probe = Arc::new(Probe::default());
+    let p = probe.clone();
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), move || Scheduler {
+        probe: p.clone(),
+    });
+    let p = probe.clone();
+    let all_dropped = sys.block_on(async move {
+        a.tell(ArmWaits).unwrap();
+        a.tell(StopMe).unwrap();
+        assert_eq!(a.ask(Get).await, Err(AskError::Stopped));
+        // Past the 30 ms wait: its continuation had its chance to run.
+        mailring_actors::mailring::time::sleep(Duration::from_millis(50)).await;
+        eventually(Duration::from_secs(1), || {
+            p.dropped.load(Ordering::SeqCst) == 2
+        })
+        .await
+    });
+    assert_eq!(
+        probe.ran.load(Ordering::SeqCst),
+        0,
+        "a wait_for continuation ran after its actor stopped"
+    );
+    assert!(
+        all_dropped,
+        "a wait_for future outlived its actor: {} of 2 guards dropped a second after the stop",
+        probe.dropped.load(Ordering::SeqCst)
+    );
+    sys.shutdown();
+}
+
 // ---------------------------------------------------------------- children
 
 static PARENT_STARTS: AtomicUsize = AtomicUsize::new(0);
