@@ -29,6 +29,9 @@ pub struct Ctx<A: Actor> {
     /// The tasks of `run_later`, `run_interval` and `wait_for`: ended when
     /// the actor stops or restarts.
     tasks: Rc<Scope>,
+    /// Messages the actor's timers delivered (not activity: see
+    /// [`Ctx::run_interval`]); survives restarts.
+    timer_sends: Rc<Cell<u64>>,
     children: Vec<Box<dyn FnOnce()>>,
 }
 
@@ -69,6 +72,7 @@ impl<A: Actor> Ctx<A> {
             frame,
             stop_requested: None,
             tasks: Rc::new(Scope::default()),
+            timer_sends: Rc::new(Cell::new(0)),
             children: Vec::new(),
         }
     }
@@ -122,16 +126,21 @@ impl<A: Actor> Ctx<A> {
     /// Sends `msg` to this actor after `delay` (the message need not be `Send`).
     ///
     /// The timer ends with the actor: if the actor stops or restarts first,
-    /// the message is dropped then, never delivered.
+    /// the message is dropped then, never delivered. Like
+    /// [`run_interval`](Ctx::run_interval)'s, the message is not activity:
+    /// it does not put off a keyed actor's idle passivation.
     pub fn run_later<M>(&mut self, delay: Duration, msg: M) -> TimerHandle
     where
         A: Accepts<M>,
         M: Message,
     {
         let cell = self.cell.clone();
+        let sends = self.timer_sends.clone();
         let join = self.tasks.spawn(async move {
             mailring::time::sleep(delay).await;
-            let _ = cell.push(A::envelope(msg));
+            if cell.push(A::envelope(msg)).is_ok() {
+                sends.set(sends.get() + 1);
+            }
         });
         TimerHandle { join }
     }
@@ -140,6 +149,15 @@ impl<A: Actor> Ctx<A> {
     ///
     /// The timer ends with the actor: when the actor stops or restarts, the
     /// task ends and `make` is dropped.
+    ///
+    /// Ticks are not activity (as Orleans treats its timers): a keyed actor
+    /// with an `idle_timeout` passivates once that long has passed without
+    /// another message, whatever its timers deliver meanwhile, and its
+    /// timers end with that activation (start them again in `on_start` if
+    /// the next activation needs them); ticks that arrive while
+    /// `on_passivate` runs do not keep it active, and are dropped. Handling
+    /// a tick is otherwise a message like any other. A `wait_for`
+    /// continuation is activity.
     pub fn run_interval<M, F>(&mut self, period: Duration, mut make: F) -> TimerHandle
     where
         A: Accepts<M>,
@@ -147,6 +165,7 @@ impl<A: Actor> Ctx<A> {
         F: FnMut() -> M + 'static,
     {
         let cell = self.cell.clone();
+        let sends = self.timer_sends.clone();
         let join = self.tasks.spawn(async move {
             // A period too long for an `Instant` (`Duration::MAX`) never ticks.
             let Some(first) = mailring::time::now().checked_add(period) else {
@@ -158,9 +177,15 @@ impl<A: Actor> Ctx<A> {
                 if cell.push(A::envelope(make())).is_err() {
                     return;
                 }
+                sends.set(sends.get() + 1);
             }
         });
         TimerHandle { join }
+    }
+
+    /// Messages this actor's timers have delivered so far.
+    pub(crate) fn timer_sends(&self) -> u64 {
+        self.timer_sends.get()
     }
 
     /// Ends the tasks of this activation's timers and waits (the actor

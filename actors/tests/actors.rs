@@ -509,6 +509,84 @@ fn idle_keyed_actor_passivates_and_reactivates_with_persisted_state() {
     sys.shutdown();
 }
 
+/// What a `Heartbeat` did, seen from outside.
+#[derive(Default)]
+struct Beats {
+    ticks: AtomicUsize,
+    passivated: AtomicUsize,
+}
+
+/// A keyed actor with an idle timeout that ticks every 10 ms from `on_start`.
+#[derive(Actor)]
+#[actor(key = u64, idle_timeout_ms = 60, handles(Tick, Get), hooks)]
+struct Heartbeat {
+    beats: Arc<Beats>,
+}
+
+impl Hooks for Heartbeat {
+    async fn on_start(&mut self, cx: &mut Ctx<Self>) {
+        cx.run_interval(Duration::from_millis(10), || Tick);
+    }
+
+    async fn on_passivate(&mut self, _cx: &mut Ctx<Self>) {
+        self.beats.passivated.fetch_add(1, Ordering::SeqCst);
+        // Ticks arrive meanwhile: they do not keep it active either.
+        mailring_actors::mailring::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+impl Handler<Tick> for Heartbeat {
+    async fn handle(&mut self, _m: Tick, _cx: &mut Ctx<Self>) {
+        self.beats.ticks.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Handler<Get> for Heartbeat {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.beats.ticks.load(Ordering::SeqCst) as u64
+    }
+}
+
+#[test]
+fn timer_ticks_do_not_keep_a_keyed_actor_from_passivating() {
+    let sys = system(2);
+    let beats = Arc::new(Beats::default());
+    let b = beats.clone();
+    sys.register_factory::<Heartbeat>(move |_| Heartbeat { beats: b.clone() });
+    let r = sys.keyed::<Heartbeat>(1);
+    let b = beats.clone();
+    let (passivated, ticking, before, after) = sys.block_on(async move {
+        r.ask(Get).await.unwrap();
+        let passivated = eventually(Duration::from_secs(2), || {
+            b.passivated.load(Ordering::SeqCst) > 0
+        })
+        .await;
+        let ticking = b.ticks.load(Ordering::SeqCst);
+        // Its interval ended with the activation: no tick, no reactivation.
+        mailring_actors::mailring::time::sleep(Duration::from_millis(20)).await;
+        let before = b.ticks.load(Ordering::SeqCst);
+        mailring_actors::mailring::time::sleep(Duration::from_millis(50)).await;
+        (passivated, ticking, before, b.ticks.load(Ordering::SeqCst))
+    });
+    assert!(
+        passivated,
+        "not passivated 2 s after its last message ({ticking} ticks, each taken as activity)"
+    );
+    assert!(ticking >= 3, "the interval ticked ({ticking}) while active");
+    assert_eq!(after, before, "ticks after passivation");
+    assert_eq!(
+        beats.passivated.load(Ordering::SeqCst),
+        1,
+        "on_passivate ran again for ticks that came in while it ran"
+    );
+    let stats = sys.stats().by_type("Heartbeat").unwrap();
+    assert_eq!(
+        (stats.activations, stats.passivations, stats.active),
+        (1, 1, 0)
+    );
+    sys.shutdown();
+}
+
 #[derive(Actor)]
 #[actor(key = u64, activate = Lru::new, max_active = 2, pinned = 0, handles(Get))]
 struct Lru;
