@@ -428,6 +428,11 @@ impl ActorSystem {
     /// fail with `ShuttingDown`), waits up to [`SystemConfig::shutdown_grace`]
     /// for them, then shuts the runtime down; returns what it found.
     ///
+    /// Called (or the system dropped) on one of the system's own shards, in
+    /// a task or an actor, it cannot wait there: the shutdown goes on, in
+    /// the same steps, on a thread of its own once the calling task yields,
+    /// and the report returned is empty.
+    ///
     /// # Examples
     ///
     /// ```
@@ -465,57 +470,78 @@ impl ActorSystem {
         self.shared.shutting_down.store(true, Ordering::Release);
         let shared = self.shared.clone();
         let grace = self.grace;
-        let n = shared.handle.shards();
-        let mut report = runtime.block_on(async move {
-            // `None`: a grace too long for an `Instant` (`Duration::MAX`) waits
-            // for every actor.
-            let deadline = std::time::Instant::now().checked_add(grace);
-            let mut joins = Vec::new();
-            for i in 0..n {
-                let s = shared.clone();
-                joins.push(s.handle.clone().spawn_on(ShardId::new(i), async move {
-                    let mut first = None;
-                    loop {
-                        let live = local::stop_shard(&s, StopReason::Shutdown);
-                        let running = *first.get_or_insert(live);
-                        if live == 0 || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
-                            s.closed.store(true, Ordering::Release);
-                            let mut shard = SystemShutdownReport {
-                                actors_stopped: running.saturating_sub(live) as u64,
-                                actors_abandoned: live as u64,
-                                ..SystemShutdownReport::default()
-                            };
-                            for t in local::shard_stats(&s) {
-                                shard.actor_panics += t.panics;
-                                shard.dead_letters += t.dead_letters;
-                            }
-                            local::clear_shard(&s);
-                            return shard;
-                        }
-                        mailring::time::sleep(Duration::from_millis(1)).await;
-                    }
-                }));
-            }
-            let mut report = SystemShutdownReport::default();
-            for j in joins {
-                if let Ok(shard) = j.await {
-                    report.actors_stopped += shard.actors_stopped;
-                    report.actors_abandoned += shard.actors_abandoned;
-                    report.actor_panics += shard.actor_panics;
-                    report.dead_letters += shard.dead_letters;
-                }
-            }
-            report
-        });
-        if report.actors_abandoned > 0 {
-            eprintln!(
-                "mailring-actors: {} actors still running after the shutdown grace period; dropping them",
-                report.actors_abandoned
-            );
+        if shared.handle.local_shard().is_none() {
+            return shut_down(shared, grace, runtime);
         }
-        report.runtime = runtime.shutdown();
-        report
+        // On one of the system's own shards (dropped in a task or an actor):
+        // waiting here would block the shard the shutdown needs. Finish on a
+        // thread of its own, which the shards serve once this task yields.
+        let spawned = std::thread::Builder::new()
+            .name("mailring-actors-shutdown".into())
+            .spawn(move || {
+                let _ = shut_down(shared, grace, runtime);
+            });
+        // Without a thread, the runtime (dropped with the closure, on this
+        // shard) still shuts itself down once this task returns; the actors
+        // are dropped with it, without `on_stop`.
+        drop(spawned);
+        SystemShutdownReport::default()
     }
+}
+
+/// Stops every actor of `shared` within `grace`, then shuts `runtime` down
+/// (steps of [`ActorSystem::shutdown`]). Blocks; never called on a shard.
+fn shut_down(shared: Arc<SystemShared>, grace: Duration, runtime: Runtime) -> SystemShutdownReport {
+    let n = shared.handle.shards();
+    let mut report = runtime.block_on(async move {
+        // `None`: a grace too long for an `Instant` (`Duration::MAX`) waits
+        // for every actor.
+        let deadline = std::time::Instant::now().checked_add(grace);
+        let mut joins = Vec::new();
+        for i in 0..n {
+            let s = shared.clone();
+            joins.push(s.handle.clone().spawn_on(ShardId::new(i), async move {
+                let mut first = None;
+                loop {
+                    let live = local::stop_shard(&s, StopReason::Shutdown);
+                    let running = *first.get_or_insert(live);
+                    if live == 0 || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                        s.closed.store(true, Ordering::Release);
+                        let mut shard = SystemShutdownReport {
+                            actors_stopped: running.saturating_sub(live) as u64,
+                            actors_abandoned: live as u64,
+                            ..SystemShutdownReport::default()
+                        };
+                        for t in local::shard_stats(&s) {
+                            shard.actor_panics += t.panics;
+                            shard.dead_letters += t.dead_letters;
+                        }
+                        local::clear_shard(&s);
+                        return shard;
+                    }
+                    mailring::time::sleep(Duration::from_millis(1)).await;
+                }
+            }));
+        }
+        let mut report = SystemShutdownReport::default();
+        for j in joins {
+            if let Ok(shard) = j.await {
+                report.actors_stopped += shard.actors_stopped;
+                report.actors_abandoned += shard.actors_abandoned;
+                report.actor_panics += shard.actor_panics;
+                report.dead_letters += shard.dead_letters;
+            }
+        }
+        report
+    });
+    if report.actors_abandoned > 0 {
+        eprintln!(
+            "mailring-actors: {} actors still running after the shutdown grace period; dropping them",
+            report.actors_abandoned
+        );
+    }
+    report.runtime = runtime.shutdown();
+    report
 }
 
 /// What [`ActorSystem::shutdown`] found: the actor layer's figures and the

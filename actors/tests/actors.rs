@@ -1600,6 +1600,54 @@ fn a_shutdown_with_every_actor_stopped_in_time_reports_clean() {
     assert!(report.is_clean(), "{report:?}");
 }
 
+/// Counts its `on_stop` in a flag shared with the test.
+#[derive(Actor)]
+#[actor(handles(Get), hooks)]
+struct StopFlag {
+    stopped: Arc<AtomicUsize>,
+}
+
+impl Hooks for StopFlag {
+    async fn on_stop(&mut self, _cx: &mut Ctx<Self>) {
+        self.stopped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Handler<Get> for StopFlag {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        0
+    }
+}
+
+#[test]
+fn dropping_the_system_inside_one_of_its_own_tasks_shuts_it_down_without_panicking() {
+    let sys = system(2);
+    let stopped = Arc::new(AtomicUsize::new(0));
+    let s = stopped.clone();
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), move || StopFlag {
+        stopped: s.clone(),
+    });
+    assert_eq!(sys.block_on(async move { a.ask(Get).await }), Ok(0));
+    let (went_on, after_drop) = std::sync::mpsc::channel();
+    let rt = sys.runtime().clone();
+    rt.spawn_on(ShardId::new(0), async move {
+        drop(sys);
+        let _ = went_on.send(());
+    })
+    .detach();
+    assert_eq!(
+        after_drop.recv_timeout(Duration::from_secs(10)),
+        Ok(()),
+        "the task that dropped the system did not go on (it panicked in the drop)"
+    );
+    // The shutdown went on without the task: the actor was stopped gracefully.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while stopped.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(stopped.load(Ordering::SeqCst), 1, "on_stop ran");
+}
+
 /// Polls a future to completion on this (non-shard) thread.
 fn block_on_thread<F: std::future::Future>(fut: F) -> F::Output {
     use std::task::{Context, Poll, Wake, Waker};
