@@ -370,6 +370,17 @@ impl ActorSystem {
     }
 
     /// Runs `future` on shard 0 and blocks until it finishes.
+    ///
+    /// The future is built on the calling thread and sent to shard 0, so it
+    /// must be `Send`. One that holds a `!Send` value across an `.await` (a
+    /// [`LocalAddr`](crate::LocalAddr), an `Rc`) fails to compile with "future
+    /// cannot be sent between threads safely": use
+    /// [`ActorSystem::block_on_local`], which builds the future on shard 0.
+    ///
+    /// # Panics
+    ///
+    /// Called on one of the system's own shards (it would block that shard),
+    /// and if `future` panics.
     pub fn block_on<F>(&self, future: F) -> F::Output
     where
         F: Future + Send + 'static,
@@ -382,7 +393,12 @@ impl ActorSystem {
     }
 
     /// Builds a future on shard 0 (it need not be `Send`) and blocks until it
-    /// finishes.
+    /// finishes: the way to use a [`LocalAddr`](crate::LocalAddr) of an
+    /// actor on shard 0 from outside the shards (see its example).
+    ///
+    /// # Panics
+    ///
+    /// As [`ActorSystem::block_on`].
     pub fn block_on_local<G, Fut>(&self, factory: G) -> Fut::Output
     where
         G: FnOnce() -> Fut + Send + 'static,
