@@ -92,7 +92,9 @@ pub struct ActorConfig {
     pub placement: ActorPlacement,
     /// Bounded mailbox capacity; `None` is unbounded.
     pub mailbox: Option<usize>,
-    /// Keyed actors idle this long are passivated.
+    /// Keyed actors idle this long are passivated. Messages from the
+    /// actor's own timers (`Ctx::run_later`, `Ctx::run_interval`) are not
+    /// activity.
     pub idle_timeout: Option<Duration>,
     /// At most this many active keyed actors of this type per shard; the least
     /// recently used one is passivated to make room.

@@ -457,6 +457,41 @@ fn tell_error<M>(e: AskError, msg: M) -> TellError<M> {
 /// A reference pinned to the actor's own shard, for hot same-shard loops:
 /// a send is a queue push with no lookup and no atomic operation, and
 /// messages need not be `Send`. Get one with [`Addr::local`]; it is `!Send`.
+///
+/// So a future that holds one across an `.await` is `!Send` too, and
+/// [`ActorSystem::block_on`](crate::ActorSystem::block_on), which sends its
+/// future to shard 0, rejects it ("future cannot be sent between threads
+/// safely ... has type `LocalAddr<..>` which is not `Send`"). Build that
+/// future on the shard instead, with
+/// [`ActorSystem::block_on_local`](crate::ActorSystem::block_on_local) (shard
+/// 0) or `mailring::spawn_local` from a task on the actor's shard:
+///
+/// ```
+/// use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, Placement, Runtime, ShardId};
+///
+/// #[derive(Actor, Default)]
+/// #[actor(handles(Ping))]
+/// struct Pinger;
+///
+/// #[derive(Message)]
+/// #[message(reply = u8)]
+/// struct Ping;
+///
+/// impl Handler<Ping> for Pinger {
+///     async fn handle(&mut self, _m: Ping, _cx: &mut Ctx<Self>) -> u8 { 1 }
+/// }
+///
+/// let system = ActorSystem::start(Runtime::builder().shards(2))?;
+/// // On shard 0, where `block_on_local` builds its future.
+/// let p = system.spawn_actor(Placement::Pinned(ShardId::new(0)), Pinger::default);
+/// let sum = system.block_on_local(move || async move {
+///     let local = p.local().expect("on the actor's shard");
+///     local.ask(Ping).await.unwrap() + local.ask(Ping).await.unwrap()
+/// });
+/// assert_eq!(sum, 2);
+/// # system.shutdown();
+/// # Ok::<(), mailring::BuildError>(())
+/// ```
 pub struct LocalAddr<A: Actor> {
     addr: Addr<A>,
     ts: std::rc::Rc<local::TypeState<A>>,

@@ -1,10 +1,11 @@
 //! [`Ctx`]: what a handler can do besides changing its actor's state — who
 //! am I, stop, timers, watches, children.
 
-use crate::runner::Chain;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
+use std::future::{poll_fn, Future};
 use std::rc::Rc;
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use mailring::{JoinHandle, Placement, ShardId};
@@ -14,7 +15,7 @@ use crate::addr::{ActorId, Addr};
 use crate::error::StopReason;
 use crate::local::TypeState;
 use crate::mailbox::ActorCell;
-use crate::runner::{Frame, ParentLink};
+use crate::runner::{Chain, Frame, ParentLink};
 use crate::system::SystemHandle;
 use crate::Terminated;
 
@@ -25,8 +26,12 @@ pub struct Ctx<A: Actor> {
     ts: Rc<TypeState<A>>,
     pub(crate) frame: Rc<Frame>,
     pub(crate) stop_requested: Option<StopReason>,
-    /// Bumped when the actor stops or restarts: older timers fall silent.
-    timer_epoch: Rc<Cell<u64>>,
+    /// The tasks of `run_later`, `run_interval` and `wait_for`: ended when
+    /// the actor stops or restarts.
+    tasks: Rc<Scope>,
+    /// Messages the actor's timers delivered (not activity: see
+    /// [`Ctx::run_interval`]); survives restarts.
+    timer_sends: Rc<Cell<u64>>,
     children: Vec<Box<dyn FnOnce()>>,
 }
 
@@ -39,7 +44,8 @@ impl<A: Actor> fmt::Debug for Ctx<A> {
 }
 
 /// A timer started by [`Ctx::run_later`] or [`Ctx::run_interval`]; timers
-/// also end when their actor stops or restarts.
+/// also end when their actor stops or restarts (their tasks are dropped
+/// then, with what they hold). Dropping the handle leaves the timer running.
 #[derive(Debug)]
 pub struct TimerHandle {
     join: JoinHandle<()>,
@@ -65,7 +71,8 @@ impl<A: Actor> Ctx<A> {
             ts,
             frame,
             stop_requested: None,
-            timer_epoch: Rc::new(Cell::new(0)),
+            tasks: Rc::new(Scope::default()),
+            timer_sends: Rc::new(Cell::new(0)),
             children: Vec::new(),
         }
     }
@@ -117,24 +124,40 @@ impl<A: Actor> Ctx<A> {
     }
 
     /// Sends `msg` to this actor after `delay` (the message need not be `Send`).
+    ///
+    /// The timer ends with the actor: if the actor stops or restarts first,
+    /// the message is dropped then, never delivered. Like
+    /// [`run_interval`](Ctx::run_interval)'s, the message is not activity:
+    /// it does not put off a keyed actor's idle passivation.
     pub fn run_later<M>(&mut self, delay: Duration, msg: M) -> TimerHandle
     where
         A: Accepts<M>,
         M: Message,
     {
         let cell = self.cell.clone();
-        let epoch = self.timer_epoch.clone();
-        let mine = epoch.get();
-        let join = mailring::spawn_local(async move {
+        let sends = self.timer_sends.clone();
+        let join = self.tasks.spawn(async move {
             mailring::time::sleep(delay).await;
-            if epoch.get() == mine {
-                let _ = cell.push(A::envelope(msg));
+            if cell.push(A::envelope(msg)).is_ok() {
+                sends.set(sends.get() + 1);
             }
         });
         TimerHandle { join }
     }
 
     /// Sends `make()` to this actor every `period`, starting one period from now.
+    ///
+    /// The timer ends with the actor: when the actor stops or restarts, the
+    /// task ends and `make` is dropped.
+    ///
+    /// Ticks are not activity (as Orleans treats its timers): a keyed actor
+    /// with an `idle_timeout` passivates once that long has passed without
+    /// another message, whatever its timers deliver meanwhile, and its
+    /// timers end with that activation (start them again in `on_start` if
+    /// the next activation needs them); ticks that arrive while
+    /// `on_passivate` runs do not keep it active, and are dropped. Handling
+    /// a tick is otherwise a message like any other. A `wait_for`
+    /// continuation is activity.
     pub fn run_interval<M, F>(&mut self, period: Duration, mut make: F) -> TimerHandle
     where
         A: Accepts<M>,
@@ -142,9 +165,8 @@ impl<A: Actor> Ctx<A> {
         F: FnMut() -> M + 'static,
     {
         let cell = self.cell.clone();
-        let epoch = self.timer_epoch.clone();
-        let mine = epoch.get();
-        let join = mailring::spawn_local(async move {
+        let sends = self.timer_sends.clone();
+        let join = self.tasks.spawn(async move {
             // A period too long for an `Instant` (`Duration::MAX`) never ticks.
             let Some(first) = mailring::time::now().checked_add(period) else {
                 return;
@@ -152,16 +174,31 @@ impl<A: Actor> Ctx<A> {
             let mut ticks = mailring::time::interval_at(first, period);
             loop {
                 ticks.tick().await;
-                if epoch.get() != mine || cell.push(A::envelope(make())).is_err() {
+                if cell.push(A::envelope(make())).is_err() {
                     return;
                 }
+                sends.set(sends.get() + 1);
             }
         });
         TimerHandle { join }
     }
 
-    pub(crate) fn cancel_timers(&mut self) {
-        self.timer_epoch.set(self.timer_epoch.get() + 1);
+    /// Messages this actor's timers have delivered so far.
+    pub(crate) fn timer_sends(&self) -> u64 {
+        self.timer_sends.get()
+    }
+
+    /// Ends the tasks of this activation's timers and waits (the actor
+    /// stops): each is dropped at its next turn on this shard, and any
+    /// started later (in `on_stop`) never runs.
+    pub(crate) fn end_tasks(&mut self) {
+        self.tasks.close();
+    }
+
+    /// Ends the tasks of the actor before a restart; the restarted actor
+    /// starts its own.
+    pub(crate) fn restart_tasks(&mut self) {
+        std::mem::take(&mut self.tasks).close();
     }
 
     /// Waits for `future` without holding up the actor: other messages are
@@ -169,8 +206,9 @@ impl<A: Actor> Ctx<A> {
     /// (with `&mut self`) in its turn, like a message. This is the opt-in way
     /// for a handler to await something slow (I/O, an ask to an actor that may
     /// ask back) and let messages interleave. `future` runs on this shard and
-    /// need not be `Send`; its output must be. Dropped if the actor stops or
-    /// restarts first.
+    /// need not be `Send`; its output must be. If the actor stops or
+    /// restarts first, `future` is dropped then (it is not polled again) and
+    /// `then` never runs.
     ///
     /// ```ignore
     /// impl Handler<Refresh> for Cache {
@@ -191,17 +229,14 @@ impl<A: Actor> Ctx<A> {
         T: Send + 'static,
     {
         let cell = self.cell.clone();
-        let epoch = self.timer_epoch.clone();
-        let mine = epoch.get();
-        mailring::spawn_local(async move {
-            let out = future.await;
-            if epoch.get() == mine {
+        self.tasks
+            .spawn(async move {
+                let out = future.await;
                 let resume =
                     Continuation::new(move |actor: &mut A, cx: &mut Ctx<A>| then(actor, out, cx));
                 let _ = cell.push(A::__continuation(resume));
-            }
-        })
-        .detach();
+            })
+            .detach();
     }
 
     /// Delivers a [`Terminated`] message to this actor when `target` stops
@@ -247,5 +282,104 @@ impl<A: Actor> Ctx<A> {
         for stop in self.children.drain(..) {
             stop();
         }
+    }
+}
+
+/// The tasks one activation started with `run_later`, `run_interval` and
+/// `wait_for`: they end when it stops or restarts.
+///
+/// Each task registers its waker in a slot while it waits; closing the
+/// scope wakes them all, and a task that finds its scope closed returns
+/// without polling its future again, which drops the future (and what it
+/// holds: the message, the closure, the actor's cell) on this shard.
+#[derive(Default)]
+struct Scope {
+    closed: Cell<bool>,
+    /// The live tasks' wakers, by slot (`None`: a free slot, or a task not
+    /// polled yet).
+    wakers: RefCell<Vec<Option<Waker>>>,
+    /// Free slots of `wakers`.
+    free: RefCell<Vec<usize>>,
+}
+
+impl Scope {
+    /// Spawns `fut` on this shard, to end when the scope closes.
+    fn spawn(self: &Rc<Self>, fut: impl Future<Output = ()> + 'static) -> JoinHandle<()> {
+        let member = Member::join(self.clone());
+        mailring::spawn_local(async move {
+            let mut fut = std::pin::pin!(fut);
+            poll_fn(|cx| {
+                if member.closed(cx.waker()) {
+                    return Poll::Ready(());
+                }
+                fut.as_mut().poll(cx)
+            })
+            .await
+        })
+    }
+
+    /// Ends every task of the scope (each at its next turn), and any spawned later.
+    fn close(&self) {
+        self.closed.set(true);
+        // Taken before waking: a wake never polls inline, but the borrow is
+        // not held across user code either way.
+        let wakers = std::mem::take(&mut *self.wakers.borrow_mut());
+        self.free.borrow_mut().clear();
+        for waker in wakers.into_iter().flatten() {
+            waker.wake();
+        }
+    }
+}
+
+/// A task's place in its [`Scope`]; freed when the task ends.
+struct Member {
+    scope: Rc<Scope>,
+    slot: usize,
+}
+
+impl Member {
+    fn join(scope: Rc<Scope>) -> Member {
+        if scope.closed.get() {
+            // Ends at its first poll.
+            return Member {
+                scope,
+                slot: usize::MAX,
+            };
+        }
+        let slot = match scope.free.borrow_mut().pop() {
+            Some(slot) => slot,
+            None => {
+                let mut wakers = scope.wakers.borrow_mut();
+                wakers.push(None);
+                wakers.len() - 1
+            }
+        };
+        Member { scope, slot }
+    }
+
+    /// Whether the scope closed; if not, `waker` is the one to wake when it does.
+    fn closed(&self, waker: &Waker) -> bool {
+        if self.scope.closed.get() {
+            return true;
+        }
+        let mut wakers = self.scope.wakers.borrow_mut();
+        match wakers.get_mut(self.slot) {
+            Some(Some(w)) if w.will_wake(waker) => {}
+            Some(entry) => *entry = Some(waker.clone()),
+            None => {}
+        }
+        false
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        if self.scope.closed.get() {
+            return;
+        }
+        if let Some(entry) = self.scope.wakers.borrow_mut().get_mut(self.slot) {
+            *entry = None;
+        }
+        self.scope.free.borrow_mut().push(self.slot);
     }
 }

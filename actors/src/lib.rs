@@ -117,7 +117,7 @@ pub use crate::route::{route_hash, RouteHasher};
 #[cfg(not(loom))]
 pub use crate::stats::{ActorStats, ActorTypeStats};
 #[cfg(not(loom))]
-pub use crate::system::{ActorSystem, SystemConfig, SystemHandle};
+pub use crate::system::{ActorSystem, SystemConfig, SystemHandle, SystemShutdownReport};
 #[cfg(not(loom))]
 pub use mailring;
 #[cfg(not(loom))]

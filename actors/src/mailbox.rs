@@ -195,11 +195,6 @@ impl<A: Actor> ActorCell<A> {
         self.take_all(batch, flow)
     }
 
-    #[inline]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.queue.borrow().is_empty()
-    }
-
     pub(crate) fn len(&self) -> usize {
         self.queue.borrow().len()
     }

@@ -11,10 +11,10 @@
 //! 4. a stop request, `cx.stop()` or (keyed) the idle timeout or LRU limit
 //!    ends the loop; a passivating keyed actor runs `on_passivate` and stays
 //!    active if messages arrived meanwhile;
-//! 5. teardown: `on_stop`, leave the shard's table, close the mailbox (a
-//!    keyed actor's leftovers are re-delivered, so they activate a fresh
-//!    one; an unkeyed actor's fail their asks), stop children, cancel timers,
-//!    notify watchers.
+//! 5. teardown: end the activation's timers and `wait_for` tasks, `on_stop`,
+//!    leave the shard's table, close the mailbox (a keyed actor's leftovers
+//!    are re-delivered, so they activate a fresh one; an unkeyed actor's
+//!    fail their asks), stop children, notify watchers.
 //!
 //! Ask-cycle detection: while an actor's future is polled, [`FRAME`] names the
 //! actor and the chain of actors waiting on the message it handles; an ask
@@ -208,6 +208,7 @@ async fn run<A: Actor>(
     // Envelopes taken from the mailbox and not yet handled; they survive a
     // restart (the one that panicked is gone).
     let mut batch: Batch<A::Envelope> = Batch::new();
+    let mut idle = IdleMark::default();
     lifecycle!("actor activated", cell, ts);
     let mut actor = guarded(&frame, async { make() }).await.ok().flatten();
     let mut needs_start = true;
@@ -222,7 +223,8 @@ async fn run<A: Actor>(
             true
         };
         let outcome = if started {
-            match guarded(&frame, process(a, &mut cx, &cell, &ts, keyed, &mut batch)).await {
+            let looped = process(a, &mut cx, &cell, &ts, keyed, &mut batch, &mut idle);
+            match guarded(&frame, looped).await {
                 Ok(outcome) => outcome,
                 Err(()) => {
                     cx.leave_message();
@@ -250,7 +252,8 @@ async fn run<A: Actor>(
                         lifecycle!("actor restarting", cell, ts);
                         bump(&ts.counters.restarts);
                         cx.stop_children();
-                        cx.cancel_timers();
+                        cx.restart_tasks();
+                        idle.restarted();
                         drop(actor.take());
                         actor = guarded(&frame, async { make() }).await.ok().flatten();
                         needs_start = true;
@@ -267,13 +270,25 @@ async fn run<A: Actor>(
             }
             Outcome::Stop(reason) => {
                 if keyed && matches!(reason, StopReason::Passivated | StopReason::Stopped) {
+                    let timer_before = cx.timer_sends();
                     let _ = guarded(&frame, a.on_passivate(&mut cx)).await;
-                    if reason == StopReason::Passivated
-                        && !(cell.is_empty() && batch.is_empty())
-                        && cell.stop_request.get().is_none()
-                    {
-                        // Messages came in while passivating: stay active.
-                        continue;
+                    if reason == StopReason::Passivated && cell.stop_request.get().is_none() {
+                        let queued = cell.len();
+                        // Everything the timers delivered meanwhile is still queued.
+                        let from_timers = (cx.timer_sends() - timer_before) as usize;
+                        if !batch.is_empty() || queued > from_timers {
+                            // Messages came in while passivating: stay active.
+                            continue;
+                        }
+                        if queued > 0 {
+                            // Only timer messages, which are not activity:
+                            // they end with the timers instead of activating
+                            // the actor again.
+                            cx.end_tasks();
+                            let mut ticks = Batch::new();
+                            cell.refill(&mut ticks, &ts.flow);
+                            reply::drop_with_reason(AskError::Stopped, ticks.into_ordered());
+                        }
                     }
                     lifecycle!("actor passivated", cell, ts);
                     bump(&ts.counters.passivations);
@@ -282,6 +297,9 @@ async fn run<A: Actor>(
             }
         }
     };
+    // Timers and waits end with the activation, before `on_stop` (one
+    // started there never runs): no timer message joins the leftovers.
+    cx.end_tasks();
     if reason != StopReason::Panicked {
         if let Some(a) = actor.as_mut() {
             let _ = guarded(&frame, a.on_stop(&mut cx)).await;
@@ -297,7 +315,6 @@ async fn run<A: Actor>(
         ordered.append(&mut rest);
         rest = ordered;
     }
-    cx.cancel_timers();
     cx.stop_children();
     drop(actor);
     let id = crate::ActorId(cell.uid);
@@ -342,6 +359,7 @@ async fn process<A: Actor>(
     ts: &Rc<TypeState<A>>,
     keyed: bool,
     batch: &mut Batch<A::Envelope>,
+    idle_mark: &mut IdleMark,
 ) -> Outcome {
     let idle = if keyed { A::CONFIG.idle_timeout } else { None };
     // Handled messages are counted here and added to the type's counter in
@@ -351,6 +369,7 @@ async fn process<A: Actor>(
     let mut handled = HandledCount {
         total: &ts.counters.handled,
         pending: 0,
+        idle: idle_mark,
     };
     loop {
         if cx.stop_requested.is_some() || cell.stop_request.get().is_some() {
@@ -369,7 +388,8 @@ async fn process<A: Actor>(
             None => {
                 if cell.refill(batch, &ts.flow) == 0 {
                     handled.flush();
-                    match next_batch(cell, batch, &ts.flow, idle).await {
+                    let deadline = idle.and_then(|after| handled.idle.deadline(cx, after));
+                    match next_batch(cell, batch, &ts.flow, deadline).await {
                         Next::Msg => {}
                         Next::Signal => continue,
                         Next::Idle => return Outcome::Stop(StopReason::Passivated),
@@ -405,12 +425,57 @@ async fn process<A: Actor>(
 struct HandledCount<'a> {
     total: &'a std::cell::Cell<u64>,
     pending: u32,
+    /// The activation's count, for its idle deadline.
+    idle: &'a mut IdleMark,
 }
 
 impl HandledCount<'_> {
     fn flush(&mut self) {
         self.total.set(self.total.get() + u64::from(self.pending));
+        self.idle.handled += u64::from(self.pending);
         self.pending = 0;
+    }
+}
+
+/// When an idle keyed actor passivates: `idle_timeout` after the last time
+/// its mailbox ran empty having handled a message that was not its timers'.
+///
+/// Timer messages are not activity (Orleans does not count its timers
+/// either), or an actor with a `run_interval` shorter than its idle timeout
+/// would never passivate. They are not told apart in the mailbox (that
+/// would cost every send); instead, when the mailbox runs empty, every
+/// message delivered so far has been handled, so the messages handled
+/// since the last empty mailbox, less the timer messages delivered since,
+/// are the others.
+#[derive(Default)]
+struct IdleMark {
+    /// Messages this activation handled, as of the last flush.
+    handled: u64,
+    /// `handled` when the mailbox last ran empty.
+    seen_handled: u64,
+    /// The actor's timer deliveries when the mailbox last ran empty.
+    seen_timer: u64,
+    /// The deadline; `None` until the first empty mailbox of a (re)started
+    /// actor, `Some(None)` for a timeout too long for an `Instant`.
+    deadline: Option<Option<Instant>>,
+}
+
+impl IdleMark {
+    /// The idle deadline, with the mailbox empty now.
+    fn deadline<A: Actor>(&mut self, cx: &Ctx<A>, after: Duration) -> Option<Instant> {
+        let timer = cx.timer_sends();
+        let others = (self.handled - self.seen_handled).saturating_sub(timer - self.seen_timer);
+        self.seen_handled = self.handled;
+        self.seen_timer = timer;
+        if others > 0 || self.deadline.is_none() {
+            self.deadline = Some(mailring::time::now().checked_add(after));
+        }
+        self.deadline.flatten()
+    }
+
+    /// A restarted actor starts a fresh idle period.
+    fn restarted(&mut self) {
+        self.deadline = None;
     }
 }
 
@@ -425,9 +490,9 @@ async fn next_batch<A: Actor>(
     cell: &ActorCell<A>,
     batch: &mut Batch<A::Envelope>,
     flow: &ShardFlow,
-    idle: Option<Duration>,
+    idle_deadline: Option<Instant>,
 ) -> Next {
-    let mut sleep = idle.map(mailring::time::sleep);
+    let mut sleep = idle_deadline.map(mailring::time::sleep_until);
     poll_fn(|cx| {
         if cell.stop_request.get().is_some() {
             return Poll::Ready(Next::Signal);

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use mailring::{BuildError, Builder, Handle, Placement, Runtime, ShardId};
+use mailring::{BuildError, Builder, Handle, Placement, Runtime, ShardId, ShutdownReport};
 
 use crate::actor::Actor;
 use crate::addr::Addr;
@@ -370,6 +370,17 @@ impl ActorSystem {
     }
 
     /// Runs `future` on shard 0 and blocks until it finishes.
+    ///
+    /// The future is built on the calling thread and sent to shard 0, so it
+    /// must be `Send`. One that holds a `!Send` value across an `.await` (a
+    /// [`LocalAddr`](crate::LocalAddr), an `Rc`) fails to compile with "future
+    /// cannot be sent between threads safely": use
+    /// [`ActorSystem::block_on_local`], which builds the future on shard 0.
+    ///
+    /// # Panics
+    ///
+    /// Called on one of the system's own shards (it would block that shard),
+    /// and if `future` panics.
     pub fn block_on<F>(&self, future: F) -> F::Output
     where
         F: Future + Send + 'static,
@@ -382,7 +393,12 @@ impl ActorSystem {
     }
 
     /// Builds a future on shard 0 (it need not be `Send`) and blocks until it
-    /// finishes.
+    /// finishes: the way to use a [`LocalAddr`](crate::LocalAddr) of an
+    /// actor on shard 0 from outside the shards (see its example).
+    ///
+    /// # Panics
+    ///
+    /// As [`ActorSystem::block_on`].
     pub fn block_on_local<G, Fut>(&self, factory: G) -> Fut::Output
     where
         G: FnOnce() -> Fut + Send + 'static,
@@ -425,54 +441,165 @@ impl ActorSystem {
     }
 
     /// Stops every actor (each runs `on_passivate`/`on_stop`; pending asks
-    /// fail with `ShuttingDown`), then shuts the runtime down.
-    pub fn shutdown(mut self) {
-        self.shutdown_inner();
+    /// fail with `ShuttingDown`), waits up to [`SystemConfig::shutdown_grace`]
+    /// for them, then shuts the runtime down; returns what it found.
+    ///
+    /// Called (or the system dropped) on one of the system's own shards, in
+    /// a task or an actor, it cannot wait there: the shutdown goes on, in
+    /// the same steps, on a thread of its own once the calling task yields,
+    /// and the report returned is empty.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, Placement, Runtime};
+    ///
+    /// #[derive(Actor, Default)]
+    /// #[actor(handles(Ping))]
+    /// struct Pinger;
+    ///
+    /// #[derive(Message)]
+    /// #[message(reply = u8)]
+    /// struct Ping;
+    ///
+    /// impl Handler<Ping> for Pinger {
+    ///     async fn handle(&mut self, _m: Ping, _cx: &mut Ctx<Self>) -> u8 { 1 }
+    /// }
+    ///
+    /// let system = ActorSystem::start(Runtime::builder().shards(2))?;
+    /// let pinger = system.spawn_actor(Placement::RoundRobin, Pinger::default);
+    /// assert_eq!(system.block_on(async move { pinger.ask(Ping).await }), Ok(1));
+    /// let report = system.shutdown();
+    /// assert_eq!(report.actors_stopped, 1);
+    /// assert_eq!(report.actors_abandoned, 0);
+    /// assert!(report.is_clean(), "{report:?}");
+    /// # Ok::<(), mailring::BuildError>(())
+    /// ```
+    pub fn shutdown(mut self) -> SystemShutdownReport {
+        self.shutdown_inner()
     }
 
-    fn shutdown_inner(&mut self) {
+    fn shutdown_inner(&mut self) -> SystemShutdownReport {
         let Some(runtime) = self.runtime.take() else {
-            return;
+            return SystemShutdownReport::default();
         };
         self.shared.shutting_down.store(true, Ordering::Release);
         let shared = self.shared.clone();
         let grace = self.grace;
-        let n = shared.handle.shards();
-        let stopped = runtime.block_on(async move {
-            // `None`: a grace too long for an `Instant` (`Duration::MAX`) waits
-            // for every actor.
-            let deadline = std::time::Instant::now().checked_add(grace);
-            let mut joins = Vec::new();
-            for i in 0..n {
-                let s = shared.clone();
-                joins.push(s.handle.clone().spawn_on(ShardId::new(i), async move {
-                    loop {
-                        let live = local::stop_shard(&s, StopReason::Shutdown);
-                        if live == 0 || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
-                            s.closed.store(true, Ordering::Release);
-                            local::clear_shard(&s);
-                            return live;
-                        }
-                        mailring::time::sleep(Duration::from_millis(1)).await;
-                    }
-                }));
-            }
-            let mut left = 0;
-            for j in joins {
-                left += j.await.unwrap_or(0);
-            }
-            left
-        });
-        if stopped > 0 {
-            eprintln!("mailring-actors: {stopped} actors still running after the shutdown grace period; dropping them");
+        if shared.handle.local_shard().is_none() {
+            return shut_down(shared, grace, runtime);
         }
-        runtime.shutdown();
+        // On one of the system's own shards (dropped in a task or an actor):
+        // waiting here would block the shard the shutdown needs. Finish on a
+        // thread of its own, which the shards serve once this task yields.
+        let spawned = std::thread::Builder::new()
+            .name("mailring-actors-shutdown".into())
+            .spawn(move || {
+                let _ = shut_down(shared, grace, runtime);
+            });
+        // Without a thread, the runtime (dropped with the closure, on this
+        // shard) still shuts itself down once this task returns; the actors
+        // are dropped with it, without `on_stop`.
+        drop(spawned);
+        SystemShutdownReport::default()
+    }
+}
+
+/// Stops every actor of `shared` within `grace`, then shuts `runtime` down
+/// (steps of [`ActorSystem::shutdown`]). Blocks; never called on a shard.
+fn shut_down(shared: Arc<SystemShared>, grace: Duration, runtime: Runtime) -> SystemShutdownReport {
+    let n = shared.handle.shards();
+    let mut report = runtime.block_on(async move {
+        // `None`: a grace too long for an `Instant` (`Duration::MAX`) waits
+        // for every actor.
+        let deadline = std::time::Instant::now().checked_add(grace);
+        let mut joins = Vec::new();
+        for i in 0..n {
+            let s = shared.clone();
+            joins.push(s.handle.clone().spawn_on(ShardId::new(i), async move {
+                let mut first = None;
+                loop {
+                    let live = local::stop_shard(&s, StopReason::Shutdown);
+                    let running = *first.get_or_insert(live);
+                    if live == 0 || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                        s.closed.store(true, Ordering::Release);
+                        let mut shard = SystemShutdownReport {
+                            actors_stopped: running.saturating_sub(live) as u64,
+                            actors_abandoned: live as u64,
+                            ..SystemShutdownReport::default()
+                        };
+                        for t in local::shard_stats(&s) {
+                            shard.actor_panics += t.panics;
+                            shard.dead_letters += t.dead_letters;
+                        }
+                        local::clear_shard(&s);
+                        return shard;
+                    }
+                    mailring::time::sleep(Duration::from_millis(1)).await;
+                }
+            }));
+        }
+        let mut report = SystemShutdownReport::default();
+        for j in joins {
+            if let Ok(shard) = j.await {
+                report.actors_stopped += shard.actors_stopped;
+                report.actors_abandoned += shard.actors_abandoned;
+                report.actor_panics += shard.actor_panics;
+                report.dead_letters += shard.dead_letters;
+            }
+        }
+        report
+    });
+    if report.actors_abandoned > 0 {
+        eprintln!(
+            "mailring-actors: {} actors still running after the shutdown grace period; dropping them",
+            report.actors_abandoned
+        );
+    }
+    report.runtime = runtime.shutdown();
+    report
+}
+
+/// What [`ActorSystem::shutdown`] found: the actor layer's figures and the
+/// runtime's [`ShutdownReport`].
+///
+/// An actor still running when the grace period ends is abandoned: its task
+/// is dropped with the runtime (so it also counts in
+/// `runtime.tasks_cancelled`), without `on_stop`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SystemShutdownReport {
+    /// The runtime's report: tasks cancelled, closures and jobs dropped
+    /// unrun, operations cancelled or leaked, panics the shards caught.
+    pub runtime: ShutdownReport,
+    /// Actors running when shutdown began that stopped within
+    /// [`SystemConfig::shutdown_grace`] (each ran its `on_stop`).
+    pub actors_stopped: u64,
+    /// Actors still running when the grace period ended (a handler that
+    /// did not return): dropped with the runtime.
+    pub actors_abandoned: u64,
+    /// Handler and `on_start` panics the actor layer caught during
+    /// the system's life ([`ActorTypeStats::panics`](crate::ActorTypeStats::panics)
+    /// summed; the shard that caught one carried on, and these do not appear
+    /// in `runtime.panics`).
+    pub actor_panics: u64,
+    /// Messages that found no live actor during the system's life
+    /// ([`ActorTypeStats::dead_letters`](crate::ActorTypeStats::dead_letters)
+    /// summed).
+    pub dead_letters: u64,
+}
+
+impl SystemShutdownReport {
+    /// Whether shutdown found nothing to report: every actor stopped in
+    /// time, no actor panicked, and the runtime's report is clean.
+    pub fn is_clean(&self) -> bool {
+        self.actors_abandoned == 0 && self.actor_panics == 0 && self.runtime.is_clean()
     }
 }
 
 impl Drop for ActorSystem {
     fn drop(&mut self) {
-        self.shutdown_inner();
+        let _ = self.shutdown_inner();
     }
 }
 

@@ -549,6 +549,84 @@ fn idle_keyed_actor_passivates_and_reactivates_with_persisted_state() {
     sys.shutdown();
 }
 
+/// What a `Heartbeat` did, seen from outside.
+#[derive(Default)]
+struct Beats {
+    ticks: AtomicUsize,
+    passivated: AtomicUsize,
+}
+
+/// A keyed actor with an idle timeout that ticks every 10 ms from `on_start`.
+#[derive(Actor)]
+#[actor(key = u64, idle_timeout_ms = 60, handles(Tick, Get), hooks)]
+struct Heartbeat {
+    beats: Arc<Beats>,
+}
+
+impl Hooks for Heartbeat {
+    async fn on_start(&mut self, cx: &mut Ctx<Self>) {
+        cx.run_interval(Duration::from_millis(10), || Tick);
+    }
+
+    async fn on_passivate(&mut self, _cx: &mut Ctx<Self>) {
+        self.beats.passivated.fetch_add(1, Ordering::SeqCst);
+        // Ticks arrive meanwhile: they do not keep it active either.
+        mailring_actors::mailring::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+impl Handler<Tick> for Heartbeat {
+    async fn handle(&mut self, _m: Tick, _cx: &mut Ctx<Self>) {
+        self.beats.ticks.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Handler<Get> for Heartbeat {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.beats.ticks.load(Ordering::SeqCst) as u64
+    }
+}
+
+#[test]
+fn timer_ticks_do_not_keep_a_keyed_actor_from_passivating() {
+    let sys = system(2);
+    let beats = Arc::new(Beats::default());
+    let b = beats.clone();
+    sys.register_factory::<Heartbeat>(move |_| Heartbeat { beats: b.clone() });
+    let r = sys.keyed::<Heartbeat>(1);
+    let b = beats.clone();
+    let (passivated, ticking, before, after) = sys.block_on(async move {
+        r.ask(Get).await.unwrap();
+        let passivated = eventually(Duration::from_secs(2), || {
+            b.passivated.load(Ordering::SeqCst) > 0
+        })
+        .await;
+        let ticking = b.ticks.load(Ordering::SeqCst);
+        // Its interval ended with the activation: no tick, no reactivation.
+        mailring_actors::mailring::time::sleep(Duration::from_millis(20)).await;
+        let before = b.ticks.load(Ordering::SeqCst);
+        mailring_actors::mailring::time::sleep(Duration::from_millis(50)).await;
+        (passivated, ticking, before, b.ticks.load(Ordering::SeqCst))
+    });
+    assert!(
+        passivated,
+        "not passivated 2 s after its last message ({ticking} ticks, each taken as activity)"
+    );
+    assert!(ticking >= 3, "the interval ticked ({ticking}) while active");
+    assert_eq!(after, before, "ticks after passivation");
+    assert_eq!(
+        beats.passivated.load(Ordering::SeqCst),
+        1,
+        "on_passivate ran again for ticks that came in while it ran"
+    );
+    let stats = sys.stats().by_type("Heartbeat").unwrap();
+    assert_eq!(
+        (stats.activations, stats.passivations, stats.active),
+        (1, 1, 0)
+    );
+    sys.shutdown();
+}
+
 #[derive(Actor)]
 #[actor(key = u64, activate = Lru::new, max_active = 2, pinned = 0, handles(Get))]
 struct Lru;
@@ -1123,6 +1201,207 @@ fn hooks_timers_stop_and_watch() {
     sys.shutdown();
 }
 
+// ---------------------------------------------------------------- timers and waits end with their actor
+
+/// What a `Scheduler`'s timers and waits did, seen from outside the actor.
+#[derive(Default)]
+struct Probe {
+    /// `Tick`s the actor handled.
+    ticks: AtomicUsize,
+    /// Delayed messages and `wait_for` continuations that ran.
+    ran: AtomicUsize,
+    /// [`Guard`]s dropped (held by timer messages, closures and futures).
+    dropped: AtomicUsize,
+}
+
+/// Counts its drop in its probe.
+struct Guard(Arc<Probe>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.0.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[derive(Actor)]
+#[actor(handles(Tick, Ran, ArmTimers, ArmWaits, LaterThenStop, StopMe, Get))]
+struct Scheduler {
+    probe: Arc<Probe>,
+}
+
+#[derive(Message)]
+struct Ran(Guard);
+
+#[derive(Message)]
+struct ArmTimers;
+
+#[derive(Message)]
+struct ArmWaits;
+
+#[derive(Message)]
+struct LaterThenStop;
+
+impl Handler<Tick> for Scheduler {
+    async fn handle(&mut self, _m: Tick, _cx: &mut Ctx<Self>) {
+        self.probe.ticks.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Handler<Ran> for Scheduler {
+    async fn handle(&mut self, m: Ran, _cx: &mut Ctx<Self>) {
+        drop(m.0);
+        self.probe.ran.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Handler<ArmTimers> for Scheduler {
+    async fn handle(&mut self, _m: ArmTimers, cx: &mut Ctx<Self>) {
+        cx.run_interval(Duration::from_millis(5), || Tick);
+        // Timers far in the future: their tasks hold a guard until they end.
+        let held = Guard(self.probe.clone());
+        cx.run_interval(Duration::from_secs(3600), move || {
+            let _ = &held;
+            Tick
+        });
+        cx.run_later(Duration::from_secs(3600), Ran(Guard(self.probe.clone())));
+    }
+}
+
+impl Handler<ArmWaits> for Scheduler {
+    async fn handle(&mut self, _m: ArmWaits, cx: &mut Ctx<Self>) {
+        // Never ready: the task holds its future (and guard) until it ends.
+        let held = Guard(self.probe.clone());
+        cx.wait_for(
+            async move {
+                let _held = held;
+                std::future::pending::<()>().await
+            },
+            |this: &mut Scheduler, (), _cx| {
+                this.probe.ran.fetch_add(1, Ordering::SeqCst);
+            },
+        );
+        // Ready 30 ms from now, after the actor stopped.
+        let held = Guard(self.probe.clone());
+        cx.wait_for(
+            async move {
+                let _held = held;
+                mailring_actors::mailring::time::sleep(Duration::from_millis(30)).await
+            },
+            |this: &mut Scheduler, (), _cx| {
+                this.probe.ran.fetch_add(1, Ordering::SeqCst);
+            },
+        );
+    }
+}
+
+impl Handler<LaterThenStop> for Scheduler {
+    async fn handle(&mut self, _m: LaterThenStop, cx: &mut Ctx<Self>) {
+        cx.run_later(Duration::from_millis(30), Ran(Guard(self.probe.clone())));
+        cx.stop();
+    }
+}
+
+impl Handler<StopMe> for Scheduler {
+    async fn handle(&mut self, _m: StopMe, cx: &mut Ctx<Self>) {
+        cx.stop();
+    }
+}
+
+impl Handler<Get> for Scheduler {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.probe.ticks.load(Ordering::SeqCst) as u64
+    }
+}
+
+/// Polls `done` every millisecond for up to `within`; whether it held.
+async fn eventually(within: Duration, done: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        mailring_actors::mailring::time::sleep(Duration::from_millis(1)).await;
+    }
+    true
+}
+
+#[test]
+fn run_interval_and_run_later_stop_with_their_actor() {
+    let sys = system(2);
+    let probe = Arc::new(Probe::default());
+    let p = probe.clone();
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), move || Scheduler {
+        probe: p.clone(),
+    });
+    let p = probe.clone();
+    let (before, after, all_dropped) = sys.block_on(async move {
+        a.tell(ArmTimers).unwrap();
+        assert!(
+            eventually(Duration::from_secs(2), || p.ticks.load(Ordering::SeqCst)
+                >= 3)
+            .await,
+            "the 5 ms interval ticks"
+        );
+        // A 30 ms run_later just before the stop; the ask observes the stop.
+        a.tell(LaterThenStop).unwrap();
+        assert_eq!(a.ask(Get).await, Err(AskError::Stopped));
+        let before = p.ticks.load(Ordering::SeqCst);
+        mailring_actors::mailring::time::sleep(Duration::from_millis(50)).await;
+        let after = p.ticks.load(Ordering::SeqCst);
+        // The hour-long interval's closure and both delayed messages.
+        let all_dropped = eventually(Duration::from_secs(1), || {
+            p.dropped.load(Ordering::SeqCst) == 3
+        })
+        .await;
+        (before, after, all_dropped)
+    });
+    assert_eq!(after, before, "the interval ticked after its actor stopped");
+    assert_eq!(
+        probe.ran.load(Ordering::SeqCst),
+        0,
+        "a run_later message was delivered after its actor stopped"
+    );
+    assert!(
+        all_dropped,
+        "timer tasks outlived their actor: {} of 3 guards dropped a second after the stop",
+        probe.dropped.load(Ordering::SeqCst)
+    );
+    sys.shutdown();
+}
+
+#[test]
+fn wait_for_futures_end_with_their_actor_and_never_continue_into_it() {
+    let sys = system(2);
+    let probe = Arc::new(Probe::default());
+    let p = probe.clone();
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), move || Scheduler {
+        probe: p.clone(),
+    });
+    let p = probe.clone();
+    let all_dropped = sys.block_on(async move {
+        a.tell(ArmWaits).unwrap();
+        a.tell(StopMe).unwrap();
+        assert_eq!(a.ask(Get).await, Err(AskError::Stopped));
+        // Past the 30 ms wait: its continuation had its chance to run.
+        mailring_actors::mailring::time::sleep(Duration::from_millis(50)).await;
+        eventually(Duration::from_secs(1), || {
+            p.dropped.load(Ordering::SeqCst) == 2
+        })
+        .await
+    });
+    assert_eq!(
+        probe.ran.load(Ordering::SeqCst),
+        0,
+        "a wait_for continuation ran after its actor stopped"
+    );
+    assert!(
+        all_dropped,
+        "a wait_for future outlived its actor: {} of 2 guards dropped a second after the stop",
+        probe.dropped.load(Ordering::SeqCst)
+    );
+    sys.shutdown();
+}
+
 // ---------------------------------------------------------------- children
 
 static PARENT_STARTS: AtomicUsize = AtomicUsize::new(0);
@@ -1289,6 +1568,124 @@ fn shutdown_runs_on_stop_and_fails_pending_asks() {
         block_on_thread(pending).is_err(),
         "a pending ask fails, never hangs"
     );
+}
+
+/// An actor whose `Nap` keeps it busy far past any shutdown grace.
+#[derive(Actor, Default)]
+#[actor(handles(LongNap, Get))]
+struct Napper;
+
+#[derive(Message)]
+struct LongNap;
+
+impl Handler<LongNap> for Napper {
+    async fn handle(&mut self, _m: LongNap, _cx: &mut Ctx<Self>) {
+        mailring_actors::mailring::time::sleep(Duration::from_secs(3600)).await;
+    }
+}
+
+impl Handler<Get> for Napper {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        0
+    }
+}
+
+#[test]
+fn shutdown_reports_stopped_and_abandoned_actors_and_handler_panics() {
+    let sys = ActorSystem::start_with(
+        Runtime::builder().shards(2),
+        SystemConfig {
+            shutdown_grace: Duration::from_millis(100),
+            ..SystemConfig::default()
+        },
+    )
+    .unwrap();
+    let busy = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Napper::default);
+    let flaky = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Fragile::default);
+    let idle = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Counter::default);
+    sys.block_on(async move {
+        assert_eq!(busy.ask(Get).await, Ok(0), "started");
+        busy.tell(LongNap).unwrap();
+        assert_eq!(flaky.ask(Boom).await, Err(AskError::Panicked));
+        assert_eq!(flaky.ask(Get).await, Ok(0), "restarted");
+        // Behind the nap on the same shard: the nap has begun.
+        assert_eq!(idle.ask(Get).await, Ok(0));
+    });
+    let report = sys.shutdown();
+    assert_eq!(report.actors_stopped, 2, "{report:?}");
+    assert_eq!(report.actors_abandoned, 1, "the napper, {report:?}");
+    assert_eq!(report.actor_panics, 1, "{report:?}");
+    assert!(
+        report.runtime.tasks_cancelled >= 1,
+        "the napper's task was dropped with the runtime: {report:?}"
+    );
+    assert!(!report.is_clean());
+}
+
+#[test]
+fn a_shutdown_with_every_actor_stopped_in_time_reports_clean() {
+    let sys = system(2);
+    let c = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Counter::default);
+    sys.block_on(async move { c.ask(Get).await }).unwrap();
+    let report = sys.shutdown();
+    assert_eq!(
+        (
+            report.actors_stopped,
+            report.actors_abandoned,
+            report.actor_panics
+        ),
+        (1, 0, 0),
+        "{report:?}"
+    );
+    assert!(report.is_clean(), "{report:?}");
+}
+
+/// Counts its `on_stop` in a flag shared with the test.
+#[derive(Actor)]
+#[actor(handles(Get), hooks)]
+struct StopFlag {
+    stopped: Arc<AtomicUsize>,
+}
+
+impl Hooks for StopFlag {
+    async fn on_stop(&mut self, _cx: &mut Ctx<Self>) {
+        self.stopped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Handler<Get> for StopFlag {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        0
+    }
+}
+
+#[test]
+fn dropping_the_system_inside_one_of_its_own_tasks_shuts_it_down_without_panicking() {
+    let sys = system(2);
+    let stopped = Arc::new(AtomicUsize::new(0));
+    let s = stopped.clone();
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), move || StopFlag {
+        stopped: s.clone(),
+    });
+    assert_eq!(sys.block_on(async move { a.ask(Get).await }), Ok(0));
+    let (went_on, after_drop) = std::sync::mpsc::channel();
+    let rt = sys.runtime().clone();
+    rt.spawn_on(ShardId::new(0), async move {
+        drop(sys);
+        let _ = went_on.send(());
+    })
+    .detach();
+    assert_eq!(
+        after_drop.recv_timeout(Duration::from_secs(10)),
+        Ok(()),
+        "the task that dropped the system did not go on (it panicked in the drop)"
+    );
+    // The shutdown went on without the task: the actor was stopped gracefully.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while stopped.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(stopped.load(Ordering::SeqCst), 1, "on_stop ran");
 }
 
 /// Polls a future to completion on this (non-shard) thread.
