@@ -60,11 +60,21 @@ pub enum CallbackKind {
     /// A panic the runtime's own code raised: a bug in mailring. The shard
     /// reports it and goes on.
     Runtime,
+    /// A message handler, caught and reported by a layer above the runtime
+    /// with [`report_caught`] (the actor layer, which also applies its
+    /// supervision policy).
+    Handler,
+    /// A lifecycle hook (an actor's `on_start`, `on_passivate`, `on_stop`),
+    /// reported with [`report_caught`].
+    LifecycleHook,
+    /// A factory that builds user state (an actor's factory or `activate`),
+    /// reported with [`report_caught`].
+    Factory,
 }
 
 impl CallbackKind {
     /// Every kind, in the order of [`PanicCounts`]'s fields.
-    pub const ALL: [CallbackKind; 7] = [
+    pub const ALL: [CallbackKind; 10] = [
         CallbackKind::Task,
         CallbackKind::RunOn,
         CallbackKind::Job,
@@ -72,6 +82,9 @@ impl CallbackKind {
         CallbackKind::Waker,
         CallbackKind::Drop,
         CallbackKind::Runtime,
+        CallbackKind::Handler,
+        CallbackKind::LifecycleHook,
+        CallbackKind::Factory,
     ];
 
     pub(crate) const COUNT: usize = Self::ALL.len();
@@ -91,6 +104,9 @@ impl fmt::Display for CallbackKind {
             CallbackKind::Waker => "waker",
             CallbackKind::Drop => "drop",
             CallbackKind::Runtime => "runtime",
+            CallbackKind::Handler => "handler",
+            CallbackKind::LifecycleHook => "lifecycle hook",
+            CallbackKind::Factory => "factory",
         })
     }
 }
@@ -113,11 +129,18 @@ pub struct PanicCounts {
     pub drop: u64,
     /// The runtime's own code (a bug in mailring).
     pub runtime: u64,
+    /// Message handlers (reported by the actor layer).
+    pub handler: u64,
+    /// Lifecycle hooks (reported by the actor layer).
+    pub lifecycle_hook: u64,
+    /// Factories (reported by the actor layer).
+    pub factory: u64,
 }
 
 impl PanicCounts {
     pub(crate) fn from_array(counts: [u64; CallbackKind::COUNT]) -> Self {
-        let [task, run_on, job, tick_end, waker, drop, runtime] = counts;
+        let [task, run_on, job, tick_end, waker, drop, runtime, handler, lifecycle_hook, factory] =
+            counts;
         PanicCounts {
             task,
             run_on,
@@ -126,6 +149,9 @@ impl PanicCounts {
             waker,
             drop,
             runtime,
+            handler,
+            lifecycle_hook,
+            factory,
         }
     }
 
@@ -139,6 +165,9 @@ impl PanicCounts {
             CallbackKind::Waker => self.waker,
             CallbackKind::Drop => self.drop,
             CallbackKind::Runtime => self.runtime,
+            CallbackKind::Handler => self.handler,
+            CallbackKind::LifecycleHook => self.lifecycle_hook,
+            CallbackKind::Factory => self.factory,
         }
     }
 
@@ -298,8 +327,25 @@ impl PanicLog {
     }
 }
 
+/// Reports a panic that code running on a shard caught itself (a layer
+/// above the runtime that runs user code in its own `catch_unwind`, as the
+/// actor layer does for handlers, lifecycle hooks and factories): it is
+/// counted in the shard's stats, kept for the [`ShutdownReport`] and passed
+/// to the [`Builder::on_panic`](crate::Builder::on_panic) hook, as the
+/// shard's own catches are. The caller keeps the payload.
+///
+/// Returns `false` (and reports nothing) off a shard.
+pub fn report_caught(kind: CallbackKind, payload: &(dyn Any + Send)) -> bool {
+    crate::shard::with_current(|shard| {
+        shard
+            .shared
+            .report_panic(Some(shard.index()), kind, payload)
+    })
+    .is_some()
+}
+
 /// Drops a panic payload; one whose own `Drop` panics is leaked.
-pub(crate) fn drop_payload(payload: Box<dyn Any + Send>) {
+pub fn drop_payload(payload: Box<dyn Any + Send>) {
     if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
         std::mem::forget(again);
     }

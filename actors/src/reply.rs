@@ -265,7 +265,15 @@ pub(crate) fn drop_with_reason<T>(reason: AskError, value: T) {
         }
     }
     let _restore = Restore(DROP_REASON.replace(Some(reason)));
-    drop(value);
+    // A message whose `Drop` panics is reported (a dead letter is dropped
+    // by a delivery job that carries other actors' messages too, which
+    // must go on) and the shard carries on.
+    if let Err(payload) =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(value)))
+    {
+        mailring::panic::report_caught(mailring::panic::CallbackKind::Drop, &*payload);
+        mailring::panic::drop_payload(payload);
+    }
 }
 
 impl<R> Drop for ReplyTo<R> {

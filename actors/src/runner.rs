@@ -25,6 +25,8 @@ use std::cell::Cell;
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use mailring::panic::CallbackKind;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
@@ -114,14 +116,19 @@ pub(crate) fn ask_chain(target: impl FnOnce() -> u64) -> Result<Option<Chain>, A
 /// argument and the pinned copy it moves into as two fields of its state,
 /// which made the actor task twice the size of its message loop (536 bytes
 /// for a 248-byte loop).
-fn guarded<'a, F: Future>(frame: &'a Rc<Frame>, fut: F) -> Guarded<'a, F> {
-    Guarded { frame, fut }
+///
+/// A caught panic is reported to the runtime as one of `kind` (the shard's
+/// stats, the `on_panic` hook, the shutdown report) before supervision
+/// deals with it.
+fn guarded<'a, F: Future>(frame: &'a Rc<Frame>, kind: CallbackKind, fut: F) -> Guarded<'a, F> {
+    Guarded { frame, kind, fut }
 }
 
 pin_project_lite::pin_project! {
     /// The future of [`guarded`].
     struct Guarded<'a, F> {
         frame: &'a Rc<Frame>,
+        kind: CallbackKind,
         #[pin]
         fut: F,
     }
@@ -139,7 +146,10 @@ impl<F: Future> Future for Guarded<'_, F> {
         match polled {
             Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
             Ok(Poll::Pending) => Poll::Pending,
-            Err(_) => Poll::Ready(Err(())),
+            Err(payload) => {
+                mailring::panic::report_caught(*this.kind, &*payload);
+                Poll::Ready(Err(()))
+            }
         }
     }
 }
@@ -210,7 +220,10 @@ async fn run<A: Actor>(
     let mut batch: Batch<A::Envelope> = Batch::new();
     let mut idle = IdleMark::default();
     lifecycle!("actor activated", cell, ts);
-    let mut actor = guarded(&frame, async { make() }).await.ok().flatten();
+    let mut actor = guarded(&frame, CallbackKind::Factory, async { make() })
+        .await
+        .ok()
+        .flatten();
     let mut needs_start = true;
     let reason = loop {
         let Some(a) = actor.as_mut() else {
@@ -218,13 +231,15 @@ async fn run<A: Actor>(
         };
         let started = if needs_start {
             needs_start = false;
-            guarded(&frame, a.on_start(&mut cx)).await.is_ok()
+            guarded(&frame, CallbackKind::LifecycleHook, a.on_start(&mut cx))
+                .await
+                .is_ok()
         } else {
             true
         };
         let outcome = if started {
             let looped = process(a, &mut cx, &cell, &ts, keyed, &mut batch, &mut idle);
-            match guarded(&frame, looped).await {
+            match guarded(&frame, CallbackKind::Handler, looped).await {
                 Ok(outcome) => outcome,
                 Err(()) => {
                     cx.leave_message();
@@ -255,7 +270,10 @@ async fn run<A: Actor>(
                         cx.restart_tasks();
                         idle.restarted();
                         drop(actor.take());
-                        actor = guarded(&frame, async { make() }).await.ok().flatten();
+                        actor = guarded(&frame, CallbackKind::Factory, async { make() })
+                            .await
+                            .ok()
+                            .flatten();
                         needs_start = true;
                         continue;
                     }
@@ -271,7 +289,8 @@ async fn run<A: Actor>(
             Outcome::Stop(reason) => {
                 if keyed && matches!(reason, StopReason::Passivated | StopReason::Stopped) {
                     let timer_before = cx.timer_sends();
-                    let _ = guarded(&frame, a.on_passivate(&mut cx)).await;
+                    let _ =
+                        guarded(&frame, CallbackKind::LifecycleHook, a.on_passivate(&mut cx)).await;
                     if reason == StopReason::Passivated && cell.stop_request.get().is_none() {
                         let queued = cell.len();
                         // Everything the timers delivered meanwhile is still queued.
@@ -302,7 +321,7 @@ async fn run<A: Actor>(
     cx.end_tasks();
     if reason != StopReason::Panicked {
         if let Some(a) = actor.as_mut() {
-            let _ = guarded(&frame, a.on_stop(&mut cx)).await;
+            let _ = guarded(&frame, CallbackKind::LifecycleHook, a.on_stop(&mut cx)).await;
         }
     }
     if reason == StopReason::Stopped && !keyed {
@@ -560,11 +579,11 @@ mod tests {
         let big = [0u8; 256];
         let inner = async move { big.len() };
         let inner_size = std::mem::size_of_val(&inner);
-        let g = guarded(&frame, inner);
+        let g = guarded(&frame, CallbackKind::Handler, inner);
         // Not two copies of the inner future (what an `async fn` kept).
         assert!(std::mem::size_of_val(&g) <= inner_size + 16);
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        let seen = guarded(&frame, async {
+        let seen = guarded(&frame, CallbackKind::Handler, async {
             FRAME.with(|f| {
                 let current = f.take();
                 let uid = current.as_ref().map(|c| c.uid);
@@ -574,8 +593,10 @@ mod tests {
         });
         let seen = std::pin::pin!(seen).poll(&mut cx);
         let len = std::pin::pin!(g).poll(&mut cx);
-        let panicked =
-            std::pin::pin!(guarded(&frame, async { panic!("expected by the test") })).poll(&mut cx);
+        let panicked = std::pin::pin!(guarded(&frame, CallbackKind::Handler, async {
+            panic!("expected by the test")
+        }))
+        .poll(&mut cx);
         assert_eq!(seen, Poll::Ready(Ok(Some(7))), "the frame is installed");
         assert_eq!(len, Poll::Ready(Ok(256)));
         assert_eq!(panicked, Poll::Ready(Err(())), "a panic is caught");

@@ -1,0 +1,202 @@
+//! Panic injection in the actor layer: a panic in a handler, a lifecycle
+//! hook, a factory or a message's `Drop` is caught on the actor's shard,
+//! reported to the runtime (its stats per kind, the `on_panic` hook, the
+//! shutdown report) and dealt with by supervision; other actors, on this
+//! shard and the other, keep working.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+mod common;
+
+use common::{Add, Counter, Get, WhereAmI};
+use mailring_actors::mailring::panic::{CallbackKind, PanicEvent};
+use mailring_actors::{
+    Actor, ActorSystem, AskError, Ctx, Handler, Hooks, Message, Placement, Runtime, ShardId,
+};
+
+const S1: ShardId = ShardId::new(1);
+
+type Seen = Arc<Mutex<Vec<(CallbackKind, String)>>>;
+
+fn system_with_hook() -> (ActorSystem, Seen) {
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    let builder = Runtime::builder()
+        .shards(2)
+        .on_panic(move |e: &PanicEvent<'_>| {
+            log.lock().unwrap().push((e.kind, e.message.to_owned()))
+        });
+    (ActorSystem::start(builder).expect("io_uring"), seen)
+}
+
+/// Actors on both shards still answer.
+fn assert_actors_work(sys: &ActorSystem) {
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Counter::default);
+    let b = sys.spawn_actor(Placement::Pinned(S1), Counter::default);
+    let (x, y) = sys.block_on(async move {
+        a.tell(Add(2)).unwrap();
+        b.tell(Add(3)).unwrap();
+        (a.ask(Get).await, b.ask(WhereAmI).await)
+    });
+    assert_eq!((x, y), (Ok(2), Ok(1)));
+}
+
+fn runtime_panics(sys: &ActorSystem, kind: CallbackKind) -> u64 {
+    sys.runtime()
+        .stats()
+        .shards
+        .iter()
+        .map(|s| s.panics.get(kind))
+        .sum()
+}
+
+#[derive(Actor, Default)]
+#[actor(handles(Explode, Get))]
+struct Volatile {
+    n: u64,
+}
+
+#[derive(Message)]
+#[message(reply = u64)]
+struct Explode;
+
+impl Handler<Explode> for Volatile {
+    async fn handle(&mut self, _m: Explode, _cx: &mut Ctx<Self>) -> u64 {
+        panic!("handler boom");
+    }
+}
+
+impl Handler<Get> for Volatile {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.n
+    }
+}
+
+#[test]
+fn a_handler_panic_is_reported_to_the_runtime_and_supervised() {
+    let (sys, seen) = system_with_hook();
+    let a = sys.spawn_actor(Placement::Pinned(S1), Volatile::default);
+    let (boom, after) = sys.block_on(async move { (a.ask(Explode).await, a.ask(Get).await) });
+    assert_eq!(boom, Err(AskError::Panicked));
+    assert_eq!(after, Ok(0), "restarted with fresh state");
+    assert_eq!(runtime_panics(&sys, CallbackKind::Handler), 1);
+    assert!(seen
+        .lock()
+        .unwrap()
+        .contains(&(CallbackKind::Handler, "handler boom".to_owned())));
+    assert_actors_work(&sys);
+    let report = sys.shutdown();
+    assert_eq!(report.runtime.panics.handler, 1);
+}
+
+#[derive(Actor, Default)]
+#[actor(handles(Get), hooks)]
+struct BadStart;
+
+impl Hooks for BadStart {
+    async fn on_start(&mut self, _cx: &mut Ctx<Self>) {
+        panic!("on_start boom");
+    }
+}
+
+impl Handler<Get> for BadStart {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        1
+    }
+}
+
+#[test]
+fn a_lifecycle_hook_panic_is_reported_and_the_shard_goes_on() {
+    let (sys, seen) = system_with_hook();
+    let a = sys.spawn_actor(Placement::Pinned(S1), BadStart::default);
+    let asked = sys.block_on(async move {
+        mailring_actors::mailring::time::timeout(Duration::from_secs(5), a.ask(Get)).await
+    });
+    assert!(asked.expect("answered").is_err());
+    assert!(runtime_panics(&sys, CallbackKind::LifecycleHook) >= 1);
+    assert!(seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|(k, m)| *k == CallbackKind::LifecycleHook && m == "on_start boom"));
+    assert_actors_work(&sys);
+}
+
+#[test]
+fn a_factory_panic_is_reported_and_the_ask_fails() {
+    let (sys, _seen) = system_with_hook();
+    let a = sys.spawn_actor(Placement::Pinned(S1), || -> Counter {
+        panic!("factory boom")
+    });
+    let asked = sys.block_on(async move {
+        mailring_actors::mailring::time::timeout(Duration::from_secs(5), a.ask(Get)).await
+    });
+    assert!(asked.expect("answered").is_err());
+    assert_eq!(runtime_panics(&sys, CallbackKind::Factory), 1);
+    assert_actors_work(&sys);
+}
+
+/// A message whose `Drop` panics.
+#[derive(Message)]
+struct Grenade;
+
+impl Drop for Grenade {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            panic!("message drop boom");
+        }
+    }
+}
+
+#[derive(Actor, Default)]
+#[actor(handles(Grenade, Add, Get))]
+struct Sink {
+    total: u64,
+}
+
+impl Handler<Grenade> for Sink {
+    async fn handle(&mut self, m: Grenade, _cx: &mut Ctx<Self>) {
+        std::mem::forget(m);
+    }
+}
+
+impl Handler<Add> for Sink {
+    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
+        self.total += m.0;
+    }
+}
+
+impl Handler<Get> for Sink {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.total
+    }
+}
+
+/// Dead letters whose `Drop` panics are dropped by the delivery of a
+/// cross-shard batch that carries other actors' messages too: those must
+/// still be delivered.
+#[test]
+fn a_dead_letter_whose_drop_panics_does_not_lose_the_rest_of_its_batch() {
+    let (sys, _seen) = system_with_hook();
+    let dead = sys.spawn_actor(Placement::Pinned(S1), Sink::default);
+    let live = sys.spawn_actor(Placement::Pinned(S1), Sink::default);
+    let total = sys.block_on(async move {
+        dead.stop();
+        // Wait until the stop took effect (asks fail once it has).
+        while dead.ask(Get).await.is_ok() {
+            mailring_actors::mailring::time::sleep(Duration::from_millis(1)).await;
+        }
+        // One batch from shard 0 to shard 1: dead letters between live messages.
+        for i in 0..10 {
+            live.tell(Add(1)).unwrap();
+            if i % 3 == 0 {
+                let _ = dead.tell(Grenade);
+            }
+        }
+        live.ask(Get).await
+    });
+    assert_eq!(total, Ok(10), "every live message of the batch arrived");
+    assert!(runtime_panics(&sys, CallbackKind::Drop) >= 1);
+    assert_actors_work(&sys);
+}
