@@ -320,11 +320,10 @@ impl<A: Actor> Addr<A> {
         M::Reply: Send,
         A::Envelope: Send,
     {
-        let chain = match crate::runner::ask_chain(|| self.uid()) {
-            Ok(c) => c,
+        let (asked, reply) = match crate::runner::ask_chain(|| self.uid()) {
+            Ok(from) => new_ask(msg, from),
             Err(e) => return Reply::failed(e),
         };
-        let (asked, reply) = Asked::new(msg, chain);
         if let Some(c) = &self.capacity {
             c.force_acquire();
         }
@@ -446,6 +445,22 @@ impl<A: Actor> Addr<A> {
     }
 }
 
+/// A new ask of `msg`; `from`: the chain and target id of an ask made by an
+/// actor's future, whose handler may then block on the reply.
+fn new_ask<M>(msg: M, from: Option<(crate::runner::Chain, u64)>) -> (Asked<M>, Reply<M::Reply>)
+where
+    M: Message + Send,
+    M::Reply: Send,
+{
+    match from {
+        Some((chain, target)) => {
+            let (asked, reply) = Asked::new(msg, Some(chain));
+            (asked, reply.asked_of(target))
+        }
+        None => Asked::new(msg, None),
+    }
+}
+
 fn tell_error<M>(e: AskError, msg: M) -> TellError<M> {
     match e {
         AskError::NoFactory => TellError::NoFactory(msg),
@@ -531,8 +546,8 @@ impl<A: Actor> LocalAddr<A> {
         {
             let cell = self.cell.borrow();
             if cell.is_open() && cell.capacity.is_none() {
-                if let Err(env) = cell.push(A::envelope(msg)) {
-                    reply::drop_with_reason(AskError::Stopped, env);
+                if let Err((why, env)) = cell.push(A::envelope(msg)) {
+                    reply::drop_with_reason(why, env);
                 }
                 return Ok(());
             }
@@ -560,8 +575,8 @@ impl<A: Actor> LocalAddr<A> {
                 return Err(TellError::Full(msg));
             }
         }
-        if let Err(env) = cell.push(A::envelope(msg)) {
-            reply::drop_with_reason(AskError::Stopped, env);
+        if let Err((why, env)) = cell.push(A::envelope(msg)) {
+            reply::drop_with_reason(why, env);
         }
         Ok(())
     }
@@ -588,8 +603,8 @@ impl<A: Actor> LocalAddr<A> {
         M: Message + Send,
         M::Reply: Send,
     {
-        let chain = match crate::runner::ask_chain(|| self.addr.uid()) {
-            Ok(c) => c,
+        let from = match crate::runner::ask_chain(|| self.addr.uid()) {
+            Ok(from) => from,
             Err(e) => return Reply::failed(e),
         };
         self.pending.receive_pending();
@@ -597,12 +612,13 @@ impl<A: Actor> LocalAddr<A> {
             Ok(c) => c,
             Err(e) => return Reply::failed(e),
         };
-        let (asked, reply) = Asked::new(msg, chain);
+        let (asked, reply) = new_ask(msg, from);
         if let Some(c) = &cell.capacity {
             c.force_acquire();
         }
-        if let Err(env) = cell.push(A::ask_envelope(asked)) {
-            reply::drop_with_reason(AskError::Stopped, env);
+        if let Err((why, env)) = cell.push(A::ask_envelope(asked)) {
+            cell.free_place();
+            reply::drop_with_reason(why, env);
         }
         reply.with_default_deadline(self.addr.system.ask_timeout)
     }
