@@ -312,7 +312,9 @@ impl<A: Actor> Addr<A> {
     /// [`Reply::no_timeout`] says otherwise.
     ///
     /// The reply fails with [`AskError::WouldDeadlock`] at once when the
-    /// target is the asking actor itself or an actor waiting on it.
+    /// target is the asking actor itself or an actor waiting on it (on the
+    /// asker's ask chain), and when the ask reaches an actor whose handler
+    /// is blocked on an ask to the asking actor.
     pub fn ask<M>(&self, msg: M) -> Reply<M::Reply>
     where
         A: Accepts<M>,
