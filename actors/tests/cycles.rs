@@ -22,7 +22,7 @@ type Outcome = Option<Result<u64, AskError>>;
 
 /// An unkeyed actor that asks a peer from a tell handler.
 #[derive(Actor, Default)]
-#[actor(handles(Call, WaitCall, CallBack, Ping, GetOutcome))]
+#[actor(handles(Call, CallTwo, WaitCall, CallBack, Ping, GetOutcome))]
 struct Node {
     outcome: Outcome,
     pings: u64,
@@ -34,6 +34,15 @@ struct Node {
 struct Call {
     peer: Addr<Node>,
     delay: Duration,
+    hold: Duration,
+}
+
+/// Tell: ask `slow` a `Ping(hold)` and `peer` a `Ping(0)` at once, and
+/// await both (the handler is blocked on two asks); the outcome is the sum.
+#[derive(Message)]
+struct CallTwo {
+    slow: Addr<Node>,
+    peer: Addr<Node>,
     hold: Duration,
 }
 
@@ -65,6 +74,39 @@ impl Handler<Call> for Node {
             sleep(m.delay).await;
         }
         self.outcome = Some(m.peer.ask(Ping(m.hold)).await);
+    }
+}
+
+impl Handler<CallTwo> for Node {
+    async fn handle(&mut self, m: CallTwo, _cx: &mut Ctx<Self>) {
+        let mut slow = m.slow.ask(Ping(m.hold));
+        let mut peer = m.peer.ask(Ping(Duration::ZERO));
+        let (mut a, mut b) = (None, None);
+        // A join of the two replies, polled by the handler itself.
+        std::future::poll_fn(|cx| {
+            use std::future::Future;
+            use std::pin::Pin;
+            if a.is_none() {
+                if let std::task::Poll::Ready(r) = Pin::new(&mut slow).poll(cx) {
+                    a = Some(r);
+                }
+            }
+            if b.is_none() {
+                if let std::task::Poll::Ready(r) = Pin::new(&mut peer).poll(cx) {
+                    b = Some(r);
+                }
+            }
+            if a.is_some() && b.is_some() {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await;
+        self.outcome = Some(match (a.unwrap(), b.unwrap()) {
+            (Ok(x), Ok(y)) => Ok(x + y),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        });
     }
 }
 
@@ -232,6 +274,35 @@ fn tell_handlers_asking_each_other_on_one_shard_fail_one_ask_at_once() {
         assert_one_refused(&out);
     }
     assert_both_work(&sys, &a, &b);
+    sys.shutdown();
+}
+
+#[test]
+fn a_handler_blocked_on_two_asks_refuses_a_cycle_through_either() {
+    let sys = system(2);
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Node::default);
+    let b = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Node::default);
+    let c = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Node::default);
+    let out = sys.block_on(async move {
+        // a awaits c (slow, 200 ms) and b at once; 20 ms later b's handler
+        // asks a: a waits on b among others, so b's ask closes a cycle.
+        a.tell(CallTwo {
+            slow: c.clone(),
+            peer: b.clone(),
+            hold: Duration::from_millis(200),
+        })
+        .unwrap();
+        b.tell(Call {
+            peer: a.clone(),
+            delay: Duration::from_millis(20),
+            hold: Duration::ZERO,
+        })
+        .unwrap();
+        sleep(Duration::from_millis(50)).await;
+        (outcome_of(&b).await, outcome_of(&a).await)
+    });
+    assert_eq!(out.0, Some(Err(AskError::WouldDeadlock)), "{out:?}");
+    assert!(matches!(out.1, Some(Ok(_))), "{out:?}");
     sys.shutdown();
 }
 
