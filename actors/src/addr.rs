@@ -312,7 +312,9 @@ impl<A: Actor> Addr<A> {
     /// [`Reply::no_timeout`] says otherwise.
     ///
     /// The reply fails with [`AskError::WouldDeadlock`] at once when the
-    /// target is the asking actor itself or an actor waiting on it.
+    /// target is the asking actor itself or an actor waiting on it (on the
+    /// asker's ask chain), and when the ask reaches an actor whose handler
+    /// is blocked on an ask to the asking actor.
     pub fn ask<M>(&self, msg: M) -> Reply<M::Reply>
     where
         A: Accepts<M>,
@@ -320,11 +322,10 @@ impl<A: Actor> Addr<A> {
         M::Reply: Send,
         A::Envelope: Send,
     {
-        let chain = match crate::runner::ask_chain(|| self.uid()) {
-            Ok(c) => c,
+        let (asked, reply) = match crate::runner::ask_chain(|| self.uid()) {
+            Ok(from) => new_ask(msg, from),
             Err(e) => return Reply::failed(e),
         };
-        let (asked, reply) = Asked::new(msg, chain);
         if let Some(c) = &self.capacity {
             c.force_acquire();
         }
@@ -443,6 +444,22 @@ impl<A: Actor> Addr<A> {
             self.target_id(),
             Delivery::Watch(notify),
         );
+    }
+}
+
+/// A new ask of `msg`; `from`: the chain and target id of an ask made by an
+/// actor's future, whose handler may then block on the reply.
+fn new_ask<M>(msg: M, from: Option<(crate::runner::Chain, u64)>) -> (Asked<M>, Reply<M::Reply>)
+where
+    M: Message + Send,
+    M::Reply: Send,
+{
+    match from {
+        Some((chain, target)) => {
+            let (asked, reply) = Asked::new(msg, Some(chain));
+            (asked, reply.asked_of(target))
+        }
+        None => Asked::new(msg, None),
     }
 }
 
@@ -566,8 +583,8 @@ impl<A: Actor> LocalAddr<A> {
         {
             let cell = self.cell.borrow();
             if cell.is_open() && cell.capacity.is_none() {
-                if let Err(env) = cell.push(A::envelope(msg)) {
-                    reply::drop_with_reason(AskError::Stopped, env);
+                if let Err((why, env)) = cell.push(A::envelope(msg)) {
+                    reply::drop_with_reason(why, env);
                 }
                 return Ok(());
             }
@@ -595,8 +612,8 @@ impl<A: Actor> LocalAddr<A> {
                 return Err(TellError::Full(msg));
             }
         }
-        if let Err(env) = cell.push(A::envelope(msg)) {
-            reply::drop_with_reason(AskError::Stopped, env);
+        if let Err((why, env)) = cell.push(A::envelope(msg)) {
+            reply::drop_with_reason(why, env);
         }
         Ok(())
     }
@@ -623,8 +640,8 @@ impl<A: Actor> LocalAddr<A> {
         M: Message + Send,
         M::Reply: Send,
     {
-        let chain = match crate::runner::ask_chain(|| self.addr.uid()) {
-            Ok(c) => c,
+        let from = match crate::runner::ask_chain(|| self.addr.uid()) {
+            Ok(from) => from,
             Err(e) => return Reply::failed(e),
         };
         self.pending.receive_pending();
@@ -632,12 +649,13 @@ impl<A: Actor> LocalAddr<A> {
             Ok(c) => c,
             Err(e) => return Reply::failed(e),
         };
-        let (asked, reply) = Asked::new(msg, chain);
+        let (asked, reply) = new_ask(msg, from);
         if let Some(c) = &cell.capacity {
             c.force_acquire();
         }
-        if let Err(env) = cell.push(A::ask_envelope(asked)) {
-            reply::drop_with_reason(AskError::Stopped, env);
+        if let Err((why, env)) = cell.push(A::ask_envelope(asked)) {
+            cell.free_place();
+            reply::drop_with_reason(why, env);
         }
         reply.with_default_deadline(self.addr.system.ask_timeout)
     }

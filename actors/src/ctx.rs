@@ -64,6 +64,7 @@ impl<A: Actor> Ctx<A> {
             uid: cell.uid,
             chain: Cell::new(None),
             outgoing: Cell::new(None),
+            site: Some(cell.clone()),
         });
         Ctx {
             myself,

@@ -68,8 +68,14 @@ pub enum AskError {
     /// No reply before the deadline.
     #[error("no reply before the ask deadline")]
     Timeout,
-    /// The ask would wait on an actor that is itself waiting on the asker
-    /// (an actor asking itself, or a cycle of asks).
+    /// The ask would wait on an actor that is itself waiting on the asker:
+    /// an actor asking itself; an ask to an actor on the asker's ask chain
+    /// (the asker handles a message that actor is, transitively, waiting
+    /// for); or an ask that reaches an actor whose handler is blocked on an
+    /// ask to the asker (two handlers asking each other, from tells, on any
+    /// shards: exactly one of the two asks fails). Longer cycles whose hops
+    /// start from tell handlers are not detected (see
+    /// [`SystemConfig::ask_timeout`](crate::SystemConfig::ask_timeout)).
     #[error("ask cycle: the target is waiting on the asker, this ask would deadlock")]
     WouldDeadlock,
     /// The bounded mailbox is full (`try_ask` only).

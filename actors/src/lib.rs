@@ -69,6 +69,8 @@ mod addr;
 #[cfg(not(loom))]
 mod ctx;
 #[cfg(not(loom))]
+mod cycle;
+#[cfg(not(loom))]
 #[allow(unsafe_code)]
 mod erased;
 #[cfg(not(loom))]
@@ -111,7 +113,7 @@ pub use crate::error::{AskError, StopReason, TellError};
 #[cfg(not(loom))]
 pub use crate::flow::CREDIT_TAG_BASE;
 #[cfg(not(loom))]
-pub use crate::reply::{Asked, Reply, ReplyTo};
+pub use crate::reply::{AskProbe, Asked, Reply, ReplyTo};
 #[cfg(not(loom))]
 pub use crate::route::{route_hash, RouteHasher};
 #[cfg(not(loom))]

@@ -281,15 +281,20 @@ impl<A: Actor> TypeState<A> {
     /// closed meanwhile makes it a dead letter.
     #[inline]
     fn push_resolved(&self, cell: &ActorCell<A>, env: A::Envelope) {
-        if let Err(env) = self.push_or_free(cell, env) {
-            self.dead_letter(AskError::Stopped, env);
+        if let Err((why, env)) = self.push_or_free(cell, env) {
+            self.dead_letter(why, env);
         }
     }
 
-    /// Marks `cell` used and pushes `env`; a cell that closed meanwhile
-    /// frees the message's place and gives it back.
+    /// Marks `cell` used and pushes `env`; a cell that closed meanwhile, or
+    /// an ask its blocked actor refuses (an ask cycle, see `cycle`), frees
+    /// the message's place and gives it back with the reason.
     #[inline(always)]
-    fn push_or_free(&self, cell: &ActorCell<A>, env: A::Envelope) -> Result<(), A::Envelope> {
+    fn push_or_free(
+        &self,
+        cell: &ActorCell<A>,
+        env: A::Envelope,
+    ) -> Result<(), (AskError, A::Envelope)> {
         self.touch(cell);
         cell.push(env).inspect_err(|_| cell.free_place())
     }
@@ -302,8 +307,8 @@ impl<A: Actor> TypeState<A> {
     fn push_remote(&self, cell: &ActorCell<A>, env: A::Envelope, source: usize) -> bool {
         match self.push_or_free(cell, env) {
             Ok(()) => true,
-            Err(env) => {
-                self.dead_letter_from(source, AskError::Stopped, env);
+            Err((why, env)) => {
+                self.dead_letter_from(source, why, env);
                 false
             }
         }

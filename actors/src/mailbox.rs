@@ -1,8 +1,9 @@
 //! The actor cell: mailbox, wake-up and status of one activation, owned by
 //! the actor's shard (no atomics on the unbounded path).
 //!
-//! States of a cell: `open` while its actor task runs; closed (`open =
-//! false`) once the task has decided to stop, after which same-shard senders
+//! States of a cell: open while its actor task runs (and, within that,
+//! blocked while its handler awaits an ask: see `cycle`); closed once the
+//! task has decided to stop, after which same-shard senders
 //! get their message back and remote deliveries become dead letters (keyed
 //! actors: the next message activates a new cell instead). A closed cell is
 //! never reopened.
@@ -15,8 +16,10 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use crate::actor::Actor;
+use crate::actor::{Actor, Envelope};
 use crate::capacity::Capacity;
+use crate::cycle::{BlockSite, Verdict, Waits};
+use crate::error::AskError;
 use crate::flow::{RemoteCounts, ShardFlow};
 use crate::Terminated;
 
@@ -75,6 +78,11 @@ impl<E> Batch<E> {
     }
 }
 
+/// [`ActorCell::state`]: the cell takes messages.
+const OPEN: u8 = 1;
+/// [`ActorCell::state`]: the actor's handler awaits an ask (see `cycle`).
+const BLOCKED: u8 = 2;
+
 /// Called once with the actor's end.
 pub(crate) type Watcher = Box<dyn FnOnce(Terminated)>;
 
@@ -87,7 +95,10 @@ pub(crate) type Watcher = Box<dyn FnOnce(Terminated)>;
 /// does not clone the `Rc` never touches).
 #[repr(C, align(64))]
 pub(crate) struct ActorCell<A: Actor> {
-    open: Cell<bool>,
+    /// [`OPEN`] while the task runs, with [`BLOCKED`] while its handler
+    /// awaits an ask: a push compares it to `OPEN` alone and takes the
+    /// checked path otherwise.
+    state: Cell<u8>,
     /// The actor's task waits for a message (its waker is in `waker`).
     waiting: Cell<bool>,
     queue: RefCell<Vec<A::Envelope>>,
@@ -104,6 +115,8 @@ pub(crate) struct ActorCell<A: Actor> {
     pub(crate) capacity: Option<Arc<Capacity>>,
     watchers: RefCell<Vec<Watcher>>,
     pub(crate) high_water: Cell<usize>,
+    /// The asks its handler awaits (ask-cycle detection, see `cycle`).
+    waits: Waits,
 }
 
 impl<A: Actor> ActorCell<A> {
@@ -114,33 +127,59 @@ impl<A: Actor> ActorCell<A> {
             queue: RefCell::new(Vec::with_capacity(INITIAL_MAILBOX)),
             waiting: Cell::new(false),
             waker: Cell::new(None),
-            open: Cell::new(true),
+            state: Cell::new(OPEN),
             stop_request: Cell::new(None),
             last_used: Cell::new(0),
             remote: RemoteCounts::default(),
             capacity,
             watchers: RefCell::new(Vec::new()),
             high_water: Cell::new(0),
+            waits: Waits::default(),
         })
     }
 
     #[inline]
     pub(crate) fn is_open(&self) -> bool {
-        self.open.get()
+        self.state.get() & OPEN != 0
     }
 
-    /// Enqueues and wakes the actor's task if it waits; a closed cell gives
-    /// the envelope back.
+    /// Enqueues and wakes the actor's task if it waits. A closed cell gives
+    /// the envelope back (`Stopped`); an actor whose handler is blocked on
+    /// an ask to the actor that made this ask refuses it (`WouldDeadlock`).
     #[inline(always)]
-    pub(crate) fn push(&self, env: A::Envelope) -> Result<(), A::Envelope> {
-        if !self.open.get() {
-            return Err(env);
+    pub(crate) fn push(&self, env: A::Envelope) -> Result<(), (AskError, A::Envelope)> {
+        if self.state.get() != OPEN {
+            return self.push_checked(env);
         }
+        self.enqueue(env);
+        Ok(())
+    }
+
+    /// [`ActorCell::push`] to a closed cell or a blocked actor.
+    #[cold]
+    #[inline(never)]
+    fn push_checked(&self, env: A::Envelope) -> Result<(), (AskError, A::Envelope)> {
+        if !self.is_open() {
+            return Err((AskError::Stopped, env));
+        }
+        let verdict = env
+            .__ask_probe()
+            .map(|probe| self.waits.check(self.uid, &probe));
+        match verdict {
+            Some(Verdict::Refuse) => return Err((AskError::WouldDeadlock, env)),
+            Some(Verdict::Unblocked) => self.state.set(OPEN),
+            Some(Verdict::Queue) | None => {}
+        }
+        self.enqueue(env);
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn enqueue(&self, env: A::Envelope) {
         self.queue.borrow_mut().push(env);
         if self.waiting.get() {
             self.wake();
         }
-        Ok(())
     }
 
     #[cold]
@@ -238,7 +277,8 @@ impl<A: Actor> ActorCell<A> {
     /// Closes the cell: later pushes fail; queued envelopes are returned
     /// (and credited in `flow`: the caller drops them).
     pub(crate) fn close(&self, flow: &ShardFlow) -> Vec<A::Envelope> {
-        self.open.set(false);
+        self.state.set(0);
+        self.waits.clear();
         self.waiting.set(false);
         self.waker.take();
         let rest = std::mem::take(&mut *self.queue.borrow_mut());
@@ -257,6 +297,21 @@ impl<A: Actor> ActorCell<A> {
 
     pub(crate) fn take_watchers(&self) -> Vec<Watcher> {
         std::mem::take(&mut *self.watchers.borrow_mut())
+    }
+}
+
+impl<A: Actor> BlockSite for ActorCell<A> {
+    fn register(&self, waited: crate::reply::Waited) {
+        self.waits.register(waited);
+        if self.is_open() {
+            self.state.set(OPEN | BLOCKED);
+        }
+    }
+
+    fn unregister(&self, cell: std::ptr::NonNull<std::sync::atomic::AtomicUsize>) {
+        if self.waits.unregister(cell) && self.is_open() {
+            self.state.set(OPEN);
+        }
     }
 }
 

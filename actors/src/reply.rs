@@ -34,8 +34,12 @@ use crate::runner::Chain;
 /// The part of an ask's cell both halves use, whatever the message type.
 #[repr(C)]
 struct Header<R> {
-    /// Live handles: the asker's [`Reply`], and the envelope half ([`Asked`],
-    /// then [`ReplyTo`]). The last one to let go frees the cell.
+    /// Live handles in the low bits: the asker's [`Reply`], the envelope
+    /// half ([`Asked`], then [`ReplyTo`]) and, while a handler awaits the
+    /// reply, its actor's [`Waited`] entry. The last one to let go frees the
+    /// cell. The top bits are flags of ask-cycle detection ([`WAITED`],
+    /// [`ASKER_CLAIM`], [`TARGET_CLAIM`]), kept here so the cell stays one
+    /// cache line.
     refs: AtomicUsize,
     /// The first outcome wins: the handler's answer, or the reason it never came.
     reply: Slot<Result<R, AskError>>,
@@ -55,6 +59,19 @@ struct AskCell<M: Message> {
     /// is freed, because the envelope half deals with it before letting go.
     msg: MaybeUninit<M>,
 }
+
+/// Flag of [`Header::refs`]: a handler awaits this reply (its actor is
+/// blocked on it). Set with the [`Waited`] entry's handle, cleared by the
+/// [`Reply`] when it lets go (in the same subtraction as its handle).
+const WAITED: usize = 1 << (usize::BITS - 1);
+/// Flag of [`Header::refs`]: the asking actor refused an ask of a cycle
+/// whose arbiter is this ask (see [`Waited::claim`]).
+const ASKER_CLAIM: usize = 1 << (usize::BITS - 2);
+/// Flag of [`Header::refs`]: the asked actor refused an ask of a cycle
+/// whose arbiter is this ask.
+const TARGET_CLAIM: usize = 1 << (usize::BITS - 3);
+/// The handle count of [`Header::refs`] (at most 3 live).
+const COUNT: usize = TARGET_CLAIM - 1;
 
 /// Frees a cell of message type `M` whose last handle let go.
 ///
@@ -79,11 +96,22 @@ unsafe fn free_cell<M: Message>(header: NonNull<Header<M::Reply>>) {
 /// `header` is a live cell's header and the caller owns one of its handles,
 /// which it does not use again.
 unsafe fn release<R>(header: NonNull<Header<R>>) {
+    // SAFETY: (caller) as ours.
+    unsafe { release_with(header, 1) }
+}
+
+/// [`release`], subtracting `sub` (one handle, and flags the caller owns
+/// and knows are set).
+///
+/// # Safety
+///
+/// As [`release`]; the flags in `sub` are set.
+unsafe fn release_with<R>(header: NonNull<Header<R>>, sub: usize) {
     // SAFETY: (caller) the handle keeps the cell alive until this decrement.
     let h = unsafe { header.as_ref() };
     // Release: this side's uses of the cell happen before the free; the
     // Acquire fence below makes the freeing side see them (as `Arc` does).
-    if h.refs.fetch_sub(1, Ordering::Release) == 1 {
+    if (h.refs.fetch_sub(sub, Ordering::Release) - sub) & COUNT == 0 {
         fence(Ordering::Acquire);
         let free = h.free;
         // SAFETY: the count reached zero, so no other handle exists; `free`
@@ -152,6 +180,7 @@ where
             Reply {
                 inner: ReplyInner::Pending(cell.cast()),
                 timer: Timer::None,
+                wait: Wait::No,
             },
         )
     }
@@ -171,6 +200,130 @@ impl<M: Message> Asked<M> {
                 header: Some(cell.cast()),
             },
         )
+    }
+}
+
+impl<M: Message> Asked<M> {
+    /// What ask-cycle detection reads of an ask on its way to an actor.
+    #[doc(hidden)]
+    pub fn __probe(&self) -> AskProbe<'_> {
+        let header: NonNull<Header<M::Reply>> = self.cell.cast();
+        // SAFETY: our handle keeps the cell alive for the borrow of `self`;
+        // the chain is never written after the cell is made.
+        let h = unsafe { header.as_ref() };
+        AskProbe {
+            refs: &h.refs,
+            sender: h.chain.as_ref().and_then(|c| c.last().copied()),
+        }
+    }
+}
+
+/// An ask on its way to an actor, as ask-cycle detection sees it: the
+/// actor that asked (if a handler of one did) and the cell's shared word.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct AskProbe<'a> {
+    refs: &'a AtomicUsize,
+    sender: Option<u64>,
+}
+
+impl AskProbe<'_> {
+    /// The asking actor, when the ask was made by one of its handlers (the
+    /// last link of the ask chain).
+    pub(crate) fn sender(&self) -> Option<u64> {
+        self.sender
+    }
+
+    /// Claims the refusal of a cycle whose arbiter is this ask, as the actor
+    /// it is asked of (see [`Waited::claim`]).
+    pub(crate) fn claim_as_target(&self) -> bool {
+        claim(self.refs, TARGET_CLAIM, ASKER_CLAIM)
+    }
+}
+
+/// Sets `mine` in an arbiter's word unless `theirs` is set; whether it did.
+/// A side that loses leaves no mark: a later claim of the winner's side
+/// (a new ask of the cycle) still wins.
+fn claim(word: &AtomicUsize, mine: usize, theirs: usize) -> bool {
+    word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+        (w & theirs == 0).then_some(w | mine)
+    })
+    .is_ok()
+}
+
+/// A handler's wait on a reply, kept by its actor for ask-cycle detection:
+/// the target asked and a handle on the ask's cell (so the cell outlives
+/// the entry wherever the [`Reply`] goes). Lives on the actor's shard.
+pub(crate) struct Waited {
+    refs: NonNull<AtomicUsize>,
+    /// Lets go of the handle (knows the reply type).
+    release: unsafe fn(NonNull<AtomicUsize>),
+    target: u64,
+}
+
+impl fmt::Debug for Waited {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Waited")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Lets go of a [`Waited`] entry's handle.
+///
+/// # Safety
+///
+/// `refs` is the first field of a live `Header<R>` whose handle the caller
+/// owns and does not use again.
+unsafe fn release_waited<R>(refs: NonNull<AtomicUsize>) {
+    // SAFETY: (caller) `refs` starts the `repr(C)` header, so it is the header.
+    unsafe { release::<R>(refs.cast()) }
+}
+
+impl Waited {
+    /// The actor whose answer the handler awaits.
+    pub(crate) fn target(&self) -> u64 {
+        self.target
+    }
+
+    fn word(&self) -> &AtomicUsize {
+        // SAFETY: the entry's handle keeps the cell alive.
+        unsafe { self.refs.as_ref() }
+    }
+
+    /// Whether the handler still awaits it (its [`Reply`] is pending).
+    pub(crate) fn is_waited(&self) -> bool {
+        self.word().load(Ordering::Acquire) & WAITED != 0
+    }
+
+    /// Whether this entry is the one of `reply`'s cell.
+    pub(crate) fn is_of(&self, cell: NonNull<AtomicUsize>) -> bool {
+        self.refs == cell
+    }
+
+    /// Claims the refusal of a cycle whose arbiter is this ask, as the actor
+    /// that asked it.
+    ///
+    /// Two actors blocked on each other (A awaits its ask `a` to B, B its
+    /// ask `b` to A) may each see the other's ask arrive at once, on two
+    /// shards. Each refuses the ask it receives only after claiming one
+    /// arbiter, the same for both: the ask made by the actor of the lower
+    /// id. The first claim by either side wins (a single read-modify-write
+    /// on the arbiter's word); the other side sees it and lets its incoming
+    /// ask through, whose answer comes once the refused handler returns. So
+    /// exactly one ask of the pair fails. A side's own earlier claim does
+    /// not stop it, only the other side's does, and a losing claim leaves
+    /// no mark.
+    pub(crate) fn claim_as_asker(&self) -> bool {
+        claim(self.word(), ASKER_CLAIM, TARGET_CLAIM)
+    }
+}
+
+impl Drop for Waited {
+    fn drop(&mut self) {
+        // SAFETY: the entry's handle, not used again; `release` matches the
+        // cell's reply type.
+        unsafe { (self.release)(self.refs) }
     }
 }
 
@@ -310,6 +463,20 @@ enum Timer {
 pub struct Reply<R> {
     inner: ReplyInner<R>,
     timer: Timer,
+    wait: Wait,
+}
+
+/// Whether a handler awaits a [`Reply`] (ask-cycle detection).
+#[derive(Clone, Copy)]
+enum Wait {
+    /// Made outside any actor's handler, or polled first outside one (a
+    /// `wait_for` future, a task): no actor is blocked on it.
+    No,
+    /// Made by a handler, not polled yet: asks `target`.
+    Target(u64),
+    /// A handler awaits it; its actor keeps a [`Waited`] entry (the
+    /// [`WAITED`] flag is set).
+    Registered,
 }
 
 // SAFETY: a `Reply` is one handle on the reply slot, whose value arrives from
@@ -337,7 +504,54 @@ impl<R> Reply<R> {
         Reply {
             inner: ReplyInner::Failed(err),
             timer: Timer::None,
+            wait: Wait::No,
         }
+    }
+
+    /// Marks a reply made by a handler asking actor `target`: the first poll
+    /// from that handler records the wait on its actor (see [`Waited`]).
+    pub(crate) fn asked_of(mut self, target: u64) -> Self {
+        self.wait = Wait::Target(target);
+        self
+    }
+
+    /// At a poll that found no outcome: records that the handler being
+    /// polled (if any) awaits this reply.
+    #[cold]
+    fn register_wait(&mut self, header: NonNull<Header<R>>, target: u64) {
+        self.wait = Wait::No;
+        let Some(frame) = crate::runner::current_frame() else {
+            return;
+        };
+        let Some(site) = frame.site.as_ref() else {
+            return;
+        };
+        site.register(self.new_waited(header, target));
+    }
+
+    /// The entry of a handler's wait on this pending reply (a new handle).
+    fn new_waited(&mut self, header: NonNull<Header<R>>, target: u64) -> Waited {
+        // SAFETY: our handle keeps the cell alive; the new handle is the
+        // entry's (Relaxed, as `Arc::clone`: we already hold one).
+        unsafe { header.as_ref() }
+            .refs
+            .fetch_add(1 | WAITED, Ordering::Relaxed);
+        self.wait = Wait::Registered;
+        Waited {
+            refs: header.cast(),
+            release: release_waited::<R>,
+            target,
+        }
+    }
+
+    /// What a handler's first poll of this reply records on its actor, for
+    /// tests of the cycle check.
+    #[cfg(test)]
+    pub(crate) fn waited_for_test(&mut self, target: u64) -> Waited {
+        let ReplyInner::Pending(header) = self.inner else {
+            panic!("a pending reply")
+        };
+        self.new_waited(header, target)
     }
 
     /// Gives up with [`AskError::Timeout`] after `duration`; a duration too
@@ -372,8 +586,19 @@ impl<R> Reply<R> {
     /// Lets go of the cell (the outcome was taken, or the wait given up).
     fn finish(&mut self) {
         if let ReplyInner::Pending(header) = mem::replace(&mut self.inner, ReplyInner::Done) {
-            // SAFETY: the handle was ours and is gone from `inner`.
-            unsafe { release(header) };
+            let mut sub = 1;
+            if let Wait::Registered = mem::replace(&mut self.wait, Wait::No) {
+                // No handler awaits it any more: the flag goes with our
+                // handle, and the entry goes now if this is its actor's
+                // shard (else at its actor's next check).
+                sub |= WAITED;
+                if let Some(site) = crate::runner::current_frame().and_then(|f| f.site.clone()) {
+                    site.unregister(header.cast());
+                }
+            }
+            // SAFETY: the handle was ours and is gone from `inner`; the
+            // flag, when in `sub`, was set by our registration.
+            unsafe { release_with(header, sub) };
         }
     }
 }
@@ -421,6 +646,10 @@ impl<R> Future for Reply<R> {
         if timed_out {
             this.finish();
             return Poll::Ready(Err(AskError::Timeout));
+        }
+        if let (Wait::Target(target), ReplyInner::Pending(header)) = (this.wait, &this.inner) {
+            let header = *header;
+            this.register_wait(header, target);
         }
         Poll::Pending
     }

@@ -20,6 +20,9 @@
 //! actor and the chain of actors waiting on the message it handles; an ask
 //! made then carries the chain one link longer, and an ask to any actor on
 //! the chain fails at once with `AskError::WouldDeadlock`.
+//! A reply first polled then records, on the actor's cell (the frame's
+//! `site`), that its handler is blocked on it: see `cycle` for the cycles
+//! between handlers that this catches where chains do not.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -74,23 +77,30 @@ pub(crate) struct Frame {
     /// The chain of asks made while handling it (`chain` plus this actor),
     /// built by the first such ask and shared by the others.
     pub(crate) outgoing: Cell<Option<Chain>>,
+    /// Where the actor records the asks its handler is blocked on (its cell).
+    pub(crate) site: Option<Rc<dyn crate::cycle::BlockSite>>,
 }
 
 thread_local! {
     static FRAME: Cell<Option<Rc<Frame>>> = const { Cell::new(None) };
 }
 
-/// The chain a new ask carries, or `WouldDeadlock` if `target` is on it.
-pub(crate) fn ask_chain(target: impl FnOnce() -> u64) -> Result<Option<Chain>, AskError> {
-    let frame = FRAME
+/// The frame of the actor being polled on this thread, if any.
+pub(crate) fn current_frame() -> Option<Rc<Frame>> {
+    FRAME
         .try_with(|f| {
             let frame = f.take();
             f.set(frame.clone());
             frame
         })
         .ok()
-        .flatten();
-    let Some(frame) = frame else {
+        .flatten()
+}
+
+/// The chain a new ask carries and its target's id (when an actor's
+/// future makes it), or `WouldDeadlock` if `target` is on the chain.
+pub(crate) fn ask_chain(target: impl FnOnce() -> u64) -> Result<Option<(Chain, u64)>, AskError> {
+    let Some(frame) = current_frame() else {
         return Ok(None);
     };
     let target = target();
@@ -107,7 +117,7 @@ pub(crate) fn ask_chain(target: impl FnOnce() -> u64) -> Result<Option<Chain>, A
     });
     frame.outgoing.set(Some(links.clone()));
     frame.chain.set(chain);
-    Ok(Some(links))
+    Ok(Some((links, target)))
 }
 
 /// Polls `fut` with the actor's frame installed, catching panics.
@@ -575,6 +585,7 @@ mod tests {
             uid: 7,
             chain: Cell::new(None),
             outgoing: Cell::new(None),
+            site: None,
         });
         let big = [0u8; 256];
         let inner = async move { big.len() };

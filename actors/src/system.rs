@@ -235,8 +235,20 @@ impl<K> Default for KeyedCapacities<K> {
 pub struct SystemConfig {
     /// The default deadline of every `ask` (`None`, the default: wait as long
     /// as the actor lives; an ask to a stopped or panicking actor fails at
-    /// once, and ask cycles between actors are detected, so no deadline is
-    /// needed for those).
+    /// once, and these ask cycles are detected and fail one ask with
+    /// [`AskError::WouldDeadlock`](crate::AskError::WouldDeadlock), so no
+    /// deadline is needed for them: an actor asking itself; a cycle along
+    /// one ask chain (C asks B, B's handler asks A, A's handler asks C); and two
+    /// handlers blocked on asks to each other, on any shards (A's handler
+    /// asks B while B's asks A, both from tells).
+    ///
+    /// A deadline is still needed for cycles of three or more actors whose
+    /// hops each start from a tell handler (A's handler asks B, B's asks C,
+    /// C's asks A), and for waits through something other than asks (a
+    /// channel fed by another actor). Asks awaited through
+    /// [`Ctx::wait_for`](crate::Ctx::wait_for) and asks from outside actors
+    /// are not blocked waits: they are never refused, and wait as long as
+    /// the actor they ask takes.
     pub ask_timeout: Option<Duration>,
     /// How long [`ActorSystem::shutdown`] waits for actors to run `on_stop`.
     pub shutdown_grace: Duration,

@@ -256,6 +256,13 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                             #env::__Continue(c) => c.run(actor, cx),
                         }
                     }
+
+                    fn __ask_probe(&self) -> ::core::option::Option<::mailring_actors::AskProbe<'_>> {
+                        match self {
+                            #( #env::#asks(asked) => ::core::option::Option::Some(asked.__probe()), )*
+                            _ => ::core::option::Option::None,
+                        }
+                    }
                 }
 
                 #(
