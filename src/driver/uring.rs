@@ -37,6 +37,9 @@ pub(crate) struct UringDriver {
     timeouts_in_flight: usize,
     skip_success: squeue::Flags,
     cqes: Vec<(u64, i32, u32)>,
+    /// Completions taken off the CQ to let a full SQ drain (see `push`);
+    /// the next `reap` hands them out first, in order.
+    stash: Vec<(u64, i32, u32)>,
     cancelling: bool,
     overflows: u64,
 }
@@ -73,6 +76,7 @@ impl UringDriver {
             timeouts_in_flight: 0,
             skip_success,
             cqes: Vec::with_capacity(256),
+            stash: Vec::new(),
             cancelling: false,
             overflows: 0,
         };
@@ -125,8 +129,18 @@ impl UringDriver {
             }
             if let Err(e) = self.ring.submit() {
                 if e.raw_os_error() == Some(libc::EBUSY) {
-                    // CQ overflow backlog: make room by consuming completions
-                    // later; the SQ drains once the kernel accepts again.
+                    // The kernel refuses submissions while completions wait
+                    // (older kernels, with a CQ overflow backlog). The caller
+                    // may hold the op table, so the completions cannot be
+                    // dispatched here: they are moved to the stash, which
+                    // frees the CQ (and lets the kernel flush its backlog
+                    // into it), and `reap` hands them out later.
+                    let stash = &mut self.stash;
+                    stash.extend(
+                        self.ring
+                            .completion()
+                            .map(|cqe| (cqe.user_data(), cqe.result(), cqe.flags())),
+                    );
                     let _ = self.ring.submitter().submit_and_wait(0);
                 }
             }
@@ -266,7 +280,7 @@ impl ShardDriver for UringDriver {
         // ring's single issuer and no `SubmissionQueue`/`CompletionQueue` borrow
         // is alive across this call.
         let (sq, cq) = unsafe { (self.ring.submission_shared(), self.ring.completion_shared()) };
-        !cq.is_empty() || sq.taskrun() || sq.cq_overflow()
+        !self.stash.is_empty() || !cq.is_empty() || sq.taskrun() || sq.cq_overflow()
     }
 
     fn submit(&mut self) -> io::Result<()> {
@@ -347,6 +361,7 @@ impl ShardDriver for UringDriver {
 
     fn reap(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
         self.cqes.clear();
+        self.cqes.append(&mut self.stash);
         self.cqes.extend(
             self.ring
                 .completion()
