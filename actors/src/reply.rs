@@ -556,6 +556,7 @@ impl<R> Reply<R> {
 
     /// Gives up with [`AskError::Timeout`] after `duration`; a duration too
     /// long for an `Instant` (`Duration::MAX`) sets no deadline.
+    #[inline]
     pub fn timeout(self, duration: Duration) -> Self {
         match mailring::time::now().checked_add(duration) {
             Some(deadline) => self.deadline(deadline),
@@ -564,6 +565,7 @@ impl<R> Reply<R> {
     }
 
     /// Gives up with [`AskError::Timeout`] at `deadline`.
+    #[inline]
     pub fn deadline(mut self, deadline: Instant) -> Self {
         self.timer = Timer::At(deadline);
         self
@@ -571,11 +573,13 @@ impl<R> Reply<R> {
 
     /// Waits for as long as it takes (no deadline; a dead actor still fails
     /// the ask at once).
+    #[inline]
     pub fn no_timeout(mut self) -> Self {
         self.timer = Timer::None;
         self
     }
 
+    #[inline]
     pub(crate) fn with_default_deadline(self, timeout: Option<Duration>) -> Self {
         match timeout {
             Some(t) => self.timeout(t),
@@ -584,6 +588,7 @@ impl<R> Reply<R> {
     }
 
     /// Lets go of the cell (the outcome was taken, or the wait given up).
+    #[inline]
     fn finish(&mut self) {
         if let ReplyInner::Pending(header) = mem::replace(&mut self.inner, ReplyInner::Done) {
             let mut sub = 1;
