@@ -164,3 +164,79 @@ fn an_io_future_moved_off_its_shard_mid_flight_completes_where_it_is_polled() {
     // The shard is unharmed.
     assert_eq!(rt.block_on(async { 5 }), 5);
 }
+
+/// A waker that, when woken, drops an I/O future it holds (whose drop goes
+/// to the op table). Several tasks waiting on one multishot accept are woken
+/// by one completion; before, they were woken inside the op table's borrow
+/// and such a waker's drop found the table borrowed (a panic on the shard).
+struct DropOnWake {
+    held: std::sync::Mutex<Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>>,
+    woken: std::sync::atomic::AtomicUsize,
+}
+
+impl std::task::Wake for DropOnWake {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.woken.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let held = self.held.lock().unwrap().take();
+        drop(held);
+    }
+}
+
+#[test]
+fn wakers_of_a_multishot_accept_run_outside_the_op_table() {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    let rt = super::rt2();
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let h = rt.handle().clone();
+    let done = h.spawn_local_on(ShardId::new(0), move || async move {
+        let listener = mailring::net::TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        addr_tx.send(listener.local_addr()).unwrap();
+        // Two wakers on the listener's one multishot accept, each holding a
+        // pending receive (an op in the table) that its wake drops.
+        let mut wakers = Vec::new();
+        let mut keep = Vec::new();
+        for _ in 0..2 {
+            let (a, b) = mailring::net::UnixStream::pair().unwrap();
+            let mut recv: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> =
+                Box::pin(async move {
+                    let _ = a.recv(vec![0u8; 8]).await;
+                });
+            std::future::poll_fn(|cx| {
+                assert!(recv.as_mut().poll(cx).is_pending());
+                std::task::Poll::Ready(())
+            })
+            .await;
+            keep.push(b);
+            let w = Arc::new(DropOnWake {
+                held: std::sync::Mutex::new(Some(recv)),
+                woken: Default::default(),
+            });
+            let waker = std::task::Waker::from(w.clone());
+            let mut accept = Box::pin(listener.accept());
+            let mut cx = std::task::Context::from_waker(&waker);
+            assert!(accept.as_mut().poll(&mut cx).is_pending());
+            wakers.push(w);
+        }
+        // The connection's CQE wakes both; then this task takes it.
+        let (conn, _) = mailring::time::timeout(Duration::from_secs(5), listener.accept())
+            .await
+            .expect("accepted")
+            .unwrap();
+        drop(conn);
+        wakers
+            .iter()
+            .map(|w| w.woken.load(Ordering::SeqCst))
+            .sum::<usize>()
+    });
+    let addr = addr_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let _client = std::net::TcpStream::connect(addr).unwrap();
+    let woken =
+        rt.block_on(async move { mailring::time::timeout(Duration::from_secs(10), done).await });
+    let woken = woken.expect("the shard survived").unwrap();
+    assert!(woken >= 2, "both wakers ran: {woken}");
+    assert_eq!(rt.stats().shards[0].panics.total(), 0);
+}
