@@ -107,8 +107,10 @@ unsafe impl IoBuf for Bytes {
     }
 }
 
-// SAFETY: a `BytesMut` owns its allocation uniquely while we hold it; moving
-// the handle does not move the bytes.
+// SAFETY: a `BytesMut` owns its view (`..capacity`) exclusively: handles
+// split from the same allocation cover disjoint ranges, and only `&mut`
+// methods (which an op holding it excludes) reallocate. Moving the handle
+// does not move the bytes.
 unsafe impl IoBuf for BytesMut {
     fn stable_ptr(&self) -> *const u8 {
         self.as_ptr()

@@ -200,7 +200,9 @@ impl<T, const N: usize> PeerRing<T, N> {
             }
             // SAFETY: the Acquire load saw the producer's Release of this
             // push: the value is initialised, and until the store below hands
-            // the slot back the producer does not touch it.
+            // the slot back the producer does not touch it. The inbox is not
+            // closed (`drain_into` checks, and only this reader closes it; the
+            // ring's drop has `&mut`), so no producer takes the item back.
             let stamp = slot.value.with(|p| unsafe { (*p).assume_init_ref().0 });
             if stamp > max {
                 break;

@@ -119,7 +119,8 @@ pub(crate) trait ShardDriver {
     /// # Safety
     ///
     /// Every buffer, path or fd the entry refers to must stay valid until the
-    /// operation's CQE has been reaped (the op table keeps them).
+    /// operation's CQE has been reaped (the op, or its op-table slot, keeps
+    /// them; what may never be reaped is leaked, see `Op::submit`).
     unsafe fn push_op(&mut self, entry: &io_uring::squeue::Entry);
     /// Queues an `ASYNC_CANCEL` for the operation with this `user_data`.
     fn queue_cancel(&mut self, user_data: u64);

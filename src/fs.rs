@@ -184,7 +184,9 @@ impl OpenOptions {
 /// Closes the fd an abandoned `openat` produced.
 fn close_fd(res: i32, _flags: u32, _resources: &dyn std::any::Any) {
     if res >= 0 {
-        // SAFETY: the fd was created by the abandoned open and nobody else has it.
+        // SAFETY: `res` is the descriptor this openat created and no poll
+        // handed out: the cleanup runs only on an abandoned op's CQE or on a
+        // finished op dropped unpolled, so nothing else owns it.
         drop(unsafe { OwnedFd::from_raw_fd(res) });
     }
 }

@@ -63,7 +63,10 @@ pub use self::unix::{UnixDatagram, UnixListener, UnixStream};
 /// Closes the fd an abandoned `accept` produced.
 pub(crate) fn close_fd(res: i32, _flags: u32, _resources: &dyn std::any::Any) {
     if res >= 0 {
-        // SAFETY: the fd was created by the abandoned accept and nobody else has it.
+        // SAFETY: `res` is a descriptor an accept created for us that no
+        // poll handed out: a cleanup runs only on results nobody takes (an
+        // abandoned op's CQEs, a finished op dropped unpolled, results still
+        // queued when a multishot op is dropped), so nothing else owns it.
         drop(unsafe { OwnedFd::from_raw_fd(res) });
     }
 }
@@ -290,8 +293,11 @@ impl<'a> RecvMultishot<'a> {
                 let entry = opcode::RecvMulti::new(Fd(raw), self.ring.group()).build();
                 let keep: Box<dyn std::any::Any + Send> =
                     Box::new((self.stream.inner.fd.clone(), self.ring.clone()));
-                // SAFETY: a multishot receive writes only into buffers of the ring
-                // it names, which `keep` holds (with the fd) until its last CQE.
+                // SAFETY: a multishot receive writes only into buffers of the
+                // group it names, which is this ring's: the ring is registered
+                // on this shard (`on_owner` above), so the group id names it
+                // and not another shard's ring. `keep` holds the ring (with the
+                // fd) until the op's last CQE (`MultishotOp::submit`).
                 match unsafe { MultishotOp::submit(keep, recycle_buffer, entry) } {
                     Ok(op) => self.op = Some(op),
                     Err(e) => return Poll::Ready(Some(Err(e))),

@@ -358,9 +358,14 @@ impl<T: 'static> Op<T> {
         with_current(move |shard| {
             let (key, generation) = shard.ops_mut().insert();
             let entry = entry.user_data(user_data(key, generation));
-            // SAFETY: the caller guarantees the entry only refers to memory that
-            // `resources` owns at a stable address; the `Op` (or, once dropped,
-            // the op table) keeps `resources` until the CQE is reaped.
+            // SAFETY: the entry refers only to memory `resources` owns at a
+            // stable address (caller). `resources` is never freed before this
+            // op's CQE is reaped on this shard: the `Op` holds it (and gives it
+            // up only after the result was taken here, or handed over by this
+            // shard after the CQE, see `RemoteResult`); dropped here, it moves
+            // into the `Abandoned` slot until the CQE; dropped off this shard,
+            // it is forgotten; still in flight at the end of shutdown, it is
+            // leaked with its slot (`leak_pending`).
             unsafe { shard.push_op(&entry) };
             Op {
                 key,
@@ -699,7 +704,9 @@ impl MultishotOp {
     ///
     /// # Safety
     ///
-    /// The entry may refer only to resources `keep` owns (the fd, a buffer ring).
+    /// The entry may refer only to resources `keep` owns (the fd, a buffer
+    /// ring), and a buffer group it names must be one registered on the
+    /// current shard (group ids repeat across shards).
     pub(crate) unsafe fn submit(
         keep: Box<dyn Any + Send>,
         cleanup: Cleanup,
@@ -715,8 +722,14 @@ impl MultishotOp {
                 };
             }
             let entry = entry.user_data(user_data(key, generation));
-            // SAFETY: the entry refers only to the fd, which `keep` holds open
-            // until the op's last CQE (the caller's contract).
+            // SAFETY: the entry refers only to what `keep` owns (the fd, and
+            // for a receive the buffer ring of this shard's group named in
+            // it; caller's contract). `keep` is never freed before the op's
+            // last CQE is reaped here: the `MultishotOp` holds it, its drop
+            // here moves it into the `Abandoned` slot (freed on the CQE
+            // without `IORING_CQE_F_MORE`), a drop elsewhere sends the op home
+            // or, once shutting down, forgets `keep`, and shutdown leaks a
+            // slot still live (`leak_pending`).
             unsafe { shard.push_op(&entry) };
             MultishotOp {
                 key,

@@ -94,9 +94,13 @@ pub(crate) struct Task<F: Future> {
     join: JoinCell<F::Output>,
 }
 
-// SAFETY: the future and `owned_slot` are only accessed on the home shard's
-// thread (module docs, "Thread safety"); everything else is atomic or behind
-// the join cell's mutex. The output crosses threads only through a
+// SAFETY: the future and `owned_slot` of a started task are only accessed on
+// the home shard's thread (module docs, "Thread safety"). A task that never
+// started is dropped by whoever holds its one queued reference (`refuse`, the
+// injector's drain at shutdown); its future is then a `Send` one (a `spawn`
+// future, or a `LocalFactory` still holding its `Send` factory: `spawn_local`
+// tasks are queued only on their own shard). Everything else is atomic or
+// behind the join cell's mutex. The output crosses threads only through a
 // `JoinHandle<T>`, which is itself `Send` only when `T: Send`.
 unsafe impl<F: Future> Send for Task<F> {}
 // SAFETY: as for `Send`: shared access from other threads touches only
@@ -173,7 +177,10 @@ where
     /// and reported as [`CallbackKind::Drop`].
     fn finish(&self, shard: Option<&Shard>, result: Result<F::Output, JoinError>) {
         let shard_index = shard.map(Shard::index);
-        // SAFETY: called on the home thread, never while the future is being polled.
+        // SAFETY: called on the home thread for a started task, never while
+        // the future is being polled; for a task that never started, by the
+        // holder of its only queued reference, so nobody else can reach the
+        // future (and it is `Send`, see the `Send` impl).
         let future = unsafe { (*self.future.get()).take() };
         let drop_result = catch_unwind(AssertUnwindSafe(move || drop(future)));
         self.state.fetch_or(COMPLETE, Ordering::AcqRel);

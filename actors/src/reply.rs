@@ -481,7 +481,10 @@ enum Wait {
 
 // SAFETY: a `Reply` is one handle on the reply slot, whose value arrives from
 // the actor's shard (`Slot` is `Sync` for `Send` values; the count is
-// atomic); the rest of it is plain data.
+// atomic; the chain is an `Arc<Vec<u64>>`). The rest is `Send` on its own:
+// the deadline's `Sleep` (polled and dropped on any thread) and the wait
+// marker (its `Waited` entry stays with the actor, which a drop elsewhere
+// leaves to the actor's next check).
 unsafe impl<R: Send> Send for Reply<R> {}
 // SAFETY: `&Reply` reaches nothing but the deadline (`Debug`).
 unsafe impl<R: Send> Sync for Reply<R> {}

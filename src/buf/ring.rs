@@ -90,10 +90,15 @@ struct Inner {
     handle: Handle,
 }
 
-// SAFETY: the raw memory is written only on the owning shard's thread (checked
-// by `on_owner` before every write) and read by the kernel; counters are atomics.
+// SAFETY: the ring entries are written only by `provide`, on the owning
+// shard's thread (its callers: `new`, and `release`, reached from a `RecvBuf`
+// dropped there or sent there with `run_on`); the buffers are written only by
+// the kernel; the rest is atomics and mutexes. The memory is freed only on
+// the owning shard (`Drop` leaks it elsewhere).
 unsafe impl Send for Inner {}
-// SAFETY: as for `Send`; shared access from other threads touches nothing.
+// SAFETY: as for `Send`; from other threads, `&Inner` reads only the atomics,
+// the mutexes and, through a `RecvBuf`'s `Deref`, the bytes of a buffer that
+// nobody writes until that `RecvBuf` is dropped.
 unsafe impl Sync for Inner {}
 
 impl fmt::Debug for BufRing {
@@ -145,8 +150,10 @@ impl BufRing {
             ));
         };
         let registered = with_current(|shard| {
-            // SAFETY: `ring` points to `entries` zeroed, page-aligned entries that
-            // live until `Inner` is dropped, which unregisters the group first.
+            // SAFETY: `ring` points to `entries` zeroed, page-aligned entries,
+            // freed only by `Inner`'s drop on this shard after the kernel
+            // unregistered the group; dropped anywhere else (or when the
+            // unregistration fails) they are leaked.
             let group = unsafe { shard.register_buf_ring(ring.as_ptr() as u64, entries) };
             group.map(|(g, inc)| (g, inc, shard.runtime_id(), shard.index()))
         });

@@ -107,9 +107,11 @@ impl UringDriver {
         let entry = opcode::Read::new(Fd(self.eventfd.as_raw_fd()), buf.cast(), 8)
             .build()
             .user_data(token(KIND_EVENTFD, 0));
-        // SAFETY: the read targets `eventfd_buf`, a heap allocation owned by the
-        // driver; it is freed only after this read's CQE (see `Drop`), and no
-        // other read is armed on it meanwhile (`eventfd_armed`).
+        // SAFETY: the read writes 8 bytes into `eventfd_buf`, a heap box the
+        // driver owns. `eventfd_armed` stays set until `reap` hands out this
+        // read's CQE (a CQE moved to the stash by `push` counts only once
+        // reaped), no other read is armed while it is set, and `Drop` leaks
+        // the box rather than free it while it is set.
         unsafe { self.push(&entry) };
         self.eventfd_armed = true;
     }
@@ -267,9 +269,13 @@ impl ShardDriver for UringDriver {
             .flags(TimeoutFlags::ABS)
             .build()
             .user_data(token(KIND_TIMER, self.timer_generation));
-        // SAFETY: `timer_ts` is owned by the driver and only rewritten by the next
-        // `arm_timer`, which the scheduler calls once per park, after the previous
-        // SQE was submitted by `wait`; the kernel copies the timespec at submission.
+        // SAFETY: `timer_ts` is a heap box the driver owns and never frees
+        // before the ring is closed (`ring` is dropped first). The kernel
+        // copies the timespec when it prepares the SQE, inside an
+        // `io_uring_enter` made by this thread (no SQPOLL), so it never reads
+        // while this thread writes. A later `arm_timer` that rewrites it
+        // before this SQE was submitted (a park that returned before `wait`)
+        // only gives that SQE the newer, earlier deadline.
         unsafe { self.push(&entry) };
         self.timeouts_in_flight += 1;
         self.timer_armed = Some((deadline, self.timer_generation));

@@ -21,7 +21,10 @@ struct Msg {
 struct MsgBox(Box<Msg>);
 
 // SAFETY: the raw pointers inside point into this same allocation and into the
-// buffer the operation owns beside it; no other thread ever sees them.
+// buffer the operation owns beside it; only the kernel dereferences them, while
+// the op is in flight. The box may move to another thread with its op (polled
+// or dropped off its shard), where only its plain fields are read after the
+// CQE (`msg_namelen`, the address), never concurrently with anyone.
 unsafe impl Send for MsgBox {}
 
 impl MsgBox {
@@ -130,7 +133,9 @@ pub(crate) async fn recv_msg<B: IoBufMut>(
             // SAFETY: the kernel wrote `n` bytes at the buffer's start.
             unsafe { buf.set_init(n as usize) };
             let m = &*msg.0;
-            // SAFETY: the kernel initialised `msg_namelen` bytes of the address slot.
+            // SAFETY: the slot was zeroed at creation, so it is initialised,
+            // and the kernel wrote the sender's address into it with its
+            // length in `msg_namelen` (at most the slot's size).
             let from = unsafe { SockAddr::new(m.addr.assume_init_read(), m.hdr.msg_namelen) };
             (Ok((n as usize, from)), buf)
         }
