@@ -519,12 +519,20 @@ impl<T: 'static> Drop for Op<T> {
         if self.key == usize::MAX {
             return;
         }
-        let mut resources = self.resources.take();
+        // Forgotten, not freed, if anything below unwinds (a waker's or a
+        // cleanup's panic): the kernel may still use them.
+        let mut guard = ForgetOnUnwind(Some(self.resources.take()));
+        let resources = guard.0.as_mut().expect("just filled");
         let (key, generation, cleanup) = (self.key, self.generation, self.cleanup.take());
         let (runtime, home) = (self.runtime, self.shard);
         if let Some(remote) = &self.remote {
-            if remote.lock().result.is_some() {
-                // Handed over: the kernel is done with the resources.
+            let handed_over = remote.lock().result.take();
+            if let Some((res, flags)) = handed_over {
+                // Handed over and never looked at: the kernel is done with
+                // the resources; undo what the op produced.
+                if let Some(cleanup) = cleanup {
+                    cleanup(res, flags, &*resources);
+                }
                 return;
             }
         }
@@ -540,7 +548,7 @@ impl<T: 'static> Drop for Op<T> {
             if let SlotState::Done { res, flags } = slot.state {
                 // Completed but never looked at: undo what it produced.
                 if let Some(cleanup) = cleanup {
-                    cleanup(res, flags, &resources);
+                    cleanup(res, flags, &*resources);
                 }
                 ops.slots.remove(key);
                 return true;
@@ -557,7 +565,20 @@ impl<T: 'static> Drop for Op<T> {
             // Dropped off its shard (only possible by moving an in-flight future
             // between threads by hand): the kernel may still write into the
             // resources, so they are leaked rather than freed.
-            std::mem::forget(resources);
+            std::mem::forget(resources.take());
+        }
+    }
+}
+
+/// Holds what an op lent the kernel while its drop runs code that may
+/// unwind (wakers, cleanups, a borrowed table): an unwind forgets it
+/// instead of freeing memory the kernel may still write.
+struct ForgetOnUnwind<T>(Option<T>);
+
+impl<T> Drop for ForgetOnUnwind<T> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            std::mem::forget(self.0.take());
         }
     }
 }
@@ -781,34 +802,51 @@ impl Drop for MultishotOp {
     fn drop(&mut self) {
         let (key, generation, cleanup) = (self.key, self.generation, self.cleanup);
         let Some(keep) = self.keep.take() else { return };
-        let mut keep = Some(keep);
+        // What the op lent the kernel is forgotten, not freed, if a cleanup
+        // below unwinds (a buffer's return wakes user wakers).
+        let mut keep = ForgetOnUnwind(Some(keep));
         let (runtime, home) = (self.runtime, self.shard);
-        let handled = with_current(|shard| {
+        // 1. Take the results nobody will read, outside of which no user
+        //    code runs with the op table borrowed.
+        let queued = with_current(|shard| {
             if shard.runtime_id() != runtime || shard.index() != home {
-                return false;
+                return None;
             }
             let mut ops = shard.ops_mut();
-            let Some(slot) = ops.slot_mut(key, generation) else {
-                return true;
+            let results = match ops.slot_mut(key, generation).map(|s| &mut s.state) {
+                Some(SlotState::Multishot { results, .. }) => std::mem::take(results),
+                _ => Default::default(),
             };
-            let SlotState::Multishot { results, live, .. } = &mut slot.state else {
-                return true;
-            };
-            let resources: &dyn Any = keep.as_deref().expect("present");
-            for (res, flags) in results.drain(..) {
+            Some(results)
+        })
+        .flatten();
+        let handled = queued.map(|queued| {
+            // 2. Undo them (close accepted fds, give buffers back).
+            let resources: &dyn Any = keep.0.as_deref().expect("present");
+            for (res, flags) in queued {
                 cleanup(res, flags, resources);
             }
-            if !*live {
-                ops.slots.remove(key);
-                return true;
-            }
-            let resources: Box<dyn Any> = keep.take().expect("present");
-            slot.state = SlotState::Abandoned {
-                resources,
-                cleanup: Some(cleanup),
-            };
-            drop(ops);
-            shard.cancel_op(user_data(key, generation));
+            // 3. A live op keeps its resources in its slot until its last CQE.
+            with_current(|shard| {
+                let mut ops = shard.ops_mut();
+                let Some(slot) = ops.slot_mut(key, generation) else {
+                    return;
+                };
+                let SlotState::Multishot { live, .. } = &slot.state else {
+                    return;
+                };
+                if !*live {
+                    ops.slots.remove(key);
+                    return;
+                }
+                let resources: Box<dyn Any> = keep.0.take().expect("present");
+                slot.state = SlotState::Abandoned {
+                    resources,
+                    cleanup: Some(cleanup),
+                };
+                drop(ops);
+                shard.cancel_op(user_data(key, generation));
+            });
             true
         });
         if handled == Some(true) {
@@ -820,7 +858,7 @@ impl Drop for MultishotOp {
         // accepting). A runtime that is shutting down cannot take it: its
         // shutdown cancels every operation, and the resources are leaked
         // rather than freed under the kernel.
-        let keep = keep.take();
+        let keep = keep.0.take();
         if self.shared.is_shutting_down() {
             std::mem::forget(keep);
             return;
