@@ -2,16 +2,29 @@
 //!
 //! Threads start on demand up to a maximum and exit after ten idle seconds.
 //! At shutdown queued jobs are dropped (their handles resolve to `Cancelled`)
-//! and running ones are waited for.
+//! and running ones are waited for up to a grace period; the threads of jobs
+//! still running after it are detached (they finish on their own, and their
+//! handles resolve when the job ends) and counted as abandoned.
+//!
+//! No user code unwinds through a pool thread: a job's closure runs inside a
+//! `catch_unwind` (its panic goes to its `JoinHandle`), and what can still
+//! panic around it (the `Drop` of an output nobody awaits, of a closure
+//! dropped unrun, the joiner's waker) is caught too and reported to the
+//! runtime as a [`CallbackKind::Drop`] panic off the shards. A pool thread
+//! keeps its count in the pool exact whatever happens, so the pool never
+//! believes in threads that are gone.
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::panic::{drop_payload, CallbackKind};
+use crate::runtime::Shared;
 use crate::task::join::{JoinCell, JoinError, JoinHandle, Joinable};
 
 const KEEP_ALIVE: Duration = Duration::from_secs(10);
@@ -26,15 +39,24 @@ pub(crate) struct BlockingPool {
 #[derive(Debug)]
 struct Inner {
     state: Mutex<State>,
+    /// Wakes idle threads (a job queued, or shutdown).
     cond: Condvar,
+    /// Wakes shutdown when a job ends.
+    done: Condvar,
     max_threads: usize,
     name: String,
+    /// The runtime, for reporting panics. Weak: the runtime owns the pool.
+    owner: Weak<Shared>,
+    /// Panics caught once the runtime was gone (nothing to report them to).
+    unreported_panics: AtomicU64,
 }
 
 struct State {
     queue: VecDeque<Job>,
     threads: usize,
     idle: usize,
+    /// Jobs taken off the queue whose call has not returned yet.
+    running: usize,
     shutdown: bool,
     handles: Vec<thread::JoinHandle<()>>,
 }
@@ -45,6 +67,7 @@ impl std::fmt::Debug for State {
             .field("queued", &self.queue.len())
             .field("threads", &self.threads)
             .field("idle", &self.idle)
+            .field("running", &self.running)
             .field("shutdown", &self.shutdown)
             .finish()
     }
@@ -71,19 +94,23 @@ impl<T: Send> Joinable<T> for BlockingTask<T> {
 }
 
 impl BlockingPool {
-    pub(crate) fn new(max_threads: usize, name: String) -> Self {
+    pub(crate) fn new(max_threads: usize, name: String, owner: Weak<Shared>) -> Self {
         BlockingPool {
             inner: Arc::new(Inner {
                 state: Mutex::new(State {
                     queue: VecDeque::new(),
                     threads: 0,
                     idle: 0,
+                    running: 0,
                     shutdown: false,
                     handles: Vec::new(),
                 }),
                 cond: Condvar::new(),
+                done: Condvar::new(),
                 max_threads,
                 name,
+                owner,
+                unreported_panics: AtomicU64::new(0),
             }),
         }
     }
@@ -109,7 +136,7 @@ impl BlockingPool {
         let mut state = self.inner.lock();
         if state.shutdown {
             drop(state);
-            job(false);
+            self.inner.cancel(job);
         } else {
             state.queue.push_back(job);
             if state.idle > 0 {
@@ -121,13 +148,21 @@ impl BlockingPool {
             // spawned before that thread wakes (one waiting on the other) would
             // share it and deadlock.
             if state.queue.len() > state.idle && state.threads < self.inner.max_threads {
-                self.start_thread(&mut state);
+                let orphans = self.start_thread(&mut state);
+                // Dropped with the lock released: their `Drop` may spawn.
+                drop(state);
+                for job in orphans {
+                    self.inner.cancel(job);
+                }
             }
         }
         JoinHandle::new(task)
     }
 
-    fn start_thread(&self, state: &mut State) {
+    /// Starts a thread; when none can be started and none runs, returns the
+    /// queued jobs, for the caller to cancel once it released the lock.
+    #[must_use]
+    fn start_thread(&self, state: &mut State) -> VecDeque<Job> {
         state.handles.retain(|h| !h.is_finished());
         let inner = self.inner.clone();
         let spawned = thread::Builder::new()
@@ -137,20 +172,20 @@ impl BlockingPool {
             Ok(h) => {
                 state.threads += 1;
                 state.handles.push(h);
+                VecDeque::new()
             }
             // Leave the job queued: a running thread will take it.
-            Err(_) if state.threads > 0 => {}
-            Err(_) => {
-                // No thread at all: run nothing, resolve everything as cancelled.
-                for job in state.queue.drain(..) {
-                    job(false);
-                }
-            }
+            Err(_) if state.threads > 0 => VecDeque::new(),
+            // No thread at all: run nothing, resolve everything as cancelled.
+            Err(_) => std::mem::take(&mut state.queue),
         }
     }
 
-    /// Drops queued jobs and waits for running ones.
-    pub(crate) fn shutdown(&self) {
+    /// Drops queued jobs (their handles resolve to `Cancelled`) and waits up
+    /// to `grace` for running ones. Returns how many were still running then
+    /// (not counting the caller's own, when a job shuts the runtime down):
+    /// their threads are detached, not joined.
+    pub(crate) fn shutdown(&self, grace: Duration) -> u64 {
         let (jobs, handles) = {
             let mut state = self.inner.lock();
             state.shutdown = true;
@@ -160,15 +195,49 @@ impl BlockingPool {
             )
         };
         self.inner.cond.notify_all();
+        // Each dropped with the lock released (a `Drop` may spawn) and on
+        // its own: one that panics stops none of the others.
         for job in jobs {
-            job(false);
+            self.inner.cancel(job);
         }
         let me = thread::current().id();
+        // A job that shuts the runtime down cannot be waited for.
+        let own = usize::from(handles.iter().any(|h| h.thread().id() == me));
+        let deadline = Instant::now() + grace;
+        let abandoned = {
+            let mut state = self.inner.lock();
+            while state.running > own {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                state = self
+                    .inner
+                    .done
+                    .wait_timeout(state, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            state.running.saturating_sub(own)
+        };
         for h in handles {
-            if h.thread().id() != me {
+            // With no job left running every other thread is on its way
+            // out; otherwise only the finished ones are joined, and the
+            // rest detached (dropping the handle).
+            if h.thread().id() != me && (abandoned == 0 || h.is_finished()) {
                 let _ = h.join();
             }
         }
+        abandoned as u64
+    }
+}
+
+/// Keeps a pool thread counted exactly as long as it lives, however it ends.
+struct Counted<'a>(&'a Inner);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.lock().threads -= 1;
     }
 }
 
@@ -177,13 +246,42 @@ impl Inner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Drops a job unrun: its handle resolves to `Cancelled`; a panic in
+    /// the `Drop` of what it captured is caught and reported.
+    fn cancel(&self, job: Job) {
+        if let Err(p) = catch_unwind(AssertUnwindSafe(move || job(false))) {
+            self.report(p);
+        }
+    }
+
+    /// Reports a panic caught around a job (a `Drop` or a waker, the job's
+    /// own closure being caught inside it) to the runtime, off the shards.
+    #[cold]
+    fn report(&self, payload: Box<dyn Any + Send>) {
+        match self.owner.upgrade() {
+            Some(shared) => shared.report_panic(None, CallbackKind::Drop, &*payload),
+            None => {
+                self.unreported_panics.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        drop_payload(payload);
+    }
+
     fn work(&self) {
+        let _counted = Counted(self);
         let mut state = self.lock();
         loop {
             if let Some(job) = state.queue.pop_front() {
+                state.running += 1;
                 drop(state);
-                job(true);
+                if let Err(p) = catch_unwind(AssertUnwindSafe(move || job(true))) {
+                    self.report(p);
+                }
                 state = self.lock();
+                state.running -= 1;
+                if state.shutdown {
+                    self.done.notify_all();
+                }
                 continue;
             }
             if state.shutdown {
@@ -200,6 +298,7 @@ impl Inner {
                 break;
             }
         }
-        state.threads -= 1;
+        // Released before `Counted` takes the lock again.
+        drop(state);
     }
 }

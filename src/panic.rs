@@ -211,6 +211,8 @@ pub struct PanicRecord {
 /// operation whose completion does not arrive within
 /// [`SHUTDOWN_OP_GRACE`](crate::SHUTDOWN_OP_GRACE) has the memory it lent
 /// the kernel leaked rather than freed (the kernel could still write it).
+/// A [`spawn_blocking`](crate::spawn_blocking) job still running after
+/// another such grace period has its thread detached, not joined.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShutdownReport {
@@ -225,6 +227,12 @@ pub struct ShutdownReport {
     /// Operations whose completion never came within the grace period: the
     /// buffers and descriptors they hold are leaked, not freed.
     pub ops_leaked: u64,
+    /// Blocking jobs ([`spawn_blocking`](crate::spawn_blocking)) still
+    /// running at the end of shutdown's grace period
+    /// ([`SHUTDOWN_OP_GRACE`](crate::SHUTDOWN_OP_GRACE)); their threads were
+    /// detached. Each finishes on its own, and its `JoinHandle` resolves
+    /// when the job ends.
+    pub blocking_abandoned: u64,
     /// Every panic caught during the runtime's life, per kind and shard
     /// (summed over shards).
     pub panics: PanicCounts,
@@ -234,12 +242,14 @@ pub struct ShutdownReport {
 
 impl ShutdownReport {
     /// Whether shutdown found nothing to report: no task cancelled, nothing
-    /// dropped unrun, no operation cancelled or leaked, no panic.
+    /// dropped unrun, no operation cancelled or leaked, no blocking job
+    /// abandoned, no panic.
     pub fn is_clean(&self) -> bool {
         self.tasks_cancelled == 0
             && self.dropped_unrun == 0
             && self.ops_cancelled == 0
             && self.ops_leaked == 0
+            && self.blocking_abandoned == 0
             && self.panics.total() == 0
     }
 
@@ -250,6 +260,7 @@ impl ShutdownReport {
         self.dropped_unrun += other.dropped_unrun;
         self.ops_cancelled += other.ops_cancelled;
         self.ops_leaked += other.ops_leaked;
+        self.blocking_abandoned += other.blocking_abandoned;
         let mut counts = [0; CallbackKind::COUNT];
         for kind in CallbackKind::ALL {
             counts[kind.index()] = self.panics.get(kind) + other.panics.get(kind);

@@ -37,7 +37,10 @@ static RUNTIMES: Mutex<Vec<(u64, Weak<Shared>)>> = Mutex::new(Vec::new());
 
 /// How long a shard's shutdown waits for the completions of the operations
 /// it cancelled; past it, what those operations lent the kernel is leaked
-/// (counted in [`ShutdownReport::ops_leaked`]), never freed.
+/// (counted in [`ShutdownReport::ops_leaked`]), never freed. Shutdown then
+/// waits as long again for running [`spawn_blocking`](crate::spawn_blocking)
+/// jobs; past it, their threads are detached (counted in
+/// [`ShutdownReport::blocking_abandoned`]).
 pub const SHUTDOWN_OP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What shutdown counts beside the per-shard counters (see [`ShutdownReport`]).
@@ -47,6 +50,7 @@ pub(crate) struct ShutdownTally {
     pub(crate) dropped_unrun: AtomicU64,
     pub(crate) ops_cancelled: AtomicU64,
     pub(crate) ops_leaked: AtomicU64,
+    pub(crate) blocking_abandoned: AtomicU64,
     /// Panics caught off the shards (a task or closure dropped by an
     /// outside thread), per kind.
     pub(crate) offshard_panics: [AtomicU64; CallbackKind::COUNT],
@@ -163,6 +167,7 @@ impl Shared {
             dropped_unrun: t.dropped_unrun.load(Ordering::Relaxed),
             ops_cancelled: t.ops_cancelled.load(Ordering::Relaxed),
             ops_leaked: t.ops_leaked.load(Ordering::Relaxed),
+            blocking_abandoned: t.blocking_abandoned.load(Ordering::Relaxed),
             panics: self.panic_counts(),
             panic_records: self.panics.records(),
         }
@@ -630,7 +635,7 @@ impl Runtime {
             });
         }
         let send_msg_ring = remotes.iter().all(|r| r.target.send_msg_ring);
-        let shared = Arc::new(Shared {
+        let shared = Arc::new_cyclic(|me| Shared {
             id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
             shards: remotes.into_boxed_slice(),
             injector: Injector::new(),
@@ -646,7 +651,11 @@ impl Runtime {
             wake_gate: RwLock::new(true),
             external_mode: ExternalWakeMode::resolve(builder.external_wake, send_msg_ring),
             external_wakes: AtomicU64::new(0),
-            blocking: BlockingPool::new(builder.blocking_threads, builder.thread_name.clone()),
+            blocking: BlockingPool::new(
+                builder.blocking_threads,
+                builder.thread_name.clone(),
+                me.clone(),
+            ),
             clock_offset_ns: AtomicU64::new(0),
             panics: PanicLog::new(builder.panic_hook.clone()),
             tally: ShutdownTally::default(),
@@ -745,11 +754,14 @@ impl Runtime {
     /// 2. Close the external wake gate (no outside thread touches a shard fd after this).
     /// 3. Meet the shards at the barrier, after which no doorbell targets any ring.
     /// 4. Join the shard threads (each cancels its ops, waits for them, closes its ring).
-    /// 5. Drop injected tasks that never started, then stop the blocking pool.
+    /// 5. Drop injected tasks that never started, then stop the blocking pool:
+    ///    queued blocking jobs are dropped unrun, running ones waited for up
+    ///    to [`SHUTDOWN_OP_GRACE`].
     ///
     /// It finishes in bounded time whatever the user leaked: operations whose
     /// completion does not come within [`SHUTDOWN_OP_GRACE`] are leaked, not
-    /// waited for. The [`ShutdownReport`] says what was cancelled, dropped
+    /// waited for, and blocking jobs still running after it have their
+    /// threads detached. The [`ShutdownReport`] says what was cancelled, dropped
     /// unrun and leaked, and which callbacks panicked during the runtime's life.
     ///
     /// Called on one of the runtime's own shards (from a task), it cannot
@@ -809,7 +821,11 @@ fn shutdown_runtime(shared: &Arc<Shared>, threads: Vec<thread::JoinHandle<()>>) 
     }
     // 5.
     shared.drain_injector();
-    shared.blocking.shutdown();
+    let abandoned = shared.blocking.shutdown(SHUTDOWN_OP_GRACE);
+    shared
+        .tally
+        .blocking_abandoned
+        .fetch_add(abandoned, Ordering::Relaxed);
 }
 
 impl Shared {

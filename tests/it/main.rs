@@ -1,5 +1,6 @@
 //! Integration tests of the runtime through its public API (one binary, many modules).
 
+mod blocking;
 mod build;
 mod entry;
 mod fs;
