@@ -1,14 +1,17 @@
 //! Failure paths of the actor layer found by review: each test is bounded
 //! (a would-be hang fails by timeout) and goes through the public API.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod common;
 
 use common::{Add, Get};
+use mailring_actors::mailring::panic::CallbackKind;
 use mailring_actors::mailring::time::{sleep, timeout};
 use mailring_actors::{
-    Actor, ActorSystem, Ctx, Handler, Hooks, Message, Placement, Runtime, ShardId,
+    Actor, ActorSystem, Addr, AskError, Ctx, Handler, Hooks, Message, Placement, Runtime, ShardId,
+    StopReason, Terminated,
 };
 
 const S1: ShardId = ShardId::new(1);
@@ -77,5 +80,126 @@ fn timer_ticks_in_a_bounded_mailbox_keep_its_count_right() {
         .expect("the ask did not resolve")
         .expect("the ask failed");
     assert!(ticks >= 3, "the actor counted {ticks} ticks in 30 ms");
+    sys.shutdown();
+}
+
+// ---------------------------------------------------------------- an actor whose Drop panics
+
+/// Panics in its handler of [`Explode`] (a restart drops it) and in its
+/// `Drop`.
+#[derive(Actor, Default)]
+#[actor(handles(Explode, Get))]
+struct DropPanics {
+    n: u64,
+}
+
+#[derive(Message)]
+struct Explode;
+
+impl Handler<Explode> for DropPanics {
+    async fn handle(&mut self, _m: Explode, _cx: &mut Ctx<Self>) {
+        panic!("handler panics");
+    }
+}
+
+impl Handler<Get> for DropPanics {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.n
+    }
+}
+
+impl Drop for DropPanics {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            panic!("DropPanics::drop panics");
+        }
+    }
+}
+
+/// A restart whose old actor's `Drop` panics still restarts (or stops)
+/// the actor: an ask sent after the panic resolves, never hangs.
+#[test]
+fn a_drop_panicking_at_restart_leaves_no_zombie_actor() {
+    let sys = system(2);
+    let a = sys.spawn_actor(Placement::Pinned(S1), DropPanics::default);
+    let out = sys.block_on(async move {
+        a.tell(Explode).unwrap();
+        let first = timeout(Duration::from_secs(2), a.ask(Get)).await;
+        let second = timeout(Duration::from_secs(2), a.ask(Get)).await;
+        (first, second)
+    });
+    let first = out.0.expect("the ask after the panic never resolved");
+    let second = out.1.expect("a second ask never resolved");
+    assert_eq!(first, Ok(0), "the actor restarted with fresh state");
+    assert_eq!(second, Ok(0));
+    let drop_panics: u64 = sys
+        .runtime()
+        .stats()
+        .shards
+        .iter()
+        .map(|s| s.panics.get(CallbackKind::Drop))
+        .sum();
+    assert_eq!(drop_panics, 1, "the Drop's panic is reported as one");
+    sys.shutdown();
+}
+
+/// Watches an actor and records the [`Terminated`] it gets.
+#[derive(Actor)]
+#[actor(handles(WatchAndStop, Terminated))]
+struct Watcher {
+    seen: Arc<Mutex<Vec<Terminated>>>,
+}
+
+#[derive(Message)]
+struct WatchAndStop(Addr<DropPanics>);
+
+impl Handler<WatchAndStop> for Watcher {
+    async fn handle(&mut self, m: WatchAndStop, cx: &mut Ctx<Self>) {
+        cx.watch(&m.0);
+        m.0.stop();
+    }
+}
+
+impl Handler<Terminated> for Watcher {
+    async fn handle(&mut self, m: Terminated, _cx: &mut Ctx<Self>) {
+        self.seen.lock().unwrap().push(m);
+    }
+}
+
+/// An actor whose `Drop` panics at its stop still ends: its watchers get
+/// `Terminated`, and later asks fail instead of hanging.
+#[test]
+fn a_drop_panicking_at_stop_still_notifies_watchers() {
+    let sys = system(2);
+    let target = sys.spawn_actor(Placement::Pinned(S1), DropPanics::default);
+    let seen: Arc<Mutex<Vec<Terminated>>> = Arc::default();
+    let s = seen.clone();
+    let w = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), move || Watcher {
+        seen: s.clone(),
+    });
+    let (notified, after) = sys.block_on(async move {
+        w.tell(WatchAndStop(target.clone())).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while seen.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
+            sleep(Duration::from_millis(1)).await;
+        }
+        let notified = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|t| t.reason)
+            .collect::<Vec<_>>();
+        let after = timeout(Duration::from_secs(2), target.ask(Get)).await;
+        (notified, after)
+    });
+    assert_eq!(
+        notified,
+        vec![StopReason::Stopped],
+        "the watcher was not told"
+    );
+    assert_eq!(
+        after.expect("an ask to the stopped actor never resolved"),
+        Err(AskError::Stopped)
+    );
     sys.shutdown();
 }
