@@ -21,7 +21,7 @@ use crate::capacity::Capacity;
 use crate::error::{AskError, StopReason, TellError};
 use crate::local::{self, Delivery, TargetId};
 use crate::reply::{self, Asked, Reply};
-use crate::system::{SystemHandle, SystemRef};
+use crate::system::{RoomWait, SystemHandle, SystemRef};
 
 /// The identity of an actor within its system.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -283,7 +283,8 @@ impl<A: Actor> Addr<A> {
         M: Message + Send,
         A::Envelope: Send,
     {
-        poll_fn(|cx| {
+        let mut room = RoomWait::new(self.system.arc());
+        let placed = poll_fn(|cx| {
             // Looked up at every poll: the future holds nothing `!Send`.
             // A shutting-down system returns no more credits: its sends go
             // on (and fail or become dead letters) without waiting for them.
@@ -297,11 +298,22 @@ impl<A: Actor> Addr<A> {
             // Credit checked in this same poll, with nothing between it and
             // the delivery below: a place is taken only when both are there.
             match &self.capacity {
-                Some(c) => c.poll_acquire(cx),
-                None => Poll::Ready(()),
+                Some(c) => match c.poll_acquire(cx) {
+                    Poll::Ready(()) => Poll::Ready(true),
+                    // No room: wait for it, unless the system is shutting
+                    // down (an actor it abandons never frees its places);
+                    // the shutdown wakes the waiters it finds registered.
+                    Poll::Pending if room.register(cx.waker()) => Poll::Ready(false),
+                    Poll::Pending => Poll::Pending,
+                },
+                None => Poll::Ready(true),
             }
         })
         .await;
+        drop(room);
+        if !placed {
+            return Err(TellError::ShuttingDown(msg));
+        }
         self.deliver_msg(msg)
     }
 

@@ -8,6 +8,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::task::Waker;
 use std::time::Duration;
 
 use mailring::{BuildError, Builder, Handle, Placement, Runtime, ShardId, ShutdownReport};
@@ -44,6 +45,85 @@ pub(crate) struct SystemShared {
     directories: Mutex<AnyMap>,
     capacities: Mutex<AnyMap>,
     names: Mutex<HashMap<String, NamedAddr>>,
+    /// Senders waiting for room in a bounded mailbox ([`RoomWait`]): woken
+    /// when the system starts shutting down, as an abandoned actor never
+    /// frees its places.
+    room_waiters: Mutex<RoomWaiters>,
+}
+
+/// The wakers of the senders waiting for room, by slot (`None`: free).
+#[derive(Default)]
+struct RoomWaiters {
+    wakers: Vec<Option<Waker>>,
+    free: Vec<usize>,
+}
+
+/// A sender's registration to be woken when the system starts shutting
+/// down while it waits for room in a bounded mailbox (see
+/// [`crate::Addr::send`]); freed when dropped.
+pub(crate) struct RoomWait<'a> {
+    shared: &'a SystemShared,
+    slot: Option<usize>,
+}
+
+impl<'a> RoomWait<'a> {
+    pub(crate) fn new(shared: &'a SystemShared) -> Self {
+        RoomWait { shared, slot: None }
+    }
+
+    /// Registers `waker` to be woken when the system starts shutting down;
+    /// whether it already is. The shutdown sets its flag and takes the
+    /// waiters under the lock this reads the flag under, so a shutdown
+    /// either came first (and this says so) or wakes `waker`; once the flag
+    /// is set the table is never used again (no slot taken before is
+    /// looked up in it).
+    pub(crate) fn register(&mut self, waker: &Waker) -> bool {
+        let mut w = self
+            .shared
+            .room_waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if self.shared.is_shutting_down() {
+            return true;
+        }
+        match self.slot {
+            Some(slot) => match &mut w.wakers[slot] {
+                Some(old) if old.will_wake(waker) => {}
+                entry => *entry = Some(waker.clone()),
+            },
+            None => {
+                let slot = match w.free.pop() {
+                    Some(slot) => {
+                        w.wakers[slot] = Some(waker.clone());
+                        slot
+                    }
+                    None => {
+                        w.wakers.push(Some(waker.clone()));
+                        w.wakers.len() - 1
+                    }
+                };
+                self.slot = Some(slot);
+            }
+        }
+        false
+    }
+}
+
+impl Drop for RoomWait<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            let mut w = self
+                .shared
+                .room_waiters
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            // Once shutting down, the table was taken: nothing to free.
+            if !self.shared.is_shutting_down() {
+                w.wakers[slot] = None;
+                w.free.push(slot);
+            }
+        }
+    }
 }
 
 impl fmt::Debug for SystemShared {
@@ -128,7 +208,19 @@ impl SystemShared {
             directories: Mutex::new(HashMap::new()),
             capacities: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
+            room_waiters: Mutex::new(RoomWaiters::default()),
         })
+    }
+
+    /// Marks the system shutting down and wakes the senders waiting for
+    /// room in a bounded mailbox (they then fail with `ShuttingDown`).
+    fn begin_shutdown(&self) {
+        let woken = {
+            let mut w = self.room_waiters.lock().unwrap_or_else(|p| p.into_inner());
+            self.shutting_down.store(true, Ordering::Release);
+            std::mem::take(&mut *w)
+        };
+        woken.wakers.into_iter().flatten().for_each(Waker::wake);
     }
 
     pub(crate) fn is_shutting_down(&self) -> bool {
@@ -495,7 +587,7 @@ impl ActorSystem {
         let Some(runtime) = self.runtime.take() else {
             return SystemShutdownReport::default();
         };
-        self.shared.shutting_down.store(true, Ordering::Release);
+        self.shared.begin_shutdown();
         let shared = self.shared.clone();
         let grace = self.grace;
         if shared.handle.local_shard().is_none() {

@@ -11,7 +11,7 @@ use mailring_actors::mailring::panic::CallbackKind;
 use mailring_actors::mailring::time::{sleep, timeout};
 use mailring_actors::{
     Actor, ActorSystem, Addr, AskError, Ctx, Handler, Hooks, Message, Placement, Runtime, ShardId,
-    StopReason, Terminated,
+    StopReason, SystemConfig, TellError, Terminated,
 };
 
 const S1: ShardId = ShardId::new(1);
@@ -202,4 +202,66 @@ fn a_drop_panicking_at_stop_still_notifies_watchers() {
         Err(AskError::Stopped)
     );
     sys.shutdown();
+}
+
+// ---------------------------------------------------------------- a full bounded mailbox at shutdown
+
+/// A bounded actor (one place) whose handler naps.
+#[derive(Actor, Default)]
+#[actor(mailbox = 1, handles(Nap))]
+struct Napper;
+
+#[derive(Message)]
+struct Nap(Duration);
+
+impl Handler<Nap> for Napper {
+    async fn handle(&mut self, m: Nap, _cx: &mut Ctx<Self>) {
+        sleep(m.0).await;
+    }
+}
+
+/// A sender (on a thread of another runtime) waiting for room in a full
+/// bounded mailbox whose actor never takes another message: the system's
+/// shutdown abandons the actor, and the send resolves with `ShuttingDown`
+/// instead of waiting forever.
+#[test]
+fn a_send_waiting_for_room_resolves_when_the_system_shuts_down() {
+    let config = SystemConfig {
+        shutdown_grace: Duration::from_millis(50),
+        ..SystemConfig::default()
+    };
+    let sys = ActorSystem::start_with(Runtime::builder().shards(2), config).expect("io_uring");
+    let a = sys.spawn_actor(Placement::Pinned(S1), Napper::default);
+    let (queued_tx, queued_rx) = std::sync::mpsc::channel();
+    let sender = std::thread::spawn(move || {
+        let rt = Runtime::builder().shards(1).build().expect("io_uring");
+        let out = rt.block_on(async move {
+            timeout(Duration::from_secs(5), async move {
+                let mut sent = 0u32;
+                loop {
+                    match a.send(Nap(Duration::from_secs(3600))).await {
+                        Ok(()) => sent += 1,
+                        Err(e) => return (sent, matches!(e, TellError::ShuttingDown(_))),
+                    }
+                    if sent == 2 {
+                        // One handled (napping), one queued: the next waits.
+                        let _ = queued_tx.send(());
+                    }
+                }
+            })
+            .await
+        });
+        rt.shutdown();
+        out
+    });
+    queued_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the first two sends went through");
+    std::thread::sleep(Duration::from_millis(20));
+    let report = sys.shutdown();
+    assert_eq!(report.actors_abandoned, 1, "{report:?}");
+    let out = sender.join().expect("the sender thread");
+    let (sent, shutting_down) = out.expect("the send waiting for room never resolved");
+    assert_eq!(sent, 2);
+    assert!(shutting_down, "the waiting send failed with ShuttingDown");
 }
