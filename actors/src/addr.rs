@@ -354,7 +354,7 @@ impl<A: Actor> Addr<A> {
     fn windowed_route(&self) -> Option<(std::rc::Rc<local::TypeState<A>>, usize)> {
         let ts = local::type_state::<A>(self.system.arc())?;
         let dest = self.home();
-        (ts.shard != dest).then_some((ts, dest))
+        (ts.shard != dest && dest < self.system.handle.shards()).then_some((ts, dest))
     }
 
     /// Delivers an ask's envelope; a failure drops it with the reason, which
@@ -402,6 +402,12 @@ impl<A: Actor> Addr<A> {
                         self.release_place();
                         fail(e, payload)
                     })
+            }
+            // Only a keyed type pinned past the last shard has no home:
+            // checked off the same-shard path, which found its shard.
+            _ if dest >= self.system.handle.shards() => {
+                self.release_place();
+                Err(fail(AskError::NoSuchShard, payload))
             }
             Some(ts) => {
                 ts.push_outbound(dest, target, || wrap(payload));
@@ -479,6 +485,7 @@ fn tell_error<M>(e: AskError, msg: M) -> TellError<M> {
     match e {
         AskError::NoFactory => TellError::NoFactory(msg),
         AskError::ShuttingDown => TellError::ShuttingDown(msg),
+        AskError::NoSuchShard => TellError::NoSuchShard(msg),
         _ => TellError::Stopped(msg),
     }
 }

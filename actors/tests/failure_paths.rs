@@ -265,3 +265,74 @@ fn a_send_waiting_for_room_resolves_when_the_system_shuts_down() {
     assert_eq!(sent, 2);
     assert!(shutting_down, "the waiting send failed with ShuttingDown");
 }
+
+// ---------------------------------------------------------------- pinned to a shard the system lacks
+
+/// A keyed actor pinned to shard 5.
+#[derive(Actor, Default)]
+#[actor(key = u64, pinned = 5, activate = PinnedFar::new, handles(Add, Get))]
+struct PinnedFar {
+    total: u64,
+}
+
+impl PinnedFar {
+    fn new(_key: &u64) -> Self {
+        PinnedFar::default()
+    }
+}
+
+impl Handler<Add> for PinnedFar {
+    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
+        self.total += m.0;
+    }
+}
+
+impl Handler<Get> for PinnedFar {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.total
+    }
+}
+
+/// `pinned = 5` on a two-shard system: sends fail with `NoSuchShard` (from
+/// an outside thread and from each shard), nothing panics.
+#[test]
+fn a_keyed_actor_pinned_past_the_last_shard_fails_its_sends() {
+    let sys = system(2);
+    let a = sys.keyed::<PinnedFar>(7);
+    // From this thread (not a shard of the system).
+    assert!(matches!(
+        a.tell(Add(1)),
+        Err(TellError::NoSuchShard(Add(1)))
+    ));
+    assert!(matches!(a.try_tell(Add(1)), Err(TellError::NoSuchShard(_))));
+    for shard in 0..2 {
+        let a = a.clone();
+        let out = sys.block_on(sys.runtime().spawn_on(ShardId::new(shard), async move {
+            let told = matches!(a.tell(Add(1)), Err(TellError::NoSuchShard(_)));
+            let sent = matches!(
+                timeout(Duration::from_secs(2), a.send(Add(1))).await,
+                Ok(Err(TellError::NoSuchShard(_)))
+            );
+            let asked = timeout(Duration::from_secs(2), a.ask(Get)).await;
+            a.stop();
+            (told, sent, asked)
+        }));
+        let (told, sent, asked) = out.expect("the sending task did not panic");
+        assert!(told, "tell on shard {shard}");
+        assert!(sent, "send on shard {shard}");
+        assert_eq!(
+            asked,
+            Ok(Err(AskError::NoSuchShard)),
+            "ask on shard {shard}"
+        );
+    }
+    let panics: u64 = sys
+        .runtime()
+        .stats()
+        .shards
+        .iter()
+        .map(|s| s.panics.total())
+        .sum();
+    assert_eq!(panics, 0);
+    sys.shutdown();
+}
