@@ -548,8 +548,8 @@ impl ActorSystem {
     /// fail with `ShuttingDown`), waits up to [`SystemConfig::shutdown_grace`]
     /// for them, then shuts the runtime down; returns what it found.
     ///
-    /// Called (or the system dropped) on one of the system's own shards, in
-    /// a task or an actor, it cannot wait there: the shutdown goes on, in
+    /// Called (or the system dropped) on a shard, its own or another mailring
+    /// runtime's, in a task or an actor, it cannot wait there: the shutdown goes on, in
     /// the same steps, on a thread of its own once the calling task yields,
     /// and the report returned is empty.
     ///
@@ -590,12 +590,14 @@ impl ActorSystem {
         self.shared.begin_shutdown();
         let shared = self.shared.clone();
         let grace = self.grace;
-        if shared.handle.local_shard().is_none() {
+        if mailring::current_shard().is_none() {
             return shut_down(shared, grace, runtime);
         }
-        // On one of the system's own shards (dropped in a task or an actor):
-        // waiting here would block the shard the shutdown needs. Finish on a
-        // thread of its own, which the shards serve once this task yields.
+        // On a shard (dropped in a task or an actor): on one of the
+        // system's own, waiting here would block the shard the shutdown
+        // needs; on another runtime's, `Runtime::block_on` refuses to block
+        // it (a panic). Finish on a thread of its own, which the shards
+        // serve once this task yields.
         let spawned = std::thread::Builder::new()
             .name("mailring-actors-shutdown".into())
             .spawn(move || {

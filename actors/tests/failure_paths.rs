@@ -336,3 +336,47 @@ fn a_keyed_actor_pinned_past_the_last_shard_fails_its_sends() {
     assert_eq!(panics, 0);
     sys.shutdown();
 }
+
+// ---------------------------------------------------------------- dropped on another runtime's shard
+
+/// Says when its `on_stop` runs.
+#[derive(Actor)]
+#[actor(handles(Get), hooks)]
+struct StopSignal {
+    stopped: std::sync::mpsc::Sender<()>,
+}
+
+impl Hooks for StopSignal {
+    async fn on_stop(&mut self, _cx: &mut Ctx<Self>) {
+        let _ = self.stopped.send(());
+    }
+}
+
+impl Handler<Get> for StopSignal {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        1
+    }
+}
+
+/// An `ActorSystem` dropped in a task of another mailring runtime shuts
+/// down without panicking (blocking on its runtime there would), and its
+/// actors get `on_stop`.
+#[test]
+fn a_system_dropped_on_another_runtimes_shard_shuts_down_cleanly() {
+    let sys = system(2);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let a = sys.spawn_actor(Placement::Pinned(S1), move || StopSignal {
+        stopped: tx.clone(),
+    });
+    assert_eq!(sys.block_on(async move { a.ask(Get).await }), Ok(1));
+    let other = Runtime::builder().shards(1).build().expect("io_uring");
+    let dropped = other.block_on(other.handle().spawn_on(ShardId::new(0), async move {
+        drop(sys);
+    }));
+    assert!(dropped.is_ok(), "dropping the system panicked: {dropped:?}");
+    assert!(
+        rx.recv_timeout(Duration::from_secs(5)).is_ok(),
+        "the system's actor never ran on_stop"
+    );
+    other.shutdown();
+}
