@@ -21,7 +21,7 @@ use crate::capacity::Capacity;
 use crate::error::{AskError, StopReason, TellError};
 use crate::local::{self, Delivery, TargetId};
 use crate::reply::{self, Asked, Reply};
-use crate::system::{SystemHandle, SystemRef};
+use crate::system::{RoomWait, SystemHandle, SystemRef};
 
 /// The identity of an actor within its system.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -283,7 +283,8 @@ impl<A: Actor> Addr<A> {
         M: Message + Send,
         A::Envelope: Send,
     {
-        poll_fn(|cx| {
+        let mut room = RoomWait::new(self.system.arc());
+        let placed = poll_fn(|cx| {
             // Looked up at every poll: the future holds nothing `!Send`.
             // A shutting-down system returns no more credits: its sends go
             // on (and fail or become dead letters) without waiting for them.
@@ -297,11 +298,22 @@ impl<A: Actor> Addr<A> {
             // Credit checked in this same poll, with nothing between it and
             // the delivery below: a place is taken only when both are there.
             match &self.capacity {
-                Some(c) => c.poll_acquire(cx),
-                None => Poll::Ready(()),
+                Some(c) => match c.poll_acquire(cx) {
+                    Poll::Ready(()) => Poll::Ready(true),
+                    // No room: wait for it, unless the system is shutting
+                    // down (an actor it abandons never frees its places);
+                    // the shutdown wakes the waiters it finds registered.
+                    Poll::Pending if room.register(cx.waker()) => Poll::Ready(false),
+                    Poll::Pending => Poll::Pending,
+                },
+                None => Poll::Ready(true),
             }
         })
         .await;
+        drop(room);
+        if !placed {
+            return Err(TellError::ShuttingDown(msg));
+        }
         self.deliver_msg(msg)
     }
 
@@ -342,7 +354,7 @@ impl<A: Actor> Addr<A> {
     fn windowed_route(&self) -> Option<(std::rc::Rc<local::TypeState<A>>, usize)> {
         let ts = local::type_state::<A>(self.system.arc())?;
         let dest = self.home();
-        (ts.shard != dest).then_some((ts, dest))
+        (ts.shard != dest && dest < self.system.handle.shards()).then_some((ts, dest))
     }
 
     /// Delivers an ask's envelope; a failure drops it with the reason, which
@@ -390,6 +402,12 @@ impl<A: Actor> Addr<A> {
                         self.release_place();
                         fail(e, payload)
                     })
+            }
+            // Only a keyed type pinned past the last shard has no home:
+            // checked off the same-shard path, which found its shard.
+            _ if dest >= self.system.handle.shards() => {
+                self.release_place();
+                Err(fail(AskError::NoSuchShard, payload))
             }
             Some(ts) => {
                 ts.push_outbound(dest, target, || wrap(payload));
@@ -467,6 +485,7 @@ fn tell_error<M>(e: AskError, msg: M) -> TellError<M> {
     match e {
         AskError::NoFactory => TellError::NoFactory(msg),
         AskError::ShuttingDown => TellError::ShuttingDown(msg),
+        AskError::NoSuchShard => TellError::NoSuchShard(msg),
         _ => TellError::Stopped(msg),
     }
 }

@@ -139,7 +139,7 @@ impl<A: Actor> Ctx<A> {
         let sends = self.timer_sends.clone();
         let join = self.tasks.spawn(async move {
             mailring::time::sleep(delay).await;
-            if cell.push(A::envelope(msg)).is_ok() {
+            if cell.push_own(A::envelope(msg)).is_ok() {
                 sends.set(sends.get() + 1);
             }
         });
@@ -175,7 +175,7 @@ impl<A: Actor> Ctx<A> {
             let mut ticks = mailring::time::interval_at(first, period);
             loop {
                 ticks.tick().await;
-                if cell.push(A::envelope(make())).is_err() {
+                if cell.push_own(A::envelope(make())).is_err() {
                     return;
                 }
                 sends.set(sends.get() + 1);
@@ -235,7 +235,7 @@ impl<A: Actor> Ctx<A> {
                 let out = future.await;
                 let resume =
                     Continuation::new(move |actor: &mut A, cx: &mut Ctx<A>| then(actor, out, cx));
-                let _ = cell.push(A::__continuation(resume));
+                let _ = cell.push_own(A::__continuation(resume));
             })
             .detach();
     }

@@ -14,6 +14,9 @@ pub enum TellError<M> {
     ShuttingDown(M),
     /// The keyed actor could not be activated (no factory, no `activate`).
     NoFactory(M),
+    /// The actor type is pinned (`#[actor(pinned = N)]`) to a shard the
+    /// system does not have.
+    NoSuchShard(M),
 }
 
 impl<M> TellError<M> {
@@ -23,7 +26,8 @@ impl<M> TellError<M> {
             TellError::Stopped(m)
             | TellError::Full(m)
             | TellError::ShuttingDown(m)
-            | TellError::NoFactory(m) => m,
+            | TellError::NoFactory(m)
+            | TellError::NoSuchShard(m) => m,
         }
     }
 }
@@ -35,6 +39,7 @@ impl<M> fmt::Debug for TellError<M> {
             TellError::Full(_) => f.write_str("Full(..)"),
             TellError::ShuttingDown(_) => f.write_str("ShuttingDown(..)"),
             TellError::NoFactory(_) => f.write_str("NoFactory(..)"),
+            TellError::NoSuchShard(_) => f.write_str("NoSuchShard(..)"),
         }
     }
 }
@@ -46,6 +51,7 @@ impl<M> fmt::Display for TellError<M> {
             TellError::Full(_) => f.write_str("the actor's mailbox is full"),
             TellError::ShuttingDown(_) => f.write_str("the actor system is shutting down"),
             TellError::NoFactory(_) => f.write_str("no factory to activate the keyed actor"),
+            TellError::NoSuchShard(_) => f.write_str(NO_SUCH_SHARD),
         }
     }
 }
@@ -93,7 +99,15 @@ pub enum AskError {
     /// A shard-local reference was requested off the actor's shard.
     #[error("not on the actor's shard")]
     WrongShard,
+    /// The actor type is pinned (`#[actor(pinned = N)]`) to a shard the
+    /// system does not have.
+    #[error("{}", NO_SUCH_SHARD)]
+    NoSuchShard,
 }
+
+/// The text of the `NoSuchShard` errors.
+const NO_SUCH_SHARD: &str =
+    "the actor type is pinned (#[actor(pinned = N)]) to a shard the system does not have";
 
 impl fmt::Debug for AskError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -106,6 +120,7 @@ impl fmt::Debug for AskError {
             AskError::NoFactory => "NoFactory",
             AskError::ShuttingDown => "ShuttingDown",
             AskError::WrongShard => "WrongShard",
+            AskError::NoSuchShard => "NoSuchShard",
         };
         write!(f, "{variant}: {self}")
     }
@@ -144,6 +159,7 @@ mod tests {
             AskError::NoFactory,
             AskError::ShuttingDown,
             AskError::WrongShard,
+            AskError::NoSuchShard,
         ];
         for err in errors {
             let debug = format!("{err:?}");

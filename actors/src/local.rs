@@ -773,6 +773,11 @@ pub(crate) fn send_delivery<A: Actor>(
 ) where
     A::Envelope: Send,
 {
+    if dest >= system.handle.shards() {
+        // A keyed type pinned to a shard the system does not have: its
+        // actor never runs (a watch is told at once, as for a stopped one).
+        return no_such_shard(target, item);
+    }
     match type_state::<A>(system) {
         Some(ts) if ts.shard == dest => ts.apply(&target, item),
         Some(ts) => match item {
@@ -792,6 +797,24 @@ pub(crate) fn send_delivery<A: Actor>(
                     None => reply::drop_with_reason(AskError::ShuttingDown, item),
                 });
         }
+    }
+}
+
+/// [`send_delivery`] to a shard the system does not have.
+#[cold]
+fn no_such_shard<A: Actor>(target: TargetId<A>, item: Delivery<A>) {
+    match item {
+        Delivery::Watch(notify) => {
+            let uid = match &target {
+                TargetId::Uid(uid) => *uid,
+                TargetId::Key(key) => crate::route::keyed_uid::<A, _>(key),
+            };
+            notify(crate::Terminated {
+                id: crate::ActorId(uid),
+                reason: StopReason::Stopped,
+            });
+        }
+        item => reply::drop_with_reason(AskError::NoSuchShard, item),
     }
 }
 
@@ -1018,14 +1041,9 @@ pub(crate) fn keyed_home<A: Actor>(system: &SystemShared, key: &A::Key, hash: u6
     let n = system.handle.shards();
     match A::CONFIG.placement {
         ActorPlacement::Sticky => mailring::shard_for_hash(hash, n).index(),
-        ActorPlacement::Pinned(s) => {
-            assert!(
-                s < n,
-                "{} is pinned to shard {s}, but the system has {n} shards",
-                std::any::type_name::<A>()
-            );
-            s
-        }
+        // Past the last shard (`s >= n`) when the type is pinned to a shard
+        // the system does not have: its sends fail with `NoSuchShard`.
+        ActorPlacement::Pinned(s) => s,
         ActorPlacement::Stealable => {
             let dir = system.directory::<A>();
             dir.route(key, hash, || system.handle.least_loaded_shard().index())

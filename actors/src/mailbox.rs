@@ -155,6 +155,17 @@ impl<A: Actor> ActorCell<A> {
         Ok(())
     }
 
+    /// [`ActorCell::push`] of a message the actor sends itself (a timer's,
+    /// a `wait_for` continuation): it takes a place in a bounded mailbox
+    /// like any sender's message (past the bound, as `tell` does), since
+    /// the actor's take frees a place for every message it takes.
+    pub(crate) fn push_own(&self, env: A::Envelope) -> Result<(), (AskError, A::Envelope)> {
+        if let Some(c) = &self.capacity {
+            c.force_acquire();
+        }
+        self.push(env).inspect_err(|_| self.free_place())
+    }
+
     /// [`ActorCell::push`] to a closed cell or a blocked actor.
     #[cold]
     #[inline(never)]

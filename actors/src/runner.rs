@@ -158,6 +158,7 @@ impl<F: Future> Future for Guarded<'_, F> {
             Ok(Poll::Pending) => Poll::Pending,
             Err(payload) => {
                 mailring::panic::report_caught(*this.kind, &*payload);
+                mailring::panic::drop_payload(payload);
                 Poll::Ready(Err(()))
             }
         }
@@ -279,7 +280,7 @@ async fn run<A: Actor>(
                         cx.stop_children();
                         cx.restart_tasks();
                         idle.restarted();
-                        drop(actor.take());
+                        drop_actor(actor.take());
                         actor = guarded(&frame, CallbackKind::Factory, async { make() })
                             .await
                             .ok()
@@ -345,7 +346,7 @@ async fn run<A: Actor>(
         rest = ordered;
     }
     cx.stop_children();
-    drop(actor);
+    drop_actor(actor);
     let id = crate::ActorId(cell.uid);
     for notify in cell.take_watchers() {
         notify(Terminated { id, reason });
@@ -367,6 +368,17 @@ async fn run<A: Actor>(
             AskError::Stopped
         };
         reply::drop_with_reason(why, rest);
+    }
+}
+
+/// Drops an actor (the one a restart replaces, or at teardown), catching
+/// a panic of its `Drop`: reported as a `Drop` panic, and the restart or
+/// teardown goes on (an unwind out of the actor's task would leave its cell
+/// registered and open, taking messages no one handles).
+fn drop_actor<A>(actor: Option<A>) {
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(move || drop(actor))) {
+        mailring::panic::report_caught(CallbackKind::Drop, &*payload);
+        mailring::panic::drop_payload(payload);
     }
 }
 

@@ -8,6 +8,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::task::Waker;
 use std::time::Duration;
 
 use mailring::{BuildError, Builder, Handle, Placement, Runtime, ShardId, ShutdownReport};
@@ -44,6 +45,85 @@ pub(crate) struct SystemShared {
     directories: Mutex<AnyMap>,
     capacities: Mutex<AnyMap>,
     names: Mutex<HashMap<String, NamedAddr>>,
+    /// Senders waiting for room in a bounded mailbox ([`RoomWait`]): woken
+    /// when the system starts shutting down, as an abandoned actor never
+    /// frees its places.
+    room_waiters: Mutex<RoomWaiters>,
+}
+
+/// The wakers of the senders waiting for room, by slot (`None`: free).
+#[derive(Default)]
+struct RoomWaiters {
+    wakers: Vec<Option<Waker>>,
+    free: Vec<usize>,
+}
+
+/// A sender's registration to be woken when the system starts shutting
+/// down while it waits for room in a bounded mailbox (see
+/// [`crate::Addr::send`]); freed when dropped.
+pub(crate) struct RoomWait<'a> {
+    shared: &'a SystemShared,
+    slot: Option<usize>,
+}
+
+impl<'a> RoomWait<'a> {
+    pub(crate) fn new(shared: &'a SystemShared) -> Self {
+        RoomWait { shared, slot: None }
+    }
+
+    /// Registers `waker` to be woken when the system starts shutting down;
+    /// whether it already is. The shutdown sets its flag and takes the
+    /// waiters under the lock this reads the flag under, so a shutdown
+    /// either came first (and this says so) or wakes `waker`; once the flag
+    /// is set the table is never used again (no slot taken before is
+    /// looked up in it).
+    pub(crate) fn register(&mut self, waker: &Waker) -> bool {
+        let mut w = self
+            .shared
+            .room_waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if self.shared.is_shutting_down() {
+            return true;
+        }
+        match self.slot {
+            Some(slot) => match &mut w.wakers[slot] {
+                Some(old) if old.will_wake(waker) => {}
+                entry => *entry = Some(waker.clone()),
+            },
+            None => {
+                let slot = match w.free.pop() {
+                    Some(slot) => {
+                        w.wakers[slot] = Some(waker.clone());
+                        slot
+                    }
+                    None => {
+                        w.wakers.push(Some(waker.clone()));
+                        w.wakers.len() - 1
+                    }
+                };
+                self.slot = Some(slot);
+            }
+        }
+        false
+    }
+}
+
+impl Drop for RoomWait<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            let mut w = self
+                .shared
+                .room_waiters
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            // Once shutting down, the table was taken: nothing to free.
+            if !self.shared.is_shutting_down() {
+                w.wakers[slot] = None;
+                w.free.push(slot);
+            }
+        }
+    }
 }
 
 impl fmt::Debug for SystemShared {
@@ -128,7 +208,19 @@ impl SystemShared {
             directories: Mutex::new(HashMap::new()),
             capacities: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
+            room_waiters: Mutex::new(RoomWaiters::default()),
         })
+    }
+
+    /// Marks the system shutting down and wakes the senders waiting for
+    /// room in a bounded mailbox (they then fail with `ShuttingDown`).
+    fn begin_shutdown(&self) {
+        let woken = {
+            let mut w = self.room_waiters.lock().unwrap_or_else(|p| p.into_inner());
+            self.shutting_down.store(true, Ordering::Release);
+            std::mem::take(&mut *w)
+        };
+        woken.wakers.into_iter().flatten().for_each(Waker::wake);
     }
 
     pub(crate) fn is_shutting_down(&self) -> bool {
@@ -456,8 +548,8 @@ impl ActorSystem {
     /// fail with `ShuttingDown`), waits up to [`SystemConfig::shutdown_grace`]
     /// for them, then shuts the runtime down; returns what it found.
     ///
-    /// Called (or the system dropped) on one of the system's own shards, in
-    /// a task or an actor, it cannot wait there: the shutdown goes on, in
+    /// Called (or the system dropped) on a shard, its own or another mailring
+    /// runtime's, in a task or an actor, it cannot wait there: the shutdown goes on, in
     /// the same steps, on a thread of its own once the calling task yields,
     /// and the report returned is empty.
     ///
@@ -495,15 +587,17 @@ impl ActorSystem {
         let Some(runtime) = self.runtime.take() else {
             return SystemShutdownReport::default();
         };
-        self.shared.shutting_down.store(true, Ordering::Release);
+        self.shared.begin_shutdown();
         let shared = self.shared.clone();
         let grace = self.grace;
-        if shared.handle.local_shard().is_none() {
+        if mailring::current_shard().is_none() {
             return shut_down(shared, grace, runtime);
         }
-        // On one of the system's own shards (dropped in a task or an actor):
-        // waiting here would block the shard the shutdown needs. Finish on a
-        // thread of its own, which the shards serve once this task yields.
+        // On a shard (dropped in a task or an actor): on one of the
+        // system's own, waiting here would block the shard the shutdown
+        // needs; on another runtime's, `Runtime::block_on` refuses to block
+        // it (a panic). Finish on a thread of its own, which the shards
+        // serve once this task yields.
         let spawned = std::thread::Builder::new()
             .name("mailring-actors-shutdown".into())
             .spawn(move || {

@@ -1,0 +1,382 @@
+//! Failure paths of the actor layer found by review: each test is bounded
+//! (a would-be hang fails by timeout) and goes through the public API.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+mod common;
+
+use common::{Add, Get};
+use mailring_actors::mailring::panic::CallbackKind;
+use mailring_actors::mailring::time::{sleep, timeout};
+use mailring_actors::{
+    Actor, ActorSystem, Addr, AskError, Ctx, Handler, Hooks, Message, Placement, Runtime, ShardId,
+    StopReason, SystemConfig, TellError, Terminated,
+};
+
+const S1: ShardId = ShardId::new(1);
+
+fn system(shards: usize) -> ActorSystem {
+    ActorSystem::start(Runtime::builder().shards(shards)).expect("io_uring available")
+}
+
+// ---------------------------------------------------------------- timers in a bounded mailbox
+
+/// A bounded actor whose `on_start` runs a 2 ms interval.
+#[derive(Actor, Default)]
+#[actor(mailbox = 8, handles(Tick, Add, Get), hooks)]
+struct TickingBounded {
+    ticks: u64,
+    total: u64,
+}
+
+#[derive(Message)]
+struct Tick;
+
+impl Hooks for TickingBounded {
+    async fn on_start(&mut self, cx: &mut Ctx<Self>) {
+        cx.run_interval(Duration::from_millis(2), || Tick);
+    }
+}
+
+impl Handler<Tick> for TickingBounded {
+    async fn handle(&mut self, _m: Tick, _cx: &mut Ctx<Self>) {
+        self.ticks += 1;
+    }
+}
+
+impl Handler<Add> for TickingBounded {
+    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
+        self.total += m.0;
+    }
+}
+
+impl Handler<Get> for TickingBounded {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.ticks
+    }
+}
+
+/// Timer ticks take places in a bounded mailbox like any message: the
+/// actor's takes free exactly the places that were taken, so the count
+/// never wraps and senders keep getting room.
+#[test]
+fn timer_ticks_in_a_bounded_mailbox_keep_its_count_right() {
+    let sys = system(2);
+    let a = sys.spawn_actor(Placement::Pinned(S1), TickingBounded::default);
+    let (tried, sent, ticks) = sys.block_on(async move {
+        sleep(Duration::from_millis(30)).await;
+        let tried = a.try_tell(Add(1)).is_ok();
+        let sent = matches!(
+            timeout(Duration::from_secs(2), a.send(Add(2))).await,
+            Ok(Ok(()))
+        );
+        let ticks = timeout(Duration::from_secs(2), a.ask(Get)).await;
+        (tried, sent, ticks)
+    });
+    assert!(tried, "try_tell found the mailbox full");
+    assert!(sent, "send().await did not finish within 2 s");
+    let ticks = ticks
+        .expect("the ask did not resolve")
+        .expect("the ask failed");
+    assert!(ticks >= 3, "the actor counted {ticks} ticks in 30 ms");
+    sys.shutdown();
+}
+
+// ---------------------------------------------------------------- an actor whose Drop panics
+
+/// Panics in its handler of [`Explode`] (a restart drops it) and in its
+/// `Drop`.
+#[derive(Actor, Default)]
+#[actor(handles(Explode, Get))]
+struct DropPanics {
+    n: u64,
+}
+
+#[derive(Message)]
+struct Explode;
+
+impl Handler<Explode> for DropPanics {
+    async fn handle(&mut self, _m: Explode, _cx: &mut Ctx<Self>) {
+        panic!("handler panics");
+    }
+}
+
+impl Handler<Get> for DropPanics {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.n
+    }
+}
+
+impl Drop for DropPanics {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            panic!("DropPanics::drop panics");
+        }
+    }
+}
+
+/// A restart whose old actor's `Drop` panics still restarts (or stops)
+/// the actor: an ask sent after the panic resolves, never hangs.
+#[test]
+fn a_drop_panicking_at_restart_leaves_no_zombie_actor() {
+    let sys = system(2);
+    let a = sys.spawn_actor(Placement::Pinned(S1), DropPanics::default);
+    let out = sys.block_on(async move {
+        a.tell(Explode).unwrap();
+        let first = timeout(Duration::from_secs(2), a.ask(Get)).await;
+        let second = timeout(Duration::from_secs(2), a.ask(Get)).await;
+        (first, second)
+    });
+    let first = out.0.expect("the ask after the panic never resolved");
+    let second = out.1.expect("a second ask never resolved");
+    assert_eq!(first, Ok(0), "the actor restarted with fresh state");
+    assert_eq!(second, Ok(0));
+    let drop_panics: u64 = sys
+        .runtime()
+        .stats()
+        .shards
+        .iter()
+        .map(|s| s.panics.get(CallbackKind::Drop))
+        .sum();
+    assert_eq!(drop_panics, 1, "the Drop's panic is reported as one");
+    sys.shutdown();
+}
+
+/// Watches an actor and records the [`Terminated`] it gets.
+#[derive(Actor)]
+#[actor(handles(WatchAndStop, Terminated))]
+struct Watcher {
+    seen: Arc<Mutex<Vec<Terminated>>>,
+}
+
+#[derive(Message)]
+struct WatchAndStop(Addr<DropPanics>);
+
+impl Handler<WatchAndStop> for Watcher {
+    async fn handle(&mut self, m: WatchAndStop, cx: &mut Ctx<Self>) {
+        cx.watch(&m.0);
+        m.0.stop();
+    }
+}
+
+impl Handler<Terminated> for Watcher {
+    async fn handle(&mut self, m: Terminated, _cx: &mut Ctx<Self>) {
+        self.seen.lock().unwrap().push(m);
+    }
+}
+
+/// An actor whose `Drop` panics at its stop still ends: its watchers get
+/// `Terminated`, and later asks fail instead of hanging.
+#[test]
+fn a_drop_panicking_at_stop_still_notifies_watchers() {
+    let sys = system(2);
+    let target = sys.spawn_actor(Placement::Pinned(S1), DropPanics::default);
+    let seen: Arc<Mutex<Vec<Terminated>>> = Arc::default();
+    let s = seen.clone();
+    let w = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), move || Watcher {
+        seen: s.clone(),
+    });
+    let (notified, after) = sys.block_on(async move {
+        w.tell(WatchAndStop(target.clone())).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while seen.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
+            sleep(Duration::from_millis(1)).await;
+        }
+        let notified = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|t| t.reason)
+            .collect::<Vec<_>>();
+        let after = timeout(Duration::from_secs(2), target.ask(Get)).await;
+        (notified, after)
+    });
+    assert_eq!(
+        notified,
+        vec![StopReason::Stopped],
+        "the watcher was not told"
+    );
+    assert_eq!(
+        after.expect("an ask to the stopped actor never resolved"),
+        Err(AskError::Stopped)
+    );
+    sys.shutdown();
+}
+
+// ---------------------------------------------------------------- a full bounded mailbox at shutdown
+
+/// A bounded actor (one place) whose handler naps.
+#[derive(Actor, Default)]
+#[actor(mailbox = 1, handles(Nap))]
+struct Napper;
+
+#[derive(Message)]
+struct Nap(Duration);
+
+impl Handler<Nap> for Napper {
+    async fn handle(&mut self, m: Nap, _cx: &mut Ctx<Self>) {
+        sleep(m.0).await;
+    }
+}
+
+/// A sender (on a thread of another runtime) waiting for room in a full
+/// bounded mailbox whose actor never takes another message: the system's
+/// shutdown abandons the actor, and the send resolves with `ShuttingDown`
+/// instead of waiting forever.
+#[test]
+fn a_send_waiting_for_room_resolves_when_the_system_shuts_down() {
+    let config = SystemConfig {
+        shutdown_grace: Duration::from_millis(50),
+        ..SystemConfig::default()
+    };
+    let sys = ActorSystem::start_with(Runtime::builder().shards(2), config).expect("io_uring");
+    let a = sys.spawn_actor(Placement::Pinned(S1), Napper::default);
+    let (queued_tx, queued_rx) = std::sync::mpsc::channel();
+    let sender = std::thread::spawn(move || {
+        let rt = Runtime::builder().shards(1).build().expect("io_uring");
+        let out = rt.block_on(async move {
+            timeout(Duration::from_secs(5), async move {
+                let mut sent = 0u32;
+                loop {
+                    match a.send(Nap(Duration::from_secs(3600))).await {
+                        Ok(()) => sent += 1,
+                        Err(e) => return (sent, matches!(e, TellError::ShuttingDown(_))),
+                    }
+                    if sent == 2 {
+                        // One handled (napping), one queued: the next waits.
+                        let _ = queued_tx.send(());
+                    }
+                }
+            })
+            .await
+        });
+        rt.shutdown();
+        out
+    });
+    queued_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the first two sends went through");
+    std::thread::sleep(Duration::from_millis(20));
+    let report = sys.shutdown();
+    assert_eq!(report.actors_abandoned, 1, "{report:?}");
+    let out = sender.join().expect("the sender thread");
+    let (sent, shutting_down) = out.expect("the send waiting for room never resolved");
+    assert_eq!(sent, 2);
+    assert!(shutting_down, "the waiting send failed with ShuttingDown");
+}
+
+// ---------------------------------------------------------------- pinned to a shard the system lacks
+
+/// A keyed actor pinned to shard 5.
+#[derive(Actor, Default)]
+#[actor(key = u64, pinned = 5, activate = PinnedFar::new, handles(Add, Get))]
+struct PinnedFar {
+    total: u64,
+}
+
+impl PinnedFar {
+    fn new(_key: &u64) -> Self {
+        PinnedFar::default()
+    }
+}
+
+impl Handler<Add> for PinnedFar {
+    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
+        self.total += m.0;
+    }
+}
+
+impl Handler<Get> for PinnedFar {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.total
+    }
+}
+
+/// `pinned = 5` on a two-shard system: sends fail with `NoSuchShard` (from
+/// an outside thread and from each shard), nothing panics.
+#[test]
+fn a_keyed_actor_pinned_past_the_last_shard_fails_its_sends() {
+    let sys = system(2);
+    let a = sys.keyed::<PinnedFar>(7);
+    // From this thread (not a shard of the system).
+    assert!(matches!(
+        a.tell(Add(1)),
+        Err(TellError::NoSuchShard(Add(1)))
+    ));
+    assert!(matches!(a.try_tell(Add(1)), Err(TellError::NoSuchShard(_))));
+    for shard in 0..2 {
+        let a = a.clone();
+        let out = sys.block_on(sys.runtime().spawn_on(ShardId::new(shard), async move {
+            let told = matches!(a.tell(Add(1)), Err(TellError::NoSuchShard(_)));
+            let sent = matches!(
+                timeout(Duration::from_secs(2), a.send(Add(1))).await,
+                Ok(Err(TellError::NoSuchShard(_)))
+            );
+            let asked = timeout(Duration::from_secs(2), a.ask(Get)).await;
+            a.stop();
+            (told, sent, asked)
+        }));
+        let (told, sent, asked) = out.expect("the sending task did not panic");
+        assert!(told, "tell on shard {shard}");
+        assert!(sent, "send on shard {shard}");
+        assert_eq!(
+            asked,
+            Ok(Err(AskError::NoSuchShard)),
+            "ask on shard {shard}"
+        );
+    }
+    let panics: u64 = sys
+        .runtime()
+        .stats()
+        .shards
+        .iter()
+        .map(|s| s.panics.total())
+        .sum();
+    assert_eq!(panics, 0);
+    sys.shutdown();
+}
+
+// ---------------------------------------------------------------- dropped on another runtime's shard
+
+/// Says when its `on_stop` runs.
+#[derive(Actor)]
+#[actor(handles(Get), hooks)]
+struct StopSignal {
+    stopped: std::sync::mpsc::Sender<()>,
+}
+
+impl Hooks for StopSignal {
+    async fn on_stop(&mut self, _cx: &mut Ctx<Self>) {
+        let _ = self.stopped.send(());
+    }
+}
+
+impl Handler<Get> for StopSignal {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        1
+    }
+}
+
+/// An `ActorSystem` dropped in a task of another mailring runtime shuts
+/// down without panicking (blocking on its runtime there would), and its
+/// actors get `on_stop`.
+#[test]
+fn a_system_dropped_on_another_runtimes_shard_shuts_down_cleanly() {
+    let sys = system(2);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let a = sys.spawn_actor(Placement::Pinned(S1), move || StopSignal {
+        stopped: tx.clone(),
+    });
+    assert_eq!(sys.block_on(async move { a.ask(Get).await }), Ok(1));
+    let other = Runtime::builder().shards(1).build().expect("io_uring");
+    let dropped = other.block_on(other.handle().spawn_on(ShardId::new(0), async move {
+        drop(sys);
+    }));
+    assert!(dropped.is_ok(), "dropping the system panicked: {dropped:?}");
+    assert!(
+        rx.recv_timeout(Duration::from_secs(5)).is_ok(),
+        "the system's actor never ran on_stop"
+    );
+    other.shutdown();
+}
