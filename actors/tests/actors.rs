@@ -2029,13 +2029,16 @@ impl Handler<Nap> for Sleeper {
     }
 }
 
-#[test]
-fn a_reply_armed_on_a_shard_still_times_out_on_an_outside_thread() {
-    let sys = system(2);
-    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Sleeper::default);
+/// An ask for a nap of `nap_ms` with `timeout`, polled once on shard 0
+/// (which arms the deadline's timer there) and handed out unawaited.
+fn armed_on_shard_0(
+    sys: &ActorSystem,
+    a: mailring_actors::Addr<Sleeper>,
+    nap_ms: u64,
+    timeout: Duration,
+) -> mailring_actors::Reply<()> {
     let reply = sys.block_on(async move {
-        let mut reply = a.ask(Nap(300)).timeout(Duration::from_millis(20));
-        // One poll on shard 0 arms the deadline's timer there.
+        let mut reply = a.ask(Nap(nap_ms)).timeout(timeout);
         std::future::poll_fn(|cx| {
             assert!(std::future::Future::poll(std::pin::Pin::new(&mut reply), cx).is_pending());
             std::task::Poll::Ready(())
@@ -2044,7 +2047,14 @@ fn a_reply_armed_on_a_shard_still_times_out_on_an_outside_thread() {
         // Wrapped: the block hands the reply over rather than awaiting it.
         Some(reply)
     });
-    let reply = reply.expect("the reply");
+    reply.expect("the reply")
+}
+
+#[test]
+fn a_reply_armed_on_a_shard_still_times_out_on_an_outside_thread() {
+    let sys = system(2);
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Sleeper::default);
+    let reply = armed_on_shard_0(&sys, a, 300, Duration::from_millis(20));
     // Polled from here on, off every shard: no panic, and the deadline holds
     // (without it the answer would come, as `Ok`, after the 300 ms nap).
     assert_eq!(block_on_thread(reply), Err(AskError::Timeout));
@@ -2200,17 +2210,7 @@ fn a_reply_before_the_deadline_arrives_off_a_shard() {
 fn a_reply_armed_on_a_shard_times_out_when_then_awaited_off_it() {
     let sys = napping_system(SystemConfig::default());
     let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Sleeper::default);
-    let reply = sys.block_on(async move {
-        let mut reply = a.ask(Nap(10_000)).timeout(Duration::from_millis(50));
-        // One poll on shard 0 arms the deadline's timer there.
-        std::future::poll_fn(|cx| {
-            assert!(std::future::Future::poll(std::pin::Pin::new(&mut reply), cx).is_pending());
-            std::task::Poll::Ready(())
-        })
-        .await;
-        Some(reply)
-    });
-    let reply = reply.expect("the reply");
+    let reply = armed_on_shard_0(&sys, a, 10_000, Duration::from_millis(50));
     let outcome = await_off_shard(reply, Duration::from_secs(2));
     assert_eq!(outcome, Some(Err(AskError::Timeout)));
     sys.shutdown();

@@ -195,6 +195,23 @@ pub(crate) fn send_msg_ring_from_outside(
 }
 
 /// Wakes a shard through its eventfd.
+/// The outcome of a waiting `io_uring_enter`: an interruption, a timeout or
+/// a busy ring only end the wait early (the loop looks again).
+fn waited(res: io::Result<usize>) -> io::Result<()> {
+    match res {
+        Ok(_) => Ok(()),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EINTR | libc::EBUSY | libc::ETIME | libc::EAGAIN)
+            ) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
 pub(crate) fn write_eventfd(eventfd: i32) -> io::Result<()> {
     let one: u64 = 1;
     // SAFETY: writes 8 bytes from a valid u64 to an fd; the caller keeps the fd open
@@ -329,18 +346,7 @@ impl ShardDriver for UringDriver {
                 .submitter()
                 .enter::<libc::sigset_t>(to_submit, 1, flags.bits(), None)
         };
-        match res {
-            Ok(_) => Ok(()),
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINTR | libc::EBUSY | libc::ETIME | libc::EAGAIN)
-                ) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
+        waited(res)
     }
 
     fn wait_timeout(&mut self, limit: std::time::Duration) -> io::Result<()> {
@@ -351,18 +357,7 @@ impl ShardDriver for UringDriver {
         // Linux 5.11, older than the MSG_RING mailring requires): the
         // kernel reads `ts` during the call and keeps no reference.
         let args = io_uring::types::SubmitArgs::new().timespec(&ts);
-        match self.ring.submitter().submit_with_args(1, &args) {
-            Ok(_) => Ok(()),
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINTR | libc::EBUSY | libc::ETIME | libc::EAGAIN)
-                ) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
+        waited(self.ring.submitter().submit_with_args(1, &args))
     }
 
     fn reap(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
