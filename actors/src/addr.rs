@@ -354,7 +354,8 @@ impl<A: Actor> Addr<A> {
     fn windowed_route(&self) -> Option<(std::rc::Rc<local::TypeState<A>>, usize)> {
         let ts = local::type_state::<A>(self.system.arc())?;
         let dest = self.home();
-        (ts.shard != dest && dest < self.system.handle.shards()).then_some((ts, dest))
+        (ts.shard != dest && !local::pinned_past_last_shard::<A>(self.system.arc(), dest))
+            .then_some((ts, dest))
     }
 
     /// Delivers an ask's envelope; a failure drops it with the reason, which
@@ -405,7 +406,7 @@ impl<A: Actor> Addr<A> {
             }
             // Only a keyed type pinned past the last shard has no home:
             // checked off the same-shard path, which found its shard.
-            _ if dest >= self.system.handle.shards() => {
+            _ if local::pinned_past_last_shard::<A>(self.system.arc(), dest) => {
                 self.release_place();
                 Err(fail(AskError::NoSuchShard, payload))
             }
@@ -601,7 +602,8 @@ impl<A: Actor> LocalAddr<A> {
         self.pending.receive_pending();
         {
             let cell = self.cell.borrow();
-            if cell.is_open() && cell.capacity.is_none() {
+            // A blocked actor (see `cycle`) takes the general path.
+            if cell.takes_plain_push() && cell.capacity.is_none() {
                 if let Err((why, env)) = cell.push(A::envelope(msg)) {
                     reply::drop_with_reason(why, env);
                 }

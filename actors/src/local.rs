@@ -773,7 +773,7 @@ pub(crate) fn send_delivery<A: Actor>(
 ) where
     A::Envelope: Send,
 {
-    if dest >= system.handle.shards() {
+    if pinned_past_last_shard::<A>(system, dest) {
         // A keyed type pinned to a shard the system does not have: its
         // actor never runs (a watch is told at once, as for a stopped one).
         return no_such_shard(target, item);
@@ -798,6 +798,15 @@ pub(crate) fn send_delivery<A: Actor>(
                 });
         }
     }
+}
+
+/// Whether `dest` is a shard the system does not have, which only a keyed
+/// type pinned past the last shard can name: for every other type the
+/// placement is a constant that is not `Pinned` and the check folds away,
+/// keeping the send paths as they were.
+#[inline(always)]
+pub(crate) fn pinned_past_last_shard<A: Actor>(system: &SystemShared, dest: usize) -> bool {
+    matches!(A::CONFIG.placement, ActorPlacement::Pinned(_)) && dest >= system.handle.shards()
 }
 
 /// [`send_delivery`] to a shard the system does not have.

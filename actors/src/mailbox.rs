@@ -143,6 +143,13 @@ impl<A: Actor> ActorCell<A> {
         self.state.get() & OPEN != 0
     }
 
+    /// Open and not blocked: a [`push`](Self::push) right after this takes
+    /// its fast path (the same compare, which the compiler merges).
+    #[inline]
+    pub(crate) fn takes_plain_push(&self) -> bool {
+        self.state.get() == OPEN
+    }
+
     /// Enqueues and wakes the actor's task if it waits. A closed cell gives
     /// the envelope back (`Stopped`); an actor whose handler is blocked on
     /// an ask to the actor that made this ask refuses it (`WouldDeadlock`).
