@@ -521,6 +521,7 @@ impl<R> Reply<R> {
     /// At a poll that found no outcome: records that the handler being
     /// polled (if any) awaits this reply.
     #[cold]
+    #[inline(never)]
     fn register_wait(&mut self, header: NonNull<Header<R>>, target: u64) {
         self.wait = Wait::No;
         let Some(frame) = crate::runner::current_frame() else {
@@ -594,20 +595,28 @@ impl<R> Reply<R> {
     #[inline]
     fn finish(&mut self) {
         if let ReplyInner::Pending(header) = mem::replace(&mut self.inner, ReplyInner::Done) {
-            let mut sub = 1;
-            if let Wait::Registered = mem::replace(&mut self.wait, Wait::No) {
-                // No handler awaits it any more: the flag goes with our
-                // handle, and the entry goes now if this is its actor's
-                // shard (else at its actor's next check).
-                sub |= WAITED;
-                if let Some(site) = crate::runner::current_frame().and_then(|f| f.site.clone()) {
-                    site.unregister(header.cast());
-                }
-            }
+            let sub = match self.wait {
+                Wait::Registered => self.end_wait(header),
+                _ => 1,
+            };
             // SAFETY: the handle was ours and is gone from `inner`; the
             // flag, when in `sub`, was set by our registration.
             unsafe { release_with(header, sub) };
         }
+    }
+
+    /// A handler awaited this reply and no longer does: the [`WAITED`] flag
+    /// goes with our handle (the returned decrement), and the entry goes
+    /// now if this is its actor's shard (else at its actor's next check).
+    /// Kept out of line: most replies are never awaited by a handler.
+    #[cold]
+    #[inline(never)]
+    fn end_wait(&mut self, header: NonNull<Header<R>>) -> usize {
+        self.wait = Wait::No;
+        if let Some(site) = crate::runner::current_frame().and_then(|f| f.site.clone()) {
+            site.unregister(header.cast());
+        }
+        1 | WAITED
     }
 }
 

@@ -86,6 +86,7 @@ thread_local! {
 }
 
 /// The frame of the actor being polled on this thread, if any.
+#[inline]
 pub(crate) fn current_frame() -> Option<Rc<Frame>> {
     FRAME
         .try_with(|f| {
