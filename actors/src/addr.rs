@@ -634,6 +634,8 @@ impl<A: Actor> LocalAddr<A> {
             }
         }
         if let Err((why, env)) = cell.push(A::envelope(msg)) {
+            // The place taken above goes back with the refused message.
+            cell.free_place();
             reply::drop_with_reason(why, env);
         }
         Ok(())

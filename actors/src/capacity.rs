@@ -118,7 +118,11 @@ impl Capacity {
         }
         {
             let mut w = lock(&self.waiters);
-            w.push(cx.waker().clone());
+            // A sender polled again while still waiting is registered once
+            // (the list would otherwise grow with every spurious poll).
+            if !w.iter().any(|known| known.will_wake(cx.waker())) {
+                w.push(cx.waker().clone());
+            }
             self.waiting.store(true, Ordering::Release);
         }
         // Registered: a release whose decrement comes after this re-read
@@ -253,5 +257,28 @@ mod loom_tests {
             }
             assert_eq!(depth(&c), 1, "the count is the places taken");
         });
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sender_polled_again_while_full_is_registered_once() {
+        let cap = Capacity::new(1);
+        assert!(cap.try_acquire());
+        struct Nop;
+        impl std::task::Wake for Nop {
+            fn wake(self: Arc<Self>) {}
+        }
+        let waker = Waker::from(Arc::new(Nop));
+        let mut cx = Context::from_waker(&waker);
+        for _ in 0..5 {
+            assert!(cap.poll_acquire(&mut cx).is_pending());
+        }
+        assert_eq!(lock(&cap.waiters).len(), 1);
+        cap.release(1);
+        assert!(cap.poll_acquire(&mut cx).is_ready());
     }
 }
