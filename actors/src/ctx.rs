@@ -159,12 +159,22 @@ impl<A: Actor> Ctx<A> {
     /// `on_passivate` runs do not keep it active, and are dropped. Handling
     /// a tick is otherwise a message like any other. A `wait_for`
     /// continuation is activity.
+    ///
+    /// # Panics
+    ///
+    /// When `period` is zero, here, in the caller (a handler or hook, whose
+    /// panic supervision deals with), not later in the timer's task.
+    #[track_caller]
     pub fn run_interval<M, F>(&mut self, period: Duration, mut make: F) -> TimerHandle
     where
         A: Accepts<M>,
         M: Message,
         F: FnMut() -> M + 'static,
     {
+        assert!(
+            !period.is_zero(),
+            "Ctx::run_interval needs a non-zero period (use run_later for a single message)"
+        );
         let cell = self.cell.clone();
         let sends = self.timer_sends.clone();
         let join = self.tasks.spawn(async move {

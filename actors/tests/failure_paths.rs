@@ -380,3 +380,56 @@ fn a_system_dropped_on_another_runtimes_shard_shuts_down_cleanly() {
     );
     other.shutdown();
 }
+
+// ---------------------------------------------------------------- a zero interval
+
+#[derive(Actor, Default)]
+#[actor(handles(StartZero, Get))]
+struct ZeroTicker {
+    total: u64,
+}
+
+#[derive(Message)]
+#[message(reply = ())]
+struct StartZero;
+
+impl Handler<StartZero> for ZeroTicker {
+    async fn handle(&mut self, _m: StartZero, cx: &mut Ctx<Self>) {
+        cx.run_interval(Duration::ZERO, || Get);
+    }
+}
+
+impl Handler<Get> for ZeroTicker {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.total
+    }
+}
+
+/// A zero-period interval fails the handler that asked for it (its ask
+/// says `Panicked`, supervision restarts the actor, the runtime counts a
+/// handler panic) instead of panicking later inside the timer's own task,
+/// where nothing supervised noticed.
+#[test]
+fn a_zero_interval_fails_the_handler_that_asks_for_it() {
+    let sys = system(2);
+    let a = sys.spawn_actor(Placement::Pinned(S1), ZeroTicker::default);
+    let (started, after) = sys.block_on(async move {
+        let started = timeout(Duration::from_secs(5), a.ask(StartZero)).await;
+        let after = timeout(Duration::from_secs(5), a.ask(Get)).await;
+        (started, after)
+    });
+    assert_eq!(started.expect("answered"), Err(AskError::Panicked));
+    assert_eq!(after.expect("answered"), Ok(0), "restarted and answering");
+    let stats = sys.runtime().stats();
+    let handler: u64 = stats
+        .shards
+        .iter()
+        .map(|s| s.panics.get(CallbackKind::Handler))
+        .sum();
+    let task: u64 = stats
+        .shards
+        .iter()
+        .map(|s| s.panics.get(CallbackKind::Task))
+        .sum();
+    assert_eq!((handler, task), (1, 0));
+}
