@@ -53,6 +53,11 @@ pub struct FaultInjection {
     pub setup_errno: Option<i32>,
     /// Report this opcode (an `IORING_OP_*` number) as unsupported by the probe.
     pub hide_opcode: Option<u8>,
+    /// Answer this many of the submissions a full submission queue forces
+    /// with `EBUSY` while completions wait in the completion queue, as
+    /// kernels with a CQ overflow backlog do (Linux 6.18 never does), so the
+    /// shard's way out of it can be tested.
+    pub busy_while_completions_wait: u32,
 }
 
 /// Configures and starts a [`Runtime`].

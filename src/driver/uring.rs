@@ -40,6 +40,8 @@ pub(crate) struct UringDriver {
     /// Completions taken off the CQ to let a full SQ drain (see `push`);
     /// the next `reap` hands them out first, in order.
     stash: Vec<(u64, i32, u32)>,
+    /// `FaultInjection::busy_while_completions_wait` left to inject.
+    busy_faults: u32,
     cancelling: bool,
     overflows: u64,
 }
@@ -77,6 +79,7 @@ impl UringDriver {
             skip_success,
             cqes: Vec::with_capacity(256),
             stash: Vec::new(),
+            busy_faults: builder.faults.busy_while_completions_wait,
             cancelling: false,
             overflows: 0,
         };
@@ -129,7 +132,7 @@ impl UringDriver {
             if unsafe { self.ring.submission().push(entry) }.is_ok() {
                 return;
             }
-            if let Err(e) = self.ring.submit() {
+            if let Err(e) = self.submit_full_sq(false) {
                 if e.raw_os_error() == Some(libc::EBUSY) {
                     // The kernel refuses submissions while completions wait
                     // (older kernels, with a CQ overflow backlog). The caller
@@ -143,9 +146,24 @@ impl UringDriver {
                             .completion()
                             .map(|cqe| (cqe.user_data(), cqe.result(), cqe.flags())),
                     );
-                    let _ = self.ring.submitter().submit_and_wait(0);
+                    let _ = self.submit_full_sq(true);
                 }
             }
+        }
+    }
+
+    /// A submission forced by a full SQ: `io_uring_enter` as the kernel
+    /// answers it, or `EBUSY` where fault injection plays a kernel that
+    /// refuses submissions while completions wait.
+    fn submit_full_sq(&mut self, and_wait: bool) -> io::Result<usize> {
+        if self.busy_faults > 0 && !self.ring.completion().is_empty() {
+            self.busy_faults -= 1;
+            return Err(io::Error::from_raw_os_error(libc::EBUSY));
+        }
+        if and_wait {
+            self.ring.submitter().submit_and_wait(0)
+        } else {
+            self.ring.submit()
         }
     }
 
