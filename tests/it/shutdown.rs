@@ -140,3 +140,60 @@ fn a_listener_dropped_off_its_shard_stops_accepting_and_shutdown_finishes() {
     let report = shutdown_within(rt);
     assert_eq!(report.ops_leaked, 0);
 }
+
+/// A waker woken during shutdown's step 4 (an operation's cancellation
+/// completing) that sends work to another shard: the shard's batches are
+/// gone by then, and the item is refused (counted as dropped unrun)
+/// instead of indexing an empty list of batches.
+#[test]
+fn a_wake_during_shutdown_that_sends_to_another_shard_is_refused() {
+    use std::os::fd::FromRawFd;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    struct SendsElsewhere(mailring::Handle, AtomicUsize);
+    impl std::task::Wake for SendsElsewhere {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.run_on(ShardId::new(1), || {});
+        }
+    }
+
+    let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe(2) writes.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both descriptors are new and owned by nobody else.
+    let (reader, writer) = unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    };
+    let (tx, rx) = mpsc::channel();
+    rt.handle().spawn_on(S0, async move {
+        let file = mailring::fs::File::from_std(reader).unwrap();
+        let mut read = Box::pin(async move { file.read_at(vec![0u8; 8], 0).await.0.is_ok() });
+        poll_once(&mut read).await;
+        tx.send(read).unwrap();
+    });
+    let mut read = within(&rx, 5, "the read is submitted");
+    // Polled here: the read's result will be handed over by shard 0, which
+    // wakes this waker when the read completes (at shutdown: cancelled).
+    let waker = Arc::new(SendsElsewhere(rt.handle().clone(), AtomicUsize::new(0)));
+    let w = std::task::Waker::from(waker.clone());
+    assert!(read
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(&w))
+        .is_pending());
+    std::thread::sleep(Duration::from_millis(50));
+    let report = shutdown_within(rt);
+    assert_eq!(waker.1.load(Ordering::SeqCst), 1, "woken at shutdown");
+    assert_eq!(report.panics.total(), 0, "{report:?}");
+    assert!(report.dropped_unrun >= 1, "{report:?}");
+    drop(read);
+    drop(writer);
+}
