@@ -615,6 +615,7 @@ impl ActorSystem {
 /// (steps of [`ActorSystem::shutdown`]). Blocks; never called on a shard.
 fn shut_down(shared: Arc<SystemShared>, grace: Duration, runtime: Runtime) -> SystemShutdownReport {
     let n = shared.handle.shards();
+    let registries = shared.clone();
     let mut report = runtime.block_on(async move {
         // `None`: a grace too long for an `Instant` (`Duration::MAX`) waits
         // for every actor.
@@ -663,6 +664,24 @@ fn shut_down(shared: Arc<SystemShared>, grace: Duration, runtime: Runtime) -> Sy
         );
     }
     report.runtime = runtime.shutdown();
+    // What the system keeps for its whole life goes now: a named `Addr`
+    // holds the system itself (a cycle that kept it, and the runtime's
+    // shared state with it, alive forever), and factories hold whatever
+    // they captured. Taken out of their locks before they are dropped.
+    let names = std::mem::take(&mut *registries.names.lock().unwrap_or_else(|p| p.into_inner()));
+    let factories = std::mem::take(
+        &mut *registries
+            .factories
+            .write()
+            .unwrap_or_else(|p| p.into_inner()),
+    );
+    let directories = std::mem::take(
+        &mut *registries
+            .directories
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()),
+    );
+    drop((names, factories, directories));
     report
 }
 

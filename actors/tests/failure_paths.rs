@@ -433,3 +433,31 @@ fn a_zero_interval_fails_the_handler_that_asks_for_it() {
         .sum();
     assert_eq!((handler, task), (1, 0));
 }
+
+// ---------------------------------------------------------------- nothing kept alive after shutdown
+
+/// A name registered for an actor made a cycle (the named `Addr` holds the
+/// system, which holds the names) that kept the system's and the runtime's
+/// shared state alive after shutdown, with everything they hold: here, the
+/// panic hook and what it captured.
+#[test]
+fn a_registered_name_does_not_keep_the_system_alive_after_shutdown() {
+    let token = Arc::new(());
+    let held = token.clone();
+    let builder = Runtime::builder().shards(2).on_panic(move |_| {
+        let _ = &held;
+    });
+    let sys = ActorSystem::start(builder).expect("io_uring available");
+    let a = sys.spawn_actor(Placement::Pinned(S1), common::Counter::default);
+    sys.handle().register_name("counter", a);
+    assert_eq!(Arc::strong_count(&token), 2);
+    sys.shutdown();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while Arc::strong_count(&token) > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the system's shared state outlived its shutdown"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
