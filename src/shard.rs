@@ -484,17 +484,26 @@ impl Shard {
     }
 
     /// Wakes every waker; one that panics is reported and the rest are
-    /// still woken. One `catch_unwind` for the whole list on the path that
-    /// does not panic.
+    /// still woken.
     fn wake_all(&self, wakers: Vec<Waker>) {
-        let mut wakers = wakers.into_iter();
+        self.run_each(wakers.into_iter(), || CallbackKind::Waker, Waker::wake);
+    }
+
+    /// Runs `f` on each item, with one `catch_unwind` for the whole run on
+    /// the path that does not panic (one per item cost ~24 instructions a
+    /// cross-shard ask): an item whose `f` panics is reported as the kind
+    /// `kind()` names then, and the run goes on with the next item.
+    fn run_each<I: Iterator>(
+        &self,
+        mut items: I,
+        kind: impl Fn() -> CallbackKind,
+        mut f: impl FnMut(I::Item),
+    ) {
         loop {
-            let rest = &mut wakers;
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
-                rest.for_each(Waker::wake)
-            })) {
+            let (rest, f) = (&mut items, &mut f);
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || rest.for_each(f))) {
                 Ok(()) => return,
-                Err(p) => self.caught(CallbackKind::Waker, p),
+                Err(p) => self.caught(kind(), p),
             }
         }
     }
@@ -502,8 +511,12 @@ impl Shard {
     /// Counts a failed `io_uring_enter` (other than the retryable errors,
     /// which the driver absorbs); the shard goes on and submits again.
     #[cold]
-    fn ring_error(&self, _error: std::io::Error) {
-        self.remote().counters.ring_errors.add(1);
+    fn ring_error(&self, error: std::io::Error) {
+        let counters = &self.remote().counters;
+        counters.ring_errors.add(1);
+        counters
+            .last_ring_errno
+            .set(error.raw_os_error().unwrap_or(0).unsigned_abs().into());
     }
 
     /// Records a task this shard now owns; returns its key.
@@ -570,14 +583,13 @@ impl Shard {
         }
     }
 
+    /// Applies an item on this shard, catching a closure's or job's panic.
     #[inline]
     fn accept(&self, item: InboxItem) {
         match item {
-            InboxItem::Task(t) => self.push_local(t),
-            InboxItem::Stealable(t) => self.push_stealable(t),
-            InboxItem::Tiny(m) => self.ingest_tiny(m),
             InboxItem::Call(f) => self.guard(CallbackKind::RunOn, f),
             InboxItem::Job(job) => self.guard(CallbackKind::Job, move || job.run()),
+            item => self.accept_unguarded(item),
         }
     }
 
@@ -710,23 +722,13 @@ impl Shard {
         let n = self.reader.borrow_mut().drain_into(&self.inbox, &mut buf);
         if n > 0 {
             self.remote().counters.inbox_items.add(n as u64);
-            // One `catch_unwind` for the whole drain on the path that does
-            // not panic (one per item cost ~24 instructions a cross-shard
-            // ask); a closure or job that panics is reported as the kind
-            // `running` names, and the drain goes on with the next item.
-            let mut items = buf.drain(..);
-            loop {
-                let rest = &mut items;
-                let drained = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
-                    for item in rest {
-                        self.accept_unguarded(item);
-                    }
-                }));
-                match drained {
-                    Ok(()) => break,
-                    Err(p) => self.caught(self.running.get(), p),
-                }
-            }
+            // A closure or job that panics is reported as the kind it noted
+            // in `running` before it ran.
+            self.run_each(
+                buf.drain(..),
+                || self.running.get(),
+                |item| self.accept_unguarded(item),
+            );
         }
         *self.inbox_buf.borrow_mut() = buf;
         self.draining.set(was_draining);
@@ -913,20 +915,8 @@ impl Shard {
                 *self.tick_end_spare.borrow_mut() = batch;
                 return;
             }
-            // One `catch_unwind` per batch on the path that does not panic;
-            // the callbacks after one that panics still run.
-            let mut callbacks = batch.drain(..);
-            loop {
-                let rest = &mut callbacks;
-                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
-                    rest.for_each(TickEnd::run)
-                }));
-                match ran {
-                    Ok(()) => break,
-                    Err(p) => self.caught(CallbackKind::TickEnd, p),
-                }
-            }
-            drop(callbacks);
+            // The callbacks after one that panics still run.
+            self.run_each(batch.drain(..), || CallbackKind::TickEnd, TickEnd::run);
             *self.tick_end_spare.borrow_mut() = batch;
         }
     }

@@ -53,6 +53,7 @@ pub(crate) struct ShardCounters {
     pub(crate) owned_tasks: Counter,
     /// `io_uring_enter` calls that failed with an error other than a retry.
     pub(crate) ring_errors: Counter,
+    pub(crate) last_ring_errno: Counter,
     /// Panics caught per [`CallbackKind`]; incremented with an atomic add
     /// (the one exception to the write rule: a task dropped off its shard at
     /// shutdown reports here from the runtime's thread), a cold path.
@@ -121,6 +122,8 @@ pub struct ShardStats {
     /// `io_uring_enter` calls that failed (other than the retryable `EINTR`,
     /// `EAGAIN`, `EBUSY`); the shard goes on and submits again next tick.
     pub ring_errors: u64,
+    /// The errno of the last of those failures (0: none), to say why.
+    pub last_ring_errno: u64,
     /// Panics this shard caught in user code, per kind (see [`crate::panic`]).
     pub panics: PanicCounts,
 }
@@ -184,6 +187,7 @@ impl ShardCounters {
             spin_wakeups: self.spin_wakeups.get(),
             cq_overflows: self.cq_overflows.get(),
             ring_errors: self.ring_errors.get(),
+            last_ring_errno: self.last_ring_errno.get(),
             panics: self.panic_counts(),
         }
     }
