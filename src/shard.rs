@@ -584,12 +584,16 @@ impl Shard {
     }
 
     /// Applies an item on this shard, catching a closure's or job's panic.
+    /// One flat match: a local wake (the common case) folds to its
+    /// run-queue push.
     #[inline]
     fn accept(&self, item: InboxItem) {
         match item {
+            InboxItem::Task(t) => self.push_local(t),
+            InboxItem::Stealable(t) => self.push_stealable(t),
+            InboxItem::Tiny(m) => self.ingest_tiny(m),
             InboxItem::Call(f) => self.guard(CallbackKind::RunOn, f),
             InboxItem::Job(job) => self.guard(CallbackKind::Job, move || job.run()),
-            item => self.accept_unguarded(item),
         }
     }
 
