@@ -559,6 +559,18 @@ impl Shard {
         }
     }
 
+    /// Queues a woken task on its home shard: this one's run queue, or this
+    /// tick's batch for `dest`. [`send_item`](Self::send_item) without the
+    /// match over the kinds of item (a wake is the hottest send there is).
+    #[inline]
+    pub(crate) fn send_task(&self, dest: usize, task: TaskRef) {
+        if dest == self.index {
+            self.push_local(task);
+        } else {
+            self.batch_item(dest, InboxItem::Task(task));
+        }
+    }
+
     /// Adds an item to this tick's batch for shard `dest`.
     fn batch_item(&self, dest: usize, item: InboxItem) {
         let flush_now = {

@@ -48,7 +48,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use self::join::{JoinCell, JoinError, Joinable};
 use crate::panic::{drop_payload, CallbackKind};
 use crate::runtime::Shared;
-use crate::shard::{with_current, InboxItem, Shard};
+use crate::shard::{with_current, Shard};
 
 const SCHEDULED: u32 = 1;
 const RUNNING: u32 = 1 << 1;
@@ -141,7 +141,7 @@ where
         with_current(|shard| {
             if shard.runtime_id() == runtime {
                 if let Some(t) = task.take() {
-                    shard.send_item(home, InboxItem::Task(t));
+                    shard.send_task(home, t);
                 }
             }
         });

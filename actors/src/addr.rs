@@ -335,7 +335,7 @@ impl<A: Actor> Addr<A> {
         A::Envelope: Send,
     {
         let (asked, reply) = match crate::runner::ask_chain(|| self.uid()) {
-            Ok(from) => new_ask(msg, from),
+            Ok(from) => new_ask(msg, from, self.system.ask_timeout),
             Err(e) => return Reply::failed(e),
         };
         if let Some(c) = &self.capacity {
@@ -344,7 +344,7 @@ impl<A: Actor> Addr<A> {
         // A failed delivery drops the envelope with its reason, which the
         // reply then reports.
         self.deliver_env(A::ask_envelope(asked));
-        reply.with_default_deadline(self.system.ask_timeout)
+        reply
     }
 
     /// The calling shard's state and the actor's shard, when the caller is
@@ -468,17 +468,18 @@ impl<A: Actor> Addr<A> {
 
 /// A new ask of `msg`; `from`: the chain and target id of an ask made by an
 /// actor's future, whose handler may then block on the reply.
-fn new_ask<M>(msg: M, from: Option<(crate::runner::Chain, u64)>) -> (Asked<M>, Reply<M::Reply>)
+fn new_ask<M>(
+    msg: M,
+    from: Option<(crate::runner::Chain, u64)>,
+    timeout: Option<std::time::Duration>,
+) -> (Asked<M>, Reply<M::Reply>)
 where
     M: Message + Send,
     M::Reply: Send,
 {
     match from {
-        Some((chain, target)) => {
-            let (asked, reply) = Asked::new(msg, Some(chain));
-            (asked, reply.asked_of(target))
-        }
-        None => Asked::new(msg, None),
+        Some((chain, target)) => Asked::asking(msg, Some(chain), Some(target), timeout),
+        None => Asked::asking(msg, None, None, timeout),
     }
 }
 
@@ -672,7 +673,7 @@ impl<A: Actor> LocalAddr<A> {
             Ok(c) => c,
             Err(e) => return Reply::failed(e),
         };
-        let (asked, reply) = new_ask(msg, from);
+        let (asked, reply) = new_ask(msg, from, self.addr.system.ask_timeout);
         if let Some(c) = &cell.capacity {
             c.force_acquire();
         }
@@ -680,6 +681,6 @@ impl<A: Actor> LocalAddr<A> {
             cell.free_place();
             reply::drop_with_reason(why, env);
         }
-        reply.with_default_deadline(self.addr.system.ask_timeout)
+        reply
     }
 }

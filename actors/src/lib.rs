@@ -76,6 +76,9 @@ mod erased;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
+#[allow(unsafe_code)]
+mod finish;
+#[cfg(not(loom))]
 mod flow;
 #[cfg(not(loom))]
 mod local;

@@ -158,7 +158,34 @@ where
     M::Reply: Send,
 {
     /// A new ask of `msg`: the envelope half and the asker's reply.
+    #[cfg(test)]
     pub(crate) fn new(msg: M, chain: Option<Chain>) -> (Asked<M>, Reply<M::Reply>) {
+        Self::asking(msg, chain, None, None)
+    }
+
+    /// [`new`](Self::new) with the reply's final fields, built in place
+    /// (the ask path moves no finished `Reply` around to amend it): the
+    /// actor `target` a handler asks (the first poll from that handler
+    /// records the wait on its actor, see [`Waited`]) and the default
+    /// timeout.
+    #[inline]
+    pub(crate) fn asking(
+        msg: M,
+        chain: Option<Chain>,
+        target: Option<u64>,
+        timeout: Option<Duration>,
+    ) -> (Asked<M>, Reply<M::Reply>) {
+        let timer = match timeout {
+            None => Timer::None,
+            Some(t) => match mailring::time::now().checked_add(t) {
+                Some(deadline) => Timer::At(deadline),
+                None => Timer::None,
+            },
+        };
+        let wait = match target {
+            Some(t) => Wait::Target(t),
+            None => Wait::No,
+        };
         let cell = mailring::pool::alloc(Layout::new::<AskCell<M>>()).cast::<AskCell<M>>();
         // SAFETY: the block is fresh, sized and aligned for an `AskCell<M>`.
         unsafe {
@@ -179,8 +206,8 @@ where
             },
             Reply {
                 inner: ReplyInner::Pending(cell.cast()),
-                timer: Timer::None,
-                wait: Wait::No,
+                timer,
+                wait,
             },
         )
     }
@@ -511,13 +538,6 @@ impl<R> Reply<R> {
         }
     }
 
-    /// Marks a reply made by a handler asking actor `target`: the first poll
-    /// from that handler records the wait on its actor (see [`Waited`]).
-    pub(crate) fn asked_of(mut self, target: u64) -> Self {
-        self.wait = Wait::Target(target);
-        self
-    }
-
     /// At a poll that found no outcome: records that the handler being
     /// polled (if any) awaits this reply.
     #[cold]
@@ -581,14 +601,6 @@ impl<R> Reply<R> {
     pub fn no_timeout(mut self) -> Self {
         self.timer = Timer::None;
         self
-    }
-
-    #[inline]
-    pub(crate) fn with_default_deadline(self, timeout: Option<Duration>) -> Self {
-        match timeout {
-            Some(t) => self.timeout(t),
-            None => self,
-        }
     }
 
     /// Lets go of the cell (the outcome was taken, or the wait given up).

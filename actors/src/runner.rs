@@ -451,10 +451,14 @@ async fn process<A: Actor>(
                 id = cell.uid,
                 shard = ts.shard
             );
-            env.handle(actor, cx).instrument(span).await;
+            crate::finish::Finish::new(env.handle(actor, cx))
+                .instrument(span)
+                .await;
         }
+        // `Finish`: the handled message's finished future is not dropped
+        // (it owns nothing then; see `finish`).
         #[cfg(not(feature = "tracing"))]
-        env.handle(actor, cx).await;
+        crate::finish::Finish::new(env.handle(actor, cx)).await;
         handled.pending += 1;
         if handled.pending == YIELD_EVERY {
             handled.flush();

@@ -321,7 +321,7 @@ impl ShardDriver for UringDriver {
         // ring's single issuer and no `SubmissionQueue`/`CompletionQueue` borrow
         // is alive across this call.
         let (sq, cq) = unsafe { (self.ring.submission_shared(), self.ring.completion_shared()) };
-        !self.stash.is_empty() || !cq.is_empty() || sq.taskrun() || sq.cq_overflow()
+        !cq.is_empty() || sq.taskrun() || sq.cq_overflow() || !self.stash.is_empty()
     }
 
     fn submit(&mut self) -> io::Result<()> {
