@@ -11,7 +11,11 @@
 //! increments per destination within a tick, so a burst of a million
 //! increments can cost a handful of completions. Consumers take the sum with
 //! [`next_hot_count`] or [`try_take_hot_count`]. Other tags queue their messages
-//! per tag for [`next_tiny`] / [`try_next_tiny`].
+//! per tag for [`next_tiny`] / [`try_next_tiny`], at most
+//! [`TINY_QUEUE_LIMIT`] a tag on each shard: like datagrams, arrivals past
+//! that (a tag nobody consumes) are dropped and counted in
+//! [`ShardStats::tiny_dropped`](crate::ShardStats::tiny_dropped), so a
+//! producer without a consumer cannot grow a shard's memory without bound.
 //!
 //! Each (shard, tag) has one logical consumer; if several tasks wait on the same
 //! tag, all are woken and the first to look takes the value.
@@ -43,6 +47,11 @@ use std::future::poll_fn;
 use std::task::{Context, Poll, Waker};
 
 use crate::shard::{with_current, ShardId};
+
+/// How many unconsumed tiny messages of one (non-hot) tag a shard keeps;
+/// later arrivals are dropped and counted in
+/// [`ShardStats::tiny_dropped`](crate::ShardStats::tiny_dropped).
+pub const TINY_QUEUE_LIMIT: usize = 65_536;
 
 /// A tiny message as received.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,8 +97,10 @@ impl HotState {
         self.counters.contains_key(&tag)
     }
 
-    /// Files one arrival; wakers to call are appended to `wake`.
-    pub(crate) fn ingest(&mut self, msg: TinyMessage, wake: &mut Vec<Waker>) {
+    /// Files one arrival; wakers to call are appended to `wake`. Returns
+    /// `false` when the arrival was dropped: its tag's queue holds
+    /// [`TINY_QUEUE_LIMIT`] messages already.
+    pub(crate) fn ingest(&mut self, msg: TinyMessage, wake: &mut Vec<Waker>) -> bool {
         if let Some(c) = self.counters.get_mut(&msg.tag) {
             c.value += u64::from(msg.value);
             if c.value >= self.threshold {
@@ -97,9 +108,13 @@ impl HotState {
             }
         } else {
             let q = self.queues.entry(msg.tag).or_default();
+            if q.items.len() >= TINY_QUEUE_LIMIT {
+                return false;
+            }
             q.items.push_back(msg);
             wake.append(&mut q.waiters);
         }
+        true
     }
 
     /// The shard is about to go idle: wake consumers of every non-zero counter

@@ -631,7 +631,9 @@ impl Shard {
     fn ingest_tiny(&self, msg: TinyMessage) {
         self.remote().counters.tiny_received.add(1);
         let mut wake = Vec::new();
-        self.hot.borrow_mut().ingest(msg, &mut wake);
+        if !self.hot.borrow_mut().ingest(msg, &mut wake) {
+            self.remote().counters.tiny_dropped.add(1);
+        }
         if !wake.is_empty() {
             self.wake_all(wake);
         }

@@ -45,6 +45,7 @@ pub(crate) struct ShardCounters {
     pub(crate) prewakes: Counter,
     pub(crate) tiny_sent: Counter,
     pub(crate) tiny_received: Counter,
+    pub(crate) tiny_dropped: Counter,
     pub(crate) ops_in_flight: Counter,
     pub(crate) timers_armed: Counter,
     pub(crate) parks: Counter,
@@ -109,6 +110,10 @@ pub struct ShardStats {
     pub tiny_sent: u64,
     /// Tiny messages received.
     pub tiny_received: u64,
+    /// Tiny messages dropped on arrival: their tag's queue on this shard
+    /// already held [`hot::TINY_QUEUE_LIMIT`](crate::hot::TINY_QUEUE_LIMIT)
+    /// unconsumed messages.
+    pub tiny_dropped: u64,
     /// Operations in flight on this shard's ring.
     pub ops_in_flight: u64,
     /// Live timers on this shard.
@@ -181,6 +186,7 @@ impl ShardCounters {
             prewakes: self.prewakes.get(),
             tiny_sent: self.tiny_sent.get(),
             tiny_received: self.tiny_received.get(),
+            tiny_dropped: self.tiny_dropped.get(),
             ops_in_flight: self.ops_in_flight.get(),
             timers_armed: self.timers_armed.get(),
             parks: self.parks.get(),

@@ -158,3 +158,42 @@ fn more_completions_than_cq_entries_lose_no_message() {
     let stats = rt.stats();
     assert!(stats.shards[1].ring.cq_entries < N, "{stats:?}");
 }
+
+#[test]
+fn unconsumed_tiny_messages_are_bounded_per_tag_and_the_excess_is_counted() {
+    let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+    let extra = 100;
+    let total = (hot::TINY_QUEUE_LIMIT + extra) as u64;
+    rt.block_on(async move {
+        // Nobody consumes the tag on shard 1 while these arrive.
+        for v in 0..total {
+            hot::send_tiny(ShardId::new(1), PLAIN, v as u32);
+            if v % 1024 == 0 {
+                mailring::yield_now().await;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while rt.stats().shards[1].tiny_received < total {
+        assert!(std::time::Instant::now() < deadline, "{:?}", rt.stats());
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let stats = rt.stats();
+    assert_eq!(stats.shards[1].tiny_dropped, extra as u64, "{stats:?}");
+    // What was kept is the oldest, in order; the queue takes arrivals again
+    // once drained.
+    let (first, kept) = rt.block_on(async {
+        mailring::spawn_with(Placement::Pinned(ShardId::new(1)), async {
+            let first = hot::try_next_tiny(PLAIN).map(|m| m.value);
+            let mut kept = 1;
+            while hot::try_next_tiny(PLAIN).is_some() {
+                kept += 1;
+            }
+            (first, kept)
+        })
+        .await
+        .unwrap()
+    });
+    assert_eq!(first, Some(0));
+    assert_eq!(kept, hot::TINY_QUEUE_LIMIT);
+}
