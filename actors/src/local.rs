@@ -636,8 +636,17 @@ where
         targets,
         envs,
     } = batch;
+    // A key's `Hash` or `Eq` is user code and may panic: the unwind drops
+    // the envelopes not delivered yet, and the guard gives their credits
+    // back to the sender (what was delivered was counted as it went).
+    let mut undelivered = Undelivered {
+        flow: &ts.flow,
+        source,
+        left: usize::from(first.is_some()) + targets.len(),
+    };
     if let Some((target, env)) = first.take() {
         ts.deliver_remote(&target, env, source);
+        undelivered.left -= 1;
     }
     // The rest goes in windows of `LOOKAHEAD`: first every target of the
     // window is looked up (and its cell's first line loaded), then the
@@ -694,14 +703,33 @@ where
             pushed
         };
         i += pushed;
+        undelivered.left -= pushed;
         if pushed < window.len() {
             let env = envs_left.next().expect("one envelope per target");
             ts.deliver_remote(&targets[i], env, source);
+            undelivered.left -= 1;
             i += 1;
         }
     }
     drop(envs_left);
     targets.clear();
+}
+
+/// The credits of a batch's messages that a panic kept from delivery (see
+/// [`deliver_batch`]); given back to shard `source` when dropped.
+struct Undelivered<'a> {
+    flow: &'a ShardFlow,
+    source: usize,
+    left: usize,
+}
+
+impl Drop for Undelivered<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if self.left > 0 {
+            self.flow.taken(self.source, self.left as u64);
+        }
+    }
 }
 
 impl<A: Actor> TypeState<A> {

@@ -520,7 +520,8 @@ impl ActorSystem {
         Addr::keyed(SystemRef::here(&self.shared), key)
     }
 
-    /// Spawns an unkeyed actor (see [`SystemHandle::spawn_actor`]).
+    /// Spawns an unkeyed actor (see [`SystemHandle::spawn_actor`], which
+    /// says when it panics).
     pub fn spawn_actor<A, F>(&self, placement: Placement, factory: F) -> Addr<A>
     where
         A: Actor<Key = ()>,
@@ -758,6 +759,14 @@ impl SystemHandle {
     /// Spawns an unkeyed actor built by `factory` on the shard `placement`
     /// picks (`Stealable` picks the least-loaded shard now: a started actor
     /// never moves). The factory runs on that shard, and again on restarts.
+    ///
+    /// # Panics
+    ///
+    /// When `placement` is `Pinned` to a shard the system does not have (as
+    /// [`mailring::Handle::spawn_with`] does): a caller's mistake, reported
+    /// where it is made. A keyed type pinned past the last shard by its
+    /// attribute cannot be refused at a call, so its sends fail with
+    /// `NoSuchShard` instead.
     pub fn spawn_actor<A, F>(&self, placement: Placement, factory: F) -> Addr<A>
     where
         A: Actor<Key = ()>,

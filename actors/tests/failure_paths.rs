@@ -461,3 +461,85 @@ fn a_registered_name_does_not_keep_the_system_alive_after_shutdown() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+// ---------------------------------------------------------------- a key whose Hash panics
+
+/// A key whose `Hash` panics for the value 13 on shard 1 (where its actors
+/// live), and hashes plainly elsewhere (where senders route it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct TrapKey(u64);
+
+impl std::hash::Hash for TrapKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        if self.0 == 13 && mailring_actors::mailring::current_shard() == Some(S1) {
+            panic!("injected: hashing key 13 on shard 1");
+        }
+        self.0.hash(state);
+    }
+}
+
+#[derive(Actor)]
+#[actor(key = TrapKey, pinned = 1, activate = Trapped::new, handles(Add, Get))]
+struct Trapped {
+    total: u64,
+}
+
+impl Trapped {
+    fn new(_key: &TrapKey) -> Self {
+        Trapped { total: 0 }
+    }
+}
+
+impl Handler<Add> for Trapped {
+    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
+        self.total += m.0;
+    }
+}
+
+impl Handler<Get> for Trapped {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.total
+    }
+}
+
+#[test]
+fn a_key_hash_panicking_mid_batch_gives_the_batch_credits_back() {
+    let window = 16;
+    let config = SystemConfig {
+        cross_shard_window: window,
+        ..SystemConfig::default()
+    };
+    let sys = ActorSystem::start_with(Runtime::builder().shards(2), config).expect("io_uring");
+    let h = sys.handle();
+    let total = sys.block_on(async move {
+        mailring_actors::mailring::spawn_on(ShardId::new(0), async move {
+            // One tick, one batch: the trapped key first, then the rest of a
+            // full window. The receiving shard panics looking up the first.
+            h.keyed::<Trapped>(TrapKey(13)).tell(Add(1)).unwrap();
+            for k in 1..window as u64 {
+                h.keyed::<Trapped>(TrapKey(k)).tell(Add(1)).unwrap();
+            }
+            // The window's credits must come back though the batch was lost
+            // to the panic: a window's worth of sends that wait for credit.
+            let one = h.keyed::<Trapped>(TrapKey(1));
+            for _ in 0..2 * window {
+                let sent = timeout(Duration::from_secs(5), one.send(Add(1))).await;
+                sent.expect("credit returned").unwrap();
+            }
+            h.keyed::<Trapped>(TrapKey(1)).ask(Get).await
+        })
+        .await
+        .unwrap()
+    });
+    assert!(total.unwrap() >= 2 * window as u64);
+    let stats = sys.runtime().stats();
+    assert!(stats.shards[1].panics.total() >= 1, "{stats:?}");
+    sys.shutdown();
+}
+
+#[test]
+#[should_panic(expected = "shard 5 does not exist: the system has 2 shards")]
+fn spawning_an_actor_pinned_past_the_last_shard_panics_at_the_call() {
+    let sys = system(2);
+    let _ = sys.spawn_actor(Placement::Pinned(ShardId::new(5)), common::Counter::default);
+}
