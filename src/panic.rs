@@ -233,6 +233,14 @@ pub struct ShutdownReport {
     /// detached. Each finishes on its own, and its `JoinHandle` resolves
     /// when the job ends.
     pub blocking_abandoned: u64,
+    /// Shard threads still running user code that never yields (a task or
+    /// callback stuck in a blocking loop) when
+    /// [`Runtime::shutdown_timeout`](crate::Runtime::shutdown_timeout)'s limit
+    /// ran out, and the shards waiting for them to stop posting to their
+    /// rings: detached, not joined. Each finishes the shutdown on its own
+    /// if that code ever returns. Always 0 for `shutdown()` and `Drop`,
+    /// which wait for them.
+    pub shards_abandoned: u64,
     /// Every panic caught during the runtime's life, per kind and shard
     /// (summed over shards).
     pub panics: PanicCounts,
@@ -243,13 +251,14 @@ pub struct ShutdownReport {
 impl ShutdownReport {
     /// Whether shutdown found nothing to report: no task cancelled, nothing
     /// dropped unrun, no operation cancelled or leaked, no blocking job
-    /// abandoned, no panic.
+    /// or shard abandoned, no panic.
     pub fn is_clean(&self) -> bool {
         self.tasks_cancelled == 0
             && self.dropped_unrun == 0
             && self.ops_cancelled == 0
             && self.ops_leaked == 0
             && self.blocking_abandoned == 0
+            && self.shards_abandoned == 0
             && self.panics.total() == 0
     }
 
@@ -261,6 +270,7 @@ impl ShutdownReport {
         self.ops_cancelled += other.ops_cancelled;
         self.ops_leaked += other.ops_leaked;
         self.blocking_abandoned += other.blocking_abandoned;
+        self.shards_abandoned += other.shards_abandoned;
         let mut counts = [0; CallbackKind::COUNT];
         for kind in CallbackKind::ALL {
             counts[kind.index()] = self.panics.get(kind) + other.panics.get(kind);

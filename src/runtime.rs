@@ -5,9 +5,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Barrier, Mutex, RwLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
+use std::time::{Duration, Instant};
 
 use crossbeam_deque::{Injector, Steal, Worker};
 use crossbeam_utils::CachePadded;
@@ -51,6 +52,7 @@ pub(crate) struct ShutdownTally {
     pub(crate) ops_cancelled: AtomicU64,
     pub(crate) ops_leaked: AtomicU64,
     pub(crate) blocking_abandoned: AtomicU64,
+    pub(crate) shards_abandoned: AtomicU64,
     /// Panics caught off the shards (a task or closure dropped by an
     /// outside thread), per kind.
     pub(crate) offshard_panics: [AtomicU64; CallbackKind::COUNT],
@@ -73,7 +75,7 @@ pub(crate) struct Shared {
     /// Stealable tasks spawned from threads outside the runtime.
     pub(crate) injector: Injector<TaskRef>,
     pub(crate) config: Config,
-    pub(crate) shutdown_barrier: Barrier,
+    pub(crate) shutdown_barrier: ShutdownBarrier,
     round_robin: AtomicUsize,
     shutdown: AtomicBool,
     /// `true` while shard fds may be targeted by external wakes.
@@ -168,6 +170,7 @@ impl Shared {
             ops_cancelled: t.ops_cancelled.load(Ordering::Relaxed),
             ops_leaked: t.ops_leaked.load(Ordering::Relaxed),
             blocking_abandoned: t.blocking_abandoned.load(Ordering::Relaxed),
+            shards_abandoned: t.shards_abandoned.load(Ordering::Relaxed),
             panics: self.panic_counts(),
             panic_records: self.panics.records(),
         }
@@ -645,7 +648,7 @@ impl Runtime {
                 hot_tags: builder.hot_tags.clone(),
                 hot_wake_threshold: builder.hot_wake_threshold,
             },
-            shutdown_barrier: Barrier::new(n + 1),
+            shutdown_barrier: ShutdownBarrier::new(n + 1),
             round_robin: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
             wake_gate: RwLock::new(true),
@@ -781,31 +784,67 @@ impl Runtime {
     /// # Ok::<(), mailring::BuildError>(())
     /// ```
     pub fn shutdown(mut self) -> ShutdownReport {
-        self.shutdown_inner()
+        self.shutdown_inner(None)
     }
 
-    fn shutdown_inner(&mut self) -> ShutdownReport {
+    /// [`shutdown`](Self::shutdown), waiting at most about `limit` for the
+    /// shard threads: one still running user code that never yields (a
+    /// task stuck in a blocking loop, which nothing can interrupt) is
+    /// detached instead of joined, and counted in
+    /// [`ShutdownReport::shards_abandoned`], with the shards that wait for it
+    /// (a shard closes its ring only once every shard has stopped posting
+    /// to it, so the others wait for a stuck one). What such a shard owns stays
+    /// alive (never freed under it) and it finishes the shutdown on its own
+    /// if its code ever returns. Blocking jobs get their own grace
+    /// ([`SHUTDOWN_OP_GRACE`]) after it, as in `shutdown`.
+    ///
+    /// Called on one of the runtime's own shards, it behaves as `shutdown`
+    /// there (it cannot wait on that shard).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let rt = mailring::Runtime::builder().shards(1).build()?;
+    /// let report = rt.shutdown_timeout(Duration::from_secs(1));
+    /// assert_eq!(report.shards_abandoned, 0);
+    /// # Ok::<(), mailring::BuildError>(())
+    /// ```
+    pub fn shutdown_timeout(mut self, limit: Duration) -> ShutdownReport {
+        self.shutdown_inner(Some(limit))
+    }
+
+    fn shutdown_inner(&mut self, limit: Option<Duration>) -> ShutdownReport {
         let shared = self.handle.shared.clone();
         if self.threads.is_empty() {
             return shared.shutdown_report();
         }
+        let threads = std::mem::take(&mut self.threads);
         if with_current(|s| s.belongs_to(&shared)).unwrap_or(false) {
             // Dropped on one of its own shards: finish on another thread once this
             // shard's current task returns.
-            let threads = std::mem::take(&mut self.threads);
             let report = shared.shutdown_report();
-            let _ = thread::Builder::new()
+            let on_thread = shared.clone();
+            let spawned = thread::Builder::new()
                 .name("mailring-shutdown".into())
-                .spawn(move || shutdown_runtime(&shared, threads));
+                .spawn(move || shutdown_runtime(&on_thread, threads, None));
+            if spawned.is_err() {
+                // No thread to wait on (out of threads or memory): the
+                // shards are told to stop, and each finishes on its own
+                // once this task returns; nobody joins them.
+                shutdown_without_waiting(&shared);
+            }
             return report;
         }
-        let threads = std::mem::take(&mut self.threads);
-        shutdown_runtime(&shared, threads);
+        shutdown_runtime(&shared, threads, limit);
         shared.shutdown_report()
     }
 }
 
-fn shutdown_runtime(shared: &Arc<Shared>, threads: Vec<thread::JoinHandle<()>>) {
+/// Steps 1–3 of shutdown, from the thread that shuts the runtime down:
+/// every shard told to stop and woken, outside wakes refused, and this
+/// thread's arrival at the barrier (it does not wait there).
+fn begin_shutdown(shared: &Arc<Shared>) {
     // 1.
     shared.shutdown.store(true, Ordering::SeqCst);
     for i in 0..shared.shards.len() {
@@ -814,18 +853,99 @@ fn shutdown_runtime(shared: &Arc<Shared>, threads: Vec<thread::JoinHandle<()>>) 
     // 2.
     *shared.wake_gate.write().unwrap_or_else(|p| p.into_inner()) = false;
     // 3.
-    shared.shutdown_barrier.wait();
+    shared.shutdown_barrier.arrive();
+}
+
+fn shutdown_runtime(
+    shared: &Arc<Shared>,
+    threads: Vec<thread::JoinHandle<()>>,
+    limit: Option<Duration>,
+) {
+    begin_shutdown(shared);
     // 4.
+    let deadline = limit.and_then(|l| Instant::now().checked_add(l));
+    let mut abandoned = 0;
     for t in threads {
+        if let Some(deadline) = deadline {
+            while !t.is_finished() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(1));
+            }
+            if !t.is_finished() {
+                abandoned += 1;
+                continue; // Dropping the handle detaches the thread.
+            }
+        }
         let _ = t.join();
     }
+    shared
+        .tally
+        .shards_abandoned
+        .fetch_add(abandoned, Ordering::Relaxed);
     // 5.
+    finish_shutdown(shared, SHUTDOWN_OP_GRACE);
+}
+
+/// Shutdown when no thread can wait for the shards (see
+/// [`Runtime::shutdown`] on a shard whose helper thread could not start).
+fn shutdown_without_waiting(shared: &Arc<Shared>) {
+    begin_shutdown(shared);
+    finish_shutdown(shared, Duration::ZERO);
+}
+
+/// Step 5: what no shard owns (the injector's unstarted tasks, the
+/// blocking pool) goes.
+fn finish_shutdown(shared: &Arc<Shared>, blocking_grace: Duration) {
     shared.drain_injector();
-    let abandoned = shared.blocking.shutdown(SHUTDOWN_OP_GRACE);
+    let abandoned = shared.blocking.shutdown(blocking_grace);
     shared
         .tally
         .blocking_abandoned
         .fetch_add(abandoned, Ordering::Relaxed);
+}
+
+/// Step 3's meeting point: every shard waits there for the others and for
+/// the shutting-down thread, which only arrives (it joins the shard
+/// threads afterwards, with or without a limit; see `Runtime::shutdown_timeout`).
+#[derive(Debug)]
+pub(crate) struct ShutdownBarrier {
+    arrived: Mutex<usize>,
+    all_here: Condvar,
+    expected: usize,
+}
+
+impl ShutdownBarrier {
+    fn new(expected: usize) -> Self {
+        ShutdownBarrier {
+            arrived: Mutex::new(0),
+            all_here: Condvar::new(),
+            expected,
+        }
+    }
+
+    /// Arrives and waits for every other participant (a shard).
+    pub(crate) fn wait(&self) {
+        let mut arrived = self.arrive_locked();
+        while *arrived < self.expected {
+            arrived = self
+                .all_here
+                .wait(arrived)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Arrives without waiting (the shutting-down thread).
+    fn arrive(&self) {
+        drop(self.arrive_locked());
+    }
+
+    fn arrive_locked(&self) -> std::sync::MutexGuard<'_, usize> {
+        let mut arrived = self.arrived.lock().unwrap_or_else(|p| p.into_inner());
+        *arrived += 1;
+        if *arrived >= self.expected {
+            self.all_here.notify_all();
+        }
+        arrived
+    }
 }
 
 impl Shared {
@@ -848,7 +968,7 @@ impl Shared {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        let _ = self.shutdown_inner();
+        let _ = self.shutdown_inner(None);
     }
 }
 

@@ -342,7 +342,12 @@ pub struct SystemConfig {
     /// are not blocked waits: they are never refused, and wait as long as
     /// the actor they ask takes.
     pub ask_timeout: Option<Duration>,
-    /// How long [`ActorSystem::shutdown`] waits for actors to run `on_stop`.
+    /// How long [`ActorSystem::shutdown`] waits for actors to run `on_stop`
+    /// (default 5 s); past it, the actors still running are abandoned. A
+    /// shard thread stuck in a handler that never yields (a blocking loop)
+    /// is waited for as long again, then detached (see
+    /// [`mailring::Runtime::shutdown_timeout`]), so a shutdown takes about
+    /// twice this at most. `Duration::MAX` waits for everything.
     pub shutdown_grace: Duration,
     /// The most messages one shard may have sent to the actors of another
     /// shard that they have not taken from their mailboxes yet (default
@@ -617,10 +622,11 @@ impl ActorSystem {
 fn shut_down(shared: Arc<SystemShared>, grace: Duration, runtime: Runtime) -> SystemShutdownReport {
     let n = shared.handle.shards();
     let registries = shared.clone();
-    let mut report = runtime.block_on(async move {
-        // `None`: a grace too long for an `Instant` (`Duration::MAX`) waits
-        // for every actor.
-        let deadline = std::time::Instant::now().checked_add(grace);
+    // `None`: a grace too long for an `Instant` (`Duration::MAX`) waits for
+    // every actor, and for every shard thread.
+    let deadline = std::time::Instant::now().checked_add(grace);
+    let (done, gathered) = std::sync::mpsc::channel();
+    let gather = async move {
         let mut joins = Vec::new();
         for i in 0..n {
             let s = shared.clone();
@@ -656,15 +662,30 @@ fn shut_down(shared: Arc<SystemShared>, grace: Duration, runtime: Runtime) -> Sy
                 report.dead_letters += shard.dead_letters;
             }
         }
-        report
-    });
+        let _ = done.send(report);
+    };
+    runtime.handle().spawn_on(ShardId::new(0), gather).detach();
+    // Waited for from here, with a bound: a shard stuck in a handler that
+    // never yields runs none of this, and its thread is then abandoned by
+    // the runtime's bounded shutdown below.
+    let outer = deadline.and_then(|d| d.checked_add(Duration::from_secs(1)));
+    let mut report = match outer {
+        Some(outer) => {
+            let left = outer.saturating_duration_since(std::time::Instant::now());
+            gathered.recv_timeout(left).unwrap_or_default()
+        }
+        None => gathered.recv().unwrap_or_default(),
+    };
     if report.actors_abandoned > 0 {
         eprintln!(
             "mailring-actors: {} actors still running after the shutdown grace period; dropping them",
             report.actors_abandoned
         );
     }
-    report.runtime = runtime.shutdown();
+    report.runtime = match deadline {
+        Some(_) => runtime.shutdown_timeout(grace),
+        None => runtime.shutdown(),
+    };
     // What the system keeps for its whole life goes now: a named `Addr`
     // holds the system itself (a cycle that kept it, and the runtime's
     // shared state with it, alive forever), and factories hold whatever

@@ -20,6 +20,15 @@ fn system(shards: usize) -> ActorSystem {
     ActorSystem::start(Runtime::builder().shards(shards)).expect("io_uring available")
 }
 
+/// Two shards, and a shutdown that waits `grace` for actors.
+fn system_with_grace(grace: Duration) -> ActorSystem {
+    let config = SystemConfig {
+        shutdown_grace: grace,
+        ..SystemConfig::default()
+    };
+    ActorSystem::start_with(Runtime::builder().shards(2), config).expect("io_uring available")
+}
+
 // ---------------------------------------------------------------- timers in a bounded mailbox
 
 /// A bounded actor whose `on_start` runs a 2 ms interval.
@@ -226,11 +235,7 @@ impl Handler<Nap> for Napper {
 /// instead of waiting forever.
 #[test]
 fn a_send_waiting_for_room_resolves_when_the_system_shuts_down() {
-    let config = SystemConfig {
-        shutdown_grace: Duration::from_millis(50),
-        ..SystemConfig::default()
-    };
-    let sys = ActorSystem::start_with(Runtime::builder().shards(2), config).expect("io_uring");
+    let sys = system_with_grace(Duration::from_millis(50));
     let a = sys.spawn_actor(Placement::Pinned(S1), Napper::default);
     let (queued_tx, queued_rx) = std::sync::mpsc::channel();
     let sender = std::thread::spawn(move || {
@@ -542,4 +547,55 @@ fn a_key_hash_panicking_mid_batch_gives_the_batch_credits_back() {
 fn spawning_an_actor_pinned_past_the_last_shard_panics_at_the_call() {
     let sys = system(2);
     let _ = sys.spawn_actor(Placement::Pinned(ShardId::new(5)), common::Counter::default);
+}
+
+// ---------------------------------------------------------------- a handler that never yields
+
+/// Blocks its shard's thread in its handler until `release` is set.
+#[derive(Actor)]
+#[actor(handles(Block))]
+struct Blocker {
+    release: Arc<std::sync::atomic::AtomicBool>,
+    entered: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[derive(Message)]
+struct Block;
+
+impl Handler<Block> for Blocker {
+    async fn handle(&mut self, _m: Block, _cx: &mut Ctx<Self>) {
+        use std::sync::atomic::Ordering;
+        self.entered.store(true, Ordering::SeqCst);
+        while !self.release.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+#[test]
+fn a_handler_that_never_yields_does_not_hang_system_shutdown() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let sys = system_with_grace(Duration::from_millis(100));
+    let release = Arc::new(AtomicBool::new(false));
+    let entered = Arc::new(AtomicBool::new(false));
+    let (r, e) = (release.clone(), entered.clone());
+    let blocker = sys.spawn_actor(Placement::Pinned(S1), move || Blocker {
+        release: r.clone(),
+        entered: e.clone(),
+    });
+    let counter = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), common::Counter::default);
+    blocker.tell(Block).unwrap();
+    while !entered.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Shard 0 still works while shard 1 is stuck.
+    counter.tell(Add(2)).unwrap();
+    assert_eq!(sys.block_on(async move { counter.ask(Get).await }), Ok(2));
+    let started = std::time::Instant::now();
+    let report = sys.shutdown();
+    // A hang check, not a timing claim: unbounded, this never returned.
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(report.runtime.shards_abandoned >= 1, "{report:?}");
+    assert!(!report.is_clean());
+    release.store(true, Ordering::SeqCst);
 }

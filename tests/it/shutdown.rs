@@ -197,3 +197,74 @@ fn a_wake_during_shutdown_that_sends_to_another_shard_is_refused() {
     drop(read);
     drop(writer);
 }
+
+#[test]
+fn shutdown_timeout_detaches_a_shard_stuck_in_user_code_and_reports_it() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    /// Sets its flag when dropped.
+    struct SetOnDrop(Arc<AtomicBool>);
+    impl Drop for SetOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+    let release = Arc::new(AtomicBool::new(false));
+    let stuck = Arc::new(AtomicBool::new(false));
+    let finished = Arc::new(AtomicBool::new(false));
+    // A task on shard 1 that drops its guard when the shard, once unstuck,
+    // cancels it in its own shutdown.
+    let guard = SetOnDrop(finished.clone());
+    rt.handle()
+        .spawn_on(mailring::ShardId::new(1), async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        })
+        .detach();
+    // Another that blocks shard 1's thread until the test releases it.
+    let (r, s) = (release.clone(), stuck.clone());
+    rt.handle()
+        .spawn_on(mailring::ShardId::new(1), async move {
+            s.store(true, Ordering::SeqCst);
+            while !r.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+        .detach();
+    while !stuck.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let started = Instant::now();
+    let report = rt.shutdown_timeout(Duration::from_millis(200));
+    // A hang check, not a timing claim: without the limit this never returns.
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The stuck shard and shard 0, which waits for it at the barrier after
+    // which rings are closed (a ring may not close while a peer can still
+    // post to it).
+    assert_eq!(report.shards_abandoned, 2, "{report:?}");
+    assert!(!report.is_clean());
+    // Released, the detached shard finishes the shutdown on its own.
+    release.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !finished.load(Ordering::SeqCst) {
+        assert!(
+            Instant::now() < deadline,
+            "the released shard never shut down"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn shutdown_timeout_with_nothing_stuck_is_a_plain_shutdown() {
+    let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+    rt.spawn(std::future::pending::<()>()).detach();
+    rt.block_on(mailring::time::sleep(std::time::Duration::from_millis(2)));
+    let report = rt.shutdown_timeout(std::time::Duration::from_secs(30));
+    assert_eq!(report.shards_abandoned, 0);
+    assert_eq!(report.tasks_cancelled, 1);
+}
