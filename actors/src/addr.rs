@@ -12,7 +12,7 @@ use std::fmt;
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 
 use mailring::ShardId;
 
@@ -284,37 +284,40 @@ impl<A: Actor> Addr<A> {
         A::Envelope: Send,
     {
         let mut room = RoomWait::new(self.system.arc());
-        let placed = poll_fn(|cx| {
-            // Looked up at every poll: the future holds nothing `!Send`.
-            // A shutting-down system returns no more credits: its sends go
-            // on (and fail or become dead letters) without waiting for them.
-            if let Some((ts, dest)) = self.windowed_route() {
-                if ts.flow.poll_credit(dest, cx).is_pending()
-                    && !self.system.arc().is_shutting_down()
-                {
-                    return Poll::Pending;
-                }
-            }
-            // Credit checked in this same poll, with nothing between it and
-            // the delivery below: a place is taken only when both are there.
-            match &self.capacity {
-                Some(c) => match c.poll_acquire(cx) {
-                    Poll::Ready(()) => Poll::Ready(true),
-                    // No room: wait for it, unless the system is shutting
-                    // down (an actor it abandons never frees its places);
-                    // the shutdown wakes the waiters it finds registered.
-                    Poll::Pending if room.register(cx.waker()) => Poll::Ready(false),
-                    Poll::Pending => Poll::Pending,
-                },
-                None => Poll::Ready(true),
-            }
-        })
-        .await;
+        let placed = poll_fn(|cx| self.poll_room(&mut room, cx)).await;
         drop(room);
         if !placed {
             return Err(TellError::ShuttingDown(msg));
         }
         self.deliver_msg(msg)
+    }
+
+    /// One poll of [`send`](Self::send)'s wait: ready with `true` once the
+    /// credit window and the bounded mailbox have room (a place is then
+    /// taken), with `false` when the system is shutting down.
+    pub(crate) fn poll_room(&self, room: &mut RoomWait<'_>, cx: &mut Context<'_>) -> Poll<bool> {
+        // Looked up at every poll: the future holds nothing `!Send`.
+        // A shutting-down system returns no more credits: its sends go
+        // on (and fail or become dead letters) without waiting for them.
+        if let Some((ts, dest)) = self.windowed_route() {
+            if ts.flow.poll_credit(dest, cx).is_pending() && !self.system.arc().is_shutting_down() {
+                return Poll::Pending;
+            }
+        }
+        // Credit checked in this same poll, with nothing between it and
+        // the delivery that follows: a place is taken only when both are
+        // there.
+        match &self.capacity {
+            Some(c) => match c.poll_acquire(cx) {
+                Poll::Ready(()) => Poll::Ready(true),
+                // No room: wait for it, unless the system is shutting
+                // down (an actor it abandons never frees its places);
+                // the shutdown wakes the waiters it finds registered.
+                Poll::Pending if room.register(cx.waker()) => Poll::Ready(false),
+                Poll::Pending => Poll::Pending,
+            },
+            None => Poll::Ready(true),
+        }
     }
 
     /// Sends `msg` and returns the future of its reply. The message is sent
@@ -370,7 +373,7 @@ impl<A: Actor> Addr<A> {
 
     /// Delivers a told message; a failure noticed here gives it back.
     #[inline]
-    fn deliver_msg<M>(&self, msg: M) -> Result<(), TellError<M>>
+    pub(crate) fn deliver_msg<M>(&self, msg: M) -> Result<(), TellError<M>>
     where
         A: Accepts<M>,
         M: Message + Send,

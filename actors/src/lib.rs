@@ -85,6 +85,8 @@ mod local;
 #[cfg(not(loom))]
 mod mailbox;
 #[cfg(not(loom))]
+mod recipient;
+#[cfg(not(loom))]
 #[allow(unsafe_code)]
 mod replica;
 #[cfg(not(loom))]
@@ -115,6 +117,8 @@ pub use crate::ctx::{Ctx, TimerHandle};
 pub use crate::error::{AskError, StopReason, TellError};
 #[cfg(not(loom))]
 pub use crate::flow::CREDIT_TAG_BASE;
+#[cfg(not(loom))]
+pub use crate::recipient::Recipient;
 #[cfg(not(loom))]
 pub use crate::reply::{AskProbe, Asked, Reply, ReplyTo};
 #[cfg(not(loom))]

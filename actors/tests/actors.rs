@@ -9,7 +9,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{send_rounds_from_every_shard, Add, Counter, Get, WhereAmI};
+use common::{block_on_thread, send_rounds_from_every_shard, Add, Counter, Get, WhereAmI};
 use mailring_actors::{
     Actor, ActorSystem, AskError, Ctx, Handler, Hooks, Message, Placement, Runtime, ShardId,
     StopReason, SystemConfig, TellError, Terminated,
@@ -1686,26 +1686,6 @@ fn dropping_the_system_inside_one_of_its_own_tasks_shuts_it_down_without_panicki
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(stopped.load(Ordering::SeqCst), 1, "on_stop ran");
-}
-
-/// Polls a future to completion on this (non-shard) thread.
-fn block_on_thread<F: std::future::Future>(fut: F) -> F::Output {
-    use std::task::{Context, Poll, Wake, Waker};
-    struct ThreadWaker(std::thread::Thread);
-    impl Wake for ThreadWaker {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut fut = std::pin::pin!(fut);
-    loop {
-        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-            return v;
-        }
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
 }
 
 // ---------------------------------------------------------------- !Send messages on the actor's shard

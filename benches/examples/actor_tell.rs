@@ -1,21 +1,39 @@
 //! Tells for instruction counting, from the actor's shard
 //! (`valgrind --tool=callgrind target/release/examples/actor_tell 2000000`) or
-//! from the other shard (`... actor_tell 2000000 cross`).
+//! from the other shard (`... actor_tell 2000000 cross`). A last argument
+//! picks the reference: `local` (a `LocalAddr`, the same-shard default),
+//! `addr` (an `Addr`, the cross-shard default) or `recipient` (a
+//! `Recipient<Inc>`), e.g. `... actor_tell 2000000 cross recipient`.
 //! The shard spins instead of parking (valgrind stalls on a blocking
 //! `io_uring_enter`).
 
 use std::time::Duration;
 
 use mailring::IdlePolicy;
-use mailring_actors::{ActorSystem, Placement, Runtime, ShardId};
+use mailring_actors::{ActorSystem, Placement, Recipient, Runtime, ShardId};
 use mailring_bench::counters::{Counter, Get, Inc};
 
+#[derive(Clone, Copy, PartialEq)]
+enum Via {
+    Local,
+    Addr,
+    Recipient,
+}
+
 fn main() {
-    let msgs: u64 = std::env::args()
-        .nth(1)
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let msgs: u64 = args
+        .first()
         .and_then(|a| a.parse().ok())
         .unwrap_or(2_000_000);
-    let cross = std::env::args().nth(2).as_deref() == Some("cross");
+    let cross = args.iter().any(|a| a == "cross");
+    let via = if args.iter().any(|a| a == "recipient") {
+        Via::Recipient
+    } else if cross || args.iter().any(|a| a == "addr") {
+        Via::Addr
+    } else {
+        Via::Local
+    };
     let builder = Runtime::builder()
         .shards(if cross { 2 } else { 1 })
         .idle_policy(IdlePolicy::Spin(Duration::from_secs(3600)));
@@ -23,19 +41,31 @@ fn main() {
     let home = ShardId::new(usize::from(cross));
     let counter = sys.spawn_actor(Placement::Pinned(home), Counter::default);
     let n = sys.block_on_local(move || async move {
-        if cross {
-            for i in 0..msgs {
-                counter.tell(Inc(1)).expect("running");
-                if i % 256 == 255 {
-                    mailring::yield_now().await;
+        match via {
+            Via::Local => {
+                let local = counter.local().expect("on the actor's shard");
+                for i in 0..msgs {
+                    local.tell(Inc(1)).expect("running");
+                    if i % 256 == 255 {
+                        mailring::yield_now().await;
+                    }
                 }
             }
-        } else {
-            let local = counter.local().expect("on the actor's shard");
-            for i in 0..msgs {
-                local.tell(Inc(1)).expect("running");
-                if i % 256 == 255 {
-                    mailring::yield_now().await;
+            Via::Addr => {
+                for i in 0..msgs {
+                    counter.tell(Inc(1)).expect("running");
+                    if i % 256 == 255 {
+                        mailring::yield_now().await;
+                    }
+                }
+            }
+            Via::Recipient => {
+                let recipient: Recipient<Inc> = counter.recipient();
+                for i in 0..msgs {
+                    recipient.tell(Inc(1)).expect("running");
+                    if i % 256 == 255 {
+                        mailring::yield_now().await;
+                    }
                 }
             }
         }
