@@ -439,19 +439,90 @@ impl<A: Actor> Addr<A> {
         }
     }
 
-    /// Asks the actor to stop after the message it is handling; queued
-    /// messages are dropped (their asks fail with [`AskError::Stopped`]). A
-    /// keyed actor passivates and re-activates on its next message.
+    /// Asks the actor to stop after the message it is handling. An unkeyed
+    /// actor's queued messages are dropped (their asks fail with
+    /// [`AskError::Stopped`]); a keyed actor passivates (`on_passivate`,
+    /// `on_stop`) and its queued messages go to a fresh activation. The
+    /// table in the guide (docs/actors.md, "Stopping") lists every case.
     pub fn stop(&self)
     where
         A::Envelope: Send,
     {
-        local::send_delivery(
-            self.system.arc(),
-            self.home(),
-            self.target_id(),
-            Delivery::Stop(StopReason::Stopped),
-        );
+        self.control(Delivery::Stop(StopReason::Stopped));
+    }
+
+    /// Asks the actor to stop once it has handled the messages its mailbox
+    /// holds when the request arrives (messages this sender sent before it
+    /// included); messages that arrive after are dropped as with
+    /// [`stop`](Self::stop). An actor that is not running (a passivated
+    /// keyed actor) is not activated for it.
+    pub fn stop_gracefully(&self)
+    where
+        A::Envelope: Send,
+    {
+        self.control(Delivery::StopGracefully);
+    }
+
+    /// Resolves when the actor stops, with why; at once when it is not
+    /// running. For a keyed actor, when its current activation ends
+    /// (passivation included): the key lives on, and a later message
+    /// activates it again. A restart after a panic is not a stop.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, Placement, Runtime, StopReason};
+    ///
+    /// #[derive(Actor, Default)]
+    /// #[actor(handles(Work))]
+    /// struct Worker(u32);
+    ///
+    /// #[derive(Message)]
+    /// struct Work;
+    ///
+    /// impl Handler<Work> for Worker {
+    ///     async fn handle(&mut self, _w: Work, _cx: &mut Ctx<Self>) {
+    ///         self.0 += 1;
+    ///     }
+    /// }
+    ///
+    /// let system = ActorSystem::start(Runtime::builder().shards(2))?;
+    /// let worker = system.spawn_actor(Placement::RoundRobin, Worker::default);
+    /// for _ in 0..3 {
+    ///     worker.tell(Work).unwrap();
+    /// }
+    /// // The three queued messages are handled, then the actor stops.
+    /// worker.stop_gracefully();
+    /// let end = system.block_on(async move { worker.stopped().await });
+    /// assert_eq!(end.reason, StopReason::Stopped);
+    /// # system.shutdown();
+    /// # Ok::<(), mailring::BuildError>(())
+    /// ```
+    pub fn stopped(&self) -> impl std::future::Future<Output = crate::Terminated> + Send + 'static
+    where
+        A::Envelope: Send,
+    {
+        let (answer, result) = crate::answer::channel();
+        let id = self.id();
+        self.watch_with(Box::new(move |t| answer.send(t)));
+        async move {
+            // Dropped unanswered: the system shut down under it.
+            result.await.unwrap_or(crate::Terminated {
+                id,
+                reason: StopReason::Shutdown,
+            })
+        }
+    }
+
+    /// Whether the actor is running (a keyed actor: active now), asked of
+    /// its shard without activating it. `false` once the system shuts down.
+    pub fn is_alive(&self) -> impl std::future::Future<Output = bool> + Send + 'static
+    where
+        A::Envelope: Send,
+    {
+        let (answer, result) = crate::answer::channel();
+        self.control(Delivery::Alive(Box::new(move |alive| answer.send(alive))));
+        async move { result.await.unwrap_or(false) }
     }
 
     /// Asks that `notify` be called once with the actor's [`crate::Terminated`]
@@ -460,12 +531,16 @@ impl<A: Actor> Addr<A> {
     where
         A::Envelope: Send,
     {
-        local::send_delivery(
-            self.system.arc(),
-            self.home(),
-            self.target_id(),
-            Delivery::Watch(notify),
-        );
+        self.control(Delivery::Watch(notify));
+    }
+
+    /// Sends a control (stop, watch, probe) along this sender's ordered
+    /// path to the actor.
+    fn control(&self, item: Delivery<A>)
+    where
+        A::Envelope: Send,
+    {
+        local::send_delivery(self.system.arc(), self.home(), self.target_id(), item);
     }
 }
 

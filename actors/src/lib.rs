@@ -67,6 +67,8 @@ mod actor;
 #[cfg(not(loom))]
 mod addr;
 #[cfg(not(loom))]
+mod answer;
+#[cfg(not(loom))]
 mod ctx;
 #[cfg(not(loom))]
 mod cycle;

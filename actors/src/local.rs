@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use mailring::ShardId;
 
-use crate::actor::{Actor, ActorPlacement};
+use crate::actor::{Actor, ActorPlacement, Continuation};
 use crate::capacity::Capacity;
 use crate::erased::ErasedRc;
 use crate::error::{AskError, StopReason};
@@ -78,6 +78,11 @@ pub(crate) enum Delivery<A: Actor> {
     Msg(A::Envelope),
     Stop(StopReason),
     Watch(Box<dyn FnOnce(crate::Terminated) + Send>),
+    /// Stop once the messages queued now are handled.
+    StopGracefully,
+    /// Asks whether the actor is running (a keyed one: active), without
+    /// activating it.
+    Alive(Box<dyn FnOnce(bool) + Send>),
 }
 
 /// Messages for one destination shard, in send order: targets and envelopes
@@ -745,6 +750,17 @@ impl<A: Actor> TypeState<A> {
                     cell.nudge();
                 }
             }
+            Delivery::StopGracefully => {
+                if let Some(cell) = self.find(target).filter(|c| c.is_open()) {
+                    // Queued behind what the mailbox holds now: the actor
+                    // handles that first, then stops as `cx.stop()` does.
+                    let stop = Continuation::new(|_: &mut A, cx: &mut crate::Ctx<A>| cx.stop());
+                    if let Err((why, env)) = cell.push_own(A::__continuation(stop)) {
+                        reply::drop_with_reason(why, env);
+                    }
+                }
+            }
+            Delivery::Alive(answer) => answer(self.find(target).is_some_and(|c| c.is_open())),
             Delivery::Watch(notify) => match self.find(target).filter(|c| c.is_open()) {
                 Some(cell) => cell.add_watcher(notify),
                 None => {

@@ -49,6 +49,10 @@ pub(crate) struct SystemShared {
     /// when the system starts shutting down, as an abandoned actor never
     /// frees its places.
     room_waiters: Mutex<RoomWaiters>,
+    /// Set by [`SystemHandle::request_shutdown`]; what
+    /// [`ActorSystem::wait_for_shutdown_request`] waits on.
+    shutdown_requested: Mutex<bool>,
+    shutdown_request: std::sync::Condvar,
 }
 
 /// The wakers of the senders waiting for room, by slot (`None`: free).
@@ -209,6 +213,8 @@ impl SystemShared {
             capacities: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
             room_waiters: Mutex::new(RoomWaiters::default()),
+            shutdown_requested: Mutex::new(false),
+            shutdown_request: std::sync::Condvar::new(),
         })
     }
 
@@ -544,6 +550,75 @@ impl ActorSystem {
         self.handle().register_factory(factory)
     }
 
+    /// Blocks the calling thread (not a shard) until some actor, task or
+    /// thread calls [`SystemHandle::request_shutdown`], or `limit` passes;
+    /// returns whether it was requested. The usual `main` of a server:
+    /// start, wait for the request, [`shutdown`](Self::shutdown).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, Placement, Runtime};
+    ///
+    /// #[derive(Actor, Default)]
+    /// #[actor(handles(Quit))]
+    /// struct Admin;
+    ///
+    /// #[derive(Message)]
+    /// struct Quit;
+    ///
+    /// impl Handler<Quit> for Admin {
+    ///     async fn handle(&mut self, _q: Quit, cx: &mut Ctx<Self>) {
+    ///         cx.system().request_shutdown();
+    ///     }
+    /// }
+    ///
+    /// let system = ActorSystem::start(Runtime::builder().shards(2))?;
+    /// let admin = system.spawn_actor(Placement::RoundRobin, Admin::default);
+    /// admin.tell(Quit).unwrap();
+    /// assert!(system.wait_for_shutdown_request(None));
+    /// let report = system.shutdown();
+    /// assert_eq!(report.actors_stopped, 1);
+    /// # Ok::<(), mailring::BuildError>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// On one of the system's shards, which it would block.
+    pub fn wait_for_shutdown_request(&self, limit: Option<Duration>) -> bool {
+        assert!(
+            mailring::current_shard().is_none(),
+            "ActorSystem::wait_for_shutdown_request called on a shard: it would block it"
+        );
+        let deadline = limit.and_then(|l| std::time::Instant::now().checked_add(l));
+        let mut requested = self
+            .shared
+            .shutdown_requested
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        while !*requested {
+            requested = match deadline {
+                None => self
+                    .shared
+                    .shutdown_request
+                    .wait(requested)
+                    .unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let left = d.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return false;
+                    }
+                    self.shared
+                        .shutdown_request
+                        .wait_timeout(requested, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+            };
+        }
+        true
+    }
+
     /// Per-shard, per-type actor counters (see [`SystemHandle::stats`]).
     pub fn stats(&self) -> ActorStats {
         let h = self.handle();
@@ -809,6 +884,19 @@ impl SystemHandle {
             .write()
             .unwrap_or_else(|p| p.into_inner());
         map.insert(TypeId::of::<A>(), Arc::new(f));
+    }
+
+    /// Asks the system's owner to shut it down: wakes
+    /// [`ActorSystem::wait_for_shutdown_request`]. From anywhere, a handler
+    /// included (which cannot shut the system down itself and wait).
+    pub fn request_shutdown(&self) {
+        let mut requested = self
+            .shared
+            .shutdown_requested
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        *requested = true;
+        self.shared.shutdown_request.notify_all();
     }
 
     /// Registers `addr` under `name`; a previous actor of that name is replaced.

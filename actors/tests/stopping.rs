@@ -1,0 +1,301 @@
+//! What stop, graceful stop, passivation and restart mean for `stopped()`,
+//! `is_alive()` and queued messages, for unkeyed and keyed actors (the
+//! table in docs/actors.md, one test per cell group).
+
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mailring_actors::mailring::sync::Slot;
+use mailring_actors::mailring::time::timeout;
+use mailring_actors::{
+    Actor, ActorSystem, Addr, AskError, Ctx, Handler, Message, Placement, Runtime, ShardId,
+    StopReason,
+};
+
+const S1: ShardId = ShardId::new(1);
+
+fn system() -> ActorSystem {
+    ActorSystem::start(Runtime::builder().shards(2)).expect("io_uring available")
+}
+
+/// Holds its handler until the slot is filled.
+#[derive(Message)]
+struct Hold(Arc<Slot<()>>);
+
+/// Counts as handled; replies with the count so far.
+#[derive(Message)]
+#[message(reply = u32)]
+struct Count;
+
+#[derive(Message)]
+struct Boom;
+
+#[derive(Actor, Default)]
+#[actor(handles(Hold, Count, Boom))]
+struct Worker {
+    handled: u32,
+}
+
+#[derive(Actor)]
+#[actor(key = u32, activate = KeyedWorker::new, handles(Hold, Count, Boom))]
+struct KeyedWorker {
+    handled: u32,
+}
+
+impl KeyedWorker {
+    fn new(_key: &u32) -> Self {
+        KeyedWorker { handled: 0 }
+    }
+}
+
+/// A keyed worker that passivates after 30 ms without messages.
+#[derive(Actor)]
+#[actor(key = u32, activate = Napper::new, handles(Hold, Count, Boom), idle_timeout_ms = 30)]
+struct Napper {
+    handled: u32,
+}
+
+impl Napper {
+    fn new(_key: &u32) -> Self {
+        Napper { handled: 0 }
+    }
+}
+
+macro_rules! handlers {
+    ($t:ty) => {
+        impl Handler<Hold> for $t {
+            async fn handle(&mut self, m: Hold, _cx: &mut Ctx<Self>) {
+                let _ = poll_fn(|cx| m.0.poll_take(cx)).await;
+            }
+        }
+        impl Handler<Count> for $t {
+            async fn handle(&mut self, _m: Count, _cx: &mut Ctx<Self>) -> u32 {
+                self.handled += 1;
+                self.handled
+            }
+        }
+        impl Handler<Boom> for $t {
+            async fn handle(&mut self, _m: Boom, _cx: &mut Ctx<Self>) {
+                panic!("injected: Boom");
+            }
+        }
+    };
+}
+handlers!(Worker);
+handlers!(KeyedWorker);
+handlers!(Napper);
+
+/// How an activation ended, as [`queued_behind`] saw it.
+struct Ending {
+    /// The three queued asks' outcomes.
+    outcomes: Vec<Result<u32, AskError>>,
+    reason: StopReason,
+    alive_after: bool,
+}
+
+/// Holds `addr`'s handler, queues three `Count` asks behind it, watches
+/// it, applies `stop`, releases the handler (once an `is_alive` round trip
+/// proves the watch and the stop arrived) and returns how it ended.
+fn queued_behind<A>(sys: &ActorSystem, addr: Addr<A>, stop: fn(&Addr<A>)) -> Ending
+where
+    A: Actor + mailring_actors::Accepts<Hold> + mailring_actors::Accepts<Count>,
+    A::Envelope: Send,
+{
+    sys.block_on(async move {
+        let gate = Arc::new(Slot::new());
+        addr.tell(Hold(gate.clone())).unwrap();
+        let asks: Vec<_> = (0..3).map(|_| addr.ask(Count)).collect();
+        let stopped = addr.stopped();
+        stop(&addr);
+        // A round trip behind the watch and the stop: both have arrived.
+        assert!(addr.is_alive().await, "running while it holds");
+        gate.send(()).unwrap();
+        let mut outcomes = Vec::new();
+        for a in asks {
+            outcomes.push(a.await);
+        }
+        let end = timeout(Duration::from_secs(5), stopped)
+            .await
+            .expect("stopped resolves");
+        Ending {
+            outcomes,
+            reason: end.reason,
+            alive_after: addr.is_alive().await,
+        }
+    })
+}
+
+const HANDLED: [Result<u32, AskError>; 3] = [Ok(1), Ok(2), Ok(3)];
+const DROPPED: [Result<u32, AskError>; 3] = [Err(AskError::Stopped); 3];
+
+/// One row of the table: how `stop` ends a worker holding three asks, and
+/// what a message after it gets.
+fn row<A>(
+    sys: &ActorSystem,
+    addr: Addr<A>,
+    stop: fn(&Addr<A>),
+    queued: [Result<u32, AskError>; 3],
+    alive: bool,
+    later: Result<u32, AskError>,
+) where
+    A: Actor + mailring_actors::Accepts<Hold> + mailring_actors::Accepts<Count>,
+    A::Envelope: Send,
+{
+    let end = queued_behind(sys, addr.clone(), stop);
+    assert_eq!(end.outcomes, queued);
+    assert_eq!(end.reason, StopReason::Stopped);
+    assert_eq!(end.alive_after, alive);
+    let after = sys.block_on(async move { addr.ask(Count).await });
+    assert_eq!(after, later);
+}
+
+#[test]
+fn unkeyed_stop_drops_what_is_queued() {
+    let sys = system();
+    let w = sys.spawn_actor(Placement::Pinned(S1), Worker::default);
+    // An unkeyed actor never comes back: later sends fail.
+    row(
+        &sys,
+        w,
+        |a| a.stop(),
+        DROPPED,
+        false,
+        Err(AskError::Stopped),
+    );
+    sys.shutdown();
+}
+
+#[test]
+fn unkeyed_graceful_stop_handles_what_is_queued_first() {
+    let sys = system();
+    let w = sys.spawn_actor(Placement::Pinned(S1), Worker::default);
+    row(
+        &sys,
+        w,
+        |a| a.stop_gracefully(),
+        HANDLED,
+        false,
+        Err(AskError::Stopped),
+    );
+    sys.shutdown();
+}
+
+#[test]
+fn keyed_stop_passivates_and_the_queued_messages_reach_a_fresh_activation() {
+    let sys = system();
+    // The activation ends after the held message; what it had queued is
+    // re-delivered and activates the key again (a fresh count, alive after).
+    row(
+        &sys,
+        sys.keyed::<KeyedWorker>(1),
+        |a| a.stop(),
+        HANDLED,
+        true,
+        Ok(4),
+    );
+    sys.shutdown();
+}
+
+#[test]
+fn keyed_graceful_stop_handles_the_queue_then_passivates() {
+    let sys = system();
+    // The key lives on: the next message activates it afresh.
+    row(
+        &sys,
+        sys.keyed::<KeyedWorker>(2),
+        |a| a.stop_gracefully(),
+        HANDLED,
+        false,
+        Ok(1),
+    );
+    sys.shutdown();
+}
+
+#[test]
+fn keyed_passivation_ends_the_activation_and_the_next_message_starts_another() {
+    let sys = system();
+    let k = sys.keyed::<Napper>(3);
+    let (first, reason, alive, again) = sys.block_on(async move {
+        let first = k.ask(Count).await;
+        // Idle for 30 ms: passivated.
+        let end = timeout(Duration::from_secs(5), k.stopped())
+            .await
+            .expect("passivates");
+        let alive = k.is_alive().await;
+        (first, end.reason, alive, k.ask(Count).await)
+    });
+    assert_eq!(first, Ok(1));
+    assert_eq!(reason, StopReason::Passivated);
+    assert!(!alive);
+    assert_eq!(again, Ok(1), "a fresh activation");
+    sys.shutdown();
+}
+
+#[test]
+fn a_restart_is_not_a_stop_and_keeps_the_queue() {
+    let sys = system();
+    let w = sys.spawn_actor(Placement::Pinned(S1), Worker::default);
+    let (before, after, alive, stopped_early) = sys.block_on(async move {
+        let before = w.ask(Count).await;
+        let stopped = w.stopped();
+        w.tell(Boom).unwrap();
+        let after = w.ask(Count).await;
+        let alive = w.is_alive().await;
+        // `stopped()` must not have resolved: a restart is the same actor.
+        let early = timeout(Duration::from_millis(50), stopped).await.is_ok();
+        (before, after, alive, early)
+    });
+    assert_eq!(before, Ok(1));
+    assert_eq!(
+        after,
+        Ok(1),
+        "the restarted actor is fresh and took the queued ask"
+    );
+    assert!(alive);
+    assert!(!stopped_early);
+    sys.shutdown();
+}
+
+#[test]
+fn stopped_and_is_alive_of_an_actor_that_is_not_running_answer_at_once() {
+    let sys = system();
+    let k = sys.keyed::<KeyedWorker>(4);
+    let (reason, alive) = sys.block_on(async move {
+        let end = timeout(Duration::from_secs(5), k.stopped())
+            .await
+            .expect("at once");
+        (end.reason, k.is_alive().await)
+    });
+    assert_eq!(reason, StopReason::Passivated);
+    assert!(!alive, "asking does not activate it");
+    sys.shutdown();
+}
+
+#[test]
+fn stopped_resolves_with_shutdown_when_the_system_shuts_down() {
+    let sys = system();
+    let w = sys.spawn_actor(Placement::Pinned(S1), Worker::default);
+    let stopped = w.stopped();
+    // Proves the watch arrived before the shutdown starts.
+    assert_eq!(sys.block_on(async move { w.ask(Count).await }), Ok(1));
+    let waiter = std::thread::spawn(move || {
+        let rt = Runtime::builder().shards(1).build().unwrap();
+        rt.block_on(stopped)
+    });
+    sys.shutdown();
+    assert_eq!(waiter.join().unwrap().reason, StopReason::Shutdown);
+}
+
+#[test]
+fn waiting_for_a_shutdown_request_ends_at_the_request_or_the_limit() {
+    let sys = system();
+    assert!(!sys.wait_for_shutdown_request(Some(Duration::from_millis(10))));
+    let h = sys.handle();
+    let requester = std::thread::spawn(move || h.request_shutdown());
+    assert!(sys.wait_for_shutdown_request(None));
+    requester.join().unwrap();
+    // A request seen once stays: asking again answers at once.
+    assert!(sys.wait_for_shutdown_request(Some(Duration::ZERO)));
+    sys.shutdown();
+}
