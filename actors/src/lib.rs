@@ -104,6 +104,8 @@ mod stats;
 mod system;
 #[cfg(not(loom))]
 pub mod testkit;
+#[cfg(not(loom))]
+mod topic;
 
 #[cfg(not(loom))]
 pub use crate::actor::{
@@ -129,6 +131,8 @@ pub use crate::route::{route_hash, RouteHasher};
 pub use crate::stats::{ActorStats, ActorTypeStats};
 #[cfg(not(loom))]
 pub use crate::system::{ActorSystem, SystemConfig, SystemHandle, SystemShutdownReport};
+#[cfg(not(loom))]
+pub use crate::topic::Topic;
 #[cfg(not(loom))]
 pub use mailring;
 #[cfg(not(loom))]

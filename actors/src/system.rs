@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use mailring::{BuildError, Builder, Handle, Placement, Runtime, ShardId, ShutdownReport};
 
-use crate::actor::Actor;
+use crate::actor::{Actor, Message};
 use crate::addr::Addr;
 use crate::capacity::Capacity;
 use crate::error::StopReason;
@@ -52,6 +52,8 @@ pub(crate) struct SystemShared {
     /// Set by [`SystemHandle::request_shutdown`]; what
     /// [`ActorSystem::wait_for_shutdown_request`] waits on.
     shutdown_requested: Mutex<bool>,
+    /// Named topics, by message type and name.
+    topics: Mutex<HashMap<(TypeId, String), Box<dyn Any + Send + Sync>>>,
     shutdown_request: std::sync::Condvar,
 }
 
@@ -214,6 +216,7 @@ impl SystemShared {
             names: Mutex::new(HashMap::new()),
             room_waiters: Mutex::new(RoomWaiters::default()),
             shutdown_requested: Mutex::new(false),
+            topics: Mutex::new(HashMap::new()),
             shutdown_request: std::sync::Condvar::new(),
         })
     }
@@ -778,7 +781,8 @@ fn shut_down(shared: Arc<SystemShared>, grace: Duration, runtime: Runtime) -> Sy
             .lock()
             .unwrap_or_else(|p| p.into_inner()),
     );
-    drop((names, factories, directories));
+    let topics = std::mem::take(&mut *registries.topics.lock().unwrap_or_else(|p| p.into_inner()));
+    drop((names, factories, directories, topics));
     report
 }
 
@@ -884,6 +888,33 @@ impl SystemHandle {
             .write()
             .unwrap_or_else(|p| p.into_inner());
         map.insert(TypeId::of::<A>(), Arc::new(f));
+    }
+
+    /// A new topic of messages of type `M` (see [`Topic`](crate::Topic)).
+    pub fn topic<M>(&self) -> crate::Topic<M>
+    where
+        M: Message + Clone + Send,
+        M::Reply: Send,
+    {
+        crate::Topic::new(self.shared.clone())
+    }
+
+    /// The system's topic of messages of type `M` named `name`: every call
+    /// with the same name and type returns the same topic (a session and an
+    /// actor that never met find each other by it). Dropped at shutdown.
+    pub fn named_topic<M>(&self, name: &str) -> crate::Topic<M>
+    where
+        M: Message + Clone + Send,
+        M::Reply: Send,
+    {
+        let mut topics = self.shared.topics.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = topics
+            .entry((TypeId::of::<M>(), name.to_owned()))
+            .or_insert_with(|| Box::new(crate::Topic::<M>::new(self.shared.clone())));
+        entry
+            .downcast_ref::<crate::Topic<M>>()
+            .expect("a topic of the type it is keyed by")
+            .clone()
     }
 
     /// Asks the system's owner to shut it down: wakes

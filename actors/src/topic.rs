@@ -1,0 +1,270 @@
+//! Publish/subscribe across shards: a [`Topic<M>`] that any actor handling
+//! `M` subscribes to through its [`Recipient<M>`].
+//!
+//! Subscribers are kept per shard, on the shard the subscriber lives on. A
+//! publish sends one job to each shard that has subscribers (one clone of
+//! the message per shard, one cross-shard hand-over per shard, however many
+//! subscribers live there); the job then tells each of that shard's
+//! subscribers locally. A publisher's messages reach each subscriber in the
+//! order published.
+//!
+//! A change of subscribers applies to the deliveries that start after it
+//! on the subscriber's shard: a publish already on its way may or may not
+//! reach an actor subscribed or unsubscribed meanwhile.
+//!
+//! Ends of a subscription: [`Topic::unsubscribe`]; an unkeyed subscriber
+//! that stopped is dropped by the first publish that finds it stopped. A
+//! keyed subscriber is a key, not an activation: it stays subscribed across
+//! passivation, and a publish activates it again (as any message to its key
+//! would).
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use mailring::ShardId;
+
+use crate::actor::Message;
+use crate::addr::ActorId;
+use crate::error::TellError;
+use crate::recipient::Recipient;
+use crate::system::SystemShared;
+
+/// A topic of messages of type `M`: publish once, every subscriber gets a
+/// clone. `Clone + Send + Sync`; clones are the same topic. Get one with
+/// [`SystemHandle::topic`](crate::SystemHandle::topic) (a new topic) or
+/// [`SystemHandle::named_topic`](crate::SystemHandle::named_topic) (the
+/// system's topic of that name and type).
+///
+/// # Examples
+///
+/// ```
+/// use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, Placement, Runtime, Topic};
+///
+/// #[derive(Message, Clone)]
+/// struct Price(u64);
+///
+/// #[derive(Message)]
+/// #[message(reply = u64)]
+/// struct Last;
+///
+/// #[derive(Actor, Default)]
+/// #[actor(handles(Price, Last))]
+/// struct Ticker(u64);
+///
+/// impl Handler<Price> for Ticker {
+///     async fn handle(&mut self, p: Price, _cx: &mut Ctx<Self>) {
+///         self.0 = p.0;
+///     }
+/// }
+/// impl Handler<Last> for Ticker {
+///     async fn handle(&mut self, _m: Last, _cx: &mut Ctx<Self>) -> u64 {
+///         self.0
+///     }
+/// }
+///
+/// let system = ActorSystem::start(Runtime::builder().shards(2))?;
+/// let prices: Topic<Price> = system.handle().topic();
+/// let tickers: Vec<_> = (0..4)
+///     .map(|_| system.spawn_actor(Placement::RoundRobin, Ticker::default))
+///     .collect();
+/// for t in &tickers {
+///     prices.subscribe(t.recipient());
+/// }
+/// prices.publish(Price(42));
+/// let last = system.block_on(async move {
+///     let mut last = Vec::new();
+///     for t in &tickers {
+///         last.push(t.ask(Last).await.unwrap());
+///     }
+///     last
+/// });
+/// assert_eq!(last, [42; 4]);
+/// # system.shutdown();
+/// # Ok::<(), mailring::BuildError>(())
+/// ```
+pub struct Topic<M: Message> {
+    shared: Arc<TopicShared<M>>,
+}
+
+struct TopicShared<M: Message> {
+    system: Arc<SystemShared>,
+    /// Subscribers by the shard they live on.
+    shards: Box<[ShardSubscribers<M>]>,
+}
+
+struct ShardSubscribers<M: Message> {
+    /// Subscribers, for the publishers to skip a shard without any.
+    count: AtomicUsize,
+    list: Mutex<Subscribers<M>>,
+}
+
+struct Subscribers<M: Message> {
+    /// In subscription order. Taken out while a delivery runs (so a
+    /// message's `Drop` that subscribes or unsubscribes cannot deadlock on
+    /// the lock), then merged back.
+    live: Vec<Recipient<M>>,
+    ids: HashSet<ActorId>,
+    /// Unsubscribed while a delivery had `live` out.
+    gone: Vec<ActorId>,
+}
+
+impl<M: Message + Clone + Send> Topic<M>
+where
+    M::Reply: Send,
+{
+    pub(crate) fn new(system: Arc<SystemShared>) -> Self {
+        let n = system.handle.shards();
+        let shards = (0..n)
+            .map(|_| ShardSubscribers {
+                count: AtomicUsize::new(0),
+                list: Mutex::new(Subscribers {
+                    live: Vec::new(),
+                    ids: HashSet::new(),
+                    gone: Vec::new(),
+                }),
+            })
+            .collect();
+        Topic {
+            shared: Arc::new(TopicShared { system, shards }),
+        }
+    }
+
+    /// Subscribes an actor (an `Addr`, a `KeyedRef` or a `Recipient`);
+    /// returns `false` if it was subscribed already (it still gets each
+    /// message once).
+    pub fn subscribe(&self, subscriber: impl Into<Recipient<M>>) -> bool {
+        let r: Recipient<M> = subscriber.into();
+        let Some(shard) = self.shared.shards.get(r.shard().index()) else {
+            return false; // A keyed type pinned past the last shard never runs.
+        };
+        let mut list = shard.list.lock().unwrap_or_else(|p| p.into_inner());
+        if !list.ids.insert(r.id()) {
+            return false;
+        }
+        list.gone.retain(|id| *id != r.id());
+        list.live.push(r);
+        shard.count.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Ends the subscription of the actor `id` (see [`Recipient::id`],
+    /// [`Addr::id`](crate::Addr::id)); returns whether it was subscribed.
+    pub fn unsubscribe(&self, id: ActorId) -> bool {
+        for shard in self.shared.shards.iter() {
+            let mut list = shard.list.lock().unwrap_or_else(|p| p.into_inner());
+            if list.ids.remove(&id) {
+                let before = list.live.len();
+                list.live.retain(|r| r.id() != id);
+                if list.live.len() == before {
+                    list.gone.push(id); // Out with a delivery: removed at its merge.
+                }
+                shard.count.fetch_sub(1, Ordering::Relaxed);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// How many actors are subscribed.
+    pub fn subscriber_count(&self) -> usize {
+        self.shared
+            .shards
+            .iter()
+            .map(|s| s.count.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Sends a clone of `msg` to every subscriber: on each shard that has
+    /// subscribers, one hand-over carrying one clone, told there to each
+    /// subscriber. Never waits (as `tell`); from any shard or thread.
+    pub fn publish(&self, msg: M) {
+        let here = self.shared.system.handle.local_shard().map(ShardId::index);
+        let mut busy = self
+            .shared
+            .shards
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.count.load(Ordering::Relaxed) > 0)
+            .map(|(i, _)| i)
+            .peekable();
+        let mut local = false;
+        let mut msg = Some(msg);
+        while let Some(i) = busy.next() {
+            if Some(i) == here {
+                local = true;
+                continue;
+            }
+            // The last destination takes the message itself, unless this
+            // shard (seen before it) still needs it.
+            let copy = if busy.peek().is_none() && !local {
+                msg.take().expect("taken once, last")
+            } else {
+                msg.as_ref().expect("present until the last").clone()
+            };
+            let shared = self.shared.clone();
+            self.shared
+                .system
+                .handle
+                .run_on(ShardId::new(i), move || shared.deliver_here(i, copy));
+        }
+        if let (true, Some(h), Some(m)) = (local, here, msg) {
+            self.shared.deliver_here(h, m);
+        }
+    }
+}
+
+impl<M: Message + Clone + Send> TopicShared<M>
+where
+    M::Reply: Send,
+{
+    /// Tells each subscriber living on shard `shard` (the calling one).
+    fn deliver_here(&self, shard: usize, msg: M) {
+        let subs = &self.shards[shard];
+        let mut live = {
+            let mut list = subs.list.lock().unwrap_or_else(|p| p.into_inner());
+            std::mem::take(&mut list.live)
+        };
+        let mut stopped = Vec::new();
+        if let Some((last, rest)) = live.split_last() {
+            for r in rest {
+                if let Err(TellError::Stopped(_)) = r.tell(msg.clone()) {
+                    stopped.push(r.id());
+                }
+            }
+            if let Err(TellError::Stopped(_)) = last.tell(msg) {
+                stopped.push(last.id());
+            }
+        }
+        let mut list = subs.list.lock().unwrap_or_else(|p| p.into_inner());
+        let gone = std::mem::take(&mut list.gone);
+        if !stopped.is_empty() || !gone.is_empty() {
+            live.retain(|r| !stopped.contains(&r.id()) && !gone.contains(&r.id()));
+            for id in &stopped {
+                if list.ids.remove(id) {
+                    subs.count.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+        // Subscribed while this delivery ran: after the older ones.
+        let added = std::mem::replace(&mut list.live, live);
+        list.live.extend(added);
+    }
+}
+
+impl<M: Message> Clone for Topic<M> {
+    fn clone(&self) -> Self {
+        Topic {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<M: Message> fmt::Debug for Topic<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Topic")
+            .field("message", &std::any::type_name::<M>())
+            .finish_non_exhaustive()
+    }
+}

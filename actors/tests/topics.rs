@@ -1,0 +1,254 @@
+//! Publish/subscribe: `Topic<M>` across shards, from shards and threads,
+//! with subscribers that stop, passivate or unsubscribe.
+
+use std::time::Duration;
+
+use mailring_actors::{
+    Actor, ActorSystem, Addr, Ctx, Handler, Message, Placement, Recipient, Runtime, ShardId, Topic,
+};
+
+fn system(shards: usize) -> ActorSystem {
+    ActorSystem::start(Runtime::builder().shards(shards)).expect("io_uring available")
+}
+
+#[derive(Message, Clone, Debug)]
+struct Tick(u64);
+
+#[derive(Message)]
+#[message(reply = Vec<u64>)]
+struct Seen;
+
+macro_rules! listener {
+    ($t:ident) => {
+        impl Handler<Tick> for $t {
+            async fn handle(&mut self, m: Tick, _cx: &mut Ctx<Self>) {
+                self.seen.push(m.0);
+            }
+        }
+        impl Handler<Seen> for $t {
+            async fn handle(&mut self, _m: Seen, _cx: &mut Ctx<Self>) -> Vec<u64> {
+                self.seen.clone()
+            }
+        }
+    };
+}
+
+#[derive(Actor, Default)]
+#[actor(handles(Tick, Seen))]
+struct Listener {
+    seen: Vec<u64>,
+}
+listener!(Listener);
+
+/// A keyed listener that passivates after 20 ms idle.
+#[derive(Actor)]
+#[actor(key = u32, activate = KeyedListener::new, handles(Tick, Seen), idle_timeout_ms = 20)]
+struct KeyedListener {
+    seen: Vec<u64>,
+}
+listener!(KeyedListener);
+
+impl KeyedListener {
+    fn new(_key: &u32) -> Self {
+        KeyedListener { seen: Vec::new() }
+    }
+}
+
+fn seen_by(sys: &ActorSystem, listeners: &[Addr<Listener>]) -> Vec<Vec<u64>> {
+    let listeners = listeners.to_vec();
+    sys.block_on(async move {
+        let mut all = Vec::new();
+        for l in &listeners {
+            all.push(l.ask(Seen).await.unwrap());
+        }
+        all
+    })
+}
+
+#[test]
+fn every_subscriber_on_every_shard_gets_every_message_in_order() {
+    let sys = system(3);
+    let topic: Topic<Tick> = sys.handle().topic();
+    let listeners: Vec<_> = (0..30)
+        .map(|_| sys.spawn_actor(Placement::RoundRobin, Listener::default))
+        .collect();
+    for l in &listeners {
+        assert!(topic.subscribe(l.clone()));
+    }
+    assert!(
+        !topic.subscribe(listeners[0].recipient()),
+        "subscribed once"
+    );
+    assert_eq!(topic.subscriber_count(), 30);
+    // From this (outside) thread, then from a task on each shard in turn.
+    for v in 0..10 {
+        topic.publish(Tick(v));
+    }
+    for shard in 0..3 {
+        let t = topic.clone();
+        sys.block_on(sys.runtime().spawn_on(ShardId::new(shard), async move {
+            for v in 0..10 {
+                t.publish(Tick(10 + 10 * shard as u64 + v));
+            }
+        }))
+        .unwrap();
+    }
+    let expected: Vec<u64> = (0..40).collect();
+    for seen in seen_by(&sys, &listeners) {
+        assert_eq!(seen, expected);
+    }
+    sys.shutdown();
+}
+
+#[test]
+fn a_publish_crosses_to_each_shard_once_not_once_per_subscriber() {
+    let sys = system(2);
+    let topic: Topic<Tick> = sys.handle().topic();
+    let listeners: Vec<_> = (0..1000)
+        .map(|_| sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Listener::default))
+        .collect();
+    for l in &listeners {
+        topic.subscribe(l.clone());
+    }
+    // Settle the spawns, then count what shard 1's inbox takes for one
+    // publish from shard 0.
+    seen_by(&sys, &listeners[..1]);
+    let before = sys.runtime().stats().shards[1].inbox_items;
+    let t = topic.clone();
+    sys.block_on(
+        sys.runtime()
+            .spawn_on(ShardId::new(0), async move { t.publish(Tick(1)) }),
+    )
+    .unwrap();
+    let seen = seen_by(&sys, &listeners);
+    let crossed = sys.runtime().stats().shards[1].inbox_items - before;
+    assert!(seen.iter().all(|s| s == &[1]));
+    // One hand-over for the publish, the rest is the asks that checked.
+    assert!(
+        crossed < 1000 + 50,
+        "{crossed} inbox items for 1000 asks and one publish"
+    );
+    assert!(crossed >= 1001);
+    sys.shutdown();
+}
+
+#[test]
+fn subscribers_that_stop_mid_publish_leave_the_topic_and_the_rest_miss_nothing() {
+    let sys = system(2);
+    let topic: Topic<Tick> = sys.handle().topic();
+    let listeners: Vec<_> = (0..40)
+        .map(|_| sys.spawn_actor(Placement::RoundRobin, Listener::default))
+        .collect();
+    for l in &listeners {
+        topic.subscribe(l.clone());
+    }
+    let (t, quitters) = (topic.clone(), listeners[..20].to_vec());
+    sys.block_on(sys.runtime().spawn_on(ShardId::new(0), async move {
+        for v in 0..200 {
+            t.publish(Tick(v));
+            if v == 100 {
+                for q in &quitters {
+                    q.stop();
+                }
+            }
+            if v % 16 == 0 {
+                mailring_actors::mailring::yield_now().await;
+            }
+        }
+    }))
+    .unwrap();
+    let stayers = seen_by(&sys, &listeners[20..]);
+    let expected: Vec<u64> = (0..200).collect();
+    assert!(stayers.iter().all(|s| s == &expected));
+    // The publishes after the stops found the quitters stopped.
+    topic.publish(Tick(200));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while topic.subscriber_count() != 20 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            topic.subscriber_count()
+        );
+        topic.publish(Tick(201));
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    sys.shutdown();
+}
+
+#[test]
+fn a_keyed_subscriber_stays_subscribed_across_passivation_and_is_reactivated() {
+    let sys = system(2);
+    let topic: Topic<Tick> = sys.handle().named_topic("ticks");
+    let k = sys.keyed::<KeyedListener>(9);
+    topic.subscribe(k.clone());
+    topic.publish(Tick(1));
+    let (before, after) = sys.block_on(async move {
+        let before = k.ask(Seen).await.unwrap();
+        // Idle 20 ms: it passivates; the next publish activates it again.
+        k.stopped().await;
+        assert!(!k.is_alive().await);
+        let same = k.system().named_topic::<Tick>("ticks");
+        same.publish(Tick(2));
+        (before, k.ask(Seen).await.unwrap())
+    });
+    assert_eq!(before, [1]);
+    assert_eq!(after, [2], "a fresh activation got the publish");
+    assert_eq!(topic.subscriber_count(), 1);
+    sys.shutdown();
+}
+
+#[test]
+fn unsubscribe_ends_delivery() {
+    let sys = system(2);
+    let topic: Topic<Tick> = sys.handle().topic();
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Listener::default);
+    let b = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Listener::default);
+    let rb: Recipient<Tick> = b.recipient();
+    topic.subscribe(a.clone());
+    topic.subscribe(rb.clone());
+    topic.publish(Tick(1));
+    // Delivered before the unsubscription (a change of subscribers applies
+    // to the deliveries that start after it on the subscriber's shard).
+    assert_eq!(seen_by(&sys, &[b.clone()]), [vec![1]]);
+    assert!(topic.unsubscribe(rb.id()));
+    assert!(!topic.unsubscribe(rb.id()));
+    topic.publish(Tick(2));
+    assert_eq!(seen_by(&sys, &[a, b]), [vec![1, 2], vec![1]]);
+    sys.shutdown();
+}
+
+/// A message whose drop subscribes its listener again: a publish must not
+/// deadlock on its own topic while it delivers.
+#[derive(Message, Clone)]
+struct Sticky(Option<(Topic<Sticky>, Recipient<Sticky>)>);
+
+impl Drop for Sticky {
+    fn drop(&mut self) {
+        if let Some((topic, me)) = self.0.take() {
+            topic.subscribe(me);
+        }
+    }
+}
+
+#[derive(Actor, Default)]
+#[actor(handles(Sticky))]
+struct StickyListener;
+
+impl Handler<Sticky> for StickyListener {
+    async fn handle(&mut self, _m: Sticky, _cx: &mut Ctx<Self>) {}
+}
+
+#[test]
+fn a_message_drop_that_subscribes_during_a_delivery_does_not_deadlock() {
+    let sys = system(2);
+    let topic: Topic<Sticky> = sys.handle().topic();
+    let l = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), StickyListener::default);
+    topic.subscribe(l.clone());
+    let t = topic.clone();
+    sys.block_on(sys.runtime().spawn_on(ShardId::new(1), async move {
+        t.publish(Sticky(Some((t.clone(), l.recipient()))));
+    }))
+    .unwrap();
+    assert_eq!(topic.subscriber_count(), 1);
+    sys.shutdown();
+}
