@@ -929,6 +929,9 @@ pub(crate) struct ShardActors {
     all: RefCell<Vec<Rc<dyn AnyTypeState>>>,
     /// This shard's credit windows.
     flow: Rc<ShardFlow>,
+    /// Each topic's subscribers on this shard, resolved to local sends
+    /// (see `topic`), by topic id.
+    topics: RefCell<HashMap<u64, Rc<dyn std::any::Any>>>,
 }
 
 thread_local! {
@@ -960,11 +963,35 @@ fn registry(system: &Arc<SystemShared>) -> Option<Rc<ShardActors>> {
             system.handle.shards(),
             system.cross_shard_window,
         )),
+        topics: RefCell::new(HashMap::new()),
     });
     REGISTRY
         .try_with(|r| *r.borrow_mut() = Some(reg.clone()))
         .ok()?;
     Some(reg)
+}
+
+/// The calling shard's cache of topic `id` (created empty on first use),
+/// when it is a shard of `system`.
+pub(crate) fn topic_cache<T: Default + 'static>(
+    system: &Arc<SystemShared>,
+    id: u64,
+) -> Option<Rc<RefCell<T>>> {
+    let reg = registry(system)?;
+    let mut topics = reg.topics.borrow_mut();
+    let entry = topics
+        .entry(id)
+        .or_insert_with(|| Rc::new(RefCell::new(T::default())));
+    entry.clone().downcast::<RefCell<T>>().ok()
+}
+
+/// Forgets the calling shard's cache of topic `id` (the topic is gone).
+pub(crate) fn forget_topic_cache(system: &Arc<SystemShared>, id: u64) {
+    let existing = REGISTRY.try_with(|r| r.borrow().clone()).ok().flatten();
+    if let Some(reg) = existing.filter(|reg| reg.system_id == system.id) {
+        let gone = reg.topics.borrow_mut().remove(&id);
+        drop(gone);
+    }
 }
 
 /// The calling shard's state for actor type `A`, when it is a shard of `system`.
@@ -1084,8 +1111,9 @@ pub(crate) fn clear_shard(system: &Arc<SystemShared>) {
         }
         let typed = std::mem::take(&mut *reg.typed.borrow_mut());
         let all = std::mem::take(&mut *reg.all.borrow_mut());
+        let topics = std::mem::take(&mut *reg.topics.borrow_mut());
         all.iter().for_each(|t| t.forget_cached());
-        drop((typed, all));
+        drop((typed, all, topics));
     }
 }
 

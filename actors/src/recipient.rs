@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use mailring::ShardId;
 
 use crate::actor::{Accepts, Actor, Message};
-use crate::addr::{ActorId, Addr};
+use crate::addr::{ActorId, Addr, LocalAddr};
 use crate::error::TellError;
 use crate::reply::Reply;
 use crate::system::{RoomWait, SystemShared};
@@ -91,6 +91,25 @@ trait Deliver<M: Message>: Send + Sync + 'static {
     fn id(&self) -> ActorId;
     fn shard(&self) -> ShardId;
     fn actor_type(&self) -> &'static str;
+    fn local(&self) -> Option<Box<dyn LocalTell<M>>>;
+}
+
+/// A [`LocalAddr`] erased to one message type: the sends a topic makes on
+/// the subscriber's own shard, without a lookup.
+pub(crate) trait LocalTell<M: Message> {
+    fn tell(&self, msg: M) -> Result<(), TellError<M>>;
+    fn id(&self) -> ActorId;
+}
+
+impl<A: Actor + Accepts<M>, M: Message> LocalTell<M> for LocalAddr<A> {
+    #[inline]
+    fn tell(&self, msg: M) -> Result<(), TellError<M>> {
+        LocalAddr::tell(self, msg)
+    }
+
+    fn id(&self) -> ActorId {
+        self.addr().id()
+    }
 }
 
 impl<A, M> Deliver<M> for Addr<A>
@@ -135,6 +154,12 @@ where
 
     fn actor_type(&self) -> &'static str {
         std::any::type_name::<A>()
+    }
+
+    fn local(&self) -> Option<Box<dyn LocalTell<M>>> {
+        Addr::local(self)
+            .ok()
+            .map(|l| Box::new(l) as Box<dyn LocalTell<M>>)
     }
 }
 
@@ -192,6 +217,12 @@ impl<M: Message> Recipient<M> {
     /// The shard the actor lives on (or will be activated on).
     pub fn shard(&self) -> ShardId {
         self.addr.shard()
+    }
+
+    /// A lookup-free sender to the actor, on the actor's shard (activating
+    /// a keyed one); `None` elsewhere or when it stopped.
+    pub(crate) fn local(&self) -> Option<Box<dyn LocalTell<M>>> {
+        self.addr.local()
     }
 }
 

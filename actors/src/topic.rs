@@ -5,7 +5,8 @@
 //! publish sends one job to each shard that has subscribers (one clone of
 //! the message per shard, one cross-shard hand-over per shard, however many
 //! subscribers live there); the job then tells each of that shard's
-//! subscribers locally. A publisher's messages reach each subscriber in the
+//! subscribers locally, through senders resolved once per change of the
+//! shard's subscribers (a `LocalAddr` each: no lookup per delivery). A publisher's messages reach each subscriber in the
 //! order published.
 //!
 //! A change of subscribers applies to the deliveries that start after it
@@ -20,7 +21,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use mailring::ShardId;
@@ -28,7 +29,7 @@ use mailring::ShardId;
 use crate::actor::Message;
 use crate::addr::ActorId;
 use crate::error::TellError;
-use crate::recipient::Recipient;
+use crate::recipient::{LocalTell, Recipient};
 use crate::system::SystemShared;
 
 /// A topic of messages of type `M`: publish once, every subscriber gets a
@@ -88,7 +89,11 @@ pub struct Topic<M: Message> {
     shared: Arc<TopicShared<M>>,
 }
 
+/// Topic ids, for the shards' caches.
+static NEXT_TOPIC: AtomicU64 = AtomicU64::new(1);
+
 struct TopicShared<M: Message> {
+    id: u64,
     system: Arc<SystemShared>,
     /// Subscribers by the shard they live on.
     shards: Box<[ShardSubscribers<M>]>,
@@ -97,17 +102,62 @@ struct TopicShared<M: Message> {
 struct ShardSubscribers<M: Message> {
     /// Subscribers, for the publishers to skip a shard without any.
     count: AtomicUsize,
+    /// Bumped under the lock at every change of `list`: a shard's cache
+    /// built at an older generation is rebuilt before it delivers.
+    generation: AtomicU64,
     list: Mutex<Subscribers<M>>,
 }
 
 struct Subscribers<M: Message> {
-    /// In subscription order. Taken out while a delivery runs (so a
-    /// message's `Drop` that subscribes or unsubscribes cannot deadlock on
-    /// the lock), then merged back.
+    /// In subscription order.
     live: Vec<Recipient<M>>,
     ids: HashSet<ActorId>,
-    /// Unsubscribed while a delivery had `live` out.
-    gone: Vec<ActorId>,
+}
+
+/// One shard's subscribers of one topic, resolved to local senders (kept in
+/// the shard's actor registry, dropped with the topic or at shutdown).
+struct LocalSubscribers<M: Message> {
+    /// The generation it was built at (0: never built).
+    generation: u64,
+    senders: Vec<Sender<M>>,
+}
+
+impl<M: Message> Default for LocalSubscribers<M> {
+    fn default() -> Self {
+        LocalSubscribers {
+            generation: 0,
+            senders: Vec::new(),
+        }
+    }
+}
+
+/// How a delivery reaches one subscriber.
+enum Sender<M: Message> {
+    /// On its shard, without a lookup.
+    Local(Box<dyn LocalTell<M>>),
+    /// Through its `Recipient` (a subscriber that could not be resolved
+    /// here; its sends say why).
+    Recipient(Recipient<M>),
+}
+
+impl<M: Message + Send> Sender<M>
+where
+    M::Reply: Send,
+{
+    #[inline]
+    fn tell(&self, msg: M) -> Result<(), TellError<M>> {
+        match self {
+            Sender::Local(l) => l.tell(msg),
+            Sender::Recipient(r) => r.tell(msg),
+        }
+    }
+
+    fn id(&self) -> ActorId {
+        match self {
+            Sender::Local(l) => l.id(),
+            Sender::Recipient(r) => r.id(),
+        }
+    }
 }
 
 impl<M: Message + Clone + Send> Topic<M>
@@ -119,15 +169,19 @@ where
         let shards = (0..n)
             .map(|_| ShardSubscribers {
                 count: AtomicUsize::new(0),
+                generation: AtomicU64::new(1),
                 list: Mutex::new(Subscribers {
                     live: Vec::new(),
                     ids: HashSet::new(),
-                    gone: Vec::new(),
                 }),
             })
             .collect();
         Topic {
-            shared: Arc::new(TopicShared { system, shards }),
+            shared: Arc::new(TopicShared {
+                id: NEXT_TOPIC.fetch_add(1, Ordering::Relaxed),
+                system,
+                shards,
+            }),
         }
     }
 
@@ -143,9 +197,9 @@ where
         if !list.ids.insert(r.id()) {
             return false;
         }
-        list.gone.retain(|id| *id != r.id());
         list.live.push(r);
         shard.count.fetch_add(1, Ordering::Relaxed);
+        shard.generation.fetch_add(1, Ordering::Release);
         true
     }
 
@@ -155,12 +209,9 @@ where
         for shard in self.shared.shards.iter() {
             let mut list = shard.list.lock().unwrap_or_else(|p| p.into_inner());
             if list.ids.remove(&id) {
-                let before = list.live.len();
                 list.live.retain(|r| r.id() != id);
-                if list.live.len() == before {
-                    list.gone.push(id); // Out with a delivery: removed at its merge.
-                }
                 shard.count.fetch_sub(1, Ordering::Relaxed);
+                shard.generation.fetch_add(1, Ordering::Release);
                 return true;
             }
         }
@@ -222,34 +273,62 @@ where
     /// Tells each subscriber living on shard `shard` (the calling one).
     fn deliver_here(&self, shard: usize, msg: M) {
         let subs = &self.shards[shard];
-        let mut live = {
-            let mut list = subs.list.lock().unwrap_or_else(|p| p.into_inner());
-            std::mem::take(&mut list.live)
+        let Some(cache) = crate::local::topic_cache::<LocalSubscribers<M>>(&self.system, self.id)
+        else {
+            return; // The system is closing: nothing is delivered any more.
         };
+        // Taken out while telling: a message's `Drop` that publishes here
+        // again finds an empty cache and builds its own.
+        let mut local = std::mem::take(&mut *cache.borrow_mut());
+        if local.generation != subs.generation.load(Ordering::Acquire) {
+            let list = subs.list.lock().unwrap_or_else(|p| p.into_inner());
+            local.generation = subs.generation.load(Ordering::Acquire);
+            local.senders = list
+                .live
+                .iter()
+                .map(|r| match r.local() {
+                    Some(l) => Sender::Local(l),
+                    None => Sender::Recipient(r.clone()),
+                })
+                .collect();
+        }
         let mut stopped = Vec::new();
-        if let Some((last, rest)) = live.split_last() {
-            for r in rest {
-                if let Err(TellError::Stopped(_)) = r.tell(msg.clone()) {
-                    stopped.push(r.id());
+        if let Some((last, rest)) = local.senders.split_last() {
+            for s in rest {
+                if let Err(TellError::Stopped(_)) = s.tell(msg.clone()) {
+                    stopped.push(s.id());
                 }
             }
             if let Err(TellError::Stopped(_)) = last.tell(msg) {
                 stopped.push(last.id());
             }
         }
-        let mut list = subs.list.lock().unwrap_or_else(|p| p.into_inner());
-        let gone = std::mem::take(&mut list.gone);
-        if !stopped.is_empty() || !gone.is_empty() {
-            live.retain(|r| !stopped.contains(&r.id()) && !gone.contains(&r.id()));
+        *cache.borrow_mut() = local;
+        if !stopped.is_empty() {
+            let mut list = subs.list.lock().unwrap_or_else(|p| p.into_inner());
             for id in &stopped {
                 if list.ids.remove(id) {
                     subs.count.fetch_sub(1, Ordering::Relaxed);
                 }
             }
+            list.live.retain(|r| !stopped.contains(&r.id()));
+            subs.generation.fetch_add(1, Ordering::Release);
         }
-        // Subscribed while this delivery ran: after the older ones.
-        let added = std::mem::replace(&mut list.live, live);
-        list.live.extend(added);
+    }
+}
+
+impl<M: Message> Drop for TopicShared<M> {
+    fn drop(&mut self) {
+        // Each shard that may have built a cache of this topic forgets it.
+        if self.system.is_closed() {
+            return;
+        }
+        for i in 0..self.shards.len() {
+            let (system, id) = (self.system.clone(), self.id);
+            self.system.handle.run_on(ShardId::new(i), move || {
+                crate::local::forget_topic_cache(&system, id)
+            });
+        }
     }
 }
 

@@ -209,7 +209,7 @@ fn unsubscribe_ends_delivery() {
     topic.publish(Tick(1));
     // Delivered before the unsubscription (a change of subscribers applies
     // to the deliveries that start after it on the subscriber's shard).
-    assert_eq!(seen_by(&sys, &[b.clone()]), [vec![1]]);
+    assert_eq!(seen_by(&sys, std::slice::from_ref(&b)), [vec![1]]);
     assert!(topic.unsubscribe(rb.id()));
     assert!(!topic.unsubscribe(rb.id()));
     topic.publish(Tick(2));
