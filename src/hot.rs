@@ -44,6 +44,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::poll_fn;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use crate::shard::{with_current, ShardId};
@@ -76,31 +79,120 @@ struct Queue {
     waiters: Vec<Waker>,
 }
 
+/// The first tag [`Handle::register_hot_tags`](crate::Handle::register_hot_tags)
+/// hands out; tags from here up are for registration after `build()` (a
+/// tag the `Builder` registered there is skipped).
+pub const DYNAMIC_HOT_TAGS: u16 = 0xC000;
+
+/// Why [`Handle::register_hot_tags`](crate::Handle::register_hot_tags)
+/// could not register tags.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HotTagError {
+    /// Fewer than the tags asked for are left in the dynamic range
+    /// (`DYNAMIC_HOT_TAGS..=u16::MAX`; tags are never reused).
+    #[error(
+        "no {asked} consecutive hot tags are left from {DYNAMIC_HOT_TAGS:#x} up          (registered tags are never reused): register fewer, or fewer systems on one runtime"
+    )]
+    Exhausted {
+        /// How many were asked for.
+        asked: u16,
+    },
+}
+
+/// Tags registered as hot after `build()`, shared by the shards: each shard
+/// adopts one (gives it a counter) the first time it meets it.
+#[derive(Debug)]
+pub(crate) struct DynamicHotTags {
+    /// One bit per tag, set (Release) before the tag is handed out.
+    bits: Box<[AtomicU64]>,
+    /// The next tag to hand out (`u32`: one past `u16::MAX` is "none left").
+    next: Mutex<u32>,
+}
+
+impl DynamicHotTags {
+    pub(crate) fn new() -> Self {
+        DynamicHotTags {
+            bits: (0..1024).map(|_| AtomicU64::new(0)).collect(),
+            next: Mutex::new(u32::from(DYNAMIC_HOT_TAGS)),
+        }
+    }
+
+    /// Hands out `count` consecutive tags none of which is in `taken`.
+    pub(crate) fn register(&self, count: u16, taken: &[u16]) -> Result<Range<u16>, HotTagError> {
+        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        let mut start = *next;
+        loop {
+            let end = start + u32::from(count);
+            if end > 1 << 16 {
+                return Err(HotTagError::Exhausted { asked: count });
+            }
+            match taken
+                .iter()
+                .map(|&t| u32::from(t))
+                .filter(|t| (start..end).contains(t))
+                .max()
+            {
+                Some(t) => start = t + 1,
+                None => {
+                    for tag in start..end {
+                        self.bits[(tag / 64) as usize].fetch_or(1 << (tag % 64), Ordering::Release);
+                    }
+                    *next = end;
+                    // In range: `end <= 1 << 16`.
+                    return Ok(start as u16..end as u16);
+                }
+            }
+        }
+    }
+
+    fn contains(&self, tag: u16) -> bool {
+        tag >= DYNAMIC_HOT_TAGS
+            && self.bits[usize::from(tag / 64)].load(Ordering::Acquire) & (1 << (tag % 64)) != 0
+    }
+}
+
 /// The receiving side of one shard.
 #[derive(Debug)]
 pub(crate) struct HotState {
     threshold: u64,
     counters: HashMap<u16, Counter>,
     queues: HashMap<u16, Queue>,
+    dynamic: Arc<DynamicHotTags>,
 }
 
 impl HotState {
-    pub(crate) fn new(hot_tags: &[u16], threshold: u64) -> Self {
+    pub(crate) fn new(hot_tags: &[u16], threshold: u64, dynamic: Arc<DynamicHotTags>) -> Self {
         HotState {
             threshold,
             counters: hot_tags.iter().map(|&t| (t, Counter::default())).collect(),
             queues: HashMap::new(),
+            dynamic,
         }
     }
 
-    pub(crate) fn is_hot(&self, tag: u16) -> bool {
-        self.counters.contains_key(&tag)
+    /// Whether `tag` is hot here, adopting a tag registered after `build()`
+    /// the first time this shard meets it.
+    pub(crate) fn is_hot(&mut self, tag: u16) -> bool {
+        self.counters.contains_key(&tag) || self.adopt(tag)
+    }
+
+    #[cold]
+    fn adopt(&mut self, tag: u16) -> bool {
+        if !self.dynamic.contains(tag) {
+            return false;
+        }
+        self.counters.insert(tag, Counter::default());
+        true
     }
 
     /// Files one arrival; wakers to call are appended to `wake`. Returns
     /// `false` when the arrival was dropped: its tag's queue holds
     /// [`TINY_QUEUE_LIMIT`] messages already.
     pub(crate) fn ingest(&mut self, msg: TinyMessage, wake: &mut Vec<Waker>) -> bool {
+        if !self.counters.contains_key(&msg.tag) {
+            self.adopt(msg.tag);
+        }
         if let Some(c) = self.counters.get_mut(&msg.tag) {
             c.value += u64::from(msg.value);
             if c.value >= self.threshold {
@@ -170,7 +262,8 @@ pub fn try_take_hot_count(tag: u16) -> Option<u64> {
         let mut hot = shard.hot_mut();
         assert!(
             hot.is_hot(tag),
-            "tag {tag} is not a coalesced hot tag: register it with Builder::coalesced_hot_tag"
+            "tag {tag} is not a coalesced hot tag: register it with Builder::coalesced_hot_tag \
+             or Handle::register_hot_tags"
         );
         hot.take_count(tag)
     })
@@ -199,7 +292,8 @@ pub fn poll_hot_count(tag: u16, cx: &mut Context<'_>) -> Poll<u64> {
         let mut hot = shard.hot_mut();
         assert!(
             hot.is_hot(tag),
-            "tag {tag} is not a coalesced hot tag: register it with Builder::coalesced_hot_tag"
+            "tag {tag} is not a coalesced hot tag: register it with Builder::coalesced_hot_tag \
+             or Handle::register_hot_tags"
         );
         if let Some(v) = hot.take_count(tag) {
             return Poll::Ready(v);

@@ -76,6 +76,8 @@ pub(crate) struct Shared {
     pub(crate) injector: Injector<TaskRef>,
     pub(crate) config: Config,
     pub(crate) shutdown_barrier: ShutdownBarrier,
+    /// Hot tags registered after `build()` ([`Handle::register_hot_tags`]).
+    pub(crate) dynamic_hot: Arc<crate::hot::DynamicHotTags>,
     round_robin: AtomicUsize,
     shutdown: AtomicBool,
     /// `true` while shard fds may be targeted by external wakes.
@@ -459,6 +461,92 @@ impl Handle {
         }
     }
 
+    /// Registers `count` consecutive new coalesced hot tags (see
+    /// [`crate::hot`]) on a running runtime and returns them: what
+    /// [`Builder::coalesced_hot_tag`](crate::Builder::coalesced_hot_tag)
+    /// does before `build()`, for a layer started on a runtime built
+    /// elsewhere (an actor system on the runtime of `#[mailring::main]`).
+    /// Every shard treats them as hot from the moment this returns: each
+    /// adopts a tag the first time it sends, receives or waits on it. From
+    /// any thread or shard; it never waits.
+    ///
+    /// The tags come from [`hot::DYNAMIC_HOT_TAGS`](crate::hot::DYNAMIC_HOT_TAGS)
+    /// up, skipping the ones the `Builder` registered; two callers never
+    /// get the same tag, and a tag is never handed out twice.
+    ///
+    /// # Errors
+    ///
+    /// [`HotTagError::Exhausted`](crate::hot::HotTagError::Exhausted) when
+    /// fewer than `count` consecutive tags are left.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mailring::{hot, Placement, ShardId};
+    /// let rt = mailring::Runtime::builder().shards(2).build()?;
+    /// let tags = rt.handle().register_hot_tags(2).expect("tags left");
+    /// let tag = tags.start;
+    /// let total = rt.block_on(async move {
+    ///     let consumer = mailring::spawn_with(Placement::Pinned(ShardId::new(1)), async move {
+    ///         let mut sum = 0;
+    ///         while sum < 10 {
+    ///             sum += hot::next_hot_count(tag).await;
+    ///         }
+    ///         sum
+    ///     });
+    ///     for v in 1..=4 {
+    ///         hot::send_tiny(ShardId::new(1), tag, v);
+    ///     }
+    ///     consumer.await.unwrap()
+    /// });
+    /// assert_eq!(total, 10);
+    /// # Ok::<(), mailring::BuildError>(())
+    /// ```
+    pub fn register_hot_tags(
+        &self,
+        count: u16,
+    ) -> Result<std::ops::Range<u16>, crate::hot::HotTagError> {
+        self.shared
+            .dynamic_hot
+            .register(count, &self.shared.config.hot_tags)
+    }
+
+    /// Runs `future` on shard 0 and blocks until it finishes (see
+    /// [`Runtime::block_on`]); for code that holds a `Handle`, not the
+    /// `Runtime`.
+    ///
+    /// # Panics
+    ///
+    /// As [`Runtime::block_on`].
+    #[track_caller]
+    pub fn block_on<F>(&self, future: F) -> F::Output
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        assert_not_on_shard(&self.shared, "block_on");
+        let handle = self.spawn_on(ShardId::new(0), future);
+        finish_blocking(wait_on_thread(handle))
+    }
+
+    /// Builds a future on shard 0 and blocks until it finishes (see
+    /// [`Runtime::block_on_local`]).
+    ///
+    /// # Panics
+    ///
+    /// As [`Runtime::block_on`].
+    #[track_caller]
+    pub fn block_on_local<G, Fut>(&self, factory: G) -> Fut::Output
+    where
+        G: FnOnce() -> Fut + Send + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
+        assert_not_on_shard(&self.shared, "block_on_local");
+        let handle = self.spawn_local_on(ShardId::new(0), factory);
+        finish_blocking(wait_on_thread(handle))
+    }
+
     /// The shard running the caller, when it is one of this runtime's shards.
     ///
     /// Unlike [`crate::current_shard`], a shard of another runtime gives `None`.
@@ -649,6 +737,7 @@ impl Runtime {
                 hot_wake_threshold: builder.hot_wake_threshold,
             },
             shutdown_barrier: ShutdownBarrier::new(n + 1),
+            dynamic_hot: Arc::new(crate::hot::DynamicHotTags::new()),
             round_robin: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
             wake_gate: RwLock::new(true),
@@ -699,9 +788,7 @@ impl Runtime {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        self.assert_not_on_shard("block_on");
-        let handle = self.handle.spawn_on(ShardId::new(0), future);
-        finish_blocking(wait_on_thread(handle))
+        self.handle.block_on(future)
     }
 
     /// Builds a future on shard 0 with `factory` (the future need not be `Send`)
@@ -717,30 +804,7 @@ impl Runtime {
         Fut: Future + 'static,
         Fut::Output: Send + 'static,
     {
-        self.assert_not_on_shard("block_on_local");
-        let handle = self.handle.spawn_local_on(ShardId::new(0), factory);
-        finish_blocking(wait_on_thread(handle))
-    }
-
-    /// Blocking a shard thread (of this runtime or any other) stalls every
-    /// task on it and deadlocks as soon as the blocked-on future waits for
-    /// one of them, so it is refused outright, as Tokio refuses to start a
-    /// runtime from within a runtime.
-    #[track_caller]
-    fn assert_not_on_shard(&self, what: &str) {
-        match with_current(|s| s.belongs_to(&self.handle.shared)) {
-            None => {}
-            Some(true) => panic!(
-                "Runtime::{what} called from one of the runtime's own shards: it would block \
-                 that shard; spawn the future instead (mailring::spawn) and await its JoinHandle"
-            ),
-            Some(false) => panic!(
-                "Runtime::{what} called from a shard of another mailring runtime: blocking that \
-                 shard stalls its tasks and deadlocks if the future waits on one of them; spawn \
-                 the future on this runtime (Handle::spawn) and await its JoinHandle, or call \
-                 {what} from a thread that is not a shard (e.g. spawn_blocking)"
-            ),
-        }
+        self.handle.block_on_local(factory)
     }
 
     /// A snapshot of every shard's counters; see [`Handle::stats`].
@@ -994,6 +1058,27 @@ impl Wake for ThreadWaker {
     fn wake_by_ref(self: &Arc<Self>) {
         self.notified.store(true, Ordering::Release);
         self.thread.unpark();
+    }
+}
+
+/// Blocking a shard thread (of this runtime or any other) stalls every task
+/// on it and deadlocks as soon as the blocked-on future waits for one of
+/// them, so it is refused outright, as Tokio refuses to start a runtime
+/// from within a runtime.
+#[track_caller]
+fn assert_not_on_shard(shared: &Arc<Shared>, what: &str) {
+    match with_current(|s| s.belongs_to(shared)) {
+        None => {}
+        Some(true) => panic!(
+            "Runtime::{what} called from one of the runtime's own shards: it would block \
+             that shard; spawn the future instead (mailring::spawn) and await its JoinHandle"
+        ),
+        Some(false) => panic!(
+            "Runtime::{what} called from a shard of another mailring runtime: blocking that \
+             shard stalls its tasks and deadlocks if the future waits on one of them; spawn \
+             the future on this runtime (Handle::spawn) and await its JoinHandle, or call \
+             {what} from a thread that is not a shard (e.g. spawn_blocking)"
+        ),
     }
 }
 

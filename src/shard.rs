@@ -314,7 +314,11 @@ impl Shard {
         driver: UringDriver,
     ) -> Self {
         let n = shared.shards.len();
-        let hot = HotState::new(&shared.config.hot_tags, shared.config.hot_wake_threshold);
+        let hot = HotState::new(
+            &shared.config.hot_tags,
+            shared.config.hot_wake_threshold,
+            shared.dynamic_hot.clone(),
+        );
         Shard {
             index,
             timer_owner: (shared.id << 8) | index as u64,
@@ -653,7 +657,7 @@ impl Shard {
             });
             return;
         }
-        let hot = self.hot.borrow().is_hot(tag);
+        let hot = self.hot.borrow_mut().is_hot(tag);
         let mut out = self.outgoing.borrow_mut();
         if hot {
             if let Some(slot) = out

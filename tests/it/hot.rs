@@ -197,3 +197,49 @@ fn unconsumed_tiny_messages_are_bounded_per_tag_and_the_excess_is_counted() {
     assert_eq!(first, Some(0));
     assert_eq!(kept, hot::TINY_QUEUE_LIMIT);
 }
+
+#[test]
+fn tags_registered_after_build_are_disjoint_skip_the_builders_and_run_out() {
+    let first = hot::DYNAMIC_HOT_TAGS;
+    let rt = mailring::Runtime::builder()
+        .shards(1)
+        .coalesced_hot_tag(first)
+        .coalesced_hot_tag(first + 5)
+        .build()
+        .unwrap();
+    let h = rt.handle();
+    let a = h.register_hot_tags(4).unwrap();
+    let b = h.register_hot_tags(4).unwrap();
+    assert_eq!(a, first + 1..first + 5);
+    assert_eq!(b, first + 6..first + 10);
+    assert_eq!(
+        h.register_hot_tags(u16::MAX),
+        Err(hot::HotTagError::Exhausted { asked: u16::MAX })
+    );
+    // What is left is still handed out.
+    assert_eq!(h.register_hot_tags(1).unwrap(), first + 10..first + 11);
+}
+
+#[test]
+fn a_tag_registered_after_build_is_summed_like_a_builders() {
+    let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+    let tag = rt.handle().register_hot_tags(1).unwrap().start;
+    let (sum, wakeups) = rt.block_on(async move {
+        let consumer = mailring::spawn_with(Placement::Pinned(ShardId::new(1)), async move {
+            let mut sum = 0u64;
+            let mut wakeups = 0u64;
+            while sum < 100_000 {
+                sum += hot::next_hot_count(tag).await;
+                wakeups += 1;
+            }
+            (sum, wakeups)
+        });
+        for _ in 0..100_000 {
+            hot::send_tiny(ShardId::new(1), tag, 1);
+        }
+        consumer.await.unwrap()
+    });
+    assert_eq!(sum, 100_000);
+    assert!(wakeups < 100, "{wakeups} wakeups: not summed");
+    assert!(rt.stats().shards[0].tiny_sent < 100, "{:?}", rt.stats());
+}
