@@ -8,7 +8,8 @@
 //! ([`ShardFlow::sent`]); the receiving shard counts, per source, what its
 //! actors take (or drop: a dead letter, a mailbox closed with messages in
 //! it) and hands the credits back with `mailring::hot::send_tiny` on the
-//! tag [`credit_tag`] of its own index once half a window has gathered. The
+//! system's credit tag of its own index (`ShardFlow::credit_tag`) once
+//! half a window has gathered. The
 //! runtime sums the credits of a tick into one tiny message per
 //! destination, and sums what arrives into one counter per tag, so a burst
 //! of a million messages costs a handful of credit messages; the sender
@@ -51,23 +52,12 @@ use std::task::{Context, Poll, Waker};
 
 use mailring::{hot, ShardId};
 
-/// The first hot-counter tag mailring-actors reserves: tag
-/// `CREDIT_TAG_BASE + s` carries credits returned by shard `s`.
-pub const CREDIT_TAG_BASE: u16 = 0xFF00;
-
-/// The tag on which shard `returning` hands credits back.
-pub(crate) fn credit_tag(returning: usize) -> u16 {
-    debug_assert!(returning < mailring::MAX_SHARDS);
-    CREDIT_TAG_BASE + returning as u16
-}
-
-/// The credit-tag registrations an actor system adds to its runtime.
-pub(crate) fn credit_tags(shards: usize) -> impl Iterator<Item = u16> {
-    (0..shards.min(mailring::MAX_SHARDS)).map(credit_tag)
-}
-
 /// One shard's side of every window it is part of.
 pub(crate) struct ShardFlow {
+    /// The system's first credit tag: tag `credit_base + s` carries the
+    /// credits shard `s` returns (registered on the runtime at start, one
+    /// per shard, so two systems on one runtime never share one).
+    credit_base: u16,
     shard: usize,
     window: u64,
     /// Unreturned credits that make the receiver hand them back.
@@ -85,9 +75,10 @@ pub(crate) struct ShardFlow {
 }
 
 impl ShardFlow {
-    pub(crate) fn new(shard: usize, shards: usize, window: u32) -> Self {
+    pub(crate) fn new(shard: usize, shards: usize, window: u32, credit_base: u16) -> Self {
         let window = u64::from(window.max(1));
         ShardFlow {
+            credit_base,
             shard,
             window,
             return_at: window.div_ceil(2),
@@ -95,6 +86,12 @@ impl ShardFlow {
             owed: (0..shards).map(|_| Cell::new(0)).collect(),
             waiting: (0..shards).map(|_| RefCell::new(Vec::new())).collect(),
         }
+    }
+
+    /// The tag on which shard `returning` hands credits back.
+    #[inline]
+    fn credit_tag(&self, returning: usize) -> u16 {
+        self.credit_base + returning as u16
     }
 
     /// Counts a message sent to an actor on `dest`.
@@ -113,7 +110,7 @@ impl ShardFlow {
     /// Takes the credits `dest` returned; whether the window has room now.
     #[cold]
     fn absorb(&self, dest: usize) -> bool {
-        if let Some(n) = hot::try_take_hot_count(credit_tag(dest)) {
+        if let Some(n) = hot::try_take_hot_count(self.credit_tag(dest)) {
             self.credit(dest, n);
         }
         self.in_flight[dest].get() < self.window
@@ -136,7 +133,7 @@ impl ShardFlow {
         if self.has_credit(dest) {
             return Poll::Ready(());
         }
-        while let Poll::Ready(n) = hot::poll_hot_count(credit_tag(dest), cx) {
+        while let Poll::Ready(n) = hot::poll_hot_count(self.credit_tag(dest), cx) {
             self.credit(dest, n);
             if self.in_flight[dest].get() < self.window {
                 return Poll::Ready(());
@@ -176,7 +173,11 @@ impl ShardFlow {
     fn give_back(&self, source: usize, mut owed: u64) {
         while owed > 0 {
             let part = owed.min(u64::from(u32::MAX));
-            hot::send_tiny(ShardId::new(source), credit_tag(self.shard), part as u32);
+            hot::send_tiny(
+                ShardId::new(source),
+                self.credit_tag(self.shard),
+                part as u32,
+            );
             owed -= part;
         }
     }

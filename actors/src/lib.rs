@@ -120,8 +120,6 @@ pub use crate::ctx::{Ctx, TimerHandle};
 #[cfg(not(loom))]
 pub use crate::error::{AskError, StopReason, TellError};
 #[cfg(not(loom))]
-pub use crate::flow::CREDIT_TAG_BASE;
-#[cfg(not(loom))]
 pub use crate::recipient::Recipient;
 #[cfg(not(loom))]
 pub use crate::reply::{AskProbe, Asked, Reply, ReplyTo};

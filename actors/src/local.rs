@@ -935,17 +935,30 @@ pub(crate) struct ShardActors {
 }
 
 thread_local! {
-    static REGISTRY: RefCell<Option<Rc<ShardActors>>> = const { RefCell::new(None) };
+    /// The registry of each system this shard runs (usually one; several
+    /// systems may share a runtime, see `ActorSystem::start_on`).
+    static REGISTRY: RefCell<Vec<Rc<ShardActors>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The calling shard's registry of system `system_id`, if installed.
+#[inline]
+fn find_registry(system_id: u64) -> Option<Rc<ShardActors>> {
+    REGISTRY
+        .try_with(|r| {
+            r.borrow()
+                .iter()
+                .find(|reg| reg.system_id == system_id)
+                .cloned()
+        })
+        .ok()
+        .flatten()
 }
 
 /// The registry of the calling shard if it runs `system`, installing it on
 /// first use.
 fn registry(system: &Arc<SystemShared>) -> Option<Rc<ShardActors>> {
-    let existing = REGISTRY.try_with(|r| r.borrow().clone()).ok().flatten();
-    if let Some(reg) = existing {
-        if reg.system_id == system.id {
-            return Some(reg);
-        }
+    if let Some(reg) = find_registry(system.id) {
+        return Some(reg);
     }
     let shard = system.handle.local_shard()?;
     if system.is_closed() {
@@ -962,11 +975,12 @@ fn registry(system: &Arc<SystemShared>) -> Option<Rc<ShardActors>> {
             shard.index(),
             system.handle.shards(),
             system.cross_shard_window,
+            system.credit_base,
         )),
         topics: RefCell::new(HashMap::new()),
     });
     REGISTRY
-        .try_with(|r| *r.borrow_mut() = Some(reg.clone()))
+        .try_with(|r| r.borrow_mut().push(reg.clone()))
         .ok()?;
     Some(reg)
 }
@@ -987,8 +1001,7 @@ pub(crate) fn topic_cache<T: Default + 'static>(
 
 /// Forgets the calling shard's cache of topic `id` (the topic is gone).
 pub(crate) fn forget_topic_cache(system: &Arc<SystemShared>, id: u64) {
-    let existing = REGISTRY.try_with(|r| r.borrow().clone()).ok().flatten();
-    if let Some(reg) = existing.filter(|reg| reg.system_id == system.id) {
+    if let Some(reg) = find_registry(system.id) {
         let gone = reg.topics.borrow_mut().remove(&id);
         drop(gone);
     }
@@ -1018,15 +1031,10 @@ fn cached_type_state<A: Actor>(system_id: u64) -> Option<Rc<TypeState<A>>> {
 /// [`type_state`] without the per-type cache: the registry's entry.
 fn registry_type_state<A: Actor>(system: &Arc<SystemShared>) -> Option<Rc<TypeState<A>>> {
     let slot = A::__slot().index();
-    let hit = REGISTRY
-        .try_with(|r| {
-            let r = r.borrow();
-            let reg = r.as_ref().filter(|reg| reg.system_id == system.id)?;
-            let typed = reg.typed.borrow();
-            typed.get(slot)?.as_ref()?.get_rc::<TypeState<A>>()
-        })
-        .ok()
-        .flatten();
+    let hit = find_registry(system.id).and_then(|reg| {
+        let typed = reg.typed.borrow();
+        typed.get(slot)?.as_ref()?.get_rc::<TypeState<A>>()
+    });
     match hit {
         Some(ts) => Some(ts),
         None => new_type_state::<A>(system, slot),
@@ -1045,15 +1053,7 @@ fn type_state_by_id<A: Actor>(system_id: u64) -> Option<Rc<TypeState<A>>> {
 
 /// Runs `f` on the calling shard's registry, if it is installed for `system_id`.
 fn with_registry<R>(system_id: u64, f: impl FnOnce(&ShardActors) -> R) -> Option<R> {
-    REGISTRY
-        .try_with(|r| {
-            r.borrow()
-                .as_ref()
-                .filter(|reg| reg.system_id == system_id)
-                .map(|reg| f(reg))
-        })
-        .ok()
-        .flatten()
+    find_registry(system_id).map(|reg| f(&reg))
 }
 
 /// Installs the calling shard's registry for `system` (at system start).
@@ -1103,12 +1103,15 @@ pub(crate) fn stop_shard(system: &Arc<SystemShared>, reason: StopReason) -> usiz
 
 /// Drops the calling shard's registry (system shutdown, after every actor stopped).
 pub(crate) fn clear_shard(system: &Arc<SystemShared>) {
-    let reg = REGISTRY.try_with(|r| r.borrow_mut().take()).ok().flatten();
+    let reg = REGISTRY
+        .try_with(|r| {
+            let mut all = r.borrow_mut();
+            let i = all.iter().position(|reg| reg.system_id == system.id)?;
+            Some(all.swap_remove(i))
+        })
+        .ok()
+        .flatten();
     if let Some(reg) = reg {
-        if reg.system_id != system.id {
-            let _ = REGISTRY.try_with(|r| *r.borrow_mut() = Some(reg));
-            return;
-        }
         let typed = std::mem::take(&mut *reg.typed.borrow_mut());
         let all = std::mem::take(&mut *reg.all.borrow_mut());
         let topics = std::mem::take(&mut *reg.topics.borrow_mut());

@@ -241,7 +241,7 @@ mod tests {
             )))
             .build()
             .expect("io_uring available");
-        let s = SystemShared::new(rt.handle().clone(), &Default::default());
+        let s = SystemShared::new(rt.handle().clone(), &Default::default(), 0xC000);
         (rt, s)
     }
 

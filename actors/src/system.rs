@@ -35,6 +35,8 @@ pub(crate) struct SystemShared {
     pub(crate) handle: Handle,
     pub(crate) ask_timeout: Option<Duration>,
     pub(crate) cross_shard_window: u32,
+    /// The first of the system's credit tags (see `flow`).
+    pub(crate) credit_base: u16,
     next_uid: AtomicU64,
     /// The turn of `Placement::RoundRobin`, apart from the uids (a spawn also
     /// takes a uid, so sharing that counter skipped every other shard).
@@ -200,12 +202,17 @@ impl std::ops::Deref for SystemRef {
 
 impl SystemShared {
     /// The shared state of a new system over `handle`'s runtime.
-    pub(crate) fn new(handle: Handle, config: &SystemConfig) -> Arc<SystemShared> {
+    pub(crate) fn new(
+        handle: Handle,
+        config: &SystemConfig,
+        credit_base: u16,
+    ) -> Arc<SystemShared> {
         Arc::new(SystemShared {
             id: NEXT_SYSTEM_ID.fetch_add(1, Ordering::Relaxed),
             handle,
             ask_timeout: config.ask_timeout,
             cross_shard_window: config.cross_shard_window,
+            credit_base,
             next_uid: AtomicU64::new(1),
             next_round_robin: AtomicUsize::new(0),
             shutting_down: AtomicBool::new(false),
@@ -364,9 +371,9 @@ pub struct SystemConfig {
     /// for credit and [`Addr::try_tell`](crate::Addr::try_tell) gives the
     /// message back as [`TellError::Full`](crate::TellError::Full); `tell`
     /// and `ask` are counted but never held back. Credits come back through
-    /// the runtime's coalesced hot counters, on the tags from
-    /// [`CREDIT_TAG_BASE`](crate::CREDIT_TAG_BASE) up, which the system
-    /// registers (one per shard): leave them to it. (A runtime
+    /// the runtime's coalesced hot counters, on tags the system registers
+    /// at start (one per shard, with `Handle::register_hot_tags`, so two
+    /// systems on one runtime never share one). (A runtime
     /// `hot_counter_wake_threshold` above half the window delays a held
     /// sender's wake-up until its shard has nothing else to do or another
     /// send takes the credits.)
@@ -426,7 +433,11 @@ const DEFAULT_CROSS_SHARD_WINDOW: u32 = 1 << 16;
 /// ```
 pub struct ActorSystem {
     shared: Arc<SystemShared>,
+    /// The runtime, when the system started it (`start`); `None` on a
+    /// runtime started elsewhere (`start_on`), which outlives the system.
     runtime: Option<Runtime>,
+    /// Until shutdown begins.
+    live: bool,
     grace: Duration,
 }
 
@@ -455,11 +466,76 @@ impl ActorSystem {
     ///
     /// The runtime's [`BuildError`].
     pub fn start_with(builder: Builder, config: SystemConfig) -> Result<ActorSystem, BuildError> {
-        let shards = builder.shard_count();
-        let runtime = builder
-            .coalesced_hot_tags(crate::flow::credit_tags(shards))
-            .build()?;
-        let shared = SystemShared::new(runtime.handle().clone(), &config);
+        let runtime = builder.build()?;
+        let credit_base = register_credit_tags(runtime.handle())
+            .expect("a fresh runtime has every dynamic hot tag left");
+        let handle = runtime.handle().clone();
+        Ok(Self::start_inner(
+            &handle,
+            Some(runtime),
+            config,
+            credit_base,
+        ))
+    }
+
+    /// Starts an actor system on a runtime that is already running (the one
+    /// of `#[mailring::main]`, or one shared with other layers), on its
+    /// threads: no second set of shards. The runtime outlives the system:
+    /// [`shutdown`](Self::shutdown) stops the actors and leaves it running.
+    /// Several systems may share one runtime. Callable from any thread or
+    /// shard; it never waits.
+    ///
+    /// # Errors
+    ///
+    /// [`HotTagError::Exhausted`](mailring::hot::HotTagError::Exhausted):
+    /// the runtime has no room left for the system's credit tags (one per
+    /// shard; thousands of systems were started on it).
+    ///
+    /// # Examples
+    ///
+    /// One runtime, one set of threads, from `#[mailring::main]`:
+    ///
+    /// ```
+    /// use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, Placement, SystemConfig};
+    ///
+    /// #[derive(Actor, Default)]
+    /// #[actor(handles(Ping))]
+    /// struct Pinger;
+    ///
+    /// #[derive(Message)]
+    /// #[message(reply = u8)]
+    /// struct Ping;
+    ///
+    /// impl Handler<Ping> for Pinger {
+    ///     async fn handle(&mut self, _m: Ping, _cx: &mut Ctx<Self>) -> u8 { 7 }
+    /// }
+    ///
+    /// #[mailring::main(shards = 2)]
+    /// async fn main() {
+    ///     let handle = mailring::Handle::current();
+    ///     let system = ActorSystem::start_on(&handle, SystemConfig::default()).unwrap();
+    ///     let pinger = system.spawn_actor(Placement::RoundRobin, Pinger::default);
+    ///     assert_eq!(pinger.ask(Ping).await, Ok(7));
+    ///     // On a shard, the actors are stopped without blocking it.
+    ///     let report = system.shutdown_async().await;
+    ///     assert_eq!(report.actors_stopped, 1);
+    /// }
+    /// ```
+    pub fn start_on(
+        handle: &Handle,
+        config: SystemConfig,
+    ) -> Result<ActorSystem, mailring::hot::HotTagError> {
+        let credit_base = register_credit_tags(handle)?;
+        Ok(Self::start_inner(handle, None, config, credit_base))
+    }
+
+    fn start_inner(
+        handle: &Handle,
+        runtime: Option<Runtime>,
+        config: SystemConfig,
+        credit_base: u16,
+    ) -> ActorSystem {
+        let shared = SystemShared::new(handle.clone(), &config, credit_base);
         // Every shard's registry exists before any delivery can reach it
         // (inboxes are FIFO), so deliveries need not carry the system.
         for i in 0..shared.handle.shards() {
@@ -468,11 +544,12 @@ impl ActorSystem {
                 .handle
                 .run_on(ShardId::new(i), move || local::install(&s));
         }
-        Ok(ActorSystem {
+        ActorSystem {
             shared,
-            runtime: Some(runtime),
+            runtime,
+            live: true,
             grace: config.shutdown_grace,
-        })
+        }
     }
 
     /// A cheap handle to this system, usable from any thread and inside actors.
@@ -504,10 +581,7 @@ impl ActorSystem {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        self.runtime
-            .as_ref()
-            .expect("runtime present until shutdown")
-            .block_on(future)
+        self.shared.handle.block_on(future)
     }
 
     /// Builds a future on shard 0 (it need not be `Send`) and blocks until it
@@ -523,10 +597,7 @@ impl ActorSystem {
         Fut: Future + 'static,
         Fut::Output: Send + 'static,
     {
-        self.runtime
-            .as_ref()
-            .expect("runtime present until shutdown")
-            .block_on_local(factory)
+        self.shared.handle.block_on_local(factory)
     }
 
     /// A reference to the keyed actor `key` of type `A` (see [`SystemHandle::keyed`]).
@@ -667,10 +738,45 @@ impl ActorSystem {
         self.shutdown_inner()
     }
 
-    fn shutdown_inner(&mut self) -> SystemShutdownReport {
-        let Some(runtime) = self.runtime.take() else {
+    /// Stops every actor as [`shutdown`](Self::shutdown) does, awaiting
+    /// them instead of blocking: the way to end a system on a shard (one
+    /// started with [`start_on`](Self::start_on) in `#[mailring::main]`).
+    /// A runtime the system started itself is then shut down on a helper
+    /// thread, and the report's `runtime` part is empty.
+    pub async fn shutdown_async(mut self) -> SystemShutdownReport {
+        if !std::mem::replace(&mut self.live, false) {
             return SystemShutdownReport::default();
-        };
+        }
+        self.shared.begin_shutdown();
+        let deadline = std::time::Instant::now().checked_add(self.grace);
+        let stop = stop_actors(self.shared.clone(), deadline);
+        let gather = self.shared.handle.spawn_on(ShardId::new(0), stop);
+        let report = match deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(std::time::Instant::now());
+                mailring::time::timeout(left + Duration::from_secs(1), gather)
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }
+            None => gather.await.ok(),
+        }
+        .unwrap_or_default();
+        drop_registries(&self.shared);
+        if let Some(runtime) = self.runtime.take() {
+            // Not on this shard, which the runtime's shutdown waits for.
+            let _ = std::thread::Builder::new()
+                .name("mailring-actors-shutdown".into())
+                .spawn(move || drop(runtime));
+        }
+        report
+    }
+
+    fn shutdown_inner(&mut self) -> SystemShutdownReport {
+        if !std::mem::replace(&mut self.live, false) {
+            return SystemShutdownReport::default();
+        }
+        let runtime = self.runtime.take();
         self.shared.begin_shutdown();
         let shared = self.shared.clone();
         let grace = self.grace;
@@ -695,16 +801,20 @@ impl ActorSystem {
     }
 }
 
-/// Stops every actor of `shared` within `grace`, then shuts `runtime` down
-/// (steps of [`ActorSystem::shutdown`]). Blocks; never called on a shard.
-fn shut_down(shared: Arc<SystemShared>, grace: Duration, runtime: Runtime) -> SystemShutdownReport {
+/// The system's credit tags, one per shard: the first.
+fn register_credit_tags(handle: &Handle) -> Result<u16, mailring::hot::HotTagError> {
+    let shards = handle.shards().min(mailring::MAX_SHARDS) as u16;
+    Ok(handle.register_hot_tags(shards)?.start)
+}
+
+/// Stops every actor of `shared` on every shard, each shard giving up at
+/// `deadline` (`None`: waits for every actor); sums the shards' figures.
+async fn stop_actors(
+    shared: Arc<SystemShared>,
+    deadline: Option<std::time::Instant>,
+) -> SystemShutdownReport {
     let n = shared.handle.shards();
-    let registries = shared.clone();
-    // `None`: a grace too long for an `Instant` (`Duration::MAX`) waits for
-    // every actor, and for every shard thread.
-    let deadline = std::time::Instant::now().checked_add(grace);
-    let (done, gathered) = std::sync::mpsc::channel();
-    let gather = async move {
+    {
         let mut joins = Vec::new();
         for i in 0..n {
             let s = shared.clone();
@@ -740,9 +850,29 @@ fn shut_down(shared: Arc<SystemShared>, grace: Duration, runtime: Runtime) -> Sy
                 report.dead_letters += shard.dead_letters;
             }
         }
-        let _ = done.send(report);
-    };
-    runtime.handle().spawn_on(ShardId::new(0), gather).detach();
+        report
+    }
+}
+
+/// Stops every actor of `shared` within `grace`, then shuts `runtime` down
+/// when the system owns it (steps of [`ActorSystem::shutdown`]). Blocks;
+/// never called on a shard.
+fn shut_down(
+    shared: Arc<SystemShared>,
+    grace: Duration,
+    runtime: Option<Runtime>,
+) -> SystemShutdownReport {
+    // `None`: a grace too long for an `Instant` (`Duration::MAX`) waits for
+    // every actor, and for every shard thread.
+    let deadline = std::time::Instant::now().checked_add(grace);
+    let (done, gathered) = std::sync::mpsc::channel();
+    let stop = stop_actors(shared.clone(), deadline);
+    shared
+        .handle
+        .spawn_on(ShardId::new(0), async move {
+            let _ = done.send(stop.await);
+        })
+        .detach();
     // Waited for from here, with a bound: a shard stuck in a handler that
     // never yields runs none of this, and its thread is then abandoned by
     // the runtime's bounded shutdown below.
@@ -760,14 +890,20 @@ fn shut_down(shared: Arc<SystemShared>, grace: Duration, runtime: Runtime) -> Sy
             report.actors_abandoned
         );
     }
-    report.runtime = match deadline {
-        Some(_) => runtime.shutdown_timeout(grace),
-        None => runtime.shutdown(),
+    report.runtime = match (runtime, deadline) {
+        (Some(rt), Some(_)) => rt.shutdown_timeout(grace),
+        (Some(rt), None) => rt.shutdown(),
+        (None, _) => ShutdownReport::default(),
     };
-    // What the system keeps for its whole life goes now: a named `Addr`
-    // holds the system itself (a cycle that kept it, and the runtime's
-    // shared state with it, alive forever), and factories hold whatever
-    // they captured. Taken out of their locks before they are dropped.
+    drop_registries(&shared);
+    report
+}
+
+/// What the system keeps for its whole life goes at its shutdown: a named
+/// `Addr` holds the system itself (a cycle that kept it, and the runtime's
+/// shared state with it, alive forever), and factories and topics hold
+/// whatever they captured. Taken out of their locks before they are dropped.
+fn drop_registries(registries: &SystemShared) {
     let names = std::mem::take(&mut *registries.names.lock().unwrap_or_else(|p| p.into_inner()));
     let factories = std::mem::take(
         &mut *registries
@@ -783,7 +919,6 @@ fn shut_down(shared: Arc<SystemShared>, grace: Duration, runtime: Runtime) -> Sy
     );
     let topics = std::mem::take(&mut *registries.topics.lock().unwrap_or_else(|p| p.into_inner()));
     drop((names, factories, directories, topics));
-    report
 }
 
 /// What [`ActorSystem::shutdown`] found: the actor layer's figures and the

@@ -1,0 +1,119 @@
+//! Actor systems started on a runtime built elsewhere: one set of threads,
+//! several systems, each with its own credit tags.
+
+use mailring_actors::mailring::{Handle, Runtime as Rt};
+use mailring_actors::{
+    Actor, ActorSystem, Ctx, Handler, Message, Placement, Runtime, ShardId, SystemConfig,
+};
+
+/// Replies whether it runs on a shard of the runtime it is given.
+#[derive(Message)]
+#[message(reply = bool)]
+struct OnRuntime(Handle);
+
+#[derive(Message)]
+struct Bump;
+
+#[derive(Message)]
+#[message(reply = u64)]
+struct Total;
+
+#[derive(Actor, Default)]
+#[actor(handles(OnRuntime, Bump, Total))]
+struct Probe {
+    n: u64,
+}
+
+impl Handler<OnRuntime> for Probe {
+    async fn handle(&mut self, m: OnRuntime, _cx: &mut Ctx<Self>) -> bool {
+        m.0.local_shard().is_some()
+    }
+}
+
+impl Handler<Bump> for Probe {
+    async fn handle(&mut self, _m: Bump, _cx: &mut Ctx<Self>) {
+        self.n += 1;
+    }
+}
+
+impl Handler<Total> for Probe {
+    async fn handle(&mut self, _m: Total, _cx: &mut Ctx<Self>) -> u64 {
+        self.n
+    }
+}
+
+fn runtime() -> Rt {
+    Runtime::builder()
+        .shards(2)
+        .build()
+        .expect("io_uring available")
+}
+
+fn small_window() -> SystemConfig {
+    SystemConfig {
+        cross_shard_window: 4,
+        ..SystemConfig::default()
+    }
+}
+
+#[test]
+fn a_system_started_on_a_runtime_runs_its_actors_on_that_runtimes_shards() {
+    let rt = runtime();
+    let sys = ActorSystem::start_on(rt.handle(), SystemConfig::default()).unwrap();
+    let p = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Probe::default);
+    let h = rt.handle().clone();
+    assert_eq!(
+        sys.block_on(async move { p.ask(OnRuntime(h)).await }),
+        Ok(true)
+    );
+    let report = sys.shutdown();
+    assert_eq!(report.actors_stopped, 1);
+    // The runtime is the caller's, and still runs.
+    assert_eq!(rt.block_on(async { 5 }), 5);
+    assert!(rt.shutdown().is_clean());
+}
+
+#[test]
+fn two_systems_on_one_runtime_keep_their_credit_windows_apart() {
+    let rt = runtime();
+    let systems: Vec<_> = (0..2)
+        .map(|_| ActorSystem::start_on(rt.handle(), small_window()).unwrap())
+        .collect();
+    // Each system's producer on shard 0 waits for credit (a window of 4)
+    // to its actor on shard 1, both at once: credits returned to one
+    // system must not be taken by the other.
+    let joins: Vec<_> = systems
+        .iter()
+        .map(|sys| {
+            let p = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Probe::default);
+            rt.handle().spawn_on(ShardId::new(0), async move {
+                for _ in 0..2_000 {
+                    p.send(Bump).await.unwrap();
+                }
+                p.ask(Total).await.unwrap()
+            })
+        })
+        .collect();
+    let totals: Vec<u64> = joins.into_iter().map(|j| rt.block_on(j).unwrap()).collect();
+    assert_eq!(totals, [2_000, 2_000]);
+    for sys in systems {
+        assert_eq!(sys.shutdown().actors_stopped, 1);
+    }
+    rt.shutdown();
+}
+
+#[test]
+fn a_system_dropped_on_its_runtimes_shard_stops_its_actors_and_leaves_the_runtime() {
+    let rt = runtime();
+    let h = rt.handle().clone();
+    let stopped = rt.block_on(async move {
+        let sys = ActorSystem::start_on(&h, SystemConfig::default()).unwrap();
+        let p = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Probe::default);
+        p.tell(Bump).unwrap();
+        let watch = p.stopped();
+        drop(sys); // On shard 0: finishes on a thread of its own.
+        watch.await.reason
+    });
+    assert_eq!(stopped, mailring_actors::StopReason::Shutdown);
+    assert_eq!(rt.block_on(async { 1 }), 1);
+}
