@@ -43,16 +43,36 @@ impl<A: Actor> fmt::Debug for Ctx<A> {
     }
 }
 
-/// A timer started by [`Ctx::run_later`] or [`Ctx::run_interval`]; timers
-/// also end when their actor stops or restarts (their tasks are dropped
-/// then, with what they hold). Dropping the handle leaves the timer running.
+/// How many messages an actor's mailbox may hold before the streams
+/// attached to it ([`Ctx::attach_stream`]) stop being polled.
+pub const STREAM_WINDOW: usize = 64;
+
+/// What a stream attached with [`Ctx::attach_stream`] delivers: each item,
+/// then the end. List it in `handles(StreamMessage<Item>)` and implement
+/// `Handler<StreamMessage<Item>>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamMessage<T> {
+    /// The stream's next item.
+    Item(T),
+    /// The stream ended (after its last item).
+    End,
+}
+
+impl<T: 'static> Message for StreamMessage<T> {
+    type Reply = ();
+}
+
+/// A timer started by [`Ctx::run_later`] or [`Ctx::run_interval`], or a
+/// stream attached by [`Ctx::attach_stream`]; they also end when their
+/// actor stops or restarts (their tasks are dropped then, with what they
+/// hold). Dropping the handle leaves the timer or stream running.
 #[derive(Debug)]
 pub struct TimerHandle {
     join: JoinHandle<()>,
 }
 
 impl TimerHandle {
-    /// Cancels the timer (a message already sent stays sent).
+    /// Cancels the timer or stream (a message already sent stays sent).
     pub fn cancel(self) {
         self.join.abort();
     }
@@ -248,6 +268,108 @@ impl<A: Actor> Ctx<A> {
                 let _ = cell.push_own(A::__continuation(resume));
             })
             .detach();
+    }
+
+    /// Delivers each item of `stream` to this actor as a
+    /// [`StreamMessage::Item`], in order, then [`StreamMessage::End`] once
+    /// it ends. The stream is polled on this shard (it need not be `Send`)
+    /// and never while this actor's mailbox holds [`STREAM_WINDOW`]
+    /// messages or more (or its bound, for a bounded mailbox): a fast
+    /// stream waits for a slow actor. It stops with the activation (a stop,
+    /// a restart, a passivation), dropped unpolled; the returned handle
+    /// stops it sooner.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::pin::Pin;
+    /// use std::task::{Context, Poll};
+    /// use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Hooks, Message, Placement, Runtime};
+    /// use mailring_actors::{Stream, StreamMessage};
+    ///
+    /// /// The numbers 1 to 100.
+    /// struct Count(u32);
+    ///
+    /// impl Stream for Count {
+    ///     type Item = u32;
+    ///     fn poll_next(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<u32>> {
+    ///         self.0 += 1;
+    ///         Poll::Ready((self.0 <= 100).then_some(self.0))
+    ///     }
+    /// }
+    ///
+    /// #[derive(Actor, Default)]
+    /// #[actor(handles(StreamMessage<u32>, Total), hooks)]
+    /// struct Adder {
+    ///     sum: u32,
+    ///     ended: bool,
+    /// }
+    ///
+    /// #[derive(Message)]
+    /// #[message(reply = Option<u32>)]
+    /// struct Total;
+    ///
+    /// impl Hooks for Adder {
+    ///     async fn on_start(&mut self, cx: &mut Ctx<Self>) {
+    ///         cx.attach_stream(Count(0));
+    ///     }
+    /// }
+    ///
+    /// impl Handler<StreamMessage<u32>> for Adder {
+    ///     async fn handle(&mut self, m: StreamMessage<u32>, _cx: &mut Ctx<Self>) {
+    ///         match m {
+    ///             StreamMessage::Item(n) => self.sum += n,
+    ///             StreamMessage::End => self.ended = true,
+    ///         }
+    ///     }
+    /// }
+    ///
+    /// impl Handler<Total> for Adder {
+    ///     async fn handle(&mut self, _m: Total, _cx: &mut Ctx<Self>) -> Option<u32> {
+    ///         self.ended.then_some(self.sum)
+    ///     }
+    /// }
+    ///
+    /// let system = ActorSystem::start(Runtime::builder().shards(2))?;
+    /// let adder = system.spawn_actor(Placement::RoundRobin, Adder::default);
+    /// let total = system.block_on(async move {
+    ///     loop {
+    ///         if let Some(t) = adder.ask(Total).await.unwrap() {
+    ///             return t;
+    ///         }
+    ///         mailring::time::sleep(std::time::Duration::from_millis(1)).await;
+    ///     }
+    /// });
+    /// assert_eq!(total, 5050);
+    /// # system.shutdown();
+    /// # Ok::<(), mailring::BuildError>(())
+    /// ```
+    pub fn attach_stream<S>(&mut self, stream: S) -> TimerHandle
+    where
+        S: futures_core::Stream + 'static,
+        S::Item: 'static,
+        A: Accepts<StreamMessage<S::Item>>,
+    {
+        let cell = self.cell.clone();
+        let window = A::CONFIG
+            .mailbox
+            .map_or(STREAM_WINDOW, |bound| bound.min(STREAM_WINDOW))
+            .max(1);
+        let join = self.tasks.spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            loop {
+                poll_fn(|cx| cell.poll_below(window, cx)).await;
+                let next = poll_fn(|cx| stream.as_mut().poll_next(cx)).await;
+                let (msg, last) = match next {
+                    Some(item) => (StreamMessage::Item(item), false),
+                    None => (StreamMessage::End, true),
+                };
+                if cell.push_own(A::envelope(msg)).is_err() || last {
+                    return;
+                }
+            }
+        });
+        TimerHandle { join }
     }
 
     /// Delivers a [`Terminated`] message to this actor when `target` stops

@@ -116,7 +116,7 @@ pub use crate::actor::{
 #[cfg(not(loom))]
 pub use crate::addr::{ActorId, Addr, KeyedRef, LocalAddr};
 #[cfg(not(loom))]
-pub use crate::ctx::{Ctx, TimerHandle};
+pub use crate::ctx::{Ctx, StreamMessage, TimerHandle, STREAM_WINDOW};
 #[cfg(not(loom))]
 pub use crate::error::{AskError, StopReason, TellError};
 #[cfg(not(loom))]
@@ -131,6 +131,8 @@ pub use crate::stats::{ActorStats, ActorTypeStats};
 pub use crate::system::{ActorSystem, SystemConfig, SystemHandle, SystemShutdownReport};
 #[cfg(not(loom))]
 pub use crate::topic::Topic;
+/// The stream trait [`Ctx::attach_stream`] takes (`futures_core::Stream`).
+pub use futures_core::Stream;
 #[cfg(not(loom))]
 pub use mailring;
 #[cfg(not(loom))]

@@ -117,6 +117,11 @@ pub(crate) struct ActorCell<A: Actor> {
     pub(crate) high_water: Cell<usize>,
     /// The asks its handler awaits (ask-cycle detection, see `cycle`).
     waits: Waits,
+    /// Attached streams waiting for the mailbox to drain below their window
+    /// (see `Ctx::attach_stream`); `has_take_waiters` spares the take a
+    /// look at the list when there are none.
+    take_waiters: RefCell<Vec<Waker>>,
+    has_take_waiters: Cell<bool>,
 }
 
 impl<A: Actor> ActorCell<A> {
@@ -135,6 +140,8 @@ impl<A: Actor> ActorCell<A> {
             watchers: RefCell::new(Vec::new()),
             high_water: Cell::new(0),
             waits: Waits::default(),
+            take_waiters: RefCell::new(Vec::new()),
+            has_take_waiters: Cell::new(false),
         })
     }
 
@@ -233,6 +240,9 @@ impl<A: Actor> ActorCell<A> {
             into.0.reverse();
         }
         drop(q);
+        if self.has_take_waiters.get() {
+            self.wake_take_waiters();
+        }
         self.remote.settle(flow);
         if let Some(c) = &self.capacity {
             c.release(n);
@@ -254,6 +264,27 @@ impl<A: Actor> ActorCell<A> {
 
     pub(crate) fn len(&self) -> usize {
         self.queue.borrow().len()
+    }
+
+    /// Ready once fewer than `limit` messages are queued; else wakes `cx`
+    /// at the actor's next take (an attached stream's backpressure).
+    pub(crate) fn poll_below(&self, limit: usize, cx: &mut Context<'_>) -> Poll<()> {
+        if self.len() < limit || !self.is_open() {
+            return Poll::Ready(());
+        }
+        let mut waiters = self.take_waiters.borrow_mut();
+        if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
+            waiters.push(cx.waker().clone());
+        }
+        self.has_take_waiters.set(true);
+        Poll::Pending
+    }
+
+    #[cold]
+    fn wake_take_waiters(&self) {
+        self.has_take_waiters.set(false);
+        let waiters = std::mem::take(&mut *self.take_waiters.borrow_mut());
+        waiters.into_iter().for_each(Waker::wake);
     }
 
     /// Takes the queued envelopes into `into`, or registers the task's waker.
