@@ -92,7 +92,9 @@ mod api {
     pub use crate::driver::RingFeatures;
     pub use crate::error::BuildError;
     pub use crate::panic::{CallbackKind, PanicCounts, ShutdownReport};
-    pub use crate::placement::{route_hash, shard_for_hash, sticky_shard, Placement, RouteHasher};
+    pub use crate::placement::{
+        route_hash, shard_for_hash, sticky_shard, Placement, RouteHasher, RouteKey,
+    };
     pub use crate::runtime::{Handle, Runtime, ShardJob, SHUTDOWN_OP_GRACE};
     pub use crate::shard::{PendingProbe, ShardId};
     pub use crate::stats::{ExternalWakeMode, RuntimeStats, ShardStats};

@@ -1,8 +1,11 @@
 //! Where a task runs: [`Placement`], and the one key → shard routing
 //! function ([`sticky_shard`], over the stable [`RouteHasher`]) that tasks,
 //! keyed actors and sessions share, so one key means one shard everywhere.
+//! A key is hashed through its canonical encoding ([`RouteKey`]), not its
+//! `Hash`: `"abc"`, `String::from("abc")`, `b"abc".to_vec()` and
+//! `Bytes::from("abc")` route alike, as do `7u32` and `7u64`.
 
-use std::hash::{Hash, Hasher};
+use std::hash::Hasher;
 
 use crate::shard::ShardId;
 
@@ -38,7 +41,7 @@ pub enum Placement {
 /// [`Placement::Sticky`]`(k)`, a keyed actor whose key is `k` and a session
 /// keyed by `k` all land on `sticky_shard(&k, shards)`.
 ///
-/// The result depends only on the key's [`Hash`] input and `shards` (not on
+/// The result depends only on the key's canonical encoding ([`RouteKey`]) and `shards` (not on
 /// the process, the platform or a hasher seed), so routers on different
 /// nodes or restarts agree: the key is hashed with [`RouteHasher`], then
 /// mapped onto the shards by [`shard_for_hash`].
@@ -62,7 +65,7 @@ pub enum Placement {
 /// # Ok::<(), mailring::BuildError>(())
 /// ```
 #[inline]
-pub fn sticky_shard<K: Hash + ?Sized>(key: &K, shards: usize) -> ShardId {
+pub fn sticky_shard<K: RouteKey + ?Sized>(key: &K, shards: usize) -> ShardId {
     shard_for_hash(route_hash(key), shards)
 }
 
@@ -92,13 +95,195 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The stable routing hash of a key (see [`RouteHasher`]).
+/// The stable routing hash of a key: its [`RouteKey`] encoding through a
+/// [`RouteHasher`].
 #[inline]
-pub fn route_hash<K: Hash + ?Sized>(key: &K) -> u64 {
+pub fn route_hash<K: RouteKey + ?Sized>(key: &K) -> u64 {
     let mut h = RouteHasher::default();
-    key.hash(&mut h);
+    key.route(&mut h);
     h.finish()
 }
+
+/// A key's canonical encoding for routing: what decides its shard.
+///
+/// Types that hold the same value encode alike, whatever their Rust type:
+/// - integers (`u8` to `u64`, `usize`, and the signed ones sign-extended)
+///   as one 64-bit word, so `7u32` and `7u64` agree (`u128`/`i128`: two
+///   words, the low one first);
+/// - text and bytes (`str`, `String`, `[u8]`, `Vec<u8>`, `[u8; N]`,
+///   `Bytes`, `Box<str>`, `Cow<str>`, `Arc<str>`, ...) as their bytes and an
+///   end mark, so a session keyed by bytes off the wire and an actor keyed
+///   by a `String` of the same text share a shard;
+/// - tuples, `Option` and references as their parts in order.
+///
+/// For a key type of your own, implement [`route`](Self::route) by routing
+/// its fields in order (or derive it: `#[derive(RouteKey)]` in
+/// `mailring-actors`). The encodings of integers and text are the ones
+/// their `Hash` feeds a hasher, so keys routed by `Hash` before keep their
+/// shards.
+///
+/// # Examples
+///
+/// ```
+/// use mailring::{route_hash, sticky_shard};
+///
+/// assert_eq!(route_hash("tenant-7"), route_hash(&String::from("tenant-7")));
+/// assert_eq!(route_hash("tenant-7"), route_hash(&b"tenant-7".to_vec()));
+/// assert_eq!(sticky_shard(&7u32, 4), sticky_shard(&7u64, 4));
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` has no routing encoding, so it cannot be an actor's or a session's key",
+    label = "not a `RouteKey`",
+    note = "derive it (`#[derive(mailring_actors::RouteKey)]`: the fields in order) or implement \
+            `RouteKey::route`; integers, text and bytes have it"
+)]
+pub trait RouteKey {
+    /// Feeds the key's canonical encoding to `h`.
+    fn route(&self, h: &mut RouteHasher);
+}
+
+macro_rules! route_unsigned {
+    ($($t:ty),*) => {$(
+        impl RouteKey for $t {
+            #[inline]
+            fn route(&self, h: &mut RouteHasher) {
+                h.write_u64(*self as u64);
+            }
+        }
+    )*};
+}
+route_unsigned!(u8, u16, u32, u64, usize);
+
+macro_rules! route_signed {
+    ($($t:ty),*) => {$(
+        impl RouteKey for $t {
+            #[inline]
+            fn route(&self, h: &mut RouteHasher) {
+                h.write_u64(*self as i64 as u64);
+            }
+        }
+    )*};
+}
+route_signed!(i8, i16, i32, i64, isize);
+
+impl RouteKey for u128 {
+    fn route(&self, h: &mut RouteHasher) {
+        h.write_u64(*self as u64);
+        h.write_u64((*self >> 64) as u64);
+    }
+}
+
+impl RouteKey for i128 {
+    fn route(&self, h: &mut RouteHasher) {
+        (*self as u128).route(h);
+    }
+}
+
+impl RouteKey for bool {
+    fn route(&self, h: &mut RouteHasher) {
+        h.write_u64(u64::from(*self));
+    }
+}
+
+impl RouteKey for char {
+    fn route(&self, h: &mut RouteHasher) {
+        h.write_u64(u64::from(u32::from(*self)));
+    }
+}
+
+impl RouteKey for () {
+    fn route(&self, _h: &mut RouteHasher) {}
+}
+
+impl RouteKey for [u8] {
+    /// The bytes, then `0xff` (the mark `str`'s `Hash` ends with).
+    #[inline]
+    fn route(&self, h: &mut RouteHasher) {
+        h.write(self);
+        h.write(&[0xff]);
+    }
+}
+
+impl RouteKey for str {
+    #[inline]
+    fn route(&self, h: &mut RouteHasher) {
+        self.as_bytes().route(h);
+    }
+}
+
+/// Owners of text or bytes route as what they deref to.
+macro_rules! route_as_target {
+    ($($t:ty),*) => {$(
+        impl RouteKey for $t {
+            #[inline]
+            fn route(&self, h: &mut RouteHasher) {
+                (**self).route(h);
+            }
+        }
+    )*};
+}
+route_as_target!(
+    String,
+    Vec<u8>,
+    Box<str>,
+    Box<[u8]>,
+    std::rc::Rc<str>,
+    std::sync::Arc<str>,
+    std::sync::Arc<[u8]>,
+    bytes::Bytes,
+    bytes::BytesMut
+);
+
+impl<const N: usize> RouteKey for [u8; N] {
+    fn route(&self, h: &mut RouteHasher) {
+        self.as_slice().route(h);
+    }
+}
+
+impl RouteKey for std::borrow::Cow<'_, str> {
+    fn route(&self, h: &mut RouteHasher) {
+        self.as_bytes().route(h);
+    }
+}
+
+impl RouteKey for std::borrow::Cow<'_, [u8]> {
+    fn route(&self, h: &mut RouteHasher) {
+        (**self).route(h);
+    }
+}
+
+impl<T: RouteKey + ?Sized> RouteKey for &T {
+    #[inline]
+    fn route(&self, h: &mut RouteHasher) {
+        (**self).route(h);
+    }
+}
+
+impl<T: RouteKey> RouteKey for Option<T> {
+    fn route(&self, h: &mut RouteHasher) {
+        match self {
+            None => h.write_u64(0),
+            Some(v) => {
+                h.write_u64(1);
+                v.route(h);
+            }
+        }
+    }
+}
+
+macro_rules! route_tuple {
+    ($($n:tt $t:ident),+) => {
+        impl<$($t: RouteKey),+> RouteKey for ($($t,)+) {
+            fn route(&self, h: &mut RouteHasher) {
+                $( self.$n.route(h); )+
+            }
+        }
+    };
+}
+route_tuple!(0 A);
+route_tuple!(0 A, 1 B);
+route_tuple!(0 A, 1 B, 2 C);
+route_tuple!(0 A, 1 B, 2 C, 3 D);
 
 /// A stable 64-bit hasher (a SplitMix64 finaliser over 8-byte words) used to
 /// route keys. Unlike `DefaultHasher`, its output never changes between
@@ -202,4 +387,42 @@ mod tests {
     }
 
     const KNOWN_U64_MOD16: [u64; 4] = [10, 12, 15, 1];
+
+    /// The canonical encodings of integers and text are what their `Hash`
+    /// fed the hasher before `RouteKey`: keys keep their shards.
+    #[test]
+    fn route_keys_agree_with_the_hash_of_integers_and_text() {
+        use std::hash::Hash;
+        fn by_hash<K: Hash + ?Sized>(k: &K) -> u64 {
+            let mut h = RouteHasher::default();
+            k.hash(&mut h);
+            h.finish()
+        }
+        for k in [0u64, 1, 42, u64::MAX] {
+            assert_eq!(route_hash(&k), by_hash(&k));
+        }
+        for k in ["", "a", "tenant-a", "a longer key of more than eight bytes"] {
+            assert_eq!(route_hash(k), by_hash(k));
+            assert_eq!(route_hash(&k.to_owned()), by_hash(&k.to_owned()));
+        }
+    }
+
+    #[test]
+    fn the_same_text_or_number_routes_alike_whatever_its_type() {
+        let text = "session-42";
+        let h = route_hash(text);
+        assert_eq!(route_hash(&String::from(text)), h);
+        assert_eq!(route_hash(text.as_bytes()), h);
+        assert_eq!(route_hash(&text.as_bytes().to_vec()), h);
+        assert_eq!(route_hash(&bytes::Bytes::from(text)), h);
+        assert_eq!(route_hash(&bytes::BytesMut::from(text)), h);
+        assert_eq!(route_hash(&Box::<str>::from(text)), h);
+        assert_eq!(route_hash(&std::sync::Arc::<str>::from(text)), h);
+        assert_eq!(route_hash(&std::borrow::Cow::Borrowed(text)), h);
+        assert_eq!(route_hash(b"session-42"), h);
+        assert_eq!(route_hash(&7u8), route_hash(&7u64));
+        assert_eq!(route_hash(&7i32), route_hash(&7u64));
+        assert_eq!(route_hash(&-1i8), route_hash(&-1i64));
+        assert_ne!(route_hash(&("a", "bc")), route_hash(&("ab", "c")));
+    }
 }

@@ -124,7 +124,7 @@ pub use crate::recipient::Recipient;
 #[cfg(not(loom))]
 pub use crate::reply::{AskProbe, Asked, Reply, ReplyTo};
 #[cfg(not(loom))]
-pub use crate::route::{route_hash, RouteHasher};
+pub use crate::route::{route_hash, RouteHasher, RouteKey};
 #[cfg(not(loom))]
 pub use crate::stats::{ActorStats, ActorTypeStats};
 #[cfg(not(loom))]
@@ -138,7 +138,7 @@ pub use mailring;
 #[cfg(not(loom))]
 pub use mailring::{Placement, Runtime, ShardId};
 #[cfg(not(loom))]
-pub use mailring_macros::{Actor, Message};
+pub use mailring_macros::{Actor, Message, RouteKey};
 
 /// Sent to a watcher when the actor it watches stops (see [`Ctx::watch`]).
 #[cfg(not(loom))]

@@ -778,6 +778,16 @@ impl<A: Actor> TypeState<A> {
         }
     }
 
+    /// The keys whose actors are active (open) on this shard.
+    pub(crate) fn live_keys(&self) -> Vec<A::Key> {
+        self.keyed
+            .borrow()
+            .iter()
+            .filter(|(_, cell)| cell.is_open())
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
     /// The current cell of `target`, without activating anything.
     pub(crate) fn find(&self, target: &TargetId<A>) -> Option<Rc<ActorCell<A>>> {
         match target {
@@ -850,7 +860,10 @@ pub(crate) fn send_delivery<A: Actor>(
 /// keeping the send paths as they were.
 #[inline(always)]
 pub(crate) fn pinned_past_last_shard<A: Actor>(system: &SystemShared, dest: usize) -> bool {
-    matches!(A::CONFIG.placement, ActorPlacement::Pinned(_)) && dest >= system.handle.shards()
+    matches!(
+        A::CONFIG.placement,
+        ActorPlacement::Pinned(_) | ActorPlacement::Custom
+    ) && dest >= system.handle.shards()
 }
 
 /// [`send_delivery`] to a shard the system does not have.
@@ -1128,6 +1141,8 @@ pub(crate) fn keyed_home<A: Actor>(system: &SystemShared, key: &A::Key, hash: u6
         // Past the last shard (`s >= n`) when the type is pinned to a shard
         // the system does not have: its sends fail with `NoSuchShard`.
         ActorPlacement::Pinned(s) => s,
+        // Past the last shard, too, if the function says so.
+        ActorPlacement::Custom => A::place(key, n).index(),
         ActorPlacement::Stealable => {
             let dir = system.directory::<A>();
             dir.route(key, hash, || system.handle.least_loaded_shard().index())

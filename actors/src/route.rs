@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
-pub use mailring::{route_hash, RouteHasher};
+pub use mailring::{route_hash, RouteHasher, RouteKey};
 
 /// The identity of the keyed actor `(A, key)` within this process (used by
 /// watches and ask-cycle detection); unkeyed identities have the top bit set.

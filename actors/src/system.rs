@@ -693,6 +693,47 @@ impl ActorSystem {
         true
     }
 
+    /// Registers `addr` under `name` (see [`SystemHandle::register_name`]).
+    pub fn register_name<A: Actor>(&self, name: impl Into<String>, addr: Addr<A>)
+    where
+        A::Key: Send,
+    {
+        self.handle().register_name(name, addr)
+    }
+
+    /// The actor registered under `name` (see [`SystemHandle::lookup`]).
+    pub fn lookup<A: Actor>(&self, name: &str) -> Option<Addr<A>> {
+        self.handle().lookup(name)
+    }
+
+    /// Removes a name (see [`SystemHandle::unregister_name`]).
+    pub fn unregister_name(&self, name: &str) -> bool {
+        self.handle().unregister_name(name)
+    }
+
+    /// A new topic (see [`SystemHandle::topic`]).
+    pub fn topic<M>(&self) -> crate::Topic<M>
+    where
+        M: Message + Clone + Send,
+        M::Reply: Send,
+    {
+        self.handle().topic()
+    }
+
+    /// The system's topic named `name` (see [`SystemHandle::named_topic`]).
+    pub fn named_topic<M>(&self, name: &str) -> crate::Topic<M>
+    where
+        M: Message + Clone + Send,
+        M::Reply: Send,
+    {
+        self.handle().named_topic(name)
+    }
+
+    /// Where the keyed actor `key` lives (see [`SystemHandle::shard_of`]).
+    pub fn shard_of<A: Actor>(&self, key: &A::Key) -> ShardId {
+        self.handle().shard_of::<A>(key)
+    }
+
     /// Per-shard, per-type actor counters (see [`SystemHandle::stats`]).
     pub fn stats(&self) -> ActorStats {
         let h = self.handle();
@@ -1107,6 +1148,31 @@ impl SystemHandle {
             per_shard.extend(j.await.unwrap_or_default());
         }
         ActorStats::from_shards(per_shard)
+    }
+
+    /// The shard the keyed actor `key` of type `A` lives on, or will be
+    /// activated on, without activating it: where a task or a session that
+    /// works with that actor should run (`runtime().spawn_on(shard, ..)`).
+    /// For a stealable type, a key not routed yet is placed now (on the
+    /// least-loaded shard) and stays there.
+    pub fn shard_of<A: Actor>(&self, key: &A::Key) -> ShardId {
+        let hash = crate::route::route_hash(key);
+        ShardId::new(local::keyed_home::<A>(&self.shared, key, hash))
+    }
+
+    /// The keys of `A` active on `shard` now (activated, not passivated or
+    /// stopping), in no particular order.
+    pub async fn live_keys<A: Actor>(&self, shard: ShardId) -> Vec<A::Key> {
+        let s = self.shared.clone();
+        self.shared
+            .handle
+            .spawn_on(shard, async move {
+                local::type_state::<A>(&s)
+                    .map(|ts| ts.live_keys())
+                    .unwrap_or_default()
+            })
+            .await
+            .unwrap_or_default()
     }
 
     /// Number of stealable keys recorded in `A`'s directory.

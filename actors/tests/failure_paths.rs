@@ -470,8 +470,8 @@ fn a_registered_name_does_not_keep_the_system_alive_after_shutdown() {
 // ---------------------------------------------------------------- a key whose Hash panics
 
 /// A key whose `Hash` panics for the value 13 on shard 1 (where its actors
-/// live), and hashes plainly elsewhere (where senders route it).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// live); it routes as its number.
+#[derive(Clone, Debug, PartialEq, Eq, mailring_actors::RouteKey)]
 struct TrapKey(u64);
 
 impl std::hash::Hash for TrapKey {

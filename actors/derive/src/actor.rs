@@ -10,6 +10,8 @@ struct ActorArgs {
     key: Option<Type>,
     activate: Option<Expr>,
     placement: Option<TokenStream>,
+    /// `placement = path::to::fn`: the type's own key -> shard function.
+    place_fn: Option<Expr>,
     mailbox: Option<LitInt>,
     idle_timeout_ms: Option<LitInt>,
     max_active: Option<LitInt>,
@@ -107,6 +109,10 @@ fn parse_actor_args(input: &DeriveInput) -> syn::Result<ActorArgs> {
                 ("handles", Item::List(_, types)) => args.handles = Some(types.clone()),
                 ("key", Item::Type(_, ty)) => args.key = Some(ty.clone()),
                 ("activate", Item::Value(_, v)) => args.activate = Some(v.clone()),
+                ("placement", Item::Value(_, v @ Expr::Path(_))) => {
+                    args.placement = Some(quote!(::mailring_actors::ActorPlacement::Custom));
+                    args.place_fn = Some(v.clone());
+                }
                 ("placement", Item::Value(_, v)) => {
                     let s = string(v, "placement")?;
                     args.placement = Some(match s.value().as_str() {
@@ -115,7 +121,8 @@ fn parse_actor_args(input: &DeriveInput) -> syn::Result<ActorArgs> {
                         _ => {
                             return Err(syn::Error::new_spanned(
                                 s,
-                                "unknown placement: expected \"sticky\" or \"stealable\" (or `pinned = N`)",
+                                "unknown placement: expected \"sticky\", \"stealable\", a function path \
+                                 (`placement = my_placement`, a `fn(&Key, usize) -> ShardId`) or `pinned = N`",
                             ))
                         }
                     });
@@ -212,6 +219,22 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                 ::core::option::Option::Some((#path)(key))
             }
         },
+        None => quote!(),
+    };
+    let place = match &args.place_fn {
+        Some(f) => {
+            if args.key.is_none() {
+                return Err(syn::Error::new_spanned(
+                    f,
+                    "a placement function places keyed actors: add `key = Type`",
+                ));
+            }
+            quote! {
+                fn place(key: &Self::Key, shards: usize) -> ::mailring_actors::ShardId {
+                    (#f)(key, shards)
+                }
+            }
+        }
         None => quote!(),
     };
     let hooks = if args.hooks {
@@ -343,6 +366,7 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                 },
             };
             #activate
+            #place
             #continuation
         }
 
@@ -375,4 +399,62 @@ pub(crate) fn expand_message(input: DeriveInput) -> syn::Result<TokenStream> {
             type Reply = #reply;
         }
     })
+}
+
+/// `#[derive(RouteKey)]`: each field's route, in order (see the derive's docs).
+pub(crate) fn expand_route_key(input: DeriveInput) -> TokenStream {
+    let name = &input.ident;
+    let (impl_g, ty_g, where_g) = input.generics.split_for_impl();
+    let route_fields = |fields: &syn::Fields,
+                        access: &dyn Fn(usize, &syn::Field) -> TokenStream| {
+        let parts = fields.iter().enumerate().map(|(i, f)| {
+            let a = access(i, f);
+            quote!(::mailring_actors::RouteKey::route(#a, h);)
+        });
+        quote!(#(#parts)*)
+    };
+    let body = match &input.data {
+        syn::Data::Struct(st) => route_fields(&st.fields, &|i, f| match &f.ident {
+            Some(id) => quote!(&self.#id),
+            None => {
+                let idx = syn::Index::from(i);
+                quote!(&self.#idx)
+            }
+        }),
+        syn::Data::Enum(en) => {
+            let arms = en.variants.iter().enumerate().map(|(vi, v)| {
+                let vname = &v.ident;
+                let vi = vi as u64;
+                let binds: Vec<_> = (0..v.fields.len())
+                    .map(|i| quote::format_ident!("__f{}", i))
+                    .collect();
+                let pattern = match &v.fields {
+                    syn::Fields::Named(named) => {
+                        let ids = named.named.iter().map(|f| f.ident.as_ref());
+                        quote!({ #(#ids: #binds),* })
+                    }
+                    syn::Fields::Unnamed(_) => quote!(( #(#binds),* )),
+                    syn::Fields::Unit => quote!(),
+                };
+                quote! {
+                    #name::#vname #pattern => {
+                        ::std::hash::Hasher::write_u64(h, #vi);
+                        #( ::mailring_actors::RouteKey::route(#binds, h); )*
+                    }
+                }
+            });
+            quote!(match self { #(#arms)* })
+        }
+        syn::Data::Union(_) => {
+            return syn::Error::new_spanned(name, "RouteKey cannot be derived for a union")
+                .to_compile_error();
+        }
+    };
+    quote! {
+        impl #impl_g ::mailring_actors::RouteKey for #name #ty_g #where_g {
+            fn route(&self, h: &mut ::mailring_actors::RouteHasher) {
+                #body
+            }
+        }
+    }
 }

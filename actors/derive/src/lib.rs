@@ -36,6 +36,16 @@ pub fn derive_message(item: TokenStream) -> TokenStream {
     }
 }
 
+/// Implements `mailring::RouteKey` (re-exported by `mailring-actors`) for
+/// a key type of your own: a struct routes as its fields in order (a
+/// newtype as its one field, so `struct TenantId(u64)` shares its shards
+/// with `u64`), an enum as its variant's index then its fields.
+#[proc_macro_derive(RouteKey)]
+pub fn derive_route_key(item: TokenStream) -> TokenStream {
+    let input = parse_macro_input!(item as DeriveInput);
+    actor::expand_route_key(input).into()
+}
+
 /// Runs an `async fn main` on a mailring runtime.
 ///
 /// The function keeps its name (so tests may use the attribute on any
