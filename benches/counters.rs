@@ -122,3 +122,34 @@ impl Handler<Ping> for PongSide {
         self.peer.tell(Pong(m.0)).expect("the ping side runs");
     }
 }
+
+/// The same counter as a generic type (its registry slot and shard cache
+/// are found by `TypeId`, where a non-generic type has statics): for the
+/// generic-vs-plain tell comparison of `actor_tell ... generic`.
+#[derive(Actor)]
+#[actor(handles(Inc, Get))]
+pub struct GenericCounter<T: Send> {
+    n: u64,
+    _tag: std::marker::PhantomData<T>,
+}
+
+impl<T: Send> Default for GenericCounter<T> {
+    fn default() -> Self {
+        GenericCounter {
+            n: 0,
+            _tag: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T: Send + 'static> Handler<Inc> for GenericCounter<T> {
+    async fn handle(&mut self, m: Inc, _cx: &mut Ctx<Self>) {
+        self.n += m.0;
+    }
+}
+
+impl<T: Send + 'static> Handler<Get> for GenericCounter<T> {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.n
+    }
+}

@@ -22,6 +22,19 @@ impl ErasedRc {
         }
     }
 
+    /// The value, if it is a `T`.
+    #[inline]
+    pub(crate) fn get_ref<T: 'static>(&self) -> Option<&T> {
+        if self.type_id != TypeId::of::<T>() {
+            return None;
+        }
+        let value: &dyn Any = &*self.value;
+        // SAFETY: as in `get_rc`: the value was made as a `T` (its `TypeId`
+        // is `T`'s), so the data pointer of the `dyn Any` points at a live
+        // `T`, borrowed for as long as `self` is.
+        Some(unsafe { &*(value as *const dyn Any).cast::<T>() })
+    }
+
     /// A new `Rc` of the value, if it is a `T`.
     #[inline]
     pub(crate) fn get_rc<T: 'static>(&self) -> Option<Rc<T>> {
@@ -51,5 +64,8 @@ mod tests {
         drop(erased);
         assert_eq!(Rc::strong_count(&rc), 1);
         assert!(ErasedRc::new(Rc::new(1u8)).get_rc::<u16>().is_none());
+        let erased = ErasedRc::new(Rc::new(7u32));
+        assert_eq!(erased.get_ref::<u32>(), Some(&7));
+        assert!(erased.get_ref::<i32>().is_none());
     }
 }

@@ -63,6 +63,10 @@ mod capacity;
 mod loom;
 
 #[cfg(not(loom))]
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
+#[cfg(not(loom))]
 mod actor;
 #[cfg(not(loom))]
 mod addr;

@@ -3,7 +3,8 @@
 //! from the other shard (`... actor_tell 2000000 cross`). A last argument
 //! picks the reference: `local` (a `LocalAddr`, the same-shard default),
 //! `addr` (an `Addr`, the cross-shard default) or `recipient` (a
-//! `Recipient<Inc>`), e.g. `... actor_tell 2000000 cross recipient`.
+//! `Recipient<Inc>`), e.g. `... actor_tell 2000000 cross recipient`; `generic`
+//! sends through an `Addr` of `GenericCounter<u8>` instead of `Counter`.
 //! The shard spins instead of parking (valgrind stalls on a blocking
 //! `io_uring_enter`).
 
@@ -11,13 +12,14 @@ use std::time::Duration;
 
 use mailring::IdlePolicy;
 use mailring_actors::{ActorSystem, Placement, Recipient, Runtime, ShardId};
-use mailring_bench::counters::{Counter, Get, Inc};
+use mailring_bench::counters::{Counter, GenericCounter, Get, Inc};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Via {
     Local,
     Addr,
     Recipient,
+    Generic,
 }
 
 fn main() {
@@ -29,6 +31,8 @@ fn main() {
     let cross = args.iter().any(|a| a == "cross");
     let via = if args.iter().any(|a| a == "recipient") {
         Via::Recipient
+    } else if args.iter().any(|a| a == "generic") {
+        Via::Generic
     } else if cross || args.iter().any(|a| a == "addr") {
         Via::Addr
     } else {
@@ -40,6 +44,7 @@ fn main() {
     let sys = ActorSystem::start(builder).expect("io_uring available");
     let home = ShardId::new(usize::from(cross));
     let counter = sys.spawn_actor(Placement::Pinned(home), Counter::default);
+    let generic = sys.spawn_actor(Placement::Pinned(home), GenericCounter::<u8>::default);
     let n = sys.block_on_local(move || async move {
         match via {
             Via::Local => {
@@ -58,6 +63,15 @@ fn main() {
                         mailring::yield_now().await;
                     }
                 }
+            }
+            Via::Generic => {
+                for i in 0..msgs {
+                    generic.tell(Inc(1)).expect("running");
+                    if i % 256 == 255 {
+                        mailring::yield_now().await;
+                    }
+                }
+                return generic.ask(Get).await.expect("running");
             }
             Via::Recipient => {
                 let recipient: Recipient<Inc> = counter.recipient();

@@ -1,8 +1,8 @@
 use mailring_actors::Actor;
 
 #[derive(Actor)]
-struct Holder<T: 'static> {
-    value: T,
+struct Holder<'a> {
+    value: &'a str,
 }
 
 fn main() {}

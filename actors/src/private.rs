@@ -1,0 +1,60 @@
+//! What `#[derive(Actor)]` generates code against: not part of the API
+//! (`#[doc(hidden)] pub mod __private` at the crate root), and free to
+//! change between releases.
+
+use std::any::TypeId;
+use std::cell::OnceCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::{OnceLock, RwLock};
+
+use crate::actor::{Actor, LocalCache, TypeSlot};
+use crate::erased::ErasedRc;
+
+/// The registry slot of a generic actor type `A` (a static in a generic
+/// function would be one for all of its instances): one per `TypeId`,
+/// made on first use and kept for the process.
+pub fn generic_slot<A: Actor>() -> &'static TypeSlot {
+    static SLOTS: OnceLock<RwLock<HashMap<TypeId, &'static TypeSlot>>> = OnceLock::new();
+    let slots = SLOTS.get_or_init(|| RwLock::new(HashMap::new()));
+    let id = TypeId::of::<A>();
+    if let Some(slot) = slots.read().unwrap_or_else(|p| p.into_inner()).get(&id) {
+        return slot;
+    }
+    let mut all = slots.write().unwrap_or_else(|p| p.into_inner());
+    all.entry(id)
+        .or_insert_with(|| Box::leak(Box::new(TypeSlot::new())))
+}
+
+/// How many generic actor types a thread caches (past that, a type takes
+/// the uncached path: a registry lookup per send).
+const GENERIC_CACHE_SLOTS: usize = 32;
+
+thread_local! {
+    /// This thread's caches of generic actor types, each an
+    /// `Rc<LocalCache<A>>` that remembers its type, filled in order and
+    /// never emptied: a lookup is a few loads and an inline compare of
+    /// `TypeId`s (no borrow flag, no `dyn Any` call).
+    static GENERIC_CACHES: [OnceCell<ErasedRc>; GENERIC_CACHE_SLOTS] =
+        const { [const { OnceCell::new() }; GENERIC_CACHE_SLOTS] };
+}
+
+/// Runs `f` with this thread's cache of the generic actor type `A` (what a
+/// `thread_local!` gives a non-generic type); `None` while the thread's
+/// locals are being destroyed, or past [`GENERIC_CACHE_SLOTS`] types (the
+/// caller then takes its uncached path).
+#[inline(always)]
+pub fn with_generic_cache<A: Actor, R>(f: impl FnOnce(&LocalCache<A>) -> R) -> Option<R> {
+    GENERIC_CACHES
+        .try_with(|slots| {
+            for slot in slots {
+                let entry = slot.get_or_init(|| ErasedRc::new(Rc::new(LocalCache::<A>::new())));
+                if let Some(cache) = entry.get_ref::<LocalCache<A>>() {
+                    return Some(f(cache));
+                }
+            }
+            None
+        })
+        .ok()
+        .flatten()
+}
