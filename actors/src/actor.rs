@@ -53,8 +53,9 @@ pub enum ActorPlacement {
     /// Each key is placed on the least-loaded shard when first activated and
     /// recorded in a directory that later senders consult (and cache).
     Stealable,
-    /// Every actor of the type lives on this shard index.
-    Pinned(usize),
+    /// Every actor of the type lives on this shard (`pinned = N`: the same
+    /// `ShardId` as `Placement::Pinned(ShardId::new(N))`).
+    Pinned(ShardId),
     /// Keys map to shards by the type's own function
     /// (`#[actor(placement = path::to::fn)]`, see [`Actor::place`]).
     Custom,

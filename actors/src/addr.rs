@@ -395,6 +395,17 @@ impl<A: Actor> Addr<A> {
     where
         A::Envelope: Send,
     {
+        // A keyed type with no way to be built (no `activate`, no factory
+        // registered) fails here, where the sender learns it, not as a dead
+        // letter on the actor's shard. `HAS_ACTIVATE` is a constant: the
+        // check folds away for types that have one.
+        if !A::HAS_ACTIVATE
+            && matches!(self.target, AddrTarget::Key { .. })
+            && !self.system.arc().has_factory::<A>()
+        {
+            self.release_place();
+            return Err(fail(AskError::NoFactory, payload));
+        }
         let dest = self.home();
         let target = self.target_id();
         match local::type_state::<A>(self.system.arc()) {

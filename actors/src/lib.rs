@@ -113,9 +113,8 @@ mod topic;
 
 #[cfg(not(loom))]
 pub use crate::actor::{
-    handle_asked, handle_message, Accepts, Actor, ActorConfig, ActorKey, ActorPlacement,
-    Continuation, DynEnvelope, Envelope, Handler, Hooks, LocalCache, Message, Supervision,
-    SupervisionPolicy, TypeSlot,
+    Accepts, Actor, ActorConfig, ActorKey, ActorPlacement, Envelope, Handler, Hooks, Message,
+    Supervision, SupervisionPolicy,
 };
 #[cfg(not(loom))]
 pub use crate::addr::{ActorId, Addr, KeyedRef, LocalAddr};
@@ -126,7 +125,7 @@ pub use crate::error::{AskError, StopReason, TellError};
 #[cfg(not(loom))]
 pub use crate::recipient::Recipient;
 #[cfg(not(loom))]
-pub use crate::reply::{AskProbe, Asked, Reply, ReplyTo};
+pub use crate::reply::{Asked, Reply, ReplyTo};
 #[cfg(not(loom))]
 pub use crate::route::{route_hash, RouteHasher, RouteKey};
 #[cfg(not(loom))]

@@ -1140,7 +1140,7 @@ pub(crate) fn keyed_home<A: Actor>(system: &SystemShared, key: &A::Key, hash: u6
         ActorPlacement::Sticky => mailring::shard_for_hash(hash, n).index(),
         // Past the last shard (`s >= n`) when the type is pinned to a shard
         // the system does not have: its sends fail with `NoSuchShard`.
-        ActorPlacement::Pinned(s) => s,
+        ActorPlacement::Pinned(s) => s.index(),
         // Past the last shard, too, if the function says so.
         ActorPlacement::Custom => A::place(key, n).index(),
         ActorPlacement::Stealable => {

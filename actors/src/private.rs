@@ -8,8 +8,13 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::{OnceLock, RwLock};
 
-use crate::actor::{Actor, LocalCache, TypeSlot};
+use crate::actor::Actor;
 use crate::erased::ErasedRc;
+
+pub use crate::actor::{
+    handle_asked, handle_message, Continuation, DynEnvelope, LocalCache, TypeSlot,
+};
+pub use crate::reply::AskProbe;
 
 /// The registry slot of a generic actor type `A` (a static in a generic
 /// function would be one for all of its instances): one per `TypeId`,
@@ -57,4 +62,23 @@ pub fn with_generic_cache<A: Actor, R>(f: impl FnOnce(&LocalCache<A>) -> R) -> O
         })
         .ok()
         .flatten()
+}
+
+/// A message type no value of which exists: the second `Accepts` impl every
+/// typed mailbox gets (see the derive), so that type inference never picks
+/// the only listed message for an unlisted one.
+#[derive(Debug)]
+pub enum Unlisted {}
+
+impl crate::actor::Message for Unlisted {
+    type Reply = ();
+}
+
+/// The envelope of an ask of [`Unlisted`], which cannot be made: an
+/// `Asked<Unlisted>` holds an `Unlisted`.
+// Opening it is where the compiler sees there is nothing after.
+#[allow(unreachable_code)]
+pub fn unlisted_ask<E>(asked: crate::reply::Asked<Unlisted>) -> E {
+    let (never, _reply) = asked.open();
+    match never {}
 }

@@ -44,6 +44,10 @@ pub(crate) struct SystemShared {
     shutting_down: AtomicBool,
     closed: AtomicBool,
     factories: RwLock<AnyMap>,
+    /// One bit per actor type slot: a factory is registered (what a send
+    /// to a keyed type without `activate` checks; slots past the bitmap
+    /// look in `factories`).
+    factory_bits: Box<[AtomicU64]>,
     directories: Mutex<AnyMap>,
     capacities: Mutex<AnyMap>,
     names: Mutex<HashMap<String, NamedAddr>>,
@@ -218,6 +222,7 @@ impl SystemShared {
             shutting_down: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             factories: RwLock::new(HashMap::new()),
+            factory_bits: (0..64).map(|_| AtomicU64::new(0)).collect(),
             directories: Mutex::new(HashMap::new()),
             capacities: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
@@ -261,6 +266,16 @@ impl SystemShared {
         map.get(&TypeId::of::<A>())
             .and_then(|f| f.downcast_ref::<Factory<A>>())
             .cloned()
+    }
+
+    /// Whether a factory is registered for `A`.
+    #[inline]
+    pub(crate) fn has_factory<A: Actor>(&self) -> bool {
+        let slot = A::__slot().index();
+        match self.factory_bits.get(slot / 64) {
+            Some(word) => word.load(Ordering::Acquire) & (1 << (slot % 64)) != 0,
+            None => self.factory::<A>().is_some(),
+        }
     }
 
     pub(crate) fn directory<A: Actor>(&self) -> Arc<Directory<A::Key>> {
@@ -1064,6 +1079,11 @@ impl SystemHandle {
             .write()
             .unwrap_or_else(|p| p.into_inner());
         map.insert(TypeId::of::<A>(), Arc::new(f));
+        drop(map);
+        let slot = A::__slot().index();
+        if let Some(word) = self.shared.factory_bits.get(slot / 64) {
+            word.fetch_or(1 << (slot % 64), Ordering::Release);
+        }
     }
 
     /// A new topic of messages of type `M` (see [`Topic`](crate::Topic)).

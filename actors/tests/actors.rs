@@ -822,7 +822,7 @@ fn a_stopped_keyed_bounded_actor_hands_its_queue_and_places_to_the_next_activati
     sys.shutdown();
 }
 
-/// Keyed and bounded, with no way to activate until a factory is registered.
+/// Keyed and bounded, with no way to be built until a factory is registered.
 #[derive(Actor, Default)]
 #[actor(key = u64, mailbox = 2, handles(Add))]
 struct Late;
@@ -832,27 +832,28 @@ impl Handler<Add> for Late {
 }
 
 #[test]
-fn dead_letters_free_their_places_in_a_keyed_bounded_mailbox() {
+fn a_keyed_bounded_mailbox_without_a_factory_refuses_at_the_sender_and_keeps_no_place() {
     let sys = system(2);
     let h = sys.handle();
     let out = sys.block_on(async move {
-        // A key on the other shard: its messages leave with a place taken
-        // and become dead letters there (no factory yet).
+        // A key on the other shard: without a factory its sends fail at
+        // once (they used to leave with a place taken and become dead
+        // letters there).
         let key = (0..)
             .find(|&k| h.keyed::<Late>(k).shard().index() == 1)
             .unwrap();
         let a = h.keyed::<Late>(key);
-        let sent = (0..2).filter(|&i| a.try_tell(Add(i)).is_ok()).count();
-        mailring_actors::mailring::time::sleep(Duration::from_millis(20)).await;
+        let refused = (0..2)
+            .filter(|&i| matches!(a.try_tell(Add(i)), Err(TellError::NoFactory(_))))
+            .count();
         h.register_factory::<Late>(|_| Late);
-        // Both places are free again.
+        // Both places are free.
         let after = (0..2).filter(|&i| a.try_tell(Add(i)).is_ok()).count();
-        (sent, after)
+        (refused, after)
     });
-    assert_eq!(out.0, 2);
-    assert_eq!(out.1, 2, "places held by dead letters were never freed");
+    assert_eq!(out, (2, 2), "a refused send kept its place");
     let stats = sys.stats().by_type("Late").unwrap();
-    assert_eq!(stats.dead_letters, 2);
+    assert_eq!(stats.dead_letters, 0);
     sys.shutdown();
 }
 

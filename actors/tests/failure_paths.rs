@@ -599,3 +599,55 @@ fn a_handler_that_never_yields_does_not_hang_system_shutdown() {
     assert!(!report.is_clean());
     release.store(true, Ordering::SeqCst);
 }
+
+// ---------------------------------------------------------------- a keyed type that cannot be built
+
+/// Keyed, without `activate`: built only by a registered factory.
+#[derive(Actor)]
+#[actor(key = u64, handles(Add, Get))]
+struct Unbuildable {
+    total: u64,
+}
+
+impl Handler<Add> for Unbuildable {
+    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
+        self.total += m.0;
+    }
+}
+
+impl Handler<Get> for Unbuildable {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.total
+    }
+}
+
+#[test]
+fn a_keyed_type_without_activate_or_factory_fails_the_send_not_silently() {
+    let sys = system(2);
+    let h = sys.handle();
+    // From outside, and from each shard (one of them the key's).
+    assert!(matches!(
+        sys.keyed::<Unbuildable>(1).tell(Add(1)),
+        Err(TellError::NoFactory(_))
+    ));
+    for shard in 0..2 {
+        let h = h.clone();
+        let (told, asked) = sys
+            .block_on(sys.runtime().spawn_on(ShardId::new(shard), async move {
+                let k = h.keyed::<Unbuildable>(1);
+                (
+                    matches!(k.tell(Add(1)), Err(TellError::NoFactory(_))),
+                    k.ask(Get).await,
+                )
+            }))
+            .unwrap();
+        assert!(told);
+        assert_eq!(asked, Err(AskError::NoFactory));
+    }
+    // Registered, it is built on demand.
+    sys.register_factory::<Unbuildable>(|_key| Unbuildable { total: 0 });
+    let k = sys.keyed::<Unbuildable>(1);
+    k.tell(Add(5)).unwrap();
+    assert_eq!(sys.block_on(async move { k.ask(Get).await }), Ok(5));
+    sys.shutdown();
+}

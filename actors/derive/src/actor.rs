@@ -129,7 +129,9 @@ fn parse_actor_args(input: &DeriveInput) -> syn::Result<ActorArgs> {
                 }
                 ("pinned", Item::Value(_, v)) => {
                     let n = int(v, "pinned")?;
-                    args.placement = Some(quote!(::mailring_actors::ActorPlacement::Pinned(#n)));
+                    args.placement = Some(quote!(::mailring_actors::ActorPlacement::Pinned(
+                        ::mailring_actors::ShardId::new(#n),
+                    )));
                 }
                 ("mailbox", Item::Value(_, v)) => args.mailbox = Some(int(v, "mailbox")?),
                 ("idle_timeout_ms", Item::Value(_, v)) => {
@@ -276,7 +278,7 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                     #( #tells(#types), )*
                     #( #asks(::mailring_actors::Asked<#types>), )*
                     /// Work resumed after `Ctx::wait_for`.
-                    __Continue(::mailring_actors::Continuation<#name>),
+                    __Continue(::mailring_actors::__private::Continuation<#name>),
                 }
 
                 impl #impl_g ::core::fmt::Debug for #env #where_g {
@@ -292,17 +294,32 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                                 let _ = <#name as ::mailring_actors::Handler<#types>>::handle(actor, m, cx).await;
                             } )*
                             #( #env_ident::#asks(asked) => {
-                                ::mailring_actors::handle_asked(actor, asked, cx).await
+                                ::mailring_actors::__private::handle_asked::<#name, #types>(actor, asked, cx).await
                             } )*
                             #env_ident::__Continue(c) => c.run(actor, cx),
                         }
                     }
 
-                    fn __ask_probe(&self) -> ::core::option::Option<::mailring_actors::AskProbe<'_>> {
+                    fn __ask_probe(&self) -> ::core::option::Option<::mailring_actors::__private::AskProbe<'_>> {
                         match self {
                             #( #env_ident::#asks(asked) => ::core::option::Option::Some(asked.__probe()), )*
                             _ => ::core::option::Option::None,
                         }
+                    }
+                }
+
+                // Never used: with a second `Accepts` impl, a message missing
+                // from a one-entry `handles(..)` gets the "does not accept"
+                // error instead of an inferred "expected `Ping`".
+                impl #impl_g ::mailring_actors::Accepts<::mailring_actors::__private::Unlisted> for #name #where_g {
+                    fn envelope(never: ::mailring_actors::__private::Unlisted) -> #env {
+                        match never {}
+                    }
+
+                    fn ask_envelope(
+                        asked: ::mailring_actors::Asked<::mailring_actors::__private::Unlisted>,
+                    ) -> #env {
+                        ::mailring_actors::__private::unlisted_ask(asked)
                     }
                 }
 
@@ -321,14 +338,14 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                 )*
             };
             let cont = quote! {
-                fn __continuation(c: ::mailring_actors::Continuation<Self>) -> #env {
+                fn __continuation(c: ::mailring_actors::__private::Continuation<Self>) -> #env {
                     #env_ident::__Continue(c)
                 }
             };
             (quote!(#env), items, cont)
         }
         None => (
-            quote!(::mailring_actors::DynEnvelope<Self>),
+            quote!(::mailring_actors::__private::DynEnvelope<Self>),
             {
                 let mut with_m = generics.clone();
                 with_m.params.push(syn::parse_quote!(M));
@@ -339,27 +356,27 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                 where
                     // Stated: with the `Handler` bound in scope, a generic
                     // type's envelope would not normalize otherwise.
-                    #name: ::mailring_actors::Actor<Envelope = ::mailring_actors::DynEnvelope<#name>>,
+                    #name: ::mailring_actors::Actor<Envelope = ::mailring_actors::__private::DynEnvelope<#name>>,
                     #name: ::mailring_actors::Handler<M>,
                     M: ::mailring_actors::Message + ::core::marker::Send,
                     M::Reply: ::core::marker::Send,
                     #preds
                 {
-                    fn envelope(msg: M) -> ::mailring_actors::DynEnvelope<Self> {
-                        ::mailring_actors::DynEnvelope::told(msg)
+                    fn envelope(msg: M) -> ::mailring_actors::__private::DynEnvelope<Self> {
+                        ::mailring_actors::__private::DynEnvelope::told(msg)
                     }
 
-                    fn ask_envelope(asked: ::mailring_actors::Asked<M>) -> ::mailring_actors::DynEnvelope<Self> {
-                        ::mailring_actors::DynEnvelope::asked(asked)
+                    fn ask_envelope(asked: ::mailring_actors::Asked<M>) -> ::mailring_actors::__private::DynEnvelope<Self> {
+                        ::mailring_actors::__private::DynEnvelope::asked(asked)
                     }
                 }
                 }
             },
             quote! {
                 fn __continuation(
-                    c: ::mailring_actors::Continuation<Self>,
-                ) -> ::mailring_actors::DynEnvelope<Self> {
-                    ::mailring_actors::DynEnvelope::continuation(c)
+                    c: ::mailring_actors::__private::Continuation<Self>,
+                ) -> ::mailring_actors::__private::DynEnvelope<Self> {
+                    ::mailring_actors::__private::DynEnvelope::continuation(c)
                 }
             },
         ),
@@ -369,28 +386,28 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
     // generic type finds its slot and cache by `TypeId` instead.
     let statics = if generic {
         quote! {
-            fn __slot() -> &'static ::mailring_actors::TypeSlot {
+            fn __slot() -> &'static ::mailring_actors::__private::TypeSlot {
                 ::mailring_actors::__private::generic_slot::<Self>()
             }
             #[inline(always)]
             fn __with_local_cache<R>(
-                f: impl ::core::ops::FnOnce(&::mailring_actors::LocalCache<Self>) -> R,
+                f: impl ::core::ops::FnOnce(&::mailring_actors::__private::LocalCache<Self>) -> R,
             ) -> ::core::option::Option<R> {
                 ::mailring_actors::__private::with_generic_cache::<Self, R>(f)
             }
         }
     } else {
         quote! {
-            fn __slot() -> &'static ::mailring_actors::TypeSlot {
-                static SLOT: ::mailring_actors::TypeSlot = ::mailring_actors::TypeSlot::new();
+            fn __slot() -> &'static ::mailring_actors::__private::TypeSlot {
+                static SLOT: ::mailring_actors::__private::TypeSlot = ::mailring_actors::__private::TypeSlot::new();
                 &SLOT
             }
             fn __with_local_cache<R>(
-                f: impl ::core::ops::FnOnce(&::mailring_actors::LocalCache<Self>) -> R,
+                f: impl ::core::ops::FnOnce(&::mailring_actors::__private::LocalCache<Self>) -> R,
             ) -> ::core::option::Option<R> {
                 ::std::thread_local! {
-                    static CACHE: ::mailring_actors::LocalCache<#name> =
-                        const { ::mailring_actors::LocalCache::new() };
+                    static CACHE: ::mailring_actors::__private::LocalCache<#name> =
+                        const { ::mailring_actors::__private::LocalCache::new() };
                 }
                 CACHE.try_with(f).ok()
             }
