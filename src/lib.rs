@@ -15,6 +15,20 @@
 //! still nothing? spin for the idle budget, then block in io_uring_enter
 //! ```
 //!
+//! # Entry point
+//!
+//! `#[mailring::main]` turns an `async fn main` into a `fn main` that starts
+//! a runtime, runs the body on shard 0 (it need not be `Send`) and shuts the
+//! runtime down:
+//!
+//! ```
+//! #[mailring::main(shards = 2)]
+//! async fn main() {
+//!     let h = mailring::spawn(async { 40 + 2 });
+//!     assert_eq!(h.await.unwrap(), 42);
+//! }
+//! ```
+//!
 //! # Examples
 //!
 //! ```
@@ -353,7 +367,7 @@ mod api {
     ///
     /// A layer that sends a long burst calls this once a part of it is
     /// ready, so the receiver starts on that part while the burst goes on
-    /// (the actor layer does, every 128 messages to one shard).
+    /// (the actor layer does, every 256 messages to one shard).
     #[inline]
     pub fn publish_now() {
         with_current(Shard::publish_pending);

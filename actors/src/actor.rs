@@ -311,9 +311,22 @@ pub trait Hooks: Sized + 'static {
 
 /// Handling of one message type.
 ///
-/// ```ignore
+/// ```
+/// use mailring_actors::{Actor, Ctx, Handler, Message};
+///
+/// #[derive(Actor, Default)]
+/// #[actor(handles(Append))]
+/// struct Partition { entries: Vec<Vec<u8>> }
+///
+/// #[derive(Message)]
+/// #[message(reply = u64)]
+/// struct Append(Vec<u8>);
+///
 /// impl Handler<Append> for Partition {
-///     async fn handle(&mut self, msg: Append, cx: &mut Ctx<Self>) -> u64 { ... }
+///     async fn handle(&mut self, msg: Append, _cx: &mut Ctx<Self>) -> u64 {
+///         self.entries.push(msg.0);
+///         self.entries.len() as u64 - 1
+///     }
 /// }
 /// ```
 #[diagnostic::on_unimplemented(

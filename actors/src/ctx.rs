@@ -241,15 +241,75 @@ impl<A: Actor> Ctx<A> {
     /// restarts first, `future` is dropped then (it is not polled again) and
     /// `then` never runs.
     ///
-    /// ```ignore
+    /// ```
+    /// use std::collections::HashMap;
+    /// use mailring_actors::{Actor, ActorSystem, Addr, Ctx, Handler, Message, Placement, Runtime};
+    ///
+    /// /// The slow source of values.
+    /// #[derive(Actor, Default)]
+    /// #[actor(handles(Load))]
+    /// struct Store;
+    ///
+    /// #[derive(Message)]
+    /// #[message(reply = String)]
+    /// struct Load(u32);
+    ///
+    /// impl Handler<Load> for Store {
+    ///     async fn handle(&mut self, m: Load, _cx: &mut Ctx<Self>) -> String {
+    ///         format!("value {}", m.0)
+    ///     }
+    /// }
+    ///
+    /// /// A cache that refreshes from the store without holding up its mailbox.
+    /// #[derive(Actor)]
+    /// #[actor(handles(Refresh, Read))]
+    /// struct Cache {
+    ///     source: Addr<Store>,
+    ///     entries: HashMap<u32, String>,
+    /// }
+    ///
+    /// #[derive(Message)]
+    /// struct Refresh(u32);
+    ///
+    /// #[derive(Message)]
+    /// #[message(reply = Option<String>)]
+    /// struct Read(u32);
+    ///
     /// impl Handler<Refresh> for Cache {
     ///     async fn handle(&mut self, m: Refresh, cx: &mut Ctx<Self>) {
-    ///         let source = self.source.clone();
-    ///         cx.wait_for(async move { source.ask(Load(m.key)).await }, |this, loaded, _cx| {
-    ///             if let Ok(v) = loaded { this.entries.insert(m.key, v); }
+    ///         let (source, key) = (self.source.clone(), m.0);
+    ///         cx.wait_for(async move { source.ask(Load(key)).await }, move |this, loaded, _cx| {
+    ///             if let Ok(v) = loaded {
+    ///                 this.entries.insert(key, v);
+    ///             }
     ///         });
     ///     }
     /// }
+    ///
+    /// impl Handler<Read> for Cache {
+    ///     async fn handle(&mut self, m: Read, _cx: &mut Ctx<Self>) -> Option<String> {
+    ///         self.entries.get(&m.0).cloned()
+    ///     }
+    /// }
+    ///
+    /// let system = ActorSystem::start(Runtime::builder().shards(2))?;
+    /// let source = system.spawn_actor(Placement::RoundRobin, Store::default);
+    /// let cache = system.spawn_actor(Placement::RoundRobin, move || Cache {
+    ///     source: source.clone(),
+    ///     entries: HashMap::new(),
+    /// });
+    /// cache.tell(Refresh(7)).unwrap();
+    /// let value = system.block_on(async move {
+    ///     loop {
+    ///         if let Some(v) = cache.ask(Read(7)).await.unwrap() {
+    ///             return v;
+    ///         }
+    ///         mailring::time::sleep(std::time::Duration::from_millis(1)).await;
+    ///     }
+    /// });
+    /// assert_eq!(value, "value 7");
+    /// # system.shutdown();
+    /// # Ok::<(), mailring::BuildError>(())
     /// ```
     pub fn wait_for<F, T>(
         &mut self,

@@ -84,7 +84,9 @@ pub enum AskError {
     /// [`SystemConfig::ask_timeout`](crate::SystemConfig::ask_timeout)).
     #[error("ask cycle: the target is waiting on the asker, this ask would deadlock")]
     WouldDeadlock,
-    /// The bounded mailbox is full (`try_ask` only).
+    /// The bounded mailbox is full. Not produced today: an ask takes a
+    /// place past the bound, as `tell` does (only `try_tell` and `send`
+    /// refuse or wait at the bound, with `TellError`).
     #[error("the actor's mailbox is full")]
     Full,
     /// The keyed actor could not be activated: no factory registered and no
@@ -132,7 +134,9 @@ impl fmt::Debug for AskError {
 pub enum StopReason {
     /// `cx.stop()` or a stop request.
     Stopped,
-    /// A keyed actor passivated (idle, LRU or stop); it re-activates on demand.
+    /// A keyed actor passivated (its idle timeout, or the `max_active`
+    /// limit), or was not active when watched; it re-activates on demand.
+    /// A keyed actor stopped by `stop()` or `cx.stop()` ends with `Stopped`.
     Passivated,
     /// A panic the supervision policy did not restart from.
     Panicked,

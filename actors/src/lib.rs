@@ -157,3 +157,27 @@ pub struct Terminated {
 impl Message for Terminated {
     type Reply = ();
 }
+
+/// The Rust samples of `README.md`, compiled (and run) by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeSamples;
+
+/// The Rust samples of the actors guide (`docs/actors.md`), compiled (and
+/// run) by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/actors.md")]
+pub struct ActorsGuideSamples;
+
+/// The samples of the runtime and I/O guides (`docs/runtime.md`,
+/// `docs/io.md`), compiled (and run) by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/runtime.md")]
+#[doc = include_str!("../../docs/io.md")]
+pub struct RuntimeGuideSamples;
+
+/// The samples of "Coming from kameo, actix or Tokio"
+/// (`docs/coming-from.md`), compiled and run by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/coming-from.md")]
+pub struct ComingFromSamples;

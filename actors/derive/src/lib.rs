@@ -57,13 +57,8 @@ pub fn derive_route_key(item: TokenStream) -> TokenStream {
 /// start, the error (cause and remedy) is printed and the process exits with
 /// status 1.
 ///
-/// ```ignore
-/// #[mailring::main(shards = 2)]
-/// async fn main() {
-///     let h = mailring::spawn(async { 40 + 2 });
-///     assert_eq!(h.await.unwrap(), 42);
-/// }
-/// ```
+/// The example is compiled and run with `mailring`'s crate documentation
+/// (section "Entry point"), where the attribute is in reach.
 #[proc_macro_attribute]
 pub fn main(args: TokenStream, item: TokenStream) -> TokenStream {
     let input = parse_macro_input!(item as ItemFn);
