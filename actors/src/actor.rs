@@ -367,6 +367,32 @@ pub trait Accepts<M: Message>: Actor {
     fn ask_envelope(asked: Asked<M>) -> Self::Envelope;
 }
 
+/// The one bound a generic helper over actor types needs to send `M` to
+/// them from any shard or thread: the actor takes `M` in its mailbox, its
+/// envelope crosses threads, and so do `M` and its reply. Implemented for
+/// every actor type that satisfies it; the bounds of `tell`, `try_tell`,
+/// `send`, `ask` and `recipient` follow from it.
+///
+/// ```
+/// use mailring_actors::{Addr, Message, SendsTo};
+///
+/// /// Tells every actor the same message, whatever their type.
+/// fn tell_all<A: SendsTo<M>, M: Message + Send + Clone>(addrs: &[Addr<A>], msg: M) -> usize
+/// where
+///     M::Reply: Send,
+/// {
+///     addrs.iter().filter(|a| a.tell(msg.clone()).is_ok()).count()
+/// }
+/// ```
+pub trait SendsTo<M: Message + Send>: Accepts<M> + Actor<Envelope: Send> {}
+
+impl<A, M> SendsTo<M> for A
+where
+    A: Accepts<M> + Actor<Envelope: Send>,
+    M: Message + Send,
+{
+}
+
 type ContinueFn<A> = dyn FnOnce(&mut A, &mut Ctx<A>) + Send;
 
 /// Work to finish on an actor once something it waited for is ready: queued

@@ -114,7 +114,7 @@ mod topic;
 #[cfg(not(loom))]
 pub use crate::actor::{
     Accepts, Actor, ActorConfig, ActorKey, ActorPlacement, Envelope, Handler, Hooks, Message,
-    Supervision, SupervisionPolicy,
+    SendsTo, Supervision, SupervisionPolicy,
 };
 #[cfg(not(loom))]
 pub use crate::addr::{ActorId, Addr, KeyedRef, LocalAddr};

@@ -123,3 +123,24 @@ fn a_recipient_of_a_stopped_actor_fails_its_asks() {
     assert_eq!(outcome, Err(AskError::Stopped));
     sys.shutdown();
 }
+
+/// A generic helper over actor types, bounded by `SendsTo` alone.
+async fn add_then_get<A>(addr: &mailring_actors::Addr<A>, n: u64) -> u64
+where
+    A: mailring_actors::SendsTo<Add> + mailring_actors::SendsTo<Get>,
+{
+    addr.tell(Add(n)).unwrap();
+    addr.send(Add(n)).await.unwrap();
+    let as_recipient: Recipient<Get> = addr.recipient();
+    as_recipient.ask(Get).await.unwrap()
+}
+
+#[test]
+fn a_generic_helper_bounded_by_sends_to_tells_sends_and_asks() {
+    let sys = system(2);
+    let c = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Counter::default);
+    let d = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Doubler::default);
+    let got = sys.block_on(async move { (add_then_get(&c, 1).await, add_then_get(&d, 1).await) });
+    assert_eq!(got, (2, 4));
+    sys.shutdown();
+}
