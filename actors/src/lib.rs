@@ -43,9 +43,41 @@
 //! the sender's per-destination batch, which the runtime publishes with one
 //! `IORING_OP_MSG_RING` doorbell at the end of the sender's tick. See the
 //! `local` and `runner` module docs for the details, and `docs/actors.md`.
+//!
+//! # Entry point
+//!
+//! `#[mailring_actors::main]` starts a runtime and an actor system on it
+//! (one set of shard threads), runs the body on shard 0, then shuts both
+//! down; `main` may take the system's [`SystemHandle`]:
+//!
+//! ```
+//! use mailring_actors::{Actor, Ctx, Handler, Message, Placement, SystemHandle};
+//!
+//! #[derive(Actor, Default)]
+//! #[actor(handles(Ping))]
+//! struct Pinger;
+//!
+//! #[derive(Message)]
+//! #[message(reply = &'static str)]
+//! struct Ping;
+//!
+//! impl Handler<Ping> for Pinger {
+//!     async fn handle(&mut self, _m: Ping, _cx: &mut Ctx<Self>) -> &'static str { "pong" }
+//! }
+//!
+//! #[mailring_actors::main(shards = 2)]
+//! async fn main(system: SystemHandle) {
+//!     let pinger = system.spawn_actor(Placement::RoundRobin, Pinger::default);
+//!     assert_eq!(pinger.ask(Ping).await, Ok("pong"));
+//! }
+//! ```
+//!
+//! On a runtime started elsewhere (`#[mailring::main]`, or shared with
+//! other layers), use [`ActorSystem::start_on`].
 // Unsafe code lives in `reply` (the ask cell), `erased` (the registry's
-// typed lookup) and `replica` (the biased count of a shard's system
-// reference) alone; everything else is safe Rust.
+// typed lookup), `replica` (the biased count of a shard's system
+// reference) and `finish` (a handler future's skipped drop) alone;
+// everything else is safe Rust.
 #![deny(unsafe_code)]
 // Under `cfg(loom)` the count's methods that only the gated-out modules
 // call are unused.
@@ -141,7 +173,7 @@ pub use mailring;
 #[cfg(not(loom))]
 pub use mailring::{Placement, Runtime, ShardId};
 #[cfg(not(loom))]
-pub use mailring_macros::{Actor, Message, RouteKey};
+pub use mailring_macros::{actors_main as main, Actor, Message, RouteKey};
 
 /// Sent to a watcher when the actor it watches stops (see [`Ctx::watch`]).
 #[cfg(not(loom))]

@@ -67,20 +67,55 @@ pub fn main(args: TokenStream, item: TokenStream) -> TokenStream {
         Ok(a) => a,
         Err(e) => return e.to_compile_error().into(),
     };
-    match expand_main(args, input) {
+    match expand_main(args, input, Flavor::Runtime) {
         Ok(ts) => ts.into(),
         Err(e) => e.to_compile_error().into(),
     }
 }
 
+/// `#[mailring_actors::main]` (re-exported by `mailring-actors` as `main`):
+/// as `#[mailring::main]`, and an actor system on the same runtime, the
+/// same set of threads. `main` may take one argument, the system's
+/// `mailring_actors::SystemHandle`; the system is shut down (actors
+/// stopped, then the runtime) when the body returns. Needs only the
+/// `mailring-actors` dependency.
+#[proc_macro_attribute]
+pub fn actors_main(args: TokenStream, item: TokenStream) -> TokenStream {
+    let input = parse_macro_input!(item as ItemFn);
+    let parser = Punctuated::<Meta, Token![,]>::parse_terminated;
+    let args = match parser.parse(args) {
+        Ok(a) => a,
+        Err(e) => return e.to_compile_error().into(),
+    };
+    match expand_main(args, input, Flavor::Actors) {
+        Ok(ts) => ts.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+/// Which entry point `expand_main` writes.
+#[derive(Clone, Copy, PartialEq)]
+enum Flavor {
+    /// `#[mailring::main]`: a runtime; `main`'s argument is its `Handle`.
+    Runtime,
+    /// `#[mailring_actors::main]`: a runtime and an actor system on it;
+    /// `main`'s argument is the system's `SystemHandle`.
+    Actors,
+}
+
 fn expand_main(
     args: Punctuated<Meta, Token![,]>,
     input: ItemFn,
+    flavor: Flavor,
 ) -> syn::Result<proc_macro2::TokenStream> {
+    let attr = match flavor {
+        Flavor::Runtime => "#[mailring::main]",
+        Flavor::Actors => "#[mailring_actors::main]",
+    };
     if input.sig.asyncness.is_none() {
         return Err(syn::Error::new_spanned(
             input.sig.fn_token,
-            "#[mailring::main] needs an `async fn`",
+            format!("{attr} needs an `async fn`"),
         ));
     }
     let mut settings = Vec::new();
@@ -131,12 +166,39 @@ fn expand_main(
             quote!(let #pat = __mailring_handle;)
         }
         _ => {
+            let what = match flavor {
+                Flavor::Runtime => "one `mailring::Handle`",
+                Flavor::Actors => "one `mailring_actors::SystemHandle`",
+            };
             return Err(syn::Error::new_spanned(
                 &input.sig.inputs,
-                "#[mailring::main] takes no argument or one `mailring::Handle`",
-            ))
+                format!("{attr} takes no argument or {what}"),
+            ));
         }
     };
+    if flavor == Flavor::Actors {
+        return Ok(quote! {
+            #(#attrs)*
+            #vis fn #name() #output {
+                let __mailring_builder =
+                    ::mailring_actors::mailring::Runtime::builder() #(#settings)*;
+                let __mailring_system = match ::mailring_actors::ActorSystem::start(__mailring_builder) {
+                    ::core::result::Result::Ok(system) => system,
+                    ::core::result::Result::Err(e) => {
+                        ::std::eprintln!("error: cannot start the mailring runtime: {}", e);
+                        ::std::process::exit(1);
+                    }
+                };
+                let __mailring_handle = __mailring_system.handle();
+                let __mailring_out = __mailring_system.block_on_local(move || async move {
+                    #bind_handle
+                    #body
+                });
+                __mailring_system.shutdown();
+                __mailring_out
+            }
+        });
+    }
     Ok(quote! {
         #(#attrs)*
         #vis fn #name() #output {
