@@ -252,3 +252,80 @@ fn a_message_drop_that_subscribes_during_a_delivery_does_not_deadlock() {
     assert_eq!(topic.subscriber_count(), 1);
     sys.shutdown();
 }
+
+#[derive(Message)]
+struct Boom;
+
+/// A listener that panics on `Boom` (and is restarted, the default policy).
+#[derive(Actor, Default)]
+#[actor(handles(Tick, Seen, Boom))]
+struct Fragile {
+    seen: Vec<u64>,
+}
+listener!(Fragile);
+
+impl Handler<Boom> for Fragile {
+    async fn handle(&mut self, _m: Boom, _cx: &mut Ctx<Self>) {
+        panic!("injected: Boom");
+    }
+}
+
+#[test]
+fn a_restarted_subscriber_stays_subscribed() {
+    let sys = system(2);
+    let topic: Topic<Tick> = sys.handle().topic();
+    let f = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Fragile::default);
+    topic.subscribe(f.clone());
+    f.tell(Boom).unwrap();
+    topic.publish(Tick(1));
+    let seen = sys.block_on(async move { f.ask(Seen).await.unwrap() });
+    assert_eq!(seen, [1], "the restarted instance got the publish");
+    assert_eq!(topic.subscriber_count(), 1);
+    sys.shutdown();
+}
+
+/// A keyed listener that never passivates on its own.
+#[derive(Actor)]
+#[actor(key = u32, activate = SteadyListener::new, handles(Tick, Seen))]
+struct SteadyListener {
+    seen: Vec<u64>,
+}
+listener!(SteadyListener);
+
+impl SteadyListener {
+    fn new(_key: &u32) -> Self {
+        SteadyListener { seen: Vec::new() }
+    }
+}
+
+#[test]
+fn a_stopped_keyed_subscriber_stays_subscribed_and_a_gracefully_stopped_unkeyed_one_leaves() {
+    let sys = system(2);
+    let topic: Topic<Tick> = sys.handle().topic();
+    let k = sys.keyed::<SteadyListener>(4);
+    let u = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Listener::default);
+    topic.subscribe(k.clone());
+    topic.subscribe(u.clone());
+    let (k2, u2) = (k.clone(), u.clone());
+    sys.block_on(async move {
+        k2.ask(Seen).await.unwrap(); // active
+        k2.stop();
+        u2.stop_gracefully();
+        k2.stopped().await;
+        u2.stopped().await;
+    });
+    topic.publish(Tick(7));
+    let seen = sys.block_on(async move { k.ask(Seen).await.unwrap() });
+    assert_eq!(seen, [7], "a fresh activation of the key got the publish");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while topic.subscriber_count() != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            topic.subscriber_count()
+        );
+        topic.publish(Tick(8));
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    sys.shutdown();
+}
