@@ -397,9 +397,11 @@ impl<A: Actor> Addr<A> {
     {
         // A keyed type with no way to be built (no `activate`, no factory
         // registered) fails here, where the sender learns it, not as a dead
-        // letter on the actor's shard. `HAS_ACTIVATE` is a constant: the
-        // check folds away for types that have one.
+        // letter on the actor's shard. Both first tests are constants: the
+        // check folds away for types with `activate` and for unkeyed types
+        // (whose key is `()`).
         if !A::HAS_ACTIVATE
+            && std::mem::size_of::<A::Key>() != 0
             && matches!(self.target, AddrTarget::Key { .. })
             && !self.system.arc().has_factory::<A>()
         {
