@@ -22,19 +22,6 @@ impl ErasedRc {
         }
     }
 
-    /// The value, if it is a `T`.
-    #[inline]
-    pub(crate) fn get_ref<T: 'static>(&self) -> Option<&T> {
-        if self.type_id != TypeId::of::<T>() {
-            return None;
-        }
-        let value: &dyn Any = &*self.value;
-        // SAFETY: as in `get_rc`: the value was made as a `T` (its `TypeId`
-        // is `T`'s), so the data pointer of the `dyn Any` points at a live
-        // `T`, borrowed for as long as `self` is.
-        Some(unsafe { &*(value as *const dyn Any).cast::<T>() })
-    }
-
     /// A new `Rc` of the value, if it is a `T`.
     #[inline]
     pub(crate) fn get_rc<T: 'static>(&self) -> Option<Rc<T>> {
@@ -47,6 +34,35 @@ impl ErasedRc {
         // was made from an `Rc<T>`, so its raw pointer (metadata dropped) is
         // the one `Rc::<T>::into_raw` would give, with this clone's count.
         Some(unsafe { Rc::from_raw(Rc::into_raw(value).cast::<T>()) })
+    }
+}
+
+/// A `&'static T` of some type `T`, with its type remembered: what a
+/// thread-local cell can hold without a destructor (it is `Copy`).
+#[derive(Clone, Copy)]
+pub(crate) struct ErasedStatic {
+    type_id: TypeId,
+    ptr: *const (),
+}
+
+impl ErasedStatic {
+    pub(crate) fn new<T: 'static>(value: &'static T) -> Self {
+        ErasedStatic {
+            type_id: TypeId::of::<T>(),
+            ptr: (value as *const T).cast(),
+        }
+    }
+
+    /// The value, if it is a `T`.
+    #[inline(always)]
+    pub(crate) fn get<T: 'static>(self) -> Option<&'static T> {
+        if self.type_id != TypeId::of::<T>() {
+            return None;
+        }
+        // SAFETY: `ptr` came from a `&'static T` (in `new`) of the type
+        // whose `TypeId` is `type_id`, which is `T`'s: it points at a live
+        // `T` for the rest of the program.
+        Some(unsafe { &*self.ptr.cast::<T>() })
     }
 }
 
@@ -64,8 +80,9 @@ mod tests {
         drop(erased);
         assert_eq!(Rc::strong_count(&rc), 1);
         assert!(ErasedRc::new(Rc::new(1u8)).get_rc::<u16>().is_none());
-        let erased = ErasedRc::new(Rc::new(7u32));
-        assert_eq!(erased.get_ref::<u32>(), Some(&7));
-        assert!(erased.get_ref::<i32>().is_none());
+        let leaked: &'static u16 = Box::leak(Box::new(9));
+        let erased = ErasedStatic::new(leaked);
+        assert_eq!(erased.get::<u16>(), Some(&9));
+        assert!(erased.get::<u8>().is_none());
     }
 }

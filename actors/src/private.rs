@@ -3,13 +3,12 @@
 //! change between releases.
 
 use std::any::TypeId;
-use std::cell::OnceCell;
+use std::cell::Cell;
 use std::collections::HashMap;
-use std::rc::Rc;
 use std::sync::{OnceLock, RwLock};
 
 use crate::actor::Actor;
-use crate::erased::ErasedRc;
+use crate::erased::ErasedStatic;
 
 pub use crate::actor::{
     handle_asked, handle_message, Continuation, DynEnvelope, LocalCache, TypeSlot,
@@ -36,26 +35,36 @@ pub fn generic_slot<A: Actor>() -> &'static TypeSlot {
 const GENERIC_CACHE_SLOTS: usize = 32;
 
 thread_local! {
-    /// This thread's caches of generic actor types, each an
-    /// `Rc<LocalCache<A>>` that remembers its type, filled in order and
-    /// never emptied: a lookup is a few loads and an inline compare of
-    /// `TypeId`s (no borrow flag, no `dyn Any` call).
-    static GENERIC_CACHES: [OnceCell<ErasedRc>; GENERIC_CACHE_SLOTS] =
-        const { [const { OnceCell::new() }; GENERIC_CACHE_SLOTS] };
+    /// This thread's caches of generic actor types, filled in order and
+    /// never emptied: each a `LocalCache<A>` leaked for the thread's life
+    /// (a few words per type and thread; its contents are cleared when the
+    /// system shuts down), held as a `Copy` pointer with its type, so the
+    /// cells need no destructor and a lookup is a few loads and an inline
+    /// compare of `TypeId`s.
+    static GENERIC_CACHES: [Cell<Option<ErasedStatic>>; GENERIC_CACHE_SLOTS] =
+        const { [const { Cell::new(None) }; GENERIC_CACHE_SLOTS] };
 }
 
 /// Runs `f` with this thread's cache of the generic actor type `A` (what a
-/// `thread_local!` gives a non-generic type); `None` while the thread's
-/// locals are being destroyed, or past [`GENERIC_CACHE_SLOTS`] types (the
-/// caller then takes its uncached path).
+/// `thread_local!` gives a non-generic type); `None` past
+/// [`GENERIC_CACHE_SLOTS`] types (the caller then takes its uncached path).
 #[inline(always)]
 pub fn with_generic_cache<A: Actor, R>(f: impl FnOnce(&LocalCache<A>) -> R) -> Option<R> {
     GENERIC_CACHES
         .try_with(|slots| {
             for slot in slots {
-                let entry = slot.get_or_init(|| ErasedRc::new(Rc::new(LocalCache::<A>::new())));
-                if let Some(cache) = entry.get_ref::<LocalCache<A>>() {
-                    return Some(f(cache));
+                match slot.get() {
+                    Some(entry) => {
+                        if let Some(cache) = entry.get::<LocalCache<A>>() {
+                            return Some(f(cache));
+                        }
+                    }
+                    None => {
+                        let cache: &'static LocalCache<A> =
+                            Box::leak(Box::new(LocalCache::<A>::new()));
+                        slot.set(Some(ErasedStatic::new(cache)));
+                        return Some(f(cache));
+                    }
                 }
             }
             None
