@@ -291,10 +291,13 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
                     async fn handle(self, actor: &mut #name, cx: &mut ::mailring_actors::Ctx<#name>) {
                         match self {
                             #( #env_ident::#tells(m) => {
-                                let _ = <#name as ::mailring_actors::Handler<#types>>::handle(actor, m, cx).await;
+                                // Called through the trait path (no `#name` token):
+                                // a missing `Handler` impl is then one error, at the
+                                // derive, shared with the ask arm's.
+                                let _ = ::mailring_actors::Handler::<#types>::handle(actor, m, cx).await;
                             } )*
                             #( #env_ident::#asks(asked) => {
-                                ::mailring_actors::__private::handle_asked::<#name, #types>(actor, asked, cx).await
+                                ::mailring_actors::__private::handle_asked::<_, #types>(actor, asked, cx).await
                             } )*
                             #env_ident::__Continue(c) => c.run(actor, cx),
                         }
