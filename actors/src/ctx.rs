@@ -359,7 +359,7 @@ impl<A: Actor> Ctx<A> {
     /// }
     ///
     /// #[derive(Actor, Default)]
-    /// #[actor(handles(StreamMessage<u32>, Total), hooks)]
+    /// #[actor(handles(StreamMessage<u32>, Total))]
     /// struct Adder {
     ///     sum: u32,
     ///     ended: bool,

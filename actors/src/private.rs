@@ -91,3 +91,73 @@ pub fn unlisted_ask<E>(asked: crate::reply::Asked<Unlisted>) -> E {
     let (never, _reply) = asked.open();
     match never {}
 }
+
+/// Which lifecycle hook to run (see `Actor::__lifecycle`).
+#[derive(Debug, Clone, Copy)]
+pub enum Lifecycle {
+    /// `Hooks::on_start`.
+    Start,
+    /// `Hooks::on_passivate`.
+    Passivate,
+    /// `Hooks::on_stop`.
+    Stop,
+}
+
+/// A hook's future: boxed (hooks run once per activation, and a type
+/// without hooks boxes an empty future, which allocates nothing).
+pub type HookFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>;
+
+/// The probe the derive calls hooks through: `(&&HooksOf::<A>::new()).run(..)`
+/// resolves to [`ViaHooks`] when `A: Hooks` and to [`ViaDefault`] otherwise
+/// (method resolution tries `&HooksOf<A>` before `HooksOf<A>`).
+#[derive(Debug)]
+pub struct HooksOf<A>(std::marker::PhantomData<fn() -> A>);
+
+impl<A> HooksOf<A> {
+    /// The probe.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        HooksOf(std::marker::PhantomData)
+    }
+}
+
+/// Runs the type's own hooks.
+pub trait ViaHooks<A: Actor> {
+    /// Runs `hook` on `actor`.
+    fn run<'a>(
+        &self,
+        actor: &'a mut A,
+        cx: &'a mut crate::Ctx<A>,
+        hook: Lifecycle,
+    ) -> HookFuture<'a>;
+}
+
+impl<A: Actor + crate::Hooks> ViaHooks<A> for &HooksOf<A> {
+    fn run<'a>(
+        &self,
+        actor: &'a mut A,
+        cx: &'a mut crate::Ctx<A>,
+        hook: Lifecycle,
+    ) -> HookFuture<'a> {
+        match hook {
+            Lifecycle::Start => Box::pin(crate::Hooks::on_start(actor, cx)),
+            Lifecycle::Passivate => Box::pin(crate::Hooks::on_passivate(actor, cx)),
+            Lifecycle::Stop => Box::pin(crate::Hooks::on_stop(actor, cx)),
+        }
+    }
+}
+
+/// Runs nothing: a type without hooks.
+pub trait ViaDefault<A: Actor> {
+    /// Runs nothing.
+    fn run<'a>(
+        &self,
+        _actor: &'a mut A,
+        _cx: &'a mut crate::Ctx<A>,
+        _hook: Lifecycle,
+    ) -> HookFuture<'a> {
+        Box::pin(async {})
+    }
+}
+
+impl<A: Actor> ViaDefault<A> for HooksOf<A> {}

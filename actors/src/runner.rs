@@ -25,6 +25,8 @@
 //! between handlers that this catches where chains do not.
 
 use std::cell::Cell;
+
+use crate::__private::Lifecycle;
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -243,9 +245,13 @@ async fn run<A: Actor>(
         };
         let started = if needs_start {
             needs_start = false;
-            guarded(&frame, CallbackKind::LifecycleHook, a.on_start(&mut cx))
-                .await
-                .is_ok()
+            guarded(
+                &frame,
+                CallbackKind::LifecycleHook,
+                a.__lifecycle(&mut cx, Lifecycle::Start),
+            )
+            .await
+            .is_ok()
         } else {
             true
         };
@@ -301,8 +307,12 @@ async fn run<A: Actor>(
             Outcome::Stop(reason) => {
                 if keyed && matches!(reason, StopReason::Passivated | StopReason::Stopped) {
                     let timer_before = cx.timer_sends();
-                    let _ =
-                        guarded(&frame, CallbackKind::LifecycleHook, a.on_passivate(&mut cx)).await;
+                    let _ = guarded(
+                        &frame,
+                        CallbackKind::LifecycleHook,
+                        a.__lifecycle(&mut cx, Lifecycle::Passivate),
+                    )
+                    .await;
                     if reason == StopReason::Passivated && cell.stop_request.get().is_none() {
                         let queued = cell.len();
                         // Everything the timers delivered meanwhile is still queued.
@@ -333,7 +343,12 @@ async fn run<A: Actor>(
     cx.end_tasks();
     if reason != StopReason::Panicked {
         if let Some(a) = actor.as_mut() {
-            let _ = guarded(&frame, CallbackKind::LifecycleHook, a.on_stop(&mut cx)).await;
+            let _ = guarded(
+                &frame,
+                CallbackKind::LifecycleHook,
+                a.__lifecycle(&mut cx, Lifecycle::Stop),
+            )
+            .await;
         }
     }
     if reason == StopReason::Stopped && !keyed {

@@ -299,3 +299,57 @@ fn waiting_for_a_shutdown_request_ends_at_the_request_or_the_limit() {
     assert!(sys.wait_for_shutdown_request(Some(Duration::ZERO)));
     sys.shutdown();
 }
+
+// ---------------------------------------------------------------- hooks without an attribute
+
+use std::sync::Mutex;
+
+/// Records its lifecycle; implements `Hooks` with no `#[actor(hooks)]`.
+#[derive(Actor)]
+#[actor(handles(Count))]
+struct Recorder<T: Send> {
+    log: Arc<Mutex<Vec<&'static str>>>,
+    _tag: std::marker::PhantomData<T>,
+}
+
+impl<T: Send + 'static> Handler<Count> for Recorder<T> {
+    async fn handle(&mut self, _m: Count, _cx: &mut Ctx<Self>) -> u32 {
+        self.log.lock().unwrap().push("message");
+        1
+    }
+}
+
+impl<T: Send + 'static> mailring_actors::Hooks for Recorder<T> {
+    async fn on_start(&mut self, _cx: &mut Ctx<Self>) {
+        self.log.lock().unwrap().push("start");
+    }
+
+    async fn on_stop(&mut self, _cx: &mut Ctx<Self>) {
+        self.log.lock().unwrap().push("stop");
+    }
+}
+
+#[test]
+fn hooks_run_from_an_impl_alone_and_a_type_without_one_runs_none() {
+    let sys = system();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let l = log.clone();
+    let r = sys.spawn_actor(Placement::Pinned(S1), move || Recorder::<u8> {
+        log: l.clone(),
+        _tag: std::marker::PhantomData,
+    });
+    // `Worker` has no `Hooks` impl: it starts and stops all the same.
+    let w = sys.spawn_actor(Placement::Pinned(S1), Worker::default);
+    let (a, b) = sys.block_on(async move {
+        let a = r.ask(Count).await;
+        let b = w.ask(Count).await;
+        r.stop();
+        w.stop();
+        r.stopped().await;
+        w.stopped().await;
+        (a, b)
+    });
+    assert_eq!((a, b), (Ok(1), Ok(1)));
+    assert_eq!(*log.lock().unwrap(), ["start", "message", "stop"]);
+    sys.shutdown();
+}

@@ -255,10 +255,20 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
         }
         None => quote!(),
     };
-    let hooks = if args.hooks {
-        quote!()
-    } else {
-        quote!(impl #impl_g ::mailring_actors::Hooks for #name #where_g {})
+    // Hooks are picked at compile time: the type's `Hooks` impl if it has
+    // one, nothing otherwise (`hooks` is accepted and changes nothing), so
+    // writing `impl Hooks` never conflicts with the derive.
+    let _ = args.hooks;
+    let hooks = quote! {
+        fn __lifecycle<'__a>(
+            &'__a mut self,
+            cx: &'__a mut ::mailring_actors::Ctx<Self>,
+            hook: ::mailring_actors::__private::Lifecycle,
+        ) -> ::mailring_actors::__private::HookFuture<'__a> {
+            #[allow(unused_imports)]
+            use ::mailring_actors::__private::{ViaDefault as _, ViaHooks as _};
+            (&&::mailring_actors::__private::HooksOf::<Self>::new()).run(self, cx, hook)
+        }
     };
     let (envelope_ty, envelope_items, continuation) = match &args.handles {
         Some(types) => {
@@ -435,9 +445,8 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
             #activate
             #place
             #continuation
+            #hooks
         }
-
-        #hooks
 
         #envelope_items
     })
