@@ -5,6 +5,7 @@
 use std::any::TypeId;
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::future::{Future, Ready};
 use std::sync::{OnceLock, RwLock};
 
 use crate::actor::Actor;
@@ -92,72 +93,104 @@ pub fn unlisted_ask<E>(asked: crate::reply::Asked<Unlisted>) -> E {
     match never {}
 }
 
-/// Which lifecycle hook to run (see `Actor::__lifecycle`).
-#[derive(Debug, Clone, Copy)]
-pub enum Lifecycle {
-    /// `Hooks::on_start`.
-    Start,
-    /// `Hooks::on_passivate`.
-    Passivate,
-    /// `Hooks::on_stop`.
-    Stop,
-}
-
-/// A hook's future: boxed (hooks run once per activation, and a type
-/// without hooks boxes an empty future, which allocates nothing).
-pub type HookFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>;
-
-/// The probe the derive calls hooks through: `(&&HooksOf::<A>::new()).run(..)`
-/// resolves to [`ViaHooks`] when `A: Hooks` and to [`ViaDefault`] otherwise
-/// (method resolution tries `&HooksOf<A>` before `HooksOf<A>`).
+/// The probe the derive calls hooks through:
+/// `HooksOf::<A>::new().on_start(..)` resolves to [`ViaHooks`] (on the
+/// probe itself, by value) when `A: Hooks`, and otherwise, through the
+/// probe's `Deref`, to [`ViaDefault`] on [`NoHooks`]; each returns its own
+/// unboxed future, which borrows nothing of the probe.
 #[derive(Debug)]
-pub struct HooksOf<A>(std::marker::PhantomData<fn() -> A>);
+pub struct HooksOf<A>(NoHooks<A>);
+
+/// What [`HooksOf`] derefs to: the hooks of a type without any.
+#[derive(Debug)]
+pub struct NoHooks<A>(std::marker::PhantomData<fn() -> A>);
 
 impl<A> HooksOf<A> {
     /// The probe.
     #[allow(clippy::new_without_default)]
     pub fn new() -> Self {
-        HooksOf(std::marker::PhantomData)
+        HooksOf(NoHooks(std::marker::PhantomData))
+    }
+}
+
+impl<A> std::ops::Deref for HooksOf<A> {
+    type Target = NoHooks<A>;
+
+    fn deref(&self) -> &NoHooks<A> {
+        &self.0
     }
 }
 
 /// Runs the type's own hooks.
 pub trait ViaHooks<A: Actor> {
-    /// Runs `hook` on `actor`.
-    fn run<'a>(
-        &self,
+    /// `Hooks::on_start`.
+    fn on_start<'a>(
+        self,
         actor: &'a mut A,
         cx: &'a mut crate::Ctx<A>,
-        hook: Lifecycle,
-    ) -> HookFuture<'a>;
+    ) -> impl Future<Output = ()> + 'a;
+    /// `Hooks::on_passivate`.
+    fn on_passivate<'a>(
+        self,
+        actor: &'a mut A,
+        cx: &'a mut crate::Ctx<A>,
+    ) -> impl Future<Output = ()> + 'a;
+    /// `Hooks::on_stop`.
+    fn on_stop<'a>(
+        self,
+        actor: &'a mut A,
+        cx: &'a mut crate::Ctx<A>,
+    ) -> impl Future<Output = ()> + 'a;
 }
 
-impl<A: Actor + crate::Hooks> ViaHooks<A> for &HooksOf<A> {
-    fn run<'a>(
-        &self,
+impl<A: Actor + crate::Hooks> ViaHooks<A> for HooksOf<A> {
+    #[inline(always)]
+    fn on_start<'a>(
+        self,
         actor: &'a mut A,
         cx: &'a mut crate::Ctx<A>,
-        hook: Lifecycle,
-    ) -> HookFuture<'a> {
-        match hook {
-            Lifecycle::Start => Box::pin(crate::Hooks::on_start(actor, cx)),
-            Lifecycle::Passivate => Box::pin(crate::Hooks::on_passivate(actor, cx)),
-            Lifecycle::Stop => Box::pin(crate::Hooks::on_stop(actor, cx)),
-        }
+    ) -> impl Future<Output = ()> + 'a {
+        crate::Hooks::on_start(actor, cx)
+    }
+
+    #[inline(always)]
+    fn on_passivate<'a>(
+        self,
+        actor: &'a mut A,
+        cx: &'a mut crate::Ctx<A>,
+    ) -> impl Future<Output = ()> + 'a {
+        crate::Hooks::on_passivate(actor, cx)
+    }
+
+    #[inline(always)]
+    fn on_stop<'a>(
+        self,
+        actor: &'a mut A,
+        cx: &'a mut crate::Ctx<A>,
+    ) -> impl Future<Output = ()> + 'a {
+        crate::Hooks::on_stop(actor, cx)
     }
 }
 
 /// Runs nothing: a type without hooks.
 pub trait ViaDefault<A: Actor> {
-    /// Runs nothing.
-    fn run<'a>(
-        &self,
-        _actor: &'a mut A,
-        _cx: &'a mut crate::Ctx<A>,
-        _hook: Lifecycle,
-    ) -> HookFuture<'a> {
-        Box::pin(async {})
+    /// Nothing.
+    #[inline(always)]
+    fn on_start(&self, _actor: &mut A, _cx: &mut crate::Ctx<A>) -> Ready<()> {
+        std::future::ready(())
+    }
+
+    /// Nothing.
+    #[inline(always)]
+    fn on_passivate(&self, _actor: &mut A, _cx: &mut crate::Ctx<A>) -> Ready<()> {
+        std::future::ready(())
+    }
+
+    /// Nothing.
+    #[inline(always)]
+    fn on_stop(&self, _actor: &mut A, _cx: &mut crate::Ctx<A>) -> Ready<()> {
+        std::future::ready(())
     }
 }
 
-impl<A: Actor> ViaDefault<A> for HooksOf<A> {}
+impl<A: Actor> ViaDefault<A> for NoHooks<A> {}

@@ -25,8 +25,6 @@
 //! between handlers that this catches where chains do not.
 
 use std::cell::Cell;
-
-use crate::__private::Lifecycle;
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -245,13 +243,9 @@ async fn run<A: Actor>(
         };
         let started = if needs_start {
             needs_start = false;
-            guarded(
-                &frame,
-                CallbackKind::LifecycleHook,
-                a.__lifecycle(&mut cx, Lifecycle::Start),
-            )
-            .await
-            .is_ok()
+            guarded(&frame, CallbackKind::LifecycleHook, a.__on_start(&mut cx))
+                .await
+                .is_ok()
         } else {
             true
         };
@@ -310,7 +304,7 @@ async fn run<A: Actor>(
                     let _ = guarded(
                         &frame,
                         CallbackKind::LifecycleHook,
-                        a.__lifecycle(&mut cx, Lifecycle::Passivate),
+                        a.__on_passivate(&mut cx),
                     )
                     .await;
                     if reason == StopReason::Passivated && cell.stop_request.get().is_none() {
@@ -343,12 +337,7 @@ async fn run<A: Actor>(
     cx.end_tasks();
     if reason != StopReason::Panicked {
         if let Some(a) = actor.as_mut() {
-            let _ = guarded(
-                &frame,
-                CallbackKind::LifecycleHook,
-                a.__lifecycle(&mut cx, Lifecycle::Stop),
-            )
-            .await;
+            let _ = guarded(&frame, CallbackKind::LifecycleHook, a.__on_stop(&mut cx)).await;
         }
     }
     if reason == StopReason::Stopped && !keyed {

@@ -260,14 +260,29 @@ pub(crate) fn expand_actor(input: DeriveInput) -> syn::Result<TokenStream> {
     // writing `impl Hooks` never conflicts with the derive.
     let _ = args.hooks;
     let hooks = quote! {
-        fn __lifecycle<'__a>(
+        fn __on_start<'__a>(
             &'__a mut self,
             cx: &'__a mut ::mailring_actors::Ctx<Self>,
-            hook: ::mailring_actors::__private::Lifecycle,
-        ) -> ::mailring_actors::__private::HookFuture<'__a> {
+        ) -> impl ::core::future::Future<Output = ()> + '__a {
             #[allow(unused_imports)]
             use ::mailring_actors::__private::{ViaDefault as _, ViaHooks as _};
-            (&&::mailring_actors::__private::HooksOf::<Self>::new()).run(self, cx, hook)
+            ::mailring_actors::__private::HooksOf::<Self>::new().on_start(self, cx)
+        }
+        fn __on_passivate<'__a>(
+            &'__a mut self,
+            cx: &'__a mut ::mailring_actors::Ctx<Self>,
+        ) -> impl ::core::future::Future<Output = ()> + '__a {
+            #[allow(unused_imports)]
+            use ::mailring_actors::__private::{ViaDefault as _, ViaHooks as _};
+            ::mailring_actors::__private::HooksOf::<Self>::new().on_passivate(self, cx)
+        }
+        fn __on_stop<'__a>(
+            &'__a mut self,
+            cx: &'__a mut ::mailring_actors::Ctx<Self>,
+        ) -> impl ::core::future::Future<Output = ()> + '__a {
+            #[allow(unused_imports)]
+            use ::mailring_actors::__private::{ViaDefault as _, ViaHooks as _};
+            ::mailring_actors::__private::HooksOf::<Self>::new().on_stop(self, cx)
         }
     };
     let (envelope_ty, envelope_items, continuation) = match &args.handles {
