@@ -1070,11 +1070,13 @@ fn assert_not_on_shard(shared: &Arc<Shared>, what: &str) {
     match with_current(|s| s.belongs_to(shared)) {
         None => {}
         Some(true) => panic!(
-            "Runtime::{what} called from one of the runtime's own shards: it would block \
+            "{what} (of a Runtime, Handle or ActorSystem) called from one of the runtime's own \
+             shards: it would block \
              that shard; spawn the future instead (mailring::spawn) and await its JoinHandle"
         ),
         Some(false) => panic!(
-            "Runtime::{what} called from a shard of another mailring runtime: blocking that \
+            "{what} (of a Runtime, Handle or ActorSystem) called from a shard of another \
+             mailring runtime: blocking that \
              shard stalls its tasks and deadlocks if the future waits on one of them; spawn \
              the future on this runtime (Handle::spawn) and await its JoinHandle, or call \
              {what} from a thread that is not a shard (e.g. spawn_blocking)"
