@@ -303,8 +303,8 @@ where
                 stopped.push(last.id());
             }
         }
-        *cache.borrow_mut() = local;
         if !stopped.is_empty() {
+            let stopped: HashSet<ActorId> = stopped.into_iter().collect();
             let mut list = subs.list.lock().unwrap_or_else(|p| p.into_inner());
             for id in &stopped {
                 if list.ids.remove(id) {
@@ -312,8 +312,17 @@ where
                 }
             }
             list.live.retain(|r| !stopped.contains(&r.id()));
-            subs.generation.fetch_add(1, Ordering::Release);
+            let before = subs.generation.fetch_add(1, Ordering::Release);
+            // Nothing else changed since the cache was built: drop the same
+            // senders from it rather than rebuilding it whole at the next
+            // publish (subscribers stopping one by one would rebuild it
+            // once per stop).
+            if before == local.generation {
+                local.senders.retain(|s| !stopped.contains(&s.id()));
+                local.generation = before + 1;
+            }
         }
+        *cache.borrow_mut() = local;
     }
 }
 
