@@ -348,8 +348,12 @@ pub trait Hooks: Sized + 'static {
     note = "write `impl Handler<{M}> for {Self} {{ async fn handle(&mut self, msg: {M}, cx: &mut Ctx<Self>) -> ... }}`"
 )]
 pub trait Handler<M: Message>: Actor {
-    /// Handles `msg`; the returned value answers an `ask`.
-    fn handle(&mut self, msg: M, cx: &mut Ctx<Self>) -> impl Future<Output = M::Reply>;
+    /// Handles `msg`; the returned value answers an `ask`. Its type is the
+    /// message's reply type: `#[message(reply = ..)]` on the message, `()`
+    /// without the attribute.
+    #[rustfmt::skip]
+    fn handle(&mut self, msg: M, cx: &mut Ctx<Self>)
+        -> impl Future<Output = M::Reply /* the type in `#[message(reply = ...)]` on M; () without it */>;
 }
 
 /// What an actor's mailbox holds: a message with its reply slot.
