@@ -1,8 +1,30 @@
-//! mailring-transports: TCP, Unix, UDP and QUIC transports whose connections
-//! attach to the shard that owns their session.
+//! mailring-transports: connections owned by the shard of their session's
+//! key.
 //!
-//! The transports are being built (see the project's issues); today this crate
-//! re-exports the actor layer.
+//! A [`Session`] is one connection's protocol logic. A [`Server`] accepts
+//! TCP connections (one `SO_REUSEPORT` listener per shard, or a single
+//! acceptor), frames them with a [`codec::Codec`], and runs each session on
+//! a shard: where it was accepted until [`Session::route`] names a key,
+//! then on the key's shard (the shard of the keyed actor type it follows,
+//! [`ServerBuilder::follow`]), moved there with its unread bytes once no
+//! reply is outstanding. From then on every receive and send of the
+//! connection runs on that shard's ring.
+//!
+//! Replies leave in request order; a reply that waits on an actor is
+//! deferred ([`SessionCtx::reply_later`]) so that pipelined requests are
+//! handled at once, up to a window. Limits and timeouts
+//! ([`ServerConfig`]) close only the connection they concern, with a
+//! counted [`CloseReason`].
 #![forbid(unsafe_code)]
 
+pub mod codec;
+mod server;
+mod session;
+mod stats;
+
+pub use crate::server::{ListenMode, Server, ServerBuilder, ServerConfig, ServerShutdownReport};
+pub use crate::session::{CloseKind, CloseReason, FrameIn, FrameOut, Route, Session, SessionCtx};
+pub use crate::stats::{ServerStats, SessionShardStats};
+
+pub use bytes;
 pub use mailring_actors;

@@ -1,0 +1,877 @@
+//! Servers: listeners (one `SO_REUSEPORT` listener per shard, or a single
+//! acceptor), the per-connection driver (read, decode, handle, ordered
+//! replies, write), the move of a connection to its key's shard, limits,
+//! timeouts and shutdown.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use mailring_actors::mailring::net::{TcpListener, TcpStream};
+use mailring_actors::mailring::time::{sleep_until, Sleep};
+use mailring_actors::mailring::{self, Handle, ShardId};
+use mailring_actors::{Actor, SystemHandle};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::codec::{Codec, CodecError};
+use crate::session::{CloseReason, FrameIn, Route, Session, SessionCtx};
+use crate::stats::{ServerStats, ShardCounters};
+
+/// How a server listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ListenMode {
+    /// One listener per shard on the same address (`SO_REUSEPORT`): the
+    /// kernel spreads connections over the shards.
+    #[default]
+    ReusePort,
+    /// One listener on one shard, which accepts every connection.
+    SingleAcceptor(ShardId),
+}
+
+/// A server's limits and timeouts.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ServerConfig {
+    /// How the server listens.
+    pub listen: ListenMode,
+    /// Deferred replies ([`SessionCtx::reply_later`]) a session may have
+    /// outstanding; reading pauses at this many. Default 32.
+    pub pipeline_window: usize,
+    /// Bytes asked of each receive. Default 16 KiB.
+    pub read_chunk: usize,
+    /// Queued outbound bytes past which [`Session::on_backpressure`] runs.
+    /// Default 1 MiB.
+    pub outbound_high_water: usize,
+    /// Queued outbound bytes past which the connection closes with
+    /// [`CloseReason::SlowReader`]. Default 8 MiB.
+    pub outbound_limit: usize,
+    /// Close a connection when nothing arrives for this long (and no reply
+    /// is outstanding). Default none.
+    pub idle_timeout: Option<Duration>,
+    /// Close a connection whose session names no key within this time.
+    /// Default none.
+    pub handshake_timeout: Option<Duration>,
+    /// Close a connection that starts a frame and does not finish it within
+    /// this time. Default 30 s.
+    pub frame_timeout: Option<Duration>,
+    /// Connections served at once by each listener; at the limit the
+    /// listener stops accepting (counted in [`ServerStats`]) until one
+    /// closes. Default 10,000.
+    pub max_connections: usize,
+    /// How long [`Server::shutdown`] lets sessions finish what they have
+    /// started before closing them. Default 5 s.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: ListenMode::ReusePort,
+            pipeline_window: 32,
+            read_chunk: 16 << 10,
+            outbound_high_water: 1 << 20,
+            outbound_limit: 8 << 20,
+            idle_timeout: None,
+            handshake_timeout: None,
+            frame_timeout: Some(Duration::from_secs(30)),
+            max_connections: 10_000,
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+type Placer<K> = Arc<dyn Fn(&K, usize) -> ShardId + Send + Sync>;
+type Factory<S> = Arc<dyn Fn(Option<SocketAddr>) -> S + Send + Sync>;
+
+/// What every shard's part of a server shares.
+struct Shared<S: Session> {
+    id: u64,
+    handle: Handle,
+    config: ServerConfig,
+    codec: S::Codec,
+    factory: Factory<S>,
+    placer: Placer<S::Key>,
+    counters: Box<[ShardCounters]>,
+    next_conn: AtomicU64,
+    /// Connections served now, per listener index.
+    per_listener: Box<[AtomicUsize]>,
+    live: AtomicUsize,
+    closing: AtomicBool,
+    /// Past the grace period: close whatever is still open.
+    forced: AtomicBool,
+}
+
+impl<S: Session> Shared<S> {
+    fn counters(&self, shard: ShardId) -> &ShardCounters {
+        &self.counters[shard.index()]
+    }
+}
+
+/// Builds a [`Server`].
+pub struct ServerBuilder<S: Session> {
+    config: ServerConfig,
+    codec: S::Codec,
+    factory: Factory<S>,
+    placer: Option<Placer<S::Key>>,
+}
+
+impl<S: Session> std::fmt::Debug for ServerBuilder<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerBuilder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Session> ServerBuilder<S> {
+    /// Sets the limits and timeouts.
+    pub fn config(mut self, config: ServerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Places keys with `place(key, shards)` instead of the default
+    /// `mailring::sticky_shard` (the placement of `Sticky` keyed actors).
+    pub fn placement(
+        mut self,
+        place: impl Fn(&S::Key, usize) -> ShardId + Send + Sync + 'static,
+    ) -> Self {
+        self.placer = Some(Arc::new(place));
+        self
+    }
+
+    /// Places keys where the keyed actor type `A` of `system` lives, so a
+    /// session and the actor of its key share a shard whatever `A`'s
+    /// placement (sticky, pinned, a custom function, stealable).
+    pub fn follow<A>(self, system: SystemHandle) -> Self
+    where
+        A: Actor<Key = S::Key>,
+    {
+        self.placement(move |key, _| system.shard_of::<A>(key))
+    }
+
+    /// Binds `addr` on the runtime of `handle` and starts accepting.
+    ///
+    /// # Errors
+    ///
+    /// The OS error of a bind, or an error for a shard the runtime lacks.
+    pub fn bind(self, handle: &Handle, addr: SocketAddr) -> io::Result<Server> {
+        static SERVER_IDS: AtomicU64 = AtomicU64::new(1);
+        let shards = handle.shards();
+        let listeners: Vec<ShardId> = match self.config.listen {
+            ListenMode::ReusePort => (0..shards).map(ShardId::new).collect(),
+            ListenMode::SingleAcceptor(s) if s.index() < shards => vec![s],
+            ListenMode::SingleAcceptor(s) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "SingleAcceptor({}) on a runtime of {shards} shards",
+                        s.index()
+                    ),
+                ))
+            }
+        };
+        let reuse_port = matches!(self.config.listen, ListenMode::ReusePort);
+        // Bind every socket here, so an error comes back to the caller and
+        // port 0 is resolved once for the whole group.
+        let mut sockets = Vec::with_capacity(listeners.len());
+        let mut bound = addr;
+        for _ in &listeners {
+            let socket = listen_socket(bound, reuse_port)?;
+            bound = socket
+                .local_addr()?
+                .as_socket()
+                .ok_or_else(|| io::Error::other("listener is not an IP socket"))?;
+            sockets.push(std::net::TcpListener::from(socket));
+        }
+        let shared = Arc::new(Shared::<S> {
+            id: SERVER_IDS.fetch_add(1, Ordering::Relaxed),
+            handle: handle.clone(),
+            codec: self.codec,
+            factory: self.factory,
+            placer: self
+                .placer
+                .unwrap_or_else(|| Arc::new(|key: &S::Key, n| mailring::sticky_shard(key, n))),
+            counters: (0..shards).map(|_| ShardCounters::default()).collect(),
+            next_conn: AtomicU64::new(1),
+            per_listener: (0..listeners.len()).map(|_| AtomicUsize::new(0)).collect(),
+            live: AtomicUsize::new(0),
+            closing: AtomicBool::new(false),
+            forced: AtomicBool::new(false),
+            config: self.config,
+        });
+        let mut tasks = Vec::with_capacity(listeners.len());
+        for (index, (shard, socket)) in listeners.iter().zip(sockets).enumerate() {
+            let shared = shared.clone();
+            tasks.push(handle.spawn_local_on(*shard, move || async move {
+                match TcpListener::from_std(socket) {
+                    Ok(listener) => accept_loop(shared, listener, index).await,
+                    Err(e) => tracing_error("listener", &e),
+                }
+            }));
+        }
+        let control: Arc<dyn Control> = shared;
+        Ok(Server {
+            local: bound,
+            control,
+            listeners: tasks,
+        })
+    }
+}
+
+fn tracing_error(what: &str, e: &io::Error) {
+    eprintln!("mailring-transports: {what}: {e}");
+}
+
+fn listen_socket(addr: SocketAddr, reuse_port: bool) -> io::Result<Socket> {
+    let socket = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM.cloexec(),
+        Some(Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket)
+}
+
+/// What a [`Server`] handle does to its shared state, whatever the session
+/// type.
+trait Control: Send + Sync {
+    fn begin_shutdown(&self);
+    fn force(&self);
+    fn live(&self) -> usize;
+    fn stats(&self) -> ServerStats;
+    fn grace(&self) -> Duration;
+}
+
+impl<S: Session> Control for Shared<S> {
+    fn begin_shutdown(&self) {
+        self.closing.store(true, Ordering::Release);
+        wake_all(&self.handle, self.id);
+    }
+
+    fn force(&self) {
+        self.forced.store(true, Ordering::Release);
+        wake_all(&self.handle, self.id);
+    }
+
+    fn live(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    fn grace(&self) -> Duration {
+        self.config.shutdown_grace
+    }
+
+    fn stats(&self) -> ServerStats {
+        ServerStats {
+            shards: self.counters.iter().map(ShardCounters::snapshot).collect(),
+        }
+    }
+}
+
+/// A listening server; its sessions run on the runtime's shards.
+///
+/// ```no_run
+/// use bytes::Bytes;
+/// use mailring_transports::codec::LengthDelimited;
+/// use mailring_transports::{Server, Session, SessionCtx};
+///
+/// struct Echo;
+/// impl Session for Echo {
+///     type Codec = LengthDelimited;
+///     type Key = ();
+///     async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+///         cx.send_frame(frame);
+///     }
+/// }
+///
+/// let rt = mailring::Runtime::builder().shards(2).build()?;
+/// let server = Server::builder(LengthDelimited::new(), |_peer| Echo)
+///     .bind(rt.handle(), "127.0.0.1:7000".parse()?)?;
+/// println!("listening on {}", server.local_addr());
+/// rt.block_on(server.shutdown());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Server {
+    local: SocketAddr,
+    control: Arc<dyn Control>,
+    listeners: Vec<mailring::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("local", &self.local)
+            .field("live", &self.control.live())
+            .finish()
+    }
+}
+
+/// What [`Server::shutdown`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerShutdownReport {
+    /// Connections open when the shutdown began.
+    pub open_at_start: usize,
+    /// Of those, the ones closed after the grace period, with work left.
+    pub forced: usize,
+}
+
+impl Server {
+    /// A server of `S` sessions, each made by `factory` (given the peer's
+    /// address) when a connection is accepted, framed by `codec`.
+    pub fn builder<S: Session>(
+        codec: S::Codec,
+        factory: impl Fn(Option<SocketAddr>) -> S + Send + Sync + 'static,
+    ) -> ServerBuilder<S> {
+        ServerBuilder {
+            config: ServerConfig::default(),
+            codec,
+            factory: Arc::new(factory),
+            placer: None,
+        }
+    }
+
+    /// The bound address (with the port chosen for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Connections open now.
+    pub fn live_connections(&self) -> usize {
+        self.control.live()
+    }
+
+    /// Counters per shard.
+    pub fn stats(&self) -> ServerStats {
+        self.control.stats()
+    }
+
+    /// Stops accepting, lets sessions finish what they started (replies
+    /// outstanding, bytes queued) for the grace period, then closes the
+    /// rest; idle connections close at once. Each closes with
+    /// [`CloseReason::Shutdown`].
+    pub async fn shutdown(self) -> ServerShutdownReport {
+        let open_at_start = self.control.live();
+        let deadline = Instant::now() + self.control.grace();
+        self.control.begin_shutdown();
+        for l in self.listeners {
+            let _ = l.await;
+        }
+        while self.control.live() > 0 && Instant::now() < deadline {
+            mailring::time::sleep(Duration::from_millis(1)).await;
+        }
+        let forced = self.control.live();
+        if forced > 0 {
+            self.control.force();
+            while self.control.live() > 0 {
+                mailring::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        ServerShutdownReport {
+            open_at_start,
+            forced,
+        }
+    }
+}
+
+/// Per shard: the wake cells of the tasks of each server, for shutdown.
+struct Waiters {
+    cells: slab::Slab<(u64, Rc<RefCell<Option<Waker>>>)>,
+}
+
+thread_local! {
+    static WAITERS: RefCell<Waiters> = const { RefCell::new(Waiters { cells: slab::Slab::new() }) };
+}
+
+/// A task's registration for shutdown wakes on its shard; removed on drop.
+struct WakeCell {
+    key: usize,
+    cell: Rc<RefCell<Option<Waker>>>,
+}
+
+impl WakeCell {
+    fn register(server: u64) -> WakeCell {
+        let cell = Rc::new(RefCell::new(None));
+        let key = WAITERS.with(|w| w.borrow_mut().cells.insert((server, cell.clone())));
+        WakeCell { key, cell }
+    }
+
+    fn set(&self, waker: &Waker) {
+        let mut slot = self.cell.borrow_mut();
+        match &*slot {
+            Some(w) if w.will_wake(waker) => {}
+            _ => *slot = Some(waker.clone()),
+        }
+    }
+}
+
+impl Drop for WakeCell {
+    fn drop(&mut self) {
+        let _ = WAITERS.try_with(|w| {
+            let mut w = w.borrow_mut();
+            if w.cells.contains(self.key) {
+                w.cells.remove(self.key);
+            }
+        });
+    }
+}
+
+fn wake_all(handle: &Handle, server: u64) {
+    for s in 0..handle.shards() {
+        handle.run_on(ShardId::new(s), move || {
+            let wakers: Vec<Waker> = WAITERS.with(|w| {
+                w.borrow()
+                    .cells
+                    .iter()
+                    .filter(|(_, (id, _))| *id == server)
+                    .filter_map(|(_, (_, cell))| cell.borrow().clone())
+                    .collect()
+            });
+            wakers.into_iter().for_each(Waker::wake);
+        });
+    }
+}
+
+async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: TcpListener, index: usize) {
+    let shard = mailring::current_shard().expect("listener task runs on a shard");
+    let wake = WakeCell::register(shared.id);
+    let limit = shared.config.max_connections.max(1);
+    let mut paused = false;
+    loop {
+        // At the limit, wait for a connection of this listener to close
+        // (its close wakes this task through the same cell).
+        let accepted = {
+            let mut accept = pin!(listener.accept());
+            std::future::poll_fn(|cx| {
+                wake.set(cx.waker());
+                if shared.closing.load(Ordering::Acquire) {
+                    return Poll::Ready(None);
+                }
+                if shared.per_listener[index].load(Ordering::Acquire) >= limit {
+                    if !paused {
+                        paused = true;
+                        shared
+                            .counters(shard)
+                            .accept_paused
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Poll::Pending;
+                }
+                paused = false;
+                accept.as_mut().poll(cx).map(Some)
+            })
+            .await
+        };
+        match accepted {
+            None => return,
+            Some(Ok((stream, peer))) => {
+                shared.per_listener[index].fetch_add(1, Ordering::AcqRel);
+                shared.live.fetch_add(1, Ordering::AcqRel);
+                let c = shared.counters(shard);
+                c.accepted.fetch_add(1, Ordering::Relaxed);
+                let _ = stream.set_nodelay(true);
+                let session = (shared.factory)(Some(peer));
+                let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+                let cx = SessionCtx::new(Some(peer), shard, id, shared.codec.clone());
+                let conn = Connection {
+                    shared: shared.clone(),
+                    listener: index,
+                    acceptor_wake: wake.cell.borrow().clone(),
+                };
+                mailring::spawn_local(run_connection(
+                    conn,
+                    stream,
+                    session,
+                    cx,
+                    BytesMut::new(),
+                    None,
+                    true,
+                ));
+            }
+            Some(Err(e)) => {
+                // EMFILE and friends: count, breathe, go on.
+                shared
+                    .counters(shard)
+                    .accept_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing_error("accept", &e);
+                mailring::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// A connection's tie to its server, carried across a move; its drop
+/// accounts the close.
+struct Connection<S: Session> {
+    shared: Arc<Shared<S>>,
+    listener: usize,
+    /// The accepting task, woken at close when its listener is at the limit.
+    acceptor_wake: Option<Waker>,
+}
+
+impl<S: Session> Drop for Connection<S> {
+    fn drop(&mut self) {
+        self.shared.per_listener[self.listener].fetch_sub(1, Ordering::AcqRel);
+        self.shared.live.fetch_sub(1, Ordering::AcqRel);
+        if let Some(w) = self.acceptor_wake.take() {
+            w.wake();
+        }
+    }
+}
+
+enum Exit<S: Session> {
+    Close(CloseReason),
+    Move(S::Key, FrameIn<S>),
+}
+
+/// Runs one connection on this shard until it closes or moves to its key's
+/// shard (where this runs again with what it carried).
+async fn run_connection<S: Session>(
+    conn: Connection<S>,
+    stream: TcpStream,
+    mut session: S,
+    mut cx: SessionCtx<S>,
+    mut rbuf: BytesMut,
+    carried: Option<FrameIn<S>>,
+    fresh: bool,
+) {
+    let shard = cx.shard;
+    if fresh {
+        session.on_open(&mut cx);
+    } else {
+        conn.shared
+            .counters(shard)
+            .attached_in
+            .fetch_add(1, Ordering::Relaxed);
+        session.on_attach(&mut cx);
+    }
+    let mut decoder = conn.shared.codec.clone();
+    let exit = drive(
+        &conn.shared,
+        &stream,
+        &mut session,
+        &mut cx,
+        &mut rbuf,
+        &mut decoder,
+        carried,
+    )
+    .await;
+    let reason = match exit {
+        Exit::Close(reason) => reason,
+        Exit::Move(key, frame) => {
+            let owner = (conn.shared.placer)(&key, conn.shared.handle.shards());
+            match stream.into_std() {
+                Ok(std) => {
+                    conn.shared
+                        .counters(shard)
+                        .handed_off
+                        .fetch_add(1, Ordering::Relaxed);
+                    let handle = conn.shared.handle.clone();
+                    let SessionCtx { peer, id, .. } = cx;
+                    let codec = cx.encoder;
+                    handle.spawn_local_on(owner, move || async move {
+                        let mut cx = SessionCtx::new(peer, owner, id, codec);
+                        cx.key = Some(key);
+                        match TcpStream::from_std(std) {
+                            Ok(stream) => {
+                                run_connection(conn, stream, session, cx, rbuf, Some(frame), false)
+                                    .await
+                            }
+                            Err(e) => {
+                                tracing_error("adopting a moved connection", &e);
+                                close(&conn, &mut session, &mut cx, CloseReason::HandOff);
+                            }
+                        }
+                    });
+                    return;
+                }
+                Err(_stream) => CloseReason::HandOff,
+            }
+        }
+    };
+    close(&conn, &mut session, &mut cx, reason);
+}
+
+fn close<S: Session>(
+    conn: &Connection<S>,
+    session: &mut S,
+    cx: &mut SessionCtx<S>,
+    reason: CloseReason,
+) {
+    conn.shared
+        .counters(cx.shard)
+        .closed(reason.kind())
+        .fetch_add(1, Ordering::Relaxed);
+    session.on_close(&reason, cx);
+}
+
+/// The connection's loop on this shard: decode and handle frames, keep
+/// deferred replies in order, write, read when the decoder needs bytes.
+///
+/// A receive is in flight only while the decoder has no whole frame, so
+/// when a frame names a key on another shard nothing is in flight once the
+/// replies before it are written: the socket moves with every unread byte.
+async fn drive<S: Session>(
+    shared: &Shared<S>,
+    stream: &TcpStream,
+    session: &mut S,
+    cx: &mut SessionCtx<S>,
+    rbuf: &mut BytesMut,
+    decoder: &mut S::Codec,
+    mut carried: Option<FrameIn<S>>,
+) -> Exit<S> {
+    let shard = cx.shard;
+    let counters = shared.counters(shard);
+    let config = &shared.config;
+    let window = config.pipeline_window.max(1);
+    let wake = WakeCell::register(shared.id);
+    let mut recv = pin!(None);
+    let mut send = pin!(None);
+    let mut peer_closed = false;
+    let mut moving: Option<(S::Key, FrameIn<S>)> = None;
+    let mut over_high_water = false;
+    let mut idle = config.idle_timeout.map(|t| sleep_until(Instant::now() + t));
+    let mut handshake = match (config.handshake_timeout, &cx.key) {
+        (Some(t), None) => Some(sleep_until(Instant::now() + t)),
+        _ => None,
+    };
+    let mut frame_deadline: Option<Sleep> = None;
+    let mut starved = false;
+    loop {
+        let closing = shared.closing.load(Ordering::Acquire);
+        if shared.forced.load(Ordering::Acquire) {
+            return Exit::Close(CloseReason::Shutdown);
+        }
+        // Handle the next frame if one is whole and the window has room.
+        if moving.is_none() && cx.close.is_none() && !closing && cx.pending_replies() < window {
+            let next = match carried.take() {
+                Some(f) => Ok(Some(f)),
+                None if recv.is_none() => decoder.decode(rbuf),
+                None => Ok(None),
+            };
+            match next {
+                Err(e) => {
+                    cx.close = Some(CloseReason::BadFrame(e));
+                }
+                Ok(Some(frame)) => {
+                    starved = false;
+                    frame_deadline = None;
+                    if cx.key.is_none() {
+                        if let Route::Key(key) = session.route(&frame, cx) {
+                            let owner = (shared.placer)(&key, shared.handle.shards());
+                            if owner == shard {
+                                cx.key = Some(key);
+                                handshake = None;
+                                counters.attached_in.fetch_add(1, Ordering::Relaxed);
+                                session.on_attach(cx);
+                            } else {
+                                moving = Some((key, frame));
+                                continue;
+                            }
+                        }
+                    }
+                    counters.frames_in.fetch_add(1, Ordering::Relaxed);
+                    // Run the handler; meanwhile only the send in flight
+                    // moves (everything else waits for the context).
+                    let handling = pin!(session.on_frame(frame, cx));
+                    let failed = run_beside_send(handling, send.as_mut(), counters).await;
+                    if let Some(e) = failed {
+                        return Exit::Close(CloseReason::Io(e));
+                    }
+                    continue;
+                }
+                Ok(None) => {
+                    starved = true;
+                    if rbuf.is_empty() {
+                        frame_deadline = None;
+                    } else if frame_deadline.is_none() {
+                        frame_deadline = config
+                            .frame_timeout
+                            .map(|t| sleep_until(Instant::now() + t));
+                    }
+                }
+            }
+        }
+        // Leave when nothing is left to write.
+        let quiet = cx.pending_replies() == 0 && cx.is_drained() && send.is_none();
+        if quiet {
+            if let Some(reason) = cx.close.take() {
+                return Exit::Close(reason);
+            }
+            if moving.is_some() {
+                let (key, frame) = moving.take().expect("checked");
+                return Exit::Move(key, frame);
+            }
+            if closing {
+                return Exit::Close(CloseReason::Shutdown);
+            }
+            if peer_closed && starved {
+                return Exit::Close(if rbuf.is_empty() {
+                    CloseReason::PeerClosed
+                } else {
+                    CloseReason::BadFrame(CodecError::Malformed(format!(
+                        "connection closed in the middle of a frame ({} bytes)",
+                        rbuf.len()
+                    )))
+                });
+            }
+        }
+        let may_read = starved
+            && !peer_closed
+            && moving.is_none()
+            && cx.close.is_none()
+            && !closing
+            && cx.pending_replies() < window;
+        // Wait for something to happen.
+        let event = std::future::poll_fn(|task| {
+            wake.set(task.waker());
+            let mut progressed = cx.poll_slots(task);
+            let queued = cx.wbuf.len();
+            if queued > config.outbound_limit {
+                return Poll::Ready(Event::Close(CloseReason::SlowReader { queued }));
+            }
+            if queued > config.outbound_high_water && !over_high_water {
+                over_high_water = true;
+                return Poll::Ready(Event::HighWater(queued));
+            }
+            if queued <= config.outbound_high_water / 2 {
+                over_high_water = false;
+            }
+            if send.is_none() && !cx.wbuf.is_empty() {
+                counters.send_ops.fetch_add(1, Ordering::Relaxed);
+                note_owner(counters, shard);
+                send.set(Some(stream.send_all(cx.wbuf.split().freeze())));
+            }
+            if let Some(op) = send.as_mut().as_pin_mut() {
+                if let Poll::Ready((res, _buf)) = op.poll(task) {
+                    send.set(None);
+                    if let Err(e) = res {
+                        return Poll::Ready(Event::Close(CloseReason::Io(e.kind())));
+                    }
+                    progressed = true;
+                }
+            }
+            if may_read && recv.is_none() {
+                counters.recv_ops.fetch_add(1, Ordering::Relaxed);
+                note_owner(counters, shard);
+                rbuf.reserve(config.read_chunk.max(64));
+                let tail = rbuf.split_off(rbuf.len());
+                recv.set(Some(stream.recv(tail)));
+            }
+            if let Some(op) = recv.as_mut().as_pin_mut() {
+                if let Poll::Ready((res, tail)) = op.poll(task) {
+                    recv.set(None);
+                    rbuf.unsplit(tail);
+                    return Poll::Ready(match res {
+                        Ok(0) => Event::PeerClosed,
+                        Ok(_) => Event::Read,
+                        Err(e) => Event::Close(CloseReason::Io(e.kind())),
+                    });
+                }
+            }
+            if shared.closing.load(Ordering::Acquire) != closing
+                || shared.forced.load(Ordering::Acquire)
+            {
+                return Poll::Ready(Event::Shutdown);
+            }
+            if let Some(t) = idle.as_mut() {
+                if std::pin::Pin::new(t).poll(task).is_ready() {
+                    return Poll::Ready(Event::Idle);
+                }
+            }
+            if let Some(t) = handshake.as_mut() {
+                if std::pin::Pin::new(t).poll(task).is_ready() {
+                    return Poll::Ready(Event::Close(CloseReason::HandshakeTimeout));
+                }
+            }
+            if let Some(t) = frame_deadline.as_mut() {
+                if std::pin::Pin::new(t).poll(task).is_ready() {
+                    return Poll::Ready(Event::Close(CloseReason::FrameTimeout));
+                }
+            }
+            if progressed {
+                Poll::Ready(Event::Progress)
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        match event {
+            Event::Progress | Event::Shutdown => {}
+            Event::Read => {
+                starved = false;
+                if let (Some(t), Some(d)) = (idle.as_mut(), config.idle_timeout) {
+                    t.reset(Instant::now() + d);
+                }
+            }
+            Event::PeerClosed => peer_closed = true,
+            Event::HighWater(queued) => session.on_backpressure(queued, cx),
+            Event::Idle => {
+                if cx.pending_replies() == 0 {
+                    return Exit::Close(CloseReason::IdleTimeout);
+                }
+                if let (Some(t), Some(d)) = (idle.as_mut(), config.idle_timeout) {
+                    t.reset(Instant::now() + d);
+                }
+            }
+            Event::Close(reason) => return Exit::Close(reason),
+        }
+    }
+}
+
+enum Event {
+    Progress,
+    Read,
+    PeerClosed,
+    HighWater(usize),
+    Idle,
+    Shutdown,
+    Close(CloseReason),
+}
+
+fn note_owner(counters: &ShardCounters, owner: ShardId) {
+    if mailring::current_shard() != Some(owner) {
+        counters.io_off_owner.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Runs a handler's future to its end while polling the send in flight, if
+/// any; returns the send's error, if it failed.
+async fn run_beside_send<F, W>(
+    mut handling: std::pin::Pin<&mut F>,
+    mut send: std::pin::Pin<&mut Option<W>>,
+    _counters: &ShardCounters,
+) -> Option<io::ErrorKind>
+where
+    F: Future<Output = ()>,
+    W: Future<Output = (io::Result<()>, bytes::Bytes)>,
+{
+    let mut failed = None;
+    std::future::poll_fn(|task| {
+        if let Some(op) = send.as_mut().as_pin_mut() {
+            if let Poll::Ready((res, _)) = op.poll(task) {
+                send.set(None);
+                if let Err(e) = res {
+                    failed = Some(e.kind());
+                }
+            }
+        }
+        handling.as_mut().poll(task)
+    })
+    .await;
+    failed
+}

@@ -1,0 +1,365 @@
+//! Sessions: the [`Session`] trait a user implements for one connection,
+//! its [`SessionCtx`] (outbound frames, deferred replies in request order,
+//! close), [`Route`] (the key extractor's answer) and [`CloseReason`].
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::BytesMut;
+use mailring_actors::mailring::ShardId;
+use mailring_actors::RouteKey;
+
+use crate::codec::{Codec, CodecError};
+
+/// A decoded frame of session `S`.
+pub type FrameIn<S> = <<S as Session>::Codec as Codec>::In;
+/// A frame session `S` sends.
+pub type FrameOut<S> = <<S as Session>::Codec as Codec>::Out;
+
+/// What the key extractor ([`Session::route`]) says of a frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route<K> {
+    /// No key in this frame: handle it where the connection is and ask again
+    /// at the next one (a `PING`, `HELLO` or handshake before the key).
+    NotYet,
+    /// The connection belongs to this key: it moves to the key's shard (once
+    /// no reply is outstanding), and this frame is handled there.
+    Key(K),
+}
+
+/// One connection's protocol logic, run on the shard that owns the
+/// connection. A session value moves with its connection when a key names
+/// another shard, so it is `Send`; its handler futures need not be.
+///
+/// ```
+/// use bytes::Bytes;
+/// use mailring_transports::codec::LengthDelimited;
+/// use mailring_transports::{Route, Session, SessionCtx};
+///
+/// /// Echoes frames; the first frame names the tenant.
+/// struct Echo;
+///
+/// impl Session for Echo {
+///     type Codec = LengthDelimited;
+///     type Key = Bytes;
+///
+///     fn route(&mut self, frame: &Bytes, cx: &SessionCtx<Self>) -> Route<Bytes> {
+///         if cx.key().is_some() { Route::NotYet } else { Route::Key(frame.clone()) }
+///     }
+///
+///     async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+///         cx.send_frame(frame);
+///     }
+/// }
+/// ```
+pub trait Session: Send + Sized + 'static {
+    /// How the connection's bytes become frames and back.
+    type Codec: Codec;
+    /// The key that decides the owning shard (`()` for sessions that stay
+    /// where they were accepted).
+    type Key: RouteKey + Clone + Send + fmt::Debug + 'static;
+
+    /// The key extractor, asked for each frame until it names a key. By
+    /// default no frame names one: the session stays where it was accepted.
+    fn route(&mut self, frame: &FrameIn<Self>, cx: &SessionCtx<Self>) -> Route<Self::Key> {
+        let _ = (frame, cx);
+        Route::NotYet
+    }
+
+    /// Runs once the connection is accepted, on the accepting shard, before
+    /// any frame (e.g. to send a greeting).
+    fn on_open(&mut self, cx: &mut SessionCtx<Self>) {
+        let _ = cx;
+    }
+
+    /// Runs on the key's shard when the connection arrives there (also when
+    /// that is the shard it was accepted on).
+    fn on_attach(&mut self, cx: &mut SessionCtx<Self>) {
+        let _ = cx;
+    }
+
+    /// Handles one inbound frame. Frames are handled one at a time; a reply
+    /// that waits on something (an ask to a keyed actor) goes through
+    /// [`SessionCtx::reply_later`], so later frames are handled meanwhile
+    /// and replies still leave in request order.
+    fn on_frame(
+        &mut self,
+        frame: FrameIn<Self>,
+        cx: &mut SessionCtx<Self>,
+    ) -> impl Future<Output = ()>;
+
+    /// The outbound queue passed the server's high-water mark
+    /// ([`crate::ServerConfig::outbound_high_water`]): the peer reads slower
+    /// than the session writes. Past the hard limit the connection closes
+    /// with [`CloseReason::SlowReader`].
+    fn on_backpressure(&mut self, queued_bytes: usize, cx: &mut SessionCtx<Self>) {
+        let _ = (queued_bytes, cx);
+    }
+
+    /// Runs once when the connection ends, with the reason.
+    fn on_close(&mut self, reason: &CloseReason, cx: &mut SessionCtx<Self>) {
+        let _ = (reason, cx);
+    }
+}
+
+/// Why a connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CloseReason {
+    /// The peer closed its side, and every reply was written.
+    PeerClosed,
+    /// The session asked ([`SessionCtx::close`]).
+    ClosedBySession,
+    /// Nothing arrived for the idle timeout.
+    IdleTimeout,
+    /// No key was named within the handshake timeout.
+    HandshakeTimeout,
+    /// A frame was started and not finished within the frame deadline (a
+    /// client sending a byte a second).
+    FrameTimeout,
+    /// A frame the codec refused (malformed or over the maximum).
+    BadFrame(CodecError),
+    /// A frame the session sent could not be encoded.
+    BadOutput(CodecError),
+    /// The peer stopped reading: the outbound queue passed its hard limit.
+    SlowReader {
+        /// Bytes queued when it closed.
+        queued: usize,
+    },
+    /// The key already had as many connections as the server allows.
+    KeyLimit,
+    /// The server is shutting down (after its grace period, or at once
+    /// for an idle connection).
+    Shutdown,
+    /// The socket failed (reset, broken pipe, ...).
+    Io(std::io::ErrorKind),
+    /// Moving the connection to its key's shard failed.
+    HandOff,
+}
+
+impl CloseReason {
+    /// The reason's kind, for counting.
+    pub fn kind(&self) -> CloseKind {
+        match self {
+            CloseReason::PeerClosed => CloseKind::PeerClosed,
+            CloseReason::ClosedBySession => CloseKind::ClosedBySession,
+            CloseReason::IdleTimeout => CloseKind::IdleTimeout,
+            CloseReason::HandshakeTimeout => CloseKind::HandshakeTimeout,
+            CloseReason::FrameTimeout => CloseKind::FrameTimeout,
+            CloseReason::BadFrame(_) => CloseKind::BadFrame,
+            CloseReason::BadOutput(_) => CloseKind::BadOutput,
+            CloseReason::SlowReader { .. } => CloseKind::SlowReader,
+            CloseReason::KeyLimit => CloseKind::KeyLimit,
+            CloseReason::Shutdown => CloseKind::Shutdown,
+            CloseReason::Io(_) => CloseKind::Io,
+            CloseReason::HandOff => CloseKind::HandOff,
+        }
+    }
+}
+
+impl fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CloseReason::PeerClosed => f.write_str("peer closed"),
+            CloseReason::ClosedBySession => f.write_str("closed by the session"),
+            CloseReason::IdleTimeout => f.write_str("idle timeout"),
+            CloseReason::HandshakeTimeout => f.write_str("no key within the handshake timeout"),
+            CloseReason::FrameTimeout => f.write_str("frame not completed in time"),
+            CloseReason::BadFrame(e) => write!(f, "bad frame: {e}"),
+            CloseReason::BadOutput(e) => write!(f, "frame could not be encoded: {e}"),
+            CloseReason::SlowReader { queued } => {
+                write!(f, "peer not reading ({queued} bytes queued)")
+            }
+            CloseReason::KeyLimit => f.write_str("too many connections for this key"),
+            CloseReason::Shutdown => f.write_str("server shutdown"),
+            CloseReason::Io(kind) => write!(f, "socket error: {kind}"),
+            CloseReason::HandOff => f.write_str("hand-off to the key's shard failed"),
+        }
+    }
+}
+
+/// [`CloseReason`] without its details: an index into the close counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum CloseKind {
+    PeerClosed,
+    ClosedBySession,
+    IdleTimeout,
+    HandshakeTimeout,
+    FrameTimeout,
+    BadFrame,
+    BadOutput,
+    SlowReader,
+    KeyLimit,
+    Shutdown,
+    Io,
+    HandOff,
+}
+
+impl CloseKind {
+    /// Every kind, in counter order.
+    pub const ALL: [CloseKind; 12] = [
+        CloseKind::PeerClosed,
+        CloseKind::ClosedBySession,
+        CloseKind::IdleTimeout,
+        CloseKind::HandshakeTimeout,
+        CloseKind::FrameTimeout,
+        CloseKind::BadFrame,
+        CloseKind::BadOutput,
+        CloseKind::SlowReader,
+        CloseKind::KeyLimit,
+        CloseKind::Shutdown,
+        CloseKind::Io,
+        CloseKind::HandOff,
+    ];
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One slot of the ordered outbound queue.
+enum Slot<T> {
+    Ready(T),
+    Later(Pin<Box<dyn Future<Output = T>>>),
+}
+
+/// A session's view of its connection: identity, outbound frames in order,
+/// deferred replies, close.
+pub struct SessionCtx<S: Session> {
+    pub(crate) peer: Option<SocketAddr>,
+    pub(crate) shard: ShardId,
+    pub(crate) id: u64,
+    pub(crate) key: Option<S::Key>,
+    pub(crate) encoder: S::Codec,
+    /// Encoded bytes not yet handed to a send.
+    pub(crate) wbuf: BytesMut,
+    /// Frames behind a deferred reply, in order; the front is the oldest.
+    slots: VecDeque<Slot<FrameOut<S>>>,
+    /// Deferred replies among `slots`.
+    pending: usize,
+    pub(crate) close: Option<CloseReason>,
+}
+
+impl<S: Session> fmt::Debug for SessionCtx<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionCtx")
+            .field("peer", &self.peer)
+            .field("shard", &self.shard)
+            .field("id", &self.id)
+            .field("key", &self.key)
+            .field("queued_bytes", &self.wbuf.len())
+            .field("pending_replies", &self.pending)
+            .finish()
+    }
+}
+
+impl<S: Session> SessionCtx<S> {
+    pub(crate) fn new(peer: Option<SocketAddr>, shard: ShardId, id: u64, codec: S::Codec) -> Self {
+        SessionCtx {
+            peer,
+            shard,
+            id,
+            key: None,
+            encoder: codec,
+            wbuf: BytesMut::new(),
+            slots: VecDeque::new(),
+            pending: 0,
+            close: None,
+        }
+    }
+
+    /// The peer's address (`None` for Unix peers).
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+
+    /// The shard the session runs on now.
+    pub fn shard(&self) -> ShardId {
+        self.shard
+    }
+
+    /// The connection's id, unique within its server.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The key, once [`Session::route`] named one.
+    pub fn key(&self) -> Option<&S::Key> {
+        self.key.as_ref()
+    }
+
+    /// Queues `frame` for sending, after every reply queued before it
+    /// (deferred ones included).
+    pub fn send_frame(&mut self, frame: FrameOut<S>) {
+        if self.slots.is_empty() {
+            self.encode(frame);
+        } else {
+            self.slots.push_back(Slot::Ready(frame));
+        }
+    }
+
+    /// Queues a reply that `reply` will produce (an ask to a keyed actor,
+    /// say), in order with the frames around it: it is written once it and
+    /// everything queued before it are ready. Meanwhile the session goes on
+    /// with the next frames, up to the server's pipeline window.
+    pub fn reply_later(&mut self, reply: impl Future<Output = FrameOut<S>> + 'static) {
+        self.pending += 1;
+        self.slots.push_back(Slot::Later(Box::pin(reply)));
+    }
+
+    /// Deferred replies not yet written.
+    pub fn pending_replies(&self) -> usize {
+        self.pending
+    }
+
+    /// Encoded bytes waiting to be sent.
+    pub fn queued_bytes(&self) -> usize {
+        self.wbuf.len()
+    }
+
+    /// Closes the connection once what is queued is written.
+    pub fn close(&mut self) {
+        self.close.get_or_insert(CloseReason::ClosedBySession);
+    }
+
+    fn encode(&mut self, frame: FrameOut<S>) {
+        if let Err(e) = self.encoder.encode(frame, &mut self.wbuf) {
+            self.close.get_or_insert(CloseReason::BadOutput(e));
+        }
+    }
+
+    /// Whether nothing is queued: no deferred reply and no unwritten byte
+    /// in the context (a send may still be in flight).
+    pub(crate) fn is_drained(&self) -> bool {
+        self.slots.is_empty() && self.wbuf.is_empty()
+    }
+
+    /// Polls every deferred reply (each starts its work at its first poll,
+    /// so all of them run at once, not one after the other), then encodes
+    /// the front slots that are ready, in order; returns whether any was.
+    pub(crate) fn poll_slots(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.pending > 0 {
+            for slot in self.slots.iter_mut() {
+                if let Slot::Later(fut) = slot {
+                    if let Poll::Ready(frame) = fut.as_mut().poll(cx) {
+                        *slot = Slot::Ready(frame);
+                        self.pending -= 1;
+                    }
+                }
+            }
+        }
+        let mut progressed = false;
+        while let Some(Slot::Ready(_)) = self.slots.front() {
+            if let Some(Slot::Ready(frame)) = self.slots.pop_front() {
+                progressed = true;
+                self.encode(frame);
+            }
+        }
+        progressed
+    }
+}

@@ -1,0 +1,96 @@
+//! Per-shard server counters: [`ServerStats`], read while the server runs.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::session::CloseKind;
+
+/// One shard's counters (atomics: a connection's shard writes them, any
+/// thread reads).
+#[derive(Debug, Default)]
+pub(crate) struct ShardCounters {
+    pub(crate) accepted: AtomicU64,
+    pub(crate) attached_in: AtomicU64,
+    pub(crate) handed_off: AtomicU64,
+    pub(crate) frames_in: AtomicU64,
+    pub(crate) recv_ops: AtomicU64,
+    pub(crate) send_ops: AtomicU64,
+    pub(crate) io_off_owner: AtomicU64,
+    pub(crate) accept_paused: AtomicU64,
+    pub(crate) accept_errors: AtomicU64,
+    closed: [AtomicU64; CloseKind::ALL.len()],
+}
+
+impl ShardCounters {
+    pub(crate) fn closed(&self, kind: CloseKind) -> &AtomicU64 {
+        &self.closed[kind.index()]
+    }
+
+    pub(crate) fn snapshot(&self) -> SessionShardStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        SessionShardStats {
+            accepted: get(&self.accepted),
+            attached: get(&self.attached_in),
+            handed_off: get(&self.handed_off),
+            frames_in: get(&self.frames_in),
+            recv_ops: get(&self.recv_ops),
+            send_ops: get(&self.send_ops),
+            io_off_owner: get(&self.io_off_owner),
+            accept_paused: get(&self.accept_paused),
+            accept_errors: get(&self.accept_errors),
+            closed: std::array::from_fn(|i| get(&self.closed[i])),
+        }
+    }
+}
+
+/// A snapshot of one shard's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SessionShardStats {
+    /// Connections this shard's listener accepted.
+    pub accepted: u64,
+    /// Sessions that attached here: their key's shard is this one (moved
+    /// in, or accepted here with a key of this shard).
+    pub attached: u64,
+    /// Connections that left this shard for their key's shard.
+    pub handed_off: u64,
+    /// Frames handled here.
+    pub frames_in: u64,
+    /// Receives submitted for sessions on this shard.
+    pub recv_ops: u64,
+    /// Sends submitted for sessions on this shard.
+    pub send_ops: u64,
+    /// Receives and sends of a session submitted from a shard other than
+    /// its own (always 0: the check that I/O follows the connection).
+    pub io_off_owner: u64,
+    /// Times the listener stopped accepting at its connection limit.
+    pub accept_paused: u64,
+    /// Failed accepts (e.g. out of descriptors).
+    pub accept_errors: u64,
+    closed: [u64; CloseKind::ALL.len()],
+}
+
+impl SessionShardStats {
+    /// Connections closed on this shard for reasons of `kind`.
+    pub fn closed(&self, kind: CloseKind) -> u64 {
+        self.closed[kind.index()]
+    }
+}
+
+/// Counters of a server, per shard.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// One entry per shard, by index.
+    pub shards: Vec<SessionShardStats>,
+}
+
+impl ServerStats {
+    /// Connections closed for reasons of `kind`, over all shards.
+    pub fn closed(&self, kind: CloseKind) -> u64 {
+        self.shards.iter().map(|s| s.closed(kind)).sum()
+    }
+
+    /// Sum of a counter over all shards.
+    pub fn total(&self, field: impl Fn(&SessionShardStats) -> u64) -> u64 {
+        self.shards.iter().map(field).sum()
+    }
+}

@@ -1,0 +1,530 @@
+//! Sessions over real loopback sockets: echo, pipelining with replies
+//! ready out of order, attach to the key's shard (both listener modes,
+//! unread bytes carried), bad input and limits, shutdown.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, ShardId, SystemConfig};
+use mailring_transports::codec::LengthDelimited;
+use mailring_transports::{
+    CloseKind, ListenMode, Route, Server, ServerConfig, Session, SessionCtx,
+};
+
+fn runtime(shards: usize) -> mailring::Runtime {
+    mailring::Runtime::builder()
+        .shards(shards)
+        .build()
+        .expect("io_uring available")
+}
+
+fn client(addr: SocketAddr) -> TcpStream {
+    let c = TcpStream::connect(addr).expect("connect to loopback");
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.set_nodelay(true).unwrap();
+    c
+}
+
+fn frame(body: &[u8]) -> Vec<u8> {
+    let mut v = (body.len() as u32).to_be_bytes().to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+/// Frames `[0]`, `[1]`, ... `[n - 1]` in one buffer (one write: pipelined).
+fn numbered_frames(n: u8) -> Vec<u8> {
+    (0..n).flat_map(|i| frame(&[i])).collect()
+}
+
+fn read_frame(c: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    c.read_exact(&mut len)?;
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    c.read_exact(&mut body)?;
+    Ok(body)
+}
+
+/// Waits (bounded) for `cond` on the server's stats.
+fn wait_for(server: &Server, what: &str, cond: impl Fn(&mailring_transports::ServerStats) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = server.stats();
+        if cond(&stats) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {stats:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Echoes each frame.
+struct Echo;
+
+impl Session for Echo {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        cx.send_frame(frame);
+    }
+}
+
+#[test]
+fn echo_over_reuseport_listeners_and_a_clean_peer_close() {
+    let rt = runtime(2);
+    let server = Server::builder(LengthDelimited::new(), |_| Echo)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let mut clients: Vec<TcpStream> = (0..8).map(|_| client(server.local_addr())).collect();
+    for round in 0..5 {
+        for (i, c) in clients.iter_mut().enumerate() {
+            let body = format!("client {i} round {round}");
+            c.write_all(&frame(body.as_bytes())).unwrap();
+            assert_eq!(read_frame(c).unwrap(), body.as_bytes());
+        }
+    }
+    drop(clients);
+    wait_for(&server, "8 peer closes", |s| {
+        s.closed(CloseKind::PeerClosed) == 8
+    });
+    let stats = server.stats();
+    assert_eq!(stats.total(|s| s.accepted), 8);
+    assert_eq!(stats.total(|s| s.frames_in), 40);
+    assert_eq!(stats.total(|s| s.io_off_owner), 0);
+    let report = rt.block_on(server.shutdown());
+    assert_eq!(report.open_at_start, 0);
+    rt.shutdown();
+}
+
+/// Each frame is a number `n`; its reply is deferred and becomes ready
+/// after `(16 - n) ms`, so later replies are ready first.
+struct Delayed {
+    in_flight: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+    ready_order: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Session for Delayed {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        let n = frame[0];
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        let in_flight = self.in_flight.clone();
+        let order = self.ready_order.clone();
+        cx.reply_later(async move {
+            mailring::time::sleep(Duration::from_millis(u64::from(16 - n.min(16)) * 3)).await;
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            order.lock().unwrap().push(n);
+            frame
+        });
+    }
+}
+
+#[test]
+fn pipelined_requests_are_handled_at_once_and_answered_in_order() {
+    let rt = runtime(2);
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let ready_order = Arc::new(Mutex::new(Vec::new()));
+    let (f, m, o) = (in_flight.clone(), most.clone(), ready_order.clone());
+    let server = Server::builder(LengthDelimited::new(), move |_| Delayed {
+        in_flight: f.clone(),
+        most: m.clone(),
+        ready_order: o.clone(),
+    })
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    let mut c = client(server.local_addr());
+    c.write_all(&numbered_frames(16)).unwrap();
+    for n in 0..16u8 {
+        assert_eq!(
+            read_frame(&mut c).unwrap(),
+            [n],
+            "replies leave in request order"
+        );
+    }
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        16,
+        "all 16 pipelined requests were in flight at once"
+    );
+    let order = ready_order.lock().unwrap().clone();
+    assert_eq!(
+        order.first(),
+        Some(&15),
+        "reply 15 was ready first: {order:?}"
+    );
+    assert_eq!(order.last(), Some(&0), "reply 0 was ready last: {order:?}");
+    drop(c);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
+#[test]
+fn reading_pauses_while_the_pipeline_window_is_full() {
+    let rt = runtime(1);
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let (f, m) = (in_flight.clone(), most.clone());
+    let mut config = ServerConfig::default();
+    config.pipeline_window = 4;
+    let server = Server::builder(LengthDelimited::new(), move |_| Delayed {
+        in_flight: f.clone(),
+        most: m.clone(),
+        ready_order: Default::default(),
+    })
+    .config(config)
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    let mut c = client(server.local_addr());
+    c.write_all(&numbered_frames(16)).unwrap();
+    for n in 0..16u8 {
+        assert_eq!(read_frame(&mut c).unwrap(), [n]);
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 4, "never more than the window");
+    drop(c);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
+/// A tenant's actor, placed by a custom function that is not the sticky
+/// hash (so a session that did not follow it would land elsewhere).
+#[derive(Actor)]
+#[actor(key = String, activate = Tenant::new, placement = by_last_digit, handles(WhereAreYou))]
+struct Tenant;
+
+impl Tenant {
+    fn new(_key: &String) -> Self {
+        Tenant
+    }
+}
+
+// The placement function takes the actor's key type.
+#[allow(clippy::ptr_arg)]
+fn by_last_digit(key: &String, shards: usize) -> ShardId {
+    let digit = key
+        .bytes()
+        .last()
+        .map_or(0, |b| usize::from(b.wrapping_sub(b'0')));
+    ShardId::new(digit % shards)
+}
+
+#[derive(Message)]
+#[message(reply = usize)]
+struct WhereAreYou;
+
+impl Handler<WhereAreYou> for Tenant {
+    async fn handle(&mut self, _m: WhereAreYou, cx: &mut Ctx<Self>) -> usize {
+        cx.shard().index()
+    }
+}
+
+/// First frame: `KEY <tenant>`; before it, `PING` is answered where the
+/// connection is. After it, each frame is answered with
+/// `"<session shard> <actor shard> <frame>"`.
+struct TenantSession {
+    system: mailring_actors::SystemHandle,
+}
+
+impl Session for TenantSession {
+    type Codec = LengthDelimited;
+    type Key = String;
+
+    fn route(&mut self, frame: &Bytes, _cx: &SessionCtx<Self>) -> Route<String> {
+        match frame.strip_prefix(b"KEY ") {
+            Some(key) => Route::Key(String::from_utf8_lossy(key).into_owned()),
+            None => Route::NotYet,
+        }
+    }
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        let Some(key) = cx.key().cloned() else {
+            cx.send_frame(Bytes::from_static(b"PONG"));
+            return;
+        };
+        let actor = self.system.keyed::<Tenant>(key);
+        let here = cx.shard().index();
+        let session_shard = mailring::current_shard().map(|s| s.index());
+        assert_eq!(session_shard, Some(here));
+        cx.reply_later(async move {
+            let there = actor.ask(WhereAreYou).await.unwrap_or(usize::MAX);
+            let mut out = format!("{here} {there} ").into_bytes();
+            out.extend_from_slice(&frame);
+            Bytes::from(out)
+        });
+    }
+}
+
+fn attach_test(mode: ListenMode) {
+    let rt = runtime(2);
+    let system = ActorSystem::start_on(rt.handle(), SystemConfig::default()).unwrap();
+    let sys = system.handle();
+    let mut config = ServerConfig::default();
+    config.listen = mode;
+    let server = Server::builder(LengthDelimited::new(), move |_| TenantSession {
+        system: sys.clone(),
+    })
+    .config(config)
+    .follow::<Tenant>(system.handle())
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    let mut clients = Vec::new();
+    for t in 0..12 {
+        let tenant = format!("tenant-{t}");
+        let owner = system.shard_of::<Tenant>(&tenant).index();
+        let mut c = client(server.local_addr());
+        // Before the key: answered wherever the connection was accepted.
+        c.write_all(&frame(b"PING")).unwrap();
+        assert_eq!(read_frame(&mut c).unwrap(), b"PONG");
+        // The key and three more frames in one write: the unread bytes
+        // travel with the connection.
+        let mut burst = frame(format!("KEY {tenant}").as_bytes());
+        for i in 0..3 {
+            burst.extend_from_slice(&frame(format!("req {i}").as_bytes()));
+        }
+        c.write_all(&burst).unwrap();
+        let expect_key = format!("{owner} {owner} KEY {tenant}");
+        assert_eq!(read_frame(&mut c).unwrap(), expect_key.as_bytes());
+        for i in 0..3 {
+            let expect = format!("{owner} {owner} req {i}");
+            assert_eq!(read_frame(&mut c).unwrap(), expect.as_bytes());
+        }
+        clients.push((c, owner));
+    }
+    // Later traffic stays on the owner.
+    for (c, owner) in &mut clients {
+        c.write_all(&frame(b"again")).unwrap();
+        assert_eq!(
+            read_frame(c).unwrap(),
+            format!("{owner} {owner} again").as_bytes()
+        );
+    }
+    let stats = server.stats();
+    assert_eq!(
+        stats.total(|s| s.io_off_owner),
+        0,
+        "every recv and send ran on its owner"
+    );
+    assert_eq!(stats.total(|s| s.attached), 12);
+    if let ListenMode::SingleAcceptor(acceptor) = mode {
+        let moved = clients
+            .iter()
+            .filter(|(_, o)| *o != acceptor.index())
+            .count() as u64;
+        assert!(moved > 0, "some tenant lives on the other shard");
+        assert_eq!(stats.total(|s| s.handed_off), moved);
+        assert_eq!(stats.shards[acceptor.index()].accepted, 12);
+    }
+    drop(clients);
+    wait_for(&server, "12 peer closes", |s| {
+        s.closed(CloseKind::PeerClosed) == 12
+    });
+    rt.block_on(server.shutdown());
+    system.shutdown();
+}
+
+#[test]
+fn a_session_attaches_to_its_tenants_shard_with_reuseport_listeners() {
+    attach_test(ListenMode::ReusePort);
+}
+
+#[test]
+fn a_session_attaches_to_its_tenants_shard_from_a_single_acceptor() {
+    attach_test(ListenMode::SingleAcceptor(ShardId::new(0)));
+}
+
+/// Bad clients each close only their own connection, with a counted
+/// reason, while a good client keeps getting correct replies.
+#[test]
+fn bad_clients_close_only_their_connection_with_a_counted_reason() {
+    let rt = runtime(2);
+    let mut config = ServerConfig::default();
+    config.frame_timeout = Some(Duration::from_millis(300));
+    config.idle_timeout = Some(Duration::from_millis(600));
+    let server = Server::builder(LengthDelimited::new().max_frame(1024), |_| Echo)
+        .config(config)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    let mut good = client(addr);
+    let check_good = |good: &mut TcpStream, i: usize| {
+        let body = format!("still here {i}");
+        good.write_all(&frame(body.as_bytes())).unwrap();
+        assert_eq!(read_frame(good).unwrap(), body.as_bytes());
+    };
+    check_good(&mut good, 0);
+
+    // Oversized: refused from its header.
+    let mut big = client(addr);
+    big.write_all(&(1u32 << 30).to_be_bytes()).unwrap();
+    check_good(&mut good, 1);
+    wait_for(&server, "oversized frame", |s| {
+        s.closed(CloseKind::BadFrame) == 1
+    });
+    assert_eq!(
+        big.read(&mut [0u8; 8]).unwrap_or(0),
+        0,
+        "the server closed it"
+    );
+
+    // Truncated: half a frame, then the peer closes.
+    let mut half = client(addr);
+    half.write_all(&frame(b"0123456789")[..7]).unwrap();
+    half.shutdown(Shutdown::Write).unwrap();
+    check_good(&mut good, 2);
+    wait_for(&server, "truncated frame", |s| {
+        s.closed(CloseKind::BadFrame) == 2
+    });
+
+    // A byte now and then: the frame deadline closes it.
+    let mut slow = client(addr);
+    slow.write_all(&frame(b"abcdef")[..5]).unwrap();
+    check_good(&mut good, 3);
+    wait_for(&server, "frame timeout", |s| {
+        s.closed(CloseKind::FrameTimeout) == 1
+    });
+
+    // Connects and sends nothing: the idle timeout closes it (the good
+    // client keeps talking meanwhile, so its own idle timer never fires).
+    let silent = client(addr);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut i = 4;
+    while server.stats().closed(CloseKind::IdleTimeout) == 0 {
+        assert!(Instant::now() < deadline, "no idle timeout");
+        check_good(&mut good, i);
+        i += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(server.stats().closed(CloseKind::IdleTimeout), 1);
+    check_good(&mut good, i);
+    drop((big, half, slow, silent));
+    let stats = server.stats();
+    assert_eq!(stats.closed(CloseKind::PeerClosed), 0);
+    assert_eq!(server.live_connections(), 1, "only the good client is left");
+    drop(good);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
+/// Sends `n` frames of 64 KiB on the first frame it gets.
+struct Firehose;
+
+impl Session for Firehose {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, _frame: Bytes, cx: &mut SessionCtx<Self>) {
+        let chunk = Bytes::from(vec![7u8; 64 << 10]);
+        for _ in 0..64 {
+            cx.send_frame(chunk.clone());
+        }
+    }
+}
+
+#[test]
+fn a_peer_that_stops_reading_is_closed_past_the_outbound_limit() {
+    let rt = runtime(1);
+    let mut config = ServerConfig::default();
+    config.outbound_high_water = 256 << 10;
+    config.outbound_limit = 1 << 20;
+    let server = Server::builder(LengthDelimited::new(), |_| Firehose)
+        .config(config)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let mut c = client(server.local_addr());
+    // 4 MiB per request, never read: the socket buffers fill, the queue
+    // grows past the limit.
+    for _ in 0..4 {
+        if c.write_all(&frame(b"go")).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_for(&server, "slow reader close", |s| {
+        s.closed(CloseKind::SlowReader) == 1
+    });
+    drop(c);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
+#[test]
+fn the_listener_stops_accepting_at_its_connection_limit() {
+    let rt = runtime(1);
+    let mut config = ServerConfig::default();
+    config.max_connections = 2;
+    let server = Server::builder(LengthDelimited::new(), |_| Echo)
+        .config(config)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    let mut a = client(addr);
+    let mut b = client(addr);
+    for c in [&mut a, &mut b] {
+        c.write_all(&frame(b"x")).unwrap();
+        assert_eq!(read_frame(c).unwrap(), b"x");
+    }
+    // The third connects (the kernel's backlog) but is not served.
+    let mut third = client(addr);
+    third
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    third.write_all(&frame(b"wait")).unwrap();
+    assert!(read_frame(&mut third).is_err(), "not served at the limit");
+    wait_for(&server, "accept paused", |s| {
+        s.total(|s| s.accept_paused) >= 1
+    });
+    drop(a);
+    third
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(
+        read_frame(&mut third).unwrap(),
+        b"wait",
+        "served once one closed"
+    );
+    drop((b, third));
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
+#[test]
+fn shutdown_finishes_outstanding_replies_and_closes_idle_connections() {
+    let rt = runtime(2);
+    let server = Server::builder(LengthDelimited::new(), |_| Delayed {
+        in_flight: Default::default(),
+        most: Default::default(),
+        ready_order: Default::default(),
+    })
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    let addr = server.local_addr();
+    let mut busy = client(addr);
+    let mut idle = client(addr);
+    idle.write_all(&frame(&[15])).unwrap();
+    assert_eq!(read_frame(&mut idle).unwrap(), [15]);
+    // 48 ms of work outstanding when the shutdown starts.
+    busy.write_all(&frame(&[0])).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    let report = rt.block_on(server.shutdown());
+    assert_eq!(report.open_at_start, 2);
+    assert_eq!(report.forced, 0);
+    assert_eq!(
+        read_frame(&mut busy).unwrap(),
+        [0],
+        "the outstanding reply was written"
+    );
+    assert_eq!(busy.read(&mut [0u8; 1]).unwrap(), 0, "then closed");
+    assert_eq!(idle.read(&mut [0u8; 1]).unwrap(), 0, "the idle one closed");
+    rt.shutdown();
+}
