@@ -382,6 +382,15 @@ impl StreamCore {
         }
     }
 
+    /// The descriptor, unless an abandoned operation still uses it (then
+    /// the core comes back unchanged).
+    pub(crate) fn into_owned(self) -> Result<OwnedFd, StreamCore> {
+        let StreamCore { inner, lost } = self;
+        inner
+            .into_owned()
+            .map_err(|inner| StreamCore { inner, lost })
+    }
+
     pub(crate) async fn send_from<B: IoBuf>(&self, buf: B, from: usize) -> (io::Result<usize>, B) {
         // SAFETY: a send reads at most `len` bytes at `ptr`.
         unsafe {
@@ -561,14 +570,10 @@ impl TcpStream {
     ///
     /// Gives the stream back while an abandoned operation still uses it.
     pub fn into_std(self) -> Result<std::net::TcpStream, TcpStream> {
-        let TcpStream { core } = self;
-        let StreamCore { inner, lost } = core;
-        inner
+        self.core
             .into_owned()
             .map(std::net::TcpStream::from)
-            .map_err(|inner| TcpStream {
-                core: StreamCore { inner, lost },
-            })
+            .map_err(|core| TcpStream { core })
     }
 
     /// Connects to `host:port`, resolving the name on the blocking pool and

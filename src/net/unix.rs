@@ -35,6 +35,18 @@ impl UnixListener {
         })
     }
 
+    /// Adopts a bound, listening std socket on the current shard.
+    ///
+    /// # Errors
+    ///
+    /// An error outside a mailring shard.
+    pub fn from_std(listener: std::os::unix::net::UnixListener) -> io::Result<UnixListener> {
+        Ok(UnixListener {
+            inner: ShardFd::adopt(OwnedFd::from(listener))?,
+            acceptor: Acceptor::default(),
+        })
+    }
+
     /// Accepts one connection.
     ///
     /// # Errors
@@ -86,6 +98,30 @@ impl UnixStream {
         Ok(UnixStream {
             core: StreamCore::new(inner),
         })
+    }
+
+    /// Adopts a connected std stream on the current shard.
+    ///
+    /// # Errors
+    ///
+    /// An error outside a mailring shard.
+    pub fn from_std(stream: std::os::unix::net::UnixStream) -> io::Result<UnixStream> {
+        Ok(UnixStream {
+            core: StreamCore::new(ShardFd::adopt(OwnedFd::from(stream))?),
+        })
+    }
+
+    /// Turns the stream back into a std stream, e.g. to move it to another
+    /// shard (`UnixStream::from_std` there).
+    ///
+    /// # Errors
+    ///
+    /// Gives the stream back while an abandoned operation still uses it.
+    pub fn into_std(self) -> Result<std::os::unix::net::UnixStream, UnixStream> {
+        self.core
+            .into_owned()
+            .map(std::os::unix::net::UnixStream::from)
+            .map_err(|core| UnixStream { core })
     }
 
     /// A connected pair (`socketpair`), both on the current shard.

@@ -18,13 +18,23 @@
 #![forbid(unsafe_code)]
 
 pub mod codec;
+mod conn;
 mod server;
 mod session;
 mod stats;
 
-pub use crate::server::{ListenMode, Server, ServerBuilder, ServerConfig, ServerShutdownReport};
+pub use crate::conn::{Framed, FramedError};
+pub use crate::server::{
+    ListenAddr, ListenMode, Server, ServerBuilder, ServerConfig, ServerShutdownReport,
+};
 pub use crate::session::{CloseKind, CloseReason, FrameIn, FrameOut, Route, Session, SessionCtx};
 pub use crate::stats::{ServerStats, SessionShardStats};
 
 pub use bytes;
 pub use mailring_actors;
+
+/// The samples of the sessions guide (`docs/sessions.md`), compiled and run
+/// by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/sessions.md")]
+pub struct SessionsGuideSamples;

@@ -7,6 +7,7 @@ use std::cell::RefCell;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::pin::pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -15,13 +16,13 @@ use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use mailring_actors::mailring::net::{TcpListener, TcpStream};
 use mailring_actors::mailring::time::{sleep_until, Sleep};
 use mailring_actors::mailring::{self, Handle, ShardId};
 use mailring_actors::{Actor, SystemHandle};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::codec::{Codec, CodecError};
+use crate::conn::{Conn, Listener, StdListener};
 use crate::session::{CloseReason, FrameIn, Route, Session, SessionCtx};
 use crate::stats::{ServerStats, ShardCounters};
 
@@ -164,34 +165,58 @@ impl<S: Session> ServerBuilder<S> {
     ///
     /// The OS error of a bind, or an error for a shard the runtime lacks.
     pub fn bind(self, handle: &Handle, addr: SocketAddr) -> io::Result<Server> {
-        static SERVER_IDS: AtomicU64 = AtomicU64::new(1);
-        let shards = handle.shards();
-        let listeners: Vec<ShardId> = match self.config.listen {
-            ListenMode::ReusePort => (0..shards).map(ShardId::new).collect(),
-            ListenMode::SingleAcceptor(s) if s.index() < shards => vec![s],
-            ListenMode::SingleAcceptor(s) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "SingleAcceptor({}) on a runtime of {shards} shards",
-                        s.index()
-                    ),
-                ))
-            }
+        let shards = match self.config.listen {
+            ListenMode::ReusePort => (0..handle.shards()).map(ShardId::new).collect(),
+            ListenMode::SingleAcceptor(s) => vec![check_shard(handle, s)?],
         };
         let reuse_port = matches!(self.config.listen, ListenMode::ReusePort);
         // Bind every socket here, so an error comes back to the caller and
         // port 0 is resolved once for the whole group.
-        let mut sockets = Vec::with_capacity(listeners.len());
+        let mut sockets = Vec::with_capacity(shards.len());
         let mut bound = addr;
-        for _ in &listeners {
+        for _ in &shards {
             let socket = listen_socket(bound, reuse_port)?;
             bound = socket
                 .local_addr()?
                 .as_socket()
                 .ok_or_else(|| io::Error::other("listener is not an IP socket"))?;
-            sockets.push(std::net::TcpListener::from(socket));
+            sockets.push(StdListener::Tcp(std::net::TcpListener::from(socket)));
         }
+        Ok(self.start(
+            handle,
+            shards.into_iter().zip(sockets).collect(),
+            ListenAddr::Tcp(bound),
+        ))
+    }
+
+    /// Binds the Unix socket `path` and starts accepting on one shard (the
+    /// `SingleAcceptor` shard, or shard 0: Unix sockets have no
+    /// `SO_REUSEPORT`). Unix peers have no address: the factory gets `None`.
+    ///
+    /// # Errors
+    ///
+    /// The OS error of the bind (e.g. `AddrInUse` when `path` exists).
+    pub fn bind_unix(self, handle: &Handle, path: impl AsRef<Path>) -> io::Result<Server> {
+        let shard = match self.config.listen {
+            ListenMode::ReusePort => ShardId::new(0),
+            ListenMode::SingleAcceptor(s) => check_shard(handle, s)?,
+        };
+        let path = path.as_ref().to_path_buf();
+        let listener = std::os::unix::net::UnixListener::bind(&path)?;
+        Ok(self.start(
+            handle,
+            vec![(shard, StdListener::Unix(listener))],
+            ListenAddr::Unix(path),
+        ))
+    }
+
+    fn start(
+        self,
+        handle: &Handle,
+        listeners: Vec<(ShardId, StdListener)>,
+        addr: ListenAddr,
+    ) -> Server {
+        static SERVER_IDS: AtomicU64 = AtomicU64::new(1);
         let shared = Arc::new(Shared::<S> {
             id: SERVER_IDS.fetch_add(1, Ordering::Relaxed),
             handle: handle.clone(),
@@ -200,7 +225,9 @@ impl<S: Session> ServerBuilder<S> {
             placer: self
                 .placer
                 .unwrap_or_else(|| Arc::new(|key: &S::Key, n| mailring::sticky_shard(key, n))),
-            counters: (0..shards).map(|_| ShardCounters::default()).collect(),
+            counters: (0..handle.shards())
+                .map(|_| ShardCounters::default())
+                .collect(),
             next_conn: AtomicU64::new(1),
             per_listener: (0..listeners.len()).map(|_| AtomicUsize::new(0)).collect(),
             live: AtomicUsize::new(0),
@@ -209,22 +236,46 @@ impl<S: Session> ServerBuilder<S> {
             config: self.config,
         });
         let mut tasks = Vec::with_capacity(listeners.len());
-        for (index, (shard, socket)) in listeners.iter().zip(sockets).enumerate() {
+        for (index, (shard, socket)) in listeners.into_iter().enumerate() {
             let shared = shared.clone();
-            tasks.push(handle.spawn_local_on(*shard, move || async move {
-                match TcpListener::from_std(socket) {
+            tasks.push(handle.spawn_local_on(shard, move || async move {
+                match Listener::from_std(socket) {
                     Ok(listener) => accept_loop(shared, listener, index).await,
                     Err(e) => tracing_error("listener", &e),
                 }
             }));
         }
         let control: Arc<dyn Control> = shared;
-        Ok(Server {
-            local: bound,
+        Server {
+            addr,
             control,
             listeners: tasks,
-        })
+        }
     }
+}
+
+fn check_shard(handle: &Handle, s: ShardId) -> io::Result<ShardId> {
+    if s.index() < handle.shards() {
+        Ok(s)
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "SingleAcceptor({}) on a runtime of {} shards",
+                s.index(),
+                handle.shards()
+            ),
+        ))
+    }
+}
+
+/// Where a [`Server`] listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// A TCP address (with the port chosen for port 0).
+    Tcp(SocketAddr),
+    /// A Unix socket's path.
+    Unix(PathBuf),
 }
 
 fn tracing_error(what: &str, e: &io::Error) {
@@ -306,7 +357,7 @@ impl<S: Session> Control for Shared<S> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Server {
-    local: SocketAddr,
+    addr: ListenAddr,
     control: Arc<dyn Control>,
     listeners: Vec<mailring::JoinHandle<()>>,
 }
@@ -314,7 +365,7 @@ pub struct Server {
 impl std::fmt::Debug for Server {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Server")
-            .field("local", &self.local)
+            .field("addr", &self.addr)
             .field("live", &self.control.live())
             .finish()
     }
@@ -344,9 +395,21 @@ impl Server {
         }
     }
 
-    /// The bound address (with the port chosen for port 0).
+    /// The bound TCP address (with the port chosen for port 0).
+    ///
+    /// # Panics
+    ///
+    /// For a Unix server (see [`listen_addr`](Self::listen_addr)).
     pub fn local_addr(&self) -> SocketAddr {
-        self.local
+        match &self.addr {
+            ListenAddr::Tcp(a) => *a,
+            ListenAddr::Unix(p) => panic!("Server::local_addr of a Unix server ({})", p.display()),
+        }
+    }
+
+    /// Where the server listens.
+    pub fn listen_addr(&self) -> &ListenAddr {
+        &self.addr
     }
 
     /// Connections open now.
@@ -363,11 +426,11 @@ impl Server {
     /// outstanding, bytes queued) for the grace period, then closes the
     /// rest; idle connections close at once. Each closes with
     /// [`CloseReason::Shutdown`].
-    pub async fn shutdown(self) -> ServerShutdownReport {
+    pub async fn shutdown(mut self) -> ServerShutdownReport {
         let open_at_start = self.control.live();
         let deadline = Instant::now() + self.control.grace();
         self.control.begin_shutdown();
-        for l in self.listeners {
+        for l in std::mem::take(&mut self.listeners) {
             let _ = l.await;
         }
         while self.control.live() > 0 && Instant::now() < deadline {
@@ -379,6 +442,10 @@ impl Server {
             while self.control.live() > 0 {
                 mailring::time::sleep(Duration::from_millis(1)).await;
             }
+        }
+        if let ListenAddr::Unix(path) = &self.addr {
+            // The listener is closed: its path would only refuse the next bind.
+            let _ = std::fs::remove_file(path);
         }
         ServerShutdownReport {
             open_at_start,
@@ -445,7 +512,7 @@ fn wake_all(handle: &Handle, server: u64) {
     }
 }
 
-async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: TcpListener, index: usize) {
+async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, index: usize) {
     let shard = mailring::current_shard().expect("listener task runs on a shard");
     let wake = WakeCell::register(shared.id);
     let limit = shared.config.max_connections.max(1);
@@ -482,10 +549,9 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: TcpListener, 
                 shared.live.fetch_add(1, Ordering::AcqRel);
                 let c = shared.counters(shard);
                 c.accepted.fetch_add(1, Ordering::Relaxed);
-                let _ = stream.set_nodelay(true);
-                let session = (shared.factory)(Some(peer));
+                let session = (shared.factory)(peer);
                 let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-                let cx = SessionCtx::new(Some(peer), shard, id, shared.codec.clone());
+                let cx = SessionCtx::new(peer, shard, id, shared.codec.clone());
                 let conn = Connection {
                     shared: shared.clone(),
                     listener: index,
@@ -542,7 +608,7 @@ enum Exit<S: Session> {
 /// shard (where this runs again with what it carried).
 async fn run_connection<S: Session>(
     conn: Connection<S>,
-    stream: TcpStream,
+    stream: Conn,
     mut session: S,
     mut cx: SessionCtx<S>,
     mut rbuf: BytesMut,
@@ -586,7 +652,7 @@ async fn run_connection<S: Session>(
                     handle.spawn_local_on(owner, move || async move {
                         let mut cx = SessionCtx::new(peer, owner, id, codec);
                         cx.key = Some(key);
-                        match TcpStream::from_std(std) {
+                        match Conn::from_std(std) {
                             Ok(stream) => {
                                 run_connection(conn, stream, session, cx, rbuf, Some(frame), false)
                                     .await
@@ -627,7 +693,7 @@ fn close<S: Session>(
 /// replies before it are written: the socket moves with every unread byte.
 async fn drive<S: Session>(
     shared: &Shared<S>,
-    stream: &TcpStream,
+    stream: &Conn,
     session: &mut S,
     cx: &mut SessionCtx<S>,
     rbuf: &mut BytesMut,

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, ShardId, SystemConfig};
 use mailring_transports::codec::LengthDelimited;
 use mailring_transports::{
-    CloseKind, ListenMode, Route, Server, ServerConfig, Session, SessionCtx,
+    CloseKind, Framed, ListenMode, Route, Server, ServerConfig, Session, SessionCtx,
 };
 
 fn runtime(shards: usize) -> mailring::Runtime {
@@ -527,4 +527,64 @@ fn shutdown_finishes_outstanding_replies_and_closes_idle_connections() {
     assert_eq!(busy.read(&mut [0u8; 1]).unwrap(), 0, "then closed");
     assert_eq!(idle.read(&mut [0u8; 1]).unwrap(), 0, "the idle one closed");
     rt.shutdown();
+}
+
+#[test]
+fn unix_sessions_move_to_their_tenants_shard_and_a_framed_client_drives_them() {
+    let rt = runtime(2);
+    let system = ActorSystem::start_on(rt.handle(), SystemConfig::default()).unwrap();
+    let sys = system.handle();
+    let path = std::env::temp_dir().join(format!("mailring-sessions-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let server = Server::builder(LengthDelimited::new(), move |peer| {
+        assert_eq!(peer, None, "Unix peers have no address");
+        TenantSession {
+            system: sys.clone(),
+        }
+    })
+    .follow::<Tenant>(system.handle())
+    .bind_unix(rt.handle(), &path)
+    .unwrap();
+    let tenants: Vec<(String, usize)> = (0..6)
+        .map(|t| {
+            let tenant = format!("unix-{t}");
+            let owner = system.shard_of::<Tenant>(&tenant).index();
+            (tenant, owner)
+        })
+        .collect();
+    let client_path = path.clone();
+    let expected = tenants.clone();
+    rt.block_on_local(move || async move {
+        for (tenant, owner) in expected {
+            let mut c = Framed::connect_unix(&client_path, LengthDelimited::new())
+                .await
+                .unwrap();
+            c.send(Bytes::from_static(b"PING")).await.unwrap();
+            assert_eq!(c.recv().await.unwrap().unwrap(), &b"PONG"[..]);
+            c.feed(Bytes::from(format!("KEY {tenant}"))).unwrap();
+            c.feed(Bytes::from_static(b"one")).unwrap();
+            c.flush().await.unwrap();
+            let first = c.recv().await.unwrap().unwrap();
+            assert_eq!(first, format!("{owner} {owner} KEY {tenant}").as_bytes());
+            let second = c.recv().await.unwrap().unwrap();
+            assert_eq!(second, format!("{owner} {owner} one").as_bytes());
+            c.close_write().await.unwrap();
+            assert_eq!(
+                c.recv().await.unwrap(),
+                None,
+                "the server closes after the peer"
+            );
+        }
+    });
+    wait_for(&server, "6 peer closes", |s| {
+        s.closed(CloseKind::PeerClosed) == 6
+    });
+    let stats = server.stats();
+    let moved = tenants.iter().filter(|(_, o)| *o != 0).count() as u64;
+    assert!(moved > 0, "some tenant lives on shard 1");
+    assert_eq!(stats.total(|s| s.handed_off), moved);
+    assert_eq!(stats.total(|s| s.io_off_owner), 0);
+    rt.block_on(server.shutdown());
+    assert!(!path.exists(), "shutdown removes the socket's path");
+    system.shutdown();
 }

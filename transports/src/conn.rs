@@ -1,0 +1,261 @@
+//! The stream sockets sessions run on ([`Conn`]: TCP or Unix, on one
+//! shard's ring), their std form for a move between shards, listeners, and
+//! [`Framed`], a framed client or server connection for code outside a
+//! [`crate::Server`].
+
+use std::io;
+use std::net::{Shutdown, SocketAddr};
+use std::path::Path;
+
+use bytes::{Bytes, BytesMut};
+use mailring_actors::mailring::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+
+use crate::codec::{Codec, CodecError};
+
+/// A connected stream socket on the current shard.
+#[derive(Debug)]
+pub(crate) enum Conn {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+/// A [`Conn`] off every ring, on its way to another shard.
+#[derive(Debug)]
+pub(crate) enum StdConn {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl Conn {
+    pub(crate) async fn recv(&self, buf: BytesMut) -> (io::Result<usize>, BytesMut) {
+        match self {
+            Conn::Tcp(s) => s.recv(buf).await,
+            Conn::Unix(s) => s.recv(buf).await,
+        }
+    }
+
+    pub(crate) async fn send_all(&self, buf: Bytes) -> (io::Result<()>, Bytes) {
+        match self {
+            Conn::Tcp(s) => s.send_all(buf).await,
+            Conn::Unix(s) => s.send_all(buf).await,
+        }
+    }
+
+    pub(crate) async fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Conn::Tcp(s) => s.shutdown(how).await,
+            Conn::Unix(s) => s.shutdown(how).await,
+        }
+    }
+
+    /// Takes the socket off this shard's ring; gives it back while an
+    /// abandoned operation still uses it.
+    pub(crate) fn into_std(self) -> Result<StdConn, Conn> {
+        match self {
+            Conn::Tcp(s) => s.into_std().map(StdConn::Tcp).map_err(Conn::Tcp),
+            Conn::Unix(s) => s.into_std().map(StdConn::Unix).map_err(Conn::Unix),
+        }
+    }
+
+    /// Adopts a socket on the current shard.
+    pub(crate) fn from_std(conn: StdConn) -> io::Result<Conn> {
+        Ok(match conn {
+            StdConn::Tcp(s) => Conn::Tcp(TcpStream::from_std(s)?),
+            StdConn::Unix(s) => Conn::Unix(UnixStream::from_std(s)?),
+        })
+    }
+}
+
+/// A listening socket on the current shard.
+#[derive(Debug)]
+pub(crate) enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+/// A listening socket before it reaches its shard.
+#[derive(Debug)]
+pub(crate) enum StdListener {
+    Tcp(std::net::TcpListener),
+    Unix(std::os::unix::net::UnixListener),
+}
+
+impl Listener {
+    pub(crate) fn from_std(l: StdListener) -> io::Result<Listener> {
+        Ok(match l {
+            StdListener::Tcp(l) => Listener::Tcp(TcpListener::from_std(l)?),
+            StdListener::Unix(l) => Listener::Unix(UnixListener::from_std(l)?),
+        })
+    }
+
+    /// Accepts one connection, with the peer's address for TCP.
+    pub(crate) async fn accept(&self) -> io::Result<(Conn, Option<SocketAddr>)> {
+        match self {
+            Listener::Tcp(l) => {
+                let (s, peer) = l.accept().await?;
+                let _ = s.set_nodelay(true);
+                Ok((Conn::Tcp(s), Some(peer)))
+            }
+            Listener::Unix(l) => Ok((Conn::Unix(l.accept().await?), None)),
+        }
+    }
+}
+
+/// Why [`Framed::recv`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FramedError {
+    /// The socket failed.
+    #[error("socket error: {0}")]
+    Io(#[from] io::Error),
+    /// The bytes received are not a frame of the codec.
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    /// The peer closed its side in the middle of a frame.
+    #[error("connection closed in the middle of a frame ({0} bytes)")]
+    Truncated(usize),
+}
+
+/// A framed connection on the current shard: frames out with
+/// [`send`](Self::send) (or [`feed`](Self::feed) then
+/// [`flush`](Self::flush)), frames in with [`recv`](Self::recv). What a
+/// client of a [`crate::Server`] (or a test) uses.
+///
+/// Keep a pending `recv` future until it finishes: dropping one while the
+/// kernel fills its buffer loses those bytes (the next `recv` says so).
+///
+/// ```
+/// use mailring_transports::bytes::Bytes;
+/// use mailring_transports::codec::Lines;
+/// use mailring_transports::Framed;
+///
+/// let rt = mailring_actors::Runtime::builder().shards(1).build()?;
+/// rt.block_on_local(|| async {
+///     let (a, b) = mailring_actors::mailring::net::UnixStream::pair()?;
+///     let (mut a, mut b) = (Framed::unix(a, Lines::new()), Framed::unix(b, Lines::new()));
+///     a.send(Bytes::from_static(b"hello")).await?;
+///     assert_eq!(b.recv().await?.as_deref(), Some(&b"hello"[..]));
+///     Ok::<_, mailring_transports::FramedError>(())
+/// })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct Framed<C: Codec> {
+    conn: Conn,
+    codec: C,
+    rbuf: BytesMut,
+    wbuf: BytesMut,
+    eof: bool,
+}
+
+impl<C: Codec> Framed<C> {
+    /// Connects over TCP.
+    ///
+    /// # Errors
+    ///
+    /// The connect's error, or an error outside a shard.
+    pub async fn connect_tcp(addr: SocketAddr, codec: C) -> io::Result<Self> {
+        let s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        Ok(Self::tcp(s, codec))
+    }
+
+    /// Connects to a Unix socket.
+    ///
+    /// # Errors
+    ///
+    /// The connect's error, or an error outside a shard.
+    pub async fn connect_unix(path: impl AsRef<Path>, codec: C) -> io::Result<Self> {
+        Ok(Self::unix(UnixStream::connect(path).await?, codec))
+    }
+
+    /// Frames a TCP stream.
+    pub fn tcp(stream: TcpStream, codec: C) -> Self {
+        Self::new(Conn::Tcp(stream), codec)
+    }
+
+    /// Frames a Unix stream.
+    pub fn unix(stream: UnixStream, codec: C) -> Self {
+        Self::new(Conn::Unix(stream), codec)
+    }
+
+    fn new(conn: Conn, codec: C) -> Self {
+        Framed {
+            conn,
+            codec,
+            rbuf: BytesMut::new(),
+            wbuf: BytesMut::new(),
+            eof: false,
+        }
+    }
+
+    /// Encodes `frame` into the write buffer without sending it.
+    ///
+    /// # Errors
+    ///
+    /// The codec's refusal.
+    pub fn feed(&mut self, frame: C::Out) -> Result<(), CodecError> {
+        self.codec.encode(frame, &mut self.wbuf)
+    }
+
+    /// Sends what [`feed`](Self::feed) buffered.
+    ///
+    /// # Errors
+    ///
+    /// The socket's error.
+    pub async fn flush(&mut self) -> io::Result<()> {
+        if self.wbuf.is_empty() {
+            return Ok(());
+        }
+        let (res, _) = self.conn.send_all(self.wbuf.split().freeze()).await;
+        res
+    }
+
+    /// Encodes and sends one frame.
+    ///
+    /// # Errors
+    ///
+    /// The codec's refusal (as `InvalidInput`) or the socket's error.
+    pub async fn send(&mut self, frame: C::Out) -> io::Result<()> {
+        self.feed(frame)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        self.flush().await
+    }
+
+    /// The next frame; `None` once the peer closed between frames.
+    ///
+    /// # Errors
+    ///
+    /// The socket's error, the codec's refusal, or a peer that closed in
+    /// the middle of a frame.
+    pub async fn recv(&mut self) -> Result<Option<C::In>, FramedError> {
+        loop {
+            if let Some(frame) = self.codec.decode(&mut self.rbuf)? {
+                return Ok(Some(frame));
+            }
+            if self.eof {
+                return match self.rbuf.len() {
+                    0 => Ok(None),
+                    n => Err(FramedError::Truncated(n)),
+                };
+            }
+            self.rbuf.reserve(16 << 10);
+            let tail = self.rbuf.split_off(self.rbuf.len());
+            let (res, tail) = self.conn.recv(tail).await;
+            self.rbuf.unsplit(tail);
+            if res? == 0 {
+                self.eof = true;
+            }
+        }
+    }
+
+    /// Closes the sending side (the peer reads the end after what was sent).
+    ///
+    /// # Errors
+    ///
+    /// The socket's error.
+    pub async fn close_write(&mut self) -> io::Result<()> {
+        self.flush().await?;
+        self.conn.shutdown(Shutdown::Write).await
+    }
+}
