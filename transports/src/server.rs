@@ -3,7 +3,9 @@
 //! replies, write), the move of a connection to its key's shard, limits,
 //! timeouts and shutdown.
 
+use std::any::Any;
 use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -23,8 +25,9 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::codec::{Codec, CodecError};
 use crate::conn::{Conn, Listener, StdListener};
-use crate::session::{CloseReason, FrameIn, Route, Session, SessionCtx};
+use crate::session::{CloseKind, CloseReason, FrameIn, Route, Session, SessionCtx};
 use crate::stats::{ServerStats, ShardCounters};
+use mailring_actors::mailring::CallbackKind;
 
 /// How a server listens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -164,7 +167,7 @@ impl<S: Session> ServerBuilder<S> {
     /// # Errors
     ///
     /// The OS error of a bind, or an error for a shard the runtime lacks.
-    pub fn bind(self, handle: &Handle, addr: SocketAddr) -> io::Result<Server> {
+    pub fn bind(self, handle: &Handle, addr: SocketAddr) -> io::Result<Server<S>> {
         let shards = match self.config.listen {
             ListenMode::ReusePort => (0..handle.shards()).map(ShardId::new).collect(),
             ListenMode::SingleAcceptor(s) => vec![check_shard(handle, s)?],
@@ -196,7 +199,7 @@ impl<S: Session> ServerBuilder<S> {
     /// # Errors
     ///
     /// The OS error of the bind (e.g. `AddrInUse` when `path` exists).
-    pub fn bind_unix(self, handle: &Handle, path: impl AsRef<Path>) -> io::Result<Server> {
+    pub fn bind_unix(self, handle: &Handle, path: impl AsRef<Path>) -> io::Result<Server<S>> {
         let shard = match self.config.listen {
             ListenMode::ReusePort => ShardId::new(0),
             ListenMode::SingleAcceptor(s) => check_shard(handle, s)?,
@@ -215,7 +218,7 @@ impl<S: Session> ServerBuilder<S> {
         handle: &Handle,
         listeners: Vec<(ShardId, StdListener)>,
         addr: ListenAddr,
-    ) -> Server {
+    ) -> Server<S> {
         static SERVER_IDS: AtomicU64 = AtomicU64::new(1);
         let shared = Arc::new(Shared::<S> {
             id: SERVER_IDS.fetch_add(1, Ordering::Relaxed),
@@ -245,10 +248,9 @@ impl<S: Session> ServerBuilder<S> {
                 }
             }));
         }
-        let control: Arc<dyn Control> = shared;
         Server {
             addr,
-            control,
+            shared,
             listeners: tasks,
         }
     }
@@ -356,17 +358,17 @@ impl<S: Session> Control for Shared<S> {
 /// rt.block_on(server.shutdown());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct Server {
+pub struct Server<S: Session> {
     addr: ListenAddr,
-    control: Arc<dyn Control>,
+    shared: Arc<Shared<S>>,
     listeners: Vec<mailring::JoinHandle<()>>,
 }
 
-impl std::fmt::Debug for Server {
+impl<S: Session> std::fmt::Debug for Server<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Server")
             .field("addr", &self.addr)
-            .field("live", &self.control.live())
+            .field("live", &self.shared.live())
             .finish()
     }
 }
@@ -380,10 +382,10 @@ pub struct ServerShutdownReport {
     pub forced: usize,
 }
 
-impl Server {
+impl<S: Session> Server<S> {
     /// A server of `S` sessions, each made by `factory` (given the peer's
     /// address) when a connection is accepted, framed by `codec`.
-    pub fn builder<S: Session>(
+    pub fn builder(
         codec: S::Codec,
         factory: impl Fn(Option<SocketAddr>) -> S + Send + Sync + 'static,
     ) -> ServerBuilder<S> {
@@ -414,12 +416,19 @@ impl Server {
 
     /// Connections open now.
     pub fn live_connections(&self) -> usize {
-        self.control.live()
+        self.shared.live()
+    }
+
+    /// A handle that pushes to the live sessions of a key.
+    pub fn sessions(&self) -> SessionsByKey<S> {
+        SessionsByKey {
+            shared: self.shared.clone(),
+        }
     }
 
     /// Counters per shard.
     pub fn stats(&self) -> ServerStats {
-        self.control.stats()
+        self.shared.stats()
     }
 
     /// Stops accepting, lets sessions finish what they started (replies
@@ -427,19 +436,19 @@ impl Server {
     /// rest; idle connections close at once. Each closes with
     /// [`CloseReason::Shutdown`].
     pub async fn shutdown(mut self) -> ServerShutdownReport {
-        let open_at_start = self.control.live();
-        let deadline = Instant::now() + self.control.grace();
-        self.control.begin_shutdown();
+        let open_at_start = self.shared.live();
+        let deadline = Instant::now() + self.shared.grace();
+        self.shared.begin_shutdown();
         for l in std::mem::take(&mut self.listeners) {
             let _ = l.await;
         }
-        while self.control.live() > 0 && Instant::now() < deadline {
+        while self.shared.live() > 0 && Instant::now() < deadline {
             mailring::time::sleep(Duration::from_millis(1)).await;
         }
-        let forced = self.control.live();
+        let forced = self.shared.live();
         if forced > 0 {
-            self.control.force();
-            while self.control.live() > 0 {
+            self.shared.force();
+            while self.shared.live() > 0 {
                 mailring::time::sleep(Duration::from_millis(1)).await;
             }
         }
@@ -549,7 +558,21 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
                 shared.live.fetch_add(1, Ordering::AcqRel);
                 let c = shared.counters(shard);
                 c.accepted.fetch_add(1, Ordering::Relaxed);
-                let session = (shared.factory)(peer);
+                let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    (shared.factory)(peer)
+                }));
+                let session = match made {
+                    Ok(session) => session,
+                    Err(payload) => {
+                        mailring::panic::report_caught(CallbackKind::Factory, &*payload);
+                        mailring::panic::drop_payload(payload);
+                        c.closed(CloseKind::Panicked)
+                            .fetch_add(1, Ordering::Relaxed);
+                        shared.per_listener[index].fetch_sub(1, Ordering::AcqRel);
+                        shared.live.fetch_sub(1, Ordering::AcqRel);
+                        continue;
+                    }
+                };
                 let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
                 let cx = SessionCtx::new(peer, shard, id, shared.codec.clone());
                 let conn = Connection {
@@ -557,14 +580,9 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
                     listener: index,
                     acceptor_wake: wake.cell.borrow().clone(),
                 };
-                mailring::spawn_local(run_connection(
-                    conn,
-                    stream,
-                    session,
-                    cx,
-                    BytesMut::new(),
-                    None,
-                    true,
+                mailring::spawn_local(guarded(
+                    shared.clone(),
+                    run_connection(conn, stream, session, cx, BytesMut::new(), None, true),
                 ));
             }
             Some(Err(e)) => {
@@ -595,6 +613,36 @@ impl<S: Session> Drop for Connection<S> {
         self.shared.live.fetch_sub(1, Ordering::AcqRel);
         if let Some(w) = self.acceptor_wake.take() {
             w.wake();
+        }
+    }
+}
+
+/// Runs a connection's future; a panic in it (the session's code: hooks,
+/// handlers, pushes, deferred replies) is reported to the runtime and
+/// counted as [`CloseReason::Panicked`], and the connection closes (its
+/// future, with the socket, is dropped) while the shard goes on.
+async fn guarded<S: Session>(shared: Arc<Shared<S>>, connection: impl Future<Output = ()>) {
+    let caught = {
+        let mut connection = pin!(connection);
+        std::future::poll_fn(|task| {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                connection.as_mut().poll(task)
+            })) {
+                Ok(Poll::Ready(())) => Poll::Ready(None),
+                Ok(Poll::Pending) => Poll::Pending,
+                Err(payload) => Poll::Ready(Some(payload)),
+            }
+        })
+        .await
+    };
+    if let Some(payload) = caught {
+        mailring::panic::report_caught(CallbackKind::Handler, &*payload);
+        mailring::panic::drop_payload(payload);
+        if let Some(shard) = mailring::current_shard() {
+            shared
+                .counters(shard)
+                .closed(CloseKind::Panicked)
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -649,19 +697,30 @@ async fn run_connection<S: Session>(
                     let handle = conn.shared.handle.clone();
                     let SessionCtx { peer, id, .. } = cx;
                     let codec = cx.encoder;
-                    handle.spawn_local_on(owner, move || async move {
-                        let mut cx = SessionCtx::new(peer, owner, id, codec);
-                        cx.key = Some(key);
-                        match Conn::from_std(std) {
-                            Ok(stream) => {
-                                run_connection(conn, stream, session, cx, rbuf, Some(frame), false)
+                    let guard = conn.shared.clone();
+                    handle.spawn_local_on(owner, move || {
+                        guarded(guard, async move {
+                            let mut cx = SessionCtx::new(peer, owner, id, codec);
+                            cx.key = Some(key);
+                            match Conn::from_std(std) {
+                                Ok(stream) => {
+                                    run_connection(
+                                        conn,
+                                        stream,
+                                        session,
+                                        cx,
+                                        rbuf,
+                                        Some(frame),
+                                        false,
+                                    )
                                     .await
+                                }
+                                Err(e) => {
+                                    tracing_error("adopting a moved connection", &e);
+                                    close(&conn, &mut session, &mut cx, CloseReason::HandOff);
+                                }
                             }
-                            Err(e) => {
-                                tracing_error("adopting a moved connection", &e);
-                                close(&conn, &mut session, &mut cx, CloseReason::HandOff);
-                            }
-                        }
+                        })
                     });
                     return;
                 }
@@ -717,7 +776,17 @@ async fn drive<S: Session>(
     };
     let mut frame_deadline: Option<Sleep> = None;
     let mut starved = false;
+    let mut registered = cx
+        .key
+        .clone()
+        .map(|key| Registered::<S>::new(shared.id, key, &wake));
     loop {
+        // Pushes run between frames.
+        if let Some(r) = &registered {
+            while let Some(push) = r.take() {
+                push(session, cx);
+            }
+        }
         let closing = shared.closing.load(Ordering::Acquire);
         if shared.forced.load(Ordering::Acquire) {
             return Exit::Close(CloseReason::Shutdown);
@@ -740,6 +809,7 @@ async fn drive<S: Session>(
                         if let Route::Key(key) = session.route(&frame, cx) {
                             let owner = (shared.placer)(&key, shared.handle.shards());
                             if owner == shard {
+                                registered = Some(Registered::new(shared.id, key.clone(), &wake));
                                 cx.key = Some(key);
                                 handshake = None;
                                 counters.attached_in.fetch_add(1, Ordering::Relaxed);
@@ -869,6 +939,9 @@ async fn drive<S: Session>(
                     return Poll::Ready(Event::Close(CloseReason::FrameTimeout));
                 }
             }
+            if registered.as_ref().is_some_and(Registered::has_pushes) {
+                progressed = true;
+            }
             if progressed {
                 Poll::Ready(Event::Progress)
             } else {
@@ -940,4 +1013,160 @@ where
     })
     .await;
     failed
+}
+
+/// A push to the sessions of a key, run on each on its shard.
+type PushFn<S> = Arc<dyn Fn(&mut S, &mut SessionCtx<S>) + Send + Sync>;
+
+/// An attached session's queue of pushes, and the waker of its driver.
+struct Inbox<S: Session> {
+    queue: RefCell<VecDeque<PushFn<S>>>,
+    wake: Rc<RefCell<Option<Waker>>>,
+}
+
+/// Per shard and server: the inboxes of the sessions attached here, by key.
+type KeyTable<S> = HashMap<<S as Session>::Key, Vec<Rc<Inbox<S>>>>;
+
+thread_local! {
+    static BY_KEY: RefCell<HashMap<u64, Box<dyn Any>>> = RefCell::new(HashMap::new());
+}
+
+fn with_key_table<S: Session, R>(server: u64, f: impl FnOnce(&mut KeyTable<S>) -> R) -> R {
+    BY_KEY.with(|tables| {
+        let mut tables = tables.borrow_mut();
+        let table = tables
+            .entry(server)
+            .or_insert_with(|| Box::new(KeyTable::<S>::new()))
+            .downcast_mut::<KeyTable<S>>()
+            .expect("one session type per server id");
+        f(table)
+    })
+}
+
+/// A session's place in its shard's key table; leaves it on drop.
+struct Registered<S: Session> {
+    server: u64,
+    key: S::Key,
+    inbox: Rc<Inbox<S>>,
+}
+
+impl<S: Session> Registered<S> {
+    fn new(server: u64, key: S::Key, wake: &WakeCell) -> Self {
+        let inbox = Rc::new(Inbox {
+            queue: RefCell::new(VecDeque::new()),
+            wake: wake.cell.clone(),
+        });
+        with_key_table::<S, _>(server, |t| {
+            t.entry(key.clone()).or_default().push(inbox.clone())
+        });
+        Registered { server, key, inbox }
+    }
+
+    fn take(&self) -> Option<PushFn<S>> {
+        self.inbox.queue.borrow_mut().pop_front()
+    }
+
+    fn has_pushes(&self) -> bool {
+        !self.inbox.queue.borrow().is_empty()
+    }
+}
+
+impl<S: Session> Drop for Registered<S> {
+    fn drop(&mut self) {
+        let _ = BY_KEY.try_with(|_| {
+            with_key_table::<S, _>(self.server, |t| {
+                if let Some(list) = t.get_mut(&self.key) {
+                    list.retain(|i| !Rc::ptr_eq(i, &self.inbox));
+                    if list.is_empty() {
+                        t.remove(&self.key);
+                    }
+                }
+            })
+        });
+    }
+}
+
+/// Runs on the key's shard: queues `push` for each session of `key` there;
+/// returns how many.
+fn deliver<S: Session>(shared: &Shared<S>, key: &S::Key, push: PushFn<S>) -> usize {
+    let inboxes: Vec<Rc<Inbox<S>>> =
+        with_key_table::<S, _>(shared.id, |t| t.get(key).cloned().unwrap_or_default());
+    let shard = mailring::current_shard().expect("delivered on a shard");
+    let counters = shared.counters(shard);
+    if inboxes.is_empty() {
+        counters.push_dead_letters.fetch_add(1, Ordering::Relaxed);
+        return 0;
+    }
+    for inbox in &inboxes {
+        inbox.queue.borrow_mut().push_back(push.clone());
+        if let Some(w) = inbox.wake.borrow().as_ref() {
+            w.wake_by_ref();
+        }
+    }
+    counters
+        .pushes_delivered
+        .fetch_add(inboxes.len() as u64, Ordering::Relaxed);
+    inboxes.len()
+}
+
+/// Reaches the live sessions of a key from anywhere (any shard, any
+/// thread): what a publisher holds to push to a tenant's connections.
+/// Cheap to clone.
+pub struct SessionsByKey<S: Session> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S: Session> Clone for SessionsByKey<S> {
+    fn clone(&self) -> Self {
+        SessionsByKey {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: Session> std::fmt::Debug for SessionsByKey<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionsByKey").finish_non_exhaustive()
+    }
+}
+
+impl<S: Session> SessionsByKey<S> {
+    /// Runs `push` on every session attached to `key`, on the key's shard,
+    /// between its frames (e.g. `cx.send_frame(..)` to every connection of
+    /// a tenant). Fire and forget: when the key has no attached session, the
+    /// push is counted as a dead letter
+    /// ([`SessionShardStats::push_dead_letters`](crate::SessionShardStats))
+    /// and dropped. A session still moving to the key's shard is not
+    /// attached yet.
+    pub fn push(
+        &self,
+        key: &S::Key,
+        push: impl Fn(&mut S, &mut SessionCtx<S>) + Send + Sync + 'static,
+    ) {
+        let owner = (self.shared.placer)(key, self.shared.handle.shards());
+        let shared = self.shared.clone();
+        let key = key.clone();
+        let push: PushFn<S> = Arc::new(push);
+        self.shared.handle.run_on(owner, move || {
+            deliver(&shared, &key, push);
+        });
+    }
+
+    /// As [`push`](Self::push), and answers, after a round trip to the
+    /// key's shard, how many sessions it reached (0: none, nothing ran).
+    pub async fn push_counted(
+        &self,
+        key: &S::Key,
+        push: impl Fn(&mut S, &mut SessionCtx<S>) + Send + Sync + 'static,
+    ) -> usize {
+        let owner = (self.shared.placer)(key, self.shared.handle.shards());
+        let shared = self.shared.clone();
+        let key = key.clone();
+        let push: PushFn<S> = Arc::new(push);
+        self.shared
+            .handle
+            .spawn_on(owner, async move { deliver(&shared, &key, push) })
+            .await
+            .unwrap_or(0)
+    }
 }

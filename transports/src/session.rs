@@ -61,7 +61,7 @@ pub trait Session: Send + Sized + 'static {
     type Codec: Codec;
     /// The key that decides the owning shard (`()` for sessions that stay
     /// where they were accepted).
-    type Key: RouteKey + Clone + Send + fmt::Debug + 'static;
+    type Key: RouteKey + Clone + Eq + std::hash::Hash + Send + Sync + fmt::Debug + 'static;
 
     /// The key extractor, asked for each frame until it names a key. By
     /// default no frame names one: the session stays where it was accepted.
@@ -139,6 +139,11 @@ pub enum CloseReason {
     Io(std::io::ErrorKind),
     /// Moving the connection to its key's shard failed.
     HandOff,
+    /// The session's code (the factory, a hook, a handler, a push, a
+    /// deferred reply) panicked. The panic is reported to the runtime
+    /// (`ShardStats::panics`, the `on_panic` hook); `on_close` does not run
+    /// on a session that panicked.
+    Panicked,
 }
 
 impl CloseReason {
@@ -157,6 +162,7 @@ impl CloseReason {
             CloseReason::Shutdown => CloseKind::Shutdown,
             CloseReason::Io(_) => CloseKind::Io,
             CloseReason::HandOff => CloseKind::HandOff,
+            CloseReason::Panicked => CloseKind::Panicked,
         }
     }
 }
@@ -178,6 +184,7 @@ impl fmt::Display for CloseReason {
             CloseReason::Shutdown => f.write_str("server shutdown"),
             CloseReason::Io(kind) => write!(f, "socket error: {kind}"),
             CloseReason::HandOff => f.write_str("hand-off to the key's shard failed"),
+            CloseReason::Panicked => f.write_str("the session panicked"),
         }
     }
 }
@@ -198,11 +205,12 @@ pub enum CloseKind {
     Shutdown,
     Io,
     HandOff,
+    Panicked,
 }
 
 impl CloseKind {
     /// Every kind, in counter order.
-    pub const ALL: [CloseKind; 12] = [
+    pub const ALL: [CloseKind; 13] = [
         CloseKind::PeerClosed,
         CloseKind::ClosedBySession,
         CloseKind::IdleTimeout,
@@ -215,6 +223,7 @@ impl CloseKind {
         CloseKind::Shutdown,
         CloseKind::Io,
         CloseKind::HandOff,
+        CloseKind::Panicked,
     ];
 
     pub(crate) fn index(self) -> usize {

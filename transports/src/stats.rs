@@ -17,6 +17,8 @@ pub(crate) struct ShardCounters {
     pub(crate) io_off_owner: AtomicU64,
     pub(crate) accept_paused: AtomicU64,
     pub(crate) accept_errors: AtomicU64,
+    pub(crate) pushes_delivered: AtomicU64,
+    pub(crate) push_dead_letters: AtomicU64,
     closed: [AtomicU64; CloseKind::ALL.len()],
 }
 
@@ -37,6 +39,8 @@ impl ShardCounters {
             io_off_owner: get(&self.io_off_owner),
             accept_paused: get(&self.accept_paused),
             accept_errors: get(&self.accept_errors),
+            pushes_delivered: get(&self.pushes_delivered),
+            push_dead_letters: get(&self.push_dead_letters),
             closed: std::array::from_fn(|i| get(&self.closed[i])),
         }
     }
@@ -66,6 +70,10 @@ pub struct SessionShardStats {
     pub accept_paused: u64,
     /// Failed accepts (e.g. out of descriptors).
     pub accept_errors: u64,
+    /// Pushes run on a session of this shard (one per session reached).
+    pub pushes_delivered: u64,
+    /// Pushes to a key with no live session on this shard, its shard.
+    pub push_dead_letters: u64,
     closed: [u64; CloseKind::ALL.len()],
 }
 

@@ -49,7 +49,11 @@ fn read_frame(c: &mut TcpStream) -> std::io::Result<Vec<u8>> {
 }
 
 /// Waits (bounded) for `cond` on the server's stats.
-fn wait_for(server: &Server, what: &str, cond: impl Fn(&mailring_transports::ServerStats) -> bool) {
+fn wait_for<S: Session>(
+    server: &Server<S>,
+    what: &str,
+    cond: impl Fn(&mailring_transports::ServerStats) -> bool,
+) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let stats = server.stats();
@@ -587,4 +591,149 @@ fn unix_sessions_move_to_their_tenants_shard_and_a_framed_client_drives_them() {
     rt.block_on(server.shutdown());
     assert!(!path.exists(), "shutdown removes the socket's path");
     system.shutdown();
+}
+
+#[test]
+fn a_push_reaches_every_live_session_of_a_key_and_none_else() {
+    let rt = runtime(2);
+    let system = ActorSystem::start_on(rt.handle(), SystemConfig::default()).unwrap();
+    let sys = system.handle();
+    let server = Server::builder(LengthDelimited::new(), move |_| TenantSession {
+        system: sys.clone(),
+    })
+    .follow::<Tenant>(system.handle())
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    let attach = |tenant: &str| {
+        let mut c = client(server.local_addr());
+        c.write_all(&frame(format!("KEY {tenant}").as_bytes()))
+            .unwrap();
+        read_frame(&mut c).unwrap();
+        c
+    };
+    let mut ones: Vec<TcpStream> = (0..3).map(|_| attach("tenant-1")).collect();
+    let mut other = attach("tenant-2");
+    let sessions = server.sessions();
+    // From a task on some shard, with the count coming back.
+    let s = sessions.clone();
+    let reached = rt
+        .block_on(rt.spawn(async move {
+            s.push_counted(&"tenant-1".to_string(), |_session, cx| {
+                cx.send_frame(Bytes::from_static(b"PUSH"));
+            })
+            .await
+        }))
+        .unwrap();
+    assert_eq!(reached, 3);
+    for c in &mut ones {
+        assert_eq!(read_frame(c).unwrap(), b"PUSH");
+    }
+    // The other tenant got nothing: its next reply is its own.
+    other.write_all(&frame(b"mine")).unwrap();
+    assert!(read_frame(&mut other).unwrap().ends_with(b" mine"));
+    // No session: a counted dead letter, by round trip and fire-and-forget.
+    let nobody = "nobody".to_string();
+    let s = sessions.clone();
+    let n2 = nobody.clone();
+    assert_eq!(
+        rt.block_on(async move { s.push_counted(&n2, |_, _| {}).await }),
+        0
+    );
+    sessions.push(&nobody, |_, _| panic!("no session runs this"));
+    wait_for(&server, "2 dead letters", |s| {
+        s.total(|s| s.push_dead_letters) == 2
+    });
+    // A closed session leaves the key's table.
+    drop(ones.pop());
+    wait_for(&server, "a close", |s| s.closed(CloseKind::PeerClosed) == 1);
+    let s = sessions.clone();
+    let reached = rt.block_on(async move {
+        s.push_counted(&"tenant-1".to_string(), |_, cx| {
+            cx.send_frame(Bytes::from_static(b"AGAIN"))
+        })
+        .await
+    });
+    assert_eq!(reached, 2);
+    for c in &mut ones {
+        assert_eq!(read_frame(c).unwrap(), b"AGAIN");
+    }
+    assert_eq!(server.stats().total(|s| s.pushes_delivered), 5);
+    drop((ones, other));
+    rt.block_on(server.shutdown());
+    system.shutdown();
+}
+
+/// Echoes, but panics on `boom` (in the handler) and on `later` (in a
+/// deferred reply).
+struct Fragile;
+
+impl Session for Fragile {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        match &frame[..] {
+            b"boom" => panic!("session handler panics on purpose"),
+            b"later" => cx.reply_later(async { panic!("deferred reply panics on purpose") }),
+            _ => cx.send_frame(frame),
+        }
+    }
+}
+
+#[test]
+fn a_panicking_session_or_factory_closes_only_its_connection() {
+    let rt = runtime(2);
+    let made = Arc::new(AtomicUsize::new(0));
+    let m = made.clone();
+    let server = Server::builder(LengthDelimited::new(), move |_| {
+        if m.fetch_add(1, Ordering::SeqCst) == 3 {
+            panic!("factory panics on purpose");
+        }
+        Fragile
+    })
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    let addr = server.local_addr();
+    let mut good = client(addr);
+    let echo = |c: &mut TcpStream, body: &[u8]| {
+        c.write_all(&frame(body)).unwrap();
+        assert_eq!(read_frame(c).unwrap(), body);
+    };
+    echo(&mut good, b"before");
+    for (n, poison) in [&b"boom"[..], b"later"].into_iter().enumerate() {
+        let mut bad = client(addr);
+        echo(&mut bad, b"fine so far");
+        bad.write_all(&frame(poison)).unwrap();
+        assert_eq!(
+            bad.read(&mut [0u8; 8]).unwrap_or(0),
+            0,
+            "closed after the panic"
+        );
+        wait_for(&server, "a panic close", |s| {
+            s.closed(CloseKind::Panicked) == n as u64 + 1
+        });
+        echo(&mut good, b"still served");
+    }
+    // The fourth connection's factory panics: that connection is dropped.
+    let mut refused = client(addr);
+    refused.write_all(&frame(b"anyone?")).unwrap();
+    assert_eq!(refused.read(&mut [0u8; 8]).unwrap_or(0), 0);
+    wait_for(&server, "the factory's panic", |s| {
+        s.closed(CloseKind::Panicked) == 3
+    });
+    // The listener still accepts.
+    let mut after = client(addr);
+    echo(&mut after, b"accepted after");
+    echo(&mut good, b"and still served");
+    assert_eq!(server.live_connections(), 2);
+    let panics = rt
+        .stats()
+        .shards
+        .iter()
+        .map(|s| s.panics.total())
+        .sum::<u64>();
+    assert_eq!(panics, 3, "each panic reported to the runtime");
+    drop((good, after));
+    rt.block_on(server.shutdown());
+    rt.shutdown();
 }
