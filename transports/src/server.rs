@@ -66,6 +66,10 @@ pub struct ServerConfig {
     /// Close a connection that starts a frame and does not finish it within
     /// this time. Default 30 s.
     pub frame_timeout: Option<Duration>,
+    /// Sessions attached to one key at once; past it, a new session of the
+    /// key gets [`Session::refusal`] and closes with
+    /// [`CloseReason::KeyLimit`]. Default none.
+    pub max_per_key: Option<usize>,
     /// Connections served at once by each listener; at the limit the
     /// listener stops accepting (counted in [`ServerStats`]) until one
     /// closes. Default 10,000.
@@ -86,6 +90,7 @@ impl Default for ServerConfig {
             idle_timeout: None,
             handshake_timeout: None,
             frame_timeout: Some(Duration::from_secs(30)),
+            max_per_key: None,
             max_connections: 10_000,
             shutdown_grace: Duration::from_secs(5),
         }
@@ -666,12 +671,6 @@ async fn run_connection<S: Session>(
     let shard = cx.shard;
     if fresh {
         session.on_open(&mut cx);
-    } else {
-        conn.shared
-            .counters(shard)
-            .attached_in
-            .fetch_add(1, Ordering::Relaxed);
-        session.on_attach(&mut cx);
     }
     let mut decoder = conn.shared.codec.clone();
     let exit = drive(
@@ -776,10 +775,14 @@ async fn drive<S: Session>(
     };
     let mut frame_deadline: Option<Sleep> = None;
     let mut starved = false;
-    let mut registered = cx
-        .key
-        .clone()
-        .map(|key| Registered::<S>::new(shared.id, key, &wake));
+    // Arrived with a key (moved here): attach, or refuse past the limit.
+    let mut registered = None;
+    if let Some(key) = cx.key.clone() {
+        registered = attach(shared, session, cx, key, &wake);
+        if registered.is_none() {
+            carried = None;
+        }
+    }
     loop {
         // Pushes run between frames.
         if let Some(r) = &registered {
@@ -809,11 +812,11 @@ async fn drive<S: Session>(
                         if let Route::Key(key) = session.route(&frame, cx) {
                             let owner = (shared.placer)(&key, shared.handle.shards());
                             if owner == shard {
-                                registered = Some(Registered::new(shared.id, key.clone(), &wake));
-                                cx.key = Some(key);
                                 handshake = None;
-                                counters.attached_in.fetch_add(1, Ordering::Relaxed);
-                                session.on_attach(cx);
+                                registered = attach(shared, session, cx, key, &wake);
+                                if registered.is_none() {
+                                    continue;
+                                }
                             } else {
                                 moving = Some((key, frame));
                                 continue;
@@ -1084,6 +1087,37 @@ impl<S: Session> Drop for Registered<S> {
             })
         });
     }
+}
+
+/// Attaches the session to `key` on this (the key's) shard: registers it
+/// for pushes and runs `on_attach`; or, when the key has
+/// [`ServerConfig::max_per_key`] sessions already, sends the session's
+/// refusal and closes with [`CloseReason::KeyLimit`].
+fn attach<S: Session>(
+    shared: &Shared<S>,
+    session: &mut S,
+    cx: &mut SessionCtx<S>,
+    key: S::Key,
+    wake: &WakeCell,
+) -> Option<Registered<S>> {
+    if let Some(max) = shared.config.max_per_key {
+        let live = with_key_table::<S, _>(shared.id, |t| t.get(&key).map_or(0, Vec::len));
+        if live >= max {
+            if let Some(frame) = session.refusal(&CloseReason::KeyLimit) {
+                cx.send_frame(frame);
+            }
+            cx.close = Some(CloseReason::KeyLimit);
+            return None;
+        }
+    }
+    let registered = Registered::new(shared.id, key.clone(), wake);
+    cx.key = Some(key);
+    shared
+        .counters(cx.shard)
+        .attached_in
+        .fetch_add(1, Ordering::Relaxed);
+    session.on_attach(cx);
+    Some(registered)
 }
 
 /// Runs on the key's shard: queues `push` for each session of `key` there;

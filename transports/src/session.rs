@@ -100,6 +100,15 @@ pub trait Session: Send + Sized + 'static {
         let _ = (queued_bytes, cx);
     }
 
+    /// The frame sent before the server closes the connection for `reason`
+    /// when the protocol has a way to say it (a Redis server answers
+    /// `-ERR max number of clients reached`); by default none. Asked for
+    /// [`CloseReason::KeyLimit`].
+    fn refusal(&mut self, reason: &CloseReason) -> Option<FrameOut<Self>> {
+        let _ = reason;
+        None
+    }
+
     /// Runs once when the connection ends, with the reason.
     fn on_close(&mut self, reason: &CloseReason, cx: &mut SessionCtx<Self>) {
         let _ = (reason, cx);

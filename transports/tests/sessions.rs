@@ -251,6 +251,10 @@ impl Session for TenantSession {
         }
     }
 
+    fn refusal(&mut self, _reason: &mailring_transports::CloseReason) -> Option<Bytes> {
+        Some(Bytes::from_static(b"-ERR max number of clients reached"))
+    }
+
     async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
         let Some(key) = cx.key().cloned() else {
             cx.send_frame(Bytes::from_static(b"PONG"));
@@ -736,4 +740,52 @@ fn a_panicking_session_or_factory_closes_only_its_connection() {
     drop((good, after));
     rt.block_on(server.shutdown());
     rt.shutdown();
+}
+
+#[test]
+fn past_the_per_key_limit_a_session_is_refused_through_its_codec() {
+    let rt = runtime(2);
+    let system = ActorSystem::start_on(rt.handle(), SystemConfig::default()).unwrap();
+    let sys = system.handle();
+    let mut config = ServerConfig::default();
+    config.max_per_key = Some(2);
+    let server = Server::builder(LengthDelimited::new(), move |_| TenantSession {
+        system: sys.clone(),
+    })
+    .config(config)
+    .follow::<Tenant>(system.handle())
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    let key_frame = frame(b"KEY tenant-7");
+    let attach = || {
+        let mut c = client(server.local_addr());
+        c.write_all(&key_frame).unwrap();
+        let reply = read_frame(&mut c).unwrap();
+        (c, reply)
+    };
+    let (a, ra) = attach();
+    let (_b, rb) = attach();
+    assert!(ra.ends_with(b"KEY tenant-7") && rb.ends_with(b"KEY tenant-7"));
+    for _ in 0..2 {
+        let (mut refused, reply) = attach();
+        assert_eq!(reply, b"-ERR max number of clients reached");
+        assert_eq!(refused.read(&mut [0u8; 8]).unwrap_or(0), 0, "then closed");
+    }
+    wait_for(&server, "2 refusals", |s| {
+        s.closed(CloseKind::KeyLimit) == 2
+    });
+    // Another key is not affected; and a slot freed is a slot taken.
+    let mut other = client(server.local_addr());
+    other.write_all(&frame(b"KEY tenant-8")).unwrap();
+    assert!(read_frame(&mut other).unwrap().ends_with(b"KEY tenant-8"));
+    drop(a);
+    wait_for(&server, "a close", |s| s.closed(CloseKind::PeerClosed) == 1);
+    let (_c, rc) = attach();
+    assert!(
+        rc.ends_with(b"KEY tenant-7"),
+        "{:?}",
+        String::from_utf8_lossy(&rc)
+    );
+    rt.block_on(server.shutdown());
+    system.shutdown();
 }
