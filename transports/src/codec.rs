@@ -1,6 +1,6 @@
 //! Framing on `bytes`: the [`Codec`] trait a session's connection decodes
 //! with and encodes with, and the stock codecs: [`LengthDelimited`],
-//! [`Lines`] and [`RawBytes`].
+//! [`Lines`], [`RawBytes`] and [`Bincode`] (serde values).
 //!
 //! A decoder takes frames off the front of the connection's read buffer. A
 //! frame that arrived whole is split off that buffer (`BytesMut::split_to`),
@@ -296,6 +296,98 @@ impl Codec for RawBytes {
     }
 }
 
+/// Serde values as bincode (2.0, standard configuration) in
+/// [`LengthDelimited`] frames: decodes `In`, encodes `Out` (the same type
+/// on both ends of a symmetric protocol).
+///
+/// ```
+/// use bytes::BytesMut;
+/// use mailring_transports::codec::{Bincode, Codec};
+///
+/// #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+/// struct Order { id: u64, item: String }
+///
+/// let mut codec = Bincode::<Order, Order>::new();
+/// let mut wire = BytesMut::new();
+/// codec.encode(Order { id: 7, item: "tea".into() }, &mut wire).unwrap();
+/// assert_eq!(codec.decode(&mut wire).unwrap(), Some(Order { id: 7, item: "tea".into() }));
+/// ```
+pub struct Bincode<In, Out> {
+    frames: LengthDelimited,
+    types: std::marker::PhantomData<fn(Out) -> In>,
+}
+
+impl<In, Out> std::fmt::Debug for Bincode<In, Out> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bincode")
+            .field("frames", &self.frames)
+            .finish()
+    }
+}
+
+impl<In, Out> Clone for Bincode<In, Out> {
+    fn clone(&self) -> Self {
+        Bincode {
+            frames: self.frames,
+            types: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<In, Out> Default for Bincode<In, Out> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<In, Out> Bincode<In, Out> {
+    /// Values in frames of the default [`LengthDelimited`] (4-byte header,
+    /// 8 MiB at most).
+    pub fn new() -> Self {
+        Self::with_frames(LengthDelimited::new())
+    }
+
+    /// Values in frames of `frames` (its header and maximum).
+    pub fn with_frames(frames: LengthDelimited) -> Self {
+        Bincode {
+            frames,
+            types: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<In, Out> Codec for Bincode<In, Out>
+where
+    In: serde::de::DeserializeOwned + Send + 'static,
+    Out: serde::Serialize + 'static,
+{
+    type In = In;
+    type Out = Out;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<In>, CodecError> {
+        let Some(frame) = self.frames.decode(buf)? else {
+            return Ok(None);
+        };
+        let (value, used) =
+            bincode::serde::decode_from_slice::<In, _>(&frame, bincode::config::standard())
+                .map_err(|e| CodecError::Malformed(format!("bincode: {e}")))?;
+        if used != frame.len() {
+            return Err(CodecError::Malformed(format!(
+                "bincode: {} bytes left over in a frame of {}",
+                frame.len() - used,
+                frame.len()
+            )));
+        }
+        Ok(Some(value))
+    }
+
+    fn encode(&mut self, value: Out, dst: &mut BytesMut) -> Result<(), CodecError> {
+        let body = bincode::serde::encode_to_vec(&value, bincode::config::standard())
+            .map_err(|e| CodecError::Malformed(format!("bincode: {e}")))?;
+        self.frames.encode(Bytes::from(body), dst)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,6 +453,35 @@ mod tests {
         ));
         let mut wire = BytesMut::new();
         assert!(c.encode(Bytes::from_static(b"a\nb"), &mut wire).is_err());
+    }
+
+    #[test]
+    fn bincode_refuses_garbage_and_trailing_bytes_with_a_typed_error() {
+        let mut c = Bincode::<(u32, String), (u32, String)>::new();
+        let mut wire = BytesMut::new();
+        c.encode((1, "one".into()), &mut wire).unwrap();
+        assert_eq!(c.decode(&mut wire).unwrap(), Some((1, "one".to_string())));
+        // A string whose length runs past the frame.
+        let mut garbage = BytesMut::new();
+        LengthDelimited::new()
+            .encode(Bytes::from_static(&[1, 200, b'x']), &mut garbage)
+            .unwrap();
+        assert!(matches!(
+            c.decode(&mut garbage),
+            Err(CodecError::Malformed(_))
+        ));
+        // A whole value followed by junk inside the same frame.
+        let mut body =
+            bincode::serde::encode_to_vec((2u32, "two"), bincode::config::standard()).unwrap();
+        body.push(0xff);
+        let mut padded = BytesMut::new();
+        LengthDelimited::new()
+            .encode(Bytes::from(body), &mut padded)
+            .unwrap();
+        assert!(matches!(
+            c.decode(&mut padded),
+            Err(CodecError::Malformed(_))
+        ));
     }
 
     #[test]
