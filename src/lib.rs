@@ -88,6 +88,8 @@ mod runtime;
 #[cfg(not(loom))]
 mod shard;
 #[cfg(not(loom))]
+pub mod signal;
+#[cfg(not(loom))]
 mod stats;
 #[cfg(not(loom))]
 mod task;

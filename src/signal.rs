@@ -1,0 +1,251 @@
+//! Unix signals as futures: [`ctrl_c`], and [`signal`] for SIGTERM, SIGHUP
+//! and the others a program may catch.
+//!
+//! Nothing is installed until a program asks: a program that never calls
+//! these keeps its default Ctrl-C. The first call for a signal installs a
+//! `sigaction` handler for it (process-wide, once, never removed; no signal
+//! mask is changed). The handler only counts the delivery and writes to an
+//! eventfd; a thread started with the first handler reads that eventfd and
+//! wakes the waiting futures, wherever they are polled (on a shard or off
+//! every runtime, e.g. in `Runtime::block_on`). Deliveries that come before
+//! a future is polled count: a [`Signal`] completes once for each batch of
+//! deliveries since it was made or last completed.
+//!
+//! ```no_run
+//! let rt = mailring::Runtime::new()?;
+//! rt.block_on(async {
+//!     // ... start serving ...
+//!     mailring::signal::ctrl_c().await?;
+//!     println!("Ctrl-C: shutting down");
+//!     Ok::<_, std::io::Error>(())
+//! })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::future::poll_fn;
+use std::io;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::task::{Poll, Waker};
+
+/// Signal numbers below this are catchable here (Linux has 64 signals).
+const SIGNALS: usize = 65;
+
+/// Deliveries per signal, counted by the handler.
+static DELIVERED: [AtomicU64; SIGNALS] = [const { AtomicU64::new(0) }; SIGNALS];
+
+/// The eventfd the handler writes (-1 until the first install).
+static EVENTFD: AtomicI32 = AtomicI32::new(-1);
+
+/// Installed signals and the futures waiting on each.
+struct Registry {
+    installed: [bool; SIGNALS],
+    waiters: Vec<Vec<Waker>>,
+}
+
+fn registry() -> &'static Mutex<Registry> {
+    static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        Mutex::new(Registry {
+            installed: [false; SIGNALS],
+            waiters: (0..SIGNALS).map(|_| Vec::new()).collect(),
+        })
+    })
+}
+
+fn lock() -> std::sync::MutexGuard<'static, Registry> {
+    registry().lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The handler: async-signal-safe (two atomics and a `write`), and it
+/// leaves `errno` as it found it.
+extern "C" fn on_signal(signum: libc::c_int) {
+    // SAFETY: `__errno_location` returns this thread's errno slot, valid
+    // for the thread's life; the handler restores what `write` may change.
+    let errno = unsafe { *libc::__errno_location() };
+    if let Some(count) = usize::try_from(signum).ok().and_then(|s| DELIVERED.get(s)) {
+        count.fetch_add(1, Ordering::SeqCst);
+    }
+    let fd = EVENTFD.load(Ordering::SeqCst);
+    if fd >= 0 {
+        let one: u64 = 1;
+        // SAFETY: `fd` is the eventfd, open for the life of the process;
+        // the 8 bytes are a local. A full counter (EAGAIN) loses nothing:
+        // the reader wakes anyway.
+        unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+    }
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// Creates the eventfd and starts the thread that reads it (once).
+fn start_reader() -> io::Result<()> {
+    if EVENTFD.load(Ordering::SeqCst) >= 0 {
+        return Ok(());
+    }
+    // SAFETY: a plain syscall; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    std::thread::Builder::new()
+        .name("mailring-signals".into())
+        .spawn(move || loop {
+            let mut value = 0u64;
+            // SAFETY: reads 8 bytes into a local from the eventfd, which is
+            // never closed.
+            let n = unsafe { libc::read(fd, (&mut value as *mut u64).cast(), 8) };
+            if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                return;
+            }
+            let woken: Vec<Waker> = lock().waiters.iter_mut().flat_map(std::mem::take).collect();
+            woken.into_iter().for_each(Waker::wake);
+        })
+        .inspect_err(|_| {
+            // SAFETY: `fd` was created above and given to nobody.
+            unsafe { libc::close(fd) };
+        })?;
+    EVENTFD.store(fd, Ordering::SeqCst);
+    Ok(())
+}
+
+fn install(signum: usize) -> io::Result<()> {
+    let mut reg = lock();
+    if reg.installed[signum] {
+        return Ok(());
+    }
+    start_reader()?;
+    // SAFETY: a zeroed `sigaction` is a valid value to fill in; the handler
+    // is an `extern "C" fn(c_int)` that is async-signal-safe; SA_RESTART
+    // keeps other threads' interrupted syscalls going.
+    let rc = unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+        action.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(signum as libc::c_int, &action, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    reg.installed[signum] = true;
+    Ok(())
+}
+
+/// Which signal: the common ones by name, others by number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SignalKind(libc::c_int);
+
+impl SignalKind {
+    /// SIGINT (Ctrl-C).
+    pub const fn interrupt() -> Self {
+        SignalKind(libc::SIGINT)
+    }
+    /// SIGTERM (what `kill` and service managers send).
+    pub const fn terminate() -> Self {
+        SignalKind(libc::SIGTERM)
+    }
+    /// SIGHUP.
+    pub const fn hangup() -> Self {
+        SignalKind(libc::SIGHUP)
+    }
+    /// SIGQUIT.
+    pub const fn quit() -> Self {
+        SignalKind(libc::SIGQUIT)
+    }
+    /// SIGUSR1.
+    pub const fn user_defined1() -> Self {
+        SignalKind(libc::SIGUSR1)
+    }
+    /// SIGUSR2.
+    pub const fn user_defined2() -> Self {
+        SignalKind(libc::SIGUSR2)
+    }
+    /// Any signal by number; [`signal`] refuses the ones that cannot or
+    /// must not be caught.
+    pub const fn from_raw(signum: libc::c_int) -> Self {
+        SignalKind(signum)
+    }
+    /// The signal's number.
+    pub const fn as_raw(self) -> libc::c_int {
+        self.0
+    }
+}
+
+/// Deliveries of one signal; see the module docs.
+#[derive(Debug)]
+pub struct Signal {
+    signum: usize,
+    seen: u64,
+}
+
+impl Signal {
+    /// Completes at the next delivery (or at once if one came since this
+    /// `Signal` was made or last completed).
+    pub async fn recv(&mut self) {
+        poll_fn(|cx| {
+            if self.take() {
+                return Poll::Ready(());
+            }
+            lock().waiters[self.signum].push(cx.waker().clone());
+            // A delivery between the check and the registration.
+            if self.take() {
+                return Poll::Ready(());
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    fn take(&mut self) -> bool {
+        let now = DELIVERED[self.signum].load(Ordering::SeqCst);
+        if now > self.seen {
+            self.seen = now;
+            return true;
+        }
+        false
+    }
+}
+
+/// Starts listening for `kind`, installing its handler on first use.
+///
+/// # Errors
+///
+/// `InvalidInput` for SIGKILL, SIGSTOP (uncatchable), SIGSEGV, SIGBUS,
+/// SIGILL, SIGFPE (faults: catching them hides crashes) and numbers out of
+/// range; the OS error of `sigaction` or of the eventfd.
+pub fn signal(kind: SignalKind) -> io::Result<Signal> {
+    let forbidden = [
+        libc::SIGKILL,
+        libc::SIGSTOP,
+        libc::SIGSEGV,
+        libc::SIGBUS,
+        libc::SIGILL,
+        libc::SIGFPE,
+    ];
+    let signum = usize::try_from(kind.0)
+        .ok()
+        .filter(|s| (1..SIGNALS).contains(s) && !forbidden.contains(&kind.0))
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("signal {} cannot be listened for", kind.0),
+            )
+        })?;
+    install(signum)?;
+    Ok(Signal {
+        signum,
+        seen: DELIVERED[signum].load(Ordering::SeqCst),
+    })
+}
+
+/// Completes at the next Ctrl-C (SIGINT). From the first call on, Ctrl-C
+/// no longer ends the process by itself.
+///
+/// # Errors
+///
+/// As [`signal`].
+pub async fn ctrl_c() -> io::Result<()> {
+    signal(SignalKind::interrupt())?.recv().await;
+    Ok(())
+}

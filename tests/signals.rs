@@ -1,0 +1,99 @@
+//! Signals as futures, in a binary of their own (`harness = false`): the
+//! handlers are process-wide, so no other test shares this process.
+
+use std::time::{Duration, Instant};
+
+use mailring::signal::{ctrl_c, signal, SignalKind};
+
+fn main() {
+    if std::env::var_os("MAILRING_SIGNAL_CHILD").is_some() {
+        // A program that never asks for signals: SIGINT ends it as usual.
+        // SAFETY: raising a signal in our own process.
+        unsafe { libc::raise(libc::SIGINT) };
+        std::thread::sleep(Duration::from_secs(5));
+        std::process::exit(0); // not reached
+    }
+    a_program_that_never_asks_keeps_its_default_ctrl_c();
+    refused_signals_are_an_error_not_a_handler();
+    a_delivery_before_the_wait_is_not_lost();
+    ctrl_c_wakes_a_task_on_a_shard();
+    sigterm_wakes_every_listener();
+    println!("signals: 5 tests passed");
+}
+
+fn a_program_that_never_asks_keeps_its_default_ctrl_c() {
+    use std::os::unix::process::ExitStatusExt;
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .env("MAILRING_SIGNAL_CHILD", "1")
+        .status()
+        .unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}");
+}
+
+fn refused_signals_are_an_error_not_a_handler() {
+    for raw in [libc::SIGKILL, libc::SIGSTOP, libc::SIGSEGV, 0, 65, -1] {
+        let err = signal(SignalKind::from_raw(raw)).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{raw}");
+    }
+}
+
+fn a_delivery_before_the_wait_is_not_lost() {
+    let rt = mailring::Runtime::builder().shards(1).build().unwrap();
+    let mut usr1 = signal(SignalKind::user_defined1()).unwrap();
+    // SAFETY: raising a signal whose handler is now installed.
+    unsafe { libc::raise(libc::SIGUSR1) };
+    let done =
+        rt.block_on(
+            async move { mailring::time::timeout(Duration::from_secs(10), usr1.recv()).await },
+        );
+    assert!(done.is_ok(), "the earlier delivery completes the wait");
+    rt.shutdown();
+}
+
+/// Sends `sig` to this process until `done` says it was seen (the waiting
+/// future may not be polled yet when the first one arrives).
+fn send_until(sig: libc::c_int, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "signal {sig} never seen");
+        // SAFETY: signalling our own process; a handler is installed.
+        unsafe { libc::kill(libc::getpid(), sig) };
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn ctrl_c_wakes_a_task_on_a_shard() {
+    let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+    let task = rt.handle().spawn_on(mailring::ShardId::new(1), async {
+        ctrl_c().await.unwrap();
+        mailring::current_shard().map(|s| s.index())
+    });
+    // Make sure the handler is installed before the first SIGINT (before
+    // it, SIGINT would end this process).
+    let _installed = signal(SignalKind::interrupt()).unwrap();
+    send_until(libc::SIGINT, || task.is_finished());
+    assert_eq!(rt.block_on(task).unwrap(), Some(1));
+    rt.shutdown();
+}
+
+fn sigterm_wakes_every_listener() {
+    let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+    let _installed = signal(SignalKind::terminate()).unwrap();
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            rt.spawn(async {
+                signal(SignalKind::terminate()).unwrap().recv().await;
+            })
+        })
+        .collect();
+    send_until(libc::SIGTERM, || tasks.iter().all(|t| t.is_finished()));
+    // And one waiting off every shard, in block_on.
+    let mut off = signal(SignalKind::terminate()).unwrap();
+    let waiter = std::thread::spawn(move || {
+        let rt = mailring::Runtime::builder().shards(1).build().unwrap();
+        rt.block_on(async move { off.recv().await });
+    });
+    send_until(libc::SIGTERM, || waiter.is_finished());
+    waiter.join().unwrap();
+    rt.shutdown();
+}
