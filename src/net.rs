@@ -53,8 +53,11 @@ use std::task::Poll;
 use crate::op::{submit_write, MultishotOp, Op, ShardFd};
 
 mod msg;
+mod steer;
 mod udp;
 mod unix;
+
+pub use self::steer::steer_by_source_port;
 
 pub use self::udp::UdpSocket;
 
@@ -533,6 +536,10 @@ impl TcpStream {
             Type::STREAM.cloexec(),
             Some(Protocol::TCP),
         )?;
+        Self::connect_socket(socket, addr).await
+    }
+
+    async fn connect_socket(socket: Socket, addr: SocketAddr) -> io::Result<TcpStream> {
         let inner = ShardFd::adopt(OwnedFd::from(socket))?;
         let keep = inner.fd.clone();
         let raw = inner.raw();
@@ -550,6 +557,24 @@ impl TcpStream {
         Ok(TcpStream {
             core: StreamCore::new(inner),
         })
+    }
+
+    /// Connects from `local` (a chosen source address and port) with
+    /// `IORING_OP_CONNECT`: what a client uses to pick the socket of a
+    /// server's reuseport group steered by [`steer_by_source_port`].
+    ///
+    /// # Errors
+    ///
+    /// The bind's error (`AddrInUse` when the port is taken), the kernel's
+    /// connect error, or an error outside a mailring shard.
+    pub async fn connect_from(local: SocketAddr, addr: SocketAddr) -> io::Result<TcpStream> {
+        let socket = Socket::new(
+            Domain::for_address(addr),
+            Type::STREAM.cloexec(),
+            Some(Protocol::TCP),
+        )?;
+        socket.bind(&local.into())?;
+        Self::connect_socket(socket, addr).await
     }
 
     /// Adopts a connected std stream on the current shard.

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use bytes::{Bytes, BytesMut};
 use mailring_actors::mailring::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use mailring_actors::mailring::ShardId;
 
 use crate::codec::{Codec, CodecError};
 
@@ -158,6 +159,67 @@ impl<C: Codec> Framed<C> {
         let s = TcpStream::connect(addr).await?;
         s.set_nodelay(true)?;
         Ok(Self::tcp(s, codec))
+    }
+
+    /// Connects over TCP from a source port that a server's steered
+    /// reuseport group ([`crate::ServerConfig::source_port_steering`]) sends
+    /// to its listener `shard` of `shards`: a client that knows its key
+    /// (`shard` = the key's shard on the server, e.g.
+    /// `mailring::sticky_shard(&key, shards)`) lands where its session
+    /// lives, with no hand-off. Ports taken locally are skipped.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for `shard >= shards`; `AddrInUse` when no port of
+    /// the residue was free after 64 tries; the connect's error.
+    pub async fn connect_tcp_to_shard(
+        addr: SocketAddr,
+        shard: ShardId,
+        shards: usize,
+        codec: C,
+    ) -> io::Result<Self> {
+        if shard.index() >= shards {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("shard {} of {shards}", shard.index()),
+            ));
+        }
+        let n = shards as u32;
+        // Start somewhere in the ephemeral-ish range, on the right residue.
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let base = 20_000 + seed % 40_000;
+        let mut port = base - base % n + shard.index() as u32;
+        let local_ip: std::net::IpAddr = if addr.is_ipv4() {
+            std::net::Ipv4Addr::UNSPECIFIED.into()
+        } else {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        };
+        let mut last = io::Error::new(io::ErrorKind::AddrInUse, "no free source port");
+        for _ in 0..64 {
+            if port > u32::from(u16::MAX) {
+                port = 1024 - 1024 % n + shard.index() as u32 + n;
+            }
+            let local = SocketAddr::new(local_ip, port as u16);
+            match TcpStream::connect_from(local, addr).await {
+                Ok(s) => {
+                    s.set_nodelay(true)?;
+                    return Ok(Self::tcp(s, codec));
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::AddrInUse | io::ErrorKind::AddrNotAvailable
+                    ) =>
+                {
+                    last = e;
+                    port += n;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
     }
 
     /// Connects to a Unix socket.

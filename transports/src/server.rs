@@ -66,6 +66,15 @@ pub struct ServerConfig {
     /// Close a connection that starts a frame and does not finish it within
     /// this time. Default 30 s.
     pub frame_timeout: Option<Duration>,
+    /// With [`ListenMode::ReusePort`] on TCP: steer each connection to
+    /// listener `source port % shards` (a classic BPF program on the
+    /// group), so a client that picks its source port
+    /// ([`Framed::connect_tcp_to_shard`](crate::Framed::connect_tcp_to_shard))
+    /// lands on its key's shard with no hand-off; other clients' ephemeral
+    /// ports spread as the kernel's hash would. Default on; where the kernel
+    /// refuses the program the server says so on stderr and runs unsteered
+    /// ([`Server::is_steered`]).
+    pub source_port_steering: bool,
     /// Sessions attached to one key at once; past it, a new session of the
     /// key gets [`Session::refusal`] and closes with
     /// [`CloseReason::KeyLimit`]. Default none.
@@ -90,6 +99,7 @@ impl Default for ServerConfig {
             idle_timeout: None,
             handshake_timeout: None,
             frame_timeout: Some(Duration::from_secs(30)),
+            source_port_steering: true,
             max_per_key: None,
             max_connections: 10_000,
             shutdown_grace: Duration::from_secs(5),
@@ -130,6 +140,7 @@ pub struct ServerBuilder<S: Session> {
     codec: S::Codec,
     factory: Factory<S>,
     placer: Option<Placer<S::Key>>,
+    steered: bool,
 }
 
 impl<S: Session> std::fmt::Debug for ServerBuilder<S> {
@@ -172,7 +183,7 @@ impl<S: Session> ServerBuilder<S> {
     /// # Errors
     ///
     /// The OS error of a bind, or an error for a shard the runtime lacks.
-    pub fn bind(self, handle: &Handle, addr: SocketAddr) -> io::Result<Server<S>> {
+    pub fn bind(mut self, handle: &Handle, addr: SocketAddr) -> io::Result<Server<S>> {
         let shards = match self.config.listen {
             ListenMode::ReusePort => (0..handle.shards()).map(ShardId::new).collect(),
             ListenMode::SingleAcceptor(s) => vec![check_shard(handle, s)?],
@@ -190,6 +201,17 @@ impl<S: Session> ServerBuilder<S> {
                 .ok_or_else(|| io::Error::other("listener is not an IP socket"))?;
             sockets.push(StdListener::Tcp(std::net::TcpListener::from(socket)));
         }
+        let mut steered = false;
+        if reuse_port && self.config.source_port_steering {
+            if let Some(StdListener::Tcp(first)) = sockets.first() {
+                use std::os::fd::AsFd;
+                match mailring::net::steer_by_source_port(first.as_fd(), sockets.len()) {
+                    Ok(()) => steered = true,
+                    Err(e) => tracing_error("source-port steering (running unsteered)", &e),
+                }
+            }
+        }
+        self.steered = steered;
         Ok(self.start(
             handle,
             shards.into_iter().zip(sockets).collect(),
@@ -225,6 +247,7 @@ impl<S: Session> ServerBuilder<S> {
         addr: ListenAddr,
     ) -> Server<S> {
         static SERVER_IDS: AtomicU64 = AtomicU64::new(1);
+        let steered = self.steered;
         let shared = Arc::new(Shared::<S> {
             id: SERVER_IDS.fetch_add(1, Ordering::Relaxed),
             handle: handle.clone(),
@@ -257,6 +280,7 @@ impl<S: Session> ServerBuilder<S> {
             addr,
             shared,
             listeners: tasks,
+            steered,
         }
     }
 }
@@ -367,6 +391,7 @@ pub struct Server<S: Session> {
     addr: ListenAddr,
     shared: Arc<Shared<S>>,
     listeners: Vec<mailring::JoinHandle<()>>,
+    steered: bool,
 }
 
 impl<S: Session> std::fmt::Debug for Server<S> {
@@ -399,6 +424,7 @@ impl<S: Session> Server<S> {
             codec,
             factory: Arc::new(factory),
             placer: None,
+            steered: false,
         }
     }
 
@@ -417,6 +443,12 @@ impl<S: Session> Server<S> {
     /// Where the server listens.
     pub fn listen_addr(&self) -> &ListenAddr {
         &self.addr
+    }
+
+    /// Whether its listeners steer connections by source port
+    /// ([`ServerConfig::source_port_steering`]).
+    pub fn is_steered(&self) -> bool {
+        self.steered
     }
 
     /// Connections open now.

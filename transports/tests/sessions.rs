@@ -273,12 +273,14 @@ impl Session for TenantSession {
     }
 }
 
-fn attach_test(mode: ListenMode) {
-    let rt = runtime(2);
+/// An actor system on `rt` and a server of `TenantSession`s following
+/// `Tenant`'s placement, on loopback.
+fn tenant_server(
+    rt: &mailring::Runtime,
+    config: ServerConfig,
+) -> (ActorSystem, Server<TenantSession>) {
     let system = ActorSystem::start_on(rt.handle(), SystemConfig::default()).unwrap();
     let sys = system.handle();
-    let mut config = ServerConfig::default();
-    config.listen = mode;
     let server = Server::builder(LengthDelimited::new(), move |_| TenantSession {
         system: sys.clone(),
     })
@@ -286,6 +288,14 @@ fn attach_test(mode: ListenMode) {
     .follow::<Tenant>(system.handle())
     .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
     .unwrap();
+    (system, server)
+}
+
+fn attach_test(mode: ListenMode) {
+    let rt = runtime(2);
+    let mut config = ServerConfig::default();
+    config.listen = mode;
+    let (system, server) = tenant_server(&rt, config);
     let mut clients = Vec::new();
     for t in 0..12 {
         let tenant = format!("tenant-{t}");
@@ -600,14 +610,7 @@ fn unix_sessions_move_to_their_tenants_shard_and_a_framed_client_drives_them() {
 #[test]
 fn a_push_reaches_every_live_session_of_a_key_and_none_else() {
     let rt = runtime(2);
-    let system = ActorSystem::start_on(rt.handle(), SystemConfig::default()).unwrap();
-    let sys = system.handle();
-    let server = Server::builder(LengthDelimited::new(), move |_| TenantSession {
-        system: sys.clone(),
-    })
-    .follow::<Tenant>(system.handle())
-    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
-    .unwrap();
+    let (system, server) = tenant_server(&rt, ServerConfig::default());
     let attach = |tenant: &str| {
         let mut c = client(server.local_addr());
         c.write_all(&frame(format!("KEY {tenant}").as_bytes()))
@@ -745,17 +748,9 @@ fn a_panicking_session_or_factory_closes_only_its_connection() {
 #[test]
 fn past_the_per_key_limit_a_session_is_refused_through_its_codec() {
     let rt = runtime(2);
-    let system = ActorSystem::start_on(rt.handle(), SystemConfig::default()).unwrap();
-    let sys = system.handle();
     let mut config = ServerConfig::default();
     config.max_per_key = Some(2);
-    let server = Server::builder(LengthDelimited::new(), move |_| TenantSession {
-        system: sys.clone(),
-    })
-    .config(config)
-    .follow::<Tenant>(system.handle())
-    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
-    .unwrap();
+    let (system, server) = tenant_server(&rt, config);
     let key_frame = frame(b"KEY tenant-7");
     let attach = || {
         let mut c = client(server.local_addr());
@@ -788,4 +783,59 @@ fn past_the_per_key_limit_a_session_is_refused_through_its_codec() {
     );
     rt.block_on(server.shutdown());
     system.shutdown();
+}
+
+#[test]
+fn a_client_that_picks_its_source_port_lands_on_its_keys_shard_without_a_hand_off() {
+    let rt = runtime(2);
+    let (system, server) = tenant_server(&rt, ServerConfig::default());
+    assert!(server.is_steered(), "the kernel here takes the program");
+    let addr = server.local_addr();
+    let tenants: Vec<(String, usize)> = (0..10)
+        .map(|t| {
+            let tenant = format!("steered-{t}");
+            let owner = system.shard_of::<Tenant>(&tenant).index();
+            (tenant, owner)
+        })
+        .collect();
+    let expected = tenants.clone();
+    rt.block_on_local(move || async move {
+        let mut open = Vec::new();
+        for (tenant, owner) in expected {
+            let mut c =
+                Framed::connect_tcp_to_shard(addr, ShardId::new(owner), 2, LengthDelimited::new())
+                    .await
+                    .unwrap();
+            c.send(Bytes::from(format!("KEY {tenant}"))).await.unwrap();
+            let reply = c.recv().await.unwrap().unwrap();
+            assert_eq!(reply, format!("{owner} {owner} KEY {tenant}").as_bytes());
+            open.push(c);
+        }
+    });
+    let stats = server.stats();
+    assert_eq!(stats.total(|s| s.handed_off), 0, "{stats:#?}");
+    assert_eq!(stats.total(|s| s.attached), 10);
+    for shard in 0..2 {
+        let owned = tenants.iter().filter(|(_, o)| *o == shard).count() as u64;
+        assert_eq!(stats.shards[shard].accepted, owned, "shard {shard}");
+    }
+    rt.block_on(server.shutdown());
+    system.shutdown();
+}
+
+#[test]
+fn a_shard_past_the_group_is_refused_before_connecting() {
+    let rt = runtime(1);
+    let err = rt.block_on_local(|| async {
+        Framed::connect_tcp_to_shard(
+            "127.0.0.1:9".parse().unwrap(),
+            ShardId::new(2),
+            2,
+            LengthDelimited::new(),
+        )
+        .await
+        .unwrap_err()
+    });
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    rt.shutdown();
 }
