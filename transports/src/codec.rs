@@ -80,6 +80,10 @@ pub struct LengthDelimited {
     max: usize,
 }
 
+/// How much room a decoder makes for the rest of a frame it has the
+/// header of, at most.
+const RESERVE_AHEAD: usize = 64 << 10;
+
 /// The default maximum body of a [`LengthDelimited`] frame: 8 MiB.
 pub const DEFAULT_MAX_FRAME: usize = 8 << 20;
 
@@ -147,7 +151,10 @@ impl Codec for LengthDelimited {
         }
         let whole = self.header + len;
         if buf.len() < whole {
-            buf.reserve(whole - buf.len());
+            // Room for what is missing, up to a bound: a peer that announces
+            // a large frame and sends it slowly (or never) holds only what
+            // it sent.
+            buf.reserve((whole - buf.len()).min(RESERVE_AHEAD));
             return Ok(None);
         }
         buf.advance(self.header);

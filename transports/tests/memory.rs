@@ -1,0 +1,194 @@
+//! Bounded memory under hostile clients, measured with a counting global
+//! allocator (live heap bytes, not RSS), in a binary of its own
+//! (`harness = false`: no other test allocates meanwhile).
+//!
+//! Forty bad clients (frames announced and never finished, garbage
+//! headers, silence, peers that never read while the server writes) run
+//! beside a good client whose replies are checked. The live heap during the
+//! attack stays within a bound set by the server's limits, and returns to
+//! its level before once the bad clients are closed.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use mailring_transports::codec::LengthDelimited;
+use mailring_transports::{CloseKind, Server, ServerConfig, Session, SessionCtx};
+
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: forwards to the system allocator and only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn live() -> isize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// Echoes each frame.
+struct Echo;
+
+impl Session for Echo {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        cx.send_frame(frame);
+    }
+}
+
+fn frame(body: &[u8]) -> Vec<u8> {
+    let mut v = (body.len() as u32).to_be_bytes().to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+fn client(addr: SocketAddr) -> TcpStream {
+    let c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.set_write_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    c
+}
+
+fn round_trip(c: &mut TcpStream, body: &[u8]) {
+    c.write_all(&frame(body)).unwrap();
+    let mut len = [0u8; 4];
+    c.read_exact(&mut len).unwrap();
+    let mut got = vec![0u8; u32::from_be_bytes(len) as usize];
+    c.read_exact(&mut got).unwrap();
+    assert_eq!(got, body, "the good client's reply");
+}
+
+const MAX_FRAME: usize = 64 << 10;
+const OUTBOUND_LIMIT: usize = 256 << 10;
+const BAD_CLIENTS: usize = 40;
+
+fn main() {
+    let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+    let mut config = ServerConfig::default();
+    config.frame_timeout = Some(Duration::from_secs(1));
+    config.idle_timeout = Some(Duration::from_secs(1));
+    config.outbound_high_water = OUTBOUND_LIMIT / 2;
+    config.outbound_limit = OUTBOUND_LIMIT;
+    let server = Server::builder(LengthDelimited::new().max_frame(MAX_FRAME), |_| Echo)
+        .config(config)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    let mut good = client(addr);
+    for i in 0..20 {
+        round_trip(&mut good, format!("warm up {i}").as_bytes());
+    }
+    let before = live();
+
+    let mut bad = Vec::new();
+    for i in 0..BAD_CLIENTS {
+        let mut c = client(addr);
+        match i % 4 {
+            // A frame announced just under the maximum, one byte of it sent.
+            0 => c
+                .write_all(&((MAX_FRAME as u32 - 1).to_be_bytes()))
+                .unwrap(),
+            // A header claiming 4 GiB.
+            1 => c.write_all(&[0xff; 8]).unwrap(),
+            // Nothing at all.
+            2 => {}
+            // Requests whose replies it never reads.
+            _ => {
+                let big = frame(&vec![b'x'; MAX_FRAME - 16]);
+                for _ in 0..64 {
+                    if c.write_all(&big).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        bad.push(c);
+    }
+    let mut peak = live();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut i = 0;
+    loop {
+        round_trip(&mut good, format!("during {i}").as_bytes());
+        i += 1;
+        peak = peak.max(live());
+        let stats = server.stats();
+        let closed: u64 = [
+            CloseKind::FrameTimeout,
+            CloseKind::BadFrame,
+            CloseKind::IdleTimeout,
+            CloseKind::SlowReader,
+        ]
+        .iter()
+        .map(|k| stats.closed(*k))
+        .sum();
+        if closed >= BAD_CLIENTS as u64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "bad clients still open: {stats:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(bad);
+    // Per bad client: a read buffer (a receive's chunk of 16 KiB plus what
+    // it sent, capped by the frame maximum) and a few KiB of session state;
+    // per non-reader also its outbound bytes: the queue under its limit
+    // plus one frame, and the batch in flight (under the limit too).
+    let per_client = MAX_FRAME + (16 << 10) + (4 << 10);
+    let per_non_reader = 2 * OUTBOUND_LIMIT + MAX_FRAME;
+    let bound = (BAD_CLIENTS * per_client + BAD_CLIENTS / 4 * per_non_reader) as isize;
+    let grew = peak - before;
+    println!("memory: live heap before {before} B, peak +{grew} B (bound {bound} B)");
+    assert!(
+        grew < bound,
+        "live heap grew by {grew} B during the attack, bound {bound} B"
+    );
+    round_trip(&mut good, b"after");
+    let settle = Instant::now() + Duration::from_secs(5);
+    let after = loop {
+        let now = live() - before;
+        if now < 256 << 10 || Instant::now() > settle {
+            break now;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    println!("memory: after the bad clients closed: {after:+} B against before");
+    assert!(
+        after < 256 << 10,
+        "live heap stays {after} B above its level before"
+    );
+    assert_eq!(server.live_connections(), 1);
+    drop(good);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+    println!("memory: 1 test passed");
+}
