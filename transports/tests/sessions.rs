@@ -839,3 +839,33 @@ fn a_shard_past_the_group_is_refused_before_connecting() {
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
     rt.shutdown();
 }
+
+#[test]
+fn a_session_that_names_no_key_in_time_is_closed_and_a_keyed_one_is_not() {
+    let rt = runtime(2);
+    let mut config = ServerConfig::default();
+    config.handshake_timeout = Some(Duration::from_millis(300));
+    let (system, server) = tenant_server(&rt, config);
+    let mut keyed = client(server.local_addr());
+    keyed.write_all(&frame(b"KEY tenant-3")).unwrap();
+    assert!(read_frame(&mut keyed).unwrap().ends_with(b"KEY tenant-3"));
+    let mut chatty = client(server.local_addr());
+    // Talks, but never names a key.
+    for _ in 0..3 {
+        chatty.write_all(&frame(b"PING")).unwrap();
+        assert_eq!(read_frame(&mut chatty).unwrap(), b"PONG");
+    }
+    wait_for(&server, "handshake timeout", |s| {
+        s.closed(CloseKind::HandshakeTimeout) == 1
+    });
+    assert_eq!(chatty.read(&mut [0u8; 8]).unwrap_or(0), 0);
+    std::thread::sleep(Duration::from_millis(400));
+    keyed.write_all(&frame(b"later")).unwrap();
+    assert!(
+        read_frame(&mut keyed).unwrap().ends_with(b" later"),
+        "the keyed one stays"
+    );
+    drop(keyed);
+    rt.block_on(server.shutdown());
+    system.shutdown();
+}
