@@ -1,0 +1,694 @@
+//! Sessions against Tokio servers, over loopback, with the load generator
+//! in a process of its own.
+//!
+//! ```text
+//! cargo run --release -p mailring-bench --example sessions -- [pairs] [workload...]
+//! ```
+//!
+//! Workloads (all frames length-delimited, 4-byte big-endian header):
+//! - `echo64`: one connection, 20,000 round trips of 64 bytes.
+//! - `stream4k`: 8 connections, each 10,000 frames of 4 KiB with up to 32
+//!   in flight, echoed.
+//! - `tenants1` / `tenants16`: 1,000 connections, each keyed to one of 100
+//!   tenants by its first frame, then 100 requests each, routed to the
+//!   tenant's actor (a counter) and answered; 1 or 16 in flight per
+//!   connection.
+//!
+//! Contenders: mailring sessions (2 shards, reuseport steered, keyed
+//! actors, deferred replies) against Tokio (2 workers, tokio-util's
+//! `LengthDelimitedCodec`), for tenants both with kameo actors and with
+//! plain tasks and channels (requests pipelined the same way: an ordered
+//! window of outstanding replies). Each pair runs the contenders in
+//! alternating order; the server's CPU time per request is its process's
+//! CPU time over the run (the load generator is another process).
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+
+const TENANTS: usize = 100;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Workload {
+    Echo64,
+    Stream4k,
+    Tenants(usize),
+}
+
+impl Workload {
+    fn parse(s: &str) -> Option<Workload> {
+        Some(match s {
+            "echo64" => Workload::Echo64,
+            "stream4k" => Workload::Stream4k,
+            "tenants1" => Workload::Tenants(1),
+            "tenants16" => Workload::Tenants(16),
+            _ => return None,
+        })
+    }
+
+    fn name(self) -> String {
+        match self {
+            Workload::Echo64 => "echo64".into(),
+            Workload::Stream4k => "stream4k".into(),
+            Workload::Tenants(w) => format!("tenants{w}"),
+        }
+    }
+
+    /// Connections, requests per connection, window.
+    fn shape(self) -> (usize, usize, usize) {
+        match self {
+            Workload::Echo64 => (1, 20_000, 1),
+            Workload::Stream4k => (8, 10_000, 32),
+            Workload::Tenants(w) => (1_000, 100, w),
+        }
+    }
+
+    fn contenders(self) -> &'static [Contender] {
+        match self {
+            Workload::Echo64 | Workload::Stream4k => &[Contender::Mailring, Contender::Tokio],
+            Workload::Tenants(_) => &[Contender::Mailring, Contender::Tokio, Contender::TokioKameo],
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Contender {
+    Mailring,
+    /// Tokio; for tenants, tasks + channels.
+    Tokio,
+    TokioKameo,
+}
+
+impl Contender {
+    fn name(self) -> &'static str {
+        match self {
+            Contender::Mailring => "mailring",
+            Contender::Tokio => "tokio",
+            Contender::TokioKameo => "tokio+kameo",
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("client") {
+        let workload = Workload::parse(&args[1]).expect("workload");
+        let addr: SocketAddr = args[2].parse().expect("address");
+        client(workload, addr);
+        return;
+    }
+    let pairs: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(5);
+    let mut workloads: Vec<Workload> = args.iter().filter_map(|a| Workload::parse(a)).collect();
+    if workloads.is_empty() {
+        workloads = vec![
+            Workload::Echo64,
+            Workload::Stream4k,
+            Workload::Tenants(1),
+            Workload::Tenants(16),
+        ];
+    }
+    println!("sessions benchmark: {pairs} alternating pairs per workload, 2 server threads, load generator in its own process");
+    for w in workloads {
+        run_workload(w, pairs);
+    }
+}
+
+/// One run's figures.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    wall: Duration,
+    p50: Duration,
+    p99: Duration,
+    server_cpu: Duration,
+    requests: u64,
+}
+
+fn run_workload(w: Workload, pairs: usize) {
+    let contenders = w.contenders();
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); contenders.len()];
+    for pair in 0..pairs {
+        let mut order: Vec<usize> = (0..contenders.len()).collect();
+        if pair % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            runs[i].push(serve_once(contenders[i], w));
+        }
+    }
+    println!("\n## {}", w.name());
+    println!("| contender | median wall | req/s | p50 | p99 | server CPU/req | wall ratio vs mailring (median [q1, q3]) |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for (i, c) in contenders.iter().enumerate() {
+        let r = &runs[i];
+        let wall = median(r.iter().map(|x| x.wall.as_secs_f64()).collect());
+        let p50 = median(r.iter().map(|x| x.p50.as_secs_f64()).collect());
+        let p99 = median(r.iter().map(|x| x.p99.as_secs_f64()).collect());
+        let cpu = median(
+            r.iter()
+                .map(|x| x.server_cpu.as_secs_f64() / x.requests as f64)
+                .collect(),
+        );
+        let reqs = r[0].requests as f64;
+        // Per pair: this contender's wall over mailring's (>1: mailring faster).
+        let ratios: Vec<f64> = r
+            .iter()
+            .zip(&runs[0])
+            .map(|(x, m)| x.wall.as_secs_f64() / m.wall.as_secs_f64())
+            .collect();
+        let (q1, med, q3) = quartiles(ratios);
+        println!(
+            "| {} | {:.1} ms | {:.0} | {:.1} µs | {:.1} µs | {:.2} µs | {med:.2} [{q1:.2}, {q3:.2}] |",
+            c.name(),
+            wall * 1e3,
+            reqs / wall,
+            p50 * 1e6,
+            p99 * 1e6,
+            cpu * 1e6,
+        );
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.25), at(0.5), at(0.75))
+}
+
+/// Starts `c`'s server, runs the load generator against it in another
+/// process, stops the server.
+fn serve_once(c: Contender, w: Workload) -> Run {
+    let server = match c {
+        Contender::Mailring => ServerHandle::mailring(w),
+        Contender::Tokio | Contender::TokioKameo => ServerHandle::tokio(c, w),
+    };
+    let cpu0 = mailring_bench::process_cpu();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["client", &w.name(), &server.addr.to_string()])
+        .output()
+        .expect("load generator");
+    let server_cpu = mailring_bench::process_cpu() - cpu0;
+    assert!(
+        out.status.success(),
+        "load generator failed against {}: {}",
+        c.name(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8_lossy(&out.stdout);
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    server.stop();
+    Run {
+        wall: Duration::from_nanos(f[0]),
+        p50: Duration::from_nanos(f[1]),
+        p99: Duration::from_nanos(f[2]),
+        requests: f[3],
+        server_cpu,
+    }
+}
+
+enum ServerKind {
+    Mailring {
+        rt: mailring::Runtime,
+        system: Option<mailring_actors::ActorSystem>,
+        stop: Box<dyn FnOnce(&mailring::Runtime)>,
+    },
+    Tokio {
+        rt: tokio::runtime::Runtime,
+        stop: tokio::sync::watch::Sender<bool>,
+    },
+}
+
+struct ServerHandle {
+    addr: SocketAddr,
+    kind: ServerKind,
+}
+
+impl ServerHandle {
+    fn stop(self) {
+        match self.kind {
+            ServerKind::Mailring { rt, system, stop } => {
+                stop(&rt);
+                if let Some(s) = system {
+                    s.shutdown();
+                }
+                rt.shutdown();
+            }
+            ServerKind::Tokio { rt, stop } => {
+                let _ = stop.send(true);
+                rt.shutdown_timeout(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------ mailring
+
+mod mailring_side {
+    use bytes::Bytes;
+    use mailring_actors::{Actor, Addr, Ctx, Handler, Message, SystemHandle};
+    use mailring_transports::codec::LengthDelimited;
+    use mailring_transports::{Route, Session, SessionCtx};
+
+    pub(crate) struct Echo;
+
+    impl Session for Echo {
+        type Codec = LengthDelimited;
+        type Key = ();
+
+        async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+            cx.send_frame(frame);
+        }
+    }
+
+    /// A tenant's counter.
+    #[derive(Actor)]
+    #[actor(key = String, activate = Tenant::new, handles(Inc))]
+    pub(crate) struct Tenant {
+        count: u64,
+    }
+
+    impl Tenant {
+        fn new(_key: &String) -> Self {
+            Tenant { count: 0 }
+        }
+    }
+
+    #[derive(Message)]
+    #[message(reply = u64)]
+    pub(crate) struct Inc;
+
+    impl Handler<Inc> for Tenant {
+        async fn handle(&mut self, _m: Inc, _cx: &mut Ctx<Self>) -> u64 {
+            self.count += 1;
+            self.count
+        }
+    }
+
+    /// `KEY <tenant>` first, then each frame increments the tenant.
+    pub(crate) struct TenantSession {
+        pub(crate) system: SystemHandle,
+        pub(crate) tenant: Option<Addr<Tenant>>,
+    }
+
+    impl Session for TenantSession {
+        type Codec = LengthDelimited;
+        type Key = String;
+
+        fn route(&mut self, frame: &Bytes, _cx: &SessionCtx<Self>) -> Route<String> {
+            match frame.strip_prefix(b"KEY ") {
+                Some(k) => Route::Key(String::from_utf8_lossy(k).into_owned()),
+                None => Route::NotYet,
+            }
+        }
+
+        async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+            if frame.starts_with(b"KEY ") {
+                cx.send_frame(Bytes::from_static(b"OK"));
+                return;
+            }
+            let Some(key) = cx.key().cloned() else {
+                cx.send_frame(Bytes::from_static(b"ERR no key"));
+                return;
+            };
+            let tenant = self
+                .tenant
+                .get_or_insert_with(|| self.system.keyed::<Tenant>(key))
+                .clone();
+            cx.reply_later(async move {
+                let n = tenant.ask(Inc).await.unwrap_or(0);
+                Bytes::copy_from_slice(&n.to_le_bytes())
+            });
+        }
+    }
+}
+
+impl ServerHandle {
+    fn mailring(w: Workload) -> ServerHandle {
+        use mailring_transports::codec::LengthDelimited;
+        use mailring_transports::Server;
+        let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        match w {
+            Workload::Echo64 | Workload::Stream4k => {
+                let server = Server::builder(LengthDelimited::new(), |_| mailring_side::Echo)
+                    .bind(rt.handle(), any)
+                    .unwrap();
+                let addr = server.local_addr();
+                ServerHandle {
+                    addr,
+                    kind: ServerKind::Mailring {
+                        rt,
+                        system: None,
+                        stop: Box::new(move |rt| {
+                            rt.block_on(server.shutdown());
+                        }),
+                    },
+                }
+            }
+            Workload::Tenants(_) => {
+                let system = mailring_actors::ActorSystem::start_on(
+                    rt.handle(),
+                    mailring_actors::SystemConfig::default(),
+                )
+                .unwrap();
+                let sys = system.handle();
+                let server = Server::builder(LengthDelimited::new(), move |_| {
+                    mailring_side::TenantSession {
+                        system: sys.clone(),
+                        tenant: None,
+                    }
+                })
+                .follow::<mailring_side::Tenant>(system.handle())
+                .bind(rt.handle(), any)
+                .unwrap();
+                let addr = server.local_addr();
+                ServerHandle {
+                    addr,
+                    kind: ServerKind::Mailring {
+                        rt,
+                        system: Some(system),
+                        stop: Box::new(move |rt| {
+                            rt.block_on(server.shutdown());
+                        }),
+                    },
+                }
+            }
+        }
+    }
+}
+
+// --------------------------------------------------------------- Tokio
+
+mod tokio_side {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use futures::stream::FuturesOrdered;
+    use futures::{SinkExt, StreamExt};
+    use kameo::actor::{ActorRef, Spawn};
+    use kameo::message::{Context, Message};
+    use tokio::net::TcpStream;
+    use tokio::sync::{mpsc, oneshot};
+    use tokio_util::codec::{Framed, LengthDelimitedCodec};
+
+    /// The echo server's connection: frames out as they come in, flushed
+    /// when nothing more is buffered.
+    pub(crate) async fn echo(stream: TcpStream) {
+        let _ = stream.set_nodelay(true);
+        let mut framed = Framed::new(stream, LengthDelimitedCodec::new());
+        while let Some(Ok(frame)) = framed.next().await {
+            if framed.feed(frame.freeze()).await.is_err() {
+                return;
+            }
+            if framed.read_buffer().is_empty()
+                && SinkExt::<Bytes>::flush(&mut framed).await.is_err()
+            {
+                return;
+            }
+        }
+    }
+
+    #[derive(kameo::Actor, Default)]
+    pub(crate) struct KTenant {
+        count: u64,
+    }
+
+    pub(crate) struct Inc;
+
+    impl Message<Inc> for KTenant {
+        type Reply = u64;
+
+        async fn handle(&mut self, _m: Inc, _cx: &mut Context<Self, Self::Reply>) -> u64 {
+            self.count += 1;
+            self.count
+        }
+    }
+
+    /// Where a tenant's requests go.
+    #[derive(Clone)]
+    pub(crate) enum Tenants {
+        Kameo(Arc<HashMap<Bytes, ActorRef<KTenant>>>),
+        Tasks(Arc<HashMap<Bytes, mpsc::UnboundedSender<oneshot::Sender<u64>>>>),
+    }
+
+    impl Tenants {
+        pub(crate) fn kameo(n: usize) -> Tenants {
+            Tenants::Kameo(Arc::new(
+                (0..n)
+                    .map(|i| {
+                        let key = Bytes::from(format!("tenant-{i}"));
+                        let actor = KTenant::spawn_with_mailbox(
+                            KTenant::default(),
+                            kameo::mailbox::unbounded(),
+                        );
+                        (key, actor)
+                    })
+                    .collect(),
+            ))
+        }
+
+        pub(crate) fn tasks(n: usize) -> Tenants {
+            Tenants::Tasks(Arc::new(
+                (0..n)
+                    .map(|i| {
+                        let key = Bytes::from(format!("tenant-{i}"));
+                        let (tx, mut rx) = mpsc::unbounded_channel::<oneshot::Sender<u64>>();
+                        tokio::spawn(async move {
+                            let mut count = 0u64;
+                            while let Some(reply) = rx.recv().await {
+                                count += 1;
+                                let _ = reply.send(count);
+                            }
+                        });
+                        (key, tx)
+                    })
+                    .collect(),
+            ))
+        }
+
+        async fn inc(&self, key: &Bytes) -> u64 {
+            match self {
+                Tenants::Kameo(map) => match map.get(key) {
+                    Some(a) => a.ask(Inc).send().await.unwrap_or(0),
+                    None => 0,
+                },
+                Tenants::Tasks(map) => {
+                    let (tx, rx) = oneshot::channel();
+                    match map.get(key) {
+                        Some(t) if t.send(tx).is_ok() => rx.await.unwrap_or(0),
+                        _ => 0,
+                    }
+                }
+            }
+        }
+    }
+
+    /// A tenant connection: `KEY <tenant>`, then requests answered in order
+    /// with up to `window` outstanding.
+    pub(crate) async fn tenant_conn(stream: TcpStream, tenants: Tenants, window: usize) {
+        let _ = stream.set_nodelay(true);
+        let mut framed = Framed::new(stream, LengthDelimitedCodec::new());
+        let key = match framed.next().await {
+            Some(Ok(f)) => f.freeze().slice(4..),
+            _ => return,
+        };
+        if framed.send(Bytes::from_static(b"OK")).await.is_err() {
+            return;
+        }
+        let mut pending = FuturesOrdered::new();
+        let mut open = true;
+        loop {
+            tokio::select! {
+                frame = framed.next(), if open && pending.len() < window => match frame {
+                    Some(Ok(_)) => {
+                        let (t, k) = (tenants.clone(), key.clone());
+                        pending.push_back(async move { t.inc(&k).await });
+                    }
+                    _ => open = false,
+                },
+                Some(n) = pending.next(), if !pending.is_empty() => {
+                    let reply = Bytes::copy_from_slice(&n.to_le_bytes());
+                    if framed.feed(reply).await.is_err() {
+                        return;
+                    }
+                    if (pending.is_empty() || framed.read_buffer().is_empty())
+                        && SinkExt::<Bytes>::flush(&mut framed).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                else => return,
+            }
+        }
+    }
+}
+
+impl ServerHandle {
+    fn tokio(c: Contender, w: Workload) -> ServerHandle {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tenants = rt.block_on(async {
+            match (c, w) {
+                (Contender::TokioKameo, _) => Some(tokio_side::Tenants::kameo(TENANTS)),
+                (_, Workload::Tenants(_)) => Some(tokio_side::Tenants::tasks(TENANTS)),
+                _ => None,
+            }
+        });
+        let window = w.shape().2;
+        rt.spawn(async move {
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => {
+                        let Ok((stream, _)) = accepted else { continue };
+                        match &tenants {
+                            Some(t) => {
+                                tokio::spawn(tokio_side::tenant_conn(stream, t.clone(), window));
+                            }
+                            None => {
+                                tokio::spawn(tokio_side::echo(stream));
+                            }
+                        }
+                    }
+                    _ = stopped.changed() => return,
+                }
+            }
+        });
+        ServerHandle {
+            addr,
+            kind: ServerKind::Tokio { rt, stop },
+        }
+    }
+}
+
+// ------------------------------------------------------- load generator
+
+/// Runs `w` against `addr` on a current-thread Tokio runtime and prints
+/// `wall_ns p50_ns p99_ns requests`.
+fn client(w: Workload, addr: SocketAddr) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (conns, per_conn, window) = w.shape();
+    let body: Bytes = match w {
+        Workload::Echo64 => Bytes::from(vec![7u8; 64]),
+        Workload::Stream4k => Bytes::from(vec![7u8; 4096]),
+        Workload::Tenants(_) => Bytes::from_static(b"INC"),
+    };
+    let local = tokio::task::LocalSet::new();
+    let (wall, mut lat) = local.block_on(&rt, async move {
+        let mut streams = Vec::with_capacity(conns);
+        for i in 0..conns {
+            let s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            s.set_nodelay(true).unwrap();
+            let mut s = Conn::new(s);
+            if let Workload::Tenants(_) = w {
+                s.request(format!("KEY tenant-{}", i % TENANTS).as_bytes())
+                    .await
+                    .unwrap();
+            }
+            streams.push(s);
+        }
+        let start = Instant::now();
+        let tasks: Vec<_> = streams
+            .into_iter()
+            .map(|mut s| {
+                let body = body.clone();
+                tokio::task::spawn_local(async move { s.run(&body, per_conn, window).await })
+            })
+            .collect();
+        let mut lat = Vec::with_capacity(conns * per_conn);
+        for t in tasks {
+            lat.extend(t.await.unwrap().unwrap());
+        }
+        (start.elapsed(), lat)
+    });
+    lat.sort_unstable();
+    let q = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize].as_nanos();
+    println!("{} {} {} {}", wall.as_nanos(), q(0.5), q(0.99), lat.len());
+}
+
+/// The load generator's side of a connection.
+struct Conn {
+    stream: tokio::net::TcpStream,
+    rbuf: BytesMut,
+}
+
+impl Conn {
+    fn new(stream: tokio::net::TcpStream) -> Conn {
+        Conn {
+            stream,
+            rbuf: BytesMut::with_capacity(64 << 10),
+        }
+    }
+
+    async fn send_frames(&mut self, body: &[u8], n: usize) -> io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        let mut out = Vec::with_capacity(n * (body.len() + 4));
+        for _ in 0..n {
+            out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+            out.extend_from_slice(body);
+        }
+        self.stream.write_all(&out).await
+    }
+
+    async fn read_frame(&mut self) -> io::Result<Bytes> {
+        use tokio::io::AsyncReadExt;
+        loop {
+            if self.rbuf.len() >= 4 {
+                let len = u32::from_be_bytes(self.rbuf[..4].try_into().unwrap()) as usize;
+                if self.rbuf.len() >= 4 + len {
+                    let mut f = self.rbuf.split_to(4 + len);
+                    return Ok(f.split_off(4).freeze());
+                }
+            }
+            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+    }
+
+    async fn request(&mut self, body: &[u8]) -> io::Result<Bytes> {
+        self.send_frames(body, 1).await?;
+        self.read_frame().await
+    }
+
+    /// `n` requests, up to `window` outstanding; the latency of each.
+    async fn run(&mut self, body: &[u8], n: usize, window: usize) -> io::Result<Vec<Duration>> {
+        let mut sent_at = VecDeque::with_capacity(window);
+        let mut lat = Vec::with_capacity(n);
+        let mut sent = 0;
+        while lat.len() < n {
+            let room = (window - sent_at.len()).min(n - sent);
+            if room > 0 {
+                self.send_frames(body, room).await?;
+                let now = Instant::now();
+                sent_at.extend(std::iter::repeat_n(now, room));
+                sent += room;
+            }
+            self.read_frame().await?;
+            let t0 = sent_at.pop_front().expect("a request outstanding");
+            lat.push(t0.elapsed());
+        }
+        Ok(lat)
+    }
+}
