@@ -336,7 +336,19 @@ impl ServerHandle {
     fn mailring(w: Workload) -> ServerHandle {
         use mailring_transports::codec::LengthDelimited;
         use mailring_transports::Server;
-        let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+        let mut builder = mailring::Runtime::builder().shards(2);
+        // MAILRING_SPIN_US: the shards' idle spin budget (0: block at once).
+        if let Some(us) = std::env::var("MAILRING_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            builder = builder.idle_policy(if us == 0 {
+                mailring::IdlePolicy::Block
+            } else {
+                mailring::IdlePolicy::Spin(Duration::from_micros(us))
+            });
+        }
+        let rt = builder.build().unwrap();
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         match w {
             Workload::Echo64 | Workload::Stream4k => {
