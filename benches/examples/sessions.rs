@@ -36,6 +36,9 @@ enum Workload {
     Echo64,
     Stream4k,
     Tenants(usize),
+    /// Connections per second and first-reply latency: connect, name a
+    /// tenant, one request, close.
+    Connect,
 }
 
 impl Workload {
@@ -45,6 +48,7 @@ impl Workload {
             "stream4k" => Workload::Stream4k,
             "tenants1" => Workload::Tenants(1),
             "tenants16" => Workload::Tenants(16),
+            "connect" => Workload::Connect,
             _ => return None,
         })
     }
@@ -54,6 +58,7 @@ impl Workload {
             Workload::Echo64 => "echo64".into(),
             Workload::Stream4k => "stream4k".into(),
             Workload::Tenants(w) => format!("tenants{w}"),
+            Workload::Connect => "connect".into(),
         }
     }
 
@@ -63,6 +68,7 @@ impl Workload {
             Workload::Echo64 => (1, 20_000, 1),
             Workload::Stream4k => (8, 10_000, 32),
             Workload::Tenants(w) => (1_000, 100, w),
+            Workload::Connect => (2_000, 1, 1),
         }
     }
 
@@ -70,6 +76,11 @@ impl Workload {
         match self {
             Workload::Echo64 | Workload::Stream4k => &[Contender::Mailring, Contender::Tokio],
             Workload::Tenants(_) => &[Contender::Mailring, Contender::Tokio, Contender::TokioKameo],
+            Workload::Connect => &[
+                Contender::Mailring,
+                Contender::MailringHandOff,
+                Contender::MailringUnsteered,
+            ],
         }
     }
 }
@@ -80,6 +91,10 @@ enum Contender {
     /// Tokio; for tenants, tasks + channels.
     Tokio,
     TokioKameo,
+    /// Tenants: one acceptor, every other shard's connection moves.
+    MailringHandOff,
+    /// Tenants: reuseport without source-port steering, ordinary clients.
+    MailringUnsteered,
 }
 
 impl Contender {
@@ -88,6 +103,8 @@ impl Contender {
             Contender::Mailring => "mailring",
             Contender::Tokio => "tokio",
             Contender::TokioKameo => "tokio+kameo",
+            Contender::MailringHandOff => "mailring single acceptor (hand-off)",
+            Contender::MailringUnsteered => "mailring reuseport unsteered",
         }
     }
 }
@@ -97,7 +114,11 @@ fn main() {
     if args.first().map(String::as_str) == Some("client") {
         let workload = Workload::parse(&args[1]).expect("workload");
         let addr: SocketAddr = args[2].parse().expect("address");
-        client(workload, addr);
+        client(
+            workload,
+            addr,
+            args.get(3).map(String::as_str) == Some("steer"),
+        );
         return;
     }
     let pairs: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(5);
@@ -108,6 +129,7 @@ fn main() {
             Workload::Stream4k,
             Workload::Tenants(1),
             Workload::Tenants(16),
+            Workload::Connect,
         ];
     }
     println!("sessions benchmark: {pairs} alternating pairs per workload, 2 server threads, load generator in its own process");
@@ -186,12 +208,20 @@ fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
 /// process, stops the server.
 fn serve_once(c: Contender, w: Workload) -> Run {
     let server = match c {
-        Contender::Mailring => ServerHandle::mailring(w),
+        Contender::Mailring | Contender::MailringHandOff | Contender::MailringUnsteered => {
+            ServerHandle::mailring(w, c)
+        }
         Contender::Tokio | Contender::TokioKameo => ServerHandle::tokio(c, w),
+    };
+    // Only the steered contender's clients pick their source port.
+    let steer = if w == Workload::Connect && c == Contender::Mailring {
+        "steer"
+    } else {
+        "plain"
     };
     let cpu0 = mailring_bench::process_cpu();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["client", &w.name(), &server.addr.to_string()])
+        .args(["client", &w.name(), &server.addr.to_string(), steer])
         .output()
         .expect("load generator");
     let server_cpu = mailring_bench::process_cpu() - cpu0;
@@ -333,7 +363,7 @@ mod mailring_side {
 }
 
 impl ServerHandle {
-    fn mailring(w: Workload) -> ServerHandle {
+    fn mailring(w: Workload, c: Contender) -> ServerHandle {
         use mailring_transports::codec::LengthDelimited;
         use mailring_transports::Server;
         let mut builder = mailring::Runtime::builder().shards(2);
@@ -367,7 +397,17 @@ impl ServerHandle {
                     },
                 }
             }
-            Workload::Tenants(_) => {
+            Workload::Tenants(_) | Workload::Connect => {
+                let mut config = mailring_transports::ServerConfig::default();
+                match c {
+                    Contender::MailringHandOff => {
+                        config.listen = mailring_transports::ListenMode::SingleAcceptor(
+                            mailring::ShardId::new(0),
+                        );
+                    }
+                    Contender::MailringUnsteered => config.source_port_steering = false,
+                    _ => {}
+                }
                 let system = mailring_actors::ActorSystem::start_on(
                     rt.handle(),
                     mailring_actors::SystemConfig::default(),
@@ -380,6 +420,7 @@ impl ServerHandle {
                         tenant: None,
                     }
                 })
+                .config(config)
                 .follow::<mailring_side::Tenant>(system.handle())
                 .bind(rt.handle(), any)
                 .unwrap();
@@ -595,7 +636,7 @@ impl ServerHandle {
 
 /// Runs `w` against `addr` on a current-thread Tokio runtime and prints
 /// `wall_ns p50_ns p99_ns requests`.
-fn client(w: Workload, addr: SocketAddr) {
+fn client(w: Workload, addr: SocketAddr, steer: bool) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -604,39 +645,92 @@ fn client(w: Workload, addr: SocketAddr) {
     let body: Bytes = match w {
         Workload::Echo64 => Bytes::from(vec![7u8; 64]),
         Workload::Stream4k => Bytes::from(vec![7u8; 4096]),
-        Workload::Tenants(_) => Bytes::from_static(b"INC"),
+        Workload::Tenants(_) | Workload::Connect => Bytes::from_static(b"INC"),
     };
     let local = tokio::task::LocalSet::new();
-    let (wall, mut lat) = local.block_on(&rt, async move {
-        let mut streams = Vec::with_capacity(conns);
-        for i in 0..conns {
-            let s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-            s.set_nodelay(true).unwrap();
-            let mut s = Conn::new(s);
-            if let Workload::Tenants(_) = w {
-                s.request(format!("KEY tenant-{}", i % TENANTS).as_bytes())
-                    .await
-                    .unwrap();
+    let (wall, mut lat) = if w == Workload::Connect {
+        local.block_on(&rt, connect_storm(addr, conns, steer))
+    } else {
+        local.block_on(&rt, async move {
+            let mut streams = Vec::with_capacity(conns);
+            for i in 0..conns {
+                let s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+                s.set_nodelay(true).unwrap();
+                let mut s = Conn::new(s);
+                if let Workload::Tenants(_) = w {
+                    s.request(format!("KEY tenant-{}", i % TENANTS).as_bytes())
+                        .await
+                        .unwrap();
+                }
+                streams.push(s);
             }
-            streams.push(s);
-        }
-        let start = Instant::now();
-        let tasks: Vec<_> = streams
-            .into_iter()
-            .map(|mut s| {
-                let body = body.clone();
-                tokio::task::spawn_local(async move { s.run(&body, per_conn, window).await })
-            })
-            .collect();
-        let mut lat = Vec::with_capacity(conns * per_conn);
-        for t in tasks {
-            lat.extend(t.await.unwrap().unwrap());
-        }
-        (start.elapsed(), lat)
-    });
+            let start = Instant::now();
+            let tasks: Vec<_> = streams
+                .into_iter()
+                .map(|mut s| {
+                    let body = body.clone();
+                    tokio::task::spawn_local(async move { s.run(&body, per_conn, window).await })
+                })
+                .collect();
+            let mut lat = Vec::with_capacity(conns * per_conn);
+            for t in tasks {
+                lat.extend(t.await.unwrap().unwrap());
+            }
+            (start.elapsed(), lat)
+        })
+    };
     lat.sort_unstable();
     let q = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize].as_nanos();
     println!("{} {} {} {}", wall.as_nanos(), q(0.5), q(0.99), lat.len());
+}
+
+/// `n` connections, 4 at a time: connect (from a source port of the
+/// tenant's shard when `steer`), `KEY`, one request, close; the latency of
+/// each from connect to its request's reply.
+async fn connect_storm(addr: SocketAddr, n: usize, steer: bool) -> (Duration, Vec<Duration>) {
+    const AT_ONCE: usize = 4;
+    let next_port = std::rc::Rc::new(std::cell::Cell::new(
+        20_000 + (std::process::id() as u16 % 20_000),
+    ));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..AT_ONCE)
+        .map(|lane| {
+            let next_port = next_port.clone();
+            tokio::task::spawn_local(async move {
+                let mut lat = Vec::new();
+                for i in (lane..n).step_by(AT_ONCE) {
+                    let tenant = format!("tenant-{}", i % TENANTS);
+                    let t0 = Instant::now();
+                    let stream = if steer {
+                        let shard = mailring::sticky_shard(&tenant, 2).index() as u16;
+                        loop {
+                            let mut p = next_port.get();
+                            p += (shard + 2 - p % 2) % 2;
+                            next_port.set(p + 1);
+                            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                            if socket.bind(SocketAddr::from(([127, 0, 0, 1], p))).is_err() {
+                                continue;
+                            }
+                            break socket.connect(addr).await.expect("connect");
+                        }
+                    } else {
+                        tokio::net::TcpStream::connect(addr).await.expect("connect")
+                    };
+                    stream.set_nodelay(true).unwrap();
+                    let mut c = Conn::new(stream);
+                    c.request(format!("KEY {tenant}").as_bytes()).await.unwrap();
+                    c.request(b"INC").await.unwrap();
+                    lat.push(t0.elapsed());
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut lat = Vec::with_capacity(n);
+    for t in tasks {
+        lat.extend(t.await.unwrap());
+    }
+    (start.elapsed(), lat)
 }
 
 /// The load generator's side of a connection.
