@@ -382,7 +382,16 @@ impl ServerHandle {
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         match w {
             Workload::Echo64 | Workload::Stream4k => {
+                let mut config = mailring_transports::ServerConfig::default();
+                // MAILRING_READ_CHUNK: bytes asked of each receive.
+                if let Some(n) = std::env::var("MAILRING_READ_CHUNK")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                {
+                    config.read_chunk = n;
+                }
                 let server = Server::builder(LengthDelimited::new(), |_| mailring_side::Echo)
+                    .config(config)
                     .bind(rt.handle(), any)
                     .unwrap();
                 let addr = server.local_addr();
