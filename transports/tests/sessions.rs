@@ -869,3 +869,42 @@ fn a_session_that_names_no_key_in_time_is_closed_and_a_keyed_one_is_not() {
     rt.block_on(server.shutdown());
     system.shutdown();
 }
+
+#[test]
+fn frames_streamed_during_the_hand_off_are_all_handled_in_order_on_the_owner() {
+    let rt = runtime(2);
+    let mut config = ServerConfig::default();
+    config.listen = ListenMode::SingleAcceptor(ShardId::new(0));
+    let (system, server) = tenant_server(&rt, config);
+    // A tenant of shard 1: its connection moves.
+    let tenant = (0..100)
+        .map(|t| format!("tenant-{t}"))
+        .find(|t| system.shard_of::<Tenant>(t).index() == 1)
+        .unwrap();
+    let c = client(server.local_addr());
+    let mut writer = c.try_clone().unwrap();
+    let key_frame = frame(format!("KEY {tenant}").as_bytes());
+    // Keep writing while the connection moves: the key, then 2,000 frames
+    // in small writes.
+    let sender = std::thread::spawn(move || {
+        writer.write_all(&key_frame).unwrap();
+        for i in 0..2_000u32 {
+            writer.write_all(&frame(&i.to_be_bytes())).unwrap();
+        }
+    });
+    let mut reader = c;
+    let first = read_frame(&mut reader).unwrap();
+    assert_eq!(first, format!("1 1 KEY {tenant}").as_bytes());
+    for i in 0..2_000u32 {
+        let reply = read_frame(&mut reader).unwrap();
+        assert_eq!(&reply[..4], b"1 1 ", "frame {i} handled on the owner");
+        assert_eq!(&reply[4..], i.to_be_bytes(), "frame {i} in order");
+    }
+    sender.join().unwrap();
+    let stats = server.stats();
+    assert_eq!(stats.total(|s| s.handed_off), 1);
+    assert_eq!(stats.total(|s| s.io_off_owner), 0);
+    drop(reader);
+    rt.block_on(server.shutdown());
+    system.shutdown();
+}
