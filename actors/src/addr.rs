@@ -177,6 +177,15 @@ impl<A: Actor> Addr<A> {
         }
     }
 
+    /// The target, borrowed (no key clone).
+    #[inline]
+    fn target_ref(&self) -> local::TargetRef<'_, A> {
+        match &self.target {
+            AddrTarget::Actor { uid, .. } => local::TargetRef::Uid(*uid),
+            AddrTarget::Key { key, .. } => local::TargetRef::Key(key),
+        }
+    }
+
     /// Sends `msg` without waiting for a reply. Never waits: on a bounded
     /// mailbox it enqueues even past the bound (use [`Addr::try_tell`] or
     /// [`Addr::send`] for backpressure).
@@ -409,12 +418,11 @@ impl<A: Actor> Addr<A> {
             return Err(fail(AskError::NoFactory, payload));
         }
         let dest = self.home();
-        let target = self.target_id();
         match local::type_state::<A>(self.system.arc()) {
             Some(ts) if ts.shard == dest => {
                 // Deliveries already published to this shard go first.
                 mailring::receive_pending();
-                ts.push_with(&target, payload, wrap)
+                ts.push_with(self.target_ref(), payload, wrap)
                     .map_err(|(e, payload)| {
                         self.release_place();
                         fail(e, payload)
@@ -427,7 +435,7 @@ impl<A: Actor> Addr<A> {
                 Err(fail(AskError::NoSuchShard, payload))
             }
             Some(ts) => {
-                ts.push_outbound(dest, target, || wrap(payload));
+                ts.push_outbound(dest, self.target_id(), || wrap(payload));
                 Ok(())
             }
             None if self.system.is_closed() => {
@@ -438,7 +446,7 @@ impl<A: Actor> Addr<A> {
                 local::send_delivery(
                     self.system.arc(),
                     dest,
-                    target,
+                    self.target_id(),
                     Delivery::Msg(wrap(payload)),
                 );
                 Ok(())

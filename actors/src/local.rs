@@ -40,6 +40,22 @@ pub(crate) enum TargetId<A: Actor> {
     Key(A::Key),
 }
 
+/// A [`TargetId`] borrowed: what a same-shard send looks up (a keyed
+/// `Addr`'s key is not cloned for it).
+pub(crate) enum TargetRef<'a, A: Actor> {
+    Uid(u64),
+    Key(&'a A::Key),
+}
+
+impl<A: Actor> TargetId<A> {
+    pub(crate) fn as_ref(&self) -> TargetRef<'_, A> {
+        match self {
+            TargetId::Uid(u) => TargetRef::Uid(*u),
+            TargetId::Key(k) => TargetRef::Key(k),
+        }
+    }
+}
+
 impl<A: Actor> PartialEq for TargetId<A> {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
@@ -247,7 +263,7 @@ impl<A: Actor> TypeState<A> {
         target: &TargetId<A>,
         env: A::Envelope,
     ) -> Result<(), (AskError, A::Envelope)> {
-        self.push_with(target, env, |env| env)
+        self.push_with(target.as_ref(), env, |env| env)
     }
 
     /// Wraps `payload` and pushes it to `target`'s live cell, activating a
@@ -258,21 +274,21 @@ impl<A: Actor> TypeState<A> {
     #[inline]
     pub(crate) fn push_with<P>(
         self: &Rc<Self>,
-        target: &TargetId<A>,
+        target: TargetRef<'_, A>,
         payload: P,
         wrap: impl FnOnce(P) -> A::Envelope,
     ) -> Result<(), (AskError, P)> {
         // The table's borrow ends with this statement, before any activation.
         let missed = match target {
-            TargetId::Uid(uid) => push_live(self, self.unkeyed.borrow().get(uid), payload, wrap),
-            TargetId::Key(key) => push_live(self, self.keyed.borrow().get(key), payload, wrap),
+            TargetRef::Uid(uid) => push_live(self, self.unkeyed.borrow().get(&uid), payload, wrap),
+            TargetRef::Key(key) => push_live(self, self.keyed.borrow().get(key), payload, wrap),
         };
         let Err((payload, wrap)) = missed else {
             return Ok(());
         };
         match target {
-            TargetId::Uid(_) => Err((AskError::Stopped, payload)),
-            TargetId::Key(key) => match self.activate(key.clone()) {
+            TargetRef::Uid(_) => Err((AskError::Stopped, payload)),
+            TargetRef::Key(key) => match self.activate(key.clone()) {
                 Ok(cell) => {
                     self.push_resolved(&cell, wrap(payload));
                     Ok(())

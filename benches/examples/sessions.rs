@@ -149,7 +149,14 @@ struct Run {
 }
 
 fn run_workload(w: Workload, pairs: usize) {
-    let contenders = w.contenders();
+    // SESSIONS_ONLY=<name>: run one contender (for profiling).
+    let only = std::env::var("SESSIONS_ONLY").ok();
+    let contenders: Vec<Contender> = w
+        .contenders()
+        .iter()
+        .copied()
+        .filter(|c| only.as_deref().is_none_or(|o| o == c.name()))
+        .collect();
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); contenders.len()];
     for pair in 0..pairs {
         let mut order: Vec<usize> = (0..contenders.len()).collect();
@@ -346,16 +353,17 @@ mod mailring_side {
                 cx.send_frame(Bytes::from_static(b"OK"));
                 return;
             }
-            let Some(key) = cx.key().cloned() else {
-                cx.send_frame(Bytes::from_static(b"ERR no key"));
-                return;
-            };
-            let tenant = self
-                .tenant
-                .get_or_insert_with(|| self.system.keyed::<Tenant>(key))
-                .clone();
+            if self.tenant.is_none() {
+                let Some(key) = cx.key().cloned() else {
+                    cx.send_frame(Bytes::from_static(b"ERR no key"));
+                    return;
+                };
+                self.tenant = Some(self.system.keyed::<Tenant>(key));
+            }
+            // The ask is sent now; the deferred reply only awaits it.
+            let reply = self.tenant.as_ref().expect("set above").ask(Inc);
             cx.reply_later(async move {
-                let n = tenant.ask(Inc).await.unwrap_or(0);
+                let n = reply.await.unwrap_or(0);
                 Bytes::copy_from_slice(&n.to_le_bytes())
             });
         }
