@@ -725,6 +725,8 @@ async fn connect_storm(addr: SocketAddr, n: usize, steer: bool) -> (Duration, Ve
                             p += (shard + 2 - p % 2) % 2;
                             next_port.set(p + 1);
                             let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                            // Ports of earlier runs wait in TIME_WAIT here.
+                            socket.set_reuseaddr(true).unwrap();
                             if socket.bind(SocketAddr::from(([127, 0, 0, 1], p))).is_err() {
                                 continue;
                             }
