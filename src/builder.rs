@@ -83,6 +83,7 @@ pub struct Builder {
     pub(crate) thread_name: String,
     pub(crate) faults: FaultInjection,
     pub(crate) panic_hook: Option<crate::panic::PanicHook>,
+    pub(crate) direct_descriptors: u32,
 }
 
 impl Default for Builder {
@@ -100,6 +101,7 @@ impl Default for Builder {
             thread_name: "mailring-shard".to_owned(),
             faults: FaultInjection::default(),
             panic_hook: None,
+            direct_descriptors: 0,
         }
     }
 }
@@ -108,6 +110,20 @@ impl Builder {
     /// A builder with the defaults: one shard per available CPU, 256 SQ entries.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Registers a sparse table of `slots` direct descriptors on each
+    /// shard's ring (`IORING_REGISTER_FILES2`, kernel 5.19+), for
+    /// [`net::DirectStream`](crate::net::DirectStream): sockets used by slot
+    /// (no `fget` per operation) and moved between rings with
+    /// `IORING_MSG_SEND_FD`. The table counts against `RLIMIT_NOFILE`. A
+    /// kernel or limit that refuses it leaves the shard without one
+    /// (`RingFeatures::direct_descriptors` is 0): direct streams then fail
+    /// with `Unsupported`, and callers fall back to plain descriptors.
+    /// Default 0 (no table).
+    pub fn direct_descriptors(mut self, slots: u32) -> Self {
+        self.direct_descriptors = slots;
+        self
     }
 
     /// Calls `hook` for every panic a shard catches in user code (task

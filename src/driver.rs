@@ -22,6 +22,7 @@
 //! | [`KIND_IGNORE`] | a completion nobody waits for (cancel, timeout removal) | 0 |
 //! | [`KIND_DOORBELL_SENT`] | a doorbell failed on the sender side | target shard |
 //! | [`KIND_TINY_SENT`] | a tiny message failed on the sender side | target (bits 48..56), tag (32..48), value (0..32) |
+//! | [`KIND_FD_ARRIVAL`] | a direct descriptor arrived (`IORING_MSG_SEND_FD`, target side) | the move's id; the slot in `res` |
 
 pub(crate) mod probe;
 pub(crate) mod uring;
@@ -40,6 +41,7 @@ pub(crate) const KIND_EVENTFD: u64 = 4;
 pub(crate) const KIND_IGNORE: u64 = 5;
 pub(crate) const KIND_DOORBELL_SENT: u64 = 6;
 pub(crate) const KIND_TINY_SENT: u64 = 7;
+pub(crate) const KIND_FD_ARRIVAL: u64 = 8;
 
 pub(crate) const fn token(kind: u64, rest: u64) -> u64 {
     (kind << KIND_SHIFT) | (rest & ((1 << KIND_SHIFT) - 1))
@@ -75,6 +77,9 @@ pub(crate) enum Completion {
     DoorbellFailed { target: usize },
     /// A tiny message we sent could not be delivered; deliver it another way.
     TinyFailed { target: usize, tag: u16, value: u32 },
+    /// A direct descriptor sent by another ring arrived in slot `res` (or
+    /// failed: `res < 0`); `id` names the move.
+    FdArrived { id: u64, res: i32 },
 }
 
 /// What the scheduler needs from a ring driver (see the module docs).
@@ -114,6 +119,10 @@ pub(crate) trait ShardDriver {
     fn cancel_all(&mut self);
     /// Times the completion queue was found overflowed and flushed.
     fn cq_overflows(&self) -> u64;
+
+    /// Closes a slot of the direct-descriptor table (the table's reference;
+    /// operations in flight keep theirs).
+    fn close_direct(&mut self, slot: u32) -> io::Result<()>;
     /// Queues the SQE of an operation of the op table.
     ///
     /// # Safety

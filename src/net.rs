@@ -50,13 +50,15 @@ use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 use crate::buf::{BufRing, IoBuf, IoBufMut, RecvBuf};
 use std::task::Poll;
 
-use crate::op::{submit_write, MultishotOp, Op, ShardFd};
+use crate::op::{submit_write, MultishotOp, Op, OpFile, ShardFd};
 
+mod direct;
 mod msg;
 mod steer;
 mod udp;
 mod unix;
 
+pub use self::direct::{DirectStream, DirectTicket};
 pub use self::steer::steer_by_source_port;
 
 pub use self::udp::UdpSocket;
@@ -354,37 +356,27 @@ impl<'a> RecvMultishot<'a> {
     }
 }
 
-/// What every connected stream socket does on the ring.
+/// What every connected stream socket does on the ring, named by a
+/// descriptor ([`ShardFd`]) or a direct-descriptor slot.
 #[derive(Debug)]
-pub(crate) struct StreamCore {
-    pub(crate) inner: ShardFd,
+pub(crate) struct StreamCore<F: OpFile = ShardFd> {
+    pub(crate) inner: F,
     /// Bytes received by `recv`s whose futures were dropped after the kernel
     /// had filled their buffers; reported by the next `recv`.
     lost: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Records data an abandoned `recv` received (its buffer is gone with it).
-fn note_lost_recv<B: 'static>(res: i32, _flags: u32, resources: &dyn std::any::Any) {
-    type Resources<B> = Option<(
-        B,
-        std::sync::Arc<OwnedFd>,
-        std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    )>;
+fn note_lost_recv<B: 'static, K: 'static>(res: i32, _flags: u32, resources: &dyn std::any::Any) {
+    type Resources<B, K> = Option<(B, K, std::sync::Arc<std::sync::atomic::AtomicUsize>)>;
     if res > 0 {
-        if let Some(Some((_, _, lost))) = resources.downcast_ref::<Resources<B>>() {
+        if let Some(Some((_, _, lost))) = resources.downcast_ref::<Resources<B, K>>() {
             lost.fetch_add(res as usize, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }
 
 impl StreamCore {
-    pub(crate) fn new(inner: ShardFd) -> StreamCore {
-        StreamCore {
-            inner,
-            lost: Default::default(),
-        }
-    }
-
     /// The descriptor, unless an abandoned operation still uses it (then
     /// the core comes back unchanged).
     pub(crate) fn into_owned(self) -> Result<OwnedFd, StreamCore> {
@@ -392,6 +384,15 @@ impl StreamCore {
         inner
             .into_owned()
             .map_err(|inner| StreamCore { inner, lost })
+    }
+}
+
+impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
+    pub(crate) fn new(inner: F) -> StreamCore<F> {
+        StreamCore {
+            inner,
+            lost: Default::default(),
+        }
     }
 
     pub(crate) async fn send_from<B: IoBuf>(&self, buf: B, from: usize) -> (io::Result<usize>, B) {
@@ -479,7 +480,7 @@ impl StreamCore {
         if let Err(e) = self.inner.check().and_then(|()| self.check_lost()) {
             return (Err(e), buf);
         }
-        let keep = self.inner.fd.clone();
+        let keep = self.inner.keep();
         let lost = self.lost.clone();
         let raw = self.inner.raw();
         let len = buf.bytes_total().min(u32::MAX as usize) as u32;
@@ -487,9 +488,11 @@ impl StreamCore {
         // (stable, `IoBufMut` contract) and uses the socket kept by `keep`; both
         // stay in the op until its CQE.
         let op = unsafe {
-            Op::submit((buf, keep, lost), Some(note_lost_recv::<B>), |(b, _, _)| {
-                opcode::Recv::new(Fd(raw), b.stable_mut_ptr(), len).build()
-            })
+            Op::submit(
+                (buf, keep, lost),
+                Some(note_lost_recv::<B, F::Keep>),
+                |(b, _, _)| F::finish(opcode::Recv::new(Fd(raw), b.stable_mut_ptr(), len).build()),
+            )
         };
         let op = op.expect("checked to be on the socket's shard");
         let (res, (mut buf, _, _)) = op.await;
@@ -515,11 +518,14 @@ impl StreamCore {
             Shutdown::Write => libc::SHUT_WR,
             Shutdown::Both => libc::SHUT_RDWR,
         };
-        let keep = self.inner.fd.clone();
+        let keep = self.inner.keep();
         let raw = self.inner.raw();
         // SAFETY: a shutdown uses only the socket, kept by `keep`.
-        let op =
-            unsafe { Op::submit(keep, None, |_| opcode::Shutdown::new(Fd(raw), how).build()) }?;
+        let op = unsafe {
+            Op::submit(keep, None, |_| {
+                F::finish(opcode::Shutdown::new(Fd(raw), how).build())
+            })
+        }?;
         op.await.0.map(drop)
     }
 }

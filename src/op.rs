@@ -625,6 +625,46 @@ impl ShardFd {
     }
 }
 
+/// A file an operation names: a descriptor ([`ShardFd`]) or a slot of the
+/// ring's direct-descriptor table (`net::DirectStream`).
+pub(crate) trait OpFile {
+    /// What the SQE names (`RawFd`, or the slot).
+    type Raw: Copy;
+    /// What the op keeps alive until its CQE.
+    type Keep: 'static;
+    /// Whether `Raw` is a slot of the ring's table (`IOSQE_FIXED_FILE`).
+    const FIXED: bool;
+
+    /// `entry` with the fixed-file flag when the file is a slot.
+    fn finish(entry: squeue::Entry) -> squeue::Entry {
+        if Self::FIXED {
+            entry.flags(squeue::Flags::FIXED_FILE)
+        } else {
+            entry
+        }
+    }
+    /// `Ok` on the file's shard.
+    fn check(&self) -> io::Result<()>;
+    fn raw(&self) -> Self::Raw;
+    fn keep(&self) -> Self::Keep;
+}
+
+impl OpFile for ShardFd {
+    type Raw = std::os::fd::RawFd;
+    type Keep = std::sync::Arc<std::os::fd::OwnedFd>;
+    const FIXED: bool = false;
+
+    fn check(&self) -> io::Result<()> {
+        ShardFd::check(self)
+    }
+    fn raw(&self) -> std::os::fd::RawFd {
+        ShardFd::raw(self)
+    }
+    fn keep(&self) -> Self::Keep {
+        self.fd.clone()
+    }
+}
+
 /// Submits a read-like operation on `fd`'s shard: the kernel writes into
 /// `buf` from byte `from` up to its capacity; afterwards the buffer's
 /// initialised length is `from` plus the byte count (the first `from` bytes
@@ -634,16 +674,16 @@ impl ShardFd {
 ///
 /// `build(fd, ptr, len)` must make an SQE that writes at most `len` bytes at
 /// `ptr` and uses no other memory.
-pub(crate) async unsafe fn submit_read<B: crate::buf::IoBufMut>(
-    fd: &ShardFd,
+pub(crate) async unsafe fn submit_read<B: crate::buf::IoBufMut, F: OpFile>(
+    fd: &F,
     mut buf: B,
     from: usize,
-    build: impl FnOnce(std::os::fd::RawFd, *mut u8, u32) -> squeue::Entry,
+    build: impl FnOnce(F::Raw, *mut u8, u32) -> squeue::Entry,
 ) -> (io::Result<usize>, B) {
     if let Err(e) = fd.check() {
         return (Err(e), buf);
     }
-    let keep = fd.fd.clone();
+    let keep = fd.keep();
     let raw = fd.raw();
     let total = buf.bytes_total();
     let from = from.min(total);
@@ -654,7 +694,7 @@ pub(crate) async unsafe fn submit_read<B: crate::buf::IoBufMut>(
     // its CQE.
     let op = unsafe {
         Op::submit((buf, keep), None, |(b, _)| {
-            build(raw, b.stable_mut_ptr().add(from), len)
+            F::finish(build(raw, b.stable_mut_ptr().add(from), len))
         })
     };
     let op = op.expect("checked to be on the descriptor's shard");
@@ -676,16 +716,16 @@ pub(crate) async unsafe fn submit_read<B: crate::buf::IoBufMut>(
 ///
 /// `build(fd, ptr, len)` must make an SQE that reads at most `len` bytes at
 /// `ptr` and uses no other memory.
-pub(crate) async unsafe fn submit_write<B: crate::buf::IoBuf>(
-    fd: &ShardFd,
+pub(crate) async unsafe fn submit_write<B: crate::buf::IoBuf, F: OpFile>(
+    fd: &F,
     buf: B,
     from: usize,
-    build: impl FnOnce(std::os::fd::RawFd, *const u8, u32) -> squeue::Entry,
+    build: impl FnOnce(F::Raw, *const u8, u32) -> squeue::Entry,
 ) -> (io::Result<usize>, B) {
     if let Err(e) = fd.check() {
         return (Err(e), buf);
     }
-    let keep = fd.fd.clone();
+    let keep = fd.keep();
     let raw = fd.raw();
     let init = buf.bytes_init();
     let from = from.min(init);
@@ -695,7 +735,7 @@ pub(crate) async unsafe fn submit_write<B: crate::buf::IoBuf>(
     // fd kept open by `keep`; both live in the op until its CQE.
     let op = unsafe {
         Op::submit((buf, keep), None, |(b, _)| {
-            build(raw, b.stable_ptr().add(from), len)
+            F::finish(build(raw, b.stable_ptr().add(from), len))
         })
     };
     let op = op.expect("checked to be on the descriptor's shard");

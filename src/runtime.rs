@@ -302,6 +302,11 @@ impl Handle {
         Self::try_current().expect("Handle::current() called outside a mailring shard")
     }
 
+    /// The runtime's id (what a shard's `runtime_id` compares with).
+    pub(crate) fn id(&self) -> u64 {
+        self.shared.id
+    }
+
     /// The handle of the current shard's runtime, if the caller runs on one.
     pub fn try_current() -> Option<Handle> {
         with_current(|shard| Handle {

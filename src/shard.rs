@@ -38,7 +38,7 @@ use std::fmt;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::Waker;
+use std::task::{Poll, Waker};
 use std::time::Instant;
 
 use crossbeam_deque::{Steal, Stealer, Worker};
@@ -296,6 +296,21 @@ pub(crate) struct Shard {
     idle_avg_ns: Cell<u64>,
     /// When the current idle period began (set by `spin`, read by `park`).
     idle_since: Cell<Option<Instant>>,
+    /// Direct descriptors sent here by other rings, by move id (see
+    /// `net::DirectStream`).
+    arrivals: RefCell<std::collections::HashMap<u64, Arrival>>,
+    /// Occupied slots of this ring's direct-descriptor table.
+    direct_in_use: Cell<u64>,
+}
+
+/// A direct descriptor on its way to this shard.
+enum Arrival {
+    /// Its receiver waits.
+    Waiting(std::task::Waker),
+    /// It came (slot, or the error), before its receiver asked.
+    Arrived(i32),
+    /// Its receiver gave up: close it when it comes.
+    Abandoned,
 }
 
 impl fmt::Debug for Shard {
@@ -361,6 +376,8 @@ impl Shard {
             next_buf_group: Cell::new(0),
             idle_avg_ns: Cell::new(0),
             idle_since: Cell::new(None),
+            arrivals: RefCell::new(std::collections::HashMap::new()),
+            direct_in_use: Cell::new(0),
             ticks: Cell::new(0),
             shutting_down: Cell::new(false),
             shared,
@@ -802,10 +819,88 @@ impl Shard {
                     let from = Some(crate::ShardId::new(self.index));
                     self.send_item(target, InboxItem::Tiny(TinyMessage { from, tag, value }));
                 }
+                Completion::FdArrived { id, res } => self.fd_arrived(id, res),
             }
         }
         *self.completions.borrow_mut() = comps;
         consumed > 0
+    }
+
+    fn fd_arrived(&self, id: u64, res: i32) {
+        if res >= 0 {
+            self.note_direct_opened();
+        }
+        let mut arrivals = self.arrivals.borrow_mut();
+        match arrivals.remove(&id) {
+            Some(Arrival::Waiting(waker)) => {
+                arrivals.insert(id, Arrival::Arrived(res));
+                drop(arrivals);
+                waker.wake();
+            }
+            Some(Arrival::Abandoned) => {
+                drop(arrivals);
+                if res >= 0 {
+                    let _ = self.close_direct(res as u32);
+                }
+            }
+            Some(Arrival::Arrived(_)) | None => {
+                arrivals.insert(id, Arrival::Arrived(res));
+            }
+        }
+    }
+
+    /// The slot (or error) of move `id` once it arrived here.
+    pub(crate) fn poll_arrival(&self, id: u64, cx: &mut std::task::Context<'_>) -> Poll<i32> {
+        let mut arrivals = self.arrivals.borrow_mut();
+        match arrivals.remove(&id) {
+            Some(Arrival::Arrived(res)) => Poll::Ready(res),
+            _ => {
+                arrivals.insert(id, Arrival::Waiting(cx.waker().clone()));
+                Poll::Pending
+            }
+        }
+    }
+
+    /// The receiver of move `id` is gone: a slot that came is closed, one
+    /// still coming will be.
+    pub(crate) fn abandon_arrival(&self, id: u64) {
+        let mut arrivals = self.arrivals.borrow_mut();
+        match arrivals.remove(&id) {
+            Some(Arrival::Arrived(res)) => {
+                drop(arrivals);
+                if res >= 0 {
+                    let _ = self.close_direct(res as u32);
+                }
+            }
+            _ => {
+                arrivals.insert(id, Arrival::Abandoned);
+            }
+        }
+    }
+
+    pub(crate) fn note_direct_opened(&self) {
+        self.direct_in_use.set(self.direct_in_use.get() + 1);
+        self.remote()
+            .counters
+            .direct_descriptors
+            .set(self.direct_in_use.get());
+    }
+
+    /// Closes slot `slot` of this ring's table.
+    pub(crate) fn close_direct(&self, slot: u32) -> std::io::Result<()> {
+        self.driver.borrow_mut().close_direct(slot)?;
+        self.direct_in_use
+            .set(self.direct_in_use.get().saturating_sub(1));
+        self.remote()
+            .counters
+            .direct_descriptors
+            .set(self.direct_in_use.get());
+        Ok(())
+    }
+
+    /// This shard's ring features.
+    pub(crate) fn features(&self) -> RingFeatures {
+        self.remote().features
     }
 
     fn fire_timers(&self) -> bool {

@@ -51,6 +51,7 @@ pub(crate) struct ShardCounters {
     pub(crate) parks: Counter,
     pub(crate) spin_wakeups: Counter,
     pub(crate) cq_overflows: Counter,
+    pub(crate) direct_descriptors: Counter,
     pub(crate) owned_tasks: Counter,
     /// `io_uring_enter` calls that failed with an error other than a retry.
     pub(crate) ring_errors: Counter,
@@ -124,6 +125,8 @@ pub struct ShardStats {
     pub spin_wakeups: u64,
     /// Times the completion queue overflowed and was flushed.
     pub cq_overflows: u64,
+    /// Occupied slots of the shard's direct-descriptor table (gauge).
+    pub direct_descriptors: u64,
     /// `io_uring_enter` calls that failed (other than the retryable `EINTR`,
     /// `EAGAIN`, `EBUSY`); the shard goes on and submits again next tick.
     pub ring_errors: u64,
@@ -192,6 +195,7 @@ impl ShardCounters {
             parks: self.parks.get(),
             spin_wakeups: self.spin_wakeups.get(),
             cq_overflows: self.cq_overflows.get(),
+            direct_descriptors: self.direct_descriptors.get(),
             ring_errors: self.ring_errors.get(),
             last_ring_errno: self.last_ring_errno.get(),
             panics: self.panic_counts(),

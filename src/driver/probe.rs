@@ -44,6 +44,12 @@ pub struct RingFeatures {
     pub op_send_zc: bool,
     /// The kernel has `IORING_OP_READ` / `IORING_OP_WRITE`.
     pub op_read_write: bool,
+    /// Slots of the registered direct-descriptor table (0: none; see
+    /// `Builder::direct_descriptors`).
+    pub direct_descriptors: u32,
+    /// `IORING_OP_MSG_RING` can send a direct descriptor to another ring
+    /// (`IORING_MSG_SEND_FD`, kernel 6.0+).
+    pub msg_ring_send_fd: bool,
 }
 
 /// Checks `kernel.io_uring_disabled` before touching the ring.

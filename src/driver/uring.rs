@@ -10,13 +10,13 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Instant;
 
-use io_uring::types::{CancelBuilder, Fd, TimeoutFlags, Timespec};
+use io_uring::types::{self, CancelBuilder, Fd, TimeoutFlags, Timespec};
 use io_uring::{opcode, squeue, EnterFlags, IoUring};
 
 use super::{
     kind_of, token, Completion, RingFeatures, ShardDriver, WakeTarget, KIND_DOORBELL,
-    KIND_DOORBELL_SENT, KIND_EVENTFD, KIND_IGNORE, KIND_OP, KIND_SHIFT, KIND_TIMER, KIND_TINY,
-    KIND_TINY_SENT,
+    KIND_DOORBELL_SENT, KIND_EVENTFD, KIND_FD_ARRIVAL, KIND_IGNORE, KIND_OP, KIND_SHIFT,
+    KIND_TIMER, KIND_TINY, KIND_TINY_SENT,
 };
 use crate::builder::{Builder, ExternalWake};
 use crate::error::BuildError;
@@ -85,6 +85,16 @@ impl UringDriver {
         };
         driver.features.send_msg_ring =
             builder.external_wake != ExternalWake::EventFd && driver.probe_send_msg_ring();
+        if builder.direct_descriptors > 0
+            && driver
+                .ring
+                .submitter()
+                .register_files_sparse(builder.direct_descriptors)
+                .is_ok()
+        {
+            driver.features.direct_descriptors = builder.direct_descriptors;
+            driver.features.msg_ring_send_fd = driver.probe_msg_ring_send_fd();
+        }
         driver.arm_eventfd();
         driver
             .submit()
@@ -100,6 +110,39 @@ impl UringDriver {
         let _ = self.ring.submit();
         self.ring.completion().for_each(drop);
         ok
+    }
+
+    /// Sends slot 0 of our own (empty) table to a scratch ring (a ring may
+    /// not send to itself): 6.0+ refuses it with EBADF (no file there),
+    /// older kernels with EINVAL (no such MSG_RING command). Nothing is
+    /// moved either way.
+    fn probe_msg_ring_send_fd(&mut self) -> bool {
+        let Ok(scratch) = IoUring::new(2) else {
+            return false;
+        };
+        let probe_token = token(KIND_IGNORE, 1);
+        let entry = opcode::MsgRingSendFd::new(
+            Fd(scratch.as_raw_fd()),
+            types::Fixed(0),
+            types::DestinationSlot::auto_target(),
+            token(KIND_IGNORE, 0),
+        )
+        .build()
+        .user_data(probe_token);
+        // SAFETY: a MSG_RING entry refers to no memory, only to our ring.
+        if unsafe { self.ring.submission().push(&entry) }.is_err() {
+            return false;
+        }
+        if self.ring.submit_and_wait(1).is_err() {
+            return false;
+        }
+        let mut verdict = false;
+        for cqe in self.ring.completion() {
+            if cqe.user_data() == probe_token {
+                verdict = cqe.result() == -libc::EBADF;
+            }
+        }
+        verdict
     }
 
     fn arm_eventfd(&mut self) {
@@ -414,6 +457,7 @@ impl ShardDriver for UringDriver {
                 KIND_DOORBELL_SENT if res < 0 => sink(Completion::DoorbellFailed {
                     target: rest as usize,
                 }),
+                KIND_FD_ARRIVAL => sink(Completion::FdArrived { id: rest, res }),
                 KIND_TINY_SENT if res < 0 => sink(Completion::TinyFailed {
                     target: ((rest >> 48) & 0xff) as usize,
                     tag: (rest >> 32) as u16,
@@ -454,6 +498,13 @@ impl ShardDriver for UringDriver {
 
     fn cq_overflows(&self) -> u64 {
         self.overflows
+    }
+
+    fn close_direct(&mut self, slot: u32) -> io::Result<()> {
+        self.ring
+            .submitter()
+            .register_files_update(slot, &[-1])
+            .map(drop)
     }
 
     unsafe fn push_op(&mut self, entry: &squeue::Entry) {

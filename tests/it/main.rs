@@ -2,6 +2,7 @@
 
 mod blocking;
 mod build;
+mod direct;
 mod entry;
 mod fs;
 mod hot;

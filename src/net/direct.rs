@@ -1,0 +1,364 @@
+//! Direct descriptors: a connected socket held in a slot of its shard's
+//! registered file table ([`DirectStream`]), used by slot (`IOSQE_FIXED_FILE`:
+//! no `fget` per operation) and moved to another shard's ring with
+//! `IORING_MSG_SEND_FD` ([`DirectStream::send_to_shard`], redeemed there with
+//! [`DirectTicket::receive`]).
+//!
+//! A direct descriptor has no process descriptor: what needs one (the peer's
+//! address, socket options) is read before it becomes direct and kept beside
+//! it. It does not show in `/proc/self/fd`; `ShardStats::direct_descriptors`
+//! counts the occupied slots instead. The table comes from
+//! `Builder::direct_descriptors`; without one, or on kernels before 6.0 for
+//! moves, these calls fail with `Unsupported` and callers keep plain
+//! descriptors.
+
+use std::io;
+use std::net::{Shutdown, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use io_uring::opcode;
+use io_uring::types::{DestinationSlot, Fd, Fixed};
+
+use super::{StreamCore, TcpStream};
+use crate::buf::{IoBuf, IoBufMut};
+use crate::driver::{token, KIND_FD_ARRIVAL};
+use crate::op::{wrong_shard, Op, OpFile};
+use crate::shard::with_current;
+use crate::{Handle, ShardId};
+
+/// A slot of one shard's table.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    slot: u32,
+    runtime: u64,
+    shard: usize,
+}
+
+impl OpFile for Slot {
+    type Raw = RawFd;
+    type Keep = ();
+    const FIXED: bool = true;
+
+    fn check(&self) -> io::Result<()> {
+        match with_current(|s| s.runtime_id() == self.runtime && s.index() == self.shard) {
+            Some(true) => Ok(()),
+            _ => Err(wrong_shard()),
+        }
+    }
+    fn raw(&self) -> RawFd {
+        self.slot as RawFd
+    }
+    fn keep(&self) {}
+}
+
+fn unsupported(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, format!("mailring: {what}"))
+}
+
+/// A connected TCP socket held by slot in this shard's direct-descriptor
+/// table; see the module docs.
+#[derive(Debug)]
+pub struct DirectStream {
+    core: StreamCore<Slot>,
+    peer: Option<SocketAddr>,
+    handle: Handle,
+    /// Sent to another ring: this side's slot is closed already.
+    moved: bool,
+}
+
+impl DirectStream {
+    /// Moves `stream` into this shard's table (`IORING_OP_FILES_UPDATE`
+    /// into a slot the kernel picks), keeping its peer address; its process
+    /// descriptor is closed.
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` when the shard has no table, the kernel's error (e.g.
+    /// `ENFILE`: the table is full), the shard-ownership error, or an
+    /// abandoned operation still using the stream; the stream comes back
+    /// with the error, for the caller to go on with it.
+    pub async fn from_tcp(stream: TcpStream) -> Result<DirectStream, (io::Error, TcpStream)> {
+        let peer = stream.peer_addr().ok();
+        let Some((handle, table)) = with_current(|s| {
+            (
+                Handle::try_current().expect("on a shard"),
+                s.features().direct_descriptors,
+            )
+        }) else {
+            return Err((wrong_shard(), stream));
+        };
+        if table == 0 {
+            return Err((
+                unsupported(
+                    "this shard has no direct-descriptor table (Builder::direct_descriptors)",
+                ),
+                stream,
+            ));
+        }
+        if let Err(e) = stream.core.inner.check() {
+            return Err((e, stream));
+        }
+        let fd: OwnedFd = match stream.core.into_owned() {
+            Ok(fd) => fd,
+            Err(core) => {
+                return Err((
+                    io::Error::other("an abandoned operation still uses the stream"),
+                    TcpStream { core },
+                ))
+            }
+        };
+        let fds = Box::new([fd.as_raw_fd()]);
+        // SAFETY: the SQE reads one descriptor number from the box (heap,
+        // owned by the op until its CQE) and writes the slot back there;
+        // `fd` stays open in the op until then.
+        let op = unsafe {
+            Op::submit((fds, fd), None, |(fds, _)| {
+                opcode::FilesUpdate::new(fds.as_ptr(), 1)
+                    .offset(-1) // IORING_FILE_INDEX_ALLOC
+                    .build()
+            })
+        }
+        .expect("checked to be on the stream's shard");
+        let (res, (fds, fd)) = op.await;
+        if let Err(e) = res {
+            return match TcpStream::from_std(std::net::TcpStream::from(fd)) {
+                Ok(stream) => Err((e, stream)),
+                Err(_) => unreachable!("adopting on the shard the stream came from"),
+            };
+        }
+        // The table holds its own reference now.
+        drop(fd);
+        let slot = fds[0] as u32;
+        let (runtime, shard) = with_current(|s| {
+            s.note_direct_opened();
+            (s.runtime_id(), s.index())
+        })
+        .expect("checked to be on the stream's shard");
+        Ok(DirectStream {
+            core: StreamCore::new(Slot {
+                slot,
+                runtime,
+                shard,
+            }),
+            peer,
+            handle,
+            moved: false,
+        })
+    }
+
+    /// The peer's address, read before the socket became direct.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+
+    /// The slot in the table.
+    pub fn slot(&self) -> u32 {
+        self.core.inner.slot
+    }
+
+    /// Sends some of `buf`'s bytes; returns how many.
+    pub async fn send<B: IoBuf>(&self, buf: B) -> (io::Result<usize>, B) {
+        self.core.send_from(buf, 0).await
+    }
+
+    /// Sends all of `buf`'s bytes, continuing after short sends.
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error; `WriteZero` if nothing is accepted.
+    pub async fn send_all<B: IoBuf>(&self, buf: B) -> (io::Result<()>, B) {
+        self.core.send_all(buf).await
+    }
+
+    /// Receives into `buf` (from its start); 0 means the peer closed. The
+    /// rules of `TcpStream::recv` on dropping a pending receive apply.
+    pub async fn recv<B: IoBufMut>(&self, buf: B) -> (io::Result<usize>, B) {
+        self.core.recv(buf).await
+    }
+
+    /// Shuts down one or both directions.
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error.
+    pub async fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        self.core.shutdown(how).await
+    }
+
+    /// Sends the socket to shard `target`'s ring (`IORING_MSG_SEND_FD` into
+    /// a slot the kernel picks there) and closes this shard's slot. The
+    /// ticket, which may travel to `target` any way (a closure, a job, a
+    /// message), gives the stream back there with
+    /// [`DirectTicket::receive`]. Operations must not be in flight on the
+    /// stream (the socket stays open under them, but their completions stay
+    /// here).
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` (kernel before 6.0), an unknown shard, or the kernel's
+    /// error (`ENFILE`: the target's table is full); the stream comes back
+    /// with the error.
+    pub async fn send_to_shard(
+        mut self,
+        target: ShardId,
+    ) -> Result<DirectTicket, (io::Error, DirectStream)> {
+        static MOVES: AtomicU64 = AtomicU64::new(1);
+        let ring_fd = with_current(|s| {
+            if !s.features().msg_ring_send_fd {
+                return Err(unsupported(
+                    "the kernel cannot send direct descriptors between rings (6.0+)",
+                ));
+            }
+            s.shared
+                .shards
+                .get(target.index())
+                .map(|t| t.target.ring_fd)
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("no shard {}", target.index()),
+                    )
+                })
+        });
+        let ring_fd = match ring_fd {
+            Some(Ok(fd)) => fd,
+            Some(Err(e)) => return Err((e, self)),
+            None => return Err((wrong_shard(), self)),
+        };
+        if let Err(e) = self.core.inner.check() {
+            return Err((e, self));
+        }
+        let id = MOVES.fetch_add(1, Ordering::Relaxed) & ((1 << 56) - 1);
+        let slot = self.slot();
+        // SAFETY: a MSG_RING entry refers to no memory: the target ring's fd
+        // (open while the runtime lives) and our own table's slot.
+        let op = unsafe {
+            Op::submit((), None, |_| {
+                opcode::MsgRingSendFd::new(
+                    Fd(ring_fd),
+                    Fixed(slot),
+                    DestinationSlot::auto_target(),
+                    token(KIND_FD_ARRIVAL, id),
+                )
+                .build()
+            })
+        };
+        let res = match op {
+            Ok(op) => op.await.0,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = res {
+            return Err((e, self));
+        }
+        // The target holds its own reference: this side's slot goes.
+        let _ = with_current(|s| s.close_direct(slot));
+        self.moved = true;
+        Ok(DirectTicket {
+            id,
+            target,
+            peer: self.peer,
+            handle: self.handle.clone(),
+            redeemed: false,
+        })
+    }
+}
+
+impl Drop for DirectStream {
+    fn drop(&mut self) {
+        if self.moved {
+            return;
+        }
+        let Slot {
+            slot,
+            runtime,
+            shard,
+        } = self.core.inner;
+        let here = with_current(|s| {
+            (s.runtime_id() == runtime && s.index() == shard).then(|| s.close_direct(slot))
+        })
+        .flatten();
+        if here.is_none() {
+            // Dropped off its shard: the slot is closed at home.
+            self.handle.run_on(ShardId::new(shard), move || {
+                let _ = with_current(|s| s.close_direct(slot));
+            });
+        }
+    }
+}
+
+/// A [`DirectStream`] on its way to another shard; see
+/// [`DirectStream::send_to_shard`]. Dropping it unredeemed closes the slot
+/// on the target.
+#[derive(Debug)]
+pub struct DirectTicket {
+    id: u64,
+    target: ShardId,
+    peer: Option<SocketAddr>,
+    handle: Handle,
+    redeemed: bool,
+}
+
+impl DirectTicket {
+    /// The shard the stream was sent to.
+    pub fn target(&self) -> ShardId {
+        self.target
+    }
+
+    /// The stream, on the target shard, once its descriptor arrived.
+    ///
+    /// # Errors
+    ///
+    /// The move's error (as the kernel posted it), or the shard-ownership
+    /// error when called elsewhere than on the target.
+    pub async fn receive(mut self) -> io::Result<DirectStream> {
+        self.redeemed = true;
+        let (id, target) = (self.id, self.target);
+        let on_target =
+            with_current(|s| s.index() == target.index() && s.runtime_id() == self.handle.id());
+        if on_target != Some(true) {
+            self.redeemed = false;
+            return Err(wrong_shard());
+        }
+        // Gives the slot up if this future is dropped while waiting.
+        struct Waiting(Option<u64>);
+        impl Drop for Waiting {
+            fn drop(&mut self) {
+                if let Some(id) = self.0 {
+                    let _ = with_current(|s| s.abandon_arrival(id));
+                }
+            }
+        }
+        let mut waiting = Waiting(Some(id));
+        let res = std::future::poll_fn(|cx| {
+            with_current(|s| s.poll_arrival(id, cx)).unwrap_or(std::task::Poll::Ready(-libc::EBADF))
+        })
+        .await;
+        waiting.0 = None;
+        if res < 0 {
+            return Err(io::Error::from_raw_os_error(-res));
+        }
+        let runtime = self.handle.id();
+        Ok(DirectStream {
+            core: StreamCore::new(Slot {
+                slot: res as u32,
+                runtime,
+                shard: target.index(),
+            }),
+            peer: self.peer,
+            handle: self.handle.clone(),
+            moved: false,
+        })
+    }
+}
+
+impl Drop for DirectTicket {
+    fn drop(&mut self) {
+        if !self.redeemed {
+            let id = self.id;
+            self.handle.run_on(self.target, move || {
+                let _ = with_current(|s| s.abandon_arrival(id));
+            });
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Direct descriptors: a socket moved into a shard's table, used by slot,
+//! sent to another shard's ring with `IORING_MSG_SEND_FD`, and closed, with
+//! the occupied slots counted back to zero.
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use mailring::net::{DirectStream, TcpListener};
+use mailring::{Runtime, ShardId};
+
+fn slots(rt: &Runtime) -> Vec<u64> {
+    rt.stats()
+        .shards
+        .iter()
+        .map(|s| s.direct_descriptors)
+        .collect()
+}
+
+/// Waits (bounded) until the gauges read `want` (they are refreshed by the
+/// shards themselves).
+fn wait_slots(rt: &Runtime, want: &[u64]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while slots(rt) != want {
+        assert!(
+            Instant::now() < deadline,
+            "slots {:?}, want {want:?}",
+            slots(rt)
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn echo_once(client: &mut std::net::TcpStream, msg: &[u8]) {
+    client.write_all(msg).unwrap();
+    let mut got = vec![0u8; msg.len()];
+    client.read_exact(&mut got).unwrap();
+    assert_eq!(got, msg);
+}
+
+#[test]
+fn a_direct_stream_moves_to_another_ring_and_its_slots_return_to_zero() {
+    let rt = Runtime::builder()
+        .shards(2)
+        .direct_descriptors(64)
+        .build()
+        .unwrap();
+    let features = rt.stats();
+    let _ = features;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = rt.handle().spawn_on(ShardId::new(0), async move {
+        let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        tx.send(listener.local_addr()).unwrap();
+        let (stream, peer) = listener.accept().await.unwrap();
+        let direct = DirectStream::from_tcp(stream)
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        assert_eq!(direct.peer_addr(), Some(peer), "kept beside the slot");
+        // Echo once here, by slot.
+        let (n, buf) = direct.recv(Vec::with_capacity(64)).await;
+        assert_eq!(n.unwrap(), 4);
+        direct.send_all(buf).await.0.unwrap();
+        let ticket = direct
+            .send_to_shard(ShardId::new(1))
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        assert_eq!(ticket.target(), ShardId::new(1));
+        ticket
+    });
+    let mut client = std::net::TcpStream::connect(rx.recv().unwrap()).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    echo_once(&mut client, b"ping");
+    let ticket = rt.block_on(server).unwrap();
+    // On shard 1 now: echo there, then drop it.
+    let moved = rt.handle().spawn_on(ShardId::new(1), async move {
+        let direct = ticket.receive().await.unwrap();
+        let (n, buf) = direct.recv(Vec::with_capacity(64)).await;
+        assert_eq!(n.unwrap(), 4);
+        direct.send_all(buf).await.0.unwrap();
+        mailring::current_shard().map(|s| s.index())
+    });
+    echo_once(&mut client, b"pong");
+    assert_eq!(rt.block_on(moved).unwrap(), Some(1));
+    wait_slots(&rt, &[0, 0]);
+    drop(client);
+    rt.shutdown();
+}
+
+#[test]
+fn a_ticket_dropped_unredeemed_closes_its_slot_on_the_target() {
+    let rt = Runtime::builder()
+        .shards(2)
+        .direct_descriptors(16)
+        .build()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = rt.handle().spawn_on(ShardId::new(0), async move {
+        let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        tx.send(listener.local_addr()).unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        let direct = DirectStream::from_tcp(stream)
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        let ticket = direct
+            .send_to_shard(ShardId::new(1))
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        drop(ticket);
+    });
+    let mut client = std::net::TcpStream::connect(rx.recv().unwrap()).unwrap();
+    rt.block_on(server).unwrap();
+    wait_slots(&rt, &[0, 0]);
+    // The socket is closed: the client reads the end.
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(client.read(&mut [0u8; 8]).unwrap(), 0);
+    rt.shutdown();
+}
+
+#[test]
+fn without_a_table_direct_streams_are_unsupported_and_the_stream_is_not_lost() {
+    let rt = Runtime::builder().shards(1).build().unwrap();
+    let err = rt.block_on_local(|| async {
+        let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr();
+        let mut client = std::net::TcpStream::connect(addr).unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        let (err, stream) = DirectStream::from_tcp(stream).await.unwrap_err();
+        // The plain stream comes back and still works.
+        client.write_all(b"ok").unwrap();
+        let (n, buf) = stream.recv(Vec::with_capacity(8)).await;
+        assert_eq!(n.unwrap(), 2);
+        assert_eq!(buf, b"ok");
+        err
+    });
+    assert_eq!(err.kind(), std::io::ErrorKind::Unsupported);
+    rt.shutdown();
+}
