@@ -8,7 +8,9 @@ use std::net::{Shutdown, SocketAddr};
 use std::path::Path;
 
 use bytes::{Bytes, BytesMut};
-use mailring_actors::mailring::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use mailring_actors::mailring::net::{
+    DirectStream, DirectTicket, TcpListener, TcpStream, UnixListener, UnixStream,
+};
 use mailring_actors::mailring::ShardId;
 
 use crate::codec::{Codec, CodecError};
@@ -18,6 +20,27 @@ use crate::codec::{Codec, CodecError};
 pub(crate) enum Conn {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// A TCP socket held in the shard's direct-descriptor table.
+    Direct(DirectStream),
+}
+
+/// A connection between two shards.
+#[derive(Debug)]
+pub(crate) enum InTransit {
+    /// Off every ring, as a plain descriptor.
+    Plain(StdConn),
+    /// On its way over `IORING_MSG_SEND_FD`.
+    Direct(DirectTicket),
+}
+
+impl InTransit {
+    /// The connection, on the shard it was sent to.
+    pub(crate) async fn arrive(self) -> io::Result<Conn> {
+        match self {
+            InTransit::Plain(std) => Conn::from_std(std),
+            InTransit::Direct(ticket) => ticket.receive().await.map(Conn::Direct),
+        }
+    }
 }
 
 /// A [`Conn`] off every ring, on its way to another shard.
@@ -32,6 +55,7 @@ impl Conn {
         match self {
             Conn::Tcp(s) => s.recv(buf).await,
             Conn::Unix(s) => s.recv(buf).await,
+            Conn::Direct(s) => s.recv(buf).await,
         }
     }
 
@@ -39,6 +63,7 @@ impl Conn {
         match self {
             Conn::Tcp(s) => s.send_all(buf).await,
             Conn::Unix(s) => s.send_all(buf).await,
+            Conn::Direct(s) => s.send_all(buf).await,
         }
     }
 
@@ -46,15 +71,41 @@ impl Conn {
         match self {
             Conn::Tcp(s) => s.shutdown(how).await,
             Conn::Unix(s) => s.shutdown(how).await,
+            Conn::Direct(s) => s.shutdown(how).await,
         }
     }
 
-    /// Takes the socket off this shard's ring; gives it back while an
-    /// abandoned operation still uses it.
-    pub(crate) fn into_std(self) -> Result<StdConn, Conn> {
+    /// Sends the connection towards shard `to`: a direct one over
+    /// `IORING_MSG_SEND_FD`, a plain one off this ring as a descriptor.
+    /// Gives the connection back (with the error) when it cannot leave.
+    pub(crate) async fn depart(self, to: ShardId) -> Result<InTransit, (io::Error, Conn)> {
+        let busy = || io::Error::other("an abandoned operation still uses the connection");
         match self {
-            Conn::Tcp(s) => s.into_std().map(StdConn::Tcp).map_err(Conn::Tcp),
-            Conn::Unix(s) => s.into_std().map(StdConn::Unix).map_err(Conn::Unix),
+            Conn::Tcp(s) => s
+                .into_std()
+                .map(|s| InTransit::Plain(StdConn::Tcp(s)))
+                .map_err(|s| (busy(), Conn::Tcp(s))),
+            Conn::Unix(s) => s
+                .into_std()
+                .map(|s| InTransit::Plain(StdConn::Unix(s)))
+                .map_err(|s| (busy(), Conn::Unix(s))),
+            Conn::Direct(s) => s
+                .send_to_shard(to)
+                .await
+                .map(InTransit::Direct)
+                .map_err(|(e, s)| (e, Conn::Direct(s))),
+        }
+    }
+
+    /// A TCP connection moved into the shard's direct-descriptor table; the
+    /// same connection when it cannot be (no table, table full), with why.
+    pub(crate) async fn into_direct(self) -> (Conn, Option<io::Error>) {
+        match self {
+            Conn::Tcp(s) => match DirectStream::from_tcp(s).await {
+                Ok(d) => (Conn::Direct(d), None),
+                Err((e, s)) => (Conn::Tcp(s), Some(e)),
+            },
+            other => (other, None),
         }
     }
 

@@ -25,7 +25,8 @@ mod stats;
 
 pub use crate::conn::{Framed, FramedError};
 pub use crate::server::{
-    ListenAddr, ListenMode, Server, ServerBuilder, ServerConfig, ServerShutdownReport,
+    HandOff, ListenAddr, ListenMode, Server, ServerBuilder, ServerConfig, ServerShutdownReport,
+    SessionsByKey,
 };
 pub use crate::session::{CloseKind, CloseReason, FrameIn, FrameOut, Route, Session, SessionCtx};
 pub use crate::stats::{ServerStats, SessionShardStats};

@@ -40,6 +40,23 @@ pub enum ListenMode {
     SingleAcceptor(ShardId),
 }
 
+/// How a connection moves between shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HandOff {
+    /// As a plain descriptor: taken off the accepting ring, adopted by the
+    /// owner's (works everywhere).
+    #[default]
+    Descriptor,
+    /// As a direct descriptor: each TCP connection is moved into its
+    /// shard's registered table when accepted (I/O by slot) and sent to the
+    /// owner's ring with `IORING_MSG_SEND_FD`. Needs
+    /// `Builder::direct_descriptors` on the runtime and kernel 6.0+; a
+    /// connection that finds no room (no table, table full) stays a plain
+    /// descriptor, counted in `SessionShardStats::direct_refused`. Unix
+    /// connections always move as descriptors.
+    Direct,
+}
+
 /// A server's limits and timeouts.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -75,6 +92,9 @@ pub struct ServerConfig {
     /// refuses the program the server says so on stderr and runs unsteered
     /// ([`Server::is_steered`]).
     pub source_port_steering: bool,
+    /// How a connection moves to its key's shard. Default
+    /// [`HandOff::Descriptor`].
+    pub hand_off: HandOff,
     /// Sessions attached to one key at once; past it, a new session of the
     /// key gets [`Session::refusal`] and closes with
     /// [`CloseReason::KeyLimit`]. Default none.
@@ -100,6 +120,7 @@ impl Default for ServerConfig {
             handshake_timeout: None,
             frame_timeout: Some(Duration::from_secs(30)),
             source_port_steering: true,
+            hand_off: HandOff::Descriptor,
             max_per_key: None,
             max_connections: 10_000,
             shutdown_grace: Duration::from_secs(5),
@@ -701,7 +722,18 @@ async fn run_connection<S: Session>(
     fresh: bool,
 ) {
     let shard = cx.shard;
+    let mut stream = stream;
     if fresh {
+        if conn.shared.config.hand_off == HandOff::Direct {
+            let (direct, refused) = stream.into_direct().await;
+            stream = direct;
+            if refused.is_some() {
+                conn.shared
+                    .counters(shard)
+                    .direct_refused
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
         session.on_open(&mut cx);
     }
     let mut decoder = conn.shared.codec.clone();
@@ -719,8 +751,8 @@ async fn run_connection<S: Session>(
         Exit::Close(reason) => reason,
         Exit::Move(key, frame) => {
             let owner = (conn.shared.placer)(&key, conn.shared.handle.shards());
-            match stream.into_std() {
-                Ok(std) => {
+            match stream.depart(owner).await {
+                Ok(transit) => {
                     conn.shared
                         .counters(shard)
                         .handed_off
@@ -733,7 +765,7 @@ async fn run_connection<S: Session>(
                         guarded(guard, async move {
                             let mut cx = SessionCtx::new(peer, owner, id, codec);
                             cx.key = Some(key);
-                            match Conn::from_std(std) {
+                            match transit.arrive().await {
                                 Ok(stream) => {
                                     run_connection(
                                         conn,
@@ -755,7 +787,10 @@ async fn run_connection<S: Session>(
                     });
                     return;
                 }
-                Err(_stream) => CloseReason::HandOff,
+                Err((e, _stream)) => {
+                    tracing_error("moving a connection to its key's shard", &e);
+                    CloseReason::HandOff
+                }
             }
         }
     };

@@ -19,6 +19,7 @@ pub(crate) struct ShardCounters {
     pub(crate) accept_errors: AtomicU64,
     pub(crate) pushes_delivered: AtomicU64,
     pub(crate) push_dead_letters: AtomicU64,
+    pub(crate) direct_refused: AtomicU64,
     closed: [AtomicU64; CloseKind::ALL.len()],
 }
 
@@ -41,6 +42,7 @@ impl ShardCounters {
             accept_errors: get(&self.accept_errors),
             pushes_delivered: get(&self.pushes_delivered),
             push_dead_letters: get(&self.push_dead_letters),
+            direct_refused: get(&self.direct_refused),
             closed: std::array::from_fn(|i| get(&self.closed[i])),
         }
     }
@@ -74,6 +76,9 @@ pub struct SessionShardStats {
     pub pushes_delivered: u64,
     /// Pushes to a key with no live session on this shard, its shard.
     pub push_dead_letters: u64,
+    /// Connections that stayed plain descriptors under `HandOff::Direct`
+    /// (no table, or the table full).
+    pub direct_refused: u64,
     closed: [u64; CloseKind::ALL.len()],
 }
 

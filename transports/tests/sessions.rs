@@ -908,3 +908,93 @@ fn frames_streamed_during_the_hand_off_are_all_handled_in_order_on_the_owner() {
     rt.block_on(server.shutdown());
     system.shutdown();
 }
+
+#[test]
+fn direct_descriptors_move_over_msg_ring_and_their_slots_are_all_given_back() {
+    let rt = mailring::Runtime::builder()
+        .shards(2)
+        .direct_descriptors(256)
+        .build()
+        .unwrap();
+    let mut config = ServerConfig::default();
+    config.listen = ListenMode::SingleAcceptor(ShardId::new(0));
+    config.hand_off = mailring_transports::HandOff::Direct;
+    let (system, server) = tenant_server(&rt, config);
+    let mut clients = Vec::new();
+    for t in 0..12 {
+        let tenant = format!("tenant-{t}");
+        let owner = system.shard_of::<Tenant>(&tenant).index();
+        let mut c = client(server.local_addr());
+        c.write_all(&frame(b"PING")).unwrap();
+        assert_eq!(read_frame(&mut c).unwrap(), b"PONG");
+        let mut burst = frame(format!("KEY {tenant}").as_bytes());
+        burst.extend_from_slice(&frame(b"after"));
+        c.write_all(&burst).unwrap();
+        assert_eq!(
+            read_frame(&mut c).unwrap(),
+            format!("{owner} {owner} KEY {tenant}").as_bytes()
+        );
+        assert_eq!(
+            read_frame(&mut c).unwrap(),
+            format!("{owner} {owner} after").as_bytes()
+        );
+        clients.push((c, owner));
+    }
+    let stats = server.stats();
+    let moved = clients.iter().filter(|(_, o)| *o != 0).count() as u64;
+    assert!(moved > 0);
+    assert_eq!(stats.total(|s| s.handed_off), moved);
+    assert_eq!(
+        stats.total(|s| s.direct_refused),
+        0,
+        "every connection went direct"
+    );
+    assert_eq!(stats.total(|s| s.io_off_owner), 0);
+    // Every connection holds a slot on its owner's ring, none is left on
+    // the acceptor's for the moved ones.
+    let in_use: Vec<u64> = rt
+        .stats()
+        .shards
+        .iter()
+        .map(|s| s.direct_descriptors)
+        .collect();
+    let on_one = moved;
+    assert_eq!(in_use, vec![12 - on_one, on_one], "slots per shard");
+    drop(clients);
+    wait_for(&server, "12 peer closes", |s| {
+        s.closed(CloseKind::PeerClosed) == 12
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rt.stats().shards.iter().any(|s| s.direct_descriptors != 0) {
+        assert!(Instant::now() < deadline, "slots left: {:?}", rt.stats());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    rt.block_on(server.shutdown());
+    system.shutdown();
+}
+
+#[test]
+fn without_a_table_direct_hand_off_falls_back_to_descriptors() {
+    let rt = runtime(2);
+    let mut config = ServerConfig::default();
+    config.listen = ListenMode::SingleAcceptor(ShardId::new(0));
+    config.hand_off = mailring_transports::HandOff::Direct;
+    let (system, server) = tenant_server(&rt, config);
+    let tenant = (0..100)
+        .map(|t| format!("tenant-{t}"))
+        .find(|t| system.shard_of::<Tenant>(t).index() == 1)
+        .unwrap();
+    let mut c = client(server.local_addr());
+    c.write_all(&frame(format!("KEY {tenant}").as_bytes()))
+        .unwrap();
+    assert_eq!(
+        read_frame(&mut c).unwrap(),
+        format!("1 1 KEY {tenant}").as_bytes()
+    );
+    let stats = server.stats();
+    assert_eq!(stats.total(|s| s.direct_refused), 1);
+    assert_eq!(stats.total(|s| s.handed_off), 1);
+    drop(c);
+    rt.block_on(server.shutdown());
+    system.shutdown();
+}
