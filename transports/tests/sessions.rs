@@ -291,21 +291,23 @@ fn tenant_server(
     (system, server)
 }
 
-fn attach_test(mode: ListenMode) {
-    let rt = runtime(2);
-    let mut config = ServerConfig::default();
-    config.listen = mode;
-    let (system, server) = tenant_server(&rt, config);
+/// Connects `n` clients of tenants `tenant-0..n`: a `PING` before the key
+/// (answered wherever the connection was accepted), then the key and three
+/// more frames in one write (the unread bytes travel with the connection),
+/// each answered on the tenant's shard. Returns each client with its
+/// tenant's shard.
+fn attach_tenants(
+    server: &Server<TenantSession>,
+    system: &ActorSystem,
+    n: usize,
+) -> Vec<(TcpStream, usize)> {
     let mut clients = Vec::new();
-    for t in 0..12 {
+    for t in 0..n {
         let tenant = format!("tenant-{t}");
         let owner = system.shard_of::<Tenant>(&tenant).index();
         let mut c = client(server.local_addr());
-        // Before the key: answered wherever the connection was accepted.
         c.write_all(&frame(b"PING")).unwrap();
         assert_eq!(read_frame(&mut c).unwrap(), b"PONG");
-        // The key and three more frames in one write: the unread bytes
-        // travel with the connection.
         let mut burst = frame(format!("KEY {tenant}").as_bytes());
         for i in 0..3 {
             burst.extend_from_slice(&frame(format!("req {i}").as_bytes()));
@@ -319,6 +321,15 @@ fn attach_test(mode: ListenMode) {
         }
         clients.push((c, owner));
     }
+    clients
+}
+
+fn attach_test(mode: ListenMode) {
+    let rt = runtime(2);
+    let mut config = ServerConfig::default();
+    config.listen = mode;
+    let (system, server) = tenant_server(&rt, config);
+    let mut clients = attach_tenants(&server, &system, 12);
     // Later traffic stays on the owner.
     for (c, owner) in &mut clients {
         c.write_all(&frame(b"again")).unwrap();
@@ -920,26 +931,7 @@ fn direct_descriptors_move_over_msg_ring_and_their_slots_are_all_given_back() {
     config.listen = ListenMode::SingleAcceptor(ShardId::new(0));
     config.hand_off = mailring_transports::HandOff::Direct;
     let (system, server) = tenant_server(&rt, config);
-    let mut clients = Vec::new();
-    for t in 0..12 {
-        let tenant = format!("tenant-{t}");
-        let owner = system.shard_of::<Tenant>(&tenant).index();
-        let mut c = client(server.local_addr());
-        c.write_all(&frame(b"PING")).unwrap();
-        assert_eq!(read_frame(&mut c).unwrap(), b"PONG");
-        let mut burst = frame(format!("KEY {tenant}").as_bytes());
-        burst.extend_from_slice(&frame(b"after"));
-        c.write_all(&burst).unwrap();
-        assert_eq!(
-            read_frame(&mut c).unwrap(),
-            format!("{owner} {owner} KEY {tenant}").as_bytes()
-        );
-        assert_eq!(
-            read_frame(&mut c).unwrap(),
-            format!("{owner} {owner} after").as_bytes()
-        );
-        clients.push((c, owner));
-    }
+    let clients = attach_tenants(&server, &system, 12);
     let stats = server.stats();
     let moved = clients.iter().filter(|(_, o)| *o != 0).count() as u64;
     assert!(moved > 0);
