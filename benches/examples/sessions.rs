@@ -79,6 +79,7 @@ impl Workload {
             Workload::Connect => &[
                 Contender::Mailring,
                 Contender::MailringHandOff,
+                Contender::MailringHandOffDirect,
                 Contender::MailringUnsteered,
             ],
         }
@@ -93,6 +94,8 @@ enum Contender {
     TokioKameo,
     /// Tenants: one acceptor, every other shard's connection moves.
     MailringHandOff,
+    /// The same, moving direct descriptors over `IORING_MSG_SEND_FD`.
+    MailringHandOffDirect,
     /// Tenants: reuseport without source-port steering, ordinary clients.
     MailringUnsteered,
 }
@@ -104,6 +107,7 @@ impl Contender {
             Contender::Tokio => "tokio",
             Contender::TokioKameo => "tokio+kameo",
             Contender::MailringHandOff => "mailring single acceptor (hand-off)",
+            Contender::MailringHandOffDirect => "mailring single acceptor (direct hand-off)",
             Contender::MailringUnsteered => "mailring reuseport unsteered",
         }
     }
@@ -215,7 +219,10 @@ fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
 /// process, stops the server.
 fn serve_once(c: Contender, w: Workload) -> Run {
     let server = match c {
-        Contender::Mailring | Contender::MailringHandOff | Contender::MailringUnsteered => {
+        Contender::Mailring
+        | Contender::MailringHandOff
+        | Contender::MailringHandOffDirect
+        | Contender::MailringUnsteered => {
             ServerHandle::mailring(w, c)
         }
         Contender::Tokio | Contender::TokioKameo => ServerHandle::tokio(c, w),
@@ -386,6 +393,9 @@ impl ServerHandle {
                 mailring::IdlePolicy::Spin(Duration::from_micros(us))
             });
         }
+        if c == Contender::MailringHandOffDirect {
+            builder = builder.direct_descriptors(4096);
+        }
         let rt = builder.build().unwrap();
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         match w {
@@ -421,6 +431,12 @@ impl ServerHandle {
                         config.listen = mailring_transports::ListenMode::SingleAcceptor(
                             mailring::ShardId::new(0),
                         );
+                    }
+                    Contender::MailringHandOffDirect => {
+                        config.listen = mailring_transports::ListenMode::SingleAcceptor(
+                            mailring::ShardId::new(0),
+                        );
+                        config.hand_off = mailring_transports::HandOff::Direct;
                     }
                     Contender::MailringUnsteered => config.source_port_steering = false,
                     _ => {}
