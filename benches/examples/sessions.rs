@@ -222,9 +222,7 @@ fn serve_once(c: Contender, w: Workload) -> Run {
         Contender::Mailring
         | Contender::MailringHandOff
         | Contender::MailringHandOffDirect
-        | Contender::MailringUnsteered => {
-            ServerHandle::mailring(w, c)
-        }
+        | Contender::MailringUnsteered => ServerHandle::mailring(w, c),
         Contender::Tokio | Contender::TokioKameo => ServerHandle::tokio(c, w),
     };
     // Only the steered contender's clients pick their source port.
