@@ -107,7 +107,7 @@ mod api {
     pub use crate::builder::{Builder, ExternalWake, FaultInjection, IdlePolicy, MAX_SHARDS};
     pub use crate::driver::RingFeatures;
     pub use crate::error::BuildError;
-    pub use crate::panic::{CallbackKind, PanicCounts, ShutdownReport};
+    pub use crate::panic::{CallbackKind, DrainReport, PanicCounts, ShutdownReport};
     pub use crate::placement::{
         route_hash, shard_for_hash, sticky_shard, Placement, RouteHasher, RouteKey,
     };

@@ -246,6 +246,22 @@ pub struct ShutdownReport {
     pub panics: PanicCounts,
     /// The first [`MAX_PANIC_RECORDS`] panics caught, in the order caught.
     pub panic_records: Vec<PanicRecord>,
+    /// What layers above the runtime reported when they stopped
+    /// ([`Handle::report_drained`](crate::Handle::report_drained)): a
+    /// server's connections finished within its grace period, and cut off.
+    pub drained: Vec<DrainReport>,
+}
+
+/// One layer's line in [`ShutdownReport::drained`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Which layer (e.g. `"server 127.0.0.1:7000"`).
+    pub name: String,
+    /// Work it finished while stopping (connections that closed within the
+    /// grace period).
+    pub drained: u64,
+    /// Work it cut off (connections closed with work left).
+    pub dropped: u64,
 }
 
 impl ShutdownReport {

@@ -56,6 +56,9 @@ pub(crate) struct ShutdownTally {
     /// Panics caught off the shards (a task or closure dropped by an
     /// outside thread), per kind.
     pub(crate) offshard_panics: [AtomicU64; CallbackKind::COUNT],
+    /// What layers above the runtime drained and dropped when they stopped
+    /// (`Handle::report_drained`).
+    pub(crate) layers: std::sync::Mutex<Vec<crate::panic::DrainReport>>,
 }
 
 /// Settings every shard reads.
@@ -175,6 +178,7 @@ impl Shared {
             shards_abandoned: t.shards_abandoned.load(Ordering::Relaxed),
             panics: self.panic_counts(),
             panic_records: self.panics.records(),
+            drained: t.layers.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
     }
 
@@ -300,6 +304,22 @@ impl Handle {
     /// Outside a mailring shard; see [`Handle::try_current`].
     pub fn current() -> Handle {
         Self::try_current().expect("Handle::current() called outside a mailring shard")
+    }
+
+    /// Records, for the runtime's [`ShutdownReport`], what a layer running
+    /// on it (a server, a pool) finished (`drained`) and cut off
+    /// (`dropped`) when it stopped; `name` says which.
+    pub fn report_drained(&self, name: impl Into<String>, drained: u64, dropped: u64) {
+        self.shared
+            .tally
+            .layers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(crate::panic::DrainReport {
+                name: name.into(),
+                drained,
+                dropped,
+            });
     }
 
     /// The runtime's id (what a shard's `runtime_id` compares with).

@@ -492,7 +492,8 @@ impl<S: Session> Server<S> {
     /// Stops accepting, lets sessions finish what they started (replies
     /// outstanding, bytes queued) for the grace period, then closes the
     /// rest; idle connections close at once. Each closes with
-    /// [`CloseReason::Shutdown`].
+    /// [`CloseReason::Shutdown`]. What was drained and what was cut off also
+    /// goes into the runtime's `ShutdownReport::drained`.
     pub async fn shutdown(mut self) -> ServerShutdownReport {
         let open_at_start = self.shared.live();
         let deadline = Instant::now() + self.shared.grace();
@@ -514,6 +515,15 @@ impl<S: Session> Server<S> {
             // The listener is closed: its path would only refuse the next bind.
             let _ = std::fs::remove_file(path);
         }
+        let name = match &self.addr {
+            ListenAddr::Tcp(a) => format!("server {a}"),
+            ListenAddr::Unix(p) => format!("server {}", p.display()),
+        };
+        self.shared.handle.report_drained(
+            name,
+            (open_at_start - forced.min(open_at_start)) as u64,
+            forced as u64,
+        );
         ServerShutdownReport {
             open_at_start,
             forced,

@@ -555,7 +555,12 @@ fn shutdown_finishes_outstanding_replies_and_closes_idle_connections() {
     );
     assert_eq!(busy.read(&mut [0u8; 1]).unwrap(), 0, "then closed");
     assert_eq!(idle.read(&mut [0u8; 1]).unwrap(), 0, "the idle one closed");
-    rt.shutdown();
+    // The runtime's report says it too.
+    let runtime_report = rt.shutdown();
+    assert_eq!(runtime_report.drained.len(), 1);
+    let line = &runtime_report.drained[0];
+    assert!(line.name.starts_with("server 127.0.0.1:"), "{line:?}");
+    assert_eq!((line.drained, line.dropped), (2, 0));
 }
 
 #[test]
@@ -989,4 +994,35 @@ fn without_a_table_direct_hand_off_falls_back_to_descriptors() {
     drop(c);
     rt.block_on(server.shutdown());
     system.shutdown();
+}
+
+/// Never answers: its reply waits forever.
+struct Stuck;
+
+impl Session for Stuck {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, _frame: Bytes, cx: &mut SessionCtx<Self>) {
+        cx.reply_later(std::future::pending());
+    }
+}
+
+#[test]
+fn shutdown_cuts_off_what_outlives_its_grace_and_says_so() {
+    let rt = runtime(1);
+    let mut config = ServerConfig::default();
+    config.shutdown_grace = Duration::from_millis(100);
+    let server = Server::builder(LengthDelimited::new(), |_| Stuck)
+        .config(config)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let mut stuck = client(server.local_addr());
+    stuck.write_all(&frame(b"never answered")).unwrap();
+    wait_for(&server, "the frame", |s| s.total(|s| s.frames_in) == 1);
+    let report = rt.block_on(server.shutdown());
+    assert_eq!((report.open_at_start, report.forced), (1, 1));
+    assert_eq!(stuck.read(&mut [0u8; 8]).unwrap_or(0), 0, "closed");
+    let line = rt.shutdown().drained[0].clone();
+    assert_eq!((line.drained, line.dropped), (0, 1));
 }
