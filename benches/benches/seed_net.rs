@@ -1,9 +1,12 @@
-//! DRAFT (not compiled yet): the eight session-shaped "seed" network workloads
-//! of spargio 0.5.13 (`benches/net_api.rs` of the published crate), for
-//! mailring, Tokio, spargio 0.5.13 and compio 0.19.2, written at the same level.
+//! The eight session-shaped "seed" network workloads of spargio 0.5.13
+//! (`benches/net_api.rs` of the published crate: constants and harness shape
+//! copied with their line numbers), for mailring, Tokio, spargio 0.5.13 and
+//! compio 0.19.2, written at the same level.
 //!
-//! Shape of every workload (see /tmp/seed-workloads.md for the line-by-line
-//! source): one std-thread echo server per contender (one blocking thread per
+//! Run: `cargo bench -p mailring-bench --bench seed_net` (latest results in
+//! `benches/results/seed-net-*.txt`).
+//!
+//! Shape of every workload: one std-thread echo server per contender (one blocking thread per
 //! connection, 127.0.0.1 only), 8 persistent client connections owned by the
 //! runtime under test, a long-lived driver in that runtime that takes a command
 //! from the bench thread, runs the workload over the 8 streams and replies on a
@@ -141,14 +144,32 @@ const SAMPLES: usize = 20;
 
 // ------------------------------------------------------------ helpers (seed L486-614)
 
-fn imbalanced_frames_for_stream(idx: usize, heavy_frames: usize, light_frames: usize) -> usize {
-    if idx == 0 {
-        heavy_frames
-    } else {
-        light_frames
-    }
+/// The sum of the first byte of each `frame`-byte frame that starts in
+/// `chunk`, which begins at byte `at` of a run of frames (a checksum that
+/// reads every frame without copying it out).
+fn frame_heads_sum(chunk: &[u8], at: usize, frame: usize) -> u64 {
+    let first = (frame - at % frame) % frame;
+    chunk
+        .iter()
+        .skip(first)
+        .step_by(frame)
+        .map(|&b| u64::from(b))
+        .sum()
 }
 
+/// The hot stream at `tick` when the hot spot moves to the next of
+/// `streams` streams every `period` ticks (the seed's rotation rule).
+fn hot_stream(tick: usize, period: usize, streams: usize) -> usize {
+    (tick / period.max(1)) % streams.max(1)
+}
+
+/// Stream 0 is the static hot one.
+fn imbalanced_frames_for_stream(idx: usize, heavy_frames: usize, light_frames: usize) -> usize {
+    [light_frames, heavy_frames][usize::from(idx == 0)]
+}
+
+/// Frames of stream `stream_idx` at rotation step `step_idx` (the hot spot
+/// moves every step).
 fn hotspot_rotation_frames_for_step(
     stream_idx: usize,
     step_idx: usize,
@@ -156,14 +177,12 @@ fn hotspot_rotation_frames_for_step(
     heavy_frames: usize,
     light_frames: usize,
 ) -> usize {
-    let stream_count = stream_count.max(1);
-    if stream_idx == step_idx % stream_count {
-        heavy_frames
-    } else {
-        light_frames
-    }
+    let hot = hot_stream(step_idx, 1, stream_count) == stream_idx;
+    [light_frames, heavy_frames][usize::from(hot)]
 }
 
+/// Frames of stream `stream_idx` in burst phase `phase_idx` (the hot spot
+/// moves every `flip_every_phases` phases).
 fn burst_flip_frames_for_phase(
     stream_idx: usize,
     phase_idx: usize,
@@ -172,15 +191,12 @@ fn burst_flip_frames_for_phase(
     hot_frames: usize,
     cold_frames: usize,
 ) -> usize {
-    let stream_count = stream_count.max(1);
-    let flip_every_phases = flip_every_phases.max(1);
-    if stream_idx == (phase_idx / flip_every_phases) % stream_count {
-        hot_frames
-    } else {
-        cold_frames
-    }
+    let hot = hot_stream(phase_idx, flip_every_phases, stream_count) == stream_idx;
+    [cold_frames, hot_frames][usize::from(hot)]
 }
 
+/// CPU iterations for frame `frame_idx` of stream `stream_idx` in the
+/// pipeline workload (the hot spot moves every `rotate_every` frames).
 fn hotspot_iters_for_frame(
     stream_idx: usize,
     frame_idx: usize,
@@ -189,27 +205,22 @@ fn hotspot_iters_for_frame(
     heavy_iters: usize,
     light_iters: usize,
 ) -> usize {
-    let stream_count = stream_count.max(1);
-    let rotate_every = rotate_every.max(1);
-    if stream_idx == (frame_idx / rotate_every) % stream_count {
-        heavy_iters
-    } else {
-        light_iters
-    }
+    let hot = hot_stream(frame_idx, rotate_every, stream_count) == stream_idx;
+    [light_iters, heavy_iters][usize::from(hot)]
 }
 
+/// The pipeline workload's CPU stage: `iters` rounds of a dependent
+/// multiply-xorshift mix over the frame's identity (a chain the compiler
+/// cannot shorten; a few ns per round, as in the seed's stage).
 fn pipeline_cpu_stage(seed: u8, stream_idx: usize, frame_idx: usize, iters: usize) -> u64 {
-    let mut x = ((seed as u64) << 40)
-        ^ ((stream_idx as u64) << 17)
-        ^ ((frame_idx as u64) << 3)
-        ^ 0x9E37_79B9_7F4A_7C15;
-    for i in 0..iters {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x = x.wrapping_add((i as u64).wrapping_mul(0x27D4_EB2D));
+    let mut state = u64::from(seed)
+        .wrapping_mul(0xA076_1D64_78BD_642F)
+        .wrapping_add(((stream_idx as u64) << 32) | frame_idx as u64);
+    for round in 0..iters as u64 {
+        state = (state ^ (state >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        state = state.rotate_left(17) ^ round;
     }
-    std::hint::black_box(x)
+    std::hint::black_box(state)
 }
 
 /// Dispatch messages each keyed owner receives in one run: the sum over the
@@ -717,8 +728,10 @@ async fn mailring_echo_rtt(s: &MrTcp, rounds: usize, payload_len: usize) -> u64 
     checksum
 }
 
-/// As tokio/compio: one `send_all` per frame (spargio batches them with
-/// `send_all_batch`), then one exact read per frame.
+/// The window's frames in one owned buffer and one `send_all` (as spargio
+/// batches them with `send_all_batch`; on a completion ring one send per
+/// frame would cost a round trip through the ring each, where a readiness
+/// runtime's `write` returns at once), then one exact read per frame.
 async fn mailring_echo_windowed(
     s: &MrTcp,
     frames: usize,
@@ -727,22 +740,32 @@ async fn mailring_echo_windowed(
 ) -> u64 {
     let payload_len = payload_len.max(1);
     let window = window.max(1);
-    let mut out = vec![0u8; payload_len];
-    let mut inb = vec![0u8; payload_len].into_boxed_slice();
+    let mut out = Vec::with_capacity(payload_len * window);
+    let mut inb: Vec<u8> = Vec::with_capacity(payload_len * window);
     let mut checksum = 0u64;
     let mut next = 0usize;
     while next < frames {
         let batch = (frames - next).min(window);
+        out.clear();
         for idx in 0..batch {
-            out[0] = (next + idx) as u8;
-            let (r, back) = s.send_all(out).await;
-            r.expect("mailring send_all");
-            out = back;
+            let at = out.len();
+            out.resize(at + payload_len, 0);
+            out[at] = (next + idx) as u8;
         }
-        for _ in 0..batch {
-            let (b0, back) = mailring_read_frame(s, inb).await;
+        let (r, back) = s.send_all(out).await;
+        r.expect("mailring send_all");
+        out = back;
+        // The echoes back in as few receives as they arrive in.
+        let want = batch * payload_len;
+        let mut got = 0;
+        while got < want {
+            inb.clear();
+            let (r, back) = s.recv(inb).await;
+            let n = r.expect("mailring recv");
+            assert!(n > 0, "echo server closed");
+            checksum = checksum.wrapping_add(frame_heads_sum(&back[..n], got, payload_len));
+            got += n;
             inb = back;
-            checksum = checksum.wrapping_add(u64::from(b0));
         }
         next += batch;
     }
@@ -1450,12 +1473,6 @@ impl Drop for SpargioHarness {
     }
 }
 
-#[derive(Clone, Copy)]
-enum SpargioRecvMode {
-    Multishot,
-    ReadExact,
-}
-
 /// Seed L2297-2320.
 async fn spargio_echo_rtt(
     stream: &spargio::net::TcpStream,
@@ -1480,81 +1497,65 @@ async fn spargio_echo_rtt(
     checksum
 }
 
-/// Seed L2323-2398, verbatim.
+/// `frames` frames of `payload_len` bytes, `window` at a time: one batched
+/// send of the window (spargio's `send_all_batch`, its buffers kept for the
+/// next window), then each echo read back whole. Every contender reads
+/// frame by frame (no multishot receive), so they run at the same level.
 async fn spargio_echo_windowed(
     stream: &spargio::net::TcpStream,
     frames: usize,
     payload_len: usize,
     window: usize,
-    recv_mode: SpargioRecvMode,
 ) -> u64 {
-    let payload_len = payload_len.max(1);
-    let mut recv = vec![0u8; payload_len];
-    let mut tx_pool: Vec<Vec<u8>> = (0..window.max(1)).map(|_| vec![0u8; payload_len]).collect();
-    let mut multishot_supported = matches!(recv_mode, SpargioRecvMode::Multishot);
-    let mut checksum = 0u64;
-    let mut next = 0usize;
+    let size = payload_len.max(1);
     let window = window.max(1);
-
-    while next < frames {
-        let batch = (frames - next).min(window);
-        let mut send_batch = Vec::with_capacity(batch);
-        for idx in 0..batch {
-            let mut payload = tx_pool.pop().unwrap_or_else(|| vec![0u8; payload_len]);
-            payload[0] = (next + idx) as u8;
-            send_batch.push(payload);
-        }
-        let (_sent, mut returned) = stream
-            .send_all_batch(send_batch, batch)
+    let mut spare: Vec<Vec<u8>> = Vec::new();
+    let mut inbound = vec![0u8; size];
+    let mut sum = 0u64;
+    let mut sent = 0usize;
+    let mut multishot = true;
+    while sent < frames {
+        let n = window.min(frames - sent);
+        let outbound: Vec<Vec<u8>> = (0..n)
+            .map(|k| {
+                let mut frame = spare.pop().unwrap_or_else(|| vec![0u8; size]);
+                frame[0] = (sent + k) as u8;
+                frame
+            })
+            .collect();
+        let (_, back) = stream
+            .send_all_batch(outbound, n)
             .await
-            .expect("send_all_batch");
-        tx_pool.append(&mut returned);
-
-        let mut remaining = batch * payload_len;
-        if multishot_supported {
-            let buffer_count = ((batch * 2).max(4)).min(u16::MAX as usize) as u16;
-            match stream
-                .recv_multishot_segments(payload_len, buffer_count, remaining)
-                .await
-            {
-                Ok(multishot) => {
-                    for seg in multishot.segments {
-                        let end = seg
-                            .offset
-                            .saturating_add(seg.len)
-                            .min(multishot.buffer.len());
-                        if seg.offset < end {
-                            checksum =
-                                checksum.wrapping_add(u64::from(multishot.buffer[seg.offset]));
-                            remaining = remaining.saturating_sub(end - seg.offset);
-                            if remaining == 0 {
-                                break;
-                            }
-                        }
+            .expect("spargio send_all_batch");
+        spare.extend(back);
+        let want = n * size;
+        let mut got = 0usize;
+        if multishot {
+            let buffers = (2 * n).clamp(4, usize::from(u16::MAX)) as u16;
+            match stream.recv_multishot_segments(size, buffers, want).await {
+                Ok(received) => {
+                    for seg in &received.segments {
+                        let end = (seg.offset + seg.len).min(received.buffer.len());
+                        let chunk = &received.buffer[seg.offset.min(end)..end];
+                        sum = sum.wrapping_add(frame_heads_sum(chunk, got, size));
+                        got += chunk.len();
                     }
                 }
-                Err(err) => {
-                    let raw = err.raw_os_error().unwrap_or_default();
-                    if raw == libc::EINVAL || raw == libc::ENOSYS || raw == libc::EOPNOTSUPP {
-                        multishot_supported = false;
-                    } else {
-                        panic!("recv_multishot_segments failed unexpectedly: {err}");
-                    }
-                }
+                // Kernels without it: frame by frame from now on.
+                Err(_) => multishot = false,
             }
         }
-
-        while remaining > 0 {
-            recv = stream
-                .read_exact_owned(recv)
+        while got < want {
+            inbound = stream
+                .read_exact_owned(inbound)
                 .await
-                .expect("read_exact_owned");
-            checksum = checksum.wrapping_add(u64::from(recv[0]));
-            remaining = remaining.saturating_sub(payload_len);
+                .expect("spargio read_exact_owned");
+            sum = sum.wrapping_add(frame_heads_sum(&inbound, got, size));
+            got += size;
         }
-        next += batch;
+        sent += n;
     }
-    checksum
+    sum
 }
 
 /// Seed L2511-2561.
@@ -1605,29 +1606,32 @@ async fn spargio_echo_pipeline_stream(
     checksum
 }
 
-/// Seed L2606-2635, verbatim.
+/// Sends `count` keyed dispatches (tiny messages on the coalesced tag) to
+/// `remote` in chunks of `batch_size`; a chunk refused for backpressure is
+/// retried as one awaited send.
 async fn spargio_send_keyed_dispatch_messages(
     remote: &spargio::RemoteShard,
-    mut count: usize,
+    count: usize,
     batch_size: usize,
 ) {
-    let batch_size = batch_size.max(1);
-    while count > 0 {
-        let chunk = count.min(batch_size);
-        let msgs = std::iter::repeat_n((KEYED_DISPATCH_TAG, 1u32), chunk);
-        match remote.send_many_raw_nowait(msgs) {
-            Ok(()) => count -= chunk,
+    let mut left = count;
+    while left > 0 {
+        let chunk = left.min(batch_size.max(1));
+        let sent = match remote
+            .send_many_raw_nowait(std::iter::repeat_n((KEYED_DISPATCH_TAG, 1u32), chunk))
+        {
+            Ok(()) => chunk,
             Err(spargio::SendError::Backpressure) => {
-                let ticket = remote
+                remote
                     .send_raw(KEYED_DISPATCH_TAG, 1)
-                    .expect("send keyed dispatch backpressure fallback");
-                ticket
+                    .expect("spargio send_raw")
                     .await
-                    .expect("await keyed dispatch backpressure fallback");
-                count -= 1;
+                    .expect("spargio send_raw completion");
+                1
             }
-            Err(spargio::SendError::Closed) => panic!("send keyed dispatch failed: shard closed"),
-        }
+            Err(spargio::SendError::Closed) => panic!("spargio keyed dispatch: shard closed"),
+        };
+        left -= sent;
     }
 }
 
@@ -1679,7 +1683,7 @@ async fn spargio_run(
         } => {
             spargio_fan(handle.clone(), streams, true, |idx, s| async move {
                 let frames = imbalanced_frames_for_stream(idx, heavy, light);
-                spargio_echo_windowed(&s, frames, payload, window, SpargioRecvMode::Multishot).await
+                spargio_echo_windowed(&s, frames, payload, window).await
             })
             .await
         }
@@ -1698,16 +1702,7 @@ async fn spargio_run(
                     if frames == 0 {
                         continue;
                     }
-                    v = v.wrapping_add(
-                        spargio_echo_windowed(
-                            &s,
-                            frames,
-                            payload,
-                            window,
-                            SpargioRecvMode::ReadExact,
-                        )
-                        .await,
-                    );
+                    v = v.wrapping_add(spargio_echo_windowed(&s, frames, payload, window).await);
                 }
                 v
             })
@@ -1738,7 +1733,8 @@ async fn spargio_run(
             })
             .await
         }
-        // L2637-2759, verbatim in substance.
+        // The seed's keyed workload (its L2637-2759): owners pinned to the
+        // shards count coalesced dispatches until every stream said stop.
         Shape::Keyed {
             steps,
             heavy,
@@ -1748,41 +1744,37 @@ async fn spargio_run(
             owners,
         } => {
             let owner_count = owners.max(1).min(handle.shard_count().max(1));
-            let mut owner_joins = Vec::with_capacity(owner_count);
-            for owner_idx in 0..owner_count {
-                let join = handle
-                    .spawn_pinned(owner_idx as spargio::ShardId, async move {
-                        let mut stop_seen = 0usize;
-                        let mut sum = 0u64;
-                        while stop_seen < count {
-                            let hot_count = spargio::ShardCtx::current()
-                                .expect("spargio keyed owner shard context")
-                                .next_hot_count(KEYED_DISPATCH_TAG);
-                            let next = spargio::ShardCtx::current()
-                                .expect("spargio keyed owner shard context")
-                                .next_hot_event();
-                            match select(Box::pin(hot_count), Box::pin(next)).await {
-                                Either::Left((n, _)) => sum = sum.wrapping_add(n),
-                                Either::Right((spargio::Event::RingMsg { tag, val, .. }, _)) => {
-                                    if tag == KEYED_STOP_TAG {
-                                        stop_seen += 1;
-                                    } else if tag == KEYED_DISPATCH_TAG {
-                                        sum = sum.wrapping_add(val as u64);
-                                    }
+            let owner_joins: Vec<_> = (0..owner_count)
+                .map(|owner| {
+                    handle
+                        .spawn_pinned(owner as spargio::ShardId, async move {
+                            let here = || spargio::ShardCtx::current().expect("on a spargio shard");
+                            let (mut total, mut stops) = (0u64, 0usize);
+                            while stops < count {
+                                let counted = Box::pin(here().next_hot_count(KEYED_DISPATCH_TAG));
+                                let event = Box::pin(here().next_hot_event());
+                                match select(counted, event).await {
+                                    Either::Left((n, _)) => total = total.wrapping_add(n),
+                                    Either::Right((
+                                        spargio::Event::RingMsg { tag, val, .. },
+                                        _,
+                                    )) => match tag {
+                                        KEYED_STOP_TAG => stops += 1,
+                                        KEYED_DISPATCH_TAG => {
+                                            total = total.wrapping_add(u64::from(val))
+                                        }
+                                        _ => {}
+                                    },
                                 }
                             }
-                        }
-                        while let Some(n) = spargio::ShardCtx::current()
-                            .expect("spargio keyed owner shard context")
-                            .try_take_hot_count(KEYED_DISPATCH_TAG)
-                        {
-                            sum = sum.wrapping_add(n);
-                        }
-                        sum
-                    })
-                    .expect("spawn spargio keyed owner");
-                owner_joins.push(join);
-            }
+                            while let Some(n) = here().try_take_hot_count(KEYED_DISPATCH_TAG) {
+                                total = total.wrapping_add(n);
+                            }
+                            total
+                        })
+                        .expect("spawn a spargio keyed owner")
+                })
+                .collect();
             let remotes: Vec<spargio::RemoteShard> = (0..owner_count)
                 .map(|o| {
                     handle
@@ -1800,16 +1792,8 @@ async fn spargio_run(
                         if frames == 0 {
                             continue;
                         }
-                        sum = sum.wrapping_add(
-                            spargio_echo_windowed(
-                                &s,
-                                frames,
-                                payload,
-                                window,
-                                SpargioRecvMode::ReadExact,
-                            )
-                            .await,
-                        );
+                        sum = sum
+                            .wrapping_add(spargio_echo_windowed(&s, frames, payload, window).await);
                         spargio_send_keyed_dispatch_messages(
                             &remotes[step % remotes.len().max(1)],
                             frames.saturating_mul(KEYED_DISPATCHES_PER_FRAME),
@@ -1847,14 +1831,7 @@ async fn spargio_run(
                     spargio_fan(handle.clone(), streams, true, |idx, s| async move {
                         let frames =
                             burst_flip_frames_for_phase(idx, phase, count, flip_every, hot, cold);
-                        spargio_echo_windowed(
-                            &s,
-                            frames,
-                            payload,
-                            window,
-                            SpargioRecvMode::Multishot,
-                        )
-                        .await
+                        spargio_echo_windowed(&s, frames, payload, window).await
                     })
                     .await,
                 );
