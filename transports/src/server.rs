@@ -302,6 +302,7 @@ impl<S: Session> ServerBuilder<S> {
             shared,
             listeners: tasks,
             steered,
+            stopped: false,
         }
     }
 }
@@ -413,6 +414,30 @@ pub struct Server<S: Session> {
     shared: Arc<Shared<S>>,
     listeners: Vec<mailring::JoinHandle<()>>,
     steered: bool,
+    /// `shutdown` ran (or runs): the drop has nothing left to do.
+    stopped: bool,
+}
+
+/// Dropping a server without [`Server::shutdown`] stops it the same way
+/// without waiting: it stops accepting, idle connections close, the others
+/// get the grace period, then are cut off. Keep the `Server` while it should
+/// serve.
+impl<S: Session> Drop for Server<S> {
+    fn drop(&mut self) {
+        if std::mem::replace(&mut self.stopped, true) {
+            return;
+        }
+        self.shared.begin_shutdown();
+        let shared = self.shared.clone();
+        let grace = self.shared.grace();
+        self.shared.handle.spawn(async move {
+            mailring::time::sleep(grace).await;
+            shared.force();
+        });
+        if let ListenAddr::Unix(path) = &self.addr {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 impl<S: Session> std::fmt::Debug for Server<S> {
@@ -495,6 +520,7 @@ impl<S: Session> Server<S> {
     /// [`CloseReason::Shutdown`]. What was drained and what was cut off also
     /// goes into the runtime's `ShutdownReport::drained`.
     pub async fn shutdown(mut self) -> ServerShutdownReport {
+        self.stopped = true;
         let open_at_start = self.shared.live();
         let deadline = Instant::now() + self.shared.grace();
         self.shared.begin_shutdown();
@@ -904,9 +930,11 @@ async fn drive<S: Session>(
                     // Run the handler; meanwhile only the send in flight
                     // moves (everything else waits for the context).
                     let handling = pin!(session.on_frame(frame, cx));
-                    let failed = run_beside_send(handling, send.as_mut(), counters).await;
-                    if let Some(e) = failed {
-                        return Exit::Close(CloseReason::Io(e));
+                    match run_beside_send(handling, send.as_mut(), &shared.forced, &wake).await {
+                        Handled::Done => {}
+                        Handled::SendFailed(e) => return Exit::Close(CloseReason::Io(e)),
+                        // Past the shutdown grace: the handler is dropped.
+                        Handled::Forced => return Exit::Close(CloseReason::Shutdown),
                     }
                     continue;
                 }
@@ -1068,19 +1096,34 @@ fn note_owner(counters: &ShardCounters, owner: ShardId) {
     }
 }
 
+/// How a handler's run ended.
+enum Handled {
+    Done,
+    /// The send in flight beside it failed (the handler still finished).
+    SendFailed(io::ErrorKind),
+    /// The server's shutdown grace ran out first: the handler is dropped.
+    Forced,
+}
+
 /// Runs a handler's future to its end while polling the send in flight, if
-/// any; returns the send's error, if it failed.
+/// any; a forced shutdown ends it early (a handler that never finishes must
+/// not hold the server's shutdown).
 async fn run_beside_send<F, W>(
     mut handling: std::pin::Pin<&mut F>,
     mut send: std::pin::Pin<&mut Option<W>>,
-    _counters: &ShardCounters,
-) -> Option<io::ErrorKind>
+    forced: &AtomicBool,
+    wake: &WakeCell,
+) -> Handled
 where
     F: Future<Output = ()>,
     W: Future<Output = (io::Result<()>, bytes::Bytes)>,
 {
     let mut failed = None;
     std::future::poll_fn(|task| {
+        if forced.load(Ordering::Acquire) {
+            return Poll::Ready(Handled::Forced);
+        }
+        wake.set(task.waker());
         if let Some(op) = send.as_mut().as_pin_mut() {
             if let Poll::Ready((res, _)) = op.poll(task) {
                 send.set(None);
@@ -1089,10 +1132,12 @@ where
                 }
             }
         }
-        handling.as_mut().poll(task)
+        handling.as_mut().poll(task).map(|()| match failed {
+            Some(e) => Handled::SendFailed(e),
+            None => Handled::Done,
+        })
     })
-    .await;
-    failed
+    .await
 }
 
 /// A push to the sessions of a key, run on each on its shard.

@@ -1008,21 +1008,71 @@ impl Session for Stuck {
     }
 }
 
-#[test]
-fn shutdown_cuts_off_what_outlives_its_grace_and_says_so() {
+/// Serves one connection whose session never completes its first frame,
+/// then shuts down with a 100 ms grace: the connection is cut off, and the
+/// runtime's report says so.
+fn cut_off_after_grace<S: Session<Codec = LengthDelimited>>(make: fn() -> S) {
     let rt = runtime(1);
     let mut config = ServerConfig::default();
     config.shutdown_grace = Duration::from_millis(100);
-    let server = Server::builder(LengthDelimited::new(), |_| Stuck)
+    let server = Server::builder(LengthDelimited::new(), move |_| make())
         .config(config)
         .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
         .unwrap();
     let mut stuck = client(server.local_addr());
     stuck.write_all(&frame(b"never answered")).unwrap();
     wait_for(&server, "the frame", |s| s.total(|s| s.frames_in) == 1);
+    let started = Instant::now();
     let report = rt.block_on(server.shutdown());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "shutdown was bounded"
+    );
     assert_eq!((report.open_at_start, report.forced), (1, 1));
     assert_eq!(stuck.read(&mut [0u8; 8]).unwrap_or(0), 0, "closed");
     let line = rt.shutdown().drained[0].clone();
     assert_eq!((line.drained, line.dropped), (0, 1));
+}
+
+#[test]
+fn shutdown_cuts_off_a_reply_that_outlives_its_grace_and_says_so() {
+    cut_off_after_grace(|| Stuck);
+}
+
+/// Its handler never finishes.
+struct Hung;
+
+impl Session for Hung {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, _frame: Bytes, _cx: &mut SessionCtx<Self>) {
+        std::future::pending::<()>().await;
+    }
+}
+
+#[test]
+fn shutdown_cuts_off_a_handler_that_never_finishes() {
+    cut_off_after_grace(|| Hung);
+}
+
+#[test]
+fn dropping_the_server_stops_it_like_a_shutdown() {
+    let rt = runtime(2);
+    let server = Server::builder(LengthDelimited::new(), |_| Echo)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    let mut open = client(addr);
+    open.write_all(&frame(b"hi")).unwrap();
+    assert_eq!(read_frame(&mut open).unwrap(), b"hi");
+    drop(server);
+    // The idle connection is closed, and nothing listens any more.
+    assert_eq!(open.read(&mut [0u8; 8]).unwrap_or(0), 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(addr).is_ok() {
+        assert!(Instant::now() < deadline, "still accepting");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    rt.shutdown();
 }
