@@ -153,6 +153,14 @@ impl<S: Session> Shared<S> {
     fn counters(&self, shard: ShardId) -> &ShardCounters {
         &self.counters[shard.index()]
     }
+
+    /// The key's shard, or `None` when the placement names one the runtime
+    /// does not have (a custom function, or an actor type pinned past the
+    /// last shard).
+    fn place(&self, key: &S::Key) -> Option<ShardId> {
+        let n = self.handle.shards();
+        Some((self.placer)(key, n)).filter(|s| s.index() < n)
+    }
 }
 
 /// Builds a [`Server`].
@@ -786,7 +794,8 @@ async fn run_connection<S: Session>(
     let reason = match exit {
         Exit::Close(reason) => reason,
         Exit::Move(key, frame) => {
-            let owner = (conn.shared.placer)(&key, conn.shared.handle.shards());
+            // Checked when the key was named.
+            let owner = conn.shared.place(&key).unwrap_or(shard);
             match stream.depart(owner).await {
                 Ok(transit) => {
                     conn.shared
@@ -913,7 +922,16 @@ async fn drive<S: Session>(
                     frame_deadline = None;
                     if cx.key.is_none() {
                         if let Route::Key(key) = session.route(&frame, cx) {
-                            let owner = (shared.placer)(&key, shared.handle.shards());
+                            let Some(owner) = shared.place(&key) else {
+                                tracing_error(
+                                    "placing a session",
+                                    &io::Error::other(format!(
+                                        "the placement of key {key:?} names a shard past the last"
+                                    )),
+                                );
+                                cx.close = Some(CloseReason::HandOff);
+                                continue;
+                            };
                             if owner == shard {
                                 handshake = None;
                                 registered = attach(shared, session, cx, key, &wake);
@@ -1287,6 +1305,15 @@ impl<S: Session> std::fmt::Debug for SessionsByKey<S> {
 }
 
 impl<S: Session> SessionsByKey<S> {
+    /// A push to a key placed past the last shard: a dead letter (counted
+    /// on shard 0).
+    fn unplaceable(&self) {
+        self.shared
+            .counters(ShardId::new(0))
+            .push_dead_letters
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Runs `push` on every session attached to `key`, on the key's shard,
     /// between its frames (e.g. `cx.send_frame(..)` to every connection of
     /// a tenant). Fire and forget: when the key has no attached session, the
@@ -1299,7 +1326,10 @@ impl<S: Session> SessionsByKey<S> {
         key: &S::Key,
         push: impl Fn(&mut S, &mut SessionCtx<S>) + Send + Sync + 'static,
     ) {
-        let owner = (self.shared.placer)(key, self.shared.handle.shards());
+        let Some(owner) = self.shared.place(key) else {
+            self.unplaceable();
+            return;
+        };
         let shared = self.shared.clone();
         let key = key.clone();
         let push: PushFn<S> = Arc::new(push);
@@ -1315,7 +1345,10 @@ impl<S: Session> SessionsByKey<S> {
         key: &S::Key,
         push: impl Fn(&mut S, &mut SessionCtx<S>) + Send + Sync + 'static,
     ) -> usize {
-        let owner = (self.shared.placer)(key, self.shared.handle.shards());
+        let Some(owner) = self.shared.place(key) else {
+            self.unplaceable();
+            return 0;
+        };
         let shared = self.shared.clone();
         let key = key.clone();
         let push: PushFn<S> = Arc::new(push);

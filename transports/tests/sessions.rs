@@ -1076,3 +1076,62 @@ fn dropping_the_server_stops_it_like_a_shutdown() {
     }
     rt.shutdown();
 }
+
+/// Echo keyed by the frame's text, placed by a function that names a shard
+/// the runtime lacks for the key `nowhere`.
+struct Misplaced;
+
+impl Session for Misplaced {
+    type Codec = LengthDelimited;
+    type Key = String;
+
+    fn route(&mut self, frame: &Bytes, _cx: &SessionCtx<Self>) -> Route<String> {
+        Route::Key(String::from_utf8_lossy(frame).into_owned())
+    }
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        cx.send_frame(frame);
+    }
+}
+
+#[test]
+fn a_key_placed_past_the_last_shard_closes_only_its_connection() {
+    let rt = runtime(2);
+    let server = Server::builder(LengthDelimited::new(), |_| Misplaced)
+        .placement(|key: &String, n| {
+            if key == "nowhere" {
+                ShardId::new(99)
+            } else {
+                mailring::sticky_shard(key, n)
+            }
+        })
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let mut lost = client(server.local_addr());
+    lost.write_all(&frame(b"nowhere")).unwrap();
+    assert_eq!(
+        lost.read(&mut [0u8; 8]).unwrap_or(0),
+        0,
+        "closed, not panicked"
+    );
+    wait_for(&server, "a hand-off close", |s| {
+        s.closed(CloseKind::HandOff) == 1
+    });
+    let mut fine = client(server.local_addr());
+    fine.write_all(&frame(b"somewhere")).unwrap();
+    assert_eq!(read_frame(&mut fine).unwrap(), b"somewhere");
+    // Pushes to it are dead letters, not a panic in the caller.
+    let sessions = server.sessions();
+    sessions.push(&"nowhere".to_string(), |_, _| {});
+    let reached = rt.block_on(async move {
+        sessions
+            .push_counted(&"nowhere".to_string(), |_, _| {})
+            .await
+    });
+    assert_eq!(reached, 0);
+    assert_eq!(server.stats().total(|s| s.push_dead_letters), 2);
+    assert_eq!(server.stats().closed(CloseKind::Panicked), 0);
+    drop(fine);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
