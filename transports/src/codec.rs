@@ -149,7 +149,9 @@ impl Codec for LengthDelimited {
         if len > self.max {
             return Err(CodecError::TooLong { len, max: self.max });
         }
-        let whole = self.header + len;
+        let Some(whole) = self.header.checked_add(len) else {
+            return Err(CodecError::TooLong { len, max: self.max });
+        };
         if buf.len() < whole {
             // Room for what is missing, up to a bound: a peer that announces
             // a large frame and sends it slowly (or never) holds only what
@@ -426,6 +428,13 @@ mod tests {
         let mut buf = BytesMut::from(&b"\xff\xff\xff\xff"[..]);
         assert!(c.decode(&mut buf).is_err());
         assert!(buf.capacity() < 1024);
+        // Nor does a u64::MAX claim under an unbounded maximum overflow.
+        let mut unbounded = LengthDelimited::new().header_len(8).max_frame(usize::MAX);
+        let mut buf = BytesMut::from(&[0xffu8; 8][..]);
+        assert!(matches!(
+            unbounded.decode(&mut buf),
+            Err(CodecError::TooLong { .. })
+        ));
     }
 
     #[test]

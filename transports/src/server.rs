@@ -74,8 +74,10 @@ pub struct ServerConfig {
     /// Queued outbound bytes past which the connection closes with
     /// [`CloseReason::SlowReader`]. Default 8 MiB.
     pub outbound_limit: usize,
-    /// Close a connection when nothing arrives for this long (and no reply
-    /// is outstanding). Default none.
+    /// Close a connection when nothing arrives for this long and nothing
+    /// is outstanding or being written ([`CloseReason::IdleTimeout`]); a
+    /// send still in flight after two such periods means the peer stopped
+    /// reading ([`CloseReason::SlowReader`]). Default none.
     pub idle_timeout: Option<Duration>,
     /// Close a connection whose session names no key within this time.
     /// Default none.
@@ -528,7 +530,6 @@ impl<S: Session> Server<S> {
     /// [`CloseReason::Shutdown`]. What was drained and what was cut off also
     /// goes into the runtime's `ShutdownReport::drained`.
     pub async fn shutdown(mut self) -> ServerShutdownReport {
-        self.stopped = true;
         let open_at_start = self.shared.live();
         let deadline = Instant::now() + self.shared.grace();
         self.shared.begin_shutdown();
@@ -539,6 +540,9 @@ impl<S: Session> Server<S> {
             mailring::time::sleep(Duration::from_millis(1)).await;
         }
         let forced = self.shared.live();
+        // From here on nothing is left for the drop to do (a shutdown
+        // future dropped before this point leaves the drop to finish it).
+        self.stopped = true;
         if forced > 0 {
             self.shared.force();
             while self.shared.live() > 0 {
@@ -684,17 +688,32 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
                 };
                 mailring::spawn_local(guarded(
                     shared.clone(),
-                    run_connection(conn, stream, session, cx, BytesMut::new(), None, true),
+                    run_connection(
+                        conn,
+                        stream,
+                        session,
+                        cx,
+                        (BytesMut::new(), shared.codec.clone()),
+                        None,
+                        true,
+                    ),
                 ));
             }
             Some(Err(e)) => {
-                // EMFILE and friends: count, breathe, go on.
                 shared
                     .counters(shard)
                     .accept_errors
                     .fetch_add(1, Ordering::Relaxed);
-                tracing_error("accept", &e);
-                mailring::time::sleep(Duration::from_millis(10)).await;
+                // Out of descriptors or memory: breathe before the next. A
+                // connection the peer reset before it was taken
+                // (ECONNABORTED, ENOTCONN) concerns only itself.
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                ) {
+                    tracing_error("accept", &e);
+                    mailring::time::sleep(Duration::from_millis(10)).await;
+                }
             }
         }
     }
@@ -761,7 +780,8 @@ async fn run_connection<S: Session>(
     stream: Conn,
     mut session: S,
     mut cx: SessionCtx<S>,
-    mut rbuf: BytesMut,
+    // The read buffer and the decoder's state travel together.
+    (mut rbuf, mut decoder): (BytesMut, S::Codec),
     carried: Option<FrameIn<S>>,
     fresh: bool,
 ) {
@@ -780,7 +800,6 @@ async fn run_connection<S: Session>(
         }
         session.on_open(&mut cx);
     }
-    let mut decoder = conn.shared.codec.clone();
     let exit = drive(
         &conn.shared,
         &stream,
@@ -817,7 +836,7 @@ async fn run_connection<S: Session>(
                                         stream,
                                         session,
                                         cx,
-                                        rbuf,
+                                        (rbuf, decoder),
                                         Some(frame),
                                         false,
                                     )
@@ -887,6 +906,10 @@ async fn drive<S: Session>(
     };
     let mut frame_deadline: Option<Sleep> = None;
     let mut starved = false;
+    // Bytes of the send in flight.
+    let mut in_flight = 0usize;
+    // An idle period ended with that send still in flight.
+    let mut send_stalled = false;
     // Arrived with a key (moved here): attach, or refuse past the limit.
     let mut registered = None;
     if let Some(key) = cx.key.clone() {
@@ -939,6 +962,9 @@ async fn drive<S: Session>(
                                     continue;
                                 }
                             } else {
+                                // The key is named: no handshake timeout
+                                // while the replies before it are written.
+                                handshake = None;
                                 moving = Some((key, frame));
                                 continue;
                             }
@@ -1001,9 +1027,33 @@ async fn drive<S: Session>(
         // Wait for something to happen.
         let event = std::future::poll_fn(|task| {
             wake.set(task.waker());
-            let mut progressed = cx.poll_slots(task);
-            let queued = cx.wbuf.len();
-            if queued > config.outbound_limit {
+            let pending_before = cx.pending_replies();
+            // A deferred reply that finished frees a place in the window
+            // even when older ones still wait: that is progress too.
+            let mut progressed = cx.poll_slots(task) || cx.pending_replies() < pending_before;
+            if send.is_none() && !cx.wbuf.is_empty() {
+                counters.send_ops.fetch_add(1, Ordering::Relaxed);
+                note_owner(counters, shard);
+                let batch = cx.wbuf.split().freeze();
+                in_flight = batch.len();
+                send.set(Some(stream.send_all(batch)));
+            }
+            if let Some(op) = send.as_mut().as_pin_mut() {
+                if let Poll::Ready((res, _buf)) = op.poll(task) {
+                    send.set(None);
+                    in_flight = 0;
+                    send_stalled = false;
+                    if let Err(e) = res {
+                        return Poll::Ready(Event::Close(CloseReason::Io(e.kind())));
+                    }
+                    progressed = true;
+                }
+            }
+            // Outbound bytes: queued, and handed to the send in flight. Past
+            // the limit only while a send is stuck on them (a big reply
+            // about to go is not a slow reader).
+            let queued = cx.wbuf.len() + in_flight;
+            if queued > config.outbound_limit && send.is_some() && !cx.wbuf.is_empty() {
                 return Poll::Ready(Event::Close(CloseReason::SlowReader { queued }));
             }
             if queued > config.outbound_high_water && !over_high_water {
@@ -1012,20 +1062,6 @@ async fn drive<S: Session>(
             }
             if queued <= config.outbound_high_water / 2 {
                 over_high_water = false;
-            }
-            if send.is_none() && !cx.wbuf.is_empty() {
-                counters.send_ops.fetch_add(1, Ordering::Relaxed);
-                note_owner(counters, shard);
-                send.set(Some(stream.send_all(cx.wbuf.split().freeze())));
-            }
-            if let Some(op) = send.as_mut().as_pin_mut() {
-                if let Poll::Ready((res, _buf)) = op.poll(task) {
-                    send.set(None);
-                    if let Err(e) = res {
-                        return Poll::Ready(Event::Close(CloseReason::Io(e.kind())));
-                    }
-                    progressed = true;
-                }
             }
             if may_read && recv.is_none() {
                 counters.recv_ops.fetch_add(1, Ordering::Relaxed);
@@ -1086,7 +1122,17 @@ async fn drive<S: Session>(
             Event::PeerClosed => peer_closed = true,
             Event::HighWater(queued) => session.on_backpressure(queued, cx),
             Event::Idle => {
-                if cx.pending_replies() == 0 {
+                // Replies outstanding or being written are activity; but a
+                // send that spans two idle periods has a peer that stopped
+                // reading.
+                if send.is_some() {
+                    if send_stalled {
+                        return Exit::Close(CloseReason::SlowReader {
+                            queued: cx.wbuf.len() + in_flight,
+                        });
+                    }
+                    send_stalled = true;
+                } else if cx.pending_replies() == 0 && cx.wbuf.is_empty() {
                     return Exit::Close(CloseReason::IdleTimeout);
                 }
                 if let (Some(t), Some(d)) = (idle.as_mut(), config.idle_timeout) {

@@ -1135,3 +1135,32 @@ fn a_key_placed_past_the_last_shard_closes_only_its_connection() {
     rt.block_on(server.shutdown());
     rt.shutdown();
 }
+
+#[test]
+fn a_reply_larger_than_the_outbound_limit_is_sent_not_taken_for_a_slow_reader() {
+    let rt = runtime(1);
+    let mut config = ServerConfig::default();
+    config.outbound_high_water = 256 << 10;
+    config.outbound_limit = 1 << 20;
+    let server = Server::builder(LengthDelimited::new().max_frame(4 << 20), |_| Echo)
+        .config(config)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let mut c = client(server.local_addr());
+    let big: Vec<u8> = (0..(2 << 20)).map(|i| (i % 251) as u8).collect();
+    let writer = {
+        let mut w = c.try_clone().unwrap();
+        let framed = frame(&big);
+        std::thread::spawn(move || w.write_all(&framed).unwrap())
+    };
+    assert_eq!(
+        read_frame(&mut c).unwrap(),
+        big,
+        "2 MiB echoed past a 1 MiB limit"
+    );
+    writer.join().unwrap();
+    assert_eq!(server.stats().closed(CloseKind::SlowReader), 0);
+    drop(c);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
