@@ -80,15 +80,46 @@ pub(crate) fn close_fd(res: i32, _flags: u32, _resources: &dyn std::any::Any) {
 /// armed while the listener lives, re-armed when the kernel ends it.
 ///
 /// Accepted connections queue in the op table until an `accept()` takes
-/// them, so dropping a pending `accept()` future loses nothing.
+/// them, so dropping a pending `accept()` future loses nothing. `pause`
+/// cancels the multishot (keeping what it had accepted) so that the kernel
+/// stops accepting until the next `accept()`.
 #[derive(Debug, Default)]
 pub(crate) struct Acceptor {
     op: std::sync::Mutex<Option<MultishotOp>>,
+    /// Connections a paused multishot had accepted, served first.
+    held: std::sync::Mutex<std::collections::VecDeque<OwnedFd>>,
 }
 
 impl Acceptor {
+    /// Cancels the armed multishot accept: new connections wait in the
+    /// listen backlog until the next `accept()` arms it again. Connections
+    /// it had already accepted are kept for that `accept()` (one that
+    /// completes while the cancel is under way is closed).
+    pub(crate) fn pause(&self) {
+        let Some(op) = self.op.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return;
+        };
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        while let Poll::Ready(Ok(Some((fd, _)))) = op.poll_next(&mut cx) {
+            if fd >= 0 {
+                // SAFETY: a successful accept returned a new descriptor that we now own.
+                held.push_back(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+        drop(op);
+    }
+
     pub(crate) async fn accept(&self, listener: &ShardFd) -> io::Result<OwnedFd> {
         listener.check()?;
+        if let Some(fd) = self
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+        {
+            return Ok(fd);
+        }
         std::future::poll_fn(|cx| {
             let mut op = self.op.lock().unwrap_or_else(|p| p.into_inner());
             loop {
@@ -172,6 +203,15 @@ impl TcpListener {
     /// The bound address (with the port the OS chose for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    /// Stops accepting until the next [`accept`](Self::accept): the armed
+    /// multishot accept is cancelled, so new connections wait in the
+    /// kernel's listen backlog (bounded by it) instead of being accepted
+    /// into descriptors nobody takes. Connections already accepted are kept
+    /// for the next `accept()`. What a server at its connection limit does.
+    pub fn pause_accepting(&self) {
+        self.acceptor.pause();
     }
 
     /// Accepts one connection. The listener keeps one multishot

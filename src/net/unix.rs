@@ -47,6 +47,12 @@ impl UnixListener {
         })
     }
 
+    /// Stops accepting until the next [`accept`](Self::accept), as
+    /// [`TcpListener::pause_accepting`](super::TcpListener::pause_accepting).
+    pub fn pause_accepting(&self) {
+        self.acceptor.pause();
+    }
+
     /// Accepts one connection.
     ///
     /// # Errors

@@ -140,6 +140,15 @@ impl Listener {
         })
     }
 
+    /// Stops the kernel accepting until the next `accept` (see
+    /// `TcpListener::pause_accepting`).
+    pub(crate) fn pause(&self) {
+        match self {
+            Listener::Tcp(l) => l.pause_accepting(),
+            Listener::Unix(l) => l.pause_accepting(),
+        }
+    }
+
     /// Accepts one connection, with the peer's address for TCP.
     pub(crate) async fn accept(&self) -> io::Result<(Conn, Option<SocketAddr>)> {
         match self {

@@ -645,6 +645,9 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
                 if shared.per_listener[index].load(Ordering::Acquire) >= limit {
                     if !paused {
                         paused = true;
+                        // New connections wait in the listen backlog, not
+                        // in accepted descriptors nobody serves.
+                        listener.pause();
                         shared
                             .counters(shard)
                             .accept_paused

@@ -1164,3 +1164,39 @@ fn a_reply_larger_than_the_outbound_limit_is_sent_not_taken_for_a_slow_reader() 
     rt.block_on(server.shutdown());
     rt.shutdown();
 }
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn at_its_limit_the_listener_leaves_a_flood_in_the_backlog_not_in_descriptors() {
+    let rt = runtime(1);
+    let mut config = ServerConfig::default();
+    config.max_connections = 1;
+    let server = Server::builder(LengthDelimited::new(), |_| Echo)
+        .config(config)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    let mut first = client(addr);
+    first.write_all(&frame(b"x")).unwrap();
+    assert_eq!(read_frame(&mut first).unwrap(), b"x");
+    wait_for(&server, "a pause", |s| s.total(|s| s.accept_paused) >= 1);
+    let before = open_fds();
+    // 40 more connect (the kernel completes them into the backlog).
+    let flood: Vec<TcpStream> = (0..40).map(|_| client(addr)).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let grew = open_fds() - before;
+    // The 40 client sockets, and not 40 accepted ones beside them.
+    assert!(grew < 40 + 8, "descriptors grew by {grew}");
+    assert_eq!(server.stats().total(|s| s.accepted), 1);
+    // Freed, the listener takes them again.
+    drop(first);
+    let mut next = flood.into_iter().next().unwrap();
+    next.write_all(&frame(b"served")).unwrap();
+    assert_eq!(read_frame(&mut next).unwrap(), b"served");
+    drop(next);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
