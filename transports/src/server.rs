@@ -1235,7 +1235,19 @@ fn with_key_table<S: Session, R>(server: u64, f: impl FnOnce(&mut KeyTable<S>) -
     })
 }
 
-/// A session's place in its shard's key table; leaves it on drop.
+/// Reads the key table of `server` on this shard without making one (an
+/// empty answer when there is none).
+fn read_key_table<S: Session, R>(server: u64, f: impl FnOnce(Option<&KeyTable<S>>) -> R) -> R {
+    BY_KEY.with(|tables| {
+        let tables = tables.borrow();
+        f(tables
+            .get(&server)
+            .and_then(|t| t.downcast_ref::<KeyTable<S>>()))
+    })
+}
+
+/// A session's place in its shard's key table; leaves it on drop (and the
+/// table goes with its last session).
 struct Registered<S: Session> {
     server: u64,
     key: S::Key,
@@ -1265,15 +1277,23 @@ impl<S: Session> Registered<S> {
 
 impl<S: Session> Drop for Registered<S> {
     fn drop(&mut self) {
-        let _ = BY_KEY.try_with(|_| {
-            with_key_table::<S, _>(self.server, |t| {
-                if let Some(list) = t.get_mut(&self.key) {
-                    list.retain(|i| !Rc::ptr_eq(i, &self.inbox));
-                    if list.is_empty() {
-                        t.remove(&self.key);
-                    }
+        let _ = BY_KEY.try_with(|tables| {
+            let mut tables = tables.borrow_mut();
+            let Some(table) = tables
+                .get_mut(&self.server)
+                .and_then(|t| t.downcast_mut::<KeyTable<S>>())
+            else {
+                return;
+            };
+            if let Some(list) = table.get_mut(&self.key) {
+                list.retain(|i| !Rc::ptr_eq(i, &self.inbox));
+                if list.is_empty() {
+                    table.remove(&self.key);
                 }
-            })
+            }
+            if table.is_empty() {
+                tables.remove(&self.server);
+            }
         });
     }
 }
@@ -1290,7 +1310,9 @@ fn attach<S: Session>(
     wake: &WakeCell,
 ) -> Option<Registered<S>> {
     if let Some(max) = shared.config.max_per_key {
-        let live = with_key_table::<S, _>(shared.id, |t| t.get(&key).map_or(0, Vec::len));
+        let live = read_key_table::<S, _>(shared.id, |t| {
+            t.and_then(|t| t.get(&key)).map_or(0, Vec::len)
+        });
         if live >= max {
             if let Some(frame) = session.refusal(&CloseReason::KeyLimit) {
                 cx.send_frame(frame);
@@ -1312,8 +1334,9 @@ fn attach<S: Session>(
 /// Runs on the key's shard: queues `push` for each session of `key` there;
 /// returns how many.
 fn deliver<S: Session>(shared: &Shared<S>, key: &S::Key, push: PushFn<S>) -> usize {
-    let inboxes: Vec<Rc<Inbox<S>>> =
-        with_key_table::<S, _>(shared.id, |t| t.get(key).cloned().unwrap_or_default());
+    let inboxes: Vec<Rc<Inbox<S>>> = read_key_table::<S, _>(shared.id, |t| {
+        t.and_then(|t| t.get(key)).cloned().unwrap_or_default()
+    });
     let shard = mailring::current_shard().expect("delivered on a shard");
     let counters = shared.counters(shard);
     if inboxes.is_empty() {
