@@ -53,7 +53,7 @@ pub struct Elapsed(());
 /// # Ok::<(), mailring::BuildError>(())
 /// ```
 pub fn sleep(duration: Duration) -> Sleep {
-    sleep_until(after(now(), duration))
+    sleep_until(deadline_in(duration))
 }
 
 /// About thirty years: where a deadline too far for an `Instant` saturates.
@@ -65,6 +65,14 @@ pub(crate) fn after(at: Instant, duration: Duration) -> Instant {
     at.checked_add(duration)
         .or_else(|| at.checked_add(FAR_FUTURE))
         .unwrap_or(at)
+}
+
+/// The deadline `duration` from now on the runtime clock ([`now`]),
+/// saturating far in the future: `Duration::MAX` means "never", not an
+/// overflow panic. What [`sleep`] waits for; use it for deadlines you keep
+/// and [`Sleep::reset`].
+pub fn deadline_in(duration: Duration) -> Instant {
+    after(now(), duration)
 }
 
 /// The current shard's runtime clock: the real monotonic clock, plus whatever

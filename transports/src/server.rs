@@ -15,10 +15,10 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::BytesMut;
-use mailring_actors::mailring::time::{sleep_until, Sleep};
+use mailring_actors::mailring::time::{deadline_in, sleep_until, Sleep};
 use mailring_actors::mailring::{self, Handle, ShardId};
 use mailring_actors::{Actor, SystemHandle};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -531,12 +531,12 @@ impl<S: Session> Server<S> {
     /// goes into the runtime's `ShutdownReport::drained`.
     pub async fn shutdown(mut self) -> ServerShutdownReport {
         let open_at_start = self.shared.live();
-        let deadline = Instant::now() + self.shared.grace();
+        let deadline = deadline_in(self.shared.grace());
         self.shared.begin_shutdown();
         for l in std::mem::take(&mut self.listeners) {
             let _ = l.await;
         }
-        while self.shared.live() > 0 && Instant::now() < deadline {
+        while self.shared.live() > 0 && mailring::time::now() < deadline {
             mailring::time::sleep(Duration::from_millis(1)).await;
         }
         let forced = self.shared.live();
@@ -902,9 +902,9 @@ async fn drive<S: Session>(
     let mut peer_closed = false;
     let mut moving: Option<(S::Key, FrameIn<S>)> = None;
     let mut over_high_water = false;
-    let mut idle = config.idle_timeout.map(|t| sleep_until(Instant::now() + t));
+    let mut idle = config.idle_timeout.map(|t| sleep_until(deadline_in(t)));
     let mut handshake = match (config.handshake_timeout, &cx.key) {
-        (Some(t), None) => Some(sleep_until(Instant::now() + t)),
+        (Some(t), None) => Some(sleep_until(deadline_in(t))),
         _ => None,
     };
     let mut frame_deadline: Option<Sleep> = None;
@@ -992,7 +992,7 @@ async fn drive<S: Session>(
                     } else if frame_deadline.is_none() {
                         frame_deadline = config
                             .frame_timeout
-                            .map(|t| sleep_until(Instant::now() + t));
+                            .map(|t| sleep_until(deadline_in(t)));
                     }
                 }
             }
@@ -1119,7 +1119,7 @@ async fn drive<S: Session>(
             Event::Read => {
                 starved = false;
                 if let (Some(t), Some(d)) = (idle.as_mut(), config.idle_timeout) {
-                    t.reset(Instant::now() + d);
+                    t.reset(deadline_in(d));
                 }
             }
             Event::PeerClosed => peer_closed = true,
@@ -1139,7 +1139,7 @@ async fn drive<S: Session>(
                     return Exit::Close(CloseReason::IdleTimeout);
                 }
                 if let (Some(t), Some(d)) = (idle.as_mut(), config.idle_timeout) {
-                    t.reset(Instant::now() + d);
+                    t.reset(deadline_in(d));
                 }
             }
             Event::Close(reason) => return Exit::Close(reason),

@@ -1200,3 +1200,30 @@ fn at_its_limit_the_listener_leaves_a_flood_in_the_backlog_not_in_descriptors() 
     rt.block_on(server.shutdown());
     rt.shutdown();
 }
+
+#[test]
+fn timeouts_and_grace_of_duration_max_mean_never_not_a_panic() {
+    let rt = runtime(1);
+    let mut config = ServerConfig::default();
+    config.idle_timeout = Some(Duration::MAX);
+    config.frame_timeout = Some(Duration::MAX);
+    config.handshake_timeout = Some(Duration::MAX);
+    config.shutdown_grace = Duration::MAX;
+    let server = Server::builder(LengthDelimited::new(), |_| Echo)
+        .config(config)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let mut c = client(server.local_addr());
+    // A partial frame arms the frame deadline too.
+    c.write_all(&frame(b"whole")[..3]).unwrap();
+    c.write_all(&frame(b"whole")[3..]).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"whole");
+    assert_eq!(server.stats().closed(CloseKind::Panicked), 0);
+    drop(c);
+    wait_for(&server, "the close", |s| {
+        s.closed(CloseKind::PeerClosed) == 1
+    });
+    let report = rt.block_on(server.shutdown());
+    assert_eq!(report.forced, 0);
+    rt.shutdown();
+}
