@@ -168,15 +168,31 @@ impl TcpListener {
     ///
     /// The OS error (e.g. `AddrInUse`), or an error outside a mailring shard.
     pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+        Self::adopt(Socket::from(Self::bind_std(addr, false)?))
+    }
+
+    /// A bound, listening std socket (backlog 1024, `SO_REUSEADDR`, and
+    /// `SO_REUSEPORT` when `reuse_port`), on no shard yet: what a server
+    /// binds on its caller's thread (so errors come back there) before each
+    /// shard adopts its socket with [`from_std`](Self::from_std); the
+    /// members of a reuseport group each bind one.
+    ///
+    /// # Errors
+    ///
+    /// The OS error (e.g. `AddrInUse`).
+    pub fn bind_std(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpListener> {
         let socket = Socket::new(
             Domain::for_address(addr),
             Type::STREAM.cloexec(),
             Some(Protocol::TCP),
         )?;
         socket.set_reuse_address(true)?;
+        if reuse_port {
+            socket.set_reuse_port(true)?;
+        }
         socket.bind(&addr.into())?;
         socket.listen(1024)?;
-        Self::adopt(socket)
+        Ok(socket.into())
     }
 
     /// Adopts a bound, listening std socket on the current shard.

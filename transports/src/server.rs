@@ -18,10 +18,10 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use bytes::BytesMut;
+use mailring_actors::mailring::net::TcpListener;
 use mailring_actors::mailring::time::{deadline_in, sleep_until, Sleep};
 use mailring_actors::mailring::{self, Handle, ShardId};
 use mailring_actors::{Actor, SystemHandle};
-use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::codec::{Codec, CodecError};
 use crate::conn::{Conn, Listener, StdListener};
@@ -225,12 +225,9 @@ impl<S: Session> ServerBuilder<S> {
         let mut sockets = Vec::with_capacity(shards.len());
         let mut bound = addr;
         for _ in &shards {
-            let socket = listen_socket(bound, reuse_port)?;
-            bound = socket
-                .local_addr()?
-                .as_socket()
-                .ok_or_else(|| io::Error::other("listener is not an IP socket"))?;
-            sockets.push(StdListener::Tcp(std::net::TcpListener::from(socket)));
+            let socket = TcpListener::bind_std(bound, reuse_port)?;
+            bound = socket.local_addr()?;
+            sockets.push(StdListener::Tcp(socket));
         }
         let mut steered = false;
         if reuse_port && self.config.source_port_steering {
@@ -343,21 +340,6 @@ pub enum ListenAddr {
 
 fn tracing_error(what: &str, e: &io::Error) {
     eprintln!("mailring-transports: {what}: {e}");
-}
-
-fn listen_socket(addr: SocketAddr, reuse_port: bool) -> io::Result<Socket> {
-    let socket = Socket::new(
-        Domain::for_address(addr),
-        Type::STREAM.cloexec(),
-        Some(Protocol::TCP),
-    )?;
-    socket.set_reuse_address(true)?;
-    if reuse_port {
-        socket.set_reuse_port(true)?;
-    }
-    socket.bind(&addr.into())?;
-    socket.listen(1024)?;
-    Ok(socket)
 }
 
 /// What a [`Server`] handle does to its shared state, whatever the session
@@ -990,9 +972,7 @@ async fn drive<S: Session>(
                     if rbuf.is_empty() {
                         frame_deadline = None;
                     } else if frame_deadline.is_none() {
-                        frame_deadline = config
-                            .frame_timeout
-                            .map(|t| sleep_until(deadline_in(t)));
+                        frame_deadline = config.frame_timeout.map(|t| sleep_until(deadline_in(t)));
                     }
                 }
             }
