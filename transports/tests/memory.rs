@@ -9,14 +9,16 @@
 //! its level before once the bad clients are closed.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+mod common;
+
+use common::{frame, round_trip, Echo};
 use mailring_transports::codec::LengthDelimited;
-use mailring_transports::{CloseKind, Server, ServerConfig, Session, SessionCtx};
+use mailring_transports::{CloseKind, Server, ServerConfig};
 
 struct Counting;
 
@@ -51,39 +53,12 @@ fn live() -> isize {
     LIVE.load(Ordering::Relaxed)
 }
 
-/// Echoes each frame.
-struct Echo;
-
-impl Session for Echo {
-    type Codec = LengthDelimited;
-    type Key = ();
-
-    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
-        cx.send_frame(frame);
-    }
-}
-
-fn frame(body: &[u8]) -> Vec<u8> {
-    let mut v = (body.len() as u32).to_be_bytes().to_vec();
-    v.extend_from_slice(body);
-    v
-}
-
+/// A client whose writes give up after 200 ms (the bad ones fill buffers).
 fn client(addr: SocketAddr) -> TcpStream {
-    let c = TcpStream::connect(addr).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let c = common::client(addr);
     c.set_write_timeout(Some(Duration::from_millis(200)))
         .unwrap();
     c
-}
-
-fn round_trip(c: &mut TcpStream, body: &[u8]) {
-    c.write_all(&frame(body)).unwrap();
-    let mut len = [0u8; 4];
-    c.read_exact(&mut len).unwrap();
-    let mut got = vec![0u8; u32::from_be_bytes(len) as usize];
-    c.read_exact(&mut got).unwrap();
-    assert_eq!(got, body, "the good client's reply");
 }
 
 const MAX_FRAME: usize = 64 << 10;

@@ -3,13 +3,16 @@
 //! unread bytes carried), bad input and limits, shutdown.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, ShardId, SystemConfig};
+mod common;
+
+use common::{client, frame, read_frame, Echo};
 use mailring_transports::codec::LengthDelimited;
 use mailring_transports::{
     CloseKind, Framed, ListenMode, Route, Server, ServerConfig, Session, SessionCtx,
@@ -22,30 +25,9 @@ fn runtime(shards: usize) -> mailring::Runtime {
         .expect("io_uring available")
 }
 
-fn client(addr: SocketAddr) -> TcpStream {
-    let c = TcpStream::connect(addr).expect("connect to loopback");
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    c.set_nodelay(true).unwrap();
-    c
-}
-
-fn frame(body: &[u8]) -> Vec<u8> {
-    let mut v = (body.len() as u32).to_be_bytes().to_vec();
-    v.extend_from_slice(body);
-    v
-}
-
 /// Frames `[0]`, `[1]`, ... `[n - 1]` in one buffer (one write: pipelined).
 fn numbered_frames(n: u8) -> Vec<u8> {
     (0..n).flat_map(|i| frame(&[i])).collect()
-}
-
-fn read_frame(c: &mut TcpStream) -> std::io::Result<Vec<u8>> {
-    let mut len = [0u8; 4];
-    c.read_exact(&mut len)?;
-    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
-    c.read_exact(&mut body)?;
-    Ok(body)
 }
 
 /// Waits (bounded) for `cond` on the server's stats.
@@ -65,18 +47,6 @@ fn wait_for<S: Session>(
             "timed out waiting for {what}: {stats:#?}"
         );
         std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// Echoes each frame.
-struct Echo;
-
-impl Session for Echo {
-    type Codec = LengthDelimited;
-    type Key = ();
-
-    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
-        cx.send_frame(frame);
     }
 }
 

@@ -1,0 +1,53 @@
+//! What the transports' test binaries share: a loopback client, frames of
+//! the 4-byte length-delimited codec, and an echo session.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use bytes::Bytes;
+use mailring_transports::codec::LengthDelimited;
+use mailring_transports::{Session, SessionCtx};
+
+/// A blocking loopback client whose reads give up after 10 s.
+pub(crate) fn client(addr: SocketAddr) -> TcpStream {
+    let c = TcpStream::connect(addr).expect("connect to loopback");
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.set_nodelay(true).unwrap();
+    c
+}
+
+/// `body` as one length-delimited frame.
+pub(crate) fn frame(body: &[u8]) -> Vec<u8> {
+    let mut v = (body.len() as u32).to_be_bytes().to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+/// Reads one frame's body.
+pub(crate) fn read_frame(c: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    c.read_exact(&mut len)?;
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    c.read_exact(&mut body)?;
+    Ok(body)
+}
+
+/// Sends `body` and checks that it comes back.
+#[allow(dead_code)] // not every binary uses it
+pub(crate) fn round_trip(c: &mut TcpStream, body: &[u8]) {
+    c.write_all(&frame(body)).unwrap();
+    assert_eq!(read_frame(c).unwrap(), body, "the echo");
+}
+
+/// Echoes each frame.
+pub(crate) struct Echo;
+
+impl Session for Echo {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        cx.send_frame(frame);
+    }
+}
