@@ -18,6 +18,7 @@
 //! | tokio | block_on loop on its own thread, 2 workers | `JoinSet::spawn` per stream |
 //! | spargio | `StealablePreferred(1)` task, 2 shards | as the seed: `spawn_on_session` or `spawn_stealable` |
 //! | compio | block_on loop on its own thread (1 ring) | `join_all` of per-stream futures |
+//! | mailring-actors | task on shard 1 asking keyed actors | each stream a keyed actor owning a `Framed` connection (`seed_net/actors.rs`: mailring as a user writes it, not at the seed's level) |
 //!
 //! Each runtime is built once per group, outside the timed region, and torn
 //! down before the next contender starts (spargio's shards busy-poll when idle;
@@ -41,7 +42,7 @@
 //!
 //! Knobs: SEED_MAILRING_PINNED=1 runs mailring's stealable workloads (imbalanced,
 //! burst flip) with session-pinned tasks instead; PEER_SPARGIO_IDLE_SLEEP_US=N as
-//! in io_peers.rs.
+//! in io_peers.rs; SEED_SKIP_ACTORS=1 leaves out mailring-actors.
 
 #![allow(clippy::too_many_arguments)]
 
@@ -62,6 +63,9 @@ use mailring::net::TcpStream as MrTcp;
 use mailring::{hot, ShardId};
 use mailring_bench::Meter;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[path = "seed_net/actors.rs"]
+mod actors;
 
 // ------------------------------------------------------------ constants
 // Copied from spargio-0.5.13/benches/net_api.rs (line numbers there).
@@ -611,6 +615,8 @@ struct MStream {
 
 struct MailringHarness {
     rt: Option<mailring::Runtime>,
+    /// The keyed-actor version's system (stopped before the runtime).
+    system: Option<mailring_actors::ActorSystem>,
     cmd_tx: Option<mpsc::UnboundedSender<Cmd>>,
     worker: Option<mailring::JoinHandle<()>>,
     echo: Option<thread::JoinHandle<()>>,
@@ -658,6 +664,7 @@ impl MailringHarness {
             });
         Self {
             rt: Some(rt),
+            system: None,
             cmd_tx: Some(cmd_tx),
             worker: Some(worker),
             echo: Some(echo),
@@ -682,6 +689,10 @@ impl Drop for MailringHarness {
         drop(self.cmd_tx.take());
         if let Some(w) = self.worker.take() {
             let _ = block_on(w);
+        }
+        // Stopping the actors closes the connections they own.
+        if let Some(system) = self.system.take() {
+            let _ = system.shutdown();
         }
         if let Some(rt) = self.rt.take() {
             let _ = rt.shutdown();
@@ -2248,6 +2259,10 @@ fn seed_net(c: &mut Criterion) {
             None => eprintln!("{}: spargio skipped (io_uring unavailable)", w.group),
         }
         bench_contender(&mut g, w, "compio", CompioHarness::new(), fs);
+        // SEED_SKIP_ACTORS=1 leaves out the keyed-actor version.
+        if std::env::var_os("SEED_SKIP_ACTORS").is_none() {
+            bench_contender(&mut g, w, "mailring-actors", actors::harness(), fs);
+        }
         g.finish();
     }
 }

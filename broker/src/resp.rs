@@ -1,0 +1,685 @@
+//! The Redis protocol on the wire: requests (RESP multibulk arrays and
+//! inline commands) decoded with Redis's limits and error texts, their
+//! arguments sliced out of the read buffer without a copy; replies encoded
+//! as RESP2 or RESP3.
+//!
+//! Requests are parsed here rather than by a general RESP crate because a
+//! server must judge a request by its headers before buffering it: a client
+//! announcing a 1 GB bulk gets `-ERR Protocol error: invalid bulk length` at
+//! once, where a frame decoder waits for the gigabyte to arrive. The parse
+//! keeps its place between reads, so a large argument arriving in many
+//! pieces is scanned once.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use mailring_transports::codec::{Codec, CodecError};
+
+/// Longest inline request, or count line of a multibulk request, without
+/// its line end (Redis's `PROTO_INLINE_MAX_SIZE`).
+pub const INLINE_MAX: usize = 64 * 1024;
+/// Largest bulk argument (Redis's default `proto-max-bulk-len`).
+pub const DEFAULT_MAX_BULK: usize = 512 * 1024 * 1024;
+/// Most arguments in one request (Redis allows up to `INT_MAX`; each one
+/// costs a slot here before its bytes arrive, so the bound is lower).
+pub const DEFAULT_MAX_ARGS: usize = 1024 * 1024;
+/// Bytes reserved ahead for an announced bulk that has not arrived.
+const RESERVE_AHEAD: usize = 64 * 1024;
+
+/// A request that breaks the protocol. Redis answers it with
+/// `-ERR Protocol error: <text>` and closes the connection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// A multibulk count line longer than [`INLINE_MAX`].
+    #[error("too big mbulk count string")]
+    CountLineTooLong,
+    /// A multibulk count that is not a number, or too large.
+    #[error("invalid multibulk length")]
+    InvalidMultibulkLength,
+    /// An argument that does not start with `$`.
+    #[error("expected '$', got '{0}'")]
+    ExpectedBulk(char),
+    /// A bulk length line longer than [`INLINE_MAX`].
+    #[error("too big bulk count string")]
+    BulkLineTooLong,
+    /// A bulk length that is not a number, negative, or over the limit.
+    #[error("invalid bulk length")]
+    InvalidBulkLength,
+    /// An inline request longer than [`INLINE_MAX`].
+    #[error("too big inline request")]
+    InlineTooLong,
+    /// An inline request with an unclosed quote.
+    #[error("unbalanced quotes in request")]
+    UnbalancedQuotes,
+}
+
+/// One decoded request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// A command and its arguments (never empty).
+    Command(Vec<Bytes>),
+    /// A broken request: answer it and close. Nothing after it is decoded.
+    Broken(ProtocolError),
+}
+
+/// Where a multibulk request's parse stands between reads.
+#[derive(Debug, Clone, Default)]
+struct Partial {
+    /// Arguments announced.
+    argc: usize,
+    /// `(start, end)` of each argument parsed so far, from the buffer's start.
+    args: Vec<(usize, usize)>,
+    /// The first byte not parsed yet.
+    pos: usize,
+    /// The length of the bulk whose header is parsed and whose body is not.
+    bulk: Option<usize>,
+}
+
+/// The request decoder and reply encoder of one connection.
+#[derive(Debug, Clone)]
+pub struct RespCodec {
+    max_bulk: usize,
+    max_args: usize,
+    partial: Option<Partial>,
+    /// After a protocol error nothing more is read.
+    broken: bool,
+}
+
+impl Default for RespCodec {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RespCodec {
+    /// A codec with Redis's default limits.
+    pub fn new() -> Self {
+        RespCodec {
+            max_bulk: DEFAULT_MAX_BULK,
+            max_args: DEFAULT_MAX_ARGS,
+            partial: None,
+            broken: false,
+        }
+    }
+
+    /// Sets the largest bulk argument accepted (`proto-max-bulk-len`).
+    pub fn max_bulk(mut self, bytes: usize) -> Self {
+        self.max_bulk = bytes;
+        self
+    }
+
+    /// Sets the most arguments accepted in one request.
+    pub fn max_args(mut self, n: usize) -> Self {
+        self.max_args = n;
+        self
+    }
+
+    fn fail(&mut self, buf: &mut BytesMut, e: ProtocolError) -> Option<Request> {
+        self.broken = true;
+        self.partial = None;
+        buf.clear();
+        Some(Request::Broken(e))
+    }
+
+    /// The next request in `buf`, `None` when it is not all there yet.
+    fn next_request(&mut self, buf: &mut BytesMut) -> Option<Request> {
+        loop {
+            if self.broken {
+                buf.clear();
+                return None;
+            }
+            if buf.is_empty() {
+                return None;
+            }
+            if self.partial.is_none() && buf[0] != b'*' {
+                match self.inline(buf) {
+                    Ok(Some(args)) if args.is_empty() => continue,
+                    Ok(Some(args)) => return Some(Request::Command(args)),
+                    Ok(None) => return None,
+                    Err(e) => return self.fail(buf, e),
+                }
+            }
+            match self.multibulk(buf) {
+                Ok(Some(args)) if args.is_empty() => continue,
+                Ok(Some(args)) => return Some(Request::Command(args)),
+                Ok(None) => return None,
+                Err(e) => return self.fail(buf, e),
+            }
+        }
+    }
+
+    /// An inline command: one line, arguments split on blanks with quotes.
+    fn inline(&mut self, buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+        let Some(nl) = memchr(b'\n', buf) else {
+            if buf.len() > INLINE_MAX {
+                return Err(ProtocolError::InlineTooLong);
+            }
+            return Ok(None);
+        };
+        let line = buf.split_to(nl + 1);
+        let mut text = &line[..nl];
+        if let Some(stripped) = text.strip_suffix(b"\r") {
+            text = stripped;
+        }
+        split_inline(text).map(Some)
+    }
+
+    /// A multibulk request, parsed as far as `buf` allows.
+    fn multibulk(&mut self, buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+        let mut p = match self.partial.take() {
+            Some(p) => p,
+            None => {
+                let Some(end) = line_end(buf, 1) else {
+                    if buf.len() > INLINE_MAX {
+                        return Err(ProtocolError::CountLineTooLong);
+                    }
+                    return Ok(None);
+                };
+                let n = parse_int(&buf[1..end]).ok_or(ProtocolError::InvalidMultibulkLength)?;
+                if n > self.max_args as i64 {
+                    return Err(ProtocolError::InvalidMultibulkLength);
+                }
+                if n <= 0 {
+                    // `*0` and `*-1`: an empty request, skipped.
+                    let _ = buf.split_to(end + 2);
+                    return Ok(Some(Vec::new()));
+                }
+                let argc = n as usize;
+                Partial {
+                    argc,
+                    args: Vec::with_capacity(argc.min(1024)),
+                    pos: end + 2,
+                    bulk: None,
+                }
+            }
+        };
+        while p.args.len() < p.argc {
+            let len = match p.bulk {
+                Some(len) => len,
+                None => {
+                    if p.pos >= buf.len() {
+                        self.partial = Some(p);
+                        return Ok(None);
+                    }
+                    if buf[p.pos] != b'$' {
+                        return Err(ProtocolError::ExpectedBulk(char::from(buf[p.pos])));
+                    }
+                    let Some(end) = line_end(buf, p.pos + 1) else {
+                        if buf.len() - p.pos > INLINE_MAX {
+                            return Err(ProtocolError::BulkLineTooLong);
+                        }
+                        self.partial = Some(p);
+                        return Ok(None);
+                    };
+                    let n =
+                        parse_int(&buf[p.pos + 1..end]).ok_or(ProtocolError::InvalidBulkLength)?;
+                    if n < 0 || n as u64 > self.max_bulk as u64 {
+                        return Err(ProtocolError::InvalidBulkLength);
+                    }
+                    p.pos = end + 2;
+                    p.bulk = Some(n as usize);
+                    n as usize
+                }
+            };
+            let need = p.pos + len + 2;
+            if buf.len() < need {
+                buf.reserve((need - buf.len()).min(RESERVE_AHEAD));
+                self.partial = Some(p);
+                return Ok(None);
+            }
+            // Redis reads the two bytes after a bulk as its line end
+            // without checking them.
+            p.args.push((p.pos, p.pos + len));
+            p.pos = need;
+            p.bulk = None;
+        }
+        let frame = buf.split_to(p.pos).freeze();
+        Ok(Some(
+            p.args.iter().map(|&(s, e)| frame.slice(s..e)).collect(),
+        ))
+    }
+}
+
+impl Codec for RespCodec {
+    type In = Request;
+    type Out = Bytes;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Request>, CodecError> {
+        Ok(self.next_request(buf))
+    }
+
+    fn encode(&mut self, frame: Bytes, dst: &mut BytesMut) -> Result<(), CodecError> {
+        dst.extend_from_slice(&frame);
+        Ok(())
+    }
+}
+
+fn memchr(byte: u8, hay: &[u8]) -> Option<usize> {
+    hay.iter().position(|&b| b == byte)
+}
+
+/// The index of the `\r` ending the line that starts at `from`.
+fn line_end(buf: &[u8], from: usize) -> Option<usize> {
+    let rest = buf.get(from..)?;
+    let cr = memchr(b'\r', rest)?;
+    // Redis looks for `\r` and then needs one more byte for the `\n`.
+    if from + cr + 1 < buf.len() {
+        Some(from + cr)
+    } else {
+        None
+    }
+}
+
+/// A decimal integer as Redis's `string2ll` reads it: an optional `-`, no
+/// `+`, no spaces, no leading zeros except `0` itself, within `i64`.
+pub fn parse_int(s: &[u8]) -> Option<i64> {
+    let (neg, digits) = match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, s),
+    };
+    if digits.is_empty() || digits.len() > 20 {
+        return None;
+    }
+    if digits[0] == b'0' && (digits.len() > 1 || neg) {
+        return None;
+    }
+    let mut v: i128 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        v = v * 10 + i128::from(d - b'0');
+    }
+    let v = if neg { -v } else { v };
+    i64::try_from(v).ok()
+}
+
+/// Splits an inline request as Redis's `sdssplitargs` does: blanks separate
+/// arguments; `"..."` takes `\n \r \t \b \a \\ \"` and `\xHH` escapes;
+/// `'...'` takes `\'`; a closing quote must be followed by a blank.
+fn split_inline(line: &[u8]) -> Result<Vec<Bytes>, ProtocolError> {
+    let mut args = Vec::new();
+    let mut i = 0;
+    let n = line.len();
+    loop {
+        while i < n && line[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i >= n {
+            return Ok(args);
+        }
+        let mut cur = Vec::new();
+        let mut in_dq = false;
+        let mut in_sq = false;
+        loop {
+            if in_dq {
+                if i >= n {
+                    return Err(ProtocolError::UnbalancedQuotes);
+                }
+                let c = line[i];
+                if c == b'\\'
+                    && i + 3 < n
+                    && line[i + 1] == b'x'
+                    && line[i + 2].is_ascii_hexdigit()
+                    && line[i + 3].is_ascii_hexdigit()
+                {
+                    cur.push(hex(line[i + 2]) * 16 + hex(line[i + 3]));
+                    i += 3;
+                } else if c == b'\\' && i + 1 < n {
+                    i += 1;
+                    cur.push(match line[i] {
+                        b'n' => b'\n',
+                        b'r' => b'\r',
+                        b't' => b'\t',
+                        b'b' => 0x08,
+                        b'a' => 0x07,
+                        other => other,
+                    });
+                } else if c == b'"' {
+                    i = after_closing_quote(line, i)?;
+                    break;
+                } else {
+                    cur.push(c);
+                }
+            } else if in_sq {
+                if i >= n {
+                    return Err(ProtocolError::UnbalancedQuotes);
+                }
+                let c = line[i];
+                if c == b'\\' && i + 1 < n && line[i + 1] == b'\'' {
+                    i += 1;
+                    cur.push(b'\'');
+                } else if c == b'\'' {
+                    i = after_closing_quote(line, i)?;
+                    break;
+                } else {
+                    cur.push(c);
+                }
+            } else {
+                if i >= n {
+                    break;
+                }
+                match line[i] {
+                    b' ' | b'\n' | b'\r' | b'\t' | 0 => break,
+                    b'"' => in_dq = true,
+                    b'\'' => in_sq = true,
+                    c => cur.push(c),
+                }
+            }
+            i += 1;
+        }
+        args.push(Bytes::from(cur));
+    }
+}
+
+/// The index after a closing quote at `at`, which must end the line or be
+/// followed by a blank.
+fn after_closing_quote(line: &[u8], at: usize) -> Result<usize, ProtocolError> {
+    match line.get(at + 1) {
+        Some(b) if !b.is_ascii_whitespace() => Err(ProtocolError::UnbalancedQuotes),
+        _ => Ok(at + 1),
+    }
+}
+
+fn hex(c: u8) -> u8 {
+    match c {
+        b'0'..=b'9' => c - b'0',
+        b'a'..=b'f' => c - b'a' + 10,
+        _ => c - b'A' + 10,
+    }
+}
+
+/// The protocol a connection speaks: RESP2 until `HELLO 3`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    /// RESP2: maps are flat arrays, nulls are `$-1` / `*-1`.
+    #[default]
+    Resp2,
+    /// RESP3: maps, sets, `_` nulls, doubles.
+    Resp3,
+}
+
+/// A reply, encoded for the connection's protocol by [`Reply::encode`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// `+OK`: a status line (no `\r` or `\n` inside).
+    Status(&'static str),
+    /// A status line built at run time.
+    StatusOwned(String),
+    /// `-ERR ...`: the whole line after `-`, prefix included.
+    Error(String),
+    /// `:n`.
+    Int(i64),
+    /// `$n` and the bytes.
+    Bulk(Bytes),
+    /// A null bulk (`$-1` / `_`).
+    Nil,
+    /// A null array (`*-1` / `_`): e.g. `XREAD` that timed out.
+    NilArray,
+    /// `*n` and the items.
+    Array(Vec<Reply>),
+    /// `%n` (RESP3) or a flat `*2n` array (RESP2).
+    Map(Vec<(Reply, Reply)>),
+    /// `~n` (RESP3) or `*n` (RESP2).
+    Set(Vec<Reply>),
+    /// `,d` (RESP3) or its text as a bulk (RESP2).
+    Double(f64),
+}
+
+impl Reply {
+    /// `+OK`.
+    pub const OK: Reply = Reply::Status("OK");
+
+    /// An error reply with the `ERR` prefix.
+    pub fn err(text: impl std::fmt::Display) -> Reply {
+        Reply::Error(format!("ERR {text}"))
+    }
+
+    /// A bulk reply of `text`.
+    pub fn bulk(text: impl Into<Bytes>) -> Reply {
+        Reply::Bulk(text.into())
+    }
+
+    /// Appends the reply's encoding to `dst`.
+    pub fn encode(&self, proto: Protocol, dst: &mut BytesMut) {
+        match self {
+            Reply::Status(s) => line(dst, b'+', s.as_bytes()),
+            Reply::StatusOwned(s) => line(dst, b'+', s.as_bytes()),
+            Reply::Error(s) => line(dst, b'-', s.as_bytes()),
+            Reply::Int(n) => {
+                let mut b = itoa::Buffer::new();
+                line(dst, b':', b.format(*n).as_bytes());
+            }
+            Reply::Bulk(b) => bulk(dst, b),
+            Reply::Nil => match proto {
+                Protocol::Resp2 => dst.put_slice(b"$-1\r\n"),
+                Protocol::Resp3 => dst.put_slice(b"_\r\n"),
+            },
+            Reply::NilArray => match proto {
+                Protocol::Resp2 => dst.put_slice(b"*-1\r\n"),
+                Protocol::Resp3 => dst.put_slice(b"_\r\n"),
+            },
+            Reply::Array(items) => {
+                header(dst, b'*', items.len());
+                for item in items {
+                    item.encode(proto, dst);
+                }
+            }
+            Reply::Map(pairs) => {
+                match proto {
+                    Protocol::Resp2 => header(dst, b'*', pairs.len() * 2),
+                    Protocol::Resp3 => header(dst, b'%', pairs.len()),
+                }
+                for (k, v) in pairs {
+                    k.encode(proto, dst);
+                    v.encode(proto, dst);
+                }
+            }
+            Reply::Set(items) => {
+                match proto {
+                    Protocol::Resp2 => header(dst, b'*', items.len()),
+                    Protocol::Resp3 => header(dst, b'~', items.len()),
+                }
+                for item in items {
+                    item.encode(proto, dst);
+                }
+            }
+            Reply::Double(d) => {
+                let text = format_double(*d);
+                match proto {
+                    Protocol::Resp2 => bulk(dst, text.as_bytes()),
+                    Protocol::Resp3 => line(dst, b',', text.as_bytes()),
+                }
+            }
+        }
+    }
+
+    /// The encoding as one buffer.
+    pub fn to_bytes(&self, proto: Protocol) -> Bytes {
+        let mut b = BytesMut::new();
+        self.encode(proto, &mut b);
+        b.freeze()
+    }
+}
+
+/// A double as Redis prints it (`%.17g` without needless digits).
+fn format_double(d: f64) -> String {
+    if d.is_infinite() {
+        return if d > 0.0 { "inf" } else { "-inf" }.to_owned();
+    }
+    let s = format!("{d}");
+    s
+}
+
+fn line(dst: &mut BytesMut, kind: u8, text: &[u8]) {
+    dst.reserve(text.len() + 3);
+    dst.put_u8(kind);
+    dst.put_slice(text);
+    dst.put_slice(b"\r\n");
+}
+
+fn header(dst: &mut BytesMut, kind: u8, n: usize) {
+    let mut b = itoa::Buffer::new();
+    line(dst, kind, b.format(n).as_bytes());
+}
+
+fn bulk(dst: &mut BytesMut, data: &[u8]) {
+    header(dst, b'$', data.len());
+    dst.reserve(data.len() + 2);
+    dst.put_slice(data);
+    dst.put_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Request {
+        Request::Command(
+            v.iter()
+                .map(|s| Bytes::copy_from_slice(s.as_bytes()))
+                .collect(),
+        )
+    }
+
+    fn decode_all(codec: &mut RespCodec, buf: &mut BytesMut) -> Vec<Request> {
+        let mut out = Vec::new();
+        while let Some(r) = codec.decode(buf).unwrap() {
+            out.push(r);
+        }
+        out
+    }
+
+    #[test]
+    fn multibulk_requests_decode_with_their_arguments_sliced_from_the_read() {
+        let mut c = RespCodec::new();
+        let mut buf =
+            BytesMut::from(&b"*3\r\n$4\r\nXADD\r\n$1\r\ns\r\n$0\r\n\r\n*1\r\n$4\r\nPING\r\n"[..]);
+        let base = buf.as_ptr() as usize;
+        let reqs = decode_all(&mut c, &mut buf);
+        assert_eq!(reqs, vec![args(&["XADD", "s", ""]), args(&["PING"])]);
+        // No copy: the first argument points into the read buffer.
+        let Request::Command(a) = &reqs[0] else {
+            panic!()
+        };
+        assert_eq!(a[0].as_ptr() as usize, base + 8);
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn a_request_arriving_byte_by_byte_decodes_once_whole() {
+        let wire = b"*2\r\n$4\r\nECHO\r\n$11\r\nhello world\r\n";
+        let mut c = RespCodec::new();
+        let mut buf = BytesMut::new();
+        for (i, &b) in wire.iter().enumerate() {
+            buf.put_u8(b);
+            let r = c.decode(&mut buf).unwrap();
+            if i + 1 < wire.len() {
+                assert_eq!(r, None, "decoded early at byte {i}");
+            } else {
+                assert_eq!(r, Some(args(&["ECHO", "hello world"])));
+            }
+        }
+    }
+
+    #[test]
+    fn inline_commands_split_on_blanks_and_quotes() {
+        let mut c = RespCodec::new();
+        let mut buf = BytesMut::from(
+            &b"PING\r\n\r\nxadd  s * f \"a b\\x41\\n\" 'it\\'s'\nset k \"x\"y\r\n"[..],
+        );
+        let reqs = decode_all(&mut c, &mut buf);
+        assert_eq!(reqs[0], args(&["PING"]));
+        assert_eq!(reqs[1], args(&["xadd", "s", "*", "f", "a bA\n", "it's"]));
+        assert_eq!(reqs[2], Request::Broken(ProtocolError::UnbalancedQuotes));
+        assert_eq!(reqs.len(), 3);
+    }
+
+    #[test]
+    fn a_huge_bulk_length_is_refused_from_its_header_alone() {
+        let mut c = RespCodec::new();
+        let mut buf = BytesMut::from(&b"*2\r\n$4\r\nECHO\r\n$1000000000\r\n"[..]);
+        assert_eq!(
+            c.decode(&mut buf).unwrap(),
+            Some(Request::Broken(ProtocolError::InvalidBulkLength))
+        );
+        // Broken: what follows is never read as a request.
+        buf.extend_from_slice(b"*1\r\n$4\r\nPING\r\n");
+        assert_eq!(c.decode(&mut buf).unwrap(), None);
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn malformed_headers_get_redis_errors() {
+        let cases: &[(&[u8], ProtocolError)] = &[
+            (b"*x\r\n", ProtocolError::InvalidMultibulkLength),
+            (b"*2\r\n+PING\r\n", ProtocolError::ExpectedBulk('+')),
+            (b"*1\r\n$-5\r\n", ProtocolError::InvalidBulkLength),
+            (b"*1\r\n$01\r\n", ProtocolError::InvalidBulkLength),
+            (b"*99999999999\r\n", ProtocolError::InvalidMultibulkLength),
+        ];
+        for (wire, want) in cases {
+            let mut c = RespCodec::new();
+            let mut buf = BytesMut::from(*wire);
+            assert_eq!(
+                c.decode(&mut buf).unwrap(),
+                Some(Request::Broken(want.clone())),
+                "{}",
+                String::from_utf8_lossy(wire)
+            );
+        }
+        let mut c = RespCodec::new();
+        let mut buf = BytesMut::from(&vec![b'a'; INLINE_MAX + 1][..]);
+        assert_eq!(
+            c.decode(&mut buf).unwrap(),
+            Some(Request::Broken(ProtocolError::InlineTooLong))
+        );
+        let mut c = RespCodec::new();
+        let mut long = b"*1\r\n$".to_vec();
+        long.extend(std::iter::repeat_n(b'1', INLINE_MAX + 1));
+        let mut buf = BytesMut::from(&long[..]);
+        assert_eq!(
+            c.decode(&mut buf).unwrap(),
+            Some(Request::Broken(ProtocolError::BulkLineTooLong))
+        );
+    }
+
+    #[test]
+    fn empty_multibulks_are_skipped() {
+        let mut c = RespCodec::new();
+        let mut buf = BytesMut::from(&b"*0\r\n*-1\r\n*1\r\n$4\r\nPING\r\n"[..]);
+        assert_eq!(decode_all(&mut c, &mut buf), vec![args(&["PING"])]);
+    }
+
+    #[test]
+    fn replies_encode_per_protocol() {
+        let r = Reply::Map(vec![(Reply::bulk("a"), Reply::Int(1))]);
+        assert_eq!(&r.to_bytes(Protocol::Resp2)[..], b"*2\r\n$1\r\na\r\n:1\r\n");
+        assert_eq!(&r.to_bytes(Protocol::Resp3)[..], b"%1\r\n$1\r\na\r\n:1\r\n");
+        assert_eq!(&Reply::Nil.to_bytes(Protocol::Resp2)[..], b"$-1\r\n");
+        assert_eq!(&Reply::NilArray.to_bytes(Protocol::Resp2)[..], b"*-1\r\n");
+        assert_eq!(&Reply::NilArray.to_bytes(Protocol::Resp3)[..], b"_\r\n");
+        assert_eq!(
+            &Reply::err("unknown command").to_bytes(Protocol::Resp2)[..],
+            b"-ERR unknown command\r\n"
+        );
+    }
+
+    #[test]
+    fn integers_parse_as_redis_reads_them() {
+        assert_eq!(parse_int(b"0"), Some(0));
+        assert_eq!(parse_int(b"-12"), Some(-12));
+        assert_eq!(parse_int(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_int(b"-9223372036854775808"), Some(i64::MIN));
+        for bad in [
+            &b""[..],
+            b"-",
+            b"+1",
+            b" 1",
+            b"01",
+            b"-0",
+            b"9223372036854775808",
+            b"1a",
+        ] {
+            assert_eq!(parse_int(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+    }
+}

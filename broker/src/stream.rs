@@ -1,0 +1,368 @@
+//! One stream's entries and ids, as Redis keeps them: ids only grow, even
+//! past deleted and trimmed entries; `entries_added` counts every append;
+//! trimming by length or by id, exact or approximate.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::id::{AddId, StreamId};
+use crate::resp::Reply;
+
+/// An entry's field-value pairs, flattened (`f1 v1 f2 v2 ...`); shared by
+/// the stream and the replies that carry it.
+pub type Fields = Arc<[Bytes]>;
+
+/// Entries an approximate trim removes at once: Redis removes whole nodes
+/// of its radix tree, at most `stream-node-max-entries` (100) each; this
+/// stream removes runs of this many oldest entries.
+pub const APPROX_NODE: u64 = 100;
+
+/// Error for `XADD` when the stream's last id is the largest.
+pub const EXHAUSTED: &str =
+    "ERR The stream has exhausted the last possible ID, unable to add more items";
+/// Error for `XADD` with an id not above the last one.
+pub const ID_TOO_SMALL: &str =
+    "ERR The ID specified in XADD is equal or smaller than the target stream top item";
+
+/// How to trim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrimTo {
+    /// Keep at most this many entries (`MAXLEN`).
+    MaxLen(u64),
+    /// Remove entries below this id (`MINID`).
+    MinId(StreamId),
+}
+
+/// A trim request (`XTRIM`, or `XADD`'s trim options).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trim {
+    /// The target.
+    pub to: TrimTo,
+    /// `~`: only whole runs of [`APPROX_NODE`] entries.
+    pub approx: bool,
+    /// `LIMIT`: the most entries removed (approximate trims only); `None`
+    /// means Redis's default of 100 nodes for `~`, no limit for `=`.
+    pub limit: Option<u64>,
+}
+
+/// One stream.
+#[derive(Debug, Clone, Default)]
+pub struct Stream {
+    entries: BTreeMap<StreamId, Fields>,
+    last_id: StreamId,
+    max_deleted_id: StreamId,
+    entries_added: u64,
+}
+
+impl Stream {
+    /// An empty stream.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Entries in the stream.
+    pub fn len(&self) -> u64 {
+        self.entries.len() as u64
+    }
+
+    /// Whether it has no entries (it still exists, with its ids).
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The largest id ever added (or set by `XSETID`).
+    pub fn last_id(&self) -> StreamId {
+        self.last_id
+    }
+
+    /// The largest id deleted or trimmed away.
+    pub fn max_deleted_id(&self) -> StreamId {
+        self.max_deleted_id
+    }
+
+    /// Entries ever added.
+    pub fn entries_added(&self) -> u64 {
+        self.entries_added
+    }
+
+    /// The first entry, if any.
+    pub fn first(&self) -> Option<(StreamId, &Fields)> {
+        self.entries.first_key_value().map(|(k, v)| (*k, v))
+    }
+
+    /// The last entry, if any.
+    pub fn last(&self) -> Option<(StreamId, &Fields)> {
+        self.entries.last_key_value().map(|(k, v)| (*k, v))
+    }
+
+    /// The entry `id`.
+    pub fn get(&self, id: StreamId) -> Option<&Fields> {
+        self.entries.get(&id)
+    }
+
+    /// The id an `XADD` with `id` would get, without adding.
+    ///
+    /// # Errors
+    ///
+    /// Redis's errors: ids exhausted, or an id not above the last.
+    pub fn next_id(&self, id: AddId, now_ms: u64) -> Result<StreamId, Reply> {
+        if self.last_id == StreamId::MAX {
+            return Err(Reply::Error(EXHAUSTED.to_owned()));
+        }
+        let too_small = || Reply::Error(ID_TOO_SMALL.to_owned());
+        match id {
+            AddId::Auto => Ok(if now_ms > self.last_id.ms {
+                StreamId::new(now_ms, 0)
+            } else {
+                self.last_id.next().expect("not MAX: checked above")
+            }),
+            AddId::Partial(ms) => {
+                if ms > self.last_id.ms {
+                    Ok(StreamId::new(ms, 0))
+                } else if ms == self.last_id.ms {
+                    self.last_id
+                        .seq
+                        .checked_add(1)
+                        .map(|seq| StreamId::new(ms, seq))
+                        .ok_or_else(too_small)
+                } else {
+                    Err(too_small())
+                }
+            }
+            AddId::Explicit(id) if id > self.last_id => Ok(id),
+            AddId::Explicit(_) => Err(too_small()),
+        }
+    }
+
+    /// Appends an entry with an id from [`Stream::next_id`].
+    pub fn insert(&mut self, id: StreamId, fields: Fields) {
+        debug_assert!(id > self.last_id || (self.entries_added == 0 && id > StreamId::MIN));
+        self.entries.insert(id, fields);
+        self.last_id = id;
+        self.entries_added += 1;
+    }
+
+    /// `XADD`'s append: the new id.
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::next_id`].
+    pub fn add(&mut self, id: AddId, fields: Fields, now_ms: u64) -> Result<StreamId, Reply> {
+        let id = self.next_id(id, now_ms)?;
+        self.insert(id, fields);
+        Ok(id)
+    }
+
+    /// The ids a trim would remove, oldest first.
+    pub fn trim_plan(&self, trim: &Trim) -> u64 {
+        let len = self.len();
+        let mut n = match trim.to {
+            TrimTo::MaxLen(max) => len.saturating_sub(max),
+            TrimTo::MinId(min) => self.entries.range(..min).count() as u64,
+        };
+        if trim.approx {
+            n -= n % APPROX_NODE;
+            let limit = trim.limit.unwrap_or(100 * APPROX_NODE);
+            if limit > 0 {
+                n = n.min(limit - limit % APPROX_NODE);
+            }
+        } else if let Some(limit) = trim.limit {
+            if limit > 0 {
+                n = n.min(limit);
+            }
+        }
+        n
+    }
+
+    /// Trims; the number of entries removed.
+    pub fn trim(&mut self, trim: &Trim) -> u64 {
+        let n = self.trim_plan(trim);
+        self.remove_oldest(n);
+        n
+    }
+
+    /// Removes the `n` oldest entries.
+    pub fn remove_oldest(&mut self, n: u64) {
+        for _ in 0..n {
+            let Some((id, _)) = self.entries.pop_first() else {
+                break;
+            };
+            self.max_deleted_id = self.max_deleted_id.max(id);
+        }
+    }
+
+    /// Deletes the listed ids; how many existed.
+    pub fn delete(&mut self, ids: &[StreamId]) -> u64 {
+        let mut n = 0;
+        for id in ids {
+            if self.entries.remove(id).is_some() {
+                self.max_deleted_id = self.max_deleted_id.max(*id);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Entries in `[lo, hi]`, at most `count`, newest first with `rev`.
+    pub fn range(
+        &self,
+        lo: StreamId,
+        hi: StreamId,
+        count: Option<u64>,
+        rev: bool,
+    ) -> Vec<(StreamId, Fields)> {
+        if lo > hi {
+            return Vec::new();
+        }
+        let take = count.map_or(usize::MAX, |c| usize::try_from(c).unwrap_or(usize::MAX));
+        let range = self
+            .entries
+            .range((Bound::Included(lo), Bound::Included(hi)));
+        if rev {
+            range
+                .rev()
+                .take(take)
+                .map(|(k, v)| (*k, v.clone()))
+                .collect()
+        } else {
+            range.take(take).map(|(k, v)| (*k, v.clone())).collect()
+        }
+    }
+
+    /// Sets the last id (`XSETID`); the caller checked it is not below the
+    /// last entry.
+    pub fn set_last_id(&mut self, id: StreamId) {
+        self.last_id = id;
+    }
+
+    /// Sets the counters `XSETID` can set.
+    pub fn set_counters(&mut self, entries_added: u64, max_deleted_id: StreamId) {
+        self.entries_added = entries_added;
+        self.max_deleted_id = max_deleted_id;
+    }
+}
+
+/// An entry as Redis replies with it: `[id, [f1, v1, ...]]`.
+pub fn entry_reply(id: StreamId, fields: &Fields) -> Reply {
+    Reply::Array(vec![
+        id.reply(),
+        Reply::Array(fields.iter().cloned().map(Reply::Bulk).collect()),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields() -> Fields {
+        Arc::from(vec![Bytes::from_static(b"f"), Bytes::from_static(b"v")])
+    }
+
+    #[test]
+    fn auto_ids_follow_the_clock_and_never_go_back() {
+        let mut s = Stream::new();
+        assert_eq!(
+            s.add(AddId::Auto, fields(), 1000),
+            Ok(StreamId::new(1000, 0))
+        );
+        assert_eq!(
+            s.add(AddId::Auto, fields(), 1000),
+            Ok(StreamId::new(1000, 1))
+        );
+        // The clock went back: the sequence goes on.
+        assert_eq!(s.add(AddId::Auto, fields(), 10), Ok(StreamId::new(1000, 2)));
+        assert_eq!(
+            s.add(AddId::Auto, fields(), 2000),
+            Ok(StreamId::new(2000, 0))
+        );
+        assert_eq!(s.entries_added(), 4);
+    }
+
+    #[test]
+    fn explicit_and_partial_ids_must_grow() {
+        let mut s = Stream::new();
+        assert_eq!(
+            s.add(AddId::Partial(0), fields(), 0),
+            Ok(StreamId::new(0, 1))
+        );
+        assert_eq!(
+            s.add(AddId::Explicit(StreamId::new(0, 1)), fields(), 0),
+            Err(Reply::Error(ID_TOO_SMALL.to_owned()))
+        );
+        assert_eq!(
+            s.add(AddId::Explicit(StreamId::new(5, 5)), fields(), 0),
+            Ok(StreamId::new(5, 5))
+        );
+        assert_eq!(
+            s.add(AddId::Partial(5), fields(), 0),
+            Ok(StreamId::new(5, 6))
+        );
+        assert_eq!(
+            s.add(AddId::Partial(7), fields(), 0),
+            Ok(StreamId::new(7, 0))
+        );
+        assert_eq!(
+            s.add(AddId::Partial(6), fields(), 0),
+            Err(Reply::Error(ID_TOO_SMALL.to_owned()))
+        );
+        s.add(AddId::Explicit(StreamId::MAX), fields(), 0).unwrap();
+        assert_eq!(
+            s.add(AddId::Auto, fields(), 0),
+            Err(Reply::Error(EXHAUSTED.to_owned()))
+        );
+    }
+
+    #[test]
+    fn ranges_count_and_reverse() {
+        let mut s = Stream::new();
+        for ms in 1..=5 {
+            s.add(AddId::Explicit(StreamId::new(ms, 0)), fields(), 0)
+                .unwrap();
+        }
+        let ids = |v: Vec<(StreamId, Fields)>| v.into_iter().map(|(i, _)| i.ms).collect::<Vec<_>>();
+        assert_eq!(
+            ids(s.range(StreamId::new(2, 0), StreamId::MAX, None, false)),
+            [2, 3, 4, 5]
+        );
+        assert_eq!(
+            ids(s.range(StreamId::MIN, StreamId::MAX, Some(2), true)),
+            [5, 4]
+        );
+        assert_eq!(
+            ids(s.range(StreamId::new(4, 0), StreamId::new(2, 0), None, false)),
+            Vec::<u64>::new()
+        );
+    }
+
+    #[test]
+    fn trims_exact_and_approximate() {
+        let mut s = Stream::new();
+        for ms in 1..=350 {
+            s.add(AddId::Explicit(StreamId::new(ms, 0)), fields(), 0)
+                .unwrap();
+        }
+        let approx = |max| Trim {
+            to: TrimTo::MaxLen(max),
+            approx: true,
+            limit: None,
+        };
+        // 40 over: less than a node, nothing goes.
+        assert_eq!(s.trim(&approx(310)), 0);
+        // 250 over: two whole nodes.
+        assert_eq!(s.trim(&approx(100)), 200);
+        assert_eq!(s.len(), 150);
+        let exact = Trim {
+            to: TrimTo::MinId(StreamId::new(300, 0)),
+            approx: false,
+            limit: None,
+        };
+        assert_eq!(s.trim(&exact), 99);
+        assert_eq!(s.first().unwrap().0, StreamId::new(300, 0));
+        assert_eq!(s.max_deleted_id(), StreamId::new(299, 0));
+        assert_eq!(s.delete(&[StreamId::new(350, 0), StreamId::new(1, 0)]), 1);
+        assert_eq!(s.last_id(), StreamId::new(350, 0));
+    }
+}

@@ -1,0 +1,343 @@
+//! The broker over real sockets: a RESP client written here (std TCP,
+//! loopback) sends commands and checks the replies' exact bytes and shapes.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use mailring_broker::{Broker, BrokerConfig};
+
+/// A decoded reply.
+#[derive(Debug, Clone, PartialEq)]
+enum R {
+    Status(String),
+    Error(String),
+    Int(i64),
+    Bulk(Vec<u8>),
+    Nil,
+    Array(Vec<R>),
+    Map(Vec<(R, R)>),
+}
+
+impl R {
+    fn bulk(s: &str) -> R {
+        R::Bulk(s.as_bytes().to_vec())
+    }
+
+    fn text(&self) -> String {
+        match self {
+            R::Bulk(b) => String::from_utf8_lossy(b).into_owned(),
+            R::Status(s) | R::Error(s) => s.clone(),
+            other => panic!("not text: {other:?}"),
+        }
+    }
+}
+
+struct Client {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl Client {
+    fn connect(addr: SocketAddr) -> Client {
+        let s = TcpStream::connect(addr).expect("connect to the broker");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Client {
+            r: BufReader::new(s.try_clone().unwrap()),
+            w: s,
+        }
+    }
+
+    fn send_raw(&mut self, bytes: &[u8]) {
+        self.w.write_all(bytes).unwrap();
+    }
+
+    fn encode(args: &[&[u8]]) -> Vec<u8> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            out.extend_from_slice(a);
+            out.extend_from_slice(b"\r\n");
+        }
+        out
+    }
+
+    fn cmd(&mut self, args: &[&str]) -> R {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.cmd_bytes(&args)
+    }
+
+    fn cmd_bytes(&mut self, args: &[&[u8]]) -> R {
+        let wire = Self::encode(args);
+        self.send_raw(&wire);
+        self.read()
+    }
+
+    fn line(&mut self) -> String {
+        let mut line = String::new();
+        let n = self.r.read_line(&mut line).expect("read a reply line");
+        assert!(n > 0, "connection closed");
+        assert!(line.ends_with("\r\n"), "line without CRLF: {line:?}");
+        line.truncate(line.len() - 2);
+        line
+    }
+
+    fn read(&mut self) -> R {
+        let line = self.line();
+        let (kind, rest) = line.split_at(1);
+        match kind {
+            "+" => R::Status(rest.to_owned()),
+            "-" => R::Error(rest.to_owned()),
+            ":" => R::Int(rest.parse().unwrap()),
+            "_" => R::Nil,
+            "$" => {
+                let n: i64 = rest.parse().unwrap();
+                if n < 0 {
+                    return R::Nil;
+                }
+                let mut buf = vec![0u8; n as usize + 2];
+                self.r.read_exact(&mut buf).unwrap();
+                buf.truncate(n as usize);
+                R::Bulk(buf)
+            }
+            "*" => {
+                let n: i64 = rest.parse().unwrap();
+                if n < 0 {
+                    return R::Nil;
+                }
+                R::Array((0..n).map(|_| self.read()).collect())
+            }
+            "%" => {
+                let n: usize = rest.parse().unwrap();
+                R::Map((0..n).map(|_| (self.read(), self.read())).collect())
+            }
+            other => panic!("unexpected reply type {other:?} in {line:?}"),
+        }
+    }
+
+    /// Whether the server closed the connection (EOF within the timeout).
+    fn closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.r.read(&mut b), Ok(0))
+    }
+}
+
+fn start() -> Broker {
+    start_with(BrokerConfig::default())
+}
+
+fn start_with(config: BrokerConfig) -> Broker {
+    Broker::start(BrokerConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        ..config
+    })
+    .expect("start the broker (needs io_uring)")
+}
+
+fn is_id(r: &R) -> bool {
+    let t = r.text();
+    let mut parts = t.split('-');
+    let ok =
+        |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
+}
+
+#[test]
+fn ping_echo_and_unknown_commands() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["PING"]), R::Status("PONG".into()));
+    assert_eq!(c.cmd(&["ping", "hi"]), R::bulk("hi"));
+    assert_eq!(c.cmd(&["ECHO", "a\r\nb"]), R::bulk("a\r\nb"));
+    assert_eq!(
+        c.cmd(&["NOPE", "x", "y"]),
+        R::Error("ERR unknown command 'NOPE', with args beginning with: 'x' 'y' ".into())
+    );
+    assert_eq!(
+        c.cmd(&["XLEN"]),
+        R::Error("ERR wrong number of arguments for 'xlen' command".into())
+    );
+    // Inline commands work too (telnet-style).
+    c.send_raw(b"PING\r\n");
+    assert_eq!(c.read(), R::Status("PONG".into()));
+    broker.shutdown();
+}
+
+#[test]
+fn xadd_xlen_xrange_and_their_errors() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    let id = c.cmd(&["XADD", "s", "*", "f", "v"]);
+    assert!(is_id(&id), "{id:?}");
+    assert_eq!(
+        c.cmd(&["XADD", "s", "1-1", "f", "v"]),
+        R::Error(
+            "ERR The ID specified in XADD is equal or smaller than the target stream top item"
+                .into()
+        )
+    );
+    assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(1));
+    assert_eq!(
+        c.cmd(&["XADD", "t", "0-0", "f", "v"]),
+        R::Error("ERR The ID specified in XADD must be greater than 0-0".into())
+    );
+    for i in 1..=5 {
+        let id = format!("{i}-1");
+        assert_eq!(
+            c.cmd(&["XADD", "t", &id, "n", &i.to_string()]),
+            R::bulk(&id)
+        );
+    }
+    assert_eq!(c.cmd(&["XADD", "t", "5-*", "n", "6"]), R::bulk("5-2"));
+    let r = c.cmd(&["XRANGE", "t", "(2-1", "4", "COUNT", "5"]);
+    assert_eq!(
+        r,
+        R::Array(vec![
+            R::Array(vec![
+                R::bulk("3-1"),
+                R::Array(vec![R::bulk("n"), R::bulk("3")])
+            ]),
+            R::Array(vec![
+                R::bulk("4-1"),
+                R::Array(vec![R::bulk("n"), R::bulk("4")])
+            ]),
+        ])
+    );
+    let r = c.cmd(&["XREVRANGE", "t", "+", "-", "COUNT", "1"]);
+    assert_eq!(
+        r,
+        R::Array(vec![R::Array(vec![
+            R::bulk("5-2"),
+            R::Array(vec![R::bulk("n"), R::bulk("6")])
+        ])])
+    );
+    assert_eq!(c.cmd(&["XRANGE", "nothing", "-", "+"]), R::Array(vec![]));
+    assert_eq!(
+        c.cmd(&["XRANGE", "t", "x", "+"]),
+        R::Error("ERR Invalid stream ID specified as stream command argument".into())
+    );
+    assert_eq!(c.cmd(&["XDEL", "t", "1-1", "9-9"]), R::Int(1));
+    assert_eq!(c.cmd(&["XTRIM", "t", "MAXLEN", "2"]), R::Int(3));
+    assert_eq!(c.cmd(&["XLEN", "t"]), R::Int(2));
+    // NOMKSTREAM on a missing stream: a null, and no stream.
+    assert_eq!(c.cmd(&["XADD", "u", "NOMKSTREAM", "*", "f", "v"]), R::Nil);
+    assert_eq!(c.cmd(&["EXISTS", "s", "t", "u", "s"]), R::Int(3));
+    assert_eq!(c.cmd(&["TYPE", "t"]), R::Status("stream".into()));
+    assert_eq!(c.cmd(&["TYPE", "u"]), R::Status("none".into()));
+    assert_eq!(
+        c.cmd(&["KEYS", "*"]),
+        R::Array(vec![R::bulk("s"), R::bulk("t")])
+    );
+    assert_eq!(c.cmd(&["DEL", "s", "u"]), R::Int(1));
+    assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(0));
+    assert_eq!(c.cmd(&["KEYS", "*"]), R::Array(vec![R::bulk("t")]));
+    broker.shutdown();
+}
+
+#[test]
+fn stream_names_are_arbitrary_bytes_with_a_length_limit() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    for name in [&b"../x"[..], b"a\0b", b"\xff\xfe", b"/etc/passwd"] {
+        let r = c.cmd_bytes(&[b"XADD", name, b"*", b"f", b"v"]);
+        assert!(is_id(&r), "{r:?}");
+        assert_eq!(c.cmd_bytes(&[b"XLEN", name]), R::Int(1));
+    }
+    let long = vec![b'k'; mailring_broker::server::MAX_KEY_LEN + 1];
+    let r = c.cmd_bytes(&[b"XADD", &long, b"*", b"f", b"v"]);
+    assert!(
+        matches!(&r, R::Error(e) if e.contains("longer than the limit")),
+        "{r:?}"
+    );
+    assert_eq!(c.cmd(&["PING"]), R::Status("PONG".into()));
+    broker.shutdown();
+}
+
+#[test]
+fn a_pipeline_over_many_streams_answers_in_order() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    // The session attaches to the shard of "p0"; the other streams live
+    // on both shards, so replies come back from different actors.
+    let mut wire = Vec::new();
+    for i in 0..200 {
+        let key = format!("p{}", i % 10);
+        let id = format!("{}-1", i + 1);
+        wire.extend(Client::encode(&[
+            b"XADD",
+            key.as_bytes(),
+            id.as_bytes(),
+            b"i",
+            i.to_string().as_bytes(),
+        ]));
+        wire.extend(Client::encode(&[b"PING"]));
+    }
+    c.send_raw(&wire);
+    for i in 0..200 {
+        assert_eq!(c.read(), R::bulk(&format!("{}-1", i + 1)), "reply {i}");
+        assert_eq!(c.read(), R::Status("PONG".into()));
+    }
+    for k in 0..10 {
+        assert_eq!(c.cmd(&["XLEN", &format!("p{k}")]), R::Int(20));
+    }
+    broker.shutdown();
+}
+
+#[test]
+fn protocol_errors_close_only_their_connection() {
+    let broker = start();
+    let mut good = Client::connect(broker.local_addr());
+    assert_eq!(good.cmd(&["XADD", "g", "1-1", "f", "v"]), R::bulk("1-1"));
+    for (wire, err) in [
+        (
+            &b"*1\r\n$1000000000\r\n"[..],
+            "ERR Protocol error: invalid bulk length",
+        ),
+        (b"*2\r\n+x\r\n", "ERR Protocol error: expected '$', got '+'"),
+        (b"*x\r\n", "ERR Protocol error: invalid multibulk length"),
+        (
+            b"SET \"a\r\n",
+            "ERR Protocol error: unbalanced quotes in request",
+        ),
+    ] {
+        let mut bad = Client::connect(broker.local_addr());
+        bad.send_raw(wire);
+        assert_eq!(bad.read(), R::Error(err.into()));
+        assert!(bad.closed(), "closed after {err}");
+        assert_eq!(good.cmd(&["XLEN", "g"]), R::Int(1));
+    }
+    broker.shutdown();
+}
+
+#[test]
+fn auth_with_requirepass() {
+    let broker = start_with(BrokerConfig {
+        requirepass: Some("sekret".into()),
+        ..BrokerConfig::default()
+    });
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(
+        c.cmd(&["XLEN", "s"]),
+        R::Error("NOAUTH Authentication required.".into())
+    );
+    assert_eq!(
+        c.cmd(&["AUTH", "nope"]),
+        R::Error("WRONGPASS invalid username-password pair or user is disabled.".into())
+    );
+    assert_eq!(c.cmd(&["AUTH", "sekret"]), R::Status("OK".into()));
+    assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(0));
+    let mut h = Client::connect(broker.local_addr());
+    let r = h.cmd(&["HELLO", "3", "AUTH", "default", "sekret", "SETNAME", "me"]);
+    let R::Map(fields) = r else {
+        panic!("HELLO 3 is a map: {r:?}")
+    };
+    assert_eq!(fields[0], (R::bulk("server"), R::bulk("redis")));
+    assert_eq!(fields[2], (R::bulk("proto"), R::Int(3)));
+    assert_eq!(h.cmd(&["CLIENT", "GETNAME"]), R::bulk("me"));
+    // RESP3 nulls.
+    assert_eq!(
+        h.cmd(&["XADD", "none", "NOMKSTREAM", "*", "f", "v"]),
+        R::Nil
+    );
+    broker.shutdown();
+}

@@ -1,0 +1,65 @@
+//! The stream broker: `cargo run --release --example broker -- --port 7000`
+//! serves the Redis protocol on 127.0.0.1:7000 until Ctrl-C.
+
+use std::process::ExitCode;
+
+use mailring_broker::{Broker, BrokerConfig};
+
+fn usage() -> &'static str {
+    "usage: broker [--port N] [--bind ADDR] [--shards N] [--requirepass PASS]"
+}
+
+fn main() -> ExitCode {
+    let mut config = BrokerConfig::default();
+    let mut bind = std::net::IpAddr::from([127, 0, 0, 1]);
+    let mut port = 6379u16;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = |args: &mut dyn Iterator<Item = String>| {
+            args.next().ok_or_else(|| format!("{flag} needs a value"))
+        };
+        let res: Result<(), String> = (|| {
+            match flag.as_str() {
+                "--port" => {
+                    port = value(&mut args)?
+                        .parse()
+                        .map_err(|e| format!("--port: {e}"))?
+                }
+                "--bind" => {
+                    bind = value(&mut args)?
+                        .parse()
+                        .map_err(|e| format!("--bind: {e}"))?
+                }
+                "--shards" => {
+                    config.shards = value(&mut args)?
+                        .parse()
+                        .map_err(|e| format!("--shards: {e}"))?
+                }
+                "--requirepass" => config.requirepass = Some(value(&mut args)?.into()),
+                "-h" | "--help" => return Err(usage().to_owned()),
+                other => return Err(format!("unknown flag {other}\n{}", usage())),
+            }
+            Ok(())
+        })();
+        if let Err(e) = res {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    }
+    config.addr = std::net::SocketAddr::new(bind, port);
+    let broker = match Broker::start(config) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("broker: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("mailring broker listening on {}", broker.local_addr());
+    if let Err(e) = broker.wait_for_signal() {
+        eprintln!("broker: signals: {e}");
+        return ExitCode::FAILURE;
+    }
+    println!("shutting down");
+    broker.shutdown();
+    ExitCode::SUCCESS
+}
