@@ -1,12 +1,14 @@
 //! The stream broker: `cargo run --release --example broker -- --port 7000`
-//! serves the Redis protocol on 127.0.0.1:7000 until Ctrl-C.
+//! serves the Redis protocol on 127.0.0.1:7000 until Ctrl-C or SIGTERM,
+//! keeping its streams in `--dir` (default `./mailring-data`).
 
 use std::process::ExitCode;
 
 use mailring_broker::{Broker, BrokerConfig};
 
 fn usage() -> &'static str {
-    "usage: broker [--port N] [--bind ADDR] [--shards N] [--requirepass PASS]"
+    "usage: broker [--port N] [--bind ADDR] [--shards N] [--dir PATH] \
+     [--appendfsync always|everysec|no] [--requirepass PASS]"
 }
 
 fn main() -> ExitCode {
@@ -35,6 +37,12 @@ fn main() -> ExitCode {
                         .parse()
                         .map_err(|e| format!("--shards: {e}"))?
                 }
+                "--dir" => config.store.dir = value(&mut args)?.into(),
+                "--appendfsync" => {
+                    let v = value(&mut args)?;
+                    config.store.fsync = mailring_broker::Fsync::parse(&v)
+                        .ok_or_else(|| format!("--appendfsync: {v}: always, everysec or no"))?
+                }
                 "--requirepass" => config.requirepass = Some(value(&mut args)?.into()),
                 "-h" | "--help" => return Err(usage().to_owned()),
                 other => return Err(format!("unknown flag {other}\n{}", usage())),
@@ -54,6 +62,19 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let r = broker.recovery();
+    println!(
+        "recovered {} streams ({} records, {} bytes) in {:.1?}{}",
+        r.streams,
+        r.records,
+        r.bytes,
+        r.elapsed,
+        if r.cut.is_empty() {
+            String::new()
+        } else {
+            format!("; cut torn or corrupt tails: {:?}", r.cut)
+        }
+    );
     println!("mailring broker listening on {}", broker.local_addr());
     if let Err(e) = broker.wait_for_signal() {
         eprintln!("broker: signals: {e}");

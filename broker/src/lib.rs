@@ -21,8 +21,11 @@
 pub mod command;
 pub mod glob;
 pub mod id;
+pub mod log;
 pub mod resp;
 pub mod server;
+pub mod store;
 pub mod stream;
 
-pub use crate::server::{Broker, BrokerConfig};
+pub use crate::server::{Broker, BrokerConfig, RecoveryReport};
+pub use crate::store::{Fsync, StoreConfig};

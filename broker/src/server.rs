@@ -3,9 +3,10 @@
 //! catalog of stream names every shard can read, and [`Broker`], which
 //! starts them on a mailring runtime.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::net::SocketAddr;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -16,7 +17,11 @@ use mailring_transports::{CloseReason, Route, Server, ServerConfig, Session, Ses
 
 use crate::command::{self, Kind};
 use crate::glob::glob_match;
+use crate::log::{Op, Record};
 use crate::resp::{Protocol, Reply, Request, RespCodec};
+use crate::store::{
+    self, DurableFiles, RecoveredStream, ShardLog, StorageError, StoreConfig, Ticket,
+};
 use crate::stream::{entry_reply, Fields, Stream};
 
 /// The version `HELLO` and `INFO` report: the Redis release whose replies
@@ -36,6 +41,8 @@ pub struct BrokerConfig {
     pub shards: usize,
     /// `requirepass`: clients must `AUTH` first.
     pub requirepass: Option<Bytes>,
+    /// The data directory and flush policy.
+    pub store: StoreConfig,
 }
 
 impl Default for BrokerConfig {
@@ -44,6 +51,7 @@ impl Default for BrokerConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 6379)),
             shards: 2,
             requirepass: None,
+            store: StoreConfig::default(),
         }
     }
 }
@@ -94,11 +102,18 @@ impl Catalog {
 /// What every session and stream actor of one broker shares.
 #[derive(Debug)]
 pub struct Shared {
+    /// This broker among those of the process (finds its shard logs).
+    id: u64,
     config: BrokerConfig,
     catalog: Catalog,
     next_client_id: AtomicU64,
     system: SystemHandle,
+    /// Streams read back at start, each taken by its actor's first command.
+    recovered: Mutex<HashMap<Bytes, RecoveredStream>>,
 }
+
+/// Brokers started by this process (their ids).
+static NEXT_BROKER: AtomicU64 = AtomicU64::new(1);
 
 /// One stream: a keyed actor owning its entries (key = the stream's name).
 #[derive(Debug, Actor)]
@@ -106,6 +121,12 @@ pub struct Shared {
 pub struct StreamActor {
     name: Bytes,
     stream: Option<Stream>,
+    /// Whether the recovered state was taken (at the first command).
+    loaded: bool,
+    /// The number of this stream's last logged operation.
+    op_no: u64,
+    /// This shard's log.
+    log: Option<Rc<ShardLog>>,
 }
 
 impl StreamActor {
@@ -113,13 +134,40 @@ impl StreamActor {
         StreamActor {
             name: name.clone(),
             stream: None,
+            loaded: false,
+            op_no: 0,
+            log: None,
         }
     }
 }
 
+/// A stream command's answer: the reply, and the flush it waits for.
+#[derive(Debug)]
+pub struct Answer {
+    /// The reply.
+    pub reply: Reply,
+    /// Completes when what the command changed is flushed (per the
+    /// `appendfsync` policy); the reply is written after it.
+    pub durable: Option<Ticket>,
+}
+
+impl From<Reply> for Answer {
+    fn from(reply: Reply) -> Self {
+        Answer {
+            reply,
+            durable: None,
+        }
+    }
+}
+
+/// The reply to a command whose change could not be logged.
+fn storage_error(e: &StorageError) -> Reply {
+    Reply::Error(format!("MISCONF {e}"))
+}
+
 /// A stream command, run in the stream's actor.
 #[derive(Debug, Message)]
-#[message(reply = Reply)]
+#[message(reply = Answer)]
 pub struct Exec {
     /// The command and its arguments (argument 1 is this stream).
     pub args: Vec<Bytes>,
@@ -134,58 +182,96 @@ fn now_ms() -> u64 {
 }
 
 impl Handler<Exec> for StreamActor {
-    async fn handle(&mut self, m: Exec, _cx: &mut Ctx<Self>) -> Reply {
+    async fn handle(&mut self, m: Exec, _cx: &mut Ctx<Self>) -> Answer {
+        if !self.loaded {
+            self.loaded = true;
+            let recovered = m
+                .shared
+                .recovered
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&self.name);
+            if let Some(r) = recovered {
+                self.stream = r.stream;
+                self.op_no = r.op_no;
+            }
+            self.log = store::shard_log(m.shared.id);
+        }
         self.exec(&m.args, &m.shared)
     }
 }
 
 impl StreamActor {
-    fn exec(&mut self, args: &[Bytes], shared: &Shared) -> Reply {
+    /// Logs `op` as this stream's next operation.
+    fn log(&mut self, op: Op) -> Result<Ticket, StorageError> {
+        let log = self.log.as_ref().ok_or(StorageError::Closed)?;
+        let ticket = log.append(&Record {
+            stream: self.name.clone(),
+            op_no: self.op_no + 1,
+            op,
+        })?;
+        self.op_no += 1;
+        Ok(ticket)
+    }
+
+    fn exec(&mut self, args: &[Bytes], shared: &Shared) -> Answer {
         let name = args[0].to_ascii_lowercase();
         match name.as_slice() {
             b"xadd" => {
                 let p = match command::parse_add_or_trim(args, true) {
                     Ok(p) => p,
-                    Err(e) => return e,
+                    Err(e) => return e.into(),
+                };
+                if self.stream.is_none() && p.no_mkstream {
+                    return Reply::Nil.into();
+                }
+                let fresh = Stream::new();
+                let stream = self.stream.as_ref().unwrap_or(&fresh);
+                let id = match stream.next_id(p.id, now_ms()) {
+                    Ok(id) => id,
+                    Err(e) => return e.into(),
+                };
+                let fields: Vec<Bytes> = args[p.fields_at..].to_vec();
+                let mut ticket = match self.log(Op::Add {
+                    id,
+                    fields: fields.clone(),
+                }) {
+                    Ok(t) => t,
+                    Err(e) => return storage_error(&e).into(),
                 };
                 if self.stream.is_none() {
-                    if p.no_mkstream {
-                        return Reply::Nil;
-                    }
                     self.stream = Some(Stream::new());
                     shared.catalog.insert(&self.name);
                 }
                 let stream = self.stream.as_mut().expect("made above");
-                let fields: Fields = Arc::from(&args[p.fields_at..]);
-                let id = match stream.add(p.id, fields, now_ms()) {
-                    Ok(id) => id,
-                    Err(e) => {
-                        if stream.entries_added() == 0 {
-                            // Made for this XADD, which failed: Redis
-                            // checks the id before creating the key.
-                            self.stream = None;
-                            shared.catalog.remove(&self.name);
-                        }
-                        return e;
-                    }
-                };
+                stream.insert(id, Fields::from(fields));
                 if let Some(trim) = p.trim {
-                    stream.trim(&trim);
+                    let n = stream.trim_plan(&trim);
+                    if n > 0 {
+                        let through = stream.remove_oldest(n).expect("n > 0 entries");
+                        match self.log(Op::TrimThrough { through }) {
+                            Ok(t) => ticket = t,
+                            Err(e) => return storage_error(&e).into(),
+                        }
+                    }
                 }
-                id.reply()
+                Answer {
+                    reply: id.reply(),
+                    durable: Some(ticket),
+                }
             }
-            b"xlen" => Reply::Int(self.stream.as_ref().map_or(0, |s| s.len() as i64)),
+            b"xlen" => Reply::Int(self.stream.as_ref().map_or(0, |s| s.len() as i64)).into(),
             b"xrange" | b"xrevrange" => {
                 let rev = name == b"xrevrange";
                 let (lo, hi, count) = match command::parse_range_args(args, rev) {
                     Ok(r) => r,
-                    Err(e) => return e,
+                    Err(e) => return e.into(),
                 };
                 let Some(stream) = &self.stream else {
-                    return Reply::Array(Vec::new());
+                    return Reply::Array(Vec::new()).into();
                 };
                 if count == Some(0) {
-                    return Reply::Array(Vec::new());
+                    return Reply::Array(Vec::new()).into();
                 }
                 Reply::Array(
                     stream
@@ -194,32 +280,69 @@ impl StreamActor {
                         .map(|(id, f)| entry_reply(*id, f))
                         .collect(),
                 )
+                .into()
             }
             b"xdel" => {
-                let ids = match command::parse_ids(&args[2..]) {
+                let mut ids = match command::parse_ids(&args[2..]) {
                     Ok(ids) => ids,
-                    Err(e) => return e,
+                    Err(e) => return e.into(),
                 };
-                Reply::Int(self.stream.as_mut().map_or(0, |s| s.delete(&ids) as i64))
+                let Some(stream) = &self.stream else {
+                    return Reply::Int(0).into();
+                };
+                ids.sort_unstable();
+                ids.dedup();
+                ids.retain(|id| stream.get(*id).is_some());
+                if ids.is_empty() {
+                    return Reply::Int(0).into();
+                }
+                let ticket = match self.log(Op::Delete { ids: ids.clone() }) {
+                    Ok(t) => t,
+                    Err(e) => return storage_error(&e).into(),
+                };
+                let n = self.stream.as_mut().expect("checked").delete(&ids);
+                Answer {
+                    reply: Reply::Int(n as i64),
+                    durable: Some(ticket),
+                }
             }
             b"xtrim" => {
                 let p = match command::parse_add_or_trim(args, false) {
                     Ok(p) => p,
-                    Err(e) => return e,
+                    Err(e) => return e.into(),
                 };
                 let (Some(stream), Some(trim)) = (self.stream.as_mut(), p.trim) else {
-                    return Reply::Int(0);
+                    return Reply::Int(0).into();
                 };
-                Reply::Int(stream.trim(&trim) as i64)
+                let n = stream.trim_plan(&trim);
+                if n == 0 {
+                    return Reply::Int(0).into();
+                }
+                let through = stream.remove_oldest(n).expect("n > 0 entries");
+                match self.log(Op::TrimThrough { through }) {
+                    Ok(t) => Answer {
+                        reply: Reply::Int(n as i64),
+                        durable: Some(t),
+                    },
+                    Err(e) => storage_error(&e).into(),
+                }
             }
             b"del" => {
-                let existed = self.stream.take().is_some();
-                if existed {
-                    shared.catalog.remove(&self.name);
+                if self.stream.is_none() {
+                    return Reply::Int(0).into();
                 }
-                Reply::Int(i64::from(existed))
+                let ticket = match self.log(Op::Drop) {
+                    Ok(t) => t,
+                    Err(e) => return storage_error(&e).into(),
+                };
+                self.stream = None;
+                shared.catalog.remove(&self.name);
+                Answer {
+                    reply: Reply::Int(1),
+                    durable: Some(ticket),
+                }
             }
-            _ => command::unknown_command(args),
+            _ => command::unknown_command(args).into(),
         }
     }
 }
@@ -259,12 +382,7 @@ impl RespSession {
             args,
             shared: self.shared.clone(),
         });
-        cx.reply_later(async move {
-            match ask.await {
-                Ok(r) => r.to_bytes(proto),
-                Err(e) => Reply::err(format!("stream unavailable: {e}")).to_bytes(proto),
-            }
-        });
+        cx.reply_later(async move { settle(ask.await).await.to_bytes(proto) });
     }
 
     fn check_password(&self, user: Option<&[u8]>, pass: &[u8]) -> Result<(), Reply> {
@@ -481,8 +599,10 @@ impl RespSession {
                 cx.reply_later(async move {
                     let mut n = 0;
                     for a in asks {
-                        if let Ok(Reply::Int(d)) = a.await {
-                            n += d;
+                        match settle(a.await).await {
+                            Reply::Int(d) => n += d,
+                            e @ Reply::Error(_) => return e.to_bytes(proto),
+                            _ => {}
                         }
                     }
                     Reply::Int(n).to_bytes(proto)
@@ -492,6 +612,25 @@ impl RespSession {
             _ => command::unknown_command(&args),
         };
         self.reply(reply, cx);
+    }
+}
+
+/// The reply to send for a stream command's answer, once what it changed
+/// is flushed.
+async fn settle(answer: Result<Answer, mailring_actors::AskError>) -> Reply {
+    match answer {
+        Ok(Answer {
+            reply,
+            durable: Some(t),
+        }) => match t.await {
+            Ok(()) => reply,
+            Err(e) => storage_error(&e),
+        },
+        Ok(Answer {
+            reply,
+            durable: None,
+        }) => reply,
+        Err(e) => Reply::err(format!("stream unavailable: {e}")),
     }
 }
 
@@ -594,6 +733,26 @@ pub struct Broker {
     system: Option<ActorSystem>,
     server: Option<Server<RespSession>>,
     addr: SocketAddr,
+    id: u64,
+    /// Each shard's log flusher.
+    flushers: Vec<mailring::JoinHandle<io::Result<()>>>,
+    durable: DurableFiles,
+    recovery: RecoveryReport,
+}
+
+/// What the broker found in its data directory at start.
+#[derive(Debug, Clone, Default)]
+pub struct RecoveryReport {
+    /// Streams found (existing ones).
+    pub streams: usize,
+    /// Records replayed.
+    pub records: u64,
+    /// Bytes of valid records read.
+    pub bytes: u64,
+    /// Segments whose torn or corrupt tails were cut, with the bytes cut.
+    pub cut: Vec<(std::path::PathBuf, u64)>,
+    /// How long recovery took.
+    pub elapsed: std::time::Duration,
 }
 
 impl std::fmt::Debug for Broker {
@@ -610,17 +769,57 @@ impl Broker {
     ///
     /// The runtime's start-up error (no io_uring) or the bind's.
     pub fn start(config: BrokerConfig) -> io::Result<Broker> {
+        let recovered = store::recover(&config.store.dir)?;
+        let recovery = RecoveryReport {
+            streams: recovered
+                .streams
+                .values()
+                .filter(|s| s.stream.is_some())
+                .count(),
+            records: recovered.records,
+            bytes: recovered.bytes,
+            cut: recovered.cut.clone(),
+            elapsed: recovered.elapsed,
+        };
+        let shards = config.shards.clamp(1, usize::from(u16::MAX));
         let runtime = mailring::Runtime::builder()
-            .shards(config.shards.max(1))
+            .shards(shards)
             .build()
             .map_err(|e| io::Error::other(format!("starting the runtime: {e}")))?;
         let system = ActorSystem::start_on(runtime.handle(), SystemConfig::default())
             .map_err(|e| io::Error::other(format!("starting the actor system: {e}")))?;
+        let id = NEXT_BROKER.fetch_add(1, Ordering::Relaxed);
+        let catalog = Catalog::default();
+        for (name, s) in &recovered.streams {
+            if s.stream.is_some() {
+                catalog.insert(name);
+            }
+        }
+        let durable = DurableFiles::default();
+        let mut flushers = Vec::with_capacity(shards);
+        for shard in 0..shards {
+            let log_no = shard as u16;
+            let last = recovered.last_segment.get(&log_no).copied();
+            let store_config = config.store.clone();
+            let durable = durable.clone();
+            flushers.push(runtime.handle().spawn_local_on(
+                mailring::ShardId::new(shard),
+                move || async move {
+                    let log = ShardLog::new(&store_config.dir, log_no, &store_config, durable);
+                    store::register(id, log.clone());
+                    let res = log.clone().run(last).await;
+                    store::unregister(id);
+                    res
+                },
+            ));
+        }
         let shared = Arc::new(Shared {
+            id,
             config: config.clone(),
-            catalog: Catalog::default(),
+            catalog,
             next_client_id: AtomicU64::new(0),
             system: system.handle(),
+            recovered: Mutex::new(recovered.streams),
         });
         let server = Server::builder(RespCodec::new(), move |_| RespSession::new(shared.clone()))
             .config(ServerConfig::default())
@@ -632,7 +831,23 @@ impl Broker {
             system: Some(system),
             server: Some(server),
             addr,
+            id,
+            flushers,
+            durable,
+            recovery,
         })
+    }
+
+    /// What recovery found at start.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// Each segment file written by this broker with the length a power
+    /// loss now would leave of it (covered by a completed flush): crash
+    /// tests cut the files to these lengths before restarting.
+    pub fn durable_files(&self) -> HashMap<std::path::PathBuf, u64> {
+        self.durable.snapshot()
     }
 
     /// The address it listens on (the port chosen for port 0).
@@ -670,6 +885,25 @@ impl Broker {
         }
         if let Some(system) = self.system.take() {
             let _ = system.shutdown();
+        }
+        // The logs flush what the actors appended, then their flushers end.
+        if let Some(rt) = self.runtime.as_ref() {
+            let id = self.id;
+            for shard in 0..rt.handle().shards() {
+                let closer =
+                    rt.handle()
+                        .spawn_local_on(mailring::ShardId::new(shard), move || async move {
+                            if let Some(log) = store::shard_log(id) {
+                                log.close();
+                            }
+                        });
+                let _ = rt.block_on(closer);
+            }
+            for f in self.flushers.drain(..) {
+                if let Ok(Err(e)) = rt.block_on(f) {
+                    eprintln!("broker: flushing the log at shutdown: {e}");
+                }
+            }
         }
         if let Some(rt) = self.runtime.take() {
             let _ = rt.shutdown();

@@ -177,19 +177,32 @@ impl Stream {
         n
     }
 
-    /// Trims; the number of entries removed.
-    pub fn trim(&mut self, trim: &Trim) -> u64 {
+    /// Trims; the number of entries removed and the last id removed.
+    pub fn trim(&mut self, trim: &Trim) -> (u64, Option<StreamId>) {
         let n = self.trim_plan(trim);
-        self.remove_oldest(n);
-        n
+        (n, self.remove_oldest(n))
     }
 
-    /// Removes the `n` oldest entries.
-    pub fn remove_oldest(&mut self, n: u64) {
+    /// Removes the `n` oldest entries; the last id removed.
+    pub fn remove_oldest(&mut self, n: u64) -> Option<StreamId> {
+        let mut last = None;
         for _ in 0..n {
             let Some((id, _)) = self.entries.pop_first() else {
                 break;
             };
+            self.max_deleted_id = self.max_deleted_id.max(id);
+            last = Some(id);
+        }
+        last
+    }
+
+    /// Removes every entry up to `through` (a logged trim, replayed).
+    pub fn trim_through(&mut self, through: StreamId) {
+        while let Some((&id, _)) = self.entries.first_key_value() {
+            if id > through {
+                break;
+            }
+            self.entries.pop_first();
             self.max_deleted_id = self.max_deleted_id.max(id);
         }
     }
@@ -350,16 +363,16 @@ mod tests {
             limit: None,
         };
         // 40 over: less than a node, nothing goes.
-        assert_eq!(s.trim(&approx(310)), 0);
+        assert_eq!(s.trim(&approx(310)), (0, None));
         // 250 over: two whole nodes.
-        assert_eq!(s.trim(&approx(100)), 200);
+        assert_eq!(s.trim(&approx(100)), (200, Some(StreamId::new(200, 0))));
         assert_eq!(s.len(), 150);
         let exact = Trim {
             to: TrimTo::MinId(StreamId::new(300, 0)),
             approx: false,
             limit: None,
         };
-        assert_eq!(s.trim(&exact), 99);
+        assert_eq!(s.trim(&exact).0, 99);
         assert_eq!(s.first().unwrap().0, StreamId::new(300, 0));
         assert_eq!(s.max_deleted_id(), StreamId::new(299, 0));
         assert_eq!(s.delete(&[StreamId::new(350, 0), StreamId::new(1, 0)]), 1);

@@ -1,0 +1,442 @@
+//! The commit log's bytes: records, segments, and the scan that recovery
+//! runs over them.
+//!
+//! A data directory holds one log per shard, `log-NNN/`, each a run of
+//! segment files `SSSSSSSSSSSSSSSS.seg` (the segment number in hex, so
+//! names sort in order). A segment starts with a 16-byte header (magic,
+//! format version, the log and segment numbers) and holds records:
+//!
+//! ```text
+//! len: u32 LE | crc: u32 LE (CRC32C of len's 4 bytes and the body) | body: len bytes
+//! body = kind: u8 | stream name: u32 LE length + bytes | op: u64 LE | kind's fields
+//! ```
+//!
+//! `op` numbers one stream's records in order across every log, so a
+//! stream that moved to another shard (a restart with another shard
+//! count) replays in order. Stream names are record fields, never paths.
+//! A record that fails its checksum, or is cut short, ends the segment's
+//! valid part: recovery truncates the file there.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use crate::id::StreamId;
+
+/// The segment header's magic.
+pub const MAGIC: &[u8; 8] = b"MRBROKER";
+/// The record format's version.
+pub const VERSION: u32 = 1;
+/// Bytes of a segment header.
+pub const HEADER_LEN: usize = 16;
+/// Bytes of a record's length and checksum.
+pub const FRAME_LEN: usize = 8;
+/// Largest record body accepted by the scan (a bigger length is corrupt).
+pub const MAX_RECORD: usize = 1 << 30;
+
+/// The header of segment `segment` of log `log`.
+pub fn segment_header(log: u16, segment: u32) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[..8].copy_from_slice(MAGIC);
+    h[8..10].copy_from_slice(&(VERSION as u16).to_le_bytes());
+    h[10..12].copy_from_slice(&log.to_le_bytes());
+    h[12..16].copy_from_slice(&segment.to_le_bytes());
+    h
+}
+
+/// The file name of segment `segment`.
+pub fn segment_file_name(segment: u32) -> String {
+    format!("{segment:016x}.seg")
+}
+
+/// The segment number of a file name, if it is one.
+pub fn parse_segment_file_name(name: &str) -> Option<u32> {
+    let hex = name.strip_suffix(".seg")?;
+    if hex.len() != 16 {
+        return None;
+    }
+    u32::try_from(u64::from_str_radix(hex, 16).ok()?).ok()
+}
+
+/// The directory name of log `log`.
+pub fn log_dir_name(log: u16) -> String {
+    format!("log-{log:03}")
+}
+
+/// The log number of a directory name, if it is one.
+pub fn parse_log_dir_name(name: &str) -> Option<u16> {
+    name.strip_prefix("log-")?.parse().ok()
+}
+
+/// What a record does to its stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// `XADD`: an entry (the stream exists from its first entry on).
+    Add {
+        /// The entry's id.
+        id: StreamId,
+        /// Field-value pairs, flattened.
+        fields: Vec<Bytes>,
+    },
+    /// `XDEL`: entries deleted.
+    Delete {
+        /// The ids (those that existed).
+        ids: Vec<StreamId>,
+    },
+    /// A trim: every entry up to `through` is gone.
+    TrimThrough {
+        /// The last id removed.
+        through: StreamId,
+    },
+    /// The stream's counters set (`XSETID`), or the stream made empty
+    /// (`XGROUP CREATE ... MKSTREAM`).
+    SetId {
+        /// The last id.
+        last_id: StreamId,
+        /// Entries ever added.
+        entries_added: u64,
+        /// The largest deleted id.
+        max_deleted_id: StreamId,
+    },
+    /// `DEL`: the stream is gone (a later record makes a new one).
+    Drop,
+}
+
+const KIND_ADD: u8 = 1;
+const KIND_DELETE: u8 = 2;
+const KIND_TRIM: u8 = 3;
+const KIND_SET_ID: u8 = 4;
+const KIND_DROP: u8 = 5;
+
+/// One record: an operation on a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The stream's name.
+    pub stream: Bytes,
+    /// The stream's operation number (orders its records across logs).
+    pub op_no: u64,
+    /// The operation.
+    pub op: Op,
+}
+
+fn put_id(dst: &mut BytesMut, id: StreamId) {
+    dst.put_u64_le(id.ms);
+    dst.put_u64_le(id.seq);
+}
+
+fn put_bytes(dst: &mut BytesMut, b: &[u8]) {
+    dst.put_u32_le(b.len() as u32);
+    dst.put_slice(b);
+}
+
+impl Record {
+    /// Appends the record, framed (length, checksum, body), to `dst`.
+    pub fn encode(&self, dst: &mut BytesMut) {
+        let start = dst.len();
+        dst.put_u32_le(0);
+        dst.put_u32_le(0);
+        let body = dst.len();
+        let kind = match &self.op {
+            Op::Add { .. } => KIND_ADD,
+            Op::Delete { .. } => KIND_DELETE,
+            Op::TrimThrough { .. } => KIND_TRIM,
+            Op::SetId { .. } => KIND_SET_ID,
+            Op::Drop => KIND_DROP,
+        };
+        dst.put_u8(kind);
+        put_bytes(dst, &self.stream);
+        dst.put_u64_le(self.op_no);
+        match &self.op {
+            Op::Add { id, fields } => {
+                put_id(dst, *id);
+                dst.put_u32_le(fields.len() as u32);
+                for f in fields {
+                    put_bytes(dst, f);
+                }
+            }
+            Op::Delete { ids } => {
+                dst.put_u32_le(ids.len() as u32);
+                for id in ids {
+                    put_id(dst, *id);
+                }
+            }
+            Op::TrimThrough { through } => put_id(dst, *through),
+            Op::SetId {
+                last_id,
+                entries_added,
+                max_deleted_id,
+            } => {
+                put_id(dst, *last_id);
+                dst.put_u64_le(*entries_added);
+                put_id(dst, *max_deleted_id);
+            }
+            Op::Drop => {}
+        }
+        let len = (dst.len() - body) as u32;
+        dst[start..start + 4].copy_from_slice(&len.to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&len.to_le_bytes()), &dst[body..]);
+        dst[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Decodes a checked body; `None` if it is malformed.
+    fn decode_body(mut b: Bytes) -> Option<Record> {
+        fn id(b: &mut Bytes) -> Option<StreamId> {
+            (b.remaining() >= 16).then(|| StreamId::new(b.get_u64_le(), b.get_u64_le()))
+        }
+        fn u32_(b: &mut Bytes) -> Option<u32> {
+            (b.remaining() >= 4).then(|| b.get_u32_le())
+        }
+        fn u64_(b: &mut Bytes) -> Option<u64> {
+            (b.remaining() >= 8).then(|| b.get_u64_le())
+        }
+        fn bytes(b: &mut Bytes) -> Option<Bytes> {
+            let n = u32_(b)? as usize;
+            (b.remaining() >= n).then(|| b.split_to(n))
+        }
+        if !b.has_remaining() {
+            return None;
+        }
+        let kind = b.get_u8();
+        let stream = bytes(&mut b)?;
+        let op_no = u64_(&mut b)?;
+        let op = match kind {
+            KIND_ADD => {
+                let id = id(&mut b)?;
+                let n = u32_(&mut b)? as usize;
+                if n > b.remaining() / 4 {
+                    return None;
+                }
+                let fields = (0..n).map(|_| bytes(&mut b)).collect::<Option<Vec<_>>>()?;
+                Op::Add { id, fields }
+            }
+            KIND_DELETE => {
+                let n = u32_(&mut b)? as usize;
+                if n > b.remaining() / 16 {
+                    return None;
+                }
+                Op::Delete {
+                    ids: (0..n).map(|_| id(&mut b)).collect::<Option<Vec<_>>>()?,
+                }
+            }
+            KIND_TRIM => Op::TrimThrough {
+                through: id(&mut b)?,
+            },
+            KIND_SET_ID => Op::SetId {
+                last_id: id(&mut b)?,
+                entries_added: u64_(&mut b)?,
+                max_deleted_id: id(&mut b)?,
+            },
+            KIND_DROP => Op::Drop,
+            _ => return None,
+        };
+        if b.has_remaining() {
+            return None;
+        }
+        Some(Record { stream, op_no, op })
+    }
+}
+
+/// Why a segment's scan stopped before its end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tail {
+    /// The segment ended on a record boundary.
+    Clean,
+    /// A record was cut short (a torn write).
+    Torn,
+    /// A record failed its checksum or did not decode.
+    Corrupt,
+}
+
+/// What a segment holds.
+#[derive(Debug)]
+pub struct Scan {
+    /// The records, in file order, each with its offset in the file.
+    pub records: Vec<(u64, Record)>,
+    /// Bytes from the start of the file that hold the header and whole,
+    /// valid records: the file's length after recovery.
+    pub valid_len: u64,
+    /// How the valid part ended.
+    pub tail: Tail,
+}
+
+/// The segment header's error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a broker segment (bad header)")]
+pub struct BadHeader;
+
+/// Scans a whole segment file's bytes.
+///
+/// # Errors
+///
+/// A file whose header is not a segment's. A file shorter than a header
+/// (created, never written) scans as empty.
+pub fn scan_segment(data: Bytes) -> Result<Scan, BadHeader> {
+    if data.len() < HEADER_LEN {
+        return Ok(Scan {
+            records: Vec::new(),
+            valid_len: 0,
+            tail: if data.is_empty() {
+                Tail::Clean
+            } else {
+                Tail::Torn
+            },
+        });
+    }
+    if &data[..8] != MAGIC || u16::from_le_bytes([data[8], data[9]]) != VERSION as u16 {
+        return Err(BadHeader);
+    }
+    let mut pos = HEADER_LEN;
+    let mut records = Vec::new();
+    let tail = loop {
+        let rest = data.len() - pos;
+        if rest == 0 {
+            break Tail::Clean;
+        }
+        if rest < FRAME_LEN {
+            break Tail::Torn;
+        }
+        let len_bytes: [u8; 4] = data[pos..pos + 4].try_into().expect("4 bytes");
+        let len = u32::from_le_bytes(len_bytes) as usize;
+        let crc = u32::from_le_bytes(data[pos + 4..pos + 8].try_into().expect("4 bytes"));
+        if len == 0 && crc == 0 {
+            // Zeroes: preallocated space, or a length never written.
+            break if data[pos..].iter().all(|&b| b == 0) {
+                Tail::Clean
+            } else {
+                Tail::Corrupt
+            };
+        }
+        if len > MAX_RECORD {
+            break Tail::Corrupt;
+        }
+        if rest - FRAME_LEN < len {
+            break Tail::Torn;
+        }
+        let body = data.slice(pos + FRAME_LEN..pos + FRAME_LEN + len);
+        if crc32c::crc32c_append(crc32c::crc32c(&len_bytes), &body) != crc {
+            break Tail::Corrupt;
+        }
+        let Some(record) = Record::decode_body(body) else {
+            break Tail::Corrupt;
+        };
+        records.push((pos as u64, record));
+        pos += FRAME_LEN + len;
+    };
+    Ok(Scan {
+        records,
+        valid_len: pos as u64,
+        tail,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn add(stream: &str, op_no: u64, ms: u64) -> Record {
+        Record {
+            stream: Bytes::copy_from_slice(stream.as_bytes()),
+            op_no,
+            op: Op::Add {
+                id: StreamId::new(ms, 0),
+                fields: vec![Bytes::from_static(b"f"), Bytes::from_static(b"value")],
+            },
+        }
+    }
+
+    fn segment(records: &[Record]) -> BytesMut {
+        let mut b = BytesMut::new();
+        b.extend_from_slice(&segment_header(3, 9));
+        for r in records {
+            r.encode(&mut b);
+        }
+        b
+    }
+
+    #[test]
+    fn every_record_kind_round_trips() {
+        let records = vec![
+            add("a\0../x", 1, 5),
+            Record {
+                stream: Bytes::from_static(b"s"),
+                op_no: 2,
+                op: Op::Delete {
+                    ids: vec![StreamId::new(1, 2), StreamId::new(3, 4)],
+                },
+            },
+            Record {
+                stream: Bytes::from_static(b"s"),
+                op_no: 3,
+                op: Op::TrimThrough {
+                    through: StreamId::new(9, 0),
+                },
+            },
+            Record {
+                stream: Bytes::from_static(b"s"),
+                op_no: 4,
+                op: Op::SetId {
+                    last_id: StreamId::new(10, 1),
+                    entries_added: 7,
+                    max_deleted_id: StreamId::new(3, 4),
+                },
+            },
+            Record {
+                stream: Bytes::from_static(b""),
+                op_no: 5,
+                op: Op::Drop,
+            },
+        ];
+        let bytes = segment(&records).freeze();
+        let scan = scan_segment(bytes.clone()).unwrap();
+        assert_eq!(scan.tail, Tail::Clean);
+        assert_eq!(scan.valid_len, bytes.len() as u64);
+        let got: Vec<Record> = scan.records.into_iter().map(|(_, r)| r).collect();
+        assert_eq!(got, records);
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_at_the_last_whole_record() {
+        let records = [add("s", 1, 1), add("s", 2, 2), add("s", 3, 3)];
+        let whole = segment(&records).freeze();
+        let two = segment(&records[..2]).len();
+        for cut in two + 1..whole.len() {
+            let scan = scan_segment(whole.slice(..cut)).unwrap();
+            assert_eq!(scan.records.len(), 2, "cut at {cut}");
+            assert_eq!(scan.valid_len, two as u64);
+            assert_eq!(scan.tail, Tail::Torn);
+        }
+    }
+
+    #[test]
+    fn a_flipped_bit_anywhere_in_the_last_record_is_caught() {
+        let records = [add("s", 1, 1), add("s", 2, 2)];
+        let whole = segment(&records);
+        let one = segment(&records[..1]).len();
+        for byte in one..whole.len() {
+            for bit in 0..8 {
+                let mut bad = whole.clone();
+                bad[byte] ^= 1 << bit;
+                let scan = scan_segment(bad.freeze()).unwrap();
+                assert_eq!(scan.records.len(), 1, "byte {byte} bit {bit}");
+                assert_eq!(scan.valid_len, one as u64);
+                assert_ne!(scan.tail, Tail::Clean);
+            }
+        }
+    }
+
+    #[test]
+    fn zeroes_after_the_records_are_the_end() {
+        let mut b = segment(&[add("s", 1, 1)]);
+        let len = b.len();
+        b.extend_from_slice(&[0u8; 4096]);
+        let scan = scan_segment(b.freeze()).unwrap();
+        assert_eq!(scan.tail, Tail::Clean);
+        assert_eq!(scan.valid_len, len as u64);
+        assert!(scan_segment(Bytes::from_static(b"not a segment...")).is_err());
+    }
+
+    #[test]
+    fn names_parse_back() {
+        assert_eq!(parse_segment_file_name(&segment_file_name(42)), Some(42));
+        assert_eq!(parse_segment_file_name("x.seg"), None);
+        assert_eq!(parse_log_dir_name(&log_dir_name(7)), Some(7));
+    }
+}
