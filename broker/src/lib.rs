@@ -18,6 +18,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod command;
 pub mod glob;
 pub mod id;
@@ -28,4 +29,4 @@ pub mod store;
 pub mod stream;
 
 pub use crate::server::{Broker, BrokerConfig, RecoveryReport};
-pub use crate::store::{Fsync, StoreConfig};
+pub use crate::store::{Fsync, StoreConfig, SyncGate};

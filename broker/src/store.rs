@@ -62,6 +62,8 @@ pub struct StoreConfig {
     pub fsync: Fsync,
     /// A segment is rolled once it holds this many bytes.
     pub segment_bytes: u64,
+    /// Crash tests only: a gate every flush waits on.
+    pub sync_gate: Option<SyncGate>,
 }
 
 impl Default for StoreConfig {
@@ -70,6 +72,7 @@ impl Default for StoreConfig {
             dir: PathBuf::from("mailring-data"),
             fsync: Fsync::Always,
             segment_bytes: 64 << 20,
+            sync_gate: None,
         }
     }
 }
@@ -346,6 +349,7 @@ pub struct ShardLog {
     flusher: Cell<Option<Waker>>,
     marks: Arc<Marks>,
     durable: DurableFiles,
+    gate: Option<SyncGate>,
 }
 
 impl fmt::Debug for ShardLog {
@@ -376,6 +380,7 @@ impl ShardLog {
             flusher: Cell::new(None),
             marks: Arc::new(Marks::default()),
             durable,
+            gate: config.sync_gate.clone(),
         })
     }
 
@@ -435,10 +440,7 @@ impl ShardLog {
             sync_dir_async(self.dir.parent().expect("a log dir has a parent")).await?;
         }
         let mut segment_no = last_segment.map_or(1, |s| s + 1);
-        let (mut file, mut path) = self.create_segment(segment_no).await?;
-        let mut pos = log::HEADER_LEN as u64;
-        let mut unsynced = false;
-        let mut last_sync = Instant::now();
+        let mut seg = self.create_segment(segment_no).await?;
         loop {
             let batch = std::future::poll_fn(|cx| {
                 let mut p = self.pending.borrow_mut();
@@ -452,66 +454,69 @@ impl ShardLog {
                 self.flusher.set(Some(cx.waker().clone()));
                 Poll::Pending
             });
-            let next = if self.fsync == Fsync::EverySec && unsynced {
-                let deadline = last_sync + Duration::from_secs(1);
+            let next = if self.fsync == Fsync::EverySec && seg.unsynced {
+                let deadline = seg.last_sync + Duration::from_secs(1);
                 mailring::time::timeout_at(deadline, batch).await.ok()
             } else {
                 Some(batch.await)
             };
             let Some(next) = next else {
                 // everysec: a second passed with unflushed writes.
-                file.sync_data().await?;
-                self.durable.set(&path, pos);
-                unsynced = false;
-                last_sync = Instant::now();
+                self.flush(&mut seg).await?;
                 continue;
             };
             let Some((bytes, lsn)) = next else {
-                if unsynced {
-                    file.sync_data().await?;
-                    self.durable.set(&path, pos);
-                }
+                // Closing: flush whatever the policy, as Redis does at
+                // shutdown.
+                seg.unsynced = true;
+                self.flush(&mut seg).await?;
                 return Ok(());
             };
-            if pos > log::HEADER_LEN as u64 && pos + bytes.len() as u64 > self.segment_bytes {
+            if seg.pos > log::HEADER_LEN as u64 && seg.pos + bytes.len() as u64 > self.segment_bytes
+            {
                 // The old segment is complete: flush it before its
                 // successor takes appends.
-                if unsynced {
-                    file.sync_data().await?;
-                    self.durable.set(&path, pos);
-                    unsynced = false;
-                }
+                self.flush(&mut seg).await?;
                 segment_no += 1;
-                (file, path) = self.create_segment(segment_no).await?;
-                pos = log::HEADER_LEN as u64;
+                seg = self.create_segment(segment_no).await?;
             }
             let len = bytes.len() as u64;
-            let (res, _) = file.write_all_at(bytes, pos).await;
+            let (res, _) = seg.file.write_all_at(bytes, seg.pos).await;
             res?;
-            pos += len;
+            seg.pos += len;
+            seg.unsynced = true;
             match self.fsync {
-                Fsync::Always => {
-                    file.sync_data().await?;
-                    self.durable.set(&path, pos);
+                Fsync::Always => self.flush(&mut seg).await?,
+                Fsync::EverySec if seg.last_sync.elapsed() >= Duration::from_secs(1) => {
+                    self.flush(&mut seg).await?;
                 }
-                Fsync::EverySec => {
-                    unsynced = true;
-                    if last_sync.elapsed() >= Duration::from_secs(1) {
-                        file.sync_data().await?;
-                        self.durable.set(&path, pos);
-                        unsynced = false;
-                        last_sync = Instant::now();
-                    }
-                }
-                Fsync::No => unsynced = false,
+                Fsync::EverySec => {}
+                // The OS flushes; nothing is waited for.
+                Fsync::No => seg.unsynced = false,
             }
             self.marks.advance(lsn);
         }
     }
 
+    /// Flushes what was written to `seg` (once the crash-test gate, if
+    /// any, lets it).
+    async fn flush(&self, seg: &mut Segment) -> io::Result<()> {
+        if !seg.unsynced {
+            return Ok(());
+        }
+        if let Some(gate) = &self.gate {
+            gate.wait_open().await;
+        }
+        seg.file.sync_data().await?;
+        self.durable.set(&seg.path, seg.pos);
+        seg.unsynced = false;
+        seg.last_sync = Instant::now();
+        Ok(())
+    }
+
     /// Makes segment `no`: the file with its header, flushed, and the
     /// directory entry flushed.
-    async fn create_segment(&self, no: u32) -> io::Result<(mailring::fs::File, PathBuf)> {
+    async fn create_segment(&self, no: u32) -> io::Result<Segment> {
         let path = self.dir.join(log::segment_file_name(no));
         let file = mailring::fs::OpenOptions::new()
             .read(true)
@@ -523,10 +528,80 @@ impl ShardLog {
             .write_all_at(log::segment_header(self.log_no, no).to_vec(), 0)
             .await;
         res?;
+        if let Some(gate) = &self.gate {
+            gate.wait_open().await;
+        }
         file.sync_data().await?;
         sync_dir_async(&self.dir).await?;
         self.durable.set(&path, log::HEADER_LEN as u64);
-        Ok((file, path))
+        Ok(Segment {
+            file,
+            path,
+            pos: log::HEADER_LEN as u64,
+            unsynced: false,
+            last_sync: Instant::now(),
+        })
+    }
+}
+
+/// The segment being written.
+struct Segment {
+    file: mailring::fs::File,
+    path: PathBuf,
+    /// Where the next write goes.
+    pos: u64,
+    /// Whether bytes were written since the last flush.
+    unsynced: bool,
+    last_sync: Instant,
+}
+
+/// A crash-test seam: while closed, every flush (`fdatasync`) of the logs
+/// waits, so a test can take [`DurableFiles::snapshot`] with writes
+/// acknowledged-or-not in flight and cut the files back to it, as a power
+/// loss would.
+#[derive(Debug, Clone, Default)]
+pub struct SyncGate {
+    state: Arc<Mutex<GateState>>,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    closed: bool,
+    waiters: Vec<Waker>,
+}
+
+impl SyncGate {
+    /// A gate, open.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Holds every flush from now on.
+    pub fn close(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+    }
+
+    /// Lets flushes go on.
+    pub fn open(&self) {
+        let waiters = {
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            s.closed = false;
+            std::mem::take(&mut s.waiters)
+        };
+        waiters.into_iter().for_each(Waker::wake);
+    }
+
+    async fn wait_open(&self) {
+        std::future::poll_fn(|cx| {
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if s.closed {
+                s.waiters.push(cx.waker().clone());
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        })
+        .await;
     }
 }
 

@@ -1,0 +1,87 @@
+//! The broker's command line, shared by `examples/broker.rs` and the
+//! `mailring-broker` binary.
+
+use std::process::ExitCode;
+
+use crate::{Broker, BrokerConfig};
+
+fn usage() -> &'static str {
+    "usage: broker [--port N] [--bind ADDR] [--shards N] [--dir PATH] \
+     [--appendfsync always|everysec|no] [--requirepass PASS]"
+}
+
+/// Runs the broker with command-line `args` (without the program name):
+/// serves until Ctrl-C or SIGTERM.
+pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
+    let mut config = BrokerConfig::default();
+    let mut bind = std::net::IpAddr::from([127, 0, 0, 1]);
+    let mut port = 6379u16;
+    let mut args = args.into_iter();
+    while let Some(flag) = args.next() {
+        let value = |args: &mut dyn Iterator<Item = String>| {
+            args.next().ok_or_else(|| format!("{flag} needs a value"))
+        };
+        let res: Result<(), String> = (|| {
+            match flag.as_str() {
+                "--port" => {
+                    port = value(&mut args)?
+                        .parse()
+                        .map_err(|e| format!("--port: {e}"))?
+                }
+                "--bind" => {
+                    bind = value(&mut args)?
+                        .parse()
+                        .map_err(|e| format!("--bind: {e}"))?
+                }
+                "--shards" => {
+                    config.shards = value(&mut args)?
+                        .parse()
+                        .map_err(|e| format!("--shards: {e}"))?
+                }
+                "--dir" => config.store.dir = value(&mut args)?.into(),
+                "--appendfsync" => {
+                    let v = value(&mut args)?;
+                    config.store.fsync = crate::Fsync::parse(&v)
+                        .ok_or_else(|| format!("--appendfsync: {v}: always, everysec or no"))?
+                }
+                "--requirepass" => config.requirepass = Some(value(&mut args)?.into()),
+                "-h" | "--help" => return Err(usage().to_owned()),
+                other => return Err(format!("unknown flag {other}\n{}", usage())),
+            }
+            Ok(())
+        })();
+        if let Err(e) = res {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    }
+    config.addr = std::net::SocketAddr::new(bind, port);
+    let broker = match Broker::start(config) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("broker: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let r = broker.recovery();
+    println!(
+        "recovered {} streams ({} records, {} bytes) in {:.1?}{}",
+        r.streams,
+        r.records,
+        r.bytes,
+        r.elapsed,
+        if r.cut.is_empty() {
+            String::new()
+        } else {
+            format!("; cut torn or corrupt tails: {:?}", r.cut)
+        }
+    );
+    println!("mailring broker listening on {}", broker.local_addr());
+    if let Err(e) = broker.wait_for_signal() {
+        eprintln!("broker: signals: {e}");
+        return ExitCode::FAILURE;
+    }
+    println!("shutting down");
+    broker.shutdown();
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,196 @@
+//! The broker process killed with SIGKILL in the middle of a produce
+//! storm, then restarted on its data directory: every acknowledged entry
+//! is there, in order, with its id and fields.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{encode, TempDir};
+
+/// A broker process, killed when dropped.
+struct Proc {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Proc {
+    fn start(dir: &Path) -> Proc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mailring-broker"))
+            .args(["--port", "0", "--shards", "2", "--dir"])
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the broker binary");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let mut addr = None;
+        for line in out.lines() {
+            let line = line.expect("broker stdout");
+            if let Some(a) = line.strip_prefix("mailring broker listening on ") {
+                addr = Some(a.parse().expect("an address"));
+                break;
+            }
+        }
+        Proc {
+            child,
+            addr: addr.expect("the broker printed its address"),
+        }
+    }
+
+    fn kill(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads one bulk or status reply line's text (`XADD` answers a bulk).
+fn read_bulk(r: &mut BufReader<TcpStream>) -> Option<String> {
+    let mut line = String::new();
+    if r.read_line(&mut line).ok()? == 0 || !line.ends_with("\r\n") {
+        return None;
+    }
+    let n: usize = line.strip_prefix('$')?.trim_end().parse().ok()?;
+    let mut buf = vec![0u8; n + 2];
+    r.read_exact(&mut buf).ok()?;
+    buf.truncate(n);
+    String::from_utf8(buf).ok()
+}
+
+/// Reads a whole reply into text (enough for XRANGE's arrays of bulks).
+fn read_reply(r: &mut BufReader<TcpStream>, out: &mut Vec<String>) {
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let line = line.trim_end().to_owned();
+    match line.as_bytes()[0] {
+        b'*' => {
+            let n: i64 = line[1..].parse().unwrap();
+            for _ in 0..n.max(0) {
+                read_reply(r, out);
+            }
+        }
+        b'$' => {
+            let n: usize = line[1..].parse().unwrap();
+            let mut buf = vec![0u8; n + 2];
+            r.read_exact(&mut buf).unwrap();
+            buf.truncate(n);
+            out.push(String::from_utf8(buf).unwrap());
+        }
+        _ => panic!("unexpected reply {line:?}"),
+    }
+}
+
+const STREAMS: usize = 6;
+const PRODUCERS: usize = 4;
+const WINDOW: usize = 16;
+
+#[test]
+fn sigkill_mid_stream_loses_no_acknowledged_entry() {
+    let dir = TempDir::new();
+    let broker = Proc::start(&dir.0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| {
+            let addr = broker.addr;
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                // (stream, id, value) of each acknowledged entry, in order.
+                let mut acked: Vec<(usize, String, String)> = Vec::new();
+                let s = TcpStream::connect(addr).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                let mut w = s.try_clone().unwrap();
+                let mut r = BufReader::new(s);
+                let deadline = Instant::now() + Duration::from_secs(20);
+                let mut n = 0usize;
+                'run: while Instant::now() < deadline {
+                    let mut wire = Vec::new();
+                    let mut sent = Vec::new();
+                    for _ in 0..WINDOW {
+                        let stream = (n + p) % STREAMS;
+                        let value = format!("p{p}-{n}");
+                        wire.extend(encode(&[
+                            b"XADD",
+                            format!("crash:{stream}").as_bytes(),
+                            b"*",
+                            b"v",
+                            value.as_bytes(),
+                        ]));
+                        sent.push((stream, value));
+                        n += 1;
+                    }
+                    if w.write_all(&wire).is_err() {
+                        break;
+                    }
+                    for (stream, value) in sent {
+                        match read_bulk(&mut r) {
+                            Some(id) => acked.push((stream, id, value)),
+                            None => break 'run,
+                        }
+                    }
+                    if stop.load(Ordering::Relaxed) && acked.len() > 10_000 {
+                        break;
+                    }
+                }
+                acked
+            })
+        })
+        .collect();
+    // Let them get going, then kill the broker in the middle.
+    std::thread::sleep(Duration::from_millis(400));
+    broker.kill();
+    stop.store(true, Ordering::Relaxed);
+    let acked: Vec<Vec<(usize, String, String)>> =
+        producers.into_iter().map(|h| h.join().unwrap()).collect();
+    let total: usize = acked.iter().map(Vec::len).sum();
+    assert!(total > 0, "the producers got answers before the kill");
+    eprintln!("{total} entries acknowledged before the kill");
+
+    let broker = Proc::start(&dir.0);
+    let s = TcpStream::connect(broker.addr).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    let mut recovered: Vec<Vec<(String, String)>> = Vec::new();
+    for stream in 0..STREAMS {
+        w.write_all(&encode(&[
+            b"XRANGE",
+            format!("crash:{stream}").as_bytes(),
+            b"-",
+            b"+",
+        ]))
+        .unwrap();
+        let mut flat = Vec::new();
+        read_reply(&mut r, &mut flat);
+        // [id, "v", value] per entry.
+        recovered.push(
+            flat.chunks(3)
+                .map(|e| (e[0].clone(), e[2].clone()))
+                .collect(),
+        );
+    }
+    for (p, entries) in acked.iter().enumerate() {
+        // Each producer's acknowledged entries are in their stream, in the
+        // order acknowledged, with the ids and values it was told.
+        let mut cursor = [0usize; STREAMS];
+        for (stream, id, value) in entries {
+            let log = &recovered[*stream];
+            let at = log[cursor[*stream]..]
+                .iter()
+                .position(|(i, v)| i == id && v == value)
+                .unwrap_or_else(|| panic!("producer {p}: {id} {value} lost from stream {stream}"));
+            cursor[*stream] += at + 1;
+        }
+    }
+    drop(broker);
+}
