@@ -14,6 +14,8 @@ pub enum Kind {
     Connection,
     /// In the actor of the stream named by argument 1.
     Stream,
+    /// On the session, asking the actors of the streams after `STREAMS`.
+    Read,
 }
 
 /// One command-table row.
@@ -66,6 +68,11 @@ pub const COMMANDS: &[Spec] = &[
     stream("xrevrange", -4),
     stream("xdel", -3),
     stream("xtrim", -4),
+    Spec {
+        name: "xread",
+        arity: -4,
+        kind: Kind::Read,
+    },
 ];
 
 /// The table row of `name` (any case).
@@ -275,6 +282,93 @@ pub fn parse_range_args(
         }
     }
     Ok((lo, hi, count))
+}
+
+/// `XREAD [COUNT n] [BLOCK ms] STREAMS key [key ...] id [id ...]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadArgs {
+    /// `COUNT` (`None` or 0: no limit).
+    pub count: Option<u64>,
+    /// `BLOCK` in milliseconds (0: forever).
+    pub block: Option<u64>,
+    /// The streams.
+    pub keys: Vec<Bytes>,
+    /// Where each read starts: `None` for `$`.
+    pub ids: Vec<Option<StreamId>>,
+}
+
+/// The index of the first key after `STREAMS`, if the option is there.
+pub fn streams_at(args: &[Bytes]) -> Option<usize> {
+    let mut i = 1;
+    while i < args.len() {
+        if args[i].eq_ignore_ascii_case(b"streams") {
+            return Some(i + 1);
+        }
+        i += if args[i].eq_ignore_ascii_case(b"count") || args[i].eq_ignore_ascii_case(b"block") {
+            2
+        } else {
+            1
+        };
+    }
+    None
+}
+
+/// Parses `XREAD`.
+///
+/// # Errors
+///
+/// Redis's error reply.
+pub fn parse_xread(args: &[Bytes]) -> Result<ReadArgs, Reply> {
+    let mut count = None;
+    let mut block = None;
+    let mut i = 1;
+    let streams = loop {
+        if i >= args.len() {
+            return Err(syntax_error());
+        }
+        let more = args.len() - i - 1;
+        let a = &args[i];
+        if a.eq_ignore_ascii_case(b"count") && more >= 1 {
+            let n = int_arg(&args[i + 1])?;
+            count = (n > 0).then_some(n as u64);
+            i += 2;
+        } else if a.eq_ignore_ascii_case(b"block") && more >= 1 {
+            let ms = parse_int(&args[i + 1])
+                .ok_or_else(|| Reply::err("timeout is not an integer or out of range"))?;
+            if ms < 0 {
+                return Err(Reply::err("timeout is negative"));
+            }
+            block = Some(ms as u64);
+            i += 2;
+        } else if a.eq_ignore_ascii_case(b"streams") && more >= 1 {
+            break i + 1;
+        } else {
+            return Err(syntax_error());
+        }
+    };
+    let rest = &args[streams..];
+    if rest.len() % 2 == 1 {
+        return Err(Reply::err(
+            "Unbalanced 'xread' list of streams: for each stream key an ID or '$' must be specified.",
+        ));
+    }
+    let (keys, ids) = rest.split_at(rest.len() / 2);
+    let ids = ids
+        .iter()
+        .map(|id| match id.as_ref() {
+            b"$" => Ok(None),
+            b">" => Err(Reply::err(
+                "The > ID can be specified only when calling XREADGROUP using the GROUP <group> <consumer> option.",
+            )),
+            _ => parse_id(id, 0, true).map(Some),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ReadArgs {
+        count,
+        block,
+        keys: keys.to_vec(),
+        ids,
+    })
 }
 
 /// The ids of `XDEL key id [id ...]`.

@@ -18,6 +18,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod actor;
 pub mod cli;
 pub mod command;
 pub mod glob;
@@ -25,6 +26,7 @@ pub mod id;
 pub mod log;
 pub mod resp;
 pub mod server;
+pub mod session;
 pub mod store;
 pub mod stream;
 

@@ -592,3 +592,101 @@ fn the_power_loss_test_catches_replies_sent_before_their_flush() {
     assert!(acked > 90, "everysec answers the late writes ({acked})");
     assert!(found < acked, "answered but unflushed entries were lost");
 }
+
+fn entry(id: &str, fields: &[&str]) -> R {
+    R::Array(vec![
+        R::bulk(id),
+        R::Array(fields.iter().map(|f| R::bulk(f)).collect()),
+    ])
+}
+
+#[test]
+fn xread_reads_several_streams_and_blocks_until_an_append() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    for (k, id) in [("ra", "1-1"), ("ra", "2-1"), ("rb", "5-5")] {
+        assert_eq!(c.cmd(&["XADD", k, id, "f", k]), R::bulk(id));
+    }
+    assert_eq!(
+        c.cmd(&["XREAD", "COUNT", "1", "STREAMS", "ra", "rb", "rc", "0", "0", "0"]),
+        R::Array(vec![
+            R::Array(vec![
+                R::bulk("ra"),
+                R::Array(vec![entry("1-1", &["f", "ra"])])
+            ]),
+            R::Array(vec![
+                R::bulk("rb"),
+                R::Array(vec![entry("5-5", &["f", "rb"])])
+            ]),
+        ])
+    );
+    assert_eq!(
+        c.cmd(&["XREAD", "STREAMS", "ra", "1-1"]),
+        R::Array(vec![R::Array(vec![
+            R::bulk("ra"),
+            R::Array(vec![entry("2-1", &["f", "ra"])])
+        ])])
+    );
+    // Nothing new: a null, at once or after the block.
+    assert_eq!(c.cmd(&["XREAD", "STREAMS", "ra", "$"]), R::Nil);
+    assert_eq!(
+        c.cmd(&["XREAD", "BLOCK", "50", "STREAMS", "ra", "rb", "$", "$"]),
+        R::Nil
+    );
+    assert_eq!(
+        c.cmd(&["XREAD", "STREAMS", "ra", "rb", "0"]),
+        R::Error("ERR Unbalanced 'xread' list of streams: for each stream key an ID or '$' must be specified.".into())
+    );
+    assert_eq!(
+        c.cmd(&["XREAD", "BLOCK", "-1", "STREAMS", "ra", "0"]),
+        R::Error("ERR timeout is negative".into())
+    );
+    // Blocked on three streams (some on each shard), woken by an append
+    // to the second from another connection: only that stream is served.
+    c.send_raw(&encode(&[
+        b"XREAD", b"BLOCK", b"0", b"STREAMS", b"ra", b"rb", b"new", b"$", b"$", b"$",
+    ]));
+    // A command pipelined behind the blocked read waits for it.
+    c.send_raw(&encode(&[b"XLEN", b"rb"]));
+    std::thread::sleep(Duration::from_millis(100));
+    let mut p = Client::connect(broker.local_addr());
+    assert_eq!(p.cmd(&["XADD", "rb", "9-9", "x", "y"]), R::bulk("9-9"));
+    assert_eq!(
+        c.read(),
+        R::Array(vec![R::Array(vec![
+            R::bulk("rb"),
+            R::Array(vec![entry("9-9", &["x", "y"])])
+        ])])
+    );
+    assert_eq!(c.read(), R::Int(2));
+    // A stream that does not exist yet wakes its reader when made.
+    c.send_raw(&encode(&[
+        b"XREAD", b"BLOCK", b"5000", b"STREAMS", b"fresh", b"$",
+    ]));
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(p.cmd(&["XADD", "fresh", "1-1", "a", "b"]), R::bulk("1-1"));
+    assert_eq!(
+        c.read(),
+        R::Array(vec![R::Array(vec![
+            R::bulk("fresh"),
+            R::Array(vec![entry("1-1", &["a", "b"])])
+        ])])
+    );
+    broker.shutdown();
+}
+
+#[test]
+fn a_reader_that_leaves_while_blocked_costs_nothing() {
+    let broker = start();
+    for _ in 0..50 {
+        let mut c = Client::connect(broker.local_addr());
+        c.send_raw(&encode(&[
+            b"XREAD", b"BLOCK", b"0", b"STREAMS", b"quiet", b"$",
+        ]));
+        drop(c);
+    }
+    let mut p = Client::connect(broker.local_addr());
+    assert_eq!(p.cmd(&["XADD", "quiet", "1-1", "a", "b"]), R::bulk("1-1"));
+    assert_eq!(p.cmd(&["XLEN", "quiet"]), R::Int(1));
+    broker.shutdown();
+}

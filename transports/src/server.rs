@@ -915,7 +915,12 @@ async fn drive<S: Session>(
             return Exit::Close(CloseReason::Shutdown);
         }
         // Handle the next frame if one is whole and the window has room.
-        if moving.is_none() && cx.close.is_none() && !closing && cx.pending_replies() < window {
+        if moving.is_none()
+            && cx.close.is_none()
+            && !closing
+            && cx.pending_replies() < window
+            && cx.takes_frames()
+        {
             let next = match carried.take() {
                 Some(f) => Ok(Some(f)),
                 None if recv.is_none() => decoder.decode(rbuf),

@@ -260,6 +260,8 @@ pub struct SessionCtx<S: Session> {
     slots: VecDeque<Slot<FrameOut<S>>>,
     /// Deferred replies among `slots`.
     pending: usize,
+    /// No frame is handled until the deferred replies are written.
+    hold: bool,
     pub(crate) close: Option<CloseReason>,
 }
 
@@ -287,6 +289,7 @@ impl<S: Session> SessionCtx<S> {
             wbuf: BytesMut::new(),
             slots: VecDeque::new(),
             pending: 0,
+            hold: false,
             close: None,
         }
     }
@@ -333,6 +336,24 @@ impl<S: Session> SessionCtx<S> {
     /// Deferred replies not yet written.
     pub fn pending_replies(&self) -> usize {
         self.pending
+    }
+
+    /// Handles no further frame until every deferred reply queued so far
+    /// is written: the frames after a blocking command (a Redis client in
+    /// `XREAD BLOCK` sends nothing it expects handled before the answer)
+    /// wait, where by default they are handled while replies are pending.
+    /// The replies already queued are still written as they come.
+    pub fn hold_frames_until_replied(&mut self) {
+        self.hold = self.pending > 0;
+    }
+
+    /// Whether the next frame may be handled: not while held with
+    /// deferred replies pending (the hold ends when they are written).
+    pub(crate) fn takes_frames(&mut self) -> bool {
+        if self.hold && self.pending == 0 {
+            self.hold = false;
+        }
+        !self.hold
     }
 
     /// Encoded bytes waiting to be sent.

@@ -104,6 +104,60 @@ impl Session for Delayed {
     }
 }
 
+/// `BLOCK` defers its reply 100 ms and holds the frames after it; any
+/// other frame is answered with whether the `BLOCK` reply was ready when
+/// the frame was handled.
+struct Blocking {
+    done: Arc<AtomicUsize>,
+}
+
+impl Session for Blocking {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        if frame.as_ref() == b"BLOCK" {
+            let done = self.done.clone();
+            cx.reply_later(async move {
+                mailring::time::sleep(Duration::from_millis(100)).await;
+                done.fetch_add(1, Ordering::SeqCst);
+                Bytes::from_static(b"unblocked")
+            });
+            cx.hold_frames_until_replied();
+        } else {
+            let n = self.done.load(Ordering::SeqCst);
+            cx.send_frame(Bytes::from(format!(
+                "{} {n}",
+                String::from_utf8_lossy(&frame)
+            )));
+        }
+    }
+}
+
+#[test]
+fn a_held_session_handles_no_frame_until_its_replies_are_written() {
+    let rt = runtime(1);
+    let done = Arc::new(AtomicUsize::new(0));
+    let d = done.clone();
+    let server = Server::builder(LengthDelimited::new(), move |_| Blocking {
+        done: d.clone(),
+    })
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    let mut c = client(server.local_addr());
+    let mut burst = frame(b"a");
+    burst.extend(frame(b"BLOCK"));
+    burst.extend(frame(b"b"));
+    c.write_all(&burst).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"a 0");
+    assert_eq!(read_frame(&mut c).unwrap(), b"unblocked");
+    // Handled only after the blocking reply was ready.
+    assert_eq!(read_frame(&mut c).unwrap(), b"b 1");
+    // The hold ends with it.
+    c.write_all(&frame(b"c")).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"c 1");
+}
+
 #[test]
 fn pipelined_requests_are_handled_at_once_and_answered_in_order() {
     let rt = runtime(2);

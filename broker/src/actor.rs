@@ -1,0 +1,408 @@
+//! The stream actor: one keyed actor per stream (key = its name) owning
+//! its entries, logging every change to its shard's commit log before it
+//! answers.
+
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use mailring_actors::{Actor, Ctx, Handler, Message};
+
+use crate::command;
+use crate::id::StreamId;
+use crate::log::{Op, Record};
+use crate::resp::Reply;
+use crate::server::Shared;
+use crate::store::{self, ShardLog, StorageError, Ticket};
+use crate::stream::{entry_reply, Fields, Stream};
+
+/// One stream: a keyed actor owning its entries (key = the stream's name).
+#[derive(Debug, Actor)]
+#[actor(key = Bytes, activate = StreamActor::new, handles(Exec, Read, Watch))]
+pub struct StreamActor {
+    name: Bytes,
+    stream: Option<Stream>,
+    /// Whether the recovered state was taken (at the first command).
+    loaded: bool,
+    /// The number of this stream's last logged operation.
+    op_no: u64,
+    /// This shard's log.
+    log: Option<Rc<ShardLog>>,
+    /// Blocked readers to wake at the next append.
+    watchers: Vec<(Arc<Notify>, usize)>,
+}
+
+impl StreamActor {
+    fn new(name: &Bytes) -> Self {
+        StreamActor {
+            name: name.clone(),
+            stream: None,
+            loaded: false,
+            op_no: 0,
+            log: None,
+            watchers: Vec::new(),
+        }
+    }
+}
+
+/// A stream command's answer: the reply, and the flush it waits for.
+#[derive(Debug)]
+pub struct Answer {
+    /// The reply.
+    pub reply: Reply,
+    /// Completes when what the command changed is flushed (per the
+    /// `appendfsync` policy); the reply is written after it.
+    pub durable: Option<Ticket>,
+}
+
+impl From<Reply> for Answer {
+    fn from(reply: Reply) -> Self {
+        Answer {
+            reply,
+            durable: None,
+        }
+    }
+}
+
+/// The reply to a command whose change could not be logged.
+pub(crate) fn storage_error(e: &StorageError) -> Reply {
+    Reply::Error(format!("MISCONF {e}"))
+}
+
+/// A stream command, run in the stream's actor.
+#[derive(Debug, Message)]
+#[message(reply = Answer)]
+pub struct Exec {
+    /// The command and its arguments (argument 1 is this stream).
+    pub args: Vec<Bytes>,
+    /// The broker the command came through.
+    pub shared: Arc<Shared>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Handler<Exec> for StreamActor {
+    async fn handle(&mut self, m: Exec, _cx: &mut Ctx<Self>) -> Answer {
+        self.load(&m.shared);
+        let added_before = self.stream.as_ref().map(Stream::entries_added);
+        let answer = self.exec(&m.args, &m.shared);
+        if self.stream.as_ref().map(Stream::entries_added) != added_before {
+            self.wake_watchers();
+        }
+        answer
+    }
+}
+
+/// Where a read starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadFrom {
+    /// After this id.
+    After(StreamId),
+    /// After the stream's last id now (`$`).
+    Last,
+}
+
+/// `XREAD`'s read of one stream: entries after an id.
+#[derive(Debug, Message)]
+#[message(reply = ReadResult)]
+pub struct Read {
+    /// Where to start.
+    pub from: ReadFrom,
+    /// At most this many (`None`: all).
+    pub count: Option<u64>,
+    /// The broker.
+    pub shared: Arc<Shared>,
+}
+
+/// What a [`Read`] found.
+#[derive(Debug)]
+pub struct ReadResult {
+    /// The entries, oldest first.
+    pub entries: Vec<(StreamId, Fields)>,
+    /// The id the read started after (`$` resolved to the last id).
+    pub after: StreamId,
+}
+
+impl Handler<Read> for StreamActor {
+    async fn handle(&mut self, m: Read, _cx: &mut Ctx<Self>) -> ReadResult {
+        self.load(&m.shared);
+        let Some(stream) = &self.stream else {
+            let after = match m.from {
+                ReadFrom::After(id) => id,
+                ReadFrom::Last => StreamId::MIN,
+            };
+            return ReadResult {
+                entries: Vec::new(),
+                after,
+            };
+        };
+        let after = match m.from {
+            ReadFrom::After(id) => id,
+            ReadFrom::Last => stream.last_id(),
+        };
+        let entries = match after.next() {
+            Some(lo) => stream.range(lo, StreamId::MAX, m.count, false),
+            None => Vec::new(),
+        };
+        ReadResult { entries, after }
+    }
+}
+
+/// Wakes `notify` (with `index`) at the first append after `after` (at
+/// once if there is one already).
+#[derive(Debug, Message)]
+pub struct Watch {
+    /// The id the reader has read up to.
+    pub after: StreamId,
+    /// What to wake.
+    pub notify: Arc<Notify>,
+    /// Which of the reader's streams this is.
+    pub index: usize,
+    /// The broker.
+    pub shared: Arc<Shared>,
+}
+
+impl Handler<Watch> for StreamActor {
+    async fn handle(&mut self, m: Watch, _cx: &mut Ctx<Self>) {
+        self.load(&m.shared);
+        let ready = self
+            .stream
+            .as_ref()
+            .and_then(Stream::last)
+            .is_some_and(|(id, _)| id > m.after);
+        if ready {
+            m.notify.fire(m.index);
+            return;
+        }
+        // Readers that gave up (timed out, disconnected) hold no handle.
+        self.watchers.retain(|(n, _)| Arc::strong_count(n) > 1);
+        self.watchers.push((m.notify, m.index));
+    }
+}
+
+/// A blocked reader's wake-up: the first stream to fire wins.
+#[derive(Debug, Default)]
+pub struct Notify {
+    state: Mutex<NotifyState>,
+}
+
+#[derive(Debug, Default)]
+struct NotifyState {
+    fired: Option<usize>,
+    waker: Option<Waker>,
+}
+
+impl Notify {
+    /// A notify nobody fired.
+    pub fn new() -> Arc<Notify> {
+        Arc::new(Notify::default())
+    }
+
+    fn fire(&self, index: usize) {
+        let waker = {
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if s.fired.is_some() {
+                return;
+            }
+            s.fired = Some(index);
+            s.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Completes with the index of the first stream that fired.
+    pub async fn fired(&self) -> usize {
+        std::future::poll_fn(|cx| {
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            match s.fired {
+                Some(i) => Poll::Ready(i),
+                None => {
+                    s.waker = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            }
+        })
+        .await
+    }
+}
+
+impl StreamActor {
+    /// Takes the recovered state and finds the shard's log, at the first
+    /// message.
+    fn load(&mut self, shared: &Shared) {
+        if self.loaded {
+            return;
+        }
+        self.loaded = true;
+        let recovered = shared
+            .recovered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.name);
+        if let Some(r) = recovered {
+            self.stream = r.stream;
+            self.op_no = r.op_no;
+        }
+        self.log = store::shard_log(shared.id);
+    }
+
+    fn wake_watchers(&mut self) {
+        for (notify, index) in self.watchers.drain(..) {
+            notify.fire(index);
+        }
+    }
+}
+
+impl StreamActor {
+    /// Logs `op` as this stream's next operation.
+    fn log(&mut self, op: Op) -> Result<Ticket, StorageError> {
+        let log = self.log.as_ref().ok_or(StorageError::Closed)?;
+        let ticket = log.append(&Record {
+            stream: self.name.clone(),
+            op_no: self.op_no + 1,
+            op,
+        })?;
+        self.op_no += 1;
+        Ok(ticket)
+    }
+
+    fn exec(&mut self, args: &[Bytes], shared: &Shared) -> Answer {
+        let name = args[0].to_ascii_lowercase();
+        match name.as_slice() {
+            b"xadd" => {
+                let p = match command::parse_add_or_trim(args, true) {
+                    Ok(p) => p,
+                    Err(e) => return e.into(),
+                };
+                if self.stream.is_none() && p.no_mkstream {
+                    return Reply::Nil.into();
+                }
+                let fresh = Stream::new();
+                let stream = self.stream.as_ref().unwrap_or(&fresh);
+                let id = match stream.next_id(p.id, now_ms()) {
+                    Ok(id) => id,
+                    Err(e) => return e.into(),
+                };
+                let fields: Vec<Bytes> = args[p.fields_at..].to_vec();
+                let mut ticket = match self.log(Op::Add {
+                    id,
+                    fields: fields.clone(),
+                }) {
+                    Ok(t) => t,
+                    Err(e) => return storage_error(&e).into(),
+                };
+                if self.stream.is_none() {
+                    self.stream = Some(Stream::new());
+                    shared.catalog.insert(&self.name);
+                }
+                let stream = self.stream.as_mut().expect("made above");
+                stream.insert(id, Fields::from(fields));
+                if let Some(trim) = p.trim {
+                    let n = stream.trim_plan(&trim);
+                    if n > 0 {
+                        let through = stream.remove_oldest(n).expect("n > 0 entries");
+                        match self.log(Op::TrimThrough { through }) {
+                            Ok(t) => ticket = t,
+                            Err(e) => return storage_error(&e).into(),
+                        }
+                    }
+                }
+                Answer {
+                    reply: id.reply(),
+                    durable: Some(ticket),
+                }
+            }
+            b"xlen" => Reply::Int(self.stream.as_ref().map_or(0, |s| s.len() as i64)).into(),
+            b"xrange" | b"xrevrange" => {
+                let rev = name == b"xrevrange";
+                let (lo, hi, count) = match command::parse_range_args(args, rev) {
+                    Ok(r) => r,
+                    Err(e) => return e.into(),
+                };
+                let Some(stream) = &self.stream else {
+                    return Reply::Array(Vec::new()).into();
+                };
+                if count == Some(0) {
+                    return Reply::Array(Vec::new()).into();
+                }
+                Reply::Array(
+                    stream
+                        .range(lo, hi, count, rev)
+                        .iter()
+                        .map(|(id, f)| entry_reply(*id, f))
+                        .collect(),
+                )
+                .into()
+            }
+            b"xdel" => {
+                let mut ids = match command::parse_ids(&args[2..]) {
+                    Ok(ids) => ids,
+                    Err(e) => return e.into(),
+                };
+                let Some(stream) = &self.stream else {
+                    return Reply::Int(0).into();
+                };
+                ids.sort_unstable();
+                ids.dedup();
+                ids.retain(|id| stream.get(*id).is_some());
+                if ids.is_empty() {
+                    return Reply::Int(0).into();
+                }
+                let ticket = match self.log(Op::Delete { ids: ids.clone() }) {
+                    Ok(t) => t,
+                    Err(e) => return storage_error(&e).into(),
+                };
+                let n = self.stream.as_mut().expect("checked").delete(&ids);
+                Answer {
+                    reply: Reply::Int(n as i64),
+                    durable: Some(ticket),
+                }
+            }
+            b"xtrim" => {
+                let p = match command::parse_add_or_trim(args, false) {
+                    Ok(p) => p,
+                    Err(e) => return e.into(),
+                };
+                let (Some(stream), Some(trim)) = (self.stream.as_mut(), p.trim) else {
+                    return Reply::Int(0).into();
+                };
+                let n = stream.trim_plan(&trim);
+                if n == 0 {
+                    return Reply::Int(0).into();
+                }
+                let through = stream.remove_oldest(n).expect("n > 0 entries");
+                match self.log(Op::TrimThrough { through }) {
+                    Ok(t) => Answer {
+                        reply: Reply::Int(n as i64),
+                        durable: Some(t),
+                    },
+                    Err(e) => storage_error(&e).into(),
+                }
+            }
+            b"del" => {
+                if self.stream.is_none() {
+                    return Reply::Int(0).into();
+                }
+                let ticket = match self.log(Op::Drop) {
+                    Ok(t) => t,
+                    Err(e) => return storage_error(&e).into(),
+                };
+                self.stream = None;
+                shared.catalog.remove(&self.name);
+                Answer {
+                    reply: Reply::Int(1),
+                    durable: Some(ticket),
+                }
+            }
+            _ => command::unknown_command(args).into(),
+        }
+    }
+}

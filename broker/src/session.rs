@@ -1,0 +1,507 @@
+//! The RESP session: one per client connection, attached to the shard of
+//! the first stream it names; runs the connection commands itself and
+//! sends the stream commands to the streams' actors, writing replies in
+//! request order once what they changed is flushed.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use mailring_transports::{CloseReason, Route, Session, SessionCtx};
+
+use crate::actor::{storage_error, Answer, Exec, Notify, Read, ReadFrom, StreamActor, Watch};
+use crate::command::{self, Kind};
+use crate::glob::glob_match;
+use crate::id::StreamId;
+use crate::resp::{Protocol, Reply, Request, RespCodec};
+use crate::server::{Shared, MAX_KEY_LEN, REDIS_VERSION};
+use crate::stream::{entry_reply, Fields};
+
+/// One client connection's state.
+#[derive(Debug)]
+pub struct RespSession {
+    shared: Arc<Shared>,
+    proto: Protocol,
+    authenticated: bool,
+    id: u64,
+    name: Option<Bytes>,
+}
+
+impl RespSession {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed) + 1;
+        RespSession {
+            authenticated: shared.config.requirepass.is_none(),
+            shared,
+            proto: Protocol::Resp2,
+            id,
+            name: None,
+        }
+    }
+
+    fn reply(&self, r: Reply, cx: &mut SessionCtx<Self>) {
+        cx.send_frame(r.to_bytes(self.proto));
+    }
+
+    /// Sends `args` to the actor of the stream `args[1]`; the reply is
+    /// written in order when it comes.
+    fn to_stream(&self, args: Vec<Bytes>, cx: &mut SessionCtx<Self>) {
+        let addr = self.shared.system.keyed::<StreamActor>(args[1].clone());
+        let proto = self.proto;
+        let ask = addr.ask(Exec {
+            args,
+            shared: self.shared.clone(),
+        });
+        cx.reply_later(async move { settle(ask.await).await.to_bytes(proto) });
+    }
+
+    fn check_password(&self, user: Option<&[u8]>, pass: &[u8]) -> Result<(), Reply> {
+        let Some(want) = &self.shared.config.requirepass else {
+            return Err(Reply::err(
+                "AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+            ));
+        };
+        if user.is_some_and(|u| u != b"default") || pass != want.as_ref() {
+            return Err(Reply::Error(
+                "WRONGPASS invalid username-password pair or user is disabled.".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn hello(&mut self, args: &[Bytes]) -> Reply {
+        let mut proto = self.proto;
+        let mut i = 1;
+        if let Some(v) = args.get(1) {
+            match crate::resp::parse_int(v) {
+                Some(2) => proto = Protocol::Resp2,
+                Some(3) => proto = Protocol::Resp3,
+                Some(_) => {
+                    return Reply::Error("NOPROTO unsupported protocol version".to_owned());
+                }
+                None => {
+                    return Reply::err("Protocol version is not an integer or out of range");
+                }
+            }
+            i = 2;
+        }
+        let mut name = None;
+        while i < args.len() {
+            let more = args.len() - i - 1;
+            if args[i].eq_ignore_ascii_case(b"auth") && more >= 2 {
+                if let Err(e) = self.check_password(Some(&args[i + 1]), &args[i + 2]) {
+                    return e;
+                }
+                self.authenticated = true;
+                i += 3;
+            } else if args[i].eq_ignore_ascii_case(b"setname") && more >= 1 {
+                name = Some(args[i + 1].clone());
+                i += 2;
+            } else {
+                return Reply::err(format!(
+                    "Syntax error in HELLO option '{}'",
+                    command::printable(&args[i], 128)
+                ));
+            }
+        }
+        if !self.authenticated {
+            return noauth_hello();
+        }
+        if let Some(n) = name {
+            if let Err(e) = check_client_name(&n) {
+                return e;
+            }
+            self.name = (!n.is_empty()).then_some(n);
+        }
+        self.proto = proto;
+        let p = |s: &'static str| Reply::bulk(s);
+        Reply::Map(vec![
+            (p("server"), p("redis")),
+            (p("version"), p(REDIS_VERSION)),
+            (
+                p("proto"),
+                Reply::Int(if proto == Protocol::Resp3 { 3 } else { 2 }),
+            ),
+            (p("id"), Reply::Int(self.id as i64)),
+            (p("mode"), p("standalone")),
+            (p("role"), p("master")),
+            (p("modules"), Reply::Array(Vec::new())),
+        ])
+    }
+
+    fn client(&mut self, args: &[Bytes]) -> Reply {
+        let sub = args[1].to_ascii_lowercase();
+        match (sub.as_slice(), args.len()) {
+            (b"id", 2) => Reply::Int(self.id as i64),
+            (b"getname", 2) => self.name.clone().map_or(Reply::Nil, Reply::Bulk),
+            (b"setname", 3) => match check_client_name(&args[2]) {
+                Ok(()) => {
+                    self.name = (!args[2].is_empty()).then(|| args[2].clone());
+                    Reply::OK
+                }
+                Err(e) => e,
+            },
+            (b"setinfo", 4) => {
+                let attr = args[2].to_ascii_lowercase();
+                if attr != b"lib-name" && attr != b"lib-ver" {
+                    return Reply::err(format!(
+                        "Unrecognized option '{}'",
+                        command::printable(&args[2], 128)
+                    ));
+                }
+                Reply::OK
+            }
+            (b"id" | b"getname" | b"setname" | b"setinfo", _) => {
+                command::wrong_arity(&format!("client|{}", String::from_utf8_lossy(&sub)))
+            }
+            _ => Reply::err(format!(
+                "unknown subcommand '{}'. Try CLIENT HELP.",
+                command::printable(&args[1], 128)
+            )),
+        }
+    }
+
+    fn config(&self, args: &[Bytes]) -> Reply {
+        let sub = args[1].to_ascii_lowercase();
+        if sub != b"get" {
+            return Reply::err(format!(
+                "unknown subcommand '{}'. Try CONFIG HELP.",
+                command::printable(&args[1], 128)
+            ));
+        }
+        if args.len() < 3 {
+            return command::wrong_arity("config|get");
+        }
+        let port = self.shared.config.addr.port().to_string();
+        let params: [(&str, String); 6] = [
+            ("appendonly", "yes".to_owned()),
+            ("appendfsync", "always".to_owned()),
+            ("databases", "1".to_owned()),
+            ("port", port),
+            ("save", String::new()),
+            ("stream-node-max-entries", "100".to_owned()),
+        ];
+        let mut pairs = Vec::new();
+        for (name, value) in &params {
+            if args[2..]
+                .iter()
+                .any(|p| glob_match(p, name.as_bytes(), true))
+            {
+                pairs.push((Reply::bulk(*name), Reply::bulk(value.clone())));
+            }
+        }
+        Reply::Map(pairs)
+    }
+
+    /// Runs a command that is not a stream's.
+    fn connection_command(&mut self, args: Vec<Bytes>, cx: &mut SessionCtx<Self>) {
+        let name = args[0].to_ascii_lowercase();
+        let reply = match name.as_slice() {
+            b"ping" => match args.len() {
+                1 => Reply::Status("PONG"),
+                2 => Reply::Bulk(args[1].clone()),
+                _ => command::wrong_arity("ping"),
+            },
+            b"echo" => Reply::Bulk(args[1].clone()),
+            b"hello" => self.hello(&args),
+            b"auth" => {
+                let res = match args.len() {
+                    2 => self.check_password(None, &args[1]),
+                    3 => self.check_password(Some(&args[1]), &args[2]),
+                    _ => Err(command::syntax_error()),
+                };
+                match res {
+                    Ok(()) => {
+                        self.authenticated = true;
+                        Reply::OK
+                    }
+                    Err(e) => e,
+                }
+            }
+            b"client" => self.client(&args),
+            b"select" => match crate::resp::parse_int(&args[1]) {
+                Some(0) => Reply::OK,
+                Some(_) => Reply::err("DB index is out of range"),
+                None => command::not_an_integer(),
+            },
+            b"quit" => {
+                self.reply(Reply::OK, cx);
+                cx.close();
+                return;
+            }
+            b"config" => self.config(&args),
+            b"exists" => Reply::Int(
+                args[1..]
+                    .iter()
+                    .filter(|k| self.shared.catalog.contains(k))
+                    .count() as i64,
+            ),
+            b"type" => Reply::Status(if self.shared.catalog.contains(&args[1]) {
+                "stream"
+            } else {
+                "none"
+            }),
+            b"keys" => Reply::Array(
+                self.shared
+                    .catalog
+                    .matching(&args[1])
+                    .into_iter()
+                    .map(Reply::Bulk)
+                    .collect(),
+            ),
+            b"del" => {
+                // Each existing stream's actor drops it; the replies are
+                // summed in order with the rest.
+                let asks: Vec<_> = args[1..]
+                    .iter()
+                    .filter(|k| self.shared.catalog.contains(k))
+                    .map(|k| {
+                        self.shared
+                            .system
+                            .keyed::<StreamActor>(k.clone())
+                            .ask(Exec {
+                                args: vec![Bytes::from_static(b"del"), k.clone()],
+                                shared: self.shared.clone(),
+                            })
+                    })
+                    .collect();
+                let proto = self.proto;
+                cx.reply_later(async move {
+                    let mut n = 0;
+                    for a in asks {
+                        match settle(a.await).await {
+                            Reply::Int(d) => n += d,
+                            e @ Reply::Error(_) => return e.to_bytes(proto),
+                            _ => {}
+                        }
+                    }
+                    Reply::Int(n).to_bytes(proto)
+                });
+                return;
+            }
+            _ => command::unknown_command(&args),
+        };
+        self.reply(reply, cx);
+    }
+}
+
+/// The reply to send for a stream command's answer, once what it changed
+/// is flushed.
+async fn settle(answer: Result<Answer, mailring_actors::AskError>) -> Reply {
+    match answer {
+        Ok(Answer {
+            reply,
+            durable: Some(t),
+        }) => match t.await {
+            Ok(()) => reply,
+            Err(e) => storage_error(&e),
+        },
+        Ok(Answer {
+            reply,
+            durable: None,
+        }) => reply,
+        Err(e) => Reply::err(format!("stream unavailable: {e}")),
+    }
+}
+
+impl RespSession {
+    /// `XREAD`: a read of each stream; when nothing is there and `BLOCK`
+    /// is given, a watch on each, and a read of the first that fires.
+    fn xread(&mut self, args: &[Bytes], cx: &mut SessionCtx<Self>) {
+        let p = match command::parse_xread(args) {
+            Ok(p) => p,
+            Err(e) => return self.reply(e, cx),
+        };
+        if let Some(long) = p.keys.iter().find(|k| k.len() > MAX_KEY_LEN) {
+            return self.reply(key_too_long(long), cx);
+        }
+        let shared = self.shared.clone();
+        let proto = self.proto;
+        let actors: Vec<_> = p
+            .keys
+            .iter()
+            .map(|k| shared.system.keyed::<StreamActor>(k.clone()))
+            .collect();
+        let reads: Vec<_> = actors
+            .iter()
+            .zip(&p.ids)
+            .map(|(a, id)| {
+                a.ask(Read {
+                    from: id.map_or(ReadFrom::Last, ReadFrom::After),
+                    count: p.count,
+                    shared: shared.clone(),
+                })
+            })
+            .collect();
+        let block = p.block;
+        cx.reply_later(async move {
+            let mut after = Vec::with_capacity(reads.len());
+            let mut found = Vec::new();
+            for (i, r) in reads.into_iter().enumerate() {
+                match r.await {
+                    Ok(r) => {
+                        after.push(r.after);
+                        if !r.entries.is_empty() {
+                            found.push((p.keys[i].clone(), r.entries));
+                        }
+                    }
+                    Err(e) => {
+                        return Reply::err(format!("stream unavailable: {e}")).to_bytes(proto)
+                    }
+                }
+            }
+            if !found.is_empty() {
+                return streams_reply(found, proto).to_bytes(proto);
+            }
+            let Some(block) = block else {
+                return Reply::NilArray.to_bytes(proto);
+            };
+            let deadline = (block > 0)
+                .then(|| mailring::time::deadline_in(std::time::Duration::from_millis(block)));
+            loop {
+                let notify = Notify::new();
+                for (i, a) in actors.iter().enumerate() {
+                    let _ = a.tell(Watch {
+                        after: after[i],
+                        notify: notify.clone(),
+                        index: i,
+                        shared: shared.clone(),
+                    });
+                }
+                let fired = match deadline {
+                    Some(d) => match mailring::time::timeout_at(d, notify.fired()).await {
+                        Ok(i) => i,
+                        Err(_) => return Reply::NilArray.to_bytes(proto),
+                    },
+                    None => notify.fired().await,
+                };
+                // Only the stream that fired is read, as Redis serves the
+                // one key that unblocked the client.
+                let r = actors[fired]
+                    .ask(Read {
+                        from: ReadFrom::After(after[fired]),
+                        count: p.count,
+                        shared: shared.clone(),
+                    })
+                    .await;
+                match r {
+                    Ok(r) if !r.entries.is_empty() => {
+                        return streams_reply(vec![(p.keys[fired].clone(), r.entries)], proto)
+                            .to_bytes(proto);
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        return Reply::err(format!("stream unavailable: {e}")).to_bytes(proto)
+                    }
+                }
+            }
+        });
+        if block.is_some() {
+            // A blocked Redis client's next command runs after the answer.
+            cx.hold_frames_until_replied();
+        }
+    }
+}
+
+/// `XREAD`'s reply: per stream with entries, its name and the entries (a
+/// map in RESP3).
+fn streams_reply(found: Vec<(Bytes, Vec<(StreamId, Fields)>)>, proto: Protocol) -> Reply {
+    let per_stream = found.into_iter().map(|(key, entries)| {
+        (
+            Reply::Bulk(key),
+            Reply::Array(entries.iter().map(|(id, f)| entry_reply(*id, f)).collect()),
+        )
+    });
+    match proto {
+        Protocol::Resp3 => Reply::Map(per_stream.collect()),
+        Protocol::Resp2 => {
+            Reply::Array(per_stream.map(|(k, v)| Reply::Array(vec![k, v])).collect())
+        }
+    }
+}
+
+fn key_too_long(_key: &[u8]) -> Reply {
+    Reply::err(format!(
+        "stream name longer than the limit of {MAX_KEY_LEN} bytes"
+    ))
+}
+
+fn noauth_hello() -> Reply {
+    Reply::Error(
+        "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time".to_owned(),
+    )
+}
+
+fn check_client_name(name: &[u8]) -> Result<(), Reply> {
+    if name.iter().any(|&b| !(b'!'..=b'~').contains(&b)) {
+        return Err(Reply::err(
+            "Client names cannot contain spaces, newlines or special characters.",
+        ));
+    }
+    Ok(())
+}
+
+/// The stream a command names first, if it is a stream command.
+fn first_stream(args: &[Bytes]) -> Option<&Bytes> {
+    let spec = command::lookup(&args[0])?;
+    if !command::arity_ok(spec, args.len()) {
+        return None;
+    }
+    match spec.kind {
+        Kind::Stream => Some(&args[1]),
+        Kind::Read => args.get(command::streams_at(args)?),
+        Kind::Connection => None,
+    }
+}
+
+impl Session for RespSession {
+    type Codec = RespCodec;
+    type Key = Bytes;
+
+    fn route(&mut self, req: &Request, cx: &SessionCtx<Self>) -> Route<Bytes> {
+        if cx.key().is_some() || !self.authenticated {
+            return Route::NotYet;
+        }
+        match req {
+            Request::Command(args) => match first_stream(args) {
+                Some(key) if key.len() <= MAX_KEY_LEN => Route::Key(key.clone()),
+                _ => Route::NotYet,
+            },
+            Request::Broken(_) => Route::NotYet,
+        }
+    }
+
+    async fn on_frame(&mut self, req: Request, cx: &mut SessionCtx<Self>) {
+        let args = match req {
+            Request::Command(args) => args,
+            Request::Broken(e) => {
+                self.reply(Reply::err(format!("Protocol error: {e}")), cx);
+                cx.close();
+                return;
+            }
+        };
+        let Some(spec) = command::lookup(&args[0]) else {
+            self.reply(command::unknown_command(&args), cx);
+            return;
+        };
+        if !command::arity_ok(spec, args.len()) {
+            self.reply(command::wrong_arity(spec.name), cx);
+            return;
+        }
+        if !self.authenticated && !matches!(spec.name, "auth" | "hello" | "quit") {
+            self.reply(
+                Reply::Error("NOAUTH Authentication required.".to_owned()),
+                cx,
+            );
+            return;
+        }
+        match spec.kind {
+            Kind::Stream if args[1].len() > MAX_KEY_LEN => self.reply(key_too_long(&args[1]), cx),
+            Kind::Stream => self.to_stream(args, cx),
+            Kind::Read => self.xread(&args, cx),
+            Kind::Connection => self.connection_command(args, cx),
+        }
+    }
+
+    fn on_close(&mut self, _reason: &CloseReason, _cx: &mut SessionCtx<Self>) {}
+}
