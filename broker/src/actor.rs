@@ -331,7 +331,9 @@ impl StreamActor {
                     return Reply::Array(Vec::new()).into();
                 };
                 if count == Some(0) {
-                    return Reply::Array(Vec::new()).into();
+                    // Redis answers a zero (or negative) count with a null
+                    // (after the missing stream's empty array).
+                    return Reply::NilArray.into();
                 }
                 Reply::Array(
                     stream

@@ -349,7 +349,7 @@ pub fn parse_xread(args: &[Bytes]) -> Result<ReadArgs, Reply> {
     let rest = &args[streams..];
     if rest.len() % 2 == 1 {
         return Err(Reply::err(
-            "Unbalanced 'xread' list of streams: for each stream key an ID or '$' must be specified.",
+            "Unbalanced XREAD list of streams: for each stream key an ID or '$' must be specified.",
         ));
     }
     let (keys, ids) = rest.split_at(rest.len() / 2);

@@ -2,7 +2,7 @@
 //! past deleted and trimmed entries; `entries_added` counts every append;
 //! trimming by length or by id, exact or approximate.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -15,10 +15,36 @@ use crate::resp::Reply;
 /// the stream and the replies that carry it.
 pub type Fields = Arc<[Bytes]>;
 
-/// Entries an approximate trim removes at once: Redis removes whole nodes
-/// of its radix tree, at most `stream-node-max-entries` (100) each; this
-/// stream removes runs of this many oldest entries.
-pub const APPROX_NODE: u64 = 100;
+/// Entries per node at most (Redis's `stream-node-max-entries`). Redis
+/// keeps a stream as a radix tree of nodes and an approximate trim (`~`)
+/// removes only whole nodes; this stream keeps the same node boundaries
+/// (by count, and by an estimate of Redis's encoded size) so `~` removes
+/// what Redis would.
+pub const NODE_MAX_ENTRIES: u32 = 100;
+/// Bytes per node at most (Redis's `stream-node-max-bytes`), against an
+/// estimate of the listpack encoding.
+pub const NODE_MAX_BYTES: u32 = 4096;
+
+/// One node's worth of entries, as Redis would group them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Node {
+    /// Entries ever put in it (deleted ones too: they keep their slot).
+    total: u32,
+    /// Entries still there.
+    live: u32,
+    /// Estimated encoded size.
+    bytes: u32,
+    /// Its last entry's id.
+    last: StreamId,
+}
+
+/// An estimate of an entry's size in a Redis listpack node: each field
+/// and value with its element overhead, plus the entry's id deltas, flags
+/// and back-length.
+fn encoded_estimate(fields: &[Bytes]) -> u32 {
+    let elements: usize = fields.iter().map(|f| f.len() + 2).sum();
+    (elements + 8).min(u32::MAX as usize) as u32
+}
 
 /// Error for `XADD` when the stream's last id is the largest.
 pub const EXHAUSTED: &str =
@@ -41,7 +67,7 @@ pub enum TrimTo {
 pub struct Trim {
     /// The target.
     pub to: TrimTo,
-    /// `~`: only whole runs of [`APPROX_NODE`] entries.
+    /// `~`: only whole nodes (see [`NODE_MAX_ENTRIES`]).
     pub approx: bool,
     /// `LIMIT`: the most entries removed (approximate trims only); `None`
     /// means Redis's default of 100 nodes for `~`, no limit for `=`.
@@ -52,6 +78,8 @@ pub struct Trim {
 #[derive(Debug, Clone, Default)]
 pub struct Stream {
     entries: BTreeMap<StreamId, Fields>,
+    /// Node boundaries, oldest first.
+    nodes: VecDeque<Node>,
     last_id: StreamId,
     max_deleted_id: StreamId,
     entries_added: u64,
@@ -140,6 +168,23 @@ impl Stream {
     /// Appends an entry with an id from [`Stream::next_id`].
     pub fn insert(&mut self, id: StreamId, fields: Fields) {
         debug_assert!(id > self.last_id || (self.entries_added == 0 && id > StreamId::MIN));
+        let bytes = encoded_estimate(&fields);
+        match self.nodes.back_mut() {
+            Some(n)
+                if n.total < NODE_MAX_ENTRIES && n.bytes.saturating_add(bytes) < NODE_MAX_BYTES =>
+            {
+                n.total += 1;
+                n.live += 1;
+                n.bytes += bytes;
+                n.last = id;
+            }
+            _ => self.nodes.push_back(Node {
+                total: 1,
+                live: 1,
+                bytes,
+                last: id,
+            }),
+        }
         self.entries.insert(id, fields);
         self.last_id = id;
         self.entries_added += 1;
@@ -156,25 +201,35 @@ impl Stream {
         Ok(id)
     }
 
-    /// The ids a trim would remove, oldest first.
+    /// How many of the oldest entries a trim removes: whole nodes while
+    /// the target allows (and, with `~`, within `LIMIT`: by default 100
+    /// nodes' worth); then, for an exact trim, single entries.
     pub fn trim_plan(&self, trim: &Trim) -> u64 {
         let len = self.len();
-        let mut n = match trim.to {
+        let limit = match (trim.approx, trim.limit) {
+            (true, None) => u64::from(NODE_MAX_ENTRIES) * 100,
+            (true, Some(l)) => l,
+            (false, _) => 0,
+        };
+        let mut removed = 0u64;
+        for node in &self.nodes {
+            let live = u64::from(node.live);
+            let whole = match trim.to {
+                TrimTo::MaxLen(max) => len - removed - live >= max,
+                TrimTo::MinId(min) => node.last < min,
+            };
+            if !whole || (limit > 0 && removed + live > limit) {
+                break;
+            }
+            removed += live;
+        }
+        if trim.approx {
+            return removed;
+        }
+        match trim.to {
             TrimTo::MaxLen(max) => len.saturating_sub(max),
             TrimTo::MinId(min) => self.entries.range(..min).count() as u64,
-        };
-        if trim.approx {
-            n -= n % APPROX_NODE;
-            let limit = trim.limit.unwrap_or(100 * APPROX_NODE);
-            if limit > 0 {
-                n = n.min(limit - limit % APPROX_NODE);
-            }
-        } else if let Some(limit) = trim.limit {
-            if limit > 0 {
-                n = n.min(limit);
-            }
         }
-        n
     }
 
     /// Trims; the number of entries removed and the last id removed.
@@ -190,7 +245,7 @@ impl Stream {
             let Some((id, _)) = self.entries.pop_first() else {
                 break;
             };
-            self.max_deleted_id = self.max_deleted_id.max(id);
+            self.forget(id);
             last = Some(id);
         }
         last
@@ -203,7 +258,7 @@ impl Stream {
                 break;
             }
             self.entries.pop_first();
-            self.max_deleted_id = self.max_deleted_id.max(id);
+            self.forget(id);
         }
     }
 
@@ -212,11 +267,24 @@ impl Stream {
         let mut n = 0;
         for id in ids {
             if self.entries.remove(id).is_some() {
-                self.max_deleted_id = self.max_deleted_id.max(*id);
+                self.forget(*id);
                 n += 1;
             }
         }
         n
+    }
+
+    /// Accounts for removed entry `id`: its node loses it (and goes when
+    /// empty), and the largest deleted id moves up.
+    fn forget(&mut self, id: StreamId) {
+        self.max_deleted_id = self.max_deleted_id.max(id);
+        let at = self.nodes.partition_point(|n| n.last < id);
+        if let Some(node) = self.nodes.get_mut(at) {
+            node.live -= 1;
+            if node.live == 0 {
+                self.nodes.remove(at);
+            }
+        }
     }
 
     /// Entries in `[lo, hi]`, at most `count`, newest first with `rev`.
@@ -364,8 +432,10 @@ mod tests {
         };
         // 40 over: less than a node, nothing goes.
         assert_eq!(s.trim(&approx(310)), (0, None));
-        // 250 over: two whole nodes.
+        // 250 over: two whole nodes of 100.
         assert_eq!(s.trim(&approx(100)), (200, Some(StreamId::new(200, 0))));
+        // 150 left in nodes of 100 and 50: `~ 50` leaves the last node.
+        assert_eq!(s.trim_plan(&approx(50)), 100);
         assert_eq!(s.len(), 150);
         let exact = Trim {
             to: TrimTo::MinId(StreamId::new(300, 0)),
