@@ -10,6 +10,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use mailring_actors::{Actor, Ctx, Handler, Message};
 
+mod groups;
+
+pub use self::groups::{GroupFrom, GroupRead};
+
 use crate::command;
 use crate::id::StreamId;
 use crate::log::{Op, Record};
@@ -20,7 +24,7 @@ use crate::stream::{entry_reply, Fields, Stream};
 
 /// One stream: a keyed actor owning its entries (key = the stream's name).
 #[derive(Debug, Actor)]
-#[actor(key = Bytes, activate = StreamActor::new, handles(Exec, Read, Watch))]
+#[actor(key = Bytes, activate = StreamActor::new, handles(Exec, Read, Watch, ReadGroup))]
 pub struct StreamActor {
     name: Bytes,
     stream: Option<Stream>,
@@ -81,7 +85,7 @@ pub struct Exec {
     pub shared: Arc<Shared>,
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -151,6 +155,66 @@ impl Handler<Read> for StreamActor {
             None => Vec::new(),
         };
         ReadResult { entries, after }
+    }
+}
+
+/// `XREADGROUP`'s read of one stream.
+#[derive(Debug, Message)]
+#[message(reply = GroupAnswer)]
+pub struct ReadGroup {
+    /// The group.
+    pub group: Bytes,
+    /// The consumer.
+    pub consumer: Bytes,
+    /// `>` or the consumer's history after an id.
+    pub from: GroupFrom,
+    /// At most this many (`None`: all).
+    pub count: Option<u64>,
+    /// `NOACK`: delivered entries are not made pending.
+    pub noack: bool,
+    /// Only say whether the group exists (checked for every stream before
+    /// any is read, as Redis does).
+    pub check_only: bool,
+    /// The broker.
+    pub shared: Arc<Shared>,
+}
+
+/// What a [`ReadGroup`] did.
+#[derive(Debug)]
+pub struct GroupAnswer {
+    /// The entries, or the error.
+    pub read: GroupRead,
+    /// The stream's last id (a blocked reader watches for entries after it).
+    pub last_id: StreamId,
+    /// Completes when the delivery is flushed.
+    pub durable: Option<Ticket>,
+}
+
+impl Handler<ReadGroup> for StreamActor {
+    async fn handle(&mut self, m: ReadGroup, _cx: &mut Ctx<Self>) -> GroupAnswer {
+        self.load(&m.shared);
+        let last_id = self.stream.as_ref().map_or(StreamId::MIN, Stream::last_id);
+        if m.check_only {
+            let exists = self
+                .stream
+                .as_ref()
+                .is_some_and(|s| s.groups.contains_key(&m.group));
+            return GroupAnswer {
+                read: if exists {
+                    GroupRead::Entries(Vec::new())
+                } else {
+                    GroupRead::Error(groups::no_group_in_readgroup(&self.name, &m.group))
+                },
+                last_id,
+                durable: None,
+            };
+        }
+        let (read, durable) = self.read_group(&m.group, &m.consumer, &m.from, m.count, m.noack);
+        GroupAnswer {
+            read,
+            last_id,
+            durable,
+        }
     }
 }
 
@@ -306,12 +370,13 @@ impl StreamActor {
                 let stream = self.stream.as_mut().expect("made above");
                 stream.insert(id, Fields::from(fields));
                 if let Some(trim) = p.trim {
-                    let n = stream.trim_plan(&trim);
-                    if n > 0 {
-                        let through = stream.remove_oldest(n).expect("n > 0 entries");
+                    if let (_, Some(through)) = stream.trim_plan(&trim) {
                         match self.log(Op::TrimThrough { through }) {
                             Ok(t) => ticket = t,
                             Err(e) => return storage_error(&e).into(),
+                        }
+                        if let Some(s) = self.stream.as_mut() {
+                            s.trim_through(through);
                         }
                     }
                 }
@@ -345,12 +410,12 @@ impl StreamActor {
                 .into()
             }
             b"xdel" => {
+                let Some(stream) = &self.stream else {
+                    return Reply::Int(0).into();
+                };
                 let mut ids = match command::parse_ids(&args[2..]) {
                     Ok(ids) => ids,
                     Err(e) => return e.into(),
-                };
-                let Some(stream) = &self.stream else {
-                    return Reply::Int(0).into();
                 };
                 ids.sort_unstable();
                 ids.dedup();
@@ -373,20 +438,22 @@ impl StreamActor {
                     Ok(p) => p,
                     Err(e) => return e.into(),
                 };
-                let (Some(stream), Some(trim)) = (self.stream.as_mut(), p.trim) else {
+                let (Some(stream), Some(trim)) = (self.stream.as_ref(), p.trim) else {
                     return Reply::Int(0).into();
                 };
-                let n = stream.trim_plan(&trim);
-                if n == 0 {
+                let (n, Some(through)) = stream.trim_plan(&trim) else {
                     return Reply::Int(0).into();
+                };
+                let ticket = match self.log(Op::TrimThrough { through }) {
+                    Ok(t) => t,
+                    Err(e) => return storage_error(&e).into(),
+                };
+                if let Some(s) = self.stream.as_mut() {
+                    s.trim_through(through);
                 }
-                let through = stream.remove_oldest(n).expect("n > 0 entries");
-                match self.log(Op::TrimThrough { through }) {
-                    Ok(t) => Answer {
-                        reply: Reply::Int(n as i64),
-                        durable: Some(t),
-                    },
-                    Err(e) => storage_error(&e).into(),
+                Answer {
+                    reply: Reply::Int(n as i64),
+                    durable: Some(ticket),
                 }
             }
             b"del" => {
@@ -404,6 +471,13 @@ impl StreamActor {
                     durable: Some(ticket),
                 }
             }
+            b"xgroup" => self.xgroup(args, shared),
+            b"xack" => self.xack(args),
+            b"xpending" => self.xpending(args),
+            b"xclaim" => self.xclaim(args),
+            b"xautoclaim" => self.xautoclaim(args),
+            b"xinfo" => self.xinfo(args),
+            b"xsetid" => self.xsetid(args, shared),
             _ => command::unknown_command(args).into(),
         }
     }

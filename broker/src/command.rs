@@ -12,8 +12,8 @@ use crate::stream::{Trim, TrimTo};
 pub enum Kind {
     /// On the connection's session (no stream, or only the catalog).
     Connection,
-    /// In the actor of the stream named by argument 1.
-    Stream,
+    /// In the actor of the stream named by this argument.
+    Stream(usize),
     /// On the session, asking the actors of the streams after `STREAMS`.
     Read,
 }
@@ -41,7 +41,16 @@ const fn stream(name: &'static str, arity: i32) -> Spec {
     Spec {
         name,
         arity,
-        kind: Kind::Stream,
+        kind: Kind::Stream(1),
+    }
+}
+
+/// A command with a subcommand before its key (`XGROUP CREATE key ...`).
+const fn stream_sub(name: &'static str, arity: i32) -> Spec {
+    Spec {
+        name,
+        arity,
+        kind: Kind::Stream(2),
     }
 }
 
@@ -73,7 +82,62 @@ pub const COMMANDS: &[Spec] = &[
         arity: -4,
         kind: Kind::Read,
     },
+    Spec {
+        name: "xreadgroup",
+        arity: -7,
+        kind: Kind::Read,
+    },
+    stream_sub("xgroup", -2),
+    stream_sub("xinfo", -2),
+    stream("xack", -4),
+    stream("xpending", -3),
+    stream("xclaim", -6),
+    stream("xautoclaim", -6),
+    stream("xsetid", -3),
 ];
+
+/// Subcommands of `XGROUP` and `XINFO` with their arities (name included).
+pub const SUBCOMMANDS: &[(&str, &str, i32)] = &[
+    ("xgroup", "create", -5),
+    ("xgroup", "setid", -5),
+    ("xgroup", "destroy", 4),
+    ("xgroup", "createconsumer", 5),
+    ("xgroup", "delconsumer", 5),
+    ("xgroup", "help", 2),
+    ("xinfo", "stream", -3),
+    ("xinfo", "groups", 3),
+    ("xinfo", "consumers", 4),
+    ("xinfo", "help", 2),
+];
+
+/// Checks a command's subcommand: `Ok` when it exists and its arity fits.
+///
+/// # Errors
+///
+/// Redis's unknown-subcommand or wrong-arity error.
+pub fn check_subcommand(command: &str, args: &[Bytes]) -> Result<&'static str, Reply> {
+    let sub = args[1].to_ascii_lowercase();
+    let Some((_, name, arity)) = SUBCOMMANDS
+        .iter()
+        .find(|(c, s, _)| *c == command && s.as_bytes() == sub.as_slice())
+    else {
+        return Err(Reply::err(format!(
+            "unknown subcommand '{}'. Try {} HELP.",
+            printable(&args[1], 128),
+            command.to_ascii_uppercase()
+        )));
+    };
+    let argc = args.len() as i64;
+    let ok = if *arity >= 0 {
+        argc == i64::from(*arity)
+    } else {
+        argc >= -i64::from(*arity)
+    };
+    if !ok {
+        return Err(wrong_arity(&format!("{command}|{name}")));
+    }
+    Ok(name)
+}
 
 /// The table row of `name` (any case).
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
@@ -170,12 +234,12 @@ pub fn parse_add_or_trim(args: &[Bytes], xadd: bool) -> Result<AddArgs, Reply> {
             let (ap, at) = approx_flag(args, i + 1, more);
             approx = ap;
             i = at;
+            if to.is_some() {
+                return Err(maxlen_and_minid());
+            }
             let n = int_arg(&args[i])?;
             if n < 0 {
                 return Err(Reply::err("The MAXLEN argument must be >= 0."));
-            }
-            if matches!(to, Some(TrimTo::MinId(_))) {
-                return Err(maxlen_and_minid());
             }
             to = Some(TrimTo::MaxLen(n as u64));
             i += 1;
@@ -183,10 +247,10 @@ pub fn parse_add_or_trim(args: &[Bytes], xadd: bool) -> Result<AddArgs, Reply> {
             let (ap, at) = approx_flag(args, i + 1, more);
             approx = ap;
             i = at;
-            let min = parse_id(&args[i], 0, false)?;
-            if matches!(to, Some(TrimTo::MaxLen(_))) {
+            if to.is_some() {
                 return Err(maxlen_and_minid());
             }
+            let min = parse_id(&args[i], 0, true)?;
             to = Some(TrimTo::MinId(min));
             i += 1;
         } else if a.eq_ignore_ascii_case(b"limit") && more >= 1 {
@@ -207,18 +271,26 @@ pub fn parse_add_or_trim(args: &[Bytes], xadd: bool) -> Result<AddArgs, Reply> {
             return Err(syntax_error());
         }
     }
-    if xadd {
-        let fields = args.len() - i;
-        if id.is_none() || fields < 2 || fields % 2 == 1 {
-            return Err(wrong_arity("xadd"));
-        }
-    } else if to.is_none() {
-        return Err(syntax_error());
+    if limit.is_some_and(|l| l != 0) && to.is_none() {
+        return Err(Reply::err(
+            "syntax error, LIMIT cannot be used without specifying a trimming strategy",
+        ));
+    }
+    if !xadd && to.is_none() {
+        return Err(Reply::err(
+            "syntax error, XTRIM must be called with a trimming strategy",
+        ));
     }
     if limit.is_some() && !approx {
         return Err(Reply::err(
             "syntax error, LIMIT cannot be used without the special ~ option",
         ));
+    }
+    if xadd {
+        let fields = args.len() - i;
+        if id.is_none() || fields < 2 || fields % 2 == 1 {
+            return Err(wrong_arity("xadd"));
+        }
     }
     if let Some(AddId::Explicit(StreamId { ms: 0, seq: 0 })) = id {
         return Err(Reply::err(
@@ -284,28 +356,36 @@ pub fn parse_range_args(
     Ok((lo, hi, count))
 }
 
-/// `XREAD [COUNT n] [BLOCK ms] STREAMS key [key ...] id [id ...]`.
+/// `XREAD [COUNT n] [BLOCK ms] STREAMS key [key ...] id [id ...]`, or
+/// `XREADGROUP GROUP group consumer [COUNT n] [BLOCK ms] [NOACK] STREAMS ...`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadArgs {
     /// `COUNT` (`None` or 0: no limit).
     pub count: Option<u64>,
     /// `BLOCK` in milliseconds (0: forever).
     pub block: Option<u64>,
+    /// `GROUP group consumer` (`XREADGROUP`).
+    pub group: Option<(Bytes, Bytes)>,
+    /// `NOACK` (`XREADGROUP`).
+    pub noack: bool,
     /// The streams.
     pub keys: Vec<Bytes>,
-    /// Where each read starts: `None` for `$`.
-    pub ids: Vec<Option<StreamId>>,
+    /// Where each read starts, as given (`$`, `>` or an id).
+    pub ids: Vec<Bytes>,
 }
 
 /// The index of the first key after `STREAMS`, if the option is there.
 pub fn streams_at(args: &[Bytes]) -> Option<usize> {
     let mut i = 1;
     while i < args.len() {
-        if args[i].eq_ignore_ascii_case(b"streams") {
+        let a = &args[i];
+        if a.eq_ignore_ascii_case(b"streams") {
             return Some(i + 1);
         }
-        i += if args[i].eq_ignore_ascii_case(b"count") || args[i].eq_ignore_ascii_case(b"block") {
+        i += if a.eq_ignore_ascii_case(b"count") || a.eq_ignore_ascii_case(b"block") {
             2
+        } else if a.eq_ignore_ascii_case(b"group") {
+            3
         } else {
             1
         };
@@ -313,14 +393,17 @@ pub fn streams_at(args: &[Bytes]) -> Option<usize> {
     None
 }
 
-/// Parses `XREAD`.
+/// Parses `XREAD` or (with `xreadgroup`) `XREADGROUP`'s options; the ids
+/// are checked by the caller, after the groups, as Redis orders it.
 ///
 /// # Errors
 ///
 /// Redis's error reply.
-pub fn parse_xread(args: &[Bytes]) -> Result<ReadArgs, Reply> {
+pub fn parse_read(args: &[Bytes], xreadgroup: bool) -> Result<ReadArgs, Reply> {
     let mut count = None;
     let mut block = None;
+    let mut group = None;
+    let mut noack = false;
     let mut i = 1;
     let streams = loop {
         if i >= args.len() {
@@ -342,33 +425,75 @@ pub fn parse_xread(args: &[Bytes]) -> Result<ReadArgs, Reply> {
             i += 2;
         } else if a.eq_ignore_ascii_case(b"streams") && more >= 1 {
             break i + 1;
+        } else if a.eq_ignore_ascii_case(b"group") && more >= 2 {
+            if !xreadgroup {
+                return Err(Reply::err(
+                    "The GROUP option is only supported by XREADGROUP. You called XREAD instead.",
+                ));
+            }
+            group = Some((args[i + 1].clone(), args[i + 2].clone()));
+            i += 3;
+        } else if a.eq_ignore_ascii_case(b"noack") {
+            if !xreadgroup {
+                return Err(Reply::err(
+                    "The NOACK option is only supported by XREADGROUP. You called XREAD instead.",
+                ));
+            }
+            noack = true;
+            i += 1;
         } else {
             return Err(syntax_error());
         }
     };
     let rest = &args[streams..];
     if rest.len() % 2 == 1 {
-        return Err(Reply::err(
-            "Unbalanced XREAD list of streams: for each stream key an ID or '$' must be specified.",
-        ));
+        let name = if xreadgroup { "XREADGROUP" } else { "XREAD" };
+        return Err(Reply::err(format!(
+            "Unbalanced {name} list of streams: for each stream key an ID or '$' must be specified."
+        )));
+    }
+    if xreadgroup && group.is_none() {
+        return Err(Reply::err("Missing GROUP option for XREADGROUP"));
     }
     let (keys, ids) = rest.split_at(rest.len() / 2);
-    let ids = ids
-        .iter()
-        .map(|id| match id.as_ref() {
-            b"$" => Ok(None),
-            b">" => Err(Reply::err(
-                "The > ID can be specified only when calling XREADGROUP using the GROUP <group> <consumer> option.",
-            )),
-            _ => parse_id(id, 0, true).map(Some),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
     Ok(ReadArgs {
         count,
         block,
+        group,
+        noack,
         keys: keys.to_vec(),
-        ids,
+        ids: ids.to_vec(),
     })
+}
+
+/// An `XREAD` id: `None` for `$`.
+///
+/// # Errors
+///
+/// `>` (a group's), or an invalid id.
+pub fn xread_id(arg: &[u8]) -> Result<Option<StreamId>, Reply> {
+    match arg {
+        b"$" => Ok(None),
+        b">" => Err(Reply::err(
+            "The > ID can be specified only when calling XREADGROUP using the GROUP <group> <consumer> option.",
+        )),
+        _ => parse_id(arg, 0, true).map(Some),
+    }
+}
+
+/// An `XREADGROUP` id: `None` for `>`.
+///
+/// # Errors
+///
+/// `$` (meaningless for a group), or an invalid id.
+pub fn xreadgroup_id(arg: &[u8]) -> Result<Option<StreamId>, Reply> {
+    match arg {
+        b">" => Ok(None),
+        b"$" => Err(Reply::err(
+            "The $ ID is meaningless in the context of XREADGROUP: you want to read the history of this consumer by specifying a proper ID, or use the > ID to get new messages. The $ ID would just return an empty result set.",
+        )),
+        _ => parse_id(arg, 0, true).map(Some),
+    }
 }
 
 /// The ids of `XDEL key id [id ...]`.

@@ -22,6 +22,7 @@ pub mod actor;
 pub mod cli;
 pub mod command;
 pub mod glob;
+pub mod group;
 pub mod id;
 pub mod log;
 pub mod resp;

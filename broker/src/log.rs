@@ -98,6 +98,80 @@ pub enum Op {
     },
     /// `DEL`: the stream is gone (a later record makes a new one).
     Drop,
+    /// `XGROUP CREATE`.
+    GroupCreate {
+        /// The group.
+        group: Bytes,
+        /// Its last delivered id.
+        last_id: StreamId,
+        /// Its read counter, when known.
+        entries_read: Option<u64>,
+    },
+    /// `XGROUP SETID`.
+    GroupSetId {
+        /// The group.
+        group: Bytes,
+        /// Its new last delivered id.
+        last_id: StreamId,
+        /// Its read counter, when known.
+        entries_read: Option<u64>,
+    },
+    /// `XGROUP DESTROY`.
+    GroupDestroy {
+        /// The group.
+        group: Bytes,
+    },
+    /// A consumer made (`XGROUP CREATECONSUMER`, or its first read).
+    ConsumerCreate {
+        /// The group.
+        group: Bytes,
+        /// The consumer.
+        consumer: Bytes,
+        /// When (Unix ms).
+        time: u64,
+    },
+    /// `XGROUP DELCONSUMER`.
+    ConsumerDelete {
+        /// The group.
+        group: Bytes,
+        /// The consumer.
+        consumer: Bytes,
+    },
+    /// `XREADGROUP ... >`: new entries delivered to a consumer.
+    Deliver {
+        /// The group.
+        group: Bytes,
+        /// The consumer.
+        consumer: Bytes,
+        /// When (Unix ms).
+        time: u64,
+        /// The group's last delivered id after it.
+        last_id: StreamId,
+        /// The group's read counter after it.
+        entries_read: Option<u64>,
+        /// The ids now pending (none with `NOACK`).
+        ids: Vec<StreamId>,
+    },
+    /// `XACK` (and pending entries of deleted entries dropped by a claim).
+    Ack {
+        /// The group.
+        group: Bytes,
+        /// The ids no longer pending.
+        ids: Vec<StreamId>,
+    },
+    /// `XCLAIM` / `XAUTOCLAIM`: pending entries given to a consumer.
+    Claim {
+        /// The group.
+        group: Bytes,
+        /// The consumer.
+        consumer: Bytes,
+        /// When (Unix ms): the consumer's last activity.
+        time: u64,
+        /// Each entry with its delivery time and count.
+        entries: Vec<(StreamId, u64, u64)>,
+        /// `LASTID`: the group's last delivered id raised to it.
+        last_id: Option<StreamId>,
+    },
 }
 
 const KIND_ADD: u8 = 1;
@@ -105,6 +179,28 @@ const KIND_DELETE: u8 = 2;
 const KIND_TRIM: u8 = 3;
 const KIND_SET_ID: u8 = 4;
 const KIND_DROP: u8 = 5;
+const KIND_GROUP_CREATE: u8 = 10;
+const KIND_GROUP_SET_ID: u8 = 11;
+const KIND_GROUP_DESTROY: u8 = 12;
+const KIND_CONSUMER_CREATE: u8 = 13;
+const KIND_CONSUMER_DELETE: u8 = 14;
+const KIND_DELIVER: u8 = 15;
+const KIND_ACK: u8 = 16;
+const KIND_CLAIM: u8 = 17;
+
+/// `None` on disk.
+const NO_COUNT: u64 = u64::MAX;
+
+fn put_opt(dst: &mut BytesMut, v: Option<u64>) {
+    dst.put_u64_le(v.unwrap_or(NO_COUNT));
+}
+
+fn put_ids(dst: &mut BytesMut, ids: &[StreamId]) {
+    dst.put_u32_le(ids.len() as u32);
+    for id in ids {
+        put_id(dst, *id);
+    }
+}
 
 /// One record: an operation on a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +236,14 @@ impl Record {
             Op::TrimThrough { .. } => KIND_TRIM,
             Op::SetId { .. } => KIND_SET_ID,
             Op::Drop => KIND_DROP,
+            Op::GroupCreate { .. } => KIND_GROUP_CREATE,
+            Op::GroupSetId { .. } => KIND_GROUP_SET_ID,
+            Op::GroupDestroy { .. } => KIND_GROUP_DESTROY,
+            Op::ConsumerCreate { .. } => KIND_CONSUMER_CREATE,
+            Op::ConsumerDelete { .. } => KIND_CONSUMER_DELETE,
+            Op::Deliver { .. } => KIND_DELIVER,
+            Op::Ack { .. } => KIND_ACK,
+            Op::Claim { .. } => KIND_CLAIM,
         };
         dst.put_u8(kind);
         put_bytes(dst, &self.stream);
@@ -152,12 +256,7 @@ impl Record {
                     put_bytes(dst, f);
                 }
             }
-            Op::Delete { ids } => {
-                dst.put_u32_le(ids.len() as u32);
-                for id in ids {
-                    put_id(dst, *id);
-                }
-            }
+            Op::Delete { ids } => put_ids(dst, ids),
             Op::TrimThrough { through } => put_id(dst, *through),
             Op::SetId {
                 last_id,
@@ -169,6 +268,77 @@ impl Record {
                 put_id(dst, *max_deleted_id);
             }
             Op::Drop => {}
+            Op::GroupCreate {
+                group,
+                last_id,
+                entries_read,
+            }
+            | Op::GroupSetId {
+                group,
+                last_id,
+                entries_read,
+            } => {
+                put_bytes(dst, group);
+                put_id(dst, *last_id);
+                put_opt(dst, *entries_read);
+            }
+            Op::GroupDestroy { group } => put_bytes(dst, group),
+            Op::ConsumerCreate {
+                group,
+                consumer,
+                time,
+            } => {
+                put_bytes(dst, group);
+                put_bytes(dst, consumer);
+                dst.put_u64_le(*time);
+            }
+            Op::ConsumerDelete { group, consumer } => {
+                put_bytes(dst, group);
+                put_bytes(dst, consumer);
+            }
+            Op::Deliver {
+                group,
+                consumer,
+                time,
+                last_id,
+                entries_read,
+                ids,
+            } => {
+                put_bytes(dst, group);
+                put_bytes(dst, consumer);
+                dst.put_u64_le(*time);
+                put_id(dst, *last_id);
+                put_opt(dst, *entries_read);
+                put_ids(dst, ids);
+            }
+            Op::Ack { group, ids } => {
+                put_bytes(dst, group);
+                put_ids(dst, ids);
+            }
+            Op::Claim {
+                group,
+                consumer,
+                time,
+                entries,
+                last_id,
+            } => {
+                put_bytes(dst, group);
+                put_bytes(dst, consumer);
+                dst.put_u64_le(*time);
+                dst.put_u32_le(entries.len() as u32);
+                for (id, t, n) in entries {
+                    put_id(dst, *id);
+                    dst.put_u64_le(*t);
+                    dst.put_u64_le(*n);
+                }
+                match last_id {
+                    Some(id) => {
+                        dst.put_u8(1);
+                        put_id(dst, *id);
+                    }
+                    None => dst.put_u8(0),
+                }
+            }
         }
         let len = (dst.len() - body) as u32;
         dst[start..start + 4].copy_from_slice(&len.to_le_bytes());
@@ -191,6 +361,17 @@ impl Record {
             let n = u32_(b)? as usize;
             (b.remaining() >= n).then(|| b.split_to(n))
         }
+        fn opt(b: &mut Bytes) -> Option<Option<u64>> {
+            let v = u64_(b)?;
+            Some((v != NO_COUNT).then_some(v))
+        }
+        fn ids(b: &mut Bytes) -> Option<Vec<StreamId>> {
+            let n = u32_(b)? as usize;
+            if n > b.remaining() / 16 {
+                return None;
+            }
+            (0..n).map(|_| id(b)).collect()
+        }
         if !b.has_remaining() {
             return None;
         }
@@ -207,15 +388,7 @@ impl Record {
                 let fields = (0..n).map(|_| bytes(&mut b)).collect::<Option<Vec<_>>>()?;
                 Op::Add { id, fields }
             }
-            KIND_DELETE => {
-                let n = u32_(&mut b)? as usize;
-                if n > b.remaining() / 16 {
-                    return None;
-                }
-                Op::Delete {
-                    ids: (0..n).map(|_| id(&mut b)).collect::<Option<Vec<_>>>()?,
-                }
-            }
+            KIND_DELETE => Op::Delete { ids: ids(&mut b)? },
             KIND_TRIM => Op::TrimThrough {
                 through: id(&mut b)?,
             },
@@ -225,6 +398,64 @@ impl Record {
                 max_deleted_id: id(&mut b)?,
             },
             KIND_DROP => Op::Drop,
+            KIND_GROUP_CREATE => Op::GroupCreate {
+                group: bytes(&mut b)?,
+                last_id: id(&mut b)?,
+                entries_read: opt(&mut b)?,
+            },
+            KIND_GROUP_SET_ID => Op::GroupSetId {
+                group: bytes(&mut b)?,
+                last_id: id(&mut b)?,
+                entries_read: opt(&mut b)?,
+            },
+            KIND_GROUP_DESTROY => Op::GroupDestroy {
+                group: bytes(&mut b)?,
+            },
+            KIND_CONSUMER_CREATE => Op::ConsumerCreate {
+                group: bytes(&mut b)?,
+                consumer: bytes(&mut b)?,
+                time: u64_(&mut b)?,
+            },
+            KIND_CONSUMER_DELETE => Op::ConsumerDelete {
+                group: bytes(&mut b)?,
+                consumer: bytes(&mut b)?,
+            },
+            KIND_DELIVER => Op::Deliver {
+                group: bytes(&mut b)?,
+                consumer: bytes(&mut b)?,
+                time: u64_(&mut b)?,
+                last_id: id(&mut b)?,
+                entries_read: opt(&mut b)?,
+                ids: ids(&mut b)?,
+            },
+            KIND_ACK => Op::Ack {
+                group: bytes(&mut b)?,
+                ids: ids(&mut b)?,
+            },
+            KIND_CLAIM => {
+                let group = bytes(&mut b)?;
+                let consumer = bytes(&mut b)?;
+                let time = u64_(&mut b)?;
+                let n = u32_(&mut b)? as usize;
+                if n > b.remaining() / 32 {
+                    return None;
+                }
+                let entries = (0..n)
+                    .map(|_| Some((id(&mut b)?, u64_(&mut b)?, u64_(&mut b)?)))
+                    .collect::<Option<Vec<_>>>()?;
+                let last_id = match b.has_remaining().then(|| b.get_u8())? {
+                    0 => None,
+                    1 => Some(id(&mut b)?),
+                    _ => return None,
+                };
+                Op::Claim {
+                    group,
+                    consumer,
+                    time,
+                    entries,
+                    last_id,
+                }
+            }
             _ => return None,
         };
         if b.has_remaining() {
@@ -384,6 +615,64 @@ mod tests {
                 op: Op::Drop,
             },
         ];
+        let g = || Bytes::from_static(b"group");
+        let c = || Bytes::from_static(b"consumer");
+        let ops = [
+            Op::GroupCreate {
+                group: g(),
+                last_id: StreamId::new(1, 1),
+                entries_read: None,
+            },
+            Op::GroupSetId {
+                group: g(),
+                last_id: StreamId::new(2, 2),
+                entries_read: Some(3),
+            },
+            Op::GroupDestroy { group: g() },
+            Op::ConsumerCreate {
+                group: g(),
+                consumer: c(),
+                time: 77,
+            },
+            Op::ConsumerDelete {
+                group: g(),
+                consumer: c(),
+            },
+            Op::Deliver {
+                group: g(),
+                consumer: c(),
+                time: 5,
+                last_id: StreamId::new(9, 9),
+                entries_read: Some(4),
+                ids: vec![StreamId::new(9, 8), StreamId::new(9, 9)],
+            },
+            Op::Ack {
+                group: g(),
+                ids: vec![StreamId::new(9, 8)],
+            },
+            Op::Claim {
+                group: g(),
+                consumer: c(),
+                time: 6,
+                entries: vec![(StreamId::new(9, 9), 6, 2)],
+                last_id: Some(StreamId::new(10, 0)),
+            },
+            Op::Claim {
+                group: g(),
+                consumer: c(),
+                time: 6,
+                entries: Vec::new(),
+                last_id: None,
+            },
+        ];
+        let records: Vec<Record> = records
+            .into_iter()
+            .chain(ops.into_iter().enumerate().map(|(i, op)| Record {
+                stream: Bytes::from_static(b"s"),
+                op_no: 10 + i as u64,
+                op,
+            }))
+            .collect();
         let bytes = segment(&records).freeze();
         let scan = scan_segment(bytes.clone()).unwrap();
         assert_eq!(scan.tail, Tail::Clean);

@@ -9,7 +9,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use mailring_transports::{CloseReason, Route, Session, SessionCtx};
 
-use crate::actor::{storage_error, Answer, Exec, Notify, Read, ReadFrom, StreamActor, Watch};
+use crate::actor::{
+    storage_error, Answer, Exec, GroupAnswer, GroupFrom, GroupRead, Notify, Read, ReadFrom,
+    ReadGroup, StreamActor, Watch,
+};
 use crate::command::{self, Kind};
 use crate::glob::glob_match;
 use crate::id::StreamId;
@@ -43,10 +46,10 @@ impl RespSession {
         cx.send_frame(r.to_bytes(self.proto));
     }
 
-    /// Sends `args` to the actor of the stream `args[1]`; the reply is
+    /// Sends `args` to the actor of the stream `args[at]`; the reply is
     /// written in order when it comes.
-    fn to_stream(&self, args: Vec<Bytes>, cx: &mut SessionCtx<Self>) {
-        let addr = self.shared.system.keyed::<StreamActor>(args[1].clone());
+    fn to_stream(&self, at: usize, args: Vec<Bytes>, cx: &mut SessionCtx<Self>) {
+        let addr = self.shared.system.keyed::<StreamActor>(args[at].clone());
         let proto = self.proto;
         let ask = addr.ask(Exec {
             args,
@@ -279,6 +282,7 @@ impl RespSession {
                 });
                 return;
             }
+
             _ => command::unknown_command(&args),
         };
         self.reply(reply, cx);
@@ -305,16 +309,42 @@ async fn settle(answer: Result<Answer, mailring_actors::AskError>) -> Reply {
 }
 
 impl RespSession {
+    /// `XREAD` / `XREADGROUP`'s options, or the error replied.
+    fn read_args(
+        &self,
+        args: &[Bytes],
+        group: bool,
+        cx: &mut SessionCtx<Self>,
+    ) -> Option<command::ReadArgs> {
+        let p = match command::parse_read(args, group) {
+            Ok(p) => p,
+            Err(e) => {
+                self.reply(e, cx);
+                return None;
+            }
+        };
+        if let Some(long) = p.keys.iter().find(|k| k.len() > MAX_KEY_LEN) {
+            self.reply(key_too_long(long), cx);
+            return None;
+        }
+        Some(p)
+    }
+
     /// `XREAD`: a read of each stream; when nothing is there and `BLOCK`
     /// is given, a watch on each, and a read of the first that fires.
     fn xread(&mut self, args: &[Bytes], cx: &mut SessionCtx<Self>) {
-        let p = match command::parse_xread(args) {
-            Ok(p) => p,
+        let Some(p) = self.read_args(args, false, cx) else {
+            return;
+        };
+        let ids = match p
+            .ids
+            .iter()
+            .map(|i| command::xread_id(i))
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(ids) => ids,
             Err(e) => return self.reply(e, cx),
         };
-        if let Some(long) = p.keys.iter().find(|k| k.len() > MAX_KEY_LEN) {
-            return self.reply(key_too_long(long), cx);
-        }
         let shared = self.shared.clone();
         let proto = self.proto;
         let actors: Vec<_> = p
@@ -324,7 +354,7 @@ impl RespSession {
             .collect();
         let reads: Vec<_> = actors
             .iter()
-            .zip(&p.ids)
+            .zip(&ids)
             .map(|(a, id)| {
                 a.ask(Read {
                     from: id.map_or(ReadFrom::Last, ReadFrom::After),
@@ -356,24 +386,10 @@ impl RespSession {
             let Some(block) = block else {
                 return Reply::NilArray.to_bytes(proto);
             };
-            let deadline = (block > 0)
-                .then(|| mailring::time::deadline_in(std::time::Duration::from_millis(block)));
+            let deadline = block_deadline(block);
             loop {
-                let notify = Notify::new();
-                for (i, a) in actors.iter().enumerate() {
-                    let _ = a.tell(Watch {
-                        after: after[i],
-                        notify: notify.clone(),
-                        index: i,
-                        shared: shared.clone(),
-                    });
-                }
-                let fired = match deadline {
-                    Some(d) => match mailring::time::timeout_at(d, notify.fired()).await {
-                        Ok(i) => i,
-                        Err(_) => return Reply::NilArray.to_bytes(proto),
-                    },
-                    None => notify.fired().await,
+                let Some(fired) = next_append(&actors, &after, deadline, &shared).await else {
+                    return Reply::NilArray.to_bytes(proto);
                 };
                 // Only the stream that fired is read, as Redis serves the
                 // one key that unblocked the client.
@@ -403,6 +419,196 @@ impl RespSession {
     }
 }
 
+impl RespSession {
+    /// `XREADGROUP`: every group checked (several streams), then each
+    /// stream read (`>` delivers); when nothing is new and `BLOCK` is
+    /// given, a watch on each, and a `>` read of the first that fires.
+    fn xreadgroup(&mut self, args: &[Bytes], cx: &mut SessionCtx<Self>) {
+        let Some(p) = self.read_args(args, true, cx) else {
+            return;
+        };
+        let (group, consumer) = p.group.clone().expect("parse_read checks GROUP");
+        let shared = self.shared.clone();
+        let proto = self.proto;
+        let actors: Vec<_> = p
+            .keys
+            .iter()
+            .map(|k| shared.system.keyed::<StreamActor>(k.clone()))
+            .collect();
+        let watch_actors = actors.clone();
+        let watch_shared = shared.clone();
+        let ask = move |i: usize, from: GroupFrom, check_only: bool| {
+            actors[i].ask(ReadGroup {
+                group: group.clone(),
+                consumer: consumer.clone(),
+                from,
+                count: p.count,
+                noack: p.noack,
+                check_only,
+                shared: shared.clone(),
+            })
+        };
+        let keys = p.keys.clone();
+        let ids = p.ids.clone();
+        let block = p.block;
+        let n = keys.len();
+        cx.reply_later(async move {
+            let fail = |e: mailring_actors::AskError| {
+                Reply::err(format!("stream unavailable: {e}")).to_bytes(proto)
+            };
+            // Several streams: every group must exist, and every id be
+            // valid, before anything is delivered.
+            let mut froms = Vec::with_capacity(n);
+            if n > 1 {
+                for i in 0..n {
+                    match ask(i, GroupFrom::New, true).await {
+                        Ok(GroupAnswer {
+                            read: GroupRead::Error(e),
+                            ..
+                        }) => return e.to_bytes(proto),
+                        Ok(_) => {}
+                        Err(e) => return fail(e),
+                    }
+                }
+            }
+            for id in &ids {
+                match command::xreadgroup_id(id) {
+                    Ok(None) => froms.push(GroupFrom::New),
+                    Ok(Some(_)) => froms.push(GroupFrom::History(id.clone())),
+                    Err(e) if n > 1 => return e.to_bytes(proto),
+                    // One stream: the actor checks the group first.
+                    Err(e) => {
+                        if id.as_ref() == b"$" {
+                            match ask(0, GroupFrom::New, true).await {
+                                Ok(GroupAnswer {
+                                    read: GroupRead::Error(g),
+                                    ..
+                                }) => return g.to_bytes(proto),
+                                Ok(_) => return e.to_bytes(proto),
+                                Err(a) => return fail(a),
+                            }
+                        }
+                        froms.push(GroupFrom::History(id.clone()));
+                    }
+                }
+            }
+            let mut found = Vec::new();
+            let mut last_ids = Vec::with_capacity(n);
+            for (i, from) in froms.iter().enumerate() {
+                let answer = match ask(i, from.clone(), false).await {
+                    Ok(a) => a,
+                    Err(e) => return fail(e),
+                };
+                last_ids.push(answer.last_id);
+                let entries = match answer.read {
+                    GroupRead::Entries(e) => e,
+                    GroupRead::Error(e) => return e.to_bytes(proto),
+                };
+                if let Some(t) = answer.durable {
+                    if let Err(e) = t.await {
+                        return storage_error(&e).to_bytes(proto);
+                    }
+                }
+                if !entries.is_empty() || matches!(from, GroupFrom::History(_)) {
+                    found.push((keys[i].clone(), entries));
+                }
+            }
+            if !found.is_empty() {
+                return group_streams_reply(found, proto).to_bytes(proto);
+            }
+            let Some(block) = block else {
+                return Reply::NilArray.to_bytes(proto);
+            };
+            let deadline = block_deadline(block);
+            loop {
+                let Some(fired) =
+                    next_append(&watch_actors, &last_ids, deadline, &watch_shared).await
+                else {
+                    return Reply::NilArray.to_bytes(proto);
+                };
+                let answer = match ask(fired, GroupFrom::New, false).await {
+                    Ok(a) => a,
+                    Err(e) => return fail(e),
+                };
+                last_ids[fired] = answer.last_id;
+                match answer.read {
+                    GroupRead::Entries(e) if !e.is_empty() => {
+                        if let Some(t) = answer.durable {
+                            if let Err(err) = t.await {
+                                return storage_error(&err).to_bytes(proto);
+                            }
+                        }
+                        return group_streams_reply(vec![(keys[fired].clone(), e)], proto)
+                            .to_bytes(proto);
+                    }
+                    GroupRead::Entries(_) => {}
+                    // The group went away while blocked.
+                    GroupRead::Error(e) => return e.to_bytes(proto),
+                }
+            }
+        });
+        if block.is_some() {
+            cx.hold_frames_until_replied();
+        }
+    }
+}
+
+/// When a `BLOCK ms` read gives up (`0`: never).
+fn block_deadline(ms: u64) -> Option<std::time::Instant> {
+    (ms > 0).then(|| mailring::time::deadline_in(std::time::Duration::from_millis(ms)))
+}
+
+/// Watches each stream for an append after its id; the index of the first
+/// that fires, or `None` at the deadline.
+async fn next_append(
+    actors: &[mailring_actors::Addr<StreamActor>],
+    after: &[StreamId],
+    deadline: Option<std::time::Instant>,
+    shared: &Arc<Shared>,
+) -> Option<usize> {
+    let notify = Notify::new();
+    for (i, (a, after)) in actors.iter().zip(after).enumerate() {
+        let _ = a.tell(Watch {
+            after: *after,
+            notify: notify.clone(),
+            index: i,
+            shared: shared.clone(),
+        });
+    }
+    match deadline {
+        Some(d) => mailring::time::timeout_at(d, notify.fired()).await.ok(),
+        None => Some(notify.fired().await),
+    }
+}
+
+/// `XREADGROUP`'s reply: like `XREAD`'s, a deleted entry read from the
+/// history without its fields.
+/// A stream's entries read by a group (a deleted one without fields).
+type GroupEntries = Vec<(StreamId, Option<Fields>)>;
+
+fn group_streams_reply(found: Vec<(Bytes, GroupEntries)>, proto: Protocol) -> Reply {
+    let per_stream = found.into_iter().map(|(key, entries)| {
+        (
+            Reply::Bulk(key),
+            Reply::Array(
+                entries
+                    .iter()
+                    .map(|(id, f)| match f {
+                        Some(f) => entry_reply(*id, f),
+                        None => Reply::Array(vec![id.reply(), Reply::NilArray]),
+                    })
+                    .collect(),
+            ),
+        )
+    });
+    match proto {
+        Protocol::Resp3 => Reply::Map(per_stream.collect()),
+        Protocol::Resp2 => {
+            Reply::Array(per_stream.map(|(k, v)| Reply::Array(vec![k, v])).collect())
+        }
+    }
+}
+
 /// `XREAD`'s reply: per stream with entries, its name and the entries (a
 /// map in RESP3).
 fn streams_reply(found: Vec<(Bytes, Vec<(StreamId, Fields)>)>, proto: Protocol) -> Reply {
@@ -424,6 +630,49 @@ fn key_too_long(_key: &[u8]) -> Reply {
     Reply::err(format!(
         "stream name longer than the limit of {MAX_KEY_LEN} bytes"
     ))
+}
+
+/// `XGROUP HELP` / `XINFO HELP`.
+fn help(command: &str) -> Reply {
+    let lines: &[&str] = if command == "xgroup" {
+        &[
+            "XGROUP <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "CREATE <key> <groupname> <id|$> [option]",
+            "    Create a new consumer group. Options are:",
+            "    * MKSTREAM",
+            "      Create the empty stream if it does not exist.",
+            "    * ENTRIESREAD entries_read",
+            "      Set the group's entries_read counter (internal use).",
+            "CREATECONSUMER <key> <groupname> <consumer>",
+            "    Create a new consumer in the specified group.",
+            "DELCONSUMER <key> <groupname> <consumer>",
+            "    Remove the specified consumer.",
+            "DESTROY <key> <groupname>",
+            "    Remove the specified group.",
+            "SETID <key> <groupname> <id|$> [ENTRIESREAD entries_read]",
+            "    Set the current group ID and entries_read counter.",
+            "HELP",
+            "    Prints this help.",
+        ]
+    } else {
+        &[
+            "XINFO <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "CONSUMERS <key> <groupname>",
+            "    Show consumers of <groupname>.",
+            "GROUPS <key>",
+            "    Show the stream consumer groups.",
+            "STREAM <key> [FULL [COUNT <count>]",
+            "    Show information about the stream.",
+            "HELP",
+            "    Prints this help.",
+        ]
+    };
+    Reply::Array(
+        lines
+            .iter()
+            .map(|l| Reply::StatusOwned((*l).to_owned()))
+            .collect(),
+    )
 }
 
 fn noauth_hello() -> Reply {
@@ -448,7 +697,7 @@ fn first_stream(args: &[Bytes]) -> Option<&Bytes> {
         return None;
     }
     match spec.kind {
-        Kind::Stream => Some(&args[1]),
+        Kind::Stream(at) => args.get(at),
         Kind::Read => args.get(command::streams_at(args)?),
         Kind::Connection => None,
     }
@@ -496,8 +745,20 @@ impl Session for RespSession {
             return;
         }
         match spec.kind {
-            Kind::Stream if args[1].len() > MAX_KEY_LEN => self.reply(key_too_long(&args[1]), cx),
-            Kind::Stream => self.to_stream(args, cx),
+            Kind::Stream(2) => {
+                // `XGROUP` / `XINFO`: the subcommand first.
+                match command::check_subcommand(spec.name, &args) {
+                    Ok("help") => self.reply(help(spec.name), cx),
+                    Ok(_) if args[2].len() > MAX_KEY_LEN => self.reply(key_too_long(&args[2]), cx),
+                    Ok(_) => self.to_stream(2, args, cx),
+                    Err(e) => self.reply(e, cx),
+                }
+            }
+            Kind::Stream(at) if args[at].len() > MAX_KEY_LEN => {
+                self.reply(key_too_long(&args[at]), cx)
+            }
+            Kind::Stream(at) => self.to_stream(at, args, cx),
+            Kind::Read if spec.name == "xreadgroup" => self.xreadgroup(&args, cx),
             Kind::Read => self.xread(&args, cx),
             Kind::Connection => self.connection_command(args, cx),
         }

@@ -226,6 +226,11 @@ fn apply(stream: &mut Option<Stream>, op: Op) {
             s.set_counters(entries_added, max_deleted_id);
         }
         Op::Drop => *stream = None,
+        group_op => {
+            if let Some(s) = stream {
+                s.apply_group(group_op);
+            }
+        }
     }
 }
 

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::group::Group;
 use crate::id::{AddId, StreamId};
+use crate::log::Op;
 use crate::resp::Reply;
 
 /// An entry's field-value pairs, flattened (`f1 v1 f2 v2 ...`); shared by
@@ -21,29 +23,130 @@ pub type Fields = Arc<[Bytes]>;
 /// (by count, and by an estimate of Redis's encoded size) so `~` removes
 /// what Redis would.
 pub const NODE_MAX_ENTRIES: u32 = 100;
-/// Bytes per node at most (Redis's `stream-node-max-bytes`), against an
-/// estimate of the listpack encoding.
-pub const NODE_MAX_BYTES: u32 = 4096;
+/// Bytes per node at most (Redis's `stream-node-max-bytes`), against the
+/// size Redis's listpack encoding would give it.
+pub const NODE_MAX_BYTES: u64 = 4096;
 
 /// One node's worth of entries, as Redis would group them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Node {
-    /// Entries ever put in it (deleted ones too: they keep their slot).
+    /// Entries ever put in it (deleted ones keep their slot).
     total: u32,
     /// Entries still there.
     live: u32,
-    /// Estimated encoded size.
-    bytes: u32,
-    /// Its last entry's id.
+    /// Its listpack's size, as Redis's encoding would make it.
+    bytes: u64,
+    /// Its last element's id (live or deleted).
     last: StreamId,
+    /// Its first entry's id (Redis's master id).
+    master_id: StreamId,
+    /// Its first entry's field names (Redis's master fields).
+    master_fields: Vec<Bytes>,
 }
 
-/// An estimate of an entry's size in a Redis listpack node: each field
-/// and value with its element overhead, plus the entry's id deltas, flags
-/// and back-length.
-fn encoded_estimate(fields: &[Bytes]) -> u32 {
-    let elements: usize = fields.iter().map(|f| f.len() + 2).sum();
-    (elements + 8).min(u32::MAX as usize) as u32
+/// Sizes of Redis's listpack encoding, for the node boundaries.
+mod listpack {
+    use bytes::Bytes;
+
+    use crate::id::StreamId;
+
+    fn int_len(v: i64) -> u64 {
+        match v {
+            0..=127 => 1,
+            -4096..=4095 => 2,
+            -32768..=32767 => 3,
+            -8_388_608..=8_388_607 => 4,
+            _ if i32::try_from(v).is_ok() => 5,
+            _ => 9,
+        }
+    }
+
+    fn back_len(l: u64) -> u64 {
+        match l {
+            0..=127 => 1,
+            128..=16382 => 2,
+            16383..=2_097_150 => 3,
+            2_097_151..=268_435_454 => 4,
+            _ => 5,
+        }
+    }
+
+    fn int_element(v: i64) -> u64 {
+        let e = int_len(v);
+        e + back_len(e)
+    }
+
+    /// A string that listpack stores as an integer (canonical decimal).
+    fn canonical_int(b: &[u8]) -> Option<i64> {
+        if b.is_empty() || b.len() > 20 {
+            return None;
+        }
+        if b == b"0" {
+            return Some(0);
+        }
+        let digits = b.strip_prefix(b"-").unwrap_or(b);
+        if digits.is_empty() || !(b'1'..=b'9').contains(&digits[0]) {
+            return None;
+        }
+        std::str::from_utf8(b).ok()?.parse().ok()
+    }
+
+    fn str_element(b: &[u8]) -> u64 {
+        if let Some(v) = canonical_int(b) {
+            return int_element(v);
+        }
+        let n = b.len() as u64;
+        let e = match n {
+            0..=63 => 1 + n,
+            64..=4095 => 2 + n,
+            _ => 5 + n,
+        };
+        e + back_len(e)
+    }
+
+    /// A new node's header and master entry.
+    pub(super) fn node_bytes(field_names: &[Bytes]) -> u64 {
+        7 + int_element(1)
+            + int_element(0)
+            + int_element(field_names.len() as i64)
+            + field_names.iter().map(|f| str_element(f)).sum::<u64>()
+            + int_element(0)
+    }
+
+    /// One entry appended to a node with this master.
+    pub(super) fn entry_bytes(
+        master_id: StreamId,
+        master_fields: &[Bytes],
+        id: StreamId,
+        fields: &[Bytes],
+    ) -> u64 {
+        let n = fields.len() / 2;
+        let same = n == master_fields.len()
+            && fields
+                .iter()
+                .step_by(2)
+                .zip(master_fields)
+                .all(|(a, b)| a == b);
+        let mut bytes = int_element(if same { 2 } else { 0 })
+            + int_element(id.ms.wrapping_sub(master_id.ms) as i64)
+            + int_element(id.seq.wrapping_sub(master_id.seq) as i64);
+        if !same {
+            bytes += int_element(n as i64);
+            bytes += fields
+                .iter()
+                .step_by(2)
+                .map(|f| str_element(f))
+                .sum::<u64>();
+        }
+        bytes += fields
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .map(|v| str_element(v))
+            .sum::<u64>();
+        let lp_count = n + 3 + if same { 0 } else { n + 1 };
+        bytes + int_element(lp_count as i64)
+    }
 }
 
 /// Error for `XADD` when the stream's last id is the largest.
@@ -83,6 +186,8 @@ pub struct Stream {
     last_id: StreamId,
     max_deleted_id: StreamId,
     entries_added: u64,
+    /// Consumer groups by name.
+    pub groups: BTreeMap<Bytes, Group>,
 }
 
 impl Stream {
@@ -168,23 +273,30 @@ impl Stream {
     /// Appends an entry with an id from [`Stream::next_id`].
     pub fn insert(&mut self, id: StreamId, fields: Fields) {
         debug_assert!(id > self.last_id || (self.entries_added == 0 && id > StreamId::MIN));
-        let bytes = encoded_estimate(&fields);
-        match self.nodes.back_mut() {
-            Some(n)
-                if n.total < NODE_MAX_ENTRIES && n.bytes.saturating_add(bytes) < NODE_MAX_BYTES =>
-            {
-                n.total += 1;
-                n.live += 1;
-                n.bytes += bytes;
-                n.last = id;
-            }
-            _ => self.nodes.push_back(Node {
-                total: 1,
-                live: 1,
-                bytes,
+        // Redis starts a node when the tail is full by count (deleted
+        // entries included) or when the raw field and value bytes would
+        // take its listpack to the byte limit.
+        let raw: u64 = fields.iter().map(|f| f.len() as u64).sum();
+        let fits = self
+            .nodes
+            .back()
+            .is_some_and(|n| n.total < NODE_MAX_ENTRIES && n.bytes + raw < NODE_MAX_BYTES);
+        if !fits {
+            let names: Vec<Bytes> = fields.iter().step_by(2).cloned().collect();
+            self.nodes.push_back(Node {
+                total: 0,
+                live: 0,
+                bytes: listpack::node_bytes(&names),
                 last: id,
-            }),
+                master_id: id,
+                master_fields: names,
+            });
         }
+        let n = self.nodes.back_mut().expect("a tail node");
+        n.bytes += listpack::entry_bytes(n.master_id, &n.master_fields, id, &fields);
+        n.total += 1;
+        n.live += 1;
+        n.last = id;
         self.entries.insert(id, fields);
         self.last_id = id;
         self.entries_added += 1;
@@ -201,64 +313,98 @@ impl Stream {
         Ok(id)
     }
 
-    /// How many of the oldest entries a trim removes: whole nodes while
-    /// the target allows (and, with `~`, within `LIMIT`: by default 100
-    /// nodes' worth); then, for an exact trim, single entries.
-    pub fn trim_plan(&self, trim: &Trim) -> u64 {
-        let len = self.len();
+    /// What a trim would remove, as Redis trims: whole nodes from the head
+    /// while the target allows (and, with `~`, within `LIMIT`: by default
+    /// 100 nodes' worth); then, for an exact trim, single entries of the
+    /// next node. The count, and the id [`Stream::trim_through`] replays
+    /// it with.
+    pub fn trim_plan(&self, trim: &Trim) -> (u64, Option<StreamId>) {
         let limit = match (trim.approx, trim.limit) {
             (true, None) => u64::from(NODE_MAX_ENTRIES) * 100,
             (true, Some(l)) => l,
             (false, _) => 0,
         };
+        let mut length = self.len();
         let mut removed = 0u64;
+        let mut through = None;
+        let mut prev_last = None;
         for node in &self.nodes {
+            if let TrimTo::MaxLen(max) = trim.to {
+                if length <= max {
+                    break;
+                }
+            }
             let live = u64::from(node.live);
-            let whole = match trim.to {
-                TrimTo::MaxLen(max) => len - removed - live >= max,
-                TrimTo::MinId(min) => node.last < min,
-            };
-            if !whole || (limit > 0 && removed + live > limit) {
+            if limit != 0 && removed + live > limit {
                 break;
             }
-            removed += live;
-        }
-        if trim.approx {
-            return removed;
-        }
-        match trim.to {
-            TrimTo::MaxLen(max) => len.saturating_sub(max),
-            TrimTo::MinId(min) => self.entries.range(..min).count() as u64,
-        }
-    }
-
-    /// Trims; the number of entries removed and the last id removed.
-    pub fn trim(&mut self, trim: &Trim) -> (u64, Option<StreamId>) {
-        let n = self.trim_plan(trim);
-        (n, self.remove_oldest(n))
-    }
-
-    /// Removes the `n` oldest entries; the last id removed.
-    pub fn remove_oldest(&mut self, n: u64) -> Option<StreamId> {
-        let mut last = None;
-        for _ in 0..n {
-            let Some((id, _)) = self.entries.pop_first() else {
-                break;
+            let whole = match trim.to {
+                TrimTo::MaxLen(max) => length - live >= max,
+                TrimTo::MinId(min) => node.last < min,
             };
-            self.forget(id);
-            last = Some(id);
+            if whole {
+                length -= live;
+                removed += live;
+                through = Some(node.last);
+                prev_last = Some(node.last);
+                continue;
+            }
+            if trim.approx {
+                break;
+            }
+            let lo = prev_last.map_or(Bound::Unbounded, Bound::Excluded);
+            for (&id, _) in self.entries.range((lo, Bound::Included(node.last))) {
+                let done = match trim.to {
+                    TrimTo::MaxLen(max) => length <= max,
+                    TrimTo::MinId(min) => id >= min,
+                };
+                if done {
+                    break;
+                }
+                length -= 1;
+                removed += 1;
+                through = Some(id);
+            }
+            break;
         }
-        last
+        (removed, through)
     }
 
-    /// Removes every entry up to `through` (a logged trim, replayed).
+    /// Trims; the number of entries removed and the id that replays it.
+    pub fn trim(&mut self, trim: &Trim) -> (u64, Option<StreamId>) {
+        let (n, through) = self.trim_plan(trim);
+        if let Some(t) = through {
+            self.trim_through(t);
+        }
+        (n, through)
+    }
+
+    /// Removes head nodes whose last element is at most `through`, then
+    /// the entries up to `through` of the next node (which stays, as in
+    /// Redis). Trimming does not move `max_deleted_id`.
     pub fn trim_through(&mut self, through: StreamId) {
+        while let Some(node) = self.nodes.front() {
+            if node.last > through {
+                break;
+            }
+            let last = node.last;
+            self.nodes.pop_front();
+            while self
+                .entries
+                .first_key_value()
+                .is_some_and(|(id, _)| *id <= last)
+            {
+                self.entries.pop_first();
+            }
+        }
         while let Some((&id, _)) = self.entries.first_key_value() {
             if id > through {
                 break;
             }
             self.entries.pop_first();
-            self.forget(id);
+            if let Some(node) = self.nodes.front_mut() {
+                node.live -= 1;
+            }
         }
     }
 
@@ -274,8 +420,9 @@ impl Stream {
         n
     }
 
-    /// Accounts for removed entry `id`: its node loses it (and goes when
-    /// empty), and the largest deleted id moves up.
+    /// Accounts for deleted entry `id` (`XDEL`): its node loses it (and
+    /// goes when it has no live entry left), and the largest deleted id
+    /// moves up.
     fn forget(&mut self, id: StreamId) {
         self.max_deleted_id = self.max_deleted_id.max(id);
         let at = self.nodes.partition_point(|n| n.last < id);
@@ -323,6 +470,191 @@ impl Stream {
     pub fn set_counters(&mut self, entries_added: u64, max_deleted_id: StreamId) {
         self.entries_added = entries_added;
         self.max_deleted_id = max_deleted_id;
+    }
+}
+
+impl Stream {
+    /// Nodes the entries sit in (Redis's `radix-tree-keys`).
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The first entry's id, `0-0` when empty (Redis's
+    /// `recorded-first-entry-id`).
+    pub fn first_id(&self) -> StreamId {
+        self.first().map_or(StreamId::MIN, |(id, _)| id)
+    }
+
+    /// Whether deleted entries may lie in `[start, end]` (Redis checks the
+    /// largest deleted id only).
+    pub fn has_tombstones(&self, start: Option<StreamId>, end: Option<StreamId>) -> bool {
+        if self.is_empty()
+            || self.max_deleted_id == StreamId::MIN
+            || self.first_id() > self.max_deleted_id
+        {
+            return false;
+        }
+        let start = start.unwrap_or(StreamId::MIN);
+        let end = end.unwrap_or(StreamId::MAX);
+        start <= self.max_deleted_id && self.max_deleted_id <= end
+    }
+
+    /// How many entries were added up to `id`, when that can be known
+    /// without counting (Redis's estimate of a group's `entries-read`).
+    pub fn estimate_distance(&self, id: StreamId) -> Option<u64> {
+        if self.entries_added == 0 {
+            return Some(0);
+        }
+        if self.is_empty() && id <= self.last_id {
+            return Some(self.entries_added);
+        }
+        if id == self.last_id {
+            return Some(self.entries_added);
+        }
+        if id > self.last_id {
+            return None;
+        }
+        let first = self.first_id();
+        if self.max_deleted_id == StreamId::MIN || self.max_deleted_id < first {
+            // No deletions among the entries left.
+            if id < first {
+                return Some(self.entries_added - self.len());
+            }
+            if id == first {
+                return Some(self.entries_added - self.len() + 1);
+            }
+        }
+        None
+    }
+
+    /// A group's lag: entries added that it has not read, when known.
+    pub fn lag(&self, group: &Group) -> Option<u64> {
+        if self.entries_added == 0 {
+            return Some(0);
+        }
+        if let Some(read) = group.entries_read {
+            if !self.has_tombstones(Some(group.last_id), None) {
+                return Some(self.entries_added.saturating_sub(read));
+            }
+        }
+        self.estimate_distance(group.last_id)
+            .map(|read| self.entries_added.saturating_sub(read))
+    }
+
+    /// The read counter after delivering `id` to a group whose counter was
+    /// `entries_read` (Redis counts on while no deletion lies ahead, and
+    /// estimates again otherwise).
+    pub fn entries_read_after(&self, entries_read: Option<u64>, id: StreamId) -> Option<u64> {
+        match entries_read {
+            Some(n) if !self.has_tombstones(Some(id), None) => Some(n + 1),
+            _ if self.entries_added > 0 => self.estimate_distance(id),
+            other => other,
+        }
+    }
+
+    /// Applies a logged group operation (live, after logging it, and at
+    /// recovery, the same way).
+    pub fn apply_group(&mut self, op: Op) {
+        match op {
+            Op::GroupCreate {
+                group,
+                last_id,
+                entries_read,
+            } => {
+                self.groups
+                    .entry(group)
+                    .or_insert_with(|| Group::new(last_id, entries_read));
+            }
+            Op::GroupSetId {
+                group,
+                last_id,
+                entries_read,
+            } => {
+                if let Some(g) = self.groups.get_mut(&group) {
+                    g.last_id = last_id;
+                    g.entries_read = entries_read;
+                }
+            }
+            Op::GroupDestroy { group } => {
+                self.groups.remove(&group);
+            }
+            Op::ConsumerCreate {
+                group,
+                consumer,
+                time,
+            } => {
+                if let Some(g) = self.groups.get_mut(&group) {
+                    g.create_consumer(&consumer, time);
+                }
+            }
+            Op::ConsumerDelete { group, consumer } => {
+                if let Some(g) = self.groups.get_mut(&group) {
+                    g.delete_consumer(&consumer);
+                }
+            }
+            Op::Deliver {
+                group,
+                consumer,
+                time,
+                last_id,
+                entries_read,
+                ids,
+            } => {
+                if let Some(g) = self.groups.get_mut(&group) {
+                    g.create_consumer(&consumer, time);
+                    for id in ids {
+                        g.deliver(id, &consumer, time);
+                    }
+                    if last_id > g.last_id {
+                        g.last_id = last_id;
+                    }
+                    g.entries_read = entries_read;
+                    if let Some(c) = g.consumers.get_mut(&consumer) {
+                        c.seen_time = time;
+                    }
+                }
+            }
+            Op::Ack { group, ids } => {
+                if let Some(g) = self.groups.get_mut(&group) {
+                    for id in ids {
+                        g.ack(id);
+                    }
+                }
+            }
+            Op::Claim {
+                group,
+                consumer,
+                time,
+                entries,
+                last_id,
+            } => {
+                if let Some(g) = self.groups.get_mut(&group) {
+                    // The consumer is made (and seen) only by a claim that
+                    // takes something.
+                    if !entries.is_empty() {
+                        g.create_consumer(&consumer, time);
+                        if let Some(c) = g.consumers.get_mut(&consumer) {
+                            c.seen_time = time;
+                        }
+                    }
+                    for (id, t, n) in entries {
+                        g.claim(id, &consumer, t, n);
+                    }
+                    if let Some(id) = last_id {
+                        if id > g.last_id {
+                            g.last_id = id;
+                        }
+                    }
+                }
+            }
+            Op::Add { .. }
+            | Op::Delete { .. }
+            | Op::TrimThrough { .. }
+            | Op::SetId { .. }
+            | Op::Drop => {
+                debug_assert!(false, "not a group operation");
+            }
+        }
     }
 }
 
@@ -435,7 +767,7 @@ mod tests {
         // 250 over: two whole nodes of 100.
         assert_eq!(s.trim(&approx(100)), (200, Some(StreamId::new(200, 0))));
         // 150 left in nodes of 100 and 50: `~ 50` leaves the last node.
-        assert_eq!(s.trim_plan(&approx(50)), 100);
+        assert_eq!(s.trim_plan(&approx(50)).0, 100);
         assert_eq!(s.len(), 150);
         let exact = Trim {
             to: TrimTo::MinId(StreamId::new(300, 0)),
@@ -444,8 +776,10 @@ mod tests {
         };
         assert_eq!(s.trim(&exact).0, 99);
         assert_eq!(s.first().unwrap().0, StreamId::new(300, 0));
-        assert_eq!(s.max_deleted_id(), StreamId::new(299, 0));
+        // Trims do not count as deletions.
+        assert_eq!(s.max_deleted_id(), StreamId::MIN);
         assert_eq!(s.delete(&[StreamId::new(350, 0), StreamId::new(1, 0)]), 1);
+        assert_eq!(s.max_deleted_id(), StreamId::new(350, 0));
         assert_eq!(s.last_id(), StreamId::new(350, 0));
     }
 }

@@ -635,7 +635,7 @@ fn xread_reads_several_streams_and_blocks_until_an_append() {
     );
     assert_eq!(
         c.cmd(&["XREAD", "STREAMS", "ra", "rb", "0"]),
-        R::Error("ERR Unbalanced 'xread' list of streams: for each stream key an ID or '$' must be specified.".into())
+        R::Error("ERR Unbalanced XREAD list of streams: for each stream key an ID or '$' must be specified.".into())
     );
     assert_eq!(
         c.cmd(&["XREAD", "BLOCK", "-1", "STREAMS", "ra", "0"]),
@@ -688,5 +688,148 @@ fn a_reader_that_leaves_while_blocked_costs_nothing() {
     let mut p = Client::connect(broker.local_addr());
     assert_eq!(p.cmd(&["XADD", "quiet", "1-1", "a", "b"]), R::bulk("1-1"));
     assert_eq!(p.cmd(&["XLEN", "quiet"]), R::Int(1));
+    broker.shutdown();
+}
+
+#[test]
+fn consumer_groups_resume_after_a_restart_where_their_acks_left_them() {
+    let dir = TempDir::new();
+    let summary;
+    let groups;
+    {
+        let broker = start_in(&dir.0, 2, BrokerConfig::default());
+        let mut c = Client::connect(broker.local_addr());
+        for i in 1..=6 {
+            let id = format!("{i}-0");
+            assert_eq!(
+                c.cmd(&["XADD", "jobs", &id, "n", &i.to_string()]),
+                R::bulk(&id)
+            );
+        }
+        assert_eq!(
+            c.cmd(&["XGROUP", "CREATE", "jobs", "workers", "0"]),
+            R::Status("OK".into())
+        );
+        c.cmd(&[
+            "XREADGROUP",
+            "GROUP",
+            "workers",
+            "a",
+            "COUNT",
+            "3",
+            "STREAMS",
+            "jobs",
+            ">",
+        ]);
+        c.cmd(&[
+            "XREADGROUP",
+            "GROUP",
+            "workers",
+            "b",
+            "COUNT",
+            "2",
+            "STREAMS",
+            "jobs",
+            ">",
+        ]);
+        assert_eq!(c.cmd(&["XACK", "jobs", "workers", "1-0", "4-0"]), R::Int(2));
+        assert_eq!(
+            c.cmd(&["XCLAIM", "jobs", "workers", "b", "0", "2-0", "JUSTID"]),
+            R::Array(vec![R::bulk("2-0")])
+        );
+        summary = c.cmd(&["XPENDING", "jobs", "workers"]);
+        groups = c.cmd(&["XINFO", "GROUPS", "jobs"]);
+        broker.shutdown();
+    }
+    let broker = start_in(&dir.0, 3, BrokerConfig::default());
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XPENDING", "jobs", "workers"]), summary);
+    assert_eq!(c.cmd(&["XINFO", "GROUPS", "jobs"]), groups);
+    assert_eq!(
+        summary,
+        R::Array(vec![
+            R::Int(3),
+            R::bulk("2-0"),
+            R::bulk("5-0"),
+            R::Array(vec![
+                R::Array(vec![R::bulk("a"), R::bulk("1")]),
+                R::Array(vec![R::bulk("b"), R::bulk("2")]),
+            ]),
+        ])
+    );
+    // New deliveries continue after the last delivered id.
+    assert_eq!(
+        c.cmd(&[
+            "XREADGROUP",
+            "GROUP",
+            "workers",
+            "c",
+            "STREAMS",
+            "jobs",
+            ">"
+        ]),
+        R::Array(vec![R::Array(vec![
+            R::bulk("jobs"),
+            R::Array(vec![entry("6-0", &["n", "6"])])
+        ])])
+    );
+    broker.shutdown();
+}
+
+#[test]
+fn a_blocked_xreadgroup_is_served_by_the_next_append() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(
+        c.cmd(&["XGROUP", "CREATE", "q", "g", "$", "MKSTREAM"]),
+        R::Status("OK".into())
+    );
+    // Nothing new: a null after the block, and no consumer made.
+    assert_eq!(
+        c.cmd(&[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "w",
+            "BLOCK",
+            "20",
+            "STREAMS",
+            "q",
+            ">"
+        ]),
+        R::Nil
+    );
+    assert_eq!(c.cmd(&["XINFO", "CONSUMERS", "q", "g"]), R::Array(vec![]));
+    c.send_raw(&encode(&[
+        b"XREADGROUP",
+        b"GROUP",
+        b"g",
+        b"w",
+        b"BLOCK",
+        b"0",
+        b"STREAMS",
+        b"q",
+        b">",
+    ]));
+    std::thread::sleep(Duration::from_millis(50));
+    let mut p = Client::connect(broker.local_addr());
+    assert_eq!(p.cmd(&["XADD", "q", "1-1", "job", "x"]), R::bulk("1-1"));
+    assert_eq!(
+        c.read(),
+        R::Array(vec![R::Array(vec![
+            R::bulk("q"),
+            R::Array(vec![entry("1-1", &["job", "x"])])
+        ])])
+    );
+    let pending = p.cmd(&["XPENDING", "q", "g"]);
+    assert_eq!(
+        pending,
+        R::Array(vec![
+            R::Int(1),
+            R::bulk("1-1"),
+            R::bulk("1-1"),
+            R::Array(vec![R::Array(vec![R::bulk("w"), R::bulk("1")])]),
+        ])
+    );
     broker.shutdown();
 }
