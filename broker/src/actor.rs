@@ -17,14 +17,14 @@ pub use self::groups::{GroupFrom, GroupRead};
 use crate::command;
 use crate::id::StreamId;
 use crate::log::{Op, Record};
-use crate::resp::Reply;
+use crate::resp::{Protocol, Reply};
 use crate::server::Shared;
 use crate::store::{self, ShardLog, StorageError, Ticket};
 use crate::stream::{entry_reply, Fields, Stream};
 
 /// One stream: a keyed actor owning its entries (key = the stream's name).
 #[derive(Debug, Actor)]
-#[actor(key = Bytes, activate = StreamActor::new, handles(Exec, Read, Watch, ReadGroup))]
+#[actor(key = Bytes, activate = StreamActor::new, handles(Exec, Read, Watch, ReadGroup, ExecBatch))]
 pub struct StreamActor {
     name: Bytes,
     stream: Option<Stream>,
@@ -36,6 +36,8 @@ pub struct StreamActor {
     log: Option<Rc<ShardLog>>,
     /// Blocked readers to wake at the next append.
     watchers: Vec<(Arc<Notify>, usize)>,
+    /// While a transaction runs: its operations, logged as one record.
+    batch: Option<Vec<Op>>,
 }
 
 impl StreamActor {
@@ -47,6 +49,7 @@ impl StreamActor {
             op_no: 0,
             log: None,
             watchers: Vec::new(),
+            batch: None,
         }
     }
 }
@@ -218,6 +221,134 @@ impl Handler<ReadGroup> for StreamActor {
     }
 }
 
+/// A `MULTI`/`EXEC` transaction on this stream: its commands run in
+/// order with no other command between them, and their changes are logged
+/// as one record (all or nothing after a crash).
+#[derive(Debug, Message)]
+#[message(reply = BatchAnswer)]
+pub struct ExecBatch {
+    /// The commands, each with its arguments.
+    pub commands: Vec<Vec<Bytes>>,
+    /// The connection's protocol (the shape of read replies).
+    pub proto: Protocol,
+    /// The broker.
+    pub shared: Arc<Shared>,
+}
+
+/// The replies of an [`ExecBatch`], and the flush they wait for.
+#[derive(Debug)]
+pub struct BatchAnswer {
+    /// One reply per command.
+    pub replies: Vec<Reply>,
+    /// Completes when the transaction's record is flushed.
+    pub durable: Option<Ticket>,
+}
+
+impl Handler<ExecBatch> for StreamActor {
+    async fn handle(&mut self, m: ExecBatch, _cx: &mut Ctx<Self>) -> BatchAnswer {
+        self.load(&m.shared);
+        let added_before = self.stream.as_ref().map(Stream::entries_added);
+        self.batch = Some(Vec::new());
+        let replies: Vec<Reply> = m
+            .commands
+            .iter()
+            .map(|args| self.exec_in_batch(args, m.proto, &m.shared))
+            .collect();
+        let ops = self.batch.take().unwrap_or_default();
+        let durable = if ops.is_empty() {
+            None
+        } else {
+            match self.log(Op::Batch(ops)) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    // Nothing was logged: every change is refused.
+                    let err = storage_error(&e);
+                    return BatchAnswer {
+                        replies: replies.iter().map(|_| err.clone()).collect(),
+                        durable: None,
+                    };
+                }
+            }
+        };
+        if self.stream.as_ref().map(Stream::entries_added) != added_before {
+            self.wake_watchers();
+        }
+        BatchAnswer { replies, durable }
+    }
+}
+
+impl StreamActor {
+    /// One command of a transaction: stream commands, `DEL` / `EXISTS` /
+    /// `TYPE` of this stream, and `XREAD` / `XREADGROUP` without blocking.
+    fn exec_in_batch(&mut self, args: &[Bytes], proto: Protocol, shared: &Shared) -> Reply {
+        let name = args[0].to_ascii_lowercase();
+        match name.as_slice() {
+            b"exists" => Reply::Int(
+                args[1..]
+                    .iter()
+                    .filter(|k| self.stream.is_some() && **k == self.name)
+                    .count() as i64,
+            ),
+            b"type" => Reply::Status(if self.stream.is_some() {
+                "stream"
+            } else {
+                "none"
+            }),
+            b"xread" => {
+                let p = match command::parse_read(args, false) {
+                    Ok(p) => p,
+                    Err(e) => return e,
+                };
+                let after = match command::xread_id(&p.ids[0]) {
+                    Ok(Some(id)) => id,
+                    Ok(None) => self.stream.as_ref().map_or(StreamId::MIN, Stream::last_id),
+                    Err(e) => return e,
+                };
+                let entries = match (self.stream.as_ref(), after.next()) {
+                    (Some(s), Some(lo)) => s.range(lo, StreamId::MAX, p.count, false),
+                    _ => Vec::new(),
+                };
+                if entries.is_empty() {
+                    Reply::NilArray
+                } else {
+                    crate::session::streams_reply(vec![(self.name.clone(), entries)], proto)
+                }
+            }
+            b"xreadgroup" => {
+                let p = match command::parse_read(args, true) {
+                    Ok(p) => p,
+                    Err(e) => return e,
+                };
+                let (group, consumer) = p.group.clone().expect("parse_read checks GROUP");
+                if !self
+                    .stream
+                    .as_ref()
+                    .is_some_and(|s| s.groups.contains_key(&group))
+                {
+                    return groups::no_group_in_readgroup(&self.name, &group);
+                }
+                let from = match command::xreadgroup_id(&p.ids[0]) {
+                    Ok(None) => GroupFrom::New,
+                    Ok(Some(_)) => GroupFrom::History(p.ids[0].clone()),
+                    Err(e) => return e,
+                };
+                let history = matches!(from, GroupFrom::History(_));
+                match self
+                    .read_group(&group, &consumer, &from, p.count, p.noack)
+                    .0
+                {
+                    GroupRead::Error(e) => e,
+                    GroupRead::Entries(e) if e.is_empty() && !history => Reply::NilArray,
+                    GroupRead::Entries(e) => {
+                        crate::session::group_streams_reply(vec![(self.name.clone(), e)], proto)
+                    }
+                }
+            }
+            _ => self.exec(args, shared).reply,
+        }
+    }
+}
+
 /// Wakes `notify` (with `index`) at the first append after `after` (at
 /// once if there is one already).
 #[derive(Debug, Message)]
@@ -268,7 +399,8 @@ impl Notify {
         Arc::new(Notify::default())
     }
 
-    fn fire(&self, index: usize) {
+    /// Wakes the waiter with `index` (the first fire wins).
+    pub fn fire(&self, index: usize) {
         let waker = {
             let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
             if s.fired.is_some() {
@@ -326,9 +458,15 @@ impl StreamActor {
 }
 
 impl StreamActor {
-    /// Logs `op` as this stream's next operation.
+    /// Logs `op` as this stream's next operation (in a transaction, adds
+    /// it to the transaction's record; the ticket of that record is the
+    /// one that counts).
     fn log(&mut self, op: Op) -> Result<Ticket, StorageError> {
         let log = self.log.as_ref().ok_or(StorageError::Closed)?;
+        if let Some(batch) = self.batch.as_mut() {
+            batch.push(op);
+            return Ok(log.no_wait());
+        }
         let ticket = log.append(&Record {
             stream: self.name.clone(),
             op_no: self.op_no + 1,

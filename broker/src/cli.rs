@@ -1,7 +1,18 @@
 //! The broker's command line, shared by `examples/broker.rs` and the
 //! `mailring-broker` binary.
 
+use std::io::Write;
 use std::process::ExitCode;
+
+/// Prints a line to stdout, ignoring a closed stdout (`broker | head -1`
+/// must not make the server panic).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, $($arg)*);
+        let _ = out.flush();
+    }};
+}
 
 use crate::{Broker, BrokerConfig};
 
@@ -64,7 +75,7 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
         }
     };
     let r = broker.recovery();
-    println!(
+    say!(
         "recovered {} streams ({} records, {} bytes) in {:.1?}{}",
         r.streams,
         r.records,
@@ -76,12 +87,12 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
             format!("; cut torn or corrupt tails: {:?}", r.cut)
         }
     );
-    println!("mailring broker listening on {}", broker.local_addr());
+    say!("mailring broker listening on {}", broker.local_addr());
     if let Err(e) = broker.wait_for_signal() {
         eprintln!("broker: signals: {e}");
         return ExitCode::FAILURE;
     }
-    println!("shutting down");
+    say!("shutting down");
     broker.shutdown();
     ExitCode::SUCCESS
 }

@@ -172,6 +172,9 @@ pub enum Op {
         /// `LASTID`: the group's last delivered id raised to it.
         last_id: Option<StreamId>,
     },
+    /// A `MULTI`/`EXEC` transaction's changes: one record, so after a crash
+    /// all of them are there or none.
+    Batch(Vec<Op>),
 }
 
 const KIND_ADD: u8 = 1;
@@ -187,12 +190,135 @@ const KIND_CONSUMER_DELETE: u8 = 14;
 const KIND_DELIVER: u8 = 15;
 const KIND_ACK: u8 = 16;
 const KIND_CLAIM: u8 = 17;
+const KIND_BATCH: u8 = 20;
 
 /// `None` on disk.
 const NO_COUNT: u64 = u64::MAX;
 
 fn put_opt(dst: &mut BytesMut, v: Option<u64>) {
     dst.put_u64_le(v.unwrap_or(NO_COUNT));
+}
+
+fn op_kind(op: &Op) -> u8 {
+    match op {
+        Op::Add { .. } => KIND_ADD,
+        Op::Delete { .. } => KIND_DELETE,
+        Op::TrimThrough { .. } => KIND_TRIM,
+        Op::SetId { .. } => KIND_SET_ID,
+        Op::Drop => KIND_DROP,
+        Op::GroupCreate { .. } => KIND_GROUP_CREATE,
+        Op::GroupSetId { .. } => KIND_GROUP_SET_ID,
+        Op::GroupDestroy { .. } => KIND_GROUP_DESTROY,
+        Op::ConsumerCreate { .. } => KIND_CONSUMER_CREATE,
+        Op::ConsumerDelete { .. } => KIND_CONSUMER_DELETE,
+        Op::Deliver { .. } => KIND_DELIVER,
+        Op::Ack { .. } => KIND_ACK,
+        Op::Claim { .. } => KIND_CLAIM,
+        Op::Batch(_) => KIND_BATCH,
+    }
+}
+
+/// An operation's fields, after its kind.
+fn put_op_fields(op: &Op, dst: &mut BytesMut) {
+    match op {
+        Op::Add { id, fields } => {
+            put_id(dst, *id);
+            dst.put_u32_le(fields.len() as u32);
+            for f in fields {
+                put_bytes(dst, f);
+            }
+        }
+        Op::Delete { ids } => put_ids(dst, ids),
+        Op::TrimThrough { through } => put_id(dst, *through),
+        Op::SetId {
+            last_id,
+            entries_added,
+            max_deleted_id,
+        } => {
+            put_id(dst, *last_id);
+            dst.put_u64_le(*entries_added);
+            put_id(dst, *max_deleted_id);
+        }
+        Op::Drop => {}
+        Op::Batch(ops) => {
+            dst.put_u32_le(ops.len() as u32);
+            for op in ops {
+                dst.put_u8(op_kind(op));
+                put_op_fields(op, dst);
+            }
+        }
+        Op::GroupCreate {
+            group,
+            last_id,
+            entries_read,
+        }
+        | Op::GroupSetId {
+            group,
+            last_id,
+            entries_read,
+        } => {
+            put_bytes(dst, group);
+            put_id(dst, *last_id);
+            put_opt(dst, *entries_read);
+        }
+        Op::GroupDestroy { group } => put_bytes(dst, group),
+        Op::ConsumerCreate {
+            group,
+            consumer,
+            time,
+        } => {
+            put_bytes(dst, group);
+            put_bytes(dst, consumer);
+            dst.put_u64_le(*time);
+        }
+        Op::ConsumerDelete { group, consumer } => {
+            put_bytes(dst, group);
+            put_bytes(dst, consumer);
+        }
+        Op::Deliver {
+            group,
+            consumer,
+            time,
+            last_id,
+            entries_read,
+            ids,
+        } => {
+            put_bytes(dst, group);
+            put_bytes(dst, consumer);
+            dst.put_u64_le(*time);
+            put_id(dst, *last_id);
+            put_opt(dst, *entries_read);
+            put_ids(dst, ids);
+        }
+        Op::Ack { group, ids } => {
+            put_bytes(dst, group);
+            put_ids(dst, ids);
+        }
+        Op::Claim {
+            group,
+            consumer,
+            time,
+            entries,
+            last_id,
+        } => {
+            put_bytes(dst, group);
+            put_bytes(dst, consumer);
+            dst.put_u64_le(*time);
+            dst.put_u32_le(entries.len() as u32);
+            for (id, t, n) in entries {
+                put_id(dst, *id);
+                dst.put_u64_le(*t);
+                dst.put_u64_le(*n);
+            }
+            match last_id {
+                Some(id) => {
+                    dst.put_u8(1);
+                    put_id(dst, *id);
+                }
+                None => dst.put_u8(0),
+            }
+        }
+    }
 }
 
 fn put_ids(dst: &mut BytesMut, ids: &[StreamId]) {
@@ -230,116 +356,10 @@ impl Record {
         dst.put_u32_le(0);
         dst.put_u32_le(0);
         let body = dst.len();
-        let kind = match &self.op {
-            Op::Add { .. } => KIND_ADD,
-            Op::Delete { .. } => KIND_DELETE,
-            Op::TrimThrough { .. } => KIND_TRIM,
-            Op::SetId { .. } => KIND_SET_ID,
-            Op::Drop => KIND_DROP,
-            Op::GroupCreate { .. } => KIND_GROUP_CREATE,
-            Op::GroupSetId { .. } => KIND_GROUP_SET_ID,
-            Op::GroupDestroy { .. } => KIND_GROUP_DESTROY,
-            Op::ConsumerCreate { .. } => KIND_CONSUMER_CREATE,
-            Op::ConsumerDelete { .. } => KIND_CONSUMER_DELETE,
-            Op::Deliver { .. } => KIND_DELIVER,
-            Op::Ack { .. } => KIND_ACK,
-            Op::Claim { .. } => KIND_CLAIM,
-        };
-        dst.put_u8(kind);
+        dst.put_u8(op_kind(&self.op));
         put_bytes(dst, &self.stream);
         dst.put_u64_le(self.op_no);
-        match &self.op {
-            Op::Add { id, fields } => {
-                put_id(dst, *id);
-                dst.put_u32_le(fields.len() as u32);
-                for f in fields {
-                    put_bytes(dst, f);
-                }
-            }
-            Op::Delete { ids } => put_ids(dst, ids),
-            Op::TrimThrough { through } => put_id(dst, *through),
-            Op::SetId {
-                last_id,
-                entries_added,
-                max_deleted_id,
-            } => {
-                put_id(dst, *last_id);
-                dst.put_u64_le(*entries_added);
-                put_id(dst, *max_deleted_id);
-            }
-            Op::Drop => {}
-            Op::GroupCreate {
-                group,
-                last_id,
-                entries_read,
-            }
-            | Op::GroupSetId {
-                group,
-                last_id,
-                entries_read,
-            } => {
-                put_bytes(dst, group);
-                put_id(dst, *last_id);
-                put_opt(dst, *entries_read);
-            }
-            Op::GroupDestroy { group } => put_bytes(dst, group),
-            Op::ConsumerCreate {
-                group,
-                consumer,
-                time,
-            } => {
-                put_bytes(dst, group);
-                put_bytes(dst, consumer);
-                dst.put_u64_le(*time);
-            }
-            Op::ConsumerDelete { group, consumer } => {
-                put_bytes(dst, group);
-                put_bytes(dst, consumer);
-            }
-            Op::Deliver {
-                group,
-                consumer,
-                time,
-                last_id,
-                entries_read,
-                ids,
-            } => {
-                put_bytes(dst, group);
-                put_bytes(dst, consumer);
-                dst.put_u64_le(*time);
-                put_id(dst, *last_id);
-                put_opt(dst, *entries_read);
-                put_ids(dst, ids);
-            }
-            Op::Ack { group, ids } => {
-                put_bytes(dst, group);
-                put_ids(dst, ids);
-            }
-            Op::Claim {
-                group,
-                consumer,
-                time,
-                entries,
-                last_id,
-            } => {
-                put_bytes(dst, group);
-                put_bytes(dst, consumer);
-                dst.put_u64_le(*time);
-                dst.put_u32_le(entries.len() as u32);
-                for (id, t, n) in entries {
-                    put_id(dst, *id);
-                    dst.put_u64_le(*t);
-                    dst.put_u64_le(*n);
-                }
-                match last_id {
-                    Some(id) => {
-                        dst.put_u8(1);
-                        put_id(dst, *id);
-                    }
-                    None => dst.put_u8(0),
-                }
-            }
-        }
+        put_op_fields(&self.op, dst);
         let len = (dst.len() - body) as u32;
         dst[start..start + 4].copy_from_slice(&len.to_le_bytes());
         let crc = crc32c::crc32c_append(crc32c::crc32c(&len.to_le_bytes()), &dst[body..]);
@@ -348,121 +368,140 @@ impl Record {
 
     /// Decodes a checked body; `None` if it is malformed.
     fn decode_body(mut b: Bytes) -> Option<Record> {
-        fn id(b: &mut Bytes) -> Option<StreamId> {
-            (b.remaining() >= 16).then(|| StreamId::new(b.get_u64_le(), b.get_u64_le()))
-        }
-        fn u32_(b: &mut Bytes) -> Option<u32> {
-            (b.remaining() >= 4).then(|| b.get_u32_le())
-        }
-        fn u64_(b: &mut Bytes) -> Option<u64> {
-            (b.remaining() >= 8).then(|| b.get_u64_le())
-        }
-        fn bytes(b: &mut Bytes) -> Option<Bytes> {
-            let n = u32_(b)? as usize;
-            (b.remaining() >= n).then(|| b.split_to(n))
-        }
-        fn opt(b: &mut Bytes) -> Option<Option<u64>> {
-            let v = u64_(b)?;
-            Some((v != NO_COUNT).then_some(v))
-        }
-        fn ids(b: &mut Bytes) -> Option<Vec<StreamId>> {
-            let n = u32_(b)? as usize;
-            if n > b.remaining() / 16 {
-                return None;
-            }
-            (0..n).map(|_| id(b)).collect()
-        }
         if !b.has_remaining() {
             return None;
         }
         let kind = b.get_u8();
-        let stream = bytes(&mut b)?;
-        let op_no = u64_(&mut b)?;
-        let op = match kind {
-            KIND_ADD => {
-                let id = id(&mut b)?;
-                let n = u32_(&mut b)? as usize;
-                if n > b.remaining() / 4 {
-                    return None;
-                }
-                let fields = (0..n).map(|_| bytes(&mut b)).collect::<Option<Vec<_>>>()?;
-                Op::Add { id, fields }
-            }
-            KIND_DELETE => Op::Delete { ids: ids(&mut b)? },
-            KIND_TRIM => Op::TrimThrough {
-                through: id(&mut b)?,
-            },
-            KIND_SET_ID => Op::SetId {
-                last_id: id(&mut b)?,
-                entries_added: u64_(&mut b)?,
-                max_deleted_id: id(&mut b)?,
-            },
-            KIND_DROP => Op::Drop,
-            KIND_GROUP_CREATE => Op::GroupCreate {
-                group: bytes(&mut b)?,
-                last_id: id(&mut b)?,
-                entries_read: opt(&mut b)?,
-            },
-            KIND_GROUP_SET_ID => Op::GroupSetId {
-                group: bytes(&mut b)?,
-                last_id: id(&mut b)?,
-                entries_read: opt(&mut b)?,
-            },
-            KIND_GROUP_DESTROY => Op::GroupDestroy {
-                group: bytes(&mut b)?,
-            },
-            KIND_CONSUMER_CREATE => Op::ConsumerCreate {
-                group: bytes(&mut b)?,
-                consumer: bytes(&mut b)?,
-                time: u64_(&mut b)?,
-            },
-            KIND_CONSUMER_DELETE => Op::ConsumerDelete {
-                group: bytes(&mut b)?,
-                consumer: bytes(&mut b)?,
-            },
-            KIND_DELIVER => Op::Deliver {
-                group: bytes(&mut b)?,
-                consumer: bytes(&mut b)?,
-                time: u64_(&mut b)?,
-                last_id: id(&mut b)?,
-                entries_read: opt(&mut b)?,
-                ids: ids(&mut b)?,
-            },
-            KIND_ACK => Op::Ack {
-                group: bytes(&mut b)?,
-                ids: ids(&mut b)?,
-            },
-            KIND_CLAIM => {
-                let group = bytes(&mut b)?;
-                let consumer = bytes(&mut b)?;
-                let time = u64_(&mut b)?;
-                let n = u32_(&mut b)? as usize;
-                if n > b.remaining() / 32 {
-                    return None;
-                }
-                let entries = (0..n)
-                    .map(|_| Some((id(&mut b)?, u64_(&mut b)?, u64_(&mut b)?)))
-                    .collect::<Option<Vec<_>>>()?;
-                let last_id = match b.has_remaining().then(|| b.get_u8())? {
-                    0 => None,
-                    1 => Some(id(&mut b)?),
-                    _ => return None,
-                };
-                Op::Claim {
-                    group,
-                    consumer,
-                    time,
-                    entries,
-                    last_id,
-                }
-            }
-            _ => return None,
-        };
+        let stream = read_bytes(&mut b)?;
+        let op_no = read_u64(&mut b)?;
+        let op = read_op(kind, &mut b, 0)?;
         if b.has_remaining() {
             return None;
         }
         Some(Record { stream, op_no, op })
     }
+}
+
+fn read_id(b: &mut Bytes) -> Option<StreamId> {
+    (b.remaining() >= 16).then(|| StreamId::new(b.get_u64_le(), b.get_u64_le()))
+}
+fn read_u32(b: &mut Bytes) -> Option<u32> {
+    (b.remaining() >= 4).then(|| b.get_u32_le())
+}
+fn read_u64(b: &mut Bytes) -> Option<u64> {
+    (b.remaining() >= 8).then(|| b.get_u64_le())
+}
+fn read_bytes(b: &mut Bytes) -> Option<Bytes> {
+    let n = read_u32(b)? as usize;
+    (b.remaining() >= n).then(|| b.split_to(n))
+}
+fn read_opt(b: &mut Bytes) -> Option<Option<u64>> {
+    let v = read_u64(b)?;
+    Some((v != NO_COUNT).then_some(v))
+}
+fn read_ids(b: &mut Bytes) -> Option<Vec<StreamId>> {
+    let n = read_u32(b)? as usize;
+    if n > b.remaining() / 16 {
+        return None;
+    }
+    (0..n).map(|_| read_id(b)).collect()
+}
+
+/// One operation's fields, after its kind (a batch nests one level).
+fn read_op(kind: u8, b: &mut Bytes, depth: u8) -> Option<Op> {
+    let op = match kind {
+        KIND_ADD => {
+            let id = read_id(b)?;
+            let n = read_u32(b)? as usize;
+            if n > b.remaining() / 4 {
+                return None;
+            }
+            let fields = (0..n).map(|_| read_bytes(b)).collect::<Option<Vec<_>>>()?;
+            Op::Add { id, fields }
+        }
+        KIND_DELETE => Op::Delete { ids: read_ids(b)? },
+        KIND_TRIM => Op::TrimThrough {
+            through: read_id(b)?,
+        },
+        KIND_SET_ID => Op::SetId {
+            last_id: read_id(b)?,
+            entries_added: read_u64(b)?,
+            max_deleted_id: read_id(b)?,
+        },
+        KIND_DROP => Op::Drop,
+        KIND_GROUP_CREATE => Op::GroupCreate {
+            group: read_bytes(b)?,
+            last_id: read_id(b)?,
+            entries_read: read_opt(b)?,
+        },
+        KIND_GROUP_SET_ID => Op::GroupSetId {
+            group: read_bytes(b)?,
+            last_id: read_id(b)?,
+            entries_read: read_opt(b)?,
+        },
+        KIND_GROUP_DESTROY => Op::GroupDestroy {
+            group: read_bytes(b)?,
+        },
+        KIND_CONSUMER_CREATE => Op::ConsumerCreate {
+            group: read_bytes(b)?,
+            consumer: read_bytes(b)?,
+            time: read_u64(b)?,
+        },
+        KIND_CONSUMER_DELETE => Op::ConsumerDelete {
+            group: read_bytes(b)?,
+            consumer: read_bytes(b)?,
+        },
+        KIND_DELIVER => Op::Deliver {
+            group: read_bytes(b)?,
+            consumer: read_bytes(b)?,
+            time: read_u64(b)?,
+            last_id: read_id(b)?,
+            entries_read: read_opt(b)?,
+            ids: read_ids(b)?,
+        },
+        KIND_ACK => Op::Ack {
+            group: read_bytes(b)?,
+            ids: read_ids(b)?,
+        },
+        KIND_CLAIM => {
+            let group = read_bytes(b)?;
+            let consumer = read_bytes(b)?;
+            let time = read_u64(b)?;
+            let n = read_u32(b)? as usize;
+            if n > b.remaining() / 32 {
+                return None;
+            }
+            let entries = (0..n)
+                .map(|_| Some((read_id(b)?, read_u64(b)?, read_u64(b)?)))
+                .collect::<Option<Vec<_>>>()?;
+            let last_id = match b.has_remaining().then(|| b.get_u8())? {
+                0 => None,
+                1 => Some(read_id(b)?),
+                _ => return None,
+            };
+            Op::Claim {
+                group,
+                consumer,
+                time,
+                entries,
+                last_id,
+            }
+        }
+        KIND_BATCH if depth == 0 => {
+            let n = read_u32(b)? as usize;
+            if n > b.remaining() {
+                return None;
+            }
+            let mut ops = Vec::with_capacity(n);
+            for _ in 0..n {
+                let kind = b.has_remaining().then(|| b.get_u8())?;
+                ops.push(read_op(kind, b, depth + 1)?);
+            }
+            Op::Batch(ops)
+        }
+        _ => return None,
+    };
+    Some(op)
 }
 
 /// Why a segment's scan stopped before its end.
@@ -664,6 +703,17 @@ mod tests {
                 entries: Vec::new(),
                 last_id: None,
             },
+            Op::Batch(vec![
+                Op::Add {
+                    id: StreamId::new(11, 0),
+                    fields: vec![Bytes::from_static(b"k"), Bytes::from_static(b"v")],
+                },
+                Op::Ack {
+                    group: g(),
+                    ids: vec![StreamId::new(9, 9)],
+                },
+            ]),
+            Op::Batch(Vec::new()),
         ];
         let records: Vec<Record> = records
             .into_iter()

@@ -422,6 +422,8 @@ pub enum Reply {
     Set(Vec<Reply>),
     /// `,d` (RESP3) or its text as a bulk (RESP2).
     Double(f64),
+    /// Text shown as is (`INFO`): RESP3 verbatim `=n txt:...`, RESP2 bulk.
+    Verbatim(String),
 }
 
 impl Reply {
@@ -482,6 +484,15 @@ impl Reply {
                     item.encode(proto, dst);
                 }
             }
+            Reply::Verbatim(text) => match proto {
+                Protocol::Resp2 => bulk(dst, text.as_bytes()),
+                Protocol::Resp3 => {
+                    header(dst, b'=', text.len() + 4);
+                    dst.put_slice(b"txt:");
+                    dst.put_slice(text.as_bytes());
+                    dst.put_slice(b"\r\n");
+                }
+            },
             Reply::Double(d) => {
                 let text = format_double(*d);
                 match proto {

@@ -4,6 +4,7 @@
 //! mailring runtime.
 
 use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -102,6 +103,12 @@ pub struct Shared {
     pub(crate) config: BrokerConfig,
     pub(crate) catalog: Catalog,
     pub(crate) next_client_id: AtomicU64,
+    /// Connections open now.
+    pub(crate) connected: AtomicU64,
+    /// Fired by `SHUTDOWN`.
+    pub(crate) shutdown: Arc<crate::actor::Notify>,
+    /// When the broker started.
+    pub(crate) started: std::time::Instant,
     pub(crate) system: SystemHandle,
     /// Streams read back at start, each taken by its actor's first command.
     pub(crate) recovered: Mutex<HashMap<Bytes, RecoveredStream>>,
@@ -109,22 +116,6 @@ pub struct Shared {
 
 /// Brokers started by this process (their ids).
 static NEXT_BROKER: AtomicU64 = AtomicU64::new(1);
-
-/// Completes when either future does.
-async fn futures_lite_select<A, B>(mut a: std::pin::Pin<&mut A>, mut b: std::pin::Pin<&mut B>)
-where
-    A: std::future::Future<Output = ()>,
-    B: std::future::Future<Output = ()>,
-{
-    std::future::poll_fn(|cx| {
-        if a.as_mut().poll(cx).is_ready() || b.as_mut().poll(cx).is_ready() {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-}
 
 /// A running broker: its runtime, actor system and listening server.
 pub struct Broker {
@@ -137,6 +128,8 @@ pub struct Broker {
     flushers: Vec<mailring::JoinHandle<io::Result<()>>>,
     durable: DurableFiles,
     recovery: RecoveryReport,
+    /// Fired by a client's `SHUTDOWN`.
+    shutdown: Arc<crate::actor::Notify>,
 }
 
 /// What the broker found in its data directory at start.
@@ -212,11 +205,15 @@ impl Broker {
                 },
             ));
         }
+        let shutdown = crate::actor::Notify::new();
         let shared = Arc::new(Shared {
             id,
             config: config.clone(),
             catalog,
             next_client_id: AtomicU64::new(0),
+            connected: AtomicU64::new(0),
+            shutdown: shutdown.clone(),
+            started: std::time::Instant::now(),
             system: system.handle(),
             recovered: Mutex::new(recovered.streams),
         });
@@ -234,6 +231,7 @@ impl Broker {
             flushers,
             durable,
             recovery,
+            shutdown,
         })
     }
 
@@ -254,7 +252,7 @@ impl Broker {
         self.addr
     }
 
-    /// Blocks until Ctrl-C (SIGINT) or SIGTERM.
+    /// Blocks until Ctrl-C (SIGINT), SIGTERM, or a client's `SHUTDOWN`.
     ///
     /// # Errors
     ///
@@ -264,10 +262,22 @@ impl Broker {
         let rt = self.runtime.as_ref().expect("running until shutdown");
         let mut int = signal(SignalKind::interrupt())?;
         let mut term = signal(SignalKind::terminate())?;
+        let shutdown = self.shutdown.clone();
         rt.block_on(async move {
-            let a = std::pin::pin!(int.recv());
-            let b = std::pin::pin!(term.recv());
-            futures_lite_select(a, b).await;
+            let mut a = std::pin::pin!(int.recv());
+            let mut b = std::pin::pin!(term.recv());
+            let mut c = std::pin::pin!(shutdown.fired());
+            std::future::poll_fn(|cx| {
+                if a.as_mut().poll(cx).is_ready()
+                    || b.as_mut().poll(cx).is_ready()
+                    || c.as_mut().poll(cx).is_ready()
+                {
+                    std::task::Poll::Ready(())
+                } else {
+                    std::task::Poll::Pending
+                }
+            })
+            .await;
         });
         Ok(())
     }

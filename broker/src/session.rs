@@ -20,6 +20,9 @@ use crate::resp::{Protocol, Reply, Request, RespCodec};
 use crate::server::{Shared, MAX_KEY_LEN, REDIS_VERSION};
 use crate::stream::{entry_reply, Fields};
 
+mod admin;
+mod multi;
+
 /// One client connection's state.
 #[derive(Debug)]
 pub struct RespSession {
@@ -28,17 +31,21 @@ pub struct RespSession {
     authenticated: bool,
     id: u64,
     name: Option<Bytes>,
+    /// Inside `MULTI`: the queued commands.
+    multi: Option<multi::Queue>,
 }
 
 impl RespSession {
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
         let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed) + 1;
+        shared.connected.fetch_add(1, Ordering::Relaxed);
         RespSession {
             authenticated: shared.config.requirepass.is_none(),
             shared,
             proto: Protocol::Resp2,
             id,
             name: None,
+            multi: None,
         }
     }
 
@@ -60,6 +67,10 @@ impl RespSession {
 
     fn check_password(&self, user: Option<&[u8]>, pass: &[u8]) -> Result<(), Reply> {
         let Some(want) = &self.shared.config.requirepass else {
+            // No password: the default user takes any (Redis's `nopass`).
+            if user.is_some_and(|u| u == b"default") {
+                return Ok(());
+            }
             return Err(Reply::err(
                 "AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
             ));
@@ -175,22 +186,45 @@ impl RespSession {
         if args.len() < 3 {
             return command::wrong_arity("config|get");
         }
-        let port = self.shared.config.addr.port().to_string();
-        let params: [(&str, String); 6] = [
+        let config = &self.shared.config;
+        let params: [(&str, String); 9] = [
             ("appendonly", "yes".to_owned()),
-            ("appendfsync", "always".to_owned()),
+            ("appendfsync", config.store.fsync.name().to_owned()),
             ("databases", "1".to_owned()),
-            ("port", port),
+            ("dir", config.store.dir.display().to_string()),
+            ("maxmemory", "0".to_owned()),
+            ("port", config.addr.port().to_string()),
             ("save", String::new()),
-            ("stream-node-max-entries", "100".to_owned()),
+            (
+                "stream-node-max-bytes",
+                crate::stream::NODE_MAX_BYTES.to_string(),
+            ),
+            (
+                "stream-node-max-entries",
+                crate::stream::NODE_MAX_ENTRIES.to_string(),
+            ),
         ];
-        let mut pairs = Vec::new();
-        for (name, value) in &params {
-            if args[2..]
-                .iter()
-                .any(|p| glob_match(p, name.as_bytes(), true))
-            {
-                pairs.push((Reply::bulk(*name), Reply::bulk(value.clone())));
+        // A name without glob characters is looked up exactly and echoed as
+        // typed; a pattern lists the canonical names it matches.
+        let mut pairs: Vec<(Reply, Reply)> = Vec::new();
+        let mut seen: Vec<&str> = Vec::new();
+        for pattern in &args[2..] {
+            let glob = pattern.iter().any(|b| matches!(b, b'*' | b'?' | b'['));
+            for (name, value) in &params {
+                let hit = if glob {
+                    glob_match(pattern, name.as_bytes(), true)
+                } else {
+                    pattern.eq_ignore_ascii_case(name.as_bytes())
+                };
+                if hit && !seen.contains(name) {
+                    seen.push(name);
+                    let key = if glob {
+                        Reply::bulk(*name)
+                    } else {
+                        Reply::Bulk(pattern.clone())
+                    };
+                    pairs.push((key, Reply::bulk(value.clone())));
+                }
             }
         }
         Reply::Map(pairs)
@@ -199,59 +233,17 @@ impl RespSession {
     /// Runs a command that is not a stream's.
     fn connection_command(&mut self, args: Vec<Bytes>, cx: &mut SessionCtx<Self>) {
         let name = args[0].to_ascii_lowercase();
-        let reply = match name.as_slice() {
-            b"ping" => match args.len() {
-                1 => Reply::Status("PONG"),
-                2 => Reply::Bulk(args[1].clone()),
-                _ => command::wrong_arity("ping"),
-            },
-            b"echo" => Reply::Bulk(args[1].clone()),
-            b"hello" => self.hello(&args),
-            b"auth" => {
-                let res = match args.len() {
-                    2 => self.check_password(None, &args[1]),
-                    3 => self.check_password(Some(&args[1]), &args[2]),
-                    _ => Err(command::syntax_error()),
-                };
-                match res {
-                    Ok(()) => {
-                        self.authenticated = true;
-                        Reply::OK
-                    }
-                    Err(e) => e,
-                }
-            }
-            b"client" => self.client(&args),
-            b"select" => match crate::resp::parse_int(&args[1]) {
-                Some(0) => Reply::OK,
-                Some(_) => Reply::err("DB index is out of range"),
-                None => command::not_an_integer(),
-            },
+        match name.as_slice() {
             b"quit" => {
                 self.reply(Reply::OK, cx);
                 cx.close();
-                return;
             }
-            b"config" => self.config(&args),
-            b"exists" => Reply::Int(
-                args[1..]
-                    .iter()
-                    .filter(|k| self.shared.catalog.contains(k))
-                    .count() as i64,
-            ),
-            b"type" => Reply::Status(if self.shared.catalog.contains(&args[1]) {
-                "stream"
-            } else {
-                "none"
-            }),
-            b"keys" => Reply::Array(
-                self.shared
-                    .catalog
-                    .matching(&args[1])
-                    .into_iter()
-                    .map(Reply::Bulk)
-                    .collect(),
-            ),
+            b"shutdown" => match self.shutdown(&args) {
+                // The server goes; this connection closes without a reply,
+                // as Redis's does.
+                Ok(()) => cx.close(),
+                Err(e) => self.reply(e, cx),
+            },
             b"del" => {
                 // Each existing stream's actor drops it; the replies are
                 // summed in order with the rest.
@@ -280,12 +272,82 @@ impl RespSession {
                     }
                     Reply::Int(n).to_bytes(proto)
                 });
-                return;
             }
+            _ => {
+                let r = self.local_reply(&args);
+                self.reply(r, cx);
+            }
+        }
+    }
 
-            _ => command::unknown_command(&args),
-        };
-        self.reply(reply, cx);
+    /// A command the session answers at once, from its own state and the
+    /// catalog (also inside `EXEC`).
+    fn local_reply(&mut self, args: &[Bytes]) -> Reply {
+        let name = args[0].to_ascii_lowercase();
+        match name.as_slice() {
+            b"ping" => match args.len() {
+                1 => Reply::Status("PONG"),
+                2 => Reply::Bulk(args[1].clone()),
+                _ => command::wrong_arity("ping"),
+            },
+            b"echo" => Reply::Bulk(args[1].clone()),
+            b"hello" => self.hello(args),
+            b"auth" => {
+                let res = match args.len() {
+                    2 => self.check_password(None, &args[1]),
+                    3 => self.check_password(Some(&args[1]), &args[2]),
+                    _ => Err(command::syntax_error()),
+                };
+                match res {
+                    Ok(()) => {
+                        self.authenticated = true;
+                        Reply::OK
+                    }
+                    Err(e) => e,
+                }
+            }
+            b"client" => self.client(args),
+            b"select" => match crate::resp::parse_int(&args[1]) {
+                Some(0) => Reply::OK,
+                Some(n) if i32::try_from(n).is_ok() => Reply::err("DB index is out of range"),
+                Some(_) => Reply::err(
+                    "value is out of range, value must between -2147483648 and 2147483647",
+                ),
+                None => command::not_an_integer(),
+            },
+            b"config" => self.config(args),
+            b"exists" => Reply::Int(
+                args[1..]
+                    .iter()
+                    .filter(|k| self.shared.catalog.contains(k))
+                    .count() as i64,
+            ),
+            b"type" => Reply::Status(if self.shared.catalog.contains(&args[1]) {
+                "stream"
+            } else {
+                "none"
+            }),
+            b"keys" => Reply::Array(
+                self.shared
+                    .catalog
+                    .matching(&args[1])
+                    .into_iter()
+                    .map(Reply::Bulk)
+                    .collect(),
+            ),
+            b"scan" => self.scan(args),
+            b"info" => self.info(args),
+            b"command" => self.command(args),
+            b"watch" => Reply::err(
+                "WATCH is not supported: a MULTI/EXEC on one stream runs inside its actor, where no other client's command can interleave, so there is nothing to watch",
+            ),
+            b"unwatch" => Reply::OK,
+            b"reset" => {
+                self.reset();
+                Reply::Status("RESET")
+            }
+            _ => command::unknown_command(args),
+        }
     }
 }
 
@@ -586,7 +648,7 @@ async fn next_append(
 /// A stream's entries read by a group (a deleted one without fields).
 type GroupEntries = Vec<(StreamId, Option<Fields>)>;
 
-fn group_streams_reply(found: Vec<(Bytes, GroupEntries)>, proto: Protocol) -> Reply {
+pub(crate) fn group_streams_reply(found: Vec<(Bytes, GroupEntries)>, proto: Protocol) -> Reply {
     let per_stream = found.into_iter().map(|(key, entries)| {
         (
             Reply::Bulk(key),
@@ -611,7 +673,10 @@ fn group_streams_reply(found: Vec<(Bytes, GroupEntries)>, proto: Protocol) -> Re
 
 /// `XREAD`'s reply: per stream with entries, its name and the entries (a
 /// map in RESP3).
-fn streams_reply(found: Vec<(Bytes, Vec<(StreamId, Fields)>)>, proto: Protocol) -> Reply {
+pub(crate) fn streams_reply(
+    found: Vec<(Bytes, Vec<(StreamId, Fields)>)>,
+    proto: Protocol,
+) -> Reply {
     let per_stream = found.into_iter().map(|(key, entries)| {
         (
             Reply::Bulk(key),
@@ -729,30 +794,44 @@ impl Session for RespSession {
                 return;
             }
         };
-        let Some(spec) = command::lookup(&args[0]) else {
-            self.reply(command::unknown_command(&args), cx);
-            return;
+        // Redis's order: unknown command, arity, authentication; each of
+        // these rejects a command inside MULTI and spoils the transaction.
+        let checked = match command::lookup(&args[0]) {
+            None => Err(command::unknown_command(&args)),
+            Some(spec) if !command::arity_ok(spec, args.len()) => {
+                Err(command::wrong_arity(spec.name))
+            }
+            Some(spec)
+                if !self.authenticated
+                    && !matches!(spec.name, "auth" | "hello" | "quit" | "reset") =>
+            {
+                Err(Reply::Error("NOAUTH Authentication required.".to_owned()))
+            }
+            Some(spec) => match spec.kind {
+                Kind::Stream(2) => command::check_subcommand(spec.name, &args).map(|_| spec),
+                _ => Ok(spec),
+            },
         };
-        if !command::arity_ok(spec, args.len()) {
-            self.reply(command::wrong_arity(spec.name), cx);
-            return;
+        let spec = match checked {
+            Ok(spec) => spec,
+            Err(e) => {
+                let exec = args[0].eq_ignore_ascii_case(b"exec");
+                let r = multi::reject(self, exec, e);
+                return self.reply(r, cx);
+            }
+        };
+        match self.transaction_command(spec, cx) {
+            multi::Handled::Reply(r) => return self.reply(r, cx),
+            multi::Handled::Later => return,
+            multi::Handled::No => {}
         }
-        if !self.authenticated && !matches!(spec.name, "auth" | "hello" | "quit") {
-            self.reply(
-                Reply::Error("NOAUTH Authentication required.".to_owned()),
-                cx,
-            );
-            return;
+        if self.multi.is_some() {
+            let r = multi::queue(self, args);
+            return self.reply(r, cx);
         }
         match spec.kind {
-            Kind::Stream(2) => {
-                // `XGROUP` / `XINFO`: the subcommand first.
-                match command::check_subcommand(spec.name, &args) {
-                    Ok("help") => self.reply(help(spec.name), cx),
-                    Ok(_) if args[2].len() > MAX_KEY_LEN => self.reply(key_too_long(&args[2]), cx),
-                    Ok(_) => self.to_stream(2, args, cx),
-                    Err(e) => self.reply(e, cx),
-                }
+            Kind::Stream(2) if args[1].eq_ignore_ascii_case(b"help") => {
+                self.reply(help(spec.name), cx)
             }
             Kind::Stream(at) if args[at].len() > MAX_KEY_LEN => {
                 self.reply(key_too_long(&args[at]), cx)
@@ -764,5 +843,7 @@ impl Session for RespSession {
         }
     }
 
-    fn on_close(&mut self, _reason: &CloseReason, _cx: &mut SessionCtx<Self>) {}
+    fn on_close(&mut self, _reason: &CloseReason, _cx: &mut SessionCtx<Self>) {
+        self.shared.connected.fetch_sub(1, Ordering::Relaxed);
+    }
 }

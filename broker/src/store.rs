@@ -226,6 +226,11 @@ fn apply(stream: &mut Option<Stream>, op: Op) {
             s.set_counters(entries_added, max_deleted_id);
         }
         Op::Drop => *stream = None,
+        Op::Batch(ops) => {
+            for op in ops {
+                apply(stream, op);
+            }
+        }
         group_op => {
             if let Some(s) = stream {
                 s.apply_group(group_op);
@@ -414,6 +419,15 @@ impl ShardLog {
             marks: self.marks.clone(),
             lsn,
         })
+    }
+
+    /// A ticket that is complete already (for a change that another
+    /// record's ticket covers).
+    pub fn no_wait(&self) -> Ticket {
+        Ticket {
+            marks: self.marks.clone(),
+            lsn: 0,
+        }
     }
 
     /// Stops taking appends; [`ShardLog::run`] returns once what was

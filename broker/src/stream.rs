@@ -651,7 +651,8 @@ impl Stream {
             | Op::Delete { .. }
             | Op::TrimThrough { .. }
             | Op::SetId { .. }
-            | Op::Drop => {
+            | Op::Drop
+            | Op::Batch(_) => {
                 debug_assert!(false, "not a group operation");
             }
         }

@@ -194,3 +194,39 @@ fn sigkill_mid_stream_loses_no_acknowledged_entry() {
     }
     drop(broker);
 }
+
+#[test]
+fn shutdown_from_a_client_flushes_and_exits_cleanly() {
+    let dir = TempDir::new();
+    let mut broker = Proc::start(&dir.0);
+    let s = TcpStream::connect(broker.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    w.write_all(&encode(&[b"XADD", b"kept", b"1-1", b"f", b"v"]))
+        .unwrap();
+    assert_eq!(read_bulk(&mut r).as_deref(), Some("1-1"));
+    w.write_all(&encode(&[b"SHUTDOWN"])).unwrap();
+    // No reply: the connection closes and the process exits by itself.
+    let mut rest = Vec::new();
+    let _ = r.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "SHUTDOWN answered {rest:?}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = broker.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the broker did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let broker = Proc::start(&dir.0);
+    let s = TcpStream::connect(broker.addr).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    w.write_all(&encode(&[b"XRANGE", b"kept", b"-", b"+"]))
+        .unwrap();
+    let mut flat = Vec::new();
+    read_reply(&mut r, &mut flat);
+    assert_eq!(flat, ["1-1", "f", "v"]);
+}

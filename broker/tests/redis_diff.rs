@@ -1,6 +1,7 @@
 //! Differential tests: the same scripted `redis-cli` sessions run against
 //! the broker and against a real `redis-server` (7.0, as Debian ships it,
-//! with `appendonly yes` and `appendfsync always` as the broker runs),
+//! with `appendonly yes` and `appendfsync always` as the broker runs, and
+//! one database as the broker has),
 //! and their outputs must match, with only the time part of `*`-made ids
 //! masked (and integers of replies marked `#! mask-integers`, or the
 //! idle times of those marked `#! mask-idle`). The scripts are `tests/redis/*.redis`. Without `redis-server`
@@ -51,6 +52,8 @@ impl RedisServer {
                 "yes",
                 "--appendfsync",
                 "always",
+                "--databases",
+                "1",
                 "--dir",
             ])
             .arg(dir)

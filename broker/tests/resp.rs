@@ -833,3 +833,55 @@ fn a_blocked_xreadgroup_is_served_by_the_next_append() {
     );
     broker.shutdown();
 }
+
+#[test]
+fn a_transaction_on_one_stream_commits_whole_and_one_on_two_is_refused() {
+    let dir = TempDir::new();
+    {
+        let broker = start_in(&dir.0, 2, BrokerConfig::default());
+        let mut c = Client::connect(broker.local_addr());
+        assert_eq!(c.cmd(&["MULTI"]), R::Status("OK".into()));
+        assert_eq!(
+            c.cmd(&["XADD", "tx", "1-1", "a", "1"]),
+            R::Status("QUEUED".into())
+        );
+        assert_eq!(
+            c.cmd(&["XADD", "tx", "2-1", "a", "2"]),
+            R::Status("QUEUED".into())
+        );
+        assert_eq!(c.cmd(&["XLEN", "tx"]), R::Status("QUEUED".into()));
+        assert_eq!(c.cmd(&["PING"]), R::Status("QUEUED".into()));
+        assert_eq!(
+            c.cmd(&["EXEC"]),
+            R::Array(vec![
+                R::bulk("1-1"),
+                R::bulk("2-1"),
+                R::Int(2),
+                R::Status("PONG".into())
+            ])
+        );
+        // Two streams (here on different shards): refused, nothing done.
+        let other = (0..100)
+            .map(|i| format!("other{i}"))
+            .find(|k| {
+                mailring::sticky_shard(&bytes::Bytes::from(k.clone()), 2)
+                    != mailring::sticky_shard(&bytes::Bytes::from_static(b"tx"), 2)
+            })
+            .unwrap();
+        c.cmd(&["MULTI"]);
+        c.cmd(&["XADD", "tx", "3-1", "a", "3"]);
+        c.cmd(&["XADD", &other, "1-1", "a", "1"]);
+        let r = c.cmd(&["EXEC"]);
+        assert!(
+            matches!(&r, R::Error(e) if e.contains("more than one stream")),
+            "{r:?}"
+        );
+        assert_eq!(c.cmd(&["XLEN", "tx"]), R::Int(2));
+        assert_eq!(c.cmd(&["EXISTS", &other]), R::Int(0));
+        broker.shutdown();
+    }
+    let broker = start_in(&dir.0, 1, BrokerConfig::default());
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XLEN", "tx"]), R::Int(2));
+    broker.shutdown();
+}

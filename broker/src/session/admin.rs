@@ -1,0 +1,218 @@
+//! The server commands a client runs around its streams: `INFO`,
+//! `COMMAND` (what `redis-cli` asks for), `SCAN`, `SHUTDOWN`, `RESET`.
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+
+use super::RespSession;
+use crate::command::{self, Kind, COMMANDS};
+use crate::glob::glob_match;
+use crate::resp::{parse_int, Protocol, Reply};
+use crate::server::REDIS_VERSION;
+
+/// `INFO`'s sections, in order, and whether `INFO` without arguments
+/// shows them.
+const SECTIONS: &[&str] = &["server", "clients", "persistence", "stats", "keyspace"];
+
+impl RespSession {
+    /// `INFO [section ...]`.
+    pub(super) fn info(&self, args: &[Bytes]) -> Reply {
+        let wanted: Vec<String> = args[1..]
+            .iter()
+            .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
+            .collect();
+        let all = wanted.is_empty()
+            || wanted
+                .iter()
+                .any(|w| matches!(w.as_str(), "default" | "all" | "everything"));
+        let shared = &self.shared;
+        let streams = shared.catalog.matching(b"*").len();
+        let mut text = String::new();
+        for section in SECTIONS {
+            if !all && !wanted.iter().any(|w| w == section) {
+                continue;
+            }
+            if !text.is_empty() {
+                text.push_str("\r\n");
+            }
+            let lines: Vec<String> = match *section {
+                "server" => vec![
+                    format!("redis_version:{REDIS_VERSION}"),
+                    format!("mailring_broker_version:{}", env!("CARGO_PKG_VERSION")),
+                    "redis_mode:standalone".to_owned(),
+                    format!("os:{} {}", std::env::consts::OS, std::env::consts::ARCH),
+                    format!("arch_bits:{}", usize::BITS),
+                    format!("process_id:{}", std::process::id()),
+                    format!("tcp_port:{}", shared.config.addr.port()),
+                    format!("uptime_in_seconds:{}", shared.started.elapsed().as_secs()),
+                    format!(
+                        "uptime_in_days:{}",
+                        shared.started.elapsed().as_secs() / 86_400
+                    ),
+                    format!("shards:{}", shared.config.shards),
+                ],
+                "clients" => vec![format!(
+                    "connected_clients:{}",
+                    shared.connected.load(Ordering::Relaxed)
+                )],
+                "persistence" => vec![
+                    "loading:0".to_owned(),
+                    "aof_enabled:1".to_owned(),
+                    format!("appendfsync:{}", shared.config.store.fsync.name()),
+                    format!("dir:{}", shared.config.store.dir.display()),
+                ],
+                "stats" => vec![format!(
+                    "total_connections_received:{}",
+                    shared.next_client_id.load(Ordering::Relaxed)
+                )],
+                "keyspace" if streams > 0 => {
+                    vec![format!("db0:keys={streams},expires=0,avg_ttl=0")]
+                }
+                _ => Vec::new(),
+            };
+            let title = format!("{}{}", section[..1].to_ascii_uppercase(), &section[1..]);
+            text.push_str(&format!("# {title}\r\n"));
+            for l in lines {
+                text.push_str(&l);
+                text.push_str("\r\n");
+            }
+        }
+        match self.proto {
+            Protocol::Resp2 => Reply::bulk(text),
+            Protocol::Resp3 => Reply::Verbatim(text),
+        }
+    }
+
+    /// `COMMAND`, `COMMAND COUNT`, `COMMAND INFO name ...`, `COMMAND DOCS`
+    /// (empty: `redis-cli` then uses its own hints).
+    pub(super) fn command(&self, args: &[Bytes]) -> Reply {
+        let Some(sub) = args.get(1) else {
+            return Reply::Array(COMMANDS.iter().map(command_info).collect());
+        };
+        match sub.to_ascii_lowercase().as_slice() {
+            b"count" if args.len() == 2 => Reply::Int(COMMANDS.len() as i64),
+            b"docs" => Reply::Map(Vec::new()),
+            b"info" => Reply::Array(
+                args[2..]
+                    .iter()
+                    .map(|n| command::lookup(n).map_or(Reply::NilArray, command_info))
+                    .collect(),
+            ),
+            b"count" => command::wrong_arity("command|count"),
+            _ => Reply::err(format!(
+                "unknown subcommand '{}'. Try COMMAND HELP.",
+                command::printable(sub, 128)
+            )),
+        }
+    }
+
+    /// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE type]`: the cursor is
+    /// an offset into the names in byte order.
+    pub(super) fn scan(&self, args: &[Bytes]) -> Reply {
+        let cursor = match std::str::from_utf8(&args[1])
+            .ok()
+            .filter(|s| !s.starts_with(['+', '-', ' ']))
+            .and_then(|s| s.parse::<u64>().ok())
+        {
+            Some(c) => c as usize,
+            None => return Reply::err("invalid cursor"),
+        };
+        let mut pattern: Option<&[u8]> = None;
+        let mut count = 10usize;
+        let mut type_ok = true;
+        let mut i = 2;
+        while i < args.len() {
+            if i + 1 >= args.len() {
+                return command::syntax_error();
+            }
+            let opt = args[i].to_ascii_lowercase();
+            match opt.as_slice() {
+                b"match" => pattern = Some(&args[i + 1]),
+                b"count" => match parse_int(&args[i + 1]) {
+                    Some(n) if n >= 1 => count = n as usize,
+                    Some(_) => return command::syntax_error(),
+                    None => return command::not_an_integer(),
+                },
+                b"type" => type_ok = args[i + 1].eq_ignore_ascii_case(b"stream"),
+                _ => return command::syntax_error(),
+            }
+            i += 2;
+        }
+        let names = self.shared.catalog.matching(b"*");
+        let end = cursor.saturating_add(count).min(names.len());
+        let page: Vec<Reply> = names
+            .get(cursor.min(names.len())..end)
+            .unwrap_or_default()
+            .iter()
+            .filter(|n| type_ok && pattern.is_none_or(|p| glob_match(p, n, false)))
+            .cloned()
+            .map(Reply::Bulk)
+            .collect();
+        let next = if end >= names.len() { 0 } else { end };
+        Reply::Array(vec![Reply::bulk(next.to_string()), Reply::Array(page)])
+    }
+
+    /// `SHUTDOWN [NOSAVE|SAVE] [NOW] [FORCE] [ABORT]`: the broker flushes
+    /// and stops (every write is in the log already; there is no snapshot
+    /// to save).
+    pub(super) fn shutdown(&self, args: &[Bytes]) -> Result<(), Reply> {
+        for a in &args[1..] {
+            match a.to_ascii_lowercase().as_slice() {
+                b"nosave" | b"save" | b"now" | b"force" => {}
+                b"abort" => return Err(Reply::err("No shutdown in progress.")),
+                _ => return Err(command::syntax_error()),
+            }
+        }
+        self.shared.shutdown.fire(0);
+        Ok(())
+    }
+
+    /// `RESET`: out of any transaction, RESP2, no name, and not
+    /// authenticated if a password is required.
+    pub(super) fn reset(&mut self) {
+        self.multi = None;
+        self.name = None;
+        self.proto = Protocol::Resp2;
+        self.authenticated = self.shared.config.requirepass.is_none();
+    }
+}
+
+/// `COMMAND INFO`'s 10-element description of a command.
+fn command_info(spec: &command::Spec) -> Reply {
+    let write = matches!(
+        spec.name,
+        "xadd"
+            | "xtrim"
+            | "xdel"
+            | "xack"
+            | "xclaim"
+            | "xautoclaim"
+            | "xsetid"
+            | "xgroup"
+            | "xreadgroup"
+            | "del"
+    );
+    let mut flags = vec![Reply::Status(if write { "write" } else { "readonly" })];
+    if matches!(spec.name, "xread" | "xreadgroup") {
+        flags.push(Reply::Status("blocking"));
+    }
+    let (first, last, step) = match spec.kind {
+        Kind::Stream(at) => (at as i64, at as i64, 1),
+        Kind::Connection if matches!(spec.name, "del" | "exists") => (1, -1, 1),
+        Kind::Connection if spec.name == "type" => (1, 1, 1),
+        _ => (0, 0, 0),
+    };
+    Reply::Array(vec![
+        Reply::bulk(spec.name),
+        Reply::Int(i64::from(spec.arity)),
+        Reply::Set(flags),
+        Reply::Int(first),
+        Reply::Int(last),
+        Reply::Int(step),
+        Reply::Set(Vec::new()),
+        Reply::Set(Vec::new()),
+        Reply::Set(Vec::new()),
+        Reply::Array(Vec::new()),
+    ])
+}

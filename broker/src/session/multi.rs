@@ -1,0 +1,194 @@
+//! `MULTI` / `EXEC` / `DISCARD`. A transaction's data commands run inside
+//! the actor of the one stream they name, in order, with no other client's
+//! command between them, and their changes are logged as one record, so
+//! after a crash all of them are there or none (as Redis drops an
+//! incomplete `MULTI` block from its log). A transaction naming more than
+//! one stream is refused at `EXEC`: its streams may live on different
+//! shards, whose logs cannot commit together.
+
+use bytes::Bytes;
+use mailring_transports::SessionCtx;
+
+use super::RespSession;
+use crate::actor::{storage_error, BatchAnswer, ExecBatch, StreamActor};
+use crate::command::{self, Kind, Spec};
+use crate::resp::Reply;
+
+/// The commands queued since `MULTI`.
+#[derive(Debug, Default)]
+pub(crate) struct Queue {
+    commands: Vec<Vec<Bytes>>,
+    /// A command was refused while queuing: `EXEC` aborts.
+    spoiled: bool,
+}
+
+/// Redis's reply to a command refused before it ran (unknown, arity,
+/// authentication): inside `MULTI` it spoils the transaction, and `EXEC`
+/// itself refused ends it with `EXECABORT`.
+pub(super) fn reject(session: &mut RespSession, exec: bool, error: Reply) -> Reply {
+    if exec {
+        session.multi = None;
+        let text = match &error {
+            Reply::Error(t) => t.strip_prefix("ERR ").unwrap_or(t).to_owned(),
+            _ => String::new(),
+        };
+        return Reply::Error(format!(
+            "EXECABORT Transaction discarded because of: {text}"
+        ));
+    }
+    if let Some(q) = session.multi.as_mut() {
+        q.spoiled = true;
+    }
+    error
+}
+
+/// Queues a command inside `MULTI`.
+pub(super) fn queue(session: &mut RespSession, args: Vec<Bytes>) -> Reply {
+    session
+        .multi
+        .as_mut()
+        .expect("queue is called inside MULTI")
+        .commands
+        .push(args);
+    Reply::Status("QUEUED")
+}
+
+/// The streams a queued command names (its data), if any.
+fn streams_of<'a>(spec: &Spec, args: &'a [Bytes]) -> Vec<&'a Bytes> {
+    match spec.kind {
+        Kind::Stream(at) => args.get(at).into_iter().collect(),
+        Kind::Read => match command::streams_at(args) {
+            Some(at) if at < args.len() => {
+                let keys = (args.len() - at) / 2;
+                args[at..at + keys].iter().collect()
+            }
+            _ => Vec::new(),
+        },
+        Kind::Connection => match spec.name {
+            "del" | "exists" | "type" => args[1..].iter().collect(),
+            _ => Vec::new(),
+        },
+    }
+}
+
+/// What [`RespSession::transaction_command`] did with a command.
+pub(super) enum Handled {
+    /// Answered: send this.
+    Reply(Reply),
+    /// Answered later (a transaction went to a stream's actor).
+    Later,
+    /// Not a transaction command.
+    No,
+}
+
+impl RespSession {
+    /// `MULTI`, `EXEC`, `DISCARD` (and `WATCH` inside a transaction).
+    pub(super) fn transaction_command(
+        &mut self,
+        spec: &Spec,
+        cx: &mut SessionCtx<Self>,
+    ) -> Handled {
+        let reply = match spec.name {
+            "multi" if self.multi.is_some() => Reply::err("MULTI calls can not be nested"),
+            "multi" => {
+                self.multi = Some(Queue::default());
+                Reply::OK
+            }
+            "discard" => match self.multi.take() {
+                Some(_) => Reply::OK,
+                None => Reply::err("DISCARD without MULTI"),
+            },
+            "watch" if self.multi.is_some() => Reply::err("WATCH inside MULTI is not allowed"),
+            "exec" => {
+                let Some(queue) = self.multi.take() else {
+                    return Handled::Reply(Reply::err("EXEC without MULTI"));
+                };
+                if queue.spoiled {
+                    return Handled::Reply(Reply::Error(
+                        "EXECABORT Transaction discarded because of previous errors.".to_owned(),
+                    ));
+                }
+                return match self.exec(queue.commands, cx) {
+                    Some(r) => Handled::Reply(r),
+                    None => Handled::Later,
+                };
+            }
+            _ => return Handled::No,
+        };
+        Handled::Reply(reply)
+    }
+
+    /// Runs a transaction: its reply now (no stream, or refused), or
+    /// `None` when it went to a stream's actor and answers later.
+    fn exec(&mut self, commands: Vec<Vec<Bytes>>, cx: &mut SessionCtx<Self>) -> Option<Reply> {
+        let specs: Vec<&'static Spec> = commands
+            .iter()
+            .map(|c| command::lookup(&c[0]).expect("queued commands were looked up"))
+            .collect();
+        let mut streams: Vec<&Bytes> = commands
+            .iter()
+            .zip(&specs)
+            .flat_map(|(c, s)| streams_of(s, c))
+            .collect();
+        streams.sort();
+        streams.dedup();
+        if streams.len() > 1 {
+            let names: Vec<String> = streams
+                .iter()
+                .take(4)
+                .map(|s| format!("'{}'", command::printable(s, 64)))
+                .collect();
+            return Some(Reply::err(format!(
+                "MULTI/EXEC naming more than one stream ({}) is not supported: a transaction runs inside one stream's actor and commits as one log record, and streams on different shards cannot commit together; the transaction was discarded",
+                names.join(", ")
+            )));
+        }
+        let Some(stream) = streams.first().map(|s| (*s).clone()) else {
+            // No stream: every command answers here, in order.
+            let replies = commands.iter().map(|c| self.local_reply(c)).collect();
+            return Some(Reply::Array(replies));
+        };
+        // The session's own commands answer now; the data commands go to
+        // the stream's actor as one batch, and the replies are merged back
+        // in order.
+        let mut local: Vec<Option<Reply>> = Vec::with_capacity(commands.len());
+        let mut batch = Vec::new();
+        for (c, spec) in commands.into_iter().zip(&specs) {
+            if streams_of(spec, &c).is_empty() {
+                local.push(Some(self.local_reply(&c)));
+            } else {
+                local.push(None);
+                batch.push(c);
+            }
+        }
+        let ask = self
+            .shared
+            .system
+            .keyed::<StreamActor>(stream)
+            .ask(ExecBatch {
+                commands: batch,
+                proto: self.proto,
+                shared: self.shared.clone(),
+            });
+        let proto = self.proto;
+        cx.reply_later(async move {
+            let mut data = match ask.await {
+                Ok(BatchAnswer { replies, durable }) => {
+                    if let Some(t) = durable {
+                        if let Err(e) = t.await {
+                            return storage_error(&e).to_bytes(proto);
+                        }
+                    }
+                    replies.into_iter()
+                }
+                Err(e) => return Reply::err(format!("stream unavailable: {e}")).to_bytes(proto),
+            };
+            let replies = local
+                .into_iter()
+                .map(|r| r.unwrap_or_else(|| data.next().unwrap_or(Reply::NilArray)))
+                .collect();
+            Reply::Array(replies).to_bytes(proto)
+        });
+        None
+    }
+}
