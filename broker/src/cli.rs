@@ -18,13 +18,25 @@ use crate::{Broker, BrokerConfig};
 
 fn usage() -> &'static str {
     "usage: broker [--port N] [--bind ADDR] [--shards N] [--dir PATH] \
-     [--appendfsync always|everysec|no] [--requirepass PASS]"
+     [--appendfsync always|everysec|no] [--requirepass PASS]\n\
+     \x20      broker --bench [--producers N] [--consumers N] [--pipeline N] \
+     [--payload BYTES] [--streams N] [--duration SECS] [--appendfsync ...] [--shards N]"
+}
+
+/// Parses a flag's number.
+fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    v.parse().map_err(|e| format!("{flag}: {v}: {e}"))
 }
 
 /// Runs the broker with command-line `args` (without the program name):
 /// serves until Ctrl-C or SIGTERM.
 pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
     let mut config = BrokerConfig::default();
+    let mut bench: Option<crate::bench::BenchConfig> = None;
+    let mut bench_config = crate::bench::BenchConfig::default();
     let mut bind = std::net::IpAddr::from([127, 0, 0, 1]);
     let mut port = 6379u16;
     let mut args = args.into_iter();
@@ -45,15 +57,25 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                         .map_err(|e| format!("--bind: {e}"))?
                 }
                 "--shards" => {
-                    config.shards = value(&mut args)?
-                        .parse()
-                        .map_err(|e| format!("--shards: {e}"))?
+                    config.shards = num("--shards", value(&mut args)?)?;
+                    bench_config.shards = config.shards;
+                }
+                "--bench" => bench = Some(crate::bench::BenchConfig::default()),
+                "--producers" => bench_config.producers = num(&flag, value(&mut args)?)?,
+                "--consumers" => bench_config.consumers = num(&flag, value(&mut args)?)?,
+                "--pipeline" => bench_config.pipeline = num(&flag, value(&mut args)?)?,
+                "--payload" => bench_config.payload = num(&flag, value(&mut args)?)?,
+                "--streams" => bench_config.streams = num(&flag, value(&mut args)?)?,
+                "--duration" => {
+                    let secs: f64 = num(&flag, value(&mut args)?)?;
+                    bench_config.duration = std::time::Duration::from_secs_f64(secs.max(0.1));
                 }
                 "--dir" => config.store.dir = value(&mut args)?.into(),
                 "--appendfsync" => {
                     let v = value(&mut args)?;
                     config.store.fsync = crate::Fsync::parse(&v)
-                        .ok_or_else(|| format!("--appendfsync: {v}: always, everysec or no"))?
+                        .ok_or_else(|| format!("--appendfsync: {v}: always, everysec or no"))?;
+                    bench_config.fsync = config.store.fsync;
                 }
                 "--requirepass" => config.requirepass = Some(value(&mut args)?.into()),
                 "-h" | "--help" => return Err(usage().to_owned()),
@@ -65,6 +87,15 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
             eprintln!("{e}");
             return ExitCode::from(2);
         }
+    }
+    if bench.is_some() {
+        return match crate::bench::run(bench_config) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("broker --bench: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     config.addr = std::net::SocketAddr::new(bind, port);
     let broker = match Broker::start(config) {

@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod actor;
+pub mod bench;
 pub mod cli;
 pub mod command;
 pub mod glob;

@@ -21,9 +21,14 @@ struct Proc {
 
 impl Proc {
     fn start(dir: &Path) -> Proc {
+        Self::start_with(dir, &[])
+    }
+
+    fn start_with(dir: &Path, extra: &[&str]) -> Proc {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mailring-broker"))
             .args(["--port", "0", "--shards", "2", "--dir"])
             .arg(dir)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -229,4 +234,33 @@ fn shutdown_from_a_client_flushes_and_exits_cleanly() {
     let mut flat = Vec::new();
     read_reply(&mut r, &mut flat);
     assert_eq!(flat, ["1-1", "f", "v"]);
+}
+
+#[test]
+fn under_everysec_and_no_an_answered_write_survives_a_killed_process() {
+    for policy in ["everysec", "no"] {
+        let dir = TempDir::new();
+        let broker = Proc::start_with(&dir.0, &["--appendfsync", policy]);
+        let s = TcpStream::connect(broker.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let mut r = BufReader::new(s);
+        for i in 1..=50 {
+            let id = format!("{i}-1");
+            w.write_all(&encode(&[b"XADD", b"k", id.as_bytes(), b"f", b"v"]))
+                .unwrap();
+            assert_eq!(read_bulk(&mut r).as_deref(), Some(id.as_str()));
+        }
+        // Killed at once: the writes are in the page cache, not flushed.
+        broker.kill();
+        let broker = Proc::start(&dir.0);
+        let s = TcpStream::connect(broker.addr).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let mut r = BufReader::new(s);
+        w.write_all(&encode(&[b"XRANGE", b"k", b"-", b"+"]))
+            .unwrap();
+        let mut flat = Vec::new();
+        read_reply(&mut r, &mut flat);
+        assert_eq!(flat.len(), 150, "{policy}: every answered entry is there");
+    }
 }

@@ -489,6 +489,39 @@ fn a_torn_or_corrupt_log_tail_is_cut_and_the_rest_recovered() {
     broker.shutdown();
 }
 
+/// A power loss while `gate` holds the flushes: the durable lengths are
+/// taken, the broker stops (its late flushes do not matter: the cut undoes
+/// them), every segment is cut back, and a broker starts on what is left.
+fn lose_power_and_restart(broker: Broker, gate: &SyncGate, dir: &std::path::Path) -> Broker {
+    let durable = broker.durable_files();
+    gate.open();
+    broker.shutdown();
+    cut_to_durable(dir, &durable);
+    start_in(dir, 2, BrokerConfig::default())
+}
+
+/// A power loss: every segment cut back to what a completed flush covered
+/// (files no flush covered are gone).
+fn cut_to_durable(
+    dir: &std::path::Path,
+    durable: &std::collections::HashMap<std::path::PathBuf, u64>,
+) {
+    for log in std::fs::read_dir(dir).unwrap() {
+        for seg in std::fs::read_dir(log.unwrap().path()).unwrap() {
+            let path = seg.unwrap().path();
+            match durable.get(&path) {
+                Some(&len) => std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .unwrap()
+                    .set_len(len)
+                    .unwrap(),
+                None => std::fs::remove_file(&path).unwrap(),
+            }
+        }
+    }
+}
+
 /// Writes acknowledged before and while flushes are held, then a power
 /// loss (every segment cut back to what a completed flush covered) and a
 /// restart. Returns (acknowledged ids, acknowledged ids found after the
@@ -537,25 +570,7 @@ fn power_loss(fsync: Fsync) -> (usize, usize, i64) {
             }
         }
     }
-    let durable = broker.durable_files();
-    gate.open();
-    broker.shutdown();
-    // The power loss: what no completed flush covered is gone.
-    for log in std::fs::read_dir(&dir.0).unwrap() {
-        for seg in std::fs::read_dir(log.unwrap().path()).unwrap() {
-            let path = seg.unwrap().path();
-            match durable.get(&path) {
-                Some(&len) => std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .unwrap()
-                    .set_len(len)
-                    .unwrap(),
-                None => std::fs::remove_file(&path).unwrap(),
-            }
-        }
-    }
-    let broker = start_in(&dir.0, 2, BrokerConfig::default());
+    let broker = lose_power_and_restart(broker, &gate, &dir.0);
     let mut c = Client::connect(broker.local_addr());
     let found = acked
         .iter()
@@ -883,5 +898,130 @@ fn a_transaction_on_one_stream_commits_whole_and_one_on_two_is_refused() {
     let broker = start_in(&dir.0, 1, BrokerConfig::default());
     let mut c = Client::connect(broker.local_addr());
     assert_eq!(c.cmd(&["XLEN", "tx"]), R::Int(2));
+    broker.shutdown();
+}
+
+/// The state a client can see of the streams `keys` and their group `g`
+/// (times left out).
+fn visible_state(c: &mut Client, keys: &[&str]) -> Vec<R> {
+    let mut out = Vec::new();
+    for k in keys {
+        out.push(c.cmd(&["XRANGE", k, "-", "+"]));
+        out.push(c.cmd(&["EXISTS", k]));
+        if let R::Array(groups) = c.cmd(&["XINFO", "GROUPS", k]) {
+            out.push(R::Array(groups.clone()));
+            for g in groups {
+                let R::Array(kv) = g else { continue };
+                let name = kv[1].clone();
+                let name = name.text();
+                out.push(c.cmd(&["XPENDING", k, &name]));
+                // Extended rows without the idle time.
+                if let R::Array(rows) = c.cmd(&["XPENDING", k, &name, "-", "+", "100"]) {
+                    for row in rows {
+                        if let R::Array(mut f) = row {
+                            f.remove(2);
+                            out.push(R::Array(f));
+                        }
+                    }
+                }
+                if let R::Array(consumers) = c.cmd(&["XINFO", "CONSUMERS", k, &name]) {
+                    for cons in consumers {
+                        if let R::Array(mut f) = cons {
+                            f.truncate(4); // name, pending (idle left out)
+                            out.push(R::Array(f));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_answered_write_survives_a_power_loss_under_always() {
+    let dir = TempDir::new();
+    let gate = SyncGate::new();
+    let mut config = BrokerConfig::default();
+    config.store.sync_gate = Some(gate.clone());
+    let broker = start_in(&dir.0, 2, config);
+    let mut c = Client::connect(broker.local_addr());
+    // One answered command of each kind that changes state.
+    let script: &[&[&str]] = &[
+        &["XADD", "a", "1-1", "f", "1"],
+        &["XADD", "a", "2-1", "f", "2"],
+        &["XADD", "a", "3-1", "f", "3"],
+        &["XADD", "a", "4-1", "f", "4"],
+        &["XADD", "a", "MAXLEN", "=", "5", "5-1", "f", "5"],
+        &["XADD", "a", "6-1", "f", "6"],
+        &["XDEL", "a", "2-1"],
+        &["XTRIM", "a", "MINID", "2"],
+        &["XGROUP", "CREATE", "a", "g", "0"],
+        &["XGROUP", "CREATE", "a", "gone", "$"],
+        &["XGROUP", "DESTROY", "a", "gone"],
+        &["XGROUP", "CREATECONSUMER", "a", "g", "idle-one"],
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "w1",
+            "COUNT",
+            "2",
+            "STREAMS",
+            "a",
+            ">",
+        ],
+        &["XREADGROUP", "GROUP", "g", "w2", "STREAMS", "a", ">"],
+        &["XREADGROUP", "GROUP", "g", "w1", "STREAMS", "a", "0"],
+        &["XACK", "a", "g", "3-1"],
+        &["XCLAIM", "a", "g", "w3", "0", "5-1", "JUSTID"],
+        &[
+            "XAUTOCLAIM",
+            "a",
+            "g",
+            "w4",
+            "0",
+            "6",
+            "COUNT",
+            "1",
+            "JUSTID",
+        ],
+        &["XGROUP", "DELCONSUMER", "a", "g", "w2"],
+        &["XGROUP", "CREATE", "b", "g", "$", "MKSTREAM"],
+        &["XGROUP", "SETID", "b", "g", "0", "ENTRIESREAD", "0"],
+        &[
+            "XSETID",
+            "b",
+            "7-7",
+            "ENTRIESADDED",
+            "3",
+            "MAXDELETEDID",
+            "5-5",
+        ],
+        &["XADD", "c", "1-1", "f", "v"],
+        &["DEL", "c"],
+        &["MULTI"],
+        &["XADD", "d", "1-1", "f", "1"],
+        &["XADD", "d", "2-1", "f", "2"],
+        &["EXEC"],
+    ];
+    for cmd in script {
+        let r = c.cmd(cmd);
+        assert!(!matches!(r, R::Error(_)), "{cmd:?}: {r:?}");
+        // Answered: everything written is flushed (one client, so no
+        // other write can be in flight).
+        for (path, durable) in broker.durable_files() {
+            let written = std::fs::metadata(&path).unwrap().len();
+            assert_eq!(written, durable, "{cmd:?} answered before its flush");
+        }
+    }
+    let keys = ["a", "b", "c", "d"];
+    let before = visible_state(&mut c, &keys);
+    // Power loss now: only what completed flushes covered remains.
+    gate.close();
+    let broker = lose_power_and_restart(broker, &gate, &dir.0);
+    let mut c = Client::connect(broker.local_addr());
+    let after = visible_state(&mut c, &keys);
+    assert_eq!(after, before);
     broker.shutdown();
 }
