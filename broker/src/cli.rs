@@ -18,7 +18,7 @@ use crate::{Broker, BrokerConfig};
 
 fn usage() -> &'static str {
     "usage: broker [--port N] [--bind ADDR] [--shards N] [--dir PATH] \
-     [--appendfsync always|everysec|no] [--requirepass PASS]\n\
+     [--appendfsync always|everysec|no] [--requirepass PASS] [--spin-us N]\n\
      \x20      broker --bench [--producers N] [--consumers N] [--pipeline N] \
      [--payload BYTES] [--streams N] [--duration SECS] [--appendfsync ...] [--shards N]"
 }
@@ -59,6 +59,10 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                 "--shards" => {
                     config.shards = num("--shards", value(&mut args)?)?;
                     bench_config.shards = config.shards;
+                }
+                "--spin-us" => {
+                    let us: u64 = num(&flag, value(&mut args)?)?;
+                    config.idle_spin = Some(std::time::Duration::from_micros(us));
                 }
                 "--bench" => bench = Some(crate::bench::BenchConfig::default()),
                 "--producers" => bench_config.producers = num(&flag, value(&mut args)?)?,

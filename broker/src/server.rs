@@ -39,6 +39,9 @@ pub struct BrokerConfig {
     pub requirepass: Option<Bytes>,
     /// The data directory and flush policy.
     pub store: StoreConfig,
+    /// How long an idle shard spins before it blocks (`None`: the
+    /// runtime's default; zero: block at once).
+    pub idle_spin: Option<std::time::Duration>,
 }
 
 impl Default for BrokerConfig {
@@ -48,6 +51,7 @@ impl Default for BrokerConfig {
             shards: 2,
             requirepass: None,
             store: StoreConfig::default(),
+            idle_spin: None,
         }
     }
 }
@@ -174,8 +178,15 @@ impl Broker {
             elapsed: recovered.elapsed,
         };
         let shards = config.shards.clamp(1, usize::from(u16::MAX));
-        let runtime = mailring::Runtime::builder()
-            .shards(shards)
+        let mut builder = mailring::Runtime::builder().shards(shards);
+        if let Some(spin) = config.idle_spin {
+            builder = builder.idle_policy(if spin.is_zero() {
+                mailring::IdlePolicy::Block
+            } else {
+                mailring::IdlePolicy::Spin(spin)
+            });
+        }
+        let runtime = builder
             .build()
             .map_err(|e| io::Error::other(format!("starting the runtime: {e}")))?;
         let system = ActorSystem::start_on(runtime.handle(), SystemConfig::default())

@@ -1,0 +1,368 @@
+//! The broker against `redis-server` with the same `redis-benchmark`
+//! command lines: XADD with 1 client, 1 client `-P 16`, 50 clients, 50
+//! clients `-P 16`, each on one stream and on `__rand_int__` keys over 100
+//! streams, and 100-entry XRANGE / XREAD pages; redis-server with
+//! `appendonly yes`, mailring with 1 and 2 shards, both under the same
+//! `appendfsync`. Contenders alternate within each pair; each run gets a
+//! fresh server and data directory on the same filesystem. Server CPU per
+//! request comes from `/proc/<pid>/stat` before and after the run, and a
+//! bare 4 KiB write + `fdatasync` loop on that filesystem gives the floor.
+//!
+//! Run (loopback only):
+//! `cargo build --release -p mailring-broker && cargo run --release -p mailring-bench --example broker_vs_redis -- [pairs] [always|everysec]`
+//! Needs `redis-server` and `redis-benchmark` on the PATH. `BROKER_ROWS`
+//! (a comma list of row names) runs a subset.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, PartialEq)]
+enum Server {
+    Redis,
+    Mailring(usize),
+}
+
+impl Server {
+    fn name(self) -> String {
+        match self {
+            Server::Redis => "redis-server 7.0".to_owned(),
+            Server::Mailring(n) => format!("mailring, {n} shard{}", if n == 1 { "" } else { "s" }),
+        }
+    }
+}
+
+/// One benchmark row: its `redis-benchmark` arguments.
+struct Row {
+    name: &'static str,
+    clients: usize,
+    pipeline: usize,
+    requests: usize,
+    command: &'static [&'static str],
+    /// `-r 100`: `__rand_int__` over 100 keys.
+    rand: bool,
+    /// Entries put in stream `s` before the run (read rows).
+    prefill: usize,
+}
+
+const ROWS: &[Row] = &[
+    Row {
+        name: "xadd-c1",
+        clients: 1,
+        pipeline: 1,
+        requests: 2_000,
+        command: &["XADD", "s", "*", "f", "v"],
+        rand: false,
+        prefill: 0,
+    },
+    Row {
+        name: "xadd-c1-rand",
+        clients: 1,
+        pipeline: 1,
+        requests: 2_000,
+        command: &["XADD", "s:__rand_int__", "*", "f", "v"],
+        rand: true,
+        prefill: 0,
+    },
+    Row {
+        name: "xadd-c1-P16",
+        clients: 1,
+        pipeline: 16,
+        requests: 16_000,
+        command: &["XADD", "s", "*", "f", "v"],
+        rand: false,
+        prefill: 0,
+    },
+    Row {
+        name: "xadd-c1-P16-rand",
+        clients: 1,
+        pipeline: 16,
+        requests: 16_000,
+        command: &["XADD", "s:__rand_int__", "*", "f", "v"],
+        rand: true,
+        prefill: 0,
+    },
+    Row {
+        name: "xadd-c50",
+        clients: 50,
+        pipeline: 1,
+        requests: 20_000,
+        command: &["XADD", "s", "*", "f", "v"],
+        rand: false,
+        prefill: 0,
+    },
+    Row {
+        name: "xadd-c50-rand",
+        clients: 50,
+        pipeline: 1,
+        requests: 20_000,
+        command: &["XADD", "s:__rand_int__", "*", "f", "v"],
+        rand: true,
+        prefill: 0,
+    },
+    Row {
+        name: "xadd-c50-P16",
+        clients: 50,
+        pipeline: 16,
+        requests: 80_000,
+        command: &["XADD", "s", "*", "f", "v"],
+        rand: false,
+        prefill: 0,
+    },
+    Row {
+        name: "xadd-c50-P16-rand",
+        clients: 50,
+        pipeline: 16,
+        requests: 80_000,
+        command: &["XADD", "s:__rand_int__", "*", "f", "v"],
+        rand: true,
+        prefill: 0,
+    },
+    Row {
+        name: "xrange-100",
+        clients: 50,
+        pipeline: 1,
+        requests: 20_000,
+        command: &["XRANGE", "s", "-", "+", "COUNT", "100"],
+        rand: false,
+        prefill: 1000,
+    },
+    Row {
+        name: "xread-100",
+        clients: 50,
+        pipeline: 1,
+        requests: 20_000,
+        command: &["XREAD", "COUNT", "100", "STREAMS", "s", "0"],
+        rand: false,
+        prefill: 1000,
+    },
+];
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn broker_binary() -> PathBuf {
+    // target/release/examples/broker_vs_redis → target/release/mailring-broker
+    let exe = std::env::current_exe().expect("own path");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/release")
+        .join("mailring-broker");
+    assert!(
+        bin.exists(),
+        "{} missing: cargo build --release -p mailring-broker",
+        bin.display()
+    );
+    bin
+}
+
+fn start(server: Server, dir: &Path, port: u16, fsync: &str) -> Child {
+    std::fs::create_dir_all(dir).unwrap();
+    let child = match server {
+        Server::Redis => Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "yes", "--appendfsync", fsync])
+            .arg("--dir")
+            .arg(dir)
+            .stdout(Stdio::null())
+            .spawn(),
+        Server::Mailring(shards) => Command::new(broker_binary())
+            .args(["--port", &port.to_string(), "--shards", &shards.to_string()])
+            .args(
+                std::env::var("BROKER_SPIN_US")
+                    .ok()
+                    .map(|us| vec!["--spin-us".to_owned(), us])
+                    .unwrap_or_default(),
+            )
+            .args(["--appendfsync", fsync, "--dir"])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .spawn(),
+    }
+    .expect("start the server");
+    let t = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // Fields 14 and 15 (utime, stime) are 12 and 13 after the `)`.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+struct Measure {
+    rps: f64,
+    p50: f64,
+    p99: f64,
+    cpu_us_per_req: f64,
+}
+
+fn run_row(server: Server, row: &Row, fsync: &str, base: &Path, seq: usize) -> Measure {
+    let dir = base.join(format!("run-{seq}"));
+    let port = free_port();
+    let mut child = start(server, &dir, port, fsync);
+    if row.prefill > 0 {
+        let status = Command::new("redis-benchmark")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-q",
+                "-c",
+                "1",
+                "-P",
+                "50",
+            ])
+            .args(["-n", &row.prefill.to_string(), "XADD", "s", "*", "f", "v"])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    let cpu0 = cpu_seconds(child.id());
+    let mut cmd = Command::new("redis-benchmark");
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "--csv"])
+        .args([
+            "-c",
+            &row.clients.to_string(),
+            "-P",
+            &row.pipeline.to_string(),
+        ])
+        .args(["-n", &row.requests.to_string()]);
+    if row.rand {
+        cmd.args(["-r", "100"]);
+    }
+    let out = cmd.args(row.command).output().expect("run redis-benchmark");
+    let cpu1 = cpu_seconds(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "test","rps","avg","min","p50","p95","p99","max"
+    let line = text
+        .lines()
+        .find(|l| !l.starts_with("\"test\""))
+        .unwrap_or_else(|| panic!("no result from redis-benchmark: {text}"));
+    let cols: Vec<f64> = line
+        .split(',')
+        .skip(1)
+        .map(|c| c.trim_matches('"').parse().unwrap_or(f64::NAN))
+        .collect();
+    Measure {
+        rps: cols[0],
+        p50: cols[3],
+        p99: cols[5],
+        cpu_us_per_req: (cpu1 - cpu0) * 1e6 / row.requests as f64,
+    }
+}
+
+/// Median and quartiles of `v`.
+fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let at = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+    (at(0.5), at(0.25), at(0.75))
+}
+
+/// Median latency of a 4 KiB write + fdatasync loop on `dir`'s filesystem.
+fn fdatasync_floor(dir: &Path) -> f64 {
+    let path = dir.join("fdatasync-probe");
+    let f = std::fs::File::create(&path).unwrap();
+    let block = vec![7u8; 4096];
+    let mut lat = Vec::new();
+    for i in 0..300u64 {
+        let t = Instant::now();
+        f.write_all_at(&block, i * 4096).unwrap();
+        f.sync_data().unwrap();
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let _ = std::fs::remove_file(&path);
+    quartiles(lat).0
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let pairs: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
+    let fsync = args.next().unwrap_or_else(|| "always".to_owned());
+    let only: Option<Vec<String>> = std::env::var("BROKER_ROWS")
+        .ok()
+        .map(|v| v.split(',').map(str::to_owned).collect());
+    let base = std::env::current_dir()
+        .unwrap()
+        .join(format!("broker-vs-redis-{}", std::process::id()));
+    std::fs::create_dir_all(&base).unwrap();
+    let floor = fdatasync_floor(&base);
+    let servers = [Server::Redis, Server::Mailring(1), Server::Mailring(2)];
+    println!(
+        "# broker vs redis-server: {pairs} alternating pairs per row, appendfsync {fsync}, loopback, 2-core VM; bare 4 KiB write+fdatasync median {floor:.3} ms on this filesystem"
+    );
+    println!("| row | server | median req/s | p50 ms | p99 ms | server CPU/req | req/s ratio vs redis (median [q1, q3]) |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    let mut seq = 0;
+    for row in ROWS {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.iter().any(|n| n == row.name))
+        {
+            continue;
+        }
+        let mut results: Vec<Vec<Measure>> = servers.iter().map(|_| Vec::new()).collect();
+        for pair in 0..pairs {
+            // Alternate the order inside each pair.
+            let order: Vec<usize> = if pair % 2 == 0 {
+                vec![0, 1, 2]
+            } else {
+                vec![2, 1, 0]
+            };
+            for i in order {
+                seq += 1;
+                results[i].push(run_row(servers[i], row, &fsync, &base, seq));
+                eprint!(".");
+                let _ = std::io::stderr().flush();
+            }
+        }
+        eprintln!();
+        let redis_rps: Vec<f64> = results[0].iter().map(|m| m.rps).collect();
+        for (s, ms) in servers.iter().zip(&results) {
+            let (rps, _, _) = quartiles(ms.iter().map(|m| m.rps).collect());
+            let (p50, _, _) = quartiles(ms.iter().map(|m| m.p50).collect());
+            let (p99, _, _) = quartiles(ms.iter().map(|m| m.p99).collect());
+            let (cpu, _, _) = quartiles(ms.iter().map(|m| m.cpu_us_per_req).collect());
+            let ratios: Vec<f64> = ms.iter().zip(&redis_rps).map(|(m, r)| m.rps / r).collect();
+            let (rm, rq1, rq3) = quartiles(ratios);
+            println!(
+                "| {} | {} | {:.0} | {:.3} | {:.3} | {:.1} µs | {:.2} [{:.2}, {:.2}] |",
+                row.name,
+                s.name(),
+                rps,
+                p50,
+                p99,
+                cpu,
+                rm,
+                rq1,
+                rq3
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&base);
+}
