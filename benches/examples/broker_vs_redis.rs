@@ -7,6 +7,7 @@
 //! fresh server and data directory on the same filesystem. Server CPU per
 //! request comes from `/proc/<pid>/stat` before and after the run, and a
 //! bare 4 KiB write + `fdatasync` loop on that filesystem gives the floor.
+//! The client runs pinned to CPU 1 with `taskset` when it is installed.
 //!
 //! Run (loopback only):
 //! `cargo build --release -p mailring-broker && cargo run --release -p mailring-bench --example broker_vs_redis -- [pairs] [always|everysec]`
@@ -241,7 +242,14 @@ fn run_row(server: Server, row: &Row, fsync: &str, base: &Path, seq: usize) -> M
         assert!(status.success());
     }
     let cpu0 = cpu_seconds(child.id());
-    let mut cmd = Command::new("redis-benchmark");
+    // The client pinned to CPU 1 (taskset), as the runs are.
+    let mut cmd = if Path::new("/usr/bin/taskset").exists() {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "1", "redis-benchmark"]);
+        c
+    } else {
+        Command::new("redis-benchmark")
+    };
     cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "--csv"])
         .args([
             "-c",

@@ -264,3 +264,123 @@ fn under_everysec_and_no_an_answered_write_survives_a_killed_process() {
         assert_eq!(flat.len(), 150, "{policy}: every answered entry is there");
     }
 }
+
+#[test]
+fn sigkill_mid_consumption_leaves_groups_where_their_acks_left_them() {
+    let dir = TempDir::new();
+    let broker = Proc::start(&dir.0);
+    let s = TcpStream::connect(broker.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    let mut wire = encode(&[b"XGROUP", b"CREATE", b"work", b"g", b"$", b"MKSTREAM"]);
+    for i in 1..=10_000 {
+        let id = format!("{i}-1");
+        wire.extend(encode(&[b"XADD", b"work", id.as_bytes(), b"n", b"x"]));
+    }
+    w.write_all(&wire).unwrap();
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert_eq!(line, "+OK\r\n");
+    for _ in 0..10_000 {
+        read_bulk(&mut r).expect("an id");
+    }
+    // A consumer reads batches and acknowledges every other entry, until
+    // the broker is killed under it.
+    let addr = broker.addr;
+    let consumer = std::thread::spawn(move || {
+        let mut acked: Vec<String> = Vec::new();
+        let mut unacked: Vec<String> = Vec::new();
+        let mut in_flight: Vec<String> = Vec::new();
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let mut r = BufReader::new(s);
+        loop {
+            let read = encode(&[
+                b"XREADGROUP",
+                b"GROUP",
+                b"g",
+                b"c",
+                b"COUNT",
+                b"10",
+                b"STREAMS",
+                b"work",
+                b">",
+            ]);
+            if w.write_all(&read).is_err() {
+                break;
+            }
+            let mut flat = Vec::new();
+            let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                read_reply(&mut r, &mut flat)
+            }));
+            if ok.is_err() || flat.is_empty() {
+                break;
+            }
+            // [key, id, "n", "x", id, "n", "x", ...]
+            let ids: Vec<String> = flat[1..].chunks(3).map(|e| e[0].clone()).collect();
+            let (ack, keep): (Vec<_>, Vec<_>) =
+                ids.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
+            unacked.extend(keep.into_iter().map(|(_, id)| id));
+            in_flight = ack.into_iter().map(|(_, id)| id).collect();
+            let mut args: Vec<&[u8]> = vec![b"XACK", b"work", b"g"];
+            args.extend(in_flight.iter().map(|s| s.as_bytes()));
+            if w.write_all(&encode(&args)).is_err() {
+                break;
+            }
+            let mut line = String::new();
+            if r.read_line(&mut line).unwrap_or(0) == 0 || !line.starts_with(':') {
+                break;
+            }
+            acked.append(&mut in_flight);
+        }
+        (acked, unacked, in_flight)
+    });
+    std::thread::sleep(Duration::from_millis(150));
+    broker.kill();
+    let (acked, unacked, in_flight) = consumer.join().unwrap();
+    assert!(!acked.is_empty(), "the consumer got going before the kill");
+    let broker = Proc::start(&dir.0);
+    let s = TcpStream::connect(broker.addr).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    w.write_all(&encode(&[
+        b"XPENDING",
+        b"work",
+        b"g",
+        b"-",
+        b"+",
+        b"100000",
+    ]))
+    .unwrap();
+    // Rows of [id, consumer, idle, count]: integers read as text below.
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let rows: usize = line.trim_end()[1..].parse().unwrap();
+    let mut pending = std::collections::HashSet::new();
+    for _ in 0..rows {
+        let mut header = String::new();
+        r.read_line(&mut header).unwrap();
+        let mut id = Vec::new();
+        read_reply(&mut r, &mut id);
+        let mut consumer = Vec::new();
+        read_reply(&mut r, &mut consumer);
+        for _ in 0..2 {
+            let mut int = String::new();
+            r.read_line(&mut int).unwrap();
+        }
+        pending.insert(id.remove(0));
+    }
+    for id in &acked {
+        assert!(!pending.contains(id), "{id} was acknowledged, yet pending");
+    }
+    for id in &unacked {
+        assert!(
+            pending.contains(id),
+            "{id} was delivered, not acknowledged, yet not pending"
+        );
+    }
+    // The acknowledgement in flight at the kill may or may not have landed.
+    let _ = in_flight;
+}
