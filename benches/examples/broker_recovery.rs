@@ -1,0 +1,105 @@
+//! How long the broker takes to recover a given amount of log: fills a
+//! data directory through the broker (pipelined `XADD`s of 1 KiB entries
+//! over 16 streams, `appendfsync no`), stops it, drops the page cache when
+//! allowed (`/proc/sys/vm/drop_caches`, root only; otherwise the read is
+//! from cache and says so), and times a restart's recovery.
+//!
+//! Run: `cargo run --release -p mailring-bench --example broker_recovery -- [MiB]`
+//! (default 1024). The data directory is under the current directory and
+//! removed afterwards.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Instant;
+
+use mailring_broker::{Broker, BrokerConfig, Fsync};
+
+fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    for log in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        for seg in std::fs::read_dir(log.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            total += seg.metadata().map(|m| m.len()).unwrap_or(0);
+        }
+    }
+    total
+}
+
+fn start(dir: &std::path::Path) -> Broker {
+    let mut config = BrokerConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        ..BrokerConfig::default()
+    };
+    config.store.dir = dir.to_path_buf();
+    config.store.fsync = Fsync::No;
+    Broker::start(config).expect("start the broker")
+}
+
+fn main() {
+    let mib: u64 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1024);
+    let target = mib << 20;
+    let dir = std::env::current_dir()
+        .unwrap()
+        .join(format!("broker-recovery-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let broker = start(&dir);
+    let s = TcpStream::connect(broker.local_addr()).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    let payload = vec![b'p'; 1024];
+    let started = Instant::now();
+    let mut entries = 0u64;
+    let mut line = String::new();
+    while dir_bytes(&dir) < target {
+        let mut out = Vec::new();
+        for i in 0..2000u64 {
+            let key = format!("recover:{}", (entries + i) % 16);
+            encode(&mut out, &[b"XADD", key.as_bytes(), b"*", b"p", &payload]);
+        }
+        w.write_all(&out).unwrap();
+        for _ in 0..2000 {
+            line.clear();
+            r.read_line(&mut line).unwrap();
+            let n: usize = line.trim_end()[1..].parse().unwrap();
+            let mut id = vec![0u8; n + 2];
+            r.read_exact(&mut id).unwrap();
+        }
+        entries += 2000;
+    }
+    let fill = started.elapsed();
+    broker.shutdown();
+    let bytes = dir_bytes(&dir);
+    let cold = std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok();
+    let broker = start(&dir);
+    let rec = broker.recovery().clone();
+    broker.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "filled {:.0} MiB ({entries} entries of 1 KiB over 16 streams) in {fill:.1?}; recovery of {} records ({:.0} MiB) took {:.2?} = {:.0} MiB/s ({})",
+        bytes as f64 / 1048576.0,
+        rec.records,
+        rec.bytes as f64 / 1048576.0,
+        rec.elapsed,
+        rec.bytes as f64 / 1048576.0 / rec.elapsed.as_secs_f64(),
+        if cold {
+            "page cache dropped first"
+        } else {
+            "from the page cache: dropping it needs root"
+        }
+    );
+}
