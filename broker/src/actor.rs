@@ -82,6 +82,8 @@ pub(crate) fn storage_error(e: &StorageError) -> Reply {
 #[derive(Debug, Message)]
 #[message(reply = Answer)]
 pub struct Exec {
+    /// The command's lower-case name (from the command table).
+    pub name: &'static str,
     /// The command and its arguments (argument 1 is this stream).
     pub args: Vec<Bytes>,
     /// The broker the command came through.
@@ -98,7 +100,7 @@ impl Handler<Exec> for StreamActor {
     async fn handle(&mut self, m: Exec, _cx: &mut Ctx<Self>) -> Answer {
         self.load(&m.shared);
         let added_before = self.stream.as_ref().map(Stream::entries_added);
-        let answer = self.exec(&m.args, &m.shared);
+        let answer = self.exec(m.name, &m.args, &m.shared);
         if self.stream.as_ref().map(Stream::entries_added) != added_before {
             self.wake_watchers();
         }
@@ -344,7 +346,10 @@ impl StreamActor {
                     }
                 }
             }
-            _ => self.exec(args, shared).reply,
+            _ => {
+                let name = command::lookup(&args[0]).map_or("", |s| s.name);
+                self.exec(name, args, shared).reply
+            }
         }
     }
 }
@@ -476,9 +481,9 @@ impl StreamActor {
         Ok(ticket)
     }
 
-    fn exec(&mut self, args: &[Bytes], shared: &Shared) -> Answer {
-        let name = args[0].to_ascii_lowercase();
-        match name.as_slice() {
+    /// Runs stream command `name` (the table's lower-case name).
+    fn exec(&mut self, name: &str, args: &[Bytes], shared: &Shared) -> Answer {
+        match name.as_bytes() {
             b"xadd" => {
                 let p = match command::parse_add_or_trim(args, true) {
                     Ok(p) => p,
@@ -493,7 +498,7 @@ impl StreamActor {
                     Ok(id) => id,
                     Err(e) => return e.into(),
                 };
-                let fields: Vec<Bytes> = args[p.fields_at..].to_vec();
+                let fields: Fields = Fields::from(&args[p.fields_at..]);
                 let mut ticket = match self.log(Op::Add {
                     id,
                     fields: fields.clone(),
@@ -506,7 +511,7 @@ impl StreamActor {
                     shared.catalog.insert(&self.name);
                 }
                 let stream = self.stream.as_mut().expect("made above");
-                stream.insert(id, Fields::from(fields));
+                stream.insert(id, fields);
                 if let Some(trim) = p.trim {
                     if let (_, Some(through)) = stream.trim_plan(&trim) {
                         match self.log(Op::TrimThrough { through }) {
@@ -525,7 +530,7 @@ impl StreamActor {
             }
             b"xlen" => Reply::Int(self.stream.as_ref().map_or(0, |s| s.len() as i64)).into(),
             b"xrange" | b"xrevrange" => {
-                let rev = name == b"xrevrange";
+                let rev = name == "xrevrange";
                 let (lo, hi, count) = match command::parse_range_args(args, rev) {
                     Ok(r) => r,
                     Err(e) => return e.into(),

@@ -148,9 +148,10 @@ pub fn check_subcommand(command: &str, args: &[Bytes]) -> Result<&'static str, R
 
 /// The table row of `name` (any case).
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
+    // Lengths first: most rows are skipped without comparing bytes.
     COMMANDS
         .iter()
-        .find(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
+        .find(|s| s.name.len() == name.len() && s.name.as_bytes().eq_ignore_ascii_case(name))
 }
 
 /// Whether `args` (name included) fit the arity.

@@ -50,7 +50,7 @@ impl StreamId {
 
     /// The id as a bulk reply.
     pub fn reply(self) -> Reply {
-        Reply::bulk(self.to_string())
+        Reply::Id(self)
     }
 
     /// The id's 16-byte big-endian form (sorts as the id does).

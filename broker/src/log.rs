@@ -17,6 +17,8 @@
 //! A record that fails its checksum, or is cut short, ends the segment's
 //! valid part: recovery truncates the file there.
 
+use std::sync::Arc;
+
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::id::StreamId;
@@ -73,8 +75,8 @@ pub enum Op {
     Add {
         /// The entry's id.
         id: StreamId,
-        /// Field-value pairs, flattened.
-        fields: Vec<Bytes>,
+        /// Field-value pairs, flattened (shared with the stream's copy).
+        fields: Arc<[Bytes]>,
     },
     /// `XDEL`: entries deleted.
     Delete {
@@ -224,7 +226,7 @@ fn put_op_fields(op: &Op, dst: &mut BytesMut) {
         Op::Add { id, fields } => {
             put_id(dst, *id);
             dst.put_u32_le(fields.len() as u32);
-            for f in fields {
+            for f in fields.iter() {
                 put_bytes(dst, f);
             }
         }
@@ -417,7 +419,10 @@ fn read_op(kind: u8, b: &mut Bytes, depth: u8) -> Option<Op> {
                 return None;
             }
             let fields = (0..n).map(|_| read_bytes(b)).collect::<Option<Vec<_>>>()?;
-            Op::Add { id, fields }
+            Op::Add {
+                id,
+                fields: Arc::from(fields),
+            }
         }
         KIND_DELETE => Op::Delete { ids: read_ids(b)? },
         KIND_TRIM => Op::TrimThrough {
@@ -607,7 +612,7 @@ mod tests {
             op_no,
             op: Op::Add {
                 id: StreamId::new(ms, 0),
-                fields: vec![Bytes::from_static(b"f"), Bytes::from_static(b"value")],
+                fields: Arc::from(vec![Bytes::from_static(b"f"), Bytes::from_static(b"value")]),
             },
         }
     }
@@ -706,7 +711,7 @@ mod tests {
             Op::Batch(vec![
                 Op::Add {
                     id: StreamId::new(11, 0),
-                    fields: vec![Bytes::from_static(b"k"), Bytes::from_static(b"v")],
+                    fields: Arc::from(vec![Bytes::from_static(b"k"), Bytes::from_static(b"v")]),
                 },
                 Op::Ack {
                     group: g(),

@@ -240,14 +240,15 @@ impl RespCodec {
 
 impl Codec for RespCodec {
     type In = Request;
-    type Out = Bytes;
+    type Out = (Protocol, Reply);
 
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Request>, CodecError> {
         Ok(self.next_request(buf))
     }
 
-    fn encode(&mut self, frame: Bytes, dst: &mut BytesMut) -> Result<(), CodecError> {
-        dst.extend_from_slice(&frame);
+    fn encode(&mut self, frame: (Protocol, Reply), dst: &mut BytesMut) -> Result<(), CodecError> {
+        // Straight into the connection's write buffer: no frame of its own.
+        frame.1.encode(frame.0, dst);
         Ok(())
     }
 }
@@ -424,6 +425,8 @@ pub enum Reply {
     Double(f64),
     /// Text shown as is (`INFO`): RESP3 verbatim `=n txt:...`, RESP2 bulk.
     Verbatim(String),
+    /// A stream id as a bulk string (`ms-seq`), formatted as it is encoded.
+    Id(crate::id::StreamId),
 }
 
 impl Reply {
@@ -484,6 +487,17 @@ impl Reply {
                     item.encode(proto, dst);
                 }
             }
+            Reply::Id(id) => {
+                let mut ms = itoa::Buffer::new();
+                let mut seq = itoa::Buffer::new();
+                let (ms, seq) = (ms.format(id.ms), seq.format(id.seq));
+                header(dst, b'$', ms.len() + 1 + seq.len());
+                dst.reserve(ms.len() + seq.len() + 3);
+                dst.put_slice(ms.as_bytes());
+                dst.put_u8(b'-');
+                dst.put_slice(seq.as_bytes());
+                dst.put_slice(b"\r\n");
+            }
             Reply::Verbatim(text) => match proto {
                 Protocol::Resp2 => bulk(dst, text.as_bytes()),
                 Protocol::Resp3 => {
@@ -501,6 +515,12 @@ impl Reply {
                 }
             }
         }
+    }
+
+    /// The reply as a frame of [`RespCodec`], encoded for `proto` when
+    /// it is written.
+    pub fn frame(self, proto: Protocol) -> (Protocol, Reply) {
+        (proto, self)
     }
 
     /// The encoding as one buffer.
@@ -666,6 +686,11 @@ mod tests {
         assert_eq!(&r.to_bytes(Protocol::Resp2)[..], b"*2\r\n$1\r\na\r\n:1\r\n");
         assert_eq!(&r.to_bytes(Protocol::Resp3)[..], b"%1\r\n$1\r\na\r\n:1\r\n");
         assert_eq!(&Reply::Nil.to_bytes(Protocol::Resp2)[..], b"$-1\r\n");
+        let id = crate::id::StreamId::new(1_700_000_000_000, 42);
+        assert_eq!(
+            &Reply::Id(id).to_bytes(Protocol::Resp2)[..],
+            b"$16\r\n1700000000000-42\r\n"
+        );
         assert_eq!(&Reply::NilArray.to_bytes(Protocol::Resp2)[..], b"*-1\r\n");
         assert_eq!(&Reply::NilArray.to_bytes(Protocol::Resp3)[..], b"_\r\n");
         assert_eq!(

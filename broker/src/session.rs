@@ -50,19 +50,26 @@ impl RespSession {
     }
 
     fn reply(&self, r: Reply, cx: &mut SessionCtx<Self>) {
-        cx.send_frame(r.to_bytes(self.proto));
+        cx.send_frame(r.frame(self.proto));
     }
 
     /// Sends `args` to the actor of the stream `args[at]`; the reply is
     /// written in order when it comes.
-    fn to_stream(&self, at: usize, args: Vec<Bytes>, cx: &mut SessionCtx<Self>) {
+    fn to_stream(
+        &self,
+        name: &'static str,
+        at: usize,
+        args: Vec<Bytes>,
+        cx: &mut SessionCtx<Self>,
+    ) {
         let addr = self.shared.system.keyed::<StreamActor>(args[at].clone());
         let proto = self.proto;
         let ask = addr.ask(Exec {
+            name,
             args,
             shared: self.shared.clone(),
         });
-        cx.reply_later(async move { settle(ask.await).await.to_bytes(proto) });
+        cx.reply_later(async move { settle(ask.await).await.frame(proto) });
     }
 
     fn check_password(&self, user: Option<&[u8]>, pass: &[u8]) -> Result<(), Reply> {
@@ -255,6 +262,7 @@ impl RespSession {
                             .system
                             .keyed::<StreamActor>(k.clone())
                             .ask(Exec {
+                                name: "del",
                                 args: vec![Bytes::from_static(b"del"), k.clone()],
                                 shared: self.shared.clone(),
                             })
@@ -266,11 +274,11 @@ impl RespSession {
                     for a in asks {
                         match settle(a.await).await {
                             Reply::Int(d) => n += d,
-                            e @ Reply::Error(_) => return e.to_bytes(proto),
+                            e @ Reply::Error(_) => return e.frame(proto),
                             _ => {}
                         }
                     }
-                    Reply::Int(n).to_bytes(proto)
+                    Reply::Int(n).frame(proto)
                 });
             }
             _ => {
@@ -437,21 +445,19 @@ impl RespSession {
                             found.push((p.keys[i].clone(), r.entries));
                         }
                     }
-                    Err(e) => {
-                        return Reply::err(format!("stream unavailable: {e}")).to_bytes(proto)
-                    }
+                    Err(e) => return Reply::err(format!("stream unavailable: {e}")).frame(proto),
                 }
             }
             if !found.is_empty() {
-                return streams_reply(found, proto).to_bytes(proto);
+                return streams_reply(found, proto).frame(proto);
             }
             let Some(block) = block else {
-                return Reply::NilArray.to_bytes(proto);
+                return Reply::NilArray.frame(proto);
             };
             let deadline = block_deadline(block);
             loop {
                 let Some(fired) = next_append(&actors, &after, deadline, &shared).await else {
-                    return Reply::NilArray.to_bytes(proto);
+                    return Reply::NilArray.frame(proto);
                 };
                 // Only the stream that fired is read, as Redis serves the
                 // one key that unblocked the client.
@@ -465,12 +471,10 @@ impl RespSession {
                 match r {
                     Ok(r) if !r.entries.is_empty() => {
                         return streams_reply(vec![(p.keys[fired].clone(), r.entries)], proto)
-                            .to_bytes(proto);
+                            .frame(proto);
                     }
                     Ok(_) => {}
-                    Err(e) => {
-                        return Reply::err(format!("stream unavailable: {e}")).to_bytes(proto)
-                    }
+                    Err(e) => return Reply::err(format!("stream unavailable: {e}")).frame(proto),
                 }
             }
         });
@@ -516,7 +520,7 @@ impl RespSession {
         let n = keys.len();
         cx.reply_later(async move {
             let fail = |e: mailring_actors::AskError| {
-                Reply::err(format!("stream unavailable: {e}")).to_bytes(proto)
+                Reply::err(format!("stream unavailable: {e}")).frame(proto)
             };
             // Several streams: every group must exist, and every id be
             // valid, before anything is delivered.
@@ -527,7 +531,7 @@ impl RespSession {
                         Ok(GroupAnswer {
                             read: GroupRead::Error(e),
                             ..
-                        }) => return e.to_bytes(proto),
+                        }) => return e.frame(proto),
                         Ok(_) => {}
                         Err(e) => return fail(e),
                     }
@@ -537,7 +541,7 @@ impl RespSession {
                 match command::xreadgroup_id(id) {
                     Ok(None) => froms.push(GroupFrom::New),
                     Ok(Some(_)) => froms.push(GroupFrom::History(id.clone())),
-                    Err(e) if n > 1 => return e.to_bytes(proto),
+                    Err(e) if n > 1 => return e.frame(proto),
                     // One stream: the actor checks the group first.
                     Err(e) => {
                         if id.as_ref() == b"$" {
@@ -545,8 +549,8 @@ impl RespSession {
                                 Ok(GroupAnswer {
                                     read: GroupRead::Error(g),
                                     ..
-                                }) => return g.to_bytes(proto),
-                                Ok(_) => return e.to_bytes(proto),
+                                }) => return g.frame(proto),
+                                Ok(_) => return e.frame(proto),
                                 Err(a) => return fail(a),
                             }
                         }
@@ -564,11 +568,11 @@ impl RespSession {
                 last_ids.push(answer.last_id);
                 let entries = match answer.read {
                     GroupRead::Entries(e) => e,
-                    GroupRead::Error(e) => return e.to_bytes(proto),
+                    GroupRead::Error(e) => return e.frame(proto),
                 };
                 if let Some(t) = answer.durable {
                     if let Err(e) = t.await {
-                        return storage_error(&e).to_bytes(proto);
+                        return storage_error(&e).frame(proto);
                     }
                 }
                 if !entries.is_empty() || matches!(from, GroupFrom::History(_)) {
@@ -576,17 +580,17 @@ impl RespSession {
                 }
             }
             if !found.is_empty() {
-                return group_streams_reply(found, proto).to_bytes(proto);
+                return group_streams_reply(found, proto).frame(proto);
             }
             let Some(block) = block else {
-                return Reply::NilArray.to_bytes(proto);
+                return Reply::NilArray.frame(proto);
             };
             let deadline = block_deadline(block);
             loop {
                 let Some(fired) =
                     next_append(&watch_actors, &last_ids, deadline, &watch_shared).await
                 else {
-                    return Reply::NilArray.to_bytes(proto);
+                    return Reply::NilArray.frame(proto);
                 };
                 let answer = match ask(fired, GroupFrom::New, false).await {
                     Ok(a) => a,
@@ -597,15 +601,15 @@ impl RespSession {
                     GroupRead::Entries(e) if !e.is_empty() => {
                         if let Some(t) = answer.durable {
                             if let Err(err) = t.await {
-                                return storage_error(&err).to_bytes(proto);
+                                return storage_error(&err).frame(proto);
                             }
                         }
                         return group_streams_reply(vec![(keys[fired].clone(), e)], proto)
-                            .to_bytes(proto);
+                            .frame(proto);
                     }
                     GroupRead::Entries(_) => {}
                     // The group went away while blocked.
-                    GroupRead::Error(e) => return e.to_bytes(proto),
+                    GroupRead::Error(e) => return e.frame(proto),
                 }
             }
         });
@@ -836,7 +840,7 @@ impl Session for RespSession {
             Kind::Stream(at) if args[at].len() > MAX_KEY_LEN => {
                 self.reply(key_too_long(&args[at]), cx)
             }
-            Kind::Stream(at) => self.to_stream(at, args, cx),
+            Kind::Stream(at) => self.to_stream(spec.name, at, args, cx),
             Kind::Read if spec.name == "xreadgroup" => self.xreadgroup(&args, cx),
             Kind::Read => self.xread(&args, cx),
             Kind::Connection => self.connection_command(args, cx),

@@ -203,7 +203,7 @@ fn apply(stream: &mut Option<Stream>, op: Op) {
         Op::Add { id, fields } => {
             let s = stream.get_or_insert_with(Stream::new);
             if id > s.last_id() {
-                s.insert(id, Arc::from(fields));
+                s.insert(id, fields);
             }
         }
         Op::Delete { ids } => {

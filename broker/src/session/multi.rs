@@ -176,18 +176,18 @@ impl RespSession {
                 Ok(BatchAnswer { replies, durable }) => {
                     if let Some(t) = durable {
                         if let Err(e) = t.await {
-                            return storage_error(&e).to_bytes(proto);
+                            return storage_error(&e).frame(proto);
                         }
                     }
                     replies.into_iter()
                 }
-                Err(e) => return Reply::err(format!("stream unavailable: {e}")).to_bytes(proto),
+                Err(e) => return Reply::err(format!("stream unavailable: {e}")).frame(proto),
             };
             let replies = local
                 .into_iter()
                 .map(|r| r.unwrap_or_else(|| data.next().unwrap_or(Reply::NilArray)))
                 .collect();
-            Reply::Array(replies).to_bytes(proto)
+            Reply::Array(replies).frame(proto)
         });
         None
     }
