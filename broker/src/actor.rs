@@ -20,7 +20,7 @@ use crate::log::{Op, Record};
 use crate::resp::{Protocol, Reply};
 use crate::server::Shared;
 use crate::store::{self, ShardLog, StorageError, Ticket};
-use crate::stream::{entry_reply, Fields, Stream};
+use crate::stream::{Fields, Stream};
 
 /// One stream: a keyed actor owning its entries (key = the stream's name).
 #[derive(Debug, Actor)]
@@ -543,11 +543,11 @@ impl StreamActor {
                     // (after the missing stream's empty array).
                     return Reply::NilArray.into();
                 }
-                Reply::Array(
+                Reply::Entries(
                     stream
                         .range(lo, hi, count, rev)
-                        .iter()
-                        .map(|(id, f)| entry_reply(*id, f))
+                        .into_iter()
+                        .map(|(id, f)| (id, Some(f)))
                         .collect(),
                 )
                 .into()

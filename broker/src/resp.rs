@@ -247,7 +247,9 @@ impl Codec for RespCodec {
     }
 
     fn encode(&mut self, frame: (Protocol, Reply), dst: &mut BytesMut) -> Result<(), CodecError> {
-        // Straight into the connection's write buffer: no frame of its own.
+        // Straight into the connection's write buffer: no frame of its own,
+        // in room reserved once.
+        dst.reserve(frame.1.size_hint());
         frame.1.encode(frame.0, dst);
         Ok(())
     }
@@ -427,6 +429,10 @@ pub enum Reply {
     Verbatim(String),
     /// A stream id as a bulk string (`ms-seq`), formatted as it is encoded.
     Id(crate::id::StreamId),
+    /// Stream entries, `[[id, [f1, v1, ...]], ...]`, encoded straight from
+    /// the stream's shared fields (an entry without fields, deleted and
+    /// read from a pending list, is `[id, nil]`).
+    Entries(Vec<(crate::id::StreamId, Option<crate::stream::Fields>)>),
 }
 
 impl Reply {
@@ -487,6 +493,22 @@ impl Reply {
                     item.encode(proto, dst);
                 }
             }
+            Reply::Entries(entries) => {
+                header(dst, b'*', entries.len());
+                for (id, fields) in entries {
+                    dst.put_slice(b"*2\r\n");
+                    Reply::Id(*id).encode(proto, dst);
+                    match fields {
+                        Some(f) => {
+                            header(dst, b'*', f.len());
+                            for v in f.iter() {
+                                bulk(dst, v);
+                            }
+                        }
+                        None => Reply::NilArray.encode(proto, dst),
+                    }
+                }
+            }
             Reply::Id(id) => {
                 let mut ms = itoa::Buffer::new();
                 let mut seq = itoa::Buffer::new();
@@ -513,6 +535,38 @@ impl Reply {
                     Protocol::Resp2 => bulk(dst, text.as_bytes()),
                     Protocol::Resp3 => line(dst, b',', text.as_bytes()),
                 }
+            }
+        }
+    }
+
+    /// About how many bytes the encoding takes (an upper estimate), so a
+    /// long reply is written into room reserved once rather than grown.
+    pub fn size_hint(&self) -> usize {
+        match self {
+            Reply::Status(t) => t.len() + 3,
+            Reply::StatusOwned(t) | Reply::Error(t) | Reply::Verbatim(t) => t.len() + 24,
+            Reply::Int(_) | Reply::Double(_) => 32,
+            Reply::Bulk(b) => b.len() + 16,
+            Reply::Nil | Reply::NilArray => 5,
+            Reply::Id(_) => 48,
+            Reply::Array(items) | Reply::Set(items) => {
+                16 + items.iter().map(Reply::size_hint).sum::<usize>()
+            }
+            Reply::Map(pairs) => {
+                16 + pairs
+                    .iter()
+                    .map(|(k, v)| k.size_hint() + v.size_hint())
+                    .sum::<usize>()
+            }
+            Reply::Entries(entries) => {
+                16 + entries
+                    .iter()
+                    .map(|(_, f)| {
+                        56 + f
+                            .as_ref()
+                            .map_or(0, |f| f.iter().map(|v| v.len() + 16).sum::<usize>())
+                    })
+                    .sum::<usize>()
             }
         }
     }
@@ -548,6 +602,11 @@ fn line(dst: &mut BytesMut, kind: u8, text: &[u8]) {
 }
 
 fn header(dst: &mut BytesMut, kind: u8, n: usize) {
+    if n < 10 {
+        // The common case (entry arrays, short fields): no formatting.
+        dst.put_slice(&[kind, b'0' + n as u8, b'\r', b'\n']);
+        return;
+    }
     let mut b = itoa::Buffer::new();
     line(dst, kind, b.format(n).as_bytes());
 }

@@ -18,7 +18,7 @@ use crate::glob::glob_match;
 use crate::id::StreamId;
 use crate::resp::{Protocol, Reply, Request, RespCodec};
 use crate::server::{Shared, MAX_KEY_LEN, REDIS_VERSION};
-use crate::stream::{entry_reply, Fields};
+use crate::stream::Fields;
 
 mod admin;
 mod multi;
@@ -653,20 +653,9 @@ async fn next_append(
 type GroupEntries = Vec<(StreamId, Option<Fields>)>;
 
 pub(crate) fn group_streams_reply(found: Vec<(Bytes, GroupEntries)>, proto: Protocol) -> Reply {
-    let per_stream = found.into_iter().map(|(key, entries)| {
-        (
-            Reply::Bulk(key),
-            Reply::Array(
-                entries
-                    .iter()
-                    .map(|(id, f)| match f {
-                        Some(f) => entry_reply(*id, f),
-                        None => Reply::Array(vec![id.reply(), Reply::NilArray]),
-                    })
-                    .collect(),
-            ),
-        )
-    });
+    let per_stream = found
+        .into_iter()
+        .map(|(key, entries)| (Reply::Bulk(key), Reply::Entries(entries)));
     match proto {
         Protocol::Resp3 => Reply::Map(per_stream.collect()),
         Protocol::Resp2 => {
@@ -684,7 +673,7 @@ pub(crate) fn streams_reply(
     let per_stream = found.into_iter().map(|(key, entries)| {
         (
             Reply::Bulk(key),
-            Reply::Array(entries.iter().map(|(id, f)| entry_reply(*id, f)).collect()),
+            Reply::Entries(entries.into_iter().map(|(id, f)| (id, Some(f))).collect()),
         )
     });
     match proto {
