@@ -258,6 +258,12 @@ impl Broker {
         self.durable.snapshot()
     }
 
+    /// Each segment file written by this broker with the length of the
+    /// records written to it, flushed or not.
+    pub fn written_files(&self) -> HashMap<std::path::PathBuf, u64> {
+        self.durable.written()
+    }
+
     /// The address it listens on (the port chosen for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr

@@ -437,56 +437,78 @@ fn streams_survive_a_restart_with_any_shard_count() {
     }
 }
 
-/// The newest segment of log 0.
-fn newest_segment(dir: &std::path::Path) -> std::path::PathBuf {
-    std::fs::read_dir(dir.join("log-000"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .max()
-        .unwrap()
+/// A broker on `dir` with one shard, zero-filling its segments ahead or not.
+fn start_prealloc(dir: &std::path::Path, preallocate: bool) -> Broker {
+    let mut config = BrokerConfig::default();
+    config.store.preallocate = preallocate;
+    start_in(dir, 1, config)
 }
 
-#[test]
-fn a_torn_or_corrupt_log_tail_is_cut_and_the_rest_recovered() {
+/// Where the records of the newest segment end, as the broker wrote them.
+fn data_end(broker: &Broker) -> (std::path::PathBuf, u64) {
+    broker
+        .written_files()
+        .into_iter()
+        .max()
+        .expect("a segment written")
+}
+
+fn torn_and_corrupt_tails(preallocate: bool) {
     let dir = TempDir::new();
-    {
-        let broker = start_in(&dir.0, 1, BrokerConfig::default());
+    let (segment, end) = {
+        let broker = start_prealloc(&dir.0, preallocate);
         let mut c = Client::connect(broker.local_addr());
         for j in 1..=10 {
             let id = format!("1-{j}");
             assert_eq!(c.cmd(&["XADD", "s", &id, "f", "v"]), R::bulk(&id));
         }
+        let end = data_end(&broker);
         broker.shutdown();
-    }
-    let segment = newest_segment(&dir.0);
-    let len = std::fs::metadata(&segment).unwrap().len();
-    // Tear the last record: cut 3 bytes off.
-    std::fs::OpenOptions::new()
+        end
+    };
+    // Tear the last record: its last 3 bytes never reached the disk (cut
+    // off, or left as the zeros a preallocated segment holds).
+    let f = std::fs::OpenOptions::new()
         .write(true)
         .open(&segment)
-        .unwrap()
-        .set_len(len - 3)
         .unwrap();
-    {
-        let broker = start_in(&dir.0, 1, BrokerConfig::default());
+    if preallocate {
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&[0, 0, 0], end - 3).unwrap();
+    } else {
+        f.set_len(end - 3).unwrap();
+    }
+    drop(f);
+    let (segment, end) = {
+        let broker = start_prealloc(&dir.0, preallocate);
         let cut = &broker.recovery().cut;
         assert_eq!(cut.len(), 1, "{cut:?}");
         let mut c = Client::connect(broker.local_addr());
         assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(9));
         assert_eq!(c.cmd(&["XADD", "s", "1-10", "f", "again"]), R::bulk("1-10"));
+        let end = data_end(&broker);
         broker.shutdown();
-    }
+        end
+    };
     // Flip a bit in the newest segment's last record: that record goes.
-    let segment = newest_segment(&dir.0);
     let mut data = std::fs::read(&segment).unwrap();
-    let at = data.len() - 2;
-    data[at] ^= 0x10;
+    data[end as usize - 2] ^= 0x10;
     std::fs::write(&segment, &data).unwrap();
-    let broker = start_in(&dir.0, 1, BrokerConfig::default());
+    let broker = start_prealloc(&dir.0, preallocate);
     assert_eq!(broker.recovery().cut.len(), 1);
     let mut c = Client::connect(broker.local_addr());
     assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(9));
     broker.shutdown();
+}
+
+#[test]
+fn a_torn_or_corrupt_log_tail_is_cut_and_the_rest_recovered() {
+    torn_and_corrupt_tails(false);
+}
+
+#[test]
+fn a_torn_or_corrupt_tail_in_a_preallocated_segment_is_cut_too() {
+    torn_and_corrupt_tails(true);
 }
 
 /// A power loss while `gate` holds the flushes: the durable lengths are
@@ -1010,9 +1032,9 @@ fn every_answered_write_survives_a_power_loss_under_always() {
         assert!(!matches!(r, R::Error(_)), "{cmd:?}: {r:?}");
         // Answered: everything written is flushed (one client, so no
         // other write can be in flight).
+        let written = broker.written_files();
         for (path, durable) in broker.durable_files() {
-            let written = std::fs::metadata(&path).unwrap().len();
-            assert_eq!(written, durable, "{cmd:?} answered before its flush");
+            assert_eq!(written[&path], durable, "{cmd:?} answered before its flush");
         }
     }
     let keys = ["a", "b", "c", "d"];
