@@ -38,6 +38,8 @@ pub struct StreamActor {
     watchers: Vec<(Arc<Notify>, usize)>,
     /// While a transaction runs: its operations, logged as one record.
     batch: Option<Vec<Op>>,
+    /// The broker, found at the first message.
+    shared: Option<Arc<Shared>>,
 }
 
 impl StreamActor {
@@ -50,6 +52,7 @@ impl StreamActor {
             log: None,
             watchers: Vec::new(),
             batch: None,
+            shared: None,
         }
     }
 }
@@ -73,6 +76,11 @@ impl From<Reply> for Answer {
     }
 }
 
+/// The reply to a command that arrives after its broker stopped.
+fn broker_gone() -> Reply {
+    Reply::err("the broker is shutting down")
+}
+
 /// The reply to a command whose change could not be logged.
 pub(crate) fn storage_error(e: &StorageError) -> Reply {
     Reply::Error(format!("MISCONF {e}"))
@@ -86,8 +94,9 @@ pub struct Exec {
     pub name: &'static str,
     /// The command and its arguments (argument 1 is this stream).
     pub args: Vec<Bytes>,
-    /// The broker the command came through.
-    pub shared: Arc<Shared>,
+    /// The broker the command came through (its id: a message touches no
+    /// shared reference count).
+    pub broker: u64,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -98,9 +107,14 @@ pub(crate) fn now_ms() -> u64 {
 
 impl Handler<Exec> for StreamActor {
     async fn handle(&mut self, m: Exec, _cx: &mut Ctx<Self>) -> Answer {
-        self.load(&m.shared);
+        self.load(m.broker);
+        // Taken out for the command (it reads the catalog), put back after.
+        let Some(shared) = self.shared.take() else {
+            return broker_gone().into();
+        };
         let added_before = self.stream.as_ref().map(Stream::entries_added);
-        let answer = self.exec(m.name, &m.args, &m.shared);
+        let answer = self.exec(m.name, &m.args, &shared);
+        self.shared = Some(shared);
         if self.stream.as_ref().map(Stream::entries_added) != added_before {
             self.wake_watchers();
         }
@@ -125,8 +139,8 @@ pub struct Read {
     pub from: ReadFrom,
     /// At most this many (`None`: all).
     pub count: Option<u64>,
-    /// The broker.
-    pub shared: Arc<Shared>,
+    /// The broker (its id: a message touches no shared reference count).
+    pub broker: u64,
 }
 
 /// What a [`Read`] found.
@@ -140,7 +154,7 @@ pub struct ReadResult {
 
 impl Handler<Read> for StreamActor {
     async fn handle(&mut self, m: Read, _cx: &mut Ctx<Self>) -> ReadResult {
-        self.load(&m.shared);
+        self.load(m.broker);
         let Some(stream) = &self.stream else {
             let after = match m.from {
                 ReadFrom::After(id) => id,
@@ -180,8 +194,8 @@ pub struct ReadGroup {
     /// Only say whether the group exists (checked for every stream before
     /// any is read, as Redis does).
     pub check_only: bool,
-    /// The broker.
-    pub shared: Arc<Shared>,
+    /// The broker (its id: a message touches no shared reference count).
+    pub broker: u64,
 }
 
 /// What a [`ReadGroup`] did.
@@ -197,7 +211,7 @@ pub struct GroupAnswer {
 
 impl Handler<ReadGroup> for StreamActor {
     async fn handle(&mut self, m: ReadGroup, _cx: &mut Ctx<Self>) -> GroupAnswer {
-        self.load(&m.shared);
+        self.load(m.broker);
         let last_id = self.stream.as_ref().map_or(StreamId::MIN, Stream::last_id);
         if m.check_only {
             let exists = self
@@ -233,8 +247,8 @@ pub struct ExecBatch {
     pub commands: Vec<Vec<Bytes>>,
     /// The connection's protocol (the shape of read replies).
     pub proto: Protocol,
-    /// The broker.
-    pub shared: Arc<Shared>,
+    /// The broker (its id: a message touches no shared reference count).
+    pub broker: u64,
 }
 
 /// The replies of an [`ExecBatch`], and the flush they wait for.
@@ -248,14 +262,21 @@ pub struct BatchAnswer {
 
 impl Handler<ExecBatch> for StreamActor {
     async fn handle(&mut self, m: ExecBatch, _cx: &mut Ctx<Self>) -> BatchAnswer {
-        self.load(&m.shared);
+        self.load(m.broker);
+        let Some(shared) = self.shared.take() else {
+            return BatchAnswer {
+                replies: m.commands.iter().map(|_| broker_gone()).collect(),
+                durable: None,
+            };
+        };
         let added_before = self.stream.as_ref().map(Stream::entries_added);
         self.batch = Some(Vec::new());
         let replies: Vec<Reply> = m
             .commands
             .iter()
-            .map(|args| self.exec_in_batch(args, m.proto, &m.shared))
+            .map(|args| self.exec_in_batch(args, m.proto, &shared))
             .collect();
+        self.shared = Some(shared);
         let ops = self.batch.take().unwrap_or_default();
         let durable = if ops.is_empty() {
             None
@@ -296,24 +317,32 @@ impl StreamActor {
             } else {
                 "none"
             }),
+            // The stream may be named more than once: served once per name,
+            // as Redis does. Inside EXEC nothing blocks.
             b"xread" => {
                 let p = match command::parse_read(args, false) {
                     Ok(p) => p,
                     Err(e) => return e,
                 };
-                let after = match command::xread_id(&p.ids[0]) {
-                    Ok(Some(id)) => id,
-                    Ok(None) => self.stream.as_ref().map_or(StreamId::MIN, Stream::last_id),
-                    Err(e) => return e,
-                };
-                let entries = match (self.stream.as_ref(), after.next()) {
-                    (Some(s), Some(lo)) => s.range(lo, StreamId::MAX, p.count, false),
-                    _ => Vec::new(),
-                };
-                if entries.is_empty() {
+                let mut found = Vec::new();
+                for raw in &p.ids {
+                    let after = match command::xread_id(raw) {
+                        Ok(Some(id)) => id,
+                        Ok(None) => self.stream.as_ref().map_or(StreamId::MIN, Stream::last_id),
+                        Err(e) => return e,
+                    };
+                    let entries = match (self.stream.as_ref(), after.next()) {
+                        (Some(s), Some(lo)) => s.range(lo, StreamId::MAX, p.count, false),
+                        _ => Vec::new(),
+                    };
+                    if !entries.is_empty() {
+                        found.push((self.name.clone(), entries));
+                    }
+                }
+                if found.is_empty() {
                     Reply::NilArray
                 } else {
-                    crate::session::streams_reply(vec![(self.name.clone(), entries)], proto)
+                    crate::session::streams_reply(found, proto)
                 }
             }
             b"xreadgroup" => {
@@ -329,21 +358,27 @@ impl StreamActor {
                 {
                     return groups::no_group_in_readgroup(&self.name, &group);
                 }
-                let from = match command::xreadgroup_id(&p.ids[0]) {
-                    Ok(None) => GroupFrom::New,
-                    Ok(Some(_)) => GroupFrom::History(p.ids[0].clone()),
-                    Err(e) => return e,
-                };
-                let history = matches!(from, GroupFrom::History(_));
-                match self
-                    .read_group(&group, &consumer, &from, p.count, p.noack)
-                    .0
-                {
-                    GroupRead::Error(e) => e,
-                    GroupRead::Entries(e) if e.is_empty() && !history => Reply::NilArray,
-                    GroupRead::Entries(e) => {
-                        crate::session::group_streams_reply(vec![(self.name.clone(), e)], proto)
+                let mut froms = Vec::with_capacity(p.ids.len());
+                for raw in &p.ids {
+                    froms.push(match command::xreadgroup_id(raw) {
+                        Ok(None) => GroupFrom::New,
+                        Ok(Some(_)) => GroupFrom::History(raw.clone()),
+                        Err(e) => return e,
+                    });
+                }
+                let mut found = Vec::new();
+                for from in &froms {
+                    let history = matches!(from, GroupFrom::History(_));
+                    match self.read_group(&group, &consumer, from, p.count, p.noack).0 {
+                        GroupRead::Error(e) => return e,
+                        GroupRead::Entries(e) if e.is_empty() && !history => {}
+                        GroupRead::Entries(e) => found.push((self.name.clone(), e)),
                     }
+                }
+                if found.is_empty() {
+                    Reply::NilArray
+                } else {
+                    crate::session::group_streams_reply(found, proto)
                 }
             }
             _ => {
@@ -364,13 +399,13 @@ pub struct Watch {
     pub notify: Arc<Notify>,
     /// Which of the reader's streams this is.
     pub index: usize,
-    /// The broker.
-    pub shared: Arc<Shared>,
+    /// The broker (its id: a message touches no shared reference count).
+    pub broker: u64,
 }
 
 impl Handler<Watch> for StreamActor {
     async fn handle(&mut self, m: Watch, _cx: &mut Ctx<Self>) {
-        self.load(&m.shared);
+        self.load(m.broker);
         let ready = self
             .stream
             .as_ref()
@@ -438,11 +473,14 @@ impl Notify {
 impl StreamActor {
     /// Takes the recovered state and finds the shard's log, at the first
     /// message.
-    fn load(&mut self, shared: &Shared) {
+    fn load(&mut self, broker: u64) {
         if self.loaded {
             return;
         }
         self.loaded = true;
+        let Some(shared) = Shared::find(broker) else {
+            return;
+        };
         let recovered = shared
             .recovered
             .lock()
@@ -453,6 +491,7 @@ impl StreamActor {
             self.op_no = r.op_no;
         }
         self.log = store::shard_log(shared.id);
+        self.shared = Some(shared);
     }
 
     fn wake_watchers(&mut self) {

@@ -121,6 +121,28 @@ pub struct Shared {
 /// Brokers started by this process (their ids).
 static NEXT_BROKER: AtomicU64 = AtomicU64::new(1);
 
+/// The running brokers, so a stream actor finds its broker from the id in
+/// a message (once, at its first message).
+static BROKERS: Mutex<Vec<(u64, std::sync::Weak<Shared>)>> = Mutex::new(Vec::new());
+
+impl Shared {
+    /// The running broker `id`.
+    pub(crate) fn find(id: u64) -> Option<Arc<Shared>> {
+        BROKERS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|(b, _)| *b == id)
+            .and_then(|(_, w)| w.upgrade())
+    }
+
+    fn register(shared: &Arc<Shared>) {
+        let mut all = BROKERS.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|(_, w)| w.strong_count() > 0);
+        all.push((shared.id, Arc::downgrade(shared)));
+    }
+}
+
 /// A running broker: its runtime, actor system and listening server.
 pub struct Broker {
     runtime: Option<mailring::Runtime>,
@@ -228,6 +250,7 @@ impl Broker {
             system: system.handle(),
             recovered: Mutex::new(recovered.streams),
         });
+        Shared::register(&shared);
         let server = Server::builder(RespCodec::new(), move |_| RespSession::new(shared.clone()))
             .config(ServerConfig::default())
             .follow::<StreamActor>(system.handle())

@@ -67,7 +67,7 @@ impl RespSession {
         let ask = addr.ask(Exec {
             name,
             args,
-            shared: self.shared.clone(),
+            broker: self.shared.id,
         });
         cx.reply_later(async move { settle(ask.await).await.frame(proto) });
     }
@@ -264,7 +264,7 @@ impl RespSession {
                             .ask(Exec {
                                 name: "del",
                                 args: vec![Bytes::from_static(b"del"), k.clone()],
-                                shared: self.shared.clone(),
+                                broker: self.shared.id,
                             })
                     })
                     .collect();
@@ -374,7 +374,7 @@ async fn settle(answer: Result<Answer, mailring_actors::AskError>) -> Reply {
             reply,
             durable: None,
         }) => reply,
-        Err(e) => Reply::err(format!("stream unavailable: {e}")),
+        Err(e) => unavailable(e),
     }
 }
 
@@ -415,12 +415,12 @@ impl RespSession {
             Ok(ids) => ids,
             Err(e) => return self.reply(e, cx),
         };
-        let shared = self.shared.clone();
+        let broker = self.shared.id;
         let proto = self.proto;
         let actors: Vec<_> = p
             .keys
             .iter()
-            .map(|k| shared.system.keyed::<StreamActor>(k.clone()))
+            .map(|k| self.shared.system.keyed::<StreamActor>(k.clone()))
             .collect();
         let reads: Vec<_> = actors
             .iter()
@@ -429,7 +429,7 @@ impl RespSession {
                 a.ask(Read {
                     from: id.map_or(ReadFrom::Last, ReadFrom::After),
                     count: p.count,
-                    shared: shared.clone(),
+                    broker,
                 })
             })
             .collect();
@@ -445,7 +445,7 @@ impl RespSession {
                             found.push((p.keys[i].clone(), r.entries));
                         }
                     }
-                    Err(e) => return Reply::err(format!("stream unavailable: {e}")).frame(proto),
+                    Err(e) => return unavailable(e).frame(proto),
                 }
             }
             if !found.is_empty() {
@@ -456,7 +456,7 @@ impl RespSession {
             };
             let deadline = block_deadline(block);
             loop {
-                let Some(fired) = next_append(&actors, &after, deadline, &shared).await else {
+                let Some(fired) = next_append(&actors, &after, deadline, broker).await else {
                     return Reply::NilArray.frame(proto);
                 };
                 // Only the stream that fired is read, as Redis serves the
@@ -465,7 +465,7 @@ impl RespSession {
                     .ask(Read {
                         from: ReadFrom::After(after[fired]),
                         count: p.count,
-                        shared: shared.clone(),
+                        broker,
                     })
                     .await;
                 match r {
@@ -474,7 +474,7 @@ impl RespSession {
                             .frame(proto);
                     }
                     Ok(_) => {}
-                    Err(e) => return Reply::err(format!("stream unavailable: {e}")).frame(proto),
+                    Err(e) => return unavailable(e).frame(proto),
                 }
             }
         });
@@ -494,15 +494,14 @@ impl RespSession {
             return;
         };
         let (group, consumer) = p.group.clone().expect("parse_read checks GROUP");
-        let shared = self.shared.clone();
+        let broker = self.shared.id;
         let proto = self.proto;
         let actors: Vec<_> = p
             .keys
             .iter()
-            .map(|k| shared.system.keyed::<StreamActor>(k.clone()))
+            .map(|k| self.shared.system.keyed::<StreamActor>(k.clone()))
             .collect();
         let watch_actors = actors.clone();
-        let watch_shared = shared.clone();
         let ask = move |i: usize, from: GroupFrom, check_only: bool| {
             actors[i].ask(ReadGroup {
                 group: group.clone(),
@@ -511,7 +510,7 @@ impl RespSession {
                 count: p.count,
                 noack: p.noack,
                 check_only,
-                shared: shared.clone(),
+                broker,
             })
         };
         let keys = p.keys.clone();
@@ -519,9 +518,7 @@ impl RespSession {
         let block = p.block;
         let n = keys.len();
         cx.reply_later(async move {
-            let fail = |e: mailring_actors::AskError| {
-                Reply::err(format!("stream unavailable: {e}")).frame(proto)
-            };
+            let fail = |e: mailring_actors::AskError| unavailable(e).frame(proto);
             // Several streams: every group must exist, and every id be
             // valid, before anything is delivered.
             let mut froms = Vec::with_capacity(n);
@@ -587,8 +584,7 @@ impl RespSession {
             };
             let deadline = block_deadline(block);
             loop {
-                let Some(fired) =
-                    next_append(&watch_actors, &last_ids, deadline, &watch_shared).await
+                let Some(fired) = next_append(&watch_actors, &last_ids, deadline, broker).await
                 else {
                     return Reply::NilArray.frame(proto);
                 };
@@ -630,7 +626,7 @@ async fn next_append(
     actors: &[mailring_actors::Addr<StreamActor>],
     after: &[StreamId],
     deadline: Option<std::time::Instant>,
-    shared: &Arc<Shared>,
+    broker: u64,
 ) -> Option<usize> {
     let notify = Notify::new();
     for (i, (a, after)) in actors.iter().zip(after).enumerate() {
@@ -638,7 +634,7 @@ async fn next_append(
             after: *after,
             notify: notify.clone(),
             index: i,
-            shared: shared.clone(),
+            broker,
         });
     }
     match deadline {
@@ -670,18 +666,21 @@ pub(crate) fn streams_reply(
     found: Vec<(Bytes, Vec<(StreamId, Fields)>)>,
     proto: Protocol,
 ) -> Reply {
-    let per_stream = found.into_iter().map(|(key, entries)| {
-        (
-            Reply::Bulk(key),
-            Reply::Entries(entries.into_iter().map(|(id, f)| (id, Some(f))).collect()),
-        )
-    });
-    match proto {
-        Protocol::Resp3 => Reply::Map(per_stream.collect()),
-        Protocol::Resp2 => {
-            Reply::Array(per_stream.map(|(k, v)| Reply::Array(vec![k, v])).collect())
-        }
-    }
+    group_streams_reply(
+        found
+            .into_iter()
+            .map(|(key, entries)| {
+                let entries = entries.into_iter().map(|(id, f)| (id, Some(f))).collect();
+                (key, entries)
+            })
+            .collect(),
+        proto,
+    )
+}
+
+/// The reply when a stream's actor could not answer.
+pub(crate) fn unavailable(e: mailring_actors::AskError) -> Reply {
+    Reply::err(format!("stream unavailable: {e}"))
 }
 
 fn key_too_long(_key: &[u8]) -> Reply {

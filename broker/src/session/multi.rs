@@ -168,7 +168,7 @@ impl RespSession {
             .ask(ExecBatch {
                 commands: batch,
                 proto: self.proto,
-                shared: self.shared.clone(),
+                broker: self.shared.id,
             });
         let proto = self.proto;
         cx.reply_later(async move {
@@ -181,7 +181,7 @@ impl RespSession {
                     }
                     replies.into_iter()
                 }
-                Err(e) => return Reply::err(format!("stream unavailable: {e}")).frame(proto),
+                Err(e) => return super::unavailable(e).frame(proto),
             };
             let replies = local
                 .into_iter()
