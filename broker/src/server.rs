@@ -111,6 +111,10 @@ pub struct Shared {
     pub(crate) connected: AtomicU64,
     /// Fired by `SHUTDOWN`.
     pub(crate) shutdown: Arc<crate::actor::Notify>,
+    /// Set when the broker stops: blocked reads end, new ones do not block.
+    pub(crate) closing: std::sync::atomic::AtomicBool,
+    /// The wake-ups of blocked reads, to end them when the broker stops.
+    pub(crate) blocked: Mutex<Vec<std::sync::Weak<crate::actor::Notify>>>,
     /// When the broker started.
     pub(crate) started: std::time::Instant,
     pub(crate) system: SystemHandle,
@@ -136,6 +140,19 @@ impl Shared {
             .and_then(|(_, w)| w.upgrade())
     }
 
+    /// Index a blocked read's wake-up fires with when the broker stops.
+    pub(crate) const CLOSING: usize = usize::MAX;
+
+    /// Ends every blocked read (they answer as if their time ran out) and
+    /// keeps new ones from blocking.
+    fn release_blocked(&self) {
+        self.closing.store(true, Ordering::Release);
+        let blocked = std::mem::take(&mut *self.blocked.lock().unwrap_or_else(|p| p.into_inner()));
+        for n in blocked.iter().filter_map(std::sync::Weak::upgrade) {
+            n.fire(Self::CLOSING);
+        }
+    }
+
     fn register(shared: &Arc<Shared>) {
         let mut all = BROKERS.lock().unwrap_or_else(|p| p.into_inner());
         all.retain(|(_, w)| w.strong_count() > 0);
@@ -156,6 +173,8 @@ pub struct Broker {
     recovery: RecoveryReport,
     /// Fired by a client's `SHUTDOWN`.
     shutdown: Arc<crate::actor::Notify>,
+    /// What its sessions and actors share.
+    shared: Arc<Shared>,
 }
 
 /// What the broker found in its data directory at start.
@@ -246,11 +265,14 @@ impl Broker {
             next_client_id: AtomicU64::new(0),
             connected: AtomicU64::new(0),
             shutdown: shutdown.clone(),
+            closing: std::sync::atomic::AtomicBool::new(false),
+            blocked: Mutex::new(Vec::new()),
             started: std::time::Instant::now(),
             system: system.handle(),
             recovered: Mutex::new(recovered.streams),
         });
         Shared::register(&shared);
+        let broker_shared = shared.clone();
         let server = Server::builder(RespCodec::new(), move |_| RespSession::new(shared.clone()))
             .config(ServerConfig::default())
             .follow::<StreamActor>(system.handle())
@@ -266,6 +288,7 @@ impl Broker {
             durable,
             recovery,
             shutdown,
+            shared: broker_shared,
         })
     }
 
@@ -329,6 +352,9 @@ impl Broker {
     }
 
     fn stop(&mut self) {
+        // Blocked reads are idle, not work in flight: they end now, so the
+        // grace period waits only for real work.
+        self.shared.release_blocked();
         if let (Some(server), Some(rt)) = (self.server.take(), self.runtime.as_ref()) {
             rt.block_on(server.shutdown());
         }

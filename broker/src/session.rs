@@ -416,6 +416,8 @@ impl RespSession {
             Err(e) => return self.reply(e, cx),
         };
         let broker = self.shared.id;
+        // For a blocking read only (it registers its wake-up).
+        let shared = p.block.map(|_| self.shared.clone());
         let proto = self.proto;
         let actors: Vec<_> = p
             .keys
@@ -451,12 +453,12 @@ impl RespSession {
             if !found.is_empty() {
                 return streams_reply(found, proto).frame(proto);
             }
-            let Some(block) = block else {
+            let (Some(block), Some(shared)) = (block, shared.as_deref()) else {
                 return Reply::NilArray.frame(proto);
             };
             let deadline = block_deadline(block);
             loop {
-                let Some(fired) = next_append(&actors, &after, deadline, broker).await else {
+                let Some(fired) = next_append(&actors, &after, deadline, shared).await else {
                     return Reply::NilArray.frame(proto);
                 };
                 // Only the stream that fired is read, as Redis serves the
@@ -502,6 +504,7 @@ impl RespSession {
             .map(|k| self.shared.system.keyed::<StreamActor>(k.clone()))
             .collect();
         let watch_actors = actors.clone();
+        let watch_shared = p.block.map(|_| self.shared.clone());
         let ask = move |i: usize, from: GroupFrom, check_only: bool| {
             actors[i].ask(ReadGroup {
                 group: group.clone(),
@@ -579,12 +582,12 @@ impl RespSession {
             if !found.is_empty() {
                 return group_streams_reply(found, proto).frame(proto);
             }
-            let Some(block) = block else {
+            let (Some(block), Some(shared)) = (block, watch_shared.as_deref()) else {
                 return Reply::NilArray.frame(proto);
             };
             let deadline = block_deadline(block);
             loop {
-                let Some(fired) = next_append(&watch_actors, &last_ids, deadline, broker).await
+                let Some(fired) = next_append(&watch_actors, &last_ids, deadline, shared).await
                 else {
                     return Reply::NilArray.frame(proto);
                 };
@@ -622,25 +625,35 @@ fn block_deadline(ms: u64) -> Option<std::time::Instant> {
 
 /// Watches each stream for an append after its id; the index of the first
 /// that fires, or `None` at the deadline.
+/// (`None` too when the broker stops).
 async fn next_append(
     actors: &[mailring_actors::Addr<StreamActor>],
     after: &[StreamId],
     deadline: Option<std::time::Instant>,
-    broker: u64,
+    shared: &Shared,
 ) -> Option<usize> {
     let notify = Notify::new();
+    {
+        let mut blocked = shared.blocked.lock().unwrap_or_else(|p| p.into_inner());
+        if shared.closing.load(Ordering::Acquire) {
+            return None;
+        }
+        blocked.retain(|w| w.strong_count() > 0);
+        blocked.push(Arc::downgrade(&notify));
+    }
     for (i, (a, after)) in actors.iter().zip(after).enumerate() {
         let _ = a.tell(Watch {
             after: *after,
             notify: notify.clone(),
             index: i,
-            broker,
+            broker: shared.id,
         });
     }
-    match deadline {
+    let fired = match deadline {
         Some(d) => mailring::time::timeout_at(d, notify.fired()).await.ok(),
         None => Some(notify.fired().await),
-    }
+    };
+    fired.filter(|i| *i != Shared::CLOSING)
 }
 
 /// `XREADGROUP`'s reply: like `XREAD`'s, a deleted entry read from the

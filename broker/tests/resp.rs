@@ -713,7 +713,7 @@ fn xread_reads_several_streams_and_blocks_until_an_append() {
 }
 
 #[test]
-fn a_reader_that_leaves_while_blocked_costs_nothing() {
+fn appends_after_blocked_readers_left_are_unaffected() {
     let broker = start();
     for _ in 0..50 {
         let mut c = Client::connect(broker.local_addr());
@@ -1046,4 +1046,34 @@ fn every_answered_write_survives_a_power_loss_under_always() {
     let after = visible_state(&mut c, &keys);
     assert_eq!(after, before);
     broker.shutdown();
+}
+
+#[test]
+fn blocked_readers_are_answered_when_the_broker_stops() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(
+        c.cmd(&["XGROUP", "CREATE", "q", "g", "$", "MKSTREAM"]),
+        R::Status("OK".into())
+    );
+    let mut r = Client::connect(broker.local_addr());
+    r.send_raw(&encode(&[b"XREAD", b"BLOCK", b"0", b"STREAMS", b"q", b"$"]));
+    c.send_raw(&encode(&[
+        b"XREADGROUP",
+        b"GROUP",
+        b"g",
+        b"w",
+        b"BLOCK",
+        b"0",
+        b"STREAMS",
+        b"q",
+        b">",
+    ]));
+    std::thread::sleep(Duration::from_millis(100));
+    // Blocked reads are idle, not work in flight: stopping answers them
+    // (as a timeout would) instead of cutting them off after the grace.
+    let stopper = std::thread::spawn(move || broker.shutdown());
+    assert_eq!(r.read(), R::Nil);
+    assert_eq!(c.read(), R::Nil);
+    stopper.join().unwrap();
 }
