@@ -23,18 +23,18 @@ fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
     }
 }
 
+/// Bytes of every file under `dir` (generations, logs, segments).
 fn dir_bytes(dir: &std::path::Path) -> u64 {
-    let mut total = 0;
-    for log in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        for seg in std::fs::read_dir(log.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            total += seg.metadata().map(|m| m.len()).unwrap_or(0);
-        }
-    }
-    total
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 fn start(dir: &std::path::Path) -> Broker {

@@ -2,6 +2,7 @@
 //! its entries, logging every change to its shard's commit log before it
 //! answers.
 
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
@@ -19,12 +20,13 @@ use crate::id::StreamId;
 use crate::log::{Op, Record};
 use crate::resp::{Protocol, Reply};
 use crate::server::Shared;
+use crate::store::retention::{need_of, Need};
 use crate::store::{self, ShardLog, StorageError, Ticket};
 use crate::stream::{Fields, Stream};
 
 /// One stream: a keyed actor owning its entries (key = the stream's name).
 #[derive(Debug, Actor)]
-#[actor(key = Bytes, activate = StreamActor::new, handles(Exec, Read, Watch, ReadGroup, ExecBatch))]
+#[actor(key = Bytes, activate = StreamActor::new, handles(Exec, Read, Watch, ReadGroup, ExecBatch, Checkpoint))]
 pub struct StreamActor {
     name: Bytes,
     stream: Option<Stream>,
@@ -40,6 +42,16 @@ pub struct StreamActor {
     batch: Option<Vec<Op>>,
     /// The broker, found at the first message.
     shared: Option<Arc<Shared>>,
+    /// Where its history in the log starts (see [`store::retention`]):
+    /// its last snapshot's segment, or its first record's.
+    meta_segment: u32,
+    /// Where its entries are: runs of ids, each from an id on, in a
+    /// segment.
+    runs: VecDeque<(StreamId, u32)>,
+    /// The segment of its last record.
+    last_segment: u32,
+    /// The need last told to the log.
+    published: Option<Option<Need>>,
 }
 
 impl StreamActor {
@@ -53,6 +65,10 @@ impl StreamActor {
             watchers: Vec::new(),
             batch: None,
             shared: None,
+            meta_segment: 0,
+            runs: VecDeque::new(),
+            last_segment: 0,
+            published: None,
         }
     }
 }
@@ -118,7 +134,52 @@ impl Handler<Exec> for StreamActor {
         if self.stream.as_ref().map(Stream::entries_added) != added_before {
             self.wake_watchers();
         }
+        self.publish_need();
         answer
+    }
+}
+
+/// Asks a stream to log a snapshot of its counters and groups, so the
+/// segments holding its older history can go (sent by its log's
+/// collector).
+#[derive(Debug, Message)]
+#[message(reply = ())]
+pub struct Checkpoint {
+    /// The broker (its id).
+    pub broker: u64,
+}
+
+impl Handler<Checkpoint> for StreamActor {
+    async fn handle(&mut self, m: Checkpoint, _cx: &mut Ctx<Self>) {
+        self.load(m.broker);
+        let (Some(stream), Some(log)) = (&self.stream, &self.log) else {
+            return;
+        };
+        let small = store::small_stream_bytes(log.segment_bytes());
+        let Some(need) = need_of(Some(stream), self.meta_segment, &mut self.runs, small) else {
+            return;
+        };
+        let op = if need.by_history {
+            // Its entries are newer: a snapshot of the rest is enough.
+            store::snapshot_of(stream)
+        } else if need.movable {
+            // A few old entries: write the whole stream again, as one
+            // record (replay starts it afresh there).
+            let mut ops = vec![Op::Drop];
+            ops.extend(
+                stream
+                    .range(StreamId::MIN, StreamId::MAX, None, false)
+                    .into_iter()
+                    .map(|(id, fields)| Op::Add { id, fields }),
+            );
+            ops.push(store::snapshot_of(stream));
+            Op::Batch(ops)
+        } else {
+            return;
+        };
+        // A failed log refuses every write anyway; nothing to answer.
+        let _ = self.append(op, false);
+        self.publish_need();
     }
 }
 
@@ -229,6 +290,7 @@ impl Handler<ReadGroup> for StreamActor {
             };
         }
         let (read, durable) = self.read_group(&m.group, &m.consumer, &m.from, m.count, m.noack);
+        self.publish_need();
         GroupAnswer {
             read,
             last_id,
@@ -270,6 +332,7 @@ impl Handler<ExecBatch> for StreamActor {
             };
         };
         let added_before = self.stream.as_ref().map(Stream::entries_added);
+        let was_missing = self.stream.is_none();
         self.batch = Some(Vec::new());
         let replies: Vec<Reply> = m
             .commands
@@ -281,7 +344,7 @@ impl Handler<ExecBatch> for StreamActor {
         let durable = if ops.is_empty() {
             None
         } else {
-            match self.log(Op::Batch(ops)) {
+            match self.append(Op::Batch(ops), was_missing) {
                 Ok(t) => Some(t),
                 Err(e) => {
                     // Nothing was logged: every change is refused.
@@ -296,6 +359,7 @@ impl Handler<ExecBatch> for StreamActor {
         if self.stream.as_ref().map(Stream::entries_added) != added_before {
             self.wake_watchers();
         }
+        self.publish_need();
         BatchAnswer { replies, durable }
     }
 }
@@ -489,9 +553,58 @@ impl StreamActor {
         if let Some(r) = recovered {
             self.stream = r.stream;
             self.op_no = r.op_no;
+            self.meta_segment = r.meta_segment;
+            self.runs = r.runs;
         }
         self.log = store::shard_log(shared.id);
         self.shared = Some(shared);
+        // The log counted the recovered need already; this only agrees.
+        self.publish_need();
+    }
+
+    /// Tells the log the oldest segment this stream needs, if that moved.
+    fn publish_need(&mut self) {
+        let Some(log) = self.log.as_ref() else {
+            return;
+        };
+        let small = store::small_stream_bytes(log.segment_bytes());
+        let need = need_of(
+            self.stream.as_ref(),
+            self.meta_segment,
+            &mut self.runs,
+            small,
+        );
+        if self.published != Some(need) {
+            log.set_need(&self.name, need, self.last_segment);
+            self.published = Some(need);
+        }
+    }
+
+    /// Notes where a record just logged in `segment` put this stream's
+    /// history and entries (`starts`: the stream did not exist before
+    /// it, so its history starts there).
+    fn note(&mut self, op: &Op, segment: u32, starts: bool) {
+        if starts {
+            self.meta_segment = segment;
+            self.runs.clear();
+        }
+        self.last_segment = segment;
+        match op {
+            Op::Add { id, .. } if self.runs.back().is_none_or(|r| r.1 != segment) => {
+                self.runs.push_back((*id, segment));
+            }
+            Op::Snapshot(_) => self.meta_segment = segment,
+            Op::Drop => {
+                self.meta_segment = segment;
+                self.runs.clear();
+            }
+            Op::Batch(ops) => {
+                for op in ops {
+                    self.note(op, segment, false);
+                }
+            }
+            _ => {}
+        }
     }
 
     fn wake_watchers(&mut self) {
@@ -511,12 +624,22 @@ impl StreamActor {
             batch.push(op);
             return Ok(log.no_wait());
         }
-        let ticket = log.append(&Record {
+        let starts = self.stream.is_none();
+        self.append(op, starts)
+    }
+
+    /// Appends `op` as this stream's next record (`starts`: the stream
+    /// did not exist before it).
+    fn append(&mut self, op: Op, starts: bool) -> Result<Ticket, StorageError> {
+        let log = self.log.as_ref().ok_or(StorageError::Closed)?;
+        let record = Record {
             stream: self.name.clone(),
             op_no: self.op_no + 1,
             op,
-        })?;
+        };
+        let (ticket, segment) = log.append(&record)?;
         self.op_no += 1;
+        self.note(&record.op, segment, starts);
         Ok(ticket)
     }
 

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+use crate::group::{Consumer, Group, Nack};
 use crate::id::StreamId;
 
 /// The segment header's magic.
@@ -177,6 +178,23 @@ pub enum Op {
     /// A `MULTI`/`EXEC` transaction's changes: one record, so after a crash
     /// all of them are there or none.
     Batch(Vec<Op>),
+    /// The stream's state apart from its entries (which stay in their
+    /// `Add` records): replay sets the counters and the groups to it, so
+    /// no record of the stream before it is needed but its live entries'.
+    Snapshot(Box<Snapshot>),
+}
+
+/// A stream's counters and consumer groups at one point of its log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The last id.
+    pub last_id: StreamId,
+    /// Entries ever added.
+    pub entries_added: u64,
+    /// The largest deleted id.
+    pub max_deleted_id: StreamId,
+    /// Every group, by name, whole (pending entries and consumers).
+    pub groups: Vec<(Bytes, Group)>,
 }
 
 const KIND_ADD: u8 = 1;
@@ -193,6 +211,7 @@ const KIND_DELIVER: u8 = 15;
 const KIND_ACK: u8 = 16;
 const KIND_CLAIM: u8 = 17;
 const KIND_BATCH: u8 = 20;
+const KIND_SNAPSHOT: u8 = 21;
 
 /// `None` on disk.
 const NO_COUNT: u64 = u64::MAX;
@@ -217,6 +236,7 @@ fn op_kind(op: &Op) -> u8 {
         Op::Ack { .. } => KIND_ACK,
         Op::Claim { .. } => KIND_CLAIM,
         Op::Batch(_) => KIND_BATCH,
+        Op::Snapshot(_) => KIND_SNAPSHOT,
     }
 }
 
@@ -242,6 +262,7 @@ fn put_op_fields(op: &Op, dst: &mut BytesMut) {
             put_id(dst, *max_deleted_id);
         }
         Op::Drop => {}
+        Op::Snapshot(snap) => put_snapshot(dst, snap),
         Op::Batch(ops) => {
             dst.put_u32_le(ops.len() as u32);
             for op in ops {
@@ -321,6 +342,96 @@ fn put_op_fields(op: &Op, dst: &mut BytesMut) {
             }
         }
     }
+}
+
+/// A snapshot: the counters, then each group with its consumers (name,
+/// seen time) and its pending entries (id, consumer's index among the
+/// consumers, delivery time, count).
+fn put_snapshot(dst: &mut BytesMut, snap: &Snapshot) {
+    put_id(dst, snap.last_id);
+    dst.put_u64_le(snap.entries_added);
+    put_id(dst, snap.max_deleted_id);
+    dst.put_u32_le(snap.groups.len() as u32);
+    for (name, g) in &snap.groups {
+        put_bytes(dst, name);
+        put_id(dst, g.last_id);
+        put_opt(dst, g.entries_read);
+        dst.put_u32_le(g.consumers.len() as u32);
+        for (consumer, c) in &g.consumers {
+            put_bytes(dst, consumer);
+            dst.put_u64_le(c.seen_time);
+        }
+        dst.put_u32_le(g.pel.len() as u32);
+        for (id, nack) in &g.pel {
+            let index = g
+                .consumers
+                .keys()
+                .position(|c| *c == nack.consumer)
+                .unwrap_or(usize::MAX);
+            put_id(dst, *id);
+            dst.put_u32_le(index as u32);
+            dst.put_u64_le(nack.delivery_time);
+            dst.put_u64_le(nack.delivery_count);
+        }
+    }
+}
+
+fn read_snapshot(b: &mut Bytes) -> Option<Snapshot> {
+    let last_id = read_id(b)?;
+    let entries_added = read_u64(b)?;
+    let max_deleted_id = read_id(b)?;
+    let n = read_u32(b)? as usize;
+    if n > b.remaining() {
+        return None;
+    }
+    let mut groups = Vec::with_capacity(n);
+    for _ in 0..n {
+        let name = read_bytes(b)?;
+        let mut g = Group::new(read_id(b)?, read_opt(b)?);
+        let consumers = read_u32(b)? as usize;
+        if consumers > b.remaining() / 12 {
+            return None;
+        }
+        let mut names = Vec::with_capacity(consumers);
+        for _ in 0..consumers {
+            let consumer = read_bytes(b)?;
+            let seen_time = read_u64(b)?;
+            names.push(consumer.clone());
+            g.consumers.insert(
+                consumer,
+                Consumer {
+                    seen_time,
+                    pel: Default::default(),
+                },
+            );
+        }
+        let pending = read_u32(b)? as usize;
+        if pending > b.remaining() / 36 {
+            return None;
+        }
+        for _ in 0..pending {
+            let id = read_id(b)?;
+            let consumer = names.get(read_u32(b)? as usize)?.clone();
+            let delivery_time = read_u64(b)?;
+            let delivery_count = read_u64(b)?;
+            g.consumers.get_mut(&consumer)?.pel.insert(id);
+            g.pel.insert(
+                id,
+                Nack {
+                    consumer,
+                    delivery_time,
+                    delivery_count,
+                },
+            );
+        }
+        groups.push((name, g));
+    }
+    Some(Snapshot {
+        last_id,
+        entries_added,
+        max_deleted_id,
+        groups,
+    })
 }
 
 fn put_ids(dst: &mut BytesMut, ids: &[StreamId]) {
@@ -434,6 +545,7 @@ fn read_op(kind: u8, b: &mut Bytes, depth: u8) -> Option<Op> {
             max_deleted_id: read_id(b)?,
         },
         KIND_DROP => Op::Drop,
+        KIND_SNAPSHOT => Op::Snapshot(Box::new(read_snapshot(b)?)),
         KIND_GROUP_CREATE => Op::GroupCreate {
             group: read_bytes(b)?,
             last_id: read_id(b)?,
@@ -719,6 +831,18 @@ mod tests {
                 },
             ]),
             Op::Batch(Vec::new()),
+            Op::Snapshot(Box::new(Snapshot {
+                last_id: StreamId::new(12, 3),
+                entries_added: 40,
+                max_deleted_id: StreamId::new(2, 0),
+                groups: vec![(g(), {
+                    let mut group = Group::new(StreamId::new(11, 0), Some(9));
+                    group.create_consumer(&Bytes::from_static(b"idle"), 3);
+                    group.deliver(StreamId::new(9, 9), &c(), 4);
+                    group.claim(StreamId::new(11, 0), &c(), 8, 3);
+                    group
+                })],
+            })),
         ];
         let records: Vec<Record> = records
             .into_iter()

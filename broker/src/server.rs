@@ -18,7 +18,7 @@ use crate::actor::StreamActor;
 use crate::glob::glob_match;
 use crate::resp::RespCodec;
 use crate::session::RespSession;
-use crate::store::{self, DurableFiles, RecoveredStream, ShardLog, StoreConfig};
+use crate::store::{self, DurableFiles, LogStart, RecoveredStream, ShardLog, StoreConfig};
 
 /// The version `HELLO` and `INFO` report: the Redis release whose replies
 /// the broker's are checked against.
@@ -190,6 +190,8 @@ pub struct RecoveryReport {
     pub cut: Vec<(std::path::PathBuf, u64)>,
     /// How long recovery took.
     pub elapsed: std::time::Duration,
+    /// Whether the logs were rewritten for this shard count.
+    pub migrated: bool,
 }
 
 impl std::fmt::Debug for Broker {
@@ -206,7 +208,8 @@ impl Broker {
     ///
     /// The runtime's start-up error (no io_uring) or the bind's.
     pub fn start(config: BrokerConfig) -> io::Result<Broker> {
-        let recovered = store::recover(&config.store.dir)?;
+        let shards = config.shards.clamp(1, usize::from(u16::MAX));
+        let mut recovered = store::recover(&config.store.dir, shards, config.store.segment_bytes)?;
         let recovery = RecoveryReport {
             streams: recovered
                 .streams
@@ -217,8 +220,8 @@ impl Broker {
             bytes: recovered.bytes,
             cut: recovered.cut.clone(),
             elapsed: recovered.elapsed,
+            migrated: recovered.migrated,
         };
-        let shards = config.shards.clamp(1, usize::from(u16::MAX));
         let mut builder = mailring::Runtime::builder().shards(shards);
         if let Some(spin) = config.idle_spin {
             builder = builder.idle_policy(if spin.is_zero() {
@@ -240,18 +243,38 @@ impl Broker {
             }
         }
         let durable = DurableFiles::default();
+        let mut starts: Vec<LogStart> = (0..shards).map(|_| LogStart::default()).collect();
+        for (log_no, segments) in &recovered.segments {
+            if let Some(start) = starts.get_mut(usize::from(*log_no)) {
+                start.segments.clone_from(segments);
+            }
+        }
+        let small = store::small_stream_bytes(config.store.segment_bytes);
+        for (name, s) in recovered.streams.iter_mut() {
+            if let (Some(need), Some(start)) = (s.need(small), starts.get_mut(usize::from(s.log))) {
+                start.needs.push((name.clone(), need));
+            }
+        }
         let mut flushers = Vec::with_capacity(shards);
-        for shard in 0..shards {
+        for (shard, start) in starts.into_iter().enumerate() {
             let log_no = shard as u16;
-            let last = recovered.last_segment.get(&log_no).copied();
             let store_config = config.store.clone();
+            let gen_dir = recovered.dir.clone();
             let durable = durable.clone();
+            let actors = system.handle();
             flushers.push(runtime.handle().spawn_local_on(
                 mailring::ShardId::new(shard),
                 move || async move {
-                    let log = ShardLog::new(&store_config.dir, log_no, &store_config, durable);
+                    let log = ShardLog::new(&gen_dir, log_no, &store_config, durable, start);
+                    log.on_lagging(move |names| {
+                        for name in names {
+                            let _ = actors
+                                .keyed::<StreamActor>(name)
+                                .tell(crate::actor::Checkpoint { broker: id });
+                        }
+                    });
                     store::register(id, log.clone());
-                    let res = log.clone().run(last).await;
+                    let res = log.clone().run().await;
                     store::unregister(id);
                     res
                 },

@@ -4,7 +4,7 @@
 //! [`Ticket`] completes when the flush that covers it does.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::io;
@@ -17,8 +17,13 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
-use crate::log::{self, Op, Record, Tail};
-use crate::stream::Stream;
+use crate::log::{self, Record};
+
+mod recover;
+pub mod retention;
+
+pub use self::recover::{home_log, recover, snapshot_of, Recovered, RecoveredStream};
+use self::retention::{Need, Retention};
 
 /// When a write is flushed to disk, with Redis's `appendfsync` meanings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -51,6 +56,13 @@ impl Fsync {
             Fsync::No => "no",
         }
     }
+}
+
+/// A stream whose live entries take fewer bytes than this (with segments
+/// of `segment_bytes`) rewrites them at the head of its log rather than
+/// hold old segments.
+pub fn small_stream_bytes(segment_bytes: u64) -> u64 {
+    segment_bytes.max(4096) / 8
 }
 
 /// Where and how the broker stores its logs.
@@ -91,159 +103,6 @@ pub enum StorageError {
     /// The log was closed (shutdown) before the flush.
     #[error("the commit log is closed")]
     Closed,
-}
-
-/// A stream rebuilt from the logs, waiting for its actor.
-#[derive(Debug)]
-pub struct RecoveredStream {
-    /// Its state (`None`: its last record deleted it).
-    pub stream: Option<Stream>,
-    /// Its last operation number.
-    pub op_no: u64,
-}
-
-/// What recovery found.
-#[derive(Debug, Default)]
-pub struct Recovered {
-    /// Streams by name.
-    pub streams: HashMap<Bytes, RecoveredStream>,
-    /// The highest segment number of each log found.
-    pub last_segment: HashMap<u16, u32>,
-    /// Records replayed.
-    pub records: u64,
-    /// Bytes of valid records read.
-    pub bytes: u64,
-    /// Segments whose tails were cut, with the bytes cut.
-    pub cut: Vec<(PathBuf, u64)>,
-    /// How long recovery took.
-    pub elapsed: Duration,
-}
-
-fn sync_dir(path: &Path) -> io::Result<()> {
-    std::fs::File::open(path)?.sync_all()
-}
-
-/// Reads every log under `dir` (made if missing), cuts torn or corrupt
-/// tails, and replays each stream's records in operation order.
-///
-/// # Errors
-///
-/// I/O errors, or a file in a log directory that is not a segment.
-pub fn recover(dir: &Path) -> io::Result<Recovered> {
-    let started = Instant::now();
-    if !dir.exists() {
-        std::fs::create_dir_all(dir)?;
-        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            sync_dir(parent)?;
-        }
-    }
-    let mut out = Recovered::default();
-    let mut per_stream: HashMap<Bytes, Vec<(u64, Op)>> = HashMap::new();
-    let mut logs: Vec<(u16, PathBuf)> = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        if let Some(log) = name.to_str().and_then(log::parse_log_dir_name) {
-            logs.push((log, entry.path()));
-        }
-    }
-    logs.sort();
-    for (log_no, log_dir) in logs {
-        let mut segments: Vec<(u32, PathBuf)> = Vec::new();
-        for entry in std::fs::read_dir(&log_dir)? {
-            let entry = entry?;
-            let name = entry.file_name();
-            if let Some(seg) = name.to_str().and_then(log::parse_segment_file_name) {
-                segments.push((seg, entry.path()));
-            }
-        }
-        segments.sort();
-        if let Some((last, _)) = segments.last() {
-            out.last_segment.insert(log_no, *last);
-        }
-        for (_, path) in segments {
-            let data = Bytes::from(std::fs::read(&path)?);
-            let len = data.len() as u64;
-            let scan = log::scan_segment(data).map_err(|e| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{}: {e}", path.display()),
-                )
-            })?;
-            // A clean end may be followed by zeros (a preallocated
-            // segment): only a torn or corrupt tail is cut.
-            if scan.tail != Tail::Clean {
-                let f = std::fs::OpenOptions::new().write(true).open(&path)?;
-                f.set_len(scan.valid_len)?;
-                f.sync_all()?;
-                out.cut.push((path.clone(), len - scan.valid_len));
-            }
-            out.bytes += scan.valid_len;
-            for (_, r) in scan.records {
-                out.records += 1;
-                per_stream
-                    .entry(r.stream)
-                    .or_default()
-                    .push((r.op_no, r.op));
-            }
-        }
-    }
-    for (name, mut ops) in per_stream {
-        // Each log holds a stream's records in order; across logs (a
-        // stream that moved) the operation numbers order them.
-        ops.sort_by_key(|(n, _)| *n);
-        let mut stream: Option<Stream> = None;
-        let mut op_no = 0;
-        for (n, op) in ops {
-            op_no = n;
-            apply(&mut stream, op);
-        }
-        out.streams.insert(name, RecoveredStream { stream, op_no });
-    }
-    out.elapsed = started.elapsed();
-    Ok(out)
-}
-
-/// Applies one logged operation to a stream being rebuilt.
-fn apply(stream: &mut Option<Stream>, op: Op) {
-    match op {
-        Op::Add { id, fields } => {
-            let s = stream.get_or_insert_with(Stream::new);
-            if id > s.last_id() {
-                s.insert(id, fields);
-            }
-        }
-        Op::Delete { ids } => {
-            if let Some(s) = stream {
-                s.delete(&ids);
-            }
-        }
-        Op::TrimThrough { through } => {
-            if let Some(s) = stream {
-                s.trim_through(through);
-            }
-        }
-        Op::SetId {
-            last_id,
-            entries_added,
-            max_deleted_id,
-        } => {
-            let s = stream.get_or_insert_with(Stream::new);
-            s.set_last_id(last_id);
-            s.set_counters(entries_added, max_deleted_id);
-        }
-        Op::Drop => *stream = None,
-        Op::Batch(ops) => {
-            for op in ops {
-                apply(stream, op);
-            }
-        }
-        group_op => {
-            if let Some(s) = stream {
-                s.apply_group(group_op);
-            }
-        }
-    }
 }
 
 /// The reply-side watermark of one log: appends up to `done` are flushed
@@ -346,6 +205,17 @@ impl DurableFiles {
             .insert(path.to_path_buf(), len);
     }
 
+    fn forget(&self, path: &Path) {
+        self.files
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(path);
+        self.written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(path);
+    }
+
     /// Every segment this process wrote, with the length of the records
     /// written to it (durable or not; a preallocated file is longer).
     pub fn written(&self) -> HashMap<PathBuf, u64> {
@@ -361,12 +231,22 @@ impl DurableFiles {
     }
 }
 
-/// What is waiting to be written.
+/// What is waiting to be written. Each append is given its segment as it
+/// is made (so its stream knows where its record is); the writer rolls
+/// segments where the appends say.
 #[derive(Debug, Default)]
 struct Pending {
+    /// Appends to `segment`, not yet taken by the writer.
     buf: BytesMut,
     /// The number of the last append in `buf` (0: none yet).
     last: u64,
+    /// The segment appends go to now.
+    segment: u32,
+    /// Bytes given out in `segment` (its header included).
+    fill: u64,
+    /// Appends to earlier segments, not yet taken: (segment, bytes, the
+    /// number of the last append).
+    sealed: VecDeque<(u32, Bytes, u64)>,
     /// Appends ever made.
     next: u64,
     closed: bool,
@@ -385,7 +265,14 @@ pub struct ShardLog {
     durable: DurableFiles,
     gate: Option<SyncGate>,
     preallocate: bool,
+    /// The segments on disk and what each stream needs of them.
+    retention: RefCell<Retention>,
+    /// Asks streams whose old history holds segments for a snapshot.
+    on_lagging: RefCell<Option<LaggingHook>>,
 }
+
+/// What a log calls with the streams that should move up.
+type LaggingHook = Box<dyn Fn(Vec<Bytes>)>;
 
 /// Bytes zero-filled ahead of the writes at a time.
 const ZERO_CHUNK: u64 = 4 << 20;
@@ -400,54 +287,118 @@ impl fmt::Debug for ShardLog {
     }
 }
 
+/// A log as recovery left it.
+#[derive(Debug, Default)]
+pub struct LogStart {
+    /// Its segments on disk.
+    pub segments: Vec<u32>,
+    /// Each stream's need of them.
+    pub needs: Vec<(Bytes, Need)>,
+}
+
 impl ShardLog {
-    /// A writer for log `log_no` under `data_dir`, starting a new segment
-    /// after `last_segment`. Its flusher must be run ([`ShardLog::run`]).
+    /// A writer for log `log_no` under `gen_dir` (the generation's
+    /// directory), starting a new segment after those in `start`. Its
+    /// flusher must be run ([`ShardLog::run`]).
     pub fn new(
-        data_dir: &Path,
+        gen_dir: &Path,
         log_no: u16,
         config: &StoreConfig,
         durable: DurableFiles,
+        start: LogStart,
     ) -> Rc<ShardLog> {
+        let first = start.segments.iter().max().map_or(1, |s| s + 1);
+        let pending = Pending {
+            segment: first,
+            fill: log::HEADER_LEN as u64,
+            ..Pending::default()
+        };
         Rc::new(ShardLog {
             log_no,
-            dir: data_dir.join(log::log_dir_name(log_no)),
+            dir: gen_dir.join(log::log_dir_name(log_no)),
             fsync: config.fsync,
             segment_bytes: config.segment_bytes.max(4096),
-            pending: RefCell::new(Pending::default()),
+            pending: RefCell::new(pending),
             flusher: Cell::new(None),
             marks: Arc::new(Marks::default()),
             durable,
             gate: config.sync_gate.clone(),
             preallocate: config.preallocate,
+            retention: RefCell::new(Retention::new(start.segments, start.needs)),
+            on_lagging: RefCell::new(None),
         })
     }
 
-    /// Appends `record`; the ticket completes once it is flushed.
+    /// The size at which segments roll.
+    pub fn segment_bytes(&self) -> u64 {
+        self.segment_bytes
+    }
+
+    /// This log's number (its shard's index).
+    pub fn log_no(&self) -> u16 {
+        self.log_no
+    }
+
+    /// Appends `record`: the ticket completes once it is flushed; the
+    /// number is the segment it goes to.
     ///
     /// # Errors
     ///
     /// The log failed earlier, or is closed.
-    pub fn append(&self, record: &Record) -> Result<Ticket, StorageError> {
+    pub fn append(&self, record: &Record) -> Result<(Ticket, u32), StorageError> {
         if let Some(e) = &self.marks.lock().failed {
             return Err(e.clone());
         }
-        let mut p = self.pending.borrow_mut();
+        let mut guard = self.pending.borrow_mut();
+        let p = &mut *guard;
         if p.closed {
             return Err(StorageError::Closed);
         }
+        let at = p.buf.len();
         record.encode(&mut p.buf);
+        let len = (p.buf.len() - at) as u64;
+        if p.fill > log::HEADER_LEN as u64 && p.fill + len > self.segment_bytes {
+            // The segment is full: this record starts the next one.
+            let rest = p.buf.split_off(at);
+            let full = std::mem::replace(&mut p.buf, rest).freeze();
+            if !full.is_empty() {
+                p.sealed.push_back((p.segment, full, p.last));
+            }
+            p.segment += 1;
+            p.fill = log::HEADER_LEN as u64;
+        }
+        p.fill += len;
         p.next += 1;
         p.last = p.next;
-        let lsn = p.next;
-        drop(p);
+        let (lsn, segment) = (p.next, p.segment);
+        drop(guard);
         if let Some(w) = self.flusher.take() {
             w.wake();
         }
-        Ok(Ticket {
-            marks: self.marks.clone(),
-            lsn,
-        })
+        Ok((
+            Ticket {
+                marks: self.marks.clone(),
+                lsn,
+            },
+            segment,
+        ))
+    }
+
+    /// Stream `name` needs segments from `need` on (`None`: none), as a
+    /// record in segment `by` says (see [`retention`]).
+    pub fn set_need(&self, name: &Bytes, need: Option<Need>, by: u32) {
+        self.retention.borrow_mut().set(name, need, by);
+    }
+
+    /// What to call with the streams whose old history holds segments,
+    /// so they write a snapshot.
+    pub fn on_lagging(&self, f: impl Fn(Vec<Bytes>) + 'static) {
+        *self.on_lagging.borrow_mut() = Some(Box::new(f));
+    }
+
+    /// Segment files of this log on disk now.
+    pub fn segment_files(&self) -> usize {
+        self.retention.borrow().segments()
     }
 
     /// A ticket that is complete already (for a change that another
@@ -474,27 +425,31 @@ impl ShardLog {
     /// # Errors
     ///
     /// The first I/O error (the log is failed from then on).
-    pub async fn run(self: Rc<Self>, last_segment: Option<u32>) -> io::Result<()> {
-        let res = self.run_inner(last_segment).await;
+    pub async fn run(self: Rc<Self>) -> io::Result<()> {
+        let res = self.run_inner().await;
         if let Err(e) = &res {
             self.marks.fail(StorageError::Write(e.to_string()));
         }
         res
     }
 
-    async fn run_inner(&self, last_segment: Option<u32>) -> io::Result<()> {
+    async fn run_inner(&self) -> io::Result<()> {
         if !self.dir.exists() {
             mailring::fs::create_dir_all(&self.dir).await?;
             sync_dir_async(self.dir.parent().expect("a log dir has a parent")).await?;
         }
-        let mut segment_no = last_segment.map_or(1, |s| s + 1);
-        let mut seg = self.create_segment(segment_no).await?;
+        let first = self.pending.borrow().segment;
+        let mut seg = self.create_segment(first).await?;
         loop {
             let batch = std::future::poll_fn(|cx| {
                 let mut p = self.pending.borrow_mut();
+                if let Some(sealed) = p.sealed.pop_front() {
+                    return Poll::Ready(Some(sealed));
+                }
                 if !p.buf.is_empty() {
                     let last = p.last;
-                    return Poll::Ready(Some((p.buf.split().freeze(), last)));
+                    let segment = p.segment;
+                    return Poll::Ready(Some((segment, p.buf.split().freeze(), last)));
                 }
                 if p.closed {
                     return Poll::Ready(None);
@@ -513,20 +468,22 @@ impl ShardLog {
                 self.flush(&mut seg).await?;
                 continue;
             };
-            let Some((bytes, lsn)) = next else {
+            let Some((segment, bytes, lsn)) = next else {
                 // Closing: flush whatever the policy, as Redis does at
                 // shutdown.
                 seg.unsynced = true;
                 self.flush(&mut seg).await?;
                 return Ok(());
             };
-            if seg.pos > log::HEADER_LEN as u64 && seg.pos + bytes.len() as u64 > self.segment_bytes
-            {
-                // The old segment is complete: flush it before its
-                // successor takes appends.
+            if segment != seg.no {
+                // The old segment is complete: flush it (whatever the
+                // policy: what older segments held may go once it is)
+                // before its successor takes appends.
+                seg.unsynced = true;
                 self.flush(&mut seg).await?;
-                segment_no += 1;
-                seg = self.create_segment(segment_no).await?;
+                let completed = seg.no;
+                seg = self.create_segment(segment).await?;
+                self.collect(completed, segment).await?;
             }
             let len = bytes.len() as u64;
             self.zero_ahead(&mut seg, len).await?;
@@ -555,6 +512,31 @@ impl ShardLog {
             }
             self.marks.advance(lsn);
         }
+    }
+
+    /// After segment `completed` was flushed and `current` made: removes
+    /// the segments no stream needs, oldest first, flushing the directory
+    /// after each (so a crash never leaves a gap with older ones back),
+    /// and asks streams whose old history holds segments for a snapshot.
+    async fn collect(&self, completed: u32, current: u32) -> io::Result<()> {
+        let collected = self.retention.borrow_mut().collect(completed, current);
+        for segment in collected.remove {
+            let path = self.dir.join(log::segment_file_name(segment));
+            match mailring::fs::remove_file(&path).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            sync_dir_async(&self.dir).await?;
+            self.retention.borrow_mut().removed(segment);
+            self.durable.forget(&path);
+        }
+        if !collected.lagging.is_empty() {
+            if let Some(f) = self.on_lagging.borrow().as_ref() {
+                f(collected.lagging);
+            }
+        }
+        Ok(())
     }
 
     /// Keeps zero-filled, flushed blocks ahead of the next write of `len`
@@ -634,7 +616,9 @@ impl ShardLog {
         sync_dir_async(&self.dir).await?;
         self.durable.set(&path, log::HEADER_LEN as u64);
         self.durable.set_written(&path, log::HEADER_LEN as u64);
+        self.retention.borrow_mut().created(no);
         let mut seg = Segment {
+            no,
             file,
             path,
             pos: log::HEADER_LEN as u64,
@@ -671,6 +655,8 @@ async fn zero_fill(path: &Path, from: u64, to: u64) -> io::Result<()> {
 
 /// The segment being written.
 struct Segment {
+    /// Its number.
+    no: u32,
     file: mailring::fs::File,
     path: PathBuf,
     /// Where the next write goes.

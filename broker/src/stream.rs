@@ -186,8 +186,15 @@ pub struct Stream {
     last_id: StreamId,
     max_deleted_id: StreamId,
     entries_added: u64,
+    /// Bytes of the live entries' fields and values.
+    live_bytes: u64,
     /// Consumer groups by name.
     pub groups: BTreeMap<Bytes, Group>,
+}
+
+/// Bytes of an entry's fields and values.
+fn raw_bytes(fields: &Fields) -> u64 {
+    fields.iter().map(|f| f.len() as u64).sum()
 }
 
 impl Stream {
@@ -219,6 +226,11 @@ impl Stream {
     /// Entries ever added.
     pub fn entries_added(&self) -> u64 {
         self.entries_added
+    }
+
+    /// Bytes of the live entries' fields and values.
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes
     }
 
     /// The first entry, if any.
@@ -276,7 +288,8 @@ impl Stream {
         // Redis starts a node when the tail is full by count (deleted
         // entries included) or when the raw field and value bytes would
         // take its listpack to the byte limit.
-        let raw: u64 = fields.iter().map(|f| f.len() as u64).sum();
+        let raw = raw_bytes(&fields);
+        self.live_bytes += raw;
         let fits = self
             .nodes
             .back()
@@ -394,17 +407,23 @@ impl Stream {
                 .first_key_value()
                 .is_some_and(|(id, _)| *id <= last)
             {
-                self.entries.pop_first();
+                self.pop_first();
             }
         }
         while let Some((&id, _)) = self.entries.first_key_value() {
             if id > through {
                 break;
             }
-            self.entries.pop_first();
+            self.pop_first();
             if let Some(node) = self.nodes.front_mut() {
                 node.live -= 1;
             }
+        }
+    }
+
+    fn pop_first(&mut self) {
+        if let Some((_, fields)) = self.entries.pop_first() {
+            self.live_bytes -= raw_bytes(&fields);
         }
     }
 
@@ -412,7 +431,8 @@ impl Stream {
     pub fn delete(&mut self, ids: &[StreamId]) -> u64 {
         let mut n = 0;
         for id in ids {
-            if self.entries.remove(id).is_some() {
+            if let Some(fields) = self.entries.remove(id) {
+                self.live_bytes -= raw_bytes(&fields);
                 self.forget(*id);
                 n += 1;
             }
@@ -652,7 +672,8 @@ impl Stream {
             | Op::TrimThrough { .. }
             | Op::SetId { .. }
             | Op::Drop
-            | Op::Batch(_) => {
+            | Op::Batch(_)
+            | Op::Snapshot(_) => {
                 debug_assert!(false, "not a group operation");
             }
         }

@@ -1,119 +1,14 @@
 //! The broker over real sockets: a RESP client written here (std TCP,
 //! loopback) sends commands and checks the replies' exact bytes and shapes.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::BufRead;
 use std::time::Duration;
 
 use mailring_broker::{Broker, BrokerConfig, Fsync, SyncGate};
 
 mod common;
+use common::client::{start_in, Client, R};
 use common::{encode, TempDir};
-
-/// A decoded reply.
-#[derive(Debug, Clone, PartialEq)]
-enum R {
-    Status(String),
-    Error(String),
-    Int(i64),
-    Bulk(Vec<u8>),
-    Nil,
-    Array(Vec<R>),
-    Map(Vec<(R, R)>),
-}
-
-impl R {
-    fn bulk(s: &str) -> R {
-        R::Bulk(s.as_bytes().to_vec())
-    }
-
-    fn text(&self) -> String {
-        match self {
-            R::Bulk(b) => String::from_utf8_lossy(b).into_owned(),
-            R::Status(s) | R::Error(s) => s.clone(),
-            other => panic!("not text: {other:?}"),
-        }
-    }
-}
-
-struct Client {
-    r: BufReader<TcpStream>,
-    w: TcpStream,
-}
-
-impl Client {
-    fn connect(addr: SocketAddr) -> Client {
-        let s = TcpStream::connect(addr).expect("connect to the broker");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        Client {
-            r: BufReader::new(s.try_clone().unwrap()),
-            w: s,
-        }
-    }
-
-    fn send_raw(&mut self, bytes: &[u8]) {
-        self.w.write_all(bytes).unwrap();
-    }
-
-    fn cmd(&mut self, args: &[&str]) -> R {
-        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-        self.cmd_bytes(&args)
-    }
-
-    fn cmd_bytes(&mut self, args: &[&[u8]]) -> R {
-        let wire = encode(args);
-        self.send_raw(&wire);
-        self.read()
-    }
-
-    fn line(&mut self) -> String {
-        let mut line = String::new();
-        let n = self.r.read_line(&mut line).expect("read a reply line");
-        assert!(n > 0, "connection closed");
-        assert!(line.ends_with("\r\n"), "line without CRLF: {line:?}");
-        line.truncate(line.len() - 2);
-        line
-    }
-
-    fn read(&mut self) -> R {
-        let line = self.line();
-        let (kind, rest) = line.split_at(1);
-        match kind {
-            "+" => R::Status(rest.to_owned()),
-            "-" => R::Error(rest.to_owned()),
-            ":" => R::Int(rest.parse().unwrap()),
-            "_" => R::Nil,
-            "$" => {
-                let n: i64 = rest.parse().unwrap();
-                if n < 0 {
-                    return R::Nil;
-                }
-                let mut buf = vec![0u8; n as usize + 2];
-                self.r.read_exact(&mut buf).unwrap();
-                buf.truncate(n as usize);
-                R::Bulk(buf)
-            }
-            "*" => {
-                let n: i64 = rest.parse().unwrap();
-                if n < 0 {
-                    return R::Nil;
-                }
-                R::Array((0..n).map(|_| self.read()).collect())
-            }
-            "%" => {
-                let n: usize = rest.parse().unwrap();
-                R::Map((0..n).map(|_| (self.read(), self.read())).collect())
-            }
-            other => panic!("unexpected reply type {other:?} in {line:?}"),
-        }
-    }
-
-    /// Whether the server closed the connection (EOF within the timeout).
-    fn closed(&mut self) -> bool {
-        let mut b = [0u8; 1];
-        matches!(self.r.read(&mut b), Ok(0))
-    }
-}
 
 /// A broker on a fresh data directory (kept alive with it).
 struct Running {
@@ -145,16 +40,6 @@ fn start_with(config: BrokerConfig) -> Running {
         broker: Some(broker),
         _dir: dir,
     }
-}
-
-fn start_in(dir: &std::path::Path, shards: usize, config: BrokerConfig) -> Broker {
-    let mut config = BrokerConfig {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        shards,
-        ..config
-    };
-    config.store.dir = dir.to_path_buf();
-    Broker::start(config).expect("start the broker (needs io_uring)")
 }
 
 fn is_id(r: &R) -> bool {
@@ -528,9 +413,8 @@ fn cut_to_durable(
     dir: &std::path::Path,
     durable: &std::collections::HashMap<std::path::PathBuf, u64>,
 ) {
-    for log in std::fs::read_dir(dir).unwrap() {
-        for seg in std::fs::read_dir(log.unwrap().path()).unwrap() {
-            let path = seg.unwrap().path();
+    for path in common::segment_files(dir) {
+        {
             match durable.get(&path) {
                 Some(&len) => std::fs::OpenOptions::new()
                     .write(true)

@@ -1,0 +1,504 @@
+//! Recovery at start: finds the data directory's current generation of
+//! logs, reads every segment (cutting torn or corrupt tails), and replays
+//! each stream; when the logs were written with another shard count, it
+//! rewrites every stream into a new generation laid out for this one.
+//!
+//! A data directory holds generations `gen-GGGGG/`, each with one log per
+//! shard (`log-NNN/`) and, once whole, a `COMPLETE` file naming its log
+//! count. Within a generation a stream's records all sit in one log (the
+//! one its shard writes), which is what lets segments be removed: a
+//! stream's records in a log form a history whose prefix can go once a
+//! later snapshot and its live entries no longer need it
+//! ([`super::retention`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+
+use super::retention::{need_of, Need};
+use crate::id::StreamId;
+use crate::log::{self, Op, Record, Snapshot, Tail};
+use crate::stream::Stream;
+
+/// The file that marks a generation whole.
+const COMPLETE: &str = "COMPLETE";
+
+/// A stream rebuilt from the logs, waiting for its actor.
+#[derive(Debug)]
+pub struct RecoveredStream {
+    /// Its state (`None`: its last record deleted it).
+    pub stream: Option<Stream>,
+    /// Its last operation number.
+    pub op_no: u64,
+    /// The log its records are in.
+    pub log: u16,
+    /// The segment its replay starts at, but for its entries: its last
+    /// snapshot's, or its first record's.
+    pub meta_segment: u32,
+    /// Where its entries sit: each run starts at an id, in a segment.
+    pub runs: VecDeque<(StreamId, u32)>,
+}
+
+impl RecoveredStream {
+    /// The oldest segment of its log this stream needs (`small`: see
+    /// [`need_of`]).
+    pub fn need(&mut self, small: u64) -> Option<Need> {
+        need_of(
+            self.stream.as_ref(),
+            self.meta_segment,
+            &mut self.runs,
+            small,
+        )
+    }
+}
+
+/// What recovery found.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// The generation's directory (the logs are under it).
+    pub dir: PathBuf,
+    /// Streams by name.
+    pub streams: HashMap<Bytes, RecoveredStream>,
+    /// The segments of each log, oldest first.
+    pub segments: HashMap<u16, Vec<u32>>,
+    /// Records replayed.
+    pub records: u64,
+    /// Bytes of valid records read.
+    pub bytes: u64,
+    /// Segments whose tails were cut, with the bytes cut.
+    pub cut: Vec<(PathBuf, u64)>,
+    /// Whether the logs were rewritten for another shard count.
+    pub migrated: bool,
+    /// How long recovery took.
+    pub elapsed: Duration,
+}
+
+pub(super) fn sync_dir(path: &Path) -> io::Result<()> {
+    File::open(path)?.sync_all()
+}
+
+fn gen_dir_name(gen: u32) -> String {
+    format!("gen-{gen:05}")
+}
+
+fn parse_gen_dir_name(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("gen-")?;
+    if digits.len() != 5 {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// A generation's log count, if it is whole.
+fn complete_logs(gen_dir: &Path) -> Option<usize> {
+    let text = std::fs::read_to_string(gen_dir.join(COMPLETE)).ok()?;
+    text.trim().strip_prefix("logs ")?.parse().ok()
+}
+
+/// Marks `gen_dir` whole, with `logs` logs, durably.
+fn mark_complete(gen_dir: &Path, logs: usize) -> io::Result<()> {
+    let path = gen_dir.join(COMPLETE);
+    let mut f = File::create(&path)?;
+    f.write_all(format!("logs {logs}\n").as_bytes())?;
+    f.sync_all()?;
+    sync_dir(gen_dir)
+}
+
+/// The shard (and log) that stream `name` lives on with `shards` shards:
+/// the actor layer's placement of the key.
+pub fn home_log(name: &Bytes, shards: usize) -> u16 {
+    let hash = mailring_actors::route_hash(name);
+    mailring::shard_for_hash(hash, shards).index() as u16
+}
+
+/// Reads the data directory `dir` (made if missing) for a broker of
+/// `shards` shards: cuts torn or corrupt tails and replays each stream.
+/// Logs written with another shard count (or by an older layout) are
+/// rewritten first into a new generation, in segments of
+/// `segment_bytes`.
+///
+/// # Errors
+///
+/// I/O errors, or a file in a log directory that is not a segment.
+pub fn recover(dir: &Path, shards: usize, segment_bytes: u64) -> io::Result<Recovered> {
+    let started = Instant::now();
+    if !dir.exists() {
+        std::fs::create_dir_all(dir)?;
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_dir(parent)?;
+        }
+    }
+    let mut complete: Vec<(u32, PathBuf, usize)> = Vec::new();
+    let mut partial: Vec<PathBuf> = Vec::new();
+    let mut legacy = false;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(gen) = parse_gen_dir_name(name) {
+            match complete_logs(&entry.path()) {
+                Some(logs) => complete.push((gen, entry.path(), logs)),
+                None => partial.push(entry.path()),
+            }
+        } else if log::parse_log_dir_name(name).is_some() {
+            legacy = true;
+        }
+    }
+    complete.sort();
+    // A generation without its mark is a rewrite that did not finish: the
+    // one before it still holds everything.
+    let mut removed = false;
+    for p in partial {
+        std::fs::remove_dir_all(p)?;
+        removed = true;
+    }
+    let current = complete.pop();
+    if current.is_some() {
+        // Older whole generations are left from a rewrite that finished.
+        for (_, p, _) in complete.drain(..) {
+            std::fs::remove_dir_all(p)?;
+            removed = true;
+        }
+        if legacy {
+            remove_legacy_logs(dir)?;
+            removed = true;
+        }
+    }
+    if removed {
+        sync_dir(dir)?;
+    }
+    let (gen, source, logs) = match current {
+        Some(c) => c,
+        None if legacy => (0, dir.to_path_buf(), 0),
+        None => {
+            let gen_dir = dir.join(gen_dir_name(1));
+            std::fs::create_dir(&gen_dir)?;
+            mark_complete(&gen_dir, shards)?;
+            sync_dir(dir)?;
+            return Ok(Recovered {
+                dir: gen_dir,
+                elapsed: started.elapsed(),
+                ..Recovered::default()
+            });
+        }
+    };
+    let mut out = read_generation(&source)?;
+    out.dir = source.clone();
+    let misplaced = out
+        .streams
+        .iter()
+        .any(|(name, s)| s.log != home_log(name, shards));
+    if gen == 0 || logs != shards || misplaced {
+        let next = dir.join(gen_dir_name(gen + 1));
+        rewrite(&out, &next, shards, segment_bytes)?;
+        if gen == 0 {
+            remove_legacy_logs(dir)?;
+        } else {
+            std::fs::remove_dir_all(&source)?;
+        }
+        sync_dir(dir)?;
+        let mut again = recover(dir, shards, segment_bytes)?;
+        again.migrated = true;
+        again.cut = out.cut;
+        again.elapsed = started.elapsed();
+        return Ok(again);
+    }
+    out.elapsed = started.elapsed();
+    Ok(out)
+}
+
+fn remove_legacy_logs(dir: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry
+            .file_name()
+            .to_str()
+            .and_then(log::parse_log_dir_name)
+            .is_some()
+        {
+            std::fs::remove_dir_all(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// One stream's records as read: operation number, log, segment, op.
+type Located = (u64, u16, u32, Op);
+
+/// Reads every log of one generation and replays its streams.
+fn read_generation(gen_dir: &Path) -> io::Result<Recovered> {
+    let mut out = Recovered::default();
+    let mut per_stream: HashMap<Bytes, Vec<Located>> = HashMap::new();
+    let mut logs: Vec<(u16, PathBuf)> = Vec::new();
+    for entry in std::fs::read_dir(gen_dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if let Some(log) = name.to_str().and_then(log::parse_log_dir_name) {
+            logs.push((log, entry.path()));
+        }
+    }
+    logs.sort();
+    for (log_no, log_dir) in logs {
+        let mut segments: Vec<(u32, PathBuf)> = Vec::new();
+        for entry in std::fs::read_dir(&log_dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            if let Some(seg) = name.to_str().and_then(log::parse_segment_file_name) {
+                segments.push((seg, entry.path()));
+            }
+        }
+        segments.sort();
+        out.segments
+            .insert(log_no, segments.iter().map(|(s, _)| *s).collect());
+        for (seg, path) in segments {
+            let data = Bytes::from(std::fs::read(&path)?);
+            let len = data.len() as u64;
+            let scan = log::scan_segment(data).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: {e}", path.display()),
+                )
+            })?;
+            // A clean end may be followed by zeros (a preallocated
+            // segment): only a torn or corrupt tail is cut.
+            if scan.tail != Tail::Clean {
+                let f = std::fs::OpenOptions::new().write(true).open(&path)?;
+                f.set_len(scan.valid_len)?;
+                f.sync_all()?;
+                out.cut.push((path.clone(), len - scan.valid_len));
+            }
+            out.bytes += scan.valid_len;
+            for (_, r) in scan.records {
+                out.records += 1;
+                per_stream
+                    .entry(r.stream)
+                    .or_default()
+                    .push((r.op_no, log_no, seg, r.op));
+            }
+        }
+    }
+    for (name, mut ops) in per_stream {
+        // Each log holds a stream's records in order; across logs (the
+        // older layout, or a stream that moved) the operation numbers
+        // order them.
+        ops.sort_by_key(|(n, ..)| *n);
+        let mut r = RecoveredStream {
+            stream: None,
+            op_no: 0,
+            log: ops.first().map_or(0, |o| o.1),
+            meta_segment: 0,
+            runs: VecDeque::new(),
+        };
+        let mut mixed = false;
+        for (n, log, seg, op) in ops {
+            r.op_no = n;
+            mixed |= log != r.log;
+            replay(&mut r, op, seg);
+        }
+        if mixed {
+            // In two logs (the older layout): only a rewrite lays it out
+            // again; no log is its own.
+            r.log = u16::MAX;
+        }
+        out.streams.insert(name, r);
+    }
+    Ok(out)
+}
+
+/// Applies one logged operation, found in segment `seg`, to a stream
+/// being rebuilt, keeping track of where its history and entries are.
+fn replay(r: &mut RecoveredStream, op: Op, seg: u32) {
+    if r.stream.is_none() {
+        // The first record of this life of the stream.
+        r.meta_segment = seg;
+        r.runs.clear();
+    }
+    match op {
+        Op::Batch(ops) => {
+            for op in ops {
+                replay(r, op, seg);
+            }
+        }
+        Op::Snapshot(snap) => {
+            r.meta_segment = seg;
+            apply(&mut r.stream, Op::Snapshot(snap));
+        }
+        Op::Add { id, fields } => {
+            let s = r.stream.get_or_insert_with(Stream::new);
+            if id > s.last_id() {
+                s.insert(id, fields);
+                if r.runs.back().is_none_or(|run| run.1 != seg) {
+                    r.runs.push_back((id, seg));
+                }
+            }
+        }
+        op => apply(&mut r.stream, op),
+    }
+}
+
+/// Applies one logged operation to a stream being rebuilt.
+pub(crate) fn apply(stream: &mut Option<Stream>, op: Op) {
+    match op {
+        Op::Add { id, fields } => {
+            let s = stream.get_or_insert_with(Stream::new);
+            if id > s.last_id() {
+                s.insert(id, fields);
+            }
+        }
+        Op::Delete { ids } => {
+            if let Some(s) = stream {
+                s.delete(&ids);
+            }
+        }
+        Op::TrimThrough { through } => {
+            if let Some(s) = stream {
+                s.trim_through(through);
+            }
+        }
+        Op::SetId {
+            last_id,
+            entries_added,
+            max_deleted_id,
+        } => {
+            let s = stream.get_or_insert_with(Stream::new);
+            s.set_last_id(last_id);
+            s.set_counters(entries_added, max_deleted_id);
+        }
+        Op::Drop => *stream = None,
+        Op::Batch(ops) => {
+            for op in ops {
+                apply(stream, op);
+            }
+        }
+        Op::Snapshot(snap) => {
+            let s = stream.get_or_insert_with(Stream::new);
+            s.set_last_id(snap.last_id);
+            s.set_counters(snap.entries_added, snap.max_deleted_id);
+            s.groups = snap.groups.into_iter().collect();
+        }
+        group_op => {
+            if let Some(s) = stream {
+                s.apply_group(group_op);
+            }
+        }
+    }
+}
+
+/// A stream's snapshot record's operation.
+pub fn snapshot_of(stream: &Stream) -> Op {
+    Op::Snapshot(Box::new(Snapshot {
+        last_id: stream.last_id(),
+        entries_added: stream.entries_added(),
+        max_deleted_id: stream.max_deleted_id(),
+        groups: stream
+            .groups
+            .iter()
+            .map(|(k, g)| (k.clone(), g.clone()))
+            .collect(),
+    }))
+}
+
+/// Writes one log of a rewrite, rolling segments at a size.
+struct Writer {
+    dir: PathBuf,
+    log: u16,
+    segment: u32,
+    file: Option<File>,
+    pos: u64,
+    limit: u64,
+    buf: BytesMut,
+}
+
+impl Writer {
+    fn new(gen_dir: &Path, log: u16, limit: u64) -> io::Result<Writer> {
+        let dir = gen_dir.join(log::log_dir_name(log));
+        std::fs::create_dir(&dir)?;
+        Ok(Writer {
+            dir,
+            log,
+            segment: 0,
+            file: None,
+            pos: 0,
+            limit,
+            buf: BytesMut::new(),
+        })
+    }
+
+    fn write(&mut self, record: &Record) -> io::Result<()> {
+        self.buf.clear();
+        record.encode(&mut self.buf);
+        let len = self.buf.len() as u64;
+        if self.file.is_none() || (self.pos > log::HEADER_LEN as u64 && self.pos + len > self.limit)
+        {
+            self.finish_segment()?;
+            self.segment += 1;
+            let mut f = File::create_new(self.dir.join(log::segment_file_name(self.segment)))?;
+            f.write_all(&log::segment_header(self.log, self.segment))?;
+            self.file = Some(f);
+            self.pos = log::HEADER_LEN as u64;
+        }
+        self.file
+            .as_mut()
+            .expect("opened above")
+            .write_all(&self.buf)?;
+        self.pos += len;
+        Ok(())
+    }
+
+    fn finish_segment(&mut self) -> io::Result<()> {
+        if let Some(f) = self.file.take() {
+            f.sync_all()?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> io::Result<()> {
+        self.finish_segment()?;
+        sync_dir(&self.dir)
+    }
+}
+
+/// Writes every stream of `from` into the new generation `gen_dir`, each
+/// into its home log for `shards` shards: its live entries, then a
+/// snapshot of its counters and groups. The generation is marked whole
+/// only once all of it is flushed.
+fn rewrite(from: &Recovered, gen_dir: &Path, shards: usize, limit: u64) -> io::Result<()> {
+    if gen_dir.exists() {
+        std::fs::remove_dir_all(gen_dir)?;
+    }
+    std::fs::create_dir(gen_dir)?;
+    let mut writers = (0..shards)
+        .map(|log| Writer::new(gen_dir, log as u16, limit))
+        .collect::<io::Result<Vec<_>>>()?;
+    let mut names: Vec<&Bytes> = from.streams.keys().collect();
+    names.sort();
+    for name in names {
+        let r = &from.streams[name];
+        let Some(stream) = &r.stream else { continue };
+        let w = &mut writers[usize::from(home_log(name, shards))];
+        let mut op_no = r.op_no;
+        for (id, fields) in stream.range(StreamId::MIN, StreamId::MAX, None, false) {
+            op_no += 1;
+            w.write(&Record {
+                stream: name.clone(),
+                op_no,
+                op: Op::Add { id, fields },
+            })?;
+        }
+        op_no += 1;
+        w.write(&Record {
+            stream: name.clone(),
+            op_no,
+            op: snapshot_of(stream),
+        })?;
+    }
+    for w in writers {
+        w.finish()?;
+    }
+    sync_dir(gen_dir)?;
+    mark_complete(gen_dir, shards)
+}

@@ -1,0 +1,295 @@
+//! Which segments of a log are still needed, and which can go.
+//!
+//! A stream's records in its log are a history replayed in order. The
+//! oldest segment it needs is the older of two:
+//!
+//! - its *meta* segment: where its last snapshot (counters and groups,
+//!   [`crate::log::Snapshot`]) is, or its first record if it has none;
+//!   replay from there rebuilds everything but older entries;
+//! - the segment of its first live entry's `Add` record (entries are
+//!   added in id order, so each segment holds a run of ids).
+//!
+//! Every record after a needed one is kept too (only a log's oldest
+//! segments are removed), so a kept `Add` is always followed by the
+//! deletes and trims that concern it. A need moves forward only once the
+//! record that moved it (the trim, the snapshot, the `DEL`) is flushed:
+//! until then a power loss could bring back the older state, which the
+//! older segments hold.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+use bytes::Bytes;
+
+use crate::id::StreamId;
+use crate::stream::Stream;
+
+/// Segments a stream may stay behind the log's head before it is asked
+/// to move up (when it can cheaply: see [`Need::movable`]).
+pub const SNAPSHOT_LAG: u32 = 4;
+
+/// The oldest segment of its log a stream needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Need {
+    /// The segment.
+    pub segment: u32,
+    /// Whether its history (not an entry) is what needs it: a snapshot
+    /// would let it go.
+    pub by_history: bool,
+    /// Whether the stream can let it go cheaply: by a snapshot, or by
+    /// rewriting its few live entries at the head of the log.
+    pub movable: bool,
+}
+
+/// The need of a stream whose history starts at `meta_segment` and whose
+/// entries sit in `runs` (each run: its first id, its segment), dropping
+/// runs whose entries are all gone; a stream whose entries take less than
+/// `small` bytes may rewrite them. `None`: the stream does not exist.
+pub fn need_of(
+    stream: Option<&Stream>,
+    meta_segment: u32,
+    runs: &mut VecDeque<(StreamId, u32)>,
+    small: u64,
+) -> Option<Need> {
+    let stream = stream?;
+    let entries = match stream.first() {
+        Some((first, _)) => {
+            while runs.len() >= 2 && runs[1].0 <= first {
+                runs.pop_front();
+            }
+            runs.front().map(|r| r.1)
+        }
+        None => {
+            runs.clear();
+            None
+        }
+    };
+    Some(match entries {
+        Some(segment) if segment <= meta_segment => Need {
+            segment,
+            by_history: false,
+            movable: stream.live_bytes() < small,
+        },
+        _ => Need {
+            segment: meta_segment,
+            by_history: true,
+            movable: true,
+        },
+    })
+}
+
+/// One stream's need as the log counts it.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    /// The need in force.
+    now: Option<Need>,
+    /// A later need, in force once the record that moved it (in the
+    /// segment given) is flushed.
+    next: Option<(Option<Need>, u32)>,
+}
+
+/// A log's segments and its streams' needs.
+#[derive(Debug, Default)]
+pub struct Retention {
+    /// Segment files on disk.
+    segments: BTreeSet<u32>,
+    needs: HashMap<Bytes, Held>,
+    /// Every segment up to this one is whole and flushed.
+    flushed: u32,
+}
+
+/// What [`Retention::collect`] decided.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Collected {
+    /// Segments no stream needs, oldest first.
+    pub remove: Vec<u32>,
+    /// Streams to ask for a snapshot.
+    pub lagging: Vec<Bytes>,
+}
+
+impl Retention {
+    /// A log with these segments on disk and these streams' needs (all
+    /// flushed: read back at start).
+    pub fn new(segments: impl IntoIterator<Item = u32>, needs: Vec<(Bytes, Need)>) -> Self {
+        let segments: BTreeSet<u32> = segments.into_iter().collect();
+        Retention {
+            flushed: segments.last().copied().unwrap_or(0),
+            segments,
+            needs: needs
+                .into_iter()
+                .map(|(name, need)| {
+                    (
+                        name,
+                        Held {
+                            now: Some(need),
+                            next: None,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// A segment file made.
+    pub fn created(&mut self, segment: u32) {
+        self.segments.insert(segment);
+    }
+
+    /// Stream `name` now needs `need` (`None`: nothing, it was deleted),
+    /// moved there by a record in segment `by`.
+    pub fn set(&mut self, name: &Bytes, need: Option<Need>, by: u32) {
+        let rank = |n: Option<Need>| n.map_or(u32::MAX, |n| n.segment);
+        match self.needs.get_mut(name) {
+            None => {
+                if need.is_some() {
+                    // A new stream: its records are all ahead.
+                    self.needs.insert(
+                        name.clone(),
+                        Held {
+                            now: need,
+                            next: None,
+                        },
+                    );
+                }
+            }
+            Some(held) => {
+                if rank(need) <= rank(held.now) || by <= self.flushed {
+                    // Needing more holds at once; needing less only once
+                    // what says so is flushed.
+                    held.now = need;
+                    held.next = None;
+                } else {
+                    held.next = Some((need, by));
+                }
+            }
+        }
+    }
+
+    /// Segment `flushed` and every one before it are whole and flushed,
+    /// and `current` takes the appends: which segments can go (all below
+    /// every need), and which streams hold old ones by their history
+    /// alone.
+    pub fn collect(&mut self, flushed: u32, current: u32) -> Collected {
+        self.flushed = self.flushed.max(flushed);
+        let done = self.flushed;
+        let mut oldest = current;
+        let mut lagging = Vec::new();
+        self.needs.retain(|name, held| {
+            if let Some((need, by)) = held.next {
+                if by <= done {
+                    held.now = need;
+                    held.next = None;
+                }
+            }
+            if let Some(need) = held.now {
+                oldest = oldest.min(need.segment);
+                if need.movable && need.segment + SNAPSHOT_LAG <= current {
+                    lagging.push(name.clone());
+                }
+            }
+            held.now.is_some() || held.next.is_some()
+        });
+        let keep_from = oldest.min(done + 1);
+        let remove: Vec<u32> = self.segments.range(..keep_from).copied().collect();
+        Collected { remove, lagging }
+    }
+
+    /// A segment file removed.
+    pub fn removed(&mut self, segment: u32) {
+        self.segments.remove(&segment);
+    }
+
+    /// Segment files on disk.
+    pub fn segments(&self) -> usize {
+        self.segments.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn need(segment: u32, by_history: bool) -> Option<Need> {
+        Some(Need {
+            segment,
+            by_history,
+            movable: by_history,
+        })
+    }
+
+    #[test]
+    fn segments_below_every_need_go_once_what_moved_the_needs_is_flushed() {
+        let a = Bytes::from_static(b"a");
+        let b = Bytes::from_static(b"b");
+        let mut r = Retention::new(1..=3, vec![(a.clone(), need(1, true).unwrap())]);
+        r.set(&b, need(2, false), 2);
+        // `a` snapshots in segment 4, not flushed yet: 1 stays.
+        r.created(4);
+        r.set(&a, need(4, true), 4);
+        assert_eq!(r.collect(3, 4).remove, Vec::<u32>::new());
+        // Segment 4 flushed: a's need moves; b's entries hold 2.
+        r.created(5);
+        assert_eq!(r.collect(4, 5).remove, vec![1]);
+        r.removed(1);
+        // b deleted (its DEL in 5): nothing below 4 once 5 is flushed.
+        r.set(&b, None, 5);
+        assert_eq!(r.collect(4, 5).remove, Vec::<u32>::new());
+        r.created(6);
+        assert_eq!(r.collect(5, 6).remove, vec![2, 3]);
+        // Needing an older segment again holds at once.
+        r.set(&a, need(2, false), 6);
+        assert!(r.collect(5, 6).remove.is_empty());
+    }
+
+    #[test]
+    fn history_far_behind_the_head_asks_for_a_snapshot() {
+        let a = Bytes::from_static(b"a");
+        let b = Bytes::from_static(b"b");
+        let mut r = Retention::new(
+            1..=6,
+            vec![
+                (a.clone(), need(1, true).unwrap()),
+                (b.clone(), need(1, false).unwrap()),
+            ],
+        );
+        let c = r.collect(6, 7);
+        assert_eq!(c.lagging, vec![a]);
+        assert!(c.remove.is_empty());
+    }
+
+    #[test]
+    fn runs_follow_the_first_live_entry() {
+        let mut s = Stream::new();
+        let f: crate::stream::Fields = std::sync::Arc::from(vec![Bytes::from_static(b"f")]);
+        for ms in 1..=6 {
+            s.insert(StreamId::new(ms, 0), f.clone());
+        }
+        let mut runs: VecDeque<(StreamId, u32)> = [
+            (StreamId::new(1, 0), 1),
+            (StreamId::new(3, 0), 2),
+            (StreamId::new(5, 0), 3),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(need_of(Some(&s), 1, &mut runs, 0), need(1, false));
+        s.delete(&[
+            StreamId::new(1, 0),
+            StreamId::new(2, 0),
+            StreamId::new(3, 0),
+        ]);
+        assert_eq!(need_of(Some(&s), 3, &mut runs, 0), need(2, false));
+        assert_eq!(need_of(Some(&s), 1, &mut runs, 0), need(1, true));
+        s.delete(&[
+            StreamId::new(4, 0),
+            StreamId::new(5, 0),
+            StreamId::new(6, 0),
+        ]);
+        assert_eq!(need_of(Some(&s), 3, &mut runs, 0), need(3, true));
+        assert!(runs.is_empty());
+        s.insert(StreamId::new(7, 0), f.clone());
+        runs.push_back((StreamId::new(7, 0), 4));
+        let small = need_of(Some(&s), 5, &mut runs, 2).unwrap();
+        assert!(!small.by_history && small.movable);
+        assert!(!need_of(Some(&s), 5, &mut runs, 1).unwrap().movable);
+        assert_eq!(need_of(None, 3, &mut runs, 0), None);
+    }
+}

@@ -1,0 +1,320 @@
+//! Segment removal: with small segments, streams that are trimmed, idle,
+//! deleted or grouped let their old segments go, the data directory stays
+//! small, and every restart (same shard count, another one, after a
+//! rewrite that did not finish) finds the same state.
+
+use mailring_broker::{Broker, BrokerConfig};
+
+mod common;
+use common::client::{start_in, Client, R};
+use common::{segment_files, TempDir};
+
+const SEGMENT: u64 = 4096;
+
+fn config() -> BrokerConfig {
+    let mut config = BrokerConfig::default();
+    config.store.segment_bytes = SEGMENT;
+    config
+}
+
+/// What a client can see of the streams, without times or node counts
+/// (a restart lays nodes out afresh).
+fn state(c: &mut Client) -> Vec<R> {
+    let mut out = Vec::new();
+    let mut keys = match c.cmd(&["KEYS", "*"]) {
+        R::Array(keys) => keys.iter().map(R::text).collect::<Vec<_>>(),
+        other => panic!("KEYS: {other:?}"),
+    };
+    keys.sort();
+    for key in &keys {
+        out.push(R::bulk(key));
+        out.push(c.cmd(&["XRANGE", key, "-", "+"]));
+        let info = match c.cmd(&["XINFO", "STREAM", key]) {
+            R::Array(items) => items
+                .chunks(2)
+                .filter(|kv| !kv[0].text().starts_with("radix"))
+                .flat_map(|kv| kv.to_vec())
+                .collect(),
+            other => panic!("XINFO STREAM: {other:?}"),
+        };
+        out.push(R::Array(info));
+        out.push(c.cmd(&["XINFO", "GROUPS", key]));
+        if let R::Array(groups) = c.cmd(&["XINFO", "GROUPS", key]) {
+            for g in groups {
+                let R::Array(fields) = g else { continue };
+                let name = fields[1].text();
+                out.push(c.cmd(&["XPENDING", key, &name]));
+            }
+        }
+    }
+    out
+}
+
+fn generations(dir: &std::path::Path) -> Vec<String> {
+    let mut gens: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("gen-"))
+        .collect();
+    gens.sort();
+    gens
+}
+
+/// Traffic that writes about a hundred segments: a hot trimmed stream
+/// read by a group, an idle stream with a group and no entries, an idle
+/// stream with two entries, and a deleted stream.
+fn traffic(c: &mut Client) {
+    assert_eq!(
+        c.cmd(&["XGROUP", "CREATE", "idle-group", "g", "$", "MKSTREAM"]),
+        R::Status("OK".into())
+    );
+    c.cmd(&["XADD", "idle-small", "1-1", "k", "v"]);
+    c.cmd(&["XADD", "idle-small", "1-2", "k", "w"]);
+    c.cmd(&["XADD", "gone", "*", "k", "v"]);
+    assert_eq!(c.cmd(&["DEL", "gone"]), R::Int(1));
+    assert_eq!(
+        c.cmd(&["XGROUP", "CREATE", "hot", "g", "$", "MKSTREAM"]),
+        R::Status("OK".into())
+    );
+    let payload = "x".repeat(200);
+    for round in 0..300 {
+        for _ in 0..5 {
+            let r = c.cmd(&["XADD", "hot", "MAXLEN", "20", "*", "f", &payload]);
+            assert!(matches!(r, R::Bulk(_)), "{r:?}");
+        }
+        let read = c.cmd(&[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "c",
+            "COUNT",
+            "5",
+            "STREAMS",
+            "hot",
+            ">",
+        ]);
+        let R::Array(streams) = read else {
+            panic!("XREADGROUP: {read:?}")
+        };
+        let R::Array(stream) = &streams[0] else {
+            panic!()
+        };
+        let R::Array(entries) = &stream[1] else {
+            panic!()
+        };
+        let ids: Vec<String> = entries
+            .iter()
+            .map(|e| match e {
+                R::Array(e) => e[0].text(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(ids.len(), 5);
+        // The last round leaves two pending.
+        let acked = if round == 299 { 3 } else { 5 };
+        let mut ack = vec!["XACK", "hot", "g"];
+        ack.extend(ids[..acked].iter().map(String::as_str));
+        assert_eq!(c.cmd(&ack), R::Int(acked as i64));
+    }
+}
+
+#[test]
+fn old_segments_go_and_every_restart_finds_the_same_state() {
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 1, config());
+    let mut c = Client::connect(broker.local_addr());
+    traffic(&mut c);
+    let before = state(&mut c);
+    assert_eq!(c.cmd(&["EXISTS", "gone"]), R::Int(0));
+    assert_eq!(c.cmd(&["XLEN", "hot"]), R::Int(20));
+    let files = segment_files(&dir.0);
+    // ~100 segments were written; the hot stream needs its last two or
+    // three, the idle ones move up every few segments.
+    assert!(
+        files.len() <= 12,
+        "{} segments kept: {files:?}",
+        files.len()
+    );
+    assert!(
+        files.iter().all(|f| !f.ends_with("0000000000000001.seg")),
+        "the first segment is still there: {files:?}"
+    );
+    drop(c);
+    broker.shutdown();
+
+    // The same shard count: the same generation, the same state.
+    let broker = start_in(&dir.0, 1, config());
+    assert!(!broker.recovery().migrated);
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(state(&mut c), before);
+    drop(c);
+    broker.shutdown();
+
+    // Another shard count: rewritten into one new generation.
+    let broker = start_in(&dir.0, 2, config());
+    assert!(broker.recovery().migrated);
+    assert_eq!(generations(&dir.0), vec!["gen-00002".to_owned()]);
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(state(&mut c), before);
+    // Still writable, and its groups go on where they were.
+    let r = c.cmd(&["XREADGROUP", "GROUP", "g", "c", "STREAMS", "hot", ">"]);
+    assert_eq!(r, R::Nil, "nothing new for the group");
+    assert!(matches!(c.cmd(&["XADD", "hot", "*", "f", "v"]), R::Bulk(_)));
+    drop(c);
+    broker.shutdown();
+}
+
+#[test]
+fn a_rewrite_that_did_not_finish_is_dropped_and_the_old_generation_kept() {
+    let dir = TempDir::new();
+    let broker: Broker = start_in(&dir.0, 2, config());
+    let mut c = Client::connect(broker.local_addr());
+    for i in 0..50 {
+        c.cmd(&["XADD", &format!("s{}", i % 7), "*", "n", &i.to_string()]);
+    }
+    let before = state(&mut c);
+    drop(c);
+    broker.shutdown();
+    // A crash while rewriting for another shard count leaves a new
+    // generation without its COMPLETE mark.
+    let partial = dir.0.join("gen-00002").join("log-000");
+    std::fs::create_dir_all(&partial).unwrap();
+    std::fs::write(partial.join("0000000000000001.seg"), b"half a segment").unwrap();
+    let broker = start_in(&dir.0, 2, config());
+    assert!(!broker.recovery().migrated);
+    assert_eq!(generations(&dir.0), vec!["gen-00001".to_owned()]);
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(state(&mut c), before);
+    drop(c);
+    broker.shutdown();
+}
+
+#[test]
+fn logs_in_the_older_layout_are_rewritten_into_a_generation() {
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 1, config());
+    let mut c = Client::connect(broker.local_addr());
+    for i in 0..30 {
+        c.cmd(&["XADD", &format!("s{}", i % 3), "*", "n", &i.to_string()]);
+    }
+    c.cmd(&["XGROUP", "CREATE", "s1", "g", "0"]);
+    c.cmd(&[
+        "XREADGROUP",
+        "GROUP",
+        "g",
+        "c",
+        "COUNT",
+        "2",
+        "STREAMS",
+        "s1",
+        ">",
+    ]);
+    let before = state(&mut c);
+    drop(c);
+    broker.shutdown();
+    // The layout before generations: log directories at the top.
+    let gen = dir.0.join("gen-00001");
+    for entry in std::fs::read_dir(&gen).unwrap().flatten() {
+        if entry.file_name().to_string_lossy().starts_with("log-") {
+            std::fs::rename(entry.path(), dir.0.join(entry.file_name())).unwrap();
+        }
+    }
+    std::fs::remove_dir_all(&gen).unwrap();
+    let broker = start_in(&dir.0, 1, config());
+    assert!(broker.recovery().migrated);
+    assert_eq!(generations(&dir.0), vec!["gen-00001".to_owned()]);
+    assert!(!dir.0.join("log-000").exists());
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(state(&mut c), before);
+    drop(c);
+    broker.shutdown();
+}
+
+/// Copies what a power loss now would leave of `dir` into `to`: each
+/// segment cut to its flushed length, segments never flushed left out.
+fn power_loss_image(
+    dir: &std::path::Path,
+    to: &std::path::Path,
+    durable: &std::collections::HashMap<std::path::PathBuf, u64>,
+) {
+    for gen in std::fs::read_dir(dir).unwrap().flatten() {
+        let gen_to = to.join(gen.file_name());
+        std::fs::create_dir_all(&gen_to).unwrap();
+        for entry in std::fs::read_dir(gen.path()).unwrap().flatten() {
+            if entry.path().is_file() {
+                std::fs::copy(entry.path(), gen_to.join(entry.file_name())).unwrap();
+                continue;
+            }
+            let log_to = gen_to.join(entry.file_name());
+            std::fs::create_dir_all(&log_to).unwrap();
+            for seg in std::fs::read_dir(entry.path()).unwrap().flatten() {
+                let Some(&len) = durable.get(&seg.path()) else {
+                    continue;
+                };
+                let mut bytes = std::fs::read(seg.path()).unwrap();
+                bytes.truncate(len as usize);
+                std::fs::write(log_to.join(seg.file_name()), bytes).unwrap();
+            }
+        }
+    }
+}
+
+/// Under `appendfsync no` nothing waits for a flush but the roll of a
+/// segment, and segments go only once the records that let them go are
+/// flushed: a power loss with later writes in flight (and their segment
+/// rolls held) leaves every stream whole, groups included.
+#[test]
+fn a_power_loss_after_segments_went_finds_every_stream_whole() {
+    let dir = TempDir::new();
+    let image = TempDir::new();
+    let gate = mailring_broker::SyncGate::new();
+    let mut config = config();
+    config.store.fsync = mailring_broker::Fsync::No;
+    config.store.sync_gate = Some(gate.clone());
+    let broker = start_in(&dir.0, 1, config);
+    let mut c = Client::connect(broker.local_addr());
+    traffic(&mut c);
+    assert!(segment_files(&dir.0).len() <= 12);
+    // Flushes held: a burst that needs several segment rolls.
+    gate.close();
+    let payload = "y".repeat(200);
+    let mut burst = Vec::new();
+    for _ in 0..100 {
+        burst.extend(common::encode(&[
+            b"XADD",
+            b"hot",
+            b"MAXLEN",
+            b"20",
+            b"*",
+            b"f",
+            payload.as_bytes(),
+        ]));
+    }
+    c.send_raw(&burst);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    power_loss_image(&dir.0, &image.0, &broker.durable_files());
+    gate.open();
+    for _ in 0..100 {
+        assert!(matches!(c.read(), R::Bulk(_)));
+    }
+    drop(c);
+    broker.shutdown();
+
+    let broker = start_in(&image.0, 1, self::config());
+    let mut c = Client::connect(broker.local_addr());
+    let groups = |c: &mut Client, key: &str| match c.cmd(&["XINFO", "GROUPS", key]) {
+        R::Array(groups) => groups.len(),
+        other => panic!("XINFO GROUPS {key}: {other:?}"),
+    };
+    assert_eq!(groups(&mut c, "idle-group"), 1);
+    assert_eq!(groups(&mut c, "hot"), 1);
+    assert_eq!(c.cmd(&["XLEN", "idle-small"]), R::Int(2));
+    assert_eq!(c.cmd(&["EXISTS", "gone"]), R::Int(0));
+    let R::Int(len) = c.cmd(&["XLEN", "hot"]) else {
+        panic!()
+    };
+    assert!((1..=20).contains(&len), "hot has {len} entries");
+    drop(c);
+    broker.shutdown();
+}
