@@ -123,7 +123,7 @@ pub(crate) fn now_ms() -> u64 {
 
 impl Handler<Exec> for StreamActor {
     async fn handle(&mut self, m: Exec, _cx: &mut Ctx<Self>) -> Answer {
-        self.load(m.broker);
+        self.load(m.broker).await;
         // Taken out for the command (it reads the catalog), put back after.
         let Some(shared) = self.shared.take() else {
             return broker_gone().into();
@@ -151,7 +151,7 @@ pub struct Checkpoint {
 
 impl Handler<Checkpoint> for StreamActor {
     async fn handle(&mut self, m: Checkpoint, _cx: &mut Ctx<Self>) {
-        self.load(m.broker);
+        self.load(m.broker).await;
         let (Some(stream), Some(log)) = (&self.stream, &self.log) else {
             return;
         };
@@ -215,7 +215,7 @@ pub struct ReadResult {
 
 impl Handler<Read> for StreamActor {
     async fn handle(&mut self, m: Read, _cx: &mut Ctx<Self>) -> ReadResult {
-        self.load(m.broker);
+        self.load(m.broker).await;
         let Some(stream) = &self.stream else {
             let after = match m.from {
                 ReadFrom::After(id) => id,
@@ -272,7 +272,7 @@ pub struct GroupAnswer {
 
 impl Handler<ReadGroup> for StreamActor {
     async fn handle(&mut self, m: ReadGroup, _cx: &mut Ctx<Self>) -> GroupAnswer {
-        self.load(m.broker);
+        self.load(m.broker).await;
         let last_id = self.stream.as_ref().map_or(StreamId::MIN, Stream::last_id);
         if m.check_only {
             let exists = self
@@ -324,7 +324,7 @@ pub struct BatchAnswer {
 
 impl Handler<ExecBatch> for StreamActor {
     async fn handle(&mut self, m: ExecBatch, _cx: &mut Ctx<Self>) -> BatchAnswer {
-        self.load(m.broker);
+        self.load(m.broker).await;
         let Some(shared) = self.shared.take() else {
             return BatchAnswer {
                 replies: m.commands.iter().map(|_| broker_gone()).collect(),
@@ -469,7 +469,7 @@ pub struct Watch {
 
 impl Handler<Watch> for StreamActor {
     async fn handle(&mut self, m: Watch, _cx: &mut Ctx<Self>) {
-        self.load(m.broker);
+        self.load(m.broker).await;
         let ready = self
             .stream
             .as_ref()
@@ -536,8 +536,10 @@ impl Notify {
 
 impl StreamActor {
     /// Takes the recovered state and finds the shard's log, at the first
-    /// message.
-    fn load(&mut self, broker: u64) {
+    /// message. An actor restarted after a panic finds no recovered state
+    /// but its log knows the stream: it reads the stream back from the
+    /// log's segments.
+    async fn load(&mut self, broker: u64) {
         if self.loaded {
             return;
         }
@@ -550,13 +552,24 @@ impl StreamActor {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.name);
+        self.log = store::shard_log(shared.id);
+        let recovered = match (recovered, &self.log) {
+            (Some(r), _) => Some(r),
+            (None, Some(log)) if log.knows(&self.name) => match log.read_back(&self.name).await {
+                Ok(r) => Some(r),
+                // Answering from an empty stream would be wrong: this
+                // panics again, and past its restart budget the actor
+                // stops, so its commands get an error.
+                Err(e) => panic!("reading stream back from its log failed: {e}"),
+            },
+            (None, _) => None,
+        };
         if let Some(r) = recovered {
             self.stream = r.stream;
             self.op_no = r.op_no;
             self.meta_segment = r.meta_segment;
             self.runs = r.runs;
         }
-        self.log = store::shard_log(shared.id);
         self.shared = Some(shared);
         // The log counted the recovered need already; this only agrees.
         self.publish_need();
@@ -646,6 +659,7 @@ impl StreamActor {
     /// Runs stream command `name` (the table's lower-case name).
     fn exec(&mut self, name: &str, args: &[Bytes], shared: &Shared) -> Answer {
         match name.as_bytes() {
+            b"debug-panic" => panic!("DEBUG PANIC-STREAM: a stream actor panics on request"),
             b"xadd" => {
                 let p = match command::parse_add_or_trim(args, true) {
                     Ok(p) => p,

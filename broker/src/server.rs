@@ -42,6 +42,9 @@ pub struct BrokerConfig {
     /// How long an idle shard spins before it blocks (`None`: the
     /// runtime's default; zero: block at once).
     pub idle_spin: Option<std::time::Duration>,
+    /// Tests only: `DEBUG PANIC-STREAM key` makes the stream's actor panic
+    /// (its supervisor restarts it, and it rebuilds from its log).
+    pub debug_commands: bool,
 }
 
 impl Default for BrokerConfig {
@@ -52,6 +55,7 @@ impl Default for BrokerConfig {
             requirepass: None,
             store: StoreConfig::default(),
             idle_spin: None,
+            debug_commands: false,
         }
     }
 }

@@ -799,6 +799,14 @@ impl Session for RespSession {
                 return;
             }
         };
+        if self.shared.config.debug_commands
+            && self.authenticated
+            && args.len() == 3
+            && args[0].eq_ignore_ascii_case(b"debug")
+            && args[1].eq_ignore_ascii_case(b"panic-stream")
+        {
+            return self.to_stream("debug-panic", 2, args, cx);
+        }
         // Redis's order: unknown command, arity, authentication; each of
         // these rejects a command inside MULTI and spoils the transaction.
         let checked = match command::lookup(&args[0]) {

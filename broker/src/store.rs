@@ -396,6 +396,53 @@ impl ShardLog {
         *self.on_lagging.borrow_mut() = Some(Box::new(f));
     }
 
+    /// Whether stream `name` has records in this log.
+    pub fn knows(&self, name: &[u8]) -> bool {
+        self.retention.borrow().knows(name)
+    }
+
+    /// Rebuilds stream `name` from this log's segments (for an actor
+    /// restarted after a panic): waits until everything appended so far
+    /// is written, then reads every segment on disk and replays the
+    /// stream's records.
+    ///
+    /// # Errors
+    ///
+    /// The log failed, or a segment could not be read.
+    pub async fn read_back(&self, name: &[u8]) -> io::Result<RecoveredStream> {
+        let written = Ticket {
+            marks: self.marks.clone(),
+            lsn: self.pending.borrow().next,
+        };
+        written.await.map_err(io::Error::other)?;
+        let mut out = RecoveredStream::empty(self.log_no);
+        let segments = self.retention.borrow().segment_list();
+        for segment in segments {
+            let path = self.dir.join(log::segment_file_name(segment));
+            let data = match mailring::fs::read(&path).await {
+                Ok(data) => data,
+                // Removed meanwhile: older than anything the stream needs.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            // The tail may be a write in flight for another stream: the
+            // scan stops there, after every record of this one.
+            let scan = log::scan_segment(Bytes::from(data)).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: {e}", path.display()),
+                )
+            })?;
+            for (_, record) in scan.records {
+                if record.stream == name {
+                    out.op_no = record.op_no;
+                    recover::replay(&mut out, record.op, segment);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Segment files of this log on disk now.
     pub fn segment_files(&self) -> usize {
         self.retention.borrow().segments()

@@ -1,7 +1,8 @@
 //! Segment removal: with small segments, streams that are trimmed, idle,
 //! deleted or grouped let their old segments go, the data directory stays
 //! small, and every restart (same shard count, another one, after a
-//! rewrite that did not finish) finds the same state.
+//! rewrite that did not finish) finds the same state. And a stream read
+//! back from what is left of its log when its actor panics.
 
 use mailring_broker::{Broker, BrokerConfig};
 
@@ -61,6 +62,39 @@ fn generations(dir: &std::path::Path) -> Vec<String> {
     gens
 }
 
+/// `XREADGROUP GROUP g c COUNT count STREAMS key >`: the ids delivered.
+fn read_group(c: &mut Client, key: &str, count: usize) -> Vec<String> {
+    let count = count.to_string();
+    let args = [
+        "XREADGROUP",
+        "GROUP",
+        "g",
+        "c",
+        "COUNT",
+        &count,
+        "STREAMS",
+        key,
+        ">",
+    ];
+    let read = c.cmd(&args);
+    let R::Array(streams) = read else {
+        panic!("XREADGROUP: {read:?}")
+    };
+    let R::Array(stream) = &streams[0] else {
+        panic!()
+    };
+    let R::Array(entries) = &stream[1] else {
+        panic!()
+    };
+    entries
+        .iter()
+        .map(|e| match e {
+            R::Array(e) => e[0].text(),
+            other => panic!("{other:?}"),
+        })
+        .collect()
+}
+
 /// Traffic that writes about a hundred segments: a hot trimmed stream
 /// read by a group, an idle stream with a group and no entries, an idle
 /// stream with two entries, and a deleted stream.
@@ -83,33 +117,7 @@ fn traffic(c: &mut Client) {
             let r = c.cmd(&["XADD", "hot", "MAXLEN", "20", "*", "f", &payload]);
             assert!(matches!(r, R::Bulk(_)), "{r:?}");
         }
-        let read = c.cmd(&[
-            "XREADGROUP",
-            "GROUP",
-            "g",
-            "c",
-            "COUNT",
-            "5",
-            "STREAMS",
-            "hot",
-            ">",
-        ]);
-        let R::Array(streams) = read else {
-            panic!("XREADGROUP: {read:?}")
-        };
-        let R::Array(stream) = &streams[0] else {
-            panic!()
-        };
-        let R::Array(entries) = &stream[1] else {
-            panic!()
-        };
-        let ids: Vec<String> = entries
-            .iter()
-            .map(|e| match e {
-                R::Array(e) => e[0].text(),
-                other => panic!("{other:?}"),
-            })
-            .collect();
+        let ids = read_group(c, "hot", 5);
         assert_eq!(ids.len(), 5);
         // The last round leaves two pending.
         let acked = if round == 299 { 3 } else { 5 };
@@ -199,17 +207,7 @@ fn logs_in_the_older_layout_are_rewritten_into_a_generation() {
         c.cmd(&["XADD", &format!("s{}", i % 3), "*", "n", &i.to_string()]);
     }
     c.cmd(&["XGROUP", "CREATE", "s1", "g", "0"]);
-    c.cmd(&[
-        "XREADGROUP",
-        "GROUP",
-        "g",
-        "c",
-        "COUNT",
-        "2",
-        "STREAMS",
-        "s1",
-        ">",
-    ]);
+    read_group(&mut c, "s1", 2);
     let before = state(&mut c);
     drop(c);
     broker.shutdown();
@@ -315,6 +313,81 @@ fn a_power_loss_after_segments_went_finds_every_stream_whole() {
         panic!()
     };
     assert!((1..=20).contains(&len), "hot has {len} entries");
+    drop(c);
+    broker.shutdown();
+}
+
+#[test]
+fn a_stream_whose_actor_panicked_is_read_back_from_its_log() {
+    let dir = TempDir::new();
+    let mut config = config();
+    config.debug_commands = true;
+    let broker = start_in(&dir.0, 2, config);
+    let mut c = Client::connect(broker.local_addr());
+    let payload = "p".repeat(100);
+    for i in 0..200 {
+        let r = c.cmd(&[
+            "XADD",
+            "s",
+            "MAXLEN",
+            "50",
+            "*",
+            "n",
+            &i.to_string(),
+            "p",
+            &payload,
+        ]);
+        assert!(matches!(r, R::Bulk(_)), "{r:?}");
+    }
+    c.cmd(&["XADD", "other", "*", "k", "v"]);
+    assert_eq!(
+        c.cmd(&["XGROUP", "CREATE", "s", "g", "0"]),
+        R::Status("OK".into())
+    );
+    read_group(&mut c, "s", 7);
+    let R::Array(page) = c.cmd(&["XRANGE", "s", "-", "+", "COUNT", "3"]) else {
+        panic!()
+    };
+    let id = |e: &R| match e {
+        R::Array(e) => e[0].text(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(c.cmd(&["XACK", "s", "g", &id(&page[0])]), R::Int(1));
+    assert_eq!(c.cmd(&["XDEL", "s", &id(&page[2])]), R::Int(1));
+    let before = state(&mut c);
+    // Some of the stream's segments are gone: it is read back from what
+    // is left.
+    let files = segment_files(&dir.0);
+    let highest = files
+        .iter()
+        .filter_map(|f| u32::from_str_radix(f.file_stem()?.to_str()?, 16).ok())
+        .max()
+        .unwrap();
+    assert!(files.len() < highest as usize, "{files:?}");
+
+    let r = c.cmd(&["DEBUG", "PANIC-STREAM", "s"]);
+    assert!(matches!(r, R::Error(_)), "{r:?}");
+    // Restarted by its supervisor, it reads its stream back on its next
+    // command: entries, counters, the group and its pending entries.
+    assert_eq!(state(&mut c), before);
+    assert!(matches!(
+        c.cmd(&["XADD", "s", "*", "n", "last"]),
+        R::Bulk(_)
+    ));
+    assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(50));
+    let after = state(&mut c);
+    drop(c);
+    broker.shutdown();
+    // What it logged after the restart recovers as well.
+    let broker = start_in(&dir.0, 2, self::config());
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(state(&mut c), after);
+    // Without the test setting there is no such command.
+    let r = c.cmd(&["DEBUG", "PANIC-STREAM", "s"]);
+    assert!(
+        matches!(&r, R::Error(e) if e.starts_with("ERR unknown command")),
+        "{r:?}"
+    );
     drop(c);
     broker.shutdown();
 }

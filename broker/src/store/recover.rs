@@ -44,6 +44,17 @@ pub struct RecoveredStream {
 }
 
 impl RecoveredStream {
+    /// A stream with no records yet, in log `log`.
+    pub fn empty(log: u16) -> Self {
+        RecoveredStream {
+            stream: None,
+            op_no: 0,
+            log,
+            meta_segment: 0,
+            runs: VecDeque::new(),
+        }
+    }
+
     /// The oldest segment of its log this stream needs (`small`: see
     /// [`need_of`]).
     pub fn need(&mut self, small: u64) -> Option<Need> {
@@ -286,13 +297,7 @@ fn read_generation(gen_dir: &Path) -> io::Result<Recovered> {
         // older layout, or a stream that moved) the operation numbers
         // order them.
         ops.sort_by_key(|(n, ..)| *n);
-        let mut r = RecoveredStream {
-            stream: None,
-            op_no: 0,
-            log: ops.first().map_or(0, |o| o.1),
-            meta_segment: 0,
-            runs: VecDeque::new(),
-        };
+        let mut r = RecoveredStream::empty(ops.first().map_or(0, |o| o.1));
         let mut mixed = false;
         for (n, log, seg, op) in ops {
             r.op_no = n;
@@ -311,7 +316,7 @@ fn read_generation(gen_dir: &Path) -> io::Result<Recovered> {
 
 /// Applies one logged operation, found in segment `seg`, to a stream
 /// being rebuilt, keeping track of where its history and entries are.
-fn replay(r: &mut RecoveredStream, op: Op, seg: u32) {
+pub(super) fn replay(r: &mut RecoveredStream, op: Op, seg: u32) {
     if r.stream.is_none() {
         // The first record of this life of the stream.
         r.meta_segment = seg;

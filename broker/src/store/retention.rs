@@ -198,6 +198,17 @@ impl Retention {
         self.segments.remove(&segment);
     }
 
+    /// Whether stream `name` has records in this log (it exists, or its
+    /// deletion is not flushed yet).
+    pub fn knows(&self, name: &[u8]) -> bool {
+        self.needs.contains_key(name)
+    }
+
+    /// The segment files on disk, oldest first.
+    pub fn segment_list(&self) -> Vec<u32> {
+        self.segments.iter().copied().collect()
+    }
+
     /// Segment files on disk.
     pub fn segments(&self) -> usize {
         self.segments.len()
