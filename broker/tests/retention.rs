@@ -391,3 +391,28 @@ fn a_stream_whose_actor_panicked_is_read_back_from_its_log() {
     drop(c);
     broker.shutdown();
 }
+
+#[test]
+fn a_lone_generation_without_its_mark_is_refused_not_dropped() {
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 1, config());
+    let mut c = Client::connect(broker.local_addr());
+    c.cmd(&["XADD", "s", "*", "k", "v"]);
+    drop(c);
+    broker.shutdown();
+    let mark = dir.0.join("gen-00001").join("COMPLETE");
+    std::fs::remove_file(&mark).unwrap();
+    let mut config = config();
+    config.addr = "127.0.0.1:0".parse().unwrap();
+    config.store.dir = dir.0.clone();
+    let err = Broker::start(config).expect_err("a generation without its mark");
+    assert!(err.to_string().contains("COMPLETE"), "{err}");
+    assert!(!segment_files(&dir.0).is_empty(), "nothing was removed");
+    // Restoring the mark brings the stream back.
+    std::fs::write(&mark, "logs 1\n").unwrap();
+    let broker = start_in(&dir.0, 1, self::config());
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(1));
+    drop(c);
+    broker.shutdown();
+}

@@ -160,10 +160,21 @@ pub fn recover(dir: &Path, shards: usize, segment_bytes: u64) -> io::Result<Reco
         }
     }
     complete.sort();
-    // A generation without its mark is a rewrite that did not finish: the
-    // one before it still holds everything.
+    // A generation without its mark is a rewrite that did not finish (the
+    // logs it was made from still hold everything), or a first start that
+    // stopped before any segment: either goes. One with segments and
+    // nothing else to read is refused rather than dropped.
     let mut removed = false;
     for p in partial {
+        if complete.is_empty() && !legacy && holds_segments(&p)? {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} holds segments but no {COMPLETE} mark, and there is no other generation: not starting (restore the mark, `logs N` with its log count, if the generation is whole)",
+                    p.display()
+                ),
+            ));
+        }
         std::fs::remove_dir_all(p)?;
         removed = true;
     }
@@ -220,6 +231,27 @@ pub fn recover(dir: &Path, shards: usize, segment_bytes: u64) -> io::Result<Reco
     }
     out.elapsed = started.elapsed();
     Ok(out)
+}
+
+/// Whether a generation directory holds any segment file.
+fn holds_segments(gen_dir: &Path) -> io::Result<bool> {
+    for log in std::fs::read_dir(gen_dir)? {
+        let log = log?;
+        if !log.file_type()?.is_dir() {
+            continue;
+        }
+        for seg in std::fs::read_dir(log.path())? {
+            let name = seg?.file_name();
+            if name
+                .to_str()
+                .and_then(log::parse_segment_file_name)
+                .is_some()
+            {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
 }
 
 fn remove_legacy_logs(dir: &Path) -> io::Result<()> {
