@@ -111,11 +111,16 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
     };
     let r = broker.recovery();
     say!(
-        "recovered {} streams ({} records, {} bytes) in {:.1?}{}",
+        "recovered {} streams ({} records, {} bytes) in {:.1?}{}{}",
         r.streams,
         r.records,
         r.bytes,
         r.elapsed,
+        if r.migrated {
+            "; logs rewritten for this shard count"
+        } else {
+            ""
+        },
         if r.cut.is_empty() {
             String::new()
         } else {
