@@ -556,7 +556,12 @@ impl StreamActor {
         let recovered = match (recovered, &self.log) {
             (Some(r), _) => Some(r),
             (None, Some(log)) if log.knows(&self.name) => match log.read_back(&self.name).await {
-                Ok(r) => Some(r),
+                Ok(r) => {
+                    // Its last records may not be flushed: a need they
+                    // move waits for the segment now written to.
+                    self.last_segment = log.current_segment();
+                    Some(r)
+                }
                 // Answering from an empty stream would be wrong: this
                 // panics again, and past its restart budget the actor
                 // stops, so its commands get an error.

@@ -396,6 +396,11 @@ impl ShardLog {
         *self.on_lagging.borrow_mut() = Some(Box::new(f));
     }
 
+    /// The segment appends go to now.
+    pub fn current_segment(&self) -> u32 {
+        self.pending.borrow().segment
+    }
+
     /// Whether stream `name` has records in this log.
     pub fn knows(&self, name: &[u8]) -> bool {
         self.retention.borrow().knows(name)

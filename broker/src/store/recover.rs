@@ -308,12 +308,15 @@ fn read_generation(gen_dir: &Path) -> io::Result<Recovered> {
             })?;
             // A clean end may be followed by zeros (a preallocated
             // segment): only a torn or corrupt tail is cut.
+            let f = std::fs::OpenOptions::new().write(true).open(&path)?;
             if scan.tail != Tail::Clean {
-                let f = std::fs::OpenOptions::new().write(true).open(&path)?;
                 f.set_len(scan.valid_len)?;
-                f.sync_all()?;
                 out.cut.push((path.clone(), len - scan.valid_len));
             }
+            // What is read here is built on (needs move, segments go), so
+            // it must be durable: a killed process leaves its writes in
+            // the page cache only (a no-op for a clean file).
+            f.sync_all()?;
             out.bytes += scan.valid_len;
             for (_, r) in scan.records {
                 out.records += 1;
