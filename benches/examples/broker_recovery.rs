@@ -12,16 +12,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::Instant;
 
+use mailring_broker::bench::encode_command;
 use mailring_broker::{Broker, BrokerConfig, Fsync};
-
-fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
-    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
-}
 
 /// Bytes of every file under `dir` (generations, logs, segments).
 fn dir_bytes(dir: &std::path::Path) -> u64 {
@@ -69,7 +61,7 @@ fn main() {
         let mut out = Vec::new();
         for i in 0..2000u64 {
             let key = format!("recover:{}", (entries + i) % 16);
-            encode(&mut out, &[b"XADD", key.as_bytes(), b"*", b"p", &payload]);
+            encode_command(&mut out, &[b"XADD", key.as_bytes(), b"*", b"p", &payload]);
         }
         w.write_all(&out).unwrap();
         for _ in 0..2000 {

@@ -65,6 +65,16 @@ enum Value {
     Array(Vec<Value>),
 }
 
+/// Appends `args` as one RESP request (a multibulk of bulk strings).
+pub fn encode_command(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
 impl Conn {
     fn connect(addr: SocketAddr) -> io::Result<Conn> {
         let s = TcpStream::connect(addr)?;
@@ -74,15 +84,6 @@ impl Conn {
             r: BufReader::new(s.try_clone()?),
             w: s,
         })
-    }
-
-    fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
-        out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-        for a in args {
-            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-            out.extend_from_slice(a);
-            out.extend_from_slice(b"\r\n");
-        }
     }
 
     fn read(&mut self) -> io::Result<Value> {
@@ -123,7 +124,7 @@ impl Conn {
 
     fn call(&mut self, args: &[&[u8]]) -> io::Result<Value> {
         let mut out = Vec::new();
-        Self::encode(&mut out, args);
+        encode_command(&mut out, args);
         self.w.write_all(&out)?;
         self.read()
     }
@@ -171,7 +172,7 @@ fn producer(
         let sent = Instant::now();
         let t = epoch.elapsed().as_nanos().to_string();
         for _ in 0..config.pipeline.max(1) {
-            Conn::encode(
+            encode_command(
                 &mut out,
                 &[
                     b"XADD",

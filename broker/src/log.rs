@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::group::{Consumer, Group, Nack};
+use crate::group::{Group, Nack};
 use crate::id::StreamId;
 
 /// The segment header's magic.
@@ -34,6 +34,12 @@ pub const HEADER_LEN: usize = 16;
 pub const FRAME_LEN: usize = 8;
 /// Largest record body accepted by the scan (a bigger length is corrupt).
 pub const MAX_RECORD: usize = 1 << 30;
+
+/// Whether a framed record of `framed_len` bytes (length and checksum
+/// included) is one the scan accepts.
+pub fn record_fits(framed_len: usize) -> bool {
+    framed_len.saturating_sub(FRAME_LEN) <= MAX_RECORD
+}
 
 /// The header of segment `segment` of log `log`.
 pub fn segment_header(log: u16, segment: u32) -> [u8; HEADER_LEN] {
@@ -344,9 +350,8 @@ fn put_op_fields(op: &Op, dst: &mut BytesMut) {
     }
 }
 
-/// A snapshot: the counters, then each group with its consumers (name,
-/// seen time) and its pending entries (id, consumer's index among the
-/// consumers, delivery time, count).
+/// A snapshot: the counters, then each group with its consumers, each with
+/// its seen time and its pending entries (id, delivery time, count).
 fn put_snapshot(dst: &mut BytesMut, snap: &Snapshot) {
     put_id(dst, snap.last_id);
     dst.put_u64_le(snap.entries_added);
@@ -360,18 +365,17 @@ fn put_snapshot(dst: &mut BytesMut, snap: &Snapshot) {
         for (consumer, c) in &g.consumers {
             put_bytes(dst, consumer);
             dst.put_u64_le(c.seen_time);
-        }
-        dst.put_u32_le(g.pel.len() as u32);
-        for (id, nack) in &g.pel {
-            let index = g
-                .consumers
-                .keys()
-                .position(|c| *c == nack.consumer)
-                .unwrap_or(usize::MAX);
-            put_id(dst, *id);
-            dst.put_u32_le(index as u32);
-            dst.put_u64_le(nack.delivery_time);
-            dst.put_u64_le(nack.delivery_count);
+            let pending: Vec<(&StreamId, &Nack)> = c
+                .pel
+                .iter()
+                .filter_map(|id| Some((id, g.pel.get(id)?)))
+                .collect();
+            dst.put_u32_le(pending.len() as u32);
+            for (id, nack) in pending {
+                put_id(dst, *id);
+                dst.put_u64_le(nack.delivery_time);
+                dst.put_u64_le(nack.delivery_count);
+            }
         }
     }
 }
@@ -389,40 +393,22 @@ fn read_snapshot(b: &mut Bytes) -> Option<Snapshot> {
         let name = read_bytes(b)?;
         let mut g = Group::new(read_id(b)?, read_opt(b)?);
         let consumers = read_u32(b)? as usize;
-        if consumers > b.remaining() / 12 {
+        if consumers > b.remaining() / 16 {
             return None;
         }
-        let mut names = Vec::with_capacity(consumers);
         for _ in 0..consumers {
             let consumer = read_bytes(b)?;
             let seen_time = read_u64(b)?;
-            names.push(consumer.clone());
-            g.consumers.insert(
-                consumer,
-                Consumer {
-                    seen_time,
-                    pel: Default::default(),
-                },
-            );
-        }
-        let pending = read_u32(b)? as usize;
-        if pending > b.remaining() / 36 {
-            return None;
-        }
-        for _ in 0..pending {
-            let id = read_id(b)?;
-            let consumer = names.get(read_u32(b)? as usize)?.clone();
-            let delivery_time = read_u64(b)?;
-            let delivery_count = read_u64(b)?;
-            g.consumers.get_mut(&consumer)?.pel.insert(id);
-            g.pel.insert(
-                id,
-                Nack {
-                    consumer,
-                    delivery_time,
-                    delivery_count,
-                },
-            );
+            g.create_consumer(&consumer, seen_time);
+            let pending = read_u32(b)? as usize;
+            if pending > b.remaining() / 32 {
+                return None;
+            }
+            for _ in 0..pending {
+                let id = read_id(b)?;
+                let (time, count) = (read_u64(b)?, read_u64(b)?);
+                g.claim(id, &consumer, time, count);
+            }
         }
         groups.push((name, g));
     }
@@ -899,6 +885,13 @@ mod tests {
         assert_eq!(scan.tail, Tail::Clean);
         assert_eq!(scan.valid_len, len as u64);
         assert!(scan_segment(Bytes::from_static(b"not a segment...")).is_err());
+    }
+
+    #[test]
+    fn a_record_past_the_scan_limit_does_not_fit() {
+        assert!(record_fits(FRAME_LEN + MAX_RECORD));
+        assert!(!record_fits(FRAME_LEN + MAX_RECORD + 1));
+        assert!(record_fits(0));
     }
 
     #[test]

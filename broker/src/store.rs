@@ -103,6 +103,10 @@ pub enum StorageError {
     /// The log was closed (shutdown) before the flush.
     #[error("the commit log is closed")]
     Closed,
+    /// A record larger than recovery accepts (it would read as corrupt);
+    /// nothing was written.
+    #[error("a {0}-byte record is larger than the log takes")]
+    TooLarge(usize),
 }
 
 /// The reply-side watermark of one log: appends up to `done` are flushed
@@ -334,11 +338,6 @@ impl ShardLog {
         self.segment_bytes
     }
 
-    /// This log's number (its shard's index).
-    pub fn log_no(&self) -> u16 {
-        self.log_no
-    }
-
     /// Appends `record`: the ticket completes once it is flushed; the
     /// number is the segment it goes to.
     ///
@@ -357,6 +356,10 @@ impl ShardLog {
         let at = p.buf.len();
         record.encode(&mut p.buf);
         let len = (p.buf.len() - at) as u64;
+        if !log::record_fits(len as usize) {
+            p.buf.truncate(at);
+            return Err(StorageError::TooLarge(len as usize));
+        }
         if p.fill > log::HEADER_LEN as u64 && p.fill + len > self.segment_bytes {
             // The segment is full: this record starts the next one.
             let rest = p.buf.split_off(at);
@@ -446,11 +449,6 @@ impl ShardLog {
             }
         }
         Ok(out)
-    }
-
-    /// Segment files of this log on disk now.
-    pub fn segment_files(&self) -> usize {
-        self.retention.borrow().segments()
     }
 
     /// A ticket that is complete already (for a change that another

@@ -39,14 +39,14 @@ fn state(c: &mut Client) -> Vec<R> {
             other => panic!("XINFO STREAM: {other:?}"),
         };
         out.push(R::Array(info));
-        out.push(c.cmd(&["XINFO", "GROUPS", key]));
-        if let R::Array(groups) = c.cmd(&["XINFO", "GROUPS", key]) {
+        let groups = c.cmd(&["XINFO", "GROUPS", key]);
+        if let R::Array(groups) = &groups {
             for g in groups {
                 let R::Array(fields) = g else { continue };
-                let name = fields[1].text();
-                out.push(c.cmd(&["XPENDING", key, &name]));
+                out.push(c.cmd(&["XPENDING", key, &fields[1].text()]));
             }
         }
+        out.push(groups);
     }
     out
 }

@@ -136,6 +136,17 @@ pub fn home_log(name: &Bytes, shards: usize) -> u16 {
 ///
 /// I/O errors, or a file in a log directory that is not a segment.
 pub fn recover(dir: &Path, shards: usize, segment_bytes: u64) -> io::Result<Recovered> {
+    recover_or_rewrite(dir, shards, segment_bytes, true)
+}
+
+/// [`recover`]; `may_rewrite`: false for the read after a rewrite, which
+/// must find everything laid out.
+fn recover_or_rewrite(
+    dir: &Path,
+    shards: usize,
+    segment_bytes: u64,
+    may_rewrite: bool,
+) -> io::Result<Recovered> {
     let started = Instant::now();
     if !dir.exists() {
         std::fs::create_dir_all(dir)?;
@@ -215,6 +226,12 @@ pub fn recover(dir: &Path, shards: usize, segment_bytes: u64) -> io::Result<Reco
         .iter()
         .any(|(name, s)| s.log != home_log(name, shards));
     if gen == 0 || logs != shards || misplaced {
+        if !may_rewrite {
+            return Err(io::Error::other(format!(
+                "{}: a rewritten generation is not laid out for {shards} shards",
+                source.display()
+            )));
+        }
         let next = dir.join(gen_dir_name(gen + 1));
         rewrite(&out, &next, shards, segment_bytes)?;
         if gen == 0 {
@@ -223,7 +240,7 @@ pub fn recover(dir: &Path, shards: usize, segment_bytes: u64) -> io::Result<Reco
             std::fs::remove_dir_all(&source)?;
         }
         sync_dir(dir)?;
-        let mut again = recover(dir, shards, segment_bytes)?;
+        let mut again = recover_or_rewrite(dir, shards, segment_bytes, false)?;
         again.migrated = true;
         again.cut = out.cut;
         again.elapsed = started.elapsed();

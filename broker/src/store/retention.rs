@@ -27,6 +27,11 @@ use crate::stream::Stream;
 /// to move up (when it can cheaply: see [`Need::movable`]).
 pub const SNAPSHOT_LAG: u32 = 4;
 
+/// Bytes an entry takes in a record besides its fields' and values'
+/// (its id, counts and lengths), counted when deciding whether a stream
+/// is small enough to write again: many empty entries are not small.
+const ENTRY_OVERHEAD: u64 = 40;
+
 /// The oldest segment of its log a stream needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Need {
@@ -43,7 +48,7 @@ pub struct Need {
 /// The need of a stream whose history starts at `meta_segment` and whose
 /// entries sit in `runs` (each run: its first id, its segment), dropping
 /// runs whose entries are all gone; a stream whose entries take less than
-/// `small` bytes may rewrite them. `None`: the stream does not exist.
+/// `small` bytes in a record may rewrite them. `None`: the stream does not exist.
 pub fn need_of(
     stream: Option<&Stream>,
     meta_segment: u32,
@@ -67,7 +72,10 @@ pub fn need_of(
         Some(segment) if segment <= meta_segment => Need {
             segment,
             by_history: false,
-            movable: stream.live_bytes() < small,
+            movable: stream
+                .live_bytes()
+                .saturating_add(stream.len().saturating_mul(ENTRY_OVERHEAD))
+                < small,
         },
         _ => Need {
             segment: meta_segment,
@@ -208,11 +216,6 @@ impl Retention {
     pub fn segment_list(&self) -> Vec<u32> {
         self.segments.iter().copied().collect()
     }
-
-    /// Segment files on disk.
-    pub fn segments(&self) -> usize {
-        self.segments.len()
-    }
 }
 
 #[cfg(test)]
@@ -298,9 +301,10 @@ mod tests {
         assert!(runs.is_empty());
         s.insert(StreamId::new(7, 0), f.clone());
         runs.push_back((StreamId::new(7, 0), 4));
-        let small = need_of(Some(&s), 5, &mut runs, 2).unwrap();
+        // One entry: 1 byte of field, 40 of record.
+        let small = need_of(Some(&s), 5, &mut runs, 42).unwrap();
         assert!(!small.by_history && small.movable);
-        assert!(!need_of(Some(&s), 5, &mut runs, 1).unwrap().movable);
+        assert!(!need_of(Some(&s), 5, &mut runs, 41).unwrap().movable);
         assert_eq!(need_of(None, 3, &mut runs, 0), None);
     }
 }
