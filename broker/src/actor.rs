@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -17,7 +18,7 @@ pub use self::groups::{GroupFrom, GroupRead};
 
 use crate::command;
 use crate::id::StreamId;
-use crate::log::{Op, Record};
+use crate::log::{Loc, Op, Record};
 use crate::resp::{Protocol, Reply};
 use crate::server::Shared;
 use crate::store::retention::{need_of, Need};
@@ -52,6 +53,15 @@ pub struct StreamActor {
     last_segment: u32,
     /// The need last told to the log.
     published: Option<Option<Need>>,
+    /// Where the last record appended went ([`Loc::NONE`] inside a
+    /// transaction, until its record is appended).
+    appended_at: Loc,
+    /// Bytes of entries a stream keeps in memory.
+    cache_budget: u64,
+    /// Cached bytes counted in the broker's total.
+    counted: u64,
+    /// The broker's total of cached bytes.
+    gauge: Option<Arc<AtomicU64>>,
 }
 
 impl StreamActor {
@@ -69,6 +79,10 @@ impl StreamActor {
             runs: VecDeque::new(),
             last_segment: 0,
             published: None,
+            appended_at: Loc::NONE,
+            cache_budget: store::DEFAULT_STREAM_CACHE,
+            counted: 0,
+            gauge: None,
         }
     }
 }
@@ -88,6 +102,18 @@ impl From<Reply> for Answer {
         Answer {
             reply,
             durable: None,
+        }
+    }
+}
+
+/// Entries read back from segments ahead of the commands that read them
+/// (through the shard's ring).
+pub static FETCHED_READS: AtomicU64 = AtomicU64::new(0);
+
+impl Drop for StreamActor {
+    fn drop(&mut self) {
+        if let Some(gauge) = &self.gauge {
+            gauge.fetch_sub(self.counted, Ordering::Relaxed);
         }
     }
 }
@@ -124,6 +150,8 @@ pub(crate) fn now_ms() -> u64 {
 impl Handler<Exec> for StreamActor {
     async fn handle(&mut self, m: Exec, _cx: &mut Ctx<Self>) -> Answer {
         self.load(m.broker).await;
+        let wanted = self.plan_reads(m.name, &m.args);
+        self.fetch(wanted).await;
         // Taken out for the command (it reads the catalog), put back after.
         let Some(shared) = self.shared.take() else {
             return broker_gone().into();
@@ -135,6 +163,7 @@ impl Handler<Exec> for StreamActor {
             self.wake_watchers();
         }
         self.publish_need();
+        self.settle();
         answer
     }
 }
@@ -152,6 +181,13 @@ pub struct Checkpoint {
 impl Handler<Checkpoint> for StreamActor {
     async fn handle(&mut self, m: Checkpoint, _cx: &mut Ctx<Self>) {
         self.load(m.broker).await;
+        self.checkpoint().await;
+        self.settle();
+    }
+}
+
+impl StreamActor {
+    async fn checkpoint(&mut self) {
         let (Some(stream), Some(log)) = (&self.stream, &self.log) else {
             return;
         };
@@ -165,6 +201,11 @@ impl Handler<Checkpoint> for StreamActor {
         } else if need.movable {
             // A few old entries: write the whole stream again, as one
             // record (replay starts it afresh there).
+            let wanted = stream.missing_in_range(StreamId::MIN, StreamId::MAX, None, false);
+            self.fetch(wanted).await;
+            let Some(stream) = &self.stream else {
+                return;
+            };
             let mut ops = vec![Op::Drop];
             ops.extend(
                 stream
@@ -177,8 +218,16 @@ impl Handler<Checkpoint> for StreamActor {
         } else {
             return;
         };
+        let rewrite = matches!(op, Op::Batch(_));
         // A failed log refuses every write anyway; nothing to answer.
-        let _ = self.append(op, false);
+        if self.append(op, false).is_ok() && rewrite {
+            let loc = self.appended_at;
+            if let Some(s) = self.stream.as_mut() {
+                // Every entry was fetched for the rewrite: each keeps its
+                // fields until the new record is written.
+                s.relocate(loc);
+            }
+        }
         self.publish_need();
     }
 }
@@ -216,6 +265,20 @@ pub struct ReadResult {
 impl Handler<Read> for StreamActor {
     async fn handle(&mut self, m: Read, _cx: &mut Ctx<Self>) -> ReadResult {
         self.load(m.broker).await;
+        let result = self.read(&m).await;
+        self.settle();
+        result
+    }
+}
+
+impl StreamActor {
+    async fn read(&mut self, m: &Read) -> ReadResult {
+        if let (Some(stream), ReadFrom::After(id)) = (&self.stream, m.from) {
+            if let Some(lo) = id.next() {
+                let wanted = stream.missing_in_range(lo, StreamId::MAX, m.count, false);
+                self.fetch(wanted).await;
+            }
+        }
         let Some(stream) = &self.stream else {
             let after = match m.from {
                 ReadFrom::After(id) => id,
@@ -289,8 +352,11 @@ impl Handler<ReadGroup> for StreamActor {
                 durable: None,
             };
         }
+        let wanted = self.plan_read_group(&m.group, &m.consumer, &m.from, m.count);
+        self.fetch(wanted).await;
         let (read, durable) = self.read_group(&m.group, &m.consumer, &m.from, m.count, m.noack);
         self.publish_need();
+        self.settle();
         GroupAnswer {
             read,
             last_id,
@@ -345,7 +411,13 @@ impl Handler<ExecBatch> for StreamActor {
             None
         } else {
             match self.append(Op::Batch(ops), was_missing) {
-                Ok(t) => Some(t),
+                Ok(t) => {
+                    let loc = self.appended_at;
+                    if let Some(s) = self.stream.as_mut() {
+                        s.place(loc);
+                    }
+                    Some(t)
+                }
                 Err(e) => {
                     // Nothing was logged: every change is refused.
                     let err = storage_error(&e);
@@ -360,6 +432,7 @@ impl Handler<ExecBatch> for StreamActor {
             self.wake_watchers();
         }
         self.publish_need();
+        self.settle();
         BatchAnswer { replies, durable }
     }
 }
@@ -473,8 +546,8 @@ impl Handler<Watch> for StreamActor {
         let ready = self
             .stream
             .as_ref()
-            .and_then(Stream::last)
-            .is_some_and(|(id, _)| id > m.after);
+            .and_then(Stream::last_entry_id)
+            .is_some_and(|id| id > m.after);
         if ready {
             m.notify.fire(m.index);
             return;
@@ -555,7 +628,10 @@ impl StreamActor {
         self.log = store::shard_log(shared.id);
         let recovered = match (recovered, &self.log) {
             (Some(r), _) => Some(r),
-            (None, Some(log)) if log.knows(&self.name) => match log.read_back(&self.name).await {
+            (None, Some(log)) if log.knows(&self.name) => match log
+                .read_back(&self.name, shared.config.store.stream_cache_bytes)
+                .await
+            {
                 Ok(r) => {
                     // Its last records may not be flushed: a need they
                     // move waits for the segment now written to.
@@ -575,7 +651,15 @@ impl StreamActor {
             self.meta_segment = r.meta_segment;
             self.runs = r.runs;
         }
+        if let (Some(s), Some(log)) = (self.stream.as_mut(), self.log.as_ref()) {
+            // The log's own reader: it closes a segment's file when the
+            // segment goes.
+            s.set_source(log.source().clone());
+        }
+        self.cache_budget = shared.config.store.stream_cache_bytes;
+        self.gauge = Some(shared.cached_bytes.clone());
         self.shared = Some(shared);
+        self.settle();
         // The log counted the recovered need already; this only agrees.
         self.publish_need();
     }
@@ -625,6 +709,71 @@ impl StreamActor {
         }
     }
 
+    /// The evicted entries a stream command with these arguments reads.
+    fn plan_reads(&self, name: &str, args: &[Bytes]) -> Vec<(StreamId, Loc)> {
+        let Some(stream) = self.stream.as_ref() else {
+            return Vec::new();
+        };
+        match name {
+            "xrange" | "xrevrange" => {
+                let rev = name == "xrevrange";
+                match command::parse_range_args(args, rev) {
+                    Ok((lo, hi, count)) if count != Some(0) => {
+                        stream.missing_in_range(lo, hi, count, rev)
+                    }
+                    _ => Vec::new(),
+                }
+            }
+            _ => self.plan_group_reads(name, args),
+        }
+    }
+
+    /// Brings back, through the ring, the evicted entries a command is
+    /// about to read; they stay until [`StreamActor::settle`].
+    async fn fetch(&mut self, wanted: Vec<(StreamId, Loc)>) {
+        if wanted.is_empty() {
+            return;
+        }
+        let Some(log) = self.log.clone() else {
+            return;
+        };
+        match log.fetch(&wanted).await {
+            Ok(found) => {
+                FETCHED_READS.fetch_add(found.len() as u64, Ordering::Relaxed);
+                if let Some(stream) = self.stream.as_mut() {
+                    for (id, fields) in found {
+                        stream.lend(id, fields);
+                    }
+                }
+            }
+            // As for a blocking read: nothing sound to answer with.
+            Err(e) => panic!("reading entries back from the log failed: {e}"),
+        }
+    }
+
+    /// After a command: keeps the stream's cached entries within budget
+    /// and the broker's count of them current.
+    fn settle(&mut self) {
+        let written = self.log.as_ref().map_or(Loc::NONE, |l| l.written());
+        let now = match self.stream.as_mut() {
+            Some(s) => {
+                if let Some(log) = self.log.as_ref().filter(|_| !s.has_source()) {
+                    s.set_source(log.source().clone());
+                }
+                s.settle(self.cache_budget, written);
+                s.cached_bytes()
+            }
+            None => 0,
+        };
+        if now != self.counted {
+            if let Some(gauge) = &self.gauge {
+                gauge.fetch_add(now, Ordering::Relaxed);
+                gauge.fetch_sub(self.counted, Ordering::Relaxed);
+            }
+            self.counted = now;
+        }
+    }
+
     fn wake_watchers(&mut self) {
         for (notify, index) in self.watchers.drain(..) {
             notify.fire(index);
@@ -640,6 +789,7 @@ impl StreamActor {
         let log = self.log.as_ref().ok_or(StorageError::Closed)?;
         if let Some(batch) = self.batch.as_mut() {
             batch.push(op);
+            self.appended_at = Loc::NONE;
             return Ok(log.no_wait());
         }
         let starts = self.stream.is_none();
@@ -655,9 +805,10 @@ impl StreamActor {
             op_no: self.op_no + 1,
             op,
         };
-        let (ticket, segment) = log.append(&record)?;
+        let (ticket, loc) = log.append(&record)?;
         self.op_no += 1;
-        self.note(&record.op, segment, starts);
+        self.appended_at = loc;
+        self.note(&record.op, loc.segment, starts);
         Ok(ticket)
     }
 
@@ -691,8 +842,9 @@ impl StreamActor {
                     self.stream = Some(Stream::new());
                     shared.catalog.insert(&self.name);
                 }
+                let loc = self.appended_at;
                 let stream = self.stream.as_mut().expect("made above");
-                stream.insert(id, fields);
+                stream.insert(id, fields, loc);
                 if let Some(trim) = p.trim {
                     if let (_, Some(through)) = stream.trim_plan(&trim) {
                         match self.log(Op::TrimThrough { through }) {
@@ -743,7 +895,7 @@ impl StreamActor {
                 };
                 ids.sort_unstable();
                 ids.dedup();
-                ids.retain(|id| stream.get(*id).is_some());
+                ids.retain(|id| stream.contains(*id));
                 if ids.is_empty() {
                     return Reply::Int(0).into();
                 }

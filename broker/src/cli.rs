@@ -19,6 +19,7 @@ use crate::{Broker, BrokerConfig};
 fn usage() -> &'static str {
     "usage: broker [--port N] [--bind ADDR] [--shards N] [--dir PATH] \
      [--appendfsync always|everysec|no] [--requirepass PASS] [--spin-us N]\n\
+     \x20      [--stream-cache BYTES]\n\
      \x20      broker --bench [--producers N] [--consumers N] [--pipeline N] \
      [--payload BYTES] [--streams N] [--duration SECS] [--appendfsync ...] [--shards N]"
 }
@@ -59,6 +60,9 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                 "--shards" => {
                     config.shards = num("--shards", value(&mut args)?)?;
                     bench_config.shards = config.shards;
+                }
+                "--stream-cache" => {
+                    config.store.stream_cache_bytes = num(&flag, value(&mut args)?)?;
                 }
                 "--spin-us" => {
                     let us: u64 = num(&flag, value(&mut args)?)?;

@@ -607,6 +607,79 @@ fn read_op(kind: u8, b: &mut Bytes, depth: u8) -> Option<Op> {
     Some(op)
 }
 
+/// Where a record sits in its log: the segment's number and the byte
+/// offset of the record's frame in it. Segments are numbered from 1, so
+/// [`Loc::NONE`] is no place (a record not yet appended).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Loc {
+    /// The segment.
+    pub segment: u32,
+    /// The record's offset in it.
+    pub offset: u32,
+}
+
+impl Loc {
+    /// No place yet.
+    pub const NONE: Loc = Loc {
+        segment: 0,
+        offset: 0,
+    };
+    /// Past every place (everything before it is written).
+    pub const MAX: Loc = Loc {
+        segment: u32::MAX,
+        offset: u32::MAX,
+    };
+
+    /// Record `offset` of `segment`.
+    pub fn new(segment: u32, offset: u64) -> Loc {
+        Loc {
+            segment,
+            offset: u32::try_from(offset).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Whether it names a place.
+    pub fn is_some(self) -> bool {
+        self.segment != 0
+    }
+}
+
+/// What [`decode_framed`] found at the start of a buffer.
+#[derive(Debug)]
+pub enum Framed {
+    /// A whole, valid record, and its framed length.
+    Record(Record, usize),
+    /// The buffer holds only part of it: this many bytes would hold it.
+    Short(usize),
+    /// No valid record starts there.
+    Bad,
+}
+
+/// Decodes the framed record at the start of `buf` (checked against its
+/// checksum); its fields share `buf`'s memory.
+pub fn decode_framed(buf: &Bytes) -> Framed {
+    if buf.len() < FRAME_LEN {
+        return Framed::Short(FRAME_LEN);
+    }
+    let len_bytes: [u8; 4] = buf[..4].try_into().expect("4 bytes");
+    let len = u32::from_le_bytes(len_bytes) as usize;
+    let crc = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
+    if len == 0 || len > MAX_RECORD {
+        return Framed::Bad;
+    }
+    if buf.len() - FRAME_LEN < len {
+        return Framed::Short(FRAME_LEN + len);
+    }
+    let body = buf.slice(FRAME_LEN..FRAME_LEN + len);
+    if crc32c::crc32c_append(crc32c::crc32c(&len_bytes), &body) != crc {
+        return Framed::Bad;
+    }
+    match Record::decode_body(body) {
+        Some(r) => Framed::Record(r, FRAME_LEN + len),
+        None => Framed::Bad,
+    }
+}
+
 /// Why a segment's scan stopped before its end.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tail {
@@ -642,6 +715,20 @@ pub struct BadHeader;
 /// A file whose header is not a segment's. A file shorter than a header
 /// (created, never written) scans as empty.
 pub fn scan_segment(data: Bytes) -> Result<Scan, BadHeader> {
+    scan(data, false)
+}
+
+/// [`scan_segment`], each record decoded from its own copy of its bytes:
+/// what the records are kept for holds only them, not the whole segment.
+///
+/// # Errors
+///
+/// As [`scan_segment`].
+pub fn scan_segment_detached(data: Bytes) -> Result<Scan, BadHeader> {
+    scan(data, true)
+}
+
+fn scan(data: Bytes, detach: bool) -> Result<Scan, BadHeader> {
     if data.len() < HEADER_LEN {
         return Ok(Scan {
             records: Vec::new(),
@@ -687,6 +774,11 @@ pub fn scan_segment(data: Bytes) -> Result<Scan, BadHeader> {
         if crc32c::crc32c_append(crc32c::crc32c(&len_bytes), &body) != crc {
             break Tail::Corrupt;
         }
+        let body = if detach {
+            Bytes::copy_from_slice(&body)
+        } else {
+            body
+        };
         let Some(record) = Record::decode_body(body) else {
             break Tail::Corrupt;
         };

@@ -124,6 +124,8 @@ pub struct Shared {
     pub(crate) system: SystemHandle,
     /// Streams read back at start, each taken by its actor's first command.
     pub(crate) recovered: Mutex<HashMap<Bytes, RecoveredStream>>,
+    /// Bytes of entries the streams keep in memory, all together.
+    pub(crate) cached_bytes: Arc<AtomicU64>,
 }
 
 /// Brokers started by this process (their ids).
@@ -213,7 +215,12 @@ impl Broker {
     /// The runtime's start-up error (no io_uring) or the bind's.
     pub fn start(config: BrokerConfig) -> io::Result<Broker> {
         let shards = config.shards.clamp(1, usize::from(u16::MAX));
-        let mut recovered = store::recover(&config.store.dir, shards, config.store.segment_bytes)?;
+        let mut recovered = store::recover(
+            &config.store.dir,
+            shards,
+            config.store.segment_bytes,
+            config.store.stream_cache_bytes,
+        )?;
         let recovery = RecoveryReport {
             streams: recovered
                 .streams
@@ -286,6 +293,7 @@ impl Broker {
         }
         let shutdown = crate::actor::Notify::new();
         let shared = Arc::new(Shared {
+            cached_bytes: Arc::new(AtomicU64::new(0)),
             id,
             config: config.clone(),
             catalog,

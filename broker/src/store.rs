@@ -17,11 +17,15 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
-use crate::log::{self, Record};
+use crate::id::StreamId;
+use crate::log::{self, Loc, Record};
+use crate::stream::Fields;
 
+pub mod reader;
 mod recover;
 pub mod retention;
 
+use self::reader::SegmentSource;
 pub use self::recover::{home_log, recover, snapshot_of, Recovered, RecoveredStream};
 use self::retention::{Need, Retention};
 
@@ -65,6 +69,12 @@ pub fn small_stream_bytes(segment_bytes: u64) -> u64 {
     segment_bytes.max(4096) / 8
 }
 
+/// The default of [`StoreConfig::stream_cache_bytes`].
+pub const DEFAULT_STREAM_CACHE: u64 = 16 << 20;
+
+/// The largest segment size (offsets in a segment fit 32 bits).
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 31;
+
 /// Where and how the broker stores its logs.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
@@ -78,6 +88,9 @@ pub struct StoreConfig {
     /// an `O_DSYNC` append overwrites initialized blocks instead of
     /// allocating (measured: `benches/examples/prealloc.rs`).
     pub preallocate: bool,
+    /// Bytes of its newest entries each stream keeps in memory; older
+    /// entries are read back from the log when a command needs them.
+    pub stream_cache_bytes: u64,
     /// Crash tests only: a gate every flush waits on.
     pub sync_gate: Option<SyncGate>,
 }
@@ -89,6 +102,7 @@ impl Default for StoreConfig {
             fsync: Fsync::Always,
             segment_bytes: 64 << 20,
             preallocate: true,
+            stream_cache_bytes: DEFAULT_STREAM_CACHE,
             sync_gate: None,
         }
     }
@@ -273,6 +287,12 @@ pub struct ShardLog {
     retention: RefCell<Retention>,
     /// Asks streams whose old history holds segments for a snapshot.
     on_lagging: RefCell<Option<LaggingHook>>,
+    /// Everything before this place is written (readable back).
+    written: Cell<Loc>,
+    /// Segment files open for reading entries back through the ring.
+    readers: RefCell<HashMap<u32, Rc<mailring::fs::File>>>,
+    /// The same files for blocking reads (shared with the streams).
+    source: Arc<SegmentSource>,
 }
 
 /// What a log calls with the streams that should move up.
@@ -312,6 +332,7 @@ impl ShardLog {
         start: LogStart,
     ) -> Rc<ShardLog> {
         let first = start.segments.iter().max().map_or(1, |s| s + 1);
+        let dir = gen_dir.join(log::log_dir_name(log_no));
         let pending = Pending {
             segment: first,
             fill: log::HEADER_LEN as u64,
@@ -319,9 +340,10 @@ impl ShardLog {
         };
         Rc::new(ShardLog {
             log_no,
-            dir: gen_dir.join(log::log_dir_name(log_no)),
+            source: SegmentSource::new(dir.clone()),
+            dir,
             fsync: config.fsync,
-            segment_bytes: config.segment_bytes.max(4096),
+            segment_bytes: config.segment_bytes.clamp(4096, MAX_SEGMENT_BYTES),
             pending: RefCell::new(pending),
             flusher: Cell::new(None),
             marks: Arc::new(Marks::default()),
@@ -330,7 +352,91 @@ impl ShardLog {
             preallocate: config.preallocate,
             retention: RefCell::new(Retention::new(start.segments, start.needs)),
             on_lagging: RefCell::new(None),
+            written: Cell::new(Loc::new(first, log::HEADER_LEN as u64)),
+            readers: RefCell::new(HashMap::new()),
         })
+    }
+
+    /// Where entries are read back from with blocking reads.
+    pub fn source(&self) -> &Arc<SegmentSource> {
+        &self.source
+    }
+
+    /// Everything before this place is written: a record there can be
+    /// read back.
+    pub fn written(&self) -> Loc {
+        self.written.get()
+    }
+
+    /// Reads entries back through the shard's ring: each `(id, loc)` is
+    /// an entry and the record that holds it, written already (see
+    /// [`ShardLog::written`]). Records near each other share a read; the
+    /// reads run at once.
+    ///
+    /// # Errors
+    ///
+    /// A read failed, or a record is not there whole and valid.
+    pub async fn fetch(&self, wanted: &[(StreamId, Loc)]) -> io::Result<Vec<(StreamId, Fields)>> {
+        let clusters = reader::clusters(wanted.iter().map(|w| w.1));
+        let mut reads = Vec::with_capacity(clusters.len());
+        for cluster in clusters {
+            let file = self.reader(cluster.segment).await?;
+            let (start, len) = (cluster.start, cluster.len as usize);
+            let read = mailring::spawn_local(async move { read_at(&file, start, len).await });
+            reads.push((cluster, read));
+        }
+        let mut decoded = reader::Decoded::new();
+        let mut short = Vec::new();
+        for (cluster, read) in reads {
+            let buf = read
+                .await
+                .map_err(|e| io::Error::other(format!("reading entries back: {e}")))??;
+            short.extend(reader::decode_cluster(
+                &self.dir,
+                &cluster,
+                &buf,
+                &mut decoded,
+            )?);
+        }
+        for (loc, need) in short {
+            let file = self.reader(loc.segment).await?;
+            let mut bufs = Vec::new();
+            // Two reads at most: a whole header, then the whole record.
+            for _ in 0..2 {
+                let len = bufs.last().map_or(need, |(_, more): &(Bytes, usize)| *more);
+                let buf = read_at(&file, loc.offset, len).await?;
+                let more = match log::decode_framed(&buf) {
+                    log::Framed::Short(more) if buf.len() == len && more > len => more,
+                    _ => 0,
+                };
+                bufs.push((buf, more));
+                if more == 0 {
+                    break;
+                }
+            }
+            let mut ready = bufs.into_iter().map(|(b, _)| b);
+            reader::reread(&self.dir, loc, need, &mut decoded, |_| {
+                ready
+                    .next()
+                    .ok_or_else(|| io::Error::other("record read twice already"))
+            })?;
+        }
+        reader::pick(&self.dir, wanted, &decoded)
+    }
+
+    /// Segment `segment`'s file, opened for reading.
+    async fn reader(&self, segment: u32) -> io::Result<Rc<mailring::fs::File>> {
+        if let Some(f) = self.readers.borrow().get(&segment) {
+            return Ok(f.clone());
+        }
+        let path = self.dir.join(log::segment_file_name(segment));
+        let file = Rc::new(mailring::fs::File::open(&path).await?);
+        Ok(self
+            .readers
+            .borrow_mut()
+            .entry(segment)
+            .or_insert(file)
+            .clone())
     }
 
     /// The size at which segments roll.
@@ -339,12 +445,12 @@ impl ShardLog {
     }
 
     /// Appends `record`: the ticket completes once it is flushed; the
-    /// number is the segment it goes to.
+    /// place is where it goes.
     ///
     /// # Errors
     ///
     /// The log failed earlier, or is closed.
-    pub fn append(&self, record: &Record) -> Result<(Ticket, u32), StorageError> {
+    pub fn append(&self, record: &Record) -> Result<(Ticket, Loc), StorageError> {
         if let Some(e) = &self.marks.lock().failed {
             return Err(e.clone());
         }
@@ -370,10 +476,11 @@ impl ShardLog {
             p.segment += 1;
             p.fill = log::HEADER_LEN as u64;
         }
+        let loc = Loc::new(p.segment, p.fill);
         p.fill += len;
         p.next += 1;
         p.last = p.next;
-        let (lsn, segment) = (p.next, p.segment);
+        let lsn = p.next;
         drop(guard);
         if let Some(w) = self.flusher.take() {
             w.wake();
@@ -383,7 +490,7 @@ impl ShardLog {
                 marks: self.marks.clone(),
                 lsn,
             },
-            segment,
+            loc,
         ))
     }
 
@@ -412,12 +519,13 @@ impl ShardLog {
     /// Rebuilds stream `name` from this log's segments (for an actor
     /// restarted after a panic): waits until everything appended so far
     /// is written, then reads every segment on disk and replays the
-    /// stream's records.
+    /// stream's records, keeping `cache_bytes` of its newest entries in
+    /// memory.
     ///
     /// # Errors
     ///
     /// The log failed, or a segment could not be read.
-    pub async fn read_back(&self, name: &[u8]) -> io::Result<RecoveredStream> {
+    pub async fn read_back(&self, name: &[u8], cache_bytes: u64) -> io::Result<RecoveredStream> {
         let written = Ticket {
             marks: self.marks.clone(),
             lsn: self.pending.borrow().next,
@@ -435,17 +543,21 @@ impl ShardLog {
             };
             // The tail may be a write in flight for another stream: the
             // scan stops there, after every record of this one.
-            let scan = log::scan_segment(Bytes::from(data)).map_err(|e| {
+            let scan = log::scan_segment_detached(Bytes::from(data)).map_err(|e| {
                 io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!("{}: {e}", path.display()),
                 )
             })?;
-            for (_, record) in scan.records {
+            for (offset, record) in scan.records {
                 if record.stream == name {
                     out.op_no = record.op_no;
-                    recover::replay(&mut out, record.op, segment);
+                    recover::replay(&mut out, record.op, Loc::new(segment, offset));
                 }
+            }
+            if let Some(s) = out.stream.as_mut() {
+                s.set_source(self.source.clone());
+                s.settle(cache_bytes, Loc::MAX);
             }
         }
         Ok(out)
@@ -533,6 +645,7 @@ impl ShardLog {
                 self.flush(&mut seg).await?;
                 let completed = seg.no;
                 seg = self.create_segment(segment).await?;
+                self.written.set(Loc::new(segment, seg.pos));
                 self.collect(completed, segment).await?;
             }
             let len = bytes.len() as u64;
@@ -547,6 +660,7 @@ impl ShardLog {
             res?;
             seg.pos += len;
             seg.unsynced = true;
+            self.written.set(Loc::new(seg.no, seg.pos));
             self.durable.set_written(&seg.path, seg.pos);
             match self.fsync {
                 Fsync::Always => {
@@ -578,6 +692,8 @@ impl ShardLog {
                 Err(e) => return Err(e),
             }
             sync_dir_async(&self.dir).await?;
+            self.readers.borrow_mut().remove(&segment);
+            self.source.forget(segment);
             self.retention.borrow_mut().removed(segment);
             self.durable.forget(&path);
         }
@@ -680,6 +796,24 @@ impl ShardLog {
         self.zero_ahead(&mut seg, 0).await?;
         Ok(seg)
     }
+}
+
+/// Reads up to `len` bytes of `file` from `start` (fewer at its end).
+async fn read_at(file: &mailring::fs::File, start: u32, len: usize) -> io::Result<Bytes> {
+    let (res, mut buf) = file
+        .read_at(Vec::with_capacity(len), u64::from(start))
+        .await;
+    res?;
+    // A short read before the end: read on.
+    while buf.len() < len {
+        let at = u64::from(start) + buf.len() as u64;
+        let (res, more) = file.read_at(Vec::with_capacity(len - buf.len()), at).await;
+        if res? == 0 {
+            break;
+        }
+        buf.extend_from_slice(&more);
+    }
+    Ok(Bytes::from(buf))
 }
 
 /// Writes zeros over `[from, to)` of the file at `path` and flushes them

@@ -4,14 +4,16 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
 
 use crate::group::Group;
 use crate::id::{AddId, StreamId};
-use crate::log::Op;
+use crate::log::{Loc, Op};
 use crate::resp::Reply;
+use crate::store::reader::SegmentSource;
 
 /// An entry's field-value pairs, flattened (`f1 v1 f2 v2 ...`); shared by
 /// the stream and the replies that carry it.
@@ -177,10 +179,48 @@ pub struct Trim {
     pub limit: Option<u64>,
 }
 
+/// One entry: where its record is, its size, and its fields while they
+/// are in memory.
+#[derive(Debug, Clone)]
+struct Slot {
+    /// The record that holds it ([`Loc::NONE`] until appended).
+    loc: Loc,
+    /// Bytes of its fields and values.
+    raw: u32,
+    /// Its fields, unless evicted (then read back through `loc`).
+    fields: Option<Fields>,
+}
+
+/// Bytes an entry's fields take in memory, as the cache counts them:
+/// the bytes themselves, each field's handle, and the entry's own.
+fn cost(fields: &Fields) -> u64 {
+    raw_bytes(fields) + 32 * fields.len() as u64 + 64
+}
+
+/// Entries read back from segments because a command needed them and
+/// they were not fetched ahead (blocking reads on the shard's thread).
+pub static BLOCKING_READS: AtomicU64 = AtomicU64::new(0);
+
 /// One stream.
+///
+/// Its newest entries keep their fields in memory, up to a budget
+/// ([`Stream::settle`]); older ones keep only the place of their record
+/// in the log and are read back when a command needs them: fetched ahead
+/// by the stream's actor ([`Stream::missing_in_range`], [`Stream::lend`]),
+/// or, for what was not fetched, read with a blocking read from the
+/// stream's [`SegmentSource`].
 #[derive(Debug, Clone, Default)]
 pub struct Stream {
-    entries: BTreeMap<StreamId, Fields>,
+    entries: BTreeMap<StreamId, Slot>,
+    /// Entries from this id on keep their fields (the cached tail).
+    cache_from: StreamId,
+    /// What the cached tail costs ([`cost`]).
+    cached: u64,
+    /// Entries below `cache_from` whose fields were fetched for the
+    /// command running now (dropped again at [`Stream::settle`]).
+    lent: Vec<StreamId>,
+    /// Where evicted entries are read back from.
+    source: Option<Arc<SegmentSource>>,
     /// Node boundaries, oldest first.
     nodes: VecDeque<Node>,
     last_id: StreamId,
@@ -233,19 +273,70 @@ impl Stream {
         self.live_bytes
     }
 
+    /// The first entry's id, if any.
+    pub fn first_entry_id(&self) -> Option<StreamId> {
+        self.entries.first_key_value().map(|(k, _)| *k)
+    }
+
+    /// The last entry's id, if any.
+    pub fn last_entry_id(&self) -> Option<StreamId> {
+        self.entries.last_key_value().map(|(k, _)| *k)
+    }
+
     /// The first entry, if any.
-    pub fn first(&self) -> Option<(StreamId, &Fields)> {
-        self.entries.first_key_value().map(|(k, v)| (*k, v))
+    pub fn first(&self) -> Option<(StreamId, Fields)> {
+        let id = self.first_entry_id()?;
+        self.get(id).map(|f| (id, f))
     }
 
     /// The last entry, if any.
-    pub fn last(&self) -> Option<(StreamId, &Fields)> {
-        self.entries.last_key_value().map(|(k, v)| (*k, v))
+    pub fn last(&self) -> Option<(StreamId, Fields)> {
+        let id = self.last_entry_id()?;
+        self.get(id).map(|f| (id, f))
     }
 
-    /// The entry `id`.
-    pub fn get(&self, id: StreamId) -> Option<&Fields> {
-        self.entries.get(&id)
+    /// Whether entry `id` exists.
+    pub fn contains(&self, id: StreamId) -> bool {
+        self.entries.contains_key(&id)
+    }
+
+    /// The entry `id` (read back from its segment if it was evicted).
+    pub fn get(&self, id: StreamId) -> Option<Fields> {
+        let slot = self.entries.get(&id)?;
+        match &slot.fields {
+            Some(f) => Some(f.clone()),
+            None => self.read_back(&[(id, slot.loc)]).pop().map(|(_, f)| f),
+        }
+    }
+
+    /// Reads evicted entries back with blocking reads. A stream's own log
+    /// failing to give back what it wrote leaves nothing sound to answer
+    /// with: this panics (the actor's supervisor restarts it, and it
+    /// rebuilds from the log, or stops).
+    fn read_back(&self, wanted: &[(StreamId, Loc)]) -> Vec<(StreamId, Fields)> {
+        BLOCKING_READS.fetch_add(wanted.len() as u64, Ordering::Relaxed);
+        let Some(source) = &self.source else {
+            panic!("an evicted entry and no segments to read it from");
+        };
+        match source.read(wanted) {
+            Ok(found) => found,
+            Err(e) => panic!("reading entries back from the log failed: {e}"),
+        }
+    }
+
+    /// Where evicted entries are read back from.
+    pub fn set_source(&mut self, source: Arc<SegmentSource>) {
+        self.source = Some(source);
+    }
+
+    /// Whether it has a place to read evicted entries from.
+    pub fn has_source(&self) -> bool {
+        self.source.is_some()
+    }
+
+    /// What its cached entries cost in memory (see [`Stream::settle`]).
+    pub fn cached_bytes(&self) -> u64 {
+        self.cached
     }
 
     /// The id an `XADD` with `id` would get, without adding.
@@ -282,8 +373,10 @@ impl Stream {
         }
     }
 
-    /// Appends an entry with an id from [`Stream::next_id`].
-    pub fn insert(&mut self, id: StreamId, fields: Fields) {
+    /// Appends an entry with an id from [`Stream::next_id`], whose record
+    /// is at `loc` ([`Loc::NONE`]: not appended yet, see
+    /// [`Stream::place`]).
+    pub fn insert(&mut self, id: StreamId, fields: Fields, loc: Loc) {
         debug_assert!(id > self.last_id || (self.entries_added == 0 && id > StreamId::MIN));
         // Redis starts a node when the tail is full by count (deleted
         // entries included) or when the raw field and value bytes would
@@ -295,7 +388,12 @@ impl Stream {
             .back()
             .is_some_and(|n| n.total < NODE_MAX_ENTRIES && n.bytes + raw < NODE_MAX_BYTES);
         if !fits {
-            let names: Vec<Bytes> = fields.iter().step_by(2).cloned().collect();
+            // Copied: a node outlives its first entry's request buffer.
+            let names: Vec<Bytes> = fields
+                .iter()
+                .step_by(2)
+                .map(|f| Bytes::copy_from_slice(f))
+                .collect();
             self.nodes.push_back(Node {
                 total: 0,
                 live: 0,
@@ -310,20 +408,153 @@ impl Stream {
         n.total += 1;
         n.live += 1;
         n.last = id;
-        self.entries.insert(id, fields);
+        self.cached += cost(&fields);
+        self.entries.insert(
+            id,
+            Slot {
+                loc,
+                raw: u32::try_from(raw).unwrap_or(u32::MAX),
+                fields: Some(fields),
+            },
+        );
         self.last_id = id;
         self.entries_added += 1;
     }
 
-    /// `XADD`'s append: the new id.
+    /// `XADD`'s append: the new id (its record not placed yet).
     ///
     /// # Errors
     ///
     /// As [`Stream::next_id`].
     pub fn add(&mut self, id: AddId, fields: Fields, now_ms: u64) -> Result<StreamId, Reply> {
         let id = self.next_id(id, now_ms)?;
-        self.insert(id, fields);
+        self.insert(id, fields, Loc::NONE);
         Ok(id)
+    }
+
+    /// Gives the newest entries inserted without a place (in a
+    /// transaction) the place of the record that now holds them.
+    pub fn place(&mut self, loc: Loc) {
+        for (_, slot) in self.entries.iter_mut().rev() {
+            if slot.loc.is_some() {
+                break;
+            }
+            slot.loc = loc;
+        }
+    }
+
+    /// Keeps the cached tail within `budget` bytes: evicts its oldest
+    /// entries whose records are before `written` (only a record on disk,
+    /// or in the page cache, can be read back), and drops what was lent
+    /// for the last command. The newest entries stay as long as they fit.
+    pub fn settle(&mut self, budget: u64, written: Loc) {
+        let entries = &mut self.entries;
+        let cache_from = self.cache_from;
+        self.lent.retain(|id| {
+            let Some(slot) = entries.get_mut(id).filter(|_| *id < cache_from) else {
+                return false;
+            };
+            // A relocated entry keeps its fields until its new record
+            // is written.
+            if slot.loc >= written {
+                return true;
+            }
+            slot.fields = None;
+            false
+        });
+        if self.cached <= budget {
+            return;
+        }
+        let mut next = None;
+        for (&id, slot) in self.entries.range_mut(self.cache_from..) {
+            if self.cached <= budget || !slot.loc.is_some() || slot.loc >= written {
+                next = Some(id);
+                break;
+            }
+            if let Some(f) = slot.fields.take() {
+                self.cached -= cost(&f);
+            }
+        }
+        self.cache_from = match next {
+            Some(id) => id,
+            None => self.last_id.next().unwrap_or(StreamId::MAX),
+        };
+    }
+
+    /// Every entry now sits in the record at `loc` (the stream was
+    /// written again as one record); every entry must have its fields
+    /// (fetched), and those below the cached tail keep them until that
+    /// record is written.
+    pub fn relocate(&mut self, loc: Loc) {
+        for (id, slot) in self.entries.iter_mut() {
+            debug_assert!(slot.fields.is_some(), "relocating an evicted entry");
+            slot.loc = loc;
+            if *id < self.cache_from {
+                self.lent.push(*id);
+            }
+        }
+        self.lent.sort_unstable();
+        self.lent.dedup();
+    }
+
+    /// The evicted entries that [`Stream::range`] with these arguments
+    /// would read (to fetch them ahead).
+    pub fn missing_in_range(
+        &self,
+        lo: StreamId,
+        hi: StreamId,
+        count: Option<u64>,
+        rev: bool,
+    ) -> Vec<(StreamId, Loc)> {
+        if lo > hi
+            || hi
+                < self
+                    .entries
+                    .first_key_value()
+                    .map_or(StreamId::MAX, |(k, _)| *k)
+        {
+            return Vec::new();
+        }
+        let take = count.map_or(usize::MAX, |c| usize::try_from(c).unwrap_or(usize::MAX));
+        // The cached tail needs nothing.
+        let hi = if rev { hi } else { hi.min(self.cache_from) };
+        if lo > hi {
+            return Vec::new();
+        }
+        let range = self
+            .entries
+            .range((Bound::Included(lo), Bound::Included(hi)));
+        let pick =
+            |(id, slot): (&StreamId, &Slot)| slot.fields.is_none().then_some((*id, slot.loc));
+        if rev {
+            range.rev().take(take).filter_map(pick).collect()
+        } else {
+            range.take(take).filter_map(pick).collect()
+        }
+    }
+
+    /// The evicted entries among `ids`.
+    pub fn missing_of<'a>(
+        &self,
+        ids: impl IntoIterator<Item = &'a StreamId>,
+    ) -> Vec<(StreamId, Loc)> {
+        ids.into_iter()
+            .filter_map(|id| {
+                let slot = self.entries.get(id)?;
+                slot.fields.is_none().then_some((*id, slot.loc))
+            })
+            .collect()
+    }
+
+    /// Gives evicted entry `id` its fields (fetched ahead) until the next
+    /// [`Stream::settle`].
+    pub fn lend(&mut self, id: StreamId, fields: Fields) {
+        if let Some(slot) = self.entries.get_mut(&id) {
+            if slot.fields.is_none() {
+                slot.fields = Some(fields);
+                self.lent.push(id);
+            }
+        }
     }
 
     /// What a trim would remove, as Redis trims: whole nodes from the head
@@ -422,8 +653,18 @@ impl Stream {
     }
 
     fn pop_first(&mut self) {
-        if let Some((_, fields)) = self.entries.pop_first() {
-            self.live_bytes -= raw_bytes(&fields);
+        if let Some((id, slot)) = self.entries.pop_first() {
+            self.dropped(id, slot);
+        }
+    }
+
+    /// Accounts for entry `id` leaving the stream.
+    fn dropped(&mut self, id: StreamId, slot: Slot) {
+        self.live_bytes -= u64::from(slot.raw);
+        if id >= self.cache_from {
+            if let Some(f) = &slot.fields {
+                self.cached -= cost(f);
+            }
         }
     }
 
@@ -431,8 +672,8 @@ impl Stream {
     pub fn delete(&mut self, ids: &[StreamId]) -> u64 {
         let mut n = 0;
         for id in ids {
-            if let Some(fields) = self.entries.remove(id) {
-                self.live_bytes -= raw_bytes(&fields);
+            if let Some(slot) = self.entries.remove(id) {
+                self.dropped(*id, slot);
                 self.forget(*id);
                 n += 1;
             }
@@ -469,15 +710,31 @@ impl Stream {
         let range = self
             .entries
             .range((Bound::Included(lo), Bound::Included(hi)));
+        let mut missing = Vec::new();
+        let mut out: Vec<(StreamId, Option<Fields>)> = Vec::new();
+        let mut push = |(id, slot): (&StreamId, &Slot)| {
+            if slot.fields.is_none() {
+                missing.push((*id, slot.loc));
+            }
+            out.push((*id, slot.fields.clone()));
+        };
         if rev {
-            range
-                .rev()
-                .take(take)
-                .map(|(k, v)| (*k, v.clone()))
-                .collect()
+            range.rev().take(take).for_each(&mut push);
         } else {
-            range.take(take).map(|(k, v)| (*k, v.clone())).collect()
+            range.take(take).for_each(&mut push);
         }
+        let mut found = if missing.is_empty() {
+            Vec::new()
+        } else {
+            self.read_back(&missing)
+        }
+        .into_iter();
+        out.into_iter()
+            .map(|(id, f)| match f {
+                Some(f) => (id, f),
+                None => found.next().expect("one read back per evicted entry"),
+            })
+            .collect()
     }
 
     /// Sets the last id (`XSETID`); the caller checked it is not below the
@@ -502,7 +759,7 @@ impl Stream {
     /// The first entry's id, `0-0` when empty (Redis's
     /// `recorded-first-entry-id`).
     pub fn first_id(&self) -> StreamId {
-        self.first().map_or(StreamId::MIN, |(id, _)| id)
+        self.first_entry_id().unwrap_or(StreamId::MIN)
     }
 
     /// Whether deleted entries may lie in `[start, end]` (Redis checks the
@@ -769,6 +1026,89 @@ mod tests {
         assert_eq!(
             ids(s.range(StreamId::new(4, 0), StreamId::new(2, 0), None, false)),
             Vec::<u64>::new()
+        );
+    }
+
+    /// A stream of `n` entries `1-0..`, entry `i` in the record at
+    /// segment 1, offset `16 + i`.
+    fn placed(n: u64) -> Stream {
+        let mut s = Stream::new();
+        for ms in 1..=n {
+            s.insert(StreamId::new(ms, 0), fields(), Loc::new(1, 16 + ms));
+        }
+        s
+    }
+
+    #[test]
+    fn the_cached_tail_keeps_to_its_budget_and_only_written_records_go() {
+        let mut s = placed(100);
+        let each = cost(&fields());
+        assert_eq!(s.cached_bytes(), 100 * each);
+        // Nothing written yet: nothing can go.
+        s.settle(10 * each, Loc::new(1, 0));
+        assert_eq!(s.cached_bytes(), 100 * each);
+        // Written up to entry 50's record: entries 1..=49 can go.
+        s.settle(10 * each, Loc::new(1, 16 + 50));
+        assert_eq!(s.cached_bytes(), 51 * each);
+        s.settle(10 * each, Loc::MAX);
+        assert_eq!(s.cached_bytes(), 10 * each);
+        let missing = s.missing_in_range(StreamId::MIN, StreamId::MAX, None, false);
+        assert_eq!(missing.len(), 90);
+        assert_eq!(missing[0], (StreamId::new(1, 0), Loc::new(1, 17)));
+        // Reads that stay in the cached tail, or past the end, need none.
+        assert!(s
+            .missing_in_range(StreamId::new(95, 0), StreamId::MAX, None, false)
+            .is_empty());
+        assert!(s
+            .missing_in_range(StreamId::new(500, 0), StreamId::MAX, None, false)
+            .is_empty());
+        assert!(s
+            .missing_in_range(StreamId::MIN, StreamId::MAX, Some(5), true)
+            .is_empty());
+        assert_eq!(
+            s.missing_in_range(StreamId::MIN, StreamId::MAX, Some(3), false)
+                .len(),
+            3
+        );
+        // Lent fields serve a read without a source, until settled.
+        for (id, _) in s.missing_in_range(StreamId::MIN, StreamId::new(3, 0), None, false) {
+            s.lend(id, fields());
+        }
+        assert_eq!(
+            s.range(StreamId::MIN, StreamId::new(3, 0), None, false)
+                .len(),
+            3
+        );
+        assert_eq!(s.cached_bytes(), 10 * each);
+        s.settle(10 * each, Loc::MAX);
+        assert_eq!(
+            s.missing_in_range(StreamId::MIN, StreamId::new(3, 0), None, false)
+                .len(),
+            3
+        );
+        // Trims and deletes of evicted and cached entries keep the count.
+        s.trim_through(StreamId::new(50, 0));
+        assert_eq!(s.delete(&[StreamId::new(99, 0), StreamId::new(60, 0)]), 2);
+        assert_eq!(s.cached_bytes(), 9 * each);
+        assert_eq!(s.live_bytes(), 48 * raw_bytes(&fields()));
+    }
+
+    #[test]
+    fn unplaced_entries_stay_until_placed() {
+        let mut s = Stream::new();
+        for ms in 1..=5 {
+            s.insert(StreamId::new(ms, 0), fields(), Loc::NONE);
+        }
+        s.settle(0, Loc::MAX);
+        assert_eq!(s.cached_bytes(), 5 * cost(&fields()));
+        s.place(Loc::new(2, 16));
+        s.settle(0, Loc::MAX);
+        assert_eq!(s.cached_bytes(), 0);
+        assert_eq!(
+            s.missing_in_range(StreamId::MIN, StreamId::MAX, None, false),
+            (1..=5)
+                .map(|ms| (StreamId::new(ms, 0), Loc::new(2, 16)))
+                .collect::<Vec<_>>()
         );
     }
 

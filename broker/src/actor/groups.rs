@@ -8,7 +8,7 @@ use bytes::Bytes;
 use super::{now_ms, storage_error, Answer, StreamActor};
 use crate::command::{not_an_integer, printable, syntax_error};
 use crate::id::{parse_id, parse_range, StreamId};
-use crate::log::Op;
+use crate::log::{Loc, Op};
 use crate::resp::{parse_int, Reply};
 use crate::server::Shared;
 use crate::store::Ticket;
@@ -311,7 +311,7 @@ impl StreamActor {
                             .range(after..)
                             .filter(|id| **id > after)
                             .take(take)
-                            .map(|id| (*id, stream.get(*id).cloned()))
+                            .map(|id| (*id, stream.get(*id)))
                             .collect()
                     })
                     .unwrap_or_default();
@@ -602,13 +602,13 @@ impl StreamActor {
         let mut gone = Vec::new();
         let mut replies = Vec::new();
         for id in ids {
-            let Some(fields) = stream.get(id) else {
+            if !stream.contains(id) {
                 // Deleted from the stream: its pending entry goes.
                 if g.pel.contains_key(&id) {
                     gone.push(id);
                 }
                 continue;
-            };
+            }
             let count = match g.pel.get(&id) {
                 Some(n) => {
                     let idle = now.saturating_sub(n.delivery_time);
@@ -630,7 +630,7 @@ impl StreamActor {
             replies.push(if justid {
                 id.reply()
             } else {
-                entry_reply(id, fields)
+                entry_reply(id, &stream.get(id).expect("checked above"))
             });
         }
         let raise = last_id.filter(|id| *id > g.last_id);
@@ -686,11 +686,11 @@ impl StreamActor {
                 break;
             }
             attempts -= 1;
-            let Some(fields) = stream.get(*id) else {
+            if !stream.contains(*id) {
                 gone.push(*id);
                 count -= 1;
                 continue;
-            };
+            }
             if now.saturating_sub(nack.delivery_time) < min_idle {
                 continue;
             }
@@ -703,7 +703,7 @@ impl StreamActor {
             replies.push(if justid {
                 id.reply()
             } else {
-                entry_reply(*id, fields)
+                entry_reply(*id, &stream.get(*id).expect("checked above"))
             });
             count -= 1;
         }
@@ -809,8 +809,8 @@ impl StreamActor {
                     (b("recorded-first-entry-id"), stream.first_id().reply()),
                 ];
                 let Some(n) = full else {
-                    let edge = |e: Option<(StreamId, &Fields)>| {
-                        e.map_or(Reply::Nil, |(id, f)| entry_reply(id, f))
+                    let edge = |e: Option<(StreamId, Fields)>| {
+                        e.map_or(Reply::Nil, |(id, f)| entry_reply(id, &f))
                     };
                     let mut map = head;
                     map.push((b("groups"), Reply::Int(stream.groups.len() as i64)));
@@ -928,7 +928,7 @@ impl StreamActor {
         let Some(stream) = self.stream.as_ref() else {
             return Err(Reply::err("no such key"));
         };
-        if let Some((last, _)) = stream.last() {
+        if let Some(last) = stream.last_entry_id() {
             if id < last {
                 return Err(Reply::err(
                     "The ID specified in XSETID is smaller than the target stream top item",
@@ -963,5 +963,100 @@ impl StreamActor {
             reply: Reply::OK,
             durable: Some(ticket),
         })
+    }
+}
+
+impl StreamActor {
+    /// The evicted entries a group command or `XINFO` with these
+    /// arguments may read (a superset: what it reads depends on checks
+    /// made when it runs), to fetch them before it runs.
+    pub(super) fn plan_group_reads(&self, name: &str, args: &[Bytes]) -> Vec<(StreamId, Loc)> {
+        let Some(stream) = self.stream.as_ref() else {
+            return Vec::new();
+        };
+        let justid = || args.iter().any(|a| a.eq_ignore_ascii_case(b"justid"));
+        match name {
+            "xclaim" if args.len() > 5 && !justid() => {
+                let ids: Vec<StreamId> = args[5..]
+                    .iter()
+                    .map_while(|a| parse_id(a, 0, true).ok())
+                    .collect();
+                stream.missing_of(&ids)
+            }
+            "xautoclaim" if args.len() > 5 && !justid() => {
+                let (Some(g), Ok((start, _))) =
+                    (stream.groups.get(&args[2]), parse_range(&args[5], b"+"))
+                else {
+                    return Vec::new();
+                };
+                let count = args
+                    .iter()
+                    .position(|a| a.eq_ignore_ascii_case(b"count"))
+                    .and_then(|i| args.get(i + 1))
+                    .and_then(|n| parse_int(n))
+                    .filter(|n| (1..=i64::MAX / 16).contains(n))
+                    .map_or(100, |n| n as usize);
+                // XAUTOCLAIM looks at ten pending entries per one it may
+                // claim.
+                stream.missing_of(
+                    g.pel
+                        .range(start..)
+                        .take(count.saturating_mul(10))
+                        .map(|(id, _)| id),
+                )
+            }
+            "xinfo" if args.len() > 2 && args[1].eq_ignore_ascii_case(b"stream") => {
+                let mut ids: Vec<StreamId> = stream
+                    .first_entry_id()
+                    .into_iter()
+                    .chain(stream.last_entry_id())
+                    .collect();
+                if args.len() > 3 && args[3].eq_ignore_ascii_case(b"full") {
+                    let n = match args.get(5).and_then(|n| parse_int(n)) {
+                        Some(n) if n >= 0 => n as u64,
+                        _ => 10,
+                    };
+                    let count = (n != 0).then_some(n);
+                    ids.extend(
+                        stream
+                            .missing_in_range(StreamId::MIN, StreamId::MAX, count, false)
+                            .into_iter()
+                            .map(|(id, _)| id),
+                    );
+                }
+                stream.missing_of(&ids)
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The evicted entries an `XREADGROUP` of one stream reads.
+    pub(super) fn plan_read_group(
+        &self,
+        group: &[u8],
+        consumer: &[u8],
+        from: &GroupFrom,
+        count: Option<u64>,
+    ) -> Vec<(StreamId, Loc)> {
+        let Some(stream) = self.stream.as_ref() else {
+            return Vec::new();
+        };
+        let Some(g) = stream.groups.get(group) else {
+            return Vec::new();
+        };
+        match from {
+            GroupFrom::New => match g.last_id.next() {
+                Some(lo) => stream.missing_in_range(lo, StreamId::MAX, count, false),
+                None => Vec::new(),
+            },
+            GroupFrom::History(raw) => {
+                let (Ok(after), Some(c)) = (parse_id(raw, 0, true), g.consumers.get(consumer))
+                else {
+                    return Vec::new();
+                };
+                let take = count.map_or(usize::MAX, |c| usize::try_from(c).unwrap_or(usize::MAX));
+                stream.missing_of(c.pel.range(after..).filter(|id| **id > after).take(take))
+            }
+        }
     }
 }

@@ -13,7 +13,14 @@ use crate::server::REDIS_VERSION;
 
 /// `INFO`'s sections, in order, and whether `INFO` without arguments
 /// shows them.
-const SECTIONS: &[&str] = &["server", "clients", "persistence", "stats", "keyspace"];
+const SECTIONS: &[&str] = &[
+    "server",
+    "clients",
+    "memory",
+    "persistence",
+    "stats",
+    "keyspace",
+];
 
 impl RespSession {
     /// `INFO [section ...]`.
@@ -62,10 +69,30 @@ impl RespSession {
                     format!("appendfsync:{}", shared.config.store.fsync.name()),
                     format!("dir:{}", shared.config.store.dir.display()),
                 ],
-                "stats" => vec![format!(
-                    "total_connections_received:{}",
-                    shared.next_client_id.load(Ordering::Relaxed)
-                )],
+                "memory" => vec![
+                    format!(
+                        "stream_cache_bytes:{}",
+                        shared.cached_bytes.load(Ordering::Relaxed)
+                    ),
+                    format!(
+                        "stream_cache_limit_per_stream:{}",
+                        shared.config.store.stream_cache_bytes
+                    ),
+                ],
+                "stats" => vec![
+                    format!(
+                        "total_connections_received:{}",
+                        shared.next_client_id.load(Ordering::Relaxed)
+                    ),
+                    format!(
+                        "entries_read_back_ahead:{}",
+                        crate::actor::FETCHED_READS.load(Ordering::Relaxed)
+                    ),
+                    format!(
+                        "entries_read_back_blocking:{}",
+                        crate::stream::BLOCKING_READS.load(Ordering::Relaxed)
+                    ),
+                ],
                 "keyspace" if streams > 0 => {
                     vec![format!("db0:keys={streams},expires=0,avg_ttl=0")]
                 }

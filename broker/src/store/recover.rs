@@ -19,9 +19,10 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
+use super::reader::SegmentSource;
 use super::retention::{need_of, Need};
 use crate::id::StreamId;
-use crate::log::{self, Op, Record, Snapshot, Tail};
+use crate::log::{self, Loc, Op, Record, Snapshot, Tail};
 use crate::stream::Stream;
 
 /// The file that marks a generation whole.
@@ -135,8 +136,13 @@ pub fn home_log(name: &Bytes, shards: usize) -> u16 {
 /// # Errors
 ///
 /// I/O errors, or a file in a log directory that is not a segment.
-pub fn recover(dir: &Path, shards: usize, segment_bytes: u64) -> io::Result<Recovered> {
-    recover_or_rewrite(dir, shards, segment_bytes, true)
+pub fn recover(
+    dir: &Path,
+    shards: usize,
+    segment_bytes: u64,
+    cache_bytes: u64,
+) -> io::Result<Recovered> {
+    recover_or_rewrite(dir, shards, segment_bytes, cache_bytes, true)
 }
 
 /// [`recover`]; `may_rewrite`: false for the read after a rewrite, which
@@ -145,6 +151,7 @@ fn recover_or_rewrite(
     dir: &Path,
     shards: usize,
     segment_bytes: u64,
+    cache_bytes: u64,
     may_rewrite: bool,
 ) -> io::Result<Recovered> {
     let started = Instant::now();
@@ -219,7 +226,19 @@ fn recover_or_rewrite(
             });
         }
     };
-    let mut out = read_generation(&source)?;
+    // A generation keeps each stream's records in one log, in order: it
+    // replays as it reads, keeping only each stream's newest entries in
+    // memory. The older layout (or a stream found in two logs) is read
+    // whole and ordered first.
+    let streamed = if gen == 0 {
+        None
+    } else {
+        read_generation_streamed(&source, cache_bytes)?
+    };
+    let mut out = match streamed {
+        Some(out) => out,
+        None => read_generation(&source)?,
+    };
     out.dir = source.clone();
     let misplaced = out
         .streams
@@ -240,7 +259,7 @@ fn recover_or_rewrite(
             std::fs::remove_dir_all(&source)?;
         }
         sync_dir(dir)?;
-        let mut again = recover_or_rewrite(dir, shards, segment_bytes, false)?;
+        let mut again = recover_or_rewrite(dir, shards, segment_bytes, cache_bytes, false)?;
         again.migrated = true;
         again.cut = out.cut;
         again.elapsed = started.elapsed();
@@ -286,13 +305,37 @@ fn remove_legacy_logs(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// One stream's records as read: operation number, log, segment, op.
-type Located = (u64, u16, u32, Op);
+/// Entries a rewrite reads back and writes at a time.
+const REWRITE_CHUNK: u64 = 4096;
 
-/// Reads every log of one generation and replays its streams.
-fn read_generation(gen_dir: &Path) -> io::Result<Recovered> {
-    let mut out = Recovered::default();
-    let mut per_stream: HashMap<Bytes, Vec<Located>> = HashMap::new();
+/// Reads one segment file for recovery: cuts a torn or corrupt tail and
+/// flushes the file; each record is decoded from its own copy.
+fn read_segment(path: &Path, out: &mut Recovered) -> io::Result<log::Scan> {
+    let data = Bytes::from(std::fs::read(path)?);
+    let len = data.len() as u64;
+    let scan = log::scan_segment_detached(data).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {e}", path.display()),
+        )
+    })?;
+    // A clean end may be followed by zeros (a preallocated segment): only
+    // a torn or corrupt tail is cut.
+    let f = std::fs::OpenOptions::new().write(true).open(path)?;
+    if scan.tail != Tail::Clean {
+        f.set_len(scan.valid_len)?;
+        out.cut.push((path.to_path_buf(), len - scan.valid_len));
+    }
+    // What is read here is built on (needs move, segments go), so it
+    // must be durable: a killed process leaves its writes in the page
+    // cache only (a no-op for a clean file).
+    f.sync_all()?;
+    out.bytes += scan.valid_len;
+    Ok(scan)
+}
+
+/// The log directories of a generation, in order.
+fn log_dirs(gen_dir: &Path) -> io::Result<Vec<(u16, PathBuf)>> {
     let mut logs: Vec<(u16, PathBuf)> = Vec::new();
     for entry in std::fs::read_dir(gen_dir)? {
         let entry = entry?;
@@ -302,39 +345,87 @@ fn read_generation(gen_dir: &Path) -> io::Result<Recovered> {
         }
     }
     logs.sort();
-    for (log_no, log_dir) in logs {
-        let mut segments: Vec<(u32, PathBuf)> = Vec::new();
-        for entry in std::fs::read_dir(&log_dir)? {
-            let entry = entry?;
-            let name = entry.file_name();
-            if let Some(seg) = name.to_str().and_then(log::parse_segment_file_name) {
-                segments.push((seg, entry.path()));
-            }
+    Ok(logs)
+}
+
+/// The segment files of a log directory, in order.
+fn segment_files(log_dir: &Path) -> io::Result<Vec<(u32, PathBuf)>> {
+    let mut segments: Vec<(u32, PathBuf)> = Vec::new();
+    for entry in std::fs::read_dir(log_dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if let Some(seg) = name.to_str().and_then(log::parse_segment_file_name) {
+            segments.push((seg, entry.path()));
         }
-        segments.sort();
+    }
+    segments.sort();
+    Ok(segments)
+}
+
+/// Reads a generation whose streams each sit in one log, replaying each
+/// record as it is read and keeping at most `cache_bytes` of each
+/// stream's newest entries in memory (the rest are read back from the
+/// segments when needed). `None` if a stream turns up in two logs or out
+/// of order: that generation is read whole ([`read_generation`]).
+fn read_generation_streamed(gen_dir: &Path, cache_bytes: u64) -> io::Result<Option<Recovered>> {
+    let mut out = Recovered::default();
+    for (log_no, log_dir) in log_dirs(gen_dir)? {
+        let source = SegmentSource::new(log_dir.clone());
+        let segments = segment_files(&log_dir)?;
         out.segments
             .insert(log_no, segments.iter().map(|(s, _)| *s).collect());
         for (seg, path) in segments {
-            let data = Bytes::from(std::fs::read(&path)?);
-            let len = data.len() as u64;
-            let scan = log::scan_segment(data).map_err(|e| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{}: {e}", path.display()),
-                )
-            })?;
-            // A clean end may be followed by zeros (a preallocated
-            // segment): only a torn or corrupt tail is cut.
-            let f = std::fs::OpenOptions::new().write(true).open(&path)?;
-            if scan.tail != Tail::Clean {
-                f.set_len(scan.valid_len)?;
-                out.cut.push((path.clone(), len - scan.valid_len));
+            let scan = read_segment(&path, &mut out)?;
+            for (offset, record) in scan.records {
+                out.records += 1;
+                let r = match out.streams.get_mut(&record.stream) {
+                    Some(r) => r,
+                    None => {
+                        // Its own copy: the name outlives the record.
+                        let name = Bytes::copy_from_slice(&record.stream);
+                        out.streams
+                            .entry(name)
+                            .or_insert_with(|| RecoveredStream::empty(log_no))
+                    }
+                };
+                if r.log != log_no || (r.op_no != 0 && record.op_no <= r.op_no) {
+                    return Ok(None);
+                }
+                r.op_no = record.op_no;
+                replay(r, record.op, Loc::new(seg, offset));
+                if let Some(s) = r.stream.as_mut() {
+                    if !s.has_source() {
+                        s.set_source(source.clone());
+                    }
+                    // Settled now and then, not per record.
+                    if s.cached_bytes() > cache_bytes.saturating_mul(2).max(1 << 20) {
+                        s.settle(cache_bytes, Loc::MAX);
+                    }
+                }
             }
-            // What is read here is built on (needs move, segments go), so
-            // it must be durable: a killed process leaves its writes in
-            // the page cache only (a no-op for a clean file).
-            f.sync_all()?;
-            out.bytes += scan.valid_len;
+        }
+    }
+    for r in out.streams.values_mut() {
+        if let Some(s) = r.stream.as_mut() {
+            s.settle(cache_bytes, Loc::MAX);
+        }
+    }
+    Ok(Some(out))
+}
+
+/// One stream's records as read: operation number, log, segment, op.
+type Located = (u64, u16, u32, Op);
+
+/// Reads every log of one generation and replays its streams.
+fn read_generation(gen_dir: &Path) -> io::Result<Recovered> {
+    let mut out = Recovered::default();
+    let mut per_stream: HashMap<Bytes, Vec<Located>> = HashMap::new();
+    for (log_no, log_dir) in log_dirs(gen_dir)? {
+        let segments = segment_files(&log_dir)?;
+        out.segments
+            .insert(log_no, segments.iter().map(|(s, _)| *s).collect());
+        for (seg, path) in segments {
+            let scan = read_segment(&path, &mut out)?;
             for (_, r) in scan.records {
                 out.records += 1;
                 per_stream
@@ -354,7 +445,9 @@ fn read_generation(gen_dir: &Path) -> io::Result<Recovered> {
         for (n, log, seg, op) in ops {
             r.op_no = n;
             mixed |= log != r.log;
-            replay(&mut r, op, seg);
+            // Not placed: a stream in two logs keeps its entries in memory
+            // until the rewrite.
+            replay(&mut r, op, Loc::new(seg, 0));
         }
         if mixed {
             // In two logs (the older layout): only a rewrite lays it out
@@ -368,7 +461,8 @@ fn read_generation(gen_dir: &Path) -> io::Result<Recovered> {
 
 /// Applies one logged operation, found in segment `seg`, to a stream
 /// being rebuilt, keeping track of where its history and entries are.
-pub(super) fn replay(r: &mut RecoveredStream, op: Op, seg: u32) {
+pub(super) fn replay(r: &mut RecoveredStream, op: Op, at: Loc) {
+    let seg = at.segment;
     if r.stream.is_none() {
         // The first record of this life of the stream.
         r.meta_segment = seg;
@@ -377,7 +471,7 @@ pub(super) fn replay(r: &mut RecoveredStream, op: Op, seg: u32) {
     match op {
         Op::Batch(ops) => {
             for op in ops {
-                replay(r, op, seg);
+                replay(r, op, at);
             }
         }
         Op::Snapshot(snap) => {
@@ -387,7 +481,9 @@ pub(super) fn replay(r: &mut RecoveredStream, op: Op, seg: u32) {
         Op::Add { id, fields } => {
             let s = r.stream.get_or_insert_with(Stream::new);
             if id > s.last_id() {
-                s.insert(id, fields);
+                // Offset 0 is inside the header: no record's place.
+                let loc = if at.offset == 0 { Loc::NONE } else { at };
+                s.insert(id, fields, loc);
                 if r.runs.back().is_none_or(|run| run.1 != seg) {
                     r.runs.push_back((id, seg));
                 }
@@ -403,7 +499,7 @@ pub(crate) fn apply(stream: &mut Option<Stream>, op: Op) {
         Op::Add { id, fields } => {
             let s = stream.get_or_insert_with(Stream::new);
             if id > s.last_id() {
-                s.insert(id, fields);
+                s.insert(id, fields, Loc::NONE);
             }
         }
         Op::Delete { ids } => {
@@ -538,13 +634,26 @@ fn rewrite(from: &Recovered, gen_dir: &Path, shards: usize, limit: u64) -> io::R
         let Some(stream) = &r.stream else { continue };
         let w = &mut writers[usize::from(home_log(name, shards))];
         let mut op_no = r.op_no;
-        for (id, fields) in stream.range(StreamId::MIN, StreamId::MAX, None, false) {
-            op_no += 1;
-            w.write(&Record {
-                stream: name.clone(),
-                op_no,
-                op: Op::Add { id, fields },
-            })?;
+        // In chunks: entries read back from the old logs are held only
+        // while they are written.
+        let mut from = StreamId::MIN;
+        loop {
+            let chunk = stream.range(from, StreamId::MAX, Some(REWRITE_CHUNK), false);
+            let Some(&(last, _)) = chunk.last() else {
+                break;
+            };
+            for (id, fields) in chunk {
+                op_no += 1;
+                w.write(&Record {
+                    stream: name.clone(),
+                    op_no,
+                    op: Op::Add { id, fields },
+                })?;
+            }
+            match last.next() {
+                Some(next) => from = next,
+                None => break,
+            }
         }
         op_no += 1;
         w.write(&Record {

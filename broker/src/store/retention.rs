@@ -56,8 +56,8 @@ pub fn need_of(
     small: u64,
 ) -> Option<Need> {
     let stream = stream?;
-    let entries = match stream.first() {
-        Some((first, _)) => {
+    let entries = match stream.first_entry_id() {
+        Some(first) => {
             while runs.len() >= 2 && runs[1].0 <= first {
                 runs.pop_front();
             }
@@ -221,6 +221,7 @@ impl Retention {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::log::Loc;
 
     fn need(segment: u32, by_history: bool) -> Option<Need> {
         Some(Need {
@@ -275,7 +276,7 @@ mod tests {
         let mut s = Stream::new();
         let f: crate::stream::Fields = std::sync::Arc::from(vec![Bytes::from_static(b"f")]);
         for ms in 1..=6 {
-            s.insert(StreamId::new(ms, 0), f.clone());
+            s.insert(StreamId::new(ms, 0), f.clone(), Loc::NONE);
         }
         let mut runs: VecDeque<(StreamId, u32)> = [
             (StreamId::new(1, 0), 1),
@@ -299,7 +300,7 @@ mod tests {
         ]);
         assert_eq!(need_of(Some(&s), 3, &mut runs, 0), need(3, true));
         assert!(runs.is_empty());
-        s.insert(StreamId::new(7, 0), f.clone());
+        s.insert(StreamId::new(7, 0), f.clone(), Loc::NONE);
         runs.push_back((StreamId::new(7, 0), 4));
         // One entry: 1 byte of field, 40 of record.
         let small = need_of(Some(&s), 5, &mut runs, 42).unwrap();
