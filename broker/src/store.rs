@@ -431,12 +431,13 @@ impl ShardLog {
         }
         let path = self.dir.join(log::segment_file_name(segment));
         let file = Rc::new(mailring::fs::File::open(&path).await?);
-        Ok(self
-            .readers
-            .borrow_mut()
-            .entry(segment)
-            .or_insert(file)
-            .clone())
+        let mut readers = self.readers.borrow_mut();
+        if readers.len() >= reader::OPEN_FILES && !readers.contains_key(&segment) {
+            if let Some(&any) = readers.keys().next() {
+                readers.remove(&any);
+            }
+        }
+        Ok(readers.entry(segment).or_insert(file).clone())
     }
 
     /// The size at which segments roll.

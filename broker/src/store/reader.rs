@@ -21,6 +21,10 @@ use crate::id::StreamId;
 use crate::log::{self, Framed, Loc, Op};
 use crate::stream::Fields;
 
+/// Segment files kept open for reading back, at most (per log, and per
+/// way of reading); past it, an arbitrary one is closed.
+pub(crate) const OPEN_FILES: usize = 32;
+
 /// Records whose offsets lie within this many bytes of a cluster's first
 /// are read with it.
 const CLUSTER_SPAN: u32 = 256 << 10;
@@ -204,6 +208,11 @@ impl SegmentSource {
             return Ok(f.clone());
         }
         let f = Arc::new(File::open(self.dir.join(log::segment_file_name(segment)))?);
+        if files.len() >= OPEN_FILES {
+            if let Some(&any) = files.keys().next() {
+                files.remove(&any);
+            }
+        }
         files.insert(segment, f.clone());
         Ok(f)
     }
