@@ -718,17 +718,26 @@ pub fn scan_segment(data: Bytes) -> Result<Scan, BadHeader> {
     scan(data, false)
 }
 
-/// [`scan_segment`], each record decoded from its own copy of its bytes:
-/// what the records are kept for holds only them, not the whole segment.
+fn scan(data: Bytes, detach: bool) -> Result<Scan, BadHeader> {
+    let mut records = Vec::new();
+    let mut scan = scan_each(data, detach, |at, r| records.push((at, r)))?;
+    scan.records = records;
+    Ok(scan)
+}
+
+/// Scans a whole segment file's bytes, handing each valid record (and its
+/// offset) to `f` as it is decoded, each from its own copy of its bytes
+/// (so what `f` keeps holds only its records); the [`Scan`] it returns has
+/// no records.
 ///
 /// # Errors
 ///
 /// As [`scan_segment`].
-pub fn scan_segment_detached(data: Bytes) -> Result<Scan, BadHeader> {
-    scan(data, true)
+pub fn scan_segment_each(data: Bytes, f: impl FnMut(u64, Record)) -> Result<Scan, BadHeader> {
+    scan_each(data, true, f)
 }
 
-fn scan(data: Bytes, detach: bool) -> Result<Scan, BadHeader> {
+fn scan_each(data: Bytes, detach: bool, mut f: impl FnMut(u64, Record)) -> Result<Scan, BadHeader> {
     if data.len() < HEADER_LEN {
         return Ok(Scan {
             records: Vec::new(),
@@ -744,7 +753,6 @@ fn scan(data: Bytes, detach: bool) -> Result<Scan, BadHeader> {
         return Err(BadHeader);
     }
     let mut pos = HEADER_LEN;
-    let mut records = Vec::new();
     let tail = loop {
         let rest = data.len() - pos;
         if rest == 0 {
@@ -782,11 +790,11 @@ fn scan(data: Bytes, detach: bool) -> Result<Scan, BadHeader> {
         let Some(record) = Record::decode_body(body) else {
             break Tail::Corrupt;
         };
-        records.push((pos as u64, record));
+        f(pos as u64, record);
         pos += FRAME_LEN + len;
     };
     Ok(Scan {
-        records,
+        records: Vec::new(),
         valid_len: pos as u64,
         tail,
     })

@@ -544,22 +544,27 @@ impl ShardLog {
             };
             // The tail may be a write in flight for another stream: the
             // scan stops there, after every record of this one.
-            let scan = log::scan_segment_detached(Bytes::from(data)).map_err(|e| {
+            let source = &self.source;
+            log::scan_segment_each(Bytes::from(data), |offset, record| {
+                if record.stream == name {
+                    out.op_no = record.op_no;
+                    recover::replay(&mut out, record.op, Loc::new(segment, offset));
+                    if let Some(s) = out.stream.as_mut() {
+                        if !s.has_source() {
+                            s.set_source(source.clone());
+                        }
+                        if s.cached_bytes() > cache_bytes {
+                            s.settle(cache_bytes, Loc::MAX);
+                        }
+                    }
+                }
+            })
+            .map_err(|e| {
                 io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!("{}: {e}", path.display()),
                 )
             })?;
-            for (offset, record) in scan.records {
-                if record.stream == name {
-                    out.op_no = record.op_no;
-                    recover::replay(&mut out, record.op, Loc::new(segment, offset));
-                }
-            }
-            if let Some(s) = out.stream.as_mut() {
-                s.set_source(self.source.clone());
-                s.settle(cache_bytes, Loc::MAX);
-            }
         }
         Ok(out)
     }

@@ -308,12 +308,22 @@ fn remove_legacy_logs(dir: &Path) -> io::Result<()> {
 /// Entries a rewrite reads back and writes at a time.
 const REWRITE_CHUNK: u64 = 4096;
 
-/// Reads one segment file for recovery: cuts a torn or corrupt tail and
-/// flushes the file; each record is decoded from its own copy.
-fn read_segment(path: &Path, out: &mut Recovered) -> io::Result<log::Scan> {
+/// Reads one segment file for recovery, handing each record (decoded
+/// from its own copy) and its offset to `f`: cuts a torn or corrupt tail
+/// and flushes the file.
+fn read_segment(
+    path: &Path,
+    out: &mut Recovered,
+    mut f: impl FnMut(u64, Record),
+) -> io::Result<()> {
     let data = Bytes::from(std::fs::read(path)?);
     let len = data.len() as u64;
-    let scan = log::scan_segment_detached(data).map_err(|e| {
+    let mut records = 0;
+    let scan = log::scan_segment_each(data, |at, r| {
+        records += 1;
+        f(at, r);
+    })
+    .map_err(|e| {
         io::Error::new(
             io::ErrorKind::InvalidData,
             format!("{}: {e}", path.display()),
@@ -321,17 +331,18 @@ fn read_segment(path: &Path, out: &mut Recovered) -> io::Result<log::Scan> {
     })?;
     // A clean end may be followed by zeros (a preallocated segment): only
     // a torn or corrupt tail is cut.
-    let f = std::fs::OpenOptions::new().write(true).open(path)?;
+    let file = std::fs::OpenOptions::new().write(true).open(path)?;
     if scan.tail != Tail::Clean {
-        f.set_len(scan.valid_len)?;
+        file.set_len(scan.valid_len)?;
         out.cut.push((path.to_path_buf(), len - scan.valid_len));
     }
     // What is read here is built on (needs move, segments go), so it
     // must be durable: a killed process leaves its writes in the page
     // cache only (a no-op for a clean file).
-    f.sync_all()?;
+    file.sync_all()?;
     out.bytes += scan.valid_len;
-    Ok(scan)
+    out.records += records;
+    Ok(())
 }
 
 /// The log directories of a generation, in order.
@@ -375,21 +386,25 @@ fn read_generation_streamed(gen_dir: &Path, cache_bytes: u64) -> io::Result<Opti
         out.segments
             .insert(log_no, segments.iter().map(|(s, _)| *s).collect());
         for (seg, path) in segments {
-            let scan = read_segment(&path, &mut out)?;
-            for (offset, record) in scan.records {
-                out.records += 1;
-                let r = match out.streams.get_mut(&record.stream) {
+            let mut streams = std::mem::take(&mut out.streams);
+            let mut mixed = false;
+            read_segment(&path, &mut out, |offset, record| {
+                if mixed {
+                    return;
+                }
+                let r = match streams.get_mut(&record.stream) {
                     Some(r) => r,
                     None => {
                         // Its own copy: the name outlives the record.
                         let name = Bytes::copy_from_slice(&record.stream);
-                        out.streams
+                        streams
                             .entry(name)
                             .or_insert_with(|| RecoveredStream::empty(log_no))
                     }
                 };
                 if r.log != log_no || (r.op_no != 0 && record.op_no <= r.op_no) {
-                    return Ok(None);
+                    mixed = true;
+                    return;
                 }
                 r.op_no = record.op_no;
                 replay(r, record.op, Loc::new(seg, offset));
@@ -398,11 +413,16 @@ fn read_generation_streamed(gen_dir: &Path, cache_bytes: u64) -> io::Result<Opti
                         s.set_source(source.clone());
                     }
                     // Settled now and then, not per record.
-                    if s.cached_bytes() > cache_bytes.saturating_mul(2).max(1 << 20) {
+                    let slack = (cache_bytes / 16).max(64 << 10);
+                    if s.cached_bytes() > cache_bytes.saturating_add(slack) {
                         s.settle(cache_bytes, Loc::MAX);
                     }
                 }
+            })?;
+            if mixed {
+                return Ok(None);
             }
+            out.streams = streams;
         }
     }
     for r in out.streams.values_mut() {
@@ -425,14 +445,12 @@ fn read_generation(gen_dir: &Path) -> io::Result<Recovered> {
         out.segments
             .insert(log_no, segments.iter().map(|(s, _)| *s).collect());
         for (seg, path) in segments {
-            let scan = read_segment(&path, &mut out)?;
-            for (_, r) in scan.records {
-                out.records += 1;
+            read_segment(&path, &mut out, |_, r| {
                 per_stream
                     .entry(r.stream)
                     .or_default()
                     .push((r.op_no, log_no, seg, r.op));
-            }
+            })?;
         }
     }
     for (name, mut ops) in per_stream {
