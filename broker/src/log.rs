@@ -658,6 +658,12 @@ pub enum Framed {
 /// Decodes the framed record at the start of `buf` (checked against its
 /// checksum); its fields share `buf`'s memory.
 pub fn decode_framed(buf: &Bytes) -> Framed {
+    decode_frame(buf, false)
+}
+
+/// [`decode_framed`]; `detach`: the record is decoded from its own copy
+/// of its bytes, so what it is kept for does not hold `buf`.
+fn decode_frame(buf: &Bytes, detach: bool) -> Framed {
     if buf.len() < FRAME_LEN {
         return Framed::Short(FRAME_LEN);
     }
@@ -674,6 +680,11 @@ pub fn decode_framed(buf: &Bytes) -> Framed {
     if crc32c::crc32c_append(crc32c::crc32c(&len_bytes), &body) != crc {
         return Framed::Bad;
     }
+    let body = if detach {
+        Bytes::copy_from_slice(&body)
+    } else {
+        body
+    };
     match Record::decode_body(body) {
         Some(r) => Framed::Record(r, FRAME_LEN + len),
         None => Framed::Bad,
@@ -761,10 +772,7 @@ fn scan_each(data: Bytes, detach: bool, mut f: impl FnMut(u64, Record)) -> Resul
         if rest < FRAME_LEN {
             break Tail::Torn;
         }
-        let len_bytes: [u8; 4] = data[pos..pos + 4].try_into().expect("4 bytes");
-        let len = u32::from_le_bytes(len_bytes) as usize;
-        let crc = u32::from_le_bytes(data[pos + 4..pos + 8].try_into().expect("4 bytes"));
-        if len == 0 && crc == 0 {
+        if data[pos..pos + FRAME_LEN].iter().all(|&b| b == 0) {
             // Zeroes: preallocated space, or a length never written.
             break if data[pos..].iter().all(|&b| b == 0) {
                 Tail::Clean
@@ -772,26 +780,14 @@ fn scan_each(data: Bytes, detach: bool, mut f: impl FnMut(u64, Record)) -> Resul
                 Tail::Corrupt
             };
         }
-        if len > MAX_RECORD {
-            break Tail::Corrupt;
+        match decode_frame(&data.slice(pos..), detach) {
+            Framed::Record(record, framed) => {
+                f(pos as u64, record);
+                pos += framed;
+            }
+            Framed::Short(_) => break Tail::Torn,
+            Framed::Bad => break Tail::Corrupt,
         }
-        if rest - FRAME_LEN < len {
-            break Tail::Torn;
-        }
-        let body = data.slice(pos + FRAME_LEN..pos + FRAME_LEN + len);
-        if crc32c::crc32c_append(crc32c::crc32c(&len_bytes), &body) != crc {
-            break Tail::Corrupt;
-        }
-        let body = if detach {
-            Bytes::copy_from_slice(&body)
-        } else {
-            body
-        };
-        let Some(record) = Record::decode_body(body) else {
-            break Tail::Corrupt;
-        };
-        f(pos as u64, record);
-        pos += FRAME_LEN + len;
     };
     Ok(Scan {
         records: Vec::new(),

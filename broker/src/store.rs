@@ -398,28 +398,15 @@ impl ShardLog {
                 &mut decoded,
             )?);
         }
-        for (loc, need) in short {
+        for (loc, mut need) in short {
             let file = self.reader(loc.segment).await?;
-            let mut bufs = Vec::new();
-            // Two reads at most: a whole header, then the whole record.
-            for _ in 0..2 {
-                let len = bufs.last().map_or(need, |(_, more): &(Bytes, usize)| *more);
-                let buf = read_at(&file, loc.offset, len).await?;
-                let more = match log::decode_framed(&buf) {
-                    log::Framed::Short(more) if buf.len() == len && more > len => more,
-                    _ => 0,
-                };
-                bufs.push((buf, more));
-                if more == 0 {
-                    break;
+            loop {
+                let buf = read_at(&file, loc.offset, need).await?;
+                match reader::reread_step(&self.dir, loc, need, &buf, &mut decoded)? {
+                    Some(more) => need = more,
+                    None => break,
                 }
             }
-            let mut ready = bufs.into_iter().map(|(b, _)| b);
-            reader::reread(&self.dir, loc, need, &mut decoded, |_| {
-                ready
-                    .next()
-                    .ok_or_else(|| io::Error::other("record read twice already"))
-            })?;
         }
         reader::pick(&self.dir, wanted, &decoded)
     }

@@ -139,26 +139,27 @@ pub(crate) fn decode_one(
     }
 }
 
-/// Reads a record that a first read held only part of: `read(len)` reads
-/// `len` bytes from its start (fewer at the end of the file).
-pub(crate) fn reread(
+/// One step of reading a record that a first read held only part of:
+/// `buf` was read from its start asking for `asked` bytes. `Some` with
+/// the bytes to ask for next, `None` once decoded.
+///
+/// # Errors
+///
+/// The record is cut short (the file ended first) or invalid.
+pub(crate) fn reread_step(
     dir: &Path,
     loc: Loc,
-    mut need: usize,
+    asked: usize,
+    buf: &Bytes,
     out: &mut Decoded,
-    mut read: impl FnMut(usize) -> io::Result<Bytes>,
-) -> io::Result<()> {
-    // The first read may have held less than the frame's header; the
-    // second knows the length.
-    for _ in 0..2 {
-        let buf = read(need)?;
-        match decode_one(dir, loc, &buf, out)? {
-            None => return Ok(()),
-            Some(more) if buf.len() == need && more > need => need = more,
-            Some(_) => break,
-        }
+) -> io::Result<Option<usize>> {
+    match decode_one(dir, loc, buf, out)? {
+        None => Ok(None),
+        // A read that held less than the frame's header asks again,
+        // knowing the length.
+        Some(more) if buf.len() == asked && more > asked => Ok(Some(more)),
+        Some(_) => Err(corrupt(dir, loc, "is cut short")),
     }
-    Err(corrupt(dir, loc, "is cut short"))
 }
 
 /// Picks the wanted entries out of what was decoded.
@@ -249,10 +250,14 @@ impl SegmentSource {
         let mut decoded = Decoded::new();
         for cluster in clusters(wanted.iter().map(|w| w.1)) {
             let buf = self.read_at(cluster.segment, cluster.start, cluster.len as usize)?;
-            for (loc, need) in decode_cluster(&self.dir, &cluster, &buf, &mut decoded)? {
-                reread(&self.dir, loc, need, &mut decoded, |len| {
-                    self.read_at(loc.segment, loc.offset, len)
-                })?;
+            for (loc, mut need) in decode_cluster(&self.dir, &cluster, &buf, &mut decoded)? {
+                loop {
+                    let buf = self.read_at(loc.segment, loc.offset, need)?;
+                    match reread_step(&self.dir, loc, need, &buf, &mut decoded)? {
+                        Some(more) => need = more,
+                        None => break,
+                    }
+                }
             }
         }
         pick(&self.dir, wanted, &decoded)
@@ -262,6 +267,53 @@ impl SegmentSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn add(ms: u64, value_len: usize) -> crate::log::Record {
+        crate::log::Record {
+            stream: Bytes::from_static(b"s"),
+            op_no: ms,
+            op: Op::Add {
+                id: StreamId::new(ms, 0),
+                fields: Arc::from(vec![
+                    Bytes::from_static(b"f"),
+                    Bytes::from(vec![b'v'; value_len]),
+                ]),
+            },
+        }
+    }
+
+    #[test]
+    fn records_longer_than_the_read_ahead_and_bad_ones() {
+        let dir = std::env::temp_dir().join(format!("mailring-reader-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut seg = bytes::BytesMut::new();
+        seg.extend_from_slice(&log::segment_header(0, 1));
+        let mut wanted = Vec::new();
+        for (ms, len) in [(1, 10), (2, 20_000), (3, 5)] {
+            let at = seg.len() as u64;
+            add(ms, len).encode(&mut seg);
+            wanted.push((StreamId::new(ms, 0), Loc::new(1, at)));
+        }
+        std::fs::write(dir.join(log::segment_file_name(1)), &seg).unwrap();
+        let source = SegmentSource::new(dir.clone());
+        let found = source.read(&wanted).unwrap();
+        let lens: Vec<usize> = found.iter().map(|(_, f)| f[1].len()).collect();
+        assert_eq!(lens, [10, 20_000, 5]);
+        // An id its record does not hold, and a place inside a record.
+        assert!(source.read(&[(StreamId::new(9, 0), wanted[0].1)]).is_err());
+        let inside = Loc::new(1, u64::from(wanted[1].1.offset) + 100);
+        assert!(source.read(&[(StreamId::new(2, 0), inside)]).is_err());
+        // A record cut short by the end of the file.
+        source.forget(1);
+        std::fs::write(
+            dir.join(log::segment_file_name(1)),
+            &seg[..seg.len() - 9_000],
+        )
+        .unwrap();
+        assert!(source.read(&wanted[1..2]).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn near_records_share_a_read() {
