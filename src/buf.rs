@@ -185,6 +185,52 @@ impl AlignedBuf {
     pub fn clear(&mut self) {
         self.len = 0;
     }
+
+    /// Shortens the buffer to `len` bytes (nothing if it is not longer).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Appends `data`.
+    ///
+    /// # Panics
+    ///
+    /// When the bytes would not fit in the capacity.
+    pub fn extend_from_slice(&mut self, data: &[u8]) {
+        let end = self
+            .len
+            .checked_add(data.len())
+            .filter(|&end| end <= self.capacity())
+            .expect("AlignedBuf::extend_from_slice past the capacity");
+        // SAFETY: `len..end` lies within the allocation (checked above) and
+        // cannot overlap `data`, which `&mut self` keeps from aliasing it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.ptr.as_ptr().add(self.len),
+                data.len(),
+            );
+        }
+        self.len = end;
+    }
+
+    /// Grows the buffer to `len` bytes with zeros (nothing if it is not
+    /// shorter).
+    ///
+    /// # Panics
+    ///
+    /// When `len` exceeds the capacity.
+    pub fn resize_zeroed(&mut self, len: usize) {
+        assert!(
+            len <= self.capacity(),
+            "AlignedBuf::resize_zeroed past the capacity"
+        );
+        if len > self.len {
+            // SAFETY: `self.len..len` lies within the allocation.
+            unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(self.len), 0, len - self.len) };
+            self.len = len;
+        }
+    }
 }
 
 impl std::ops::Deref for AlignedBuf {

@@ -171,7 +171,8 @@ impl OpenOptions {
                     .mode(mode)
                     .build()
             })
-        }?;
+        }?
+        .offloaded();
         let (res, _) = op.await;
         let (fd, _) =
             res.map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", path.display())))?;
@@ -317,7 +318,7 @@ impl File {
     ) -> (io::Result<usize>, B) {
         // SAFETY: a positional write reads at most `len` bytes at `ptr`.
         unsafe {
-            submit_write(&self.inner, buf, from, |fd, ptr, len| {
+            submit_write(&self.inner, buf, from, true, |fd, ptr, len| {
                 opcode::Write::new(Fd(fd), ptr, len).offset(pos).build()
             })
             .await
@@ -359,7 +360,8 @@ impl File {
             Op::submit(fd, None, |_| {
                 opcode::Fsync::new(Fd(raw)).flags(flags).build()
             })
-        }?;
+        }?
+        .offloaded();
         op.await.0.map(drop)
     }
 
@@ -577,7 +579,7 @@ async fn path_op(
 ) -> io::Result<()> {
     let c = c_path(path)?;
     // SAFETY: the SQE points into the CString's heap buffer, owned by the op.
-    let op = unsafe { Op::submit(c, None, |p| build(p.as_ptr())) }?;
+    let op = unsafe { Op::submit(c, None, |p| build(p.as_ptr())) }?.offloaded();
     op.await.0.map(drop).map_err(|e| with_path(e, what, path))
 }
 
@@ -641,7 +643,8 @@ pub async fn rename(from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<
             )
             .build()
         })
-    }?;
+    }?
+    .offloaded();
     op.await
         .0
         .map(drop)

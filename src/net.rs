@@ -454,7 +454,7 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
     pub(crate) async fn send_from<B: IoBuf>(&self, buf: B, from: usize) -> (io::Result<usize>, B) {
         // SAFETY: a send reads at most `len` bytes at `ptr`.
         unsafe {
-            submit_write(&self.inner, buf, from, |fd, ptr, len| {
+            submit_write(&self.inner, buf, from, false, |fd, ptr, len| {
                 opcode::Send::new(Fd(fd), ptr, len)
                     .flags(libc::MSG_NOSIGNAL)
                     .build()
@@ -471,7 +471,7 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         // SAFETY: a zero-copy send reads at most `len` bytes at `ptr`; the op
         // table keeps the buffer until the kernel's notification CQE.
         unsafe {
-            submit_write(&self.inner, buf, from, |fd, ptr, len| {
+            submit_write(&self.inner, buf, from, false, |fd, ptr, len| {
                 opcode::SendZc::new(Fd(fd), ptr, len)
                     .flags(libc::MSG_NOSIGNAL)
                     .build()

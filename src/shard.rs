@@ -1102,6 +1102,9 @@ impl Shard {
         counters.timers_armed.set(self.timers.borrow().len() as u64);
         let in_flight = self.driver.borrow().in_flight() + self.ops.borrow().len();
         counters.ops_in_flight.set(in_flight as u64);
+        counters
+            .ops_offloaded
+            .set(self.ops.borrow().offloaded() as u64);
         self.remote()
             .load
             .store(local + stealable, Ordering::Relaxed);
@@ -1178,7 +1181,9 @@ impl Shard {
         let IdlePolicy::Spin(max) = self.shared.config.idle else {
             return false;
         };
-        if max.is_zero() {
+        if max.is_zero() || self.ops.borrow().offloaded() > 0 {
+            // A kernel worker finishing one of our operations may need this
+            // CPU: spinning would only delay the completion we wait for.
             return false;
         }
         // Adaptive: the shard keeps a moving average of how long its idle
@@ -1318,6 +1323,7 @@ impl Shard {
         let tally = &self.shared.tally;
         tally.ops_leaked.fetch_add(leaked as u64, Ordering::Relaxed);
         self.remote().counters.ops_in_flight.set(0);
+        self.remote().counters.ops_offloaded.set(0);
     }
 
     /// Step 2: closes the inbox, drops every task (their joiners resolve to

@@ -47,6 +47,7 @@ pub(crate) struct ShardCounters {
     pub(crate) tiny_received: Counter,
     pub(crate) tiny_dropped: Counter,
     pub(crate) ops_in_flight: Counter,
+    pub(crate) ops_offloaded: Counter,
     pub(crate) timers_armed: Counter,
     pub(crate) parks: Counter,
     pub(crate) spin_wakeups: Counter,
@@ -117,6 +118,10 @@ pub struct ShardStats {
     pub tiny_dropped: u64,
     /// Operations in flight on this shard's ring.
     pub ops_in_flight: u64,
+    /// Of those, the ones the kernel most likely runs on an io-wq worker
+    /// thread (file writes, syncs, path operations); while any is, the
+    /// shard parks instead of spinning when idle.
+    pub ops_offloaded: u64,
     /// Live timers on this shard.
     pub timers_armed: u64,
     /// Times the shard blocked in `io_uring_enter`.
@@ -191,6 +196,7 @@ impl ShardCounters {
             tiny_received: self.tiny_received.get(),
             tiny_dropped: self.tiny_dropped.get(),
             ops_in_flight: self.ops_in_flight.get(),
+            ops_offloaded: self.ops_offloaded.get(),
             timers_armed: self.timers_armed.get(),
             parks: self.parks.get(),
             spin_wakeups: self.spin_wakeups.get(),

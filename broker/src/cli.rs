@@ -19,7 +19,7 @@ use crate::{Broker, BrokerConfig};
 fn usage() -> &'static str {
     "usage: broker [--port N] [--bind ADDR] [--shards N] [--dir PATH] \
      [--appendfsync always|everysec|no] [--requirepass PASS] [--spin-us N]\n\
-     \x20      [--stream-cache BYTES]\n\
+     \x20      [--stream-cache BYTES] [--no-direct-io]\n\
      \x20      broker --bench [--producers N] [--consumers N] [--pipeline N] \
      [--payload BYTES] [--streams N] [--duration SECS] [--appendfsync ...] [--shards N]"
 }
@@ -61,6 +61,7 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                     config.shards = num("--shards", value(&mut args)?)?;
                     bench_config.shards = config.shards;
                 }
+                "--no-direct-io" => config.store.direct_io = false,
                 "--stream-cache" => {
                     config.store.stream_cache_bytes = num(&flag, value(&mut args)?)?;
                 }

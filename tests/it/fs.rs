@@ -1,8 +1,9 @@
 //! Files on the ring: open/create, positional I/O, fsync, close, errors,
 //! shard ownership, and cancellation of in-flight operations.
 
-use std::io::ErrorKind;
-use std::os::fd::FromRawFd;
+use std::future::Future;
+use std::io::{ErrorKind, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -16,6 +17,20 @@ fn temp_path(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("mailring-fs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
+}
+
+/// A pipe: (read end, write end).
+fn pipe() -> (std::fs::File, std::fs::File) {
+    let mut fds = [0i32; 2];
+    // SAFETY: `fds` is a valid two-element array for pipe2 to fill.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: pipe2 returned two fresh descriptors that we now own.
+    unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    }
 }
 
 #[test]
@@ -121,16 +136,7 @@ fn dropped_reads_are_cancelled_and_their_buffers_kept_until_completion() {
     // cancel them, and the slot (with its buffer) is freed when the CQE arrives.
     let rt = rt2();
     rt.block_on(async move {
-        let mut fds = [0i32; 2];
-        // SAFETY: `fds` is a valid two-element array for pipe2 to fill.
-        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        // SAFETY: pipe2 returned two fresh descriptors that we now own.
-        let (reader, writer) = unsafe {
-            (
-                std::fs::File::from_raw_fd(fds[0]),
-                std::fs::File::from_raw_fd(fds[1]),
-            )
-        };
+        let (reader, writer) = pipe();
         let reader = File::from_std(reader).unwrap();
         for _ in 0..1_000 {
             let read = reader.read_at(vec![0u8; 4096], 0);
@@ -148,11 +154,70 @@ fn dropped_reads_are_cancelled_and_their_buffers_kept_until_completion() {
             }
         }
         assert!(settled, "cancelled reads are still in flight");
-        use std::io::Write;
         (&writer).write_all(b"ping").unwrap();
         let (n, buf) = reader.read_at(Vec::with_capacity(16), 0).await;
         assert_eq!(n.unwrap(), 4);
         assert_eq!(buf, b"ping");
+    });
+}
+
+#[test]
+fn offloaded_operations_are_counted_until_the_kernel_is_done_with_them() {
+    // A file write is counted as offloaded (an idle shard parks rather than
+    // spin while one is in flight): while it waits, and not after its
+    // cancellation completes.
+    let rt = rt2();
+    rt.block_on(async move {
+        let (reader, writer) = pipe();
+        // Fill the pipe (non-blocking), then make it blocking again so a
+        // write through the ring waits.
+        // SAFETY: fcntl on a descriptor we own, with integer arguments.
+        unsafe { libc::fcntl(writer.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+        while (&writer).write(&[0u8; 4096]).is_ok() {}
+        // SAFETY: as above.
+        unsafe { libc::fcntl(writer.as_raw_fd(), libc::F_SETFL, 0) };
+        let writer = File::from_std(writer).unwrap();
+        let offloaded = || mailring::Handle::current().stats().shards[0].ops_offloaded;
+        assert_eq!(offloaded(), 0);
+        let write = writer.write_at(vec![1u8; 16], 0);
+        assert!(mailring::time::timeout(Duration::from_millis(500), async {
+            let mut write = std::pin::pin!(write);
+            // Keep it in flight across idle ticks (which publish the gauge).
+            std::future::poll_fn(|cx| {
+                let _ = write.as_mut().poll(cx);
+                std::task::Poll::Ready(())
+            })
+            .await;
+            for _ in 0..100 {
+                mailring::time::sleep(Duration::from_millis(1)).await;
+                if offloaded() == 1 {
+                    break;
+                }
+            }
+            assert_eq!(offloaded(), 1, "a waiting file write is counted");
+            std::future::pending::<()>().await
+        })
+        .await
+        .is_err());
+        // Dropped: cancelled; the count falls once its CQE arrives.
+        let mut settled = false;
+        for _ in 0..200 {
+            mailring::time::sleep(Duration::from_millis(1)).await;
+            if offloaded() == 0 {
+                settled = true;
+                break;
+            }
+        }
+        assert!(settled, "a cancelled write is still counted");
+        // A completed write and sync leave nothing counted.
+        let path = temp_path("offloaded");
+        let file = File::create(&path).await.unwrap();
+        let (r, _) = file.write_all_at(vec![2u8; 8192], 0).await;
+        r.unwrap();
+        file.sync_data().await.unwrap();
+        mailring::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(offloaded(), 0);
+        drop(reader);
     });
 }
 
