@@ -220,6 +220,13 @@ impl<S: Session> ServerBuilder<S> {
             ListenMode::SingleAcceptor(s) => vec![check_shard(handle, s)?],
         };
         let reuse_port = matches!(self.config.listen, ListenMode::ReusePort);
+        if reuse_port && addr.port() != 0 {
+            // A reuseport group would silently share the port with another
+            // process's group (same user) and split its connections: a
+            // plain listener binds only where nobody listens, so try one
+            // first and refuse with `AddrInUse` as a single listener would.
+            drop(std::net::TcpListener::bind(addr)?);
+        }
         // Bind every socket here, so an error comes back to the caller and
         // port 0 is resolved once for the whole group.
         let mut sockets = Vec::with_capacity(shards.len());

@@ -135,6 +135,25 @@ impl Session for Blocking {
 }
 
 #[test]
+fn a_second_reuseport_server_on_a_taken_port_is_refused() {
+    // Another process's reuseport group on the same port would get half the
+    // connections; the bind must fail instead, as a plain listener's does.
+    let rt = runtime(2);
+    let first = Server::builder(LengthDelimited::new(), |_| Echo)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let err = Server::builder(LengthDelimited::new(), |_| Echo)
+        .bind(rt.handle(), first.local_addr())
+        .err()
+        .expect("the port is taken");
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+    // The first server still answers.
+    let mut c = client(first.local_addr());
+    c.write_all(&frame(b"still here")).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"still here");
+}
+
+#[test]
 fn a_held_session_handles_no_frame_until_its_replies_are_written() {
     let rt = runtime(1);
     let done = Arc::new(AtomicUsize::new(0));
