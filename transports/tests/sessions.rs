@@ -142,10 +142,11 @@ fn a_second_reuseport_server_on_a_taken_port_is_refused() {
     let first = Server::builder(LengthDelimited::new(), |_| Echo)
         .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
         .unwrap();
-    let err = Server::builder(LengthDelimited::new(), |_| Echo)
-        .bind(rt.handle(), first.local_addr())
-        .err()
-        .expect("the port is taken");
+    let second =
+        Server::builder(LengthDelimited::new(), |_| Echo).bind(rt.handle(), first.local_addr());
+    let Err(err) = second else {
+        panic!("the port is taken");
+    };
     assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
     // The first server still answers.
     let mut c = client(first.local_addr());
