@@ -23,7 +23,7 @@ use crate::resp::{Protocol, Reply};
 use crate::server::Shared;
 use crate::store::retention::{need_of, Need};
 use crate::store::{self, ShardLog, StorageError, Ticket};
-use crate::stream::{Fields, Stream};
+use crate::stream::{self, Fields, Stream};
 
 /// One stream: a keyed actor owning its entries (key = the stream's name).
 #[derive(Debug, Actor)]
@@ -824,13 +824,15 @@ impl StreamActor {
                 if self.stream.is_none() && p.no_mkstream {
                     return Reply::Nil.into();
                 }
-                let fresh = Stream::new();
-                let stream = self.stream.as_ref().unwrap_or(&fresh);
-                let id = match stream.next_id(p.id, now_ms()) {
+                let next = match &self.stream {
+                    Some(stream) => stream.next_id(p.id, now_ms()),
+                    None => Stream::new().next_id(p.id, now_ms()),
+                };
+                let id = match next {
                     Ok(id) => id,
                     Err(e) => return e.into(),
                 };
-                let fields: Fields = Fields::from(&args[p.fields_at..]);
+                let fields = stream::compact_fields(&args[p.fields_at..]);
                 let mut ticket = match self.log(Op::Add {
                     id,
                     fields: fields.clone(),

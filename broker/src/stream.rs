@@ -19,6 +19,28 @@ use crate::store::reader::SegmentSource;
 /// the stream and the replies that carry it.
 pub type Fields = Arc<[Bytes]>;
 
+/// `fields` copied into one buffer of their own. An entry's fields arrive
+/// as slices of its request's read buffer, which holds the connection's
+/// next reads too: kept as they are, a cached entry of 50 bytes would keep
+/// a whole read buffer (16 KiB) alive, and every read would need a fresh
+/// one.
+pub fn compact_fields(fields: &[Bytes]) -> Fields {
+    let mut data = Vec::with_capacity(fields.iter().map(Bytes::len).sum());
+    for f in fields {
+        data.extend_from_slice(f);
+    }
+    let data = Bytes::from(data);
+    let mut at = 0;
+    fields
+        .iter()
+        .map(|f| {
+            let part = data.slice(at..at + f.len());
+            at += f.len();
+            part
+        })
+        .collect()
+}
+
 /// Entries per node at most (Redis's `stream-node-max-entries`). Redis
 /// keeps a stream as a radix tree of nodes and an approximate trim (`~`)
 /// removes only whole nodes; this stream keeps the same node boundaries
