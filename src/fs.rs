@@ -165,14 +165,13 @@ impl OpenOptions {
         // SAFETY: the SQE points into the CString's heap buffer, which the op
         // owns until its CQE.
         let op = unsafe {
-            Op::submit(c_path, Some(close_fd), |p| {
+            Op::submit_offloaded(c_path, Some(close_fd), |p| {
                 opcode::OpenAt::new(Fd(libc::AT_FDCWD), p.as_ptr())
                     .flags(flags)
                     .mode(mode)
                     .build()
             })
-        }?
-        .offloaded();
+        }?;
         let (res, _) = op.await;
         let (fd, _) =
             res.map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", path.display())))?;
@@ -357,11 +356,10 @@ impl File {
         let raw = fd.as_raw_fd();
         // SAFETY: the fsync uses only the fd, held by the op's `Arc`.
         let op = unsafe {
-            Op::submit(fd, None, |_| {
+            Op::submit_offloaded(fd, None, |_| {
                 opcode::Fsync::new(Fd(raw)).flags(flags).build()
             })
-        }?
-        .offloaded();
+        }?;
         op.await.0.map(drop)
     }
 
@@ -579,7 +577,7 @@ async fn path_op(
 ) -> io::Result<()> {
     let c = c_path(path)?;
     // SAFETY: the SQE points into the CString's heap buffer, owned by the op.
-    let op = unsafe { Op::submit(c, None, |p| build(p.as_ptr())) }?.offloaded();
+    let op = unsafe { Op::submit_offloaded(c, None, |p| build(p.as_ptr())) }?;
     op.await.0.map(drop).map_err(|e| with_path(e, what, path))
 }
 
@@ -634,7 +632,7 @@ pub async fn rename(from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<
     let (c_from, c_to) = (c_path(from)?, c_path(to)?);
     // SAFETY: the SQE points into both CStrings' heap buffers, owned by the op.
     let op = unsafe {
-        Op::submit((c_from, c_to), None, |(a, b)| {
+        Op::submit_offloaded((c_from, c_to), None, |(a, b)| {
             opcode::RenameAt::new(
                 Fd(libc::AT_FDCWD),
                 a.as_ptr(),
@@ -643,8 +641,7 @@ pub async fn rename(from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<
             )
             .build()
         })
-    }?
-    .offloaded();
+    }?;
     op.await
         .0
         .map(drop)

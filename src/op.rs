@@ -120,14 +120,17 @@ fn user_data(key: usize, generation: u32) -> u64 {
 }
 
 impl OpTable {
-    fn insert(&mut self) -> (usize, u32) {
+    /// A new waiting slot; `offloaded` counts it in [`OpTable::offloaded`]
+    /// until its last CQE.
+    fn insert(&mut self, offloaded: bool) -> (usize, u32) {
         self.next_generation = self.next_generation.wrapping_add(1) & GENERATION_MASK as u32;
         let generation = self.next_generation;
         let key = self.slots.insert(Slot {
             generation,
             state: SlotState::Waiting(None),
-            offloaded: false,
+            offloaded,
         });
+        self.offloaded += usize::from(offloaded);
         (key, generation)
     }
 
@@ -205,7 +208,8 @@ impl OpTable {
         self.slots.len()
     }
 
-    /// How many operations in flight were marked [`Op::offloaded`]: while
+    /// How many operations in flight were submitted with
+    /// [`Op::submit_offloaded`]: while
     /// one is, a kernel worker thread needs a CPU to finish it, so an idle
     /// shard parks at once instead of spinning (a spin on the CPU the worker
     /// was woken on delays it until the spin ends: measured on 2 cores, a
@@ -376,13 +380,42 @@ impl<T: 'static> Op<T> {
     /// does not change when `resources` is moved (heap buffers, `CString`s),
     /// and to fds that stay open while the operation is in flight.
     pub(crate) unsafe fn submit(
+        resources: T,
+        cleanup: Option<Cleanup>,
+        build: impl FnOnce(&mut T) -> squeue::Entry,
+    ) -> io::Result<Op<T>> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { Self::submit_as(false, resources, cleanup, build) }
+    }
+
+    /// [`Op::submit`] for an operation the kernel most likely hands to an
+    /// io-wq worker thread (a file write, a sync, a path operation): it is
+    /// counted in [`OpTable::offloaded`] while in flight.
+    ///
+    /// # Safety
+    ///
+    /// As [`Op::submit`].
+    pub(crate) unsafe fn submit_offloaded(
+        resources: T,
+        cleanup: Option<Cleanup>,
+        build: impl FnOnce(&mut T) -> squeue::Entry,
+    ) -> io::Result<Op<T>> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { Self::submit_as(true, resources, cleanup, build) }
+    }
+
+    /// # Safety
+    ///
+    /// As [`Op::submit`].
+    unsafe fn submit_as(
+        offloaded: bool,
         mut resources: T,
         cleanup: Option<Cleanup>,
         build: impl FnOnce(&mut T) -> squeue::Entry,
     ) -> io::Result<Op<T>> {
         let entry = build(&mut resources);
         with_current(move |shard| {
-            let (key, generation) = shard.ops_mut().insert();
+            let (key, generation) = shard.ops_mut().insert(offloaded);
             let entry = entry.user_data(user_data(key, generation));
             // SAFETY: the entry refers only to memory `resources` owns at a
             // stable address (caller). `resources` is never freed before this
@@ -405,24 +438,6 @@ impl<T: 'static> Op<T> {
             }
         })
         .ok_or_else(wrong_shard)
-    }
-
-    /// Marks the operation as one the kernel most likely hands to an io-wq
-    /// worker thread (see [`OpTable::offloaded`]).
-    pub(crate) fn offloaded(self) -> Self {
-        with_current(|shard| {
-            if !self.on_own_shard(shard) {
-                return;
-            }
-            let mut ops = shard.ops_mut();
-            if let Some(slot) = ops.slot_mut(self.key, self.generation) {
-                if slot.state.awaits_kernel() && !slot.offloaded {
-                    slot.offloaded = true;
-                    ops.offloaded += 1;
-                }
-            }
-        });
-        self
     }
 
     fn on_own_shard(&self, shard: &Shard) -> bool {
@@ -762,7 +777,7 @@ pub(crate) async unsafe fn submit_read<B: crate::buf::IoBufMut, F: OpFile>(
 /// `ptr` and uses no other memory.
 ///
 /// `offloaded`: the kernel most likely runs it on an io-wq worker (a write
-/// to a regular file), see [`Op::offloaded`].
+/// to a regular file), see [`Op::submit_offloaded`].
 pub(crate) async unsafe fn submit_write<B: crate::buf::IoBuf, F: OpFile>(
     fd: &F,
     buf: B,
@@ -782,12 +797,11 @@ pub(crate) async unsafe fn submit_write<B: crate::buf::IoBuf, F: OpFile>(
     // on (stable, `IoBuf` contract; caller's contract on `build`) and uses the
     // fd kept open by `keep`; both live in the op until its CQE.
     let op = unsafe {
-        Op::submit((buf, keep), None, |(b, _)| {
+        Op::submit_as(offloaded, (buf, keep), None, |(b, _)| {
             F::finish(build(raw, b.stable_ptr().add(from), len))
         })
     };
     let op = op.expect("checked to be on the descriptor's shard");
-    let op = if offloaded { op.offloaded() } else { op };
     let (res, (buf, _)) = op.await;
     (res.map(|(n, _)| n as usize), buf)
 }
@@ -823,7 +837,7 @@ impl MultishotOp {
         entry: squeue::Entry,
     ) -> io::Result<MultishotOp> {
         with_current(move |shard| {
-            let (key, generation) = shard.ops_mut().insert();
+            let (key, generation) = shard.ops_mut().insert(false);
             if let Some(slot) = shard.ops_mut().slot_mut(key, generation) {
                 slot.state = SlotState::Multishot {
                     results: Default::default(),

@@ -96,6 +96,10 @@ pub struct StoreConfig {
     /// worker (measured: `benches/examples/prealloc.rs`). Falls back to
     /// buffered writes, with a message, where the filesystem refuses it.
     pub direct_io: bool,
+    /// The alignment of direct writes: their memory, offset and length
+    /// are multiples of it. 4 KiB covers every common logical block size;
+    /// tests set a smaller one to make the filesystem refuse direct writes.
+    pub direct_block: u64,
     /// Bytes of its newest entries each stream keeps in memory; older
     /// entries are read back from the log when a command needs them.
     pub stream_cache_bytes: u64,
@@ -111,6 +115,7 @@ impl Default for StoreConfig {
             segment_bytes: 64 << 20,
             preallocate: true,
             direct_io: true,
+            direct_block: DIRECT_BLOCK,
             stream_cache_bytes: DEFAULT_STREAM_CACHE,
             sync_gate: None,
         }
@@ -295,6 +300,8 @@ pub struct ShardLog {
     /// Whether new segments are opened `O_DIRECT` (see
     /// [`StoreConfig::direct_io`]); cleared when the filesystem refuses it.
     direct_io: Cell<bool>,
+    /// [`StoreConfig::direct_block`], a power of two.
+    block: u64,
     /// The segments on disk and what each stream needs of them.
     retention: RefCell<Retention>,
     /// Asks streams whose old history holds segments for a snapshot.
@@ -310,13 +317,12 @@ pub struct ShardLog {
 /// What a log calls with the streams that should move up.
 type LaggingHook = Box<dyn Fn(Vec<Bytes>)>;
 
-/// Bytes zero-filled ahead of the writes at a time (a multiple of
-/// [`BLOCK`]).
+/// Bytes zero-filled ahead of the writes at a time (a multiple of any
+/// direct-write block).
 const ZERO_CHUNK: u64 = 4 << 20;
 
-/// The unit of an `O_DIRECT` write: its memory, offset and length are
-/// multiples of it (4 KiB covers every common logical block size).
-const BLOCK: u64 = 4096;
+/// The default unit of an `O_DIRECT` write ([`StoreConfig::direct_block`]).
+pub const DIRECT_BLOCK: u64 = 4096;
 
 /// A direct-write buffer grown past this by a large batch is replaced by
 /// a small one after the write.
@@ -374,6 +380,7 @@ impl ShardLog {
             direct_io: Cell::new(
                 config.direct_io && config.preallocate && config.fsync == Fsync::Always,
             ),
+            block: config.direct_block.clamp(1, ZERO_CHUNK).next_power_of_two(),
             retention: RefCell::new(Retention::new(start.segments, start.needs)),
             on_lagging: RefCell::new(None),
             written: Cell::new(Loc::new(first, log::HEADER_LEN as u64)),
@@ -730,7 +737,7 @@ impl ShardLog {
         }
         // A direct write covers whole blocks.
         let end = if seg.tail.is_some() {
-            (seg.pos + len).next_multiple_of(BLOCK)
+            (seg.pos + len).next_multiple_of(self.block)
         } else {
             seg.pos + len
         };
@@ -773,12 +780,13 @@ impl ShardLog {
             let (res, _) = seg.file.write_all_at(bytes, seg.pos).await;
             return res;
         };
-        let start = seg.pos / BLOCK * BLOCK;
+        let block = self.block;
+        let start = seg.pos / block * block;
         let keep = (seg.pos - start) as usize;
         debug_assert_eq!(buf.len(), keep, "the tail buffer holds the tail block");
-        let need = (keep + bytes.len()).next_multiple_of(BLOCK as usize);
+        let need = (keep + bytes.len()).next_multiple_of(block as usize);
         if need > buf.capacity() {
-            let mut bigger = AlignedBuf::new(need, BLOCK as usize);
+            let mut bigger = AlignedBuf::new(need, block as usize);
             bigger.extend_from_slice(&buf);
             buf = bigger;
         }
@@ -789,13 +797,13 @@ impl ShardLog {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 // The filesystem took `O_DIRECT` at open but refuses this
-                // write's alignment: go on buffered.
+                // write's alignment: go on buffered, with the same bytes.
                 eprintln!(
                     "mailring-broker: {}: direct write refused ({e}); writing through the page cache from now on",
                     seg.path.display()
                 );
                 self.direct_io.set(false);
-                seg.file = open_segment(&seg.path, self.fsync, false).await?;
+                seg.file = open_segment(&seg.path, self.fsync, false, false).await?;
                 let (res, _) = seg.file.write_all_at(bytes, seg.pos).await;
                 return res;
             }
@@ -803,17 +811,22 @@ impl ShardLog {
         }
         // Keep the block holding the new end, moved to the front.
         let end = seg.pos + bytes.len() as u64;
-        let from = (end / BLOCK * BLOCK - start) as usize;
-        let tail = (end % BLOCK) as usize;
+        let from = (end / block * block - start) as usize;
+        let tail = (end % block) as usize;
         buf.copy_within(from..from + tail, 0);
         buf.truncate(tail);
         if buf.capacity() > MAX_KEPT_TAIL_BUF {
-            let mut small = AlignedBuf::new(4 * BLOCK as usize, BLOCK as usize);
-            small.extend_from_slice(&buf);
-            buf = small;
+            buf = self.tail_buf(&buf);
         }
         seg.tail = Some(buf);
         Ok(())
+    }
+
+    /// A small aligned buffer for a direct segment's tail, holding `tail`.
+    fn tail_buf(&self, tail: &[u8]) -> AlignedBuf {
+        let mut buf = AlignedBuf::new((4 * self.block) as usize, self.block as usize);
+        buf.extend_from_slice(tail);
+        buf
     }
 
     /// Flushes what was written to `seg` (once the crash-test gate, if
@@ -836,9 +849,8 @@ impl ShardLog {
     /// directory entry flushed.
     async fn create_segment(&self, no: u32) -> io::Result<Segment> {
         let path = self.dir.join(log::segment_file_name(no));
-        let header = log::segment_header(self.log_no, no);
         let mut direct = self.direct_io.get();
-        let file = match create_segment_file(&path, self.fsync, direct).await {
+        let file = match open_segment(&path, self.fsync, direct, true).await {
             Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
                 eprintln!(
                     "mailring-broker: {}: the filesystem refuses O_DIRECT ({e}); writing through the page cache",
@@ -846,47 +858,40 @@ impl ShardLog {
                 );
                 self.direct_io.set(false);
                 direct = false;
-                create_segment_file(&path, self.fsync, false).await?
+                open_segment(&path, self.fsync, false, true).await?
             }
             other => other?,
         };
-        let tail = if direct {
-            // The header's block, padded: the first direct write rewrites it.
-            let mut block = AlignedBuf::new(4 * BLOCK as usize, BLOCK as usize);
-            block.extend_from_slice(&header);
-            block.resize_zeroed(BLOCK as usize);
-            let (res, mut block) = file.write_all_at(block, 0).await;
-            res?;
-            block.truncate(header.len());
-            Some(block)
-        } else {
-            let (res, _) = file.write_all_at(header.to_vec(), 0).await;
-            res?;
-            None
-        };
-        if let Some(gate) = &self.gate {
-            gate.wait_open().await;
-        }
-        file.sync_data().await?;
-        sync_dir_async(&self.dir).await?;
-        self.durable.set(&path, log::HEADER_LEN as u64);
-        self.durable.set_written(&path, log::HEADER_LEN as u64);
-        self.retention.borrow_mut().created(no);
         let mut seg = Segment {
             no,
             file,
             path,
-            pos: log::HEADER_LEN as u64,
+            pos: 0,
             unsynced: false,
             last_sync: Instant::now(),
-            zeroed: if tail.is_some() {
-                BLOCK
-            } else {
-                log::HEADER_LEN as u64
-            },
+            zeroed: 0,
             zeroing: None,
-            tail,
+            tail: direct.then(|| self.tail_buf(&[])),
         };
+        // The header goes the way the records will (a direct segment's is
+        // its first block, padded, which the first batch rewrites).
+        let header = log::segment_header(self.log_no, no);
+        self.write_segment(&mut seg, Bytes::copy_from_slice(&header))
+            .await?;
+        seg.pos = header.len() as u64;
+        seg.zeroed = if seg.tail.is_some() {
+            self.block
+        } else {
+            seg.pos
+        };
+        if let Some(gate) = &self.gate {
+            gate.wait_open().await;
+        }
+        seg.file.sync_data().await?;
+        sync_dir_async(&self.dir).await?;
+        self.durable.set(&seg.path, seg.pos);
+        self.durable.set_written(&seg.path, seg.pos);
+        self.retention.borrow_mut().created(no);
         self.zero_ahead(&mut seg, 0).await?;
         Ok(seg)
     }
@@ -947,7 +952,7 @@ struct Segment {
     /// The chunk being zero-filled, finishing at the offset it returns.
     zeroing: Option<mailring::JoinHandle<io::Result<u64>>>,
     /// A segment written `O_DIRECT`: the bytes of its last, partly written
-    /// block (`pos % BLOCK` of them), which the next write writes again.
+    /// block (`pos % block` of them), which the next write writes again.
     tail: Option<AlignedBuf>,
 }
 
@@ -966,26 +971,18 @@ fn segment_flags(fsync: Fsync, direct: bool) -> i32 {
     flags
 }
 
-async fn create_segment_file(
+/// Opens segment `path` for writing: a new file (`create`), or an existing
+/// one again (after direct writes were refused).
+async fn open_segment(
     path: &Path,
     fsync: Fsync,
     direct: bool,
+    create: bool,
 ) -> io::Result<mailring::fs::File> {
     mailring::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .create_new(true)
-        .custom_flags(segment_flags(fsync, direct))
-        .open(path)
-        .await
-}
-
-/// Opens an existing segment for writing again (after direct writes were
-/// refused).
-async fn open_segment(path: &Path, fsync: Fsync, direct: bool) -> io::Result<mailring::fs::File> {
-    mailring::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
+        .create_new(create)
         .custom_flags(segment_flags(fsync, direct))
         .open(path)
         .await

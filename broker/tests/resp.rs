@@ -423,11 +423,13 @@ fn xadd_pipelined(
 }
 
 /// Entries of sizes that end inside, on and across 4 KiB blocks, in 32
-/// KiB segments, written by a broker with `direct_io` on or off; returns
-/// each segment's bytes up to its trailing zeros, by name.
-fn write_mixed_sizes(dir: &std::path::Path, direct_io: bool) -> Vec<(String, Vec<u8>)> {
+/// KiB segments, written by a broker with `direct_io` on or off and direct
+/// writes aligned to `block`; returns each segment's bytes up to their
+/// trailing zeros, by name.
+fn write_mixed_sizes(dir: &std::path::Path, direct_io: bool, block: u64) -> Vec<(String, Vec<u8>)> {
     let mut config = BrokerConfig::default();
     config.store.direct_io = direct_io;
+    config.store.direct_block = block;
     config.store.segment_bytes = 32 << 10;
     let broker = start_in(dir, 1, config);
     let mut c = Client::connect(broker.local_addr());
@@ -454,20 +456,21 @@ fn write_mixed_sizes(dir: &std::path::Path, direct_io: bool) -> Vec<(String, Vec
         .collect()
 }
 
-#[test]
-fn direct_writes_leave_the_same_segments_as_buffered_ones() {
-    let direct_dir = TempDir::new();
-    let buffered_dir = TempDir::new();
-    let direct = write_mixed_sizes(&direct_dir.0, true);
-    let buffered = write_mixed_sizes(&buffered_dir.0, false);
+/// Checks `direct`'s segments equal `buffered`'s, and that a restart on
+/// `dir` (where `direct` was written) reads every entry back.
+fn assert_same_segments(
+    dir: &std::path::Path,
+    direct: &[(String, Vec<u8>)],
+    buffered: &[(String, Vec<u8>)],
+) {
     assert!(
         direct.len() > 3,
         "several segments rolled: {}",
         direct.len()
     );
     let names = |v: &[(String, Vec<u8>)]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
-    assert_eq!(names(&direct), names(&buffered));
-    for ((name, d), (_, b)) in direct.iter().zip(&buffered) {
+    assert_eq!(names(direct), names(buffered));
+    for ((name, d), (_, b)) in direct.iter().zip(buffered) {
         assert!(
             d == b,
             "{name}: {} bytes direct, {} buffered",
@@ -475,10 +478,9 @@ fn direct_writes_leave_the_same_segments_as_buffered_ones() {
             b.len()
         );
     }
-    // And a restart reads every entry back from the direct segments.
     let mut config = BrokerConfig::default();
     config.store.stream_cache_bytes = 0;
-    let broker = start_in(&direct_dir.0, 1, config);
+    let broker = start_in(dir, 1, config);
     let mut c = Client::connect(broker.local_addr());
     assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(240));
     let R::Array(all) = c.cmd(&["XRANGE", "s", "-", "+"]) else {
@@ -487,6 +489,26 @@ fn direct_writes_leave_the_same_segments_as_buffered_ones() {
     assert_eq!(all.len(), 240);
     assert_eq!(all[4], entry("1-5", &["f", &"x".repeat(5000)]));
     broker.shutdown();
+}
+
+#[test]
+fn direct_writes_leave_the_same_segments_as_buffered_ones() {
+    let direct_dir = TempDir::new();
+    let buffered_dir = TempDir::new();
+    let direct = write_mixed_sizes(&direct_dir.0, true, 4096);
+    let buffered = write_mixed_sizes(&buffered_dir.0, false, 4096);
+    assert_same_segments(&direct_dir.0, &direct, &buffered);
+}
+
+#[test]
+fn refused_direct_writes_fall_back_to_buffered_ones() {
+    // Direct writes aligned to 16 bytes: the filesystem refuses the first
+    // (`EINVAL`), and the log goes on through the page cache, losing nothing.
+    let refused_dir = TempDir::new();
+    let buffered_dir = TempDir::new();
+    let refused = write_mixed_sizes(&refused_dir.0, true, 16);
+    let buffered = write_mixed_sizes(&buffered_dir.0, false, 4096);
+    assert_same_segments(&refused_dir.0, &refused, &buffered);
 }
 
 #[test]

@@ -347,30 +347,28 @@ fn read_segment(
 
 /// The log directories of a generation, in order.
 fn log_dirs(gen_dir: &Path) -> io::Result<Vec<(u16, PathBuf)>> {
-    let mut logs: Vec<(u16, PathBuf)> = Vec::new();
-    for entry in std::fs::read_dir(gen_dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        if let Some(log) = name.to_str().and_then(log::parse_log_dir_name) {
-            logs.push((log, entry.path()));
-        }
-    }
-    logs.sort();
-    Ok(logs)
+    numbered_entries(gen_dir, log::parse_log_dir_name)
 }
 
 /// The segment files of a log directory, in order.
 fn segment_files(log_dir: &Path) -> io::Result<Vec<(u32, PathBuf)>> {
-    let mut segments: Vec<(u32, PathBuf)> = Vec::new();
-    for entry in std::fs::read_dir(log_dir)? {
+    numbered_entries(log_dir, log::parse_segment_file_name)
+}
+
+/// The entries of `dir` whose names `parse` numbers, by number.
+fn numbered_entries<N: Ord>(
+    dir: &Path,
+    parse: impl Fn(&str) -> Option<N>,
+) -> io::Result<Vec<(N, PathBuf)>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        let name = entry.file_name();
-        if let Some(seg) = name.to_str().and_then(log::parse_segment_file_name) {
-            segments.push((seg, entry.path()));
+        if let Some(n) = entry.file_name().to_str().and_then(&parse) {
+            found.push((n, entry.path()));
         }
     }
-    segments.sort();
-    Ok(segments)
+    found.sort();
+    Ok(found)
 }
 
 /// Reads a generation whose streams each sit in one log, replaying each
