@@ -23,7 +23,7 @@ use crate::resp::{Protocol, Reply};
 use crate::server::Shared;
 use crate::store::retention::{need_of, Need};
 use crate::store::{self, ShardLog, StorageError, Ticket};
-use crate::stream::{self, Fields, Stream};
+use crate::stream::{Fields, Stream};
 
 /// One stream: a keyed actor owning its entries (key = the stream's name).
 #[derive(Debug, Actor)]
@@ -832,7 +832,7 @@ impl StreamActor {
                     Ok(id) => id,
                     Err(e) => return e.into(),
                 };
-                let fields = stream::compact_fields(&args[p.fields_at..]);
+                let fields = Fields::from_parts(&args[p.fields_at..]);
                 let mut ticket = match self.log(Op::Add {
                     id,
                     fields: fields.clone(),

@@ -22,6 +22,7 @@ pub mod actor;
 pub mod bench;
 pub mod cli;
 pub mod command;
+pub mod fields;
 pub mod glob;
 pub mod group;
 pub mod id;

@@ -17,7 +17,7 @@
 //! A record that fails its checksum, or is cut short, ends the segment's
 //! valid part: recovery truncates the file there.
 
-use std::sync::Arc;
+use crate::fields::Fields;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -83,7 +83,7 @@ pub enum Op {
         /// The entry's id.
         id: StreamId,
         /// Field-value pairs, flattened (shared with the stream's copy).
-        fields: Arc<[Bytes]>,
+        fields: Fields,
     },
     /// `XDEL`: entries deleted.
     Delete {
@@ -251,10 +251,8 @@ fn put_op_fields(op: &Op, dst: &mut BytesMut) {
     match op {
         Op::Add { id, fields } => {
             put_id(dst, *id);
-            dst.put_u32_le(fields.len() as u32);
-            for f in fields.iter() {
-                put_bytes(dst, f);
-            }
+            // Its encoding is the log's: one copy.
+            dst.put_slice(fields.encoded());
         }
         Op::Delete { ids } => put_ids(dst, ids),
         Op::TrimThrough { through } => put_id(dst, *through),
@@ -511,15 +509,9 @@ fn read_op(kind: u8, b: &mut Bytes, depth: u8) -> Option<Op> {
     let op = match kind {
         KIND_ADD => {
             let id = read_id(b)?;
-            let n = read_u32(b)? as usize;
-            if n > b.remaining() / 4 {
-                return None;
-            }
-            let fields = (0..n).map(|_| read_bytes(b)).collect::<Option<Vec<_>>>()?;
-            Op::Add {
-                id,
-                fields: Arc::from(fields),
-            }
+            let (fields, len) = Fields::decode(b)?;
+            b.advance(len);
+            Op::Add { id, fields }
         }
         KIND_DELETE => Op::Delete { ids: read_ids(b)? },
         KIND_TRIM => Op::TrimThrough {
@@ -806,7 +798,7 @@ mod tests {
             op_no,
             op: Op::Add {
                 id: StreamId::new(ms, 0),
-                fields: Arc::from(vec![Bytes::from_static(b"f"), Bytes::from_static(b"value")]),
+                fields: Fields::from_parts(&[&b"f"[..], b"value"]),
             },
         }
     }
@@ -905,7 +897,7 @@ mod tests {
             Op::Batch(vec![
                 Op::Add {
                     id: StreamId::new(11, 0),
-                    fields: Arc::from(vec![Bytes::from_static(b"k"), Bytes::from_static(b"v")]),
+                    fields: Fields::from_parts(&[&b"k"[..], b"v"]),
                 },
                 Op::Ack {
                     group: g(),

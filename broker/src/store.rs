@@ -328,6 +328,11 @@ pub const DIRECT_BLOCK: u64 = 4096;
 /// a small one after the write.
 const MAX_KEPT_TAIL_BUF: usize = 1 << 20;
 
+/// Under `everysec` and `no`, batches up to this size are written with a
+/// plain `pwrite` on the shard (a copy into the page cache); larger ones go
+/// through the ring so the shard keeps serving while they are copied.
+const INLINE_WRITE_MAX: usize = 256 << 10;
+
 impl fmt::Debug for ShardLog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShardLog")
@@ -777,6 +782,13 @@ impl ShardLog {
     /// zeros to the block's end.
     async fn write_segment(&self, seg: &mut Segment, bytes: Bytes) -> io::Result<()> {
         let Some(mut buf) = seg.tail.take() else {
+            if self.fsync != Fsync::Always && bytes.len() <= INLINE_WRITE_MAX {
+                // Into the page cache, flushed later: a plain `pwrite` on
+                // the shard costs less than the io-wq worker the ring would
+                // hand this write to (no flush of this file is in flight:
+                // this loop awaits each one).
+                return seg.file.write_all_at_blocking(&bytes, seg.pos);
+            }
             let (res, _) = seg.file.write_all_at(bytes, seg.pos).await;
             return res;
         };

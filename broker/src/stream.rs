@@ -3,6 +3,7 @@
 //! trimming by length or by id, exact or approximate.
 
 use std::collections::{BTreeMap, VecDeque};
+
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,31 +16,11 @@ use crate::log::{Loc, Op};
 use crate::resp::Reply;
 use crate::store::reader::SegmentSource;
 
-/// An entry's field-value pairs, flattened (`f1 v1 f2 v2 ...`); shared by
-/// the stream and the replies that carry it.
-pub type Fields = Arc<[Bytes]>;
+pub use crate::fields::Fields;
 
-/// `fields` copied into one buffer of their own. An entry's fields arrive
-/// as slices of its request's read buffer, which holds the connection's
-/// next reads too: kept as they are, a cached entry of 50 bytes would keep
-/// a whole read buffer (16 KiB) alive, and every read would need a fresh
-/// one.
-pub fn compact_fields(fields: &[Bytes]) -> Fields {
-    let mut data = Vec::with_capacity(fields.iter().map(Bytes::len).sum());
-    for f in fields {
-        data.extend_from_slice(f);
-    }
-    let data = Bytes::from(data);
-    let mut at = 0;
-    fields
-        .iter()
-        .map(|f| {
-            let part = data.slice(at..at + f.len());
-            at += f.len();
-            part
-        })
-        .collect()
-}
+mod entries;
+
+use entries::Entries;
 
 /// Entries per node at most (Redis's `stream-node-max-entries`). Redis
 /// keeps a stream as a radix tree of nodes and an approximate trim (`~`)
@@ -72,6 +53,7 @@ struct Node {
 mod listpack {
     use bytes::Bytes;
 
+    use super::Fields;
     use crate::id::StreamId;
 
     fn int_len(v: i64) -> u64 {
@@ -142,32 +124,19 @@ mod listpack {
         master_id: StreamId,
         master_fields: &[Bytes],
         id: StreamId,
-        fields: &[Bytes],
+        fields: &Fields,
     ) -> u64 {
         let n = fields.len() / 2;
-        let same = n == master_fields.len()
-            && fields
-                .iter()
-                .step_by(2)
-                .zip(master_fields)
-                .all(|(a, b)| a == b);
+        let same =
+            n == master_fields.len() && fields.names().zip(master_fields).all(|(a, b)| a == b);
         let mut bytes = int_element(if same { 2 } else { 0 })
             + int_element(id.ms.wrapping_sub(master_id.ms) as i64)
             + int_element(id.seq.wrapping_sub(master_id.seq) as i64);
         if !same {
             bytes += int_element(n as i64);
-            bytes += fields
-                .iter()
-                .step_by(2)
-                .map(|f| str_element(f))
-                .sum::<u64>();
+            bytes += fields.names().map(str_element).sum::<u64>();
         }
-        bytes += fields
-            .iter()
-            .skip(1)
-            .step_by(2)
-            .map(|v| str_element(v))
-            .sum::<u64>();
+        bytes += fields.values().map(str_element).sum::<u64>();
         let lp_count = n + 3 + if same { 0 } else { n + 1 };
         bytes + int_element(lp_count as i64)
     }
@@ -203,7 +172,7 @@ pub struct Trim {
 
 /// One entry: where its record is, its size, and its fields while they
 /// are in memory.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Slot {
     /// The record that holds it ([`Loc::NONE`] until appended).
     loc: Loc,
@@ -214,9 +183,9 @@ struct Slot {
 }
 
 /// Bytes an entry's fields take in memory, as the cache counts them:
-/// the bytes themselves, each field's handle, and the entry's own.
+/// their buffer and the entry's place in the stream's map.
 fn cost(fields: &Fields) -> u64 {
-    raw_bytes(fields) + 32 * fields.len() as u64 + 64
+    fields.heap_bytes() + 64
 }
 
 /// Entries read back from segments because a command needed them and
@@ -233,7 +202,7 @@ pub static BLOCKING_READS: AtomicU64 = AtomicU64::new(0);
 /// stream's [`SegmentSource`].
 #[derive(Debug, Clone, Default)]
 pub struct Stream {
-    entries: BTreeMap<StreamId, Slot>,
+    entries: Entries<Slot>,
     /// Entries from this id on keep their fields (the cached tail).
     cache_from: StreamId,
     /// What the cached tail costs ([`cost`]).
@@ -256,7 +225,7 @@ pub struct Stream {
 
 /// Bytes of an entry's fields and values.
 fn raw_bytes(fields: &Fields) -> u64 {
-    fields.iter().map(|f| f.len() as u64).sum()
+    fields.data_bytes()
 }
 
 impl Stream {
@@ -297,12 +266,12 @@ impl Stream {
 
     /// The first entry's id, if any.
     pub fn first_entry_id(&self) -> Option<StreamId> {
-        self.entries.first_key_value().map(|(k, _)| *k)
+        self.entries.first().map(|(k, _)| k)
     }
 
     /// The last entry's id, if any.
     pub fn last_entry_id(&self) -> Option<StreamId> {
-        self.entries.last_key_value().map(|(k, _)| *k)
+        self.entries.last().map(|(k, _)| k)
     }
 
     /// The first entry, if any.
@@ -319,12 +288,12 @@ impl Stream {
 
     /// Whether entry `id` exists.
     pub fn contains(&self, id: StreamId) -> bool {
-        self.entries.contains_key(&id)
+        self.entries.contains(id)
     }
 
     /// The entry `id` (read back from its segment if it was evicted).
     pub fn get(&self, id: StreamId) -> Option<Fields> {
-        let slot = self.entries.get(&id)?;
+        let slot = self.entries.get(id)?;
         match &slot.fields {
             Some(f) => Some(f.clone()),
             None => self.read_back(&[(id, slot.loc)]).pop().map(|(_, f)| f),
@@ -411,11 +380,7 @@ impl Stream {
             .is_some_and(|n| n.total < NODE_MAX_ENTRIES && n.bytes + raw < NODE_MAX_BYTES);
         if !fits {
             // Copied: a node outlives its first entry's request buffer.
-            let names: Vec<Bytes> = fields
-                .iter()
-                .step_by(2)
-                .map(|f| Bytes::copy_from_slice(f))
-                .collect();
+            let names: Vec<Bytes> = fields.names().map(Bytes::copy_from_slice).collect();
             self.nodes.push_back(Node {
                 total: 0,
                 live: 0,
@@ -473,7 +438,7 @@ impl Stream {
         let entries = &mut self.entries;
         let cache_from = self.cache_from;
         self.lent.retain(|id| {
-            let Some(slot) = entries.get_mut(id).filter(|_| *id < cache_from) else {
+            let Some(slot) = entries.get_mut(*id).filter(|_| *id < cache_from) else {
                 return false;
             };
             // A relocated entry keeps its fields until its new record
@@ -488,7 +453,10 @@ impl Stream {
             return;
         }
         let mut next = None;
-        for (&id, slot) in self.entries.range_mut(self.cache_from..) {
+        for (id, slot) in self
+            .entries
+            .range_mut(Bound::Included(self.cache_from), Bound::Unbounded)
+        {
             if self.cached <= budget || !slot.loc.is_some() || slot.loc >= written {
                 next = Some(id);
                 break;
@@ -511,8 +479,8 @@ impl Stream {
         for (id, slot) in self.entries.iter_mut() {
             debug_assert!(slot.fields.is_some(), "relocating an evicted entry");
             slot.loc = loc;
-            if *id < self.cache_from {
-                self.lent.push(*id);
+            if id < self.cache_from {
+                self.lent.push(id);
             }
         }
         self.lent.sort_unstable();
@@ -528,13 +496,7 @@ impl Stream {
         count: Option<u64>,
         rev: bool,
     ) -> Vec<(StreamId, Loc)> {
-        if lo > hi
-            || hi
-                < self
-                    .entries
-                    .first_key_value()
-                    .map_or(StreamId::MAX, |(k, _)| *k)
-        {
+        if lo > hi || hi < self.entries.first().map_or(StreamId::MAX, |(k, _)| k) {
             return Vec::new();
         }
         let take = count.map_or(usize::MAX, |c| usize::try_from(c).unwrap_or(usize::MAX));
@@ -543,11 +505,8 @@ impl Stream {
         if lo > hi {
             return Vec::new();
         }
-        let range = self
-            .entries
-            .range((Bound::Included(lo), Bound::Included(hi)));
-        let pick =
-            |(id, slot): (&StreamId, &Slot)| slot.fields.is_none().then_some((*id, slot.loc));
+        let range = self.entries.range(Bound::Included(lo), Bound::Included(hi));
+        let pick = |(id, slot): (StreamId, &Slot)| slot.fields.is_none().then_some((id, slot.loc));
         if rev {
             range.rev().take(take).filter_map(pick).collect()
         } else {
@@ -562,7 +521,7 @@ impl Stream {
     ) -> Vec<(StreamId, Loc)> {
         ids.into_iter()
             .filter_map(|id| {
-                let slot = self.entries.get(id)?;
+                let slot = self.entries.get(*id)?;
                 slot.fields.is_none().then_some((*id, slot.loc))
             })
             .collect()
@@ -571,7 +530,7 @@ impl Stream {
     /// Gives evicted entry `id` its fields (fetched ahead) until the next
     /// [`Stream::settle`].
     pub fn lend(&mut self, id: StreamId, fields: Fields) {
-        if let Some(slot) = self.entries.get_mut(&id) {
+        if let Some(slot) = self.entries.get_mut(id) {
             if slot.fields.is_none() {
                 slot.fields = Some(fields);
                 self.lent.push(id);
@@ -619,7 +578,7 @@ impl Stream {
                 break;
             }
             let lo = prev_last.map_or(Bound::Unbounded, Bound::Excluded);
-            for (&id, _) in self.entries.range((lo, Bound::Included(node.last))) {
+            for (id, _) in self.entries.range(lo, Bound::Included(node.last)) {
                 let done = match trim.to {
                     TrimTo::MaxLen(max) => length <= max,
                     TrimTo::MinId(min) => id >= min,
@@ -655,15 +614,11 @@ impl Stream {
             }
             let last = node.last;
             self.nodes.pop_front();
-            while self
-                .entries
-                .first_key_value()
-                .is_some_and(|(id, _)| *id <= last)
-            {
+            while self.entries.first().is_some_and(|(id, _)| id <= last) {
                 self.pop_first();
             }
         }
-        while let Some((&id, _)) = self.entries.first_key_value() {
+        while let Some((id, _)) = self.entries.first() {
             if id > through {
                 break;
             }
@@ -694,7 +649,7 @@ impl Stream {
     pub fn delete(&mut self, ids: &[StreamId]) -> u64 {
         let mut n = 0;
         for id in ids {
-            if let Some(slot) = self.entries.remove(id) {
+            if let Some(slot) = self.entries.remove(*id) {
                 self.dropped(*id, slot);
                 self.forget(*id);
                 n += 1;
@@ -729,16 +684,14 @@ impl Stream {
             return Vec::new();
         }
         let take = count.map_or(usize::MAX, |c| usize::try_from(c).unwrap_or(usize::MAX));
-        let range = self
-            .entries
-            .range((Bound::Included(lo), Bound::Included(hi)));
+        let range = self.entries.range(Bound::Included(lo), Bound::Included(hi));
         let mut missing = Vec::new();
         let mut out: Vec<(StreamId, Option<Fields>)> = Vec::new();
-        let mut push = |(id, slot): (&StreamId, &Slot)| {
+        let mut push = |(id, slot): (StreamId, &Slot)| {
             if slot.fields.is_none() {
-                missing.push((*id, slot.loc));
+                missing.push((id, slot.loc));
             }
-            out.push((*id, slot.fields.clone()));
+            out.push((id, slot.fields.clone()));
         };
         if rev {
             range.rev().take(take).for_each(&mut push);
@@ -963,7 +916,12 @@ impl Stream {
 pub fn entry_reply(id: StreamId, fields: &Fields) -> Reply {
     Reply::Array(vec![
         id.reply(),
-        Reply::Array(fields.iter().cloned().map(Reply::Bulk).collect()),
+        Reply::Array(
+            fields
+                .iter()
+                .map(|f| Reply::Bulk(Bytes::copy_from_slice(f)))
+                .collect(),
+        ),
     ])
 }
 
@@ -972,7 +930,7 @@ mod tests {
     use super::*;
 
     fn fields() -> Fields {
-        Arc::from(vec![Bytes::from_static(b"f"), Bytes::from_static(b"v")])
+        Fields::from_parts(&[&b"f"[..], b"v"])
     }
 
     #[test]

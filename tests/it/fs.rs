@@ -222,6 +222,34 @@ fn offloaded_operations_are_counted_until_the_kernel_is_done_with_them() {
 }
 
 #[test]
+fn blocking_writes_land_where_ring_writes_do_and_report_kernel_errors() {
+    let rt = rt2();
+    let path = temp_path("blocking-write");
+    let p = path.clone();
+    rt.block_on(async move {
+        let file = File::create(&p).await.unwrap();
+        file.write_all_at_blocking(b"world", 6).unwrap();
+        let (r, _) = file.write_all_at(b"hello ".to_vec(), 0).await;
+        r.unwrap();
+        // Larger than a pipe or a page: the whole buffer lands.
+        let big = vec![b'x'; 3 * 65536 + 7];
+        file.write_all_at_blocking(&big, 11).unwrap();
+        let (n, buf) = file.read_at(Vec::with_capacity(11), 0).await;
+        assert_eq!(n.unwrap(), 11);
+        assert_eq!(buf, b"hello world");
+        assert_eq!(file.metadata().await.unwrap().len(), 11 + big.len() as u64);
+        // A file opened read-only refuses the write with the kernel's error.
+        let read_only = File::open(&p).await.unwrap();
+        let err = read_only.write_all_at_blocking(b"no", 0).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EBADF));
+        // An offset past what `off_t` holds is refused before the kernel.
+        let err = file.write_all_at_blocking(b"no", u64::MAX).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    });
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
 fn metadata_and_path_helpers() {
     let rt = rt2();
     let base = temp_path("tree");

@@ -274,7 +274,7 @@ mod tests {
     #[test]
     fn runs_follow_the_first_live_entry() {
         let mut s = Stream::new();
-        let f: crate::stream::Fields = std::sync::Arc::from(vec![Bytes::from_static(b"f")]);
+        let f = crate::stream::Fields::from_parts(&[&b"f"[..]]);
         for ms in 1..=6 {
             s.insert(StreamId::new(ms, 0), f.clone(), Loc::NONE);
         }
