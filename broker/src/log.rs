@@ -450,13 +450,29 @@ impl Record {
     /// Appends the record, framed (length, checksum, body), to `dst`.
     pub fn encode(&self, dst: &mut BytesMut) {
         let start = dst.len();
-        dst.put_u32_le(0);
-        dst.put_u32_le(0);
-        let body = dst.len();
-        dst.put_u8(op_kind(&self.op));
-        put_bytes(dst, &self.stream);
-        dst.put_u64_le(self.op_no);
-        put_op_fields(&self.op, dst);
+        let body = start + 8;
+        // The frame and body headers in one append (each `BytesMut` append
+        // checks its room: an entry's record was ten of them).
+        let mut head = [0u8; 8 + 1 + 4];
+        head[8] = op_kind(&self.op);
+        head[9..].copy_from_slice(&(self.stream.len() as u32).to_le_bytes());
+        if let Op::Add { id, fields } = &self.op {
+            // The common record: room reserved once, four appends.
+            dst.reserve(head.len() + self.stream.len() + 8 + 16 + fields.encoded().len());
+            dst.put_slice(&head);
+            dst.put_slice(&self.stream);
+            let mut nums = [0u8; 8 + 16];
+            nums[..8].copy_from_slice(&self.op_no.to_le_bytes());
+            nums[8..16].copy_from_slice(&id.ms.to_le_bytes());
+            nums[16..].copy_from_slice(&id.seq.to_le_bytes());
+            dst.put_slice(&nums);
+            dst.put_slice(fields.encoded());
+        } else {
+            dst.put_slice(&head);
+            dst.put_slice(&self.stream);
+            dst.put_u64_le(self.op_no);
+            put_op_fields(&self.op, dst);
+        }
         let len = (dst.len() - body) as u32;
         dst[start..start + 4].copy_from_slice(&len.to_le_bytes());
         let crc = crc32c::crc32c_append(crc32c::crc32c(&len.to_le_bytes()), &dst[body..]);

@@ -79,6 +79,8 @@ pub struct RespCodec {
     max_bulk: usize,
     max_args: usize,
     partial: Option<Partial>,
+    /// The argument list of the last request, kept for the next one.
+    spare: Vec<(usize, usize)>,
     /// After a protocol error nothing more is read.
     broken: bool,
 }
@@ -96,6 +98,7 @@ impl RespCodec {
             max_bulk: DEFAULT_MAX_BULK,
             max_args: DEFAULT_MAX_ARGS,
             partial: None,
+            spare: Vec::new(),
             broken: false,
         }
     }
@@ -167,26 +170,38 @@ impl RespCodec {
         let mut p = match self.partial.take() {
             Some(p) => p,
             None => {
-                let Some(end) = line_end(buf, 1) else {
-                    if buf.len() > INLINE_MAX {
-                        return Err(ProtocolError::CountLineTooLong);
+                let (n, pos) = match short_len_line(buf, 1) {
+                    Some((n, pos)) => (i64::try_from(n).unwrap_or(i64::MAX), pos),
+                    None => {
+                        let Some(end) = line_end(buf, 1) else {
+                            if buf.len() > INLINE_MAX {
+                                return Err(ProtocolError::CountLineTooLong);
+                            }
+                            return Ok(None);
+                        };
+                        let n =
+                            parse_int(&buf[1..end]).ok_or(ProtocolError::InvalidMultibulkLength)?;
+                        (n, end + 2)
                     }
-                    return Ok(None);
                 };
-                let n = parse_int(&buf[1..end]).ok_or(ProtocolError::InvalidMultibulkLength)?;
                 if n > self.max_args as i64 {
                     return Err(ProtocolError::InvalidMultibulkLength);
                 }
                 if n <= 0 {
                     // `*0` and `*-1`: an empty request, skipped.
-                    let _ = buf.split_to(end + 2);
+                    let _ = buf.split_to(pos);
                     return Ok(Some(Vec::new()));
                 }
                 let argc = n as usize;
                 Partial {
                     argc,
-                    args: Vec::with_capacity(argc.min(1024)),
-                    pos: end + 2,
+                    args: {
+                        let mut args = std::mem::take(&mut self.spare);
+                        args.clear();
+                        args.reserve(argc.min(1024));
+                        args
+                    },
+                    pos,
                     bulk: None,
                 }
             }
@@ -202,23 +217,24 @@ impl RespCodec {
                     if buf[p.pos] != b'$' {
                         return Err(ProtocolError::ExpectedBulk(char::from(buf[p.pos])));
                     }
-                    let Some(end) = line_end(buf, p.pos + 1) else {
-                        if buf.len() - p.pos > INLINE_MAX {
-                            return Err(ProtocolError::BulkLineTooLong);
+                    // The common line (a few digits): one pass.
+                    if let Some((n, next)) = short_len_line(buf, p.pos + 1) {
+                        if n > self.max_bulk {
+                            return Err(ProtocolError::InvalidBulkLength);
                         }
-                        self.partial = Some(p);
-                        return Ok(None);
-                    };
-                    let n =
-                        parse_int(&buf[p.pos + 1..end]).ok_or(ProtocolError::InvalidBulkLength)?;
-                    if n < 0 || n as u64 > self.max_bulk as u64 {
-                        return Err(ProtocolError::InvalidBulkLength);
+                        p.pos = next;
+                        p.bulk = Some(n);
+                        n
+                    } else {
+                        self.slow_bulk_line(buf, &mut p)?
                     }
-                    p.pos = end + 2;
-                    p.bulk = Some(n as usize);
-                    n as usize
                 }
             };
+            if p.bulk.is_none() {
+                // The line is not all there yet.
+                self.partial = Some(p);
+                return Ok(None);
+            }
             let need = p.pos + len + 2;
             if buf.len() < need {
                 buf.reserve((need - buf.len()).min(RESERVE_AHEAD));
@@ -232,10 +248,55 @@ impl RespCodec {
             p.bulk = None;
         }
         let frame = buf.split_to(p.pos).freeze();
-        Ok(Some(
-            p.args.iter().map(|&(s, e)| frame.slice(s..e)).collect(),
-        ))
+        let args = p.args.iter().map(|&(s, e)| frame.slice(s..e)).collect();
+        if p.args.capacity() <= 64 {
+            self.spare = p.args;
+        }
+        Ok(Some(args))
     }
+
+    /// A bulk length line as Redis reads it (any form `string2ll` takes or
+    /// refuses): sets `p.bulk` and moves past the line, or leaves `p.bulk`
+    /// unset when the line is not complete.
+    fn slow_bulk_line(&self, buf: &[u8], p: &mut Partial) -> Result<usize, ProtocolError> {
+        let Some(end) = line_end(buf, p.pos + 1) else {
+            if buf.len() - p.pos > INLINE_MAX {
+                return Err(ProtocolError::BulkLineTooLong);
+            }
+            return Ok(0);
+        };
+        let n = parse_int(&buf[p.pos + 1..end]).ok_or(ProtocolError::InvalidBulkLength)?;
+        if n < 0 || n as u64 > self.max_bulk as u64 {
+            return Err(ProtocolError::InvalidBulkLength);
+        }
+        p.pos = end + 2;
+        p.bulk = Some(n as usize);
+        Ok(n as usize)
+    }
+}
+
+/// `<digits>\r\n` from `from` when it is the plain form (1 to 18 digits,
+/// no sign, no leading zero unless the number is `0`, and the `\n` byte
+/// present, unread as Redis leaves it): the number and where the next line
+/// starts. Anything else, complete or not, is for the general path.
+#[inline]
+fn short_len_line(buf: &[u8], from: usize) -> Option<(usize, usize)> {
+    let rest = buf.get(from..)?;
+    let mut n = 0usize;
+    for (i, &b) in rest.iter().enumerate().take(19) {
+        match b {
+            b'0'..=b'9' => {
+                if i > 0 && n == 0 {
+                    // A leading zero.
+                    return None;
+                }
+                n = n * 10 + usize::from(b - b'0');
+            }
+            b'\r' if i > 0 && i + 1 < rest.len() => return Some((n, from + i + 2)),
+            _ => return None,
+        }
+    }
+    None
 }
 
 impl Codec for RespCodec {
@@ -284,15 +345,19 @@ pub fn parse_int(s: &[u8]) -> Option<i64> {
     if digits[0] == b'0' && (digits.len() > 1 || neg) {
         return None;
     }
-    let mut v: i128 = 0;
+    // At most 20 digits: the magnitude is checked as it grows.
+    let mut v: u64 = 0;
     for &d in digits {
         if !d.is_ascii_digit() {
             return None;
         }
-        v = v * 10 + i128::from(d - b'0');
+        v = v.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
     }
-    let v = if neg { -v } else { v };
-    i64::try_from(v).ok()
+    if neg {
+        0i64.checked_sub_unsigned(v)
+    } else {
+        i64::try_from(v).ok()
+    }
 }
 
 /// Splits an inline request as Redis's `sdssplitargs` does: blanks separate
@@ -537,13 +602,24 @@ impl Reply {
             Reply::Id(id) => {
                 let mut ms = itoa::Buffer::new();
                 let mut seq = itoa::Buffer::new();
-                let (ms, seq) = (ms.format(id.ms), seq.format(id.seq));
-                header(dst, b'$', ms.len() + 1 + seq.len());
-                dst.reserve(ms.len() + seq.len() + 3);
-                dst.put_slice(ms.as_bytes());
-                dst.put_u8(b'-');
-                dst.put_slice(seq.as_bytes());
-                dst.put_slice(b"\r\n");
+                let (ms, seq) = (ms.format(id.ms).as_bytes(), seq.format(id.seq).as_bytes());
+                // `$<len>\r\n<ms>-<seq>\r\n`, at most 48 bytes: assembled
+                // here and appended once.
+                let len = ms.len() + 1 + seq.len();
+                let mut b = [0u8; 48];
+                b[0] = b'$';
+                let mut at = 1;
+                if len >= 10 {
+                    b[at] = b'0' + (len / 10) as u8;
+                    at += 1;
+                }
+                b[at] = b'0' + (len % 10) as u8;
+                at += 1;
+                for part in [&b"\r\n"[..], ms, b"-", seq, b"\r\n"] {
+                    b[at..at + part.len()].copy_from_slice(part);
+                    at += part.len();
+                }
+                dst.extend_from_slice(&b[..at]);
             }
             Reply::Verbatim(text) => match proto {
                 Protocol::Resp2 => bulk(dst, text.as_bytes()),
@@ -754,6 +830,33 @@ mod tests {
         assert_eq!(reqs[1], args(&["xadd", "s", "*", "f", "a bA\n", "it's"]));
         assert_eq!(reqs[2], Request::Broken(ProtocolError::UnbalancedQuotes));
         assert_eq!(reqs.len(), 3);
+    }
+
+    #[test]
+    fn length_lines_in_every_form_read_as_redis_reads_them() {
+        let one = |wire: &[u8]| {
+            let mut c = RespCodec::new().max_bulk(1000);
+            let mut buf = BytesMut::from(wire);
+            c.decode(&mut buf).unwrap()
+        };
+        let bad_bulk = Some(Request::Broken(ProtocolError::InvalidBulkLength));
+        let bad_count = Some(Request::Broken(ProtocolError::InvalidMultibulkLength));
+        assert_eq!(one(b"*1\r\n$0\r\n\r\n"), Some(args(&[""])));
+        assert_eq!(one(b"*1\r\n$10\r\n0123456789\r\n"), Some(args(&["0123456789"])));
+        // Leading zeros, signs and blanks go to the general reading, which
+        // refuses them as Redis's string2ll does.
+        assert_eq!(one(b"*1\r\n$04\r\nPING\r\n"), bad_bulk);
+        assert_eq!(one(b"*1\r\n$+4\r\nPING\r\n"), bad_bulk);
+        assert_eq!(one(b"*1\r\n$ 4\r\nPING\r\n"), bad_bulk);
+        assert_eq!(one(b"*1\r\n$-1\r\n"), bad_bulk);
+        assert_eq!(one(b"*01\r\n$4\r\nPING\r\n"), bad_count);
+        assert_eq!(one(b"*1\r\n$\r\nPING\r\n"), bad_bulk);
+        // Past the limit, in the short form and the long one.
+        assert_eq!(one(b"*1\r\n$1001\r\n"), bad_bulk);
+        assert_eq!(one(b"*1\r\n$99999999999999999999\r\n"), bad_bulk);
+        // A line whose `\n` has not arrived is not read yet.
+        assert_eq!(one(b"*1\r\n$4\r"), None);
+        assert_eq!(one(b"*1\r"), None);
     }
 
     #[test]

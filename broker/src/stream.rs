@@ -82,19 +82,10 @@ mod listpack {
         e + back_len(e)
     }
 
-    /// A string that listpack stores as an integer (canonical decimal).
+    /// A string that listpack stores as an integer (canonical decimal,
+    /// as Redis's `string2ll` reads it).
     fn canonical_int(b: &[u8]) -> Option<i64> {
-        if b.is_empty() || b.len() > 20 {
-            return None;
-        }
-        if b == b"0" {
-            return Some(0);
-        }
-        let digits = b.strip_prefix(b"-").unwrap_or(b);
-        if digits.is_empty() || !(b'1'..=b'9').contains(&digits[0]) {
-            return None;
-        }
-        std::str::from_utf8(b).ok()?.parse().ok()
+        crate::resp::parse_int(b)
     }
 
     fn str_element(b: &[u8]) -> u64 {
