@@ -27,7 +27,7 @@ use crate::stream::{Fields, Stream};
 
 /// One stream: a keyed actor owning its entries (key = the stream's name).
 #[derive(Debug, Actor)]
-#[actor(key = Bytes, activate = StreamActor::new, handles(Exec, Read, Watch, ReadGroup, ExecBatch, Checkpoint))]
+#[actor(key = Bytes, activate = StreamActor::new, handles(Exec, Read, Watch, ReadGroup, ExecBatch, ExecRun, Checkpoint))]
 pub struct StreamActor {
     name: Bytes,
     stream: Option<Stream>,
@@ -165,6 +165,45 @@ impl Handler<Exec> for StreamActor {
         self.publish_need();
         self.settle();
         answer
+    }
+}
+
+/// A run of stream commands for one stream, taken from a connection's
+/// pipelined requests: one ask instead of one per command. Each command
+/// runs as it would alone, in order, and gets its own answer (and its own
+/// record: unlike [`ExecBatch`], no command's change waits on another's).
+#[derive(Debug, Message)]
+#[message(reply = Vec<Answer>)]
+pub struct ExecRun {
+    /// Each command's lower-case name (from the command table) and its
+    /// arguments (argument 1 is this stream).
+    pub commands: Vec<(&'static str, Vec<Bytes>)>,
+    /// The broker (its id: a message touches no shared reference count).
+    pub broker: u64,
+}
+
+impl Handler<ExecRun> for StreamActor {
+    async fn handle(&mut self, m: ExecRun, _cx: &mut Ctx<Self>) -> Vec<Answer> {
+        self.load(m.broker).await;
+        let added_before = self.stream.as_ref().map(Stream::entries_added);
+        let mut answers = Vec::with_capacity(m.commands.len());
+        for (name, args) in &m.commands {
+            let wanted = self.plan_reads(name, args);
+            self.fetch(wanted).await;
+            let Some(shared) = self.shared.take() else {
+                answers.push(broker_gone().into());
+                continue;
+            };
+            answers.push(self.exec(name, args, &shared));
+            self.shared = Some(shared);
+            // What was fetched for this command goes before the next.
+            self.settle();
+        }
+        if self.stream.as_ref().map(Stream::entries_added) != added_before {
+            self.wake_watchers();
+        }
+        self.publish_need();
+        answers
     }
 }
 

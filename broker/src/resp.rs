@@ -842,7 +842,10 @@ mod tests {
         let bad_bulk = Some(Request::Broken(ProtocolError::InvalidBulkLength));
         let bad_count = Some(Request::Broken(ProtocolError::InvalidMultibulkLength));
         assert_eq!(one(b"*1\r\n$0\r\n\r\n"), Some(args(&[""])));
-        assert_eq!(one(b"*1\r\n$10\r\n0123456789\r\n"), Some(args(&["0123456789"])));
+        assert_eq!(
+            one(b"*1\r\n$10\r\n0123456789\r\n"),
+            Some(args(&["0123456789"]))
+        );
         // Leading zeros, signs and blanks go to the general reading, which
         // refuses them as Redis's string2ll does.
         assert_eq!(one(b"*1\r\n$04\r\nPING\r\n"), bad_bulk);

@@ -39,14 +39,15 @@ pub struct BrokerConfig {
     pub requirepass: Option<Bytes>,
     /// The data directory and flush policy.
     pub store: StoreConfig,
-    /// How long an idle shard spins before it blocks (`None`: the
-    /// runtime's default, 50 µs; zero, the default here: block at once).
-    /// A broker waits on clients and the disk, not on sibling shards: on 2
-    /// cores a spinning shard took the CPU its flush's completion, its
-    /// peer shard or its client needed (one client at queue depth 1 under
-    /// `always`: ~0.6x redis-server's rate over 100 streams with the
-    /// runtime's spin, ~1.1x blocking at once; under `everysec` blocking
-    /// was as fast or faster and used half the CPU).
+    /// How long an idle shard spins before it blocks. `None`, the
+    /// default, picks by the flush policy: under `always`, block at once
+    /// (on 2 cores a spinning shard took the CPU its flush's completion,
+    /// its peer shard or its client needed: one client at queue depth 1
+    /// over 100 streams went from ~0.6x redis-server's rate with a 50 µs
+    /// spin to ~1.1x blocking at once); under `everysec` and `no`, spin
+    /// the runtime's 50 µs (nothing waits on the disk, and a shard that
+    /// blocks pays a wakeup per request round: one client pipelining 16
+    /// went from ~1.0x redis-server's rate blocking to ~1.6x spinning).
     pub idle_spin: Option<std::time::Duration>,
     /// Tests only: `DEBUG PANIC-STREAM key` makes the stream's actor panic
     /// (its supervisor restarts it, and it rebuilds from its log).
@@ -60,7 +61,7 @@ impl Default for BrokerConfig {
             shards: 2,
             requirepass: None,
             store: StoreConfig::default(),
-            idle_spin: Some(std::time::Duration::ZERO),
+            idle_spin: None,
             debug_commands: false,
         }
     }
@@ -240,7 +241,10 @@ impl Broker {
             migrated: recovered.migrated,
         };
         let mut builder = mailring::Runtime::builder().shards(shards);
-        if let Some(spin) = config.idle_spin {
+        let spin = config.idle_spin.or_else(|| {
+            (config.store.fsync == crate::store::Fsync::Always).then_some(std::time::Duration::ZERO)
+        });
+        if let Some(spin) = spin {
             builder = builder.idle_policy(if spin.is_zero() {
                 mailring::IdlePolicy::Block
             } else {

@@ -192,6 +192,56 @@ fn a_pipeline_over_many_streams_answers_in_order() {
 }
 
 #[test]
+fn pipelined_commands_on_one_stream_answer_as_if_sent_one_by_one() {
+    // Consecutive commands on one stream are gathered and sent to it as one
+    // run; errors, other commands and other streams cut the run, and every
+    // reply still comes as it would alone, in order.
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    let commands: &[&[&str]] = &[
+        &["XADD", "r", "1-1", "a", "1"],
+        &["XADD", "r", "2-1", "a", "2"],
+        &["XADD", "r", "1-5", "a", "x"],
+        &["XLEN", "r"],
+        &["XADD", "r"],
+        &["XADD", "r", "3-1", "a", "3"],
+        &["XRANGE", "r", "-", "+", "COUNT", "1"],
+        &["XADD", "other", "1-1", "b", "1"],
+        &["XADD", "r", "4-1", "a", "4"],
+        &["PING"],
+        &["XDEL", "r", "2-1"],
+        &["XLEN", "r"],
+    ];
+    let mut wire = Vec::new();
+    for args in commands {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        wire.extend(encode(&args));
+    }
+    c.send_raw(&wire);
+    let want = [
+        R::bulk("1-1"),
+        R::bulk("2-1"),
+        R::Error(
+            "ERR The ID specified in XADD is equal or smaller than the target stream top item"
+                .into(),
+        ),
+        R::Int(2),
+        R::Error("ERR wrong number of arguments for 'xadd' command".into()),
+        R::bulk("3-1"),
+        R::Array(vec![entry("1-1", &["a", "1"])]),
+        R::bulk("1-1"),
+        R::bulk("4-1"),
+        R::Status("PONG".into()),
+        R::Int(1),
+        R::Int(3),
+    ];
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&c.read(), w, "reply {i} to {:?}", commands[i]);
+    }
+    broker.shutdown();
+}
+
+#[test]
 fn protocol_errors_close_only_their_connection() {
     let broker = start();
     let mut good = Client::connect(broker.local_addr());

@@ -898,6 +898,8 @@ async fn drive<S: Session>(
     };
     let mut frame_deadline: Option<Sleep> = None;
     let mut starved = false;
+    // Frames were handled since the session's last `on_drained`.
+    let mut handled_since_drained = false;
     // Bytes of the send in flight.
     let mut in_flight = 0usize;
     // An idle period ended with that send still in flight.
@@ -968,6 +970,7 @@ async fn drive<S: Session>(
                         }
                     }
                     counters.frames_in.fetch_add(1, Ordering::Relaxed);
+                    handled_since_drained = true;
                     // Run the handler; meanwhile only the send in flight
                     // moves (everything else waits for the context).
                     let handling = pin!(session.on_frame(frame, cx));
@@ -988,6 +991,13 @@ async fn drive<S: Session>(
                     }
                 }
             }
+        }
+        // No frame was handled this turn: the session sends what it
+        // gathered from the run before (before anything below looks at
+        // what is pending).
+        if handled_since_drained {
+            handled_since_drained = false;
+            session.on_drained(cx);
         }
         // Leave when nothing is left to write.
         let quiet = cx.pending_replies() == 0 && cx.is_drained() && send.is_none();

@@ -92,6 +92,19 @@ pub trait Session: Send + Sized + 'static {
         cx: &mut SessionCtx<Self>,
     ) -> impl Future<Output = ()>;
 
+    /// Runs when the session has handled every whole frame received so far
+    /// (or may take no more for now: the pipeline window is full, the
+    /// connection is closing or moving) and the driver is about to wait. A
+    /// session that gathers work from a run of pipelined frames (one ask
+    /// for sixteen commands instead of sixteen asks) sends it here, queued
+    /// with [`SessionCtx::reply_later_many`]. Called at most once per run
+    /// of handled frames; by default it does nothing.
+    ///
+    /// Work still gathered here counts towards no window: bound it.
+    fn on_drained(&mut self, cx: &mut SessionCtx<Self>) {
+        let _ = cx;
+    }
+
     /// The outbound queue passed the server's high-water mark
     /// ([`crate::ServerConfig::outbound_high_water`]): the peer reads slower
     /// than the session writes. Past the hard limit the connection closes
@@ -244,6 +257,9 @@ impl CloseKind {
 enum Slot<T> {
     Ready(T),
     Later(Pin<Box<dyn Future<Output = T>>>),
+    /// Several replies from one future, counted as that many.
+    LaterMany(usize, Pin<Box<dyn Future<Output = Vec<T>>>>),
+    ReadyMany(Vec<T>),
 }
 
 /// A session's view of its connection: identity, outbound frames in order,
@@ -333,6 +349,22 @@ impl<S: Session> SessionCtx<S> {
         self.slots.push_back(Slot::Later(Box::pin(reply)));
     }
 
+    /// Queues `count` replies that `replies` will produce together (one
+    /// ask answering a run of pipelined commands), in order with the frames
+    /// around them, as [`SessionCtx::reply_later`] queues one. They count
+    /// as `count` towards the pipeline window. The future yields the
+    /// replies in order; all of them are written once it is ready (should
+    /// it yield another number, what it yields is written).
+    pub fn reply_later_many(
+        &mut self,
+        count: usize,
+        replies: impl Future<Output = Vec<FrameOut<S>>> + 'static,
+    ) {
+        self.pending += count;
+        self.slots
+            .push_back(Slot::LaterMany(count, Box::pin(replies)));
+    }
+
     /// Deferred replies not yet written.
     pub fn pending_replies(&self) -> usize {
         self.pending
@@ -384,20 +416,38 @@ impl<S: Session> SessionCtx<S> {
     pub(crate) fn poll_slots(&mut self, cx: &mut Context<'_>) -> bool {
         if self.pending > 0 {
             for slot in self.slots.iter_mut() {
-                if let Slot::Later(fut) = slot {
-                    if let Poll::Ready(frame) = fut.as_mut().poll(cx) {
-                        *slot = Slot::Ready(frame);
-                        self.pending -= 1;
+                match slot {
+                    Slot::Later(fut) => {
+                        if let Poll::Ready(frame) = fut.as_mut().poll(cx) {
+                            *slot = Slot::Ready(frame);
+                            self.pending -= 1;
+                        }
                     }
+                    Slot::LaterMany(count, fut) => {
+                        if let Poll::Ready(frames) = fut.as_mut().poll(cx) {
+                            self.pending -= *count;
+                            *slot = Slot::ReadyMany(frames);
+                        }
+                    }
+                    Slot::Ready(_) | Slot::ReadyMany(_) => {}
                 }
             }
         }
         let mut progressed = false;
-        while let Some(Slot::Ready(_)) = self.slots.front() {
-            if let Some(Slot::Ready(frame)) = self.slots.pop_front() {
-                progressed = true;
-                self.encode(frame);
+        while let Some(slot) = self.slots.pop_front() {
+            match slot {
+                Slot::Ready(frame) => self.encode(frame),
+                Slot::ReadyMany(frames) => {
+                    for frame in frames {
+                        self.encode(frame);
+                    }
+                }
+                waiting => {
+                    self.slots.push_front(waiting);
+                    break;
+                }
             }
+            progressed = true;
         }
         progressed
     }

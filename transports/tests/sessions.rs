@@ -134,6 +134,95 @@ impl Session for Blocking {
     }
 }
 
+/// Gathers frames and answers each run of them with one deferred reply
+/// of many, made in `on_drained`; `!now` is answered at once, after what
+/// was gathered before it. Records each run's size.
+struct Gathering {
+    gathered: Vec<Bytes>,
+    runs: Arc<Mutex<Vec<usize>>>,
+}
+
+impl Gathering {
+    fn send_gathered(&mut self, cx: &mut SessionCtx<Self>) {
+        if self.gathered.is_empty() {
+            return;
+        }
+        let run = std::mem::take(&mut self.gathered);
+        self.runs.lock().unwrap().push(run.len());
+        cx.reply_later_many(run.len(), async move {
+            mailring::time::sleep(Duration::from_millis(20)).await;
+            run.into_iter()
+                .map(|f| Bytes::from([&b"ok "[..], &f].concat()))
+                .collect()
+        });
+    }
+}
+
+impl Session for Gathering {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        if frame.as_ref() == b"!now" {
+            self.send_gathered(cx);
+            cx.send_frame(frame);
+        } else {
+            self.gathered.push(frame);
+        }
+    }
+
+    fn on_drained(&mut self, cx: &mut SessionCtx<Self>) {
+        self.send_gathered(cx);
+    }
+}
+
+#[test]
+fn a_pipelined_run_is_answered_by_one_deferred_reply_of_many_in_order() {
+    let rt = runtime(1);
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let r = runs.clone();
+    let server = Server::builder(LengthDelimited::new(), move |_| Gathering {
+        gathered: Vec::new(),
+        runs: r.clone(),
+    })
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    let mut c = client(server.local_addr());
+    let mut burst = Vec::new();
+    for n in 0..8 {
+        burst.extend(frame(format!("a{n}").as_bytes()));
+    }
+    burst.extend(frame(b"!now"));
+    for n in 0..8 {
+        burst.extend(frame(format!("b{n}").as_bytes()));
+    }
+    c.write_all(&burst).unwrap();
+    for n in 0..8 {
+        assert_eq!(read_frame(&mut c).unwrap(), format!("ok a{n}").as_bytes());
+    }
+    // Ready at once, written after the deferred run before it.
+    assert_eq!(read_frame(&mut c).unwrap(), b"!now");
+    for n in 0..8 {
+        assert_eq!(read_frame(&mut c).unwrap(), format!("ok b{n}").as_bytes());
+    }
+    // One write, read whole: two runs of eight (the second sent when the
+    // frames ran out). Without `on_drained` the second run never goes.
+    assert_eq!(*runs.lock().unwrap(), [8, 8]);
+    // A run cut by the end of the bytes goes when they run out, too.
+    c.write_all(&frame(b"c")).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"ok c");
+    // And when the peer closes right after it: answered, then closed.
+    c.write_all(&frame(b"d")).unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"ok d");
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    drop(c);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
 #[test]
 fn a_second_reuseport_server_on_a_taken_port_is_refused() {
     // Another process's reuseport group on the same port would get half the
