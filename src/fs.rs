@@ -374,9 +374,12 @@ impl File {
         let mut done = 0usize;
         while done < buf.len() {
             let rest = &buf[done..];
-            let at = libc::off_t::try_from(pos + done as u64).map_err(|_| {
-                io::Error::new(io::ErrorKind::InvalidInput, "file offset out of range")
-            })?;
+            let at = pos
+                .checked_add(done as u64)
+                .and_then(|at| libc::off_t::try_from(at).ok())
+                .ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidInput, "file offset out of range")
+                })?;
             // SAFETY: `rest` is a live slice of `rest.len()` bytes the kernel
             // only reads during the call; `fd` is open while `self` lives.
             let n = unsafe { libc::pwrite(fd, rest.as_ptr().cast(), rest.len(), at) };

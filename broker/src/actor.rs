@@ -150,21 +150,36 @@ pub(crate) fn now_ms() -> u64 {
 impl Handler<Exec> for StreamActor {
     async fn handle(&mut self, m: Exec, _cx: &mut Ctx<Self>) -> Answer {
         self.load(m.broker).await;
-        let wanted = self.plan_reads(m.name, &m.args);
+        let added_before = self.stream.as_ref().map(Stream::entries_added);
+        let answer = self.run_command(m.name, &m.args).await;
+        self.after_commands(added_before);
+        answer
+    }
+}
+
+impl StreamActor {
+    /// One stream command as it runs alone: the evicted entries it reads
+    /// fetched, the command run, and what was fetched for it dropped.
+    async fn run_command(&mut self, name: &'static str, args: &[Bytes]) -> Answer {
+        let wanted = self.plan_reads(name, args);
         self.fetch(wanted).await;
         // Taken out for the command (it reads the catalog), put back after.
         let Some(shared) = self.shared.take() else {
             return broker_gone().into();
         };
-        let added_before = self.stream.as_ref().map(Stream::entries_added);
-        let answer = self.exec(m.name, &m.args, &shared);
+        let answer = self.exec(name, args, &shared);
         self.shared = Some(shared);
+        self.settle();
+        answer
+    }
+
+    /// After one or more commands: wakes blocked readers if entries were
+    /// added since `added_before`, and tells the log what the stream needs.
+    fn after_commands(&mut self, added_before: Option<u64>) {
         if self.stream.as_ref().map(Stream::entries_added) != added_before {
             self.wake_watchers();
         }
         self.publish_need();
-        self.settle();
-        answer
     }
 }
 
@@ -188,21 +203,9 @@ impl Handler<ExecRun> for StreamActor {
         let added_before = self.stream.as_ref().map(Stream::entries_added);
         let mut answers = Vec::with_capacity(m.commands.len());
         for (name, args) in &m.commands {
-            let wanted = self.plan_reads(name, args);
-            self.fetch(wanted).await;
-            let Some(shared) = self.shared.take() else {
-                answers.push(broker_gone().into());
-                continue;
-            };
-            answers.push(self.exec(name, args, &shared));
-            self.shared = Some(shared);
-            // What was fetched for this command goes before the next.
-            self.settle();
+            answers.push(self.run_command(name, args).await);
         }
-        if self.stream.as_ref().map(Stream::entries_added) != added_before {
-            self.wake_watchers();
-        }
-        self.publish_need();
+        self.after_commands(added_before);
         answers
     }
 }

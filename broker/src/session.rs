@@ -64,21 +64,19 @@ impl RespSession {
         }
     }
 
-    /// Whether `args` may join the gathered run: an authenticated stream
-    /// command (key first) of the right arity for the run's stream,
-    /// outside `MULTI`.
-    fn joins_run(&self, args: &[Bytes]) -> bool {
-        let Some(run) = &self.run else {
+    /// Whether `args` (the command `spec`) may join the gathered run: an
+    /// authenticated stream command (key first) of the right arity for the
+    /// run's stream, outside `MULTI`.
+    fn joins_run(&self, spec: Option<&command::Spec>, args: &[Bytes]) -> bool {
+        let (Some(run), Some(spec)) = (&self.run, spec) else {
             return false;
         };
-        if !self.authenticated || self.multi.is_some() || run.commands.len() >= RUN_MAX {
-            return false;
-        }
-        command::lookup(&args[0]).is_some_and(|spec| {
-            matches!(spec.kind, Kind::Stream(1))
-                && command::arity_ok(spec, args.len())
-                && args[1] == run.stream
-        })
+        self.authenticated
+            && self.multi.is_none()
+            && run.commands.len() < RUN_MAX
+            && matches!(spec.kind, Kind::Stream(1))
+            && command::arity_ok(spec, args.len())
+            && args[1] == run.stream
     }
 
     /// Adds stream command `name` (key first) to the run, sending the run
@@ -874,19 +872,21 @@ impl Session for RespSession {
     }
 
     async fn on_frame(&mut self, req: Request, cx: &mut SessionCtx<Self>) {
-        // A gathered run goes before any request that cannot join it, so
-        // replies keep the requests' order.
-        if self.run.is_some() && !matches!(&req, Request::Command(a) if self.joins_run(a)) {
-            self.send_run(cx);
-        }
         let args = match req {
             Request::Command(args) => args,
             Request::Broken(e) => {
+                self.send_run(cx);
                 self.reply(Reply::err(format!("Protocol error: {e}")), cx);
                 cx.close();
                 return;
             }
         };
+        let spec = command::lookup(&args[0]);
+        // A gathered run goes before any request that cannot join it, so
+        // replies keep the requests' order.
+        if self.run.is_some() && !self.joins_run(spec, &args) {
+            self.send_run(cx);
+        }
         if self.shared.config.debug_commands
             && self.authenticated
             && args.len() == 3
@@ -897,7 +897,7 @@ impl Session for RespSession {
         }
         // Redis's order: unknown command, arity, authentication; each of
         // these rejects a command inside MULTI and spoils the transaction.
-        let checked = match command::lookup(&args[0]) {
+        let checked = match spec {
             None => Err(command::unknown_command(&args)),
             Some(spec) if !command::arity_ok(spec, args.len()) => {
                 Err(command::wrong_arity(spec.name))

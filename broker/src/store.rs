@@ -785,8 +785,11 @@ impl ShardLog {
             if self.fsync != Fsync::Always && bytes.len() <= INLINE_WRITE_MAX {
                 // Into the page cache, flushed later: a plain `pwrite` on
                 // the shard costs less than the io-wq worker the ring would
-                // hand this write to (no flush of this file is in flight:
-                // this loop awaits each one).
+                // hand this write to. This loop awaits each of its own
+                // flushes; the zero-fill task may be flushing blocks past
+                // this write through its own descriptor (ext4 does not make
+                // a write wait for that, but a stall there would be one
+                // candidate for the everysec p99).
                 return seg.file.write_all_at_blocking(&bytes, seg.pos);
             }
             let (res, _) = seg.file.write_all_at(bytes, seg.pos).await;

@@ -819,9 +819,12 @@ fn a_push_reaches_every_live_session_of_a_key_and_none_else() {
     system.shutdown();
 }
 
-/// Echoes, but panics on `boom` (in the handler) and on `later` (in a
-/// deferred reply).
-struct Fragile;
+/// Echoes, but panics on `boom` (in the handler), on `later` (in a
+/// deferred reply) and after `drained` (in `on_drained`).
+#[derive(Default)]
+struct Fragile {
+    drain_panics: bool,
+}
 
 impl Session for Fragile {
     type Codec = LengthDelimited;
@@ -831,7 +834,14 @@ impl Session for Fragile {
         match &frame[..] {
             b"boom" => panic!("session handler panics on purpose"),
             b"later" => cx.reply_later(async { panic!("deferred reply panics on purpose") }),
+            b"drained" => self.drain_panics = true,
             _ => cx.send_frame(frame),
+        }
+    }
+
+    fn on_drained(&mut self, _cx: &mut SessionCtx<Self>) {
+        if self.drain_panics {
+            panic!("on_drained panics on purpose");
         }
     }
 }
@@ -842,10 +852,10 @@ fn a_panicking_session_or_factory_closes_only_its_connection() {
     let made = Arc::new(AtomicUsize::new(0));
     let m = made.clone();
     let server = Server::builder(LengthDelimited::new(), move |_| {
-        if m.fetch_add(1, Ordering::SeqCst) == 3 {
+        if m.fetch_add(1, Ordering::SeqCst) == 4 {
             panic!("factory panics on purpose");
         }
-        Fragile
+        Fragile::default()
     })
     .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
     .unwrap();
@@ -856,7 +866,7 @@ fn a_panicking_session_or_factory_closes_only_its_connection() {
         assert_eq!(read_frame(c).unwrap(), body);
     };
     echo(&mut good, b"before");
-    for (n, poison) in [&b"boom"[..], b"later"].into_iter().enumerate() {
+    for (n, poison) in [&b"boom"[..], b"later", b"drained"].into_iter().enumerate() {
         let mut bad = client(addr);
         echo(&mut bad, b"fine so far");
         bad.write_all(&frame(poison)).unwrap();
@@ -870,12 +880,12 @@ fn a_panicking_session_or_factory_closes_only_its_connection() {
         });
         echo(&mut good, b"still served");
     }
-    // The fourth connection's factory panics: that connection is dropped.
+    // The fifth connection's factory panics: that connection is dropped.
     let mut refused = client(addr);
     refused.write_all(&frame(b"anyone?")).unwrap();
     assert_eq!(refused.read(&mut [0u8; 8]).unwrap_or(0), 0);
     wait_for(&server, "the factory's panic", |s| {
-        s.closed(CloseKind::Panicked) == 3
+        s.closed(CloseKind::Panicked) == 4
     });
     // The listener still accepts.
     let mut after = client(addr);
@@ -888,7 +898,7 @@ fn a_panicking_session_or_factory_closes_only_its_connection() {
         .iter()
         .map(|s| s.panics.total())
         .sum::<u64>();
-    assert_eq!(panics, 3, "each panic reported to the runtime");
+    assert_eq!(panics, 4, "each panic reported to the runtime");
     drop((good, after));
     rt.block_on(server.shutdown());
     rt.shutdown();
