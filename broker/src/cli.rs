@@ -19,7 +19,7 @@ use crate::{Broker, BrokerConfig};
 fn usage() -> &'static str {
     "usage: broker [--port N] [--bind ADDR] [--shards N] [--dir PATH] \
      [--appendfsync always|everysec|no] [--requirepass PASS] [--spin-us N]\n\
-     \x20      [--stream-cache BYTES] [--no-direct-io]\n\
+     \x20      [--stream-cache BYTES] [--segment-bytes BYTES] [--no-direct-io] [--no-preallocate]\n\
      \x20      broker --bench [--producers N] [--consumers N] [--pipeline N] \
      [--payload BYTES] [--streams N] [--duration SECS] [--appendfsync ...] [--shards N]"
 }
@@ -62,6 +62,10 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                     bench_config.shards = config.shards;
                 }
                 "--no-direct-io" => config.store.direct_io = false,
+                "--no-preallocate" => config.store.preallocate = false,
+                "--segment-bytes" => {
+                    config.store.segment_bytes = num(&flag, value(&mut args)?)?;
+                }
                 "--stream-cache" => {
                     config.store.stream_cache_bytes = num(&flag, value(&mut args)?)?;
                 }

@@ -321,6 +321,10 @@ type LaggingHook = Box<dyn Fn(Vec<Bytes>)>;
 /// direct-write block).
 const ZERO_CHUNK: u64 = 4 << 20;
 
+/// Under `everysec`, a segment is flushed early once it is within this
+/// fraction of its size from its end (see [`ShardLog::flush_behind`]).
+const PRESYNC_FRACTION: u64 = 16;
+
 /// The default unit of an `O_DIRECT` write ([`StoreConfig::direct_block`]).
 pub const DIRECT_BLOCK: u64 = 4096;
 
@@ -655,8 +659,10 @@ impl ShardLog {
                 Some(batch.await)
             };
             let Some(next) = next else {
-                // everysec: a second passed with unflushed writes.
-                self.flush(&mut seg).await?;
+                // everysec: a second passed with unflushed writes (since
+                // the last flush began; if that one is still running,
+                // the disk is behind and the writer waits for it).
+                self.flush_behind(&mut seg, true).await?;
                 continue;
             };
             let Some((segment, bytes, lsn)) = next else {
@@ -695,8 +701,19 @@ impl ShardLog {
                     self.durable.set(&seg.path, seg.pos);
                     seg.unsynced = false;
                 }
-                Fsync::EverySec if seg.last_sync.elapsed() >= Duration::from_secs(1) => {
-                    self.flush(&mut seg).await?;
+                Fsync::EverySec
+                    if seg.last_sync.elapsed() >= Duration::from_secs(1)
+                        || (!seg.presynced
+                            && seg.pos + self.segment_bytes / PRESYNC_FRACTION
+                                > self.segment_bytes) =>
+                {
+                    // Near its end, a segment is flushed early too: the
+                    // flush when it is complete, which the writes wait
+                    // for, then has little left to write.
+                    if self.flush_behind(&mut seg, false).await? {
+                        seg.presynced |=
+                            seg.pos + self.segment_bytes / PRESYNC_FRACTION > self.segment_bytes;
+                    }
                 }
                 Fsync::EverySec => {}
                 // The OS flushes; nothing is waited for.
@@ -785,11 +802,10 @@ impl ShardLog {
             if self.fsync != Fsync::Always && bytes.len() <= INLINE_WRITE_MAX {
                 // Into the page cache, flushed later: a plain `pwrite` on
                 // the shard costs less than the io-wq worker the ring would
-                // hand this write to. This loop awaits each of its own
-                // flushes; the zero-fill task may be flushing blocks past
-                // this write through its own descriptor (ext4 does not make
-                // a write wait for that, but a stall there would be one
-                // candidate for the everysec p99).
+                // hand this write to. A flush of this file may be running
+                // beside it (`flush_behind`, on an io-wq worker), as may the
+                // zero-fill's of the blocks past it: the kernel does not
+                // make a buffered write wait for either.
                 return seg.file.write_all_at_blocking(&bytes, seg.pos);
             }
             let (res, _) = seg.file.write_all_at(bytes, seg.pos).await;
@@ -818,7 +834,7 @@ impl ShardLog {
                     seg.path.display()
                 );
                 self.direct_io.set(false);
-                seg.file = open_segment(&seg.path, self.fsync, false, false).await?;
+                seg.file = Rc::new(open_segment(&seg.path, self.fsync, false, false).await?);
                 let (res, _) = seg.file.write_all_at(bytes, seg.pos).await;
                 return res;
             }
@@ -844,9 +860,51 @@ impl ShardLog {
         buf
     }
 
+    /// Under `everysec`: starts a flush of what was written to `seg` that
+    /// runs beside later writes (whose replies wait only for their write),
+    /// first reaping the previous one. If that one is still running, it is
+    /// awaited when `wait`, and otherwise left (and nothing new started).
+    async fn flush_behind(&self, seg: &mut Segment, wait: bool) -> io::Result<bool> {
+        if let Some(running) = seg.syncing.take() {
+            if !wait && !running.is_finished() {
+                seg.syncing = Some(running);
+                return Ok(false);
+            }
+            running
+                .await
+                .map_err(|e| io::Error::other(format!("flushing a segment: {e}")))??;
+        }
+        if !seg.unsynced {
+            return Ok(false);
+        }
+        let (file, path, pos) = (seg.file.clone(), seg.path.clone(), seg.pos);
+        let (gate, durable, marks) = (self.gate.clone(), self.durable.clone(), self.marks.clone());
+        seg.unsynced = false;
+        seg.last_sync = Instant::now();
+        seg.syncing = Some(mailring::spawn_local(async move {
+            if let Some(gate) = &gate {
+                gate.wait_open().await;
+            }
+            let res = file.sync_data().await;
+            match &res {
+                Ok(()) => durable.set(&path, pos),
+                // Nothing waits on this flush: fail the log now, so the
+                // next append is refused instead of answered.
+                Err(e) => marks.fail(StorageError::Write(e.to_string())),
+            }
+            res
+        }));
+        Ok(true)
+    }
+
     /// Flushes what was written to `seg` (once the crash-test gate, if
-    /// any, lets it).
+    /// any, lets it), after any flush still running beside the writes.
     async fn flush(&self, seg: &mut Segment) -> io::Result<()> {
+        if let Some(running) = seg.syncing.take() {
+            running
+                .await
+                .map_err(|e| io::Error::other(format!("flushing a segment: {e}")))??;
+        }
         if !seg.unsynced {
             return Ok(());
         }
@@ -879,13 +937,15 @@ impl ShardLog {
         };
         let mut seg = Segment {
             no,
-            file,
+            file: Rc::new(file),
             path,
             pos: 0,
             unsynced: false,
             last_sync: Instant::now(),
             zeroed: 0,
             zeroing: None,
+            syncing: None,
+            presynced: false,
             tail: direct.then(|| self.tail_buf(&[])),
         };
         // The header goes the way the records will (a direct segment's is
@@ -955,7 +1015,8 @@ async fn zero_fill(path: &Path, from: u64, to: u64) -> io::Result<()> {
 struct Segment {
     /// Its number.
     no: u32,
-    file: mailring::fs::File,
+    /// Shared with a flush running beside the writes.
+    file: Rc<mailring::fs::File>,
     path: PathBuf,
     /// Where the next write goes.
     pos: u64,
@@ -966,6 +1027,10 @@ struct Segment {
     zeroed: u64,
     /// The chunk being zero-filled, finishing at the offset it returns.
     zeroing: Option<mailring::JoinHandle<io::Result<u64>>>,
+    /// Under `everysec`: the flush running beside the writes.
+    syncing: Option<mailring::JoinHandle<io::Result<()>>>,
+    /// Under `everysec`: whether the early flush near its end was started.
+    presynced: bool,
     /// A segment written `O_DIRECT`: the bytes of its last, partly written
     /// block (`pos % block` of them), which the next write writes again.
     tail: Option<AlignedBuf>,

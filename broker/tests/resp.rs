@@ -705,6 +705,59 @@ fn the_power_loss_test_catches_replies_sent_before_their_flush() {
     assert!(found < acked, "answered but unflushed entries were lost");
 }
 
+#[test]
+fn under_everysec_a_held_flush_holds_no_reply_and_later_writes_are_flushed_after_it() {
+    let dir = TempDir::new();
+    let gate = SyncGate::new();
+    let mut config = BrokerConfig::default();
+    config.store.fsync = Fsync::EverySec;
+    config.store.sync_gate = Some(gate.clone());
+    let broker = start_in(&dir.0, 1, config);
+    // Dropped before the broker: a failed assertion opens the gate, so
+    // the broker's shutdown (which flushes) ends.
+    struct OpenOnDrop(SyncGate);
+    impl Drop for OpenOnDrop {
+        fn drop(&mut self) {
+            self.0.open();
+        }
+    }
+    let _open = OpenOnDrop(gate.clone());
+    let mut c = Client::connect(broker.local_addr());
+    assert!(matches!(c.cmd(&["XADD", "s", "*", "n", "0"]), R::Bulk(_)));
+    // The second's flush comes due and is held (a disk slow to flush).
+    gate.close();
+    std::thread::sleep(Duration::from_millis(1300));
+    c.r.get_ref()
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    for i in 1..=50 {
+        match c.cmd(&["XADD", "s", "*", "n", &i.to_string()]) {
+            R::Bulk(_) => {}
+            other => panic!("XADD {i} while a flush is held: {other:?}"),
+        }
+    }
+    // Once the disk flushes again, what was written meanwhile is flushed
+    // within the policy's second, with nothing more written.
+    gate.open();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (written, synced) = (broker.written_files(), broker.durable_files());
+        if written
+            .iter()
+            .all(|(path, len)| synced.get(path) == Some(len))
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "written {written:?}, flushed {synced:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(51));
+    broker.shutdown();
+}
+
 fn entry(id: &str, fields: &[&str]) -> R {
     R::Array(vec![
         R::bulk(id),
