@@ -355,6 +355,15 @@ impl Broker {
         self.durable.written()
     }
 
+    /// The index of the shard whose log and actor own stream `name` (where
+    /// its connections attach).
+    pub fn shard_of_stream(&self, name: &[u8]) -> usize {
+        self.shared
+            .system
+            .shard_of::<StreamActor>(&Bytes::copy_from_slice(name))
+            .index()
+    }
+
     /// The address it listens on (the port chosen for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr

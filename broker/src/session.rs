@@ -10,8 +10,8 @@ use bytes::Bytes;
 use mailring_transports::{CloseReason, Route, Session, SessionCtx};
 
 use crate::actor::{
-    storage_error, Answer, Exec, ExecRun, GroupAnswer, GroupFrom, GroupRead, Notify, Read,
-    ReadFrom, ReadGroup, StreamActor, Watch,
+    storage_error, Answer, Exec, GroupAnswer, GroupFrom, GroupRead, Notify, Read, ReadFrom,
+    ReadGroup, StreamActor, Watch,
 };
 use crate::command::{self, Kind};
 use crate::glob::glob_match;
@@ -22,6 +22,7 @@ use crate::stream::Fields;
 
 mod admin;
 mod multi;
+mod run;
 
 /// One client connection's state.
 #[derive(Debug)]
@@ -33,21 +34,10 @@ pub struct RespSession {
     name: Option<Bytes>,
     /// Inside `MULTI`: the queued commands.
     multi: Option<multi::Queue>,
-    /// Stream commands gathered from pipelined requests, sent as one ask
+    /// Stream commands gathered from pipelined requests, sent together
     /// when the requests run out or another kind of request comes.
-    run: Option<Run>,
+    run: Option<run::Run>,
 }
-
-/// Stream commands for one stream from consecutive requests.
-#[derive(Debug)]
-struct Run {
-    stream: Bytes,
-    commands: Vec<(&'static str, Vec<Bytes>)>,
-}
-
-/// The most commands one run gathers (it counts towards no pipeline
-/// window while gathered).
-const RUN_MAX: usize = 64;
 
 impl RespSession {
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
@@ -62,72 +52,6 @@ impl RespSession {
             multi: None,
             run: None,
         }
-    }
-
-    /// Whether `args` (the command `spec`) may join the gathered run: an
-    /// authenticated stream command (key first) of the right arity for the
-    /// run's stream, outside `MULTI`.
-    fn joins_run(&self, spec: Option<&command::Spec>, args: &[Bytes]) -> bool {
-        let (Some(run), Some(spec)) = (&self.run, spec) else {
-            return false;
-        };
-        self.authenticated
-            && self.multi.is_none()
-            && run.commands.len() < RUN_MAX
-            && matches!(spec.kind, Kind::Stream(1))
-            && command::arity_ok(spec, args.len())
-            && args[1] == run.stream
-    }
-
-    /// Adds stream command `name` (key first) to the run, sending the run
-    /// first if it is for another stream or full.
-    fn gather(&mut self, name: &'static str, args: Vec<Bytes>, cx: &mut SessionCtx<Self>) {
-        if self
-            .run
-            .as_ref()
-            .is_some_and(|r| r.stream != args[1] || r.commands.len() >= RUN_MAX)
-        {
-            self.send_run(cx);
-        }
-        let run = self.run.get_or_insert_with(|| Run {
-            stream: args[1].clone(),
-            commands: Vec::new(),
-        });
-        run.commands.push((name, args));
-    }
-
-    /// Sends the gathered run to its stream: one ask for all, their replies
-    /// written in order when it answers (a single command goes alone).
-    fn send_run(&mut self, cx: &mut SessionCtx<Self>) {
-        let Some(mut run) = self.run.take() else {
-            return;
-        };
-        if run.commands.len() == 1 {
-            let (name, args) = run.commands.pop().expect("one command");
-            return self.to_stream(name, 1, args, cx);
-        }
-        let n = run.commands.len();
-        let addr = self.shared.system.keyed::<StreamActor>(run.stream);
-        let proto = self.proto;
-        let ask = addr.ask(ExecRun {
-            commands: run.commands,
-            broker: self.shared.id,
-        });
-        cx.reply_later_many(n, async move {
-            match ask.await {
-                Ok(answers) => {
-                    let mut frames = Vec::with_capacity(answers.len());
-                    for answer in answers {
-                        frames.push(settle(Ok(answer)).await.frame(proto));
-                    }
-                    frames
-                }
-                Err(e) => {
-                    let reply = unavailable(e);
-                    (0..n).map(|_| reply.clone().frame(proto)).collect()
-                }
-            }
-        });
     }
 
     fn reply(&self, r: Reply, cx: &mut SessionCtx<Self>) {

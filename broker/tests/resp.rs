@@ -193,9 +193,9 @@ fn a_pipeline_over_many_streams_answers_in_order() {
 
 #[test]
 fn pipelined_commands_on_one_stream_answer_as_if_sent_one_by_one() {
-    // Consecutive commands on one stream are gathered and sent to it as one
-    // run; errors, other commands and other streams cut the run, and every
-    // reply still comes as it would alone, in order.
+    // Consecutive stream commands are gathered and sent as one run; errors
+    // and other commands cut the run, and every reply still comes as it
+    // would alone, in order.
     let broker = start();
     let mut c = Client::connect(broker.local_addr());
     let commands: &[&[&str]] = &[
@@ -237,6 +237,128 @@ fn pipelined_commands_on_one_stream_answer_as_if_sent_one_by_one() {
     ];
     for (i, w) in want.iter().enumerate() {
         assert_eq!(&c.read(), w, "reply {i} to {:?}", commands[i]);
+    }
+    broker.shutdown();
+}
+
+#[test]
+fn pipelined_commands_over_streams_on_both_shards_answer_as_if_sent_one_by_one() {
+    // A run over many streams goes out per stream, those on the other
+    // shard inside one task there: replies still come in request order,
+    // each as it would alone, and each stream's commands run in order.
+    let broker = start_in(&TempDir::new().0, 2, BrokerConfig::default());
+    let mut c = Client::connect(broker.local_addr());
+    let mut model: std::collections::HashMap<String, Vec<(String, String)>> = Default::default();
+    let mut commands: Vec<Vec<String>> = Vec::new();
+    let mut want = Vec::new();
+    for i in 0..120u32 {
+        let key = format!("spread:{}", (i * 7) % 13);
+        let entries = model.entry(key.clone()).or_default();
+        let cmd = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        match i % 6 {
+            0..=2 => {
+                let id = format!("{}-1", i + 1);
+                commands.push(cmd(&["XADD", &key, &id, "n", &i.to_string()]));
+                want.push(R::bulk(&id));
+                entries.push((id, i.to_string()));
+            }
+            3 => {
+                commands.push(cmd(&["XLEN", &key]));
+                want.push(R::Int(entries.len() as i64));
+            }
+            4 if entries.is_empty() => {
+                commands.push(cmd(&["XADD", &key, "0-0", "n", "x"]));
+                want.push(R::Error(
+                    "ERR The ID specified in XADD must be greater than 0-0".into(),
+                ));
+            }
+            4 => {
+                commands.push(cmd(&["XADD", &key, "1-0", "n", "x"]));
+                want.push(R::Error(
+                    "ERR The ID specified in XADD is equal or smaller than the target stream top item"
+                        .into(),
+                ));
+            }
+            _ => {
+                commands.push(cmd(&["XRANGE", &key, "-", "+", "COUNT", "1"]));
+                want.push(R::Array(
+                    entries
+                        .first()
+                        .map(|(id, v)| entry(id, &["n", v]))
+                        .into_iter()
+                        .collect(),
+                ));
+            }
+        }
+    }
+    let mut wire = Vec::new();
+    for args in &commands {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        wire.extend(encode(&args));
+    }
+    c.send_raw(&wire);
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&c.read(), w, "reply {i} to {:?}", commands[i]);
+    }
+    // The streams sit on both shards (the test would prove little if not).
+    let shards: std::collections::HashSet<usize> = (0..13)
+        .map(|k| broker.shard_of_stream(format!("spread:{k}").as_bytes()))
+        .collect();
+    assert_eq!(shards.len(), 2, "the streams' shards: {shards:?}");
+    broker.shutdown();
+}
+
+#[test]
+fn a_shutdown_with_spread_runs_in_flight_ends_and_loses_no_answered_entry() {
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 2, BrokerConfig::default());
+    let mut clients: Vec<Client> = (0..4)
+        .map(|_| Client::connect(broker.local_addr()))
+        .collect();
+    let per_client = 600;
+    for (ci, c) in clients.iter_mut().enumerate() {
+        let mut wire = Vec::new();
+        for i in 0..per_client {
+            let key = format!("down:{}", (i * 7 + ci) % 13);
+            wire.extend(encode(&[b"XADD", key.as_bytes(), b"*", b"n", b"1"]));
+        }
+        c.send_raw(&wire);
+    }
+    // Shut down while runs over both shards are in flight; it must end.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        broker.shutdown();
+        let _ = done_tx.send(());
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the shutdown ended");
+    // Each client got replies in order, then the end: an id for each
+    // entry taken, or an error, never a hang.
+    let mut answered = Vec::new();
+    for (ci, c) in clients.iter_mut().enumerate() {
+        for i in 0..per_client {
+            match c.r.fill_buf() {
+                Ok(b) if !b.is_empty() => {}
+                _ => break,
+            }
+            match c.read() {
+                R::Bulk(id) => answered.push((
+                    format!("down:{}", (i * 7 + ci) % 13),
+                    String::from_utf8(id).unwrap(),
+                )),
+                R::Error(_) => {}
+                other => panic!("client {ci}, reply {i}: {other:?}"),
+            }
+        }
+    }
+    let broker = start_in(&dir.0, 2, BrokerConfig::default());
+    let mut c = Client::connect(broker.local_addr());
+    for (key, id) in &answered {
+        match c.cmd(&["XRANGE", key, id, id]) {
+            R::Array(v) => assert_eq!(v.len(), 1, "{key} {id} answered, then lost"),
+            other => panic!("{other:?}"),
+        }
     }
     broker.shutdown();
 }

@@ -1,0 +1,261 @@
+//! Pipelined stream commands gathered into runs. While a connection's
+//! requests are parsed, consecutive single-stream commands (key first:
+//! `XADD`, `XLEN`, `XRANGE`, `XACK`...) are gathered instead of sent one by
+//! one. When the parsed requests run out (`on_drained`), another kind of
+//! request comes, or [`RUN_MAX`] are gathered, the run goes out:
+//!
+//! - all on one stream: one [`ExecRun`] ask to that stream's actor;
+//! - over several streams: one `ExecRun` per stream, and those for streams
+//!   on another shard go inside one task spawned there per shard, which
+//!   asks them locally (one crossing each way per shard, not one per
+//!   command).
+//!
+//! Each command still runs as it would alone and gets its own reply; the
+//! replies are written in request order. Commands on different streams
+//! may run in another order than they came, as they may when sent one by
+//! one to actors on different shards; a stream's own commands keep their
+//! order.
+
+use bytes::Bytes;
+use mailring::ShardId;
+use mailring_transports::SessionCtx;
+
+use super::{settle, unavailable, RespSession};
+use crate::actor::{Answer, ExecRun, StreamActor};
+use crate::command::{self, Kind};
+use crate::resp::{Protocol, Reply};
+
+/// The most commands one run gathers (it counts towards no pipeline
+/// window while gathered).
+pub(super) const RUN_MAX: usize = 64;
+
+/// Stream commands (key first) from consecutive requests, in order.
+#[derive(Debug, Default)]
+pub(super) struct Run {
+    commands: Vec<(&'static str, Vec<Bytes>)>,
+}
+
+/// A run's commands for one stream, with their places in the run.
+struct StreamPart {
+    stream: Bytes,
+    at: Vec<usize>,
+    commands: Vec<(&'static str, Vec<Bytes>)>,
+}
+
+/// What came back for one command: an answer whose change may still be
+/// flushing, or the reply itself.
+enum Got {
+    Answer(Answer),
+    Reply(Reply),
+}
+
+impl RespSession {
+    /// Whether `args` (the command `spec`) may join the gathered run: an
+    /// authenticated stream command (key first) of the right arity,
+    /// outside `MULTI`.
+    pub(super) fn joins_run(&self, spec: Option<&command::Spec>, args: &[Bytes]) -> bool {
+        let (Some(run), Some(spec)) = (&self.run, spec) else {
+            return false;
+        };
+        self.authenticated
+            && self.multi.is_none()
+            && run.commands.len() < RUN_MAX
+            && matches!(spec.kind, Kind::Stream(1))
+            && command::arity_ok(spec, args.len())
+    }
+
+    /// Adds stream command `name` (key first) to the run, sending the run
+    /// first if it is full.
+    pub(super) fn gather(
+        &mut self,
+        name: &'static str,
+        args: Vec<Bytes>,
+        cx: &mut SessionCtx<Self>,
+    ) {
+        if self
+            .run
+            .as_ref()
+            .is_some_and(|r| r.commands.len() >= RUN_MAX)
+        {
+            self.send_run(cx);
+        }
+        self.run
+            .get_or_insert_with(Run::default)
+            .commands
+            .push((name, args));
+    }
+
+    /// Sends the gathered run (see the module's doc); its replies are
+    /// written in order once all have come. A single command goes alone.
+    pub(super) fn send_run(&mut self, cx: &mut SessionCtx<Self>) {
+        let Some(mut run) = self.run.take() else {
+            return;
+        };
+        let n = run.commands.len();
+        if n == 1 {
+            let (name, args) = run.commands.pop().expect("one command");
+            return self.to_stream(name, 1, args, cx);
+        }
+        let proto = self.proto;
+        let broker = self.shared.id;
+        let first = &run.commands[0].1[1];
+        if run.commands.iter().all(|(_, args)| args[1] == *first) {
+            let addr = self.shared.system.keyed::<StreamActor>(first.clone());
+            let ask = addr.ask(ExecRun {
+                commands: run.commands,
+                broker,
+            });
+            return cx.reply_later_many(n, async move {
+                match ask.await {
+                    Ok(answers) => {
+                        let mut frames = Vec::with_capacity(n);
+                        for answer in answers {
+                            frames.push(settle(Ok(answer)).await.frame(proto));
+                        }
+                        frames
+                    }
+                    Err(e) => {
+                        let reply = unavailable(e);
+                        (0..n).map(|_| reply.clone().frame(proto)).collect()
+                    }
+                }
+            });
+        }
+        let here = cx.shard();
+        let system = &self.shared.system;
+        let mut local = Vec::new();
+        let mut remote: Vec<(ShardId, Vec<StreamPart>)> = Vec::new();
+        for part in by_stream(run.commands) {
+            let shard = system.shard_of::<StreamActor>(&part.stream);
+            if shard == here {
+                let ask = system.keyed::<StreamActor>(part.stream).ask(ExecRun {
+                    commands: part.commands,
+                    broker,
+                });
+                local.push((part.at, ask));
+            } else {
+                match remote.iter_mut().find(|(s, _)| *s == shard) {
+                    Some((_, parts)) => parts.push(part),
+                    None => remote.push((shard, vec![part])),
+                }
+            }
+        }
+        let remote: Vec<_> = remote
+            .into_iter()
+            .map(|(shard, parts)| {
+                let at: Vec<usize> = parts.iter().flat_map(|p| p.at.iter().copied()).collect();
+                let system = system.clone();
+                let task = mailring::spawn_on(shard, async move {
+                    // On `shard`: each ask is local there, and so is the
+                    // wait for the flushes (one wake-up back, not two).
+                    let asks: Vec<_> = parts
+                        .into_iter()
+                        .map(|p| {
+                            let ask = system.keyed::<StreamActor>(p.stream).ask(ExecRun {
+                                commands: p.commands,
+                                broker,
+                            });
+                            (p.at, ask)
+                        })
+                        .collect();
+                    let mut out: Vec<(Vec<usize>, Vec<Reply>)> = Vec::with_capacity(asks.len());
+                    for (at, ask) in asks {
+                        let replies = match ask.await {
+                            Ok(answers) => {
+                                let mut replies = Vec::with_capacity(answers.len());
+                                for answer in answers {
+                                    replies.push(settle(Ok(answer)).await);
+                                }
+                                replies
+                            }
+                            Err(e) => vec![unavailable(e); at.len()],
+                        };
+                        out.push((at, replies));
+                    }
+                    out
+                });
+                (at, task)
+            })
+            .collect();
+        cx.reply_later_many(n, async move {
+            let mut got: Vec<Option<Got>> = (0..n).map(|_| None).collect();
+            for (at, ask) in local {
+                place(&mut got, at, ask.await);
+            }
+            for (at, task) in remote {
+                match task.await {
+                    Ok(parts) => {
+                        for (at, replies) in parts {
+                            for (i, reply) in at.into_iter().zip(replies) {
+                                got[i] = Some(Got::Reply(reply));
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        let reply = Reply::err(format!("stream unavailable: {e}"));
+                        for i in at {
+                            got[i] = Some(Got::Reply(reply.clone()));
+                        }
+                    }
+                }
+            }
+            let mut frames = Vec::with_capacity(n);
+            for g in got {
+                frames.push(settled(g, proto).await);
+            }
+            frames
+        });
+    }
+}
+
+/// `commands` grouped by stream (argument 1), streams in order of first
+/// appearance, each stream's commands in order.
+fn by_stream(commands: Vec<(&'static str, Vec<Bytes>)>) -> Vec<StreamPart> {
+    let mut parts: Vec<StreamPart> = Vec::new();
+    for (i, (name, args)) in commands.into_iter().enumerate() {
+        match parts.iter_mut().find(|p| p.stream == args[1]) {
+            Some(p) => {
+                p.at.push(i);
+                p.commands.push((name, args));
+            }
+            None => parts.push(StreamPart {
+                stream: args[1].clone(),
+                at: vec![i],
+                commands: vec![(name, args)],
+            }),
+        }
+    }
+    parts
+}
+
+/// Puts one stream's answers at their places in the run.
+fn place(
+    got: &mut [Option<Got>],
+    at: Vec<usize>,
+    answers: Result<Vec<Answer>, mailring_actors::AskError>,
+) {
+    match answers {
+        Ok(answers) => {
+            debug_assert_eq!(answers.len(), at.len(), "one answer per command");
+            for (i, answer) in at.into_iter().zip(answers) {
+                got[i] = Some(Got::Answer(answer));
+            }
+        }
+        Err(e) => {
+            let reply = unavailable(e);
+            for i in at {
+                got[i] = Some(Got::Reply(reply.clone()));
+            }
+        }
+    }
+}
+
+/// The frame of one command's reply, once what it changed is flushed.
+async fn settled(got: Option<Got>, proto: Protocol) -> (Protocol, Reply) {
+    match got {
+        Some(Got::Answer(answer)) => settle(Ok(answer)).await.frame(proto),
+        Some(Got::Reply(reply)) => reply.frame(proto),
+        // Not reached: every place is filled by its stream's answers.
+        None => Reply::err("stream unavailable: no answer").frame(proto),
+    }
+}
