@@ -246,7 +246,8 @@ fn pipelined_commands_over_streams_on_both_shards_answer_as_if_sent_one_by_one()
     // A run over many streams goes out per stream, those on the other
     // shard inside one task there: replies still come in request order,
     // each as it would alone, and each stream's commands run in order.
-    let broker = start_in(&TempDir::new().0, 2, BrokerConfig::default());
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 2, BrokerConfig::default());
     let mut c = Client::connect(broker.local_addr());
     let mut model: std::collections::HashMap<String, Vec<(String, String)>> = Default::default();
     let mut commands: Vec<Vec<String>> = Vec::new();
