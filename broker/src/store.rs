@@ -701,21 +701,19 @@ impl ShardLog {
                     self.durable.set(&seg.path, seg.pos);
                     seg.unsynced = false;
                 }
-                Fsync::EverySec
-                    if seg.last_sync.elapsed() >= Duration::from_secs(1)
-                        || (!seg.presynced
-                            && seg.pos + self.segment_bytes / PRESYNC_FRACTION
-                                > self.segment_bytes) =>
-                {
+                Fsync::EverySec => {
                     // Near its end, a segment is flushed early too: the
                     // flush when it is complete, which the writes wait
                     // for, then has little left to write.
-                    if self.flush_behind(&mut seg, false).await? {
-                        seg.presynced |=
-                            seg.pos + self.segment_bytes / PRESYNC_FRACTION > self.segment_bytes;
+                    let near_end =
+                        seg.pos + self.segment_bytes / PRESYNC_FRACTION > self.segment_bytes;
+                    if (seg.last_sync.elapsed() >= Duration::from_secs(1)
+                        || (near_end && !seg.presynced))
+                        && self.flush_behind(&mut seg, false).await?
+                    {
+                        seg.presynced |= near_end;
                     }
                 }
-                Fsync::EverySec => {}
                 // The OS flushes; nothing is waited for.
                 Fsync::No => seg.unsynced = false,
             }
@@ -865,15 +863,10 @@ impl ShardLog {
     /// first reaping the previous one. If that one is still running, it is
     /// awaited when `wait`, and otherwise left (and nothing new started).
     async fn flush_behind(&self, seg: &mut Segment, wait: bool) -> io::Result<bool> {
-        if let Some(running) = seg.syncing.take() {
-            if !wait && !running.is_finished() {
-                seg.syncing = Some(running);
-                return Ok(false);
-            }
-            running
-                .await
-                .map_err(|e| io::Error::other(format!("flushing a segment: {e}")))??;
+        if !wait && seg.syncing.as_ref().is_some_and(|r| !r.is_finished()) {
+            return Ok(false);
         }
+        reap_flush(seg).await?;
         if !seg.unsynced {
             return Ok(false);
         }
@@ -900,11 +893,7 @@ impl ShardLog {
     /// Flushes what was written to `seg` (once the crash-test gate, if
     /// any, lets it), after any flush still running beside the writes.
     async fn flush(&self, seg: &mut Segment) -> io::Result<()> {
-        if let Some(running) = seg.syncing.take() {
-            running
-                .await
-                .map_err(|e| io::Error::other(format!("flushing a segment: {e}")))??;
-        }
+        reap_flush(seg).await?;
         if !seg.unsynced {
             return Ok(());
         }
@@ -1009,6 +998,17 @@ async fn zero_fill(path: &Path, from: u64, to: u64) -> io::Result<()> {
     }
     file.sync_data().await?;
     file.close().await
+}
+
+/// Waits for the flush running beside `seg`'s writes, if any, and
+/// returns its error.
+async fn reap_flush(seg: &mut Segment) -> io::Result<()> {
+    match seg.syncing.take() {
+        Some(running) => running
+            .await
+            .map_err(|e| io::Error::other(format!("flushing a segment: {e}")))?,
+        None => Ok(()),
+    }
 }
 
 /// The segment being written.
