@@ -84,6 +84,8 @@ mod placement;
 #[cfg(not(loom))]
 pub mod pool;
 #[cfg(not(loom))]
+pub mod process;
+#[cfg(not(loom))]
 mod runtime;
 #[cfg(not(loom))]
 mod shard;

@@ -20,6 +20,7 @@ fn usage() -> &'static str {
     "usage: broker [--port N] [--bind ADDR] [--shards N] [--dir PATH] \
      [--appendfsync always|everysec|no] [--requirepass PASS] [--spin-us N]\n\
      \x20      [--stream-cache BYTES] [--segment-bytes BYTES] [--no-direct-io] [--no-preallocate]\n\
+     \x20      [--allow-thp]\n\
      \x20      broker --bench [--producers N] [--consumers N] [--pipeline N] \
      [--payload BYTES] [--streams N] [--duration SECS] [--appendfsync ...] [--shards N]"
 }
@@ -40,6 +41,7 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
     let mut bench_config = crate::bench::BenchConfig::default();
     let mut bind = std::net::IpAddr::from([127, 0, 0, 1]);
     let mut port = 6379u16;
+    let mut allow_thp = false;
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
         let value = |args: &mut dyn Iterator<Item = String>| {
@@ -63,6 +65,7 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                 }
                 "--no-direct-io" => config.store.direct_io = false,
                 "--no-preallocate" => config.store.preallocate = false,
+                "--allow-thp" => allow_thp = true,
                 "--segment-bytes" => {
                     config.store.segment_bytes = num(&flag, value(&mut args)?)?;
                 }
@@ -99,6 +102,16 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
         if let Err(e) = res {
             eprintln!("{e}");
             return ExitCode::from(2);
+        }
+    }
+    if !allow_thp {
+        // As Redis's `disable-thp yes`: a huge page's first touch stalls
+        // the shard that makes it for milliseconds (docs/broker.md).
+        if let Err(e) = mailring::process::disable_transparent_huge_pages() {
+            eprintln!(
+                "broker: could not turn transparent huge pages off ({e}); \
+                 expect latency spikes while memory grows"
+            );
         }
     }
     if bench.is_some() {

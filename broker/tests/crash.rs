@@ -384,3 +384,30 @@ fn sigkill_mid_consumption_leaves_groups_where_their_acks_left_them() {
     // The acknowledgement in flight at the kill may or may not have landed.
     let _ = in_flight;
 }
+
+/// The process's `THP_enabled` line in `/proc/PID/status` (0: transparent
+/// huge pages are off for it).
+fn thp_enabled(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .expect("the kernel reports THP_enabled (Linux 5.0 and later)")
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn the_broker_turns_transparent_huge_pages_off_unless_allowed() {
+    let dir = TempDir::new();
+    let broker = Proc::start(&dir.0);
+    assert_eq!(thp_enabled(broker.child.id()), "0", "off by default");
+    broker.kill();
+    let broker = Proc::start_with(&dir.0, &["--allow-thp"]);
+    assert_eq!(
+        thp_enabled(broker.child.id()),
+        "1",
+        "--allow-thp leaves the system's setting"
+    );
+    broker.kill();
+}
