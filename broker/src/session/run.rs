@@ -42,6 +42,14 @@ struct StreamPart {
     commands: Vec<(&'static str, Vec<Bytes>)>,
 }
 
+/// A [`StreamPart`] for a stream on another shard: its actor's address
+/// (the key hashed once), its places in the run, its commands.
+type AddressedPart = (
+    mailring_actors::Addr<StreamActor>,
+    Vec<usize>,
+    Vec<(&'static str, Vec<Bytes>)>,
+);
+
 /// What came back for one command: an answer whose change may still be
 /// flushing, or the reply itself.
 enum Got {
@@ -124,15 +132,15 @@ impl RespSession {
         let here = cx.shard();
         let system = &self.shared.system;
         let mut local = Vec::new();
-        let mut remote: Vec<(ShardId, Vec<StreamPart>)> = Vec::new();
+        let mut remote: Vec<(ShardId, Vec<AddressedPart>)> = Vec::new();
         for part in by_stream(run.commands) {
-            let shard = system.shard_of::<StreamActor>(&part.stream);
+            // The stream's key is hashed once, for its shard and its ask.
+            let addr = system.keyed::<StreamActor>(part.stream);
+            let shard = addr.shard();
+            let part = (addr, part.at, part.commands);
             if shard == here {
-                let ask = system.keyed::<StreamActor>(part.stream).ask(ExecRun {
-                    commands: part.commands,
-                    broker,
-                });
-                local.push((part.at, ask));
+                let (addr, at, commands) = part;
+                local.push((at, addr.ask(ExecRun { commands, broker })));
             } else {
                 match remote.iter_mut().find(|(s, _)| *s == shard) {
                     Some((_, parts)) => parts.push(part),
@@ -143,20 +151,13 @@ impl RespSession {
         let remote: Vec<_> = remote
             .into_iter()
             .map(|(shard, parts)| {
-                let at: Vec<usize> = parts.iter().flat_map(|p| p.at.iter().copied()).collect();
-                let system = system.clone();
+                let at: Vec<usize> = parts.iter().flat_map(|p| p.1.iter().copied()).collect();
                 let task = mailring::spawn_on(shard, async move {
                     // On `shard`: each ask is local there, and so is the
                     // wait for the flushes (one wake-up back, not two).
                     let asks: Vec<_> = parts
                         .into_iter()
-                        .map(|p| {
-                            let ask = system.keyed::<StreamActor>(p.stream).ask(ExecRun {
-                                commands: p.commands,
-                                broker,
-                            });
-                            (p.at, ask)
-                        })
+                        .map(|(addr, at, commands)| (at, addr.ask(ExecRun { commands, broker })))
                         .collect();
                     let mut out: Vec<(Vec<usize>, Vec<Reply>)> = Vec::with_capacity(asks.len());
                     for (at, ask) in asks {
