@@ -809,8 +809,9 @@ impl StreamActor {
         };
         if now != self.counted {
             if let Some(gauge) = &self.gauge {
-                gauge.fetch_add(now, Ordering::Relaxed);
-                gauge.fetch_sub(self.counted, Ordering::Relaxed);
+                // One atomic step for the change, up or down (the sum of
+                // every stream's steps never goes below zero).
+                gauge.fetch_add(now.wrapping_sub(self.counted), Ordering::Relaxed);
             }
             self.counted = now;
         }

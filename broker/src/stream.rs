@@ -173,6 +173,10 @@ struct Slot {
     fields: Option<Fields>,
 }
 
+/// A stream's cached tail may pass its budget by 1/this before entries
+/// are evicted (see [`Stream::settle`]).
+pub const EVICT_MARGIN: u64 = 16;
+
 /// Bytes an entry's fields take in memory, as the cache counts them:
 /// their buffer and the entry's place in the stream's map.
 fn cost(fields: &Fields) -> u64 {
@@ -421,10 +425,12 @@ impl Stream {
         }
     }
 
-    /// Keeps the cached tail within `budget` bytes: evicts its oldest
-    /// entries whose records are before `written` (only a record on disk,
-    /// or in the page cache, can be read back), and drops what was lent
-    /// for the last command. The newest entries stay as long as they fit.
+    /// Keeps the cached tail within `budget` bytes (and a margin of
+    /// 1/[`EVICT_MARGIN`] of it): once past both, evicts its oldest entries
+    /// whose records are before `written` (only a record on disk, or in the
+    /// page cache, can be read back) until it is within `budget`; and drops
+    /// what was lent for the last command. The newest entries stay as long
+    /// as they fit.
     pub fn settle(&mut self, budget: u64, written: Loc) {
         let entries = &mut self.entries;
         let cache_from = self.cache_from;
@@ -440,7 +446,11 @@ impl Stream {
             slot.fields = None;
             false
         });
-        if self.cached <= budget {
+        // Past the budget by a margin before any goes, then down to the
+        // budget: finding the oldest cached entry is a search through the
+        // whole map (a cache miss per step on a big stream), made once per
+        // margin's worth of appends instead of once per append.
+        if self.cached <= budget + budget / EVICT_MARGIN {
             return;
         }
         let mut next = None;
@@ -1062,6 +1072,25 @@ mod tests {
         assert_eq!(s.delete(&[StreamId::new(99, 0), StreamId::new(60, 0)]), 2);
         assert_eq!(s.cached_bytes(), 9 * each);
         assert_eq!(s.live_bytes(), 48 * raw_bytes(&fields()));
+    }
+
+    #[test]
+    fn eviction_waits_for_the_margin_then_goes_down_to_the_budget() {
+        let each = cost(&fields());
+        let budget = 64 * each;
+        // Within the budget and its margin (4 entries' worth): all stay.
+        let mut s = placed(64 + 4);
+        s.settle(budget, Loc::MAX);
+        assert_eq!(s.cached_bytes(), 68 * each);
+        // One more is past the margin: down to the budget at once.
+        s.insert(StreamId::new(69, 0), fields(), Loc::new(1, 16 + 69));
+        s.settle(budget, Loc::MAX);
+        assert_eq!(s.cached_bytes(), 64 * each);
+        assert_eq!(
+            s.missing_in_range(StreamId::MIN, StreamId::MAX, None, false)
+                .len(),
+            5
+        );
     }
 
     #[test]
