@@ -727,16 +727,28 @@ impl StreamActor {
     /// Notes where a record just logged in `segment` put this stream's
     /// history and entries (`starts`: the stream did not exist before
     /// it, so its history starts there).
+    /// [`StreamActor::note`] for `Op::Add { id, .. }`.
+    fn note_add(&mut self, id: StreamId, segment: u32, starts: bool) {
+        if starts {
+            self.meta_segment = segment;
+            self.runs.clear();
+        }
+        self.last_segment = segment;
+        if self.runs.back().is_none_or(|r| r.1 != segment) {
+            self.runs.push_back((id, segment));
+        }
+    }
+
     fn note(&mut self, op: &Op, segment: u32, starts: bool) {
+        if let Op::Add { id, .. } = op {
+            return self.note_add(*id, segment, starts);
+        }
         if starts {
             self.meta_segment = segment;
             self.runs.clear();
         }
         self.last_segment = segment;
         match op {
-            Op::Add { id, .. } if self.runs.back().is_none_or(|r| r.1 != segment) => {
-                self.runs.push_back((*id, segment));
-            }
             Op::Snapshot(_) => self.meta_segment = segment,
             Op::Drop => {
                 self.meta_segment = segment;
@@ -839,6 +851,27 @@ impl StreamActor {
         self.append(op, starts)
     }
 
+    /// [`StreamActor::log`] of `Op::Add { id, fields }`, encoded from
+    /// borrowed parts outside a transaction (no copy of the name or the
+    /// fields' handle for a record that is dropped once encoded).
+    fn log_add(&mut self, id: StreamId, fields: &Fields) -> Result<Ticket, StorageError> {
+        if self.batch.is_some() {
+            return self.log(Op::Add {
+                id,
+                fields: fields.clone(),
+            });
+        }
+        let log = self.log.as_ref().ok_or(StorageError::Closed)?;
+        let starts = self.stream.is_none();
+        let op_no = self.op_no + 1;
+        let (ticket, loc) =
+            log.append_encoded(|dst| crate::log::encode_add(dst, &self.name, op_no, id, fields))?;
+        self.op_no = op_no;
+        self.appended_at = loc;
+        self.note_add(id, loc.segment, starts);
+        Ok(ticket)
+    }
+
     /// Appends `op` as this stream's next record (`starts`: the stream
     /// did not exist before it).
     fn append(&mut self, op: Op, starts: bool) -> Result<Ticket, StorageError> {
@@ -876,10 +909,7 @@ impl StreamActor {
                     Err(e) => return e.into(),
                 };
                 let fields = Fields::from_parts(&args[p.fields_at..]);
-                let mut ticket = match self.log(Op::Add {
-                    id,
-                    fields: fields.clone(),
-                }) {
+                let mut ticket = match self.log_add(id, &fields) {
                     Ok(t) => t,
                     Err(e) => return storage_error(&e).into(),
                 };

@@ -478,37 +478,52 @@ fn crc_of_len(len: u32) -> u32 {
     !crc
 }
 
+/// Appends the record of `Op::Add { id, fields }` for `stream`, framed
+/// (what [`Record::encode`] writes for it, from borrowed parts: the
+/// common record, with room reserved once and four appends).
+pub fn encode_add(dst: &mut BytesMut, stream: &[u8], op_no: u64, id: StreamId, fields: &Fields) {
+    let start = dst.len();
+    // The frame and body headers in one append (each `BytesMut` append
+    // checks its room: an entry's record was ten of them).
+    let mut head = [0u8; 8 + 1 + 4];
+    head[8] = KIND_ADD;
+    head[9..].copy_from_slice(&(stream.len() as u32).to_le_bytes());
+    dst.reserve(head.len() + stream.len() + 8 + 16 + fields.encoded().len());
+    dst.put_slice(&head);
+    dst.put_slice(stream);
+    let mut nums = [0u8; 8 + 16];
+    nums[..8].copy_from_slice(&op_no.to_le_bytes());
+    nums[8..16].copy_from_slice(&id.ms.to_le_bytes());
+    nums[16..].copy_from_slice(&id.seq.to_le_bytes());
+    dst.put_slice(&nums);
+    dst.put_slice(fields.encoded());
+    seal(dst, start);
+}
+
+/// Fills in the length and checksum of the record framed from `start`.
+fn seal(dst: &mut BytesMut, start: usize) {
+    let body = start + 8;
+    let len = (dst.len() - body) as u32;
+    dst[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc_of_len(len), &dst[body..]);
+    dst[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
 impl Record {
     /// Appends the record, framed (length, checksum, body), to `dst`.
     pub fn encode(&self, dst: &mut BytesMut) {
+        if let Op::Add { id, fields } = &self.op {
+            return encode_add(dst, &self.stream, self.op_no, *id, fields);
+        }
         let start = dst.len();
-        let body = start + 8;
-        // The frame and body headers in one append (each `BytesMut` append
-        // checks its room: an entry's record was ten of them).
         let mut head = [0u8; 8 + 1 + 4];
         head[8] = op_kind(&self.op);
         head[9..].copy_from_slice(&(self.stream.len() as u32).to_le_bytes());
-        if let Op::Add { id, fields } = &self.op {
-            // The common record: room reserved once, four appends.
-            dst.reserve(head.len() + self.stream.len() + 8 + 16 + fields.encoded().len());
-            dst.put_slice(&head);
-            dst.put_slice(&self.stream);
-            let mut nums = [0u8; 8 + 16];
-            nums[..8].copy_from_slice(&self.op_no.to_le_bytes());
-            nums[8..16].copy_from_slice(&id.ms.to_le_bytes());
-            nums[16..].copy_from_slice(&id.seq.to_le_bytes());
-            dst.put_slice(&nums);
-            dst.put_slice(fields.encoded());
-        } else {
-            dst.put_slice(&head);
-            dst.put_slice(&self.stream);
-            dst.put_u64_le(self.op_no);
-            put_op_fields(&self.op, dst);
-        }
-        let len = (dst.len() - body) as u32;
-        dst[start..start + 4].copy_from_slice(&len.to_le_bytes());
-        let crc = crc32c::crc32c_append(crc_of_len(len), &dst[body..]);
-        dst[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+        dst.put_slice(&head);
+        dst.put_slice(&self.stream);
+        dst.put_u64_le(self.op_no);
+        put_op_fields(&self.op, dst);
+        seal(dst, start);
     }
 
     /// Decodes a checked body; `None` if it is malformed.

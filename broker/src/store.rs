@@ -11,6 +11,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -139,16 +140,22 @@ pub enum StorageError {
 
 /// The reply-side watermark of one log: appends up to `done` are flushed
 /// (as far as the policy asks before a reply).
+///
+/// `done` and `failed` are read without the lock: a ticket whose append
+/// is flushed, and an append to a log that has not failed, take no lock.
 #[derive(Debug, Default)]
 struct Marks {
+    done: AtomicU64,
+    failed: AtomicBool,
     state: Mutex<MarksState>,
 }
 
 #[derive(Debug, Default)]
 struct MarksState {
-    done: u64,
     failed: Option<StorageError>,
-    waiters: Vec<(u64, Waker)>,
+    /// Tickets waiting, by lsn (ascending: appends are mostly polled in
+    /// order, and those flushed leave from the front).
+    waiters: VecDeque<(u64, Waker)>,
 }
 
 impl Marks {
@@ -157,15 +164,18 @@ impl Marks {
     }
 
     fn advance(&self, to: u64) {
+        // Published before the waiters are looked at: a ticket that checks
+        // `done` under the lock after this sees it, and one that checked
+        // before has its waker in the list by the time the lock is ours.
+        self.done.fetch_max(to, Ordering::Release);
         let ready: Vec<Waker> = {
             let mut s = self.lock();
-            s.done = s.done.max(to);
-            let done = s.done;
-            let (ready, waiting) = std::mem::take(&mut s.waiters)
-                .into_iter()
-                .partition(|(lsn, _)| *lsn <= done);
-            s.waiters = waiting;
-            ready.into_iter().map(|(_, w)| w).collect()
+            let done = self.done.load(Ordering::Acquire);
+            let mut ready = Vec::new();
+            while s.waiters.front().is_some_and(|(lsn, _)| *lsn <= done) {
+                ready.push(s.waiters.pop_front().expect("checked").1);
+            }
+            ready
         };
         ready.into_iter().for_each(Waker::wake);
     }
@@ -174,9 +184,18 @@ impl Marks {
         let waiters = {
             let mut s = self.lock();
             s.failed.get_or_insert(e);
+            self.failed.store(true, Ordering::Release);
             std::mem::take(&mut s.waiters)
         };
         waiters.into_iter().for_each(|(_, w)| w.wake());
+    }
+
+    /// The error the log failed with, if it did.
+    fn failed(&self) -> Option<StorageError> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.lock().failed.clone()
     }
 }
 
@@ -198,17 +217,29 @@ impl Future for Ticket {
     type Output = Result<(), StorageError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut s = self.marks.lock();
-        if s.done >= self.lsn {
+        let marks = &self.marks;
+        if marks.done.load(Ordering::Acquire) >= self.lsn {
+            return Poll::Ready(Ok(()));
+        }
+        let mut s = marks.lock();
+        if marks.done.load(Ordering::Acquire) >= self.lsn {
             return Poll::Ready(Ok(()));
         }
         if let Some(e) = &s.failed {
             return Poll::Ready(Err(e.clone()));
         }
-        match s.waiters.iter_mut().find(|(lsn, _)| *lsn == self.lsn) {
-            Some((_, w)) => w.clone_from(cx.waker()),
-            None => s.waiters.push((self.lsn, cx.waker().clone())),
+        let lsn = self.lsn;
+        // Polled again by the same task: its waker is there already. Two
+        // tickets may share an lsn (a read-back waits for the last append),
+        // so another task's waker is added beside, not written over.
+        let mut at = s.waiters.partition_point(|(l, _)| *l < lsn);
+        while s.waiters.get(at).is_some_and(|(l, _)| *l == lsn) {
+            if s.waiters[at].1.will_wake(cx.waker()) {
+                return Poll::Pending;
+            }
+            at += 1;
         }
+        s.waiters.insert(at, (lsn, cx.waker().clone()));
         Poll::Pending
     }
 }
@@ -479,8 +510,21 @@ impl ShardLog {
     ///
     /// The log failed earlier, or is closed.
     pub fn append(&self, record: &Record) -> Result<(Ticket, Loc), StorageError> {
-        if let Some(e) = &self.marks.lock().failed {
-            return Err(e.clone());
+        self.append_encoded(|dst| record.encode(dst))
+    }
+
+    /// [`ShardLog::append`] for a record that `encode` writes (framed, as
+    /// [`Record::encode`] does) from borrowed parts.
+    ///
+    /// # Errors
+    ///
+    /// As [`ShardLog::append`].
+    pub fn append_encoded(
+        &self,
+        encode: impl FnOnce(&mut BytesMut),
+    ) -> Result<(Ticket, Loc), StorageError> {
+        if let Some(e) = self.marks.failed() {
+            return Err(e);
         }
         let mut guard = self.pending.borrow_mut();
         let p = &mut *guard;
@@ -488,7 +532,7 @@ impl ShardLog {
             return Err(StorageError::Closed);
         }
         let at = p.buf.len();
-        record.encode(&mut p.buf);
+        encode(&mut p.buf);
         let len = (p.buf.len() - at) as u64;
         if !log::record_fits(len as usize) {
             p.buf.truncate(at);
@@ -1150,4 +1194,65 @@ pub fn shard_log(broker: u64) -> Option<Rc<ShardLog>> {
             .find(|(b, _)| *b == broker)
             .map(|(_, log)| log.clone())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::task::Wake;
+
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn ticket(marks: &Arc<Marks>, lsn: u64) -> Ticket {
+        Ticket {
+            marks: marks.clone(),
+            lsn,
+        }
+    }
+
+    #[test]
+    fn tickets_wake_once_flushed_each_with_its_own_waker() {
+        let marks = Arc::new(Marks::default());
+        let counts: Vec<Arc<Count>> = (0..4)
+            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
+            .collect();
+        let wakers: Vec<Waker> = counts.iter().map(|c| Waker::from(c.clone())).collect();
+        // Two tickets share lsn 2 (a read-back waits for the last append),
+        // polled out of order and more than once.
+        let mut tickets = [
+            ticket(&marks, 3),
+            ticket(&marks, 2),
+            ticket(&marks, 2),
+            ticket(&marks, 1),
+        ];
+        for _ in 0..2 {
+            for (t, w) in tickets.iter_mut().zip(&wakers) {
+                let mut cx = Context::from_waker(w);
+                assert!(Pin::new(t).poll(&mut cx).is_pending());
+            }
+        }
+        assert_eq!(marks.lock().waiters.len(), 4, "one place per waiting task");
+        marks.advance(2);
+        let woken: Vec<usize> = counts.iter().map(|c| c.0.load(Ordering::SeqCst)).collect();
+        assert_eq!(woken, [0, 1, 1, 1]);
+        for (t, w) in tickets.iter_mut().zip(&wakers).skip(1) {
+            let mut cx = Context::from_waker(w);
+            assert!(matches!(Pin::new(t).poll(&mut cx), Poll::Ready(Ok(()))));
+        }
+        marks.fail(StorageError::Closed);
+        assert_eq!(counts[0].0.load(Ordering::SeqCst), 1);
+        let mut cx = Context::from_waker(&wakers[0]);
+        assert!(matches!(
+            Pin::new(&mut tickets[0]).poll(&mut cx),
+            Poll::Ready(Err(StorageError::Closed))
+        ));
+        assert!(matches!(marks.failed(), Some(StorageError::Closed)));
+    }
 }
