@@ -12,8 +12,9 @@ use std::io;
 /// measured on a VM, about 4 ms, every few tens of milliseconds while a
 /// broker's memory grows, which was the whole 99th percentile of its
 /// pipelined latency. With 4 KiB pages the same zeroing is spread over
-/// the requests that grow the memory. It applies to the whole process and
-/// to memory mapped after the call (make it before building a runtime).
+/// the requests that grow the memory. It applies to the whole process
+/// (every page fault after the call; make it before building a runtime)
+/// and is inherited by the processes it starts.
 ///
 /// # Errors
 ///
@@ -27,9 +28,11 @@ use std::io;
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub fn disable_transparent_huge_pages() -> io::Result<()> {
-    // SAFETY: `PR_SET_THP_DISABLE` takes four integer arguments and
-    // touches no memory of ours; it sets a flag on this process.
-    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    let (on, unused): (libc::c_ulong, libc::c_ulong) = (1, 0);
+    // SAFETY: `PR_SET_THP_DISABLE` reads its four arguments as `unsigned
+    // long` (passed as such through the variadic call) and touches no
+    // memory of ours; it sets a flag on this process.
+    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, on, unused, unused, unused) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -43,9 +46,10 @@ pub fn disable_transparent_huge_pages() -> io::Result<()> {
 ///
 /// The kernel does not know `PR_GET_THP_DISABLE`.
 pub fn transparent_huge_pages_disabled() -> io::Result<bool> {
-    // SAFETY: `PR_GET_THP_DISABLE` takes integer arguments only and
-    // returns the flag.
-    let rc = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
+    let unused: libc::c_ulong = 0;
+    // SAFETY: `PR_GET_THP_DISABLE` takes `unsigned long` arguments (unused
+    // here), touches no memory of ours, and returns the flag.
+    let rc = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, unused, unused, unused, unused) };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -724,9 +724,6 @@ impl StreamActor {
         }
     }
 
-    /// Notes where a record just logged in `segment` put this stream's
-    /// history and entries (`starts`: the stream did not exist before
-    /// it, so its history starts there).
     /// [`StreamActor::note`] for `Op::Add { id, .. }`.
     fn note_add(&mut self, id: StreamId, segment: u32, starts: bool) {
         if starts {
@@ -739,6 +736,9 @@ impl StreamActor {
         }
     }
 
+    /// Notes where a record just logged in `segment` put this stream's
+    /// history and entries (`starts`: the stream did not exist before
+    /// it, so its history starts there).
     fn note(&mut self, op: &Op, segment: u32, starts: bool) {
         if let Op::Add { id, .. } = op {
             return self.note_add(*id, segment, starts);

@@ -450,7 +450,7 @@ impl Stream {
         // budget: finding the oldest cached entry is a search through the
         // whole map (a cache miss per step on a big stream), made once per
         // margin's worth of appends instead of once per append.
-        if self.cached <= budget + budget / EVICT_MARGIN {
+        if self.cached <= budget.saturating_add(budget / EVICT_MARGIN) {
             return;
         }
         let mut next = None;
