@@ -166,10 +166,15 @@ impl<V> Entries<V> {
             }
         }
         if chunk.items.len() > CHUNK {
-            let rest = chunk.items.split_off(CHUNK / 2);
-            let live = rest.iter().filter(|i| i.live).count();
-            chunk.live -= live;
-            self.chunks.insert(c + 1, Chunk { items: rest, live });
+            // Tombstones go first: a half of nothing but tombstones would
+            // be a chunk with nothing live, which the map never keeps.
+            chunk.items.retain(|i| i.live);
+            if chunk.items.len() > CHUNK {
+                let rest = chunk.items.split_off(CHUNK / 2);
+                chunk.live -= rest.len();
+                let live = rest.len();
+                self.chunks.insert(c + 1, Chunk { items: rest, live });
+            }
         }
     }
 
@@ -361,6 +366,28 @@ mod tests {
         }
         let all: Vec<_> = ours.iter().map(|(k, v)| (k, *v)).collect();
         assert_eq!(all, model.into_iter().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_late_insert_that_splits_a_chunk_of_tombstones_leaves_no_empty_chunk() {
+        // One full chunk, its first half deleted (tombstones kept: not yet
+        // sparse), then an insert below the top into its second half: the
+        // split must not leave a chunk with nothing live at the front.
+        let mut m: Entries<u8> = Entries::default();
+        for n in 0..CHUNK as u64 {
+            m.insert(id(2 * n), 1);
+        }
+        for n in 0..(CHUNK as u64 / 2) {
+            assert_eq!(m.remove(id(2 * n)), Some(1));
+        }
+        m.insert(id(CHUNK as u64 + 37), 2);
+        assert_eq!(m.len(), CHUNK / 2 + 1);
+        assert!(
+            m.chunks.iter().all(|c| c.live > 0),
+            "a chunk with nothing live"
+        );
+        assert_eq!(m.first().map(|(k, _)| k), Some(id(CHUNK as u64)));
+        assert_eq!(m.pop_first(), Some((id(CHUNK as u64), 1)));
     }
 
     #[test]
