@@ -198,9 +198,13 @@ fn pipelined_commands_on_one_stream_answer_as_if_sent_one_by_one() {
     // would alone, in order.
     let broker = start();
     let mut c = Client::connect(broker.local_addr());
+    // A key past the limit is answered at once: the run before it must go
+    // first all the same.
+    let long = "k".repeat(mailring_broker::server::MAX_KEY_LEN + 1);
     let commands: &[&[&str]] = &[
         &["XADD", "r", "1-1", "a", "1"],
         &["XADD", "r", "2-1", "a", "2"],
+        &["XLEN", &long],
         &["XADD", "r", "1-5", "a", "x"],
         &["XLEN", "r"],
         &["XADD", "r"],
@@ -221,6 +225,10 @@ fn pipelined_commands_on_one_stream_answer_as_if_sent_one_by_one() {
     let want = [
         R::bulk("1-1"),
         R::bulk("2-1"),
+        R::Error(format!(
+            "ERR stream name longer than the limit of {} bytes",
+            mailring_broker::server::MAX_KEY_LEN
+        )),
         R::Error(
             "ERR The ID specified in XADD is equal or smaller than the target stream top item"
                 .into(),

@@ -353,8 +353,10 @@ impl<S: Session> SessionCtx<S> {
     /// ask answering a run of pipelined commands), in order with the frames
     /// around them, as [`SessionCtx::reply_later`] queues one. They count
     /// as `count` towards the pipeline window. The future yields the
-    /// replies in order; all of them are written once it is ready (should
-    /// it yield another number, what it yields is written).
+    /// replies in order; all of them are written once it is ready. Should
+    /// it yield another number, or panic, nothing of it is written and the
+    /// connection closes with [`crate::CloseReason::Panicked`] (every later
+    /// reply would otherwise answer the wrong request).
     pub fn reply_later_many(
         &mut self,
         count: usize,
@@ -425,6 +427,16 @@ impl<S: Session> SessionCtx<S> {
                     }
                     Slot::LaterMany(count, fut) => {
                         if let Poll::Ready(frames) = fut.as_mut().poll(cx) {
+                            // Another number would put every later reply
+                            // against the wrong request: the connection
+                            // closes as for a panic in the session.
+                            assert_eq!(
+                                frames.len(),
+                                *count,
+                                "a reply_later_many future yielded {} replies for {}",
+                                frames.len(),
+                                count
+                            );
                             self.pending -= *count;
                             *slot = Slot::ReadyMany(frames);
                         }

@@ -835,6 +835,12 @@ impl Session for Fragile {
             b"boom" => panic!("session handler panics on purpose"),
             b"later" => cx.reply_later(async { panic!("deferred reply panics on purpose") }),
             b"drained" => self.drain_panics = true,
+            b"many-short" => {
+                cx.reply_later_many(2, async { vec![Bytes::from_static(b"only one")] })
+            }
+            b"many-panic" => {
+                cx.reply_later_many(2, async { panic!("deferred replies panic on purpose") })
+            }
             _ => cx.send_frame(frame),
         }
     }
@@ -852,7 +858,7 @@ fn a_panicking_session_or_factory_closes_only_its_connection() {
     let made = Arc::new(AtomicUsize::new(0));
     let m = made.clone();
     let server = Server::builder(LengthDelimited::new(), move |_| {
-        if m.fetch_add(1, Ordering::SeqCst) == 4 {
+        if m.fetch_add(1, Ordering::SeqCst) == 6 {
             panic!("factory panics on purpose");
         }
         Fragile::default()
@@ -866,7 +872,14 @@ fn a_panicking_session_or_factory_closes_only_its_connection() {
         assert_eq!(read_frame(c).unwrap(), body);
     };
     echo(&mut good, b"before");
-    for (n, poison) in [&b"boom"[..], b"later", b"drained"].into_iter().enumerate() {
+    let poisons = [
+        &b"boom"[..],
+        b"later",
+        b"drained",
+        b"many-short",
+        b"many-panic",
+    ];
+    for (n, poison) in poisons.into_iter().enumerate() {
         let mut bad = client(addr);
         echo(&mut bad, b"fine so far");
         bad.write_all(&frame(poison)).unwrap();
@@ -880,12 +893,12 @@ fn a_panicking_session_or_factory_closes_only_its_connection() {
         });
         echo(&mut good, b"still served");
     }
-    // The fifth connection's factory panics: that connection is dropped.
+    // The seventh connection's factory panics: that connection is dropped.
     let mut refused = client(addr);
     refused.write_all(&frame(b"anyone?")).unwrap();
     assert_eq!(refused.read(&mut [0u8; 8]).unwrap_or(0), 0);
     wait_for(&server, "the factory's panic", |s| {
-        s.closed(CloseKind::Panicked) == 4
+        s.closed(CloseKind::Panicked) == 6
     });
     // The listener still accepts.
     let mut after = client(addr);
@@ -898,7 +911,7 @@ fn a_panicking_session_or_factory_closes_only_its_connection() {
         .iter()
         .map(|s| s.panics.total())
         .sum::<u64>();
-    assert_eq!(panics, 4, "each panic reported to the runtime");
+    assert_eq!(panics, 6, "each panic reported to the runtime");
     drop((good, after));
     rt.block_on(server.shutdown());
     rt.shutdown();

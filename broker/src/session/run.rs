@@ -24,6 +24,7 @@ use super::{settle, unavailable, RespSession};
 use crate::actor::{Answer, ExecRun, StreamActor};
 use crate::command::{self, Kind};
 use crate::resp::{Protocol, Reply};
+use crate::server::MAX_KEY_LEN;
 
 /// The most commands one run gathers (it counts towards no pipeline
 /// window while gathered).
@@ -62,35 +63,33 @@ impl RespSession {
     /// authenticated stream command (key first) of the right arity,
     /// outside `MULTI`.
     pub(super) fn joins_run(&self, spec: Option<&command::Spec>, args: &[Bytes]) -> bool {
-        let (Some(run), Some(spec)) = (&self.run, spec) else {
+        let Some(spec) = spec else {
             return false;
         };
-        self.authenticated
+        self.run.is_some()
+            && self.authenticated
             && self.multi.is_none()
-            && run.commands.len() < RUN_MAX
             && matches!(spec.kind, Kind::Stream(1))
             && command::arity_ok(spec, args.len())
+            // A key past the limit is answered at once, after the run.
+            && args[1].len() <= MAX_KEY_LEN
     }
 
-    /// Adds stream command `name` (key first) to the run, sending the run
-    /// first if it is full.
+    /// Adds stream command `name` (key first) to the run, and sends the
+    /// run once that fills it (not with the next command: that one would
+    /// then wait alone behind a full pipeline window and go as a run of
+    /// one).
     pub(super) fn gather(
         &mut self,
         name: &'static str,
         args: Vec<Bytes>,
         cx: &mut SessionCtx<Self>,
     ) {
-        if self
-            .run
-            .as_ref()
-            .is_some_and(|r| r.commands.len() >= RUN_MAX)
-        {
+        let run = self.run.get_or_insert_with(Run::default);
+        run.commands.push((name, args));
+        if run.commands.len() >= RUN_MAX {
             self.send_run(cx);
         }
-        self.run
-            .get_or_insert_with(Run::default)
-            .commands
-            .push((name, args));
     }
 
     /// Sends the gathered run (see the module's doc); its replies are
