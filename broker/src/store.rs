@@ -732,7 +732,7 @@ impl ShardLog {
             if self.fsync == Fsync::Always {
                 // The segment is O_DSYNC: this write is its flush.
                 if let Some(gate) = &self.gate {
-                    gate.wait_open().await;
+                    gate.wait_open().await?;
                 }
             }
             self.write_segment(&mut seg, bytes).await?;
@@ -760,6 +760,11 @@ impl ShardLog {
                 }
                 // The OS flushes; nothing is waited for.
                 Fsync::No => seg.unsynced = false,
+            }
+            // A flush beside the writes failed meanwhile: nothing written
+            // after it is answered as written.
+            if let Some(e) = self.marks.failed() {
+                return Err(io::Error::other(e.to_string()));
             }
             self.marks.advance(lsn);
         }
@@ -841,13 +846,15 @@ impl ShardLog {
     /// zeros to the block's end.
     async fn write_segment(&self, seg: &mut Segment, bytes: Bytes) -> io::Result<()> {
         let Some(mut buf) = seg.tail.take() else {
-            if self.fsync != Fsync::Always && bytes.len() <= INLINE_WRITE_MAX {
+            let flushing = seg.syncing.as_ref().is_some_and(|f| !f.is_finished());
+            if self.fsync != Fsync::Always && bytes.len() <= INLINE_WRITE_MAX && !flushing {
                 // Into the page cache, flushed later: a plain `pwrite` on
                 // the shard costs less than the io-wq worker the ring would
-                // hand this write to. A flush of this file may be running
-                // beside it (`flush_behind`, on an io-wq worker), as may the
-                // zero-fill's of the blocks past it: the kernel does not
-                // make a buffered write wait for either.
+                // hand this write to. Not while a flush of this file runs
+                // beside the writes (`flush_behind`): where the device
+                // wants stable pages, a write into the page being written
+                // out waits for it, and the shard would wait with it. The
+                // zero-fills of the blocks past it touch no page it writes.
                 return seg.file.write_all_at_blocking(&bytes, seg.pos);
             }
             let (res, _) = seg.file.write_all_at(bytes, seg.pos).await;
@@ -919,10 +926,14 @@ impl ShardLog {
         seg.unsynced = false;
         seg.last_sync = Instant::now();
         seg.syncing = Some(mailring::spawn_local(async move {
-            if let Some(gate) = &gate {
-                gate.wait_open().await;
-            }
-            let res = file.sync_data().await;
+            let res = match &gate {
+                Some(gate) => gate.wait_open().await,
+                None => Ok(()),
+            };
+            let res = match res {
+                Ok(()) => file.sync_data().await,
+                failed => failed,
+            };
             match &res {
                 Ok(()) => durable.set(&path, pos),
                 // Nothing waits on this flush: fail the log now, so the
@@ -942,7 +953,7 @@ impl ShardLog {
             return Ok(());
         }
         if let Some(gate) = &self.gate {
-            gate.wait_open().await;
+            gate.wait_open().await?;
         }
         seg.file.sync_data().await?;
         self.durable.set(&seg.path, seg.pos);
@@ -993,7 +1004,7 @@ impl ShardLog {
             seg.pos
         };
         if let Some(gate) = &self.gate {
-            gate.wait_open().await;
+            gate.wait_open().await?;
         }
         seg.file.sync_data().await?;
         sync_dir_async(&self.dir).await?;
@@ -1124,6 +1135,7 @@ pub struct SyncGate {
 #[derive(Debug, Default)]
 struct GateState {
     closed: bool,
+    failing: bool,
     waiters: Vec<Waker>,
 }
 
@@ -1138,6 +1150,12 @@ impl SyncGate {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
     }
 
+    /// Makes every flush from now on fail, as a disk that refuses
+    /// `fdatasync` (once the gate is open).
+    pub fn fail_flushes(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).failing = true;
+    }
+
     /// Lets flushes go on.
     pub fn open(&self) {
         let waiters = {
@@ -1148,17 +1166,21 @@ impl SyncGate {
         waiters.into_iter().for_each(Waker::wake);
     }
 
-    async fn wait_open(&self) {
+    /// Waits until the gate is open; then the flush may go on, or fails
+    /// if [`SyncGate::fail_flushes`] was called.
+    async fn wait_open(&self) -> io::Result<()> {
         std::future::poll_fn(|cx| {
             let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
             if s.closed {
                 s.waiters.push(cx.waker().clone());
                 Poll::Pending
+            } else if s.failing {
+                Poll::Ready(Err(io::Error::other("flush failed (injected by a test)")))
             } else {
-                Poll::Ready(())
+                Poll::Ready(Ok(()))
             }
         })
-        .await;
+        .await
     }
 }
 

@@ -889,6 +889,50 @@ fn under_everysec_a_held_flush_holds_no_reply_and_later_writes_are_flushed_after
     broker.shutdown();
 }
 
+#[test]
+fn under_everysec_a_failed_flush_beside_the_writes_refuses_every_later_write() {
+    let dir = TempDir::new();
+    let gate = SyncGate::new();
+    let mut config = BrokerConfig::default();
+    config.store.fsync = Fsync::EverySec;
+    config.store.sync_gate = Some(gate.clone());
+    let broker = start_in(&dir.0, 1, config);
+    let mut c = Client::connect(broker.local_addr());
+    assert!(matches!(c.cmd(&["XADD", "s", "*", "n", "0"]), R::Bulk(_)));
+    // The disk refuses the next flush (the second's, beside the writes).
+    gate.fail_flushes();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut answered = 1;
+    let first_error = loop {
+        match c.cmd(&["XADD", "s", "*", "n", "1"]) {
+            R::Bulk(_) => answered += 1,
+            R::Error(e) => break e,
+            other => panic!("XADD: {other:?}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no write refused 5 s after the flushes began to fail"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(first_error.contains("MISCONF"), "{first_error}");
+    // From then on every write is refused; reads are still answered.
+    for i in 0..20 {
+        match c.cmd(&["XADD", "s", "*", "n", "2"]) {
+            R::Error(e) => assert!(e.contains("MISCONF"), "{e}"),
+            other => panic!("XADD {i} after a failed flush: {other:?}"),
+        }
+    }
+    // Every answered entry is there (one refused may be too: it was
+    // applied in memory before its write failed).
+    match c.cmd(&["XLEN", "s"]) {
+        R::Int(n) => assert!(n >= answered, "XLEN {n}, {answered} answered"),
+        other => panic!("XLEN: {other:?}"),
+    }
+    assert_eq!(c.cmd(&["PING"]), R::Status("PONG".into()));
+    broker.shutdown();
+}
+
 fn entry(id: &str, fields: &[&str]) -> R {
     R::Array(vec![
         R::bulk(id),
