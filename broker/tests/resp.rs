@@ -836,14 +836,20 @@ fn the_power_loss_test_catches_replies_sent_before_their_flush() {
     assert!(found < acked, "answered but unflushed entries were lost");
 }
 
-#[test]
-fn under_everysec_a_held_flush_holds_no_reply_and_later_writes_are_flushed_after_it() {
-    let dir = TempDir::new();
+/// A one-shard broker under `everysec` in `dir`, its flushes behind a
+/// crash-test gate.
+fn everysec_with_gate(dir: &TempDir) -> (Broker, SyncGate) {
     let gate = SyncGate::new();
     let mut config = BrokerConfig::default();
     config.store.fsync = Fsync::EverySec;
     config.store.sync_gate = Some(gate.clone());
-    let broker = start_in(&dir.0, 1, config);
+    (start_in(&dir.0, 1, config), gate)
+}
+
+#[test]
+fn under_everysec_a_held_flush_holds_no_reply_and_later_writes_are_flushed_after_it() {
+    let dir = TempDir::new();
+    let (broker, gate) = everysec_with_gate(&dir);
     // Dropped before the broker: a failed assertion opens the gate, so
     // the broker's shutdown (which flushes) ends.
     struct OpenOnDrop(SyncGate);
@@ -892,11 +898,7 @@ fn under_everysec_a_held_flush_holds_no_reply_and_later_writes_are_flushed_after
 #[test]
 fn under_everysec_a_failed_flush_beside_the_writes_refuses_every_later_write() {
     let dir = TempDir::new();
-    let gate = SyncGate::new();
-    let mut config = BrokerConfig::default();
-    config.store.fsync = Fsync::EverySec;
-    config.store.sync_gate = Some(gate.clone());
-    let broker = start_in(&dir.0, 1, config);
+    let (broker, gate) = everysec_with_gate(&dir);
     let mut c = Client::connect(broker.local_addr());
     assert!(matches!(c.cmd(&["XADD", "s", "*", "n", "0"]), R::Bulk(_)));
     // The disk refuses the next flush (the second's, beside the writes).
