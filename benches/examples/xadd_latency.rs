@@ -125,6 +125,10 @@ fn main() {
         .flat_map(|c| c.batches.iter().map(|b| b.1))
         .collect();
     all.sort();
+    if all.is_empty() {
+        println!("no batch finished in {secs} s");
+        return;
+    }
     let total: usize = all.len() * pipeline;
     println!(
         "{} requests in {secs} s: {:.0} req/s; batch ms p50 {:.3} p90 {:.3} p99 {:.3} p99.9 {:.3} max {:.3}",
@@ -142,6 +146,10 @@ fn main() {
     for (i, c) in stats.iter().enumerate() {
         let mut v: Vec<Duration> = c.batches.iter().map(|b| b.1).collect();
         v.sort();
+        if v.is_empty() {
+            println!("conn {i:3}: no batch finished");
+            continue;
+        }
         let n_slow = v.iter().filter(|d| **d > slow).count();
         println!(
             "conn {i:3}: {:6} batches, p50 {:.3} p99 {:.3} max {:.3}, slow {n_slow}",
