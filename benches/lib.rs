@@ -94,6 +94,18 @@ pub fn data_file() -> PathBuf {
     path
 }
 
+/// The seed's `fs_net` fixture: `blocks` blocks of `block_size` bytes whose
+/// first byte is the block's index, written and flushed at `path`.
+pub fn write_block_fixture(path: &std::path::Path, block_size: usize, blocks: usize) {
+    let mut w = std::fs::File::create(path).expect("create fs fixture");
+    let mut block = vec![0u8; block_size];
+    for i in 0..blocks {
+        block[0] = i as u8;
+        std::io::Write::write_all(&mut w, &block).expect("write fs fixture");
+    }
+    w.sync_all().expect("sync fs fixture");
+}
+
 /// Deterministic 4 KiB-aligned offsets.
 pub fn offset(i: u64) -> u64 {
     let x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;

@@ -19,6 +19,25 @@ pub enum IdlePolicy {
     Spin(Duration),
     /// Block in `io_uring_enter` as soon as there is nothing to do.
     Block,
+    /// Never block: an idle shard keeps polling its inbox, its completion
+    /// queue, its timers and its peers' queues until shutdown, as
+    /// poll-mode runtimes do on dedicated cores (yielding its CPU every 32
+    /// polls, so a thread that shares it runs first). Each shard takes a whole
+    /// CPU whether or not there is work. What it buys: no wake-up on the
+    /// shard itself, and a CPU that never goes idle, so any thread woken
+    /// onto it (a peer in the same process, a blocking-pool worker) does not
+    /// wait for an idle CPU to come out of its sleep state (~10 µs on the
+    /// 2-vCPU VM where it was measured: a 4 KiB pread plus a qd1 round trip
+    /// to a blocking echo thread took 20.3 µs with the default policy, 4.96
+    /// µs polling; `benches/examples/qd1_pairs.rs`). On
+    /// a machine with fewer CPUs than busy threads it takes their time: use
+    /// it only where each shard has a core of its own.
+    ///
+    /// One exception: while a kernel worker (io-wq) runs one of its
+    /// operations (a buffered file write the filesystem cannot do without
+    /// blocking), a shard blocks as [`Block`](IdlePolicy::Block) would, so
+    /// that worker is not kept from the CPU it needs.
+    Poll,
 }
 
 impl Default for IdlePolicy {

@@ -1178,10 +1178,14 @@ impl Shard {
         if self.wake_idle_hot_consumers() {
             return true;
         }
-        let IdlePolicy::Spin(max) = self.shared.config.idle else {
-            return false;
+        // `None`: poll until work shows up (`IdlePolicy::Poll`).
+        let max = match self.shared.config.idle {
+            IdlePolicy::Block => return false,
+            IdlePolicy::Spin(max) if max.is_zero() => return false,
+            IdlePolicy::Spin(max) => Some(max),
+            IdlePolicy::Poll => None,
         };
-        if max.is_zero() || self.ops.borrow().offloaded() > 0 {
+        if self.ops.borrow().offloaded() > 0 {
             // A kernel worker finishing one of our operations may need this
             // CPU: spinning would only delay the completion we wait for.
             return false;
@@ -1192,11 +1196,13 @@ impl Shard {
         // the full budget; when idle periods are mostly longer (slow I/O such
         // as fsync) it spins only a short floor that still covers a
         // cross-shard round trip, so it stops burning CPU for nothing.
-        let budget = if self.idle_avg_ns.get() <= max.as_nanos() as u64 {
-            max
-        } else {
-            SPIN_FLOOR.min(max)
-        };
+        let budget = max.map(|max| {
+            if self.idle_avg_ns.get() <= max.as_nanos() as u64 {
+                max
+            } else {
+                SPIN_FLOOR.min(max)
+            }
+        });
         let start = Instant::now();
         self.idle_since.set(Some(start));
         let inbox = &self.inbox;
@@ -1217,8 +1223,11 @@ impl Shard {
                 if due || self.peers_have_work() || self.shared.is_shutting_down() {
                     return true;
                 }
-                if start.elapsed() >= budget {
-                    return false;
+                match budget {
+                    Some(budget) if start.elapsed() >= budget => return false,
+                    Some(_) => {}
+                    // Polling: let a thread that shares this CPU run first.
+                    None => std::thread::yield_now(),
                 }
             }
             std::hint::spin_loop();
@@ -1254,7 +1263,7 @@ impl Shard {
             // ms against 20-22 ms back to back).
             let cap = match self.shared.config.idle {
                 IdlePolicy::Spin(max) => (max.as_nanos() as u64).saturating_mul(4),
-                IdlePolicy::Block => u64::MAX / 4,
+                IdlePolicy::Block | IdlePolicy::Poll => u64::MAX / 4,
             };
             let waited = (since.elapsed().as_nanos().min(u128::from(u64::MAX / 4)) as u64).min(cap);
             self.idle_avg_ns

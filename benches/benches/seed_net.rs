@@ -18,6 +18,7 @@
 //! | tokio | block_on loop on its own thread, 2 workers | `JoinSet::spawn` per stream |
 //! | spargio | `StealablePreferred(1)` task, 2 shards | as the seed: `spawn_on_session` or `spawn_stealable` |
 //! | compio | block_on loop on its own thread (1 ring) | `join_all` of per-stream futures |
+//! | mailring-poll | as mailring, with shards that never block (`IdlePolicy::Poll`), as spargio's | as mailring |
 //! | mailring-actors | task on shard 1 asking keyed actors | each stream a keyed actor owning a `Framed` connection (`seed_net/actors.rs`: mailring as a user writes it, not at the seed's level) |
 //!
 //! Each runtime is built once per group, outside the timed region, and torn
@@ -42,7 +43,8 @@
 //!
 //! Knobs: SEED_MAILRING_PINNED=1 runs mailring's stealable workloads (imbalanced,
 //! burst flip) with session-pinned tasks instead; PEER_SPARGIO_IDLE_SLEEP_US=N as
-//! in io_peers.rs; SEED_SKIP_ACTORS=1 leaves out mailring-actors.
+//! in io_peers.rs; SEED_SKIP_ACTORS=1 leaves out mailring-actors; SEED_SKIP_POLL=1
+//! leaves out mailring-poll.
 
 #![allow(clippy::too_many_arguments)]
 
@@ -253,15 +255,7 @@ impl FsBenchFixture {
     fn new(block_size: usize, blocks: usize) -> Self {
         let path =
             std::env::temp_dir().join(format!("mailring-bench-seed-fs-{}.dat", std::process::id()));
-        {
-            let mut w = std::fs::File::create(&path).expect("create fs fixture");
-            let mut block = vec![0u8; block_size];
-            for i in 0..blocks {
-                block[0] = i as u8;
-                w.write_all(&block).expect("write fs fixture");
-            }
-            w.sync_all().expect("sync fs fixture");
-        }
+        mailring_bench::write_block_fixture(&path, block_size, blocks);
         let file = std::fs::File::open(&path).expect("open fs fixture");
         Self {
             path,
@@ -613,6 +607,12 @@ struct MStream {
     stream: MrTcp,
 }
 
+/// The `mailring-poll` contender's idle policy: shards that never block, as
+/// spargio's (`IdleStrategy::BackendDefault`: a `yield_now` loop). On a VM an
+/// idle vCPU takes ~10 µs to wake for any thread woken onto it (the echo
+/// server's among them); polling shards keep both vCPUs awake.
+const POLL_IDLE: mailring::IdlePolicy = mailring::IdlePolicy::Poll;
+
 struct MailringHarness {
     rt: Option<mailring::Runtime>,
     /// The keyed-actor version's system (stopped before the runtime).
@@ -626,12 +626,14 @@ impl MailringHarness {
     /// `stealable`: run the per-stream tasks of `Imbalanced` / `BurstFlip` as
     /// `Placement::Stealable` (as spargio's `spawn_stealable`), unless
     /// SEED_MAILRING_PINNED is set.
-    fn new(stealable: bool) -> Self {
-        let rt = mailring::Runtime::builder()
+    fn new(stealable: bool, idle: Option<mailring::IdlePolicy>) -> Self {
+        let mut builder = mailring::Runtime::builder()
             .shards(2)
-            .coalesced_hot_tag(KEYED_DISPATCH_TAG)
-            .build()
-            .expect("mailring runtime (needs io_uring)");
+            .coalesced_hot_tag(KEYED_DISPATCH_TAG);
+        if let Some(idle) = idle {
+            builder = builder.idle_policy(idle);
+        }
+        let rt = builder.build().expect("mailring runtime (needs io_uring)");
         let stealable = stealable && std::env::var_os("SEED_MAILRING_PINNED").is_none();
         let (addr, echo) = spawn_echo_server_with_clients("bench-net-echo-mailring", STREAMS);
         let (cmd_tx, mut cmd_rx) = mpsc::unbounded::<Cmd>();
@@ -2252,13 +2254,30 @@ fn seed_net(c: &mut Criterion) {
         let mut g = c.benchmark_group(w.group);
         g.throughput(Throughput::Bytes(w.bytes));
         g.sample_size(SAMPLES);
-        bench_contender(&mut g, w, "mailring", MailringHarness::new(w.stealable), fs);
+        bench_contender(
+            &mut g,
+            w,
+            "mailring",
+            MailringHarness::new(w.stealable, None),
+            fs,
+        );
         bench_contender(&mut g, w, "tokio", TokioHarness::new(), fs);
         match SpargioHarness::new(w.spargio_distributed) {
             Some(h) => bench_contender(&mut g, w, "spargio", h, fs),
             None => eprintln!("{}: spargio skipped (io_uring unavailable)", w.group),
         }
         bench_contender(&mut g, w, "compio", CompioHarness::new(), fs);
+        // mailring with its shards polling as spargio's do (they never block):
+        // SEED_SKIP_POLL=1 leaves it out.
+        if std::env::var_os("SEED_SKIP_POLL").is_none() {
+            bench_contender(
+                &mut g,
+                w,
+                "mailring-poll",
+                MailringHarness::new(w.stealable, Some(POLL_IDLE)),
+                fs,
+            );
+        }
         // SEED_SKIP_ACTORS=1 leaves out the keyed-actor version.
         if std::env::var_os("SEED_SKIP_ACTORS").is_none() {
             bench_contender(&mut g, w, "mailring-actors", actors::harness(), fs);

@@ -392,6 +392,37 @@ fn a_burst_rings_one_doorbell_per_batch_not_per_message() {
 }
 
 #[test]
+fn a_polling_shard_never_parks_yet_fires_timers_takes_messages_and_shuts_down() {
+    let rt = mailring::Runtime::builder()
+        .shards(2)
+        .idle_policy(mailring::IdlePolicy::Poll)
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let sum = rt.block_on(async {
+        let mut sum = 0u64;
+        for round in 0..5u64 {
+            // Idle far past any spin budget: a `Spin` shard parks here.
+            mailring::time::sleep(std::time::Duration::from_millis(10)).await;
+            // The idle peer still takes a message at once.
+            sum += mailring::spawn_on(ShardId::new(1), async move { round })
+                .await
+                .unwrap();
+        }
+        sum
+    });
+    assert_eq!(sum, 10);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(50));
+    let stats = rt.stats();
+    for shard in &stats.shards {
+        assert_eq!(shard.parks, 0, "a polling shard parked: {stats:?}");
+    }
+    // Shutdown ends the poll.
+    let report = rt.shutdown();
+    assert!(report.is_clean(), "{report:?}");
+}
+
+#[test]
 fn a_finished_tasks_deliveries_are_published_before_its_completion() {
     // A task on shard 1 hands closures to shard 0 and finishes. A task on
     // shard 0 that sees it finished (polling, not woken) and then applies
