@@ -384,11 +384,12 @@ impl ServerHandle {
         use mailring_transports::codec::LengthDelimited;
         use mailring_transports::Server;
         let mut builder = mailring::Runtime::builder().shards(2);
-        // MAILRING_SPIN_US: the shards' idle spin budget (0: block at once).
-        if let Some(us) = std::env::var("MAILRING_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-        {
+        // MAILRING_SPIN_US: the shards' idle spin budget (0: block at once;
+        // `poll`: never block).
+        let spin = std::env::var("MAILRING_SPIN_US").ok();
+        if spin.as_deref() == Some("poll") {
+            builder = builder.idle_policy(mailring::IdlePolicy::Poll);
+        } else if let Some(us) = spin.and_then(|v| v.parse::<u64>().ok()) {
             builder = builder.idle_policy(if us == 0 {
                 mailring::IdlePolicy::Block
             } else {
