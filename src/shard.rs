@@ -61,6 +61,12 @@ use crate::time::queue::TimerQueue;
 /// trip while both shards are awake (~0.9 µs measured), see docs/runtime.md.
 const SPIN_FLOOR: std::time::Duration = std::time::Duration::from_micros(5);
 
+/// A duration in nanoseconds, `u64::MAX` past what 64 bits hold (a cast
+/// would keep the low bits: 2^64 + 1,000 ns would read as 1 µs).
+fn saturating_nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Flush a destination's batch early once it holds this many items.
 const BATCH_LIMIT: usize = 128;
 
@@ -1197,7 +1203,7 @@ impl Shard {
         // as fsync) it spins only a short floor that still covers a
         // cross-shard round trip, so it stops burning CPU for nothing.
         let budget = max.map(|max| {
-            if self.idle_avg_ns.get() <= max.as_nanos() as u64 {
+            if self.idle_avg_ns.get() <= saturating_nanos(max) {
                 max
             } else {
                 SPIN_FLOOR.min(max)
@@ -1262,7 +1268,7 @@ impl Shard {
             // (measured: 200 fan-out rounds after a 20 ms pause took 27-34
             // ms against 20-22 ms back to back).
             let cap = match self.shared.config.idle {
-                IdlePolicy::Spin(max) => (max.as_nanos() as u64).saturating_mul(4),
+                IdlePolicy::Spin(max) => saturating_nanos(max).saturating_mul(4),
                 IdlePolicy::Block | IdlePolicy::Poll => u64::MAX / 4,
             };
             let waited = (since.elapsed().as_nanos().min(u128::from(u64::MAX / 4)) as u64).min(cap);
@@ -1475,5 +1481,20 @@ fn pin_to_cpu(index: usize) {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(index % cpus, &mut set);
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn spin_budgets_past_64_bits_of_nanoseconds_saturate() {
+        assert_eq!(super::saturating_nanos(Duration::from_micros(50)), 50_000);
+        // 2^64 + 1,000 ns: cut to 64 bits it would be 1,000.
+        let huge = Duration::new(18_446_744_073, 709_552_616);
+        assert_eq!(huge.as_nanos(), (1u128 << 64) + 1_000);
+        assert_eq!(super::saturating_nanos(huge), u64::MAX);
+        assert_eq!(super::saturating_nanos(Duration::MAX), u64::MAX);
     }
 }

@@ -607,12 +607,6 @@ struct MStream {
     stream: MrTcp,
 }
 
-/// The `mailring-poll` contender's idle policy: shards that never block, as
-/// spargio's (`IdleStrategy::BackendDefault`: a `yield_now` loop). On a VM an
-/// idle vCPU takes ~10 µs to wake for any thread woken onto it (the echo
-/// server's among them); polling shards keep both vCPUs awake.
-const POLL_IDLE: mailring::IdlePolicy = mailring::IdlePolicy::Poll;
-
 struct MailringHarness {
     rt: Option<mailring::Runtime>,
     /// The keyed-actor version's system (stopped before the runtime).
@@ -626,14 +620,13 @@ impl MailringHarness {
     /// `stealable`: run the per-stream tasks of `Imbalanced` / `BurstFlip` as
     /// `Placement::Stealable` (as spargio's `spawn_stealable`), unless
     /// SEED_MAILRING_PINNED is set.
-    fn new(stealable: bool, idle: Option<mailring::IdlePolicy>) -> Self {
-        let mut builder = mailring::Runtime::builder()
+    fn new(stealable: bool, idle: mailring::IdlePolicy) -> Self {
+        let rt = mailring::Runtime::builder()
             .shards(2)
-            .coalesced_hot_tag(KEYED_DISPATCH_TAG);
-        if let Some(idle) = idle {
-            builder = builder.idle_policy(idle);
-        }
-        let rt = builder.build().expect("mailring runtime (needs io_uring)");
+            .coalesced_hot_tag(KEYED_DISPATCH_TAG)
+            .idle_policy(idle)
+            .build()
+            .expect("mailring runtime (needs io_uring)");
         let stealable = stealable && std::env::var_os("SEED_MAILRING_PINNED").is_none();
         let (addr, echo) = spawn_echo_server_with_clients("bench-net-echo-mailring", STREAMS);
         let (cmd_tx, mut cmd_rx) = mpsc::unbounded::<Cmd>();
@@ -2258,7 +2251,7 @@ fn seed_net(c: &mut Criterion) {
             &mut g,
             w,
             "mailring",
-            MailringHarness::new(w.stealable, None),
+            MailringHarness::new(w.stealable, mailring::IdlePolicy::default()),
             fs,
         );
         bench_contender(&mut g, w, "tokio", TokioHarness::new(), fs);
@@ -2267,14 +2260,16 @@ fn seed_net(c: &mut Criterion) {
             None => eprintln!("{}: spargio skipped (io_uring unavailable)", w.group),
         }
         bench_contender(&mut g, w, "compio", CompioHarness::new(), fs);
-        // mailring with its shards polling as spargio's do (they never block):
-        // SEED_SKIP_POLL=1 leaves it out.
+        // mailring with shards that never block, as spargio's (a `yield_now`
+        // loop): on a VM an idle vCPU takes ~10 µs to run any thread woken
+        // onto it (the echo server's among them), and polling shards keep
+        // both awake. SEED_SKIP_POLL=1 leaves it out.
         if std::env::var_os("SEED_SKIP_POLL").is_none() {
             bench_contender(
                 &mut g,
                 w,
                 "mailring-poll",
-                MailringHarness::new(w.stealable, Some(POLL_IDLE)),
+                MailringHarness::new(w.stealable, mailring::IdlePolicy::Poll),
                 fs,
             );
         }

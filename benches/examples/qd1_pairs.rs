@@ -107,7 +107,8 @@ fn measure(file: &std::fs::File, cmds: &mpsc::UnboundedSender<Cmd>, iterations: 
 fn run(c: Contender, file: &std::fs::File, iterations: usize) -> f64 {
     let addr = echo_server();
     let (cmds, mut rx) = mpsc::unbounded::<Cmd>();
-    match c {
+    // Joins the driver (it ends once `cmds` is dropped) and stops the runtime.
+    let stop: Box<dyn FnOnce()> = match c {
         Contender::Mailring | Contender::MailringPoll => {
             let mut builder = mailring::Runtime::builder().shards(2);
             if c == Contender::MailringPoll {
@@ -148,11 +149,10 @@ fn run(c: Contender, file: &std::fs::File, iterations: usize) -> f64 {
                             let _ = reply.send(sum);
                         }
                     });
-            let ns = measure(file, &cmds, iterations);
-            drop(cmds);
-            let _ = futures::executor::block_on(driver);
-            let _ = rt.shutdown();
-            ns
+            Box::new(move || {
+                let _ = futures::executor::block_on(driver);
+                let _ = rt.shutdown();
+            })
         }
         Contender::Spargio => {
             let base = spargio::Runtime::builder()
@@ -185,11 +185,10 @@ fn run(c: Contender, file: &std::fs::File, iterations: usize) -> f64 {
                     }
                 })
                 .expect("spawn");
-            let ns = measure(file, &cmds, iterations);
-            drop(cmds);
-            let _ = futures::executor::block_on(driver);
-            drop(rt);
-            ns
+            Box::new(move || {
+                let _ = futures::executor::block_on(driver);
+                drop(rt);
+            })
         }
         Contender::Tokio => {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -214,13 +213,16 @@ fn run(c: Contender, file: &std::fs::File, iterations: usize) -> f64 {
                     let _ = reply.send(sum);
                 }
             });
-            let ns = measure(file, &cmds, iterations);
-            drop(cmds);
-            let _ = rt.block_on(driver);
-            rt.shutdown_timeout(Duration::from_secs(1));
-            ns
+            Box::new(move || {
+                let _ = rt.block_on(driver);
+                rt.shutdown_timeout(Duration::from_secs(1));
+            })
         }
-    }
+    };
+    let ns = measure(file, &cmds, iterations);
+    drop(cmds);
+    stop();
+    ns
 }
 
 fn quartiles(v: &mut [f64]) -> (f64, f64, f64) {

@@ -391,11 +391,12 @@ fn a_burst_rings_one_doorbell_per_batch_not_per_message() {
     assert_eq!(stats.shards[1].inbox_items, 1000, "{stats:?}");
 }
 
-#[test]
-fn a_polling_shard_never_parks_yet_fires_timers_takes_messages_and_shuts_down() {
+/// Five idle periods of 10 ms, each followed by a spawn on shard 1; returns
+/// the runtime's stats after a clean shutdown.
+fn idle_rounds_under(policy: mailring::IdlePolicy) -> mailring::RuntimeStats {
     let rt = mailring::Runtime::builder()
         .shards(2)
-        .idle_policy(mailring::IdlePolicy::Poll)
+        .idle_policy(policy)
         .build()
         .unwrap();
     let started = std::time::Instant::now();
@@ -414,12 +415,28 @@ fn a_polling_shard_never_parks_yet_fires_timers_takes_messages_and_shuts_down() 
     assert_eq!(sum, 10);
     assert!(started.elapsed() >= std::time::Duration::from_millis(50));
     let stats = rt.stats();
-    for shard in &stats.shards {
-        assert_eq!(shard.parks, 0, "a polling shard parked: {stats:?}");
-    }
     // Shutdown ends the poll.
     let report = rt.shutdown();
     assert!(report.is_clean(), "{report:?}");
+    stats
+}
+
+#[test]
+fn a_polling_shard_never_parks_yet_fires_timers_takes_messages_and_shuts_down() {
+    let stats = idle_rounds_under(mailring::IdlePolicy::Poll);
+    for shard in &stats.shards {
+        assert_eq!(shard.parks, 0, "a polling shard parked: {stats:?}");
+    }
+}
+
+#[test]
+fn a_spin_budget_of_duration_max_spins_and_shuts_down() {
+    // No deadline is computed from the budget (`now + Duration::MAX` would
+    // overflow): the shard spins, takes its messages and stops.
+    let stats = idle_rounds_under(mailring::IdlePolicy::Spin(std::time::Duration::MAX));
+    for shard in &stats.shards {
+        assert_eq!(shard.parks, 0, "{stats:?}");
+    }
 }
 
 #[test]
