@@ -106,6 +106,35 @@ pub fn write_block_fixture(path: &std::path::Path, block_size: usize, blocks: us
     w.sync_all().expect("sync fs fixture");
 }
 
+/// Runs `contenders` contenders `pairs` times each, the order rotating from
+/// pair to pair (`run(i)` measures contender `i` once); returns every
+/// contender's figures in pair order, so `times[a][p]` and `times[b][p]` were
+/// measured side by side.
+pub fn alternating_pairs(
+    pairs: usize,
+    contenders: usize,
+    mut run: impl FnMut(usize) -> f64,
+) -> Vec<Vec<f64>> {
+    let mut times = vec![Vec::with_capacity(pairs); contenders];
+    for pair in 0..pairs {
+        for k in 0..contenders {
+            let i = (pair + k) % contenders;
+            times[i].push(run(i));
+        }
+        eprint!("\rpair {}/{pairs}", pair + 1);
+    }
+    eprintln!();
+    times
+}
+
+/// The first quartile, the median and the third quartile of `v` (sorted in
+/// place).
+pub fn quartiles(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.25), at(0.5), at(0.75))
+}
+
 /// Deterministic 4 KiB-aligned offsets.
 pub fn offset(i: u64) -> u64 {
     let x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;

@@ -225,12 +225,6 @@ fn run(c: Contender, file: &std::fs::File, iterations: usize) -> f64 {
     ns
 }
 
-fn quartiles(v: &mut [f64]) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-    (at(0.25), at(0.5), at(0.75))
-}
-
 fn main() {
     let mut args = std::env::args().skip(1);
     let pairs: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
@@ -238,15 +232,9 @@ fn main() {
     let path = std::env::temp_dir().join(format!("mailring-qd1-pairs-{}.dat", std::process::id()));
     mailring_bench::write_block_fixture(&path, READ_BYTES, FILE_BLOCKS);
     let file = std::fs::File::open(&path).expect("open fixture");
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); CONTENDERS.len()];
-    for pair in 0..pairs {
-        for k in 0..CONTENDERS.len() {
-            let i = (pair + k) % CONTENDERS.len();
-            times[i].push(run(CONTENDERS[i], &file, iterations));
-        }
-        eprint!("\rpair {}/{pairs}", pair + 1);
-    }
-    eprintln!();
+    let times = mailring_bench::alternating_pairs(pairs, CONTENDERS.len(), |i| {
+        run(CONTENDERS[i], &file, iterations)
+    });
     let _ = std::fs::remove_file(&path);
     let spargio = CONTENDERS
         .iter()
@@ -263,8 +251,8 @@ fn main() {
             .zip(&times[i])
             .map(|(s, t)| s / t)
             .collect();
-        let (_, median, _) = quartiles(&mut times[i].clone());
-        let (q1, m, q3) = quartiles(&mut ratios);
+        let (_, median, _) = mailring_bench::quartiles(&mut times[i].clone());
+        let (q1, m, q3) = mailring_bench::quartiles(&mut ratios);
         println!(
             "| {} | {:.2} µs | {m:.2} [{q1:.2}, {q3:.2}] |",
             c.name(),
