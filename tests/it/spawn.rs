@@ -430,6 +430,42 @@ fn a_polling_shard_never_parks_yet_fires_timers_takes_messages_and_shuts_down() 
 }
 
 #[test]
+fn a_polling_runtime_runs_file_io_and_blocking_jobs_and_outlives_a_panicking_task() {
+    let rt = mailring::Runtime::builder()
+        .shards(2)
+        .idle_policy(mailring::IdlePolicy::Poll)
+        .build()
+        .unwrap();
+    let path = std::env::temp_dir().join(format!("mailring-poll-{}", std::process::id()));
+    let p = path.clone();
+    let read = rt.block_on(async move {
+        // File writes and the flush go through a kernel worker: the shard
+        // blocks for them (the exception to polling) and must wake again.
+        let file = mailring::fs::File::create(&p).await.unwrap();
+        for i in 0..20u64 {
+            let (r, _) = file.write_all_at(vec![i as u8; 4096], i * 4096).await;
+            r.unwrap();
+            file.sync_data().await.unwrap();
+        }
+        // A blocking job's result comes back from another thread.
+        let n = mailring::spawn_blocking(|| 41 + 1).await.unwrap();
+        assert_eq!(n, 42);
+        // A task that panics on the other shard fails its handle only.
+        let panicked = mailring::spawn_on(ShardId::new(1), async { panic!("user code") }).await;
+        assert!(panicked.is_err());
+        let (r, buf) = file.read_at(vec![0u8; 4096], 19 * 4096).await;
+        assert_eq!(r.unwrap(), 4096);
+        buf[0]
+    });
+    assert_eq!(read, 19);
+    let stats = rt.stats();
+    assert_eq!(stats.shards[1].parks, 0, "the idle shard parked: {stats:?}");
+    let report = rt.shutdown();
+    assert_eq!(report.panics.task, 1, "{report:?}");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
 fn a_spin_budget_of_duration_max_spins_and_shuts_down() {
     // No deadline is computed from the budget (`now + Duration::MAX` would
     // overflow): the shard spins, takes its messages and stops.
