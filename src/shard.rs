@@ -16,6 +16,7 @@
 //!           → flush per-destination batches (one doorbell per sleeping target) → submit
 //!     if the tick did nothing: steal (injector, then peers in random order)
 //!     still nothing: spin for the idle budget watching inbox, CQ and peers
+//!                    (`IdlePolicy::Poll`: until work shows up, yielding every 32 polls)
 //!     still nothing: arm the nearest timer, announce sleep, block in io_uring_enter
 //! }
 //! ```
