@@ -7,7 +7,8 @@
 //! fresh server and data directory on the same filesystem. Server CPU per
 //! request comes from `/proc/<pid>/stat` before and after the run, and a
 //! bare 4 KiB write + `fdatasync` loop on that filesystem gives the floor.
-//! The client runs pinned to CPU 1 with `taskset` when it is installed.
+//! The client runs pinned to CPU 1 with `taskset` when it is installed
+//! (`BROKER_CLIENT_CPU` picks another).
 //!
 //! Run (loopback only):
 //! `cargo build --release -p mailring-broker && cargo run --release -p mailring-bench --example broker_vs_redis -- [pairs] [always|everysec]`
@@ -254,10 +255,12 @@ fn run_row(server: Server, row: &Row, fsync: &str, base: &Path, seq: usize) -> M
         assert!(status.success());
     }
     let cpu0 = cpu_seconds(child.id());
-    // The client pinned to CPU 1 (taskset), as the runs are.
+    // The client pinned to CPU 1 (taskset), as the runs are;
+    // BROKER_CLIENT_CPU picks another.
+    let client_cpu = std::env::var("BROKER_CLIENT_CPU").unwrap_or_else(|_| "1".to_owned());
     let mut cmd = if Path::new("/usr/bin/taskset").exists() {
         let mut c = Command::new("taskset");
-        c.args(["-c", "1", "redis-benchmark"]);
+        c.args(["-c", &client_cpu, "redis-benchmark"]);
         c
     } else {
         Command::new("redis-benchmark")
