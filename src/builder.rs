@@ -92,7 +92,9 @@ pub struct FaultInjection {
 pub struct Builder {
     pub(crate) shards: usize,
     pub(crate) ring_entries: u32,
-    pub(crate) pin_threads: bool,
+    pub(crate) pinning: Pinning,
+    /// Shard `i` runs on `cpu_plan[i]`: resolved from `pinning` by `build`.
+    pub(crate) cpu_plan: Vec<usize>,
     pub(crate) idle: IdlePolicy,
     pub(crate) external_wake: ExternalWake,
     pub(crate) hot_tags: Vec<u16>,
@@ -110,7 +112,8 @@ impl Default for Builder {
         Builder {
             shards: std::thread::available_parallelism().map_or(1, |n| n.get()),
             ring_entries: 256,
-            pin_threads: false,
+            pinning: Pinning::None,
+            cpu_plan: Vec::new(),
             idle: IdlePolicy::default(),
             external_wake: ExternalWake::Auto,
             hot_tags: Vec::new(),
@@ -198,9 +201,29 @@ impl Builder {
         self
     }
 
-    /// Pin shard `i` to CPU `i % cpus`.
+    /// Pins shard `i` to the `i`-th of the CPUs this process may run on (the
+    /// affinity of the thread that calls [`build`](Self::build), in
+    /// ascending order, wrapping around): under `taskset -c 2,3` shard 0 runs
+    /// on CPU 2 and shard 1 on CPU 3.
     pub fn pin_threads(mut self, pin: bool) -> Self {
-        self.pin_threads = pin;
+        self.pinning = if pin { Pinning::Spread } else { Pinning::None };
+        self
+    }
+
+    /// Pins shard `i` to `cpus[i % cpus.len()]`: to put the shard that
+    /// writes durable data on the CPU that takes the disk's interrupts, say
+    /// (docs/runtime.md, "CPU pinning").
+    ///
+    /// [`build`](Self::build) refuses an empty list and a CPU this process
+    /// may not run on.
+    ///
+    /// ```
+    /// let rt = mailring::Runtime::builder().shards(2).pin_to_cpus([0]).build()?;
+    /// # drop(rt);
+    /// # Ok::<(), mailring::BuildError>(())
+    /// ```
+    pub fn pin_to_cpus(mut self, cpus: impl IntoIterator<Item = usize>) -> Self {
+        self.pinning = Pinning::Cpus(cpus.into_iter().collect());
         self
     }
 
@@ -284,6 +307,47 @@ impl Builder {
                 self.ring_entries
             )));
         }
-        Runtime::start(self)
+        let mut builder = self;
+        builder.cpu_plan = builder.resolve_pinning()?;
+        Runtime::start(builder)
     }
+
+    /// The CPU of each shard (empty: unpinned), checked against the CPUs
+    /// this process may run on.
+    fn resolve_pinning(&self) -> Result<Vec<usize>, BuildError> {
+        let cpus = match &self.pinning {
+            Pinning::None => return Ok(Vec::new()),
+            Pinning::Spread | Pinning::Cpus(_) => crate::shard::allowed_cpus().map_err(|e| {
+                BuildError::Config(format!("cannot read this thread's CPU affinity: {e}"))
+            })?,
+        };
+        let chosen: Vec<usize> = match &self.pinning {
+            Pinning::Cpus(list) if list.is_empty() => {
+                return Err(BuildError::Config(
+                    "pin_to_cpus needs at least one CPU".to_owned(),
+                ))
+            }
+            Pinning::Cpus(list) => {
+                if let Some(cpu) = list.iter().find(|c| !cpus.contains(c)) {
+                    return Err(BuildError::Config(format!(
+                        "pin_to_cpus names CPU {cpu}, which this process may not run on \
+                         (its affinity allows {cpus:?})"
+                    )));
+                }
+                list.clone()
+            }
+            _ => cpus,
+        };
+        Ok((0..self.shards).map(|i| chosen[i % chosen.len()]).collect())
+    }
+}
+
+/// How shard threads are pinned (see [`Builder::pin_threads`] and
+/// [`Builder::pin_to_cpus`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Pinning {
+    None,
+    /// Over the CPUs the process may run on.
+    Spread,
+    Cpus(Vec<usize>),
 }

@@ -60,6 +60,17 @@ pub enum BuildError {
     /// A builder setting is out of range.
     #[error("invalid runtime configuration: {0}")]
     Config(String),
+    /// A shard thread could not be pinned to its CPU.
+    #[error("could not pin shard {shard} to CPU {cpu}: {source}")]
+    Pin {
+        /// The shard.
+        shard: usize,
+        /// The CPU it was to run on.
+        cpu: usize,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
     /// The OS refused to start a shard thread.
     #[error("could not start the thread of shard {shard}: {source}")]
     ThreadSpawn {
@@ -80,6 +91,7 @@ impl fmt::Debug for BuildError {
             BuildError::MissingOpcode { .. } => "MissingOpcode",
             BuildError::Setup { .. } => "Setup",
             BuildError::Config(_) => "Config",
+            BuildError::Pin { .. } => "Pin",
             BuildError::ThreadSpawn { .. } => "ThreadSpawn",
         };
         write!(f, "{variant}: {self}")
@@ -108,6 +120,11 @@ mod tests {
                 source: io::Error::from_raw_os_error(12),
             },
             BuildError::Config("shards must be between 1 and 64, got 0".into()),
+            BuildError::Pin {
+                shard: 1,
+                cpu: 3,
+                source: io::Error::from_raw_os_error(22),
+            },
             BuildError::ThreadSpawn {
                 shard: 1,
                 source: io::Error::from_raw_os_error(11),

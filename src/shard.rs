@@ -1452,8 +1452,18 @@ pub(crate) fn shard_main(
     setup: std::sync::mpsc::Sender<SetupReport>,
     go: std::sync::mpsc::Receiver<Option<Arc<Shared>>>,
 ) {
-    if builder.pin_threads {
-        pin_to_cpu(index);
+    if let Some(&cpu) = builder.cpu_plan.get(index) {
+        if let Err(source) = pin_to_cpu(cpu) {
+            let _ = setup.send((
+                index,
+                Err(crate::BuildError::Pin {
+                    shard: index,
+                    cpu,
+                    source,
+                }),
+            ));
+            return;
+        }
     }
     let driver = match UringDriver::new(&builder, index) {
         Ok(d) => d,
@@ -1474,14 +1484,39 @@ pub(crate) fn shard_main(
     drop(shard);
 }
 
-fn pin_to_cpu(index: usize) {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+/// Pins the calling thread to `cpu`.
+fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
     // SAFETY: `set` is a plain-data cpu_set_t, zeroed and then filled through
-    // libc's CPU_SET; sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of it.
+    // libc's CPU_SET within its size (checked above); sched_setaffinity reads
+    // `size_of::<cpu_set_t>()` bytes of it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The CPUs the calling thread may run on, in ascending order.
+pub(crate) fn allowed_cpus() -> std::io::Result<Vec<usize>> {
+    // SAFETY: sched_getaffinity writes at most `size_of::<cpu_set_t>()` bytes
+    // into `set`, a zeroed plain-data cpu_set_t; CPU_ISSET reads within it
+    // (indices below CPU_SETSIZE).
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(index % cpus, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok((0..libc::CPU_SETSIZE as usize)
+            .filter(|&cpu| libc::CPU_ISSET(cpu, &set))
+            .collect())
     }
 }
 

@@ -20,7 +20,7 @@ fn usage() -> &'static str {
     "usage: broker [--port N] [--bind ADDR] [--shards N] [--dir PATH] \
      [--appendfsync always|everysec|no] [--requirepass PASS] [--spin-us N]\n\
      \x20      [--stream-cache BYTES] [--segment-bytes BYTES] [--no-direct-io] [--no-preallocate]\n\
-     \x20      [--allow-thp]\n\
+     \x20      [--allow-thp] [--cpus LIST]\n\
      \x20      broker --bench [--producers N] [--consumers N] [--pipeline N] \
      [--payload BYTES] [--streams N] [--duration SECS] [--appendfsync ...] [--shards N]"
 }
@@ -66,6 +66,15 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                 "--no-direct-io" => config.store.direct_io = false,
                 "--no-preallocate" => config.store.preallocate = false,
                 "--allow-thp" => allow_thp = true,
+                "--cpus" => {
+                    // Shard i on the i-th CPU of the list (wrapping): "1,0".
+                    let v = value(&mut args)?;
+                    let cpus = v
+                        .split(',')
+                        .map(|c| num::<usize>("--cpus", c.trim().to_owned()))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    config.cpus = Some(cpus);
+                }
                 "--segment-bytes" => {
                     config.store.segment_bytes = num(&flag, value(&mut args)?)?;
                 }

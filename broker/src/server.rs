@@ -49,6 +49,10 @@ pub struct BrokerConfig {
     /// blocks pays a wakeup per request round: one client pipelining 16
     /// went from ~1.0x redis-server's rate blocking to ~1.6x spinning).
     pub idle_spin: Option<std::time::Duration>,
+    /// Pins shard `i` to `cpus[i % cpus.len()]` (`None`: unpinned). Put a
+    /// shard that flushes on the CPU that takes the disk's interrupts:
+    /// docs/runtime.md, "CPU pinning".
+    pub cpus: Option<Vec<usize>>,
     /// Tests only: `DEBUG PANIC-STREAM key` makes the stream's actor panic
     /// (its supervisor restarts it, and it rebuilds from its log).
     pub debug_commands: bool,
@@ -62,6 +66,7 @@ impl Default for BrokerConfig {
             requirepass: None,
             store: StoreConfig::default(),
             idle_spin: None,
+            cpus: None,
             debug_commands: false,
         }
     }
@@ -250,6 +255,9 @@ impl Broker {
             } else {
                 mailring::IdlePolicy::Spin(spin)
             });
+        }
+        if let Some(cpus) = &config.cpus {
+            builder = builder.pin_to_cpus(cpus.iter().copied());
         }
         let runtime = builder
             .build()

@@ -411,3 +411,57 @@ fn the_broker_turns_transparent_huge_pages_off_unless_allowed() {
     );
     broker.kill();
 }
+
+/// The CPUs each shard thread of process `pid` may run on
+/// (`Cpus_allowed_list` of its threads named `mailring-shard…`).
+fn shard_cpus(pid: u32) -> Vec<String> {
+    let mut cpus = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_owned())
+        };
+        if field("Name:").is_some_and(|n| n.starts_with("mailring-shard")) {
+            cpus.push(field("Cpus_allowed_list:").unwrap());
+        }
+    }
+    cpus
+}
+
+#[test]
+fn cpus_pins_the_shards_and_a_bad_list_stops_the_start() {
+    let dir = TempDir::new();
+    // The last CPU this test may use: every shard of the broker on it.
+    let allowed = std::fs::read_to_string("/proc/self/status").unwrap();
+    let last: usize = allowed
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .split([',', '-'])
+        .filter_map(|c| c.parse().ok())
+        .max()
+        .unwrap();
+    let broker = Proc::start_with(&dir.0, &["--cpus", &last.to_string()]);
+    assert_eq!(shard_cpus(broker.child.id()), vec![last.to_string(); 2]);
+    broker.kill();
+    // A CPU past the machine: the broker says so and exits.
+    let out = Command::new(env!("CARGO_BIN_EXE_mailring-broker"))
+        .args(["--port", "0", "--cpus", "100000", "--dir"])
+        .arg(&dir.0)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("CPU 100000"), "{said}");
+    let out = Command::new(env!("CARGO_BIN_EXE_mailring-broker"))
+        .args(["--cpus", "1,x"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--cpus"));
+}

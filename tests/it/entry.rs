@@ -68,6 +68,116 @@ fn pinned_threads_run_on_their_cpu() {
     assert_eq!(cpu as usize, 1 % cpus);
 }
 
+/// The CPUs the calling thread may run on.
+fn affinity() -> Vec<usize> {
+    // SAFETY: sched_getaffinity fills at most `size_of::<cpu_set_t>()` bytes
+    // of a zeroed cpu_set_t; CPU_ISSET reads within it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+            0
+        );
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Restricts the calling thread to `cpu`.
+fn restrict_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t filled by CPU_SET within its size;
+    // sched_setaffinity reads exactly that many bytes.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+}
+
+/// Each shard's affinity, read on its own thread.
+fn shard_affinities(rt: &mailring::Runtime, shards: usize) -> Vec<Vec<usize>> {
+    (0..shards)
+        .map(|i| {
+            let h = rt.handle().spawn_on(ShardId::new(i), async { affinity() });
+            rt.block_on(async move { h.await.unwrap() })
+        })
+        .collect()
+}
+
+#[test]
+fn pin_to_cpus_puts_each_shard_on_the_cpu_asked_for() {
+    let allowed = affinity();
+    if allowed.len() < 2 {
+        eprintln!("SKIPPED: one CPU only ({allowed:?})");
+        return;
+    }
+    let (a, b) = (allowed[0], allowed[1]);
+    let rt = mailring::Runtime::builder()
+        .shards(3)
+        .pin_to_cpus([b, a])
+        .build()
+        .unwrap();
+    assert_eq!(shard_affinities(&rt, 3), [vec![b], vec![a], vec![b]]);
+}
+
+#[test]
+fn pinned_shards_stay_within_the_cpus_the_process_may_use() {
+    let allowed = affinity();
+    if allowed.len() < 2 {
+        eprintln!("SKIPPED: one CPU only ({allowed:?})");
+        return;
+    }
+    let last = *allowed.last().unwrap();
+    // As under `taskset -c <last>`: a thread of its own, so the test
+    // harness's threads keep their affinity.
+    std::thread::spawn(move || {
+        restrict_to(last);
+        let rt = mailring::Runtime::builder()
+            .shards(2)
+            .pin_threads(true)
+            .build()
+            .unwrap();
+        // Not CPU 0 for shard 0: every shard on the one CPU allowed.
+        assert_eq!(shard_affinities(&rt, 2), [vec![last], vec![last]]);
+        // Naming a CPU outside the affinity is refused, with the CPU named.
+        let first = allowed[0];
+        let err = mailring::Runtime::builder()
+            .shards(1)
+            .pin_to_cpus([first])
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&err, mailring::BuildError::Config(m) if m.contains(&format!("CPU {first}"))),
+            "{err:?}"
+        );
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn pinning_to_no_cpu_or_to_one_past_the_machine_is_refused() {
+    let err = mailring::Runtime::builder()
+        .shards(1)
+        .pin_to_cpus([])
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, mailring::BuildError::Config(_)), "{err:?}");
+    let err = mailring::Runtime::builder()
+        .shards(1)
+        .pin_to_cpus([usize::MAX])
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(&err, mailring::BuildError::Config(m) if m.contains(&usize::MAX.to_string())),
+        "{err:?}"
+    );
+}
+
 #[test]
 fn dropping_the_runtime_inside_a_task_does_not_deadlock() {
     let rt = mailring::Runtime::builder().shards(1).build().unwrap();
