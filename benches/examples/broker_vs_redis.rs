@@ -8,7 +8,9 @@
 //! request comes from `/proc/<pid>/stat` before and after the run, and a
 //! bare 4 KiB write + `fdatasync` loop on that filesystem gives the floor.
 //! The client runs pinned to CPU 1 with `taskset` when it is installed
-//! (`BROKER_CLIENT_CPU` picks another).
+//! (`BROKER_CLIENT_CPU` picks another; `BROKER_SERVER_CPUS=LIST` pins the
+//! broker's shards with `--cpus LIST` and redis-server to the list's first
+//! CPU).
 //!
 //! Run (loopback only):
 //! `cargo build --release -p mailring-broker && cargo run --release -p mailring-bench --example broker_vs_redis -- [pairs] [always|everysec]`
@@ -169,9 +171,19 @@ fn broker_binary() -> PathBuf {
 
 fn start(server: Server, dir: &Path, port: u16, fsync: &str) -> Child {
     std::fs::create_dir_all(dir).unwrap();
+    // BROKER_SERVER_CPUS=LIST: mailring's --cpus, and redis-server under
+    // `taskset -c` the list's first CPU (its one thread that serves).
+    let server_cpus = std::env::var("BROKER_SERVER_CPUS").ok();
     let child = match server {
-        Server::Redis => Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        Server::Redis => match server_cpus.as_deref().and_then(|l| l.split(',').next()) {
+            Some(cpu) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", cpu, "redis-server"]);
+                c
+            }
+            None => Command::new("redis-server"),
+        }
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
             .args(["--save", "", "--appendonly", "yes", "--appendfsync", fsync])
             .arg("--dir")
             .arg(dir)
@@ -183,6 +195,11 @@ fn start(server: Server, dir: &Path, port: u16, fsync: &str) -> Child {
                 std::env::var("BROKER_SPIN_US")
                     .ok()
                     .map(|us| vec!["--spin-us".to_owned(), us])
+                    .unwrap_or_default(),
+            )
+            .args(
+                server_cpus
+                    .map(|cpus| vec!["--cpus".to_owned(), cpus])
                     .unwrap_or_default(),
             )
             .args(["--appendfsync", fsync, "--dir"])
