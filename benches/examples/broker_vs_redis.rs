@@ -184,11 +184,11 @@ fn start(server: Server, dir: &Path, port: u16, fsync: &str) -> Child {
             None => Command::new("redis-server"),
         }
         .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "yes", "--appendfsync", fsync])
-            .arg("--dir")
-            .arg(dir)
-            .stdout(Stdio::null())
-            .spawn(),
+        .args(["--save", "", "--appendonly", "yes", "--appendfsync", fsync])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .spawn(),
         Server::Mailring(shards) => Command::new(broker_binary())
             .args(["--port", &port.to_string(), "--shards", &shards.to_string()])
             .args(
