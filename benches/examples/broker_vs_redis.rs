@@ -10,7 +10,8 @@
 //! The client runs pinned to CPU 1 with `taskset` when it is installed
 //! (`BROKER_CLIENT_CPU` picks another; `BROKER_SERVER_CPUS=LIST` pins the
 //! broker's shards with `--cpus LIST` and redis-server to the list's first
-//! CPU).
+//! CPU). `BROKER_CLIENT_THREADS=N` gives redis-benchmark `--threads N`,
+//! `BROKER_SHARDS=LIST` the broker's shard counts (default `1,2`).
 //!
 //! Run (loopback only):
 //! `cargo build --release -p mailring-broker && cargo run --release -p mailring-bench --example broker_vs_redis -- [pairs] [always|everysec]`
@@ -219,6 +220,12 @@ fn start(server: Server, dir: &Path, port: u16, fsync: &str) -> Child {
     child
 }
 
+/// Whether `program` is found in a directory of `PATH`.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+}
+
 /// utime + stime of a process, in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -275,7 +282,7 @@ fn run_row(server: Server, row: &Row, fsync: &str, base: &Path, seq: usize) -> M
     // The client pinned to CPU 1 (taskset), as the issue's runs are;
     // BROKER_CLIENT_CPU picks another.
     let client_cpu = std::env::var("BROKER_CLIENT_CPU").unwrap_or_else(|_| "1".to_owned());
-    let mut cmd = if Path::new("/usr/bin/taskset").exists() {
+    let mut cmd = if on_path("taskset") {
         let mut c = Command::new("taskset");
         c.args(["-c", &client_cpu, "redis-benchmark"]);
         c
@@ -290,6 +297,13 @@ fn run_row(server: Server, row: &Row, fsync: &str, base: &Path, seq: usize) -> M
             &row.pipeline.to_string(),
         ])
         .args(["-n", &requests.to_string()]);
+    // BROKER_CLIENT_THREADS=N: redis-benchmark's own `--threads N`, for a
+    // machine where one client thread would bound the servers; rows of
+    // one client keep one thread (with more, redis-benchmark 7.0 measured
+    // half the rate of one thread against the same server).
+    if let (Ok(threads), true) = (std::env::var("BROKER_CLIENT_THREADS"), row.clients > 1) {
+        cmd.args(["--threads", &threads]);
+    }
     if row.rand {
         cmd.args(["-r", "100"]);
     }
@@ -352,10 +366,21 @@ fn main() {
         .join(format!("broker-vs-redis-{}", std::process::id()));
     std::fs::create_dir_all(&base).unwrap();
     let floor = fdatasync_floor(&base);
-    let servers = [Server::Redis, Server::Mailring(1), Server::Mailring(2)];
+    // BROKER_SHARDS=LIST: the broker's shard counts (default 1,2).
+    let servers: Vec<Server> = std::iter::once(Server::Redis)
+        .chain(
+            std::env::var("BROKER_SHARDS")
+                .unwrap_or_else(|_| "1,2".to_owned())
+                .split(',')
+                .map(|n| {
+                    Server::Mailring(n.trim().parse().expect("BROKER_SHARDS: a list of counts"))
+                }),
+        )
+        .collect();
     println!(
-        "# broker vs redis-server: {pairs} alternating pairs per row, appendfsync {fsync}, {}x each row's request count, loopback, 2-core VM; bare 4 KiB write+fdatasync median {floor:.3} ms on this filesystem",
-        scale(&fsync)
+        "# broker vs redis-server: {pairs} alternating pairs per row, appendfsync {fsync}, {}x each row's request count, loopback, {} CPUs; bare 4 KiB write+fdatasync median {floor:.3} ms on this filesystem",
+        scale(&fsync),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!("| row | server | median req/s | p50 ms | p99 ms | server CPU/req | req/s ratio vs redis (median [q1, q3]) |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
@@ -370,11 +395,10 @@ fn main() {
         let mut results: Vec<Vec<Measure>> = servers.iter().map(|_| Vec::new()).collect();
         for pair in 0..pairs {
             // Alternate the order inside each pair.
-            let order: Vec<usize> = if pair % 2 == 0 {
-                vec![0, 1, 2]
-            } else {
-                vec![2, 1, 0]
-            };
+            let mut order: Vec<usize> = (0..servers.len()).collect();
+            if pair % 2 == 1 {
+                order.reverse();
+            }
             for i in order {
                 seq += 1;
                 results[i].push(run_row(servers[i], row, &fsync, &base, seq));

@@ -21,6 +21,11 @@
 //! window of outstanding replies). Each pair runs the contenders in
 //! alternating order; the server's CPU time per request is its process's
 //! CPU time over the run (the load generator is another process).
+//!
+//! On a machine with cores to spare, keep the load generator off the
+//! servers' cores: run the benchmark under `taskset -c 0,1`, and set
+//! `SESSIONS_CLIENT_CPUS=LIST` (the load generator under `taskset -c
+//! LIST`) and `SESSIONS_CLIENT_THREADS=N` (its connections over N threads).
 
 use std::collections::VecDeque;
 use std::io;
@@ -232,14 +237,24 @@ fn serve_once(c: Contender, w: Workload) -> Run {
         "plain"
     };
     let cpu0 = mailring_bench::process_cpu();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["client", &w.name(), &server.addr.to_string(), steer])
-        .env(
-            "SESSIONS_CLIENT",
-            std::env::var("SESSIONS_CLIENT").unwrap_or_default(),
-        )
-        .output()
-        .expect("load generator");
+    // SESSIONS_CLIENT_CPUS=LIST: the load generator under `taskset -c
+    // LIST` (run the benchmark itself under taskset to keep the servers
+    // on other CPUs).
+    let exe = std::env::current_exe().unwrap();
+    let client_args = ["client", &w.name(), &server.addr.to_string(), steer];
+    let mut command = match std::env::var("SESSIONS_CLIENT_CPUS") {
+        Ok(cpus) => {
+            let mut c = std::process::Command::new("taskset");
+            c.args(["-c", &cpus]).arg(&exe).args(client_args);
+            c
+        }
+        Err(_) => {
+            let mut c = std::process::Command::new(&exe);
+            c.args(client_args);
+            c
+        }
+    };
+    let out = command.output().expect("load generator");
     let server_cpu = mailring_bench::process_cpu() - cpu0;
     assert!(
         out.status.success(),
@@ -677,7 +692,7 @@ fn client(w: Workload, addr: SocketAddr, steer: bool) {
         .enable_all()
         .build()
         .unwrap();
-    let (conns, per_conn, window) = w.shape();
+    let (conns, per_conn, _) = w.shape();
     let body: Bytes = match w {
         Workload::Echo64 => Bytes::from(vec![7u8; 64]),
         Workload::Stream4k => Bytes::from(vec![7u8; 4096]),
@@ -694,37 +709,84 @@ fn client(w: Workload, addr: SocketAddr, steer: bool) {
     } else if w == Workload::Connect {
         local.block_on(&rt, connect_storm(addr, conns, steer))
     } else {
-        local.block_on(&rt, async move {
-            let mut streams = Vec::with_capacity(conns);
-            for i in 0..conns {
-                let s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-                s.set_nodelay(true).unwrap();
-                let mut s = Conn::new(s);
-                if let Workload::Tenants(_) = w {
-                    s.request(format!("KEY tenant-{}", i % TENANTS).as_bytes())
-                        .await
-                        .unwrap();
-                }
-                streams.push(s);
-            }
-            let start = Instant::now();
-            let tasks: Vec<_> = streams
-                .into_iter()
-                .map(|mut s| {
-                    let body = body.clone();
-                    tokio::task::spawn_local(async move { s.run(&body, per_conn, window).await })
-                })
-                .collect();
-            let mut lat = Vec::with_capacity(conns * per_conn);
-            for t in tasks {
-                lat.extend(t.await.unwrap().unwrap());
-            }
-            (start.elapsed(), lat)
-        })
+        // SESSIONS_CLIENT_THREADS=N: the connections split over N threads,
+        // each a current-thread runtime, started together (on a machine
+        // with cores to spare, so that one client thread does not bound
+        // the server under test).
+        let threads = std::env::var("SESSIONS_CLIENT_THREADS")
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(1)
+            .clamp(1, conns);
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
+        let parts: Vec<_> = (0..threads)
+            .map(|t| {
+                let barrier = barrier.clone();
+                let body = body.clone();
+                let ids: Vec<usize> = (t..conns).step_by(threads).collect();
+                std::thread::spawn(move || tokio_client_part(w, addr, ids, body, &barrier))
+            })
+            .collect();
+        let mut first_start: Option<Instant> = None;
+        let mut last_end: Option<Instant> = None;
+        let mut lat = Vec::with_capacity(conns * per_conn);
+        for p in parts {
+            let (start, end, part) = p.join().expect("load generator thread");
+            first_start = Some(first_start.map_or(start, |s| s.min(start)));
+            last_end = Some(last_end.map_or(end, |e| e.max(end)));
+            lat.extend(part);
+        }
+        (last_end.unwrap() - first_start.unwrap(), lat)
     };
     lat.sort_unstable();
     let q = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize].as_nanos();
     println!("{} {} {} {}", wall.as_nanos(), q(0.5), q(0.99), lat.len());
+}
+
+/// One load-generator thread: connects `ids` (their tenants by index),
+/// waits for the other threads, runs them; returns its start, its end and
+/// its latencies.
+fn tokio_client_part(
+    w: Workload,
+    addr: SocketAddr,
+    ids: Vec<usize>,
+    body: Bytes,
+    barrier: &std::sync::Barrier,
+) -> (Instant, Instant, Vec<Duration>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (_, per_conn, window) = w.shape();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let mut streams = Vec::with_capacity(ids.len());
+        for &i in &ids {
+            let s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            s.set_nodelay(true).unwrap();
+            let mut s = Conn::new(s);
+            if let Workload::Tenants(_) = w {
+                s.request(format!("KEY tenant-{}", i % TENANTS).as_bytes())
+                    .await
+                    .unwrap();
+            }
+            streams.push(s);
+        }
+        barrier.wait();
+        let start = Instant::now();
+        let tasks: Vec<_> = streams
+            .into_iter()
+            .map(|mut s| {
+                let body = body.clone();
+                tokio::task::spawn_local(async move { s.run(&body, per_conn, window).await })
+            })
+            .collect();
+        let mut lat = Vec::with_capacity(ids.len() * per_conn);
+        for t in tasks {
+            lat.extend(t.await.unwrap().unwrap());
+        }
+        (start, Instant::now(), lat)
+    })
 }
 
 /// The request workloads on a one-shard mailring runtime: `Framed` per
