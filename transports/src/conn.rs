@@ -14,6 +14,7 @@ use mailring_actors::mailring::net::{
 use mailring_actors::mailring::ShardId;
 
 use crate::codec::{Codec, CodecError};
+use crate::tls::{TlsConn, TlsInfo, TlsState};
 
 /// A connected stream socket on the current shard.
 #[derive(Debug)]
@@ -22,6 +23,8 @@ pub(crate) enum Conn {
     Unix(UnixStream),
     /// A TCP socket held in the shard's direct-descriptor table.
     Direct(DirectStream),
+    /// TLS over one of the others.
+    Tls(Box<TlsConn>),
 }
 
 /// A connection between two shards.
@@ -31,6 +34,8 @@ pub(crate) enum InTransit {
     Plain(StdConn),
     /// On its way over `IORING_MSG_SEND_FD`.
     Direct(DirectTicket),
+    /// A TLS connection: its socket on its way, its TLS state beside it.
+    Tls(Box<InTransit>, Box<TlsState>),
 }
 
 impl InTransit {
@@ -39,6 +44,10 @@ impl InTransit {
         match self {
             InTransit::Plain(std) => Conn::from_std(std),
             InTransit::Direct(ticket) => ticket.receive().await.map(Conn::Direct),
+            InTransit::Tls(inner, state) => {
+                let inner = Box::pin(inner.arrive()).await?;
+                Ok(Conn::Tls(Box::new(TlsConn::from_state(inner, *state))))
+            }
         }
     }
 }
@@ -53,25 +62,69 @@ pub(crate) enum StdConn {
 impl Conn {
     pub(crate) async fn recv(&self, buf: BytesMut) -> (io::Result<usize>, BytesMut) {
         match self {
-            Conn::Tcp(s) => s.recv(buf).await,
-            Conn::Unix(s) => s.recv(buf).await,
-            Conn::Direct(s) => s.recv(buf).await,
+            Conn::Tls(s) => s.recv(buf).await,
+            plain => plain.recv_plain(buf).await,
         }
     }
 
     pub(crate) async fn send_all(&self, buf: Bytes) -> (io::Result<()>, Bytes) {
         match self {
-            Conn::Tcp(s) => s.send_all(buf).await,
-            Conn::Unix(s) => s.send_all(buf).await,
-            Conn::Direct(s) => s.send_all(buf).await,
+            Conn::Tls(s) => s.send_all(buf).await,
+            plain => plain.send_all_plain(buf).await,
         }
     }
 
     pub(crate) async fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         match self {
+            Conn::Tls(s) => s.shutdown(how).await,
+            plain => plain.shutdown_plain(how).await,
+        }
+    }
+
+    /// A receive on the socket itself (what the TLS layer reads from).
+    pub(crate) async fn recv_plain(&self, buf: BytesMut) -> (io::Result<usize>, BytesMut) {
+        match self {
+            Conn::Tcp(s) => s.recv(buf).await,
+            Conn::Unix(s) => s.recv(buf).await,
+            Conn::Direct(s) => s.recv(buf).await,
+            Conn::Tls(_) => (Err(tls_over_tls()), buf),
+        }
+    }
+
+    /// A send on the socket itself.
+    pub(crate) async fn send_all_plain(&self, buf: Bytes) -> (io::Result<()>, Bytes) {
+        match self {
+            Conn::Tcp(s) => s.send_all(buf).await,
+            Conn::Unix(s) => s.send_all(buf).await,
+            Conn::Direct(s) => s.send_all(buf).await,
+            Conn::Tls(_) => (Err(tls_over_tls()), buf),
+        }
+    }
+
+    /// A shutdown of the socket itself.
+    pub(crate) async fn shutdown_plain(&self, how: Shutdown) -> io::Result<()> {
+        match self {
             Conn::Tcp(s) => s.shutdown(how).await,
             Conn::Unix(s) => s.shutdown(how).await,
             Conn::Direct(s) => s.shutdown(how).await,
+            Conn::Tls(_) => Err(tls_over_tls()),
+        }
+    }
+
+    /// Ends a TLS connection's sending side with `close_notify`, so the
+    /// peer tells a clean end from a cut; nothing for other connections.
+    pub(crate) async fn close_notify(&self) -> io::Result<()> {
+        match self {
+            Conn::Tls(s) => s.close_notify().await,
+            _ => Ok(()),
+        }
+    }
+
+    /// What the TLS handshake agreed on, for a TLS connection.
+    pub(crate) fn tls_info(&self) -> Option<TlsInfo> {
+        match self {
+            Conn::Tls(s) => Some(s.info()),
+            _ => None,
         }
     }
 
@@ -94,6 +147,15 @@ impl Conn {
                 .await
                 .map(InTransit::Direct)
                 .map_err(|(e, s)| (e, Conn::Direct(s))),
+            Conn::Tls(s) => {
+                let (inner, state) = s.into_parts();
+                match Box::pin(inner.depart(to)).await {
+                    Ok(transit) => Ok(InTransit::Tls(Box::new(transit), Box::new(state))),
+                    Err((e, inner)) => {
+                        Err((e, Conn::Tls(Box::new(TlsConn::from_state(inner, state)))))
+                    }
+                }
+            }
         }
     }
 
@@ -116,6 +178,11 @@ impl Conn {
             StdConn::Unix(s) => Conn::Unix(UnixStream::from_std(s)?),
         })
     }
+}
+
+/// TLS layers are never stacked: the layer reads and writes the socket.
+fn tls_over_tls() -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, "TLS over a TLS connection")
 }
 
 /// A listening socket on the current shard.
@@ -280,6 +347,36 @@ impl<C: Codec> Framed<C> {
             }
         }
         Err(last)
+    }
+
+    /// Connects over TCP and runs a TLS client handshake for `server_name`
+    /// (the name the certificate must carry, sent as SNI) with `config`
+    /// (its trusted roots, ALPN list). Frames then travel encrypted.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for a server name that is neither a DNS name nor an
+    /// IP address; the connect's error; a failed handshake (its
+    /// [`TlsFailure`](crate::tls::TlsFailure) inside the `io::Error`, e.g.
+    /// a server certificate from an untrusted CA or expired).
+    pub async fn connect_tls(
+        addr: SocketAddr,
+        server_name: &str,
+        config: std::sync::Arc<rustls::ClientConfig>,
+        codec: C,
+    ) -> io::Result<Self> {
+        let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        let tls = TlsConn::connect(Conn::Tcp(s), config, name).await?;
+        Ok(Self::new(Conn::Tls(Box::new(tls)), codec))
+    }
+
+    /// What the TLS handshake agreed on (ALPN, version), for a connection
+    /// made with [`connect_tls`](Self::connect_tls).
+    pub fn tls_info(&self) -> Option<TlsInfo> {
+        self.conn.tls_info()
     }
 
     /// Connects to a Unix socket.

@@ -22,6 +22,7 @@ mod conn;
 mod server;
 mod session;
 mod stats;
+pub mod tls;
 
 pub use crate::conn::{Framed, FramedError};
 pub use crate::server::{
@@ -33,6 +34,7 @@ pub use crate::stats::{ServerStats, SessionShardStats};
 
 pub use bytes;
 pub use mailring_actors;
+pub use rustls;
 
 /// The samples of the sessions guide (`docs/sessions.md`), compiled and run
 /// by `cargo test --doc`.

@@ -27,6 +27,7 @@ use crate::codec::{Codec, CodecError};
 use crate::conn::{Conn, Listener, StdListener};
 use crate::session::{CloseKind, CloseReason, FrameIn, Route, Session, SessionCtx};
 use crate::stats::{ServerStats, ShardCounters};
+use crate::tls::{TlsAcceptor, TlsFailure};
 use mailring_actors::mailring::CallbackKind;
 
 /// How a server listens.
@@ -141,6 +142,7 @@ struct Shared<S: Session> {
     codec: S::Codec,
     factory: Factory<S>,
     placer: Placer<S::Key>,
+    tls: Option<TlsAcceptor>,
     counters: Box<[ShardCounters]>,
     next_conn: AtomicU64,
     /// Connections served now, per listener index.
@@ -171,6 +173,7 @@ pub struct ServerBuilder<S: Session> {
     codec: S::Codec,
     factory: Factory<S>,
     placer: Option<Placer<S::Key>>,
+    tls: Option<TlsAcceptor>,
     steered: bool,
 }
 
@@ -196,6 +199,18 @@ impl<S: Session> ServerBuilder<S> {
         place: impl Fn(&S::Key, usize) -> ShardId + Send + Sync + 'static,
     ) -> Self {
         self.placer = Some(Arc::new(place));
+        self
+    }
+
+    /// Serves TLS: each accepted connection runs the server side of a
+    /// handshake with `acceptor`'s configuration (within its handshake
+    /// timeout) before [`Session::on_open`]; sessions read and write
+    /// plaintext, and [`SessionCtx::tls`] tells what the handshake agreed
+    /// (SNI, ALPN). A failed handshake closes only its connection, with
+    /// [`CloseReason::Tls`]. The connection moves to its key's shard with
+    /// its TLS state.
+    pub fn tls(mut self, acceptor: TlsAcceptor) -> Self {
+        self.tls = Some(acceptor);
         self
     }
 
@@ -291,6 +306,7 @@ impl<S: Session> ServerBuilder<S> {
             placer: self
                 .placer
                 .unwrap_or_else(|| Arc::new(|key: &S::Key, n| mailring::sticky_shard(key, n))),
+            tls: self.tls,
             counters: (0..handle.shards())
                 .map(|_| ShardCounters::default())
                 .collect(),
@@ -469,6 +485,7 @@ impl<S: Session> Server<S> {
             codec,
             factory: Arc::new(factory),
             placer: None,
+            tls: None,
             steered: false,
         }
     }
@@ -790,6 +807,22 @@ async fn run_connection<S: Session>(
                     .fetch_add(1, Ordering::Relaxed);
             }
         }
+        if let Some(acceptor) = &conn.shared.tls {
+            match tls_handshake(&conn.shared, acceptor, stream).await {
+                Ok((tls, info)) => {
+                    stream = Conn::Tls(Box::new(tls));
+                    cx.tls = Some(Arc::new(info));
+                    conn.shared
+                        .counters(shard)
+                        .tls_handshakes
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Err(reason) => {
+                    close(&conn, &mut session, &mut cx, reason);
+                    return;
+                }
+            }
+        }
         session.on_open(&mut cx);
     }
     let exit = drive(
@@ -803,7 +836,21 @@ async fn run_connection<S: Session>(
     )
     .await;
     let reason = match exit {
-        Exit::Close(reason) => reason,
+        Exit::Close(reason) => {
+            // A TLS peer learns that the end is deliberate (a cut
+            // connection reads as a possible truncation); bounded, and
+            // skipped where the connection cannot take it.
+            if matches!(stream, Conn::Tls(_))
+                && !matches!(
+                    reason,
+                    CloseReason::Io(_) | CloseReason::Tls(_) | CloseReason::SlowReader { .. }
+                )
+            {
+                let _ =
+                    mailring::time::timeout(TLS_CLOSE_NOTIFY_LIMIT, stream.close_notify()).await;
+            }
+            reason
+        }
         Exit::Move(key, frame) => {
             // Checked when the key was named.
             let owner = conn.shared.place(&key).unwrap_or(shard);
@@ -814,6 +861,7 @@ async fn run_connection<S: Session>(
                         .handed_off
                         .fetch_add(1, Ordering::Relaxed);
                     let handle = conn.shared.handle.clone();
+                    let tls = cx.tls.take();
                     let SessionCtx { peer, id, .. } = cx;
                     let codec = cx.encoder;
                     let guard = conn.shared.clone();
@@ -821,6 +869,7 @@ async fn run_connection<S: Session>(
                         guarded(guard, async move {
                             let mut cx = SessionCtx::new(peer, owner, id, codec);
                             cx.key = Some(key);
+                            cx.tls = tls;
                             match transit.arrive().await {
                                 Ok(stream) => {
                                     run_connection(
@@ -851,6 +900,31 @@ async fn run_connection<S: Session>(
         }
     };
     close(&conn, &mut session, &mut cx, reason);
+}
+
+/// How long a closing TLS connection may take to send its `close_notify`.
+const TLS_CLOSE_NOTIFY_LIMIT: Duration = Duration::from_millis(100);
+
+/// The server side of a TLS handshake on a fresh connection; a shutdown
+/// that begins meanwhile ends it.
+async fn tls_handshake<S: Session>(
+    shared: &Shared<S>,
+    acceptor: &TlsAcceptor,
+    stream: Conn,
+) -> Result<(crate::tls::TlsConn, crate::tls::TlsInfo), CloseReason> {
+    let wake = WakeCell::register(shared.id);
+    let mut handshake = pin!(acceptor.accept(stream));
+    std::future::poll_fn(|task| {
+        wake.set(task.waker());
+        if shared.closing.load(Ordering::Acquire) {
+            return Poll::Ready(Err(CloseReason::Shutdown));
+        }
+        handshake
+            .as_mut()
+            .poll(task)
+            .map(|r| r.map_err(CloseReason::Tls))
+    })
+    .await
 }
 
 fn close<S: Session>(
@@ -976,7 +1050,7 @@ async fn drive<S: Session>(
                     let handling = pin!(session.on_frame(frame, cx));
                     match run_beside_send(handling, send.as_mut(), &shared.forced, &wake).await {
                         Handled::Done => {}
-                        Handled::SendFailed(e) => return Exit::Close(CloseReason::Io(e)),
+                        Handled::SendFailed(reason) => return Exit::Close(reason),
                         // Past the shutdown grace: the handler is dropped.
                         Handled::Forced => return Exit::Close(CloseReason::Shutdown),
                     }
@@ -1049,7 +1123,7 @@ async fn drive<S: Session>(
                     in_flight = 0;
                     send_stalled = false;
                     if let Err(e) = res {
-                        return Poll::Ready(Event::Close(CloseReason::Io(e.kind())));
+                        return Poll::Ready(Event::Close(io_close(&e)));
                     }
                     progressed = true;
                 }
@@ -1082,7 +1156,7 @@ async fn drive<S: Session>(
                     return Poll::Ready(match res {
                         Ok(0) => Event::PeerClosed,
                         Ok(_) => Event::Read,
-                        Err(e) => Event::Close(CloseReason::Io(e.kind())),
+                        Err(e) => Event::Close(io_close(&e)),
                     });
                 }
             }
@@ -1166,10 +1240,19 @@ fn note_owner(counters: &ShardCounters, owner: ShardId) {
 }
 
 /// How a handler's run ended.
+/// The close reason of a failed receive or send: the TLS layer's failure,
+/// or the socket's error.
+fn io_close(e: &io::Error) -> CloseReason {
+    match TlsFailure::of(e) {
+        Some(failure) => CloseReason::Tls(failure),
+        None => CloseReason::Io(e.kind()),
+    }
+}
+
 enum Handled {
     Done,
     /// The send in flight beside it failed (the handler still finished).
-    SendFailed(io::ErrorKind),
+    SendFailed(CloseReason),
     /// The server's shutdown grace ran out first: the handler is dropped.
     Forced,
 }
@@ -1197,11 +1280,11 @@ where
             if let Poll::Ready((res, _)) = op.poll(task) {
                 send.set(None);
                 if let Err(e) = res {
-                    failed = Some(e.kind());
+                    failed = Some(io_close(&e));
                 }
             }
         }
-        handling.as_mut().poll(task).map(|()| match failed {
+        handling.as_mut().poll(task).map(|()| match failed.take() {
             Some(e) => Handled::SendFailed(e),
             None => Handled::Done,
         })

@@ -161,6 +161,10 @@ pub enum CloseReason {
     Io(std::io::ErrorKind),
     /// Moving the connection to its key's shard failed.
     HandOff,
+    /// The TLS handshake or a TLS record failed (a client that trusts
+    /// another CA, an expired certificate, bytes that are no TLS, a
+    /// handshake past its timeout).
+    Tls(crate::tls::TlsFailure),
     /// The session's code (the factory, a hook, a handler, a push, a
     /// deferred reply) panicked. The panic is reported to the runtime
     /// (`ShardStats::panics`, the `on_panic` hook); `on_close` does not run
@@ -184,6 +188,7 @@ impl CloseReason {
             CloseReason::Shutdown => CloseKind::Shutdown,
             CloseReason::Io(_) => CloseKind::Io,
             CloseReason::HandOff => CloseKind::HandOff,
+            CloseReason::Tls(_) => CloseKind::Tls,
             CloseReason::Panicked => CloseKind::Panicked,
         }
     }
@@ -206,6 +211,7 @@ impl fmt::Display for CloseReason {
             CloseReason::Shutdown => f.write_str("server shutdown"),
             CloseReason::Io(kind) => write!(f, "socket error: {kind}"),
             CloseReason::HandOff => f.write_str("hand-off to the key's shard failed"),
+            CloseReason::Tls(e) => e.fmt(f),
             CloseReason::Panicked => f.write_str("the session panicked"),
         }
     }
@@ -228,11 +234,12 @@ pub enum CloseKind {
     Io,
     HandOff,
     Panicked,
+    Tls,
 }
 
 impl CloseKind {
     /// Every kind, in counter order.
-    pub const ALL: [CloseKind; 13] = [
+    pub const ALL: [CloseKind; 14] = [
         CloseKind::PeerClosed,
         CloseKind::ClosedBySession,
         CloseKind::IdleTimeout,
@@ -246,6 +253,7 @@ impl CloseKind {
         CloseKind::Io,
         CloseKind::HandOff,
         CloseKind::Panicked,
+        CloseKind::Tls,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -269,6 +277,8 @@ pub struct SessionCtx<S: Session> {
     pub(crate) shard: ShardId,
     pub(crate) id: u64,
     pub(crate) key: Option<S::Key>,
+    /// What the TLS handshake agreed on, for a TLS connection.
+    pub(crate) tls: Option<std::sync::Arc<crate::tls::TlsInfo>>,
     pub(crate) encoder: S::Codec,
     /// Encoded bytes not yet handed to a send.
     pub(crate) wbuf: BytesMut,
@@ -301,6 +311,7 @@ impl<S: Session> SessionCtx<S> {
             shard,
             id,
             key: None,
+            tls: None,
             encoder: codec,
             wbuf: BytesMut::new(),
             slots: VecDeque::new(),
@@ -328,6 +339,14 @@ impl<S: Session> SessionCtx<S> {
     /// The key, once [`Session::route`] named one.
     pub fn key(&self) -> Option<&S::Key> {
         self.key.as_ref()
+    }
+
+    /// What the TLS handshake agreed on (the SNI server name, ALPN, the
+    /// version), for a connection of a TLS server; `None` otherwise. A
+    /// session may name its key from the server name in
+    /// [`Session::route`], so a tenant's TLS connections land on its shard.
+    pub fn tls(&self) -> Option<&crate::tls::TlsInfo> {
+        self.tls.as_deref()
     }
 
     /// Queues `frame` for sending, after every reply queued before it

@@ -20,6 +20,7 @@ pub(crate) struct ShardCounters {
     pub(crate) pushes_delivered: AtomicU64,
     pub(crate) push_dead_letters: AtomicU64,
     pub(crate) direct_refused: AtomicU64,
+    pub(crate) tls_handshakes: AtomicU64,
     closed: [AtomicU64; CloseKind::ALL.len()],
 }
 
@@ -43,6 +44,7 @@ impl ShardCounters {
             pushes_delivered: get(&self.pushes_delivered),
             push_dead_letters: get(&self.push_dead_letters),
             direct_refused: get(&self.direct_refused),
+            tls_handshakes: get(&self.tls_handshakes),
             closed: std::array::from_fn(|i| get(&self.closed[i])),
         }
     }
@@ -79,6 +81,9 @@ pub struct SessionShardStats {
     /// Connections that stayed plain descriptors under `HandOff::Direct`
     /// (no table, or the table full).
     pub direct_refused: u64,
+    /// TLS handshakes completed by this shard's listener (failed ones are
+    /// counted under [`CloseKind::Tls`]).
+    pub tls_handshakes: u64,
     closed: [u64; CloseKind::ALL.len()],
 }
 

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, ShardId, SystemConfig};
 mod common;
 
-use common::{client, frame, read_frame, Echo};
+use common::{client, frame, read_frame, wait_for, Echo};
 use mailring_transports::codec::LengthDelimited;
 use mailring_transports::{
     CloseKind, Framed, ListenMode, Route, Server, ServerConfig, Session, SessionCtx,
@@ -28,26 +28,6 @@ fn runtime(shards: usize) -> mailring::Runtime {
 /// Frames `[0]`, `[1]`, ... `[n - 1]` in one buffer (one write: pipelined).
 fn numbered_frames(n: u8) -> Vec<u8> {
     (0..n).flat_map(|i| frame(&[i])).collect()
-}
-
-/// Waits (bounded) for `cond` on the server's stats.
-fn wait_for<S: Session>(
-    server: &Server<S>,
-    what: &str,
-    cond: impl Fn(&mailring_transports::ServerStats) -> bool,
-) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let stats = server.stats();
-        if cond(&stats) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {stats:#?}"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
 }
 
 #[test]

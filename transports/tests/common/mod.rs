@@ -10,6 +10,7 @@ use mailring_transports::codec::LengthDelimited;
 use mailring_transports::{Session, SessionCtx};
 
 /// A blocking loopback client whose reads give up after 10 s.
+#[allow(dead_code)] // not every binary uses it
 pub(crate) fn client(addr: SocketAddr) -> TcpStream {
     let c = TcpStream::connect(addr).expect("connect to loopback");
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -49,5 +50,26 @@ impl Session for Echo {
 
     async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
         cx.send_frame(frame);
+    }
+}
+
+/// Waits (bounded) for `cond` on the server's stats.
+#[allow(dead_code)] // not every binary uses it
+pub(crate) fn wait_for<S: mailring_transports::Session>(
+    server: &mailring_transports::Server<S>,
+    what: &str,
+    cond: impl Fn(&mailring_transports::ServerStats) -> bool,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = server.stats();
+        if cond(&stats) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {stats:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
     }
 }

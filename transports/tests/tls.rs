@@ -1,0 +1,570 @@
+//! TLS sessions over real loopback sockets and real rustls handshakes with
+//! certificates made at test time: SNI routing to the tenant's shard (the
+//! TLS state moves with the connection), ALPN, large frames, failed
+//! handshakes (another CA, an expired certificate, bytes that are no TLS, a
+//! silent client, a client that hangs up) each closing only their
+//! connection with a counted reason, certificate reload, and shutdown while
+//! a handshake waits.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use mailring_actors::ShardId;
+use mailring_transports::codec::LengthDelimited;
+use mailring_transports::rustls;
+use mailring_transports::tls::{self, TlsAcceptor, TlsError, TlsFailure};
+use mailring_transports::{
+    CloseKind, CloseReason, Framed, ListenMode, Route, Server, ServerConfig, Session, SessionCtx,
+};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+
+mod common;
+use common::{frame, wait_for, Echo};
+
+fn runtime(shards: usize) -> mailring::Runtime {
+    mailring::Runtime::builder()
+        .shards(shards)
+        .build()
+        .expect("io_uring available")
+}
+
+/// A directory of PEM files for one test, removed at drop.
+struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    fn new(test: &str) -> Pki {
+        static SEQ: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "mailring-tls-{test}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Pki { dir }
+    }
+
+    fn write(&self, name: &str, pem: &str) -> PathBuf {
+        let path = self.dir.join(name);
+        std::fs::write(&path, pem).unwrap();
+        path
+    }
+
+    /// A CA; its certificate written to `<name>.pem`.
+    fn ca(&self, name: &str) -> (CertifiedIssuer<'static, KeyPair>, PathBuf) {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("mailring test CA {name}"));
+        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let path = self.write(&format!("{name}.pem"), &ca.pem());
+        (ca, path)
+    }
+
+    /// A server certificate for `names` signed by `ca` (expired in 2020
+    /// when `expired`); returns the certificate and key files.
+    fn leaf(
+        &self,
+        ca: &CertifiedIssuer<'static, KeyPair>,
+        file: &str,
+        names: &[&str],
+        expired: bool,
+    ) -> (PathBuf, PathBuf) {
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, names[0].to_string());
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2019, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2020, 1, 1);
+        }
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, ca).unwrap();
+        (
+            self.write(&format!("{file}-cert.pem"), &cert.pem()),
+            self.write(&format!("{file}-key.pem"), &key.serialize_pem()),
+        )
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A blocking rustls client (its own stack, not ours) that trusts `ca`.
+fn tls_client(
+    addr: SocketAddr,
+    ca: &Path,
+    server_name: &str,
+    alpn: &[&[u8]],
+) -> std::io::Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
+    let mut config = tls::client_config_from_ca_pem_file(ca).unwrap();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let conn = rustls::ClientConnection::new(
+        Arc::new(config),
+        rustls::pki_types::ServerName::try_from(server_name.to_owned()).unwrap(),
+    )
+    .unwrap();
+    let sock = TcpStream::connect(addr)?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    sock.set_nodelay(true)?;
+    let mut stream = rustls::StreamOwned::new(conn, sock);
+    // The handshake, now (rustls would run it at the first read or write).
+    while stream.conn.is_handshaking() {
+        stream.conn.complete_io(&mut stream.sock)?;
+    }
+    Ok(stream)
+}
+
+fn read_frame(c: &mut impl Read) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    c.read_exact(&mut len)?;
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    c.read_exact(&mut body)?;
+    Ok(body)
+}
+
+fn round_trip(c: &mut (impl Read + Write), body: &[u8]) -> Vec<u8> {
+    c.write_all(&frame(body)).unwrap();
+    c.flush().unwrap();
+    read_frame(c).unwrap()
+}
+
+/// Keys its connection by the TLS server name (SNI) at the first frame;
+/// answers `"<shard> <sni> <alpn> <frame>"` from the key's shard.
+struct SniSession;
+
+impl Session for SniSession {
+    type Codec = LengthDelimited;
+    type Key = String;
+
+    fn route(&mut self, _frame: &Bytes, cx: &SessionCtx<Self>) -> Route<String> {
+        match cx.tls().and_then(|t| t.server_name.clone()) {
+            Some(name) if cx.key().is_none() => Route::Key(name),
+            _ => Route::NotYet,
+        }
+    }
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        let tls = cx.tls().expect("a TLS connection").clone();
+        assert_eq!(
+            mailring::current_shard().map(|s| s.index()),
+            Some(cx.shard().index())
+        );
+        let mut out = format!(
+            "{} {} {} ",
+            cx.shard().index(),
+            tls.server_name.as_deref().unwrap_or("-"),
+            String::from_utf8_lossy(tls.alpn.as_deref().unwrap_or(b"-")),
+        )
+        .into_bytes();
+        out.extend_from_slice(&frame);
+        cx.send_frame(Bytes::from(out));
+    }
+}
+
+/// `tenant-<n>.test` lives on shard `n % shards`.
+fn by_tenant_number(key: &str, shards: usize) -> ShardId {
+    let n: usize = key
+        .trim_start_matches("tenant-")
+        .trim_end_matches(".test")
+        .parse()
+        .unwrap_or(0);
+    ShardId::new(n % shards)
+}
+
+#[test]
+fn tls_sessions_move_to_their_sni_tenants_shard_with_their_tls_state() {
+    let pki = Pki::new("sni");
+    let (ca, ca_path) = pki.ca("ca");
+    let names: Vec<String> = (0..6).map(|t| format!("tenant-{t}.test")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (cert, key) = pki.leaf(&ca, "server", &names, false);
+    let mut config = tls::server_config_from_pem_files(&cert, &key).unwrap();
+    config.alpn_protocols = vec![b"mr/1".to_vec()];
+    let rt = runtime(2);
+    let mut server_config = ServerConfig::default();
+    // One acceptor: every tenant of shard 1 moves there after its
+    // handshake, rustls state and all.
+    server_config.listen = ListenMode::SingleAcceptor(ShardId::new(0));
+    let server = Server::builder(LengthDelimited::new(), |_| SniSession)
+        .config(server_config)
+        .placement(|key: &String, n| by_tenant_number(key, n))
+        .tls(TlsAcceptor::new(config))
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let mut clients = Vec::new();
+    for t in 0..6 {
+        let sni = format!("tenant-{t}.test");
+        let mut c = tls_client(server.local_addr(), &ca_path, &sni, &[b"mr/1"]).unwrap();
+        assert_eq!(c.conn.alpn_protocol(), Some(&b"mr/1"[..]));
+        // Several frames in one write: the bytes after the first travel
+        // (decrypted or not) with the connection.
+        let burst: Vec<u8> = (0..3)
+            .flat_map(|i| frame(format!("req {i}").as_bytes()))
+            .collect();
+        c.write_all(&burst).unwrap();
+        for i in 0..3 {
+            let expect = format!("{} {sni} mr/1 req {i}", t % 2);
+            assert_eq!(read_frame(&mut c).unwrap(), expect.as_bytes());
+        }
+        clients.push((c, t, sni));
+    }
+    // Later traffic, with a frame larger than a TLS record both ways.
+    let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    for (c, t, sni) in &mut clients {
+        let reply = round_trip(c, &big);
+        let prefix = format!("{} {sni} mr/1 ", *t % 2);
+        assert_eq!(&reply[..prefix.len()], prefix.as_bytes());
+        assert_eq!(&reply[prefix.len()..], &big[..]);
+    }
+    let stats = server.stats();
+    assert_eq!(stats.total(|s| s.tls_handshakes), 6);
+    assert_eq!(stats.shards[0].tls_handshakes, 6, "all on the acceptor");
+    assert_eq!(stats.total(|s| s.handed_off), 3, "tenants 1, 3, 5 moved");
+    assert_eq!(stats.total(|s| s.io_off_owner), 0);
+    // A clean TLS close (close_notify, then FIN) is a peer close.
+    for (mut c, _, _) in clients {
+        c.conn.send_close_notify();
+        c.conn.complete_io(&mut c.sock).unwrap();
+        c.sock.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    wait_for(&server, "6 peer closes", |s| {
+        s.closed(CloseKind::PeerClosed) == 6
+    });
+    rt.block_on(server.shutdown());
+}
+
+/// Records the reasons its connections closed with.
+#[derive(Clone, Default)]
+struct Reasons(Arc<std::sync::Mutex<Vec<CloseReason>>>);
+
+struct RecordingEcho(Reasons);
+
+impl Session for RecordingEcho {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        cx.send_frame(frame);
+    }
+
+    fn on_close(&mut self, reason: &CloseReason, _cx: &mut SessionCtx<Self>) {
+        self.0 .0.lock().unwrap().push(reason.clone());
+    }
+}
+
+#[test]
+fn failed_handshakes_close_only_their_connection_with_a_counted_reason() {
+    let pki = Pki::new("bad");
+    let (ca, ca_path) = pki.ca("ca");
+    let (other_ca, other_ca_path) = pki.ca("other");
+    let (cert, key) = pki.leaf(&ca, "server", &["localhost"], false);
+    let _ = other_ca;
+    let rt = runtime(2);
+    let reasons = Reasons::default();
+    let r = reasons.clone();
+    let acceptor = TlsAcceptor::from_pem_files(&cert, &key)
+        .unwrap()
+        .with_handshake_timeout(Duration::from_millis(300));
+    let server = Server::builder(LengthDelimited::new(), move |_| RecordingEcho(r.clone()))
+        .tls(acceptor)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    // A good client, checked between every bad one.
+    let mut good = tls_client(addr, &ca_path, "localhost", &[]).unwrap();
+    let mut check_good = |n: usize| {
+        let body = format!("still served {n}");
+        assert_eq!(round_trip(&mut good, body.as_bytes()), body.as_bytes());
+    };
+    check_good(0);
+
+    // 1. A client that trusts another CA refuses the server's certificate.
+    let err = tls_client(addr, &other_ca_path, "localhost", &[])
+        .expect_err("untrusted server certificate");
+    assert!(err.to_string().contains("UnknownIssuer"), "{err}");
+    check_good(1);
+
+    // 2. A name the certificate does not carry.
+    let err = tls_client(addr, &ca_path, "elsewhere.test", &[]).expect_err("name mismatch");
+    assert!(err.to_string().contains("not valid for name"), "{err}");
+    check_good(2);
+
+    // 3. Bytes that are no TLS record, in place of a ClientHello.
+    let mut garbage = TcpStream::connect(addr).unwrap();
+    garbage
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    garbage
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut rest = Vec::new();
+    // The server answers with an alert at most, then closes.
+    let _ = garbage.read_to_end(&mut rest);
+    assert!(rest.len() < 64, "no more than an alert: {rest:?}");
+    check_good(3);
+
+    // 4. A client that connects and says nothing: the handshake timeout.
+    let silent = TcpStream::connect(addr).unwrap();
+    // 5. A client that hangs up before its handshake.
+    drop(TcpStream::connect(addr).unwrap());
+    wait_for(&server, "five TLS closes", |s| {
+        s.closed(CloseKind::Tls) == 5
+    });
+    check_good(4);
+    drop(silent);
+
+    let got = reasons.0.lock().unwrap().clone();
+    let tls_failures: Vec<TlsFailure> = got
+        .iter()
+        .filter_map(|r| match r {
+            CloseReason::Tls(f) => Some(f.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tls_failures.len(), 5, "{got:?}");
+    assert!(
+        tls_failures.contains(&TlsFailure::HandshakeTimeout),
+        "{got:?}"
+    );
+    assert!(
+        tls_failures.contains(&TlsFailure::PeerClosedInHandshake),
+        "{got:?}"
+    );
+    // The untrusted CA and the wrong name arrive as the client's alerts;
+    // the garbage as rustls's refusal of the record.
+    let protocol: Vec<&String> = tls_failures
+        .iter()
+        .filter_map(|f| match f {
+            TlsFailure::Protocol(e) => Some(e),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(protocol.len(), 3, "{got:?}");
+    assert!(protocol.iter().any(|e| e.contains("alert")), "{protocol:?}");
+    assert_eq!(
+        server.stats().total(|s| s.tls_handshakes),
+        1,
+        "the good client's only"
+    );
+    drop(good);
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn an_expired_certificate_is_refused_by_the_client_and_a_reload_replaces_it() {
+    let pki = Pki::new("reload");
+    let (ca, ca_path) = pki.ca("ca");
+    let (old_cert, old_key) = pki.leaf(&ca, "expired", &["localhost"], true);
+    let (new_cert, new_key) = pki.leaf(&ca, "fresh", &["localhost"], false);
+    let rt = runtime(1);
+    let acceptor = TlsAcceptor::from_pem_files(&old_cert, &old_key).unwrap();
+    let server = Server::builder(LengthDelimited::new(), |_| Echo)
+        .tls(acceptor.clone())
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    let err = tls_client(addr, &ca_path, "localhost", &[]).expect_err("an expired certificate");
+    assert!(err.to_string().contains("certificate expired"), "{err}");
+    wait_for(&server, "the refused handshake", |s| {
+        s.closed(CloseKind::Tls) == 1
+    });
+
+    // A reload from files that do not parse keeps the certificate in use.
+    let bad = pki.write("bad.pem", "not a certificate\n");
+    assert!(matches!(
+        acceptor.reload_pem_files(&bad, &new_key),
+        Err(TlsError::NoCertificate(_))
+    ));
+    // A key that belongs to another certificate is refused too.
+    assert!(matches!(
+        acceptor.reload_pem_files(&new_cert, &old_key),
+        Err(TlsError::Rustls(_))
+    ));
+    assert!(tls_client(addr, &ca_path, "localhost", &[]).is_err());
+
+    acceptor.reload_pem_files(&new_cert, &new_key).unwrap();
+    let mut c = tls_client(addr, &ca_path, "localhost", &[]).unwrap();
+    assert_eq!(round_trip(&mut c, b"renewed"), b"renewed");
+    drop(c);
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn a_framed_tls_client_drives_a_tls_server_and_refuses_an_untrusted_one() {
+    let pki = Pki::new("framed");
+    let (ca, ca_path) = pki.ca("ca");
+    let (_other, other_path) = pki.ca("other");
+    let (cert, key) = pki.leaf(&ca, "server", &["localhost"], false);
+    let mut server_tls = tls::server_config_from_pem_files(&cert, &key).unwrap();
+    server_tls.alpn_protocols = vec![b"h2".to_vec(), b"mr/1".to_vec()];
+    let rt = runtime(2);
+    let server = Server::builder(LengthDelimited::new(), |_| Echo)
+        .tls(TlsAcceptor::new(server_tls))
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    let mut good = tls::client_config_from_ca_pem_file(&ca_path).unwrap();
+    good.alpn_protocols = vec![b"mr/1".to_vec()];
+    let good = Arc::new(good);
+    let untrusted = Arc::new(tls::client_config_from_ca_pem_file(&other_path).unwrap());
+    rt.block_on_local(move || async move {
+        let mut c = Framed::connect_tls(addr, "localhost", good.clone(), LengthDelimited::new())
+            .await
+            .unwrap();
+        let info = c.tls_info().unwrap();
+        assert_eq!(info.alpn.as_deref(), Some(&b"mr/1"[..]));
+        assert_eq!(info.version, Some(rustls::ProtocolVersion::TLSv1_3));
+        // Pipelined frames, one of them past a TLS record.
+        let big = Bytes::from(vec![9u8; 100_000]);
+        for i in 0..16u8 {
+            c.feed(Bytes::from(vec![i; 10])).unwrap();
+        }
+        c.feed(big.clone()).unwrap();
+        c.flush().await.unwrap();
+        for i in 0..16u8 {
+            assert_eq!(c.recv().await.unwrap().unwrap(), vec![i; 10]);
+        }
+        assert_eq!(c.recv().await.unwrap().unwrap(), big);
+        // close_notify, then the server's own end.
+        c.close_write().await.unwrap();
+        assert!(c.recv().await.unwrap().is_none());
+
+        let err = Framed::connect_tls(addr, "localhost", untrusted, LengthDelimited::new())
+            .await
+            .expect_err("an untrusted certificate");
+        let failure = err
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<TlsFailure>())
+            .cloned();
+        assert!(
+            matches!(&failure, Some(TlsFailure::Protocol(e)) if e.contains("UnknownIssuer")),
+            "{err:?}"
+        );
+        let err = Framed::connect_tls(addr, "not a name!", good, LengthDelimited::new())
+            .await
+            .expect_err("a bad server name");
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    });
+    wait_for(&server, "the closes", |s| {
+        s.closed(CloseKind::PeerClosed) == 1 && s.closed(CloseKind::Tls) == 1
+    });
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn shutdown_ends_a_waiting_handshake_without_its_timeout() {
+    let pki = Pki::new("shutdown");
+    let (ca, _) = pki.ca("ca");
+    let (cert, key) = pki.leaf(&ca, "server", &["localhost"], false);
+    let rt = runtime(1);
+    let server = Server::builder(LengthDelimited::new(), |_| Echo)
+        .tls(
+            TlsAcceptor::from_pem_files(&cert, &key)
+                .unwrap()
+                .with_handshake_timeout(Duration::from_secs(600)),
+        )
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let silent = TcpStream::connect(server.local_addr()).unwrap();
+    wait_for(&server, "the accept", |s| s.total(|s| s.accepted) == 1);
+    let started = Instant::now();
+    let stats = server.stats();
+    let report = rt.block_on(server.shutdown());
+    assert_eq!(report.open_at_start, 1);
+    assert_eq!(report.forced, 0, "a handshake holds nothing to finish");
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert_eq!(stats.closed(CloseKind::Tls), 0);
+    drop(silent);
+}
+
+#[test]
+fn pem_files_that_are_missing_empty_or_mismatched_are_typed_errors() {
+    let pki = Pki::new("pem");
+    let (ca, ca_path) = pki.ca("ca");
+    let (cert, key) = pki.leaf(&ca, "a", &["localhost"], false);
+    let (_cert_b, key_b) = pki.leaf(&ca, "b", &["localhost"], false);
+    let missing = pki.dir.join("missing.pem");
+    assert!(matches!(
+        tls::server_config_from_pem_files(&missing, &key),
+        Err(TlsError::Pem { .. })
+    ));
+    let empty = pki.write("empty.pem", "");
+    assert!(matches!(
+        tls::certificates_from_pem_file(&empty),
+        Err(TlsError::NoCertificate(_))
+    ));
+    assert!(matches!(
+        tls::private_key_from_pem_file(&ca_path),
+        Err(TlsError::Pem { .. })
+    ));
+    let err = tls::server_config_from_pem_files(&cert, &key_b).unwrap_err();
+    assert!(matches!(err, TlsError::Rustls(_)), "{err}");
+    assert!(err.to_string().contains("TLS configuration"), "{err}");
+    assert!(tls::server_config_from_pem_files(&cert, &key).is_ok());
+}
+
+/// Holds its first frame's reply forever (reading stops at a window of 1).
+struct Stall;
+
+impl Session for Stall {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, _frame: Bytes, cx: &mut SessionCtx<Self>) {
+        cx.reply_later(std::future::pending());
+    }
+}
+
+#[test]
+fn a_tls_send_dropped_part_way_fails_the_next_instead_of_corrupting_the_stream() {
+    let pki = Pki::new("cancel");
+    let (ca, ca_path) = pki.ca("ca");
+    let (cert, key) = pki.leaf(&ca, "server", &["localhost"], false);
+    let rt = runtime(1);
+    let mut config = ServerConfig::default();
+    config.pipeline_window = 1;
+    config.shutdown_grace = Duration::from_millis(50);
+    let server = Server::builder(LengthDelimited::new(), |_| Stall)
+        .config(config)
+        .tls(TlsAcceptor::from_pem_files(&cert, &key).unwrap())
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    let client = Arc::new(tls::client_config_from_ca_pem_file(&ca_path).unwrap());
+    rt.block_on_local(move || async move {
+        let mut c = Framed::connect_tls(addr, "localhost", client, LengthDelimited::new())
+            .await
+            .unwrap();
+        c.send(Bytes::from_static(b"first")).await.unwrap();
+        // Far more than the socket buffers hold while the server reads
+        // nothing: the send cannot finish, and is dropped part way.
+        for _ in 0..16 {
+            c.feed(Bytes::from(vec![1u8; 4 << 20])).unwrap();
+        }
+        let cut = mailring::time::timeout(Duration::from_millis(300), c.flush()).await;
+        assert!(cut.is_err(), "the send stalled: {cut:?}");
+        let err = c.send(Bytes::from_static(b"after")).await.unwrap_err();
+        let failure = err
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<TlsFailure>())
+            .cloned();
+        assert!(
+            matches!(&failure, Some(TlsFailure::Protocol(e)) if e.contains("abandoned")),
+            "{err:?}"
+        );
+    });
+    rt.block_on(server.shutdown());
+}
