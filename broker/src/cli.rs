@@ -20,7 +20,7 @@ fn usage() -> &'static str {
     "usage: broker [--port N] [--bind ADDR] [--shards N] [--dir PATH] \
      [--appendfsync always|everysec|no] [--requirepass PASS] [--spin-us N]\n\
      \x20      [--stream-cache BYTES] [--segment-bytes BYTES] [--no-direct-io] [--no-preallocate]\n\
-     \x20      [--allow-thp] [--cpus LIST]\n\
+     \x20      [--allow-thp] [--cpus LIST] [--tls-cert PEM --tls-key PEM]\n\
      \x20      broker --bench [--producers N] [--consumers N] [--pipeline N] \
      [--payload BYTES] [--streams N] [--duration SECS] [--appendfsync ...] [--shards N]"
 }
@@ -42,6 +42,8 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
     let mut bind = std::net::IpAddr::from([127, 0, 0, 1]);
     let mut port = 6379u16;
     let mut allow_thp = false;
+    let mut tls_cert: Option<std::path::PathBuf> = None;
+    let mut tls_key: Option<std::path::PathBuf> = None;
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
         let value = |args: &mut dyn Iterator<Item = String>| {
@@ -103,6 +105,8 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                     bench_config.fsync = config.store.fsync;
                 }
                 "--requirepass" => config.requirepass = Some(value(&mut args)?.into()),
+                "--tls-cert" => tls_cert = Some(value(&mut args)?.into()),
+                "--tls-key" => tls_key = Some(value(&mut args)?.into()),
                 "-h" | "--help" => return Err(usage().to_owned()),
                 other => return Err(format!("unknown flag {other}\n{}", usage())),
             }
@@ -113,6 +117,14 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    config.tls = match (tls_cert, tls_key) {
+        (Some(cert), Some(key)) => Some(crate::TlsFiles { cert, key }),
+        (None, None) => None,
+        _ => {
+            eprintln!("--tls-cert and --tls-key go together\n{}", usage());
+            return ExitCode::from(2);
+        }
+    };
     if !allow_thp {
         // As Redis's `disable-thp yes`: a huge page's first touch stalls
         // the shard that makes it for milliseconds (docs/broker.md).

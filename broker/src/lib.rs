@@ -33,5 +33,5 @@ pub mod session;
 pub mod store;
 pub mod stream;
 
-pub use crate::server::{Broker, BrokerConfig, RecoveryReport};
+pub use crate::server::{Broker, BrokerConfig, RecoveryReport, TlsFiles};
 pub use crate::store::{Fsync, StoreConfig, SyncGate};

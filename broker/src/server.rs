@@ -53,6 +53,10 @@ pub struct BrokerConfig {
     /// shard that flushes on the CPU that takes the disk's interrupts:
     /// docs/runtime.md, "CPU pinning".
     pub cpus: Option<Vec<usize>>,
+    /// Serve TLS only, with the certificate chain and key of these PEM
+    /// files (`--tls-cert`, `--tls-key`); `None`, the default, serves plain
+    /// TCP.
+    pub tls: Option<TlsFiles>,
     /// Tests only: `DEBUG PANIC-STREAM key` makes the stream's actor panic
     /// (its supervisor restarts it, and it rebuilds from its log).
     pub debug_commands: bool,
@@ -67,9 +71,19 @@ impl Default for BrokerConfig {
             store: StoreConfig::default(),
             idle_spin: None,
             cpus: None,
+            tls: None,
             debug_commands: false,
         }
     }
+}
+
+/// The PEM files of a TLS broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, end-entity certificate first.
+    pub cert: std::path::PathBuf,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: std::path::PathBuf,
 }
 
 /// The names of the streams that exist, readable from every shard
@@ -224,8 +238,18 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// The runtime's start-up error (no io_uring) or the bind's.
+    /// The runtime's start-up error (no io_uring), the bind's, or (as
+    /// `InvalidInput`) TLS files that do not load.
     pub fn start(config: BrokerConfig) -> io::Result<Broker> {
+        // Before anything touches the data directory: a bad certificate
+        // stops the start at once.
+        let tls = match &config.tls {
+            Some(files) => Some(
+                mailring_transports::tls::TlsAcceptor::from_pem_files(&files.cert, &files.key)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            ),
+            None => None,
+        };
         let shards = config.shards.clamp(1, usize::from(u16::MAX));
         let mut recovered = store::recover(
             &config.store.dir,
@@ -326,10 +350,14 @@ impl Broker {
         });
         Shared::register(&shared);
         let broker_shared = shared.clone();
-        let server = Server::builder(RespCodec::new(), move |_| RespSession::new(shared.clone()))
-            .config(ServerConfig::default())
-            .follow::<StreamActor>(system.handle())
-            .bind(runtime.handle(), config.addr)?;
+        let mut server =
+            Server::builder(RespCodec::new(), move |_| RespSession::new(shared.clone()))
+                .config(ServerConfig::default())
+                .follow::<StreamActor>(system.handle());
+        if let Some(acceptor) = tls {
+            server = server.tls(acceptor);
+        }
+        let server = server.bind(runtime.handle(), config.addr)?;
         let addr = server.local_addr();
         Ok(Broker {
             runtime: Some(runtime),

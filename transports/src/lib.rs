@@ -41,3 +41,9 @@ pub use rustls;
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/sessions.md")]
 pub struct SessionsGuideSamples;
+
+/// The samples of the transports guide (`docs/transports.md`), compiled and
+/// run by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/transports.md")]
+pub struct TransportsGuideSamples;
