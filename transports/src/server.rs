@@ -25,6 +25,7 @@ use mailring_actors::{Actor, SystemHandle};
 
 use crate::codec::{Codec, CodecError};
 use crate::conn::{Conn, Listener, StdListener};
+use crate::proxy::{Parsed, ProxyError, ProxyHeader};
 use crate::session::{CloseKind, CloseReason, FrameIn, Route, Session, SessionCtx};
 use crate::stats::{ServerStats, ShardCounters};
 use crate::tls::{TlsAcceptor, TlsFailure};
@@ -109,6 +110,19 @@ pub struct ServerConfig {
     /// How long [`Server::shutdown`] lets sessions finish what they have
     /// started before closing them. Default 5 s.
     pub shutdown_grace: Duration,
+    /// Every connection starts with a PROXY protocol header (v1 or v2, as
+    /// a load balancer such as HAProxy writes with `send-proxy` or
+    /// `send-proxy-v2`): the client's address it gives is the session's
+    /// peer address (the factory's argument, [`SessionCtx::peer_addr`],
+    /// keys and limits by address), and [`SessionCtx::proxy_header`] keeps
+    /// the whole header. A connection without a valid header closes with
+    /// [`CloseReason::ProxyHeader`] before any session is made. Only for
+    /// listeners that nothing but the proxy can reach: the header is
+    /// believed. Default off.
+    pub proxy_protocol: bool,
+    /// How long a connection may take to send its PROXY header. Default
+    /// 5 s.
+    pub proxy_header_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -127,6 +141,8 @@ impl Default for ServerConfig {
             max_per_key: None,
             max_connections: 10_000,
             shutdown_grace: Duration::from_secs(5),
+            proxy_protocol: false,
+            proxy_header_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -671,30 +687,30 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
             Some(Ok((stream, peer))) => {
                 shared.per_listener[index].fetch_add(1, Ordering::AcqRel);
                 shared.live.fetch_add(1, Ordering::AcqRel);
-                let c = shared.counters(shard);
-                c.accepted.fetch_add(1, Ordering::Relaxed);
-                let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    (shared.factory)(peer)
-                }));
-                let session = match made {
-                    Ok(session) => session,
-                    Err(payload) => {
-                        mailring::panic::report_caught(CallbackKind::Factory, &*payload);
-                        mailring::panic::drop_payload(payload);
-                        c.closed(CloseKind::Panicked)
-                            .fetch_add(1, Ordering::Relaxed);
-                        shared.per_listener[index].fetch_sub(1, Ordering::AcqRel);
-                        shared.live.fetch_sub(1, Ordering::AcqRel);
-                        continue;
-                    }
-                };
-                let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-                let cx = SessionCtx::new(peer, shard, id, shared.codec.clone());
+                shared
+                    .counters(shard)
+                    .accepted
+                    .fetch_add(1, Ordering::Relaxed);
+                // From here its drop accounts the close.
                 let conn = Connection {
                     shared: shared.clone(),
                     listener: index,
                     acceptor_wake: wake.cell.borrow().clone(),
                 };
+                if shared.config.proxy_protocol {
+                    // The client's address comes from the header: the
+                    // session is made once it is read.
+                    mailring::spawn_local(guarded(
+                        shared.clone(),
+                        open_proxied(conn, stream, peer, shard),
+                    ));
+                    continue;
+                }
+                let Some(session) = make_session(&shared, peer, shard) else {
+                    continue;
+                };
+                let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+                let cx = SessionCtx::new(peer, shard, id, shared.codec.clone());
                 mailring::spawn_local(guarded(
                     shared.clone(),
                     run_connection(
@@ -724,6 +740,122 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
                     mailring::time::sleep(Duration::from_millis(10)).await;
                 }
             }
+        }
+    }
+}
+
+/// A session from the factory; `None` (reported and counted) when the
+/// factory panicked.
+fn make_session<S: Session>(
+    shared: &Shared<S>,
+    peer: Option<SocketAddr>,
+    shard: ShardId,
+) -> Option<S> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (shared.factory)(peer))) {
+        Ok(session) => Some(session),
+        Err(payload) => {
+            mailring::panic::report_caught(CallbackKind::Factory, &*payload);
+            mailring::panic::drop_payload(payload);
+            shared
+                .counters(shard)
+                .closed(CloseKind::Panicked)
+                .fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+/// A connection of a PROXY-protocol listener: its header first (the
+/// client's address), then the session, made for that address.
+async fn open_proxied<S: Session>(
+    conn: Connection<S>,
+    stream: Conn,
+    socket_peer: Option<SocketAddr>,
+    shard: ShardId,
+) {
+    let shared = conn.shared.clone();
+    let (header, rest) = match read_proxy_header(&shared, &stream).await {
+        Ok(read) => read,
+        Err(reason) => {
+            shared
+                .counters(shard)
+                .closed(reason.kind())
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    };
+    let peer = header.source.or(socket_peer);
+    let Some(session) = make_session(&shared, peer, shard) else {
+        return;
+    };
+    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+    let mut cx = SessionCtx::new(peer, shard, id, shared.codec.clone());
+    cx.proxy = Some(Arc::new(header));
+    // The bytes after the header are the connection's own (a TLS
+    // ClientHello, the first frames).
+    run_connection(
+        conn,
+        stream,
+        session,
+        cx,
+        (rest, shared.codec.clone()),
+        None,
+        true,
+    )
+    .await;
+}
+
+/// Reads a PROXY header within the server's timeout; a shutdown that
+/// begins meanwhile ends the wait.
+async fn read_proxy_header<S: Session>(
+    shared: &Shared<S>,
+    stream: &Conn,
+) -> Result<(ProxyHeader, BytesMut), CloseReason> {
+    let wake = WakeCell::register(shared.id);
+    let mut read = pin!(mailring::time::timeout(
+        shared.config.proxy_header_timeout,
+        receive_proxy_header(stream),
+    ));
+    std::future::poll_fn(|task| {
+        wake.set(task.waker());
+        if shared.closing.load(Ordering::Acquire) {
+            return Poll::Ready(Err(CloseReason::Shutdown));
+        }
+        read.as_mut().poll(task).map(|r| match r {
+            Ok(Ok(read)) => Ok(read),
+            Ok(Err(ProxyRead::Io(e))) => Err(CloseReason::Io(e)),
+            Ok(Err(ProxyRead::Header(e))) => Err(CloseReason::ProxyHeader(e)),
+            Err(_) => Err(CloseReason::ProxyHeader(ProxyError::Timeout)),
+        })
+    })
+    .await
+}
+
+enum ProxyRead {
+    Io(io::ErrorKind),
+    Header(ProxyError),
+}
+
+/// Receives until a whole PROXY header is in; gives it and the bytes that
+/// followed it.
+async fn receive_proxy_header(stream: &Conn) -> Result<(ProxyHeader, BytesMut), ProxyRead> {
+    let mut buf = BytesMut::with_capacity(512);
+    loop {
+        match crate::proxy::parse(&buf).map_err(ProxyRead::Header)? {
+            Parsed::Complete(header, len) => {
+                let rest = buf.split_off(len);
+                return Ok((header, rest));
+            }
+            Parsed::Incomplete => {}
+        }
+        buf.reserve(512);
+        let tail = buf.split_off(buf.len());
+        let (res, tail) = stream.recv(tail).await;
+        buf.unsplit(tail);
+        match res {
+            Ok(0) => return Err(ProxyRead::Header(ProxyError::Truncated(buf.len()))),
+            Ok(_) => {}
+            Err(e) => return Err(ProxyRead::Io(e.kind())),
         }
     }
 }
@@ -808,7 +940,9 @@ async fn run_connection<S: Session>(
             }
         }
         if let Some(acceptor) = &conn.shared.tls {
-            match tls_handshake(&conn.shared, acceptor, stream).await {
+            // Bytes already read (after a PROXY header) are the handshake's.
+            let received = std::mem::take(&mut rbuf);
+            match tls_handshake(&conn.shared, acceptor, stream, received).await {
                 Ok((tls, info)) => {
                     stream = Conn::Tls(Box::new(tls));
                     cx.tls = Some(Arc::new(info));
@@ -862,6 +996,7 @@ async fn run_connection<S: Session>(
                         .fetch_add(1, Ordering::Relaxed);
                     let handle = conn.shared.handle.clone();
                     let tls = cx.tls.take();
+                    let proxy = cx.proxy.take();
                     let SessionCtx { peer, id, .. } = cx;
                     let codec = cx.encoder;
                     let guard = conn.shared.clone();
@@ -870,6 +1005,7 @@ async fn run_connection<S: Session>(
                             let mut cx = SessionCtx::new(peer, owner, id, codec);
                             cx.key = Some(key);
                             cx.tls = tls;
+                            cx.proxy = proxy;
                             match transit.arrive().await {
                                 Ok(stream) => {
                                     run_connection(
@@ -911,9 +1047,10 @@ async fn tls_handshake<S: Session>(
     shared: &Shared<S>,
     acceptor: &TlsAcceptor,
     stream: Conn,
+    received: BytesMut,
 ) -> Result<(crate::tls::TlsConn, crate::tls::TlsInfo), CloseReason> {
     let wake = WakeCell::register(shared.id);
-    let mut handshake = pin!(acceptor.accept(stream));
+    let mut handshake = pin!(acceptor.accept(stream, received));
     std::future::poll_fn(|task| {
         wake.set(task.waker());
         if shared.closing.load(Ordering::Acquire) {

@@ -165,6 +165,9 @@ pub enum CloseReason {
     /// another CA, an expired certificate, bytes that are no TLS, a
     /// handshake past its timeout).
     Tls(crate::tls::TlsFailure),
+    /// A PROXY-protocol listener's connection sent no valid header (no
+    /// session was made).
+    ProxyHeader(crate::proxy::ProxyError),
     /// The session's code (the factory, a hook, a handler, a push, a
     /// deferred reply) panicked. The panic is reported to the runtime
     /// (`ShardStats::panics`, the `on_panic` hook); `on_close` does not run
@@ -189,6 +192,7 @@ impl CloseReason {
             CloseReason::Io(_) => CloseKind::Io,
             CloseReason::HandOff => CloseKind::HandOff,
             CloseReason::Tls(_) => CloseKind::Tls,
+            CloseReason::ProxyHeader(_) => CloseKind::ProxyHeader,
             CloseReason::Panicked => CloseKind::Panicked,
         }
     }
@@ -212,6 +216,7 @@ impl fmt::Display for CloseReason {
             CloseReason::Io(kind) => write!(f, "socket error: {kind}"),
             CloseReason::HandOff => f.write_str("hand-off to the key's shard failed"),
             CloseReason::Tls(e) => e.fmt(f),
+            CloseReason::ProxyHeader(e) => e.fmt(f),
             CloseReason::Panicked => f.write_str("the session panicked"),
         }
     }
@@ -235,11 +240,12 @@ pub enum CloseKind {
     HandOff,
     Panicked,
     Tls,
+    ProxyHeader,
 }
 
 impl CloseKind {
     /// Every kind, in counter order.
-    pub const ALL: [CloseKind; 14] = [
+    pub const ALL: [CloseKind; 15] = [
         CloseKind::PeerClosed,
         CloseKind::ClosedBySession,
         CloseKind::IdleTimeout,
@@ -254,6 +260,7 @@ impl CloseKind {
         CloseKind::HandOff,
         CloseKind::Panicked,
         CloseKind::Tls,
+        CloseKind::ProxyHeader,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -279,6 +286,8 @@ pub struct SessionCtx<S: Session> {
     pub(crate) key: Option<S::Key>,
     /// What the TLS handshake agreed on, for a TLS connection.
     pub(crate) tls: Option<std::sync::Arc<crate::tls::TlsInfo>>,
+    /// The PROXY header the connection began with, on such a listener.
+    pub(crate) proxy: Option<std::sync::Arc<crate::proxy::ProxyHeader>>,
     pub(crate) encoder: S::Codec,
     /// Encoded bytes not yet handed to a send.
     pub(crate) wbuf: BytesMut,
@@ -312,6 +321,7 @@ impl<S: Session> SessionCtx<S> {
             id,
             key: None,
             tls: None,
+            proxy: None,
             encoder: codec,
             wbuf: BytesMut::new(),
             slots: VecDeque::new(),
@@ -321,7 +331,10 @@ impl<S: Session> SessionCtx<S> {
         }
     }
 
-    /// The peer's address (`None` for Unix peers).
+    /// The peer's address (`None` for Unix peers). On a PROXY-protocol
+    /// listener ([`crate::ServerConfig::proxy_protocol`]), the client's
+    /// address from the header (the proxy's own when the header names
+    /// none).
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.peer
     }
@@ -347,6 +360,13 @@ impl<S: Session> SessionCtx<S> {
     /// [`Session::route`], so a tenant's TLS connections land on its shard.
     pub fn tls(&self) -> Option<&crate::tls::TlsInfo> {
         self.tls.as_deref()
+    }
+
+    /// The PROXY protocol header the connection began with (version,
+    /// client and destination addresses), on a listener with
+    /// [`crate::ServerConfig::proxy_protocol`]; `None` otherwise.
+    pub fn proxy_header(&self) -> Option<&crate::proxy::ProxyHeader> {
+        self.proxy.as_deref()
     }
 
     /// Queues `frame` for sending, after every reply queued before it

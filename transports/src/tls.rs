@@ -305,11 +305,17 @@ impl TlsAcceptor {
         Ok(())
     }
 
-    /// Runs the server side of a handshake on `stream`.
-    pub(crate) async fn accept(&self, stream: Conn) -> Result<(TlsConn, TlsInfo), TlsFailure> {
+    /// Runs the server side of a handshake on `stream`, whose first bytes
+    /// (`received`) were already read (after a PROXY header).
+    pub(crate) async fn accept(
+        &self,
+        stream: Conn,
+        received: BytesMut,
+    ) -> Result<(TlsConn, TlsInfo), TlsFailure> {
         let session = rustls::ServerConnection::new(self.config())
             .map_err(|e| TlsFailure::Protocol(e.to_string()))?;
         let conn = TlsConn::new(stream, rustls::Connection::Server(session));
+        conn.state.borrow_mut().cipher_in = received;
         match mailring_actors::mailring::time::timeout(
             self.inner.handshake_timeout,
             conn.handshake(),

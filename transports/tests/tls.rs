@@ -24,7 +24,7 @@ use mailring_transports::{
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
 mod common;
-use common::{frame, wait_for, Echo};
+use common::{frame, read_frame, wait_for, Echo};
 
 fn runtime(shards: usize) -> mailring::Runtime {
     mailring::Runtime::builder()
@@ -125,14 +125,6 @@ fn tls_client(
         stream.conn.complete_io(&mut stream.sock)?;
     }
     Ok(stream)
-}
-
-fn read_frame(c: &mut impl Read) -> std::io::Result<Vec<u8>> {
-    let mut len = [0u8; 4];
-    c.read_exact(&mut len)?;
-    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
-    c.read_exact(&mut body)?;
-    Ok(body)
 }
 
 fn round_trip(c: &mut (impl Read + Write), body: &[u8]) -> Vec<u8> {

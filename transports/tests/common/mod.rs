@@ -1,6 +1,9 @@
 //! What the transports' test binaries share: a loopback client, frames of
 //! the 4-byte length-delimited codec, and an echo session.
 
+// Not every binary uses every helper.
+#![allow(dead_code)]
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
@@ -10,7 +13,6 @@ use mailring_transports::codec::LengthDelimited;
 use mailring_transports::{Session, SessionCtx};
 
 /// A blocking loopback client whose reads give up after 10 s.
-#[allow(dead_code)] // not every binary uses it
 pub(crate) fn client(addr: SocketAddr) -> TcpStream {
     let c = TcpStream::connect(addr).expect("connect to loopback");
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -26,7 +28,7 @@ pub(crate) fn frame(body: &[u8]) -> Vec<u8> {
 }
 
 /// Reads one frame's body.
-pub(crate) fn read_frame(c: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_frame(c: &mut impl Read) -> std::io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     c.read_exact(&mut len)?;
     let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
@@ -35,7 +37,6 @@ pub(crate) fn read_frame(c: &mut TcpStream) -> std::io::Result<Vec<u8>> {
 }
 
 /// Sends `body` and checks that it comes back.
-#[allow(dead_code)] // not every binary uses it
 pub(crate) fn round_trip(c: &mut TcpStream, body: &[u8]) {
     c.write_all(&frame(body)).unwrap();
     assert_eq!(read_frame(c).unwrap(), body, "the echo");
@@ -54,7 +55,6 @@ impl Session for Echo {
 }
 
 /// Waits (bounded) for `cond` on the server's stats.
-#[allow(dead_code)] // not every binary uses it
 pub(crate) fn wait_for<S: mailring_transports::Session>(
     server: &mailring_transports::Server<S>,
     what: &str,

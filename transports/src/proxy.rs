@@ -1,0 +1,344 @@
+//! The PROXY protocol (versions 1 and 2, as HAProxy defines them): the
+//! header a load balancer writes before a connection's own bytes to say
+//! who the client is. [`ProxyHeader`] is what it said; [`parse`] reads one
+//! from the front of a buffer; the server reads it before anything else
+//! when [`ServerConfig::proxy_protocol`](crate::ServerConfig::proxy_protocol)
+//! is on.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// The v2 signature, the first 12 bytes of every v2 header.
+const V2_SIGNATURE: &[u8; 12] = b"\r\n\r\n\0\r\nQUIT\n";
+/// A v1 header's longest line, `\r\n` included (the specification's 107).
+const V1_MAX: usize = 107;
+/// The longest v2 header taken: 16 bytes, then addresses and TLVs. The
+/// format allows 64 KiB of TLVs; proxies send a few hundred bytes at most.
+pub const V2_MAX: usize = 16 + 2048;
+
+/// What a PROXY header said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProxyHeader {
+    /// 1 or 2.
+    pub version: u8,
+    /// The client's address, as the proxy saw it. `None` for a v1
+    /// `UNKNOWN`, a v2 `LOCAL` command (the proxy's own health check), or
+    /// an address family with no socket address (Unix): the connection's
+    /// own peer then stands.
+    pub source: Option<SocketAddr>,
+    /// The address the client connected to, on the proxy.
+    pub destination: Option<SocketAddr>,
+}
+
+/// Why a PROXY header was refused; the connection closes with
+/// [`CloseReason::ProxyHeader`](crate::CloseReason::ProxyHeader).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProxyError {
+    /// The connection does not start with `PROXY ` nor the v2 signature.
+    #[error("no PROXY protocol header")]
+    NoHeader,
+    /// A v1 line that breaks the format.
+    #[error("PROXY v1 header: {0}")]
+    V1(String),
+    /// A v2 header that breaks the format.
+    #[error("PROXY v2 header: {0}")]
+    V2(String),
+    /// A header longer than the limit (v1: 107 bytes; v2: [`V2_MAX`]).
+    #[error("PROXY header longer than {0} bytes")]
+    TooLong(usize),
+    /// The peer closed before its header ended.
+    #[error("connection closed within its PROXY header ({0} bytes)")]
+    Truncated(usize),
+    /// The header did not arrive within the server's
+    /// [`proxy_header_timeout`](crate::ServerConfig::proxy_header_timeout).
+    #[error("no PROXY header within the timeout")]
+    Timeout,
+}
+
+/// What [`parse`] found at the front of a buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parsed {
+    /// A whole header, and its length in bytes (what follows it is the
+    /// connection's own data).
+    Complete(ProxyHeader, usize),
+    /// A valid beginning: more bytes are needed.
+    Incomplete,
+}
+
+/// Reads a PROXY header (v1 or v2) from the front of `buf`.
+///
+/// ```
+/// use mailring_transports::proxy::{parse, Parsed};
+///
+/// let buf = b"PROXY TCP4 192.0.2.1 198.51.100.2 51234 443\r\nhello";
+/// let Parsed::Complete(header, len) = parse(buf)? else { unreachable!() };
+/// assert_eq!(header.source, Some("192.0.2.1:51234".parse()?));
+/// assert_eq!(&buf[len..], b"hello");
+/// assert_eq!(parse(b"PROXY TC")?, Parsed::Incomplete);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+///
+/// A [`ProxyError`] for bytes that are not (the beginning of) a header.
+pub fn parse(buf: &[u8]) -> Result<Parsed, ProxyError> {
+    let n = buf.len().min(V2_SIGNATURE.len());
+    if buf[..n] == V2_SIGNATURE[..n] {
+        return if n < V2_SIGNATURE.len() {
+            Ok(Parsed::Incomplete)
+        } else {
+            parse_v2(buf)
+        };
+    }
+    let n = buf.len().min(6);
+    if buf[..n] == b"PROXY "[..n] {
+        return if n < 6 {
+            Ok(Parsed::Incomplete)
+        } else {
+            parse_v1(buf)
+        };
+    }
+    Err(ProxyError::NoHeader)
+}
+
+fn parse_v1(buf: &[u8]) -> Result<Parsed, ProxyError> {
+    let window = &buf[..buf.len().min(V1_MAX)];
+    let Some(end) = window.windows(2).position(|w| w == b"\r\n") else {
+        if buf.len() >= V1_MAX {
+            return Err(ProxyError::TooLong(V1_MAX));
+        }
+        // A byte that can never be in a v1 line fails now, not at 107.
+        if let Some(b) = buf
+            .iter()
+            .find(|b| !(b.is_ascii_graphic() || **b == b' ' || **b == b'\r'))
+        {
+            return Err(ProxyError::V1(format!("byte {b:#04x} in the line")));
+        }
+        return Ok(Parsed::Incomplete);
+    };
+    let line = std::str::from_utf8(&buf[..end]).map_err(|_| ProxyError::V1("not ASCII".into()))?;
+    let bad = |what: &str| ProxyError::V1(format!("{what}: {line:?}"));
+    let mut fields = line.split(' ');
+    fields.next(); // "PROXY"
+    let proto = fields.next().ok_or_else(|| bad("no protocol"))?;
+    let header = match proto {
+        "UNKNOWN" => ProxyHeader {
+            version: 1,
+            source: None,
+            destination: None,
+        },
+        "TCP4" | "TCP6" => {
+            let f: Vec<&str> = fields.collect();
+            let [src, dst, sport, dport] = f[..] else {
+                return Err(bad("expected 4 fields after the protocol"));
+            };
+            let ip = |s: &str| -> Result<IpAddr, ProxyError> {
+                if proto == "TCP4" {
+                    s.parse::<Ipv4Addr>().map(IpAddr::V4)
+                } else {
+                    s.parse::<Ipv6Addr>().map(IpAddr::V6)
+                }
+                .map_err(|_| bad("bad address"))
+            };
+            let port = |s: &str| -> Result<u16, ProxyError> {
+                let digits = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+                // No leading zeros ("0" itself is a port).
+                let canonical = s == "0" || !s.starts_with('0');
+                match (digits && canonical).then(|| s.parse::<u16>()) {
+                    Some(Ok(p)) => Ok(p),
+                    _ => Err(bad("bad port")),
+                }
+            };
+            ProxyHeader {
+                version: 1,
+                source: Some(SocketAddr::new(ip(src)?, port(sport)?)),
+                destination: Some(SocketAddr::new(ip(dst)?, port(dport)?)),
+            }
+        }
+        _ => return Err(bad("unknown protocol")),
+    };
+    Ok(Parsed::Complete(header, end + 2))
+}
+
+fn parse_v2(buf: &[u8]) -> Result<Parsed, ProxyError> {
+    if buf.len() < 16 {
+        return Ok(Parsed::Incomplete);
+    }
+    let version = buf[12] >> 4;
+    let command = buf[12] & 0x0f;
+    if version != 2 {
+        return Err(ProxyError::V2(format!("version {version}")));
+    }
+    let len = usize::from(u16::from_be_bytes([buf[14], buf[15]]));
+    let total = 16 + len;
+    if total > V2_MAX {
+        return Err(ProxyError::TooLong(V2_MAX));
+    }
+    if buf.len() < total {
+        return Ok(Parsed::Incomplete);
+    }
+    let body = &buf[16..total];
+    let (source, destination) = match command {
+        // LOCAL: the proxy speaking for itself; the address block is
+        // ignored whatever it holds.
+        0 => (None, None),
+        1 => match buf[13] >> 4 {
+            0 => (None, None),
+            1 => {
+                let a = body
+                    .get(..12)
+                    .ok_or_else(|| ProxyError::V2(format!("{len} bytes for IPv4 addresses")))?;
+                let ip = |i: usize| IpAddr::V4(Ipv4Addr::new(a[i], a[i + 1], a[i + 2], a[i + 3]));
+                let port = |i: usize| u16::from_be_bytes([a[i], a[i + 1]]);
+                (
+                    Some(SocketAddr::new(ip(0), port(8))),
+                    Some(SocketAddr::new(ip(4), port(10))),
+                )
+            }
+            2 => {
+                let a = body
+                    .get(..36)
+                    .ok_or_else(|| ProxyError::V2(format!("{len} bytes for IPv6 addresses")))?;
+                let ip = |i: usize| {
+                    let octets: [u8; 16] = a[i..i + 16].try_into().expect("16 bytes");
+                    IpAddr::V6(Ipv6Addr::from(octets))
+                };
+                let port = |i: usize| u16::from_be_bytes([a[i], a[i + 1]]);
+                (
+                    Some(SocketAddr::new(ip(0), port(32))),
+                    Some(SocketAddr::new(ip(16), port(34))),
+                )
+            }
+            // Unix sockets: no socket address to give.
+            3 => (None, None),
+            f => return Err(ProxyError::V2(format!("address family {f}"))),
+        },
+        c => return Err(ProxyError::V2(format!("command {c}"))),
+    };
+    Ok(Parsed::Complete(
+        ProxyHeader {
+            version: 2,
+            source,
+            destination,
+        },
+        total,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v2(command: u8, family: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = V2_SIGNATURE.to_vec();
+        v.push(0x20 | command);
+        v.push(family);
+        v.extend_from_slice(&(body.len() as u16).to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    #[test]
+    fn v1_tcp4_tcp6_and_unknown() {
+        let h = b"PROXY TCP6 2001:db8::1 ::1 65535 0\r\n";
+        assert_eq!(
+            parse(h),
+            Ok(Parsed::Complete(
+                ProxyHeader {
+                    version: 1,
+                    source: Some("[2001:db8::1]:65535".parse().unwrap()),
+                    destination: Some("[::1]:0".parse().unwrap()),
+                },
+                h.len()
+            ))
+        );
+        let u = b"PROXY UNKNOWN whatever follows\r\nrest";
+        assert!(matches!(
+            parse(u),
+            Ok(Parsed::Complete(ProxyHeader { source: None, .. }, 32))
+        ));
+    }
+
+    #[test]
+    fn every_prefix_of_a_valid_header_is_incomplete_not_an_error() {
+        let v1 = b"PROXY TCP4 10.0.0.1 10.0.0.2 1 2\r\n".to_vec();
+        let mut body = vec![10, 0, 0, 1, 10, 0, 0, 2, 0, 1, 0, 2];
+        body.extend_from_slice(&[0x03, 0x00, 0x01, 0xaa]); // a TLV, skipped
+        let v2 = v2(1, 0x11, &body);
+        for h in [v1, v2] {
+            for cut in 0..h.len() {
+                assert_eq!(parse(&h[..cut]), Ok(Parsed::Incomplete), "{cut} of {h:?}");
+            }
+            assert!(matches!(parse(&h), Ok(Parsed::Complete(_, n)) if n == h.len()));
+        }
+    }
+
+    #[test]
+    fn v2_proxy_local_and_unix() {
+        let mut six = vec![0u8; 36];
+        six[15] = 1; // ::1
+        six[31] = 2; // ::2
+        six[32..34].copy_from_slice(&443u16.to_be_bytes());
+        six[34..36].copy_from_slice(&80u16.to_be_bytes());
+        let Ok(Parsed::Complete(h, _)) = parse(&v2(1, 0x21, &six)) else {
+            panic!()
+        };
+        assert_eq!(h.source, Some("[::1]:443".parse().unwrap()));
+        assert_eq!(h.destination, Some("[::2]:80".parse().unwrap()));
+        // LOCAL (health checks) ignores whatever address block it has.
+        let Ok(Parsed::Complete(h, n)) = parse(&v2(0, 0x11, &[1, 2, 3])) else {
+            panic!()
+        };
+        assert_eq!((h.source, n), (None, 19));
+        let Ok(Parsed::Complete(h, _)) = parse(&v2(1, 0x31, &[0u8; 216])) else {
+            panic!()
+        };
+        assert_eq!(h.source, None);
+    }
+
+    #[test]
+    fn hostile_headers_are_typed_errors() {
+        assert_eq!(parse(b"GET / HTTP/1.1\r\n"), Err(ProxyError::NoHeader));
+        assert_eq!(parse(b"\x16\x03\x01"), Err(ProxyError::NoHeader));
+        let cases: &[&[u8]] = &[
+            b"PROXY TCP4 1.2.3.4 5.6.7.8 80\r\n",
+            b"PROXY TCP4 1.2.3.4 5.6.7.8 80 65536\r\n",
+            b"PROXY TCP4 1.2.3.4 5.6.7.8 080 1\r\n",
+            b"PROXY TCP4 ::1 5.6.7.8 1 1\r\n",
+            b"PROXY TCP6 1.2.3.4 ::1 1 1\r\n",
+            b"PROXY UDP4 1.2.3.4 5.6.7.8 1 1\r\n",
+            b"PROXY TCP4 1.2.3.4  5.6.7.8 1 1\r\n",
+            b"PROXY TCP4 1.2.3.4 5.6.7.8 1 1 extra\r\n",
+            b"PROXY TCP4 1.2.3.4\x00",
+        ];
+        for c in cases {
+            assert!(matches!(parse(c), Err(ProxyError::V1(_))), "{c:?}");
+        }
+        let long = [b"PROXY ".as_slice(), &[b'9'; 200]].concat();
+        assert_eq!(parse(&long), Err(ProxyError::TooLong(V1_MAX)));
+        // v2: version 1, command 7, family 9, short IPv4 block, oversize.
+        let mut bad_version = v2(1, 0x11, &[0; 12]);
+        bad_version[12] = 0x11;
+        assert!(matches!(parse(&bad_version), Err(ProxyError::V2(_))));
+        assert!(matches!(
+            parse(&v2(7, 0x11, &[0; 12])),
+            Err(ProxyError::V2(_))
+        ));
+        assert!(matches!(
+            parse(&v2(1, 0x91, &[0; 12])),
+            Err(ProxyError::V2(_))
+        ));
+        assert!(matches!(
+            parse(&v2(1, 0x11, &[0; 8])),
+            Err(ProxyError::V2(_))
+        ));
+        assert!(matches!(
+            parse(&v2(1, 0x21, &[0; 12])),
+            Err(ProxyError::V2(_))
+        ));
+        let mut huge = V2_SIGNATURE.to_vec();
+        huge.extend_from_slice(&[0x21, 0x11, 0xff, 0xff]);
+        assert_eq!(parse(&huge), Err(ProxyError::TooLong(V2_MAX)));
+    }
+}
