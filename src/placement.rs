@@ -114,6 +114,8 @@ pub fn route_hash<K: RouteKey + ?Sized>(key: &K) -> u64 {
 ///   `Bytes`, `Box<str>`, `Cow<str>`, `Arc<str>`, ...) as their bytes and an
 ///   end mark, so a session keyed by bytes off the wire and an actor keyed
 ///   by a `String` of the same text share a shard;
+/// - IP addresses as their family and bits, socket addresses as the IP
+///   address then the port;
 /// - tuples, `Option` and references as their parts in order.
 ///
 /// For a key type of your own, implement [`route`](Self::route) by routing
@@ -193,6 +195,45 @@ impl RouteKey for char {
 
 impl RouteKey for () {
     fn route(&self, _h: &mut RouteHasher) {}
+}
+
+impl RouteKey for std::net::Ipv4Addr {
+    /// The address as one word (its 32 bits).
+    fn route(&self, h: &mut RouteHasher) {
+        h.write_u64(u64::from(self.to_bits()));
+    }
+}
+
+impl RouteKey for std::net::Ipv6Addr {
+    /// The address as two words (its 128 bits, the low word first).
+    fn route(&self, h: &mut RouteHasher) {
+        self.to_bits().route(h);
+    }
+}
+
+impl RouteKey for std::net::IpAddr {
+    /// The family (4 or 6), then the address.
+    fn route(&self, h: &mut RouteHasher) {
+        match self {
+            std::net::IpAddr::V4(a) => {
+                h.write_u64(4);
+                a.route(h);
+            }
+            std::net::IpAddr::V6(a) => {
+                h.write_u64(6);
+                a.route(h);
+            }
+        }
+    }
+}
+
+impl RouteKey for std::net::SocketAddr {
+    /// The IP address (as [`std::net::IpAddr`]), then the port: a peer's
+    /// address keys a UDP session or a connection's tenant.
+    fn route(&self, h: &mut RouteHasher) {
+        self.ip().route(h);
+        h.write_u64(u64::from(self.port()));
+    }
 }
 
 impl RouteKey for [u8] {
@@ -507,5 +548,22 @@ mod tests {
         assert_eq!(route_hash(&7i32), route_hash(&7u64));
         assert_eq!(route_hash(&-1i8), route_hash(&-1i64));
         assert_ne!(route_hash(&("a", "bc")), route_hash(&("ab", "c")));
+    }
+
+    #[test]
+    fn addresses_route_by_family_bits_and_port() {
+        use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+        let v4 = Ipv4Addr::new(192, 0, 2, 7);
+        let a: SocketAddr = "192.0.2.7:4000".parse().unwrap();
+        assert_eq!(route_hash(&a), route_hash(&(IpAddr::V4(v4), 4000u16)));
+        assert_eq!(route_hash(&IpAddr::V4(v4)), route_hash(&(4u8, v4)));
+        assert_ne!(
+            route_hash(&a),
+            route_hash(&"192.0.2.7:4001".parse::<SocketAddr>().unwrap())
+        );
+        // ::ffff:192.0.2.7 is another family, another key.
+        let mapped = v4.to_ipv6_mapped();
+        assert_ne!(route_hash(&IpAddr::V6(mapped)), route_hash(&IpAddr::V4(v4)));
+        assert_eq!(route_hash(&Ipv6Addr::LOCALHOST), route_hash(&1u128));
     }
 }

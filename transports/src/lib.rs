@@ -19,6 +19,7 @@
 
 pub mod codec;
 mod conn;
+pub mod datagram;
 pub mod proxy;
 mod server;
 mod session;

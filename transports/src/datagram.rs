@@ -1,0 +1,808 @@
+//! UDP datagram sessions: a [`DatagramServer`] keeps one session per key,
+//! the key named by the first datagram of a peer ([`DatagramSession::key`]:
+//! its address, or something it carries), on the key's shard. Sessions
+//! expire when idle, their number is capped, and datagrams that name no
+//! key are dropped and counted without touching anyone else.
+//!
+//! Each shard has a socket bound to the server's address (`SO_REUSEPORT`;
+//! the kernel keeps a peer on one of them). A datagram is keyed where it
+//! arrives (the key of a known peer is remembered there), then handed to
+//! the key's shard if it is another one; a session sends its replies from
+//! its own shard's socket, which has the same address.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use mailring_actors::mailring::net::UdpSocket;
+use mailring_actors::mailring::{self, CallbackKind, Handle, ShardId};
+use mailring_actors::{Actor, RouteKey, SystemHandle};
+use std::time::Instant;
+
+/// The largest datagram taken whole (a bigger one is cut to this).
+const MAX_DATAGRAM: usize = 64 << 10;
+
+/// One peer-or-key's protocol logic over datagrams, run on its key's shard.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use mailring_transports::bytes::Bytes;
+/// use mailring_transports::datagram::{DatagramCtx, DatagramSession};
+///
+/// /// Echoes each datagram; one session per peer address.
+/// struct Echo;
+///
+/// impl DatagramSession for Echo {
+///     type Key = SocketAddr;
+///
+///     fn key(_first: &[u8], peer: SocketAddr) -> Option<SocketAddr> {
+///         Some(peer)
+///     }
+///
+///     async fn on_datagram(&mut self, datagram: Bytes, cx: &mut DatagramCtx) {
+///         cx.reply(datagram);
+///     }
+/// }
+/// ```
+pub trait DatagramSession: Send + Sized + 'static {
+    /// What a session is kept by: the peer's address, or a key its
+    /// datagrams carry.
+    type Key: RouteKey + Clone + Eq + std::hash::Hash + Send + Sync + fmt::Debug + 'static;
+
+    /// The key of a peer not seen yet (or whose session expired), from its
+    /// datagram and address. `None`: the datagram is garbage, dropped and
+    /// counted ([`DatagramShardStats::garbage`]); the next datagram of the
+    /// peer is asked again. The key found is remembered for the peer until
+    /// it is idle for the server's idle timeout.
+    fn key(datagram: &[u8], peer: SocketAddr) -> Option<Self::Key>;
+
+    /// Handles one datagram (its sender is [`DatagramCtx::peer`]).
+    /// Datagrams of a session are handled one at a time, in arrival order.
+    fn on_datagram(&mut self, datagram: Bytes, cx: &mut DatagramCtx) -> impl Future<Output = ()>;
+
+    /// Runs once when the session ends.
+    fn on_close(&mut self, reason: DatagramClose, cx: &mut DatagramCtx) {
+        let _ = (reason, cx);
+    }
+}
+
+/// Why a datagram session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DatagramClose {
+    /// Nothing arrived for the idle timeout.
+    IdleTimeout,
+    /// The session asked ([`DatagramCtx::close`]).
+    ClosedBySession,
+    /// The server shut down.
+    Shutdown,
+    /// The session's code panicked (reported to the runtime; `on_close`
+    /// does not run).
+    Panicked,
+}
+
+/// A datagram session's view: who sent the datagram being handled, replies.
+#[derive(Debug)]
+pub struct DatagramCtx {
+    peer: SocketAddr,
+    shard: ShardId,
+    out: Vec<(SocketAddr, Bytes)>,
+    close: bool,
+}
+
+impl DatagramCtx {
+    /// The sender of the datagram being handled (in `on_close`, of the
+    /// last one).
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The shard the session runs on.
+    pub fn shard(&self) -> ShardId {
+        self.shard
+    }
+
+    /// Sends `datagram` to the sender of the one being handled.
+    pub fn reply(&mut self, datagram: Bytes) {
+        self.out.push((self.peer, datagram));
+    }
+
+    /// Sends `datagram` to `peer` (another peer of the same key, say).
+    pub fn send_to(&mut self, peer: SocketAddr, datagram: Bytes) {
+        self.out.push((peer, datagram));
+    }
+
+    /// Ends the session after this datagram (its replies still go).
+    pub fn close(&mut self) {
+        self.close = true;
+    }
+}
+
+/// A datagram server's limits.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct DatagramConfig {
+    /// A session (and a remembered peer) with no datagram for this long
+    /// ends with [`DatagramClose::IdleTimeout`]. Default 60 s.
+    pub idle_timeout: Duration,
+    /// Sessions alive at once, over all shards; a datagram that would open
+    /// one more is dropped and counted
+    /// ([`DatagramShardStats::over_capacity`]). Default 10,000.
+    pub max_sessions: usize,
+    /// Datagrams queued for one session while it handles another; past it
+    /// they are dropped and counted ([`DatagramShardStats::queue_full`]).
+    /// Default 256.
+    pub session_queue: usize,
+}
+
+impl Default for DatagramConfig {
+    fn default() -> Self {
+        DatagramConfig {
+            idle_timeout: Duration::from_secs(60),
+            max_sessions: 10_000,
+            session_queue: 256,
+        }
+    }
+}
+
+/// One shard's datagram counters.
+#[derive(Debug, Default)]
+struct Counters {
+    datagrams_in: AtomicU64,
+    datagrams_out: AtomicU64,
+    garbage: AtomicU64,
+    over_capacity: AtomicU64,
+    queue_full: AtomicU64,
+    forwarded: AtomicU64,
+    opened: AtomicU64,
+    expired: AtomicU64,
+    panicked: AtomicU64,
+    send_errors: AtomicU64,
+}
+
+/// A snapshot of one shard's datagram counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DatagramShardStats {
+    /// Datagrams this shard's socket received.
+    pub datagrams_in: u64,
+    /// Datagrams its sessions sent.
+    pub datagrams_out: u64,
+    /// Datagrams of unknown peers that named no key, dropped.
+    pub garbage: u64,
+    /// Datagrams that would have opened a session past the cap, dropped.
+    pub over_capacity: u64,
+    /// Datagrams dropped because their session's queue was full.
+    pub queue_full: u64,
+    /// Datagrams received here and handed to their key's shard.
+    pub forwarded: u64,
+    /// Sessions opened here.
+    pub opened: u64,
+    /// Sessions here that ended idle.
+    pub expired: u64,
+    /// Sessions here whose code panicked.
+    pub panicked: u64,
+    /// Sends that failed (the datagram is lost, as UDP may lose it).
+    pub send_errors: u64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> DatagramShardStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        DatagramShardStats {
+            datagrams_in: get(&self.datagrams_in),
+            datagrams_out: get(&self.datagrams_out),
+            garbage: get(&self.garbage),
+            over_capacity: get(&self.over_capacity),
+            queue_full: get(&self.queue_full),
+            forwarded: get(&self.forwarded),
+            opened: get(&self.opened),
+            expired: get(&self.expired),
+            panicked: get(&self.panicked),
+            send_errors: get(&self.send_errors),
+        }
+    }
+}
+
+type Placer<K> = Arc<dyn Fn(&K, usize) -> ShardId + Send + Sync>;
+type Factory<S> = Arc<dyn Fn(&<S as DatagramSession>::Key) -> S + Send + Sync>;
+
+struct Shared<S: DatagramSession> {
+    id: u64,
+    handle: Handle,
+    config: DatagramConfig,
+    factory: Factory<S>,
+    placer: Placer<S::Key>,
+    counters: Box<[Counters]>,
+    live: AtomicUsize,
+    closing: AtomicBool,
+}
+
+impl<S: DatagramSession> Shared<S> {
+    fn counters(&self, shard: ShardId) -> &Counters {
+        &self.counters[shard.index()]
+    }
+}
+
+/// A session's place on its shard: its inbox, its driver's waker, when it
+/// last heard from a peer.
+struct Slot {
+    inbox: RefCell<VecDeque<(SocketAddr, Bytes)>>,
+    waker: RefCell<Option<Waker>>,
+    last: Cell<Instant>,
+    stop: Cell<Option<DatagramClose>>,
+}
+
+impl Slot {
+    fn wake(&self) {
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+}
+
+/// A server's state on one shard.
+struct Table<S: DatagramSession> {
+    socket: Rc<UdpSocket>,
+    sessions: HashMap<S::Key, Rc<Slot>>,
+    /// Peers seen here, with their key and when they were last heard.
+    peers: HashMap<SocketAddr, (S::Key, Instant)>,
+    /// The receive loop, woken to see a shutdown.
+    loop_waker: Option<Waker>,
+}
+
+/// A datagram handed to a shard whose receive loop has not started yet.
+type Early = Box<dyn FnOnce()>;
+
+thread_local! {
+    /// Per shard: each datagram server's table, by server id.
+    static TABLES: RefCell<HashMap<u64, Rc<dyn std::any::Any>>> = RefCell::new(HashMap::new());
+    /// Per shard: datagrams handed here before the server's table was
+    /// (its loop starts on its own; another shard's may run first).
+    static EARLY: RefCell<HashMap<u64, Vec<Early>>> = RefCell::new(HashMap::new());
+}
+
+fn table<S: DatagramSession>(id: u64) -> Option<Rc<RefCell<Table<S>>>> {
+    TABLES
+        .with(|t| t.borrow().get(&id).cloned())
+        .and_then(|any| any.downcast::<RefCell<Table<S>>>().ok())
+}
+
+/// Builds a [`DatagramServer`].
+pub struct DatagramServerBuilder<S: DatagramSession> {
+    config: DatagramConfig,
+    factory: Factory<S>,
+    placer: Option<Placer<S::Key>>,
+}
+
+impl<S: DatagramSession> fmt::Debug for DatagramServerBuilder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatagramServerBuilder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: DatagramSession> DatagramServerBuilder<S> {
+    /// Sets the limits.
+    pub fn config(mut self, config: DatagramConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Places keys with `place(key, shards)` instead of
+    /// `mailring::sticky_shard`.
+    pub fn placement(
+        mut self,
+        place: impl Fn(&S::Key, usize) -> ShardId + Send + Sync + 'static,
+    ) -> Self {
+        self.placer = Some(Arc::new(place));
+        self
+    }
+
+    /// Places keys where the keyed actor type `A` of `system` lives.
+    pub fn follow<A>(self, system: SystemHandle) -> Self
+    where
+        A: Actor<Key = S::Key>,
+    {
+        self.placement(move |key, _| system.shard_of::<A>(key))
+    }
+
+    /// Binds `addr` on every shard of `handle`'s runtime (`SO_REUSEPORT`)
+    /// and starts receiving.
+    ///
+    /// # Errors
+    ///
+    /// The OS error of a bind.
+    pub fn bind(self, handle: &Handle, addr: SocketAddr) -> io::Result<DatagramServer<S>> {
+        static IDS: AtomicU64 = AtomicU64::new(1);
+        let shards = handle.shards();
+        let mut sockets = Vec::with_capacity(shards);
+        let mut bound = addr;
+        for _ in 0..shards {
+            let socket = socket2::Socket::new(
+                socket2::Domain::for_address(bound),
+                socket2::Type::DGRAM.cloexec(),
+                Some(socket2::Protocol::UDP),
+            )?;
+            socket.set_reuse_port(true)?;
+            socket.bind(&bound.into())?;
+            let socket: std::net::UdpSocket = socket.into();
+            bound = socket.local_addr()?;
+            sockets.push(socket);
+        }
+        let shared = Arc::new(Shared::<S> {
+            id: IDS.fetch_add(1, Ordering::Relaxed),
+            handle: handle.clone(),
+            config: self.config,
+            factory: self.factory,
+            placer: self
+                .placer
+                .unwrap_or_else(|| Arc::new(|key: &S::Key, n| mailring::sticky_shard(key, n))),
+            counters: (0..shards).map(|_| Counters::default()).collect(),
+            live: AtomicUsize::new(0),
+            closing: AtomicBool::new(false),
+        });
+        let mut tasks = Vec::with_capacity(shards);
+        for (i, socket) in sockets.into_iter().enumerate() {
+            let shared = shared.clone();
+            tasks.push(handle.spawn_local_on(ShardId::new(i), move || async move {
+                match UdpSocket::from_std(socket) {
+                    Ok(socket) => shard_loop(shared, socket).await,
+                    Err(e) => eprintln!("mailring-transports: datagram socket: {e}"),
+                }
+            }));
+        }
+        Ok(DatagramServer {
+            addr: bound,
+            shared,
+            tasks,
+        })
+    }
+}
+
+/// A UDP server of [`DatagramSession`]s.
+pub struct DatagramServer<S: DatagramSession> {
+    addr: SocketAddr,
+    shared: Arc<Shared<S>>,
+    tasks: Vec<mailring::JoinHandle<()>>,
+}
+
+impl<S: DatagramSession> fmt::Debug for DatagramServer<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatagramServer")
+            .field("addr", &self.addr)
+            .field("sessions", &self.sessions())
+            .finish()
+    }
+}
+
+impl<S: DatagramSession> DatagramServer<S> {
+    /// A server whose sessions `factory` makes, one per key.
+    pub fn builder(
+        factory: impl Fn(&S::Key) -> S + Send + Sync + 'static,
+    ) -> DatagramServerBuilder<S> {
+        DatagramServerBuilder {
+            config: DatagramConfig::default(),
+            factory: Arc::new(factory),
+            placer: None,
+        }
+    }
+
+    /// The bound address (with the port chosen for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Sessions alive now.
+    pub fn sessions(&self) -> usize {
+        self.shared.live.load(Ordering::Acquire)
+    }
+
+    /// Counters per shard.
+    pub fn stats(&self) -> Vec<DatagramShardStats> {
+        self.shared
+            .counters
+            .iter()
+            .map(Counters::snapshot)
+            .collect()
+    }
+
+    /// Stops receiving and ends every session ([`DatagramClose::Shutdown`]:
+    /// each handles what it already queued, then `on_close` runs). Returns
+    /// the number of sessions it ended.
+    pub async fn shutdown(self) -> usize {
+        let open = self.shared.live.load(Ordering::Acquire);
+        self.shared.closing.store(true, Ordering::Release);
+        for s in 0..self.shared.handle.shards() {
+            let id = self.shared.id;
+            self.shared.handle.run_on(ShardId::new(s), move || {
+                if let Some(t) = table::<S>(id) {
+                    let mut t = t.borrow_mut();
+                    for slot in t.sessions.values() {
+                        slot.stop.set(Some(DatagramClose::Shutdown));
+                        slot.wake();
+                    }
+                    if let Some(w) = t.loop_waker.take() {
+                        w.wake();
+                    }
+                }
+            });
+        }
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        while self.shared.live.load(Ordering::Acquire) > 0 {
+            mailring::time::sleep(Duration::from_millis(1)).await;
+        }
+        self.shared
+            .handle
+            .report_drained(format!("datagram server {}", self.addr), open as u64, 0);
+        open
+    }
+}
+
+/// A shard's receive loop, with its sweeper for idle sessions and peers.
+async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocket) {
+    let shard = mailring::current_shard().expect("on a shard");
+    let socket = Rc::new(socket);
+    let t: Rc<RefCell<Table<S>>> = Rc::new(RefCell::new(Table {
+        socket: socket.clone(),
+        sessions: HashMap::new(),
+        peers: HashMap::new(),
+        loop_waker: None,
+    }));
+    TABLES.with(|tables| {
+        tables
+            .borrow_mut()
+            .insert(shared.id, t.clone() as Rc<dyn std::any::Any>)
+    });
+    let early = EARLY.with(|e| e.borrow_mut().remove(&shared.id));
+    for deliver in early.into_iter().flatten() {
+        deliver();
+    }
+    let idle = shared.config.idle_timeout;
+    let mut sweep = mailring::time::interval((idle / 4).max(Duration::from_millis(1)));
+    let mut recv = pin!(None);
+    // Receives go into one block's spare room; each datagram is split off
+    // it (a new block once the room runs short).
+    let mut room = BytesMut::new();
+    loop {
+        let got = std::future::poll_fn(|task| {
+            if shared.closing.load(Ordering::Acquire) {
+                return Poll::Ready(None);
+            }
+            t.borrow_mut().loop_waker = Some(task.waker().clone());
+            if std::pin::Pin::new(&mut sweep).poll_tick(task).is_ready() {
+                return Poll::Ready(Some(None));
+            }
+            if recv.is_none() {
+                if room.capacity() < MAX_DATAGRAM {
+                    room.reserve(MAX_DATAGRAM);
+                }
+                recv.set(Some(socket.recv_from(std::mem::take(&mut room))));
+            }
+            let op = recv.as_mut().as_pin_mut().expect("set");
+            match op.poll(task) {
+                Poll::Ready((res, mut buf)) => {
+                    recv.set(None);
+                    let datagram = buf.split().freeze();
+                    room = buf;
+                    Poll::Ready(Some(Some(res.map(|(_, from)| (from, datagram)))))
+                }
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await;
+        match got {
+            None => break,
+            Some(None) => sweep_idle::<S>(&shared, &t),
+            Some(Some(Ok((peer, buf)))) => {
+                shared
+                    .counters(shard)
+                    .datagrams_in
+                    .fetch_add(1, Ordering::Relaxed);
+                arrive(&shared, &t, shard, peer, buf);
+            }
+            // An ICMP error of an earlier send (ECONNREFUSED) and the
+            // like: they concern one peer, not the socket.
+            Some(Some(Err(_))) => {}
+        }
+    }
+    TABLES.with(|tables| tables.borrow_mut().remove(&shared.id));
+}
+
+/// A datagram received on this shard: keyed, then delivered here or
+/// handed to its key's shard.
+fn arrive<S: DatagramSession>(
+    shared: &Arc<Shared<S>>,
+    t: &Rc<RefCell<Table<S>>>,
+    shard: ShardId,
+    peer: SocketAddr,
+    datagram: Bytes,
+) {
+    let now = mailring::time::now();
+    let known = t.borrow_mut().peers.get_mut(&peer).map(|(key, last)| {
+        *last = now;
+        key.clone()
+    });
+    let key = match known {
+        Some(key) => key,
+        None => {
+            let keyed =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| S::key(&datagram, peer)));
+            match keyed {
+                Ok(Some(key)) => {
+                    let mut t = t.borrow_mut();
+                    // Remembered peers are bounded like sessions.
+                    if t.peers.len() >= shared.config.max_sessions {
+                        shared
+                            .counters(shard)
+                            .over_capacity
+                            .fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    t.peers.insert(peer, (key.clone(), now));
+                    key
+                }
+                Ok(None) => {
+                    shared
+                        .counters(shard)
+                        .garbage
+                        .fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                Err(payload) => {
+                    mailring::panic::report_caught(CallbackKind::Handler, &*payload);
+                    mailring::panic::drop_payload(payload);
+                    shared
+                        .counters(shard)
+                        .garbage
+                        .fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+    };
+    let n = shared.handle.shards();
+    let owner = Some((shared.placer)(&key, n))
+        .filter(|s| s.index() < n)
+        .unwrap_or(shard);
+    if owner == shard {
+        deliver(shared, t, shard, key, peer, datagram);
+    } else {
+        shared
+            .counters(shard)
+            .forwarded
+            .fetch_add(1, Ordering::Relaxed);
+        let shared = shared.clone();
+        shared.handle.clone().run_on(owner, move || {
+            if let Some(t) = table::<S>(shared.id) {
+                deliver(&shared, &t, owner, key, peer, datagram);
+            } else if !shared.closing.load(Ordering::Acquire) {
+                let id = shared.id;
+                let later: Early = Box::new(move || {
+                    if let Some(t) = table::<S>(shared.id) {
+                        deliver(&shared, &t, owner, key, peer, datagram);
+                    }
+                });
+                EARLY.with(|e| e.borrow_mut().entry(id).or_default().push(later));
+            }
+        });
+    }
+}
+
+/// Puts a datagram in its session's inbox on this (the key's) shard,
+/// opening the session if it has none.
+fn deliver<S: DatagramSession>(
+    shared: &Arc<Shared<S>>,
+    t: &Rc<RefCell<Table<S>>>,
+    shard: ShardId,
+    key: S::Key,
+    peer: SocketAddr,
+    datagram: Bytes,
+) {
+    if shared.closing.load(Ordering::Acquire) {
+        return;
+    }
+    let counters = shared.counters(shard);
+    let existing = t.borrow().sessions.get(&key).cloned();
+    let slot = match existing {
+        Some(slot) => slot,
+        None => {
+            // Claim a place under the cap first.
+            let claimed = shared
+                .live
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < shared.config.max_sessions).then_some(n + 1)
+                })
+                .is_ok();
+            if !claimed {
+                counters.over_capacity.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            let made =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (shared.factory)(&key)));
+            let session = match made {
+                Ok(s) => s,
+                Err(payload) => {
+                    mailring::panic::report_caught(CallbackKind::Factory, &*payload);
+                    mailring::panic::drop_payload(payload);
+                    counters.panicked.fetch_add(1, Ordering::Relaxed);
+                    shared.live.fetch_sub(1, Ordering::AcqRel);
+                    return;
+                }
+            };
+            let slot = Rc::new(Slot {
+                inbox: RefCell::new(VecDeque::new()),
+                waker: RefCell::new(None),
+                last: Cell::new(mailring::time::now()),
+                stop: Cell::new(None),
+            });
+            t.borrow_mut().sessions.insert(key.clone(), slot.clone());
+            counters.opened.fetch_add(1, Ordering::Relaxed);
+            mailring::spawn_local(run_session(
+                shared.clone(),
+                t.clone(),
+                shard,
+                key,
+                slot.clone(),
+                session,
+                peer,
+            ));
+            slot
+        }
+    };
+    slot.last.set(mailring::time::now());
+    // Marked idle by the sweep but not ended yet: it lives on.
+    if slot.stop.get() == Some(DatagramClose::IdleTimeout) {
+        slot.stop.set(None);
+    }
+    let mut inbox = slot.inbox.borrow_mut();
+    if inbox.len() >= shared.config.session_queue.max(1) {
+        counters.queue_full.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    inbox.push_back((peer, datagram));
+    drop(inbox);
+    slot.wake();
+}
+
+/// Ends idle sessions and forgets idle peers on this shard.
+fn sweep_idle<S: DatagramSession>(shared: &Shared<S>, t: &Rc<RefCell<Table<S>>>) {
+    let now = mailring::time::now();
+    let idle = shared.config.idle_timeout;
+    let mut t = t.borrow_mut();
+    t.peers
+        .retain(|_, (_, last)| now.duration_since(*last) < idle);
+    for slot in t.sessions.values() {
+        if now.duration_since(slot.last.get()) >= idle && slot.stop.get().is_none() {
+            slot.stop.set(Some(DatagramClose::IdleTimeout));
+            slot.wake();
+        }
+    }
+}
+
+/// A session's task: its datagrams one at a time, its replies, its end.
+async fn run_session<S: DatagramSession>(
+    shared: Arc<Shared<S>>,
+    t: Rc<RefCell<Table<S>>>,
+    shard: ShardId,
+    key: S::Key,
+    slot: Rc<Slot>,
+    mut session: S,
+    first_peer: SocketAddr,
+) {
+    let mut cx = DatagramCtx {
+        peer: first_peer,
+        shard,
+        out: Vec::new(),
+        close: false,
+    };
+    let reason = loop {
+        let next = std::future::poll_fn(|task| {
+            if let Some(d) = slot.inbox.borrow_mut().pop_front() {
+                return Poll::Ready(Ok(d));
+            }
+            if let Some(reason) = slot.stop.get() {
+                return Poll::Ready(Err(reason));
+            }
+            *slot.waker.borrow_mut() = Some(task.waker().clone());
+            Poll::Pending
+        })
+        .await;
+        let (peer, datagram) = match next {
+            Ok(d) => d,
+            Err(reason) => break reason,
+        };
+        cx.peer = peer;
+        let handled = {
+            let mut handling = pin!(session.on_datagram(datagram, &mut cx));
+            std::future::poll_fn(|task| {
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    handling.as_mut().poll(task)
+                })) {
+                    Ok(Poll::Ready(())) => Poll::Ready(Ok(())),
+                    Ok(Poll::Pending) => Poll::Pending,
+                    Err(payload) => Poll::Ready(Err(payload)),
+                }
+            })
+            .await
+        };
+        if let Err(payload) = handled {
+            mailring::panic::report_caught(CallbackKind::Handler, &*payload);
+            mailring::panic::drop_payload(payload);
+            break DatagramClose::Panicked;
+        }
+        send_out(&shared, &t, shard, &mut cx).await;
+        if cx.close {
+            break DatagramClose::ClosedBySession;
+        }
+    };
+    // Off the table first: a datagram from now on opens a new session.
+    {
+        let mut table = t.borrow_mut();
+        if table
+            .sessions
+            .get(&key)
+            .is_some_and(|s| Rc::ptr_eq(s, &slot))
+        {
+            table.sessions.remove(&key);
+        }
+        if reason == DatagramClose::IdleTimeout {
+            table.peers.retain(|_, (k, _)| *k != key);
+        }
+    }
+    if reason == DatagramClose::IdleTimeout {
+        shared
+            .counters(shard)
+            .expired
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    if reason == DatagramClose::Panicked {
+        shared
+            .counters(shard)
+            .panicked
+            .fetch_add(1, Ordering::Relaxed);
+    } else {
+        let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            session.on_close(reason, &mut cx)
+        }));
+        if let Err(payload) = closed {
+            mailring::panic::report_caught(CallbackKind::Handler, &*payload);
+            mailring::panic::drop_payload(payload);
+        }
+        send_out(&shared, &t, shard, &mut cx).await;
+    }
+    shared.live.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Sends what the session queued, from this shard's socket.
+async fn send_out<S: DatagramSession>(
+    shared: &Shared<S>,
+    t: &Rc<RefCell<Table<S>>>,
+    shard: ShardId,
+    cx: &mut DatagramCtx,
+) {
+    if cx.out.is_empty() {
+        return;
+    }
+    let socket = t.borrow().socket.clone();
+    let counters = shared.counters(shard);
+    for (peer, datagram) in cx.out.drain(..) {
+        match socket.send_to(datagram, peer).await.0 {
+            Ok(_) => counters.datagrams_out.fetch_add(1, Ordering::Relaxed),
+            Err(_) => counters.send_errors.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+}

@@ -1,0 +1,256 @@
+//! UDP datagram sessions over real loopback sockets: one session per peer
+//! address, sessions keyed by their first datagram and placed on the key's
+//! shard (several peers of one key sharing a session), garbage dropped and
+//! counted while other peers are served, idle expiry and a new session
+//! after it, the cap on sessions, a panicking session closing alone, and
+//! shutdown.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use mailring_actors::ShardId;
+use mailring_transports::datagram::{
+    DatagramClose, DatagramConfig, DatagramCtx, DatagramServer, DatagramSession, DatagramShardStats,
+};
+
+fn runtime() -> mailring::Runtime {
+    mailring::Runtime::builder()
+        .shards(2)
+        .build()
+        .expect("io_uring available")
+}
+
+/// A loopback UDP client whose receives give up after 5 s.
+fn peer() -> UdpSocket {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s
+}
+
+fn ask(s: &UdpSocket, to: SocketAddr, body: &[u8]) -> String {
+    s.send_to(body, to).unwrap();
+    let mut buf = [0u8; 2048];
+    let (n, from) = s.recv_from(&mut buf).expect("a reply");
+    assert_eq!(from, to, "replies come from the server's address");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+fn total(stats: &[DatagramShardStats], f: impl Fn(&DatagramShardStats) -> u64) -> u64 {
+    stats.iter().map(f).sum()
+}
+
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// One session per peer address: answers `"<n> <peer> <datagram>"`, `n`
+/// counting the datagrams this session handled.
+struct PerPeer {
+    seen: u32,
+    closes: Arc<Mutex<Vec<DatagramClose>>>,
+}
+
+impl DatagramSession for PerPeer {
+    type Key = SocketAddr;
+
+    fn key(_datagram: &[u8], peer: SocketAddr) -> Option<SocketAddr> {
+        Some(peer)
+    }
+
+    async fn on_datagram(&mut self, datagram: Bytes, cx: &mut DatagramCtx) {
+        if &datagram[..] == b"panic" {
+            panic!("a session's handler panics");
+        }
+        self.seen += 1;
+        let mut out = format!("{} {} ", self.seen, cx.peer()).into_bytes();
+        out.extend_from_slice(&datagram);
+        cx.reply(Bytes::from(out));
+    }
+
+    fn on_close(&mut self, reason: DatagramClose, _cx: &mut DatagramCtx) {
+        self.closes.lock().unwrap().push(reason);
+    }
+}
+
+fn per_peer_server(
+    rt: &mailring::Runtime,
+    config: DatagramConfig,
+) -> (DatagramServer<PerPeer>, Arc<Mutex<Vec<DatagramClose>>>) {
+    let closes = Arc::new(Mutex::new(Vec::new()));
+    let c = closes.clone();
+    let server = DatagramServer::builder(move |_peer: &SocketAddr| PerPeer {
+        seen: 0,
+        closes: c.clone(),
+    })
+    .config(config)
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    (server, closes)
+}
+
+#[test]
+fn each_peer_gets_its_own_session_and_a_panic_closes_only_its_own() {
+    let rt = runtime();
+    let (server, closes) = per_peer_server(&rt, DatagramConfig::default());
+    let addr = server.local_addr();
+    let peers: Vec<UdpSocket> = (0..16).map(|_| peer()).collect();
+    for round in 1..=3 {
+        for p in &peers {
+            let me = p.local_addr().unwrap();
+            assert_eq!(ask(p, addr, b"hi"), format!("{round} {me} hi"));
+        }
+    }
+    assert_eq!(server.sessions(), 16);
+    // A handler that panics ends its session (counted, no on_close); the
+    // peer's next datagram opens a fresh one, and nobody else notices.
+    peers[0].send_to(b"panic", addr).unwrap();
+    wait_until("the panic", || {
+        total(&server.stats(), |s| s.panicked) == 1 && server.sessions() == 15
+    });
+    let me = peers[0].local_addr().unwrap();
+    assert_eq!(ask(&peers[0], addr, b"again"), format!("1 {me} again"));
+    let other = peers[1].local_addr().unwrap();
+    assert_eq!(ask(&peers[1], addr, b"on"), format!("4 {other} on"));
+    // The counter follows the send's completion, after the peer has it.
+    wait_until("every reply counted", || {
+        total(&server.stats(), |s| s.datagrams_out) == 16 * 3 + 2
+    });
+    let stats = server.stats();
+    assert_eq!(total(&stats, |s| s.opened), 17);
+    assert_eq!(total(&stats, |s| s.datagrams_in), 16 * 3 + 3);
+    assert_eq!(rt.block_on(server.shutdown()), 16);
+    let closes = closes.lock().unwrap();
+    assert_eq!(closes.len(), 16);
+    assert!(closes.iter().all(|c| *c == DatagramClose::Shutdown));
+}
+
+/// Keyed by the tenant its first datagram names (`KEY <n>`); a datagram
+/// of an unknown peer without it is garbage. Answers
+/// `"<tenant> <shard> <count>"`, the count over every peer of the tenant.
+struct Tenant {
+    name: String,
+    count: u32,
+}
+
+impl DatagramSession for Tenant {
+    type Key = String;
+
+    fn key(datagram: &[u8], _peer: SocketAddr) -> Option<String> {
+        let rest = datagram.strip_prefix(b"KEY ")?;
+        Some(String::from_utf8_lossy(rest).into_owned())
+    }
+
+    async fn on_datagram(&mut self, _datagram: Bytes, cx: &mut DatagramCtx) {
+        assert_eq!(
+            mailring::current_shard().map(|s| s.index()),
+            Some(cx.shard().index())
+        );
+        self.count += 1;
+        let out = format!("{} {} {}", self.name, cx.shard().index(), self.count);
+        cx.reply(Bytes::from(out));
+    }
+}
+
+#[test]
+fn first_datagram_keys_place_sessions_on_their_shard_and_garbage_is_dropped() {
+    let rt = runtime();
+    let server = DatagramServer::builder(|key: &String| Tenant {
+        name: key.clone(),
+        count: 0,
+    })
+    // Tenant n lives on shard n % 2.
+    .placement(|key: &String, n| ShardId::new(key.parse::<usize>().unwrap_or(0) % n))
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    let addr = server.local_addr();
+    // Two peers per tenant, 6 tenants: the peers of a tenant share its
+    // session, wherever the kernel delivered their datagrams.
+    let mut count = [0u32; 6];
+    let peers: Vec<(usize, UdpSocket)> = (0..12).map(|i| (i % 6, peer())).collect();
+    for (tenant, p) in &peers {
+        count[*tenant] += 1;
+        assert_eq!(
+            ask(p, addr, format!("KEY {tenant}").as_bytes()),
+            format!("{tenant} {} {}", tenant % 2, count[*tenant])
+        );
+    }
+    // Known peers need not repeat the key.
+    for (tenant, p) in &peers {
+        count[*tenant] += 1;
+        assert_eq!(
+            ask(p, addr, b"more"),
+            format!("{tenant} {} {}", tenant % 2, count[*tenant])
+        );
+    }
+    // Garbage from unknown peers: dropped, counted, never answered.
+    let stranger = peer();
+    stranger
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    for junk in [&b"GET / HTTP/1.1"[..], b"", &[0xff; 1500]] {
+        stranger.send_to(junk, addr).unwrap();
+    }
+    let mut buf = [0u8; 64];
+    assert!(
+        stranger.recv_from(&mut buf).is_err(),
+        "no answer to garbage"
+    );
+    wait_until("three garbage datagrams", || {
+        total(&server.stats(), |s| s.garbage) == 3
+    });
+    // Everyone else is still served.
+    let (tenant, p) = &peers[0];
+    assert_eq!(
+        ask(p, addr, b"still"),
+        format!("{tenant} 0 {}", count[*tenant] + 1)
+    );
+    assert_eq!(server.sessions(), 6);
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn idle_sessions_expire_and_the_cap_refuses_new_peers_until_one_does() {
+    let rt = runtime();
+    let mut config = DatagramConfig::default();
+    config.idle_timeout = Duration::from_millis(150);
+    config.max_sessions = 3;
+    let (server, closes) = per_peer_server(&rt, config);
+    let addr = server.local_addr();
+    let peers: Vec<UdpSocket> = (0..4).map(|_| peer()).collect();
+    for p in &peers[..3] {
+        let me = p.local_addr().unwrap();
+        assert_eq!(ask(p, addr, b"x"), format!("1 {me} x"));
+    }
+    // A fourth peer is over the cap: dropped and counted.
+    peers[3]
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    peers[3].send_to(b"x", addr).unwrap();
+    let mut buf = [0u8; 64];
+    assert!(peers[3].recv_from(&mut buf).is_err());
+    wait_until("the refusal", || {
+        total(&server.stats(), |s| s.over_capacity) >= 1
+    });
+    // Idle, they expire; the fourth gets in, and a returning peer starts
+    // over with a new session.
+    wait_until("three idle expiries", || server.sessions() == 0);
+    assert_eq!(total(&server.stats(), |s| s.expired), 3);
+    assert_eq!(
+        closes.lock().unwrap().as_slice(),
+        &[DatagramClose::IdleTimeout; 3]
+    );
+    peers[3]
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let me = peers[3].local_addr().unwrap();
+    assert_eq!(ask(&peers[3], addr, b"in"), format!("1 {me} in"));
+    let me = peers[0].local_addr().unwrap();
+    assert_eq!(ask(&peers[0], addr, b"back"), format!("1 {me} back"));
+    rt.block_on(server.shutdown());
+}
