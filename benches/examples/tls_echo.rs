@@ -18,7 +18,8 @@
 //! tokio-util's `LengthDelimitedCodec`, flushing when its read buffer is
 //! empty. Contenders alternate within each pair; the server's CPU time per
 //! request is its process's CPU time over the run. `TLS_CLIENT_CPUS=LIST`
-//! runs the load generator under `taskset -c LIST`; `TLS_MAILRING_SPIN_US=N`
+//! runs the load generator under `taskset -c LIST`, `TLS_CLIENT_THREADS=N`
+//! splits it over N threads; `TLS_MAILRING_SPIN_US=N`
 //! sets the shards' idle spin (0: block at once).
 
 use std::net::SocketAddr;
@@ -355,21 +356,59 @@ fn tokio_server(config: Arc<rustls::ServerConfig>) -> (SocketAddr, Box<dyn FnOnc
 
 /// Runs `w` against `addr` and prints `wall_ns count p50_ns p99_ns`.
 fn client(w: Workload, addr: SocketAddr, ca: &Path) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let mut config = mailring_transports::tls::client_config_from_ca_pem_file(ca).unwrap();
     // Every handshake is a full one.
     config.resumption = rustls::client::Resumption::disabled();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let local = tokio::task::LocalSet::new();
-    let (wall, count, mut lat) = local.block_on(&rt, async move {
-        match w {
-            Workload::Echo4k => echo_load(addr, connector).await,
-            Workload::Handshakes => handshake_load(addr, connector).await,
-        }
-    });
+    // TLS_CLIENT_THREADS=N: the connections (or the handshaking tasks)
+    // split over N threads, each a current-thread runtime, started
+    // together (a machine with cores to spare, where one client thread
+    // would bound the servers).
+    let threads = std::env::var("TLS_CLIENT_THREADS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(1)
+        .clamp(1, ECHO_CONNS.min(HANDSHAKE_CONCURRENCY));
+    let barrier = Arc::new(std::sync::Barrier::new(threads));
+    let parts: Vec<_> = (0..threads)
+        .map(|_| {
+            let connector = connector.clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let local = tokio::task::LocalSet::new();
+                local.block_on(&rt, async move {
+                    match w {
+                        Workload::Echo4k => {
+                            echo_load(addr, connector, ECHO_CONNS / threads, &barrier).await
+                        }
+                        Workload::Handshakes => {
+                            handshake_load(
+                                addr,
+                                connector,
+                                HANDSHAKE_CONCURRENCY / threads,
+                                &barrier,
+                            )
+                            .await
+                        }
+                    }
+                })
+            })
+        })
+        .collect();
+    let (mut first, mut last, mut count, mut lat) =
+        (None::<Instant>, None::<Instant>, 0, Vec::new());
+    for p in parts {
+        let (start, end, n, l) = p.join().expect("load generator thread");
+        first = Some(first.map_or(start, |f| f.min(start)));
+        last = Some(last.map_or(end, |e| e.max(end)));
+        count += n;
+        lat.extend(l);
+    }
+    let wall = last.unwrap() - first.unwrap();
     lat.sort_unstable();
     let q = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize].as_nanos();
     println!("{} {count} {} {}", wall.as_nanos(), q(0.5), q(0.99));
@@ -396,17 +435,21 @@ fn frame(body: &[u8]) -> Vec<u8> {
     v
 }
 
-/// 8 connections, each 5,000 frames of 4 KiB, up to 32 in flight, sent in
-/// half-window batches; latency per frame from its send to its echo.
+/// `conns_here` connections, each 5,000 frames of 4 KiB, up to 32 in
+/// flight, sent in half-window batches; latency per frame from its send to
+/// its echo. Returns (start, end, frames, latencies).
 async fn echo_load(
     addr: SocketAddr,
     connector: tokio_rustls::TlsConnector,
-) -> (Duration, u64, Vec<Duration>) {
+    conns_here: usize,
+    barrier: &std::sync::Barrier,
+) -> (Instant, Instant, u64, Vec<Duration>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut conns = Vec::new();
-    for _ in 0..ECHO_CONNS {
+    for _ in 0..conns_here {
         conns.push(connect(addr, &connector).await);
     }
+    barrier.wait();
     let one = frame(&[7u8; 4096]);
     let start = Instant::now();
     let tasks: Vec<_> = conns
@@ -440,19 +483,28 @@ async fn echo_load(
     for t in tasks {
         lat.extend(t.await.unwrap());
     }
-    (start.elapsed(), (ECHO_CONNS * ECHO_FRAMES) as u64, lat)
+    (
+        start,
+        Instant::now(),
+        (conns_here * ECHO_FRAMES) as u64,
+        lat,
+    )
 }
 
-/// 2,000 connections, 16 at a time: connect, handshake, one 64-byte round
-/// trip, close; latency from connect to the reply.
+/// 2,000 connections over all threads, 16 at a time: connect, handshake,
+/// one 64-byte round trip, close; latency from connect to the reply.
+/// Returns (start, end, handshakes, latencies).
 async fn handshake_load(
     addr: SocketAddr,
     connector: tokio_rustls::TlsConnector,
-) -> (Duration, u64, Vec<Duration>) {
+    concurrency: usize,
+    barrier: &std::sync::Barrier,
+) -> (Instant, Instant, u64, Vec<Duration>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    barrier.wait();
     let start = Instant::now();
     let per_task = HANDSHAKES / HANDSHAKE_CONCURRENCY;
-    let tasks: Vec<_> = (0..HANDSHAKE_CONCURRENCY)
+    let tasks: Vec<_> = (0..concurrency)
         .map(|_| {
             let connector = connector.clone();
             tokio::task::spawn_local(async move {
@@ -476,9 +528,5 @@ async fn handshake_load(
     for t in tasks {
         lat.extend(t.await.unwrap());
     }
-    (
-        start.elapsed(),
-        (per_task * HANDSHAKE_CONCURRENCY) as u64,
-        lat,
-    )
+    (start, Instant::now(), (per_task * concurrency) as u64, lat)
 }

@@ -1,0 +1,387 @@
+//! UDP echo: mailring datagram sessions (one per peer) and a bare mailring
+//! socket loop against a Tokio `UdpSocket` loop, over loopback, with the
+//! load generator in a process of its own.
+//!
+//! ```text
+//! cargo run --release -p mailring-bench --example udp_echo -- [pairs]
+//! ```
+//!
+//! The load: 64 peers (one socket each), each 2,000 round trips of a
+//! 64-byte datagram, one in flight per peer (a lost one is sent again after
+//! 100 ms, and counted). Servers, 2 threads each:
+//! - `mailring sessions`: a `DatagramServer` of per-peer sessions that echo
+//!   (key lookup, the session's inbox and task, the reply from its shard);
+//! - `mailring socket loop`: one reuseport socket per shard, a task that
+//!   receives and sends back;
+//! - `tokio`: one reuseport socket per worker (2), a task each that
+//!   receives and sends back (the loop a Tokio user writes).
+//!
+//! Contenders alternate within each pair; server CPU per datagram is the
+//! process's CPU time over the run. `UDP_CLIENT_CPUS=LIST` runs the load
+//! generator under `taskset -c LIST`, `UDP_CLIENT_THREADS=N` splits it
+//! over N threads; `UDP_MAILRING_SPIN_US=N|poll` sets the mailring shards'
+//! idle policy.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+
+const PEERS: usize = 64;
+const ROUNDS: usize = 2_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Contender {
+    Sessions,
+    SocketLoop,
+    Tokio,
+}
+
+impl Contender {
+    fn name(self) -> &'static str {
+        match self {
+            Contender::Sessions => "mailring sessions",
+            Contender::SocketLoop => "mailring socket loop",
+            Contender::Tokio => "tokio",
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("client") {
+        client(args[1].parse().expect("address"));
+        return;
+    }
+    let pairs: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(5);
+    let contenders = [Contender::Sessions, Contender::SocketLoop, Contender::Tokio];
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(), Vec::new(), Vec::new()];
+    for pair in 0..pairs {
+        let mut order = [0usize, 1, 2];
+        if pair % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            runs[i].push(serve_once(contenders[i]));
+        }
+    }
+    println!(
+        "UDP echo: {pairs} alternating pairs, {PEERS} peers x {ROUNDS} round trips of 64 B, 2 server threads, load generator in its own process"
+    );
+    println!("| contender | median wall | datagrams/s | p50 | p99 | resent | server CPU/datagram | wall ratio vs mailring sessions (median [q1, q3]) |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (i, c) in contenders.iter().enumerate() {
+        let r = &runs[i];
+        let wall = median(r.iter().map(|x| x.wall.as_secs_f64()).collect());
+        let ratios: Vec<f64> = r
+            .iter()
+            .zip(&runs[0])
+            .map(|(x, m)| x.wall.as_secs_f64() / m.wall.as_secs_f64())
+            .collect();
+        let (q1, med, q3) = quartiles(ratios);
+        let n = (PEERS * ROUNDS) as f64;
+        let cpu = median(r.iter().map(|x| x.cpu.as_secs_f64() / n).collect());
+        let p50 = median(r.iter().map(|x| x.p50 as f64).collect());
+        let p99 = median(r.iter().map(|x| x.p99 as f64).collect());
+        let resent: u64 = r.iter().map(|x| x.resent).sum();
+        println!(
+            "| {} | {:.1} ms | {:.0} | {:.1} µs | {:.1} µs | {resent} | {:.2} µs | {med:.2} [{q1:.2}, {q3:.2}] |",
+            c.name(),
+            wall * 1e3,
+            n / wall,
+            p50 / 1e3,
+            p99 / 1e3,
+            cpu * 1e6,
+        );
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.25), at(0.5), at(0.75))
+}
+
+/// One run's figures.
+#[derive(Clone, Copy)]
+struct Run {
+    wall: Duration,
+    p50: u64,
+    p99: u64,
+    resent: u64,
+    cpu: Duration,
+}
+
+fn serve_once(c: Contender) -> Run {
+    let (addr, stop): (SocketAddr, Box<dyn FnOnce()>) = match c {
+        Contender::Sessions => sessions_server(),
+        Contender::SocketLoop => mailring_loop_server(),
+        Contender::Tokio => tokio_server(),
+    };
+    let exe = std::env::current_exe().unwrap();
+    let mut command = match std::env::var("UDP_CLIENT_CPUS") {
+        Ok(cpus) => {
+            let mut cmd = std::process::Command::new("taskset");
+            cmd.args(["-c", &cpus]).arg(&exe);
+            cmd
+        }
+        Err(_) => std::process::Command::new(&exe),
+    };
+    command.args(["client", &addr.to_string()]);
+    let cpu0 = mailring_bench::process_cpu();
+    let out = command.output().expect("load generator");
+    let cpu = mailring_bench::process_cpu() - cpu0;
+    stop();
+    assert!(
+        out.status.success(),
+        "load generator failed against {}: {}",
+        c.name(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if std::env::var("UDP_PEER_TIMES").is_ok() {
+        eprintln!("== {}\n{}", c.name(), String::from_utf8_lossy(&out.stderr));
+    }
+    let f: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    Run {
+        wall: Duration::from_nanos(f[0]),
+        p50: f[1],
+        p99: f[2],
+        resent: f[3],
+        cpu,
+    }
+}
+
+struct Echo;
+
+impl mailring_transports::datagram::DatagramSession for Echo {
+    type Key = SocketAddr;
+
+    fn key(_datagram: &[u8], peer: SocketAddr) -> Option<SocketAddr> {
+        Some(peer)
+    }
+
+    async fn on_datagram(
+        &mut self,
+        datagram: Bytes,
+        cx: &mut mailring_transports::datagram::DatagramCtx,
+    ) {
+        cx.reply(datagram);
+    }
+}
+
+/// A 2-shard runtime; `UDP_MAILRING_SPIN_US=N` sets the idle spin (0:
+/// block at once, `poll`: never block).
+fn runtime() -> mailring::Runtime {
+    let mut builder = mailring::Runtime::builder().shards(2);
+    match std::env::var("UDP_MAILRING_SPIN_US").as_deref() {
+        Ok("poll") => builder = builder.idle_policy(mailring::IdlePolicy::Poll),
+        Ok(us) => {
+            if let Ok(us) = us.parse::<u64>() {
+                builder = builder.idle_policy(if us == 0 {
+                    mailring::IdlePolicy::Block
+                } else {
+                    mailring::IdlePolicy::Spin(Duration::from_micros(us))
+                });
+            }
+        }
+        Err(_) => {}
+    }
+    builder.build().unwrap()
+}
+
+fn sessions_server() -> (SocketAddr, Box<dyn FnOnce()>) {
+    let rt = runtime();
+    let server = mailring_transports::datagram::DatagramServer::builder(|_: &SocketAddr| Echo)
+        .place_where_received()
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    (
+        addr,
+        Box::new(move || {
+            rt.block_on(server.shutdown());
+            rt.shutdown();
+        }),
+    )
+}
+
+/// `n` std UDP sockets on one loopback port (`SO_REUSEPORT`).
+fn reuseport_sockets(n: usize) -> Vec<std::net::UdpSocket> {
+    let mut out = Vec::new();
+    let mut addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    for _ in 0..n {
+        let s = socket2::Socket::new(
+            socket2::Domain::IPV4,
+            socket2::Type::DGRAM,
+            Some(socket2::Protocol::UDP),
+        )
+        .unwrap();
+        s.set_reuse_port(true).unwrap();
+        s.bind(&addr.into()).unwrap();
+        let s: std::net::UdpSocket = s.into();
+        addr = s.local_addr().unwrap();
+        out.push(s);
+    }
+    out
+}
+
+fn mailring_loop_server() -> (SocketAddr, Box<dyn FnOnce()>) {
+    let rt = runtime();
+    let sockets = reuseport_sockets(2);
+    let addr = sockets[0].local_addr().unwrap();
+    let mut tasks = Vec::new();
+    for (i, s) in sockets.into_iter().enumerate() {
+        tasks.push(
+            rt.handle()
+                .spawn_local_on(mailring::ShardId::new(i), move || async move {
+                    let socket = mailring::net::UdpSocket::from_std(s).unwrap();
+                    let mut buf = BytesMut::with_capacity(2048);
+                    loop {
+                        let (res, b) = socket.recv_from(buf).await;
+                        let Ok((_, from)) = res else { return };
+                        let (_, mut b) = socket.send_to(b, from).await;
+                        b.clear();
+                        buf = b;
+                    }
+                }),
+        );
+    }
+    (
+        addr,
+        Box::new(move || {
+            for t in tasks {
+                t.abort();
+            }
+            rt.shutdown();
+        }),
+    )
+}
+
+fn tokio_server() -> (SocketAddr, Box<dyn FnOnce()>) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let sockets = reuseport_sockets(2);
+    let addr = sockets[0].local_addr().unwrap();
+    for s in sockets {
+        s.set_nonblocking(true).unwrap();
+        rt.spawn(async move {
+            let socket = tokio::net::UdpSocket::from_std(s).unwrap();
+            let mut buf = vec![0u8; 2048];
+            loop {
+                let Ok((n, from)) = socket.recv_from(&mut buf).await else {
+                    return;
+                };
+                let _ = socket.send_to(&buf[..n], from).await;
+            }
+        });
+    }
+    (
+        addr,
+        Box::new(move || rt.shutdown_timeout(Duration::from_secs(1))),
+    )
+}
+
+// ------------------------------------------------------- load generator
+
+/// Prints `wall_ns p50_ns p99_ns resent`.
+fn client(addr: SocketAddr) {
+    // UDP_CLIENT_THREADS=N: the peers split over N threads, each a
+    // current-thread runtime, started together.
+    let threads = std::env::var("UDP_CLIENT_THREADS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(1)
+        .clamp(1, PEERS);
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
+    let parts: Vec<_> = (0..threads)
+        .map(|_| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || peers(addr, PEERS / threads, &barrier))
+        })
+        .collect();
+    let (mut first, mut last) = (None::<Instant>, None::<Instant>);
+    let (mut lat, mut resent) = (Vec::new(), 0);
+    for p in parts {
+        let (start, end, l, r) = p.join().expect("load generator thread");
+        first = Some(first.map_or(start, |f| f.min(start)));
+        last = Some(last.map_or(end, |e| e.max(end)));
+        lat.extend(l);
+        resent += r;
+    }
+    let wall = last.unwrap() - first.unwrap();
+    lat.sort_unstable();
+    let q = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize].as_nanos();
+    println!("{} {} {} {resent}", wall.as_nanos(), q(0.5), q(0.99));
+}
+
+/// `n` peers on one current-thread runtime; (start, end, latencies,
+/// datagrams sent again).
+fn peers(
+    addr: SocketAddr,
+    n: usize,
+    barrier: &std::sync::Barrier,
+) -> (Instant, Instant, Vec<Duration>, u64) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let mut sockets = Vec::new();
+        for _ in 0..n {
+            let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            s.connect(addr).await.unwrap();
+            sockets.push(s);
+        }
+        barrier.wait();
+        let start = Instant::now();
+        let tasks: Vec<_> = sockets
+            .into_iter()
+            .map(|s| {
+                tokio::task::spawn_local(async move {
+                    let payload = [3u8; 64];
+                    let mut buf = [0u8; 256];
+                    let mut lat = Vec::with_capacity(ROUNDS);
+                    let mut resent = 0u64;
+                    let began = Instant::now();
+                    for _ in 0..ROUNDS {
+                        let t = Instant::now();
+                        loop {
+                            s.send(&payload).await.unwrap();
+                            match tokio::time::timeout(Duration::from_millis(100), s.recv(&mut buf))
+                                .await
+                            {
+                                Ok(Ok(_)) => break,
+                                _ => resent += 1,
+                            }
+                        }
+                        lat.push(t.elapsed());
+                    }
+                    if std::env::var("UDP_PEER_TIMES").is_ok() {
+                        eprintln!("peer {:?}: {:?}", s.local_addr().unwrap(), began.elapsed());
+                    }
+                    (lat, resent)
+                })
+            })
+            .collect();
+        let mut lat = Vec::new();
+        let mut resent = 0;
+        for t in tasks {
+            let (l, r) = t.await.unwrap();
+            lat.extend(l);
+            resent += r;
+        }
+        (start, Instant::now(), lat, resent)
+    })
+}
