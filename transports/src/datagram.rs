@@ -550,19 +550,14 @@ async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocke
         if swept {
             sweep_idle::<S>(&shared, &t);
         }
-        for got in arrived.drain(..) {
-            match got {
-                Ok((peer, datagram)) => {
-                    shared
-                        .counters(shard)
-                        .datagrams_in
-                        .fetch_add(1, Ordering::Relaxed);
-                    arrive(&shared, &t, shard, peer, datagram);
-                }
-                // An ICMP error of an earlier send (ECONNREFUSED) and the
-                // like: they concern one peer, not the socket.
-                Err(_) => {}
-            }
+        // An error (the ICMP answer to an earlier send, ECONNREFUSED and
+        // the like) concerns one peer, not the socket: skipped.
+        for (peer, datagram) in arrived.drain(..).flatten() {
+            shared
+                .counters(shard)
+                .datagrams_in
+                .fetch_add(1, Ordering::Relaxed);
+            arrive(&shared, &t, shard, peer, datagram);
         }
     }
     TABLES.with(|tables| tables.borrow_mut().remove(&shared.id));
