@@ -59,7 +59,7 @@ mod udp;
 mod unix;
 
 pub use self::direct::{DirectStream, DirectTicket};
-pub use self::steer::steer_by_source_port;
+pub use self::steer::{steer_by_source_port, steered_index};
 
 pub use self::udp::UdpSocket;
 

@@ -311,24 +311,31 @@ impl<C: Codec> Framed<C> {
                 format!("shard {} of {shards}", shard.index()),
             ));
         }
-        let n = shards as u32;
-        // Start somewhere in the ephemeral-ish range, on the right residue.
+        // Start somewhere in 20,000..60,000 and walk up to the next port
+        // the group's hash sends to `shard` (one in `shards` on average).
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        let base = 20_000 + seed % 40_000;
-        let mut port = base - base % n + shard.index() as u32;
+        let mut port = 20_000 + seed % 40_000;
         let local_ip: std::net::IpAddr = if addr.is_ipv4() {
             std::net::Ipv4Addr::UNSPECIFIED.into()
         } else {
             std::net::Ipv6Addr::UNSPECIFIED.into()
         };
         let mut last = io::Error::new(io::ErrorKind::AddrInUse, "no free source port");
-        for _ in 0..64 {
-            if port > u32::from(u16::MAX) {
-                port = 1024 - 1024 % n + shard.index() as u32 + n;
+        let mut tries = 0;
+        while tries < 64 {
+            port = if port >= u32::from(u16::MAX) {
+                1024
+            } else {
+                port + 1
+            };
+            let candidate = port as u16;
+            if mailring_actors::mailring::net::steered_index(candidate, shards) != shard.index() {
+                continue;
             }
-            let local = SocketAddr::new(local_ip, port as u16);
+            tries += 1;
+            let local = SocketAddr::new(local_ip, candidate);
             match TcpStream::connect_from(local, addr).await {
                 Ok(s) => {
                     s.set_nodelay(true)?;
@@ -341,7 +348,6 @@ impl<C: Codec> Framed<C> {
                     ) =>
                 {
                     last = e;
-                    port += n;
                 }
                 Err(e) => return Err(e),
             }

@@ -88,11 +88,12 @@ pub struct ServerConfig {
     /// this time. Default 30 s.
     pub frame_timeout: Option<Duration>,
     /// With [`ListenMode::ReusePort`] on TCP: steer each connection to
-    /// listener `source port % shards` (a classic BPF program on the
+    /// listener `mailring::net::steered_index(source port, shards)` (a
+    /// multiplicative hash of the port, in a classic BPF program on the
     /// group), so a client that picks its source port
     /// ([`Framed::connect_tcp_to_shard`](crate::Framed::connect_tcp_to_shard))
     /// lands on its key's shard with no hand-off; other clients' ephemeral
-    /// ports spread as the kernel's hash would. Default on; where the kernel
+    /// ports spread over the shards. Default on; where the kernel
     /// refuses the program the server says so on stderr and runs unsteered
     /// ([`Server::is_steered`]).
     pub source_port_steering: bool,

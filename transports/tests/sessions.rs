@@ -976,6 +976,24 @@ fn a_client_that_picks_its_source_port_lands_on_its_keys_shard_without_a_hand_of
 }
 
 #[test]
+fn ordinary_clients_spread_over_the_steered_listeners() {
+    // Linux gives connect() even ephemeral ports (bind() gets the odd
+    // ones): steering by `port % shards` sent every ordinary client to
+    // shard 0 of 2.
+    let rt = runtime(2);
+    let server = Server::builder(LengthDelimited::new(), |_| Echo)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    assert!(server.is_steered(), "the kernel here takes the program");
+    let clients: Vec<TcpStream> = (0..32).map(|_| client(server.local_addr())).collect();
+    wait_for(&server, "32 accepts", |s| s.total(|s| s.accepted) == 32);
+    let per_shard: Vec<u64> = server.stats().shards.iter().map(|s| s.accepted).collect();
+    assert!(per_shard.iter().all(|&n| n >= 6), "{per_shard:?}");
+    drop(clients);
+    rt.block_on(server.shutdown());
+}
+
+#[test]
 fn a_shard_past_the_group_is_refused_before_connecting() {
     let rt = runtime(1);
     let err = rt.block_on_local(|| async {
