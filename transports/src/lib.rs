@@ -18,6 +18,8 @@
 #![forbid(unsafe_code)]
 
 pub mod codec;
+#[cfg(any(feature = "tokio-io", feature = "futures-io", feature = "hyper"))]
+pub mod compat;
 mod conn;
 pub mod datagram;
 pub mod proxy;

@@ -12,12 +12,13 @@
 //! answer, a key update or an alert, waits for the send in flight), so
 //! records never interleave on the wire.
 
-use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::future::Future;
 use std::io::{self, BufRead, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
+use std::sync::{Mutex, MutexGuard};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
@@ -315,7 +316,7 @@ impl TlsAcceptor {
         let session = rustls::ServerConnection::new(self.config())
             .map_err(|e| TlsFailure::Protocol(e.to_string()))?;
         let conn = TlsConn::new(stream, rustls::Connection::Server(session));
-        conn.state.borrow_mut().cipher_in = received;
+        conn.state().cipher_in = received;
         match mailring_actors::mailring::time::timeout(
             self.inner.handshake_timeout,
             conn.handshake(),
@@ -394,15 +395,19 @@ impl TlsState {
 }
 
 /// A TLS connection over a plain one, on the current shard.
+///
+/// Its state sits behind uncontended locks rather than cells, so that the
+/// connection is `Sync` and an adapter may hold it in an `Arc` (hyper boxes
+/// upgraded I/O as `Send`); only its own shard ever takes them.
 pub(crate) struct TlsConn {
     inner: Conn,
-    state: RefCell<TlsState>,
+    state: Mutex<TlsState>,
     /// A send of records is in flight.
-    writing: Cell<bool>,
+    writing: AtomicBool,
     /// Who waits for it to end.
-    write_waiters: RefCell<Vec<Waker>>,
+    write_waiters: Mutex<Vec<Waker>>,
     /// A send of records was dropped part way: nothing more may be sent.
-    abandoned: Cell<bool>,
+    abandoned: AtomicBool,
 }
 
 impl fmt::Debug for TlsConn {
@@ -428,8 +433,14 @@ struct WriteTurn<'a>(&'a TlsConn);
 
 impl Drop for WriteTurn<'_> {
     fn drop(&mut self) {
-        self.0.writing.set(false);
-        let waiters = std::mem::take(&mut *self.0.write_waiters.borrow_mut());
+        self.0.writing.store(false, Ordering::Release);
+        let waiters = std::mem::take(
+            &mut *self
+                .0
+                .write_waiters
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         for w in waiters {
             w.wake();
         }
@@ -439,14 +450,14 @@ impl Drop for WriteTurn<'_> {
 /// Marks the connection broken if a send of records is dropped before it
 /// finished (the peer may have part of a record).
 struct SendInFlight<'a> {
-    abandoned: &'a Cell<bool>,
+    abandoned: &'a AtomicBool,
     done: bool,
 }
 
 impl Drop for SendInFlight<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.abandoned.set(true);
+            self.abandoned.store(true, Ordering::Release);
         }
     }
 }
@@ -474,17 +485,27 @@ impl TlsConn {
     pub(crate) fn from_state(inner: Conn, state: TlsState) -> Self {
         TlsConn {
             inner,
-            state: RefCell::new(state),
-            writing: Cell::new(false),
-            write_waiters: RefCell::new(Vec::new()),
-            abandoned: Cell::new(false),
+            state: Mutex::new(state),
+            writing: AtomicBool::new(false),
+            write_waiters: Mutex::new(Vec::new()),
+            abandoned: AtomicBool::new(false),
         }
+    }
+
+    /// The TLS state (only this connection's shard takes the lock).
+    fn state(&self) -> MutexGuard<'_, TlsState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The plain connection and the TLS state, for a move.
     pub(crate) fn into_parts(self) -> (Conn, TlsState) {
-        let mut state = self.state.into_inner();
-        if self.abandoned.get() {
+        let mut state = self
+            .state
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.abandoned.load(Ordering::Acquire) {
             state.broken = Some(abandoned_send());
         }
         (self.inner, state)
@@ -492,10 +513,10 @@ impl TlsConn {
 
     /// The state's failure, or an abandoned send's.
     fn check(&self) -> io::Result<()> {
-        if self.abandoned.get() {
+        if self.abandoned.load(Ordering::Acquire) {
             return Err(abandoned_send().into_io());
         }
-        self.state.borrow().check()
+        self.state().check()
     }
 
     /// Runs the client side of a handshake on `stream` for `server_name`.
@@ -513,7 +534,7 @@ impl TlsConn {
 
     /// What the handshake agreed on.
     pub(crate) fn info(&self) -> TlsInfo {
-        let state = self.state.borrow();
+        let state = self.state();
         let server_name = match &state.tls {
             rustls::Connection::Server(s) => s.server_name().map(str::to_owned),
             rustls::Connection::Client(_) => None,
@@ -528,11 +549,11 @@ impl TlsConn {
     /// Reads and writes until the handshake is done.
     async fn handshake(&self) -> io::Result<()> {
         loop {
-            if self.state.borrow().tls.wants_write() {
+            if self.state().tls.wants_write() {
                 self.flush().await?;
             }
             let next = {
-                let mut state = self.state.borrow_mut();
+                let mut state = self.state();
                 state.check()?;
                 if !state.tls.is_handshaking() {
                     return Ok(());
@@ -565,13 +586,13 @@ impl TlsConn {
     /// One receive of ciphertext from the socket into the state's buffer.
     async fn receive_ciphertext(&self) -> io::Result<()> {
         let tail = {
-            let mut state = self.state.borrow_mut();
+            let mut state = self.state();
             let len = state.cipher_in.len();
             state.cipher_in.reserve(CIPHER_CHUNK);
             state.cipher_in.split_off(len)
         };
         let (res, tail) = self.inner.recv_plain(tail).await;
-        let mut state = self.state.borrow_mut();
+        let mut state = self.state();
         state.cipher_in.unsplit(tail);
         if res? == 0 {
             state.peer_eof = true;
@@ -596,7 +617,7 @@ impl TlsConn {
     async fn recv_into(&self, buf: &mut BytesMut) -> io::Result<usize> {
         loop {
             let next = {
-                let mut state = self.state.borrow_mut();
+                let mut state = self.state();
                 state.check()?;
                 {
                     let mut reader = state.tls.reader();
@@ -645,7 +666,7 @@ impl TlsConn {
     /// Encrypts `buf` and sends the records.
     pub(crate) async fn send_all(&self, buf: Bytes) -> (io::Result<()>, Bytes) {
         let queued = self.check().and_then(|()| {
-            let mut state = self.state.borrow_mut();
+            let mut state = self.state();
             state.tls.writer().write_all(&buf)
         });
         if let Err(e) = queued {
@@ -658,14 +679,14 @@ impl TlsConn {
     /// connection already failed.
     pub(crate) async fn close_notify(&self) -> io::Result<()> {
         self.check()?;
-        self.state.borrow_mut().tls.send_close_notify();
+        self.state().tls.send_close_notify();
         self.flush().await
     }
 
     /// Sends `close_notify`, then shuts the socket down as asked.
     pub(crate) async fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
         if how != std::net::Shutdown::Read {
-            self.state.borrow_mut().tls.send_close_notify();
+            self.state().tls.send_close_notify();
             self.flush().await?;
         }
         self.inner.shutdown_plain(how).await
@@ -674,11 +695,17 @@ impl TlsConn {
     /// Waits for the write side to be free.
     fn write_turn(&self) -> impl Future<Output = WriteTurn<'_>> {
         std::future::poll_fn(move |cx| {
-            if self.writing.get() {
-                self.write_waiters.borrow_mut().push(cx.waker().clone());
+            if self.writing.swap(true, Ordering::AcqRel) {
+                self.write_waiters
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(cx.waker().clone());
+                // Released meanwhile: try again at once.
+                if !self.writing.load(Ordering::Acquire) {
+                    cx.waker().wake_by_ref();
+                }
                 Poll::Pending
             } else {
-                self.writing.set(true);
                 Poll::Ready(WriteTurn(self))
             }
         })
@@ -695,11 +722,11 @@ impl TlsConn {
     async fn flush_ignoring_state(&self) -> io::Result<()> {
         let _turn = self.write_turn().await;
         loop {
-            if self.abandoned.get() {
+            if self.abandoned.load(Ordering::Acquire) {
                 return Err(abandoned_send().into_io());
             }
             let records = {
-                let mut state = self.state.borrow_mut();
+                let mut state = self.state();
                 if !state.tls.wants_write() {
                     return Ok(());
                 }

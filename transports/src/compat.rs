@@ -1,0 +1,456 @@
+//! Adapters to the I/O traits the Rust ecosystem is written against: a
+//! [`CompatStream`] (TCP, Unix or TLS, on its shard's ring) is
+//! `tokio::io::AsyncRead + AsyncWrite` (feature `tokio-io`),
+//! `futures::io::AsyncRead + AsyncWrite` (feature `futures-io`) and
+//! `hyper::rt::Read + Write` (feature `hyper`, with [`ShardExecutor`] and
+//! [`ShardTimer`]), so hyper, tokio-util codecs and the libraries on them
+//! run on mailring shards.
+//!
+//! The ring takes owned buffers, the traits lend slices: a read receives
+//! into the stream's own buffer and copies out of it; a write copies into
+//! the stream's buffer and returns at once, the send going on behind it
+//! (at most [`WRITE_BUFFER`] bytes queued: past that a write waits for the
+//! send in flight), and a flush waits for every send. The stream is `Send`
+//! (hyper boxes upgraded connections as `Send`), but its I/O runs on its
+//! shard: used from another thread, each operation fails with the
+//! runtime's off-shard error.
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use mailring_actors::mailring::net::{TcpStream, UnixStream};
+
+use crate::conn::Conn;
+use crate::tls::{TlsAcceptor, TlsConn, TlsFailure, TlsInfo};
+
+/// Bytes a receive asks for.
+const READ_CHUNK: usize = 16 << 10;
+/// Bytes a stream queues behind the send in flight before a write waits.
+pub const WRITE_BUFFER: usize = 64 << 10;
+
+type Receive = Pin<Box<dyn Future<Output = (io::Result<usize>, BytesMut)> + Send>>;
+type Send_ = Pin<Box<dyn Future<Output = (io::Result<()>, Bytes)> + Send>>;
+type Shutdown = Pin<Box<dyn Future<Output = io::Result<()>> + Send>>;
+
+/// A connection on its shard's ring, behind the poll-based I/O traits of
+/// Tokio, futures and hyper (see the [module](self) doc for which feature
+/// brings which).
+///
+/// ```
+/// # #[cfg(feature = "tokio-io")] {
+/// use mailring_transports::compat::CompatStream;
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+///
+/// let rt = mailring_actors::Runtime::builder().shards(1).build()?;
+/// rt.block_on_local(|| async {
+///     let (a, b) = mailring_actors::mailring::net::UnixStream::pair()?;
+///     let (mut a, mut b) = (CompatStream::unix(a), CompatStream::unix(b));
+///     a.write_all(b"ping").await?;
+///     a.flush().await?;
+///     let mut got = [0u8; 4];
+///     b.read_exact(&mut got).await?;
+///     assert_eq!(&got, b"ping");
+///     Ok::<_, std::io::Error>(())
+/// })?;
+/// # }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct CompatStream {
+    conn: Arc<Conn>,
+    tls: Option<TlsInfo>,
+    /// Received and not yet read.
+    read_buf: BytesMut,
+    receiving: Option<Receive>,
+    read_eof: bool,
+    /// Written and not yet handed to a send.
+    write_buf: BytesMut,
+    sending: Option<Send_>,
+    /// A send that failed, reported by the next write or flush.
+    write_error: Option<io::Error>,
+    shutting_down: Option<Shutdown>,
+}
+
+impl fmt::Debug for CompatStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompatStream")
+            .field("conn", &self.conn)
+            .field("buffered_in", &self.read_buf.len())
+            .field("buffered_out", &self.write_buf.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CompatStream {
+    pub(crate) fn new(conn: Conn) -> Self {
+        let tls = conn.tls_info();
+        CompatStream {
+            conn: Arc::new(conn),
+            tls,
+            read_buf: BytesMut::new(),
+            receiving: None,
+            read_eof: false,
+            write_buf: BytesMut::new(),
+            sending: None,
+            write_error: None,
+            shutting_down: None,
+        }
+    }
+
+    /// Adapts a TCP stream of the current shard.
+    pub fn tcp(stream: TcpStream) -> Self {
+        Self::new(Conn::Tcp(stream))
+    }
+
+    /// Adapts a Unix stream of the current shard.
+    pub fn unix(stream: UnixStream) -> Self {
+        Self::new(Conn::Unix(stream))
+    }
+
+    /// Connects over TCP (with `TCP_NODELAY`).
+    ///
+    /// # Errors
+    ///
+    /// The connect's error, or an error outside a shard.
+    pub async fn connect(addr: SocketAddr) -> io::Result<Self> {
+        let s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        Ok(Self::tcp(s))
+    }
+
+    /// Connects over TCP and runs a TLS client handshake for `server_name`
+    /// with `config` (set `alpn_protocols` on it for HTTP/2: `h2`).
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Framed::connect_tls`].
+    pub async fn connect_tls(
+        addr: SocketAddr,
+        server_name: &str,
+        config: Arc<rustls::ClientConfig>,
+    ) -> io::Result<Self> {
+        let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        let tls = TlsConn::connect(Conn::Tcp(s), config, name).await?;
+        Ok(Self::new(Conn::Tls(Box::new(tls))))
+    }
+
+    /// Runs the server side of a TLS handshake on an accepted TCP stream
+    /// (within the acceptor's handshake timeout).
+    ///
+    /// # Errors
+    ///
+    /// The handshake's failure (its [`TlsFailure`] inside the error).
+    pub async fn accept_tls(stream: TcpStream, acceptor: &TlsAcceptor) -> io::Result<Self> {
+        let _ = stream.set_nodelay(true);
+        match acceptor.accept(Conn::Tcp(stream), BytesMut::new()).await {
+            Ok((tls, _)) => Ok(Self::new(Conn::Tls(Box::new(tls)))),
+            Err(failure) => Err(io::Error::new(failure_kind(&failure), failure)),
+        }
+    }
+
+    /// What the TLS handshake agreed on (ALPN: `h2` or `http/1.1`), for a
+    /// TLS stream.
+    pub fn tls_info(&self) -> Option<&TlsInfo> {
+        self.tls.as_ref()
+    }
+
+    /// Makes sure there are received bytes to hand out, or the end.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            if !self.read_buf.is_empty() || self.read_eof {
+                return Poll::Ready(Ok(()));
+            }
+            let op = self.receiving.get_or_insert_with(|| {
+                let conn = self.conn.clone();
+                let mut buf = std::mem::take(&mut self.read_buf);
+                buf.clear();
+                buf.reserve(READ_CHUNK);
+                Box::pin(async move { conn.recv(buf).await })
+            });
+            let (res, buf) = ready!(op.as_mut().poll(cx));
+            self.receiving = None;
+            self.read_buf = buf;
+            if res? == 0 {
+                self.read_eof = true;
+            }
+        }
+    }
+
+    /// Copies received bytes into `out`; 0 at the end.
+    #[cfg_attr(not(feature = "futures-io"), allow(dead_code))]
+    fn poll_read_slice(&mut self, cx: &mut Context<'_>, out: &mut [u8]) -> Poll<io::Result<usize>> {
+        ready!(self.poll_fill(cx))?;
+        let n = out.len().min(self.read_buf.len());
+        out[..n].copy_from_slice(&self.read_buf[..n]);
+        self.read_buf.advance(n);
+        Poll::Ready(Ok(n))
+    }
+
+    /// Moves the send in flight on; a failure is kept for the next write
+    /// or flush.
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(op) = self.sending.as_mut() else {
+            return Poll::Ready(());
+        };
+        let (res, _) = ready!(op.as_mut().poll(cx));
+        self.sending = None;
+        if let Err(e) = res {
+            self.write_error.get_or_insert(e);
+        }
+        Poll::Ready(())
+    }
+
+    /// Hands what is queued to a send, if none is in flight, and polls it
+    /// once (which submits it).
+    fn start_send(&mut self, cx: &mut Context<'_>) {
+        if self.sending.is_some() || self.write_buf.is_empty() {
+            return;
+        }
+        let conn = self.conn.clone();
+        let batch = self.write_buf.split().freeze();
+        self.sending = Some(Box::pin(async move { conn.send_all(batch).await }));
+        let _ = self.poll_send(cx);
+    }
+
+    fn poll_write_slice(&mut self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        let _ = self.poll_send(cx);
+        if let Some(e) = self.write_error.take() {
+            return Poll::Ready(Err(e));
+        }
+        if data.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let room = WRITE_BUFFER.saturating_sub(self.write_buf.len());
+        if room == 0 {
+            // Full: the send in flight must finish first (it is polled
+            // above, so this task is woken when it does).
+            self.start_send(cx);
+            return Poll::Pending;
+        }
+        let n = data.len().min(room);
+        self.write_buf.extend_from_slice(&data[..n]);
+        self.start_send(cx);
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush_all(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            ready!(self.poll_send(cx));
+            if let Some(e) = self.write_error.take() {
+                return Poll::Ready(Err(e));
+            }
+            if self.write_buf.is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+            self.start_send(cx);
+        }
+    }
+
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_flush_all(cx))?;
+        let op = self.shutting_down.get_or_insert_with(|| {
+            let conn = self.conn.clone();
+            Box::pin(async move { conn.shutdown(std::net::Shutdown::Write).await })
+        });
+        let res = ready!(op.as_mut().poll(cx));
+        Poll::Ready(match res {
+            // Already shut, or the peer is gone: the end is the end.
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
+            other => other,
+        })
+    }
+}
+
+fn failure_kind(failure: &TlsFailure) -> io::ErrorKind {
+    match failure {
+        TlsFailure::HandshakeTimeout => io::ErrorKind::TimedOut,
+        TlsFailure::PeerClosedInHandshake => io::ErrorKind::UnexpectedEof,
+        TlsFailure::Protocol(_) => io::ErrorKind::InvalidData,
+    }
+}
+
+#[cfg(feature = "tokio-io")]
+impl tokio::io::AsyncRead for CompatStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_fill(cx))?;
+        let n = buf.remaining().min(this.read_buf.len());
+        buf.put_slice(&this.read_buf[..n]);
+        this.read_buf.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(feature = "tokio-io")]
+impl tokio::io::AsyncWrite for CompatStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().poll_write_slice(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().poll_flush_all(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().poll_close(cx)
+    }
+}
+
+#[cfg(feature = "futures-io")]
+impl futures_io::AsyncRead for CompatStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().poll_read_slice(cx, buf)
+    }
+}
+
+#[cfg(feature = "futures-io")]
+impl futures_io::AsyncWrite for CompatStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().poll_write_slice(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().poll_flush_all(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().poll_close(cx)
+    }
+}
+
+#[cfg(feature = "hyper")]
+impl hyper::rt::Read for CompatStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        mut buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_fill(cx))?;
+        let n = buf.remaining().min(this.read_buf.len());
+        buf.put_slice(&this.read_buf[..n]);
+        this.read_buf.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(feature = "hyper")]
+impl hyper::rt::Write for CompatStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().poll_write_slice(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().poll_flush_all(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().poll_close(cx)
+    }
+}
+
+/// A `hyper::rt::Executor` that spawns on one shard (hyper's HTTP/2
+/// connection and stream tasks), pinned there: never a stealable task, as
+/// the connection belongs to that shard's ring.
+#[cfg(feature = "hyper")]
+#[derive(Debug, Clone)]
+pub struct ShardExecutor {
+    handle: mailring_actors::mailring::Handle,
+    shard: mailring_actors::mailring::ShardId,
+}
+
+#[cfg(feature = "hyper")]
+impl ShardExecutor {
+    /// An executor for the current shard.
+    ///
+    /// # Panics
+    ///
+    /// Outside a shard.
+    pub fn current() -> Self {
+        let shard = mailring_actors::mailring::current_shard()
+            .expect("ShardExecutor::current outside a mailring shard");
+        ShardExecutor {
+            handle: mailring_actors::mailring::Handle::current(),
+            shard,
+        }
+    }
+}
+
+#[cfg(feature = "hyper")]
+impl<F> hyper::rt::Executor<F> for ShardExecutor
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, future: F) {
+        drop(self.handle.spawn_on(self.shard, future));
+    }
+}
+
+/// A `hyper::rt::Timer` on mailring's timers (the shard's timer wheel on a
+/// shard, the runtime's timer thread elsewhere).
+#[cfg(feature = "hyper")]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ShardTimer;
+
+#[cfg(feature = "hyper")]
+struct HyperSleep(mailring_actors::mailring::time::Sleep);
+
+#[cfg(feature = "hyper")]
+impl Future for HyperSleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+#[cfg(feature = "hyper")]
+impl hyper::rt::Sleep for HyperSleep {}
+
+#[cfg(feature = "hyper")]
+impl hyper::rt::Timer for ShardTimer {
+    fn sleep(&self, duration: std::time::Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(HyperSleep(mailring_actors::mailring::time::sleep(duration)))
+    }
+
+    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(HyperSleep(mailring_actors::mailring::time::sleep_until(
+            deadline,
+        )))
+    }
+}
+
+/// hyper's upgrades box the I/O as `Send`.
+const _: fn() = || {
+    fn is_send<T: Send>() {}
+    is_send::<CompatStream>();
+};

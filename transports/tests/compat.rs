@@ -1,0 +1,364 @@
+//! The ecosystem adapters over real sockets: hyper HTTP/1.1 and HTTP/2
+//! servers and clients on mailring shards (HTTP/2 also over TLS with ALPN),
+//! an HTTP/1.1 upgrade whose connection hyper boxes as `Send`, tokio-util
+//! codecs and futures-io on a `CompatStream`, and the off-shard error.
+//! Built with `--features tokio-io,futures-io,hyper` (`.ci/run` does).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Request, Response};
+use mailring_actors::mailring::net::{TcpListener, UnixStream};
+use mailring_actors::ShardId;
+use mailring_transports::compat::{CompatStream, ShardExecutor, ShardTimer};
+use mailring_transports::tls::{self, TlsAcceptor};
+
+fn runtime() -> mailring::Runtime {
+    mailring::Runtime::builder()
+        .shards(2)
+        .build()
+        .expect("io_uring available")
+}
+
+/// Answers with the request's method, path and body, and the shard that
+/// served it in `x-shard`.
+async fn echo(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let shard = mailring::current_shard().map_or(usize::MAX, |s| s.index());
+    let head = format!("{} {} ", req.method(), req.uri().path());
+    let body = req.into_body().collect().await.map(|b| b.to_bytes());
+    let mut out = head.into_bytes();
+    out.extend_from_slice(&body.unwrap_or_default());
+    Ok(Response::builder()
+        .header("x-shard", shard.to_string())
+        .body(Full::new(Bytes::from(out)))
+        .unwrap())
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Http {
+    One,
+    Two,
+}
+
+/// A TCP listener on `shard` whose connections hyper serves there; TLS
+/// first when an acceptor is given. Returns its address.
+fn serve(
+    rt: &mailring::Runtime,
+    shard: ShardId,
+    http: Http,
+    tls: Option<TlsAcceptor>,
+) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(rt.handle().spawn_local_on(shard, move || async move {
+        let listener = TcpListener::from_std(listener).unwrap();
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let tls = tls.clone();
+            drop(mailring::spawn_local(async move {
+                let io = match &tls {
+                    Some(acceptor) => match CompatStream::accept_tls(stream, acceptor).await {
+                        Ok(io) => io,
+                        Err(_) => return,
+                    },
+                    None => CompatStream::tcp(stream),
+                };
+                let service = hyper::service::service_fn(echo);
+                let _ = match http {
+                    Http::One => {
+                        hyper::server::conn::http1::Builder::new()
+                            .timer(ShardTimer)
+                            .serve_connection(io, service)
+                            .await
+                    }
+                    Http::Two => {
+                        hyper::server::conn::http2::Builder::new(ShardExecutor::current())
+                            .timer(ShardTimer)
+                            .serve_connection(io, service)
+                            .await
+                    }
+                };
+            }));
+        }
+    }));
+    addr
+}
+
+fn request(path: &str, body: &'static str) -> Request<Full<Bytes>> {
+    Request::post(path)
+        .header("host", "localhost")
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap()
+}
+
+async fn read_response(res: Response<hyper::body::Incoming>) -> (String, String) {
+    let shard = res.headers()["x-shard"].to_str().unwrap().to_owned();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (shard, String::from_utf8(body.to_vec()).unwrap())
+}
+
+#[test]
+fn hyper_http1_keep_alive_between_shards() {
+    let rt = runtime();
+    let addr = serve(&rt, ShardId::new(0), Http::One, None);
+    let got = rt.block_on(async move {
+        mailring::spawn_on(ShardId::new(1), async move {
+            let io = CompatStream::connect(addr).await.unwrap();
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+            drop(mailring::spawn_local(conn));
+            let mut out = Vec::new();
+            for i in 0..20 {
+                let res = sender
+                    .send_request(request(&format!("/item/{i}"), "payload"))
+                    .await
+                    .unwrap();
+                assert_eq!(res.status(), 200);
+                out.push(read_response(res).await);
+            }
+            out
+        })
+        .await
+        .unwrap()
+    });
+    for (i, (shard, body)) in got.into_iter().enumerate() {
+        assert_eq!(shard, "0", "served on the listener's shard");
+        assert_eq!(body, format!("POST /item/{i} payload"));
+    }
+}
+
+#[test]
+fn hyper_http2_multiplexes_on_the_shard_executor() {
+    let rt = runtime();
+    let addr = serve(&rt, ShardId::new(1), Http::Two, None);
+    let got = rt.block_on(async move {
+        mailring::spawn_on(ShardId::new(0), async move {
+            let io = CompatStream::connect(addr).await.unwrap();
+            let (sender, conn) = hyper::client::conn::http2::Builder::new(ShardExecutor::current())
+                .timer(ShardTimer)
+                .handshake(io)
+                .await
+                .unwrap();
+            drop(mailring::spawn_local(conn));
+            // 32 requests in flight at once on one connection.
+            let calls: Vec<_> = (0..32)
+                .map(|i| {
+                    let mut sender = sender.clone();
+                    mailring::spawn_local(async move {
+                        let res = sender
+                            .send_request(request(&format!("/s/{i}"), "h2"))
+                            .await
+                            .unwrap();
+                        read_response(res).await
+                    })
+                })
+                .collect();
+            let mut out = Vec::new();
+            for c in calls {
+                out.push(c.await.unwrap());
+            }
+            out
+        })
+        .await
+        .unwrap()
+    });
+    for (i, (shard, body)) in got.into_iter().enumerate() {
+        assert_eq!(shard, "1");
+        assert_eq!(body, format!("POST /s/{i} h2"));
+    }
+}
+
+#[test]
+fn hyper_http2_over_tls_negotiated_by_alpn() {
+    let dir = std::env::temp_dir().join(format!("mailring-compat-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    std::fs::write(dir.join("cert.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), key.serialize_pem()).unwrap();
+    let mut server_config =
+        tls::server_config_from_pem_files(dir.join("cert.pem"), dir.join("key.pem")).unwrap();
+    server_config.alpn_protocols = vec![b"h2".to_vec()];
+    let mut client_config = tls::client_config_from_ca_pem_file(dir.join("cert.pem")).unwrap();
+    client_config.alpn_protocols = vec![b"h2".to_vec()];
+    let client_config = Arc::new(client_config);
+    let rt = runtime();
+    let addr = serve(
+        &rt,
+        ShardId::new(0),
+        Http::Two,
+        Some(TlsAcceptor::new(server_config)),
+    );
+    let (alpn, got) = rt.block_on(async move {
+        mailring::spawn_on(ShardId::new(0), async move {
+            let io = CompatStream::connect_tls(addr, "localhost", client_config)
+                .await
+                .unwrap();
+            let alpn = io.tls_info().and_then(|t| t.alpn.clone());
+            let (mut sender, conn) =
+                hyper::client::conn::http2::Builder::new(ShardExecutor::current())
+                    .handshake(io)
+                    .await
+                    .unwrap();
+            drop(mailring::spawn_local(conn));
+            let res = sender
+                .send_request(request("/tls", "secret"))
+                .await
+                .unwrap();
+            (alpn, read_response(res).await)
+        })
+        .await
+        .unwrap()
+    });
+    assert_eq!(alpn.as_deref(), Some(&b"h2"[..]));
+    assert_eq!(got.1, "POST /tls secret");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_upgraded_http1_connection_is_boxed_as_send_and_comes_back_out() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = runtime();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    // The server: answers 101, then echoes whatever the upgraded
+    // connection carries.
+    drop(
+        rt.handle()
+            .spawn_local_on(ShardId::new(0), move || async move {
+                let listener = TcpListener::from_std(listener).unwrap();
+                let (stream, _) = listener.accept().await.unwrap();
+                let service = hyper::service::service_fn(
+                    |mut req: Request<hyper::body::Incoming>| async move {
+                        let upgrade = hyper::upgrade::on(&mut req);
+                        drop(mailring::spawn_local(async move {
+                            let upgraded = upgrade.await.unwrap();
+                            let parts = upgraded.downcast::<CompatStream>().expect("our stream");
+                            let mut io = parts.io;
+                            let mut buf = parts.read_buf.to_vec();
+                            let mut more = [0u8; 64];
+                            while buf.len() < 5 {
+                                let n = io.read(&mut more).await.unwrap();
+                                buf.extend_from_slice(&more[..n]);
+                            }
+                            io.write_all(&buf).await.unwrap();
+                            io.flush().await.unwrap();
+                        }));
+                        Ok::<_, Infallible>(
+                            Response::builder()
+                                .status(101)
+                                .header("connection", "upgrade")
+                                .header("upgrade", "echo")
+                                .body(Full::new(Bytes::new()))
+                                .unwrap(),
+                        )
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(CompatStream::tcp(stream), service)
+                    .with_upgrades()
+                    .await;
+            }),
+    );
+    let echoed = rt.block_on(async move {
+        mailring::spawn_on(ShardId::new(0), async move {
+            let io = CompatStream::connect(addr).await.unwrap();
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+            drop(mailring::spawn_local(conn.with_upgrades()));
+            let req = Request::get("/")
+                .header("host", "localhost")
+                .header("connection", "upgrade")
+                .header("upgrade", "echo")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let res = sender.send_request(req).await.unwrap();
+            assert_eq!(res.status(), 101);
+            let upgraded = hyper::upgrade::on(res).await.unwrap();
+            let mut io = upgraded.downcast::<CompatStream>().expect("our stream").io;
+            io.write_all(b"hello").await.unwrap();
+            io.flush().await.unwrap();
+            let mut got = [0u8; 5];
+            io.read_exact(&mut got).await.unwrap();
+            got
+        })
+        .await
+        .unwrap()
+    });
+    assert_eq!(&echoed, b"hello");
+}
+
+#[test]
+fn tokio_util_codecs_and_futures_io_run_on_a_compat_stream() {
+    use futures::{AsyncReadExt as _, AsyncWriteExt as _, SinkExt, StreamExt};
+    let rt = runtime();
+    rt.block_on_local(|| async {
+        // tokio-util: lines both ways over a Unix pair.
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut a = tokio_util::codec::Framed::new(
+            CompatStream::unix(a),
+            tokio_util::codec::LinesCodec::new(),
+        );
+        let mut b = tokio_util::codec::Framed::new(
+            CompatStream::unix(b),
+            tokio_util::codec::LinesCodec::new(),
+        );
+        for i in 0..100 {
+            a.send(format!("line {i}")).await.unwrap();
+        }
+        for i in 0..100 {
+            assert_eq!(b.next().await.unwrap().unwrap(), format!("line {i}"));
+        }
+        // futures-io: a write bigger than the stream's buffer goes out in
+        // pieces and arrives whole.
+        let (c, d) = UnixStream::pair().unwrap();
+        let (mut c, mut d) = (CompatStream::unix(c), CompatStream::unix(d));
+        let big: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+        let sent = big.clone();
+        let writer = mailring::spawn_local(async move {
+            futures::AsyncWriteExt::write_all(&mut c, &sent)
+                .await
+                .unwrap();
+            futures::AsyncWriteExt::close(&mut c).await.unwrap();
+        });
+        let mut got = Vec::new();
+        futures::AsyncReadExt::read_to_end(&mut d, &mut got)
+            .await
+            .unwrap();
+        writer.await.unwrap();
+        assert_eq!(got, big);
+        let _ = (d.read(&mut [0u8; 1]).await, d.close().await);
+    });
+}
+
+#[test]
+fn a_compat_stream_used_off_its_shard_fails_each_operation() {
+    let rt = runtime();
+    let (stream, _peer) = rt.block_on_local(|| async {
+        let (a, b) = UnixStream::pair().unwrap();
+        (CompatStream::unix(a), CompatStream::unix(b))
+    });
+    // `Send`: it can travel; used from a plain thread, its I/O fails
+    // instead of touching another ring.
+    let err = std::thread::spawn(move || {
+        let mut stream = stream;
+        futures::executor::block_on(async {
+            use futures::AsyncWriteExt;
+            stream.write_all(b"x").await?;
+            stream.flush().await
+        })
+    })
+    .join()
+    .unwrap()
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("shard"),
+        "the off-shard error: {err}"
+    );
+}
