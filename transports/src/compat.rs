@@ -27,7 +27,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use mailring_actors::mailring::net::{TcpStream, UnixStream};
 
 use crate::conn::Conn;
-use crate::tls::{TlsAcceptor, TlsConn, TlsFailure, TlsInfo};
+use crate::tls::{TlsAcceptor, TlsFailure, TlsInfo};
 
 /// Bytes a receive asks for.
 const READ_CHUNK: usize = 16 << 10;
@@ -134,12 +134,9 @@ impl CompatStream {
         server_name: &str,
         config: Arc<rustls::ClientConfig>,
     ) -> io::Result<Self> {
-        let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let s = TcpStream::connect(addr).await?;
-        s.set_nodelay(true)?;
-        let tls = TlsConn::connect(Conn::Tcp(s), config, name).await?;
-        Ok(Self::new(Conn::Tls(Box::new(tls))))
+        Ok(Self::new(
+            crate::conn::connect_tls(addr, server_name, config).await?,
+        ))
     }
 
     /// Runs the server side of a TLS handshake on an accepted TCP stream
@@ -182,6 +179,21 @@ impl CompatStream {
                 self.read_eof = true;
             }
         }
+    }
+
+    /// Hands up to `room` received bytes to `put`; nothing at the end.
+    #[cfg_attr(not(any(feature = "tokio-io", feature = "hyper")), allow(dead_code))]
+    fn poll_read_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        room: usize,
+        put: impl FnOnce(&[u8]),
+    ) -> Poll<io::Result<()>> {
+        ready!(self.poll_fill(cx))?;
+        let n = room.min(self.read_buf.len());
+        put(&self.read_buf[..n]);
+        self.read_buf.advance(n);
+        Poll::Ready(Ok(()))
     }
 
     /// Copies received bytes into `out`; 0 at the end.
@@ -284,12 +296,9 @@ impl tokio::io::AsyncRead for CompatStream {
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        ready!(this.poll_fill(cx))?;
-        let n = buf.remaining().min(this.read_buf.len());
-        buf.put_slice(&this.read_buf[..n]);
-        this.read_buf.advance(n);
-        Poll::Ready(Ok(()))
+        let room = buf.remaining();
+        self.get_mut()
+            .poll_read_with(cx, room, |bytes| buf.put_slice(bytes))
     }
 }
 
@@ -349,12 +358,9 @@ impl hyper::rt::Read for CompatStream {
         cx: &mut Context<'_>,
         mut buf: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        ready!(this.poll_fill(cx))?;
-        let n = buf.remaining().min(this.read_buf.len());
-        buf.put_slice(&this.read_buf[..n]);
-        this.read_buf.advance(n);
-        Poll::Ready(Ok(()))
+        let room = buf.remaining();
+        self.get_mut()
+            .poll_read_with(cx, room, |bytes| buf.put_slice(bytes))
     }
 }
 

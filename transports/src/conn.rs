@@ -180,6 +180,21 @@ impl Conn {
     }
 }
 
+/// Connects over TCP (with `TCP_NODELAY`) and runs a TLS client handshake
+/// for `server_name`.
+pub(crate) async fn connect_tls(
+    addr: SocketAddr,
+    server_name: &str,
+    config: std::sync::Arc<rustls::ClientConfig>,
+) -> io::Result<Conn> {
+    let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let s = TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    let tls = TlsConn::connect(Conn::Tcp(s), config, name).await?;
+    Ok(Conn::Tls(Box::new(tls)))
+}
+
 /// TLS layers are never stacked: the layer reads and writes the socket.
 fn tls_over_tls() -> io::Error {
     io::Error::new(io::ErrorKind::Unsupported, "TLS over a TLS connection")
@@ -371,12 +386,10 @@ impl<C: Codec> Framed<C> {
         config: std::sync::Arc<rustls::ClientConfig>,
         codec: C,
     ) -> io::Result<Self> {
-        let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let s = TcpStream::connect(addr).await?;
-        s.set_nodelay(true)?;
-        let tls = TlsConn::connect(Conn::Tcp(s), config, name).await?;
-        Ok(Self::new(Conn::Tls(Box::new(tls)), codec))
+        Ok(Self::new(
+            connect_tls(addr, server_name, config).await?,
+            codec,
+        ))
     }
 
     /// What the TLS handshake agreed on (ALPN, version), for a connection

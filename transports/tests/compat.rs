@@ -16,6 +16,8 @@ use mailring_actors::ShardId;
 use mailring_transports::compat::{CompatStream, ShardExecutor, ShardTimer};
 use mailring_transports::tls::{self, TlsAcceptor};
 
+mod common;
+
 fn runtime() -> mailring::Runtime {
     mailring::Runtime::builder()
         .shards(2)
@@ -175,14 +177,7 @@ fn hyper_http2_multiplexes_on_the_shard_executor() {
 #[test]
 fn hyper_http2_over_tls_negotiated_by_alpn() {
     let dir = std::env::temp_dir().join(format!("mailring-compat-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
-    std::fs::write(dir.join("cert.pem"), cert.pem()).unwrap();
-    std::fs::write(dir.join("key.pem"), key.serialize_pem()).unwrap();
+    common::self_signed_localhost(&dir);
     let mut server_config =
         tls::server_config_from_pem_files(dir.join("cert.pem"), dir.join("key.pem")).unwrap();
     server_config.alpn_protocols = vec![b"h2".to_vec()];

@@ -153,14 +153,7 @@ fn behind_haproxy_the_session_sees_the_clients_own_address() {
 #[test]
 fn tls_behind_haproxy_keeps_the_clients_address() {
     let dir = std::env::temp_dir().join(format!("mailring-proxy-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
-    std::fs::write(dir.join("cert.pem"), cert.pem()).unwrap();
-    std::fs::write(dir.join("key.pem"), key.serialize_pem()).unwrap();
+    common::self_signed_localhost(&dir);
     let rt = runtime();
     let server = Server::builder(LengthDelimited::new(), |_| WhoAmI)
         .config(proxy_config())

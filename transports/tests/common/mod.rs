@@ -73,3 +73,20 @@ pub(crate) fn wait_for<S: mailring_transports::Session>(
         std::thread::sleep(Duration::from_millis(2));
     }
 }
+
+/// A self-signed certificate for `localhost` and its key, written to
+/// `dir/cert.pem` and `dir/key.pem` (the certificate is its own CA).
+pub(crate) fn self_signed_localhost(
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let paths = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&paths.0, cert.pem()).unwrap();
+    std::fs::write(&paths.1, key.serialize_pem()).unwrap();
+    paths
+}
