@@ -45,6 +45,10 @@ struct Inner {
     done: Condvar,
     max_threads: usize,
     name: String,
+    /// The CPUs a pool thread runs on (empty: whatever it inherited). A
+    /// thread started from a pinned shard would otherwise stay on that
+    /// shard's CPU.
+    cpus: Vec<usize>,
     /// The runtime, for reporting panics. Weak: the runtime owns the pool.
     owner: Weak<Shared>,
     /// Panics caught once the runtime was gone (nothing to report them to).
@@ -94,7 +98,16 @@ impl<T: Send> Joinable<T> for BlockingTask<T> {
 }
 
 impl BlockingPool {
-    pub(crate) fn new(max_threads: usize, name: String, owner: Weak<Shared>) -> Self {
+    pub(crate) fn new(
+        max_threads: usize,
+        name: String,
+        cpus: Vec<usize>,
+        owner: Weak<Shared>,
+    ) -> Self {
+        // "mailring-shard" → "mailring-blocking": a name that does not pass
+        // for a shard's (the kernel keeps 15 bytes of it).
+        let base = name.strip_suffix("-shard").unwrap_or(&name);
+        let name = format!("{base}-blocking");
         BlockingPool {
             inner: Arc::new(Inner {
                 state: Mutex::new(State {
@@ -109,6 +122,7 @@ impl BlockingPool {
                 done: Condvar::new(),
                 max_threads,
                 name,
+                cpus,
                 owner,
                 unreported_panics: AtomicU64::new(0),
             }),
@@ -166,8 +180,14 @@ impl BlockingPool {
         state.handles.retain(|h| !h.is_finished());
         let inner = self.inner.clone();
         let spawned = thread::Builder::new()
-            .name(format!("{}-blocking", self.inner.name))
-            .spawn(move || inner.work());
+            .name(self.inner.name.clone())
+            .spawn(move || {
+                if !inner.cpus.is_empty() {
+                    // Best effort: a thread left on the shard's CPU still works.
+                    let _ = crate::shard::set_affinity(&inner.cpus);
+                }
+                inner.work()
+            });
         match spawned {
             Ok(h) => {
                 state.threads += 1;

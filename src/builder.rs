@@ -95,6 +95,10 @@ pub struct Builder {
     pub(crate) pinning: Pinning,
     /// Shard `i` runs on `cpu_plan[i]`: resolved from `pinning` by `build`.
     pub(crate) cpu_plan: Vec<usize>,
+    /// With pinning, the CPUs the building thread could run on: the
+    /// blocking pool's threads (started from pinned shards, whose affinity
+    /// they would inherit) take this set back.
+    pub(crate) free_cpus: Vec<usize>,
     pub(crate) idle: IdlePolicy,
     pub(crate) external_wake: ExternalWake,
     pub(crate) hot_tags: Vec<u16>,
@@ -114,6 +118,7 @@ impl Default for Builder {
             ring_entries: 256,
             pinning: Pinning::None,
             cpu_plan: Vec::new(),
+            free_cpus: Vec::new(),
             idle: IdlePolicy::default(),
             external_wake: ExternalWake::Auto,
             hot_tags: Vec::new(),
@@ -309,6 +314,9 @@ impl Builder {
         }
         let mut builder = self;
         builder.cpu_plan = builder.resolve_pinning()?;
+        if !builder.cpu_plan.is_empty() {
+            builder.free_cpus = crate::shard::allowed_cpus().unwrap_or_default();
+        }
         Runtime::start(builder)
     }
 

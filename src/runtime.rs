@@ -771,6 +771,7 @@ impl Runtime {
             blocking: BlockingPool::new(
                 builder.blocking_threads,
                 builder.thread_name.clone(),
+                builder.free_cpus.clone(),
                 me.clone(),
             ),
             clock_offset_ns: AtomicU64::new(0),

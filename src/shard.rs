@@ -1504,6 +1504,26 @@ fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
     }
 }
 
+/// Lets the calling thread run on `cpus` (those past `CPU_SETSIZE` are
+/// left out).
+pub(crate) fn set_affinity(cpus: &[usize]) -> std::io::Result<()> {
+    // SAFETY: `set` is a plain-data cpu_set_t, zeroed and then filled through
+    // libc's CPU_SET with indices below CPU_SETSIZE; sched_setaffinity reads
+    // `size_of::<cpu_set_t>()` bytes of it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &cpu in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+            libc::CPU_SET(cpu, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// The CPUs the calling thread may run on, in ascending order.
 pub(crate) fn allowed_cpus() -> std::io::Result<Vec<usize>> {
     // SAFETY: sched_getaffinity writes at most `size_of::<cpu_set_t>()` bytes

@@ -125,6 +125,36 @@ fn pin_to_cpus_puts_each_shard_on_the_cpu_asked_for() {
 }
 
 #[test]
+fn blocking_threads_of_a_pinned_runtime_are_not_pinned_with_the_shard_that_starts_them() {
+    let allowed = affinity();
+    if allowed.len() < 2 {
+        eprintln!("SKIPPED: one CPU only ({allowed:?})");
+        return;
+    }
+    let rt = mailring::Runtime::builder()
+        .shards(1)
+        .pin_to_cpus([allowed[1]])
+        .build()
+        .unwrap();
+    // Started from the pinned shard, the pool's thread would inherit its
+    // CPU and its name.
+    let (cpus, name) = rt.block_on(async {
+        mailring::spawn_on(ShardId::new(0), async {
+            mailring::spawn_blocking(|| {
+                let name = std::fs::read_to_string("/proc/thread-self/comm").unwrap();
+                (affinity(), name.trim().to_owned())
+            })
+            .await
+            .unwrap()
+        })
+        .await
+        .unwrap()
+    });
+    assert_eq!(cpus, allowed, "the process's CPUs, not the shard's");
+    assert!(!name.starts_with("mailring-shard"), "{name}");
+}
+
+#[test]
 fn pinned_shards_stay_within_the_cpus_the_process_may_use() {
     let allowed = affinity();
     if allowed.len() < 2 {
