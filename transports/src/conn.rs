@@ -487,6 +487,11 @@ impl<C: Codec> Framed<C> {
         }
     }
 
+    /// Whether the peer closed its side (a `recv` saw the end).
+    pub fn is_closed(&self) -> bool {
+        self.eof
+    }
+
     /// Closes the sending side (the peer reads the end after what was sent).
     ///
     /// # Errors

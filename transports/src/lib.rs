@@ -22,6 +22,7 @@ pub mod codec;
 pub mod compat;
 mod conn;
 pub mod datagram;
+pub mod pool;
 pub mod proxy;
 mod server;
 mod session;

@@ -1,0 +1,596 @@
+//! Outbound client pools: framed connections from each shard to one
+//! upstream (TCP, Unix or TLS), kept per shard (a connection is used only
+//! on the shard that opened it), with a bound on connections and on
+//! callers waiting for one, connect and checkout timeouts, and health: a
+//! failed connect puts the shard's pool in backoff (exponential, with
+//! jitter), during which callers fail at once instead of queueing on a dead
+//! upstream; the first caller after it tries again.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use mailring_actors::mailring::{self, ShardId};
+
+use crate::codec::Codec;
+use crate::conn::{Framed, FramedError};
+
+/// Where a pool connects.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum Upstream {
+    /// A TCP address.
+    Tcp(SocketAddr),
+    /// A Unix socket's path.
+    Unix(PathBuf),
+    /// TLS over TCP: the address, the name the certificate must carry, the
+    /// client configuration.
+    Tls {
+        /// The address.
+        addr: SocketAddr,
+        /// The server name (SNI, and what the certificate must name).
+        server_name: String,
+        /// Trusted roots, ALPN.
+        config: Arc<rustls::ClientConfig>,
+    },
+}
+
+impl fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Upstream::Tcp(a) => write!(f, "tcp://{a}"),
+            Upstream::Unix(p) => write!(f, "unix:{}", p.display()),
+            Upstream::Tls {
+                addr, server_name, ..
+            } => write!(f, "tls://{server_name}@{addr}"),
+        }
+    }
+}
+
+/// A pool's limits, per shard.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PoolConfig {
+    /// Connections a shard keeps open at most (checked out, idle or being
+    /// made). Default 8.
+    pub max_connections: usize,
+    /// Callers a shard lets wait for a connection when all are checked
+    /// out; past it, [`PoolError::Saturated`] at once. Default 256.
+    pub max_waiting: usize,
+    /// How long a connect (with its TLS handshake) may take. Default 3 s.
+    pub connect_timeout: Duration,
+    /// How long a caller waits for a connection before
+    /// [`PoolError::CheckoutTimeout`]. Default 3 s.
+    pub checkout_timeout: Duration,
+    /// The first backoff after a failed connect; each further failure
+    /// doubles it up to [`max_backoff`](Self::max_backoff), give or take a
+    /// jitter of up to a quarter. Default 100 ms.
+    pub initial_backoff: Duration,
+    /// The longest backoff. Default 10 s.
+    pub max_backoff: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            max_connections: 8,
+            max_waiting: 256,
+            connect_timeout: Duration::from_secs(3),
+            checkout_timeout: Duration::from_secs(3),
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why a pool gave no connection.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PoolError {
+    /// The upstream failed recently and the shard's pool is backing off:
+    /// no connect is tried until `retry_in` has passed.
+    #[error("upstream {upstream} unhealthy (last error: {last_error}); retry in {retry_in:?}")]
+    Unhealthy {
+        /// The upstream.
+        upstream: String,
+        /// What the last connect said.
+        last_error: String,
+        /// Until the next connect may be tried.
+        retry_in: Duration,
+    },
+    /// A connect failed (and the pool now backs off).
+    #[error("connect to {upstream}: {source}")]
+    Connect {
+        /// The upstream.
+        upstream: String,
+        /// The error (`TimedOut` past the connect timeout).
+        #[source]
+        source: io::Error,
+    },
+    /// Every connection is checked out and `max_waiting` callers wait.
+    #[error("pool saturated: {connections} connections busy, {waiting} callers waiting")]
+    Saturated {
+        /// Connections open on this shard.
+        connections: usize,
+        /// Callers waiting on this shard.
+        waiting: usize,
+    },
+    /// No connection came back within the checkout timeout.
+    #[error("no connection within the checkout timeout")]
+    CheckoutTimeout,
+    /// Used outside a mailring shard.
+    #[error("a pool is used from the tasks of a mailring shard")]
+    OffShard,
+    /// The request on a checked-out connection failed (the connection is
+    /// dropped, not returned).
+    #[error("request failed: {0}")]
+    Request(#[from] FramedError),
+    /// The upstream closed the connection before replying.
+    #[error("upstream closed the connection before replying")]
+    Closed,
+}
+
+/// One shard's pool counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolShardStats {
+    /// Connects tried.
+    pub connects: u64,
+    /// Connects that failed (timeouts included).
+    pub connect_failures: u64,
+    /// Checkouts served by an idle connection.
+    pub reused: u64,
+    /// Callers refused at once while backing off.
+    pub failed_fast: u64,
+    /// Callers refused because too many waited.
+    pub saturated: u64,
+    /// Connections dropped instead of returned (broken, or discarded).
+    pub discarded: u64,
+    /// Connections open now.
+    pub open: u64,
+    /// Idle connections now.
+    pub idle: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    connects: AtomicU64,
+    connect_failures: AtomicU64,
+    reused: AtomicU64,
+    failed_fast: AtomicU64,
+    saturated: AtomicU64,
+    discarded: AtomicU64,
+    open: AtomicU64,
+    idle: AtomicU64,
+}
+
+struct Shared<C: Codec> {
+    id: u64,
+    upstream: Upstream,
+    codec: C,
+    config: PoolConfig,
+    counters: Box<[Counters]>,
+}
+
+/// A pool of framed connections to one upstream, one set per shard.
+/// Cheap to clone and `Send`: give it to every shard's tasks; each
+/// checks out connections of its own shard.
+///
+/// ```
+/// use mailring_transports::codec::LengthDelimited;
+/// use mailring_transports::pool::{Pool, PoolConfig, Upstream};
+///
+/// let pool = Pool::new(
+///     Upstream::Tcp("127.0.0.1:7000".parse()?),
+///     LengthDelimited::new(),
+///     PoolConfig::default(),
+///     2, // the runtime's shards
+/// );
+/// // On a shard: `pool.request(frame).await` checks a connection out,
+/// // sends, reads one reply, and puts the connection back.
+/// # let _ = pool;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Pool<C: Codec> {
+    shared: Arc<Shared<C>>,
+}
+
+impl<C: Codec> Clone for Pool<C> {
+    fn clone(&self) -> Self {
+        Pool {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<C: Codec> fmt::Debug for Pool<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("upstream", &self.shared.upstream)
+            .field("config", &self.shared.config)
+            .finish()
+    }
+}
+
+/// Health of a shard's pool.
+enum Health {
+    Up,
+    /// No connect until `until`, after a connect that failed with `error`.
+    Backoff {
+        until: Instant,
+        error: String,
+    },
+}
+
+/// A shard's part of a pool.
+struct Local<C: Codec> {
+    idle: Vec<Framed<C>>,
+    open: usize,
+    waiting: VecDeque<Rc<Waiter>>,
+    health: Health,
+    /// The backoff after the last failure (doubles while failures go on).
+    last_delay: Option<Duration>,
+}
+
+/// A shard's part of a pool, shared by its callers and checkouts.
+type Shard<C> = Rc<RefCell<Local<C>>>;
+
+/// A caller waiting for a connection (or for the pool's health to change).
+struct Waiter {
+    waker: RefCell<Option<Waker>>,
+    woken: std::cell::Cell<bool>,
+}
+
+thread_local! {
+    static LOCALS: RefCell<HashMap<u64, Rc<dyn std::any::Any>>> = RefCell::new(HashMap::new());
+}
+
+impl<C: Codec> Pool<C> {
+    /// A pool to `upstream` for a runtime of `shards` shards.
+    pub fn new(upstream: Upstream, codec: C, config: PoolConfig, shards: usize) -> Self {
+        static IDS: AtomicU64 = AtomicU64::new(1);
+        Pool {
+            shared: Arc::new(Shared {
+                id: IDS.fetch_add(1, Ordering::Relaxed),
+                upstream,
+                codec,
+                config,
+                counters: (0..shards.max(1)).map(|_| Counters::default()).collect(),
+            }),
+        }
+    }
+
+    /// Counters per shard.
+    pub fn stats(&self) -> Vec<PoolShardStats> {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        self.shared
+            .counters
+            .iter()
+            .map(|c| PoolShardStats {
+                connects: get(&c.connects),
+                connect_failures: get(&c.connect_failures),
+                reused: get(&c.reused),
+                failed_fast: get(&c.failed_fast),
+                saturated: get(&c.saturated),
+                discarded: get(&c.discarded),
+                open: get(&c.open),
+                idle: get(&c.idle),
+            })
+            .collect()
+    }
+
+    fn counters(&self, shard: ShardId) -> &Counters {
+        &self.shared.counters[shard.index() % self.shared.counters.len()]
+    }
+
+    fn local(&self) -> Result<(ShardId, Shard<C>), PoolError> {
+        let shard = mailring::current_shard().ok_or(PoolError::OffShard)?;
+        let id = self.shared.id;
+        let local = LOCALS.with(|l| {
+            l.borrow_mut()
+                .entry(id)
+                .or_insert_with(|| {
+                    Rc::new(RefCell::new(Local::<C> {
+                        idle: Vec::new(),
+                        open: 0,
+                        waiting: VecDeque::new(),
+                        health: Health::Up,
+                        last_delay: None,
+                    })) as Rc<dyn std::any::Any>
+                })
+                .clone()
+        });
+        let local = local
+            .downcast::<RefCell<Local<C>>>()
+            .map_err(|_| PoolError::OffShard)?;
+        Ok((shard, local))
+    }
+
+    /// A connection of this shard: an idle one, a new one if the shard has
+    /// fewer than `max_connections`, or (all busy) the next one returned,
+    /// within the checkout timeout. Returned to the pool when the
+    /// [`Pooled`] drops, unless [`Pooled::discard`]ed.
+    ///
+    /// # Errors
+    ///
+    /// [`PoolError::Unhealthy`] at once while backing off after a failed
+    /// connect; [`PoolError::Connect`] for the connect that fails (timeout
+    /// included); [`PoolError::Saturated`]; [`PoolError::CheckoutTimeout`];
+    /// [`PoolError::OffShard`].
+    pub async fn get(&self) -> Result<Pooled<C>, PoolError> {
+        let (shard, local) = self.local()?;
+        let deadline = Instant::now() + self.shared.config.checkout_timeout;
+        loop {
+            let action = {
+                let mut l = local.borrow_mut();
+                if let Health::Backoff { until, error, .. } = &l.health {
+                    let now = Instant::now();
+                    if now < *until {
+                        self.counters(shard)
+                            .failed_fast
+                            .fetch_add(1, Ordering::Relaxed);
+                        return Err(PoolError::Unhealthy {
+                            upstream: format!("{:?}", self.shared.upstream),
+                            last_error: error.clone(),
+                            retry_in: *until - now,
+                        });
+                    }
+                }
+                if let Some(framed) = l.idle.pop() {
+                    self.counters(shard).idle.fetch_sub(1, Ordering::Relaxed);
+                    self.counters(shard).reused.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Pooled {
+                        pool: self.clone(),
+                        local: local.clone(),
+                        shard,
+                        framed: Some(framed),
+                        discard: false,
+                        mid_exchange: false,
+                    });
+                }
+                if l.open < self.shared.config.max_connections.max(1) {
+                    l.open += 1;
+                    self.counters(shard).open.fetch_add(1, Ordering::Relaxed);
+                    None
+                } else {
+                    if l.waiting.len() >= self.shared.config.max_waiting {
+                        self.counters(shard)
+                            .saturated
+                            .fetch_add(1, Ordering::Relaxed);
+                        return Err(PoolError::Saturated {
+                            connections: l.open,
+                            waiting: l.waiting.len(),
+                        });
+                    }
+                    let waiter = Rc::new(Waiter {
+                        waker: RefCell::new(None),
+                        woken: std::cell::Cell::new(false),
+                    });
+                    l.waiting.push_back(waiter.clone());
+                    Some(waiter)
+                }
+            };
+            match action {
+                None => return self.connect(shard, local).await,
+                Some(waiter) => {
+                    let waited = mailring::time::timeout_at(
+                        deadline,
+                        std::future::poll_fn(|cx| {
+                            if waiter.woken.get() {
+                                Poll::Ready(())
+                            } else {
+                                *waiter.waker.borrow_mut() = Some(cx.waker().clone());
+                                Poll::Pending
+                            }
+                        }),
+                    )
+                    .await;
+                    if waited.is_err() {
+                        local
+                            .borrow_mut()
+                            .waiting
+                            .retain(|w| !Rc::ptr_eq(w, &waiter));
+                        return Err(PoolError::CheckoutTimeout);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Makes a connection (its place is already counted in `open`).
+    async fn connect(&self, shard: ShardId, local: Shard<C>) -> Result<Pooled<C>, PoolError> {
+        let counters = self.counters(shard);
+        counters.connects.fetch_add(1, Ordering::Relaxed);
+        let codec = self.shared.codec.clone();
+        let made = mailring::time::timeout(self.shared.config.connect_timeout, async {
+            match &self.shared.upstream {
+                Upstream::Tcp(addr) => Framed::connect_tcp(*addr, codec).await,
+                Upstream::Unix(path) => Framed::connect_unix(path, codec).await,
+                Upstream::Tls {
+                    addr,
+                    server_name,
+                    config,
+                } => Framed::connect_tls(*addr, server_name, config.clone(), codec).await,
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "no connection within {:?}",
+                    self.shared.config.connect_timeout
+                ),
+            ))
+        });
+        let mut l = local.borrow_mut();
+        match made {
+            Ok(framed) => {
+                l.health = Health::Up;
+                l.last_delay = None;
+                Ok(Pooled {
+                    pool: self.clone(),
+                    local: local.clone(),
+                    shard,
+                    framed: Some(framed),
+                    discard: false,
+                    mid_exchange: false,
+                })
+            }
+            Err(e) => {
+                counters.connect_failures.fetch_add(1, Ordering::Relaxed);
+                counters.open.fetch_sub(1, Ordering::Relaxed);
+                l.open -= 1;
+                let config = &self.shared.config;
+                let delay = match l.last_delay {
+                    None => config.initial_backoff,
+                    Some(d) => (d * 2).min(config.max_backoff),
+                };
+                l.last_delay = Some(delay);
+                l.health = Health::Backoff {
+                    until: Instant::now() + jittered(delay),
+                    error: e.to_string(),
+                };
+                // Those waiting learn of it now (and fail fast).
+                for w in l.waiting.drain(..) {
+                    w.wake();
+                }
+                Err(PoolError::Connect {
+                    upstream: format!("{:?}", self.shared.upstream),
+                    source: e,
+                })
+            }
+        }
+    }
+
+    /// Checks a connection out, sends `frame`, reads one reply, and puts
+    /// the connection back (a connection that failed is dropped instead).
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get); [`PoolError::Request`] or
+    /// [`PoolError::Closed`] when the exchange fails.
+    pub async fn request(&self, frame: C::Out) -> Result<C::In, PoolError> {
+        let mut conn = self.get().await?;
+        // Dropped before the reply (a caller's timeout): the connection
+        // may still get that reply, so it does not go back.
+        conn.mid_exchange = true;
+        let sent = conn.send(frame).await;
+        if let Err(e) = sent {
+            conn.discard();
+            return Err(PoolError::Request(FramedError::Io(e)));
+        }
+        match conn.recv().await {
+            Ok(Some(reply)) => {
+                conn.mid_exchange = false;
+                Ok(reply)
+            }
+            Ok(None) => {
+                conn.discard();
+                Err(PoolError::Closed)
+            }
+            Err(e) => {
+                conn.discard();
+                Err(PoolError::Request(e))
+            }
+        }
+    }
+}
+
+impl Waiter {
+    fn wake(&self) {
+        self.woken.set(true);
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+}
+
+/// `delay` give or take up to a quarter, from the clock's low bits (no
+/// shared random state: shards back off at different moments).
+fn jittered(delay: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let quarter = delay / 4;
+    // A fraction in [0, 1) of half the delay, then centred.
+    let spread = quarter.mul_f64(2.0 * f64::from(nanos % 1_000_000) / 1_000_000.0);
+    (delay - quarter) + spread
+}
+
+/// A connection checked out of a [`Pool`], on this shard; back to the
+/// pool when dropped (unless [`discard`](Self::discard)ed). Derefs to the
+/// [`Framed`] connection.
+pub struct Pooled<C: Codec> {
+    pool: Pool<C>,
+    local: Shard<C>,
+    shard: ShardId,
+    framed: Option<Framed<C>>,
+    discard: bool,
+    /// A request was sent and its reply not read yet.
+    mid_exchange: bool,
+}
+
+impl<C: Codec> fmt::Debug for Pooled<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pooled")
+            .field("upstream", &self.pool.shared.upstream)
+            .field("shard", &self.shard)
+            .finish()
+    }
+}
+
+impl<C: Codec> Pooled<C> {
+    /// Drops the connection instead of returning it (after an error, or a
+    /// protocol state the next user must not see).
+    pub fn discard(&mut self) {
+        self.discard = true;
+    }
+}
+
+impl<C: Codec> std::ops::Deref for Pooled<C> {
+    type Target = Framed<C>;
+
+    fn deref(&self) -> &Framed<C> {
+        self.framed.as_ref().expect("present until drop")
+    }
+}
+
+impl<C: Codec> std::ops::DerefMut for Pooled<C> {
+    fn deref_mut(&mut self) -> &mut Framed<C> {
+        self.framed.as_mut().expect("present until drop")
+    }
+}
+
+impl<C: Codec> Drop for Pooled<C> {
+    fn drop(&mut self) {
+        let Some(framed) = self.framed.take() else {
+            return;
+        };
+        let counters = self.pool.counters(self.shard);
+        let Ok(mut l) = self.local.try_borrow_mut() else {
+            counters.open.fetch_sub(1, Ordering::Relaxed);
+            return;
+        };
+        if self.discard || self.mid_exchange || framed.is_closed() {
+            counters.discarded.fetch_add(1, Ordering::Relaxed);
+            counters.open.fetch_sub(1, Ordering::Relaxed);
+            l.open -= 1;
+        } else {
+            counters.idle.fetch_add(1, Ordering::Relaxed);
+            l.idle.push(framed);
+        }
+        // The next waiter takes it (or the freed place).
+        if let Some(w) = l.waiting.pop_front() {
+            w.wake();
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! Outbound pools against real upstreams on loopback: reuse and the bound
+//! per shard (each shard its own connections), waiting callers bounded and
+//! timed out, a dead upstream failing fast during backoff and recovered
+//! once it is back, a connect that times out, TLS and Unix upstreams, a
+//! request abandoned mid-way whose connection is not reused, and use off
+//! the shards.
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use mailring_actors::ShardId;
+use mailring_transports::codec::LengthDelimited;
+use mailring_transports::pool::{Pool, PoolConfig, PoolError, Upstream};
+use mailring_transports::tls::{self, TlsAcceptor};
+use mailring_transports::{Server, Session, SessionCtx};
+
+mod common;
+
+fn runtime() -> mailring::Runtime {
+    mailring::Runtime::builder()
+        .shards(2)
+        .build()
+        .expect("io_uring available")
+}
+
+/// Echoes; a frame starting `slow` is answered after 300 ms.
+struct Upstreamish;
+
+impl Session for Upstreamish {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        if frame.starts_with(b"slow") {
+            cx.reply_later(async move {
+                mailring::time::sleep(Duration::from_millis(300)).await;
+                frame
+            });
+        } else {
+            cx.send_frame(frame);
+        }
+    }
+}
+
+fn upstream(rt: &mailring::Runtime, addr: SocketAddr) -> Server<Upstreamish> {
+    Server::builder(LengthDelimited::new(), |_| Upstreamish)
+        .bind(rt.handle(), addr)
+        .unwrap()
+}
+
+fn config() -> PoolConfig {
+    let mut c = PoolConfig::default();
+    c.max_connections = 2;
+    c.connect_timeout = Duration::from_millis(300);
+    c.checkout_timeout = Duration::from_millis(300);
+    c.initial_backoff = Duration::from_millis(100);
+    c
+}
+
+/// Runs the future `make` builds on `shard` (a pool's futures are the
+/// shard's own: not `Send`).
+fn on<T, F>(rt: &mailring::Runtime, shard: usize, make: impl FnOnce() -> F + Send + 'static) -> T
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = T> + 'static,
+{
+    rt.block_on(rt.handle().spawn_local_on(ShardId::new(shard), make))
+        .unwrap()
+}
+
+#[test]
+fn connections_are_reused_bounded_and_kept_per_shard() {
+    let rt = runtime();
+    let server = upstream(&rt, "127.0.0.1:0".parse().unwrap());
+    let pool = Pool::new(
+        Upstream::Tcp(server.local_addr()),
+        LengthDelimited::new(),
+        config(),
+        2,
+    );
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        for i in 0..10u8 {
+            assert_eq!(p.request(Bytes::from(vec![i])).await.unwrap(), vec![i]);
+        }
+    });
+    let s = &pool.stats()[0];
+    assert_eq!((s.connects, s.reused, s.open, s.idle), (1, 9, 1, 1));
+    // 8 at once with a bound of 2: two connections, everyone served.
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        let calls: Vec<_> = (0..8u8)
+            .map(|i| {
+                let p = p.clone();
+                mailring::spawn_local(async move { p.request(Bytes::from(vec![i])).await })
+            })
+            .collect();
+        for (i, c) in calls.into_iter().enumerate() {
+            assert_eq!(c.await.unwrap().unwrap(), vec![i as u8]);
+        }
+    });
+    assert_eq!(pool.stats()[0].connects, 2);
+    assert_eq!(pool.stats()[0].open, 2);
+    // Shard 1 opens its own.
+    let p = pool.clone();
+    on(&rt, 1, move || async move {
+        assert_eq!(
+            p.request(Bytes::from_static(b"x")).await.unwrap(),
+            &b"x"[..]
+        );
+    });
+    assert_eq!(pool.stats()[1].connects, 1);
+    assert_eq!(server.live_connections(), 3);
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn waiting_callers_are_bounded_and_time_out() {
+    let rt = runtime();
+    let server = upstream(&rt, "127.0.0.1:0".parse().unwrap());
+    let mut c = config();
+    c.max_connections = 1;
+    c.max_waiting = 1;
+    let pool = Pool::new(
+        Upstream::Tcp(server.local_addr()),
+        LengthDelimited::new(),
+        c,
+        2,
+    );
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        let held = p.get().await.unwrap();
+        // One caller may wait; the next is refused at once.
+        let p2 = p.clone();
+        let waiter = mailring::spawn_local(async move { p2.get().await.map(|_| ()) });
+        mailring::time::sleep(Duration::from_millis(20)).await;
+        assert!(matches!(
+            p.get().await,
+            Err(PoolError::Saturated {
+                connections: 1,
+                waiting: 1
+            })
+        ));
+        // The waiter gets the connection when it comes back.
+        drop(held);
+        waiter.await.unwrap().unwrap();
+        // Held again: a caller waits out the checkout timeout.
+        let _held = p.get().await.unwrap();
+        assert!(matches!(p.get().await, Err(PoolError::CheckoutTimeout)));
+    });
+    assert_eq!(pool.stats()[0].connects, 1);
+    assert_eq!(pool.stats()[0].saturated, 1);
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn a_dead_upstream_fails_fast_and_is_used_again_once_back() {
+    let rt = runtime();
+    // A port with no listener: connects are refused.
+    let addr = StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let pool = Pool::new(Upstream::Tcp(addr), LengthDelimited::new(), config(), 2);
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        assert!(matches!(
+            p.request(Bytes::from_static(b"a")).await,
+            Err(PoolError::Connect { .. })
+        ));
+        // Backing off: no connect, an answer at once.
+        for _ in 0..5 {
+            match p.get().await {
+                Err(PoolError::Unhealthy { retry_in, .. }) => {
+                    assert!(retry_in <= Duration::from_millis(125));
+                }
+                other => panic!("expected Unhealthy, got {other:?}"),
+            }
+        }
+    });
+    let s = &pool.stats()[0];
+    assert_eq!((s.connects, s.connect_failures, s.failed_fast), (1, 1, 5));
+    // Back: after the backoff, the next caller connects and is served.
+    let server = upstream(&rt, addr);
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        mailring::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(
+            p.request(Bytes::from_static(b"b")).await.unwrap(),
+            &b"b"[..]
+        );
+        assert_eq!(
+            p.request(Bytes::from_static(b"c")).await.unwrap(),
+            &b"c"[..]
+        );
+    });
+    assert_eq!(pool.stats()[0].connects, 2);
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn a_connect_that_hangs_times_out_as_a_failure() {
+    // A listener whose accept queue is full: the kernel drops further
+    // SYNs, and a connect waits for retransmits.
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket
+        .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    socket.listen(0).unwrap();
+    let addr = socket.local_addr().unwrap().as_socket().unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        let f = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        f.set_nonblocking(true).unwrap();
+        let _ = f.connect(&addr.into());
+        fillers.push(f);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let rt = runtime();
+    let pool = Pool::new(Upstream::Tcp(addr), LengthDelimited::new(), config(), 2);
+    let p = pool.clone();
+    let err = on(&rt, 0, move || async move {
+        p.get().await.map(|_| ()).unwrap_err()
+    });
+    match err {
+        PoolError::Connect { source, .. } => {
+            assert_eq!(source.kind(), std::io::ErrorKind::TimedOut, "{source}")
+        }
+        other => panic!("expected a connect timeout, got {other:?}"),
+    }
+    assert_eq!(pool.stats()[0].connect_failures, 1);
+    drop((socket, fillers));
+}
+
+#[test]
+fn tls_and_unix_upstreams() {
+    let rt = runtime();
+    let dir = std::env::temp_dir().join(format!("mailring-pool-{}", std::process::id()));
+    let (cert, key) = common::self_signed_localhost(&dir);
+    let tls_server = Server::builder(LengthDelimited::new(), |_| Upstreamish)
+        .tls(TlsAcceptor::from_pem_files(&cert, &key).unwrap())
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let path = dir.join("upstream.sock");
+    let unix_server = Server::builder(LengthDelimited::new(), |_| Upstreamish)
+        .bind_unix(rt.handle(), &path)
+        .unwrap();
+    let tls_pool = Pool::new(
+        Upstream::Tls {
+            addr: tls_server.local_addr(),
+            server_name: "localhost".into(),
+            config: Arc::new(tls::client_config_from_ca_pem_file(&cert).unwrap()),
+        },
+        LengthDelimited::new(),
+        config(),
+        2,
+    );
+    let unix_pool = Pool::new(Upstream::Unix(path), LengthDelimited::new(), config(), 2);
+    let (t, u) = (tls_pool.clone(), unix_pool.clone());
+    on(&rt, 1, move || async move {
+        for i in 0..3u8 {
+            assert_eq!(t.request(Bytes::from(vec![i])).await.unwrap(), vec![i]);
+            assert_eq!(u.request(Bytes::from(vec![i])).await.unwrap(), vec![i]);
+        }
+    });
+    assert_eq!(tls_pool.stats()[1].connects, 1);
+    assert_eq!(unix_pool.stats()[1].connects, 1);
+    assert_eq!(tls_server.stats().total(|s| s.tls_handshakes), 1);
+    rt.block_on(tls_server.shutdown());
+    rt.block_on(unix_server.shutdown());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_request_abandoned_mid_way_does_not_hand_its_reply_to_the_next_caller() {
+    let rt = runtime();
+    let server = upstream(&rt, "127.0.0.1:0".parse().unwrap());
+    let mut c = config();
+    c.max_connections = 1;
+    let pool = Pool::new(
+        Upstream::Tcp(server.local_addr()),
+        LengthDelimited::new(),
+        c,
+        2,
+    );
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        let cut = mailring::time::timeout(
+            Duration::from_millis(50),
+            p.request(Bytes::from_static(b"slow one")),
+        )
+        .await;
+        assert!(cut.is_err(), "the caller gave up");
+        // The next caller gets its own reply, on a new connection.
+        assert_eq!(
+            p.request(Bytes::from_static(b"fast")).await.unwrap(),
+            &b"fast"[..]
+        );
+    });
+    let s = &pool.stats()[0];
+    assert_eq!((s.connects, s.discarded), (2, 1));
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn a_pool_used_off_the_shards_says_so() {
+    let pool = Pool::new(
+        Upstream::Tcp("127.0.0.1:9".parse().unwrap()),
+        LengthDelimited::new(),
+        config(),
+        2,
+    );
+    let got = futures::executor::block_on(pool.get());
+    assert!(matches!(got, Err(PoolError::OffShard)));
+}
