@@ -97,8 +97,7 @@ fn main() {
                 Contender::Tokio,
             ],
         };
-        let mut runs: Vec<Vec<(Duration, u64, u64, u64, Duration)>> =
-            vec![Vec::new(); contenders.len()];
+        let mut runs: Vec<Vec<Run>> = vec![Vec::new(); contenders.len()];
         for pair in 0..pairs {
             let mut order: Vec<usize> = (0..contenders.len()).collect();
             if pair % 2 == 1 {
@@ -148,8 +147,10 @@ fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
     (at(0.25), at(0.5), at(0.75))
 }
 
-/// (wall, p50 ns, p99 ns, requests, server CPU).
-fn serve_once(c: Contender, w: Workload) -> (Duration, u64, u64, u64, Duration) {
+/// One run: (wall, p50 ns, p99 ns, requests, server CPU).
+type Run = (Duration, u64, u64, u64, Duration);
+
+fn serve_once(c: Contender, w: Workload) -> Run {
     let (addr, stop) = match c {
         Contender::MailringHyper | Contender::MailringCompat => mailring_server(c),
         Contender::MailringNative => native_server(),
