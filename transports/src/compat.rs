@@ -421,6 +421,147 @@ where
     }
 }
 
+/// A one-shot "stop taking work" signal shared by many connections:
+/// [`trigger`](Self::trigger) once (from a signal future, a shutdown path),
+/// and every [`signaled`](Self::signaled) future completes. Cheap to clone,
+/// `Send + Sync`.
+///
+/// ```
+/// use mailring_transports::compat::Drain;
+///
+/// let drain = Drain::new();
+/// let waiting = drain.signaled();
+/// drain.trigger();
+/// futures::executor::block_on(waiting);
+/// assert!(drain.is_triggered());
+/// ```
+#[cfg(feature = "hyper")]
+#[derive(Debug, Clone, Default)]
+pub struct Drain {
+    state: Arc<std::sync::Mutex<(bool, Vec<std::task::Waker>)>>,
+}
+
+#[cfg(feature = "hyper")]
+impl Drain {
+    /// A drain not triggered yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Triggers it: every `signaled` future, past and future, completes.
+    pub fn trigger(&self) {
+        let wakers = {
+            let mut state = self
+                .state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            state.0 = true;
+            std::mem::take(&mut state.1)
+        };
+        wakers.into_iter().for_each(std::task::Waker::wake);
+    }
+
+    /// Whether it was triggered.
+    pub fn is_triggered(&self) -> bool {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+    }
+
+    /// Completes once it is triggered.
+    pub fn signaled(&self) -> impl Future<Output = ()> + Send + 'static {
+        let state = self.state.clone();
+        std::future::poll_fn(move |cx| {
+            let mut state = state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if state.0 {
+                Poll::Ready(())
+            } else {
+                if !state.1.iter().any(|w| w.will_wake(cx.waker())) {
+                    state.1.push(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+        })
+    }
+}
+
+/// A hyper server connection that can drain: answer what it has started,
+/// take nothing new (HTTP/1.1 stops keep-alive; HTTP/2 sends `GOAWAY`).
+#[cfg(feature = "hyper")]
+pub trait GracefulConnection: Future {
+    /// hyper's `graceful_shutdown`; keep polling the connection after it.
+    fn start_draining(self: Pin<&mut Self>);
+}
+
+#[cfg(feature = "hyper")]
+impl<I, S, B> GracefulConnection for hyper::server::conn::http1::Connection<I, S>
+where
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn start_draining(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+#[cfg(feature = "hyper")]
+impl<I, S, B> GracefulConnection for hyper::server::conn::http1::UpgradeableConnection<I, S>
+where
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn start_draining(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+#[cfg(feature = "hyper")]
+impl<I, S, B, E> GracefulConnection for hyper::server::conn::http2::Connection<I, S, E>
+where
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
+{
+    fn start_draining(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+/// Serves a hyper connection to its end; if `stop` completes first
+/// (a [`Drain`]'s `signaled()`, a signal future such as
+/// `mailring::signal::ctrl_c()`), starts its graceful shutdown and serves
+/// on until what it had started is answered.
+#[cfg(feature = "hyper")]
+pub async fn serve_until<C, F>(conn: C, stop: F) -> C::Output
+where
+    C: GracefulConnection,
+    F: Future,
+{
+    let mut conn = std::pin::pin!(conn);
+    let mut stop = std::pin::pin!(stop);
+    let mut draining = false;
+    std::future::poll_fn(|cx| {
+        if !draining && stop.as_mut().poll(cx).is_ready() {
+            draining = true;
+            conn.as_mut().start_draining();
+        }
+        conn.as_mut().poll(cx)
+    })
+    .await
+}
+
 /// A `hyper::rt::Timer` on mailring's timers (the shard's timer wheel on a
 /// shard, the runtime's timer thread elsewhere).
 #[cfg(feature = "hyper")]

@@ -357,3 +357,114 @@ fn a_compat_stream_used_off_its_shard_fails_each_operation() {
         "the off-shard error: {err}"
     );
 }
+
+/// Answers after `ms` milliseconds (the path), on a mailring timer.
+async fn slow(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let ms: u64 = req
+        .uri()
+        .path()
+        .trim_start_matches('/')
+        .parse()
+        .unwrap_or(0);
+    mailring::time::sleep(std::time::Duration::from_millis(ms)).await;
+    Ok(Response::new(Full::new(Bytes::from(format!("after {ms}")))))
+}
+
+#[test]
+fn a_drain_lets_requests_in_flight_finish_and_takes_no_more() {
+    use mailring_transports::compat::{serve_until, Drain};
+    let rt = runtime();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let drain = Drain::new();
+    let served = drain.clone();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let finished = done.clone();
+    drop(
+        rt.handle()
+            .spawn_local_on(ShardId::new(0), move || async move {
+                let listener = TcpListener::from_std(listener).unwrap();
+                for http in [Http::One, Http::Two] {
+                    let (stream, _) = listener.accept().await.unwrap();
+                    let (drain, finished) = (served.clone(), finished.clone());
+                    drop(mailring::spawn_local(async move {
+                        let io = CompatStream::tcp(stream);
+                        let service = hyper::service::service_fn(slow);
+                        let res = match http {
+                            Http::One => {
+                                let conn = hyper::server::conn::http1::Builder::new()
+                                    .timer(ShardTimer)
+                                    .serve_connection(io, service);
+                                serve_until(conn, drain.signaled()).await
+                            }
+                            Http::Two => {
+                                let conn = hyper::server::conn::http2::Builder::new(
+                                    ShardExecutor::current(),
+                                )
+                                .timer(ShardTimer)
+                                .serve_connection(io, service);
+                                serve_until(conn, drain.signaled()).await
+                            }
+                        };
+                        assert!(res.is_ok(), "{res:?}");
+                        finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }));
+                }
+            }),
+    );
+    let trigger = drain.clone();
+    let (one, two) = rt
+        .block_on(
+            rt.handle()
+                .spawn_local_on(ShardId::new(1), move || async move {
+                    let io = CompatStream::connect(addr).await.unwrap();
+                    let (mut h1, conn1) = hyper::client::conn::http1::handshake(io).await.unwrap();
+                    let conn1 = mailring::spawn_local(conn1);
+                    let io = CompatStream::connect(addr).await.unwrap();
+                    let (mut h2, conn2) =
+                        hyper::client::conn::http2::Builder::new(ShardExecutor::current())
+                            .handshake(io)
+                            .await
+                            .unwrap();
+                    let conn2 = mailring::spawn_local(conn2);
+                    // Two slow requests in flight when the drain starts.
+                    let get = |path: &str| {
+                        Request::get(path)
+                            .header("host", "localhost")
+                            .body(Full::new(Bytes::new()))
+                            .unwrap()
+                    };
+                    let r1 = h1.send_request(get("/200"));
+                    let r2 = h2.send_request(get("/200"));
+                    let trigger_later = mailring::spawn_local(async move {
+                        mailring::time::sleep(std::time::Duration::from_millis(50)).await;
+                        trigger.trigger();
+                    });
+                    let (r1, r2) = futures::join!(r1, r2);
+                    trigger_later.await.unwrap();
+                    let one = read_body(r1.unwrap()).await;
+                    let two = read_body(r2.unwrap()).await;
+                    // Nothing new: HTTP/1.1 closed after its answer, HTTP/2 sent GOAWAY.
+                    assert!(h2.send_request(get("/0")).await.is_err());
+                    conn1.await.unwrap().unwrap();
+                    conn2.await.unwrap().unwrap();
+                    assert!(h1.send_request(get("/0")).await.is_err());
+                    (one, two)
+                }),
+        )
+        .unwrap();
+    assert_eq!((one.as_str(), two.as_str()), ("after 200", "after 200"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while done.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "both connections ended"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+async fn read_body(res: Response<hyper::body::Incoming>) -> String {
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(body.to_vec()).unwrap()
+}
