@@ -207,6 +207,8 @@ pub struct Broker {
     shutdown: Arc<crate::actor::Notify>,
     /// What its sessions and actors share.
     shared: Arc<Shared>,
+    /// The TLS side and its files, for a reload.
+    tls: Option<(mailring_transports::tls::TlsAcceptor, TlsFiles)>,
 }
 
 /// What the broker found in its data directory at start.
@@ -354,8 +356,8 @@ impl Broker {
             Server::builder(RespCodec::new(), move |_| RespSession::new(shared.clone()))
                 .config(ServerConfig::default())
                 .follow::<StreamActor>(system.handle());
-        if let Some(acceptor) = tls {
-            server = server.tls(acceptor);
+        if let Some(acceptor) = &tls {
+            server = server.tls(acceptor.clone());
         }
         let server = server.bind(runtime.handle(), config.addr)?;
         let addr = server.local_addr();
@@ -370,6 +372,7 @@ impl Broker {
             recovery,
             shutdown,
             shared: broker_shared,
+            tls: tls.zip(config.tls.clone()),
         })
     }
 
@@ -400,12 +403,30 @@ impl Broker {
             .index()
     }
 
+    /// Reads the TLS certificate and key files again: connections from now
+    /// on get the new certificate, those open keep theirs. On an error the
+    /// certificate in use stays. The binary does this on SIGHUP.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for a broker without TLS; the files' error.
+    pub fn reload_tls(&self) -> io::Result<()> {
+        let (acceptor, files) = self.tls.as_ref().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "this broker serves no TLS")
+        })?;
+        acceptor
+            .reload_pem_files(&files.cert, &files.key)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+    }
+
     /// The address it listens on (the port chosen for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// Blocks until Ctrl-C (SIGINT), SIGTERM, or a client's `SHUTDOWN`.
+    /// A TLS broker reloads its certificate on SIGHUP meanwhile
+    /// ([`reload_tls`](Self::reload_tls)) and says how it went on stderr.
     ///
     /// # Errors
     ///
@@ -415,22 +436,51 @@ impl Broker {
         let rt = self.runtime.as_ref().expect("running until shutdown");
         let mut int = signal(SignalKind::interrupt())?;
         let mut term = signal(SignalKind::terminate())?;
+        // Only a TLS broker asks for SIGHUP (elsewhere it keeps its default).
+        let mut hup = match self.tls {
+            Some(_) => Some(signal(SignalKind::hangup())?),
+            None => None,
+        };
         let shutdown = self.shutdown.clone();
+        let tls = self.tls.clone();
         rt.block_on(async move {
-            let mut a = std::pin::pin!(int.recv());
-            let mut b = std::pin::pin!(term.recv());
-            let mut c = std::pin::pin!(shutdown.fired());
-            std::future::poll_fn(|cx| {
-                if a.as_mut().poll(cx).is_ready()
-                    || b.as_mut().poll(cx).is_ready()
-                    || c.as_mut().poll(cx).is_ready()
-                {
-                    std::task::Poll::Ready(())
-                } else {
-                    std::task::Poll::Pending
+            loop {
+                let reload = {
+                    let mut a = std::pin::pin!(int.recv());
+                    let mut b = std::pin::pin!(term.recv());
+                    let mut c = std::pin::pin!(shutdown.fired());
+                    let mut h = std::pin::pin!(async {
+                        match hup.as_mut() {
+                            Some(h) => h.recv().await,
+                            None => std::future::pending().await,
+                        }
+                    });
+                    std::future::poll_fn(|cx| {
+                        if a.as_mut().poll(cx).is_ready()
+                            || b.as_mut().poll(cx).is_ready()
+                            || c.as_mut().poll(cx).is_ready()
+                        {
+                            std::task::Poll::Ready(false)
+                        } else if h.as_mut().poll(cx).is_ready() {
+                            std::task::Poll::Ready(true)
+                        } else {
+                            std::task::Poll::Pending
+                        }
+                    })
+                    .await
+                };
+                if !reload {
+                    return;
                 }
-            })
-            .await;
+                if let Some((acceptor, files)) = &tls {
+                    match acceptor.reload_pem_files(&files.cert, &files.key) {
+                        Ok(()) => eprintln!("broker: TLS certificate reloaded"),
+                        Err(e) => eprintln!(
+                            "broker: TLS reload failed, the certificate in use stays: {e}"
+                        ),
+                    }
+                }
+            }
         });
         Ok(())
     }

@@ -192,3 +192,50 @@ fn tls_flags_that_do_not_load_stop_the_start() {
         "the data directory is untouched by a start that failed on its TLS files"
     );
 }
+
+#[test]
+fn sighup_reloads_the_certificate_and_a_bad_file_keeps_the_old_one() {
+    if Command::new("redis-cli").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: redis-cli is not installed (apt-get install redis-tools)");
+        return;
+    }
+    let dir = TempDir::new();
+    let pki = dir.0.join("pki");
+    let (good_ca, good_cert, good_key) = certificates(&pki, "good");
+    let (next_ca, next_cert, next_key) = certificates(&pki, "next");
+    let (cert, key) = (pki.join("live-cert.pem"), pki.join("live-key.pem"));
+    std::fs::copy(&good_cert, &cert).unwrap();
+    std::fs::copy(&good_key, &key).unwrap();
+    let mut broker = start(&dir.0.join("data"), &cert, &key);
+    let addr = broker.1;
+    let hup = |pid: u32| {
+        let ok = Command::new("kill")
+            .args(["-HUP", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    };
+    let pong = |ca: &Path| {
+        let (ok, out) = redis_cli(addr, ca, &["PING"], None);
+        ok && out.trim() == "PONG"
+    };
+    assert!(pong(&good_ca));
+    // Renewed files, then SIGHUP: new connections get the new certificate.
+    std::fs::copy(&next_cert, &cert).unwrap();
+    std::fs::copy(&next_key, &key).unwrap();
+    hup(broker.0.id());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !pong(&next_ca) {
+        assert!(std::time::Instant::now() < deadline, "reloaded on SIGHUP");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!pong(&good_ca), "the old certificate is gone");
+    // A file that does not load: the certificate in use stays, the broker
+    // serves on.
+    std::fs::write(&cert, "not a certificate\n").unwrap();
+    hup(broker.0.id());
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(broker.0.try_wait().unwrap().is_none(), "still running");
+    assert!(pong(&next_ca));
+}
