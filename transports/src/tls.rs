@@ -367,6 +367,45 @@ impl TlsState {
         }
     }
 
+    /// Moves decrypted bytes into `buf`'s spare room, decrypting more of
+    /// the ciphertext already received while room is left (one receive of
+    /// the caller takes every whole record at hand, not one): `Some(n)`
+    /// with `n > 0` for bytes, `Some(0)` at the peer's clean end, `None`
+    /// when nothing is at hand. A failure met after some bytes waits for
+    /// the next call.
+    fn take_plaintext(&mut self, buf: &mut BytesMut) -> io::Result<Option<usize>> {
+        let mut total = 0;
+        loop {
+            if buf.capacity() == buf.len() {
+                if total > 0 {
+                    return Ok(Some(total));
+                }
+                buf.reserve(CIPHER_CHUNK);
+            }
+            let mut reader = self.tls.reader();
+            match reader.fill_buf() {
+                Ok(chunk) if !chunk.is_empty() => {
+                    let n = chunk.len().min(buf.capacity() - buf.len());
+                    buf.extend_from_slice(&chunk[..n]);
+                    reader.consume(n);
+                    total += n;
+                }
+                // The clean end (after what was taken now, at the next call).
+                Ok(_) => return Ok(Some(total)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if total == 0 {
+                        return Ok(None);
+                    }
+                    if self.cipher_in.is_empty() || self.feed().is_err() {
+                        return Ok(Some(total));
+                    }
+                }
+                Err(e) if total == 0 => return Err(e),
+                Err(_) => return Ok(Some(total)),
+            }
+        }
+    }
+
     /// Gives rustls the ciphertext received, and processes it.
     fn feed(&mut self) -> io::Result<()> {
         while !self.cipher_in.is_empty() {
@@ -619,22 +658,8 @@ impl TlsConn {
             let next = {
                 let mut state = self.state();
                 state.check()?;
-                {
-                    let mut reader = state.tls.reader();
-                    match reader.fill_buf() {
-                        Ok(chunk) if !chunk.is_empty() => {
-                            if buf.capacity() == buf.len() {
-                                buf.reserve(chunk.len().min(CIPHER_CHUNK));
-                            }
-                            let n = chunk.len().min(buf.capacity() - buf.len());
-                            buf.extend_from_slice(&chunk[..n]);
-                            reader.consume(n);
-                            return Ok(n);
-                        }
-                        Ok(_) => return Ok(0),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Err(e),
-                    }
+                if let Some(n) = state.take_plaintext(buf)? {
+                    return Ok(n);
                 }
                 if !state.cipher_in.is_empty() {
                     Next::Fed(state.feed())
