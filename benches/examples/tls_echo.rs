@@ -10,8 +10,9 @@
 //! Workloads (length-delimited frames, 4-byte big-endian header):
 //! - `echo4k`: 8 connections, each 5,000 frames of 4 KiB with up to 32 in
 //!   flight, echoed: throughput through the TLS layer.
-//! - `handshakes`: 2,000 connections, 16 at a time: connect, full TLS 1.3
-//!   handshake (no resumption), one 64-byte round trip, close.
+//! - `handshakes`: 2,000 connections, 16 at a time
+//!   (`TLS_HANDSHAKE_CONCURRENCY` sets another), each: connect, full TLS
+//!   1.3 handshake (no resumption), one 64-byte round trip, close.
 //!
 //! Contenders: a mailring `Server` with `ServerBuilder::tls` (2 shards,
 //! reuseport), and Tokio (2 workers) with `tokio_rustls::TlsAcceptor` and
@@ -72,7 +73,14 @@ const ECHO_CONNS: usize = 8;
 const ECHO_FRAMES: usize = 5_000;
 const ECHO_WINDOW: usize = 32;
 const HANDSHAKES: usize = 2_000;
-const HANDSHAKE_CONCURRENCY: usize = 16;
+/// Handshakes in flight (`TLS_HANDSHAKE_CONCURRENCY`, default 16).
+fn handshake_concurrency() -> usize {
+    std::env::var("TLS_HANDSHAKE_CONCURRENCY")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(16)
+        .clamp(1, HANDSHAKES)
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -368,7 +376,7 @@ fn client(w: Workload, addr: SocketAddr, ca: &Path) {
         .ok()
         .and_then(|n| n.parse::<usize>().ok())
         .unwrap_or(1)
-        .clamp(1, ECHO_CONNS.min(HANDSHAKE_CONCURRENCY));
+        .clamp(1, ECHO_CONNS.min(handshake_concurrency()));
     let barrier = Arc::new(std::sync::Barrier::new(threads));
     let parts: Vec<_> = (0..threads)
         .map(|_| {
@@ -389,7 +397,7 @@ fn client(w: Workload, addr: SocketAddr, ca: &Path) {
                             handshake_load(
                                 addr,
                                 connector,
-                                HANDSHAKE_CONCURRENCY / threads,
+                                handshake_concurrency() / threads,
                                 &barrier,
                             )
                             .await
@@ -503,7 +511,7 @@ async fn handshake_load(
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     barrier.wait();
     let start = Instant::now();
-    let per_task = HANDSHAKES / HANDSHAKE_CONCURRENCY;
+    let per_task = HANDSHAKES / handshake_concurrency();
     let tasks: Vec<_> = (0..concurrency)
         .map(|_| {
             let connector = connector.clone();
