@@ -160,6 +160,8 @@ struct Shared<S: Session> {
     factory: Factory<S>,
     placer: Placer<S::Key>,
     tls: Option<TlsAcceptor>,
+    /// TLS handshakes in progress, per shard.
+    handshaking: Box<[AtomicUsize]>,
     counters: Box<[ShardCounters]>,
     next_conn: AtomicU64,
     /// Connections served now, per listener index.
@@ -324,6 +326,7 @@ impl<S: Session> ServerBuilder<S> {
                 .placer
                 .unwrap_or_else(|| Arc::new(|key: &S::Key, n| mailring::sticky_shard(key, n))),
             tls: self.tls,
+            handshaking: (0..handle.shards()).map(|_| AtomicUsize::new(0)).collect(),
             counters: (0..handle.shards())
                 .map(|_| ShardCounters::default())
                 .collect(),
@@ -697,6 +700,7 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
                     shared: shared.clone(),
                     listener: index,
                     acceptor_wake: wake.cell.borrow().clone(),
+                    rebalanced: false,
                 };
                 if shared.config.proxy_protocol {
                     // The client's address comes from the header: the
@@ -868,6 +872,8 @@ struct Connection<S: Session> {
     listener: usize,
     /// The accepting task, woken at close when its listener is at the limit.
     acceptor_wake: Option<Waker>,
+    /// Moved once already to run its TLS handshake on a less busy shard.
+    rebalanced: bool,
 }
 
 impl<S: Session> Drop for Connection<S> {
@@ -930,6 +936,50 @@ async fn run_connection<S: Session>(
     let shard = cx.shard;
     let mut stream = stream;
     if fresh {
+        if let Some(best) = handshake_elsewhere(&conn, shard) {
+            // A TLS handshake is a few hundred microseconds of CPU: run it
+            // where fewer are running (the kernel's spread of a few
+            // connections leaves one shard idle while another queues them).
+            match stream.depart(best).await {
+                Ok(transit) => {
+                    conn.shared
+                        .counters(shard)
+                        .handshakes_moved
+                        .fetch_add(1, Ordering::Relaxed);
+                    let mut conn = conn;
+                    conn.rebalanced = true;
+                    let handle = conn.shared.handle.clone();
+                    let guard = conn.shared.clone();
+                    let (peer, id, proxy, codec) = (cx.peer, cx.id, cx.proxy.take(), cx.encoder);
+                    handle.spawn_local_on(best, move || {
+                        guarded(guard, async move {
+                            let mut cx = SessionCtx::new(peer, best, id, codec);
+                            cx.proxy = proxy;
+                            match transit.arrive().await {
+                                Ok(stream) => {
+                                    run_connection(
+                                        conn,
+                                        stream,
+                                        session,
+                                        cx,
+                                        (rbuf, decoder),
+                                        None,
+                                        true,
+                                    )
+                                    .await
+                                }
+                                Err(e) => {
+                                    tracing_error("adopting a connection for its handshake", &e);
+                                    close(&conn, &mut session, &mut cx, CloseReason::HandOff);
+                                }
+                            }
+                        })
+                    });
+                    return;
+                }
+                Err((_, back)) => stream = back,
+            }
+        }
         if conn.shared.config.hand_off == HandOff::Direct {
             let (direct, refused) = stream.into_direct().await;
             stream = direct;
@@ -1039,6 +1089,35 @@ async fn run_connection<S: Session>(
     close(&conn, &mut session, &mut cx, reason);
 }
 
+/// The shard a fresh TLS connection should run its handshake on instead of
+/// `here`, when `here` has at least two more handshakes in progress than
+/// the least busy shard (reuseport listeners only; a connection moves for
+/// this once).
+fn handshake_elsewhere<S: Session>(conn: &Connection<S>, here: ShardId) -> Option<ShardId> {
+    let shared = &conn.shared;
+    if shared.tls.is_none()
+        || conn.rebalanced
+        || shared.config.listen != ListenMode::ReusePort
+        || shared.handshaking.len() < 2
+    {
+        return None;
+    }
+    let load = |i: usize| shared.handshaking[i].load(Ordering::Acquire);
+    let (best, least) = (0..shared.handshaking.len())
+        .map(|i| (i, load(i)))
+        .min_by_key(|&(_, n)| n)?;
+    (load(here.index()) >= least + 2).then(|| ShardId::new(best))
+}
+
+/// Counts a handshake in progress on a shard while it lives.
+struct Handshaking<'a>(&'a AtomicUsize);
+
+impl Drop for Handshaking<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// How long a closing TLS connection may take to send its `close_notify`.
 const TLS_CLOSE_NOTIFY_LIMIT: Duration = Duration::from_millis(100);
 
@@ -1050,6 +1129,10 @@ async fn tls_handshake<S: Session>(
     stream: Conn,
     received: BytesMut,
 ) -> Result<(crate::tls::TlsConn, crate::tls::TlsInfo), CloseReason> {
+    let here = mailring::current_shard().map_or(0, |s| s.index());
+    let count = &shared.handshaking[here % shared.handshaking.len()];
+    count.fetch_add(1, Ordering::AcqRel);
+    let _counted = Handshaking(count);
     let wake = WakeCell::register(shared.id);
     let mut handshake = pin!(acceptor.accept(stream, received));
     std::future::poll_fn(|task| {

@@ -21,6 +21,7 @@ pub(crate) struct ShardCounters {
     pub(crate) push_dead_letters: AtomicU64,
     pub(crate) direct_refused: AtomicU64,
     pub(crate) tls_handshakes: AtomicU64,
+    pub(crate) handshakes_moved: AtomicU64,
     closed: [AtomicU64; CloseKind::ALL.len()],
 }
 
@@ -45,6 +46,7 @@ impl ShardCounters {
             push_dead_letters: get(&self.push_dead_letters),
             direct_refused: get(&self.direct_refused),
             tls_handshakes: get(&self.tls_handshakes),
+            handshakes_moved: get(&self.handshakes_moved),
             closed: std::array::from_fn(|i| get(&self.closed[i])),
         }
     }
@@ -84,6 +86,9 @@ pub struct SessionShardStats {
     /// TLS handshakes completed by this shard's listener (failed ones are
     /// counted under [`CloseKind::Tls`]).
     pub tls_handshakes: u64,
+    /// Fresh TLS connections this shard's listener handed to a less busy
+    /// shard for their handshake.
+    pub handshakes_moved: u64,
     closed: [u64; CloseKind::ALL.len()],
 }
 

@@ -560,3 +560,60 @@ fn a_tls_send_dropped_part_way_fails_the_next_instead_of_corrupting_the_stream()
     });
     rt.block_on(server.shutdown());
 }
+
+/// A TCP connection from a source port the server's steered group sends
+/// to `shard` of 2.
+fn connect_steered_to(addr: SocketAddr, shard: usize) -> TcpStream {
+    let mut port = 40_000u16;
+    loop {
+        port += 1;
+        if mailring::net::steered_index(port, 2) != shard {
+            continue;
+        }
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        if s.bind(&SocketAddr::from(([127, 0, 0, 1], port)).into())
+            .is_err()
+        {
+            continue;
+        }
+        s.connect(&addr.into()).unwrap();
+        let s: TcpStream = s.into();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        return s;
+    }
+}
+
+#[test]
+fn a_handshake_moves_to_a_less_busy_shard() {
+    let pki = Pki::new("balance");
+    let (ca, ca_path) = pki.ca("ca");
+    let (cert, key) = pki.leaf(&ca, "server", &["localhost"], false);
+    let rt = runtime(2);
+    let server = Server::builder(LengthDelimited::new(), |_| Echo)
+        .tls(TlsAcceptor::from_pem_files(&cert, &key).unwrap())
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    assert!(server.is_steered());
+    let addr = server.local_addr();
+    // Two clients that say nothing hold two handshakes open on shard 0.
+    let silent: Vec<TcpStream> = (0..2).map(|_| connect_steered_to(addr, 0)).collect();
+    wait_for(&server, "the two accepts", |s| s.shards[0].accepted == 2);
+    std::thread::sleep(Duration::from_millis(20));
+    // The next connection of shard 0 handshakes on shard 1 instead.
+    let sock = connect_steered_to(addr, 0);
+    let config = Arc::new(tls::client_config_from_ca_pem_file(&ca_path).unwrap());
+    let conn = rustls::ClientConnection::new(
+        config,
+        rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+    )
+    .unwrap();
+    let mut c = rustls::StreamOwned::new(conn, sock);
+    assert_eq!(round_trip(&mut c, b"balanced"), b"balanced");
+    let stats = server.stats();
+    assert_eq!(stats.shards[0].accepted, 3);
+    assert_eq!(stats.shards[0].handshakes_moved, 1, "{stats:#?}");
+    assert_eq!(stats.shards[1].tls_handshakes, 1);
+    assert_eq!(stats.shards[0].tls_handshakes, 0);
+    drop((silent, c));
+    rt.block_on(server.shutdown());
+}
