@@ -635,12 +635,30 @@ fn arrive<S: DatagramSession>(
                 deliver(&shared, &t, owner, key, peer, datagram);
             } else if !shared.closing.load(Ordering::Acquire) {
                 let id = shared.id;
+                let counters = shared.clone();
                 let later: Early = Box::new(move || {
                     if let Some(t) = table::<S>(shared.id) {
                         deliver(&shared, &t, owner, key, peer, datagram);
                     }
                 });
-                EARLY.with(|e| e.borrow_mut().entry(id).or_default().push(later));
+                // Bounded: a shard whose loop never starts (its socket
+                // refused) must not gather datagrams forever.
+                let kept = EARLY.with(|e| {
+                    let mut e = e.borrow_mut();
+                    let waiting = e.entry(id).or_default();
+                    if waiting.len() < counters.config.session_queue.max(1) {
+                        waiting.push(later);
+                        true
+                    } else {
+                        false
+                    }
+                });
+                if !kept {
+                    counters
+                        .counters(owner)
+                        .queue_full
+                        .fetch_add(1, Ordering::Relaxed);
+                }
             }
         });
     }
