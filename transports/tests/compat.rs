@@ -358,8 +358,12 @@ fn a_compat_stream_used_off_its_shard_fails_each_operation() {
     );
 }
 
+/// Requests `slow` has begun to serve.
+static SLOW_STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Answers after `ms` milliseconds (the path), on a mailring timer.
 async fn slow(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    SLOW_STARTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let ms: u64 = req
         .uri()
         .path()
@@ -437,7 +441,11 @@ fn a_drain_lets_requests_in_flight_finish_and_takes_no_more() {
                     let r1 = h1.send_request(get("/200"));
                     let r2 = h2.send_request(get("/200"));
                     let trigger_later = mailring::spawn_local(async move {
-                        mailring::time::sleep(std::time::Duration::from_millis(50)).await;
+                        // Once the server serves both (not on a timer: the
+                        // drain could otherwise come before the requests).
+                        while SLOW_STARTED.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+                            mailring::time::sleep(std::time::Duration::from_millis(1)).await;
+                        }
                         trigger.trigger();
                     });
                     let (r1, r2) = futures::join!(r1, r2);
