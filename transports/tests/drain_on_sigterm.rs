@@ -15,7 +15,11 @@ use mailring_actors::mailring::net::TcpListener;
 use mailring_actors::ShardId;
 use mailring_transports::compat::{serve_until, CompatStream, Drain, ShardTimer};
 
+/// Requests the server has begun to serve.
+static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 async fn slow(_req: Request<hyper::body::Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    STARTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     mailring::time::sleep(Duration::from_millis(300)).await;
     Ok(Response::new(Full::new(Bytes::from_static(b"answered"))))
 }
@@ -63,7 +67,10 @@ fn main() {
                     };
                     let in_flight = sender.send_request(req());
                     let kill = mailring::spawn_local(async {
-                        mailring::time::sleep(Duration::from_millis(50)).await;
+                        // Once the request is being served (not on a timer).
+                        while STARTED.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                            mailring::time::sleep(Duration::from_millis(1)).await;
+                        }
                         let status = std::process::Command::new("kill")
                             .args(["-TERM", &std::process::id().to_string()])
                             .status()
