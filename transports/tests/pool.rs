@@ -135,7 +135,10 @@ fn waiting_callers_are_bounded_and_time_out() {
         // One caller may wait; the next is refused at once.
         let p2 = p.clone();
         let waiter = mailring::spawn_local(async move { p2.get().await.map(|_| ()) });
-        mailring::time::sleep(Duration::from_millis(20)).await;
+        // Let the waiter run up to its wait (a local task: next in line).
+        for _ in 0..3 {
+            mailring::yield_now().await;
+        }
         assert!(matches!(
             p.get().await,
             Err(PoolError::Saturated {
