@@ -22,7 +22,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
@@ -357,6 +357,11 @@ pub(crate) struct TlsState {
     broken: Option<TlsFailure>,
     /// The socket reported the peer's end.
     peer_eof: bool,
+    /// Records are written here before a send takes them; its block comes
+    /// back for the next flush once that send is done with it.
+    records_out: BytesMut,
+    /// Plaintext handed to rustls since the last flush (to size the next).
+    queued_plain: usize,
 }
 
 impl TlsState {
@@ -515,6 +520,8 @@ impl TlsConn {
             TlsState {
                 tls,
                 cipher_in: BytesMut::new(),
+                records_out: BytesMut::new(),
+                queued_plain: 0,
                 broken: None,
                 peer_eof: false,
             },
@@ -692,6 +699,7 @@ impl TlsConn {
     pub(crate) async fn send_all(&self, buf: Bytes) -> (io::Result<()>, Bytes) {
         let queued = self.check().and_then(|()| {
             let mut state = self.state();
+            state.queued_plain += buf.len();
             state.tls.writer().write_all(&buf)
         });
         if let Err(e) = queued {
@@ -755,11 +763,19 @@ impl TlsConn {
                 if !state.tls.wants_write() {
                     return Ok(());
                 }
-                let mut out = Vec::with_capacity(CIPHER_CHUNK);
+                let state = &mut *state;
+                // Room for the records at once: the plaintext, a header
+                // and tag per 16 KiB record, and some handshake or alert
+                // bytes (it grows if that was short).
+                let plain = std::mem::take(&mut state.queued_plain);
+                state
+                    .records_out
+                    .reserve(plain + plain / (16 << 10) * 64 + 1024);
+                let mut out = (&mut state.records_out).writer();
                 while state.tls.wants_write() {
                     state.tls.write_tls(&mut out)?;
                 }
-                Bytes::from(out)
+                state.records_out.split().freeze()
             };
             let mut in_flight = SendInFlight {
                 abandoned: &self.abandoned,
