@@ -196,15 +196,11 @@ pub fn client_config_from_ca_pem_file(
         .with_no_client_auth())
 }
 
-struct AcceptorInner {
-    config: RwLock<Arc<rustls::ServerConfig>>,
-    handshake_timeout: Duration,
-}
-
 /// A server's TLS side: its rustls configuration, replaceable while the
 /// server runs ([`reload`](Self::reload): connections accepted afterwards
 /// use the new one, those open keep theirs), and the time a client has to
-/// finish its handshake. Clones share the configuration.
+/// finish its handshake. Clones share the configuration (a reload through
+/// one is seen by all), also those given another handshake timeout.
 ///
 /// ```no_run
 /// use mailring_transports::tls::TlsAcceptor;
@@ -216,13 +212,14 @@ struct AcceptorInner {
 /// ```
 #[derive(Clone)]
 pub struct TlsAcceptor {
-    inner: Arc<AcceptorInner>,
+    config: Arc<RwLock<Arc<rustls::ServerConfig>>>,
+    handshake_timeout: Duration,
 }
 
 impl fmt::Debug for TlsAcceptor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TlsAcceptor")
-            .field("handshake_timeout", &self.inner.handshake_timeout)
+            .field("handshake_timeout", &self.handshake_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -234,10 +231,8 @@ impl TlsAcceptor {
     /// An acceptor for `config` (its certificates, ALPN list, versions).
     pub fn new(config: rustls::ServerConfig) -> Self {
         TlsAcceptor {
-            inner: Arc::new(AcceptorInner {
-                config: RwLock::new(Arc::new(config)),
-                handshake_timeout: Self::DEFAULT_HANDSHAKE_TIMEOUT,
-            }),
+            config: Arc::new(RwLock::new(Arc::new(config))),
+            handshake_timeout: Self::DEFAULT_HANDSHAKE_TIMEOUT,
         }
     }
 
@@ -254,20 +249,14 @@ impl TlsAcceptor {
     /// The same acceptor with another handshake timeout: a client that has
     /// not finished its handshake by then is closed with
     /// [`TlsFailure::HandshakeTimeout`].
-    pub fn with_handshake_timeout(self, timeout: Duration) -> Self {
-        let config = self.config();
-        TlsAcceptor {
-            inner: Arc::new(AcceptorInner {
-                config: RwLock::new(config),
-                handshake_timeout: timeout,
-            }),
-        }
+    pub fn with_handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
     }
 
     /// The configuration new connections get.
     pub fn config(&self) -> Arc<rustls::ServerConfig> {
-        self.inner
-            .config
+        self.config
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
@@ -275,13 +264,12 @@ impl TlsAcceptor {
 
     /// The handshake timeout.
     pub fn handshake_timeout(&self) -> Duration {
-        self.inner.handshake_timeout
+        self.handshake_timeout
     }
 
     /// Replaces the configuration for connections accepted from now on.
     pub fn reload(&self, config: rustls::ServerConfig) {
         *self
-            .inner
             .config
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(config);
@@ -317,11 +305,8 @@ impl TlsAcceptor {
             .map_err(|e| TlsFailure::Protocol(e.to_string()))?;
         let conn = TlsConn::new(stream, rustls::Connection::Server(session));
         conn.state().cipher_in = received;
-        match mailring_actors::mailring::time::timeout(
-            self.inner.handshake_timeout,
-            conn.handshake(),
-        )
-        .await
+        match mailring_actors::mailring::time::timeout(self.handshake_timeout, conn.handshake())
+            .await
         {
             Ok(Ok(())) => {
                 let info = conn.info();

@@ -617,3 +617,23 @@ fn a_handshake_moves_to_a_less_busy_shard() {
     drop((silent, c));
     rt.block_on(server.shutdown());
 }
+
+#[test]
+fn clones_of_an_acceptor_share_reloads_whatever_their_handshake_timeout() {
+    let pki = Pki::new("clones");
+    let (ca, _) = pki.ca("ca");
+    let (first_cert, first_key) = pki.leaf(&ca, "first", &["localhost"], false);
+    let (next_cert, next_key) = pki.leaf(&ca, "next", &["localhost"], false);
+    let acceptor = TlsAcceptor::from_pem_files(&first_cert, &first_key).unwrap();
+    let quick = acceptor
+        .clone()
+        .with_handshake_timeout(Duration::from_millis(50));
+    assert_eq!(quick.handshake_timeout(), Duration::from_millis(50));
+    assert_eq!(
+        acceptor.handshake_timeout(),
+        TlsAcceptor::DEFAULT_HANDSHAKE_TIMEOUT
+    );
+    // A reload through the first is what the second serves from.
+    acceptor.reload_pem_files(&next_cert, &next_key).unwrap();
+    assert!(Arc::ptr_eq(&acceptor.config(), &quick.config()));
+}
