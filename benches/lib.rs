@@ -135,6 +135,37 @@ pub fn quartiles(v: &mut [f64]) -> (f64, f64, f64) {
     (at(0.25), at(0.5), at(0.75))
 }
 
+/// The median of `v` (the nearest rank).
+pub fn median_of(mut v: Vec<f64>) -> f64 {
+    quartiles(&mut v).1
+}
+
+/// The quartiles of `v`: (q1, median, q3).
+pub fn quartiles_of(mut v: Vec<f64>) -> (f64, f64, f64) {
+    quartiles(&mut v)
+}
+
+/// A command that runs this program again with `args` as a load
+/// generator, under `taskset -c LIST` when the environment variable
+/// `cpus_var` holds a CPU list (to keep it off the servers' cores).
+pub fn load_generator<I, S>(cpus_var: &str, args: I) -> std::process::Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let exe = std::env::current_exe().expect("the benchmark's own path");
+    let mut command = match std::env::var(cpus_var) {
+        Ok(cpus) => {
+            let mut c = std::process::Command::new("taskset");
+            c.args(["-c", &cpus]).arg(exe);
+            c
+        }
+        Err(_) => std::process::Command::new(exe),
+    };
+    command.args(args);
+    command
+}
+
 /// Deterministic 4 KiB-aligned offsets.
 pub fn offset(i: u64) -> u64 {
     let x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;

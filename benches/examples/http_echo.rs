@@ -21,6 +21,7 @@
 //! `HTTP_CLIENT_CPUS=LIST` runs the load generator under `taskset -c
 //! LIST`, `HTTP_CLIENT_THREADS=N` splits it over N threads.
 
+use mailring_bench::{median_of as median, quartiles_of as quartiles};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -136,17 +137,6 @@ fn main() {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-    (at(0.25), at(0.5), at(0.75))
-}
-
 /// One run: (wall, p50 ns, p99 ns, requests, server CPU).
 type Run = (Duration, u64, u64, u64, Duration);
 
@@ -156,21 +146,13 @@ fn serve_once(c: Contender, w: Workload) -> Run {
         Contender::MailringNative => native_server(),
         Contender::TokioHyper | Contender::Tokio => tokio_server(c),
     };
-    let exe = std::env::current_exe().unwrap();
-    let mut cmd = match std::env::var("HTTP_CLIENT_CPUS") {
-        Ok(cpus) => {
-            let mut cmd = std::process::Command::new("taskset");
-            cmd.args(["-c", &cpus]).arg(&exe);
-            cmd
-        }
-        Err(_) => std::process::Command::new(&exe),
-    };
     let w_arg = if w == Workload::Http1 {
         "http1"
     } else {
         "echo"
     };
-    cmd.args(["client", w_arg, &addr.to_string()]);
+    let mut cmd =
+        mailring_bench::load_generator("HTTP_CLIENT_CPUS", ["client", w_arg, &addr.to_string()]);
     let cpu0 = mailring_bench::process_cpu();
     let out = cmd.output().expect("load generator");
     let cpu = mailring_bench::process_cpu() - cpu0;

@@ -27,6 +27,7 @@
 //! `SESSIONS_CLIENT_CPUS=LIST` (the load generator under `taskset -c
 //! LIST`) and `SESSIONS_CLIENT_THREADS=N` (its connections over N threads).
 
+use mailring_bench::{median_of as median, quartiles_of as quartiles};
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
@@ -209,17 +210,6 @@ fn run_workload(w: Workload, pairs: usize) {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-    (at(0.25), at(0.5), at(0.75))
-}
-
 /// Starts `c`'s server, runs the load generator against it in another
 /// process, stops the server.
 fn serve_once(c: Contender, w: Workload) -> Run {
@@ -240,20 +230,10 @@ fn serve_once(c: Contender, w: Workload) -> Run {
     // SESSIONS_CLIENT_CPUS=LIST: the load generator under `taskset -c
     // LIST` (run the benchmark itself under taskset to keep the servers
     // on other CPUs).
-    let exe = std::env::current_exe().unwrap();
-    let client_args = ["client", &w.name(), &server.addr.to_string(), steer];
-    let mut command = match std::env::var("SESSIONS_CLIENT_CPUS") {
-        Ok(cpus) => {
-            let mut c = std::process::Command::new("taskset");
-            c.args(["-c", &cpus]).arg(&exe).args(client_args);
-            c
-        }
-        Err(_) => {
-            let mut c = std::process::Command::new(&exe);
-            c.args(client_args);
-            c
-        }
-    };
+    let mut command = mailring_bench::load_generator(
+        "SESSIONS_CLIENT_CPUS",
+        ["client", &w.name(), &server.addr.to_string(), steer],
+    );
     let out = command.output().expect("load generator");
     let server_cpu = mailring_bench::process_cpu() - cpu0;
     assert!(

@@ -23,6 +23,7 @@
 //! splits it over N threads; `TLS_MAILRING_SPIN_US=N`
 //! sets the shards' idle spin (0: block at once).
 
+use mailring_bench::{median_of as median, quartiles_of as quartiles};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -204,17 +205,6 @@ fn run_workload(w: Workload, pairs: usize, pki: &Pki) {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-    (at(0.25), at(0.5), at(0.75))
-}
-
 /// Starts `c`'s server, runs the load generator against it in another
 /// process, stops the server.
 fn serve_once(c: Contender, w: Workload, pki: &Pki) -> Run {
@@ -223,25 +213,15 @@ fn serve_once(c: Contender, w: Workload, pki: &Pki) -> Run {
         Contender::Mailring => mailring_server(config),
         Contender::TokioRustls => tokio_server(config),
     };
-    let exe = std::env::current_exe().unwrap();
-    let client_args = [
-        "client".to_owned(),
-        w.name().to_owned(),
-        addr.to_string(),
-        pki.cert.display().to_string(),
-    ];
-    let mut command = match std::env::var("TLS_CLIENT_CPUS") {
-        Ok(cpus) => {
-            let mut cmd = std::process::Command::new("taskset");
-            cmd.args(["-c", &cpus]).arg(&exe).args(&client_args);
-            cmd
-        }
-        Err(_) => {
-            let mut cmd = std::process::Command::new(&exe);
-            cmd.args(&client_args);
-            cmd
-        }
-    };
+    let mut command = mailring_bench::load_generator(
+        "TLS_CLIENT_CPUS",
+        [
+            "client".to_owned(),
+            w.name().to_owned(),
+            addr.to_string(),
+            pki.cert.display().to_string(),
+        ],
+    );
     let cpu0 = mailring_bench::process_cpu();
     let out = command.output().expect("load generator");
     let server_cpu = mailring_bench::process_cpu() - cpu0;

@@ -22,6 +22,7 @@
 //! over N threads; `UDP_MAILRING_SPIN_US=N|poll` sets the mailring shards'
 //! idle policy.
 
+use mailring_bench::{median_of as median, quartiles_of as quartiles};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -96,17 +97,6 @@ fn main() {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-    (at(0.25), at(0.5), at(0.75))
-}
-
 /// One run's figures.
 #[derive(Clone, Copy)]
 struct Run {
@@ -123,16 +113,8 @@ fn serve_once(c: Contender) -> Run {
         Contender::SocketLoop => mailring_loop_server(),
         Contender::Tokio => tokio_server(),
     };
-    let exe = std::env::current_exe().unwrap();
-    let mut command = match std::env::var("UDP_CLIENT_CPUS") {
-        Ok(cpus) => {
-            let mut cmd = std::process::Command::new("taskset");
-            cmd.args(["-c", &cpus]).arg(&exe);
-            cmd
-        }
-        Err(_) => std::process::Command::new(&exe),
-    };
-    command.args(["client", &addr.to_string()]);
+    let mut command =
+        mailring_bench::load_generator("UDP_CLIENT_CPUS", ["client", &addr.to_string()]);
     let cpu0 = mailring_bench::process_cpu();
     let out = command.output().expect("load generator");
     let cpu = mailring_bench::process_cpu() - cpu0;
