@@ -327,7 +327,8 @@ impl<C: Codec> Pool<C> {
     /// [`PoolError::OffShard`].
     pub async fn get(&self) -> Result<Pooled<C>, PoolError> {
         let (shard, local) = self.local()?;
-        let deadline = Instant::now() + self.shared.config.checkout_timeout;
+        // No deadline for a timeout past any instant (`Duration::MAX`).
+        let deadline = Instant::now().checked_add(self.shared.config.checkout_timeout);
         loop {
             let action = {
                 let mut l = local.borrow_mut();
@@ -347,14 +348,7 @@ impl<C: Codec> Pool<C> {
                 if let Some(framed) = l.idle.pop() {
                     self.counters(shard).idle.fetch_sub(1, Ordering::Relaxed);
                     self.counters(shard).reused.fetch_add(1, Ordering::Relaxed);
-                    return Ok(Pooled {
-                        pool: self.clone(),
-                        local: local.clone(),
-                        shard,
-                        framed: Some(framed),
-                        discard: false,
-                        mid_exchange: false,
-                    });
+                    return Ok(self.checked_out(&local, shard, framed));
                 }
                 if l.open < self.shared.config.max_connections.max(1) {
                     l.open += 1;
@@ -381,19 +375,22 @@ impl<C: Codec> Pool<C> {
             match action {
                 None => return self.connect(shard, local).await,
                 Some(waiter) => {
-                    let waited = mailring::time::timeout_at(
-                        deadline,
-                        std::future::poll_fn(|cx| {
-                            if waiter.woken.get() {
-                                Poll::Ready(())
-                            } else {
-                                *waiter.waker.borrow_mut() = Some(cx.waker().clone());
-                                Poll::Pending
-                            }
-                        }),
-                    )
-                    .await;
-                    if waited.is_err() {
+                    let woken = std::future::poll_fn(|cx| {
+                        if waiter.woken.get() {
+                            Poll::Ready(())
+                        } else {
+                            *waiter.waker.borrow_mut() = Some(cx.waker().clone());
+                            Poll::Pending
+                        }
+                    });
+                    let timed_out = match deadline {
+                        Some(d) => mailring::time::timeout_at(d, woken).await.is_err(),
+                        None => {
+                            woken.await;
+                            false
+                        }
+                    };
+                    if timed_out {
                         local
                             .borrow_mut()
                             .waiting
@@ -402,6 +399,17 @@ impl<C: Codec> Pool<C> {
                     }
                 }
             }
+        }
+    }
+
+    fn checked_out(&self, local: &Shard<C>, shard: ShardId, framed: Framed<C>) -> Pooled<C> {
+        Pooled {
+            pool: self.clone(),
+            local: local.clone(),
+            shard,
+            framed: Some(framed),
+            discard: false,
+            mid_exchange: false,
         }
     }
 
@@ -436,14 +444,7 @@ impl<C: Codec> Pool<C> {
             Ok(framed) => {
                 l.health = Health::Up;
                 l.last_delay = None;
-                Ok(Pooled {
-                    pool: self.clone(),
-                    local: local.clone(),
-                    shard,
-                    framed: Some(framed),
-                    discard: false,
-                    mid_exchange: false,
-                })
+                Ok(self.checked_out(&local, shard, framed))
             }
             Err(e) => {
                 counters.connect_failures.fetch_add(1, Ordering::Relaxed);
@@ -452,11 +453,11 @@ impl<C: Codec> Pool<C> {
                 let config = &self.shared.config;
                 let delay = match l.last_delay {
                     None => config.initial_backoff,
-                    Some(d) => (d * 2).min(config.max_backoff),
+                    Some(d) => d.saturating_mul(2).min(config.max_backoff),
                 };
                 l.last_delay = Some(delay);
                 l.health = Health::Backoff {
-                    until: Instant::now() + jittered(delay),
+                    until: far_instant(jittered(delay)),
                     error: e.to_string(),
                 };
                 // Those waiting learn of it now (and fail fast).
@@ -523,7 +524,16 @@ fn jittered(delay: Duration) -> Duration {
     let quarter = delay / 4;
     // A fraction in [0, 1) of half the delay, then centred.
     let spread = quarter.mul_f64(2.0 * f64::from(nanos % 1_000_000) / 1_000_000.0);
-    (delay - quarter) + spread
+    (delay - quarter).saturating_add(spread)
+}
+
+/// `now + wait`, or (for a wait past any instant) as far as a year ahead:
+/// a backoff that long is "until the process ends" all the same.
+fn far_instant(wait: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(wait)
+        .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(now)
 }
 
 /// A connection checked out of a [`Pool`], on this shard; back to the

@@ -318,3 +318,27 @@ fn a_pool_used_off_the_shards_says_so() {
     let got = futures::executor::block_on(pool.get());
     assert!(matches!(got, Err(PoolError::OffShard)));
 }
+
+#[test]
+fn durations_past_any_instant_are_taken_without_overflow() {
+    let rt = runtime();
+    let addr = StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut c = config();
+    c.checkout_timeout = Duration::MAX;
+    c.connect_timeout = Duration::MAX;
+    c.initial_backoff = Duration::MAX;
+    c.max_backoff = Duration::MAX;
+    let pool = Pool::new(Upstream::Tcp(addr), LengthDelimited::new(), c, 2);
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        // Refused at once; then backing off "forever"; then again.
+        assert!(matches!(p.get().await, Err(PoolError::Connect { .. })));
+        for _ in 0..2 {
+            assert!(matches!(p.get().await, Err(PoolError::Unhealthy { .. })));
+        }
+    });
+    assert_eq!(pool.stats()[0].connects, 1);
+}
