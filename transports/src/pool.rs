@@ -327,13 +327,13 @@ impl<C: Codec> Pool<C> {
     /// [`PoolError::OffShard`].
     pub async fn get(&self) -> Result<Pooled<C>, PoolError> {
         let (shard, local) = self.local()?;
-        // No deadline for a timeout past any instant (`Duration::MAX`).
-        let deadline = Instant::now().checked_add(self.shared.config.checkout_timeout);
+        // The runtime's clock; a timeout past any instant saturates.
+        let deadline = mailring::time::deadline_in(self.shared.config.checkout_timeout);
         loop {
             let action = {
                 let mut l = local.borrow_mut();
                 if let Health::Backoff { until, error, .. } = &l.health {
-                    let now = Instant::now();
+                    let now = mailring::time::now();
                     if now < *until {
                         self.counters(shard)
                             .failed_fast
@@ -383,14 +383,7 @@ impl<C: Codec> Pool<C> {
                             Poll::Pending
                         }
                     });
-                    let timed_out = match deadline {
-                        Some(d) => mailring::time::timeout_at(d, woken).await.is_err(),
-                        None => {
-                            woken.await;
-                            false
-                        }
-                    };
-                    if timed_out {
+                    if mailring::time::timeout_at(deadline, woken).await.is_err() {
                         local
                             .borrow_mut()
                             .waiting
@@ -457,7 +450,7 @@ impl<C: Codec> Pool<C> {
                 };
                 l.last_delay = Some(delay);
                 l.health = Health::Backoff {
-                    until: far_instant(jittered(delay)),
+                    until: mailring::time::deadline_in(jittered(delay)),
                     error: e.to_string(),
                 };
                 // Those waiting learn of it now (and fail fast).
@@ -525,15 +518,6 @@ fn jittered(delay: Duration) -> Duration {
     // A fraction in [0, 1) of half the delay, then centred.
     let spread = quarter.mul_f64(2.0 * f64::from(nanos % 1_000_000) / 1_000_000.0);
     (delay - quarter).saturating_add(spread)
-}
-
-/// `now + wait`, or (for a wait past any instant) as far as a year ahead:
-/// a backoff that long is "until the process ends" all the same.
-fn far_instant(wait: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(wait)
-        .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 3600)))
-        .unwrap_or(now)
 }
 
 /// A connection checked out of a [`Pool`], on this shard; back to the
