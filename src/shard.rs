@@ -1489,19 +1489,7 @@ fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {
         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
     }
-    // SAFETY: `set` is a plain-data cpu_set_t, zeroed and then filled through
-    // libc's CPU_SET within its size (checked above); sched_setaffinity reads
-    // `size_of::<cpu_set_t>()` bytes of it.
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    set_affinity(&[cpu])
 }
 
 /// Lets the calling thread run on `cpus` (those past `CPU_SETSIZE` are
