@@ -948,33 +948,16 @@ async fn run_connection<S: Session>(
                         .fetch_add(1, Ordering::Relaxed);
                     let mut conn = conn;
                     conn.rebalanced = true;
-                    let handle = conn.shared.handle.clone();
-                    let guard = conn.shared.clone();
-                    let (peer, id, proxy, codec) = (cx.peer, cx.id, cx.proxy.take(), cx.encoder);
-                    handle.spawn_local_on(best, move || {
-                        guarded(guard, async move {
-                            let mut cx = SessionCtx::new(peer, best, id, codec);
-                            cx.proxy = proxy;
-                            match transit.arrive().await {
-                                Ok(stream) => {
-                                    run_connection(
-                                        conn,
-                                        stream,
-                                        session,
-                                        cx,
-                                        (rbuf, decoder),
-                                        None,
-                                        true,
-                                    )
-                                    .await
-                                }
-                                Err(e) => {
-                                    tracing_error("adopting a connection for its handshake", &e);
-                                    close(&conn, &mut session, &mut cx, CloseReason::HandOff);
-                                }
-                            }
-                        })
-                    });
+                    continue_on(
+                        best,
+                        conn,
+                        transit,
+                        session,
+                        cx,
+                        (rbuf, decoder),
+                        None,
+                        true,
+                    );
                     return;
                 }
                 Err((_, back)) => stream = back,
@@ -1045,38 +1028,17 @@ async fn run_connection<S: Session>(
                         .counters(shard)
                         .handed_off
                         .fetch_add(1, Ordering::Relaxed);
-                    let handle = conn.shared.handle.clone();
-                    let tls = cx.tls.take();
-                    let proxy = cx.proxy.take();
-                    let SessionCtx { peer, id, .. } = cx;
-                    let codec = cx.encoder;
-                    let guard = conn.shared.clone();
-                    handle.spawn_local_on(owner, move || {
-                        guarded(guard, async move {
-                            let mut cx = SessionCtx::new(peer, owner, id, codec);
-                            cx.key = Some(key);
-                            cx.tls = tls;
-                            cx.proxy = proxy;
-                            match transit.arrive().await {
-                                Ok(stream) => {
-                                    run_connection(
-                                        conn,
-                                        stream,
-                                        session,
-                                        cx,
-                                        (rbuf, decoder),
-                                        Some(frame),
-                                        false,
-                                    )
-                                    .await
-                                }
-                                Err(e) => {
-                                    tracing_error("adopting a moved connection", &e);
-                                    close(&conn, &mut session, &mut cx, CloseReason::HandOff);
-                                }
-                            }
-                        })
-                    });
+                    cx.key = Some(key);
+                    continue_on(
+                        owner,
+                        conn,
+                        transit,
+                        session,
+                        cx,
+                        (rbuf, decoder),
+                        Some(frame),
+                        false,
+                    );
                     return;
                 }
                 Err((e, _stream)) => {
@@ -1146,6 +1108,43 @@ async fn tls_handshake<S: Session>(
             .map(|r| r.map_err(CloseReason::Tls))
     })
     .await
+}
+
+/// Runs a connection that left this shard on shard `to`, once it arrives
+/// there with what it carried; its context is rebuilt for `to` with the
+/// same peer, id, key, TLS and PROXY facts.
+#[allow(clippy::too_many_arguments)]
+fn continue_on<S: Session>(
+    to: ShardId,
+    conn: Connection<S>,
+    transit: crate::conn::InTransit,
+    mut session: S,
+    mut cx: SessionCtx<S>,
+    reader: (BytesMut, S::Codec),
+    carried: Option<FrameIn<S>>,
+    fresh: bool,
+) {
+    let handle = conn.shared.handle.clone();
+    let guard = conn.shared.clone();
+    let (key, tls, proxy) = (cx.key.take(), cx.tls.take(), cx.proxy.take());
+    let (peer, id, codec) = (cx.peer, cx.id, cx.encoder);
+    handle.spawn_local_on(to, move || {
+        guarded(guard, async move {
+            let mut cx = SessionCtx::new(peer, to, id, codec);
+            cx.key = key;
+            cx.tls = tls;
+            cx.proxy = proxy;
+            match transit.arrive().await {
+                Ok(stream) => {
+                    run_connection(conn, stream, session, cx, reader, carried, fresh).await
+                }
+                Err(e) => {
+                    tracing_error("adopting a connection moved from another shard", &e);
+                    close(&conn, &mut session, &mut cx, CloseReason::HandOff);
+                }
+            }
+        })
+    });
 }
 
 fn close<S: Session>(
