@@ -254,3 +254,22 @@ fn idle_sessions_expire_and_the_cap_refuses_new_peers_until_one_does() {
     assert_eq!(ask(&peers[0], addr, b"back"), format!("1 {me} back"));
     rt.block_on(server.shutdown());
 }
+
+#[test]
+fn a_datagram_past_the_copied_size_arrives_whole_and_the_next_small_one_too() {
+    let rt = runtime();
+    let (server, _closes) = per_peer_server(&rt, DatagramConfig::default());
+    let addr = server.local_addr();
+    let p = peer();
+    let me = p.local_addr().unwrap();
+    // 60,000 bytes: more than a receive copies out, less than UDP's limit.
+    let big: Vec<u8> = (0..60_000u32).map(|i| (i % 251) as u8).collect();
+    p.send_to(&big, addr).unwrap();
+    let mut buf = vec![0u8; 65_536];
+    let (n, _) = p.recv_from(&mut buf).expect("the big echo");
+    let prefix = format!("1 {me} ");
+    assert_eq!(&buf[..prefix.len()], prefix.as_bytes());
+    assert_eq!(&buf[prefix.len()..n], &big[..]);
+    assert_eq!(ask(&p, addr, b"small"), format!("2 {me} small"));
+    rt.block_on(server.shutdown());
+}
