@@ -166,6 +166,72 @@ where
     command
 }
 
+/// Runs `part` on `threads` threads at once (a load generator split so
+/// that no one thread bounds the server): each gets the barrier to wait at
+/// once it is set up, and gives back when it started and ended and what it
+/// measured. Returns the time from the first start to the last end, and
+/// the parts' measures.
+pub fn split_over_threads<T, F>(threads: usize, part: F) -> (Duration, Vec<T>)
+where
+    T: Send + 'static,
+    F: Fn(&std::sync::Barrier) -> (std::time::Instant, std::time::Instant, T)
+        + Send
+        + Sync
+        + 'static,
+{
+    let threads = threads.max(1);
+    let part = std::sync::Arc::new(part);
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (part, barrier) = (part.clone(), barrier.clone());
+            std::thread::spawn(move || part(&barrier))
+        })
+        .collect();
+    let mut span: Option<(std::time::Instant, std::time::Instant)> = None;
+    let mut out = Vec::with_capacity(threads);
+    for h in handles {
+        let (start, end, measured) = h.join().expect("load generator thread");
+        span = Some(span.map_or((start, end), |(s, e)| (s.min(start), e.max(end))));
+        out.push(measured);
+    }
+    let (start, end) = span.expect("at least one thread");
+    (end - start, out)
+}
+
+/// Sends `frames` copies of `frame` on `s` with up to `window` in flight
+/// (topped up half a window at a time) and reads each echo back; the
+/// latency of each from its send to its echo.
+pub async fn windowed_echo<S>(
+    s: &mut S,
+    frame: &[u8],
+    frames: usize,
+    window: usize,
+) -> Vec<Duration>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sent_at = std::collections::VecDeque::with_capacity(window);
+    let mut lat = Vec::with_capacity(frames);
+    let mut reply = vec![0u8; frame.len()];
+    let (mut sent, mut got) = (0usize, 0usize);
+    while got < frames {
+        if sent - got <= window / 2 && sent < frames {
+            let n = (window - (sent - got)).min(frames - sent);
+            s.write_all(&frame.repeat(n)).await.expect("send");
+            s.flush().await.expect("flush");
+            let now = std::time::Instant::now();
+            sent_at.extend(std::iter::repeat_n(now, n));
+            sent += n;
+        }
+        s.read_exact(&mut reply).await.expect("echo");
+        lat.push(sent_at.pop_front().expect("sent").elapsed());
+        got += 1;
+    }
+    lat
+}
+
 /// Deterministic 4 KiB-aligned offsets.
 pub fn offset(i: u64) -> u64 {
     let x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;

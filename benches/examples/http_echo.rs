@@ -332,43 +332,25 @@ fn client(w: Workload, addr: SocketAddr) {
         Workload::Http1 => HTTP_CONNS,
         Workload::Echo => ECHO_CONNS,
     };
-    let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
-    let parts: Vec<_> = (0..threads)
-        .map(|_| {
-            let barrier = barrier.clone();
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                let local = tokio::task::LocalSet::new();
-                local.block_on(&rt, load(w, addr, conns / threads, barrier))
-            })
-        })
-        .collect();
-    let (mut first, mut last, mut lat) = (None::<Instant>, None::<Instant>, Vec::new());
-    for p in parts {
-        let (s, e, l) = p.join().unwrap();
-        first = Some(first.map_or(s, |f| f.min(s)));
-        last = Some(last.map_or(e, |x| x.max(e)));
-        lat.extend(l);
-    }
+    let (wall, parts) = mailring_bench::split_over_threads(threads, move |barrier| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&rt, load(w, addr, conns / threads, barrier))
+    });
+    let mut lat: Vec<Duration> = parts.into_iter().flatten().collect();
     lat.sort_unstable();
     let q = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize].as_nanos();
-    println!(
-        "{} {} {} {}",
-        (last.unwrap() - first.unwrap()).as_nanos(),
-        q(0.5),
-        q(0.99),
-        lat.len()
-    );
+    println!("{} {} {} {}", wall.as_nanos(), q(0.5), q(0.99), lat.len());
 }
 
 async fn load(
     w: Workload,
     addr: SocketAddr,
     conns: usize,
-    barrier: std::sync::Arc<std::sync::Barrier>,
+    barrier: &std::sync::Barrier,
 ) -> (Instant, Instant, Vec<Duration>) {
     match w {
         Workload::Http1 => {
@@ -412,7 +394,6 @@ async fn load(
             (start, Instant::now(), lat)
         }
         Workload::Echo => {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let mut streams = Vec::new();
             for _ in 0..conns {
                 let s = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -428,23 +409,7 @@ async fn load(
                 .map(|mut s| {
                     let one = one.clone();
                     tokio::task::spawn_local(async move {
-                        let mut sent_at = std::collections::VecDeque::new();
-                        let mut lat = Vec::with_capacity(ECHO_FRAMES);
-                        let mut reply = vec![0u8; one.len()];
-                        let (mut sent, mut got) = (0usize, 0usize);
-                        while got < ECHO_FRAMES {
-                            if sent - got <= ECHO_WINDOW / 2 && sent < ECHO_FRAMES {
-                                let n = (ECHO_WINDOW - (sent - got)).min(ECHO_FRAMES - sent);
-                                s.write_all(&one.repeat(n)).await.unwrap();
-                                let now = Instant::now();
-                                sent_at.extend(std::iter::repeat_n(now, n));
-                                sent += n;
-                            }
-                            s.read_exact(&mut reply).await.unwrap();
-                            lat.push(sent_at.pop_front().unwrap().elapsed());
-                            got += 1;
-                        }
-                        lat
+                        mailring_bench::windowed_echo(&mut s, &one, ECHO_FRAMES, ECHO_WINDOW).await
                     })
                 })
                 .collect();

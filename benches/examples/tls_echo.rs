@@ -357,46 +357,29 @@ fn client(w: Workload, addr: SocketAddr, ca: &Path) {
         .and_then(|n| n.parse::<usize>().ok())
         .unwrap_or(1)
         .clamp(1, ECHO_CONNS.min(handshake_concurrency()));
-    let barrier = Arc::new(std::sync::Barrier::new(threads));
-    let parts: Vec<_> = (0..threads)
-        .map(|_| {
-            let connector = connector.clone();
-            let barrier = barrier.clone();
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                let local = tokio::task::LocalSet::new();
-                local.block_on(&rt, async move {
-                    match w {
-                        Workload::Echo4k => {
-                            echo_load(addr, connector, ECHO_CONNS / threads, &barrier).await
-                        }
-                        Workload::Handshakes => {
-                            handshake_load(
-                                addr,
-                                connector,
-                                handshake_concurrency() / threads,
-                                &barrier,
-                            )
-                            .await
-                        }
-                    }
-                })
-            })
+    let (wall, parts) = mailring_bench::split_over_threads(threads, move |barrier| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let local = tokio::task::LocalSet::new();
+        let connector = connector.clone();
+        local.block_on(&rt, async move {
+            let (start, end, n, lat) = match w {
+                Workload::Echo4k => echo_load(addr, connector, ECHO_CONNS / threads, barrier).await,
+                Workload::Handshakes => {
+                    handshake_load(addr, connector, handshake_concurrency() / threads, barrier)
+                        .await
+                }
+            };
+            (start, end, (n, lat))
         })
-        .collect();
-    let (mut first, mut last, mut count, mut lat) =
-        (None::<Instant>, None::<Instant>, 0, Vec::new());
-    for p in parts {
-        let (start, end, n, l) = p.join().expect("load generator thread");
-        first = Some(first.map_or(start, |f| f.min(start)));
-        last = Some(last.map_or(end, |e| e.max(end)));
+    });
+    let (mut count, mut lat) = (0, Vec::new());
+    for (n, l) in parts {
         count += n;
         lat.extend(l);
     }
-    let wall = last.unwrap() - first.unwrap();
     lat.sort_unstable();
     let q = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize].as_nanos();
     println!("{} {count} {} {}", wall.as_nanos(), q(0.5), q(0.99));
@@ -432,7 +415,6 @@ async fn echo_load(
     conns_here: usize,
     barrier: &std::sync::Barrier,
 ) -> (Instant, Instant, u64, Vec<Duration>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut conns = Vec::new();
     for _ in 0..conns_here {
         conns.push(connect(addr, &connector).await);
@@ -445,25 +427,7 @@ async fn echo_load(
         .map(|mut s| {
             let one = one.clone();
             tokio::task::spawn_local(async move {
-                let mut sent_at = std::collections::VecDeque::with_capacity(ECHO_WINDOW);
-                let mut lat = Vec::with_capacity(ECHO_FRAMES);
-                let mut reply = vec![0u8; one.len()];
-                let (mut sent, mut got) = (0usize, 0usize);
-                while got < ECHO_FRAMES {
-                    if sent - got <= ECHO_WINDOW / 2 && sent < ECHO_FRAMES {
-                        let n = (ECHO_WINDOW - (sent - got)).min(ECHO_FRAMES - sent);
-                        let batch: Vec<u8> = one.repeat(n);
-                        s.write_all(&batch).await.unwrap();
-                        s.flush().await.unwrap();
-                        let now = Instant::now();
-                        sent_at.extend(std::iter::repeat_n(now, n));
-                        sent += n;
-                    }
-                    s.read_exact(&mut reply).await.unwrap();
-                    lat.push(sent_at.pop_front().unwrap().elapsed());
-                    got += 1;
-                }
-                lat
+                mailring_bench::windowed_echo(&mut s, &one, ECHO_FRAMES, ECHO_WINDOW).await
             })
         })
         .collect();

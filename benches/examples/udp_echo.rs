@@ -285,23 +285,16 @@ fn client(addr: SocketAddr) {
         .and_then(|n| n.parse::<usize>().ok())
         .unwrap_or(1)
         .clamp(1, PEERS);
-    let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
-    let parts: Vec<_> = (0..threads)
-        .map(|_| {
-            let barrier = barrier.clone();
-            std::thread::spawn(move || peers(addr, PEERS / threads, &barrier))
-        })
-        .collect();
-    let (mut first, mut last) = (None::<Instant>, None::<Instant>);
-    let (mut lat, mut resent) = (Vec::new(), 0);
-    for p in parts {
-        let (start, end, l, r) = p.join().expect("load generator thread");
-        first = Some(first.map_or(start, |f| f.min(start)));
-        last = Some(last.map_or(end, |e| e.max(end)));
+    let (wall, parts) = mailring_bench::split_over_threads(threads, move |barrier| {
+        let (start, end, lat, resent) = peers(addr, PEERS / threads, barrier);
+        (start, end, (lat, resent))
+    });
+    let mut lat: Vec<Duration> = Vec::new();
+    let mut resent = 0;
+    for (l, r) in parts {
         lat.extend(l);
         resent += r;
     }
-    let wall = last.unwrap() - first.unwrap();
     lat.sort_unstable();
     let q = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize].as_nanos();
     println!("{} {} {} {resent}", wall.as_nanos(), q(0.5), q(0.99));
