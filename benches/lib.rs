@@ -232,6 +232,27 @@ where
     lat
 }
 
+/// The echo a Tokio user writes with tokio-util: length-delimited frames
+/// sent back as they come, flushed when nothing more is buffered.
+pub async fn codec_echo<T>(io: T)
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures::{SinkExt, StreamExt};
+    let mut framed =
+        tokio_util::codec::Framed::new(io, tokio_util::codec::LengthDelimitedCodec::new());
+    while let Some(Ok(frame)) = framed.next().await {
+        if framed.feed(frame.freeze()).await.is_err() {
+            return;
+        }
+        if framed.read_buffer().is_empty()
+            && SinkExt::<bytes::Bytes>::flush(&mut framed).await.is_err()
+        {
+            return;
+        }
+    }
+}
+
 /// Deterministic 4 KiB-aligned offsets.
 pub fn offset(i: u64) -> u64 {
     let x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;

@@ -27,7 +27,6 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::{SinkExt, StreamExt};
 use http_body_util::{BodyExt, Full};
 
 const HTTP_CONNS: usize = 64;
@@ -216,20 +215,7 @@ fn mailring_server(c: Contender) -> (SocketAddr, Box<dyn FnOnce()>) {
                                     .serve_connection(io, hyper::service::service_fn(hello))
                                     .await;
                             } else {
-                                let mut framed = tokio_util::codec::Framed::new(
-                                    io,
-                                    tokio_util::codec::LengthDelimitedCodec::new(),
-                                );
-                                while let Some(Ok(frame)) = framed.next().await {
-                                    if framed.feed(frame.freeze()).await.is_err() {
-                                        return;
-                                    }
-                                    if framed.read_buffer().is_empty()
-                                        && SinkExt::<Bytes>::flush(&mut framed).await.is_err()
-                                    {
-                                        return;
-                                    }
-                                }
+                                mailring_bench::codec_echo(io).await;
                             }
                         }));
                     }
@@ -295,20 +281,7 @@ fn tokio_server(c: Contender) -> (SocketAddr, Box<dyn FnOnce()>) {
                         )
                         .await;
                 } else {
-                    let mut framed = tokio_util::codec::Framed::new(
-                        s,
-                        tokio_util::codec::LengthDelimitedCodec::new(),
-                    );
-                    while let Some(Ok(frame)) = framed.next().await {
-                        if framed.feed(frame.freeze()).await.is_err() {
-                            return;
-                        }
-                        if framed.read_buffer().is_empty()
-                            && SinkExt::<Bytes>::flush(&mut framed).await.is_err()
-                        {
-                            return;
-                        }
-                    }
+                    mailring_bench::codec_echo(s).await;
                 }
             });
         }

@@ -490,17 +490,7 @@ mod tokio_side {
     /// when nothing more is buffered.
     pub(crate) async fn echo(stream: TcpStream) {
         let _ = stream.set_nodelay(true);
-        let mut framed = Framed::new(stream, LengthDelimitedCodec::new());
-        while let Some(Ok(frame)) = framed.next().await {
-            if framed.feed(frame.freeze()).await.is_err() {
-                return;
-            }
-            if framed.read_buffer().is_empty()
-                && SinkExt::<Bytes>::flush(&mut framed).await.is_err()
-            {
-                return;
-            }
-        }
+        mailring_bench::codec_echo(stream).await;
     }
 
     #[derive(kameo::Actor, Default)]

@@ -290,7 +290,6 @@ fn mailring_server(config: Arc<rustls::ServerConfig>) -> (SocketAddr, Box<dyn Fn
 }
 
 fn tokio_server(config: Arc<rustls::ServerConfig>) -> (SocketAddr, Box<dyn FnOnce()>) {
-    use futures::{SinkExt, StreamExt};
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -311,20 +310,7 @@ fn tokio_server(config: Arc<rustls::ServerConfig>) -> (SocketAddr, Box<dyn FnOnc
                     tokio::spawn(async move {
                         let _ = stream.set_nodelay(true);
                         let Ok(tls) = acceptor.accept(stream).await else { return };
-                        let mut framed = tokio_util::codec::Framed::new(
-                            tls,
-                            tokio_util::codec::LengthDelimitedCodec::new(),
-                        );
-                        while let Some(Ok(frame)) = framed.next().await {
-                            if framed.feed(frame.freeze()).await.is_err() {
-                                return;
-                            }
-                            if framed.read_buffer().is_empty()
-                                && SinkExt::<Bytes>::flush(&mut framed).await.is_err()
-                            {
-                                return;
-                            }
-                        }
+                        mailring_bench::codec_echo(tls).await;
                     });
                 }
                 _ = stopped.changed() => return,
