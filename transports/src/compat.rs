@@ -10,7 +10,13 @@
 //! into the stream's own buffer and copies out of it; a write copies into
 //! the stream's buffer and returns at once, the send going on behind it
 //! (at most [`WRITE_BUFFER`] bytes queued: past that a write waits for the
-//! send in flight), and a flush waits for every send. The stream is `Send`
+//! send in flight). A flush waits until everything written is handed to a
+//! send, not until the peer has made room for it: the send in flight plays
+//! the part of the kernel's socket buffer behind a Tokio `TcpStream`, whose
+//! flush returns at once. A send that fails is reported by the next write,
+//! flush or shutdown; a shutdown waits for every send; a stream dropped
+//! with sends still to go finishes them in the background (for at most
+//! [`DROP_LINGER`]), so no byte a write accepted is lost. The stream is `Send`
 //! (hyper boxes upgraded connections as `Send`), but its I/O runs on its
 //! shard: used from another thread, each operation fails with the
 //! runtime's off-shard error.
@@ -25,6 +31,7 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use mailring_actors::mailring::net::{TcpStream, UnixStream};
+use mailring_actors::ShardId;
 
 use crate::conn::Conn;
 use crate::tls::{TlsAcceptor, TlsFailure, TlsInfo};
@@ -33,6 +40,8 @@ use crate::tls::{TlsAcceptor, TlsFailure, TlsInfo};
 const READ_CHUNK: usize = 16 << 10;
 /// Bytes a stream queues behind the send in flight before a write waits.
 pub const WRITE_BUFFER: usize = 64 << 10;
+/// How long a dropped stream goes on sending what its writes accepted.
+pub const DROP_LINGER: std::time::Duration = std::time::Duration::from_secs(10);
 
 type Receive = Pin<Box<dyn Future<Output = (io::Result<usize>, BytesMut)> + Send>>;
 type Send_ = Pin<Box<dyn Future<Output = (io::Result<()>, Bytes)> + Send>>;
@@ -74,6 +83,8 @@ pub struct CompatStream {
     /// A send that failed, reported by the next write or flush.
     write_error: Option<io::Error>,
     shutting_down: Option<Shutdown>,
+    /// The shard the stream was made on, whose ring its sends run on.
+    home: Option<ShardId>,
 }
 
 impl fmt::Debug for CompatStream {
@@ -99,6 +110,7 @@ impl CompatStream {
             sending: None,
             write_error: None,
             shutting_down: None,
+            home: mailring_actors::mailring::current_shard(),
         }
     }
 
@@ -253,6 +265,25 @@ impl CompatStream {
         Poll::Ready(Ok(n))
     }
 
+    /// Hands everything written to a send; the last one may still be in
+    /// flight (see the [module](self) doc).
+    fn poll_flush_handed(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            let idle = self.poll_send(cx).is_ready();
+            if let Some(e) = self.write_error.take() {
+                return Poll::Ready(Err(e));
+            }
+            if self.write_buf.is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+            if !idle {
+                return Poll::Pending;
+            }
+            self.start_send(cx);
+        }
+    }
+
+    /// Waits for every send to finish.
     fn poll_flush_all(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         loop {
             ready!(self.poll_send(cx));
@@ -278,6 +309,35 @@ impl CompatStream {
             Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
             other => other,
         })
+    }
+}
+
+impl Drop for CompatStream {
+    /// Finishes the sends still to go in the background, on the stream's
+    /// own shard (elsewhere they could not run: they are dropped).
+    fn drop(&mut self) {
+        let in_flight = self.sending.take();
+        let queued = std::mem::take(&mut self.write_buf);
+        if in_flight.is_none() && queued.is_empty() {
+            return;
+        }
+        if self.home.is_none() || mailring_actors::mailring::current_shard() != self.home {
+            return;
+        }
+        let conn = self.conn.clone();
+        drop(mailring_actors::mailring::spawn_local(async move {
+            let _ = mailring_actors::mailring::time::timeout(DROP_LINGER, async move {
+                if let Some(op) = in_flight {
+                    if op.await.0.is_err() {
+                        return;
+                    }
+                }
+                if !queued.is_empty() {
+                    let _ = conn.send_all(queued.freeze()).await;
+                }
+            })
+            .await;
+        }));
     }
 }
 
@@ -313,7 +373,7 @@ impl tokio::io::AsyncWrite for CompatStream {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.get_mut().poll_flush_all(cx)
+        self.get_mut().poll_flush_handed(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -343,7 +403,7 @@ impl futures_io::AsyncWrite for CompatStream {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.get_mut().poll_flush_all(cx)
+        self.get_mut().poll_flush_handed(cx)
     }
 
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -375,7 +435,7 @@ impl hyper::rt::Write for CompatStream {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.get_mut().poll_flush_all(cx)
+        self.get_mut().poll_flush_handed(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

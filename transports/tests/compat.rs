@@ -358,6 +358,54 @@ fn a_compat_stream_used_off_its_shard_fails_each_operation() {
     );
 }
 
+/// A flush waits for what was written to be handed to a send, not for the
+/// peer to make room for it (a Tokio `TcpStream` flush is just as quick:
+/// the kernel holds the bytes); a stream dropped with a send in flight
+/// finishes it in the background, so nothing a write accepted is lost.
+#[test]
+fn a_flush_does_not_wait_for_the_peer_and_a_drop_loses_no_accepted_byte() {
+    use std::io::{Read, Write};
+    use tokio::io::AsyncWriteExt;
+    let rt = runtime();
+    let (ours, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    // Fill the socket until the kernel takes no more: the peer reads
+    // nothing yet.
+    ours.set_nonblocking(true).unwrap();
+    let mut filled = 0usize;
+    let mut ours_w = &ours;
+    loop {
+        match ours_w.write(&[7u8; 4096]) {
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let tail: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+    let sent = tail.clone();
+    let flushed = rt.block_on_local(move || async move {
+        let mut stream = CompatStream::unix(UnixStream::from_std(ours).unwrap());
+        stream.write_all(&sent).await.unwrap();
+        let flushed = mailring::time::timeout(std::time::Duration::from_secs(2), stream.flush())
+            .await
+            .map(|res| res.is_ok());
+        drop(stream);
+        flushed
+    });
+    assert_eq!(flushed, Ok(true), "the flush came back, and well");
+    // Now the peer reads: the filler, then every byte of the tail, then
+    // the end (the background send closed the stream when it was done).
+    let reader = std::thread::spawn(move || {
+        peer.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut got = Vec::new();
+        peer.read_to_end(&mut got).map(|_| got)
+    });
+    let got = reader.join().unwrap().expect("read to the end");
+    assert_eq!(got.len(), filled + tail.len());
+    assert_eq!(&got[filled..], &tail[..]);
+    drop(rt);
+}
+
 /// Requests `slow` has begun to serve.
 static SLOW_STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
