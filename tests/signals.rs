@@ -22,11 +22,21 @@ fn main() {
 }
 
 fn a_program_that_never_asks_keeps_its_default_ctrl_c() {
-    use std::os::unix::process::ExitStatusExt;
-    let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .env("MAILRING_SIGNAL_CHILD", "1")
-        .status()
-        .unwrap();
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child.env("MAILRING_SIGNAL_CHILD", "1");
+    // The child starts with SIGINT at its default, as from an interactive
+    // shell: a test runner started in the background of a script inherits
+    // SIGINT ignored, and exec keeps an ignored signal ignored.
+    // SAFETY: `signal` is async-signal-safe; nothing else runs in the child
+    // between fork and exec.
+    unsafe {
+        child.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let status = child.status().unwrap();
     assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}");
 }
 

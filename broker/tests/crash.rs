@@ -412,9 +412,25 @@ fn the_broker_turns_transparent_huge_pages_off_unless_allowed() {
     broker.kill();
 }
 
-/// The CPUs each shard thread of process `pid` may run on
-/// (`Cpus_allowed_list` of its threads named `mailring-shard…`).
-fn shard_cpus(pid: u32) -> Vec<String> {
+/// The CPUs each of the `shards` shard threads of process `pid` may run
+/// on (`Cpus_allowed_list` of its threads named `mailring-shard…`).
+///
+/// A thread a shard starts carries the shard's name and CPUs until its
+/// own first steps rename it (Rust names a thread from inside it), so a
+/// reading that sees more than `shards` of them is taken again, for up to
+/// 5 s.
+fn shard_cpus(pid: u32, shards: usize) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let cpus = shard_cpus_now(pid);
+        if cpus.len() <= shards || Instant::now() > deadline {
+            return cpus;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn shard_cpus_now(pid: u32) -> Vec<String> {
     let mut cpus = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
         let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
@@ -446,7 +462,7 @@ fn cpus_pins_the_shards_and_a_bad_list_stops_the_start() {
         .max()
         .unwrap();
     let broker = Proc::start_with(&dir.0, &["--cpus", &last.to_string()]);
-    assert_eq!(shard_cpus(broker.child.id()), vec![last.to_string(); 2]);
+    assert_eq!(shard_cpus(broker.child.id(), 2), vec![last.to_string(); 2]);
     broker.kill();
     // A CPU past the machine: the broker says so and exits.
     let out = Command::new(env!("CARGO_BIN_EXE_mailring-broker"))
