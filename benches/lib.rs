@@ -145,6 +145,30 @@ pub fn quartiles_of(mut v: Vec<f64>) -> (f64, f64, f64) {
     quartiles(&mut v)
 }
 
+/// The shards' idle policy that the environment variable `var` asks for:
+/// a number of microseconds to spin (`0`: block at once), or `poll`;
+/// `None` (the runtime's default) when unset or unreadable.
+pub fn idle_policy_from_env(var: &str) -> Option<mailring::IdlePolicy> {
+    match std::env::var(var).ok()?.as_str() {
+        "poll" => Some(mailring::IdlePolicy::Poll),
+        "0" => Some(mailring::IdlePolicy::Block),
+        us => us
+            .parse::<u64>()
+            .ok()
+            .map(|us| mailring::IdlePolicy::Spin(Duration::from_micros(us))),
+    }
+}
+
+/// A runtime of `shards` shards with the idle policy `var` asks for (see
+/// [`idle_policy_from_env`]).
+pub fn runtime_from_env(shards: usize, var: &str) -> mailring::Runtime {
+    let mut builder = mailring::Runtime::builder().shards(shards);
+    if let Some(policy) = idle_policy_from_env(var) {
+        builder = builder.idle_policy(policy);
+    }
+    builder.build().expect("io_uring available")
+}
+
 /// A command that runs this program again with `args` as a load
 /// generator, under `taskset -c LIST` when the environment variable
 /// `cpus_var` holds a CPU list (to keep it off the servers' cores).

@@ -18,6 +18,8 @@
 //!   port it), `tokio`.
 //!
 //! 2 server threads each; contenders alternate within each pair.
+//! `HTTP_MAILRING_SPIN_US=N|poll` sets the shards' idle spin (0 blocks at
+//! once).
 //! `HTTP_CLIENT_CPUS=LIST` runs the load generator under `taskset -c
 //! LIST`, `HTTP_CLIENT_THREADS=N` splits it over N threads.
 
@@ -197,7 +199,7 @@ fn reuseport_listeners(n: usize) -> Vec<std::net::TcpListener> {
 /// connection, a reuseport listener per shard.
 fn mailring_server(c: Contender) -> (SocketAddr, Box<dyn FnOnce()>) {
     use mailring_transports::compat::{CompatStream, ShardTimer};
-    let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+    let rt = mailring_bench::runtime_from_env(2, "HTTP_MAILRING_SPIN_US");
     let listeners = reuseport_listeners(2);
     let addr = listeners[0].local_addr().unwrap();
     for (i, l) in listeners.into_iter().enumerate() {
@@ -242,7 +244,7 @@ impl mailring_transports::Session for Echo {
 }
 
 fn native_server() -> (SocketAddr, Box<dyn FnOnce()>) {
-    let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+    let rt = mailring_bench::runtime_from_env(2, "HTTP_MAILRING_SPIN_US");
     let server = mailring_transports::Server::builder(
         mailring_transports::codec::LengthDelimited::new(),
         |_| Echo,

@@ -257,19 +257,8 @@ impl mailring_transports::Session for Echo {
 }
 
 fn mailring_server(config: Arc<rustls::ServerConfig>) -> (SocketAddr, Box<dyn FnOnce()>) {
-    // TLS_MAILRING_SPIN_US=N: the shards' idle spin (0 blocks at once).
-    let mut builder = mailring::Runtime::builder().shards(2);
-    if let Some(us) = std::env::var("TLS_MAILRING_SPIN_US")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        builder = builder.idle_policy(if us == 0 {
-            mailring::IdlePolicy::Block
-        } else {
-            mailring::IdlePolicy::Spin(Duration::from_micros(us))
-        });
-    }
-    let rt = builder.build().unwrap();
+    // TLS_MAILRING_SPIN_US=N|poll: the shards' idle spin (0 blocks at once).
+    let rt = mailring_bench::runtime_from_env(2, "TLS_MAILRING_SPIN_US");
     let server = mailring_transports::Server::builder(
         mailring_transports::codec::LengthDelimited::new(),
         |_| Echo,

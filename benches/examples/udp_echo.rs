@@ -162,21 +162,7 @@ impl mailring_transports::datagram::DatagramSession for Echo {
 /// A 2-shard runtime; `UDP_MAILRING_SPIN_US=N` sets the idle spin (0:
 /// block at once, `poll`: never block).
 fn runtime() -> mailring::Runtime {
-    let mut builder = mailring::Runtime::builder().shards(2);
-    match std::env::var("UDP_MAILRING_SPIN_US").as_deref() {
-        Ok("poll") => builder = builder.idle_policy(mailring::IdlePolicy::Poll),
-        Ok(us) => {
-            if let Ok(us) = us.parse::<u64>() {
-                builder = builder.idle_policy(if us == 0 {
-                    mailring::IdlePolicy::Block
-                } else {
-                    mailring::IdlePolicy::Spin(Duration::from_micros(us))
-                });
-            }
-        }
-        Err(_) => {}
-    }
-    builder.build().unwrap()
+    mailring_bench::runtime_from_env(2, "UDP_MAILRING_SPIN_US")
 }
 
 fn sessions_server() -> (SocketAddr, Box<dyn FnOnce()>) {
