@@ -65,6 +65,8 @@ mod blocking;
 pub mod buf;
 #[cfg(not(loom))]
 mod builder;
+
+mod cpu_pressure;
 #[cfg(not(loom))]
 mod driver;
 #[cfg(not(loom))]

@@ -93,6 +93,8 @@ pub(crate) struct Shared {
     clock_offset_ns: AtomicU64,
     pub(crate) panics: PanicLog,
     pub(crate) tally: ShutdownTally,
+    /// Whether the machine has a CPU to spare, asked before a spin.
+    pub(crate) cpu_pressure: crate::cpu_pressure::CpuPressure,
 }
 
 impl Shared {
@@ -775,6 +777,12 @@ impl Runtime {
                 me.clone(),
             ),
             clock_offset_ns: AtomicU64::new(0),
+            cpu_pressure: match builder.idle {
+                IdlePolicy::Spin(max) if !max.is_zero() => {
+                    crate::cpu_pressure::CpuPressure::probe()
+                }
+                _ => crate::cpu_pressure::CpuPressure::off(),
+            },
             panics: PanicLog::new(builder.panic_hook.clone()),
             tally: ShutdownTally::default(),
         });

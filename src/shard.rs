@@ -1211,6 +1211,11 @@ impl Shard {
             }
         });
         let start = Instant::now();
+        if max.is_some() && self.shared.cpu_pressure.cpus_short(start) {
+            // Threads wait for CPUs: a spin would keep this one from them.
+            self.remote().counters.spins_skipped.add(1);
+            return false;
+        }
         self.idle_since.set(Some(start));
         let inbox = &self.inbox;
         let mut i: u32 = 0;

@@ -51,6 +51,7 @@ pub(crate) struct ShardCounters {
     pub(crate) timers_armed: Counter,
     pub(crate) parks: Counter,
     pub(crate) spin_wakeups: Counter,
+    pub(crate) spins_skipped: Counter,
     pub(crate) cq_overflows: Counter,
     pub(crate) direct_descriptors: Counter,
     pub(crate) owned_tasks: Counter,
@@ -128,6 +129,10 @@ pub struct ShardStats {
     pub parks: u64,
     /// Times spinning found work before the shard blocked.
     pub spin_wakeups: u64,
+    /// Idle periods in which the shard blocked at once instead of spinning,
+    /// because other threads were waiting for CPUs (see
+    /// [`IdlePolicy::Spin`](crate::IdlePolicy::Spin)).
+    pub spins_skipped: u64,
     /// Times the completion queue overflowed and was flushed.
     pub cq_overflows: u64,
     /// Occupied slots of the shard's direct-descriptor table (gauge).
@@ -200,6 +205,7 @@ impl ShardCounters {
             timers_armed: self.timers_armed.get(),
             parks: self.parks.get(),
             spin_wakeups: self.spin_wakeups.get(),
+            spins_skipped: self.spins_skipped.get(),
             cq_overflows: self.cq_overflows.get(),
             direct_descriptors: self.direct_descriptors.get(),
             ring_errors: self.ring_errors.get(),
