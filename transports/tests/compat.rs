@@ -406,6 +406,34 @@ fn a_flush_does_not_wait_for_the_peer_and_a_drop_loses_no_accepted_byte() {
     drop(rt);
 }
 
+/// A stream dropped while its peer reads nothing leaves a send behind
+/// it; shutting the runtime down then does not wait out the linger.
+#[test]
+fn a_runtime_shuts_down_promptly_past_a_lingering_send() {
+    use std::io::Write;
+    use tokio::io::AsyncWriteExt;
+    let rt = runtime();
+    let (ours, peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    ours.set_nonblocking(true).unwrap();
+    let mut ours_w = &ours;
+    while ours_w.write(&[1u8; 4096]).is_ok() {}
+    rt.block_on_local(move || async move {
+        let mut stream = CompatStream::unix(UnixStream::from_std(ours).unwrap());
+        stream.write_all(&[2u8; 1000]).await.unwrap();
+        stream.flush().await.unwrap();
+        // Dropped with its send stuck behind the full socket.
+    });
+    let started = std::time::Instant::now();
+    let report = rt.shutdown();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "shutdown waited {:?} for the linger",
+        started.elapsed()
+    );
+    assert_eq!(report.ops_leaked, 0, "{report:?}");
+    drop(peer);
+}
+
 /// Requests `slow` has begun to serve.
 static SLOW_STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
