@@ -61,7 +61,7 @@ mod unix;
 pub use self::direct::{DirectStream, DirectTicket};
 pub use self::steer::{steer_by_source_port, steered_index};
 
-pub use self::udp::UdpSocket;
+pub use self::udp::{RecvDatagram, RecvFromMultishot, UdpSocket};
 
 pub use self::unix::{UnixDatagram, UnixListener, UnixStream};
 
@@ -264,30 +264,34 @@ pub struct TcpStream {
     core: StreamCore,
 }
 
+/// What a multishot receive over a [`BufRing`] keeps until its last CQE:
+/// the socket, the ring, and for `recvmsg` the header the kernel reads.
+pub(crate) struct RingKeep {
+    /// Held so the descriptor outlives the receive.
+    pub(crate) _fd: std::sync::Arc<OwnedFd>,
+    pub(crate) ring: BufRing,
+    /// Held so the header the kernel reads outlives the receive.
+    pub(crate) _hdr: Option<Box<dyn std::any::Any + Send>>,
+}
+
 /// Gives a provided buffer back when a multishot receive's CQE arrives after
 /// nobody waits for it any more.
 fn recycle_buffer(res: i32, flags: u32, resources: &dyn std::any::Any) {
-    if let (Some(bid), Some((_, ring))) = (
+    if let (Some(bid), Some(keep)) = (
         io_uring::cqueue::buffer_select(flags),
-        resources.downcast_ref::<(std::sync::Arc<OwnedFd>, BufRing)>(),
+        resources.downcast_ref::<RingKeep>(),
     ) {
-        ring.discard(bid, res.max(0) as usize, flags);
+        keep.ring.discard(bid, res.max(0) as usize, flags);
     }
 }
 
-/// A stream of received buffers from one multishot `IORING_OP_RECV` with
-/// buffers picked from a [`BufRing`]; see [`TcpStream::recv_multishot`].
-///
-/// The receive stays armed between calls to [`next`](Self::next), so data
-/// keeps arriving into the ring's buffers; dropping the stream cancels it and
-/// gives every buffer it still held back to the ring, discarding data that had
-/// arrived in them but was not taken (keep the stream while the connection is
-/// in use). When the ring runs out
-/// of buffers the kernel ends the receive (`ENOBUFS`) without losing data; it
-/// is re-armed as soon as a buffer comes back.
+/// One multishot receive kept armed over a [`BufRing`]: armed when needed
+/// (again after the kernel ends it), each filled buffer handed out, and
+/// given up after repeated `ENOBUFS` while buffers were provided. Shared by
+/// the stream receive ([`RecvMultishot`]) and the datagram one
+/// ([`RecvFromMultishot`]).
 #[derive(Debug)]
-pub struct RecvMultishot<'a> {
-    stream: &'a StreamCore,
+pub(crate) struct RingReceive {
     ring: BufRing,
     op: Option<MultishotOp>,
     finished: bool,
@@ -307,10 +311,9 @@ fn foreign_ring() -> io::Error {
     )
 }
 
-impl<'a> RecvMultishot<'a> {
-    pub(crate) fn new(stream: &'a StreamCore, ring: &BufRing) -> Self {
-        RecvMultishot {
-            stream,
+impl RingReceive {
+    pub(crate) fn new(ring: &BufRing) -> Self {
+        RingReceive {
             ring: ring.clone(),
             op: None,
             finished: false,
@@ -318,28 +321,22 @@ impl<'a> RecvMultishot<'a> {
         }
     }
 
-    /// The next buffer of data; `None` once the peer closed its side.
-    ///
-    /// # Errors
-    ///
-    /// The kernel's error, or the shard-ownership error.
-    pub async fn next(&mut self) -> Option<io::Result<RecvBuf>> {
-        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    pub(crate) fn ring(&self) -> &BufRing {
+        &self.ring
     }
 
-    fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Option<io::Result<RecvBuf>>> {
+    /// The next filled buffer; `None` once the kernel reports the end (a
+    /// receive of 0). `arm` submits the multishot receive on this ring's
+    /// group when none is armed.
+    pub(crate) fn poll_next(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        mut arm: impl FnMut(&BufRing) -> io::Result<MultishotOp>,
+    ) -> Poll<Option<io::Result<RecvBuf>>> {
         if self.finished {
             return Poll::Ready(None);
         }
-        if let Err(e) = self
-            .stream
-            .inner
-            .check()
-            .and_then(|()| self.stream.check_lost())
-        {
-            return Poll::Ready(Some(Err(e)));
-        }
-        // The stream is on this shard; the ring must be too, or the receive
+        // The socket is on this shard; the ring must be too, or the receive
         // would name a group of this ring that is another shard's (or none).
         if !self.ring.on_owner() {
             return Poll::Ready(Some(Err(foreign_ring())));
@@ -350,16 +347,7 @@ impl<'a> RecvMultishot<'a> {
                     self.ring.wait_for_buffer(cx.waker());
                     return Poll::Pending;
                 }
-                let raw = self.stream.inner.raw();
-                let entry = opcode::RecvMulti::new(Fd(raw), self.ring.group()).build();
-                let keep: Box<dyn std::any::Any + Send> =
-                    Box::new((self.stream.inner.fd.clone(), self.ring.clone()));
-                // SAFETY: a multishot receive writes only into buffers of the
-                // group it names, which is this ring's: the ring is registered
-                // on this shard (`on_owner` above), so the group id names it
-                // and not another shard's ring. `keep` holds the ring (with the
-                // fd) until the op's last CQE (`MultishotOp::submit`).
-                match unsafe { MultishotOp::submit(keep, recycle_buffer, entry) } {
+                match arm(&self.ring) {
                     Ok(op) => self.op = Some(op),
                     Err(e) => return Poll::Ready(Some(Err(e))),
                 }
@@ -409,6 +397,68 @@ impl<'a> RecvMultishot<'a> {
                 }
             }
         }
+    }
+}
+
+/// A stream of received buffers from one multishot `IORING_OP_RECV` with
+/// buffers picked from a [`BufRing`]; see [`TcpStream::recv_multishot`].
+///
+/// The receive stays armed between calls to [`next`](Self::next), so data
+/// keeps arriving into the ring's buffers; dropping the stream cancels it and
+/// gives every buffer it still held back to the ring, discarding data that had
+/// arrived in them but was not taken (keep the stream while the connection is
+/// in use). When the ring runs out
+/// of buffers the kernel ends the receive (`ENOBUFS`) without losing data; it
+/// is re-armed as soon as a buffer comes back.
+#[derive(Debug)]
+pub struct RecvMultishot<'a> {
+    stream: &'a StreamCore,
+    receive: RingReceive,
+}
+
+impl<'a> RecvMultishot<'a> {
+    pub(crate) fn new(stream: &'a StreamCore, ring: &BufRing) -> Self {
+        RecvMultishot {
+            stream,
+            receive: RingReceive::new(ring),
+        }
+    }
+
+    /// The next buffer of data; `None` once the peer closed its side.
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error, or the shard-ownership error.
+    pub async fn next(&mut self) -> Option<io::Result<RecvBuf>> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Option<io::Result<RecvBuf>>> {
+        if let Err(e) = self
+            .stream
+            .inner
+            .check()
+            .and_then(|()| self.stream.check_lost())
+        {
+            return Poll::Ready(Some(Err(e)));
+        }
+        let stream = self.stream;
+        self.receive.poll_next(cx, |ring| {
+            let raw = stream.inner.raw();
+            let entry = opcode::RecvMulti::new(Fd(raw), ring.group()).build();
+            let keep: Box<dyn std::any::Any + Send> = Box::new(RingKeep {
+                _fd: stream.inner.fd.clone(),
+                ring: ring.clone(),
+                _hdr: None,
+            });
+            // SAFETY: a multishot receive writes only into buffers of the
+            // group it names, which is this ring's: the ring is registered
+            // on this shard (`RingReceive::poll_next` checked `on_owner`),
+            // so the group id names it and not another shard's ring. `keep`
+            // holds the ring (with the fd) until the op's last CQE
+            // (`MultishotOp::submit`).
+            unsafe { MultishotOp::submit(keep, recycle_buffer, entry) }
+        })
     }
 }
 

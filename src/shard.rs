@@ -460,11 +460,17 @@ impl Shard {
         &self,
         addr: u64,
         entries: u16,
+        incremental: bool,
     ) -> std::io::Result<(u16, bool)> {
         const IOU_PBUF_RING_INC: u16 = 2;
         let group = self.next_buf_group.get();
         self.next_buf_group.set(group.wrapping_add(1));
         let mut driver = self.driver.borrow_mut();
+        if !incremental {
+            // SAFETY: forwarded from the caller's contract.
+            unsafe { driver.register_buf_ring(addr, entries, group, 0) }?;
+            return Ok((group, false));
+        }
         // SAFETY: forwarded from the caller's contract.
         match unsafe { driver.register_buf_ring(addr, entries, group, IOU_PBUF_RING_INC) } {
             Ok(()) => Ok((group, true)),

@@ -120,6 +120,23 @@ impl BufRing {
     /// `buf_size` is non-zero; the kernel's error (e.g. `EINVAL` before Linux
     /// 5.19); an error outside a mailring shard.
     pub fn new(entries: u16, buf_size: usize) -> io::Result<BufRing> {
+        BufRing::register(entries, buf_size, true)
+    }
+
+    /// Registers `entries` buffers of `buf_size` bytes on the current shard,
+    /// each taken whole by one completion (never consumed a part at a time,
+    /// as [`new`](Self::new) lets kernels 6.12+ do): what datagram receives
+    /// ([`UdpSocket::recv_from_multishot`](crate::net::UdpSocket::recv_from_multishot))
+    /// need, as each datagram must start a buffer of its own.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new).
+    pub fn whole(entries: u16, buf_size: usize) -> io::Result<BufRing> {
+        BufRing::register(entries, buf_size, false)
+    }
+
+    fn register(entries: u16, buf_size: usize, incremental: bool) -> io::Result<BufRing> {
         if !entries.is_power_of_two()
             || entries > 32768
             || buf_size == 0
@@ -154,7 +171,8 @@ impl BufRing {
             // freed only by `Inner`'s drop on this shard after the kernel
             // unregistered the group; dropped anywhere else (or when the
             // unregistration fails) they are leaked.
-            let group = unsafe { shard.register_buf_ring(ring.as_ptr() as u64, entries) };
+            let group =
+                unsafe { shard.register_buf_ring(ring.as_ptr() as u64, entries, incremental) };
             group.map(|(g, inc)| (g, inc, shard.runtime_id(), shard.index()))
         });
         let (group, incremental, runtime, shard) = match registered {

@@ -9,8 +9,9 @@ use io_uring::types::Fd;
 use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 
 use super::msg::{recv_msg, send_msg};
-use crate::buf::{IoBuf, IoBufMut};
-use crate::op::{submit_read, ShardFd};
+use super::{recycle_buffer, RingKeep, RingReceive};
+use crate::buf::{BufRing, IoBuf, IoBufMut, RecvBuf};
+use crate::op::{submit_read, MultishotOp, ShardFd};
 
 /// A UDP socket on the current shard.
 ///
@@ -119,8 +120,252 @@ impl UdpSocket {
     }
 }
 
+impl UdpSocket {
+    /// Starts a multishot receive of datagrams into buffers of `ring`
+    /// (`IORING_OP_RECVMSG` with `IORING_RECV_MULTISHOT`, Linux 6.0+): one
+    /// armed receive takes datagram after datagram, each into a buffer of
+    /// the ring, with no operation submitted per datagram. The ring must be
+    /// one of whole buffers ([`BufRing::whole`]): with one the kernel
+    /// consumes a part at a time, each receive fails with `InvalidInput`.
+    ///
+    /// Each buffer holds a 16-byte header and 28 bytes of sender address
+    /// before the payload: a datagram longer than the ring's buffer size less
+    /// 44 bytes is cut ([`RecvDatagram::is_truncated`]), its rest dropped by
+    /// the kernel. When every buffer is held, the kernel ends the receive
+    /// without losing a datagram (they wait in the socket) and it is armed
+    /// again as soon as a buffer comes back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mailring::buf::BufRing;
+    /// use mailring::net::UdpSocket;
+    /// let rt = mailring::Runtime::builder().shards(1).build()?;
+    /// rt.block_on(async {
+    ///     let a = UdpSocket::bind("127.0.0.1:0".parse().unwrap())?;
+    ///     let b = UdpSocket::bind("127.0.0.1:0".parse().unwrap())?;
+    ///     let ring = BufRing::whole(8, 2048)?;
+    ///     let mut incoming = b.recv_from_multishot(&ring);
+    ///     for word in ["one", "two"] {
+    ///         a.send_to(word.as_bytes().to_vec(), b.local_addr()?).await.0?;
+    ///     }
+    ///     for word in ["one", "two"] {
+    ///         let datagram = incoming.next().await.expect("armed")?;
+    ///         assert_eq!(datagram.payload(), word.as_bytes());
+    ///         assert_eq!(datagram.peer(), a.local_addr()?);
+    ///     }
+    ///     Ok::<_, std::io::Error>(())
+    /// })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn recv_from_multishot(&self, ring: &BufRing) -> RecvFromMultishot<'_> {
+        RecvFromMultishot {
+            socket: self,
+            receive: RingReceive::new(ring),
+        }
+    }
+}
+
+/// Room for the sender's address in each buffer of a multishot `recvmsg`:
+/// a `sockaddr_in6`, the largest a UDP socket reports.
+const NAME_ROOM: u32 = std::mem::size_of::<libc::sockaddr_in6>() as u32;
+
+/// The header a multishot `recvmsg` is submitted with (the kernel reads its
+/// name and control lengths); kept until the op's last CQE.
+struct RecvMsgTemplate(libc::msghdr);
+
+// SAFETY: the header's pointers are all null (only its lengths are set);
+// nothing is reached through it.
+unsafe impl Send for RecvMsgTemplate {}
+
+impl RecvMsgTemplate {
+    fn new() -> Box<RecvMsgTemplate> {
+        // SAFETY: msghdr is plain data; all-zero (null pointers) is valid.
+        let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+        hdr.msg_namelen = NAME_ROOM;
+        Box::new(RecvMsgTemplate(hdr))
+    }
+}
+
+/// A stream of datagrams from one multishot receive over a [`BufRing`]; see
+/// [`UdpSocket::recv_from_multishot`]. Dropping it cancels the receive;
+/// datagrams not yet received stay in the socket.
+#[derive(Debug)]
+pub struct RecvFromMultishot<'a> {
+    socket: &'a UdpSocket,
+    receive: RingReceive,
+}
+
+impl RecvFromMultishot<'_> {
+    /// The next datagram (`None` never comes from a UDP socket; kept for
+    /// the shape of a stream).
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error (an ICMP error answer to an earlier send, such as
+    /// `ConnectionRefused`, arrives here and the receive goes on), the
+    /// shard-ownership error, or `InvalidData` for a buffer the kernel
+    /// filled in a shape this does not know.
+    pub async fn next(&mut self) -> Option<io::Result<RecvDatagram>> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    /// Polls for the next datagram; see [`next`](Self::next).
+    pub fn poll_next(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<io::Result<RecvDatagram>>> {
+        if let Err(e) = self.socket.inner.check() {
+            return std::task::Poll::Ready(Some(Err(e)));
+        }
+        if self.receive.ring().is_incremental() {
+            // A datagram must start a buffer: the kernel fails a receive
+            // whose rest of a buffer cannot hold the header and address.
+            return std::task::Poll::Ready(Some(Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "mailring: datagram receives need a ring of whole buffers (BufRing::whole), \
+                 not one the kernel consumes a part at a time",
+            ))));
+        }
+        let inner = &self.socket.inner;
+        let polled = self.receive.poll_next(cx, |ring| {
+            let template = RecvMsgTemplate::new();
+            let hdr: *const libc::msghdr = &template.0;
+            let entry = opcode::RecvMsgMulti::new(Fd(inner.raw()), hdr, ring.group()).build();
+            let keep: Box<dyn std::any::Any + Send> = Box::new(RingKeep {
+                _fd: inner.fd.clone(),
+                ring: ring.clone(),
+                _hdr: Some(template),
+            });
+            // SAFETY: the receive writes only into buffers of the group it
+            // names, this ring's, registered on this shard (checked by
+            // `RingReceive::poll_next`); the header it reads is boxed in
+            // `keep` (its address stable) and `keep` holds it, the ring and
+            // the fd until the op's last CQE (`MultishotOp::submit`).
+            unsafe { MultishotOp::submit(keep, recycle_buffer, entry) }
+        });
+        polled.map(|next| next.map(|got| got.and_then(RecvDatagram::parse)))
+    }
+}
+
+/// A datagram a multishot receive took into a [`BufRing`] buffer, which
+/// goes back to the ring when this drops.
+pub struct RecvDatagram {
+    buf: RecvBuf,
+    payload: std::ops::Range<usize>,
+    peer: SocketAddr,
+    truncated: bool,
+}
+
+impl std::fmt::Debug for RecvDatagram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvDatagram")
+            .field("peer", &self.peer)
+            .field("len", &self.payload.len())
+            .field("truncated", &self.truncated)
+            .finish()
+    }
+}
+
+impl RecvDatagram {
+    /// Reads the kernel's `io_uring_recvmsg_out` layout: a header, the
+    /// address room, then the payload.
+    fn parse(buf: RecvBuf) -> io::Result<RecvDatagram> {
+        let shape = || io::Error::new(io::ErrorKind::InvalidData, "unexpected recvmsg buffer");
+        let mut template: libc::msghdr =
+            // SAFETY: msghdr is plain data; all-zero is valid.
+            unsafe { std::mem::zeroed() };
+        template.msg_namelen = NAME_ROOM;
+        let out = io_uring::types::RecvMsgOut::parse(&buf, &template).map_err(|()| shape())?;
+        let peer = sockaddr_bytes_to_addr(out.name_data()).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, "datagram from a non-IP sender")
+        })?;
+        let payload = out.payload_data();
+        let start = payload.as_ptr() as usize - buf.as_ptr() as usize;
+        let range = start..start + payload.len();
+        let truncated = out.is_payload_truncated();
+        Ok(RecvDatagram {
+            payload: range,
+            peer,
+            truncated,
+            buf,
+        })
+    }
+
+    /// The datagram's bytes (its first part when truncated).
+    pub fn payload(&self) -> &[u8] {
+        &self.buf[self.payload.clone()]
+    }
+
+    /// Who sent it.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Whether it was longer than the buffer's room and cut.
+    pub fn is_truncated(&self) -> bool {
+        self.truncated
+    }
+}
+
+/// An IPv4 or IPv6 socket address from the bytes of a `sockaddr_in` or
+/// `sockaddr_in6` (as the kernel lays them out).
+fn sockaddr_bytes_to_addr(b: &[u8]) -> Option<SocketAddr> {
+    let family = i32::from(u16::from_ne_bytes(b.get(0..2)?.try_into().ok()?));
+    let port = u16::from_be_bytes(b.get(2..4)?.try_into().ok()?);
+    match family {
+        libc::AF_INET => {
+            let ip: [u8; 4] = b.get(4..8)?.try_into().ok()?;
+            Some(SocketAddr::from((ip, port)))
+        }
+        libc::AF_INET6 => {
+            let flow = u32::from_be_bytes(b.get(4..8)?.try_into().ok()?);
+            let ip: [u8; 16] = b.get(8..24)?.try_into().ok()?;
+            let scope = u32::from_ne_bytes(b.get(24..28)?.try_into().ok()?);
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                ip.into(),
+                port,
+                flow,
+                scope,
+            )))
+        }
+        _ => None,
+    }
+}
+
 impl AsRawFd for UdpSocket {
     fn as_raw_fd(&self) -> RawFd {
         self.inner.raw()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sockaddr_bytes_to_addr;
+
+    #[test]
+    fn kernel_socket_addresses_are_read_and_others_refused() {
+        let mut v4 = vec![0u8; 16];
+        v4[0..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        v4[2..4].copy_from_slice(&4242u16.to_be_bytes());
+        v4[4..8].copy_from_slice(&[127, 0, 0, 9]);
+        assert_eq!(
+            sockaddr_bytes_to_addr(&v4),
+            Some("127.0.0.9:4242".parse().unwrap())
+        );
+        let mut v6 = vec![0u8; 28];
+        v6[0..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+        v6[2..4].copy_from_slice(&53u16.to_be_bytes());
+        v6[23] = 1;
+        assert_eq!(
+            sockaddr_bytes_to_addr(&v6),
+            Some("[::1]:53".parse().unwrap())
+        );
+        let mut unix = vec![0u8; 28];
+        unix[0..2].copy_from_slice(&(libc::AF_UNIX as u16).to_ne_bytes());
+        assert_eq!(sockaddr_bytes_to_addr(&unix), None);
+        assert_eq!(sockaddr_bytes_to_addr(&v4[..6]), None);
+        assert_eq!(sockaddr_bytes_to_addr(&v6[..20]), None);
+        assert_eq!(sockaddr_bytes_to_addr(&[]), None);
     }
 }

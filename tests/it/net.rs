@@ -509,3 +509,114 @@ fn incremental_buffer_rings_pack_small_messages_into_one_buffer() {
         }
     });
 }
+
+#[test]
+fn multishot_datagram_receive_keeps_each_datagram_and_its_sender_when_buffers_run_out() {
+    use mailring::buf::BufRing;
+    use mailring::net::UdpSocket;
+    let rt = rt2();
+    rt.block_on(async {
+        // Two buffers for 200 datagrams from two peers: the ring runs dry
+        // constantly and the receive is armed again each time.
+        let ring = BufRing::whole(2, 256).unwrap();
+        let server = UdpSocket::bind(any_port()).unwrap();
+        let to = server.local_addr().unwrap();
+        let a = UdpSocket::bind(any_port()).unwrap();
+        let b = UdpSocket::bind(any_port()).unwrap();
+        let mut incoming = server.recv_from_multishot(&ring);
+        for i in 0..100u32 {
+            a.send_to(format!("a{i}").into_bytes(), to).await.0.unwrap();
+            b.send_to(format!("b{i}").into_bytes(), to).await.0.unwrap();
+        }
+        let mut next = [0u32; 2];
+        let mut held = Vec::new();
+        for k in 0..200 {
+            let d = mailring::time::timeout(Duration::from_secs(5), incoming.next())
+                .await
+                .expect("no datagram lost")
+                .expect("armed")
+                .unwrap_or_else(|e| panic!("datagram {k}: {e}"));
+            let which = if d.peer() == a.local_addr().unwrap() {
+                0
+            } else {
+                assert_eq!(d.peer(), b.local_addr().unwrap());
+                1
+            };
+            let want = format!("{}{}", ["a", "b"][which], next[which]);
+            assert_eq!(d.payload(), want.as_bytes());
+            assert!(!d.is_truncated());
+            next[which] += 1;
+            // Hold both buffers for a moment, so the kernel finds none.
+            held.push(d);
+            if held.len() == 2 {
+                mailring::time::sleep(Duration::from_micros(200)).await;
+                held.clear();
+            }
+        }
+        assert_eq!(next, [100, 100]);
+    });
+}
+
+#[test]
+fn a_datagram_longer_than_a_multishot_buffer_is_cut_and_said_to_be() {
+    use mailring::buf::BufRing;
+    use mailring::net::UdpSocket;
+    let rt = rt2();
+    rt.block_on(async {
+        // 256-byte buffers leave 212 bytes for a payload (16 of header, 28
+        // of address).
+        let ring = BufRing::whole(4, 256).unwrap();
+        let server = UdpSocket::bind(any_port()).unwrap();
+        let to = server.local_addr().unwrap();
+        let peer = UdpSocket::bind(any_port()).unwrap();
+        let mut incoming = server.recv_from_multishot(&ring);
+        let long: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
+        peer.send_to(long.clone(), to).await.0.unwrap();
+        peer.send_to(b"after".to_vec(), to).await.0.unwrap();
+        let cut = incoming.next().await.unwrap().unwrap();
+        assert!(cut.is_truncated());
+        assert_eq!(cut.payload(), &long[..256 - 44]);
+        let after = incoming.next().await.unwrap().unwrap();
+        assert!(!after.is_truncated());
+        assert_eq!(after.payload(), b"after");
+        assert_eq!(after.peer(), peer.local_addr().unwrap());
+    });
+}
+
+#[test]
+fn a_multishot_datagram_receive_from_the_wrong_shard_or_ring_fails() {
+    use mailring::buf::BufRing;
+    use mailring::net::UdpSocket;
+    let rt = rt2();
+    let h = rt.handle().clone();
+    rt.block_on(async move {
+        let ring1 = h
+            .spawn_on(ShardId::new(1), async { BufRing::whole(4, 256) })
+            .await
+            .unwrap()
+            .unwrap();
+        h.spawn_on(ShardId::new(0), async move {
+            // A ring the kernel consumes a part at a time: refused.
+            let server = UdpSocket::bind(any_port()).unwrap();
+            let partial = BufRing::new(4, 256).unwrap();
+            if partial.is_incremental() {
+                let err = server
+                    .recv_from_multishot(&partial)
+                    .next()
+                    .await
+                    .expect("an item")
+                    .expect_err("a ring of parts");
+                assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
+            }
+            let mut incoming = server.recv_from_multishot(&ring1);
+            let err = mailring::time::timeout(Duration::from_secs(5), incoming.next())
+                .await
+                .expect("an answer")
+                .expect("an item")
+                .expect_err("a ring of shard 1");
+            assert!(err.to_string().contains("another shard"), "{err}");
+        })
+        .await
+        .unwrap();
+    });
+}
