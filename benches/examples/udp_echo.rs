@@ -10,7 +10,11 @@
 //! 64-byte datagram, one in flight per peer (a lost one is sent again after
 //! 100 ms, and counted). Servers, 2 threads each:
 //! - `mailring sessions`: a `DatagramServer` of per-peer sessions that echo
-//!   (key lookup, the session's inbox and task, the reply from its shard);
+//!   (key lookup, the session's inbox and task, the reply from its shard),
+//!   each shard taking datagrams with one multishot receive;
+//! - `mailring sessions, single receives`: the same with 8 single receives
+//!   in flight per shard (`DatagramConfig::multishot_receive = false`, the
+//!   path of kernels before 6.0);
 //! - `mailring socket loop`: one reuseport socket per shard, a task that
 //!   receives and sends back;
 //! - `tokio`: one reuseport socket per worker (2), a task each that
@@ -34,6 +38,7 @@ const ROUNDS: usize = 2_000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Contender {
     Sessions,
+    SessionsSingleReceives,
     SocketLoop,
     Tokio,
 }
@@ -42,6 +47,7 @@ impl Contender {
     fn name(self) -> &'static str {
         match self {
             Contender::Sessions => "mailring sessions",
+            Contender::SessionsSingleReceives => "mailring sessions, single receives",
             Contender::SocketLoop => "mailring socket loop",
             Contender::Tokio => "tokio",
         }
@@ -55,10 +61,15 @@ fn main() {
         return;
     }
     let pairs: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(5);
-    let contenders = [Contender::Sessions, Contender::SocketLoop, Contender::Tokio];
-    let mut runs: Vec<Vec<Run>> = vec![Vec::new(), Vec::new(), Vec::new()];
+    let contenders = [
+        Contender::Sessions,
+        Contender::SessionsSingleReceives,
+        Contender::SocketLoop,
+        Contender::Tokio,
+    ];
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); contenders.len()];
     for pair in 0..pairs {
-        let mut order = [0usize, 1, 2];
+        let mut order: Vec<usize> = (0..contenders.len()).collect();
         if pair % 2 == 1 {
             order.reverse();
         }
@@ -109,7 +120,8 @@ struct Run {
 
 fn serve_once(c: Contender) -> Run {
     let (addr, stop): (SocketAddr, Box<dyn FnOnce()>) = match c {
-        Contender::Sessions => sessions_server(),
+        Contender::Sessions => sessions_server(true),
+        Contender::SessionsSingleReceives => sessions_server(false),
         Contender::SocketLoop => mailring_loop_server(),
         Contender::Tokio => tokio_server(),
     };
@@ -165,9 +177,14 @@ fn runtime() -> mailring::Runtime {
     mailring_bench::runtime_from_env(2, "UDP_MAILRING_SPIN_US")
 }
 
-fn sessions_server() -> (SocketAddr, Box<dyn FnOnce()>) {
+/// Per-peer sessions; `multishot`: one multishot receive per shard, else
+/// single receives in flight (the path of kernels before 6.0).
+fn sessions_server(multishot: bool) -> (SocketAddr, Box<dyn FnOnce()>) {
     let rt = runtime();
+    let mut config = mailring_transports::datagram::DatagramConfig::default();
+    config.multishot_receive = multishot;
     let server = mailring_transports::datagram::DatagramServer::builder(|_: &SocketAddr| Echo)
+        .config(config)
         .place_where_received()
         .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
         .unwrap();

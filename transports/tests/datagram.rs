@@ -96,8 +96,20 @@ fn per_peer_server(
 
 #[test]
 fn each_peer_gets_its_own_session_and_a_panic_closes_only_its_own() {
+    each_peer_gets_its_own_session_under(DatagramConfig::default());
+}
+
+/// The receive path of kernels before 6.0: single receives in flight.
+#[test]
+fn each_peer_gets_its_own_session_through_single_receives() {
+    let mut config = DatagramConfig::default();
+    config.multishot_receive = false;
+    each_peer_gets_its_own_session_under(config);
+}
+
+fn each_peer_gets_its_own_session_under(config: DatagramConfig) {
     let rt = runtime();
-    let (server, closes) = per_peer_server(&rt, DatagramConfig::default());
+    let (server, closes) = per_peer_server(&rt, config);
     let addr = server.local_addr();
     let peers: Vec<UdpSocket> = (0..16).map(|_| peer()).collect();
     for round in 1..=3 {
@@ -257,8 +269,19 @@ fn idle_sessions_expire_and_the_cap_refuses_new_peers_until_one_does() {
 
 #[test]
 fn a_datagram_past_the_copied_size_arrives_whole_and_the_next_small_one_too() {
+    a_big_datagram_then_a_small_one_under(DatagramConfig::default());
+}
+
+#[test]
+fn a_big_datagram_then_a_small_one_through_single_receives() {
+    let mut config = DatagramConfig::default();
+    config.multishot_receive = false;
+    a_big_datagram_then_a_small_one_under(config);
+}
+
+fn a_big_datagram_then_a_small_one_under(config: DatagramConfig) {
     let rt = runtime();
-    let (server, _closes) = per_peer_server(&rt, DatagramConfig::default());
+    let (server, _closes) = per_peer_server(&rt, config);
     let addr = server.local_addr();
     let p = peer();
     let me = p.local_addr().unwrap();
