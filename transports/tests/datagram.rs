@@ -296,3 +296,31 @@ fn a_big_datagram_then_a_small_one_under(config: DatagramConfig) {
     assert_eq!(ask(&p, addr, b"small"), format!("2 {me} small"));
     rt.block_on(server.shutdown());
 }
+
+/// The runtime shut down under a server still receiving (no
+/// `server.shutdown()` first): the armed receives are cancelled and their
+/// buffers given back, nothing left to leak, on both receive paths.
+#[test]
+fn a_runtime_shut_down_under_a_receiving_server_leaks_nothing() {
+    for multishot in [true, false] {
+        let rt = runtime();
+        let mut config = DatagramConfig::default();
+        config.multishot_receive = multishot;
+        let (server, _closes) = per_peer_server(&rt, config);
+        let addr = server.local_addr();
+        let p = peer();
+        let me = p.local_addr().unwrap();
+        assert_eq!(ask(&p, addr, b"hi"), format!("1 {me} hi"));
+        // More on the way while the runtime goes.
+        for _ in 0..100 {
+            let _ = p.send_to(b"more", addr);
+        }
+        let report = rt.shutdown();
+        assert_eq!(report.ops_leaked, 0, "multishot {multishot}: {report:?}");
+        assert!(
+            report.panic_records.is_empty(),
+            "multishot {multishot}: {report:?}"
+        );
+        drop(server);
+    }
+}
