@@ -9,8 +9,10 @@
 //! - `http1`: 64 keep-alive connections, each 1,000 sequential `GET /`
 //!   answered with 64 bytes by a hyper `service_fn` (HTTP/1.1); contenders
 //!   `mailring+hyper` (a reuseport listener per shard, each connection
-//!   served on its shard through the adapter) and `tokio+hyper` (2
-//!   workers, hyper-util's `TokioIo`).
+//!   served on its shard through the adapter, `ShardTimer`) and
+//!   `tokio+hyper` (2 workers, hyper-util's `TokioIo` and `TokioTimer`):
+//!   both with a timer, so hyper keeps its header read timeout on both
+//!   (before 2026-11-27's ninth session only mailring's had one).
 //! - `echo`: 8 connections, each 20,000 frames of 64 bytes (4-byte length
 //!   header) with up to 32 in flight, echoed; contenders `mailring
 //!   native` (a `Session`), `mailring compat` (tokio-util's
@@ -276,7 +278,10 @@ fn tokio_server(c: Contender) -> (SocketAddr, Box<dyn FnOnce()>) {
             let _ = s.set_nodelay(true);
             tokio::spawn(async move {
                 if c == Contender::TokioHyper {
+                    // The same settings as mailring's: a timer, so hyper
+                    // keeps its header read timeout on both sides.
                     let _ = hyper::server::conn::http1::Builder::new()
+                        .timer(hyper_util::rt::TokioTimer::new())
                         .serve_connection(
                             hyper_util::rt::TokioIo::new(s),
                             hyper::service::service_fn(hello),

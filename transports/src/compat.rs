@@ -654,6 +654,13 @@ impl hyper::rt::Timer for ShardTimer {
             deadline,
         )))
     }
+
+    /// The runtime's clock, the one its deadlines are on (a test's
+    /// [`advance_clock`](mailring_actors::mailring::Handle::advance_clock)
+    /// included).
+    fn now(&self) -> std::time::Instant {
+        mailring_actors::mailring::time::now()
+    }
 }
 
 /// hyper's upgrades box the I/O as `Send`.

@@ -434,6 +434,74 @@ fn a_runtime_shuts_down_promptly_past_a_lingering_send() {
     drop(peer);
 }
 
+/// hyper's header read timeout on `ShardTimer`: its deadlines are taken
+/// on the runtime's clock (`Timer::now`), the clock its sleeps wait on, so
+/// a test clock moved an hour ahead neither fires them at once nor holds
+/// them back. A client sending its headers in two parts is served; one
+/// that stalls in them is closed.
+#[test]
+fn the_header_read_timeout_runs_on_the_runtime_clock_and_closes_a_stalled_client() {
+    use std::io::{Read, Write};
+    let rt = runtime();
+    rt.handle()
+        .advance_clock(std::time::Duration::from_secs(3600));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(
+        rt.handle()
+            .spawn_local_on(ShardId::new(0), move || async move {
+                let listener = TcpListener::from_std(listener).unwrap();
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        return;
+                    };
+                    drop(mailring::spawn_local(async move {
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .timer(ShardTimer)
+                            .header_read_timeout(std::time::Duration::from_secs(2))
+                            .serve_connection(
+                                CompatStream::tcp(stream),
+                                hyper::service::service_fn(echo),
+                            )
+                            .await;
+                    }));
+                }
+            }),
+    );
+    let guard = Some(std::time::Duration::from_secs(20));
+    // Headers in two parts, 50 ms apart: answered.
+    let mut good = std::net::TcpStream::connect(addr).unwrap();
+    good.set_read_timeout(guard).unwrap();
+    good.write_all(b"GET /split HTTP/1.1\r\n").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    good.write_all(b"host: x\r\n\r\n").unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.ends_with(b"GET /split ") {
+        let n = good.read(&mut buf).expect("an answer");
+        assert!(
+            n > 0,
+            "closed before its answer: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    // Half a request, then silence: the server closes it.
+    let mut stalled = std::net::TcpStream::connect(addr).unwrap();
+    stalled.set_read_timeout(guard).unwrap();
+    stalled.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n").unwrap();
+    let mut rest = Vec::new();
+    let closed = stalled.read_to_end(&mut rest);
+    assert!(
+        closed.is_ok()
+            || closed
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "closed by the server, not by the 20 s guard: {closed:?}"
+    );
+    drop(rt);
+}
+
 /// Requests `slow` has begun to serve.
 static SLOW_STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
