@@ -42,6 +42,8 @@ async fn echo(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Bytes
 #[derive(Clone, Copy, PartialEq)]
 enum Http {
     One,
+    /// HTTP/1.1 whose headers must come within this long.
+    OneWithHeaderTimeout(std::time::Duration),
     Two,
 }
 
@@ -75,6 +77,13 @@ fn serve(
                     Http::One => {
                         hyper::server::conn::http1::Builder::new()
                             .timer(ShardTimer)
+                            .serve_connection(io, service)
+                            .await
+                    }
+                    Http::OneWithHeaderTimeout(limit) => {
+                        hyper::server::conn::http1::Builder::new()
+                            .timer(ShardTimer)
+                            .header_read_timeout(limit)
                             .serve_connection(io, service)
                             .await
                     }
@@ -445,28 +454,11 @@ fn the_header_read_timeout_runs_on_the_runtime_clock_and_closes_a_stalled_client
     let rt = runtime();
     rt.handle()
         .advance_clock(std::time::Duration::from_secs(3600));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(
-        rt.handle()
-            .spawn_local_on(ShardId::new(0), move || async move {
-                let listener = TcpListener::from_std(listener).unwrap();
-                loop {
-                    let Ok((stream, _)) = listener.accept().await else {
-                        return;
-                    };
-                    drop(mailring::spawn_local(async move {
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .timer(ShardTimer)
-                            .header_read_timeout(std::time::Duration::from_secs(2))
-                            .serve_connection(
-                                CompatStream::tcp(stream),
-                                hyper::service::service_fn(echo),
-                            )
-                            .await;
-                    }));
-                }
-            }),
+    let addr = serve(
+        &rt,
+        ShardId::new(0),
+        Http::OneWithHeaderTimeout(std::time::Duration::from_secs(2)),
+        None,
     );
     let guard = Some(std::time::Duration::from_secs(20));
     // Headers in two parts, 50 ms apart: answered.
@@ -539,7 +531,7 @@ fn a_drain_lets_requests_in_flight_finish_and_takes_no_more() {
                         let io = CompatStream::tcp(stream);
                         let service = hyper::service::service_fn(slow);
                         let res = match http {
-                            Http::One => {
+                            Http::One | Http::OneWithHeaderTimeout(_) => {
                                 let conn = hyper::server::conn::http1::Builder::new()
                                     .timer(ShardTimer)
                                     .serve_connection(io, service);
