@@ -620,3 +620,29 @@ fn a_multishot_datagram_receive_from_the_wrong_shard_or_ring_fails() {
         .unwrap();
     });
 }
+
+#[test]
+fn multishot_datagram_receive_reads_ipv6_senders() {
+    use mailring::buf::BufRing;
+    use mailring::net::UdpSocket;
+    let rt = rt2();
+    rt.block_on(async {
+        let Ok(server) = UdpSocket::bind("[::1]:0".parse().unwrap()) else {
+            eprintln!("SKIPPED: no IPv6 loopback");
+            return;
+        };
+        let ring = BufRing::whole(4, 256).unwrap();
+        let to = server.local_addr().unwrap();
+        let peer = UdpSocket::bind("[::1]:0".parse().unwrap()).unwrap();
+        let mut incoming = server.recv_from_multishot(&ring);
+        peer.send_to(b"six".to_vec(), to).await.0.unwrap();
+        let d = mailring::time::timeout(Duration::from_secs(5), incoming.next())
+            .await
+            .expect("a datagram")
+            .expect("armed")
+            .unwrap();
+        assert_eq!(d.payload(), b"six");
+        assert_eq!(d.peer(), peer.local_addr().unwrap());
+        assert!(d.peer().is_ipv6());
+    });
+}
