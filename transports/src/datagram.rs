@@ -43,6 +43,9 @@ const RING_HEADROOM: usize = 64;
 /// Datagrams one wake of a shard's loop takes before it lets other tasks
 /// run.
 const ARRIVALS_PER_WAKE: usize = 64;
+/// Failures of the multishot receive in a row, with no datagram between,
+/// after which a shard takes single receives instead.
+const MULTISHOT_FAILURES_MAX: u32 = 16;
 /// Datagrams up to this size are copied out of the receive buffer (which
 /// is kept); bigger ones take it along.
 const COPY_OUT_MAX: usize = 2048;
@@ -535,8 +538,10 @@ async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocke
         .flatten();
     let mut multishot = ring.as_ref().map(|ring| socket.recv_from_multishot(ring));
     // Whether the multishot receive has delivered: a first failure of
-    // `EINVAL` means the kernel lacks it, and the slots take over.
+    // `EINVAL` means the kernel lacks it, and the slots take over. So do
+    // they when it ends, or fails again and again with nothing between.
     let mut multishot_proven = false;
+    let mut multishot_failures = 0u32;
     if multishot.is_none() {
         start_slots(&mut slots);
     }
@@ -553,6 +558,7 @@ async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocke
                     match incoming.poll_next(task) {
                         Poll::Ready(Some(Ok(d))) => {
                             multishot_proven = true;
+                            multishot_failures = 0;
                             arrived.push(Ok((d.peer(), Bytes::copy_from_slice(d.payload()))));
                         }
                         Poll::Ready(Some(Err(e)))
@@ -561,13 +567,20 @@ async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocke
                                     c == libc::EINVAL || c == libc::EOPNOTSUPP
                                 }) =>
                         {
-                            multishot = None;
-                            start_slots(&mut slots);
-                            task.waker().wake_by_ref();
-                            break;
+                            multishot_failures = MULTISHOT_FAILURES_MAX;
                         }
-                        Poll::Ready(Some(Err(e))) => arrived.push(Err(e)),
-                        Poll::Ready(None) | Poll::Pending => break,
+                        Poll::Ready(Some(Err(e))) => {
+                            multishot_failures += 1;
+                            arrived.push(Err(e));
+                        }
+                        Poll::Ready(None) => multishot_failures = MULTISHOT_FAILURES_MAX,
+                        Poll::Pending => break,
+                    }
+                    if multishot_failures >= MULTISHOT_FAILURES_MAX {
+                        multishot = None;
+                        start_slots(&mut slots);
+                        task.waker().wake_by_ref();
+                        break;
                     }
                 }
                 if arrived.len() >= ARRIVALS_PER_WAKE {
