@@ -18,8 +18,8 @@ pub enum IdlePolicy {
     /// when a message arrives answers it without the ~10 µs cost of a wake-up.
     ///
     /// A shard spins only while CPUs are to spare: where the kernel's CPU
-    /// pressure figure (`/proc/pressure/cpu`) shows threads waiting for a
-    /// CPU more than a tenth of a 50 ms window (a load generator beside the
+    /// pressure figure (`/proc/pressure/cpu`, machine-wide) shows threads
+    /// waiting for a CPU more than a tenth of a 50 ms window (a load generator beside the
     /// server on a small machine, a packed container), shards block at once
     /// for the next 200 ms ([`ShardStats::spins_skipped`](crate::ShardStats::spins_skipped)
     /// counts it), as a spin would keep a CPU from a thread that needs it.
