@@ -84,6 +84,11 @@ pub struct FaultInjection {
     /// kernels with a CQ overflow backlog do (Linux 6.18 never does), so the
     /// shard's way out of it can be tested.
     pub busy_while_completions_wait: u32,
+    /// Fail every multishot datagram receive
+    /// ([`UdpSocket::recv_from_multishot`](crate::net::UdpSocket::recv_from_multishot))
+    /// with this errno, as kernels before 6.0 answer them (`EINVAL`), so
+    /// the fallbacks of its users can be tested.
+    pub multishot_recvmsg_errno: Option<i32>,
 }
 
 /// Configures and starts a [`Runtime`].

@@ -68,6 +68,8 @@ pub(crate) struct Config {
     pub(crate) task_budget: usize,
     pub(crate) hot_tags: Vec<u16>,
     pub(crate) hot_wake_threshold: u64,
+    /// [`crate::FaultInjection::multishot_recvmsg_errno`].
+    pub(crate) multishot_recvmsg_errno: Option<i32>,
 }
 
 /// State shared by all shards of one runtime and its handles.
@@ -762,6 +764,7 @@ impl Runtime {
                 task_budget: builder.task_budget,
                 hot_tags: builder.hot_tags.clone(),
                 hot_wake_threshold: builder.hot_wake_threshold,
+                multishot_recvmsg_errno: builder.faults.multishot_recvmsg_errno,
             },
             shutdown_barrier: ShutdownBarrier::new(n + 1),
             dynamic_hot: Arc::new(crate::hot::DynamicHotTags::new()),

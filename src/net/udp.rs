@@ -218,6 +218,10 @@ impl RecvFromMultishot<'_> {
         if let Err(e) = self.socket.inner.check() {
             return std::task::Poll::Ready(Some(Err(e)));
         }
+        let injected = crate::shard::with_current(|s| s.shared.config.multishot_recvmsg_errno);
+        if let Some(errno) = injected.flatten() {
+            return std::task::Poll::Ready(Some(Err(io::Error::from_raw_os_error(errno))));
+        }
         if self.receive.ring().is_incremental() {
             // A datagram must start a buffer: the kernel fails a receive
             // whose rest of a buffer cannot hold the header and address.

@@ -324,3 +324,27 @@ fn a_runtime_shut_down_under_a_receiving_server_leaks_nothing() {
         drop(server);
     }
 }
+
+/// A kernel that refuses multishot datagram receives (before 6.0, shown
+/// here by fault injection): every shard goes on with single receives,
+/// and peers are served as before.
+#[test]
+fn shards_fall_back_to_single_receives_where_the_kernel_refuses_multishot_ones() {
+    let mut faults = mailring::FaultInjection::default();
+    faults.multishot_recvmsg_errno = Some(libc::EINVAL);
+    let rt = mailring::Runtime::builder()
+        .shards(2)
+        .fault_injection(faults)
+        .build()
+        .expect("io_uring available");
+    let (server, _closes) = per_peer_server(&rt, DatagramConfig::default());
+    let addr = server.local_addr();
+    let peers: Vec<UdpSocket> = (0..8).map(|_| peer()).collect();
+    for round in 1..=2 {
+        for p in &peers {
+            let me = p.local_addr().unwrap();
+            assert_eq!(ask(p, addr, b"hi"), format!("{round} {me} hi"));
+        }
+    }
+    assert_eq!(rt.block_on(server.shutdown()), 8);
+}
