@@ -14,11 +14,12 @@
 //! waited for a CPU) tells it, integrated over time rather than sampled,
 //! so a kernel worker that runs for a moment does not count as a
 //! shortage. One shard of the runtime reads it (an open, a read and a
-//! close: no descriptor is kept), at most once per [`WINDOW`]. A window in which
-//! threads waited for a CPU more than [`SHORT_ABOVE`] of the time is a
-//! shortage: shards then park without spinning for [`HOLD`], after which a
-//! window of spinning shows whether the wait comes back. Where the kernel
-//! keeps no such figure (PSI off), shards spin as their policy says.
+//! close: no descriptor is kept), at most once per [`WINDOW`]. A window in
+//! which threads waited for a CPU more than [`SHORT_ABOVE`] percent of the
+//! time is a shortage: shards then park without spinning for [`HOLD`],
+//! after which a window of spinning shows whether the wait comes back.
+//! Where the kernel keeps no such figure (PSI off), shards spin as their
+//! policy says.
 
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
