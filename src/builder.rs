@@ -89,6 +89,10 @@ pub struct FaultInjection {
     /// with this errno, as kernels before 6.0 answer them (`EINVAL`), so
     /// the fallbacks of its users can be tested.
     pub multishot_recvmsg_errno: Option<i32>,
+    /// Read the CPU pressure figure that decides whether idle shards spin
+    /// (see [`IdlePolicy::Spin`]) from this file instead of
+    /// `/proc/pressure/cpu`.
+    pub cpu_pressure_path: Option<PathBuf>,
 }
 
 /// Configures and starts a [`Runtime`].

@@ -22,6 +22,7 @@
 //! policy says.
 
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -37,7 +38,9 @@ const SHORT_ABOVE: u64 = 10;
 
 /// The runtime's shared reading of the machine's CPU pressure.
 pub(crate) struct CpuPressure {
-    /// Whether `/proc/pressure/cpu` could be read when the runtime started.
+    /// The figure's file (`/proc/pressure/cpu`, or a test's).
+    path: PathBuf,
+    /// Whether it could be read when the runtime started.
     available: bool,
     /// What the nanosecond stamps count from.
     base: Instant,
@@ -58,17 +61,19 @@ impl std::fmt::Debug for CpuPressure {
 }
 
 impl CpuPressure {
-    /// Opens the probe; one that cannot read the kernel's figure never
-    /// reports a shortage.
-    pub(crate) fn probe() -> CpuPressure {
+    /// The probe of the figure in `path` (`/proc/pressure/cpu` but for
+    /// tests); one that cannot read it never reports a shortage.
+    pub(crate) fn probe(path: &Path) -> CpuPressure {
         let mut probe = CpuPressure::off();
-        probe.available = stalled_us().is_some();
+        probe.path = path.to_owned();
+        probe.available = stalled_us(&probe.path).is_some();
         probe
     }
 
     /// A probe that never reports a shortage (spinning as configured).
     pub(crate) fn off() -> CpuPressure {
         CpuPressure {
+            path: PathBuf::new(),
             available: false,
             base: Instant::now(),
             due_ns: AtomicU64::new(0),
@@ -99,7 +104,7 @@ impl CpuPressure {
         {
             return self.short.load(Ordering::Relaxed);
         }
-        let Some(stalled) = stalled_us() else {
+        let Some(stalled) = stalled_us(&self.path) else {
             return self.short.load(Ordering::Relaxed);
         };
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
@@ -123,9 +128,9 @@ impl CpuPressure {
 }
 
 /// The kernel's total of microseconds in which some thread waited for a
-/// CPU.
-fn stalled_us() -> Option<u64> {
-    let mut file = std::fs::File::open("/proc/pressure/cpu").ok()?;
+/// CPU, from the figure's file at `path`.
+fn stalled_us(path: &Path) -> Option<u64> {
+    let mut file = std::fs::File::open(path).ok()?;
     let mut buf = [0u8; 256];
     let n = file.read(&mut buf).ok()?;
     stalled_in_pressure(&buf[..n])
@@ -188,7 +193,7 @@ mod tests {
         assert!(!off.cpus_short(Instant::now()));
         // This machine keeps the figure or not; either way the probe
         // answers without a panic.
-        let probe = CpuPressure::probe();
+        let probe = CpuPressure::probe(Path::new("/proc/pressure/cpu"));
         let _ = probe.cpus_short(Instant::now());
     }
 }

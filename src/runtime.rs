@@ -781,9 +781,13 @@ impl Runtime {
             ),
             clock_offset_ns: AtomicU64::new(0),
             cpu_pressure: match builder.idle {
-                IdlePolicy::Spin(max) if !max.is_zero() => {
-                    crate::cpu_pressure::CpuPressure::probe()
-                }
+                IdlePolicy::Spin(max) if !max.is_zero() => crate::cpu_pressure::CpuPressure::probe(
+                    builder
+                        .faults
+                        .cpu_pressure_path
+                        .as_deref()
+                        .unwrap_or(std::path::Path::new("/proc/pressure/cpu")),
+                ),
                 _ => crate::cpu_pressure::CpuPressure::off(),
             },
             panics: PanicLog::new(builder.panic_hook.clone()),

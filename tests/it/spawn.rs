@@ -466,6 +466,48 @@ fn a_spinning_shard_blocks_at_once_while_threads_wait_for_cpus() {
 }
 
 #[test]
+fn idle_shards_stop_spinning_once_the_cpu_pressure_figure_shows_threads_waiting() {
+    let path = std::env::temp_dir().join(format!("mailring-psi-{}", std::process::id()));
+    let figure = |total: u64| {
+        std::fs::write(
+            &path,
+            format!(
+                "some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\n\
+                 full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+            ),
+        )
+        .unwrap()
+    };
+    figure(0);
+    let mut faults = mailring::FaultInjection::default();
+    faults.cpu_pressure_path = Some(path.clone());
+    let rt = mailring::Runtime::builder()
+        .shards(1)
+        .idle_policy(mailring::IdlePolicy::Spin(
+            std::time::Duration::from_micros(50),
+        ))
+        .fault_injection(faults)
+        .build()
+        .unwrap();
+    let idle_periods = |n: usize| {
+        rt.block_on(async move {
+            for _ in 0..n {
+                mailring::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        })
+    };
+    // Nobody waits: two windows and more, every idle period spins.
+    idle_periods(120);
+    assert_eq!(rt.stats().shards[0].spins_skipped, 0, "{:?}", rt.stats());
+    // Threads waited for CPUs far more than a tenth of any window.
+    figure(10_000_000_000);
+    idle_periods(120);
+    let skipped = rt.stats().shards[0].spins_skipped;
+    assert!(skipped > 0, "{:?}", rt.stats());
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
 fn a_polling_shard_never_parks_yet_fires_timers_takes_messages_and_shuts_down() {
     let stats = idle_rounds_under(mailring::IdlePolicy::Poll);
     for shard in &stats.shards {
