@@ -29,7 +29,7 @@ use mailring_actors::mailring::{self, CallbackKind, Handle, ShardId};
 use mailring_actors::{Actor, RouteKey, SystemHandle};
 use std::time::Instant;
 
-/// The largest datagram taken whole (a bigger one is cut to this).
+/// The most [`DatagramConfig::max_datagram`] takes (more than UDP carries).
 const MAX_DATAGRAM: usize = 64 << 10;
 /// Receives each shard keeps in flight where multishot receives are
 /// missing (before Linux 6.0).
@@ -167,6 +167,13 @@ pub struct DatagramConfig {
     /// submitted per datagram). Kernels without it take the single
     /// receives whatever this says. Default `true`.
     pub multishot_receive: bool,
+    /// The largest datagram taken, in bytes (1 to 65,536; values outside are
+    /// taken as the nearest bound): a longer one is
+    /// dropped and counted ([`DatagramShardStats::oversized`]), never handed
+    /// to a session cut. It sizes each shard's receive buffers: 16 of about
+    /// this size for the multishot receive, 8 for single receives. Default
+    /// 65,536 (anything UDP carries).
+    pub max_datagram: usize,
 }
 
 impl Default for DatagramConfig {
@@ -176,6 +183,7 @@ impl Default for DatagramConfig {
             max_sessions: 10_000,
             session_queue: 256,
             multishot_receive: true,
+            max_datagram: MAX_DATAGRAM,
         }
     }
 }
@@ -193,6 +201,7 @@ struct Counters {
     expired: AtomicU64,
     panicked: AtomicU64,
     send_errors: AtomicU64,
+    oversized: AtomicU64,
 }
 
 /// A snapshot of one shard's datagram counters.
@@ -219,6 +228,8 @@ pub struct DatagramShardStats {
     pub panicked: u64,
     /// Sends that failed (the datagram is lost, as UDP may lose it).
     pub send_errors: u64,
+    /// Datagrams longer than [`DatagramConfig::max_datagram`], dropped.
+    pub oversized: u64,
 }
 
 impl Counters {
@@ -235,6 +246,7 @@ impl Counters {
             expired: get(&self.expired),
             panicked: get(&self.panicked),
             send_errors: get(&self.send_errors),
+            oversized: get(&self.oversized),
         }
     }
 }
@@ -521,12 +533,21 @@ async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocke
     // Several receives in flight: a tick of the ring takes a burst of
     // datagrams at once (one receive at a time costs a round trip through
     // the ring per datagram). Each has its buffer, kept across datagrams.
+    // A receive has room for one byte past the limit: a datagram that
+    // fills it is too long (the kernel cuts what does not fit).
+    let max = shared.config.max_datagram.clamp(1, MAX_DATAGRAM);
     let receive = |buf: BytesMut| socket.recv_from(buf);
     let mut slots: Vec<_> = Vec::new();
     let start_slots = |slots: &mut Vec<_>| {
         *slots = (0..RECEIVES_IN_FLIGHT)
-            .map(|_| Box::pin(Some(receive(BytesMut::with_capacity(MAX_DATAGRAM)))))
+            .map(|_| Box::pin(Some(receive(BytesMut::with_capacity(max + 1)))))
             .collect();
+    };
+    let oversized = || {
+        shared
+            .counters(shard)
+            .oversized
+            .fetch_add(1, Ordering::Relaxed)
     };
     // One multishot receive over a ring of whole buffers where the kernel
     // has them (6.0+): no operation submitted per datagram. Before that,
@@ -534,7 +555,7 @@ async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocke
     let ring = shared
         .config
         .multishot_receive
-        .then(|| mailring::buf::BufRing::whole(RING_BUFFERS, MAX_DATAGRAM + RING_HEADROOM).ok())
+        .then(|| mailring::buf::BufRing::whole(RING_BUFFERS, max + RING_HEADROOM).ok())
         .flatten();
     let mut multishot = ring.as_ref().map(|ring| socket.recv_from_multishot(ring));
     // Whether the multishot receive has delivered: a first failure of
@@ -559,7 +580,11 @@ async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocke
                         Poll::Ready(Some(Ok(d))) => {
                             multishot_proven = true;
                             multishot_failures = 0;
-                            arrived.push(Ok((d.peer(), Bytes::copy_from_slice(d.payload()))));
+                            if d.is_truncated() || d.payload().len() > max {
+                                oversized();
+                            } else {
+                                arrived.push(Ok((d.peer(), Bytes::copy_from_slice(d.payload()))));
+                            }
                         }
                         Poll::Ready(Some(Err(e)))
                             if !multishot_proven
@@ -593,20 +618,24 @@ async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocke
                     continue;
                 };
                 if let Poll::Ready((res, mut buf)) = op.poll(task) {
-                    arrived.push(res.map(|(n, from)| {
-                        // Small datagrams are copied out and the buffer
-                        // kept; a big one takes the buffer along.
-                        let datagram = if n <= COPY_OUT_MAX {
-                            let d = Bytes::copy_from_slice(&buf[..n]);
-                            buf.clear();
-                            d
-                        } else {
-                            let d = buf.split().freeze();
-                            buf.reserve(MAX_DATAGRAM);
-                            d
-                        };
-                        (from, datagram)
-                    }));
+                    match res {
+                        Ok((n, _)) if n > max => {
+                            oversized();
+                        }
+                        Ok((n, from)) => {
+                            // Small datagrams are copied out and the buffer
+                            // kept; a big one takes the buffer along.
+                            let datagram = if n <= COPY_OUT_MAX {
+                                Bytes::copy_from_slice(&buf[..n])
+                            } else {
+                                let d = buf.split().freeze();
+                                buf.reserve(max + 1);
+                                d
+                            };
+                            arrived.push(Ok((from, datagram)));
+                        }
+                        Err(e) => arrived.push(Err(e)),
+                    }
                     buf.clear();
                     slot.set(Some(receive(buf)));
                     // Polled again at the next wake (it may complete at

@@ -348,3 +348,39 @@ fn shards_fall_back_to_single_receives_where_the_kernel_refuses_multishot_ones()
     }
     assert_eq!(rt.block_on(server.shutdown()), 8);
 }
+
+/// A datagram past `max_datagram` is dropped and counted, never handed on
+/// cut; one of exactly that size arrives whole; on both receive paths.
+#[test]
+fn a_datagram_past_the_size_limit_is_dropped_and_counted_never_cut() {
+    for multishot in [true, false] {
+        let rt = runtime();
+        let mut config = DatagramConfig::default();
+        config.multishot_receive = multishot;
+        config.max_datagram = 1000;
+        let (server, _closes) = per_peer_server(&rt, config);
+        let addr = server.local_addr();
+        let p = peer();
+        let me = p.local_addr().unwrap();
+        p.send_to(&[b'x'; 1001], addr).unwrap();
+        let exact = vec![b'y'; 1000];
+        p.send_to(&exact, addr).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let (n, _) = p.recv_from(&mut buf).expect("the exact one's echo");
+        let prefix = format!("1 {me} ");
+        assert_eq!(
+            &buf[..prefix.len()],
+            prefix.as_bytes(),
+            "multishot {multishot}"
+        );
+        assert_eq!(&buf[prefix.len()..n], &exact[..], "multishot {multishot}");
+        assert_eq!(ask(&p, addr, b"small"), format!("2 {me} small"));
+        let stats = server.stats();
+        assert_eq!(
+            total(&stats, |s| s.oversized),
+            1,
+            "multishot {multishot}: {stats:?}"
+        );
+        rt.block_on(server.shutdown());
+    }
+}
