@@ -110,12 +110,12 @@ pub fn write_block_fixture(path: &std::path::Path, block_size: usize, blocks: us
 /// pair to pair (`run(i)` measures contender `i` once); returns every
 /// contender's figures in pair order, so `times[a][p]` and `times[b][p]` were
 /// measured side by side.
-pub fn alternating_pairs(
+pub fn alternating_pairs<T>(
     pairs: usize,
     contenders: usize,
-    mut run: impl FnMut(usize) -> f64,
-) -> Vec<Vec<f64>> {
-    let mut times = vec![Vec::with_capacity(pairs); contenders];
+    mut run: impl FnMut(usize) -> T,
+) -> Vec<Vec<T>> {
+    let mut times: Vec<Vec<T>> = (0..contenders).map(|_| Vec::with_capacity(pairs)).collect();
     for pair in 0..pairs {
         for k in 0..contenders {
             let i = (pair + k) % contenders;

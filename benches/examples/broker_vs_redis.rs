@@ -18,7 +18,6 @@
 //! Needs `redis-server` and `redis-benchmark` on the PATH. `BROKER_ROWS`
 //! (a comma list of row names) runs a subset.
 
-use std::io::Write;
 use std::net::TcpListener;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -392,21 +391,11 @@ fn main() {
         {
             continue;
         }
-        let mut results: Vec<Vec<Measure>> = servers.iter().map(|_| Vec::new()).collect();
-        for pair in 0..pairs {
-            // Alternate the order inside each pair.
-            let mut order: Vec<usize> = (0..servers.len()).collect();
-            if pair % 2 == 1 {
-                order.reverse();
-            }
-            for i in order {
+        let results: Vec<Vec<Measure>> =
+            mailring_bench::alternating_pairs(pairs, servers.len(), |i| {
                 seq += 1;
-                results[i].push(run_row(servers[i], row, &fsync, &base, seq));
-                eprint!(".");
-                let _ = std::io::stderr().flush();
-            }
-        }
-        eprintln!();
+                run_row(servers[i], row, &fsync, &base, seq)
+            });
         let redis_rps: Vec<f64> = results[0].iter().map(|m| m.rps).collect();
         for (s, ms) in servers.iter().zip(&results) {
             let (rps, _, _) = quartiles(ms.iter().map(|m| m.rps).collect());

@@ -101,16 +101,9 @@ fn main() {
                 Contender::Tokio,
             ],
         };
-        let mut runs: Vec<Vec<Run>> = vec![Vec::new(); contenders.len()];
-        for pair in 0..pairs {
-            let mut order: Vec<usize> = (0..contenders.len()).collect();
-            if pair % 2 == 1 {
-                order.reverse();
-            }
-            for i in order {
-                runs[i].push(serve_once(contenders[i], w));
-            }
-        }
+        let runs: Vec<Vec<Run>> = mailring_bench::alternating_pairs(pairs, contenders.len(), |i| {
+            serve_once(contenders[i], w)
+        });
         println!("\n## {w:?}");
         println!("| contender | median wall | requests/s | p50 | p99 | server CPU/request | wall ratio vs first (median [q1, q3]) |");
         println!("| --- | --- | --- | --- | --- | --- | --- |");

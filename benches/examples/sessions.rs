@@ -167,16 +167,9 @@ fn run_workload(w: Workload, pairs: usize) {
         .copied()
         .filter(|c| only.as_deref().is_none_or(|o| o == c.name()))
         .collect();
-    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); contenders.len()];
-    for pair in 0..pairs {
-        let mut order: Vec<usize> = (0..contenders.len()).collect();
-        if pair % 2 == 1 {
-            order.reverse();
-        }
-        for i in order {
-            runs[i].push(serve_once(contenders[i], w));
-        }
-    }
+    let runs: Vec<Vec<Run>> = mailring_bench::alternating_pairs(pairs, contenders.len(), |i| {
+        serve_once(contenders[i], w)
+    });
     println!("\n## {}", w.name());
     println!("| contender | median wall | req/s | p50 | p99 | server CPU/req | wall ratio vs mailring (median [q1, q3]) |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");

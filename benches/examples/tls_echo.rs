@@ -154,16 +154,9 @@ struct Run {
 
 fn run_workload(w: Workload, pairs: usize, pki: &Pki) {
     let contenders = [Contender::Mailring, Contender::TokioRustls];
-    let mut runs: Vec<Vec<Run>> = vec![Vec::new(), Vec::new()];
-    for pair in 0..pairs {
-        let mut order = [0usize, 1];
-        if pair % 2 == 1 {
-            order.reverse();
-        }
-        for i in order {
-            runs[i].push(serve_once(contenders[i], w, pki));
-        }
-    }
+    let runs: Vec<Vec<Run>> = mailring_bench::alternating_pairs(pairs, contenders.len(), |i| {
+        serve_once(contenders[i], w, pki)
+    });
     let unit = match w {
         Workload::Echo4k => "frames/s",
         Workload::Handshakes => "handshakes/s",

@@ -67,16 +67,8 @@ fn main() {
         Contender::SocketLoop,
         Contender::Tokio,
     ];
-    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); contenders.len()];
-    for pair in 0..pairs {
-        let mut order: Vec<usize> = (0..contenders.len()).collect();
-        if pair % 2 == 1 {
-            order.reverse();
-        }
-        for i in order {
-            runs[i].push(serve_once(contenders[i]));
-        }
-    }
+    let runs: Vec<Vec<Run>> =
+        mailring_bench::alternating_pairs(pairs, contenders.len(), |i| serve_once(contenders[i]));
     println!(
         "UDP echo: {pairs} alternating pairs, {PEERS} peers x {ROUNDS} round trips of 64 B, 2 server threads, load generator in its own process"
     );
