@@ -55,49 +55,40 @@ fn serve(
     http: Http,
     tls: Option<TlsAcceptor>,
 ) -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(rt.handle().spawn_local_on(shard, move || async move {
-        let listener = TcpListener::from_std(listener).unwrap();
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
+    common::accept_on(rt, shard, move |stream| {
+        let tls = tls.clone();
+        async move {
+            let io = match &tls {
+                Some(acceptor) => match CompatStream::accept_tls(stream, acceptor).await {
+                    Ok(io) => io,
+                    Err(_) => return,
+                },
+                None => CompatStream::tcp(stream),
             };
-            let tls = tls.clone();
-            drop(mailring::spawn_local(async move {
-                let io = match &tls {
-                    Some(acceptor) => match CompatStream::accept_tls(stream, acceptor).await {
-                        Ok(io) => io,
-                        Err(_) => return,
-                    },
-                    None => CompatStream::tcp(stream),
-                };
-                let service = hyper::service::service_fn(echo);
-                let _ = match http {
-                    Http::One => {
-                        hyper::server::conn::http1::Builder::new()
-                            .timer(ShardTimer)
-                            .serve_connection(io, service)
-                            .await
-                    }
-                    Http::OneWithHeaderTimeout(limit) => {
-                        hyper::server::conn::http1::Builder::new()
-                            .timer(ShardTimer)
-                            .header_read_timeout(limit)
-                            .serve_connection(io, service)
-                            .await
-                    }
-                    Http::Two => {
-                        hyper::server::conn::http2::Builder::new(ShardExecutor::current())
-                            .timer(ShardTimer)
-                            .serve_connection(io, service)
-                            .await
-                    }
-                };
-            }));
+            let service = hyper::service::service_fn(echo);
+            let _ = match http {
+                Http::One => {
+                    hyper::server::conn::http1::Builder::new()
+                        .timer(ShardTimer)
+                        .serve_connection(io, service)
+                        .await
+                }
+                Http::OneWithHeaderTimeout(limit) => {
+                    hyper::server::conn::http1::Builder::new()
+                        .timer(ShardTimer)
+                        .header_read_timeout(limit)
+                        .serve_connection(io, service)
+                        .await
+                }
+                Http::Two => {
+                    hyper::server::conn::http2::Builder::new(ShardExecutor::current())
+                        .timer(ShardTimer)
+                        .serve_connection(io, service)
+                        .await
+                }
+            };
         }
-    }));
-    addr
+    })
 }
 
 fn request(path: &str, body: &'static str) -> Request<Full<Bytes>> {

@@ -11,9 +11,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use mailring_actors::mailring::net::TcpListener;
 use mailring_actors::ShardId;
 use mailring_transports::compat::{CompatStream, ShardExecutor, ShardTimer};
+
+mod common;
 
 #[allow(unreachable_pub, missing_docs, missing_debug_implementations)]
 #[allow(clippy::all)]
@@ -195,25 +196,14 @@ fn a_tonic_generated_service_runs_on_hyper_on_a_shard_with_grpc_timeouts() {
         .shards(2)
         .build()
         .expect("io_uring available");
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(
-        rt.handle()
-            .spawn_local_on(ShardId::new(0), move || async move {
-                let listener = TcpListener::from_std(listener).unwrap();
-                while let Ok((stream, _)) = listener.accept().await {
-                    drop(mailring::spawn_local(async move {
-                        let service = hyper_util::service::TowerToHyperService::new(
-                            GreeterServer::new(ShardGreeter),
-                        );
-                        let _ = hyper::server::conn::http2::Builder::new(ShardExecutor::current())
-                            .timer(ShardTimer)
-                            .serve_connection(CompatStream::tcp(stream), service)
-                            .await;
-                    }));
-                }
-            }),
-    );
+    let addr = common::accept_on(&rt, ShardId::new(0), |stream| async move {
+        let service =
+            hyper_util::service::TowerToHyperService::new(GreeterServer::new(ShardGreeter));
+        let _ = hyper::server::conn::http2::Builder::new(ShardExecutor::current())
+            .timer(ShardTimer)
+            .serve_connection(CompatStream::tcp(stream), service)
+            .await;
+    });
     let (replies, late) = rt
         .block_on(
             rt.handle()

@@ -12,7 +12,6 @@ use std::process::{Command, Stdio};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response};
-use mailring_actors::mailring::net::TcpListener;
 use mailring_actors::ShardId;
 use mailring_transports::codec::Lines;
 use mailring_transports::compat::{CompatStream, ShardExecutor, ShardTimer};
@@ -51,40 +50,31 @@ async fn describe(
 /// Serves hyper on shard 0: over TLS, HTTP/2 when ALPN chose `h2` and
 /// HTTP/1.1 otherwise; in clear text, HTTP/2 only (prior knowledge).
 fn serve(rt: &mailring::Runtime, tls: Option<TlsAcceptor>) -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(
-        rt.handle()
-            .spawn_local_on(ShardId::new(0), move || async move {
-                let listener = TcpListener::from_std(listener).unwrap();
-                while let Ok((stream, _)) = listener.accept().await {
-                    let tls = tls.clone();
-                    drop(mailring::spawn_local(async move {
-                        let io = match &tls {
-                            Some(a) => match CompatStream::accept_tls(stream, a).await {
-                                Ok(io) => io,
-                                Err(_) => return,
-                            },
-                            None => CompatStream::tcp(stream),
-                        };
-                        let h2 = tls.is_none()
-                            || io.tls_info().and_then(|t| t.alpn.as_deref()) == Some(&b"h2"[..]);
-                        let service = hyper::service::service_fn(describe);
-                        let _ = if h2 {
-                            hyper::server::conn::http2::Builder::new(ShardExecutor::current())
-                                .timer(ShardTimer)
-                                .serve_connection(io, service)
-                                .await
-                        } else {
-                            hyper::server::conn::http1::Builder::new()
-                                .serve_connection(io, service)
-                                .await
-                        };
-                    }));
-                }
-            }),
-    );
-    addr
+    common::accept_on(rt, ShardId::new(0), move |stream| {
+        let tls = tls.clone();
+        async move {
+            let io = match &tls {
+                Some(a) => match CompatStream::accept_tls(stream, a).await {
+                    Ok(io) => io,
+                    Err(_) => return,
+                },
+                None => CompatStream::tcp(stream),
+            };
+            let h2 =
+                tls.is_none() || io.tls_info().and_then(|t| t.alpn.as_deref()) == Some(&b"h2"[..]);
+            let service = hyper::service::service_fn(describe);
+            let _ = if h2 {
+                hyper::server::conn::http2::Builder::new(ShardExecutor::current())
+                    .timer(ShardTimer)
+                    .serve_connection(io, service)
+                    .await
+            } else {
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await
+            };
+        }
+    })
 }
 
 fn curl(args: &[&str]) -> String {

@@ -12,6 +12,29 @@ use bytes::Bytes;
 use mailring_transports::codec::LengthDelimited;
 use mailring_transports::{Session, SessionCtx};
 
+/// A loopback TCP listener on `shard` of `rt`: each accepted connection is
+/// handed to `serve`, in a task of its own on that shard, for as long as
+/// the runtime runs. Returns the listener's address.
+pub(crate) fn accept_on<F, Fut>(
+    rt: &mailring_actors::mailring::Runtime,
+    shard: mailring_actors::ShardId,
+    serve: F,
+) -> SocketAddr
+where
+    F: Fn(mailring_actors::mailring::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(rt.handle().spawn_local_on(shard, move || async move {
+        let listener = mailring_actors::mailring::net::TcpListener::from_std(listener).unwrap();
+        while let Ok((stream, _)) = listener.accept().await {
+            drop(mailring_actors::mailring::spawn_local(serve(stream)));
+        }
+    }));
+    addr
+}
+
 /// A blocking loopback client whose reads give up after 10 s.
 pub(crate) fn client(addr: SocketAddr) -> TcpStream {
     let c = TcpStream::connect(addr).expect("connect to loopback");
