@@ -190,6 +190,42 @@ where
     command
 }
 
+/// What a load generator run of [`drive`] gave: the numbers it printed on
+/// its standard output, what it said on its standard error, and the CPU
+/// time this process (the server) used while it ran.
+pub struct Driven {
+    pub figures: Vec<u64>,
+    pub stderr: String,
+    pub server_cpu: Duration,
+}
+
+/// Runs the load generator `command` against `server` (a server of this
+/// process), then stops the server with `stop`.
+///
+/// # Panics
+///
+/// When the load generator fails or prints something other than numbers.
+pub fn drive(mut command: std::process::Command, server: &str, stop: impl FnOnce()) -> Driven {
+    let cpu0 = process_cpu();
+    let out = command.output().expect("load generator");
+    let server_cpu = process_cpu() - cpu0;
+    stop();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "load generator failed against {server}: {stderr}"
+    );
+    let figures = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|x| x.parse().expect("the load generator's figures"))
+        .collect();
+    Driven {
+        figures,
+        stderr,
+        server_cpu,
+    }
+}
+
 /// Runs `part` on `threads` threads at once (a load generator split so
 /// that no one thread bounds the server): each gets the barrier to wait at
 /// once it is set up, and gives back when it started and ended and what it

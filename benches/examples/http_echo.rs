@@ -147,23 +147,11 @@ fn serve_once(c: Contender, w: Workload) -> Run {
     } else {
         "echo"
     };
-    let mut cmd =
+    let cmd =
         mailring_bench::load_generator("HTTP_CLIENT_CPUS", ["client", w_arg, &addr.to_string()]);
-    let cpu0 = mailring_bench::process_cpu();
-    let out = cmd.output().expect("load generator");
-    let cpu = mailring_bench::process_cpu() - cpu0;
-    stop();
-    assert!(
-        out.status.success(),
-        "load generator against {}: {}",
-        c.name(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let f: Vec<u64> = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .map(|x| x.parse().unwrap())
-        .collect();
-    (Duration::from_nanos(f[0]), f[1], f[2], f[3], cpu)
+    let run = mailring_bench::drive(cmd, c.name(), stop);
+    let f = run.figures;
+    (Duration::from_nanos(f[0]), f[1], f[2], f[3], run.server_cpu)
 }
 
 async fn hello(

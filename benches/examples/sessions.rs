@@ -219,28 +219,15 @@ fn serve_once(c: Contender, w: Workload) -> Run {
     } else {
         "plain"
     };
-    let cpu0 = mailring_bench::process_cpu();
     // SESSIONS_CLIENT_CPUS=LIST: the load generator under `taskset -c
     // LIST` (run the benchmark itself under taskset to keep the servers
     // on other CPUs).
-    let mut command = mailring_bench::load_generator(
+    let command = mailring_bench::load_generator(
         "SESSIONS_CLIENT_CPUS",
         ["client", &w.name(), &server.addr.to_string(), steer],
     );
-    let out = command.output().expect("load generator");
-    let server_cpu = mailring_bench::process_cpu() - cpu0;
-    assert!(
-        out.status.success(),
-        "load generator failed against {}: {}",
-        c.name(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = String::from_utf8_lossy(&out.stdout);
-    let f: Vec<u64> = line
-        .split_whitespace()
-        .map(|x| x.parse().unwrap())
-        .collect();
-    server.stop();
+    let run = mailring_bench::drive(command, c.name(), || server.stop());
+    let (f, server_cpu) = (run.figures, run.server_cpu);
     Run {
         wall: Duration::from_nanos(f[0]),
         p50: Duration::from_nanos(f[1]),

@@ -206,7 +206,7 @@ fn serve_once(c: Contender, w: Workload, pki: &Pki) -> Run {
         Contender::Mailring => mailring_server(config),
         Contender::TokioRustls => tokio_server(config),
     };
-    let mut command = mailring_bench::load_generator(
+    let command = mailring_bench::load_generator(
         "TLS_CLIENT_CPUS",
         [
             "client".to_owned(),
@@ -215,20 +215,8 @@ fn serve_once(c: Contender, w: Workload, pki: &Pki) -> Run {
             pki.cert.display().to_string(),
         ],
     );
-    let cpu0 = mailring_bench::process_cpu();
-    let out = command.output().expect("load generator");
-    let server_cpu = mailring_bench::process_cpu() - cpu0;
-    stop();
-    assert!(
-        out.status.success(),
-        "load generator failed against {}: {}",
-        c.name(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let f: Vec<u64> = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .map(|x| x.parse().unwrap())
-        .collect();
+    let run = mailring_bench::drive(command, c.name(), stop);
+    let (f, server_cpu) = (run.figures, run.server_cpu);
     Run {
         wall: Duration::from_nanos(f[0]),
         count: f[1],

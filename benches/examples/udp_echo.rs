@@ -117,25 +117,12 @@ fn serve_once(c: Contender) -> Run {
         Contender::SocketLoop => mailring_loop_server(),
         Contender::Tokio => tokio_server(),
     };
-    let mut command =
-        mailring_bench::load_generator("UDP_CLIENT_CPUS", ["client", &addr.to_string()]);
-    let cpu0 = mailring_bench::process_cpu();
-    let out = command.output().expect("load generator");
-    let cpu = mailring_bench::process_cpu() - cpu0;
-    stop();
-    assert!(
-        out.status.success(),
-        "load generator failed against {}: {}",
-        c.name(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let command = mailring_bench::load_generator("UDP_CLIENT_CPUS", ["client", &addr.to_string()]);
+    let run = mailring_bench::drive(command, c.name(), stop);
     if std::env::var("UDP_PEER_TIMES").is_ok() {
-        eprintln!("== {}\n{}", c.name(), String::from_utf8_lossy(&out.stderr));
+        eprintln!("== {}\n{}", c.name(), run.stderr);
     }
-    let f: Vec<u64> = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .map(|x| x.parse().unwrap())
-        .collect();
+    let (f, cpu) = (run.figures, run.server_cpu);
     Run {
         wall: Duration::from_nanos(f[0]),
         p50: f[1],
