@@ -384,3 +384,41 @@ fn a_datagram_past_the_size_limit_is_dropped_and_counted_never_cut() {
         rt.block_on(server.shutdown());
     }
 }
+
+/// Extreme limits are taken as the nearest bound: 0 as 1 byte,
+/// `usize::MAX` as 65,536 (nothing overflows sizing the buffers).
+#[test]
+fn extreme_size_limits_are_taken_as_their_bounds() {
+    for multishot in [true, false] {
+        let rt = runtime();
+        let mut config = DatagramConfig::default();
+        config.multishot_receive = multishot;
+        config.max_datagram = 0;
+        let (server, _closes) = per_peer_server(&rt, config.clone());
+        let addr = server.local_addr();
+        let p = peer();
+        let me = p.local_addr().unwrap();
+        p.send_to(b"no", addr).unwrap();
+        assert_eq!(
+            ask(&p, addr, b"y"),
+            format!("1 {me} y"),
+            "multishot {multishot}"
+        );
+        assert_eq!(total(&server.stats(), |s| s.oversized), 1);
+        rt.block_on(server.shutdown());
+
+        config.max_datagram = usize::MAX;
+        let (server, _closes) = per_peer_server(&rt, config);
+        let addr = server.local_addr();
+        let big = vec![b'z'; 60_000];
+        p.send_to(&big, addr).unwrap();
+        let mut buf = vec![0u8; 65_536];
+        let (n, _) = p.recv_from(&mut buf).expect("the big echo");
+        assert_eq!(
+            n,
+            format!("1 {me} ").len() + big.len(),
+            "multishot {multishot}"
+        );
+        rt.block_on(server.shutdown());
+    }
+}
