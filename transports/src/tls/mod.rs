@@ -4,17 +4,24 @@
 //! agreed: SNI, ALPN, version) and the connection layer the driver reads
 //! and writes through.
 //!
-//! The layer is rustls's buffered API over owned-buffer ring I/O: a
-//! receive takes ciphertext into a buffer the kernel fills, rustls
-//! decrypts it, and the plaintext is copied into the caller's buffer; a
-//! send encrypts into rustls's queue and writes the records with one ring
-//! send. Records are written by one send at a time (a receive that must
-//! answer, a key update or an alert, waits for the send in flight), so
-//! records never interleave on the wire.
+//! The handshake is rustls's unbuffered API over owned-buffer ring I/O:
+//! rustls reads the records where the kernel put them and encodes its own
+//! into a buffer one ring send takes. Then [`record`] protects the records
+//! with the negotiated keys (rustls keeps the key schedule): a received
+//! record is decrypted in place and copied once, into the caller's buffer;
+//! a send copies the plaintext once, into the record. Records are written
+//! by one send at a time (a receive that must answer, a key update or an
+//! alert, waits for the send in flight), so records never interleave on
+//! the wire.
+
+mod client_hello;
+mod record;
+#[cfg(test)]
+mod tests;
 
 use std::fmt;
 use std::future::Future;
-use std::io::{self, BufRead, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -22,11 +29,12 @@ use std::sync::{Mutex, MutexGuard};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 use crate::conn::Conn;
+use record::{Read, RecordLayer};
 
 /// Bytes of ciphertext asked of each receive.
 const CIPHER_CHUNK: usize = 16 << 10;
@@ -190,10 +198,12 @@ pub fn client_config_from_ca_pem_file(
     for cert in certificates_from_pem_file(ca)? {
         roots.add(cert)?;
     }
-    Ok(rustls::ClientConfig::builder_with_provider(provider())
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
-        .with_no_client_auth())
+        .with_no_client_auth();
+    config.enable_secret_extraction = true;
+    Ok(config)
 }
 
 /// A server's TLS side: its rustls configuration, replaceable while the
@@ -229,7 +239,9 @@ impl TlsAcceptor {
     pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
     /// An acceptor for `config` (its certificates, ALPN list, versions).
-    pub fn new(config: rustls::ServerConfig) -> Self {
+    pub fn new(mut config: rustls::ServerConfig) -> Self {
+        // The record layer takes the keys once the handshake is done.
+        config.enable_secret_extraction = true;
         TlsAcceptor {
             config: Arc::new(RwLock::new(Arc::new(config))),
             handshake_timeout: Self::DEFAULT_HANDSHAKE_TIMEOUT,
@@ -268,7 +280,8 @@ impl TlsAcceptor {
     }
 
     /// Replaces the configuration for connections accepted from now on.
-    pub fn reload(&self, config: rustls::ServerConfig) {
+    pub fn reload(&self, mut config: rustls::ServerConfig) {
+        config.enable_secret_extraction = true;
         *self
             .config
             .write()
@@ -301,10 +314,9 @@ impl TlsAcceptor {
         stream: Conn,
         received: BytesMut,
     ) -> Result<(TlsConn, TlsInfo), TlsFailure> {
-        let session = rustls::ServerConnection::new(self.config())
+        let session = rustls::server::UnbufferedServerConnection::new(self.config())
             .map_err(|e| TlsFailure::Protocol(e.to_string()))?;
-        let conn = TlsConn::new(stream, rustls::Connection::Server(session));
-        conn.state().cipher_in = received;
+        let conn = TlsConn::new(stream, Handshake::Server(session), received);
         match mailring_actors::mailring::time::timeout(self.handshake_timeout, conn.handshake())
             .await
         {
@@ -319,7 +331,7 @@ impl TlsAcceptor {
 }
 
 /// What a connection's TLS handshake agreed on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TlsInfo {
     /// The server name the client asked for (SNI), on the server side.
@@ -328,28 +340,166 @@ pub struct TlsInfo {
     pub alpn: Option<Vec<u8>>,
     /// The TLS version.
     pub version: Option<rustls::ProtocolVersion>,
+    /// The handshake resumed an earlier session (a ticket or session id).
+    pub resumed: bool,
 }
 
-/// A connection's rustls state and the bytes around it; it moves with the
+/// A connection's handshake, rustls's unbuffered API over the
+/// connection's own buffers.
+enum Handshake {
+    Server(rustls::server::UnbufferedServerConnection),
+    Client(rustls::client::UnbufferedClientConnection),
+}
+
+/// Where a connection is in its life.
+enum Phase {
+    Handshake(Box<Handshake>),
+    Traffic(Box<RecordLayer>),
+    /// Between the two, or after the move from one to the other failed.
+    Spent,
+}
+
+/// What the handshake needs next.
+enum Step {
+    /// Records to send are in `records_out`.
+    Send,
+    /// More ciphertext.
+    Receive,
+    /// It is done: the record layer has the connection.
+    Done,
+    /// It failed; the alert that says why (if any) is queued.
+    Failed(io::Error),
+}
+
+/// What a handshake state asks for, before the caller looks at the
+/// connection again.
+enum HandshakeNext {
+    Continue,
+    Send,
+    Receive,
+    /// rustls would let application data be sent.
+    Writable,
+    PeerClosed,
+}
+
+/// Encodes a handshake record into `out`, growing it as rustls asks.
+fn encode<Data>(
+    enc: &mut rustls::unbuffered::EncodeTlsData<'_, Data>,
+    out: &mut BytesMut,
+) -> Result<(), rustls::Error> {
+    let mut room = 4096;
+    loop {
+        let len = out.len();
+        out.resize(len + room, 0);
+        match enc.encode(&mut out[len..]) {
+            Ok(n) => {
+                out.truncate(len + n);
+                return Ok(());
+            }
+            Err(rustls::unbuffered::EncodeError::InsufficientSize(e)) => {
+                out.truncate(len);
+                room = e.required_size;
+            }
+            Err(e) => {
+                out.truncate(len);
+                return Err(rustls::Error::General(e.to_string()));
+            }
+        }
+    }
+}
+
+/// Acts on one state of an unbuffered connection in its handshake.
+fn on_handshake_state<Data>(
+    state: Result<rustls::unbuffered::ConnectionState<'_, '_, Data>, rustls::Error>,
+    records_out: &mut BytesMut,
+    early_plain: &mut BytesMut,
+) -> Result<HandshakeNext, rustls::Error> {
+    use rustls::unbuffered::ConnectionState;
+    Ok(match state? {
+        ConnectionState::EncodeTlsData(mut enc) => {
+            encode(&mut enc, records_out)?;
+            HandshakeNext::Continue
+        }
+        ConnectionState::TransmitTlsData(transmit) => {
+            // The records are in `records_out`; the caller sends them
+            // before it asks rustls for anything more.
+            transmit.done();
+            HandshakeNext::Send
+        }
+        // Application data that came with the handshake's last flight.
+        ConnectionState::ReadTraffic(mut read) => {
+            while let Some(record) = read.next_record() {
+                early_plain.extend_from_slice(record?.payload);
+            }
+            HandshakeNext::Continue
+        }
+        ConnectionState::BlockedHandshake => HandshakeNext::Receive,
+        ConnectionState::WriteTraffic(_) => HandshakeNext::Writable,
+        ConnectionState::PeerClosed | ConnectionState::Closed => HandshakeNext::PeerClosed,
+        _ => {
+            return Err(rustls::Error::General(
+                "an unexpected state of the TLS handshake".into(),
+            ));
+        }
+    })
+}
+
+/// A connection's TLS state and the bytes around it; it moves with the
 /// connection between shards.
-#[derive(Debug)]
 pub(crate) struct TlsState {
-    tls: rustls::Connection,
-    /// Ciphertext received and not yet taken by rustls.
+    phase: Phase,
+    /// Ciphertext received and not yet taken.
     cipher_in: BytesMut,
+    /// Plaintext that came with the handshake's last records, before the
+    /// record layer took over.
+    early_plain: BytesMut,
     /// Set when the connection can no longer be used: rustls failed, or a
     /// send of records was abandoned part way.
     broken: Option<TlsFailure>,
     /// The socket reported the peer's end.
     peer_eof: bool,
-    /// Records are written here before a send takes them; its block comes
-    /// back for the next flush once that send is done with it.
+    /// Handshake records are encoded here before a send takes them; its
+    /// block comes back for the next flush once that send is done with it.
     records_out: BytesMut,
-    /// Plaintext handed to rustls since the last flush (to size the next).
-    queued_plain: usize,
+    /// Records of the record layer, each as its encrypter made it.
+    out: Vec<Vec<u8>>,
+    /// What the handshake agreed on, once it is done (the server name
+    /// once the ClientHello is read).
+    info: TlsInfo,
+    /// The ClientHello's server name was looked for (servers).
+    hello_read: bool,
+}
+
+impl fmt::Debug for TlsState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let phase = match &self.phase {
+            Phase::Handshake(_) => "handshake",
+            Phase::Traffic(_) => "traffic",
+            Phase::Spent => "spent",
+        };
+        f.debug_struct("TlsState")
+            .field("phase", &phase)
+            .field("broken", &self.broken)
+            .field("peer_eof", &self.peer_eof)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TlsState {
+    fn new(handshake: Handshake, received: BytesMut) -> Self {
+        TlsState {
+            phase: Phase::Handshake(Box::new(handshake)),
+            cipher_in: received,
+            early_plain: BytesMut::new(),
+            broken: None,
+            peer_eof: false,
+            records_out: BytesMut::new(),
+            out: Vec::new(),
+            info: TlsInfo::default(),
+            hello_read: false,
+        }
+    }
+
     fn check(&self) -> io::Result<()> {
         match &self.broken {
             Some(f) => Err(f.clone().into_io()),
@@ -357,69 +507,226 @@ impl TlsState {
         }
     }
 
-    /// Moves decrypted bytes into `buf`'s spare room, decrypting more of
-    /// the ciphertext already received while room is left (one receive of
-    /// the caller takes every whole record at hand, not one): `Some(n)`
-    /// with `n > 0` for bytes, `Some(0)` at the peer's clean end, `None`
-    /// when nothing is at hand. A failure met after some bytes waits for
-    /// the next call.
-    fn take_plaintext(&mut self, buf: &mut BytesMut) -> io::Result<Option<usize>> {
-        let mut total = 0;
-        loop {
-            if buf.capacity() == buf.len() {
-                if total > 0 {
-                    return Ok(Some(total));
-                }
-                buf.reserve(CIPHER_CHUNK);
+    /// Records wait to be sent.
+    fn wants_write(&self) -> bool {
+        !self.records_out.is_empty() || !self.out.is_empty()
+    }
+
+    /// Marks the connection failed, and gives the error to return.
+    fn broke(&mut self, failure: TlsFailure) -> io::Error {
+        self.broken = Some(failure.clone());
+        failure.into_io()
+    }
+
+    /// The records to send now, as one buffer: handshake records, or the
+    /// record layer's (as they are when there is one).
+    fn take_outgoing(&mut self) -> Bytes {
+        if self.records_out.is_empty() && self.out.len() == 1 {
+            if let Some(record) = self.out.pop() {
+                return Bytes::from(record);
             }
-            let mut reader = self.tls.reader();
-            match reader.fill_buf() {
-                Ok(chunk) if !chunk.is_empty() => {
-                    let n = chunk.len().min(buf.capacity() - buf.len());
-                    buf.extend_from_slice(&chunk[..n]);
-                    reader.consume(n);
-                    total += n;
-                }
-                // The clean end (after what was taken now, at the next call).
-                Ok(_) => return Ok(Some(total)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if total == 0 {
-                        return Ok(None);
+        }
+        let len = self.out.iter().map(Vec::len).sum();
+        self.records_out.reserve(len);
+        for record in self.out.drain(..) {
+            self.records_out.extend_from_slice(&record);
+        }
+        self.records_out.split().freeze()
+    }
+
+    /// Drives the handshake over the ciphertext at hand.
+    fn handshake_step(&mut self) -> Step {
+        loop {
+            let Phase::Handshake(handshake) = &mut self.phase else {
+                return Step::Done;
+            };
+            let records_out = &mut self.records_out;
+            let early_plain = &mut self.early_plain;
+            let (discard, next) = match &mut **handshake {
+                Handshake::Server(conn) => {
+                    if !self.hello_read {
+                        if let client_hello::Sni::Read(name) =
+                            client_hello::server_name(&self.cipher_in)
+                        {
+                            self.info.server_name = name;
+                            self.hello_read = true;
+                        }
                     }
-                    if self.cipher_in.is_empty() || self.feed().is_err() {
-                        return Ok(Some(total));
-                    }
+                    let status = conn.process_tls_records(&mut self.cipher_in[..]);
+                    let next = match status.state {
+                        // Early data (0-RTT), when the configuration takes it.
+                        Ok(rustls::unbuffered::ConnectionState::ReadEarlyData(mut read)) => {
+                            let mut next = Ok(HandshakeNext::Continue);
+                            while let Some(record) = read.next_record() {
+                                match record {
+                                    Ok(record) => early_plain.extend_from_slice(record.payload),
+                                    Err(e) => next = Err(e),
+                                }
+                            }
+                            next
+                        }
+                        state => on_handshake_state(state, records_out, early_plain),
+                    };
+                    (status.discard, next)
                 }
-                Err(e) if total == 0 => return Err(e),
-                Err(_) => return Ok(Some(total)),
+                Handshake::Client(conn) => {
+                    let status = conn.process_tls_records(&mut self.cipher_in[..]);
+                    let next = on_handshake_state(status.state, records_out, early_plain);
+                    (status.discard, next)
+                }
+            };
+            self.cipher_in.advance(discard);
+            match next {
+                Ok(HandshakeNext::Continue) => {}
+                Ok(HandshakeNext::Send) => return Step::Send,
+                Ok(HandshakeNext::Receive) => return Step::Receive,
+                Ok(HandshakeNext::PeerClosed) => {
+                    return Step::Failed(self.broke(TlsFailure::PeerClosedInHandshake));
+                }
+                Ok(HandshakeNext::Writable) => {
+                    // A server may write before the client's Finished.
+                    let handshaking = match &**handshake {
+                        Handshake::Server(conn) => conn.is_handshaking(),
+                        Handshake::Client(conn) => conn.is_handshaking(),
+                    };
+                    if handshaking {
+                        return Step::Receive;
+                    }
+                    return match self.start_traffic() {
+                        Ok(()) => Step::Done,
+                        Err(failure) => Step::Failed(self.broke(failure)),
+                    };
+                }
+                Err(e) => {
+                    self.queue_handshake_alert();
+                    return Step::Failed(self.broke(TlsFailure::Protocol(e.to_string())));
+                }
             }
         }
     }
 
-    /// Gives rustls the ciphertext received, and processes it.
-    fn feed(&mut self) -> io::Result<()> {
-        while !self.cipher_in.is_empty() {
-            let mut rd: &[u8] = &self.cipher_in;
-            let n = self.tls.read_tls(&mut rd)?;
-            if n == 0 {
-                // rustls takes nothing after the peer's close_notify.
-                self.cipher_in.clear();
-                break;
-            }
-            self.cipher_in.advance(n);
-            match self.tls.process_new_packets() {
-                Err(e) => {
-                    let failure = TlsFailure::Protocol(e.to_string());
-                    self.broken = Some(failure.clone());
-                    return Err(failure.into_io());
-                }
-                // Plaintext is taken before more ciphertext goes in (rustls
-                // bounds the plaintext it holds).
-                Ok(io) if io.plaintext_bytes_to_read() > 0 => break,
-                Ok(_) => {}
+    /// After rustls refused the handshake: encodes the alert it queued.
+    fn queue_handshake_alert(&mut self) {
+        use rustls::unbuffered::ConnectionState;
+        fn drain<Data>(
+            state: Result<ConnectionState<'_, '_, Data>, rustls::Error>,
+            out: &mut BytesMut,
+        ) {
+            if let Ok(ConnectionState::EncodeTlsData(mut enc)) = state {
+                let _ = encode(&mut enc, out);
             }
         }
+        let Phase::Handshake(handshake) = &mut self.phase else {
+            return;
+        };
+        // rustls queued one alert, which the next call gives before it
+        // reads any more records (reading the bytes that failed again
+        // would fail again). It is given the same buffer: its handshake
+        // deframer keeps places in it.
+        let discard = match &mut **handshake {
+            Handshake::Server(conn) => {
+                let status = conn.process_tls_records(&mut self.cipher_in[..]);
+                drain(status.state, &mut self.records_out);
+                status.discard
+            }
+            Handshake::Client(conn) => {
+                let status = conn.process_tls_records(&mut self.cipher_in[..]);
+                drain(status.state, &mut self.records_out);
+                status.discard
+            }
+        };
+        self.cipher_in.advance(discard);
+    }
+
+    /// The handshake is done: notes what it agreed and gives the
+    /// connection to the record layer.
+    fn start_traffic(&mut self) -> Result<(), TlsFailure> {
+        let phase = std::mem::replace(&mut self.phase, Phase::Spent);
+        let Phase::Handshake(handshake) = phase else {
+            return Err(TlsFailure::Protocol("the TLS handshake ended twice".into()));
+        };
+        let to_failure = |e: rustls::Error| TlsFailure::Protocol(e.to_string());
+        let layer = match *handshake {
+            Handshake::Server(conn) => {
+                self.info = TlsInfo {
+                    server_name: self.info.server_name.take(),
+                    alpn: conn.alpn_protocol().map(<[u8]>::to_vec),
+                    version: conn.protocol_version(),
+                    resumed: conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+                };
+                let (secrets, kernel) = conn
+                    .dangerous_into_kernel_connection()
+                    .map_err(to_failure)?;
+                RecordLayer::for_server(secrets, kernel)?
+            }
+            Handshake::Client(conn) => {
+                self.info = TlsInfo {
+                    server_name: None,
+                    alpn: conn.alpn_protocol().map(<[u8]>::to_vec),
+                    version: conn.protocol_version(),
+                    resumed: conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+                };
+                let (secrets, kernel) = conn
+                    .dangerous_into_kernel_connection()
+                    .map_err(to_failure)?;
+                RecordLayer::for_client(secrets, kernel)?
+            }
+        };
+        self.phase = Phase::Traffic(Box::new(layer));
         Ok(())
+    }
+
+    /// The record layer, or the error of a connection without one.
+    fn layer(&mut self) -> io::Result<&mut RecordLayer> {
+        match &mut self.phase {
+            Phase::Traffic(layer) => Ok(layer),
+            _ => Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the TLS handshake is not done",
+            )),
+        }
+    }
+
+    /// Decrypted bytes into `buf`'s spare room (grown if it has none).
+    fn read(&mut self, buf: &mut BytesMut) -> io::Result<Read> {
+        if buf.capacity() == buf.len() {
+            buf.reserve(CIPHER_CHUNK);
+        }
+        if !self.early_plain.is_empty() {
+            let n = self.early_plain.len().min(buf.capacity() - buf.len());
+            buf.extend_from_slice(&self.early_plain[..n]);
+            self.early_plain.advance(n);
+            return Ok(Read::Plaintext(n));
+        }
+        let Phase::Traffic(layer) = &mut self.phase else {
+            return self.layer().map(|_| Read::NeedMore);
+        };
+        match layer.read(&mut self.cipher_in, buf, &mut self.out) {
+            Ok(read) => Ok(read),
+            Err(failure) => Err(self.broke(failure)),
+        }
+    }
+
+    /// Encrypts `plain` into records to send.
+    fn encrypt(&mut self, plain: &[u8]) -> io::Result<()> {
+        let Phase::Traffic(layer) = &mut self.phase else {
+            return self.layer().map(|_| ());
+        };
+        match layer.encrypt_data(plain, &mut self.out) {
+            Ok(()) => Ok(()),
+            Err(failure) => Err(self.broke(failure)),
+        }
+    }
+
+    /// Queues `close_notify` (once).
+    fn queue_close_notify(&mut self) -> io::Result<()> {
+        let Phase::Traffic(layer) = &mut self.phase else {
+            return self.layer().map(|_| ());
+        };
+        match layer.encrypt_close_notify(&mut self.out) {
+            Ok(()) => Ok(()),
+            Err(failure) => Err(self.broke(failure)),
+        }
     }
 }
 
@@ -445,16 +752,6 @@ impl fmt::Debug for TlsConn {
             .field("inner", &self.inner)
             .finish_non_exhaustive()
     }
-}
-
-/// What a receive or a handshake does after looking at the state.
-enum Next {
-    /// Ciphertext went to rustls, with this outcome.
-    Fed(io::Result<()>),
-    /// rustls has records to send before anything more is read.
-    Flush,
-    /// More ciphertext is needed.
-    Receive,
 }
 
 /// Holds the write side; its drop lets the next writer in.
@@ -496,21 +793,8 @@ fn abandoned_send() -> TlsFailure {
 }
 
 impl TlsConn {
-    fn new(inner: Conn, mut tls: rustls::Connection) -> Self {
-        // The driver bounds what it queues (`outbound_limit`): rustls takes
-        // every byte it is given.
-        tls.set_buffer_limit(None);
-        Self::from_state(
-            inner,
-            TlsState {
-                tls,
-                cipher_in: BytesMut::new(),
-                records_out: BytesMut::new(),
-                queued_plain: 0,
-                broken: None,
-                peer_eof: false,
-            },
-        )
+    fn new(inner: Conn, handshake: Handshake, received: BytesMut) -> Self {
+        Self::from_state(inner, TlsState::new(handshake, received))
     }
 
     pub(crate) fn from_state(inner: Conn, state: TlsState) -> Self {
@@ -556,59 +840,46 @@ impl TlsConn {
         config: Arc<rustls::ClientConfig>,
         server_name: ServerName<'static>,
     ) -> io::Result<TlsConn> {
-        let session = rustls::ClientConnection::new(config, server_name)
-            .map_err(|e| TlsFailure::Protocol(e.to_string()).into_io())?;
-        let conn = TlsConn::new(stream, rustls::Connection::Client(session));
+        let session = rustls::client::UnbufferedClientConnection::new(
+            with_secret_extraction(config),
+            server_name,
+        )
+        .map_err(|e| TlsFailure::Protocol(e.to_string()).into_io())?;
+        let conn = TlsConn::new(stream, Handshake::Client(session), BytesMut::new());
         conn.handshake().await?;
         Ok(conn)
     }
 
     /// What the handshake agreed on.
     pub(crate) fn info(&self) -> TlsInfo {
-        let state = self.state();
-        let server_name = match &state.tls {
-            rustls::Connection::Server(s) => s.server_name().map(str::to_owned),
-            rustls::Connection::Client(_) => None,
-        };
-        TlsInfo {
-            server_name,
-            alpn: state.tls.alpn_protocol().map(<[u8]>::to_vec),
-            version: state.tls.protocol_version(),
-        }
+        self.state().info.clone()
     }
 
     /// Reads and writes until the handshake is done.
     async fn handshake(&self) -> io::Result<()> {
         loop {
-            if self.state().tls.wants_write() {
-                self.flush().await?;
-            }
-            let next = {
+            let step = {
                 let mut state = self.state();
                 state.check()?;
-                if !state.tls.is_handshaking() {
-                    return Ok(());
-                }
-                if !state.cipher_in.is_empty() {
-                    Next::Fed(state.feed())
-                } else if state.peer_eof {
-                    return Err(TlsFailure::PeerClosedInHandshake.into_io());
-                } else {
-                    Next::Receive
-                }
+                state.handshake_step()
             };
-            match next {
-                Next::Fed(Ok(())) => {}
-                Next::Fed(Err(e)) => return Err(self.fail(e).await),
-                // Sent at the top of the loop.
-                Next::Flush => {}
-                Next::Receive => self.receive_ciphertext().await?,
+            match step {
+                Step::Send => self.flush().await?,
+                Step::Receive => {
+                    if self.state().peer_eof {
+                        let failure = TlsFailure::PeerClosedInHandshake;
+                        return Err(self.state().broke(failure));
+                    }
+                    self.receive_ciphertext().await?;
+                }
+                Step::Done => return Ok(()),
+                Step::Failed(e) => return Err(self.fail(e).await),
             }
         }
     }
 
-    /// After rustls refused what came: sends the alert it queued, if the
-    /// socket takes it, and gives back the error.
+    /// After a failure: sends the alert queued for it, if the socket takes
+    /// it, and gives back the error.
     async fn fail(&self, e: io::Error) -> io::Error {
         let _ = self.flush_ignoring_state().await;
         e
@@ -627,9 +898,6 @@ impl TlsConn {
         state.cipher_in.unsplit(tail);
         if res? == 0 {
             state.peer_eof = true;
-            // rustls learns of the end (a peer that sent close_notify
-            // first ended cleanly; one that did not, uncleanly).
-            let _ = state.tls.read_tls(&mut io::empty());
         }
         Ok(())
     }
@@ -647,46 +915,38 @@ impl TlsConn {
 
     async fn recv_into(&self, buf: &mut BytesMut) -> io::Result<usize> {
         loop {
-            let next = {
+            let (read, wants_write, peer_eof) = {
                 let mut state = self.state();
                 state.check()?;
-                if let Some(n) = state.take_plaintext(buf)? {
+                let read = state.read(buf);
+                (read, state.wants_write(), state.peer_eof)
+            };
+            match read {
+                Err(e) => return Err(self.fail(e).await),
+                Ok(Read::Plaintext(n)) => {
+                    // What the records asked to be answered (a key update)
+                    // goes before anything the caller sends.
+                    if wants_write {
+                        self.flush().await?;
+                    }
                     return Ok(n);
                 }
-                if !state.cipher_in.is_empty() {
-                    Next::Fed(state.feed())
-                } else if state.peer_eof {
-                    // rustls saw the end and still says "would block".
+                Ok(Read::End) => return Ok(0),
+                Ok(Read::NeedMore) if wants_write => self.flush().await?,
+                Ok(Read::NeedMore) if peer_eof => {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
                         "peer closed without close_notify",
                     ));
-                } else if state.tls.wants_write() {
-                    // Something rustls must say first (a key update).
-                    Next::Flush
-                } else {
-                    Next::Receive
                 }
-            };
-            match next {
-                Next::Fed(Ok(())) => {}
-                Next::Fed(Err(e)) => return Err(self.fail(e).await),
-                Next::Flush => {
-                    self.flush().await?;
-                    self.receive_ciphertext().await?;
-                }
-                Next::Receive => self.receive_ciphertext().await?,
+                Ok(Read::NeedMore) => self.receive_ciphertext().await?,
             }
         }
     }
 
     /// Encrypts `buf` and sends the records.
     pub(crate) async fn send_all(&self, buf: Bytes) -> (io::Result<()>, Bytes) {
-        let queued = self.check().and_then(|()| {
-            let mut state = self.state();
-            state.queued_plain += buf.len();
-            state.tls.writer().write_all(&buf)
-        });
+        let queued = self.check().and_then(|()| self.state().encrypt(&buf));
         if let Err(e) = queued {
             return (Err(e), buf);
         }
@@ -697,15 +957,14 @@ impl TlsConn {
     /// connection already failed.
     pub(crate) async fn close_notify(&self) -> io::Result<()> {
         self.check()?;
-        self.state().tls.send_close_notify();
+        self.state().queue_close_notify()?;
         self.flush().await
     }
 
     /// Sends `close_notify`, then shuts the socket down as asked.
     pub(crate) async fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
         if how != std::net::Shutdown::Read {
-            self.state().tls.send_close_notify();
-            self.flush().await?;
+            self.close_notify().await?;
         }
         self.inner.shutdown_plain(how).await
     }
@@ -729,7 +988,7 @@ impl TlsConn {
         })
     }
 
-    /// Sends every record rustls has queued.
+    /// Sends every record queued.
     async fn flush(&self) -> io::Result<()> {
         self.check()?;
         self.flush_ignoring_state().await
@@ -745,22 +1004,10 @@ impl TlsConn {
             }
             let records = {
                 let mut state = self.state();
-                if !state.tls.wants_write() {
+                if !state.wants_write() {
                     return Ok(());
                 }
-                let state = &mut *state;
-                // Room for the records at once: the plaintext, a header
-                // and tag per 16 KiB record, and some handshake or alert
-                // bytes (it grows if that was short).
-                let plain = std::mem::take(&mut state.queued_plain);
-                state
-                    .records_out
-                    .reserve(plain + plain / (16 << 10) * 64 + 1024);
-                let mut out = (&mut state.records_out).writer();
-                while state.tls.wants_write() {
-                    state.tls.write_tls(&mut out)?;
-                }
-                state.records_out.split().freeze()
+                state.take_outgoing()
             };
             let mut in_flight = SendInFlight {
                 abandoned: &self.abandoned,
@@ -771,4 +1018,15 @@ impl TlsConn {
             res?;
         }
     }
+}
+
+/// `config`, or a copy of it that lets the record layer take the
+/// connection's keys after the handshake.
+fn with_secret_extraction(config: Arc<rustls::ClientConfig>) -> Arc<rustls::ClientConfig> {
+    if config.enable_secret_extraction {
+        return config;
+    }
+    let mut config = (*config).clone();
+    config.enable_secret_extraction = true;
+    Arc::new(config)
 }

@@ -1,0 +1,420 @@
+//! The handshake driver and the record layer, run in memory: two
+//! connection states pass their records to each other, or one of ours
+//! talks to rustls's own buffered connection (an independent record
+//! layer), for every suite of both versions, key updates, tickets and
+//! hostile records.
+
+use std::io::{Read as _, Write as _};
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{SupportedCipherSuite, SupportedProtocolVersion};
+
+use super::record::Read;
+use super::{Handshake, Phase, Step, TlsState};
+
+struct Identity {
+    cert: CertificateDer<'static>,
+    key: PrivateKeyDer<'static>,
+}
+
+fn identity() -> Identity {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    Identity {
+        cert: cert.der().clone(),
+        key: PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+    }
+}
+
+fn provider(suite: SupportedCipherSuite) -> Arc<CryptoProvider> {
+    Arc::new(CryptoProvider {
+        cipher_suites: vec![suite],
+        ..rustls::crypto::ring::default_provider()
+    })
+}
+
+fn version_of(suite: SupportedCipherSuite) -> &'static SupportedProtocolVersion {
+    match suite {
+        SupportedCipherSuite::Tls13(_) => &rustls::version::TLS13,
+        SupportedCipherSuite::Tls12(_) => &rustls::version::TLS12,
+    }
+}
+
+fn server_config(id: &Identity, suite: SupportedCipherSuite) -> Arc<rustls::ServerConfig> {
+    let mut config = rustls::ServerConfig::builder_with_provider(provider(suite))
+        .with_protocol_versions(&[version_of(suite)])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![id.cert.clone()], id.key.clone_key())
+        .unwrap();
+    config.enable_secret_extraction = true;
+    Arc::new(config)
+}
+
+fn client_config(id: &Identity, suite: SupportedCipherSuite) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(id.cert.clone()).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(provider(suite))
+        .with_protocol_versions(&[version_of(suite)])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.enable_secret_extraction = true;
+    Arc::new(config)
+}
+
+fn localhost() -> ServerName<'static> {
+    ServerName::try_from("localhost").unwrap()
+}
+
+fn our_server(config: Arc<rustls::ServerConfig>) -> TlsState {
+    let conn = rustls::server::UnbufferedServerConnection::new(config).unwrap();
+    TlsState::new(Handshake::Server(conn), BytesMut::new())
+}
+
+fn our_client(config: Arc<rustls::ClientConfig>) -> TlsState {
+    let conn = rustls::client::UnbufferedClientConnection::new(config, localhost()).unwrap();
+    TlsState::new(Handshake::Client(conn), BytesMut::new())
+}
+
+/// Moves every record `from` has queued to `to`'s receive buffer.
+fn transfer(from: &mut TlsState, to: &mut TlsState) {
+    while from.wants_write() {
+        let records = from.take_outgoing();
+        to.cipher_in.extend_from_slice(&records);
+    }
+}
+
+fn in_traffic(state: &TlsState) -> bool {
+    matches!(state.phase, Phase::Traffic(_))
+}
+
+/// One step of `me`'s handshake; what it sends goes to `peer`.
+fn step(me: &mut TlsState, peer: &mut TlsState) {
+    match me.handshake_step() {
+        Step::Send => transfer(me, peer),
+        Step::Receive | Step::Done => {}
+        Step::Failed(e) => panic!("handshake failed: {e}"),
+    }
+}
+
+/// Runs both handshakes to their end.
+fn handshake(client: &mut TlsState, server: &mut TlsState) {
+    for _ in 0..50 {
+        step(client, server);
+        step(server, client);
+        if in_traffic(client)
+            && in_traffic(server)
+            && !client.wants_write()
+            && !server.wants_write()
+        {
+            return;
+        }
+    }
+    panic!("the handshake did not end");
+}
+
+fn pair(suite: SupportedCipherSuite) -> (TlsState, TlsState) {
+    let id = identity();
+    let mut client = our_client(client_config(&id, suite));
+    let mut server = our_server(server_config(&id, suite));
+    handshake(&mut client, &mut server);
+    (client, server)
+}
+
+/// Everything `state` can decrypt now, and whether the peer ended.
+fn read_all(state: &mut TlsState) -> (Vec<u8>, bool) {
+    let mut got = Vec::new();
+    loop {
+        let mut buf = BytesMut::with_capacity(3000);
+        match state.read(&mut buf).unwrap() {
+            Read::Plaintext(n) => {
+                assert_eq!(n, buf.len());
+                got.extend_from_slice(&buf);
+            }
+            Read::End => return (got, true),
+            Read::NeedMore => return (got, false),
+        }
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+fn all_suites() -> Vec<SupportedCipherSuite> {
+    rustls::crypto::ring::ALL_CIPHER_SUITES.to_vec()
+}
+
+#[test]
+fn every_suite_of_both_versions_carries_data_both_ways_across_record_boundaries() {
+    let suites = all_suites();
+    assert_eq!(suites.len(), 9, "three TLS 1.3 suites, six TLS 1.2 ones");
+    for suite in suites {
+        let SupportedCipherSuite::Tls12(s) = suite else {
+            // TLS 1.3: one certificate type serves every suite.
+            check_both_ways(suite);
+            continue;
+        };
+        // The RSA-signed TLS 1.2 suites need an RSA certificate; rcgen's
+        // default key is ECDSA, so only the ECDSA ones run here.
+        if format!("{:?}", s.common.suite).contains("ECDSA") {
+            check_both_ways(suite);
+        }
+    }
+}
+
+fn check_both_ways(suite: SupportedCipherSuite) {
+    let (mut client, mut server) = pair(suite);
+    for (i, len) in [1, 16384, 16385, 100_000].into_iter().enumerate() {
+        let data = pattern(len, i as u8);
+        client.encrypt(&data).unwrap();
+        transfer(&mut client, &mut server);
+        assert_eq!(
+            read_all(&mut server),
+            (data.clone(), false),
+            "{suite:?} {len}"
+        );
+        server.encrypt(&data).unwrap();
+        transfer(&mut server, &mut client);
+        assert_eq!(read_all(&mut client), (data, false), "{suite:?} {len}");
+    }
+    client.queue_close_notify().unwrap();
+    transfer(&mut client, &mut server);
+    assert_eq!(read_all(&mut server), (Vec::new(), true), "{suite:?}");
+    // The end stays the end.
+    assert_eq!(read_all(&mut server), (Vec::new(), true), "{suite:?}");
+    assert!(
+        client.encrypt(b"late").is_err(),
+        "nothing is sent after close_notify"
+    );
+}
+
+/// Drives a rustls buffered connection's output into our state.
+fn from_rustls(peer: &mut rustls::Connection, us: &mut TlsState) {
+    while peer.wants_write() {
+        let mut records = Vec::new();
+        peer.write_tls(&mut records).unwrap();
+        us.cipher_in.extend_from_slice(&records);
+    }
+}
+
+/// Hands our records to a rustls buffered connection, and returns the
+/// plaintext it read (or its error).
+fn to_rustls(us: &mut TlsState, peer: &mut rustls::Connection) -> Result<Vec<u8>, rustls::Error> {
+    while us.wants_write() {
+        let records = us.take_outgoing();
+        let mut rd: &[u8] = &records;
+        while !rd.is_empty() {
+            peer.read_tls(&mut rd).unwrap();
+            peer.process_new_packets()?;
+        }
+    }
+    let mut got = Vec::new();
+    match peer.reader().read_to_end(&mut got) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        Err(e) => panic!("{e}"),
+    }
+    Ok(got)
+}
+
+/// Our server and a rustls buffered client, handshake done.
+fn our_server_and_rustls_client(
+    suite: SupportedCipherSuite,
+) -> (TlsState, rustls::Connection, Arc<rustls::ClientConfig>) {
+    let id = identity();
+    let mut server = our_server(server_config(&id, suite));
+    let config = client_config(&id, suite);
+    let mut client = rustls::Connection::Client(
+        rustls::ClientConnection::new(config.clone(), localhost()).unwrap(),
+    );
+    for _ in 0..50 {
+        from_rustls(&mut client, &mut server);
+        match server.handshake_step() {
+            Step::Send => {
+                to_rustls(&mut server, &mut client).unwrap();
+            }
+            Step::Receive | Step::Done => {}
+            Step::Failed(e) => panic!("{e}"),
+        }
+        if in_traffic(&server) && !client.is_handshaking() && !client.wants_write() {
+            // The session tickets, if the server sent them last.
+            to_rustls(&mut server, &mut client).unwrap();
+            return (server, client, config);
+        }
+    }
+    panic!("the handshake did not end");
+}
+
+#[test]
+fn a_rustls_peer_s_key_updates_are_followed_and_answered_when_it_asks() {
+    let (mut server, mut client, _) =
+        our_server_and_rustls_client(rustls::crypto::ring::cipher_suite::TLS13_AES_256_GCM_SHA384);
+    // More updates than the bound on updates in a row: data between them
+    // resets it.
+    for round in 0..40u8 {
+        let request = pattern(300, round);
+        client.writer().write_all(&request).unwrap();
+        // rustls asks for an update of ours too.
+        client.refresh_traffic_keys().unwrap();
+        client.writer().write_all(&request).unwrap();
+        from_rustls(&mut client, &mut server);
+        let (got, ended) = read_all(&mut server);
+        assert_eq!(got, [request.clone(), request.clone()].concat());
+        assert!(!ended);
+        // Our answering KeyUpdate goes first, then the reply under the
+        // new key; rustls reads both.
+        assert!(server.wants_write(), "the requested key update is queued");
+        server.encrypt(&request).unwrap();
+        assert_eq!(to_rustls(&mut server, &mut client).unwrap(), request);
+    }
+}
+
+#[test]
+fn our_key_update_at_the_confidentiality_limit_keeps_a_rustls_peer_reading() {
+    let (mut server, mut client, _) =
+        our_server_and_rustls_client(rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256);
+    let Phase::Traffic(layer) = &mut server.phase else {
+        unreachable!()
+    };
+    layer.set_tx_limit(3);
+    let mut expected = Vec::new();
+    for i in 0..20u8 {
+        let data = pattern(100 + usize::from(i), i);
+        server.encrypt(&data).unwrap();
+        expected.extend_from_slice(&data);
+    }
+    assert_eq!(to_rustls(&mut server, &mut client).unwrap(), expected);
+    // And the peer's records still open on our side.
+    client.writer().write_all(b"after").unwrap();
+    from_rustls(&mut client, &mut server);
+    assert_eq!(read_all(&mut server), (b"after".to_vec(), false));
+}
+
+#[test]
+fn tls12_refuses_to_send_past_the_confidentiality_limit() {
+    let (mut client, _server) =
+        pair(rustls::crypto::ring::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256);
+    let Phase::Traffic(layer) = &mut client.phase else {
+        unreachable!()
+    };
+    layer.set_tx_limit(2);
+    client.encrypt(b"one").unwrap();
+    let e = client.encrypt(b"two").unwrap_err();
+    assert!(e.to_string().contains("confidentiality limit"), "{e}");
+    assert!(client.check().is_err(), "the connection is failed");
+}
+
+#[test]
+fn our_client_stores_the_server_s_tickets_and_resumes_with_them() {
+    let id = identity();
+    let suite = rustls::crypto::ring::cipher_suite::TLS13_CHACHA20_POLY1305_SHA256;
+    let client_config = client_config(&id, suite);
+    let server_config = server_config(&id, suite);
+    let mut client = our_client(client_config.clone());
+    let mut server = our_server(server_config.clone());
+    handshake(&mut client, &mut server);
+    assert!(!client.info.resumed);
+    // The tickets came after the client's handshake ended: the record
+    // layer hands them to rustls.
+    assert_eq!(read_all(&mut client), (Vec::new(), false));
+
+    let mut client = our_client(client_config);
+    let mut server = our_server(server_config);
+    handshake(&mut client, &mut server);
+    assert!(client.info.resumed, "the second handshake resumed");
+    assert!(server.info.resumed);
+    client.encrypt(b"resumed").unwrap();
+    transfer(&mut client, &mut server);
+    assert_eq!(read_all(&mut server), (b"resumed".to_vec(), false));
+}
+
+#[test]
+fn a_tampered_record_fails_with_bad_record_mac_and_the_peer_is_told() {
+    for suite in [
+        rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256,
+        rustls::crypto::ring::cipher_suite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    ] {
+        let (mut server, mut client, _) = our_server_and_rustls_client(suite);
+        client.writer().write_all(b"first").unwrap();
+        from_rustls(&mut client, &mut server);
+        assert_eq!(read_all(&mut server), (b"first".to_vec(), false));
+        client.writer().write_all(b"second").unwrap();
+        from_rustls(&mut client, &mut server);
+        let last = server.cipher_in.len() - 1;
+        server.cipher_in[last] ^= 1;
+        let mut buf = BytesMut::with_capacity(100);
+        let e = server.read(&mut buf).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{suite:?}");
+        assert!(server.check().is_err());
+        let told = to_rustls(&mut server, &mut client).unwrap_err();
+        assert!(
+            format!("{told:?}").contains("BadRecordMac"),
+            "{suite:?}: {told:?}"
+        );
+    }
+}
+
+#[test]
+fn oversized_unprotected_and_unexpected_records_are_refused() {
+    let suite = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256;
+    let cases: [(&[u8], &str); 3] = [
+        // A length past any record's.
+        (&[23, 3, 3, 0xff, 0xff], "over the limit"),
+        // A handshake record in clear after a TLS 1.3 handshake.
+        (&[22, 3, 3, 0, 1, 0], "unprotected"),
+        // An alert in clear.
+        (&[21, 3, 3, 0, 2, 2, 40], "unprotected"),
+    ];
+    for (bytes, expected) in cases {
+        let (_client, mut server) = pair(suite);
+        server.cipher_in.extend_from_slice(bytes);
+        let mut buf = BytesMut::with_capacity(100);
+        let e = server.read(&mut buf).unwrap_err();
+        assert!(e.to_string().contains(expected), "{e}");
+        // The alert that says why is queued for the peer.
+        assert!(server.wants_write());
+    }
+    // A fatal alert from the peer fails the connection with its name.
+    let (mut server, mut client, _) = our_server_and_rustls_client(suite);
+    client.send_close_notify();
+    let (mut ours, mut theirs) = pair(suite);
+    let Phase::Traffic(layer) = &mut ours.phase else {
+        unreachable!()
+    };
+    let mut out = Vec::new();
+    let failure = layer.encrypt_fatal_alert_for_test(&mut out);
+    ours.out = out;
+    transfer(&mut ours, &mut theirs);
+    let e = theirs.read(&mut BytesMut::with_capacity(10)).unwrap_err();
+    assert!(e.to_string().contains(&failure), "{e}");
+    // And a clean end from rustls is the end.
+    from_rustls(&mut client, &mut server);
+    assert_eq!(read_all(&mut server), (Vec::new(), true));
+}
+
+#[test]
+fn a_record_cut_anywhere_waits_for_the_rest() {
+    let (mut client, mut server) =
+        pair(rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256);
+    let data = pattern(5000, 9);
+    client.encrypt(&data).unwrap();
+    let records = client.take_outgoing();
+    let mut got = Vec::new();
+    for byte in records.iter() {
+        server.cipher_in.extend_from_slice(&[*byte]);
+        let (part, ended) = read_all(&mut server);
+        assert!(!ended);
+        got.extend(part);
+    }
+    assert_eq!(got, data);
+}
