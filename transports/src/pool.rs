@@ -257,6 +257,20 @@ impl<C: Codec> Pool<C> {
     /// A pool to `upstream` for a runtime of `shards` shards.
     pub fn new(upstream: Upstream, codec: C, config: PoolConfig, shards: usize) -> Self {
         static IDS: AtomicU64 = AtomicU64::new(1);
+        // The TLS record layer takes the keys after each handshake: the
+        // configuration says so once here, not once per connect.
+        let upstream = match upstream {
+            Upstream::Tls {
+                addr,
+                server_name,
+                config,
+            } => Upstream::Tls {
+                addr,
+                server_name,
+                config: crate::tls::with_secret_extraction(config),
+            },
+            other => other,
+        };
         Pool {
             shared: Arc::new(Shared {
                 id: IDS.fetch_add(1, Ordering::Relaxed),

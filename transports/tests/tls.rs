@@ -637,3 +637,92 @@ fn clones_of_an_acceptor_share_reloads_whatever_their_handshake_timeout() {
     acceptor.reload_pem_files(&next_cert, &next_key).unwrap();
     assert!(Arc::ptr_eq(&acceptor.config(), &quick.config()));
 }
+
+#[test]
+fn key_updates_resumption_and_a_tampered_record_over_live_connections() {
+    let pki = Pki::new("records");
+    let (ca, ca_path) = pki.ca("ca");
+    let (cert, key) = pki.leaf(&ca, "server", &["localhost"], false);
+    let rt = runtime(2);
+    let server = Server::builder(LengthDelimited::new(), |_| Echo)
+        .tls(TlsAcceptor::from_pem_files(&cert, &key).unwrap())
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+
+    // rustls's own client asks for a key update before each request: the
+    // server follows the client's new key and answers under a new key of
+    // its own, which the client follows in turn.
+    let mut updating = tls_client(addr, &ca_path, "localhost", &[]).unwrap();
+    for i in 0..40u8 {
+        updating.conn.refresh_traffic_keys().unwrap();
+        let body = vec![i; 1000 + usize::from(i) * 500];
+        assert_eq!(round_trip(&mut updating, &body), body);
+    }
+
+    // A record changed on the wire: the server refuses it with the alert
+    // that says why and closes that connection only.
+    let mut tampering = tls_client(addr, &ca_path, "localhost", &[]).unwrap();
+    assert_eq!(round_trip(&mut tampering, b"before"), b"before");
+    tampering
+        .conn
+        .writer()
+        .write_all(&frame(b"tampered"))
+        .unwrap();
+    let mut records = Vec::new();
+    while tampering.conn.wants_write() {
+        tampering.conn.write_tls(&mut records).unwrap();
+    }
+    let last = records.len() - 1;
+    records[last] ^= 0x40;
+    tampering.sock.write_all(&records).unwrap();
+    let mut told = None;
+    let mut buf = [0u8; 4096];
+    while told.is_none() {
+        match tampering.sock.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let mut rd = &buf[..n];
+                while !rd.is_empty() {
+                    tampering.conn.read_tls(&mut rd).unwrap();
+                    if let Err(e) = tampering.conn.process_new_packets() {
+                        told = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(
+        told,
+        Some(rustls::Error::AlertReceived(
+            rustls::AlertDescription::BadRecordMac
+        ))
+    );
+    wait_for(&server, "the tampered connection's close", |s| {
+        s.closed(CloseKind::Tls) == 1
+    });
+    // The other connection goes on.
+    assert_eq!(round_trip(&mut updating, b"after"), b"after");
+
+    // Our client keeps the server's session tickets: a second connection
+    // with the same configuration resumes.
+    let config = Arc::new(tls::client_config_from_ca_pem_file(&ca_path).unwrap());
+    rt.block_on_local(move || async move {
+        let mut first =
+            Framed::connect_tls(addr, "localhost", config.clone(), LengthDelimited::new())
+                .await
+                .unwrap();
+        assert!(!first.tls_info().unwrap().resumed);
+        // The tickets come after the handshake, ahead of this answer.
+        first.send(Bytes::from_static(b"one")).await.unwrap();
+        assert_eq!(first.recv().await.unwrap().unwrap(), &b"one"[..]);
+        let mut second = Framed::connect_tls(addr, "localhost", config, LengthDelimited::new())
+            .await
+            .unwrap();
+        assert!(second.tls_info().unwrap().resumed, "resumed with a ticket");
+        second.send(Bytes::from_static(b"two")).await.unwrap();
+        assert_eq!(second.recv().await.unwrap().unwrap(), &b"two"[..]);
+    });
+    rt.block_on(server.shutdown());
+}

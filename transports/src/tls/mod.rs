@@ -1022,7 +1022,9 @@ impl TlsConn {
 
 /// `config`, or a copy of it that lets the record layer take the
 /// connection's keys after the handshake.
-fn with_secret_extraction(config: Arc<rustls::ClientConfig>) -> Arc<rustls::ClientConfig> {
+pub(crate) fn with_secret_extraction(
+    config: Arc<rustls::ClientConfig>,
+) -> Arc<rustls::ClientConfig> {
     if config.enable_secret_extraction {
         return config;
     }
