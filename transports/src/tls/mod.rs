@@ -9,13 +9,15 @@
 //! into a buffer one ring send takes. Then [`record`] protects the records
 //! with the negotiated keys (rustls keeps the key schedule): a received
 //! record is decrypted in place and copied once, into the caller's buffer;
-//! a send copies the plaintext once, into the record. Records are written
+//! a send copies the plaintext once, into the send buffer, where
+//! [`seal`] seals it. Records are written
 //! by one send at a time (a receive that must answer, a key update or an
 //! alert, waits for the send in flight), so records never interleave on
 //! the wire.
 
 mod client_hello;
 mod record;
+mod seal;
 #[cfg(test)]
 mod tests;
 
@@ -458,11 +460,9 @@ pub(crate) struct TlsState {
     broken: Option<TlsFailure>,
     /// The socket reported the peer's end.
     peer_eof: bool,
-    /// Handshake records are encoded here before a send takes them; its
+    /// Records are encoded or sealed here before a send takes them; its
     /// block comes back for the next flush once that send is done with it.
     records_out: BytesMut,
-    /// Records of the record layer, each as its encrypter made it.
-    out: Vec<Vec<u8>>,
     /// What the handshake agreed on, once it is done (the server name
     /// once the ClientHello is read).
     info: TlsInfo,
@@ -494,7 +494,6 @@ impl TlsState {
             broken: None,
             peer_eof: false,
             records_out: BytesMut::new(),
-            out: Vec::new(),
             info: TlsInfo::default(),
             hello_read: false,
         }
@@ -509,7 +508,7 @@ impl TlsState {
 
     /// Records wait to be sent.
     fn wants_write(&self) -> bool {
-        !self.records_out.is_empty() || !self.out.is_empty()
+        !self.records_out.is_empty()
     }
 
     /// Marks the connection failed, and gives the error to return.
@@ -518,19 +517,8 @@ impl TlsState {
         failure.into_io()
     }
 
-    /// The records to send now, as one buffer: handshake records, or the
-    /// record layer's (as they are when there is one).
+    /// The records to send now, as one buffer.
     fn take_outgoing(&mut self) -> Bytes {
-        if self.records_out.is_empty() && self.out.len() == 1 {
-            if let Some(record) = self.out.pop() {
-                return Bytes::from(record);
-            }
-        }
-        let len = self.out.iter().map(Vec::len).sum();
-        self.records_out.reserve(len);
-        for record in self.out.drain(..) {
-            self.records_out.extend_from_slice(&record);
-        }
         self.records_out.split().freeze()
     }
 
@@ -701,7 +689,7 @@ impl TlsState {
         let Phase::Traffic(layer) = &mut self.phase else {
             return self.layer().map(|_| Read::NeedMore);
         };
-        match layer.read(&mut self.cipher_in, buf, &mut self.out) {
+        match layer.read(&mut self.cipher_in, buf, &mut self.records_out) {
             Ok(read) => Ok(read),
             Err(failure) => Err(self.broke(failure)),
         }
@@ -712,7 +700,7 @@ impl TlsState {
         let Phase::Traffic(layer) = &mut self.phase else {
             return self.layer().map(|_| ());
         };
-        match layer.encrypt_data(plain, &mut self.out) {
+        match layer.encrypt_data(plain, &mut self.records_out) {
             Ok(()) => Ok(()),
             Err(failure) => Err(self.broke(failure)),
         }
@@ -723,7 +711,7 @@ impl TlsState {
         let Phase::Traffic(layer) = &mut self.phase else {
             return self.layer().map(|_| ());
         };
-        match layer.encrypt_close_notify(&mut self.out) {
+        match layer.encrypt_close_notify(&mut self.records_out) {
             Ok(()) => Ok(()),
             Err(failure) => Err(self.broke(failure)),
         }

@@ -10,8 +10,8 @@
 //!   connection's receive buffer, and its plaintext is copied once, into
 //!   the caller's buffer (rustls's buffered API copies the ciphertext into
 //!   its own buffer, the plaintext into a queue, then into the caller's);
-//! - plaintext is copied once, into the record the encrypter returns,
-//!   which the send takes as it is.
+//! - plaintext is copied once, into the send buffer, where the record is
+//!   sealed ([`super::seal`]).
 //!
 //! What rustls would do after the handshake is done here too: alerts
 //! (`close_notify` is the clean end, any other fatal alert fails the
@@ -23,9 +23,7 @@
 
 use bytes::{Buf, BytesMut};
 use rustls::client::ClientConnectionData;
-use rustls::crypto::cipher::{
-    InboundOpaqueMessage, MessageDecrypter, MessageEncrypter, OutboundChunks, OutboundPlainMessage,
-};
+use rustls::crypto::cipher::{InboundOpaqueMessage, MessageDecrypter, MessageEncrypter};
 use rustls::kernel::KernelConnection;
 use rustls::server::ServerConnectionData;
 use rustls::{
@@ -33,6 +31,7 @@ use rustls::{
     SupportedCipherSuite,
 };
 
+use super::seal::Sealer;
 use super::TlsFailure;
 
 /// A record header: type, version, length.
@@ -109,7 +108,7 @@ pub(super) enum Read {
 pub(super) struct RecordLayer {
     kernel: Kernel,
     suite: SupportedCipherSuite,
-    encrypter: Box<dyn MessageEncrypter>,
+    sealer: Sealer,
     decrypter: Box<dyn MessageDecrypter>,
     tx_seq: u64,
     rx_seq: u64,
@@ -221,7 +220,7 @@ impl RecordLayer {
         Ok(RecordLayer {
             kernel,
             suite,
-            encrypter: encrypter(suite, tx)?,
+            sealer: Sealer::new(suite, tx, |s| encrypter(suite, s))?,
             decrypter: decrypter(suite, rx)?,
             tx_seq,
             rx_seq,
@@ -254,20 +253,29 @@ impl RecordLayer {
     /// Queues a fatal alert as a failure would, and gives the error its
     /// peer reports.
     #[cfg(test)]
-    pub(super) fn encrypt_fatal_alert_for_test(&mut self, out: &mut Vec<Vec<u8>>) -> String {
+    pub(super) fn encrypt_fatal_alert_for_test(&mut self, out: &mut BytesMut) -> String {
         let _ = self.fail(AlertDescription::AccessDenied, protocol("test"), out);
         "received fatal alert: AccessDenied".into()
+    }
+
+    /// Records are sealed in the send buffer (not by the provider's
+    /// encrypter).
+    #[cfg(test)]
+    pub(super) fn seals_in_place(&self) -> bool {
+        self.sealer.is_in_place()
     }
 
     /// Encrypts `plain` as application data records, onto `out`.
     pub(super) fn encrypt_data(
         &mut self,
         plain: &[u8],
-        out: &mut Vec<Vec<u8>>,
+        out: &mut BytesMut,
     ) -> Result<(), TlsFailure> {
         if self.close_notify_sent {
             return Err(protocol("data written after close_notify"));
         }
+        let records = plain.len().div_ceil(MAX_PLAINTEXT).max(1);
+        out.reserve(plain.len() + records * Sealer::OVERHEAD);
         for chunk in plain.chunks(MAX_PLAINTEXT) {
             self.encrypt(ContentType::ApplicationData, chunk, out)?;
         }
@@ -275,10 +283,7 @@ impl RecordLayer {
     }
 
     /// Encrypts `close_notify`, once; nothing is sent after it.
-    pub(super) fn encrypt_close_notify(
-        &mut self,
-        out: &mut Vec<Vec<u8>>,
-    ) -> Result<(), TlsFailure> {
+    pub(super) fn encrypt_close_notify(&mut self, out: &mut BytesMut) -> Result<(), TlsFailure> {
         if self.close_notify_sent {
             return Ok(());
         }
@@ -297,7 +302,7 @@ impl RecordLayer {
         &mut self,
         alert: AlertDescription,
         failure: TlsFailure,
-        out: &mut Vec<Vec<u8>>,
+        out: &mut BytesMut,
     ) -> TlsFailure {
         if !self.close_notify_sent {
             let _ = self.encrypt(
@@ -316,7 +321,7 @@ impl RecordLayer {
         &mut self,
         typ: ContentType,
         payload: &[u8],
-        out: &mut Vec<Vec<u8>>,
+        out: &mut BytesMut,
     ) -> Result<(), TlsFailure> {
         if self.tx_seq >= self.tx_limit {
             if !self.is_tls13() {
@@ -333,28 +338,18 @@ impl RecordLayer {
         &mut self,
         typ: ContentType,
         payload: &[u8],
-        out: &mut Vec<Vec<u8>>,
+        out: &mut BytesMut,
     ) -> Result<(), TlsFailure> {
         let seq = self.tx_seq;
         self.tx_seq = seq
             .checked_add(1)
             .ok_or_else(|| protocol("the record sequence number is spent"))?;
-        let message = OutboundPlainMessage {
-            typ,
-            version: ProtocolVersion::TLSv1_2,
-            payload: OutboundChunks::Single(payload),
-        };
-        let record = self
-            .encrypter
-            .encrypt(message, seq)
-            .map_err(|e| protocol(e.to_string()))?;
-        out.push(record.encode());
-        Ok(())
+        self.sealer.seal(typ, payload, seq, out)
     }
 
     /// Sends `KeyUpdate(update_not_requested)` under the current key and
     /// moves to the next (TLS 1.3).
-    fn update_tx_key(&mut self, out: &mut Vec<Vec<u8>>) -> Result<(), TlsFailure> {
+    fn update_tx_key(&mut self, out: &mut BytesMut) -> Result<(), TlsFailure> {
         self.encrypt_one(
             ContentType::Handshake,
             &[HANDSHAKE_KEY_UPDATE, 0, 0, 1, 0],
@@ -364,7 +359,8 @@ impl RecordLayer {
             .kernel
             .update_tx_secret()
             .map_err(|e| protocol(e.to_string()))?;
-        self.encrypter = encrypter(self.suite, secrets)?;
+        let suite = self.suite;
+        self.sealer = Sealer::new(suite, secrets, |s| encrypter(suite, s))?;
         self.tx_seq = seq;
         Ok(())
     }
@@ -377,7 +373,7 @@ impl RecordLayer {
         &mut self,
         cipher_in: &mut BytesMut,
         buf: &mut BytesMut,
-        out: &mut Vec<Vec<u8>>,
+        out: &mut BytesMut,
     ) -> Result<Read, TlsFailure> {
         let mut total = 0;
         loop {
@@ -427,7 +423,7 @@ impl RecordLayer {
     fn open_record(
         &mut self,
         cipher_in: &mut BytesMut,
-        out: &mut Vec<Vec<u8>>,
+        out: &mut BytesMut,
     ) -> Result<bool, TlsFailure> {
         let Some(header) = cipher_in.get(..HEADER_LEN) else {
             return Ok(false);
@@ -520,7 +516,7 @@ impl RecordLayer {
         Ok(true)
     }
 
-    fn alert(&mut self, alert: &[u8], out: &mut Vec<Vec<u8>>) -> Result<(), TlsFailure> {
+    fn alert(&mut self, alert: &[u8], out: &mut BytesMut) -> Result<(), TlsFailure> {
         let &[level, description] = alert else {
             return Err(self.fail(
                 AlertDescription::DecodeError,
@@ -552,7 +548,7 @@ impl RecordLayer {
     }
 
     /// Acts on every whole post-handshake message received.
-    fn handshake_messages(&mut self, out: &mut Vec<Vec<u8>>) -> Result<(), TlsFailure> {
+    fn handshake_messages(&mut self, out: &mut BytesMut) -> Result<(), TlsFailure> {
         while let &[typ, a, b, c, ..] = self.handshake_in.as_slice() {
             let len = u32::from_be_bytes([0, a, b, c]) as usize;
             if len > MAX_HANDSHAKE_MESSAGE {
@@ -612,7 +608,7 @@ impl RecordLayer {
 
     /// The peer's `KeyUpdate`: its next records come under a new key, and
     /// if it asks, ours do too (after a `KeyUpdate` of our own).
-    fn key_update(&mut self, body: &[u8], out: &mut Vec<Vec<u8>>) -> Result<(), TlsFailure> {
+    fn key_update(&mut self, body: &[u8], out: &mut BytesMut) -> Result<(), TlsFailure> {
         // It must end its record (RFC 8446 §5.1): the next record is under
         // the new key.
         if !self.handshake_in.is_empty() {

@@ -174,24 +174,30 @@ fn every_suite_of_both_versions_carries_data_both_ways_across_record_boundaries(
 
 fn check_both_ways(suite: SupportedCipherSuite) {
     let (mut client, mut server) = pair(suite);
+    for state in [&client, &server] {
+        let Phase::Traffic(layer) = &state.phase else {
+            unreachable!()
+        };
+        assert!(layer.seals_in_place(), "{suite:?} is sealed in place");
+    }
+    exchange(suite, &mut client, &mut server);
+}
+
+fn exchange(suite: SupportedCipherSuite, client: &mut TlsState, server: &mut TlsState) {
     for (i, len) in [1, 16384, 16385, 100_000].into_iter().enumerate() {
         let data = pattern(len, i as u8);
         client.encrypt(&data).unwrap();
-        transfer(&mut client, &mut server);
-        assert_eq!(
-            read_all(&mut server),
-            (data.clone(), false),
-            "{suite:?} {len}"
-        );
+        transfer(client, server);
+        assert_eq!(read_all(server), (data.clone(), false), "{suite:?} {len}");
         server.encrypt(&data).unwrap();
-        transfer(&mut server, &mut client);
-        assert_eq!(read_all(&mut client), (data, false), "{suite:?} {len}");
+        transfer(server, client);
+        assert_eq!(read_all(client), (data, false), "{suite:?} {len}");
     }
     client.queue_close_notify().unwrap();
-    transfer(&mut client, &mut server);
-    assert_eq!(read_all(&mut server), (Vec::new(), true), "{suite:?}");
+    transfer(client, server);
+    assert_eq!(read_all(server), (Vec::new(), true), "{suite:?}");
     // The end stays the end.
-    assert_eq!(read_all(&mut server), (Vec::new(), true), "{suite:?}");
+    assert_eq!(read_all(server), (Vec::new(), true), "{suite:?}");
     assert!(
         client.encrypt(b"late").is_err(),
         "nothing is sent after close_notify"
@@ -391,9 +397,9 @@ fn oversized_unprotected_and_unexpected_records_are_refused() {
     let Phase::Traffic(layer) = &mut ours.phase else {
         unreachable!()
     };
-    let mut out = Vec::new();
+    let mut out = BytesMut::new();
     let failure = layer.encrypt_fatal_alert_for_test(&mut out);
-    ours.out = out;
+    ours.records_out = out;
     transfer(&mut ours, &mut theirs);
     let e = theirs.read(&mut BytesMut::with_capacity(10)).unwrap_err();
     assert!(e.to_string().contains(&failure), "{e}");
@@ -417,4 +423,33 @@ fn a_record_cut_anywhere_waits_for_the_rest() {
         got.extend(part);
     }
     assert_eq!(got, data);
+}
+
+#[test]
+fn a_suite_of_another_provider_is_sealed_by_its_own_encrypter() {
+    // A suite not sealed here (a provider's own, here ring's AES-GCM
+    // under another suite's number): records go through the provider's
+    // encrypter, and the peer reads them all the same.
+    let SupportedCipherSuite::Tls13(ring_suite) =
+        rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256
+    else {
+        unreachable!()
+    };
+    let other: &'static rustls::Tls13CipherSuite = Box::leak(Box::new(rustls::Tls13CipherSuite {
+        common: rustls::crypto::CipherSuiteCommon {
+            suite: rustls::CipherSuite::TLS13_AES_128_CCM_SHA256,
+            hash_provider: ring_suite.common.hash_provider,
+            confidentiality_limit: ring_suite.common.confidentiality_limit,
+        },
+        hkdf_provider: ring_suite.hkdf_provider,
+        aead_alg: ring_suite.aead_alg,
+        quic: ring_suite.quic,
+    }));
+    let suite = SupportedCipherSuite::Tls13(other);
+    let (mut client, mut server) = pair(suite);
+    let Phase::Traffic(layer) = &client.phase else {
+        unreachable!()
+    };
+    assert!(!layer.seals_in_place());
+    exchange(suite, &mut client, &mut server);
 }
