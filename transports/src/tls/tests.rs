@@ -453,3 +453,89 @@ fn a_suite_of_another_provider_is_sealed_by_its_own_encrypter() {
     assert!(!layer.seals_in_place());
     exchange(suite, &mut client, &mut server);
 }
+
+/// A small deterministic generator (xorshift), so the hostile-input test
+/// needs no dependency and fails the same way every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+#[test]
+fn hostile_record_streams_never_panic_and_never_yield_forged_plaintext() {
+    let suites = [
+        rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256,
+        rustls::crypto::ring::cipher_suite::TLS13_CHACHA20_POLY1305_SHA256,
+        rustls::crypto::ring::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        rustls::crypto::ring::cipher_suite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    ];
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let data = pattern(40_000, 3);
+    for suite in suites {
+        for round in 0..200 {
+            // A valid stream of a few records and the end, under this
+            // pair's keys, to corrupt.
+            let (mut client, mut server) = pair(suite);
+            client.encrypt(&data).unwrap();
+            client.queue_close_notify().unwrap();
+            let mut bytes = client.take_outgoing().to_vec();
+            match round % 4 {
+                // Flip a few bits anywhere (headers included).
+                0 => {
+                    for _ in 0..1 + rng.below(3) {
+                        let at = rng.below(bytes.len());
+                        bytes[at] ^= 1 << rng.below(8);
+                    }
+                }
+                // Cut it short.
+                1 => bytes.truncate(rng.below(bytes.len())),
+                // Garbage after a valid prefix.
+                2 => {
+                    bytes.truncate(rng.below(bytes.len()));
+                    bytes.extend((0..rng.below(300)).map(|_| rng.next() as u8));
+                }
+                // Garbage only.
+                _ => bytes = (0..rng.below(20_000)).map(|_| rng.next() as u8).collect(),
+            }
+            // Fed in random slices, as the network would.
+            let mut got = Vec::new();
+            let mut failed = false;
+            let mut rest = &bytes[..];
+            while !rest.is_empty() && !failed {
+                let n = 1 + rng.below(rest.len().min(5000));
+                server.cipher_in.extend_from_slice(&rest[..n]);
+                rest = &rest[n..];
+                loop {
+                    let mut buf = BytesMut::with_capacity(1 + rng.below(9000));
+                    match server.read(&mut buf) {
+                        Ok(Read::Plaintext(n)) => got.extend_from_slice(&buf[..n]),
+                        Ok(Read::End | Read::NeedMore) => break,
+                        Err(_) => {
+                            failed = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            // Whatever came out is authentic: a prefix of what was sent.
+            assert!(
+                data.starts_with(&got),
+                "{suite:?} round {round}: {} bytes that were never sent",
+                got.len()
+            );
+            if round % 4 == 1 {
+                assert!(!failed, "a stream cut short only waits for more");
+            }
+        }
+    }
+}
