@@ -384,28 +384,27 @@ enum HandshakeNext {
     PeerClosed,
 }
 
-/// Encodes a handshake record into `out`, growing it as rustls asks.
+/// Encodes a handshake record into `out`: rustls says its size (asked
+/// with no room), then writes it into exactly that much.
 fn encode<Data>(
     enc: &mut rustls::unbuffered::EncodeTlsData<'_, Data>,
     out: &mut BytesMut,
 ) -> Result<(), rustls::Error> {
-    let mut room = 4096;
-    loop {
-        let len = out.len();
-        out.resize(len + room, 0);
-        match enc.encode(&mut out[len..]) {
-            Ok(n) => {
-                out.truncate(len + n);
-                return Ok(());
-            }
-            Err(rustls::unbuffered::EncodeError::InsufficientSize(e)) => {
-                out.truncate(len);
-                room = e.required_size;
-            }
-            Err(e) => {
-                out.truncate(len);
-                return Err(rustls::Error::General(e.to_string()));
-            }
+    let size = match enc.encode(&mut []) {
+        Ok(_) => return Ok(()),
+        Err(rustls::unbuffered::EncodeError::InsufficientSize(e)) => e.required_size,
+        Err(e) => return Err(rustls::Error::General(e.to_string())),
+    };
+    let len = out.len();
+    out.resize(len + size, 0);
+    match enc.encode(&mut out[len..]) {
+        Ok(n) => {
+            out.truncate(len + n);
+            Ok(())
+        }
+        Err(e) => {
+            out.truncate(len);
+            Err(rustls::Error::General(e.to_string()))
         }
     }
 }
