@@ -379,7 +379,9 @@ impl<C: Codec> Framed<C> {
     /// `InvalidInput` for a server name that is neither a DNS name nor an
     /// IP address; the connect's error; a failed handshake (its
     /// [`TlsFailure`](crate::tls::TlsFailure) inside the `io::Error`, e.g.
-    /// a server certificate from an untrusted CA or expired).
+    /// a server certificate from an untrusted CA or expired, or
+    /// `HandshakeTimeout` when the server has not finished its side within
+    /// [`TlsAcceptor::DEFAULT_HANDSHAKE_TIMEOUT`](crate::tls::TlsAcceptor::DEFAULT_HANDSHAKE_TIMEOUT)).
     pub async fn connect_tls(
         addr: SocketAddr,
         server_name: &str,

@@ -9,6 +9,7 @@
 
 use rustls::pki_types::ServerName;
 
+#[cfg(test)]
 const RECORD_HEADER_LEN: usize = 5;
 const CONTENT_TYPE_HANDSHAKE: u8 = 22;
 const HANDSHAKE_CLIENT_HELLO: u8 = 1;
@@ -30,6 +31,7 @@ pub(super) enum Sni {
 /// Reads the server name of the ClientHello at the front of `received`
 /// (the first records a client sent, a ClientHello split over several
 /// handshake records included).
+#[cfg(test)]
 pub(super) fn server_name(received: &[u8]) -> Sni {
     let mut message = Vec::new();
     let mut rest = received;
@@ -37,31 +39,48 @@ pub(super) fn server_name(received: &[u8]) -> Sni {
         let Some(header) = rest.get(..RECORD_HEADER_LEN) else {
             return Sni::Incomplete;
         };
-        if header[0] != CONTENT_TYPE_HANDSHAKE {
+        let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
+        if header[0] != CONTENT_TYPE_HANDSHAKE || len == 0 {
             return Sni::Read(None);
         }
-        let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
         let Some(body) = rest.get(RECORD_HEADER_LEN..RECORD_HEADER_LEN + len) else {
             return Sni::Incomplete;
         };
         message.extend_from_slice(body);
         rest = &rest[RECORD_HEADER_LEN + len..];
-        if let &[typ, a, b, c, ..] = message.as_slice() {
-            if typ != HANDSHAKE_CLIENT_HELLO {
-                return Sni::Read(None);
-            }
-            let hello_len = u32::from_be_bytes([0, a, b, c]) as usize;
-            if hello_len > MAX_HELLO {
-                return Sni::Read(None);
-            }
-            if message.len() >= 4 + hello_len {
-                return Sni::Read(name_in_hello(&message[4..4 + hello_len]));
-            }
-        }
-        if len == 0 || message.len() > MAX_HELLO {
-            return Sni::Read(None);
+        if let Sni::Read(name) = server_name_in_message(&message) {
+            return Sni::Read(name);
         }
     }
+}
+
+/// Reads the server name of the ClientHello that `message` starts (the
+/// payloads of the client's first handshake records, joined): `Incomplete`
+/// while it is shorter than the length it declares.
+pub(super) fn server_name_in_message(message: &[u8]) -> Sni {
+    let &[typ, a, b, c, ..] = message else {
+        return Sni::Incomplete;
+    };
+    if typ != HANDSHAKE_CLIENT_HELLO {
+        return Sni::Read(None);
+    }
+    let hello_len = u32::from_be_bytes([0, a, b, c]) as usize;
+    if hello_len > MAX_HELLO {
+        return Sni::Read(None);
+    }
+    match message.get(4..4 + hello_len) {
+        Some(hello) => Sni::Read(name_in_hello(hello)),
+        None => Sni::Incomplete,
+    }
+}
+
+/// The most bytes of ClientHello records a server keeps while it looks
+/// for the name.
+pub(super) const MAX_HELLO_BYTES: usize = MAX_HELLO + 4;
+
+/// Is this record header a handshake record's?
+pub(super) fn is_handshake_record(header: &[u8]) -> bool {
+    header.first() == Some(&CONTENT_TYPE_HANDSHAKE)
 }
 
 /// Takes `n` bytes off the front of `input`.

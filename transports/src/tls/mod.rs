@@ -241,9 +241,11 @@ impl TlsAcceptor {
     pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
     /// An acceptor for `config` (its certificates, ALPN list, versions).
+    /// Two settings are forced: `enable_secret_extraction` (the record
+    /// layer takes the keys after the handshake) and `max_early_data_size
+    /// = 0` (no 0-RTT data: it can be replayed).
     pub fn new(mut config: rustls::ServerConfig) -> Self {
-        // The record layer takes the keys once the handshake is done.
-        config.enable_secret_extraction = true;
+        prepare_server_config(&mut config);
         TlsAcceptor {
             config: Arc::new(RwLock::new(Arc::new(config))),
             handshake_timeout: Self::DEFAULT_HANDSHAKE_TIMEOUT,
@@ -283,7 +285,7 @@ impl TlsAcceptor {
 
     /// Replaces the configuration for connections accepted from now on.
     pub fn reload(&self, mut config: rustls::ServerConfig) {
-        config.enable_secret_extraction = true;
+        prepare_server_config(&mut config);
         *self
             .config
             .write()
@@ -330,6 +332,14 @@ impl TlsAcceptor {
             Err(_) => Err(TlsFailure::HandshakeTimeout),
         }
     }
+}
+
+/// What every server configuration is given: the record layer takes the
+/// keys once the handshake is done, and 0-RTT data is refused (it can be
+/// replayed, and a session could not tell it from the rest).
+fn prepare_server_config(config: &mut rustls::ServerConfig) {
+    config.enable_secret_extraction = true;
+    config.max_early_data_size = 0;
 }
 
 /// What a connection's TLS handshake agreed on.
@@ -467,6 +477,16 @@ pub(crate) struct TlsState {
     info: TlsInfo,
     /// The ClientHello's server name was looked for (servers).
     hello_read: bool,
+    /// The ClientHello's record payloads as they came, joined, until its
+    /// name is read.
+    hello_bytes: Vec<u8>,
+    /// How many bytes at the front of `cipher_in` rustls has been offered
+    /// in the handshake (whole records, see `handshake_step`).
+    hs_offered: usize,
+    /// The last `offer_next_record` offered more.
+    hs_grew: bool,
+    /// Bytes that are no record were offered to rustls once.
+    hs_bad_offered: bool,
 }
 
 impl fmt::Debug for TlsState {
@@ -495,6 +515,10 @@ impl TlsState {
             records_out: BytesMut::new(),
             info: TlsInfo::default(),
             hello_read: false,
+            hello_bytes: Vec::new(),
+            hs_offered: 0,
+            hs_grew: false,
+            hs_bad_offered: false,
         }
     }
 
@@ -522,6 +546,12 @@ impl TlsState {
     }
 
     /// Drives the handshake over the ciphertext at hand.
+    ///
+    /// rustls is offered one whole record at a time (a prefix of the
+    /// buffer that grows by a record once it has taken what it was
+    /// offered), so it never reads past the record that ends the
+    /// handshake: what follows (a key update, data, `close_notify`, a
+    /// ticket split over records) is left, untouched, to the record layer.
     fn handshake_step(&mut self) -> Step {
         loop {
             let Phase::Handshake(handshake) = &mut self.phase else {
@@ -529,60 +559,60 @@ impl TlsState {
             };
             let records_out = &mut self.records_out;
             let early_plain = &mut self.early_plain;
+            let offered = &mut self.cipher_in[..self.hs_offered];
             let (discard, next) = match &mut **handshake {
                 Handshake::Server(conn) => {
-                    if !self.hello_read {
-                        if let client_hello::Sni::Read(name) =
-                            client_hello::server_name(&self.cipher_in)
-                        {
-                            self.info.server_name = name;
-                            self.hello_read = true;
-                        }
-                    }
-                    let status = conn.process_tls_records(&mut self.cipher_in[..]);
-                    let next = match status.state {
-                        // Early data (0-RTT), when the configuration takes it.
-                        Ok(rustls::unbuffered::ConnectionState::ReadEarlyData(mut read)) => {
-                            let mut next = Ok(HandshakeNext::Continue);
-                            while let Some(record) = read.next_record() {
-                                match record {
-                                    Ok(record) => early_plain.extend_from_slice(record.payload),
-                                    Err(e) => next = Err(e),
-                                }
-                            }
-                            next
-                        }
-                        state => on_handshake_state(state, records_out, early_plain),
-                    };
-                    (status.discard, next)
+                    let status = conn.process_tls_records(offered);
+                    (
+                        status.discard,
+                        on_handshake_state(status.state, records_out, early_plain),
+                    )
                 }
                 Handshake::Client(conn) => {
-                    let status = conn.process_tls_records(&mut self.cipher_in[..]);
-                    let next = on_handshake_state(status.state, records_out, early_plain);
-                    (status.discard, next)
+                    let status = conn.process_tls_records(offered);
+                    (
+                        status.discard,
+                        on_handshake_state(status.state, records_out, early_plain),
+                    )
                 }
             };
             self.cipher_in.advance(discard);
+            self.hs_offered -= discard;
+            let handshaking = match &**handshake {
+                Handshake::Server(conn) => conn.is_handshaking(),
+                Handshake::Client(conn) => conn.is_handshaking(),
+            };
             match next {
                 Ok(HandshakeNext::Continue) => {}
                 Ok(HandshakeNext::Send) => return Step::Send,
-                Ok(HandshakeNext::Receive) => return Step::Receive,
                 Ok(HandshakeNext::PeerClosed) => {
                     return Step::Failed(self.broke(TlsFailure::PeerClosedInHandshake));
                 }
-                Ok(HandshakeNext::Writable) => {
-                    // A server may write before the client's Finished.
-                    let handshaking = match &**handshake {
-                        Handshake::Server(conn) => conn.is_handshaking(),
-                        Handshake::Client(conn) => conn.is_handshaking(),
-                    };
-                    if handshaking {
-                        return Step::Receive;
+                Ok(HandshakeNext::Writable) if !handshaking => {
+                    // rustls took every byte it was offered whole; a byte
+                    // it still holds would be a message split around the
+                    // end of the handshake.
+                    if self.hs_offered != 0 {
+                        let failure = TlsFailure::Protocol(
+                            "a handshake message split around the end of the handshake".into(),
+                        );
+                        return Step::Failed(self.broke(failure));
                     }
                     return match self.start_traffic() {
                         Ok(()) => Step::Done,
                         Err(failure) => Step::Failed(self.broke(failure)),
                     };
+                }
+                // rustls took what it was offered (a server may write
+                // before the client's Finished): the next record, if whole.
+                Ok(HandshakeNext::Receive | HandshakeNext::Writable) => {
+                    if let Err(failure) = self.offer_next_record() {
+                        self.queue_handshake_alert();
+                        return Step::Failed(self.broke(failure));
+                    }
+                    if !self.hs_grew {
+                        return Step::Receive;
+                    }
                 }
                 Err(e) => {
                     self.queue_handshake_alert();
@@ -592,37 +622,109 @@ impl TlsState {
         }
     }
 
+    /// Grows the bytes offered to rustls by the next whole record, if one
+    /// is at hand (`hs_grew` says so). A header that can be no record's
+    /// (bytes that are no TLS) is offered as it is, for rustls to refuse
+    /// with its alert; if it does not, it fails here.
+    fn offer_next_record(&mut self) -> Result<(), TlsFailure> {
+        self.hs_grew = false;
+        let at = self.hs_offered;
+        let Some(header) = self.cipher_in.get(at..at + 5) else {
+            return Ok(());
+        };
+        let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
+        let plausible = (20..=24).contains(&header[0]) && header[1] == 3 && len <= 18 << 10;
+        if !plausible {
+            if self.hs_bad_offered {
+                return Err(TlsFailure::Protocol("bytes that are no TLS record".into()));
+            }
+            self.hs_bad_offered = true;
+            self.hs_offered = self.cipher_in.len();
+            self.hs_grew = true;
+            return Ok(());
+        }
+        let end = at + 5 + len;
+        if self.cipher_in.len() < end {
+            return Ok(());
+        }
+        let is_server =
+            matches!(&self.phase, Phase::Handshake(h) if matches!(**h, Handshake::Server(_)));
+        if is_server && !self.hello_read {
+            self.read_server_name(at, end);
+        }
+        self.hs_offered = end;
+        self.hs_grew = true;
+        Ok(())
+    }
+
+    /// Looks for the ClientHello's server name in the record at
+    /// `at..end`, before rustls sees it: rustls joins a message's fragments
+    /// in place, so the name is read from a copy of the payloads, taken a
+    /// record at a time and read once the message is whole.
+    fn read_server_name(&mut self, at: usize, end: usize) {
+        let record = &self.cipher_in[at..end];
+        if !client_hello::is_handshake_record(record)
+            || self.hello_bytes.len() + record.len() > client_hello::MAX_HELLO_BYTES
+        {
+            self.hello_read = true;
+            self.hello_bytes = Vec::new();
+            return;
+        }
+        self.hello_bytes.extend_from_slice(&record[5..]);
+        if let client_hello::Sni::Read(name) =
+            client_hello::server_name_in_message(&self.hello_bytes)
+        {
+            self.info.server_name = name;
+            self.hello_read = true;
+            self.hello_bytes = Vec::new();
+        }
+    }
+
     /// After rustls refused the handshake: encodes the alert it queued.
     fn queue_handshake_alert(&mut self) {
         use rustls::unbuffered::ConnectionState;
+        /// `Some(true)`: plaintext was drained and the alert comes next.
         fn drain<Data>(
             state: Result<ConnectionState<'_, '_, Data>, rustls::Error>,
             out: &mut BytesMut,
-        ) {
-            if let Ok(ConnectionState::EncodeTlsData(mut enc)) = state {
-                let _ = encode(&mut enc, out);
+        ) -> bool {
+            match state {
+                Ok(ConnectionState::EncodeTlsData(mut enc)) => {
+                    let _ = encode(&mut enc, out);
+                    false
+                }
+                Ok(ConnectionState::ReadTraffic(mut read)) => {
+                    while read.next_record().is_some() {}
+                    true
+                }
+                _ => false,
             }
         }
-        let Phase::Handshake(handshake) = &mut self.phase else {
-            return;
-        };
         // rustls queued one alert, which the next call gives before it
         // reads any more records (reading the bytes that failed again
-        // would fail again). It is given the same buffer: its handshake
-        // deframer keeps places in it.
-        let discard = match &mut **handshake {
-            Handshake::Server(conn) => {
-                let status = conn.process_tls_records(&mut self.cipher_in[..]);
-                drain(status.state, &mut self.records_out);
-                status.discard
+        // would fail again), after any plaintext it holds. It is given the
+        // same bytes: its handshake deframer keeps places in them.
+        for _ in 0..2 {
+            let Phase::Handshake(handshake) = &mut self.phase else {
+                return;
+            };
+            let offered = &mut self.cipher_in[..self.hs_offered];
+            let (discard, again) = match &mut **handshake {
+                Handshake::Server(conn) => {
+                    let status = conn.process_tls_records(offered);
+                    (status.discard, drain(status.state, &mut self.records_out))
+                }
+                Handshake::Client(conn) => {
+                    let status = conn.process_tls_records(offered);
+                    (status.discard, drain(status.state, &mut self.records_out))
+                }
+            };
+            self.cipher_in.advance(discard);
+            self.hs_offered -= discard;
+            if !again {
+                return;
             }
-            Handshake::Client(conn) => {
-                let status = conn.process_tls_records(&mut self.cipher_in[..]);
-                drain(status.state, &mut self.records_out);
-                status.discard
-            }
-        };
-        self.cipher_in.advance(discard);
+        }
     }
 
     /// The handshake is done: notes what it agreed and gives the
@@ -742,14 +844,21 @@ impl fmt::Debug for TlsConn {
 }
 
 /// Holds the write side; its drop lets the next writer in.
-struct WriteTurn<'a>(&'a TlsConn);
+struct WriteTurn<'a> {
+    conn: &'a TlsConn,
+    released: bool,
+}
 
-impl Drop for WriteTurn<'_> {
-    fn drop(&mut self) {
-        self.0.writing.store(false, Ordering::Release);
+impl WriteTurn<'_> {
+    /// Lets the next writer in (at once, rather than at the drop).
+    fn release(&mut self) {
+        if std::mem::replace(&mut self.released, true) {
+            return;
+        }
+        self.conn.writing.store(false, Ordering::Release);
         let waiters = std::mem::take(
             &mut *self
-                .0
+                .conn
                 .write_waiters
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
@@ -757,6 +866,12 @@ impl Drop for WriteTurn<'_> {
         for w in waiters {
             w.wake();
         }
+    }
+}
+
+impl Drop for WriteTurn<'_> {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
@@ -821,7 +936,8 @@ impl TlsConn {
         self.state().check()
     }
 
-    /// Runs the client side of a handshake on `stream` for `server_name`.
+    /// Runs the client side of a handshake on `stream` for `server_name`,
+    /// within [`TlsAcceptor::DEFAULT_HANDSHAKE_TIMEOUT`].
     pub(crate) async fn connect(
         stream: Conn,
         config: Arc<rustls::ClientConfig>,
@@ -833,8 +949,16 @@ impl TlsConn {
         )
         .map_err(|e| TlsFailure::Protocol(e.to_string()).into_io())?;
         let conn = TlsConn::new(stream, Handshake::Client(session), BytesMut::new());
-        conn.handshake().await?;
-        Ok(conn)
+        // A server that never finishes its side holds no client forever.
+        match mailring_actors::mailring::time::timeout(
+            TlsAcceptor::DEFAULT_HANDSHAKE_TIMEOUT,
+            conn.handshake(),
+        )
+        .await
+        {
+            Ok(res) => res.map(|()| conn),
+            Err(_) => Err(TlsFailure::HandshakeTimeout.into_io()),
+        }
     }
 
     /// What the handshake agreed on.
@@ -891,7 +1015,9 @@ impl TlsConn {
 
     /// Plaintext into `buf`'s spare capacity: as a socket receive would,
     /// `Ok(0)` at the peer's clean end (`close_notify`), `UnexpectedEof` at
-    /// an end without it.
+    /// an end without it. One reader at a time; like a receive on the
+    /// ring, a receive dropped while in flight may lose what the kernel
+    /// gave it (the drivers keep theirs until the connection closes).
     pub(crate) async fn recv(&self, mut buf: BytesMut) -> (io::Result<usize>, BytesMut) {
         let res = match self.check() {
             Ok(()) => self.recv_into(&mut buf).await,
@@ -902,24 +1028,28 @@ impl TlsConn {
 
     async fn recv_into(&self, buf: &mut BytesMut) -> io::Result<usize> {
         loop {
-            let (read, wants_write, peer_eof) = {
+            let (read, must_flush, peer_eof) = {
                 let mut state = self.state();
                 state.check()?;
                 let read = state.read(buf);
-                (read, state.wants_write(), state.peer_eof)
+                // Records the receive queued (a key update's answer, an
+                // alert) go out with a flush of our own, unless one is
+                // going (see `flush_ignoring_state`): a receive never
+                // waits behind a send the peer is slow to take.
+                let must_flush = state.wants_write() && !self.writing.load(Ordering::Acquire);
+                (read, must_flush, state.peer_eof)
             };
             match read {
                 Err(e) => return Err(self.fail(e).await),
                 Ok(Read::Plaintext(n)) => {
-                    // What the records asked to be answered (a key update)
-                    // goes before anything the caller sends.
-                    if wants_write {
+                    // The answer goes before anything the caller sends.
+                    if must_flush {
                         self.flush().await?;
                     }
                     return Ok(n);
                 }
                 Ok(Read::End) => return Ok(0),
-                Ok(Read::NeedMore) if wants_write => self.flush().await?,
+                Ok(Read::NeedMore) if must_flush => self.flush().await?,
                 Ok(Read::NeedMore) if peer_eof => {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
@@ -970,7 +1100,10 @@ impl TlsConn {
                 }
                 Poll::Pending
             } else {
-                Poll::Ready(WriteTurn(self))
+                Poll::Ready(WriteTurn {
+                    conn: self,
+                    released: false,
+                })
             }
         })
     }
@@ -984,7 +1117,7 @@ impl TlsConn {
     /// [`flush`](Self::flush) on a connection already failed (to send the
     /// alert that says why).
     async fn flush_ignoring_state(&self) -> io::Result<()> {
-        let _turn = self.write_turn().await;
+        let mut turn = self.write_turn().await;
         loop {
             if self.abandoned.load(Ordering::Acquire) {
                 return Err(abandoned_send().into_io());
@@ -992,6 +1125,10 @@ impl TlsConn {
             let records = {
                 let mut state = self.state();
                 if !state.wants_write() {
+                    // Let go under the state's lock: a receive that queues
+                    // an answer either sees this flush still going (which
+                    // then sends it) or the turn free (and flushes).
+                    turn.release();
                     return Ok(());
                 }
                 state.take_outgoing()

@@ -46,6 +46,7 @@ const MAX_CIPHERTEXT: usize = MAX_PLAINTEXT + 2048;
 const MAX_HANDSHAKE_MESSAGE: usize = 64 << 10;
 
 const HANDSHAKE_HELLO_REQUEST: u8 = 0;
+const HANDSHAKE_CLIENT_HELLO: u8 = 1;
 const HANDSHAKE_NEW_SESSION_TICKET: u8 = 4;
 const HANDSHAKE_KEY_UPDATE: u8 = 24;
 const ALERT_LEVEL_WARNING: u8 = 1;
@@ -54,6 +55,8 @@ const ALERT_LEVEL_WARNING: u8 = 1;
 const KEY_UPDATES_BETWEEN_DATA: u8 = 32;
 /// Warning alerts taken in a connection's life (the same bound).
 const WARNING_ALERTS: u8 = 4;
+/// Empty records taken in a row (rustls's bound).
+const EMPTY_RECORDS_IN_A_ROW: u8 = 32;
 const ALERT_LEVEL_FATAL: u8 = 2;
 
 /// rustls's side of a connection after the handshake.
@@ -127,8 +130,10 @@ pub(super) struct RecordLayer {
     key_updates_left: u8,
     /// Warning alerts the peer may still send.
     warnings_left: u8,
-    /// A TLS 1.2 server's request to renegotiate was refused once.
+    /// A TLS 1.2 request to renegotiate was refused once.
     renegotiation_refused: bool,
+    /// Empty records the peer may still send before one that is not.
+    empty_records_left: u8,
 }
 
 impl std::fmt::Debug for RecordLayer {
@@ -236,6 +241,7 @@ impl RecordLayer {
             key_updates_left: KEY_UPDATES_BETWEEN_DATA,
             warnings_left: WARNING_ALERTS,
             renegotiation_refused: false,
+            empty_records_left: EMPTY_RECORDS_IN_A_ROW,
         })
     }
 
@@ -323,8 +329,19 @@ impl RecordLayer {
         payload: &[u8],
         out: &mut BytesMut,
     ) -> Result<(), TlsFailure> {
-        if self.tx_seq >= self.tx_limit {
+        // The key changes one record before the limit, as rustls's does,
+        // so the KeyUpdate itself is within it.
+        if self.tx_seq.saturating_add(1) >= self.tx_limit {
             if !self.is_tls13() {
+                // TLS 1.2 has no key update: the end, said cleanly.
+                if !self.close_notify_sent {
+                    self.close_notify_sent = true;
+                    let _ = self.encrypt_one(
+                        ContentType::Alert,
+                        &[ALERT_LEVEL_WARNING, u8::from(AlertDescription::CloseNotify)],
+                        out,
+                    );
+                }
                 return Err(protocol(
                     "the cipher suite's confidentiality limit was reached",
                 ));
@@ -462,11 +479,13 @@ impl RecordLayer {
         let (typ, start, end) = match opened {
             Ok(opened) => opened,
             Err(e) => {
-                return Err(self.fail(
-                    AlertDescription::BadRecordMac,
-                    protocol(e.to_string()),
-                    out,
-                ));
+                // The alert rustls would send for the same failure.
+                let alert = match &e {
+                    rustls::Error::PeerSentOversizedRecord => AlertDescription::RecordOverflow,
+                    rustls::Error::PeerMisbehaved(_) => AlertDescription::UnexpectedMessage,
+                    _ => AlertDescription::BadRecordMac,
+                };
+                return Err(self.fail(alert, protocol(e.to_string()), out));
             }
         };
         self.rx_seq = seq
@@ -478,6 +497,27 @@ impl RecordLayer {
                 protocol("a record's plaintext over 16 KiB"),
                 out,
             ));
+        }
+        // A handshake message split over records must not have another
+        // record between its parts (RFC 8446 §5.1).
+        if !self.handshake_in.is_empty() && typ != ContentType::Handshake {
+            return Err(self.fail(
+                AlertDescription::UnexpectedMessage,
+                protocol("a record inside a handshake message split over records"),
+                out,
+            ));
+        }
+        if start == end {
+            if self.empty_records_left == 0 {
+                return Err(self.fail(
+                    AlertDescription::UnexpectedMessage,
+                    protocol("too many empty records in a row"),
+                    out,
+                ));
+            }
+            self.empty_records_left -= 1;
+        } else {
+            self.empty_records_left = EMPTY_RECORDS_IN_A_ROW;
         }
         match typ {
             ContentType::ApplicationData if start < end => {
@@ -544,7 +584,20 @@ impl RecordLayer {
             self.warnings_left -= 1;
             return Ok(());
         }
-        Err(protocol(format!("received fatal alert: {description:?}")))
+        match level {
+            ALERT_LEVEL_FATAL => Err(protocol(format!("received fatal alert: {description:?}"))),
+            // A TLS 1.3 warning that is no close_notify or user_canceled.
+            ALERT_LEVEL_WARNING => Err(self.fail(
+                AlertDescription::DecodeError,
+                protocol(format!("received warning alert {description:?} in TLS 1.3")),
+                out,
+            )),
+            _ => Err(self.fail(
+                AlertDescription::IllegalParameter,
+                protocol(format!("an alert of unknown level {level}")),
+                out,
+            )),
+        }
     }
 
     /// Acts on every whole post-handshake message received.
@@ -579,10 +632,26 @@ impl RecordLayer {
                         ));
                     }
                 }
-                // A TLS 1.2 server asks to renegotiate: refused with a
-                // warning, as rustls does.
+                // A TLS 1.2 peer asks to renegotiate (a server with a
+                // HelloRequest, a client with a ClientHello): refused once
+                // with a warning, as rustls does.
                 (false, HANDSHAKE_HELLO_REQUEST)
-                    if matches!(self.kernel, Kernel::Client(_)) && !self.renegotiation_refused =>
+                    if matches!(self.kernel, Kernel::Client(_))
+                        && body.is_empty()
+                        && !self.renegotiation_refused =>
+                {
+                    self.renegotiation_refused = true;
+                    self.encrypt(
+                        ContentType::Alert,
+                        &[
+                            ALERT_LEVEL_WARNING,
+                            u8::from(AlertDescription::NoRenegotiation),
+                        ],
+                        out,
+                    )?;
+                }
+                (false, HANDSHAKE_CLIENT_HELLO)
+                    if matches!(self.kernel, Kernel::Server(_)) && !self.renegotiation_refused =>
                 {
                     self.renegotiation_refused = true;
                     self.encrypt(
@@ -631,7 +700,7 @@ impl RecordLayer {
             [1] => true,
             _ => {
                 return Err(self.fail(
-                    AlertDescription::DecodeError,
+                    AlertDescription::IllegalParameter,
                     protocol("a malformed KeyUpdate"),
                     out,
                 ));

@@ -125,6 +125,7 @@ impl Sealer {
         };
         let header_len_field = u16::try_from(body_len)
             .map_err(|_| TlsFailure::Protocol("a record over 64 KiB".into()))?;
+        let record_start = out.len();
         out.reserve(HEADER_LEN + body_len);
         out.put_u8(u8::from(outer_type));
         out.put_slice(&RECORD_VERSION);
@@ -162,8 +163,11 @@ impl Sealer {
                 key.seal_in_place_separate_tag(nonce, Aad::from(tls12_aad(seq)), &mut out[start..])
             }
         };
-        let tag =
-            sealed.map_err(|_| TlsFailure::Protocol("a record could not be sealed".into()))?;
+        let Ok(tag) = sealed else {
+            // No half record stays behind.
+            out.truncate(record_start);
+            return Err(TlsFailure::Protocol("a record could not be sealed".into()));
+        };
         out.put_slice(tag.as_ref());
         Ok(())
     }

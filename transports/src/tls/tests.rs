@@ -308,16 +308,22 @@ fn our_key_update_at_the_confidentiality_limit_keeps_a_rustls_peer_reading() {
 
 #[test]
 fn tls12_refuses_to_send_past_the_confidentiality_limit() {
-    let (mut client, _server) =
+    let (mut client, mut server) =
         pair(rustls::crypto::ring::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256);
     let Phase::Traffic(layer) = &mut client.phase else {
         unreachable!()
     };
-    layer.set_tx_limit(2);
+    // The client's Finished was its record 0 under these keys; "one" is
+    // record 1, and the limit is 3 records.
+    layer.set_tx_limit(3);
     client.encrypt(b"one").unwrap();
     let e = client.encrypt(b"two").unwrap_err();
     assert!(e.to_string().contains("confidentiality limit"), "{e}");
     assert!(client.check().is_err(), "the connection is failed");
+    // The peer gets what was sent, then a clean end (close_notify, the
+    // last record the keys allow).
+    transfer(&mut client, &mut server);
+    assert_eq!(read_all(&mut server), (b"one".to_vec(), true));
 }
 
 #[test]
@@ -538,4 +544,68 @@ fn hostile_record_streams_never_panic_and_never_yield_forged_plaintext() {
             }
         }
     }
+}
+
+#[test]
+fn what_follows_the_client_s_finished_in_one_read_is_left_to_the_record_layer() {
+    // rustls's client sends its Finished, data, a KeyUpdate asking for
+    // ours, more data and close_notify, all in one read of the server's.
+    let suite = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256;
+    let id = identity();
+    let mut server = our_server(server_config(&id, suite));
+    let mut client = rustls::Connection::Client(
+        rustls::ClientConnection::new(client_config(&id, suite), localhost()).unwrap(),
+    );
+    from_rustls(&mut client, &mut server);
+    for _ in 0..10 {
+        match server.handshake_step() {
+            Step::Send => {
+                to_rustls(&mut server, &mut client).unwrap();
+            }
+            Step::Receive => {}
+            Step::Done | Step::Failed(_) => panic!("the handshake ended early"),
+        }
+        if !client.is_handshaking() {
+            break;
+        }
+    }
+    assert!(!client.is_handshaking());
+    client.writer().write_all(b"first ").unwrap();
+    client.refresh_traffic_keys().unwrap();
+    client.writer().write_all(b"second").unwrap();
+    client.send_close_notify();
+    from_rustls(&mut client, &mut server);
+    let mut steps = 0;
+    loop {
+        match server.handshake_step() {
+            Step::Done => break,
+            Step::Send => {
+                to_rustls(&mut server, &mut client).unwrap();
+            }
+            Step::Receive => panic!("everything needed is at hand"),
+            Step::Failed(e) => panic!("{e}"),
+        }
+        steps += 1;
+        assert!(steps < 10);
+    }
+    assert_eq!(read_all(&mut server), (b"first second".to_vec(), true));
+    // Our answering KeyUpdate is queued; what follows it is under the new
+    // key, and rustls reads both.
+    assert!(server.wants_write());
+    server.encrypt(b"reply").unwrap();
+    assert_eq!(to_rustls(&mut server, &mut client).unwrap(), b"reply");
+}
+
+#[test]
+fn the_server_name_of_a_client_hello_in_many_small_records_is_read() {
+    let suite = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256;
+    let id = identity();
+    let mut config = (*client_config(&id, suite)).clone();
+    // Records of at most 64 bytes: the ClientHello spans several, which
+    // rustls joins in place as they come.
+    config.max_fragment_size = Some(64);
+    let mut client = our_client(Arc::new(config));
+    let mut server = our_server(server_config(&id, suite));
+    handshake(&mut client, &mut server);
+    assert_eq!(server.info.server_name.as_deref(), Some("localhost"));
 }
