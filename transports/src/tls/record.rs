@@ -635,23 +635,8 @@ impl RecordLayer {
                 // A TLS 1.2 peer asks to renegotiate (a server with a
                 // HelloRequest, a client with a ClientHello): refused once
                 // with a warning, as rustls does.
-                (false, HANDSHAKE_HELLO_REQUEST)
-                    if matches!(self.kernel, Kernel::Client(_))
-                        && body.is_empty()
-                        && !self.renegotiation_refused =>
-                {
-                    self.renegotiation_refused = true;
-                    self.encrypt(
-                        ContentType::Alert,
-                        &[
-                            ALERT_LEVEL_WARNING,
-                            u8::from(AlertDescription::NoRenegotiation),
-                        ],
-                        out,
-                    )?;
-                }
-                (false, HANDSHAKE_CLIENT_HELLO)
-                    if matches!(self.kernel, Kernel::Server(_)) && !self.renegotiation_refused =>
+                (false, HANDSHAKE_HELLO_REQUEST | HANDSHAKE_CLIENT_HELLO)
+                    if self.may_refuse_renegotiation(typ, &body) =>
                 {
                     self.renegotiation_refused = true;
                     self.encrypt(
@@ -673,6 +658,17 @@ impl RecordLayer {
             }
         }
         Ok(())
+    }
+
+    /// A TLS 1.2 request to renegotiate that is refused with a warning (the
+    /// first one): an empty HelloRequest from a server, a ClientHello from
+    /// a client.
+    fn may_refuse_renegotiation(&self, typ: u8, body: &[u8]) -> bool {
+        let from_the_right_side = match &self.kernel {
+            Kernel::Client(_) => typ == HANDSHAKE_HELLO_REQUEST && body.is_empty(),
+            Kernel::Server(_) => typ == HANDSHAKE_CLIENT_HELLO,
+        };
+        from_the_right_side && !self.renegotiation_refused
     }
 
     /// The peer's `KeyUpdate`: its next records come under a new key, and
