@@ -271,6 +271,13 @@ impl RecordLayer {
         self.sealer.is_in_place()
     }
 
+    /// Encrypts a handshake message as a peer would send it after the
+    /// handshake.
+    #[cfg(test)]
+    pub(super) fn encrypt_handshake_for_test(&mut self, message: &[u8], out: &mut BytesMut) {
+        self.encrypt(ContentType::Handshake, message, out).unwrap();
+    }
+
     /// Encrypts `plain` as application data records, onto `out`.
     pub(super) fn encrypt_data(
         &mut self,

@@ -609,3 +609,31 @@ fn the_server_name_of_a_client_hello_in_many_small_records_is_read() {
     handshake(&mut client, &mut server);
     assert_eq!(server.info.server_name.as_deref(), Some("localhost"));
 }
+
+#[test]
+fn a_tls12_renegotiation_is_refused_once_with_a_warning_then_fails() {
+    let suite = rustls::crypto::ring::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256;
+    let (mut client, mut server) = pair(suite);
+    let client_hello = [1u8, 0, 0, 0];
+    for attempt in 0..2 {
+        let Phase::Traffic(layer) = &mut client.phase else {
+            unreachable!()
+        };
+        let mut out = BytesMut::new();
+        layer.encrypt_handshake_for_test(&client_hello, &mut out);
+        server.cipher_in.extend_from_slice(&out);
+        let read = server.read(&mut BytesMut::with_capacity(100));
+        if attempt == 0 {
+            assert_eq!(read.unwrap(), Read::NeedMore);
+            // The warning reaches the client, which passes over it.
+            transfer(&mut server, &mut client);
+            assert_eq!(read_all(&mut client), (Vec::new(), false));
+            client.encrypt(b"still here").unwrap();
+            transfer(&mut client, &mut server);
+            assert_eq!(read_all(&mut server), (b"still here".to_vec(), false));
+        } else {
+            let e = read.unwrap_err();
+            assert!(e.to_string().contains("handshake message 1"), "{e}");
+        }
+    }
+}
