@@ -293,8 +293,9 @@ where
 }
 
 /// The echo a Tokio user writes with tokio-util: length-delimited frames
-/// sent back as they come, flushed when nothing more is buffered.
-pub async fn codec_echo<T>(io: T)
+/// sent back as they come, flushed when nothing more is buffered. Gives
+/// the stream back at the peer's end (or the first error).
+pub async fn codec_echo<T>(io: T) -> T
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
@@ -303,14 +304,15 @@ where
         tokio_util::codec::Framed::new(io, tokio_util::codec::LengthDelimitedCodec::new());
     while let Some(Ok(frame)) = framed.next().await {
         if framed.feed(frame.freeze()).await.is_err() {
-            return;
+            break;
         }
         if framed.read_buffer().is_empty()
             && SinkExt::<bytes::Bytes>::flush(&mut framed).await.is_err()
         {
-            return;
+            break;
         }
     }
+    framed.into_inner()
 }
 
 /// Deterministic 4 KiB-aligned offsets.

@@ -17,7 +17,9 @@
 //! Contenders: a mailring `Server` with `ServerBuilder::tls` (2 shards,
 //! reuseport), and Tokio (2 workers) with `tokio_rustls::TlsAcceptor` and
 //! tokio-util's `LengthDelimitedCodec`, flushing when its read buffer is
-//! empty. Contenders alternate within each pair; the server's CPU time per
+//! empty, and ending with `shutdown` (`close_notify`, which a TLS server
+//! must send and mailring's does; before 2026-11-27's tenth session the
+//! Tokio server closed without it). Contenders alternate within each pair; the server's CPU time per
 //! request is its process's CPU time over the run. `TLS_CLIENT_CPUS=LIST`
 //! runs the load generator under `taskset -c LIST`, `TLS_CLIENT_THREADS=N`
 //! splits it over N threads; `TLS_MAILRING_SPIN_US=N`
@@ -280,7 +282,10 @@ fn tokio_server(config: Arc<rustls::ServerConfig>) -> (SocketAddr, Box<dyn FnOnc
                     tokio::spawn(async move {
                         let _ = stream.set_nodelay(true);
                         let Ok(tls) = acceptor.accept(stream).await else { return };
-                        mailring_bench::codec_echo(tls).await;
+                        let mut tls = mailring_bench::codec_echo(tls).await;
+                        // close_notify before the close, as a TLS server
+                        // must (RFC 8446 §6.1) and mailring's sends.
+                        let _ = tokio::io::AsyncWriteExt::shutdown(&mut tls).await;
                     });
                 }
                 _ = stopped.changed() => return,
