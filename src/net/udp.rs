@@ -86,6 +86,27 @@ impl UdpSocket {
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not an IP socket"))
     }
 
+    /// Sends `buf` as one datagram to `to` at once, with a plain
+    /// non-blocking `sendto` (`MSG_DONTWAIT`) rather than an operation on
+    /// the ring: `WouldBlock` when the socket's send buffer has no room,
+    /// where [`send_to`](Self::send_to) waits for it. A datagram send
+    /// never waits for the peer, so for a server's replies this is the
+    /// cheaper path: no operation to submit and complete, no wake-up of
+    /// the task when it completes.
+    ///
+    /// # Errors
+    ///
+    /// `WouldBlock` as above; the wrong-shard error off the socket's
+    /// shard; the OS error.
+    pub fn try_send_to(&self, buf: &[u8], to: SocketAddr) -> io::Result<usize> {
+        self.inner.check()?;
+        SockRef::from(&*self.inner.fd).send_to_with_flags(
+            buf,
+            &SockAddr::from(to),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    }
+
     /// Sends `buf` as one datagram to `to` (`IORING_OP_SENDMSG`).
     pub async fn send_to<B: IoBuf>(&self, buf: B, to: SocketAddr) -> (io::Result<usize>, B) {
         send_msg(&self.inner, buf, Some(&SockAddr::from(to))).await

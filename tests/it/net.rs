@@ -646,3 +646,38 @@ fn multishot_datagram_receive_reads_ipv6_senders() {
         assert!(d.peer().is_ipv6());
     });
 }
+
+#[test]
+fn a_datagram_sent_at_once_arrives_and_is_refused_off_its_shard() {
+    use mailring::net::UdpSocket;
+    let rt = rt2();
+    let h = rt.handle().clone();
+    rt.block_on(async move {
+        let (server, peer) = h
+            .spawn_on(ShardId::new(0), async {
+                let server = UdpSocket::bind(any_port()).unwrap();
+                let peer = UdpSocket::bind(any_port()).unwrap();
+                let to = server.local_addr().unwrap();
+                for i in 0..20u8 {
+                    assert_eq!(peer.try_send_to(&[i; 40], to).unwrap(), 40);
+                }
+                for i in 0..20u8 {
+                    let (r, buf) = server.recv_from(Vec::with_capacity(64)).await;
+                    let (n, from) = r.unwrap();
+                    assert_eq!((n, from), (40, peer.local_addr().unwrap()));
+                    assert!(buf.iter().all(|&x| x == i));
+                }
+                (server, peer)
+            })
+            .await
+            .unwrap();
+        // Off its shard, the send is refused, as the ring's would be.
+        let to = server.local_addr().unwrap();
+        let err = h
+            .spawn_on(ShardId::new(1), async move { peer.try_send_to(b"x", to) })
+            .await
+            .unwrap()
+            .expect_err("another shard's socket");
+        assert!(err.to_string().contains("another shard"), "{err}");
+    });
+}

@@ -966,7 +966,15 @@ async fn send_out<S: DatagramSession>(
     let socket = t.borrow().socket.clone();
     let counters = shared.counters(shard);
     for (peer, datagram) in cx.out.drain(..) {
-        match socket.send_to(datagram, peer).await.0 {
+        // At once when the socket has room (a datagram send never waits
+        // for the peer); through the ring, waiting for room, when not.
+        let sent = match socket.try_send_to(&datagram, peer) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                socket.send_to(datagram, peer).await.0
+            }
+            done => done,
+        };
+        match sent {
             Ok(_) => counters.datagrams_out.fetch_add(1, Ordering::Relaxed),
             Err(_) => counters.send_errors.fetch_add(1, Ordering::Relaxed),
         };
