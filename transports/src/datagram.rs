@@ -664,6 +664,13 @@ async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocke
             arrive(&shared, &t, shard, peer, datagram);
         }
     }
+    // The shutdown's own pass over this shard may come after the table
+    // is gone (this loop can see `closing` first, woken by something
+    // else): the sessions are told here too, or one would never end.
+    for slot in t.borrow().sessions.values() {
+        slot.stop.set(Some(DatagramClose::Shutdown));
+        slot.wake();
+    }
     TABLES.with(|tables| tables.borrow_mut().remove(&shared.id));
 }
 
