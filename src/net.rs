@@ -755,6 +755,25 @@ impl TcpStream {
         self.core.send_all(buf).await
     }
 
+    /// Sends what of `buf` the socket takes at once, with a plain
+    /// non-blocking `send` (`MSG_DONTWAIT`) rather than an operation on the
+    /// ring: the number of bytes taken (maybe fewer than `buf` holds), or
+    /// `WouldBlock` when the send buffer has no room. A reply to a peer
+    /// that is reading goes out this way with no operation to submit and
+    /// complete, and no wake-up of the task when it completes; what is left
+    /// goes through [`send_all`](Self::send_all). Never call it while a
+    /// send on the ring is in flight: the bytes would overtake it.
+    ///
+    /// # Errors
+    ///
+    /// `WouldBlock` as above; the wrong-shard error off the socket's shard;
+    /// the OS error (e.g. `BrokenPipe`).
+    pub fn try_send(&self, buf: &[u8]) -> io::Result<usize> {
+        self.core.inner.check()?;
+        SockRef::from(&*self.core.inner.fd)
+            .send_with_flags(buf, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+    }
+
     /// Sends some of `buf`'s bytes with `IORING_OP_SEND_ZC`: the kernel sends
     /// from the buffer itself instead of copying it, and the buffer comes back
     /// only once the kernel has released it (its notification CQE). Pays off

@@ -681,3 +681,67 @@ fn a_datagram_sent_at_once_arrives_and_is_refused_off_its_shard() {
         assert!(err.to_string().contains("another shard"), "{err}");
     });
 }
+
+#[test]
+fn a_tcp_send_at_once_takes_what_the_socket_holds_then_would_block() {
+    let rt = rt2();
+    let h = rt.handle().clone();
+    rt.block_on(async move {
+        let (client, peer) = h
+            .spawn_on(ShardId::new(0), async {
+                let listener = TcpListener::bind(any_port()).unwrap();
+                let addr = listener.local_addr();
+                let connecting =
+                    mailring::spawn_local(async move { TcpStream::connect(addr).await.unwrap() });
+                let (peer, _) = listener.accept().await.unwrap();
+                let client = connecting.await.unwrap();
+                // A peer that does not read: the socket takes bytes until
+                // its buffers are full, then says WouldBlock.
+                let chunk = vec![7u8; 64 << 10];
+                let mut taken = 0usize;
+                let full = loop {
+                    match client.try_send(&chunk) {
+                        Ok(n) => {
+                            assert!(n > 0 && n <= chunk.len());
+                            taken += n;
+                        }
+                        Err(e) => break e,
+                    }
+                    assert!(taken < 1 << 30, "a socket that never fills");
+                };
+                assert_eq!(full.kind(), ErrorKind::WouldBlock, "{full}");
+                // Everything taken arrives, in order, and the ring's send
+                // goes on after it (it waits for the peer to read).
+                let reader = mailring::spawn_local(async move {
+                    let mut got = 0usize;
+                    let mut last = Vec::new();
+                    while got < taken + 4 {
+                        let (n, buf) = peer.recv(Vec::with_capacity(256 << 10)).await;
+                        let n = n.unwrap();
+                        assert!(n > 0, "the peer saw the end early");
+                        got += n;
+                        last.extend_from_slice(&buf);
+                        if last.len() > 8 {
+                            last.drain(..last.len() - 8);
+                        }
+                    }
+                    (got, last, peer)
+                });
+                client.send_all(b"tail".to_vec()).await.0.unwrap();
+                let (got, last, peer) = reader.await.unwrap();
+                assert_eq!(got, taken + 4);
+                assert_eq!(&last[4..], b"tail");
+                (client, peer)
+            })
+            .await
+            .unwrap();
+        // Off its shard the send is refused, as the ring's would be.
+        let err = h
+            .spawn_on(ShardId::new(1), async move { client.try_send(b"x") })
+            .await
+            .unwrap()
+            .expect_err("another shard's socket");
+        assert!(err.to_string().contains("another shard"), "{err}");
+        drop(peer);
+    });
+}

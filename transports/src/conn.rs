@@ -101,6 +101,15 @@ impl Conn {
         }
     }
 
+    /// Sends what the socket takes at once, without the ring (plain TCP
+    /// only: `None` for the others, whose sends all go through the ring).
+    pub(crate) fn try_send_plain(&self, buf: &[u8]) -> Option<io::Result<usize>> {
+        match self {
+            Conn::Tcp(s) => Some(s.try_send(buf)),
+            _ => None,
+        }
+    }
+
     /// A shutdown of the socket itself.
     pub(crate) async fn shutdown_plain(&self, how: Shutdown) -> io::Result<()> {
         match self {

@@ -1333,6 +1333,20 @@ async fn drive<S: Session>(
             if send.is_none() && !cx.wbuf.is_empty() {
                 counters.send_ops.fetch_add(1, Ordering::Relaxed);
                 note_owner(counters, shard);
+                // What the socket takes at once goes without the ring (no
+                // send is in flight to overtake); the rest through it.
+                match stream.try_send_plain(&cx.wbuf) {
+                    Some(Ok(n)) => {
+                        bytes::Buf::advance(&mut cx.wbuf, n);
+                        progressed = true;
+                    }
+                    Some(Err(e)) if e.kind() != std::io::ErrorKind::WouldBlock => {
+                        return Poll::Ready(Event::Close(io_close(&e)));
+                    }
+                    _ => {}
+                }
+            }
+            if send.is_none() && !cx.wbuf.is_empty() {
                 let batch = cx.wbuf.split().freeze();
                 in_flight = batch.len();
                 send.set(Some(stream.send_all(batch)));
