@@ -1080,6 +1080,10 @@ impl Drop for Handshaking<'_> {
     }
 }
 
+/// The most output sent at once with a plain non-blocking send (see
+/// `drive`): a few small replies.
+const SEND_AT_ONCE_MAX: usize = 2048;
+
 /// How long a closing TLS connection may take to send its `close_notify`.
 const TLS_CLOSE_NOTIFY_LIMIT: Duration = Duration::from_millis(100);
 
@@ -1333,9 +1337,18 @@ async fn drive<S: Session>(
             if send.is_none() && !cx.wbuf.is_empty() {
                 counters.send_ops.fetch_add(1, Ordering::Relaxed);
                 note_owner(counters, shard);
-                // What the socket takes at once goes without the ring (no
-                // send is in flight to overtake); the rest through it.
-                match stream.try_send_plain(&cx.wbuf) {
+                // A small reply with nothing else owed (request and
+                // response) goes at once, without the ring: no send is in
+                // flight to overtake, and no operation and wake-up are
+                // paid for it. Big or pipelined output goes through the
+                // ring, which gathers more while a send is in flight.
+                let at_once = cx.wbuf.len() <= SEND_AT_ONCE_MAX && cx.pending_replies() == 0;
+                let sent = if at_once {
+                    stream.try_send_plain(&cx.wbuf)
+                } else {
+                    None
+                };
+                match sent {
                     Some(Ok(n)) => {
                         bytes::Buf::advance(&mut cx.wbuf, n);
                         progressed = true;
