@@ -127,6 +127,14 @@ fn tls_client(
     Ok(stream)
 }
 
+/// An echo server of length-delimited frames over TLS on loopback.
+fn echo_server(rt: &mailring::Runtime, acceptor: TlsAcceptor) -> Server<Echo> {
+    Server::builder(LengthDelimited::new(), |_| Echo)
+        .tls(acceptor)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap()
+}
+
 fn round_trip(c: &mut (impl Read + Write), body: &[u8]) -> Vec<u8> {
     c.write_all(&frame(body)).unwrap();
     c.flush().unwrap();
@@ -363,10 +371,7 @@ fn an_expired_certificate_is_refused_by_the_client_and_a_reload_replaces_it() {
     let (new_cert, new_key) = pki.leaf(&ca, "fresh", &["localhost"], false);
     let rt = runtime(1);
     let acceptor = TlsAcceptor::from_pem_files(&old_cert, &old_key).unwrap();
-    let server = Server::builder(LengthDelimited::new(), |_| Echo)
-        .tls(acceptor.clone())
-        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
-        .unwrap();
+    let server = echo_server(&rt, acceptor.clone());
     let addr = server.local_addr();
     let err = tls_client(addr, &ca_path, "localhost", &[]).expect_err("an expired certificate");
     assert!(err.to_string().contains("certificate expired"), "{err}");
@@ -403,10 +408,7 @@ fn a_framed_tls_client_drives_a_tls_server_and_refuses_an_untrusted_one() {
     let mut server_tls = tls::server_config_from_pem_files(&cert, &key).unwrap();
     server_tls.alpn_protocols = vec![b"h2".to_vec(), b"mr/1".to_vec()];
     let rt = runtime(2);
-    let server = Server::builder(LengthDelimited::new(), |_| Echo)
-        .tls(TlsAcceptor::new(server_tls))
-        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
-        .unwrap();
+    let server = echo_server(&rt, TlsAcceptor::new(server_tls));
     let addr = server.local_addr();
     let mut good = tls::client_config_from_ca_pem_file(&ca_path).unwrap();
     good.alpn_protocols = vec![b"mr/1".to_vec()];
@@ -462,14 +464,12 @@ fn shutdown_ends_a_waiting_handshake_without_its_timeout() {
     let (ca, _) = pki.ca("ca");
     let (cert, key) = pki.leaf(&ca, "server", &["localhost"], false);
     let rt = runtime(1);
-    let server = Server::builder(LengthDelimited::new(), |_| Echo)
-        .tls(
-            TlsAcceptor::from_pem_files(&cert, &key)
-                .unwrap()
-                .with_handshake_timeout(Duration::from_secs(600)),
-        )
-        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
-        .unwrap();
+    let server = echo_server(
+        &rt,
+        TlsAcceptor::from_pem_files(&cert, &key)
+            .unwrap()
+            .with_handshake_timeout(Duration::from_secs(600)),
+    );
     let silent = TcpStream::connect(server.local_addr()).unwrap();
     wait_for(&server, "the accept", |s| s.total(|s| s.accepted) == 1);
     let started = Instant::now();
@@ -589,10 +589,7 @@ fn a_handshake_moves_to_a_less_busy_shard() {
     let (ca, ca_path) = pki.ca("ca");
     let (cert, key) = pki.leaf(&ca, "server", &["localhost"], false);
     let rt = runtime(2);
-    let server = Server::builder(LengthDelimited::new(), |_| Echo)
-        .tls(TlsAcceptor::from_pem_files(&cert, &key).unwrap())
-        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
-        .unwrap();
+    let server = echo_server(&rt, TlsAcceptor::from_pem_files(&cert, &key).unwrap());
     assert!(server.is_steered());
     let addr = server.local_addr();
     // Two clients that say nothing hold two handshakes open on shard 0.
@@ -644,10 +641,7 @@ fn key_updates_resumption_and_a_tampered_record_over_live_connections() {
     let (ca, ca_path) = pki.ca("ca");
     let (cert, key) = pki.leaf(&ca, "server", &["localhost"], false);
     let rt = runtime(2);
-    let server = Server::builder(LengthDelimited::new(), |_| Echo)
-        .tls(TlsAcceptor::from_pem_files(&cert, &key).unwrap())
-        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
-        .unwrap();
+    let server = echo_server(&rt, TlsAcceptor::from_pem_files(&cert, &key).unwrap());
     let addr = server.local_addr();
 
     // rustls's own client asks for a key update before each request: the
