@@ -765,17 +765,6 @@ impl TlsState {
         Ok(())
     }
 
-    /// The record layer, or the error of a connection without one.
-    fn layer(&mut self) -> io::Result<&mut RecordLayer> {
-        match &mut self.phase {
-            Phase::Traffic(layer) => Ok(layer),
-            _ => Err(io::Error::new(
-                io::ErrorKind::NotConnected,
-                "the TLS handshake is not done",
-            )),
-        }
-    }
-
     /// Decrypted bytes into `buf`'s spare room (grown if it has none).
     fn read(&mut self, buf: &mut BytesMut) -> io::Result<Read> {
         if buf.capacity() == buf.len() {
@@ -788,7 +777,7 @@ impl TlsState {
             return Ok(Read::Plaintext(n));
         }
         let Phase::Traffic(layer) = &mut self.phase else {
-            return self.layer().map(|_| Read::NeedMore);
+            return Err(handshake_not_done());
         };
         match layer.read(&mut self.cipher_in, buf, &mut self.records_out) {
             Ok(read) => Ok(read),
@@ -799,7 +788,7 @@ impl TlsState {
     /// Encrypts `plain` into records to send.
     fn encrypt(&mut self, plain: &[u8]) -> io::Result<()> {
         let Phase::Traffic(layer) = &mut self.phase else {
-            return self.layer().map(|_| ());
+            return Err(handshake_not_done());
         };
         match layer.encrypt_data(plain, &mut self.records_out) {
             Ok(()) => Ok(()),
@@ -810,7 +799,7 @@ impl TlsState {
     /// Queues `close_notify` (once).
     fn queue_close_notify(&mut self) -> io::Result<()> {
         let Phase::Traffic(layer) = &mut self.phase else {
-            return self.layer().map(|_| ());
+            return Err(handshake_not_done());
         };
         match layer.encrypt_close_notify(&mut self.records_out) {
             Ok(()) => Ok(()),
@@ -1142,6 +1131,11 @@ impl TlsConn {
             res?;
         }
     }
+}
+
+/// The error of reading or writing data before the handshake is done.
+fn handshake_not_done() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "the TLS handshake is not done")
 }
 
 /// `config`, or a copy of it that lets the record layer take the
