@@ -134,6 +134,72 @@ unsafe impl IoBufMut for BytesMut {
     }
 }
 
+/// A `BytesMut` that a read fills after the bytes it already holds: the
+/// kernel writes into its spare capacity, and its length grows by what was
+/// read (a plain `BytesMut` is filled from its start).
+///
+/// # Examples
+///
+/// ```
+/// use bytes::BytesMut;
+/// use mailring::buf::{Appending, IoBufMut};
+///
+/// let mut held = BytesMut::with_capacity(64);
+/// held.extend_from_slice(b"kept");
+/// let mut buf = Appending::new(held);
+/// assert_eq!(buf.bytes_total(), 60);
+/// assert_eq!(buf.into_inner(), &b"kept"[..]);
+/// ```
+#[derive(Debug)]
+pub struct Appending {
+    buf: BytesMut,
+    /// The length when it was wrapped: where the kernel's bytes begin.
+    base: usize,
+}
+
+impl Appending {
+    /// Wraps `buf`; a read fills `buf.len()..buf.capacity()`.
+    pub fn new(buf: BytesMut) -> Self {
+        let base = buf.len();
+        Appending { buf, base }
+    }
+
+    /// The buffer: what it held, then what was read.
+    pub fn into_inner(self) -> BytesMut {
+        self.buf
+    }
+}
+
+// SAFETY: as for `BytesMut`; the handle is owned and moving it does not
+// move the bytes.
+unsafe impl IoBuf for Appending {
+    fn stable_ptr(&self) -> *const u8 {
+        self.buf.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.buf.len()
+    }
+}
+
+// SAFETY: the writable region is the spare capacity past `base`, inside
+// the handle's own view; `set_init(n)` with `n <= capacity - base` keeps
+// the length within the capacity, and `base` bytes were initialised when
+// the buffer was wrapped.
+unsafe impl IoBufMut for Appending {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        // SAFETY: `base <= capacity`: in bounds of the allocation or one past.
+        unsafe { self.buf.as_mut_ptr().add(self.base) }
+    }
+    fn bytes_total(&mut self) -> usize {
+        self.buf.capacity() - self.base
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        // SAFETY: `base + n <= capacity`, and those bytes are initialised
+        // (the caller's promise for the last `n`, the wrap for the rest).
+        unsafe { self.buf.set_len(self.base + n) };
+    }
+}
+
 /// A heap buffer with a chosen alignment, for `O_DIRECT` files (which need
 /// block-aligned memory, offsets and lengths).
 ///

@@ -745,3 +745,29 @@ fn a_tcp_send_at_once_takes_what_the_socket_holds_then_would_block() {
         drop(peer);
     });
 }
+
+#[test]
+fn a_receive_into_an_appending_buffer_keeps_what_it_held() {
+    use bytes::BytesMut;
+    use mailring::buf::Appending;
+    let rt = rt2();
+    rt.block_on(async {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let addr = listener.local_addr();
+        let sender = mailring::spawn_local(async move {
+            let (conn, _) = listener.accept().await.unwrap();
+            let (r, _) = conn.send_all(b"world".to_vec()).await;
+            r.unwrap();
+        });
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let mut held = BytesMut::with_capacity(64);
+        held.extend_from_slice(b"hello ");
+        let (n, buf) = stream.recv(Appending::new(held)).await;
+        let n = n.unwrap();
+        let buf = buf.into_inner();
+        assert!((1..=5).contains(&n), "{n}");
+        assert_eq!(buf.len(), 6 + n);
+        assert_eq!(&buf[..], &b"hello world"[..6 + n]);
+        sender.await.unwrap();
+    });
+}

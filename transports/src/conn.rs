@@ -82,7 +82,10 @@ impl Conn {
     }
 
     /// A receive on the socket itself (what the TLS layer reads from).
-    pub(crate) async fn recv_plain(&self, buf: BytesMut) -> (io::Result<usize>, BytesMut) {
+    pub(crate) async fn recv_plain<B: mailring_actors::mailring::buf::IoBufMut>(
+        &self,
+        buf: B,
+    ) -> (io::Result<usize>, B) {
         match self {
             Conn::Tcp(s) => s.recv(buf).await,
             Conn::Unix(s) => s.recv(buf).await,

@@ -937,9 +937,6 @@ async fn run_connection<S: Session>(
     let mut stream = stream;
     if fresh {
         if let Some(best) = handshake_elsewhere(&conn, shard) {
-            // A TLS handshake is a few hundred microseconds of CPU: run it
-            // where fewer are running (the kernel's spread of a few
-            // connections leaves one shard idle while another queues them).
             match stream.depart(best).await {
                 Ok(transit) => {
                     conn.shared
@@ -963,6 +960,9 @@ async fn run_connection<S: Session>(
                 Err((_, back)) => stream = back,
             }
         }
+    }
+    let _open_here = OpenHere::new(&conn.shared, shard);
+    if fresh {
         if conn.shared.config.hand_off == HandOff::Direct {
             let (direct, refused) = stream.into_direct().await;
             stream = direct;
@@ -1051,10 +1051,15 @@ async fn run_connection<S: Session>(
     close(&conn, &mut session, &mut cx, reason);
 }
 
-/// The shard a fresh TLS connection should run its handshake on instead of
-/// `here`, when `here` has at least two more handshakes in progress than
-/// the least busy shard (reuseport listeners only; a connection moves for
-/// this once).
+/// The shard a fresh TLS connection should run on instead of `here`: the
+/// least loaded, when `here` is more loaded than it (reuseport listeners
+/// only; a connection moves for this once). A shard's load is its open
+/// connections plus its handshakes in progress (counted twice: a
+/// handshake is a few hundred microseconds of CPU). The kernel's spread
+/// of a few connections is uneven (8 split 5 and 3 more often than 4 and
+/// 4), and a connection stays where it starts: without this, one shard
+/// of two serves most of a busy server's connections while the other
+/// idles.
 fn handshake_elsewhere<S: Session>(conn: &Connection<S>, here: ShardId) -> Option<ShardId> {
     let shared = &conn.shared;
     if shared.tls.is_none()
@@ -1064,11 +1069,40 @@ fn handshake_elsewhere<S: Session>(conn: &Connection<S>, here: ShardId) -> Optio
     {
         return None;
     }
-    let load = |i: usize| shared.handshaking[i].load(Ordering::Acquire);
+    let load = |i: usize| {
+        let open = shared.counters[i].open.load(Ordering::Acquire);
+        let handshaking = shared.handshaking[i].load(Ordering::Acquire);
+        usize::try_from(open).unwrap_or(usize::MAX) + handshaking
+    };
     let (best, least) = (0..shared.handshaking.len())
         .map(|i| (i, load(i)))
         .min_by_key(|&(_, n)| n)?;
-    (load(here.index()) >= least + 2).then(|| ShardId::new(best))
+    (load(here.index()) > least).then(|| ShardId::new(best))
+}
+
+/// Counts a connection as open on a shard while it runs there.
+struct OpenHere<S: Session> {
+    shared: Arc<Shared<S>>,
+    shard: ShardId,
+}
+
+impl<S: Session> OpenHere<S> {
+    fn new(shared: &Arc<Shared<S>>, shard: ShardId) -> Self {
+        shared.counters(shard).open.fetch_add(1, Ordering::AcqRel);
+        OpenHere {
+            shared: shared.clone(),
+            shard,
+        }
+    }
+}
+
+impl<S: Session> Drop for OpenHere<S> {
+    fn drop(&mut self) {
+        self.shared
+            .counters(self.shard)
+            .open
+            .fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Counts a handshake in progress on a shard while it lives.

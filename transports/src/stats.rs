@@ -22,6 +22,8 @@ pub(crate) struct ShardCounters {
     pub(crate) direct_refused: AtomicU64,
     pub(crate) tls_handshakes: AtomicU64,
     pub(crate) handshakes_moved: AtomicU64,
+    /// Connections running on the shard now (a gauge).
+    pub(crate) open: AtomicU64,
     closed: [AtomicU64; CloseKind::ALL.len()],
 }
 
@@ -47,6 +49,7 @@ impl ShardCounters {
             direct_refused: get(&self.direct_refused),
             tls_handshakes: get(&self.tls_handshakes),
             handshakes_moved: get(&self.handshakes_moved),
+            open: get(&self.open),
             closed: std::array::from_fn(|i| get(&self.closed[i])),
         }
     }
@@ -89,6 +92,9 @@ pub struct SessionShardStats {
     /// Fresh TLS connections this shard's listener handed to a less busy
     /// shard for their handshake.
     pub handshakes_moved: u64,
+    /// Connections running on this shard now (a gauge: those that moved
+    /// here count, those that moved away or closed do not).
+    pub open: u64,
     closed: [u64; CloseKind::ALL.len()],
 }
 

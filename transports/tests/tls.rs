@@ -583,35 +583,90 @@ fn connect_steered_to(addr: SocketAddr, shard: usize) -> TcpStream {
     }
 }
 
-#[test]
-fn a_handshake_moves_to_a_less_busy_shard() {
-    let pki = Pki::new("balance");
+/// A 2-shard steered TLS echo server, with a factory of rustls clients
+/// over a given socket.
+fn steered_tls_server(
+    pki: &Pki,
+) -> (
+    mailring::Runtime,
+    Server<Echo>,
+    impl Fn(TcpStream) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
+) {
     let (ca, ca_path) = pki.ca("ca");
     let (cert, key) = pki.leaf(&ca, "server", &["localhost"], false);
     let rt = runtime(2);
     let server = echo_server(&rt, TlsAcceptor::from_pem_files(&cert, &key).unwrap());
     assert!(server.is_steered());
-    let addr = server.local_addr();
-    // Two clients that say nothing hold two handshakes open on shard 0.
-    let silent: Vec<TcpStream> = (0..2).map(|_| connect_steered_to(addr, 0)).collect();
-    wait_for(&server, "the two accepts", |s| s.shards[0].accepted == 2);
-    std::thread::sleep(Duration::from_millis(20));
-    // The next connection of shard 0 handshakes on shard 1 instead.
-    let sock = connect_steered_to(addr, 0);
     let config = Arc::new(tls::client_config_from_ca_pem_file(&ca_path).unwrap());
-    let conn = rustls::ClientConnection::new(
-        config,
-        rustls::pki_types::ServerName::try_from("localhost").unwrap(),
-    )
-    .unwrap();
-    let mut c = rustls::StreamOwned::new(conn, sock);
+    let client = move |sock: TcpStream| {
+        let conn = rustls::ClientConnection::new(
+            config.clone(),
+            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+        )
+        .unwrap();
+        rustls::StreamOwned::new(conn, sock)
+    };
+    (rt, server, client)
+}
+
+#[test]
+fn a_handshake_in_progress_weighs_more_than_an_open_connection() {
+    let pki = Pki::new("balance");
+    let (rt, server, client) = steered_tls_server(&pki);
+    let addr = server.local_addr();
+    // Shard 1 serves one connection, done with its handshake.
+    let mut served = client(connect_steered_to(addr, 1));
+    assert_eq!(round_trip(&mut served, b"served"), b"served");
+    // A client that says nothing holds a handshake open on shard 0.
+    let silent = connect_steered_to(addr, 0);
+    wait_for(&server, "the silent accept", |s| s.shards[0].accepted == 1);
+    std::thread::sleep(Duration::from_millis(20));
+    // One connection each, but the handshake is CPU to come: the next
+    // connection of shard 0 handshakes on shard 1 instead.
+    let mut c = client(connect_steered_to(addr, 0));
     assert_eq!(round_trip(&mut c, b"balanced"), b"balanced");
     let stats = server.stats();
-    assert_eq!(stats.shards[0].accepted, 3);
+    assert_eq!(stats.shards[0].accepted, 2);
     assert_eq!(stats.shards[0].handshakes_moved, 1, "{stats:#?}");
-    assert_eq!(stats.shards[1].tls_handshakes, 1);
+    assert_eq!(stats.shards[1].tls_handshakes, 2);
     assert_eq!(stats.shards[0].tls_handshakes, 0);
-    drop((silent, c));
+    drop((silent, served, c));
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn a_fresh_tls_connection_goes_to_the_shard_with_fewer_connections() {
+    let pki = Pki::new("spread");
+    let (rt, server, tls_client) = steered_tls_server(&pki);
+    let addr = server.local_addr();
+    let client = |shard: usize| {
+        let mut c = tls_client(connect_steered_to(addr, shard));
+        assert_eq!(round_trip(&mut c, b"hello"), b"hello");
+        c
+    };
+    // Connections the kernel's spread puts on shard 0, one after another,
+    // each done with its handshake before the next: they split between
+    // the shards as they come (a spread of 4 and 0 would leave shard 1
+    // idle while shard 0 serves them all).
+    let held: Vec<_> = (0..4).map(|_| client(0)).collect();
+    let stats = server.stats();
+    assert_eq!(stats.shards[0].accepted, 4);
+    assert_eq!(stats.shards[0].tls_handshakes, 2, "{stats:#?}");
+    assert_eq!(stats.shards[1].tls_handshakes, 2, "{stats:#?}");
+    assert_eq!(stats.shards[0].handshakes_moved, 2, "{stats:#?}");
+    assert_eq!((stats.shards[0].open, stats.shards[1].open), (2, 2));
+    // Shards as busy as each other keep what comes to them.
+    let one_more = client(0);
+    assert_eq!(server.stats().shards[0].tls_handshakes, 3);
+    // Connections that closed count no more: shard 0 keeps one, shard 1
+    // none, and the next connection of shard 0 goes there.
+    drop(held);
+    wait_for(&server, "the closes", |s| {
+        (s.shards[0].open, s.shards[1].open) == (1, 0)
+    });
+    let last = client(0);
+    assert_eq!(server.stats().shards[1].tls_handshakes, 3);
+    drop((one_more, last));
     rt.block_on(server.shutdown());
 }
 
@@ -719,4 +774,66 @@ fn key_updates_resumption_and_a_tampered_record_over_live_connections() {
         assert_eq!(second.recv().await.unwrap().unwrap(), &b"two"[..]);
     });
     rt.block_on(server.shutdown());
+}
+
+#[test]
+fn a_receive_dropped_while_a_record_is_half_in_loses_nothing_of_it() {
+    let pki = Pki::new("half-record");
+    let (ca, ca_path) = pki.ca("ca");
+    let (cert, key) = pki.leaf(&ca, "server", &["localhost"], false);
+    let server_config = Arc::new(tls::server_config_from_pem_files(&cert, &key).unwrap());
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    // rustls's own server: after the handshake it sends one record of a
+    // 2 KiB frame in two parts, 400 ms apart, then a second frame whole.
+    let peer = std::thread::spawn(move || {
+        let (sock, _) = listener.accept().unwrap();
+        sock.set_nodelay(true).unwrap();
+        let conn = rustls::ServerConnection::new(server_config).unwrap();
+        let mut tls = rustls::StreamOwned::new(conn, sock);
+        while tls.conn.is_handshaking() {
+            tls.conn.complete_io(&mut tls.sock).unwrap();
+        }
+        // Tickets and anything else queued go first, whole.
+        while tls.conn.wants_write() {
+            tls.conn.write_tls(&mut tls.sock).unwrap();
+        }
+        let mut body = vec![0u8; 2048];
+        for (i, b) in body.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        tls.conn.writer().write_all(&frame(&body)).unwrap();
+        let mut record = Vec::new();
+        while tls.conn.wants_write() {
+            tls.conn.write_tls(&mut record).unwrap();
+        }
+        let half = record.len() / 2;
+        tls.sock.write_all(&record[..half]).unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        tls.sock.write_all(&record[half..]).unwrap();
+        tls.write_all(&frame(b"second")).unwrap();
+        tls.flush().unwrap();
+        // Until the client is done.
+        let mut rest = Vec::new();
+        let _ = tls.read_to_end(&mut rest);
+        body
+    });
+    let client = Arc::new(tls::client_config_from_ca_pem_file(&ca_path).unwrap());
+    let rt = runtime(1);
+    let (first, second) = rt.block_on_local(move || async move {
+        let mut c = Framed::connect_tls(addr, "localhost", client, LengthDelimited::new())
+            .await
+            .unwrap();
+        // Dropped while the record's first half is in and its second is
+        // 400 ms away.
+        let early = mailring::time::timeout(Duration::from_millis(150), c.recv()).await;
+        assert!(early.is_err(), "nothing whole had come yet: {early:?}");
+        let first = c.recv().await.unwrap().expect("the first frame");
+        let second = c.recv().await.unwrap().expect("the second frame");
+        c.close_write().await.unwrap();
+        (first, second)
+    });
+    let body = peer.join().unwrap();
+    assert_eq!(&first[..], &body[..]);
+    assert_eq!(&second[..], b"second");
 }

@@ -36,10 +36,16 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 use crate::conn::Conn;
+use mailring_actors::mailring::buf::Appending;
 use record::{Read, RecordLayer};
 
-/// Bytes of ciphertext asked of each receive.
+/// Bytes of ciphertext asked of a receive at first, and again after a
+/// receive that took less than a quarter of its room.
 const CIPHER_CHUNK: usize = 16 << 10;
+/// The most asked of one receive: a receive that fills its room doubles
+/// the next one's, up to this, so a busy connection takes several records
+/// a receive and an idle one holds only [`CIPHER_CHUNK`] while it waits.
+const CIPHER_CHUNK_MAX: usize = 64 << 10;
 
 /// Why a TLS configuration could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -461,6 +467,9 @@ pub(crate) struct TlsState {
     phase: Phase,
     /// Ciphertext received and not yet taken.
     cipher_in: BytesMut,
+    /// Room asked of the next receive of ciphertext (see
+    /// [`CIPHER_CHUNK_MAX`]).
+    receive_room: usize,
     /// Plaintext that came with the handshake's last records, before the
     /// record layer took over.
     early_plain: BytesMut,
@@ -509,6 +518,7 @@ impl TlsState {
         TlsState {
             phase: Phase::Handshake(Box::new(handshake)),
             cipher_in: received,
+            receive_room: CIPHER_CHUNK,
             early_plain: BytesMut::new(),
             broken: None,
             peer_eof: false,
@@ -986,17 +996,53 @@ impl TlsConn {
     }
 
     /// One receive of ciphertext from the socket into the state's buffer.
+    ///
+    /// The kernel gets a buffer of its own: the state's whole buffer when
+    /// every record in it was taken, else a new one that starts with a
+    /// copy of the part record left (at most one record), so a receive
+    /// dropped in flight takes nothing the state still needs. The
+    /// received bytes are never copied again.
     async fn receive_ciphertext(&self) -> io::Result<()> {
-        let tail = {
+        let (landing, kept) = {
             let mut state = self.state();
-            let len = state.cipher_in.len();
-            state.cipher_in.reserve(CIPHER_CHUNK);
-            state.cipher_in.split_off(len)
+            let room = state.receive_room;
+            let kept = state.cipher_in.len();
+            let landing = if kept == 0 {
+                let mut landing = std::mem::take(&mut state.cipher_in);
+                landing.reserve(room);
+                if landing.capacity() > 2 * room {
+                    // A busy spell's big buffer goes back while the
+                    // connection waits with little to read.
+                    landing = BytesMut::with_capacity(room);
+                }
+                landing
+            } else {
+                let mut landing = BytesMut::with_capacity(kept + room);
+                landing.extend_from_slice(&state.cipher_in);
+                landing
+            };
+            (landing, kept)
         };
-        let (res, tail) = self.inner.recv_plain(tail).await;
+        let room = landing.capacity() - landing.len();
+        let (res, landing) = self.inner.recv_plain(Appending::new(landing)).await;
+        let landing = landing.into_inner();
         let mut state = self.state();
-        state.cipher_in.unsplit(tail);
-        if res? == 0 {
+        let received = res?;
+        if state.cipher_in.len() == kept {
+            state.cipher_in = landing;
+        } else {
+            // The state's bytes changed meanwhile (no second reader does
+            // that today): keep them, and append what came.
+            state.cipher_in.extend_from_slice(&landing[kept..]);
+        }
+        state.receive_room = if received == room {
+            (room * 2).clamp(CIPHER_CHUNK, CIPHER_CHUNK_MAX)
+        } else if received < room / 4 {
+            CIPHER_CHUNK
+        } else {
+            state.receive_room
+        };
+        if received == 0 {
             state.peer_eof = true;
         }
         Ok(())
