@@ -255,6 +255,18 @@ fn mailring_server(config: Arc<rustls::ServerConfig>) -> (SocketAddr, Box<dyn Fn
     (
         addr,
         Box::new(move || {
+            // TLS_STATS=1: the server's counters per connection, on stderr.
+            if std::env::var_os("TLS_STATS").is_some() {
+                let s = server.stats();
+                let accepted = s.total(|s| s.accepted).max(1) as f64;
+                eprintln!(
+                    "mailring server: {} connections, per connection {:.2} receives, {:.2} sends; {} moved for balance",
+                    s.total(|s| s.accepted),
+                    s.total(|s| s.recv_ops) as f64 / accepted,
+                    s.total(|s| s.send_ops) as f64 / accepted,
+                    s.total(|s| s.handshakes_moved),
+                );
+            }
             rt.block_on(server.shutdown());
             rt.shutdown();
         }),

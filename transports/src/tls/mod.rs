@@ -1157,7 +1157,7 @@ impl TlsConn {
             if self.abandoned.load(Ordering::Acquire) {
                 return Err(abandoned_send().into_io());
             }
-            let records = {
+            let mut records = {
                 let mut state = self.state();
                 if !state.wants_write() {
                     // Let go under the state's lock: a receive that queues
@@ -1168,6 +1168,21 @@ impl TlsConn {
                 }
                 state.take_outgoing()
             };
+            // What the socket takes at once goes with a non-blocking send
+            // (plain TCP; this flush holds the write turn, so no send of
+            // ours is on the ring): no operation to complete, and no
+            // wake-up of this task for it. The rest goes through the ring.
+            match self.inner.try_send_plain(&records) {
+                Some(Ok(n)) if n == records.len() => continue,
+                Some(Ok(n)) => records.advance(n),
+                Some(Err(e))
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) => {}
+                Some(Err(e)) => return Err(e),
+                None => {}
+            }
             let mut in_flight = SendInFlight {
                 abandoned: &self.abandoned,
                 done: false,
