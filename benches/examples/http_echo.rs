@@ -8,8 +8,11 @@
 //!
 //! - `http1`: 64 keep-alive connections, each 1,000 sequential `GET /`
 //!   answered with 64 bytes by a hyper `service_fn` (HTTP/1.1); contenders
-//!   `mailring+hyper` (a reuseport listener per shard, each connection
-//!   served on its shard through the adapter, `ShardTimer`) and
+//!   `mailring+hyper` (a `BalancedListener`: a reuseport listener per
+//!   shard, connections kept even across the shards; before 2026-11-27's
+//!   eleventh session, plain reuseport listeners whose spread was the
+//!   kernel's; each connection served on its shard through the adapter,
+//!   `ShardTimer`) and
 //!   `tokio+hyper` (2 workers, hyper-util's `TokioIo` and `TokioTimer`):
 //!   both with a timer, so hyper keeps its header read timeout on both
 //!   (before 2026-11-27's ninth session only mailring's had one).
@@ -162,54 +165,35 @@ async fn hello(
     ))))
 }
 
-/// `n` std listeners on one loopback port (`SO_REUSEPORT`).
-fn reuseport_listeners(n: usize) -> Vec<std::net::TcpListener> {
-    let mut out = Vec::new();
-    let mut addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    for _ in 0..n {
-        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        s.set_reuse_port(true).unwrap();
-        s.bind(&addr.into()).unwrap();
-        s.listen(1024).unwrap();
-        let l: std::net::TcpListener = s.into();
-        addr = l.local_addr().unwrap();
-        out.push(l);
-    }
-    out
-}
-
 /// hyper (HTTP/1.1) or the tokio-util echo, on a `CompatStream` per
-/// connection, a reuseport listener per shard.
+/// connection, through a `BalancedListener` (a reuseport listener per
+/// shard, connections kept even across the shards).
 fn mailring_server(c: Contender) -> (SocketAddr, Box<dyn FnOnce()>) {
     use mailring_transports::compat::{CompatStream, ShardTimer};
     let rt = mailring_bench::runtime_from_env(2, "HTTP_MAILRING_SPIN_US");
-    let listeners = reuseport_listeners(2);
-    let addr = listeners[0].local_addr().unwrap();
-    for (i, l) in listeners.into_iter().enumerate() {
-        drop(
-            rt.handle()
-                .spawn_local_on(mailring::ShardId::new(i), move || async move {
-                    let l = mailring::net::TcpListener::from_std(l).unwrap();
-                    while let Ok((s, _)) = l.accept().await {
-                        let _ = s.set_nodelay(true);
-                        let io = CompatStream::tcp(s);
-                        drop(mailring::spawn_local(async move {
-                            if c == Contender::MailringHyper {
-                                let _ = hyper::server::conn::http1::Builder::new()
-                                    .timer(ShardTimer)
-                                    .serve_connection(io, hyper::service::service_fn(hello))
-                                    .await;
-                            } else {
-                                mailring_bench::codec_echo(io).await;
-                            }
-                        }));
-                    }
-                }),
-        );
-    }
+    // A reuseport listener per shard, connections kept even across them.
+    let listener = mailring_transports::BalancedListener::bind(
+        rt.handle(),
+        "127.0.0.1:0".parse().unwrap(),
+        move |s, _peer| async move {
+            let _ = s.set_nodelay(true);
+            let io = CompatStream::tcp(s);
+            if c == Contender::MailringHyper {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(ShardTimer)
+                    .serve_connection(io, hyper::service::service_fn(hello))
+                    .await;
+            } else {
+                mailring_bench::codec_echo(io).await;
+            }
+        },
+    )
+    .unwrap();
+    let addr = listener.local_addr();
     (
         addr,
         Box::new(move || {
+            drop(listener);
             rt.shutdown();
         }),
     )

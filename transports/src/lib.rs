@@ -17,6 +17,7 @@
 //! counted [`CloseReason`].
 #![forbid(unsafe_code)]
 
+mod balanced;
 pub mod codec;
 #[cfg(any(feature = "tokio-io", feature = "futures-io", feature = "hyper"))]
 pub mod compat;
@@ -29,6 +30,7 @@ mod session;
 mod stats;
 pub mod tls;
 
+pub use crate::balanced::BalancedListener;
 pub use crate::conn::{Framed, FramedError};
 pub use crate::server::{
     HandOff, ListenAddr, ListenMode, Server, ServerBuilder, ServerConfig, ServerShutdownReport,

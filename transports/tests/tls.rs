@@ -24,7 +24,7 @@ use mailring_transports::{
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
 mod common;
-use common::{frame, read_frame, wait_for, Echo};
+use common::{connect_steered_to, frame, read_frame, wait_for, Echo};
 
 fn runtime(shards: usize) -> mailring::Runtime {
     mailring::Runtime::builder()
@@ -559,28 +559,6 @@ fn a_tls_send_dropped_part_way_fails_the_next_instead_of_corrupting_the_stream()
         );
     });
     rt.block_on(server.shutdown());
-}
-
-/// A TCP connection from a source port the server's steered group sends
-/// to `shard` of 2.
-fn connect_steered_to(addr: SocketAddr, shard: usize) -> TcpStream {
-    let mut port = 40_000u16;
-    loop {
-        port += 1;
-        if mailring::net::steered_index(port, 2) != shard {
-            continue;
-        }
-        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        if s.bind(&SocketAddr::from(([127, 0, 0, 1], port)).into())
-            .is_err()
-        {
-            continue;
-        }
-        s.connect(&addr.into()).unwrap();
-        let s: TcpStream = s.into();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        return s;
-    }
 }
 
 /// A 2-shard steered TLS echo server, with a factory of rustls clients

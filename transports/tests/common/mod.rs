@@ -113,3 +113,25 @@ pub(crate) fn self_signed_localhost(
     std::fs::write(&paths.1, key.serialize_pem()).unwrap();
     paths
 }
+
+/// A TCP connection from a source port the server's steered group sends
+/// to `shard` of 2.
+pub(crate) fn connect_steered_to(addr: SocketAddr, shard: usize) -> TcpStream {
+    let mut port = 40_000u16;
+    loop {
+        port += 1;
+        if mailring::net::steered_index(port, 2) != shard {
+            continue;
+        }
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        if s.bind(&SocketAddr::from(([127, 0, 0, 1], port)).into())
+            .is_err()
+        {
+            continue;
+        }
+        s.connect(&addr.into()).unwrap();
+        let s: TcpStream = s.into();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        return s;
+    }
+}

@@ -1,0 +1,311 @@
+//! A TCP listener on every shard that keeps the shards' connections even:
+//! what serves hyper, tonic or any other handler of plain connections
+//! (wrapped in [`CompatStream`](crate::compat::CompatStream) or used as
+//! they are) on all of a runtime's shards.
+//!
+//! One `SO_REUSEPORT` listener per shard (steered by source port where the
+//! kernel takes the program, as [`Server`](crate::Server)'s are) accepts;
+//! the kernel's spread of a few connections is uneven (8 split 5 and 3
+//! more often than 4 and 4), and a connection stays on the shard that
+//! serves it, so a fresh connection whose shard serves more of this
+//! listener's connections than another moves there once, before a byte of
+//! it is read, and its handler runs there.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mailring_actors::mailring::net::{TcpListener, TcpStream};
+use mailring_actors::mailring::{self, Handle, JoinHandle, ShardId};
+
+/// How long an accept loop waits after a failed accept (out of
+/// descriptors, say) before it tries again.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
+
+/// What the accept loops and the handlers share.
+struct Shared<F> {
+    serve: F,
+    /// This listener's connections being served, per shard.
+    open: Arc<[AtomicUsize]>,
+    moved: AtomicU64,
+    accept_errors: AtomicU64,
+}
+
+/// TCP connections accepted on every shard, each served by a handler on
+/// the shard with the fewest of them (see the [module](self) doc).
+///
+/// Dropping it (or [`close`](Self::close)) stops accepting; connections
+/// being served go on until their handlers return.
+///
+/// ```
+/// use mailring_transports::BalancedListener;
+///
+/// let rt = mailring_actors::Runtime::builder().shards(2).build()?;
+/// let listener = BalancedListener::bind(
+///     rt.handle(),
+///     "127.0.0.1:0".parse().unwrap(),
+///     |stream, _peer| async move {
+///         // Runs on the connection's shard: echo one message.
+///         let (n, buf) = stream.recv(Vec::with_capacity(64)).await;
+///         if n.is_ok() {
+///             let _ = stream.send_all(buf).await;
+///         }
+///     },
+/// )?;
+/// let mut c = std::net::TcpStream::connect(listener.local_addr())?;
+/// use std::io::{Read, Write};
+/// c.write_all(b"ping")?;
+/// let mut got = [0u8; 4];
+/// c.read_exact(&mut got)?;
+/// assert_eq!(&got, b"ping");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct BalancedListener {
+    local_addr: SocketAddr,
+    steered: bool,
+    counts: Arc<dyn Counts>,
+    loops: Vec<JoinHandle<()>>,
+}
+
+/// The counters of a [`BalancedListener`], whatever its handler's type.
+trait Counts: Send + Sync {
+    fn open(&self) -> Vec<usize>;
+    fn moved(&self) -> u64;
+    fn accept_errors(&self) -> u64;
+}
+
+impl<F: Send + Sync> Counts for Shared<F> {
+    fn open(&self) -> Vec<usize> {
+        self.open
+            .iter()
+            .map(|n| n.load(Ordering::Acquire))
+            .collect()
+    }
+    fn moved(&self) -> u64 {
+        self.moved.load(Ordering::Relaxed)
+    }
+    fn accept_errors(&self) -> u64 {
+        self.accept_errors.load(Ordering::Relaxed)
+    }
+}
+
+impl BalancedListener {
+    /// Binds `addr` on every shard of the runtime of `handle` and serves
+    /// each connection with `serve(stream, peer)` on its shard.
+    ///
+    /// # Errors
+    ///
+    /// The OS error of a bind (`AddrInUse` where anything listens on
+    /// `addr`, reuseport group or not).
+    pub fn bind<F, Fut>(handle: &Handle, addr: SocketAddr, serve: F) -> io::Result<Self>
+    where
+        F: Fn(TcpStream, SocketAddr) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + 'static,
+    {
+        let shards = handle.shards();
+        if addr.port() != 0 {
+            // A reuseport group would share the port with another
+            // process's group and split its connections: refuse as a
+            // single listener would.
+            drop(std::net::TcpListener::bind(addr)?);
+        }
+        let mut sockets = Vec::with_capacity(shards);
+        let mut bound = addr;
+        for _ in 0..shards {
+            let socket = TcpListener::bind_std(bound, true)?;
+            bound = socket.local_addr()?;
+            sockets.push(socket);
+        }
+        let steered = {
+            use std::os::fd::AsFd;
+            match mailring::net::steer_by_source_port(sockets[0].as_fd(), shards) {
+                Ok(()) => true,
+                Err(e) => {
+                    eprintln!("mailring-transports: source-port steering (running unsteered): {e}");
+                    false
+                }
+            }
+        };
+        let shared = Arc::new(Shared {
+            serve,
+            open: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
+            moved: AtomicU64::new(0),
+            accept_errors: AtomicU64::new(0),
+        });
+        let loops = sockets
+            .into_iter()
+            .enumerate()
+            .map(|(i, socket)| {
+                let shared = shared.clone();
+                let handle_for_moves = handle.clone();
+                handle.spawn_local_on(ShardId::new(i), move || {
+                    accept_loop(shared, handle_for_moves, socket, ShardId::new(i))
+                })
+            })
+            .collect();
+        Ok(BalancedListener {
+            local_addr: bound,
+            steered,
+            counts: shared,
+            loops,
+        })
+    }
+
+    /// The address the listeners are bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Whether the kernel steers connections by source port (see
+    /// [`ServerConfig::source_port_steering`](crate::ServerConfig)).
+    pub fn is_steered(&self) -> bool {
+        self.steered
+    }
+
+    /// This listener's connections being served now, per shard.
+    pub fn open_per_shard(&self) -> Vec<usize> {
+        self.counts.open()
+    }
+
+    /// Connections moved from the shard that accepted them to a shard
+    /// that served fewer.
+    pub fn moved(&self) -> u64 {
+        self.counts.moved()
+    }
+
+    /// Accepts that failed (each followed by a 10 ms pause).
+    pub fn accept_errors(&self) -> u64 {
+        self.counts.accept_errors()
+    }
+
+    /// Stops accepting: the listeners close once their shards see it.
+    /// Connections being served go on.
+    pub fn close(&self) {
+        for l in &self.loops {
+            l.abort();
+        }
+    }
+}
+
+impl Drop for BalancedListener {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl std::fmt::Debug for BalancedListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BalancedListener")
+            .field("local_addr", &self.local_addr)
+            .field("open_per_shard", &self.open_per_shard())
+            .finish_non_exhaustive()
+    }
+}
+
+async fn accept_loop<F, Fut>(
+    shared: Arc<Shared<F>>,
+    handle: Handle,
+    socket: std::net::TcpListener,
+    here: ShardId,
+) where
+    F: Fn(TcpStream, SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    let listener = match TcpListener::from_std(socket) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("mailring-transports: a balanced listener on {here:?}: {e}");
+            return;
+        }
+    };
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(_) => {
+                shared.accept_errors.fetch_add(1, Ordering::Relaxed);
+                mailring::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        let to = least_served(&shared.open, here);
+        if to != here {
+            match stream.into_std() {
+                Ok(std_stream) => {
+                    shared.moved.fetch_add(1, Ordering::Relaxed);
+                    // Counted there now, so the next accepts see it.
+                    let counted = Served::new(&shared.open, to);
+                    let shared = shared.clone();
+                    drop(handle.spawn_local_on(to, move || async move {
+                        match TcpStream::from_std(std_stream) {
+                            Ok(stream) => (shared.serve)(stream, peer).await,
+                            Err(e) => {
+                                eprintln!("mailring-transports: a moved connection: {e}");
+                            }
+                        }
+                        drop(counted);
+                    }));
+                    continue;
+                }
+                // An operation in flight (none on a fresh stream): serve
+                // it here.
+                Err(stream) => serve_here(&shared, stream, peer, here),
+            }
+        } else {
+            serve_here(&shared, stream, peer, here);
+        }
+    }
+}
+
+fn serve_here<F, Fut>(shared: &Arc<Shared<F>>, stream: TcpStream, peer: SocketAddr, here: ShardId)
+where
+    F: Fn(TcpStream, SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    let counted = Served::new(&shared.open, here);
+    let shared = shared.clone();
+    drop(mailring::spawn_local(async move {
+        (shared.serve)(stream, peer).await;
+        drop(counted);
+    }));
+}
+
+/// The shard to serve a fresh connection of `here` on: the one serving the
+/// fewest, when `here` serves more than it.
+fn least_served(open: &[AtomicUsize], here: ShardId) -> ShardId {
+    let load = |i: usize| open[i].load(Ordering::Acquire);
+    let (best, least) = (0..open.len())
+        .map(|i| (i, load(i)))
+        .min_by_key(|&(_, n)| n)
+        .unwrap_or((here.index(), 0));
+    if load(here.index()) > least {
+        ShardId::new(best)
+    } else {
+        here
+    }
+}
+
+/// Counts a connection as served on a shard until its handler returns,
+/// panics, or its task is dropped unrun (a runtime shutting down).
+struct Served {
+    open: Arc<[AtomicUsize]>,
+    shard: usize,
+}
+
+impl Served {
+    fn new(open: &Arc<[AtomicUsize]>, shard: ShardId) -> Self {
+        open[shard.index()].fetch_add(1, Ordering::AcqRel);
+        Served {
+            open: open.clone(),
+            shard: shard.index(),
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.open[self.shard].fetch_sub(1, Ordering::AcqRel);
+    }
+}
