@@ -72,6 +72,45 @@ fn ping_echo_and_unknown_commands() {
 }
 
 #[test]
+fn info_mailring_shows_each_shard_s_runtime_counters() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["PING"]), R::Status("PONG".into()));
+    let text = c.cmd(&["INFO", "mailring"]).text();
+    assert!(text.starts_with("# Mailring\r\n"), "{text}");
+    let shards: Vec<&str> = text.lines().filter(|l| l.starts_with("shard")).collect();
+    assert_eq!(shards.len(), 2, "{text}");
+    for (i, line) in shards.iter().enumerate() {
+        let (name, fields) = line.split_once(':').unwrap();
+        assert_eq!(name, format!("shard{i}"));
+        let field = |f: &str| -> u64 {
+            fields
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('='))
+                .unwrap_or_else(|| panic!("{f} missing: {line}"))
+                .parse()
+                .unwrap()
+        };
+        // Every shard has run tasks (the actor system's, the listener's).
+        assert!(field("polls") > 0, "{line}");
+        for f in [
+            "parks",
+            "spin_wakeups",
+            "doorbells_sent",
+            "doorbells_coalesced",
+            "ops_in_flight",
+            "timers_armed",
+        ] {
+            let _ = field(f);
+        }
+    }
+    // Not in the default INFO: Redis clients parse that.
+    let all = c.cmd(&["INFO"]).text();
+    assert!(!all.contains("# Mailring"), "{all}");
+    broker.shutdown();
+}
+
+#[test]
 fn xadd_xlen_xrange_and_their_errors() {
     let broker = start();
     let mut c = Client::connect(broker.local_addr());

@@ -20,7 +20,39 @@ const SECTIONS: &[&str] = &[
     "persistence",
     "stats",
     "keyspace",
+    "mailring",
 ];
+
+/// One line per shard of the runtime's counters: where a shard's time
+/// goes (tasks polled, parks, spins that found work, doorbells to other
+/// shards), for `INFO mailring`.
+fn shard_counters(system: &mailring_actors::SystemHandle) -> Vec<String> {
+    system
+        .runtime()
+        .stats()
+        .shards
+        .iter()
+        .map(|s| {
+            format!(
+                "shard{}:polls={},parks={},spin_wakeups={},spins_skipped={},doorbells_sent={},doorbells_coalesced={},prewakes={},ops_in_flight={},ops_offloaded={},timers_armed={},tasks_stolen={},cq_overflows={},ring_errors={}",
+                s.shard,
+                s.polls,
+                s.parks,
+                s.spin_wakeups,
+                s.spins_skipped,
+                s.doorbells_sent,
+                s.doorbells_coalesced,
+                s.prewakes,
+                s.ops_in_flight,
+                s.ops_offloaded,
+                s.timers_armed,
+                s.tasks_stolen,
+                s.cq_overflows,
+                s.ring_errors,
+            )
+        })
+        .collect()
+}
 
 impl RespSession {
     /// `INFO [section ...]`.
@@ -37,7 +69,15 @@ impl RespSession {
         let streams = shared.catalog.matching(b"*").len();
         let mut text = String::new();
         for section in SECTIONS {
-            if !all && !wanted.iter().any(|w| w == section) {
+            let asked = wanted.iter().any(|w| w == section);
+            // The runtime's counters only when asked for (or with
+            // `everything`): Redis clients parse the default sections.
+            let shown = if *section == "mailring" {
+                asked || wanted.iter().any(|w| w == "everything")
+            } else {
+                all || asked
+            };
+            if !shown {
                 continue;
             }
             if !text.is_empty() {
@@ -93,6 +133,7 @@ impl RespSession {
                         crate::stream::BLOCKING_READS.load(Ordering::Relaxed)
                     ),
                 ],
+                "mailring" => shard_counters(&shared.system),
                 "keyspace" if streams > 0 => {
                     vec![format!("db0:keys={streams},expires=0,avg_ttl=0")]
                 }
