@@ -940,6 +940,7 @@ impl Shard {
     fn run_tasks(&self) -> bool {
         let budget = self.shared.config.task_budget;
         let mut polled = 0;
+        let mut published_early = false;
         while polled < budget {
             let next = self.run_queue.borrow_mut().pop_front();
             let Some(task) = next.or_else(|| self.worker.pop()) else {
@@ -947,6 +948,16 @@ impl Shard {
             };
             task.run(self);
             polled += 1;
+            // The first task of a tick that sent to other shards while
+            // local work waits behind it has its deliveries published now,
+            // once a tick: those shards start on them alongside this one's
+            // local work instead of after it (a pipelined client's
+            // requests, half for keys here and half for keys there, ran in
+            // series otherwise).
+            if !published_early && self.has_pending_batches() && self.has_local_work() {
+                published_early = true;
+                self.publish_pending();
+            }
         }
         self.remote().counters.polls.add(polled as u64);
         polled > 0
@@ -1022,13 +1033,30 @@ impl Shard {
     /// callbacks included), so that an effect seen through shared memory
     /// (a task's completion) never overtakes them.
     pub(crate) fn publish_pending(&self) {
-        let pending = !self.tick_end.borrow().is_empty() || {
-            let out = self.outgoing.borrow();
-            !out.dirty.is_empty() || !out.tiny.is_empty()
-        };
-        if pending && !self.shutting_down.get() {
+        if self.has_pending_deliveries() && !self.shutting_down.get() {
             self.flush_outgoing();
         }
+    }
+
+    /// Whether this tick has deliveries for other shards not yet published
+    /// (tick-end callbacks, which hand over layers' batches, included).
+    fn has_pending_deliveries(&self) -> bool {
+        !self.tick_end.borrow().is_empty() || {
+            let out = self.outgoing.borrow();
+            !out.dirty.is_empty() || !out.tiny.is_empty()
+        }
+    }
+
+    /// Whether this tick has batches for other shards not yet published
+    /// (tick-end callbacks, which hand over layers' batches, included; not
+    /// the tiny messages alone, whose per-tick sums would split).
+    fn has_pending_batches(&self) -> bool {
+        !self.tick_end.borrow().is_empty() || !self.outgoing.borrow().dirty.is_empty()
+    }
+
+    /// Whether tasks wait in this shard's queues.
+    fn has_local_work(&self) -> bool {
+        !self.run_queue.borrow().is_empty() || !self.worker.is_empty()
     }
 
     /// Runs the tick-end callbacks, including any they queue themselves.

@@ -905,3 +905,29 @@ fn spawn_with_outside_a_runtime_names_spawn_with() {
 fn spawn_blocking_outside_a_runtime_names_spawn_blocking() {
     drop(mailring::spawn_blocking(|| ()));
 }
+
+#[test]
+fn a_spawn_to_another_shard_runs_while_this_shard_works_through_its_queue() {
+    use std::time::{Duration, Instant};
+    let rt = rt2();
+    let (remote_ran, local_done) = rt.block_on_local(|| async {
+        // Local work queued behind this task: it holds shard 0 for 300 ms.
+        let busy = mailring::spawn_local(async {
+            std::thread::sleep(Duration::from_millis(300));
+            Instant::now()
+        });
+        // A task for shard 1, sent in the same poll.
+        let remote =
+            mailring::spawn_with(Placement::Pinned(ShardId::new(1)), async { Instant::now() });
+        let remote_ran = remote.await.unwrap();
+        let local_done = busy.await.unwrap();
+        (remote_ran, local_done)
+    });
+    // Shard 1 got its task when this task's poll ended, not after the
+    // queue behind it (the end of shard 0's tick, 300 ms on).
+    assert!(
+        remote_ran + Duration::from_millis(200) < local_done,
+        "shard 1 ran {:?} before shard 0's queued work ended",
+        local_done.saturating_duration_since(remote_ran)
+    );
+}
