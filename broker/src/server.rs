@@ -394,6 +394,20 @@ impl Broker {
         self.durable.written()
     }
 
+    /// [`written_files`](Self::written_files) and
+    /// [`durable_files`](Self::durable_files) at one moment (a segment
+    /// another shard makes or removes meanwhile is in both or neither's
+    /// durable side alone).
+    #[allow(clippy::type_complexity)]
+    pub fn written_and_durable_files(
+        &self,
+    ) -> (
+        HashMap<std::path::PathBuf, u64>,
+        HashMap<std::path::PathBuf, u64>,
+    ) {
+        self.durable.written_and_durable()
+    }
+
     /// The index of the shard whose log and actor own stream `name` (where
     /// its connections attach).
     pub fn shard_of_stream(&self, name: &[u8]) -> usize {

@@ -292,6 +292,17 @@ impl DurableFiles {
     pub fn snapshot(&self) -> HashMap<PathBuf, u64> {
         self.files.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
+
+    /// [`written`](Self::written) and [`snapshot`](Self::snapshot) taken
+    /// at one moment: a segment is recorded written before durable and
+    /// forgotten as durable first, so no segment is in the second without
+    /// being in the first (two separate calls can see a segment made or
+    /// removed between them).
+    pub fn written_and_durable(&self) -> (HashMap<PathBuf, u64>, HashMap<PathBuf, u64>) {
+        let files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        (written.clone(), files.clone())
+    }
 }
 
 /// What is waiting to be written. Each append is given its segment as it
@@ -1008,8 +1019,10 @@ impl ShardLog {
         }
         seg.file.sync_data().await?;
         sync_dir_async(&self.dir).await?;
-        self.durable.set(&seg.path, seg.pos);
+        // Written before durable, always: a reader of both (durable first)
+        // never finds a durable file it has not seen written.
         self.durable.set_written(&seg.path, seg.pos);
+        self.durable.set(&seg.path, seg.pos);
         self.retention.borrow_mut().created(no);
         self.zero_ahead(&mut seg, 0).await?;
         Ok(seg)
