@@ -166,6 +166,21 @@ impl UnixStream {
         self.core.recv(buf).await
     }
 
+    /// Sends what the socket takes of `buf` now, with a non-blocking
+    /// `send` (`MSG_DONTWAIT`) rather than an operation on the ring; see
+    /// [`TcpStream::try_send`](super::TcpStream::try_send). Never call it
+    /// while a send on the ring is in flight: the bytes would overtake it.
+    ///
+    /// # Errors
+    ///
+    /// `WouldBlock` when the send buffer has no room; the wrong-shard error
+    /// off the socket's shard; the OS error (e.g. `BrokenPipe`).
+    pub fn try_send(&self, buf: &[u8]) -> io::Result<usize> {
+        self.core.inner.check()?;
+        socket2::SockRef::from(&*self.core.inner.fd)
+            .send_with_flags(buf, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+    }
+
     /// Starts a multishot receive into buffers of `ring`; see
     /// [`TcpStream::recv_multishot`](super::TcpStream::recv_multishot).
     pub fn recv_multishot(&self, ring: &BufRing) -> RecvMultishot<'_> {

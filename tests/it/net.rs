@@ -682,6 +682,70 @@ fn a_datagram_sent_at_once_arrives_and_is_refused_off_its_shard() {
     });
 }
 
+/// The receive both stream types share, for the send-at-once tests.
+trait RingRecv: Sized + 'static {
+    fn recv_vec(
+        &self,
+        buf: Vec<u8>,
+    ) -> impl std::future::Future<Output = (std::io::Result<usize>, Vec<u8>)>;
+}
+
+impl RingRecv for TcpStream {
+    fn recv_vec(
+        &self,
+        buf: Vec<u8>,
+    ) -> impl std::future::Future<Output = (std::io::Result<usize>, Vec<u8>)> {
+        self.recv(buf)
+    }
+}
+
+impl RingRecv for mailring::net::UnixStream {
+    fn recv_vec(
+        &self,
+        buf: Vec<u8>,
+    ) -> impl std::future::Future<Output = (std::io::Result<usize>, Vec<u8>)> {
+        self.recv(buf)
+    }
+}
+
+/// Sends `chunk` at once until the socket, whose peer does not read,
+/// says `WouldBlock`; returns the bytes it took.
+fn fill_until_would_block(
+    try_send: impl Fn(&[u8]) -> std::io::Result<usize>,
+    chunk: &[u8],
+) -> usize {
+    let mut taken = 0usize;
+    let full = loop {
+        match try_send(chunk) {
+            Ok(n) => {
+                assert!(n > 0 && n <= chunk.len());
+                taken += n;
+            }
+            Err(e) => break e,
+        }
+        assert!(taken < 1 << 30, "a socket that never fills");
+    };
+    assert_eq!(full.kind(), ErrorKind::WouldBlock, "{full}");
+    taken
+}
+
+/// Reads `len` bytes from `peer`; gives back the last 8 and the stream.
+async fn read_len_keep_tail<S: RingRecv>(peer: S, len: usize) -> (usize, Vec<u8>, S) {
+    let mut got = 0usize;
+    let mut last = Vec::new();
+    while got < len {
+        let (n, buf) = peer.recv_vec(Vec::with_capacity(256 << 10)).await;
+        let n = n.unwrap();
+        assert!(n > 0, "the peer saw the end early");
+        got += n;
+        last.extend_from_slice(&buf);
+        if last.len() > 8 {
+            last.drain(..last.len() - 8);
+        }
+    }
+    (got, last, peer)
+}
+
 #[test]
 fn a_tcp_send_at_once_takes_what_the_socket_holds_then_would_block() {
     let rt = rt2();
@@ -697,36 +761,10 @@ fn a_tcp_send_at_once_takes_what_the_socket_holds_then_would_block() {
                 let client = connecting.await.unwrap();
                 // A peer that does not read: the socket takes bytes until
                 // its buffers are full, then says WouldBlock.
-                let chunk = vec![7u8; 64 << 10];
-                let mut taken = 0usize;
-                let full = loop {
-                    match client.try_send(&chunk) {
-                        Ok(n) => {
-                            assert!(n > 0 && n <= chunk.len());
-                            taken += n;
-                        }
-                        Err(e) => break e,
-                    }
-                    assert!(taken < 1 << 30, "a socket that never fills");
-                };
-                assert_eq!(full.kind(), ErrorKind::WouldBlock, "{full}");
+                let taken = fill_until_would_block(|b| client.try_send(b), &vec![7u8; 64 << 10]);
                 // Everything taken arrives, in order, and the ring's send
                 // goes on after it (it waits for the peer to read).
-                let reader = mailring::spawn_local(async move {
-                    let mut got = 0usize;
-                    let mut last = Vec::new();
-                    while got < taken + 4 {
-                        let (n, buf) = peer.recv(Vec::with_capacity(256 << 10)).await;
-                        let n = n.unwrap();
-                        assert!(n > 0, "the peer saw the end early");
-                        got += n;
-                        last.extend_from_slice(&buf);
-                        if last.len() > 8 {
-                            last.drain(..last.len() - 8);
-                        }
-                    }
-                    (got, last, peer)
-                });
+                let reader = mailring::spawn_local(read_len_keep_tail(peer, taken + 4));
                 client.send_all(b"tail".to_vec()).await.0.unwrap();
                 let (got, last, peer) = reader.await.unwrap();
                 assert_eq!(got, taken + 4);
@@ -769,5 +807,51 @@ fn a_receive_into_an_appending_buffer_keeps_what_it_held() {
         assert_eq!(buf.len(), 6 + n);
         assert_eq!(&buf[..], &b"hello world"[..6 + n]);
         sender.await.unwrap();
+    });
+}
+
+#[test]
+fn a_unix_send_at_once_takes_what_the_socket_holds_then_would_block() {
+    use mailring::net::UnixStream;
+    let rt = rt2();
+    let h = rt.handle().clone();
+    rt.block_on(async move {
+        let (client, peer) = h
+            .spawn_on(ShardId::new(0), async {
+                let (client, peer) = UnixStream::pair().unwrap();
+                // A peer that does not read: the socket takes bytes until
+                // its buffer is full, then says WouldBlock.
+                let taken = fill_until_would_block(|b| client.try_send(b), &vec![7u8; 16 << 10]);
+                // Everything taken arrives, in order, then the ring's send.
+                let reader = mailring::spawn_local(read_len_keep_tail(peer, taken + 4));
+                client.send_all(b"tail".to_vec()).await.0.unwrap();
+                let (got, last, peer) = reader.await.unwrap();
+                assert_eq!(got, taken + 4);
+                assert_eq!(&last[4..], b"tail");
+                (client, peer)
+            })
+            .await
+            .unwrap();
+        // Off its shard the send is refused, as the ring's would be.
+        let (err, client) = h
+            .spawn_on(
+                ShardId::new(1),
+                async move { (client.try_send(b"x"), client) },
+            )
+            .await
+            .unwrap();
+        let err = err.expect_err("another shard's socket");
+        assert!(err.to_string().contains("another shard"), "{err}");
+        // A peer gone: the OS error, no signal.
+        drop(peer);
+        let client = h
+            .spawn_on(ShardId::new(0), async move {
+                let err = client.try_send(b"x").expect_err("the peer is gone");
+                assert_eq!(err.kind(), ErrorKind::BrokenPipe, "{err}");
+                client
+            })
+            .await
+            .unwrap();
+        drop(client);
     });
 }

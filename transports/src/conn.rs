@@ -105,10 +105,12 @@ impl Conn {
     }
 
     /// Sends what the socket takes at once, without the ring (plain TCP
-    /// only: `None` for the others, whose sends all go through the ring).
+    /// and Unix streams; `None` for direct descriptors, which live only in
+    /// the ring's table, and TLS, whose sends all go through the ring).
     pub(crate) fn try_send_plain(&self, buf: &[u8]) -> Option<io::Result<usize>> {
         match self {
             Conn::Tcp(s) => Some(s.try_send(buf)),
+            Conn::Unix(s) => Some(s.try_send(buf)),
             _ => None,
         }
     }

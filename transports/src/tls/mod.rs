@@ -1169,7 +1169,7 @@ impl TlsConn {
                 state.take_outgoing()
             };
             // What the socket takes at once goes with a non-blocking send
-            // (plain TCP; this flush holds the write turn, so no send of
+            // (TCP or Unix; this flush holds the write turn, so no send of
             // ours is on the ring): no operation to complete, and no
             // wake-up of this task for it. The rest goes through the ring.
             match self.inner.try_send_plain(&records) {
