@@ -124,6 +124,17 @@ pub struct ServerConfig {
     /// How long a connection may take to send its PROXY header. Default
     /// 5 s.
     pub proxy_header_timeout: Duration,
+    /// Move each fresh plain (not TLS) connection to the least loaded
+    /// shard before it is read, as fresh TLS connections always are: for
+    /// servers of long-lived connections whose sessions name no key (the
+    /// kernel's spread of a few connections over the reuseport listeners
+    /// is uneven, and a connection stays where it starts). A move is a
+    /// hand-off of the descriptor; a session that names a key moves again,
+    /// to its key's shard, so leave it off for keyed sessions and short
+    /// connections. Counted in
+    /// [`SessionShardStats::balanced_away`](crate::SessionShardStats::balanced_away).
+    /// Default off.
+    pub balance_plain_connections: bool,
 }
 
 impl Default for ServerConfig {
@@ -144,6 +155,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(5),
             proxy_protocol: false,
             proxy_header_timeout: Duration::from_secs(5),
+            balance_plain_connections: false,
         }
     }
 }
@@ -936,13 +948,15 @@ async fn run_connection<S: Session>(
     let shard = cx.shard;
     let mut stream = stream;
     if fresh {
-        if let Some(best) = handshake_elsewhere(&conn, shard) {
+        if let Some(best) = less_loaded_shard(&conn, shard) {
             match stream.depart(best).await {
                 Ok(transit) => {
-                    conn.shared
-                        .counters(shard)
-                        .handshakes_moved
-                        .fetch_add(1, Ordering::Relaxed);
+                    let counters = conn.shared.counters(shard);
+                    if conn.shared.tls.is_some() {
+                        counters.handshakes_moved.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        counters.balanced_away.fetch_add(1, Ordering::Relaxed);
+                    }
                     let mut conn = conn;
                     conn.rebalanced = true;
                     continue_on(
@@ -1051,8 +1065,9 @@ async fn run_connection<S: Session>(
     close(&conn, &mut session, &mut cx, reason);
 }
 
-/// The shard a fresh TLS connection should run on instead of `here`: the
-/// least loaded, when `here` is more loaded than it (reuseport listeners
+/// The shard a fresh TLS connection (or a plain one, with
+/// [`ServerConfig::balance_plain_connections`]) should run on instead of
+/// `here`: the least loaded, when `here` is more loaded than it (reuseport listeners
 /// only; a connection moves for this once). A shard's load is its open
 /// connections plus its handshakes in progress (counted twice: a
 /// handshake is a few hundred microseconds of CPU). The kernel's spread
@@ -1060,9 +1075,9 @@ async fn run_connection<S: Session>(
 /// 4), and a connection stays where it starts: without this, one shard
 /// of two serves most of a busy server's connections while the other
 /// idles.
-fn handshake_elsewhere<S: Session>(conn: &Connection<S>, here: ShardId) -> Option<ShardId> {
+fn less_loaded_shard<S: Session>(conn: &Connection<S>, here: ShardId) -> Option<ShardId> {
     let shared = &conn.shared;
-    if shared.tls.is_none()
+    if (shared.tls.is_none() && !shared.config.balance_plain_connections)
         || conn.rebalanced
         || shared.config.listen != ListenMode::ReusePort
         || shared.handshaking.len() < 2

@@ -24,6 +24,7 @@ pub(crate) struct ShardCounters {
     pub(crate) handshakes_moved: AtomicU64,
     /// Connections running on the shard now (a gauge).
     pub(crate) open: AtomicU64,
+    pub(crate) balanced_away: AtomicU64,
     closed: [AtomicU64; CloseKind::ALL.len()],
 }
 
@@ -50,6 +51,7 @@ impl ShardCounters {
             tls_handshakes: get(&self.tls_handshakes),
             handshakes_moved: get(&self.handshakes_moved),
             open: get(&self.open),
+            balanced_away: get(&self.balanced_away),
             closed: std::array::from_fn(|i| get(&self.closed[i])),
         }
     }
@@ -95,6 +97,9 @@ pub struct SessionShardStats {
     /// Connections running on this shard now (a gauge: those that moved
     /// here count, those that moved away or closed do not).
     pub open: u64,
+    /// Fresh plain connections this shard's listener handed to a less
+    /// loaded shard ([`ServerConfig::balance_plain_connections`](crate::ServerConfig::balance_plain_connections)).
+    pub balanced_away: u64,
     closed: [u64; CloseKind::ALL.len()],
 }
 

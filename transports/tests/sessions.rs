@@ -12,7 +12,7 @@ use bytes::Bytes;
 use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, ShardId, SystemConfig};
 mod common;
 
-use common::{client, frame, read_frame, wait_for, Echo};
+use common::{client, connect_steered_to, frame, read_frame, wait_for, Echo};
 use mailring_transports::codec::LengthDelimited;
 use mailring_transports::{
     CloseKind, Framed, ListenMode, Route, Server, ServerConfig, Session, SessionCtx,
@@ -54,6 +54,49 @@ fn echo_over_reuseport_listeners_and_a_clean_peer_close() {
     assert_eq!(stats.total(|s| s.io_off_owner), 0);
     let report = rt.block_on(server.shutdown());
     assert_eq!(report.open_at_start, 0);
+    rt.shutdown();
+}
+
+#[test]
+fn plain_connections_move_to_the_less_loaded_shard_only_when_asked() {
+    let rt = runtime(2);
+    let balanced = {
+        let mut config = ServerConfig::default();
+        config.balance_plain_connections = true;
+        Server::builder(LengthDelimited::new(), |_| Echo)
+            .config(config)
+            .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+            .unwrap()
+    };
+    let plain = Server::builder(LengthDelimited::new(), |_| Echo)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    assert!(balanced.is_steered() && plain.is_steered());
+    // Four connections the kernel sends to shard 0 of each, one after
+    // another, each answered before the next.
+    let mut held = Vec::new();
+    for server in [&balanced, &plain] {
+        for i in 0..4 {
+            let mut c = connect_steered_to(server.local_addr(), 0);
+            let body = format!("hello {i}");
+            c.write_all(&frame(body.as_bytes())).unwrap();
+            assert_eq!(read_frame(&mut c).unwrap(), body.as_bytes());
+            held.push(c);
+        }
+    }
+    // Asked: they split between the shards, each served where it went.
+    let stats = balanced.stats();
+    assert_eq!(stats.shards[0].accepted, 4);
+    assert_eq!(stats.shards[0].balanced_away, 2, "{stats:#?}");
+    assert_eq!((stats.shards[0].open, stats.shards[1].open), (2, 2));
+    assert_eq!(stats.total(|s| s.io_off_owner), 0);
+    // Not asked: they stay where the kernel put them.
+    let stats = plain.stats();
+    assert_eq!(stats.total(|s| s.balanced_away), 0);
+    assert_eq!((stats.shards[0].open, stats.shards[1].open), (4, 0));
+    drop(held);
+    rt.block_on(balanced.shutdown());
+    rt.block_on(plain.shutdown());
     rt.shutdown();
 }
 
