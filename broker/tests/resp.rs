@@ -80,6 +80,7 @@ fn info_mailring_shows_each_shard_s_runtime_counters() {
     assert!(text.starts_with("# Mailring\r\n"), "{text}");
     let shards: Vec<&str> = text.lines().filter(|l| l.starts_with("shard")).collect();
     assert_eq!(shards.len(), 2, "{text}");
+    let mut polls = 0;
     for (i, line) in shards.iter().enumerate() {
         let (name, fields) = line.split_once(':').unwrap();
         assert_eq!(name, format!("shard{i}"));
@@ -91,8 +92,9 @@ fn info_mailring_shows_each_shard_s_runtime_counters() {
                 .parse()
                 .unwrap()
         };
-        // Every shard has run tasks (the actor system's, the listener's).
-        assert!(field("polls") > 0, "{line}");
+        // A shard publishes its counters on its idle ticks and every 16th
+        // busy one: one that has not idled yet may still show zeros.
+        polls += field("polls");
         for f in [
             "parks",
             "spin_wakeups",
@@ -104,6 +106,8 @@ fn info_mailring_shows_each_shard_s_runtime_counters() {
             let _ = field(f);
         }
     }
+    // The shard that answered has run tasks (and idled between commands).
+    assert!(polls > 0, "{text}");
     // Not in the default INFO: Redis clients parse that.
     let all = c.cmd(&["INFO"]).text();
     assert!(!all.contains("# Mailring"), "{all}");
