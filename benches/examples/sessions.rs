@@ -26,6 +26,8 @@
 //! servers' cores: run the benchmark under `taskset -c 0,1`, and set
 //! `SESSIONS_CLIENT_CPUS=LIST` (the load generator under `taskset -c
 //! LIST`) and `SESSIONS_CLIENT_THREADS=N` (its connections over N threads).
+//! `MAILRING_BALANCE=1` moves the echo workloads' fresh connections to the
+//! least loaded shard (`ServerConfig::balance_plain_connections`).
 
 use mailring_bench::{median_of as median, quartiles_of as quartiles};
 use std::collections::VecDeque;
@@ -386,6 +388,10 @@ impl ServerHandle {
                 {
                     config.read_chunk = n;
                 }
+                // MAILRING_BALANCE=1: fresh connections to the least loaded
+                // shard (ServerConfig::balance_plain_connections).
+                config.balance_plain_connections =
+                    std::env::var("MAILRING_BALANCE").is_ok_and(|v| v == "1");
                 let server = Server::builder(LengthDelimited::new(), |_| mailring_side::Echo)
                     .config(config)
                     .bind(rt.handle(), any)
