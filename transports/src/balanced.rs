@@ -21,8 +21,8 @@ use std::time::Duration;
 use mailring_actors::mailring::net::{TcpListener, TcpStream};
 use mailring_actors::mailring::{self, Handle, JoinHandle, ShardId};
 
-/// How long an accept loop waits after a failed accept (out of
-/// descriptors, say) before it tries again.
+/// How long an accept loop waits after an accept that failed for want of
+/// descriptors or memory before it tries again.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
 
 /// What the accept loops and the handlers share.
@@ -176,7 +176,8 @@ impl BalancedListener {
         self.counts.moved()
     }
 
-    /// Accepts that failed (each followed by a 10 ms pause).
+    /// Accepts that failed (those for want of descriptors or memory
+    /// followed by a 10 ms pause).
     pub fn accept_errors(&self) -> u64 {
         self.counts.accept_errors()
     }
@@ -224,9 +225,17 @@ async fn accept_loop<F, Fut>(
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
-            Err(_) => {
+            Err(e) => {
                 shared.accept_errors.fetch_add(1, Ordering::Relaxed);
-                mailring::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                // Out of descriptors or memory: breathe before the next. A
+                // connection the peer reset before it was taken
+                // (ECONNABORTED) concerns only itself.
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                ) {
+                    mailring::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                }
                 continue;
             }
         };

@@ -713,6 +713,7 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
                     listener: index,
                     acceptor_wake: wake.cell.borrow().clone(),
                     rebalanced: false,
+                    counted_on: None,
                 };
                 if shared.config.proxy_protocol {
                     // The client's address comes from the header: the
@@ -886,6 +887,10 @@ struct Connection<S: Session> {
     acceptor_wake: Option<Waker>,
     /// Moved once already to run its TLS handshake on a less busy shard.
     rebalanced: bool,
+    /// Counted open on the shard it is moving to for balance, from the
+    /// moment the move was decided: connections decided after it on any
+    /// shard see it there before it arrives.
+    counted_on: Option<OpenHere<S>>,
 }
 
 impl<S: Session> Drop for Connection<S> {
@@ -947,8 +952,12 @@ async fn run_connection<S: Session>(
 ) {
     let shard = cx.shard;
     let mut stream = stream;
+    let mut conn = conn;
     if fresh {
         if let Some(best) = less_loaded_shard(&conn, shard) {
+            // Counted there now, not when it arrives: the next fresh
+            // connections (a burst taken in one go) see it.
+            let counted = OpenHere::new(&conn.shared, best);
             match stream.depart(best).await {
                 Ok(transit) => {
                     let counters = conn.shared.counters(shard);
@@ -957,8 +966,8 @@ async fn run_connection<S: Session>(
                     } else {
                         counters.balanced_away.fetch_add(1, Ordering::Relaxed);
                     }
-                    let mut conn = conn;
                     conn.rebalanced = true;
+                    conn.counted_on = Some(counted);
                     continue_on(
                         best,
                         conn,
@@ -971,11 +980,21 @@ async fn run_connection<S: Session>(
                     );
                     return;
                 }
-                Err((_, back)) => stream = back,
+                Err((_, back)) => {
+                    drop(counted);
+                    stream = back;
+                }
             }
         }
     }
-    let _open_here = OpenHere::new(&conn.shared, shard);
+    // Counted here: by the move that brought it, or now.
+    let _open_here = match conn.counted_on.take() {
+        Some(counted) if counted.shard == shard => counted,
+        other => {
+            drop(other);
+            OpenHere::new(&conn.shared, shard)
+        }
+    };
     if fresh {
         if conn.shared.config.hand_off == HandOff::Direct {
             let (direct, refused) = stream.into_direct().await;

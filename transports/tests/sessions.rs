@@ -100,6 +100,42 @@ fn plain_connections_move_to_the_less_loaded_shard_only_when_asked() {
     rt.shutdown();
 }
 
+#[test]
+fn a_burst_of_fresh_connections_splits_evenly_when_balanced() {
+    let rt = runtime(2);
+    let mut config = ServerConfig::default();
+    config.balance_plain_connections = true;
+    let server = Server::builder(LengthDelimited::new(), |_| Echo)
+        .config(config)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    // Shard 0 is held while eight connections queue in its listener, so
+    // it takes them all in one go: each must see the moves decided before
+    // it, not only the connections that have arrived.
+    let hold = rt.handle().spawn_on(mailring::ShardId::new(0), async {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    });
+    let mut clients: Vec<TcpStream> = (0..8)
+        .map(|_| connect_steered_to(server.local_addr(), 0))
+        .collect();
+    rt.block_on(hold).unwrap();
+    for (i, c) in clients.iter_mut().enumerate() {
+        let body = format!("burst {i}");
+        c.write_all(&frame(body.as_bytes())).unwrap();
+        assert_eq!(read_frame(c).unwrap(), body.as_bytes());
+    }
+    let stats = server.stats();
+    assert_eq!(stats.shards[0].accepted, 8);
+    assert_eq!(
+        (stats.shards[0].open, stats.shards[1].open),
+        (4, 4),
+        "{stats:#?}"
+    );
+    drop(clients);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
 /// Each frame is a number `n`; its reply is deferred and becomes ready
 /// after `(16 - n) ms`, so later replies are ready first.
 struct Delayed {
