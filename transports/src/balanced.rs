@@ -239,7 +239,10 @@ async fn accept_loop<F, Fut>(
                 continue;
             }
         };
-        let to = least_served(&shared.open, here);
+        let to = less_loaded(shared.open.len(), here, |i| {
+            shared.open[i].load(Ordering::Acquire)
+        })
+        .unwrap_or(here);
         if to != here {
             match stream.into_std() {
                 Ok(std_stream) => {
@@ -281,19 +284,27 @@ where
     }));
 }
 
-/// The shard to serve a fresh connection of `here` on: the one serving the
-/// fewest, when `here` serves more than it.
-fn least_served(open: &[AtomicUsize], here: ShardId) -> ShardId {
-    let load = |i: usize| open[i].load(Ordering::Acquire);
-    let (best, least) = (0..open.len())
-        .map(|i| (i, load(i)))
-        .min_by_key(|&(_, n)| n)
-        .unwrap_or((here.index(), 0));
-    if load(here.index()) > least {
-        ShardId::new(best)
-    } else {
-        here
+/// The shard with the least `load` of `shards`, when `here`'s load is
+/// more than it (the first such shard on a tie); each load read once.
+/// What both balancers ask of a fresh connection: this listener's and
+/// `Server`'s.
+pub(crate) fn less_loaded(
+    shards: usize,
+    here: ShardId,
+    load: impl Fn(usize) -> usize,
+) -> Option<ShardId> {
+    let mut mine = 0;
+    let mut best = (here.index(), usize::MAX);
+    for i in 0..shards {
+        let n = load(i);
+        if i == here.index() {
+            mine = n;
+        }
+        if n < best.1 {
+            best = (i, n);
+        }
     }
+    (mine > best.1).then(|| ShardId::new(best.0))
 }
 
 /// Counts a connection as served on a shard until its handler returns,
@@ -316,5 +327,24 @@ impl Served {
 impl Drop for Served {
     fn drop(&mut self) {
         self.open[self.shard].fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_moves_only_from_a_shard_more_loaded_than_the_least() {
+        let at = |loads: &'static [usize], here: usize| {
+            less_loaded(loads.len(), ShardId::new(here), |i| loads[i]).map(|s| s.index())
+        };
+        assert_eq!(at(&[2, 2], 0), None, "a tie stays");
+        assert_eq!(at(&[1, 3], 0), None, "the least stays");
+        assert_eq!(at(&[3, 1], 0), Some(1));
+        assert_eq!(at(&[4, 1, 1], 0), Some(1), "the first least");
+        assert_eq!(at(&[0, 5, 0], 1), Some(0));
+        assert_eq!(at(&[usize::MAX, 0], 0), Some(1));
+        assert_eq!(at(&[7], 0), None, "one shard");
     }
 }

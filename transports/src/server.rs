@@ -1103,15 +1103,13 @@ fn less_loaded_shard<S: Session>(conn: &Connection<S>, here: ShardId) -> Option<
     {
         return None;
     }
-    let load = |i: usize| {
+    crate::balanced::less_loaded(shared.handshaking.len(), here, |i| {
         let open = shared.counters[i].open.load(Ordering::Acquire);
         let handshaking = shared.handshaking[i].load(Ordering::Acquire);
-        usize::try_from(open).unwrap_or(usize::MAX) + handshaking
-    };
-    let (best, least) = (0..shared.handshaking.len())
-        .map(|i| (i, load(i)))
-        .min_by_key(|&(_, n)| n)?;
-    (load(here.index()) > least).then(|| ShardId::new(best))
+        usize::try_from(open)
+            .unwrap_or(usize::MAX)
+            .saturating_add(handshaking)
+    })
 }
 
 /// Counts a connection as open on a shard while it runs there.
