@@ -682,68 +682,105 @@ fn a_datagram_sent_at_once_arrives_and_is_refused_off_its_shard() {
     });
 }
 
-/// The receive both stream types share, for the send-at-once tests.
-trait RingRecv: Sized + 'static {
+/// What the send-at-once tests need of a stream, TCP or Unix.
+trait AtOnce: Sized + Send + Sync + 'static {
+    fn try_send(&self, buf: &[u8]) -> std::io::Result<usize>;
+    fn send_all_vec(
+        &self,
+        buf: Vec<u8>,
+    ) -> impl std::future::Future<Output = std::io::Result<()>> + Send;
     fn recv_vec(
         &self,
         buf: Vec<u8>,
-    ) -> impl std::future::Future<Output = (std::io::Result<usize>, Vec<u8>)>;
+    ) -> impl std::future::Future<Output = (std::io::Result<usize>, Vec<u8>)> + Send;
 }
 
-impl RingRecv for TcpStream {
-    fn recv_vec(
-        &self,
-        buf: Vec<u8>,
-    ) -> impl std::future::Future<Output = (std::io::Result<usize>, Vec<u8>)> {
-        self.recv(buf)
-    }
-}
-
-impl RingRecv for mailring::net::UnixStream {
-    fn recv_vec(
-        &self,
-        buf: Vec<u8>,
-    ) -> impl std::future::Future<Output = (std::io::Result<usize>, Vec<u8>)> {
-        self.recv(buf)
-    }
-}
-
-/// Sends `chunk` at once until the socket, whose peer does not read,
-/// says `WouldBlock`; returns the bytes it took.
-fn fill_until_would_block(
-    try_send: impl Fn(&[u8]) -> std::io::Result<usize>,
-    chunk: &[u8],
-) -> usize {
-    let mut taken = 0usize;
-    let full = loop {
-        match try_send(chunk) {
-            Ok(n) => {
-                assert!(n > 0 && n <= chunk.len());
-                taken += n;
+macro_rules! at_once_for {
+    ($t:ty) => {
+        impl AtOnce for $t {
+            fn try_send(&self, buf: &[u8]) -> std::io::Result<usize> {
+                <$t>::try_send(self, buf)
             }
-            Err(e) => break e,
+            fn send_all_vec(
+                &self,
+                buf: Vec<u8>,
+            ) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
+                async move { self.send_all(buf).await.0 }
+            }
+            fn recv_vec(
+                &self,
+                buf: Vec<u8>,
+            ) -> impl std::future::Future<Output = (std::io::Result<usize>, Vec<u8>)> + Send {
+                self.recv(buf)
+            }
         }
-        assert!(taken < 1 << 30, "a socket that never fills");
     };
-    assert_eq!(full.kind(), ErrorKind::WouldBlock, "{full}");
-    taken
 }
 
-/// Reads `len` bytes from `peer`; gives back the last 8 and the stream.
-async fn read_len_keep_tail<S: RingRecv>(peer: S, len: usize) -> (usize, Vec<u8>, S) {
-    let mut got = 0usize;
-    let mut last = Vec::new();
-    while got < len {
-        let (n, buf) = peer.recv_vec(Vec::with_capacity(256 << 10)).await;
-        let n = n.unwrap();
-        assert!(n > 0, "the peer saw the end early");
-        got += n;
-        last.extend_from_slice(&buf);
-        if last.len() > 8 {
-            last.drain(..last.len() - 8);
-        }
-    }
-    (got, last, peer)
+at_once_for!(TcpStream);
+at_once_for!(mailring::net::UnixStream);
+
+/// On shard 0 of `h`'s runtime: `client` sends at once until its socket,
+/// whose peer does not read, says `WouldBlock`; everything it took arrives
+/// in order, then a send through the ring. Then, from shard 1, a send at
+/// once is refused with the off-shard error. Gives both streams back.
+async fn send_at_once_then_ring<S: AtOnce>(
+    h: &mailring::Handle,
+    connect: impl std::future::Future<Output = (S, S)> + Send + 'static,
+    chunk: usize,
+) -> (S, S) {
+    let (client, peer) = h
+        .spawn_on(ShardId::new(0), async move {
+            let (client, peer) = connect.await;
+            let chunk = vec![7u8; chunk];
+            let mut taken = 0usize;
+            let full = loop {
+                match client.try_send(&chunk) {
+                    Ok(n) => {
+                        assert!(n > 0 && n <= chunk.len());
+                        taken += n;
+                    }
+                    Err(e) => break e,
+                }
+                assert!(taken < 1 << 30, "a socket that never fills");
+            };
+            assert_eq!(full.kind(), ErrorKind::WouldBlock, "{full}");
+            // Everything taken arrives, in order, and the ring's send goes
+            // on after it (it waits for the peer to read).
+            let reader = mailring::spawn_local(async move {
+                let mut got = 0usize;
+                let mut last = Vec::new();
+                while got < taken + 4 {
+                    let (n, buf) = peer.recv_vec(Vec::with_capacity(256 << 10)).await;
+                    let n = n.unwrap();
+                    assert!(n > 0, "the peer saw the end early");
+                    got += n;
+                    last.extend_from_slice(&buf);
+                    if last.len() > 8 {
+                        last.drain(..last.len() - 8);
+                    }
+                }
+                assert_eq!(&last[last.len() - 4..], b"tail");
+                (got, peer)
+            });
+            client.send_all_vec(b"tail".to_vec()).await.unwrap();
+            let (got, peer) = reader.await.unwrap();
+            assert_eq!(got, taken + 4);
+            (client, peer)
+        })
+        .await
+        .unwrap();
+    // Off its shard the send is refused, as the ring's would be.
+    let (err, client) = h
+        .spawn_on(
+            ShardId::new(1),
+            async move { (client.try_send(b"x"), client) },
+        )
+        .await
+        .unwrap();
+    let err = err.expect_err("another shard's socket");
+    assert!(err.to_string().contains("another shard"), "{err}");
+    (client, peer)
 }
 
 #[test]
@@ -751,36 +788,37 @@ fn a_tcp_send_at_once_takes_what_the_socket_holds_then_would_block() {
     let rt = rt2();
     let h = rt.handle().clone();
     rt.block_on(async move {
-        let (client, peer) = h
-            .spawn_on(ShardId::new(0), async {
-                let listener = TcpListener::bind(any_port()).unwrap();
-                let addr = listener.local_addr();
-                let connecting =
-                    mailring::spawn_local(async move { TcpStream::connect(addr).await.unwrap() });
-                let (peer, _) = listener.accept().await.unwrap();
-                let client = connecting.await.unwrap();
-                // A peer that does not read: the socket takes bytes until
-                // its buffers are full, then says WouldBlock.
-                let taken = fill_until_would_block(|b| client.try_send(b), &vec![7u8; 64 << 10]);
-                // Everything taken arrives, in order, and the ring's send
-                // goes on after it (it waits for the peer to read).
-                let reader = mailring::spawn_local(read_len_keep_tail(peer, taken + 4));
-                client.send_all(b"tail".to_vec()).await.0.unwrap();
-                let (got, last, peer) = reader.await.unwrap();
-                assert_eq!(got, taken + 4);
-                assert_eq!(&last[4..], b"tail");
-                (client, peer)
+        let connect = async {
+            let listener = TcpListener::bind(any_port()).unwrap();
+            let addr = listener.local_addr();
+            let connecting =
+                mailring::spawn_local(async move { TcpStream::connect(addr).await.unwrap() });
+            let (peer, _) = listener.accept().await.unwrap();
+            (connecting.await.unwrap(), peer)
+        };
+        drop(send_at_once_then_ring(&h, connect, 64 << 10).await);
+    });
+}
+
+#[test]
+fn a_unix_send_at_once_takes_what_the_socket_holds_then_would_block() {
+    use mailring::net::UnixStream;
+    let rt = rt2();
+    let h = rt.handle().clone();
+    rt.block_on(async move {
+        let connect = async { UnixStream::pair().unwrap() };
+        let (client, peer) = send_at_once_then_ring(&h, connect, 16 << 10).await;
+        // A peer gone: the OS error, no signal.
+        drop(peer);
+        let client = h
+            .spawn_on(ShardId::new(0), async move {
+                let err = client.try_send(b"x").expect_err("the peer is gone");
+                assert_eq!(err.kind(), ErrorKind::BrokenPipe, "{err}");
+                client
             })
             .await
             .unwrap();
-        // Off its shard the send is refused, as the ring's would be.
-        let err = h
-            .spawn_on(ShardId::new(1), async move { client.try_send(b"x") })
-            .await
-            .unwrap()
-            .expect_err("another shard's socket");
-        assert!(err.to_string().contains("another shard"), "{err}");
-        drop(peer);
+        drop(client);
     });
 }
 
@@ -807,51 +845,5 @@ fn a_receive_into_an_appending_buffer_keeps_what_it_held() {
         assert_eq!(buf.len(), 6 + n);
         assert_eq!(&buf[..], &b"hello world"[..6 + n]);
         sender.await.unwrap();
-    });
-}
-
-#[test]
-fn a_unix_send_at_once_takes_what_the_socket_holds_then_would_block() {
-    use mailring::net::UnixStream;
-    let rt = rt2();
-    let h = rt.handle().clone();
-    rt.block_on(async move {
-        let (client, peer) = h
-            .spawn_on(ShardId::new(0), async {
-                let (client, peer) = UnixStream::pair().unwrap();
-                // A peer that does not read: the socket takes bytes until
-                // its buffer is full, then says WouldBlock.
-                let taken = fill_until_would_block(|b| client.try_send(b), &vec![7u8; 16 << 10]);
-                // Everything taken arrives, in order, then the ring's send.
-                let reader = mailring::spawn_local(read_len_keep_tail(peer, taken + 4));
-                client.send_all(b"tail".to_vec()).await.0.unwrap();
-                let (got, last, peer) = reader.await.unwrap();
-                assert_eq!(got, taken + 4);
-                assert_eq!(&last[4..], b"tail");
-                (client, peer)
-            })
-            .await
-            .unwrap();
-        // Off its shard the send is refused, as the ring's would be.
-        let (err, client) = h
-            .spawn_on(
-                ShardId::new(1),
-                async move { (client.try_send(b"x"), client) },
-            )
-            .await
-            .unwrap();
-        let err = err.expect_err("another shard's socket");
-        assert!(err.to_string().contains("another shard"), "{err}");
-        // A peer gone: the OS error, no signal.
-        drop(peer);
-        let client = h
-            .spawn_on(ShardId::new(0), async move {
-                let err = client.try_send(b"x").expect_err("the peer is gone");
-                assert_eq!(err.kind(), ErrorKind::BrokenPipe, "{err}");
-                client
-            })
-            .await
-            .unwrap();
-        drop(client);
     });
 }
