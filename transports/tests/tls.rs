@@ -763,7 +763,9 @@ fn a_receive_dropped_while_a_record_is_half_in_loses_nothing_of_it() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     // rustls's own server: after the handshake it sends one record of a
-    // 2 KiB frame in two parts, 400 ms apart, then a second frame whole.
+    // 2 KiB frame in two parts, the second once the client has dropped a
+    // receive, then a second frame whole.
+    let (dropped, wait_dropped) = std::sync::mpsc::channel::<()>();
     let peer = std::thread::spawn(move || {
         let (sock, _) = listener.accept().unwrap();
         sock.set_nodelay(true).unwrap();
@@ -787,7 +789,7 @@ fn a_receive_dropped_while_a_record_is_half_in_loses_nothing_of_it() {
         }
         let half = record.len() / 2;
         tls.sock.write_all(&record[..half]).unwrap();
-        std::thread::sleep(Duration::from_millis(400));
+        wait_dropped.recv().unwrap();
         tls.sock.write_all(&record[half..]).unwrap();
         tls.write_all(&frame(b"second")).unwrap();
         tls.flush().unwrap();
@@ -802,10 +804,11 @@ fn a_receive_dropped_while_a_record_is_half_in_loses_nothing_of_it() {
         let mut c = Framed::connect_tls(addr, "localhost", client, LengthDelimited::new())
             .await
             .unwrap();
-        // Dropped while the record's first half is in and its second is
-        // 400 ms away.
+        // Dropped while the record's first half is in (or on its way) and
+        // its second not sent.
         let early = mailring::time::timeout(Duration::from_millis(150), c.recv()).await;
         assert!(early.is_err(), "nothing whole had come yet: {early:?}");
+        dropped.send(()).unwrap();
         let first = c.recv().await.unwrap().expect("the first frame");
         let second = c.recv().await.unwrap().expect("the second frame");
         c.close_write().await.unwrap();
