@@ -53,6 +53,12 @@ pub enum ActorPlacement {
     /// Each key is placed on the least-loaded shard when first activated and
     /// recorded in a directory that later senders consult (and cache).
     Stealable,
+    /// Each new key is placed on the shard that holds the fewest keys of the
+    /// type so far (the lowest such shard on a tie) and recorded in a
+    /// directory that later senders consult (and cache): 100 keys on 2
+    /// shards are 50 and 50, where a hash splits them as it falls (45/55 is
+    /// common). For a few busy keys (tenants, partitions) whose load is alike.
+    Balanced,
     /// Every actor of the type lives on this shard (`pinned = N`: the same
     /// `ShardId` as `Placement::Pinned(ShardId::new(N))`).
     Pinned(ShardId),

@@ -4,9 +4,10 @@
 //! [`mailring::sticky_shard`] ([`RouteHasher`], a fixed, documented hash,
 //! stable across processes, platforms and Rust versions, then a map onto the
 //! shards), so a key picks the same shard for a task
-//! (`Placement::Sticky(k)`), a keyed actor and (next) a session. Stealable keys are recorded in a [`Directory`]
-//! the first time any sender routes them; the first writer wins, so every
-//! sender agrees on one shard and a key is activated at most once.
+//! (`Placement::Sticky(k)`), a keyed actor and a session. Stealable and
+//! balanced keys are recorded in a [`Directory`] the first time any sender
+//! routes them; the first writer wins, so every sender agrees on one shard
+//! and a key is activated at most once.
 
 use std::any::TypeId;
 use std::collections::HashMap;
@@ -26,10 +27,14 @@ pub(crate) fn keyed_uid<A: 'static, K: Hash>(key: &K) -> u64 {
 
 const DIRECTORY_STRIPES: usize = 16;
 
-/// Where each stealable key of one actor type lives.
+/// Where each key of one directory-placed actor type (stealable or
+/// balanced) lives, and how many keys each shard was given.
 #[derive(Debug)]
 pub(crate) struct Directory<K> {
     stripes: Vec<Mutex<HashMap<K, u32, foldhash::fast::RandomState>>>,
+    /// Keys placed per shard (grown to the highest shard placed on). Taken
+    /// only while a new key is placed, under its stripe's lock.
+    placed: Mutex<Vec<u32>>,
 }
 
 impl<K: Hash + Eq + Clone> Directory<K> {
@@ -38,17 +43,27 @@ impl<K: Hash + Eq + Clone> Directory<K> {
             stripes: (0..DIRECTORY_STRIPES)
                 .map(|_| Mutex::new(HashMap::default()))
                 .collect(),
+            placed: Mutex::new(Vec::new()),
         }
     }
 
-    /// The key's shard; the first caller records `choose()`.
-    pub(crate) fn route(&self, key: &K, hash: u64, choose: impl FnOnce() -> usize) -> usize {
+    /// The key's shard. The first caller records `choose(placed)`, where
+    /// `placed[s]` is the number of keys placed on shard `s` so far
+    /// (shards past its end have none); every later caller gets that shard.
+    pub(crate) fn route(&self, key: &K, hash: u64, choose: impl FnOnce(&[u32]) -> usize) -> usize {
         let stripe = &self.stripes[(hash as usize) % DIRECTORY_STRIPES];
         let mut map = stripe.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(&s) = map.get(key) {
             return s as usize;
         }
-        let s = choose();
+        // Lock order: a stripe, then the counts (never the other way).
+        let mut placed = self.placed.lock().unwrap_or_else(|p| p.into_inner());
+        let s = choose(&placed);
+        // `choose` names one of the runtime's shards (at most 65,536).
+        if placed.len() <= s {
+            placed.resize(s + 1, 0);
+        }
+        placed[s] = placed[s].saturating_add(1);
         map.insert(key.clone(), s as u32);
         s
     }
@@ -60,6 +75,15 @@ impl<K: Hash + Eq + Clone> Directory<K> {
             .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
             .sum()
     }
+
+    /// Keys placed on each shard so far (shards past the end: none).
+    #[cfg(test)]
+    pub(crate) fn placed(&self) -> Vec<u32> {
+        self.placed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 #[cfg(test)]
@@ -69,8 +93,26 @@ mod tests {
     #[test]
     fn directory_first_writer_wins() {
         let d = Directory::new();
-        assert_eq!(d.route(&7u64, 7, || 3), 3);
-        assert_eq!(d.route(&7u64, 7, || 1), 3);
+        assert_eq!(d.route(&7u64, 7, |_| 3), 3);
+        assert_eq!(d.route(&7u64, 7, |_| 1), 3);
         assert_eq!(d.len(), 1);
+        assert_eq!(d.placed(), [0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn directory_counts_what_it_placed_where() {
+        let d = Directory::new();
+        for k in 0..6u64 {
+            // Always the shard with the fewest so far, the lowest on a tie.
+            d.route(&k, k, |placed| {
+                (0..3)
+                    .min_by_key(|&s| placed.get(s).copied().unwrap_or(0))
+                    .unwrap()
+            });
+        }
+        assert_eq!(d.placed(), [2, 2, 2]);
+        // A key seen before is not counted again.
+        d.route(&0u64, 0, |_| unreachable!("recorded"));
+        assert_eq!(d.placed(), [2, 2, 2]);
     }
 }

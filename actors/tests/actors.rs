@@ -1001,6 +1001,99 @@ fn concurrent_first_messages_from_every_shard_activate_once() {
     sys.shutdown();
 }
 
+/// A balanced tenant: reports the shard its handler runs on.
+#[derive(Actor)]
+#[actor(key = String, activate = BalancedTenant::new, placement = "balanced", handles(HomeShard))]
+struct BalancedTenant;
+
+impl BalancedTenant {
+    fn new(_k: &String) -> Self {
+        BalancedTenant
+    }
+}
+
+#[derive(Message)]
+#[message(reply = Option<ShardId>)]
+struct HomeShard;
+
+impl Handler<HomeShard> for BalancedTenant {
+    async fn handle(&mut self, _m: HomeShard, _cx: &mut Ctx<Self>) -> Option<ShardId> {
+        mailring::current_shard()
+    }
+}
+
+#[test]
+fn balanced_keys_split_evenly_and_live_where_shard_of_says() {
+    const KEYS: usize = 100;
+    const SHARDS: usize = 4;
+    let sys = system(SHARDS);
+    let h = sys.handle();
+    // The bench's tenant names: a hash splits them unevenly over 2 shards
+    // (45/55); balanced placement gives each shard its share exactly.
+    let names: Vec<String> = (0..KEYS).map(|i| format!("tenant-{i}")).collect();
+    // Half the keys first placed by `shard_of` (as a session following the
+    // type does), half by a first message; from two shards at once.
+    let placed = sys.block_on({
+        let (h, names) = (h.clone(), names.clone());
+        async move {
+            let mut joins = Vec::new();
+            for part in 0..2usize {
+                let (h, names) = (h.clone(), names.clone());
+                joins.push(
+                    h.runtime()
+                        .clone()
+                        .spawn_on(ShardId::new(part), async move {
+                            let mut seen = Vec::new();
+                            for name in names.iter().skip(part).step_by(2) {
+                                let shard = if part == 0 {
+                                    h.shard_of::<BalancedTenant>(name)
+                                } else {
+                                    let at = h
+                                        .keyed::<BalancedTenant>(name.clone())
+                                        .ask(HomeShard)
+                                        .await;
+                                    at.unwrap().expect("a handler runs on a shard")
+                                };
+                                seen.push((name.clone(), shard));
+                            }
+                            seen
+                        }),
+                );
+            }
+            let mut all = Vec::new();
+            for j in joins {
+                all.extend(j.await.unwrap());
+            }
+            all
+        }
+    });
+    let mut per_shard = [0usize; SHARDS];
+    for (_, shard) in &placed {
+        per_shard[shard.index()] += 1;
+    }
+    assert_eq!(
+        per_shard,
+        [KEYS / SHARDS; SHARDS],
+        "balanced keys per shard"
+    );
+    // Every key's actor runs where `shard_of` said, before and after
+    // activation, and asking again does not move it.
+    sys.block_on(async move {
+        for (name, shard) in placed {
+            assert_eq!(h.shard_of::<BalancedTenant>(&name), shard, "{name}");
+            let at = h.keyed::<BalancedTenant>(name.clone()).ask(HomeShard).await;
+            assert_eq!(at.unwrap(), Some(shard), "{name}");
+        }
+        assert_eq!(h.directory_len::<BalancedTenant>(), KEYS);
+    });
+    let stats = sys.stats();
+    assert_eq!(
+        stats.by_type("BalancedTenant").unwrap().activations,
+        KEYS as u64
+    );
+    sys.shutdown();
+}
+
 // ---------------------------------------------------------------- reentrancy
 
 #[derive(Actor, Default)]

@@ -247,7 +247,7 @@ impl<S: Session> ServerBuilder<S> {
 
     /// Places keys where the keyed actor type `A` of `system` lives, so a
     /// session and the actor of its key share a shard whatever `A`'s
-    /// placement (sticky, pinned, a custom function, stealable).
+    /// placement (sticky, pinned, a custom function, stealable, balanced).
     pub fn follow<A>(self, system: SystemHandle) -> Self
     where
         A: Actor<Key = S::Key>,

@@ -425,14 +425,47 @@ impl Handler<WhereAreYou> for Tenant {
     }
 }
 
-/// First frame: `KEY <tenant>`; before it, `PING` is answered where the
-/// connection is. After it, each frame is answered with
-/// `"<session shard> <actor shard> <frame>"`.
-struct TenantSession {
-    system: mailring_actors::SystemHandle,
+/// A tenant's actor placed by `placement = "balanced"`: the fewest keys
+/// per shard, recorded in a directory.
+#[derive(Actor)]
+#[actor(key = String, activate = BalancedTenant::new, placement = "balanced", handles(WhereAreYou))]
+struct BalancedTenant;
+
+impl BalancedTenant {
+    fn new(_key: &String) -> Self {
+        BalancedTenant
+    }
 }
 
-impl Session for TenantSession {
+impl Handler<WhereAreYou> for BalancedTenant {
+    async fn handle(&mut self, _m: WhereAreYou, cx: &mut Ctx<Self>) -> usize {
+        cx.shard().index()
+    }
+}
+
+/// First frame: `KEY <tenant>`; before it, `PING` is answered where the
+/// connection is. After it, each frame is answered with
+/// `"<session shard> <actor shard> <frame>"`, the actor being the key's
+/// `A` (`Tenant` unless said).
+struct TenantSession<A = Tenant> {
+    system: mailring_actors::SystemHandle,
+    actor: std::marker::PhantomData<fn() -> A>,
+}
+
+impl<A> TenantSession<A> {
+    fn new(system: mailring_actors::SystemHandle) -> Self {
+        TenantSession {
+            system,
+            actor: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<A> Session for TenantSession<A>
+where
+    A: Actor<Key = String> + mailring_actors::Accepts<WhereAreYou>,
+    A::Envelope: Send,
+{
     type Codec = LengthDelimited;
     type Key = String;
 
@@ -452,7 +485,7 @@ impl Session for TenantSession {
             cx.send_frame(Bytes::from_static(b"PONG"));
             return;
         };
-        let actor = self.system.keyed::<Tenant>(key);
+        let actor = self.system.keyed::<A>(key);
         let here = cx.shard().index();
         let session_shard = mailring::current_shard().map(|s| s.index());
         assert_eq!(session_shard, Some(here));
@@ -471,13 +504,25 @@ fn tenant_server(
     rt: &mailring::Runtime,
     config: ServerConfig,
 ) -> (ActorSystem, Server<TenantSession>) {
+    tenant_server_of::<Tenant>(rt, config)
+}
+
+/// As [`tenant_server`], with sessions following the actor type `A`.
+fn tenant_server_of<A>(
+    rt: &mailring::Runtime,
+    config: ServerConfig,
+) -> (ActorSystem, Server<TenantSession<A>>)
+where
+    A: Actor<Key = String> + mailring_actors::Accepts<WhereAreYou>,
+    A::Envelope: Send,
+{
     let system = ActorSystem::start_on(rt.handle(), SystemConfig::default()).unwrap();
     let sys = system.handle();
-    let server = Server::builder(LengthDelimited::new(), move |_| TenantSession {
-        system: sys.clone(),
+    let server = Server::builder(LengthDelimited::new(), move |_| {
+        TenantSession::<A>::new(sys.clone())
     })
     .config(config)
-    .follow::<Tenant>(system.handle())
+    .follow::<A>(system.handle())
     .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
     .unwrap();
     (system, server)
@@ -488,15 +533,19 @@ fn tenant_server(
 /// more frames in one write (the unread bytes travel with the connection),
 /// each answered on the tenant's shard. Returns each client with its
 /// tenant's shard.
-fn attach_tenants(
-    server: &Server<TenantSession>,
+fn attach_tenants<A>(
+    server: &Server<TenantSession<A>>,
     system: &ActorSystem,
     n: usize,
-) -> Vec<(TcpStream, usize)> {
+) -> Vec<(TcpStream, usize)>
+where
+    A: Actor<Key = String> + mailring_actors::Accepts<WhereAreYou>,
+    A::Envelope: Send,
+{
     let mut clients = Vec::new();
     for t in 0..n {
         let tenant = format!("tenant-{t}");
-        let owner = system.shard_of::<Tenant>(&tenant).index();
+        let owner = system.shard_of::<A>(&tenant).index();
         let mut c = client(server.local_addr());
         c.write_all(&frame(b"PING")).unwrap();
         assert_eq!(read_frame(&mut c).unwrap(), b"PONG");
@@ -546,6 +595,24 @@ fn attach_test(mode: ListenMode) {
         assert_eq!(stats.total(|s| s.handed_off), moved);
         assert_eq!(stats.shards[acceptor.index()].accepted, 12);
     }
+    drop(clients);
+    wait_for(&server, "12 peer closes", |s| {
+        s.closed(CloseKind::PeerClosed) == 12
+    });
+    rt.block_on(server.shutdown());
+    system.shutdown();
+}
+
+#[test]
+fn sessions_following_a_balanced_type_split_evenly_and_run_beside_their_actor() {
+    let rt = runtime(2);
+    let (system, server) = tenant_server_of::<BalancedTenant>(&rt, ServerConfig::default());
+    // `attach_tenants` checks that each session and its tenant's actor run
+    // on the shard `shard_of` names, before the actor exists and after.
+    let clients = attach_tenants(&server, &system, 12);
+    let on_first = clients.iter().filter(|(_, owner)| *owner == 0).count();
+    assert_eq!(on_first, 6, "12 balanced tenants on 2 shards: 6 each");
+    assert_eq!(server.stats().total(|s| s.io_off_owner), 0);
     drop(clients);
     wait_for(&server, "12 peer closes", |s| {
         s.closed(CloseKind::PeerClosed) == 12
@@ -764,9 +831,7 @@ fn unix_sessions_move_to_their_tenants_shard_and_a_framed_client_drives_them() {
     let _ = std::fs::remove_file(&path);
     let server = Server::builder(LengthDelimited::new(), move |peer| {
         assert_eq!(peer, None, "Unix peers have no address");
-        TenantSession {
-            system: sys.clone(),
-        }
+        TenantSession::<Tenant>::new(sys.clone())
     })
     .follow::<Tenant>(system.handle())
     .bind_unix(rt.handle(), &path)

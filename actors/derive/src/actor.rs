@@ -118,10 +118,11 @@ fn parse_actor_args(input: &DeriveInput) -> syn::Result<ActorArgs> {
                     args.placement = Some(match s.value().as_str() {
                         "sticky" => quote!(::mailring_actors::ActorPlacement::Sticky),
                         "stealable" => quote!(::mailring_actors::ActorPlacement::Stealable),
+                        "balanced" => quote!(::mailring_actors::ActorPlacement::Balanced),
                         _ => {
                             return Err(syn::Error::new_spanned(
                                 s,
-                                "unknown placement: expected \"sticky\", \"stealable\", a function path \
+                                "unknown placement: expected \"sticky\", \"stealable\", \"balanced\", a function path \
                                  (`placement = my_placement`, a `fn(&Key, usize) -> ShardId`) or `pinned = N`",
                             ))
                         }
