@@ -61,7 +61,7 @@ pub struct StreamActor {
     /// Cached bytes counted in the broker's total.
     counted: u64,
     /// The broker's total of cached bytes.
-    gauge: Option<Arc<AtomicU64>>,
+    gauge: Option<Arc<crate::server::CacheGauge>>,
 }
 
 impl StreamActor {
@@ -113,7 +113,7 @@ pub static FETCHED_READS: AtomicU64 = AtomicU64::new(0);
 impl Drop for StreamActor {
     fn drop(&mut self) {
         if let Some(gauge) = &self.gauge {
-            gauge.fetch_sub(self.counted, Ordering::Relaxed);
+            gauge.add(self.counted.wrapping_neg());
         }
     }
 }
@@ -823,7 +823,7 @@ impl StreamActor {
             if let Some(gauge) = &self.gauge {
                 // One atomic step for the change, up or down (the sum of
                 // every stream's steps never goes below zero).
-                gauge.fetch_add(now.wrapping_sub(self.counted), Ordering::Relaxed);
+                gauge.add(now.wrapping_sub(self.counted));
             }
             self.counted = now;
         }

@@ -150,8 +150,48 @@ pub struct Shared {
     pub(crate) system: SystemHandle,
     /// Streams read back at start, each taken by its actor's first command.
     pub(crate) recovered: Mutex<HashMap<Bytes, RecoveredStream>>,
-    /// Bytes of entries the streams keep in memory, all together.
-    pub(crate) cached_bytes: Arc<AtomicU64>,
+    /// Bytes of entries the streams keep in memory, counted per shard.
+    pub(crate) cached_bytes: Arc<CacheGauge>,
+}
+
+/// The bytes of entries the streams keep in memory: one counter per shard,
+/// each on a line of its own, so the stream actors of one shard (which
+/// update it after every command) never share a cache line with another
+/// thread's writes. Readers sum them.
+#[derive(Debug)]
+pub(crate) struct CacheGauge {
+    shards: Box<[PaddedCounter]>,
+}
+
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct PaddedCounter(AtomicU64);
+
+impl CacheGauge {
+    pub(crate) fn new(shards: usize) -> Self {
+        CacheGauge {
+            shards: (0..shards.max(1))
+                .map(|_| PaddedCounter::default())
+                .collect(),
+        }
+    }
+
+    /// Adds `delta` (two's complement: a wrapped negative step takes bytes
+    /// away) to the counter of the calling shard, or of the first one off
+    /// every shard. A counter alone may wrap below zero (an actor counted on
+    /// one shard and dropped on another); the sum never does.
+    pub(crate) fn add(&self, delta: u64) {
+        let at = mailring::current_shard().map_or(0, |s| s.index());
+        let slot = &self.shards[at.min(self.shards.len() - 1)];
+        slot.0.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    /// The bytes kept now, all shards together.
+    pub(crate) fn total(&self) -> u64 {
+        self.shards
+            .iter()
+            .fold(0u64, |sum, c| sum.wrapping_add(c.0.load(Ordering::Relaxed)))
+    }
 }
 
 /// Brokers started by this process (their ids).
@@ -337,7 +377,7 @@ impl Broker {
         }
         let shutdown = crate::actor::Notify::new();
         let shared = Arc::new(Shared {
-            cached_bytes: Arc::new(AtomicU64::new(0)),
+            cached_bytes: Arc::new(CacheGauge::new(shards)),
             id,
             config: config.clone(),
             catalog,

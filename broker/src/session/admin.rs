@@ -110,10 +110,7 @@ impl RespSession {
                     format!("dir:{}", shared.config.store.dir.display()),
                 ],
                 "memory" => vec![
-                    format!(
-                        "stream_cache_bytes:{}",
-                        shared.cached_bytes.load(Ordering::Relaxed)
-                    ),
+                    format!("stream_cache_bytes:{}", shared.cached_bytes.total()),
                     format!(
                         "stream_cache_limit_per_stream:{}",
                         shared.config.store.stream_cache_bytes
