@@ -36,10 +36,39 @@ pub(super) struct Run {
     commands: Vec<(&'static str, Vec<Bytes>)>,
 }
 
+/// Places in a run (bit `i`: the run's command `i`); a run holds at most
+/// [`RUN_MAX`] = 64 commands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Places(u64);
+
+const _: () = assert!(RUN_MAX <= 64, "a run's places are the bits of a u64");
+
+impl Places {
+    fn add(&mut self, i: usize) {
+        self.0 |= 1 << i;
+    }
+
+    fn len(self) -> usize {
+        self.0.count_ones() as usize
+    }
+
+    /// The places in increasing order.
+    fn iter(self) -> impl Iterator<Item = usize> {
+        let mut rest = self.0;
+        std::iter::from_fn(move || {
+            (rest != 0).then(|| {
+                let i = rest.trailing_zeros() as usize;
+                rest &= rest - 1;
+                i
+            })
+        })
+    }
+}
+
 /// A run's commands for one stream, with their places in the run.
 struct StreamPart {
     stream: Bytes,
-    at: Vec<usize>,
+    at: Places,
     commands: Vec<(&'static str, Vec<Bytes>)>,
 }
 
@@ -47,7 +76,7 @@ struct StreamPart {
 /// (the key hashed once), its places in the run, its commands.
 type AddressedPart = (
     mailring_actors::Addr<StreamActor>,
-    Vec<usize>,
+    Places,
     Vec<(&'static str, Vec<Bytes>)>,
 );
 
@@ -150,7 +179,7 @@ impl RespSession {
         let remote: Vec<_> = remote
             .into_iter()
             .map(|(shard, parts)| {
-                let at: Vec<usize> = parts.iter().flat_map(|p| p.1.iter().copied()).collect();
+                let at = Places(parts.iter().fold(0, |all, p| all | p.1 .0));
                 let task = mailring::spawn_on(shard, async move {
                     // On `shard`: each ask is local there, and so is the
                     // wait for the flushes (one wake-up back, not two).
@@ -158,7 +187,7 @@ impl RespSession {
                         .into_iter()
                         .map(|(addr, at, commands)| (at, addr.ask(ExecRun { commands, broker })))
                         .collect();
-                    let mut out: Vec<(Vec<usize>, Vec<Reply>)> = Vec::with_capacity(asks.len());
+                    let mut out: Vec<(Places, Vec<Reply>)> = Vec::with_capacity(asks.len());
                     for (at, ask) in asks {
                         let replies = match ask.await {
                             Ok(answers) => {
@@ -186,14 +215,14 @@ impl RespSession {
                 match task.await {
                     Ok(parts) => {
                         for (at, replies) in parts {
-                            for (i, reply) in at.into_iter().zip(replies) {
+                            for (i, reply) in at.iter().zip(replies) {
                                 got[i] = Some(Got::Reply(reply));
                             }
                         }
                     }
                     Err(e) => {
                         let reply = Reply::err(format!("stream unavailable: {e}"));
-                        for i in at {
+                        for i in at.iter() {
                             got[i] = Some(Got::Reply(reply.clone()));
                         }
                     }
@@ -211,39 +240,62 @@ impl RespSession {
 /// `commands` grouped by stream (argument 1), streams in order of first
 /// appearance, each stream's commands in order.
 fn by_stream(commands: Vec<(&'static str, Vec<Bytes>)>) -> Vec<StreamPart> {
-    let mut parts: Vec<StreamPart> = Vec::new();
+    let mut parts: Vec<StreamPart> = Vec::with_capacity(commands.len());
+    // Each part's key summed up in one word (its length and last seven
+    // bytes, where `s:1`, `s:2`... differ), compared before the bytes.
+    let mut tags: Vec<u64> = Vec::with_capacity(commands.len());
     for (i, (name, args)) in commands.into_iter().enumerate() {
-        match parts.iter_mut().find(|p| p.stream == args[1]) {
-            Some(p) => {
-                p.at.push(i);
+        let tag = key_tag(&args[1]);
+        let found = tags
+            .iter()
+            .zip(parts.iter_mut())
+            .find(|(t, p)| **t == tag && p.stream == args[1]);
+        match found {
+            Some((_, p)) => {
+                p.at.add(i);
                 p.commands.push((name, args));
             }
-            None => parts.push(StreamPart {
-                stream: args[1].clone(),
-                at: vec![i],
-                commands: vec![(name, args)],
-            }),
+            None => {
+                let mut at = Places::default();
+                at.add(i);
+                tags.push(tag);
+                parts.push(StreamPart {
+                    stream: args[1].clone(),
+                    at,
+                    commands: vec![(name, args)],
+                });
+            }
         }
     }
     parts
 }
 
+/// A word that two equal keys share: the last (up to) seven bytes and the
+/// length's low byte.
+fn key_tag(key: &[u8]) -> u64 {
+    let tail = &key[key.len().saturating_sub(7)..];
+    let mut word = [0u8; 8];
+    word[..tail.len()].copy_from_slice(tail);
+    word[7] = key.len() as u8;
+    u64::from_le_bytes(word)
+}
+
 /// Puts one stream's answers at their places in the run.
 fn place(
     got: &mut [Option<Got>],
-    at: Vec<usize>,
+    at: Places,
     answers: Result<Vec<Answer>, mailring_actors::AskError>,
 ) {
     match answers {
         Ok(answers) => {
             debug_assert_eq!(answers.len(), at.len(), "one answer per command");
-            for (i, answer) in at.into_iter().zip(answers) {
+            for (i, answer) in at.iter().zip(answers) {
                 got[i] = Some(Got::Answer(answer));
             }
         }
         Err(e) => {
             let reply = unavailable(e);
-            for i in at {
+            for i in at.iter() {
                 got[i] = Some(Got::Reply(reply.clone()));
             }
         }
@@ -257,5 +309,59 @@ async fn settled(got: Option<Got>, proto: Protocol) -> (Protocol, Reply) {
         Some(Got::Reply(reply)) => reply.frame(proto),
         // Not reached: every place is filled by its stream's answers.
         None => Reply::err("stream unavailable: no answer").frame(proto),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xadd(key: &str) -> (&'static str, Vec<Bytes>) {
+        let args = ["XADD", key, "*", "f", "v"];
+        (
+            "xadd",
+            args.iter()
+                .map(|a| Bytes::copy_from_slice(a.as_bytes()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn places_iterate_in_order_up_to_the_last_bit() {
+        let mut at = Places::default();
+        for i in [63, 0, 5, 6] {
+            at.add(i);
+        }
+        assert_eq!(at.len(), 4);
+        assert_eq!(at.iter().collect::<Vec<_>>(), [0, 5, 6, 63]);
+        assert_eq!(Places::default().iter().count(), 0);
+    }
+
+    #[test]
+    fn a_run_groups_by_stream_in_order_of_first_appearance() {
+        // `a-1234567` and `b-1234567` share a tag (length, last seven
+        // bytes): the bytes still tell them apart.
+        let keys = ["s:1", "a-1234567", "s:1", "b-1234567", "s:10", "a-1234567"];
+        let parts = by_stream(keys.iter().map(|k| xadd(k)).collect());
+        let got: Vec<(&[u8], Vec<usize>)> = parts
+            .iter()
+            .map(|p| (&p.stream[..], p.at.iter().collect()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (&b"s:1"[..], vec![0, 2]),
+                (&b"a-1234567"[..], vec![1, 5]),
+                (&b"b-1234567"[..], vec![3]),
+                (&b"s:10"[..], vec![4]),
+            ]
+        );
+        for p in &parts {
+            assert_eq!(p.commands.len(), p.at.len());
+            assert!(p.commands.iter().all(|(_, args)| args[1] == p.stream));
+        }
+        assert_eq!(key_tag(b"a-1234567"), key_tag(b"b-1234567"));
+        assert_ne!(key_tag(b"s:1"), key_tag(b"s:10"));
+        assert_eq!(key_tag(b""), 0);
     }
 }
