@@ -1149,14 +1149,6 @@ pub(crate) fn clear_shard(system: &Arc<SystemShared>) {
     }
 }
 
-/// The shard with the fewest keys placed on it (`placed[s]`, missing
-/// entries counting as none), the lowest on a tie.
-fn fewest_placed(placed: &[u32], shards: usize) -> usize {
-    (0..shards)
-        .min_by_key(|&s| placed.get(s).copied().unwrap_or(0))
-        .unwrap_or(0)
-}
-
 /// Where a keyed actor of type `A` with this key lives.
 pub(crate) fn keyed_home<A: Actor>(system: &SystemShared, key: &A::Key, hash: u64) -> usize {
     let n = system.handle.shards();
@@ -1169,11 +1161,11 @@ pub(crate) fn keyed_home<A: Actor>(system: &SystemShared, key: &A::Key, hash: u6
         ActorPlacement::Custom => A::place(key, n).index(),
         ActorPlacement::Stealable => {
             let dir = system.directory::<A>();
-            dir.route(key, hash, |_| system.handle.least_loaded_shard().index())
+            dir.route(key, hash, || system.handle.least_loaded_shard().index())
         }
         ActorPlacement::Balanced => {
             let dir = system.directory::<A>();
-            dir.route(key, hash, |placed| fewest_placed(placed, n))
+            dir.route_balanced(key, hash, n)
         }
     }
 }

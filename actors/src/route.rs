@@ -32,8 +32,8 @@ const DIRECTORY_STRIPES: usize = 16;
 #[derive(Debug)]
 pub(crate) struct Directory<K> {
     stripes: Vec<Mutex<HashMap<K, u32, foldhash::fast::RandomState>>>,
-    /// Keys placed per shard (grown to the highest shard placed on). Taken
-    /// only while a new key is placed, under its stripe's lock.
+    /// Balanced keys placed per shard. Taken only while a new balanced key
+    /// is placed, under its stripe's lock.
     placed: Mutex<Vec<u32>>,
 }
 
@@ -47,23 +47,39 @@ impl<K: Hash + Eq + Clone> Directory<K> {
         }
     }
 
-    /// The key's shard. The first caller records `choose(placed)`, where
-    /// `placed[s]` is the number of keys placed on shard `s` so far
-    /// (shards past its end have none); every later caller gets that shard.
-    pub(crate) fn route(&self, key: &K, hash: u64, choose: impl FnOnce(&[u32]) -> usize) -> usize {
+    /// The key's shard; the first caller records `choose()` (a stealable
+    /// key: the least-loaded shard then).
+    pub(crate) fn route(&self, key: &K, hash: u64, choose: impl FnOnce() -> usize) -> usize {
         let stripe = &self.stripes[(hash as usize) % DIRECTORY_STRIPES];
         let mut map = stripe.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(&s) = map.get(key) {
             return s as usize;
         }
-        // Lock order: a stripe, then the counts (never the other way).
-        let mut placed = self.placed.lock().unwrap_or_else(|p| p.into_inner());
-        let s = choose(&placed);
-        // `choose` names one of the runtime's shards (at most 65,536).
-        if placed.len() <= s {
-            placed.resize(s + 1, 0);
+        let s = choose();
+        map.insert(key.clone(), s as u32);
+        s
+    }
+
+    /// The key's shard; the first caller records the shard of `shards`
+    /// given the fewest keys so far by this call (the lowest on a tie), and
+    /// counts it there (a balanced key).
+    pub(crate) fn route_balanced(&self, key: &K, hash: u64, shards: usize) -> usize {
+        let stripe = &self.stripes[(hash as usize) % DIRECTORY_STRIPES];
+        let mut map = stripe.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&s) = map.get(key) {
+            return s as usize;
         }
-        placed[s] = placed[s].saturating_add(1);
+        // Lock order: a stripe, then the counts (never the other way). The
+        // counts' lock makes concurrent placements of new keys (each under
+        // its own stripe) see each other: the split stays exact.
+        let mut placed = self.placed.lock().unwrap_or_else(|p| p.into_inner());
+        if placed.len() < shards {
+            placed.resize(shards, 0);
+        }
+        let s = (0..shards).min_by_key(|&s| placed[s]).unwrap_or(0);
+        if let Some(count) = placed.get_mut(s) {
+            *count = count.saturating_add(1);
+        }
         map.insert(key.clone(), s as u32);
         s
     }
@@ -76,7 +92,7 @@ impl<K: Hash + Eq + Clone> Directory<K> {
             .sum()
     }
 
-    /// Keys placed on each shard so far (shards past the end: none).
+    /// Balanced keys placed on each shard so far.
     #[cfg(test)]
     pub(crate) fn placed(&self) -> Vec<u32> {
         self.placed
@@ -93,26 +109,24 @@ mod tests {
     #[test]
     fn directory_first_writer_wins() {
         let d = Directory::new();
-        assert_eq!(d.route(&7u64, 7, |_| 3), 3);
-        assert_eq!(d.route(&7u64, 7, |_| 1), 3);
+        assert_eq!(d.route(&7u64, 7, || 3), 3);
+        assert_eq!(d.route(&7u64, 7, || 1), 3);
         assert_eq!(d.len(), 1);
-        assert_eq!(d.placed(), [0, 0, 0, 1]);
+        // A stealable key is not counted as balanced.
+        assert!(d.placed().is_empty());
     }
 
     #[test]
     fn directory_counts_what_it_placed_where() {
         let d = Directory::new();
         for k in 0..6u64 {
-            // Always the shard with the fewest so far, the lowest on a tie.
-            d.route(&k, k, |placed| {
-                (0..3)
-                    .min_by_key(|&s| placed.get(s).copied().unwrap_or(0))
-                    .unwrap()
-            });
+            d.route_balanced(&k, k, 3);
         }
         assert_eq!(d.placed(), [2, 2, 2]);
-        // A key seen before is not counted again.
-        d.route(&0u64, 0, |_| unreachable!("recorded"));
+        // A key seen before is not counted again, and keeps its shard.
+        let before = d.route_balanced(&0u64, 0, 3);
+        assert_eq!(d.route_balanced(&0u64, 0, 3), before);
         assert_eq!(d.placed(), [2, 2, 2]);
+        assert_eq!(d.len(), 6);
     }
 }

@@ -958,15 +958,24 @@ fn concurrent_first_messages_from_every_shard_activate_once() {
     const SHARDS: usize = 4;
     let sys = system(SHARDS);
     let h = sys.handle();
+    // Every shard's task starts routing at once (a barrier), each from its
+    // own quarter of the keys round: a shard that ran alone before the
+    // others started would place every stealable key on itself, correctly
+    // (the least loaded then) but proving nothing about the spread.
+    let start = Arc::new(std::sync::Barrier::new(SHARDS));
     let (sticky, stealable) = sys.block_on(async move {
         let mut joins = Vec::new();
         for shard in 0..SHARDS {
             let h = h.clone();
+            let start = start.clone();
             joins.push(
                 h.runtime()
                     .clone()
                     .spawn_on(ShardId::new(shard), async move {
-                        for k in 0..KEYS {
+                        start.wait();
+                        let first = shard as u64 * (KEYS / SHARDS as u64);
+                        for i in 0..KEYS {
+                            let k = (first + i) % KEYS;
                             h.keyed::<Once>(k).tell(Add(1)).unwrap();
                             h.keyed::<OnceStealable>(k).tell(Add(1)).unwrap();
                         }
