@@ -470,6 +470,123 @@ pub(crate) struct StreamCore<F: OpFile = ShardFd> {
     /// Bytes received by `recv`s whose futures were dropped after the kernel
     /// had filled their buffers; reported by the next `recv`.
     lost: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// When a send may go out at once (see [`SendAtOnce`]).
+    at_once: SendAtOnce,
+    /// When a receive may be taken at once (see [`RecvAtOnce`]).
+    recv_at_once: RecvAtOnce,
+}
+
+/// When [`StreamCore::recv`] may take bytes with a plain non-blocking
+/// `recv` instead of an operation on the ring: when bytes are known to be
+/// queued (the kernel flagged the last receive on the ring
+/// `IORING_CQE_F_SOCK_NONEMPTY`, or the last one taken at once filled its
+/// whole buffer), while no receive of this socket is on the ring (a receive
+/// whose future was dropped keeps the socket on the ring for good), within
+/// the shard's allowance of operations completed at once per tick. A
+/// receive that finds nothing (`WouldBlock`) or less than its buffer ends
+/// it: a request/response peer, whose bytes are not there yet when asked
+/// for, pays no wasted call, even when each read takes exactly one frame.
+///
+/// Touched only on the socket's shard (after `check`).
+#[derive(Debug, Default)]
+struct RecvAtOnce {
+    ring_reads: std::sync::atomic::AtomicU32,
+    more_queued: std::sync::atomic::AtomicBool,
+}
+
+impl RecvAtOnce {
+    fn allowed(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.ring_reads.load(Relaxed) == 0 && self.more_queued.load(Relaxed)
+    }
+
+    /// Counts a receive on the ring until the guard is finished; a guard
+    /// dropped unfinished keeps it counted.
+    fn ring_read(&self) -> RingRead<'_> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.ring_reads
+            .store(self.ring_reads.load(Relaxed).saturating_add(1), Relaxed);
+        RingRead { at_once: self }
+    }
+
+    /// Notes how a receive taken at once of `asked` bytes ended: a full
+    /// buffer leaves more likely queued.
+    fn note(&self, res: &io::Result<usize>, asked: usize) {
+        let more = matches!(res, Ok(n) if *n == asked && asked > 0);
+        self.more_queued
+            .store(more, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// When [`StreamCore::send_all`] may send with a plain non-blocking `send`
+/// before (or instead of) an operation on the ring.
+///
+/// Only while no write of this socket is on the ring: bytes sent at once
+/// would overtake it. A write whose future was dropped before its
+/// completion leaves the count raised for good (the stream then always uses
+/// the ring, which is correct, only slower). And not after a send found the
+/// socket's buffer full, until a write on the ring completes: the ring's
+/// send waits for room; trying again at once would be a wasted call.
+///
+/// Touched only on the socket's shard (after `check`): relaxed loads and
+/// stores, no read-modify-write.
+#[derive(Debug, Default)]
+struct SendAtOnce {
+    ring_writes: std::sync::atomic::AtomicU32,
+    full: std::sync::atomic::AtomicBool,
+}
+
+impl SendAtOnce {
+    fn allowed(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.ring_writes.load(Relaxed) == 0 && !self.full.load(Relaxed)
+    }
+
+    fn set_full(&self, full: bool) {
+        self.full.store(full, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Counts a write on the ring until the guard is finished (its
+    /// future completed); a guard dropped unfinished keeps it counted.
+    fn ring_write(&self) -> RingWrite<'_> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.ring_writes
+            .store(self.ring_writes.load(Relaxed).saturating_add(1), Relaxed);
+        RingWrite { at_once: self }
+    }
+}
+
+/// A receive on the ring counted by [`RecvAtOnce::ring_read`]. Dropped
+/// unfinished (its future dropped mid-receive), it leaves it counted.
+struct RingRead<'a> {
+    at_once: &'a RecvAtOnce,
+}
+
+impl RingRead<'_> {
+    /// The receive completed; `more_queued`: the kernel said bytes were
+    /// left behind it.
+    fn finished(self, more_queued: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let n = &self.at_once.ring_reads;
+        n.store(n.load(Relaxed).saturating_sub(1), Relaxed);
+        self.at_once.more_queued.store(more_queued, Relaxed);
+    }
+}
+
+/// A write on the ring counted by [`SendAtOnce::ring_write`]. Dropped
+/// unfinished (its future dropped mid-write), it leaves the write counted.
+struct RingWrite<'a> {
+    at_once: &'a SendAtOnce,
+}
+
+impl RingWrite<'_> {
+    /// The write completed: it no longer counts, and the socket had room.
+    fn finished(self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let n = &self.at_once.ring_writes;
+        n.store(n.load(Relaxed).saturating_sub(1), Relaxed);
+        self.at_once.set_full(false);
+    }
 }
 
 /// Records data an abandoned `recv` received (its buffer is gone with it).
@@ -486,10 +603,18 @@ impl StreamCore {
     /// The descriptor, unless an abandoned operation still uses it (then
     /// the core comes back unchanged).
     pub(crate) fn into_owned(self) -> Result<OwnedFd, StreamCore> {
-        let StreamCore { inner, lost } = self;
-        inner
-            .into_owned()
-            .map_err(|inner| StreamCore { inner, lost })
+        let StreamCore {
+            inner,
+            lost,
+            at_once,
+            recv_at_once,
+        } = self;
+        inner.into_owned().map_err(|inner| StreamCore {
+            inner,
+            lost,
+            at_once,
+            recv_at_once,
+        })
     }
 }
 
@@ -498,18 +623,54 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         StreamCore {
             inner,
             lost: Default::default(),
+            at_once: SendAtOnce::default(),
+            recv_at_once: RecvAtOnce::default(),
         }
     }
 
     pub(crate) async fn send_from<B: IoBuf>(&self, buf: B, from: usize) -> (io::Result<usize>, B) {
+        let write = self.at_once.ring_write();
         // SAFETY: a send reads at most `len` bytes at `ptr`.
-        unsafe {
+        let out = unsafe {
             submit_write(&self.inner, buf, from, false, |fd, ptr, len| {
                 opcode::Send::new(Fd(fd), ptr, len)
                     .flags(libc::MSG_NOSIGNAL)
                     .build()
             })
             .await
+        };
+        write.finished();
+        out
+    }
+
+    /// A non-blocking `send` of `buf` (see [`SendAtOnce`]): `None` when the
+    /// socket's writes must go through the ring now; otherwise the bytes
+    /// taken or the error (`WouldBlock`: no room). Noting a full buffer is
+    /// the caller's to do for a partial send.
+    pub(crate) fn send_now(&self, buf: &[u8]) -> Option<io::Result<usize>> {
+        if !self.at_once.allowed() {
+            return None;
+        }
+        let res = self.inner.send_now(buf)?;
+        if matches!(&res, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
+            self.at_once.set_full(true);
+        }
+        Some(res)
+    }
+
+    /// Notes that the socket took less than it was offered at once: its
+    /// buffer is full until a write on the ring completes.
+    pub(crate) fn note_full(&self) {
+        self.at_once.set_full(true);
+    }
+
+    /// Notes what a caller's own non-blocking send of `offered` bytes
+    /// found: a full buffer when it took less (or nothing).
+    pub(crate) fn note_try_send(&self, res: &io::Result<usize>, offered: usize) {
+        match res {
+            Ok(n) if *n < offered => self.note_full(),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.note_full(),
+            _ => {}
         }
     }
 
@@ -518,16 +679,19 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         buf: B,
         from: usize,
     ) -> (io::Result<usize>, B) {
+        let write = self.at_once.ring_write();
         // SAFETY: a zero-copy send reads at most `len` bytes at `ptr`; the op
         // table keeps the buffer until the kernel's notification CQE.
-        unsafe {
+        let out = unsafe {
             submit_write(&self.inner, buf, from, false, |fd, ptr, len| {
                 opcode::SendZc::new(Fd(fd), ptr, len)
                     .flags(libc::MSG_NOSIGNAL)
                     .build()
             })
             .await
-        }
+        };
+        write.finished();
+        out
     }
 
     /// Sends all of `buf`'s bytes, continuing after short sends.
@@ -548,6 +712,39 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
     ) -> (io::Result<()>, B) {
         let total = buf.bytes_init();
         let mut done = 0;
+        // First what the socket takes at once, with no operation to submit
+        // and complete and no wait (a copying send only, within the shard's
+        // allowance for this tick, see `take_immediate_io`).
+        if !zero_copy
+            && !F::FIXED
+            && total > 0
+            && self.at_once.allowed()
+            && crate::shard::take_immediate_io()
+        {
+            if let Err(e) = self.inner.check() {
+                return (Err(e), buf);
+            }
+            // SAFETY: `bytes_init` bytes at `stable_ptr` are initialised
+            // and stay put while `buf` is borrowed here.
+            let bytes = unsafe { std::slice::from_raw_parts(buf.stable_ptr(), total) };
+            while done < total {
+                match self.send_now(&bytes[done..]) {
+                    None => break,
+                    Some(Ok(0)) => break,
+                    Some(Ok(n)) => {
+                        done += n;
+                        if done < total {
+                            // A short send: the buffer is full now.
+                            self.note_full();
+                            break;
+                        }
+                    }
+                    Some(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Some(Err(e)) => return (Err(e), buf),
+                }
+            }
+        }
         while done < total {
             let (res, back) = if zero_copy {
                 self.send_zc_from(buf, done).await
@@ -586,10 +783,39 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         if let Err(e) = self.inner.check().and_then(|()| self.check_lost()) {
             return (Err(e), buf);
         }
+        let len = buf.bytes_total().min(u32::MAX as usize) as u32;
+        // Bytes likely queued (the last receive filled its buffer): take
+        // them at once, with no operation to submit and complete.
+        if !F::FIXED && self.recv_at_once.allowed() && crate::shard::take_immediate_io() {
+            let ptr = buf.stable_mut_ptr();
+            // SAFETY: `ptr` names `len` writable bytes (`IoBufMut`
+            // contract) that nothing else uses while `buf` is borrowed here;
+            // the kernel writes at most `len` of them.
+            let spare = unsafe {
+                std::slice::from_raw_parts_mut(
+                    ptr.cast::<std::mem::MaybeUninit<u8>>(),
+                    len as usize,
+                )
+            };
+            if let Some(res) = self.inner.recv_now(spare) {
+                self.recv_at_once.note(&res, len as usize);
+                match res {
+                    Ok(n) => {
+                        // SAFETY: the kernel wrote `n <= len` bytes at the
+                        // buffer's start.
+                        unsafe { buf.set_init(n) };
+                        return (Ok(n), buf);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return (Err(e), buf),
+                }
+            }
+        }
         let keep = self.inner.keep();
         let lost = self.lost.clone();
         let raw = self.inner.raw();
-        let len = buf.bytes_total().min(u32::MAX as usize) as u32;
+        let read = self.recv_at_once.ring_read();
         // SAFETY: the recv writes at most `len` bytes into the buffer's heap memory
         // (stable, `IoBufMut` contract) and uses the socket kept by `keep`; both
         // stay in the op until its CQE.
@@ -602,11 +828,16 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         };
         let op = op.expect("checked to be on the socket's shard");
         let (res, (mut buf, _, _)) = op.await;
+        // The kernel says whether bytes were left queued after this
+        // receive (`IORING_CQE_F_SOCK_NONEMPTY`; never said by a kernel
+        // that does not report it, which then takes nothing at once).
+        read.finished(matches!(res, Ok((_, flags)) if io_uring::cqueue::sock_nonempty(flags)));
+        let res = res.map(|(n, _)| n as usize);
         match res {
-            Ok((n, _)) => {
+            Ok(n) => {
                 // SAFETY: the kernel wrote `n <= len` bytes at the buffer's start.
-                unsafe { buf.set_init(n as usize) };
-                (Ok(n as usize), buf)
+                unsafe { buf.set_init(n) };
+                (Ok(n), buf)
             }
             Err(e) => (Err(e), buf),
         }
@@ -770,8 +1001,10 @@ impl TcpStream {
     /// the OS error (e.g. `BrokenPipe`).
     pub fn try_send(&self, buf: &[u8]) -> io::Result<usize> {
         self.core.inner.check()?;
-        SockRef::from(&*self.core.inner.fd)
-            .send_with_flags(buf, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+        let res = SockRef::from(&*self.core.inner.fd)
+            .send_with_flags(buf, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+        self.core.note_try_send(&res, buf.len());
+        res
     }
 
     /// Sends some of `buf`'s bytes with `IORING_OP_SEND_ZC`: the kernel sends

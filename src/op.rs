@@ -706,6 +706,18 @@ pub(crate) trait OpFile {
     fn check(&self) -> io::Result<()>;
     fn raw(&self) -> Self::Raw;
     fn keep(&self) -> Self::Keep;
+    /// A plain non-blocking `send` of what the socket takes at once
+    /// (`MSG_DONTWAIT | MSG_NOSIGNAL`), for a file with a process
+    /// descriptor; `None` for one without (a direct descriptor is known to
+    /// its ring alone).
+    fn send_now(&self, _buf: &[u8]) -> Option<io::Result<usize>> {
+        None
+    }
+    /// A plain non-blocking `recv` into `buf` (`MSG_DONTWAIT`), for a file
+    /// with a process descriptor; `None` for one without.
+    fn recv_now(&self, _buf: &mut [std::mem::MaybeUninit<u8>]) -> Option<io::Result<usize>> {
+        None
+    }
 }
 
 impl OpFile for ShardFd {
@@ -721,6 +733,15 @@ impl OpFile for ShardFd {
     }
     fn keep(&self) -> Self::Keep {
         self.fd.clone()
+    }
+    fn send_now(&self, buf: &[u8]) -> Option<io::Result<usize>> {
+        Some(
+            socket2::SockRef::from(&*self.fd)
+                .send_with_flags(buf, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL),
+        )
+    }
+    fn recv_now(&self, buf: &mut [std::mem::MaybeUninit<u8>]) -> Option<io::Result<usize>> {
+        Some(socket2::SockRef::from(&*self.fd).recv_with_flags(buf, libc::MSG_DONTWAIT))
     }
 }
 

@@ -237,6 +237,27 @@ thread_local! {
 }
 
 /// Runs `f` with the shard of the calling thread, if it is a shard thread.
+/// Sends and receives a shard may complete at once (a non-blocking
+/// `send`/`recv` instead of an operation on the ring) in one tick. An
+/// operation that completes at once does not make its task wait, so a task
+/// that only sends (or reads a peer that never stops) would never yield:
+/// past this many in a tick, they go through the ring (and their tasks wait
+/// for the completion, letting the others run), as Tokio's cooperative
+/// budget forces a yield.
+pub(crate) const IMMEDIATE_IO_PER_TICK: u32 = 128;
+
+/// Whether the calling task may complete a send or receive at once (see
+/// [`IMMEDIATE_IO_PER_TICK`]); takes one from the tick's allowance. Off
+/// every shard: no.
+pub(crate) fn take_immediate_io() -> bool {
+    with_current(|s| {
+        let left = s.immediate_io.get();
+        s.immediate_io.set(left.saturating_sub(1));
+        left > 0
+    })
+    .unwrap_or(false)
+}
+
 pub(crate) fn with_current<R>(f: impl FnOnce(&Shard) -> R) -> Option<R> {
     let ptr = CURRENT.try_with(Cell::get).ok()?;
     if ptr.is_null() {
@@ -295,6 +316,9 @@ pub(crate) struct Shard {
     completions: RefCell<Vec<Completion>>,
     rng: Cell<u64>,
     ticks: Cell<u64>,
+    /// Sends and receives this tick may still complete at once, without
+    /// the ring (see [`take_immediate_io`]); refilled each tick.
+    immediate_io: Cell<u32>,
     /// The clock as last read by the loop; timers compare against it.
     now: Cell<Instant>,
     next_buf_group: Cell<u16>,
@@ -386,6 +410,7 @@ impl Shard {
             arrivals: RefCell::new(std::collections::HashMap::new()),
             direct_in_use: Cell::new(0),
             ticks: Cell::new(0),
+            immediate_io: Cell::new(IMMEDIATE_IO_PER_TICK),
             shutting_down: Cell::new(false),
             shared,
         }
@@ -748,6 +773,7 @@ impl Shard {
     #[inline(never)]
     fn tick(&self) -> bool {
         self.ticks.set(self.ticks.get().wrapping_add(1));
+        self.immediate_io.set(IMMEDIATE_IO_PER_TICK);
         let mut work = self.drain_inbox();
         work |= self.reap();
         work |= self.fire_timers();

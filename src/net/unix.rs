@@ -177,8 +177,10 @@ impl UnixStream {
     /// off the socket's shard; the OS error (e.g. `BrokenPipe`).
     pub fn try_send(&self, buf: &[u8]) -> io::Result<usize> {
         self.core.inner.check()?;
-        socket2::SockRef::from(&*self.core.inner.fd)
-            .send_with_flags(buf, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+        let res = socket2::SockRef::from(&*self.core.inner.fd)
+            .send_with_flags(buf, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+        self.core.note_try_send(&res, buf.len());
+        res
     }
 
     /// Starts a multishot receive into buffers of `ring`; see

@@ -783,19 +783,21 @@ async fn send_at_once_then_ring<S: AtOnce>(
     (client, peer)
 }
 
+/// A connected loopback pair, made on the calling shard: (client, peer).
+async fn tcp_pair() -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind(any_port()).unwrap();
+    let addr = listener.local_addr();
+    let connecting = mailring::spawn_local(async move { TcpStream::connect(addr).await.unwrap() });
+    let (peer, _) = listener.accept().await.unwrap();
+    (connecting.await.unwrap(), peer)
+}
+
 #[test]
 fn a_tcp_send_at_once_takes_what_the_socket_holds_then_would_block() {
     let rt = rt2();
     let h = rt.handle().clone();
     rt.block_on(async move {
-        let connect = async {
-            let listener = TcpListener::bind(any_port()).unwrap();
-            let addr = listener.local_addr();
-            let connecting =
-                mailring::spawn_local(async move { TcpStream::connect(addr).await.unwrap() });
-            let (peer, _) = listener.accept().await.unwrap();
-            (connecting.await.unwrap(), peer)
-        };
+        let connect = tcp_pair();
         drop(send_at_once_then_ring(&h, connect, 64 << 10).await);
     });
 }
@@ -820,6 +822,205 @@ fn a_unix_send_at_once_takes_what_the_socket_holds_then_would_block() {
             .unwrap();
         drop(client);
     });
+}
+
+/// Polls `fut` once, with a waker that does nothing.
+fn poll_once<F: std::future::Future>(fut: F) -> std::task::Poll<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    fut.as_mut()
+        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+}
+
+/// On a shard: a `send_all` the socket has room for completes on its first
+/// poll (no operation on the ring to wait for); one that does not fit sends
+/// what fits at once and waits on the ring for the rest; once that write
+/// completed, sends complete at once again; the peer gets every byte in
+/// order.
+async fn send_all_at_once_then_ring_then_at_once<S: AtOnce>(
+    connect: impl std::future::Future<Output = (S, S)>,
+    big: usize,
+) {
+    let (client, peer) = connect.await;
+    let first = poll_once(client.send_all_vec(vec![1u8; 100]));
+    assert!(
+        matches!(first, std::task::Poll::Ready(Ok(()))),
+        "a send with room completes at once"
+    );
+    let client = std::sync::Arc::new(client);
+    let sender = client.clone();
+    let big_send = mailring::spawn_local(async move { sender.send_all_vec(vec![2u8; big]).await });
+    // Let the big send fill the socket and wait on the ring before reading.
+    mailring::time::sleep(Duration::from_millis(20)).await;
+    assert!(!big_send.is_finished(), "{big} bytes cannot fit unread");
+    let reader = mailring::spawn_local(async move {
+        let mut got = Vec::with_capacity(big + 200);
+        while got.len() < 100 + big + 4 {
+            let (n, buf) = peer.recv_vec(Vec::with_capacity(256 << 10)).await;
+            assert!(n.unwrap() > 0, "the peer saw the end early");
+            got.extend_from_slice(&buf);
+        }
+        (got, peer)
+    });
+    big_send.await.unwrap().unwrap();
+    let again = poll_once(client.send_all_vec(b"tail".to_vec()));
+    assert!(
+        matches!(again, std::task::Poll::Ready(Ok(()))),
+        "after the ring's write completed, a send with room completes at once"
+    );
+    let (got, _peer) = reader.await.unwrap();
+    assert_eq!(got.len(), 100 + big + 4);
+    assert!(got[..100].iter().all(|&b| b == 1));
+    assert!(got[100..100 + big].iter().all(|&b| b == 2));
+    assert_eq!(&got[100 + big..], b"tail");
+}
+
+#[test]
+fn a_tcp_send_all_with_room_completes_at_once_and_a_full_one_waits_in_order() {
+    let rt = rt2();
+    rt.block_on(async {
+        let connect = tcp_pair();
+        send_all_at_once_then_ring_then_at_once(connect, 16 << 20).await;
+    });
+}
+
+#[test]
+fn a_unix_send_all_with_room_completes_at_once_and_a_full_one_waits_in_order() {
+    let rt = rt2();
+    rt.block_on(async {
+        let connect = async { mailring::net::UnixStream::pair().unwrap() };
+        send_all_at_once_then_ring_then_at_once(connect, 4 << 20).await;
+    });
+}
+
+#[test]
+fn a_task_that_only_sends_at_once_still_lets_its_shards_other_tasks_run() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const SENDS: usize = 20_000;
+    let rt = rt2();
+    let seen_at = rt.block_on(async {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let addr = listener.local_addr();
+        // The peer drains on a thread of its own, so the socket keeps room
+        // and every send could complete at once.
+        let drain = std::thread::spawn(move || {
+            let mut peer = std::net::TcpStream::connect(addr).unwrap();
+            let mut got = 0usize;
+            let mut buf = vec![0u8; 64 << 10];
+            while got < SENDS {
+                let n = std::io::Read::read(&mut peer, &mut buf).unwrap();
+                assert!(n > 0);
+                got += n;
+            }
+        });
+        let (client, _) = listener.accept().await.unwrap();
+        let sender = mailring::spawn_local(async move {
+            // Queued behind the sender, on its shard, once it runs.
+            let ran = Arc::new(AtomicBool::new(false));
+            let flag = ran.clone();
+            let other = mailring::spawn_local(async move { flag.store(true, Ordering::SeqCst) });
+            let mut seen_at = None;
+            let mut buf = vec![9u8; 1];
+            for i in 0..SENDS {
+                let (res, back) = client.send_all(buf).await;
+                res.unwrap();
+                buf = back;
+                if seen_at.is_none() && ran.load(Ordering::SeqCst) {
+                    seen_at = Some(i);
+                }
+            }
+            (seen_at, other)
+        });
+        let (seen_at, other) = sender.await.unwrap();
+        other.await.unwrap();
+        drain.join().unwrap();
+        seen_at
+    });
+    let at = seen_at.expect("the other task ran while the sender was sending");
+    assert!(at < SENDS / 2, "the other task waited {at} sends");
+}
+
+#[test]
+fn a_recv_after_the_kernel_said_bytes_remain_takes_them_at_once() {
+    use mailring::net::UnixStream;
+    const QUEUED: usize = 64 << 10;
+    let rt = rt2();
+    rt.block_on(async {
+        let (client, peer) = UnixStream::pair().unwrap();
+        let sent: Vec<u8> = (0..QUEUED).map(|i| (i % 251) as u8).collect();
+        peer.send_all(sent.clone()).await.0.unwrap();
+        let mut got = Vec::with_capacity(QUEUED);
+        // The first receive goes through the ring (nothing says bytes are
+        // queued yet) and fills its 4 KiB.
+        let (n, buf) = client.recv(Vec::with_capacity(4096)).await;
+        assert_eq!(n.unwrap(), 4096);
+        got.extend_from_slice(&buf);
+        // Every later one while bytes remain completes on its first poll.
+        while got.len() < QUEUED {
+            match poll_once(client.recv(Vec::with_capacity(4096))) {
+                std::task::Poll::Ready((n, buf)) => {
+                    assert_eq!(n.unwrap(), buf.len());
+                    got.extend_from_slice(&buf);
+                }
+                std::task::Poll::Pending => {
+                    panic!("queued bytes at {} waited on the ring", got.len())
+                }
+            }
+        }
+        assert_eq!(got, sent, "every byte, in order");
+        // Nothing queued now: the receive that finds nothing goes on to the
+        // ring and gets the next bytes when they come.
+        let later = mailring::spawn_local(async move {
+            let (n, buf) = client.recv(Vec::with_capacity(4096)).await;
+            (n.unwrap(), buf, client)
+        });
+        mailring::time::sleep(Duration::from_millis(20)).await;
+        assert!(!later.is_finished());
+        peer.send_all(b"later".to_vec()).await.0.unwrap();
+        let (n, buf, client) = later.await.unwrap();
+        assert_eq!((n, &buf[..]), (5, &b"later"[..]));
+        // A short receive ends taking at once: the next waits on the ring.
+        assert!(poll_once(client.recv(Vec::with_capacity(4096))).is_pending());
+    });
+}
+
+#[test]
+fn a_task_that_only_receives_queued_bytes_still_lets_its_shards_other_tasks_run() {
+    use mailring::net::UnixStream;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    // 100-byte receives of 150 KB queued at once: 1,500 receives that could
+    // all complete at once.
+    const QUEUED: usize = 150_000;
+    let rt = rt2();
+    let seen_at = rt.block_on(async {
+        let (client, peer) = UnixStream::pair().unwrap();
+        peer.send_all(vec![5u8; QUEUED]).await.0.unwrap();
+        let reader = mailring::spawn_local(async move {
+            let (n, _) = client.recv(Vec::with_capacity(100)).await;
+            let mut got = n.unwrap();
+            // Queued behind the reader, on its shard, once it runs.
+            let ran = Arc::new(AtomicBool::new(false));
+            let flag = ran.clone();
+            let other = mailring::spawn_local(async move { flag.store(true, Ordering::SeqCst) });
+            let mut seen_at = None;
+            let mut reads = 0usize;
+            while got < QUEUED {
+                let (n, _) = client.recv(Vec::with_capacity(100)).await;
+                got += n.unwrap();
+                reads += 1;
+                if seen_at.is_none() && ran.load(Ordering::SeqCst) {
+                    seen_at = Some(reads);
+                }
+            }
+            (seen_at, other, peer)
+        });
+        let (seen_at, other, _peer) = reader.await.unwrap();
+        other.await.unwrap();
+        seen_at
+    });
+    let at = seen_at.expect("the other task ran while the reader was reading");
+    assert!(at < 1_000, "the other task waited {at} receives");
 }
 
 #[test]
