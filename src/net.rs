@@ -418,6 +418,7 @@ pub struct RecvMultishot<'a> {
 
 impl<'a> RecvMultishot<'a> {
     pub(crate) fn new(stream: &'a StreamCore, ring: &BufRing) -> Self {
+        stream.recv_at_once.multishot_armed();
         RecvMultishot {
             stream,
             receive: RingReceive::new(ring),
@@ -492,12 +493,25 @@ pub(crate) struct StreamCore<F: OpFile = ShardFd> {
 struct RecvAtOnce {
     ring_reads: std::sync::atomic::AtomicU32,
     more_queued: std::sync::atomic::AtomicBool,
+    /// A multishot receive was armed on the socket: its bytes arrive
+    /// through the ring from then on (one dropped may still take some until
+    /// its cancellation lands), so no receive is taken at once again.
+    multishot: std::sync::atomic::AtomicBool,
 }
 
 impl RecvAtOnce {
     fn allowed(&self) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
-        self.ring_reads.load(Relaxed) == 0 && self.more_queued.load(Relaxed)
+        self.ring_reads.load(Relaxed) == 0
+            && self.more_queued.load(Relaxed)
+            && !self.multishot.load(Relaxed)
+    }
+
+    /// Ends receives taken at once for good (a multishot receive).
+    fn multishot_armed(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.multishot.store(true, Relaxed);
+        self.more_queued.store(false, Relaxed);
     }
 
     /// Counts a receive on the ring until the guard is finished; a guard
@@ -629,6 +643,10 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
     }
 
     pub(crate) async fn send_from<B: IoBuf>(&self, buf: B, from: usize) -> (io::Result<usize>, B) {
+        // Off the socket's shard the counts are not touched (see `SendAtOnce`).
+        if let Err(e) = self.inner.check() {
+            return (Err(e), buf);
+        }
         let write = self.at_once.ring_write();
         // SAFETY: a send reads at most `len` bytes at `ptr`.
         let out = unsafe {
@@ -664,6 +682,15 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         self.at_once.set_full(true);
     }
 
+    /// Whether a write of the socket is on the ring (a send at once now
+    /// would overtake it).
+    pub(crate) fn writing_on_ring(&self) -> bool {
+        self.at_once
+            .ring_writes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    }
+
     /// Notes what a caller's own non-blocking send of `offered` bytes
     /// found: a full buffer when it took less (or nothing).
     pub(crate) fn note_try_send(&self, res: &io::Result<usize>, offered: usize) {
@@ -679,6 +706,10 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         buf: B,
         from: usize,
     ) -> (io::Result<usize>, B) {
+        // Off the socket's shard the counts are not touched (see `SendAtOnce`).
+        if let Err(e) = self.inner.check() {
+            return (Err(e), buf);
+        }
         let write = self.at_once.ring_write();
         // SAFETY: a zero-copy send reads at most `len` bytes at `ptr`; the op
         // table keeps the buffer until the kernel's notification CQE.
@@ -786,7 +817,8 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         let len = buf.bytes_total().min(u32::MAX as usize) as u32;
         // Bytes likely queued (the last receive filled its buffer): take
         // them at once, with no operation to submit and complete.
-        if !F::FIXED && self.recv_at_once.allowed() && crate::shard::take_immediate_io() {
+        if !F::FIXED && len > 0 && self.recv_at_once.allowed() && crate::shard::take_immediate_io()
+        {
             let ptr = buf.stable_mut_ptr();
             // SAFETY: `ptr` names `len` writable bytes (`IoBufMut`
             // contract) that nothing else uses while `buf` is borrowed here;
@@ -992,8 +1024,9 @@ impl TcpStream {
     /// `WouldBlock` when the send buffer has no room. A reply to a peer
     /// that is reading goes out this way with no operation to submit and
     /// complete, and no wake-up of the task when it completes; what is left
-    /// goes through [`send_all`](Self::send_all). Never call it while a
-    /// send on the ring is in flight: the bytes would overtake it.
+    /// goes through [`send_all`](Self::send_all). While a send of this
+    /// socket is on the ring (or one whose future was dropped may still be)
+    /// it says `WouldBlock` and sends nothing: the bytes would overtake it.
     ///
     /// # Errors
     ///
@@ -1001,6 +1034,9 @@ impl TcpStream {
     /// the OS error (e.g. `BrokenPipe`).
     pub fn try_send(&self, buf: &[u8]) -> io::Result<usize> {
         self.core.inner.check()?;
+        if self.core.writing_on_ring() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
         let res = SockRef::from(&*self.core.inner.fd)
             .send_with_flags(buf, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
         self.core.note_try_send(&res, buf.len());

@@ -236,7 +236,6 @@ thread_local! {
     static CURRENT: Cell<*const Shard> = const { Cell::new(std::ptr::null()) };
 }
 
-/// Runs `f` with the shard of the calling thread, if it is a shard thread.
 /// Sends and receives a shard may complete at once (a non-blocking
 /// `send`/`recv` instead of an operation on the ring) in one tick. An
 /// operation that completes at once does not make its task wait, so a task
@@ -258,6 +257,7 @@ pub(crate) fn take_immediate_io() -> bool {
     .unwrap_or(false)
 }
 
+/// Runs `f` with the shard of the calling thread, if it is a shard thread.
 pub(crate) fn with_current<R>(f: impl FnOnce(&Shard) -> R) -> Option<R> {
     let ptr = CURRENT.try_with(Cell::get).ok()?;
     if ptr.is_null() {

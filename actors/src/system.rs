@@ -1173,8 +1173,9 @@ impl SystemHandle {
     /// The shard the keyed actor `key` of type `A` lives on, or will be
     /// activated on, without activating it: where a task or a session that
     /// works with that actor should run (`runtime().spawn_on(shard, ..)`).
-    /// For a stealable type, a key not routed yet is placed now (on the
-    /// least-loaded shard) and stays there.
+    /// For a stealable or balanced type, a key not routed yet is placed now
+    /// (on the least-loaded shard, or the one given the fewest keys) and
+    /// stays there.
     pub fn shard_of<A: Actor>(&self, key: &A::Key) -> ShardId {
         let hash = crate::route::route_hash(key);
         ShardId::new(local::keyed_home::<A>(&self.shared, key, hash))
@@ -1195,7 +1196,8 @@ impl SystemHandle {
             .unwrap_or_default()
     }
 
-    /// Number of stealable keys recorded in `A`'s directory.
+    /// Number of keys recorded in `A`'s directory (a stealable or balanced
+    /// type: every key ever routed, active or not).
     pub fn directory_len<A: Actor>(&self) -> usize {
         self.shared.directory::<A>().len()
     }

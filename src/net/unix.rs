@@ -168,15 +168,20 @@ impl UnixStream {
 
     /// Sends what the socket takes of `buf` now, with a non-blocking
     /// `send` (`MSG_DONTWAIT`) rather than an operation on the ring; see
-    /// [`TcpStream::try_send`](super::TcpStream::try_send). Never call it
-    /// while a send on the ring is in flight: the bytes would overtake it.
+    /// [`TcpStream::try_send`](super::TcpStream::try_send). While a send of
+    /// this socket is on the ring it says `WouldBlock` and sends nothing:
+    /// the bytes would overtake it.
     ///
     /// # Errors
     ///
-    /// `WouldBlock` when the send buffer has no room; the wrong-shard error
-    /// off the socket's shard; the OS error (e.g. `BrokenPipe`).
+    /// `WouldBlock` when the send buffer has no room or a send is on the
+    /// ring; the wrong-shard error off the socket's shard; the OS error
+    /// (e.g. `BrokenPipe`).
     pub fn try_send(&self, buf: &[u8]) -> io::Result<usize> {
         self.core.inner.check()?;
+        if self.core.writing_on_ring() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
         let res = socket2::SockRef::from(&*self.core.inner.fd)
             .send_with_flags(buf, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
         self.core.note_try_send(&res, buf.len());

@@ -852,6 +852,9 @@ async fn send_all_at_once_then_ring_then_at_once<S: AtOnce>(
     // Let the big send fill the socket and wait on the ring before reading.
     mailring::time::sleep(Duration::from_millis(20)).await;
     assert!(!big_send.is_finished(), "{big} bytes cannot fit unread");
+    // While that write is on the ring, a send at once would overtake it.
+    let err = client.try_send(b"x").expect_err("a write is on the ring");
+    assert_eq!(err.kind(), ErrorKind::WouldBlock, "{err}");
     let reader = mailring::spawn_local(async move {
         let mut got = Vec::with_capacity(big + 200);
         while got.len() < 100 + big + 4 {
@@ -981,6 +984,61 @@ fn a_recv_after_the_kernel_said_bytes_remain_takes_them_at_once() {
         assert_eq!((n, &buf[..]), (5, &b"later"[..]));
         // A short receive ends taking at once: the next waits on the ring.
         assert!(poll_once(client.recv(Vec::with_capacity(4096))).is_pending());
+    });
+}
+
+#[test]
+fn once_a_multishot_receive_was_armed_no_receive_is_taken_at_once() {
+    use mailring::buf::BufRing;
+    use mailring::net::UnixStream;
+    let rt = rt2();
+    rt.block_on(async {
+        let (client, peer) = UnixStream::pair().unwrap();
+        peer.send_all(vec![3u8; 64 << 10]).await.0.unwrap();
+        let (n, _) = client.recv(Vec::with_capacity(4096)).await;
+        assert_eq!(n.unwrap(), 4096);
+        // Bytes remain: the next receive would be taken at once...
+        let ring = BufRing::new(2, 4096).unwrap();
+        // ...but a multishot receive armed on the socket (here dropped
+        // unpolled) takes its bytes through the ring from now on.
+        drop(client.recv_multishot(&ring));
+        assert!(
+            poll_once(client.recv(Vec::with_capacity(4096))).is_pending(),
+            "a receive taken at once beside a multishot receive"
+        );
+        let (n, _) = client.recv(Vec::with_capacity(4096)).await;
+        assert_eq!(n.unwrap(), 4096);
+    });
+}
+
+#[test]
+fn a_send_at_once_waits_for_a_write_on_the_ring_to_finish() {
+    let rt = rt2();
+    rt.block_on(async {
+        let (client, peer) = tcp_pair().await;
+        // A send on the ring, submitted (polled once) but not completed.
+        let mut on_ring = std::pin::pin!(client.send(vec![1u8; 100]));
+        let waker = std::task::Waker::noop();
+        let polled =
+            std::future::Future::poll(on_ring.as_mut(), &mut std::task::Context::from_waker(waker));
+        assert!(
+            polled.is_pending(),
+            "a send on the ring completes at the tick's end"
+        );
+        // The socket has room, but these bytes would overtake the ring's.
+        let err = client.try_send(b"x").expect_err("a write is on the ring");
+        assert_eq!(err.kind(), ErrorKind::WouldBlock, "{err}");
+        let (n, _) = on_ring.await;
+        assert_eq!(n.unwrap(), 100);
+        assert_eq!(client.try_send(b"y").unwrap(), 1);
+        let mut got = Vec::new();
+        while got.len() < 101 {
+            let (n, buf) = peer.recv(Vec::with_capacity(256)).await;
+            assert!(n.unwrap() > 0);
+            got.extend_from_slice(&buf);
+        }
+        assert!(got[..100].iter().all(|&b| b == 1));
+        assert_eq!(got[100], b'y');
     });
 }
 
