@@ -477,129 +477,101 @@ pub(crate) struct StreamCore<F: OpFile = ShardFd> {
     recv_at_once: RecvAtOnce,
 }
 
+/// Operations of one kind (writes, or receives) of a socket on the ring:
+/// counted from submission until their future completes. A future dropped
+/// before that leaves its operation counted for good: it may still be in
+/// flight, and the socket then always takes the ring for that kind, which is
+/// correct, only slower.
+///
+/// Touched only on the socket's shard (after `check`): relaxed loads and
+/// stores, no read-modify-write.
+#[derive(Debug, Default)]
+struct OnRing(std::sync::atomic::AtomicU32);
+
+impl OnRing {
+    fn any(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed) > 0
+    }
+
+    fn add(&self, step: i32) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.0
+            .store(self.0.load(Relaxed).saturating_add_signed(step), Relaxed);
+    }
+
+    /// Counts one operation until [`Counted::finished`].
+    fn count(&self) -> Counted<'_> {
+        self.add(1);
+        Counted(self)
+    }
+}
+
+/// An operation counted by [`OnRing::count`].
+struct Counted<'a>(&'a OnRing);
+
+impl Counted<'_> {
+    fn finished(self) {
+        self.0.add(-1);
+    }
+}
+
+/// When [`StreamCore::send_all`] (and `try_send`) may send with a plain
+/// non-blocking `send` before, or instead of, an operation on the ring: only
+/// while no write of this socket is on the ring (bytes sent at once would
+/// overtake it), and not after a send found the socket's buffer full, until
+/// a write on the ring completes (the ring's send waits for room; trying
+/// again at once would be a wasted call).
+#[derive(Debug, Default)]
+struct SendAtOnce {
+    writes: OnRing,
+    full: std::sync::atomic::AtomicBool,
+}
+
+impl SendAtOnce {
+    fn allowed(&self) -> bool {
+        !self.writes.any() && !self.full.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn set_full(&self, full: bool) {
+        self.full.store(full, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// When [`StreamCore::recv`] may take bytes with a plain non-blocking
 /// `recv` instead of an operation on the ring: when bytes are known to be
 /// queued (the kernel flagged the last receive on the ring
 /// `IORING_CQE_F_SOCK_NONEMPTY`, or the last one taken at once filled its
-/// whole buffer), while no receive of this socket is on the ring (a receive
-/// whose future was dropped keeps the socket on the ring for good), within
-/// the shard's allowance of operations completed at once per tick. A
-/// receive that finds nothing (`WouldBlock`) or less than its buffer ends
-/// it: a request/response peer, whose bytes are not there yet when asked
-/// for, pays no wasted call, even when each read takes exactly one frame.
-///
-/// Touched only on the socket's shard (after `check`).
+/// whole buffer), while no receive of this socket is on the ring, and never
+/// once a multishot receive was armed on it. A receive that finds nothing
+/// (`WouldBlock`) or less than its buffer ends it: a request/response peer,
+/// whose bytes are not there yet when asked for, pays no wasted call, even
+/// when each read takes exactly one frame.
 #[derive(Debug, Default)]
 struct RecvAtOnce {
-    ring_reads: std::sync::atomic::AtomicU32,
+    reads: OnRing,
     more_queued: std::sync::atomic::AtomicBool,
     /// A multishot receive was armed on the socket: its bytes arrive
     /// through the ring from then on (one dropped may still take some until
-    /// its cancellation lands), so no receive is taken at once again.
+    /// its cancellation lands).
     multishot: std::sync::atomic::AtomicBool,
 }
 
 impl RecvAtOnce {
     fn allowed(&self) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
-        self.ring_reads.load(Relaxed) == 0
-            && self.more_queued.load(Relaxed)
-            && !self.multishot.load(Relaxed)
+        !self.reads.any() && self.more_queued.load(Relaxed) && !self.multishot.load(Relaxed)
+    }
+
+    fn set_more_queued(&self, more: bool) {
+        self.more_queued
+            .store(more, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Ends receives taken at once for good (a multishot receive).
     fn multishot_armed(&self) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.multishot.store(true, Relaxed);
-        self.more_queued.store(false, Relaxed);
-    }
-
-    /// Counts a receive on the ring until the guard is finished; a guard
-    /// dropped unfinished keeps it counted.
-    fn ring_read(&self) -> RingRead<'_> {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.ring_reads
-            .store(self.ring_reads.load(Relaxed).saturating_add(1), Relaxed);
-        RingRead { at_once: self }
-    }
-
-    /// Notes how a receive taken at once of `asked` bytes ended: a full
-    /// buffer leaves more likely queued.
-    fn note(&self, res: &io::Result<usize>, asked: usize) {
-        let more = matches!(res, Ok(n) if *n == asked && asked > 0);
-        self.more_queued
-            .store(more, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-/// When [`StreamCore::send_all`] may send with a plain non-blocking `send`
-/// before (or instead of) an operation on the ring.
-///
-/// Only while no write of this socket is on the ring: bytes sent at once
-/// would overtake it. A write whose future was dropped before its
-/// completion leaves the count raised for good (the stream then always uses
-/// the ring, which is correct, only slower). And not after a send found the
-/// socket's buffer full, until a write on the ring completes: the ring's
-/// send waits for room; trying again at once would be a wasted call.
-///
-/// Touched only on the socket's shard (after `check`): relaxed loads and
-/// stores, no read-modify-write.
-#[derive(Debug, Default)]
-struct SendAtOnce {
-    ring_writes: std::sync::atomic::AtomicU32,
-    full: std::sync::atomic::AtomicBool,
-}
-
-impl SendAtOnce {
-    fn allowed(&self) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.ring_writes.load(Relaxed) == 0 && !self.full.load(Relaxed)
-    }
-
-    fn set_full(&self, full: bool) {
-        self.full.store(full, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Counts a write on the ring until the guard is finished (its
-    /// future completed); a guard dropped unfinished keeps it counted.
-    fn ring_write(&self) -> RingWrite<'_> {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.ring_writes
-            .store(self.ring_writes.load(Relaxed).saturating_add(1), Relaxed);
-        RingWrite { at_once: self }
-    }
-}
-
-/// A receive on the ring counted by [`RecvAtOnce::ring_read`]. Dropped
-/// unfinished (its future dropped mid-receive), it leaves it counted.
-struct RingRead<'a> {
-    at_once: &'a RecvAtOnce,
-}
-
-impl RingRead<'_> {
-    /// The receive completed; `more_queued`: the kernel said bytes were
-    /// left behind it.
-    fn finished(self, more_queued: bool) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let n = &self.at_once.ring_reads;
-        n.store(n.load(Relaxed).saturating_sub(1), Relaxed);
-        self.at_once.more_queued.store(more_queued, Relaxed);
-    }
-}
-
-/// A write on the ring counted by [`SendAtOnce::ring_write`]. Dropped
-/// unfinished (its future dropped mid-write), it leaves the write counted.
-struct RingWrite<'a> {
-    at_once: &'a SendAtOnce,
-}
-
-impl RingWrite<'_> {
-    /// The write completed: it no longer counts, and the socket had room.
-    fn finished(self) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let n = &self.at_once.ring_writes;
-        n.store(n.load(Relaxed).saturating_sub(1), Relaxed);
-        self.at_once.set_full(false);
+        self.multishot
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.set_more_queued(false);
     }
 }
 
@@ -647,7 +619,7 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         if let Err(e) = self.inner.check() {
             return (Err(e), buf);
         }
-        let write = self.at_once.ring_write();
+        let write = self.at_once.writes.count();
         // SAFETY: a send reads at most `len` bytes at `ptr`.
         let out = unsafe {
             submit_write(&self.inner, buf, from, false, |fd, ptr, len| {
@@ -658,47 +630,34 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
             .await
         };
         write.finished();
+        // A write completed: the socket had room again.
+        self.at_once.set_full(false);
         out
     }
 
-    /// A non-blocking `send` of `buf` (see [`SendAtOnce`]): `None` when the
-    /// socket's writes must go through the ring now; otherwise the bytes
-    /// taken or the error (`WouldBlock`: no room). Noting a full buffer is
-    /// the caller's to do for a partial send.
-    pub(crate) fn send_now(&self, buf: &[u8]) -> Option<io::Result<usize>> {
-        if !self.at_once.allowed() {
-            return None;
-        }
+    /// A non-blocking `send` of what the socket takes of `buf` now; marks
+    /// its buffer full when it took less (or nothing). `None` for a socket
+    /// without a process descriptor (a direct one).
+    fn send_now(&self, buf: &[u8]) -> Option<io::Result<usize>> {
         let res = self.inner.send_now(buf)?;
-        if matches!(&res, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
-            self.at_once.set_full(true);
+        match &res {
+            Ok(n) if *n < buf.len() => self.at_once.set_full(true),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.at_once.set_full(true),
+            _ => {}
         }
         Some(res)
     }
 
-    /// Notes that the socket took less than it was offered at once: its
-    /// buffer is full until a write on the ring completes.
-    pub(crate) fn note_full(&self) {
-        self.at_once.set_full(true);
-    }
-
-    /// Whether a write of the socket is on the ring (a send at once now
+    /// The streams' `try_send`: a non-blocking send on the socket's shard,
+    /// `WouldBlock` while a write of the socket is on the ring (the bytes
     /// would overtake it).
-    pub(crate) fn writing_on_ring(&self) -> bool {
-        self.at_once
-            .ring_writes
-            .load(std::sync::atomic::Ordering::Relaxed)
-            > 0
-    }
-
-    /// Notes what a caller's own non-blocking send of `offered` bytes
-    /// found: a full buffer when it took less (or nothing).
-    pub(crate) fn note_try_send(&self, res: &io::Result<usize>, offered: usize) {
-        match res {
-            Ok(n) if *n < offered => self.note_full(),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.note_full(),
-            _ => {}
+    pub(crate) fn try_send(&self, buf: &[u8]) -> io::Result<usize> {
+        self.inner.check()?;
+        if self.at_once.writes.any() {
+            return Err(io::ErrorKind::WouldBlock.into());
         }
+        self.send_now(buf)
+            .unwrap_or_else(|| Err(io::ErrorKind::Unsupported.into()))
     }
 
     pub(crate) async fn send_zc_from<B: IoBuf>(
@@ -710,7 +669,7 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         if let Err(e) = self.inner.check() {
             return (Err(e), buf);
         }
-        let write = self.at_once.ring_write();
+        let write = self.at_once.writes.count();
         // SAFETY: a zero-copy send reads at most `len` bytes at `ptr`; the op
         // table keeps the buffer until the kernel's notification CQE.
         let out = unsafe {
@@ -722,6 +681,8 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
             .await
         };
         write.finished();
+        // A write completed: the socket had room again.
+        self.at_once.set_full(false);
         out
     }
 
@@ -758,21 +719,17 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
             // SAFETY: `bytes_init` bytes at `stable_ptr` are initialised
             // and stay put while `buf` is borrowed here.
             let bytes = unsafe { std::slice::from_raw_parts(buf.stable_ptr(), total) };
-            while done < total {
-                match self.send_now(&bytes[done..]) {
-                    None => break,
-                    Some(Ok(0)) => break,
+            loop {
+                match self.send_now(bytes) {
+                    // All of it, or as much as fits (the rest: the ring).
                     Some(Ok(n)) => {
-                        done += n;
-                        if done < total {
-                            // A short send: the buffer is full now.
-                            self.note_full();
-                            break;
-                        }
+                        done = n;
+                        break;
                     }
                     Some(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
                     Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Some(Err(e)) => return (Err(e), buf),
+                    None => break,
                 }
             }
         }
@@ -830,7 +787,9 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
                 )
             };
             if let Some(res) = self.inner.recv_now(spare) {
-                self.recv_at_once.note(&res, len as usize);
+                // A full buffer leaves more likely queued.
+                self.recv_at_once
+                    .set_more_queued(matches!(res, Ok(n) if n == len as usize));
                 match res {
                     Ok(n) => {
                         // SAFETY: the kernel wrote `n <= len` bytes at the
@@ -847,7 +806,7 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         let keep = self.inner.keep();
         let lost = self.lost.clone();
         let raw = self.inner.raw();
-        let read = self.recv_at_once.ring_read();
+        let read = self.recv_at_once.reads.count();
         // SAFETY: the recv writes at most `len` bytes into the buffer's heap memory
         // (stable, `IoBufMut` contract) and uses the socket kept by `keep`; both
         // stay in the op until its CQE.
@@ -863,7 +822,10 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         // The kernel says whether bytes were left queued after this
         // receive (`IORING_CQE_F_SOCK_NONEMPTY`; never said by a kernel
         // that does not report it, which then takes nothing at once).
-        read.finished(matches!(res, Ok((_, flags)) if io_uring::cqueue::sock_nonempty(flags)));
+        read.finished();
+        self.recv_at_once.set_more_queued(
+            matches!(res, Ok((_, flags)) if io_uring::cqueue::sock_nonempty(flags)),
+        );
         let res = res.map(|(n, _)| n as usize);
         match res {
             Ok(n) => {
@@ -1033,14 +995,7 @@ impl TcpStream {
     /// `WouldBlock` as above; the wrong-shard error off the socket's shard;
     /// the OS error (e.g. `BrokenPipe`).
     pub fn try_send(&self, buf: &[u8]) -> io::Result<usize> {
-        self.core.inner.check()?;
-        if self.core.writing_on_ring() {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        let res = SockRef::from(&*self.core.inner.fd)
-            .send_with_flags(buf, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
-        self.core.note_try_send(&res, buf.len());
-        res
+        self.core.try_send(buf)
     }
 
     /// Sends some of `buf`'s bytes with `IORING_OP_SEND_ZC`: the kernel sends

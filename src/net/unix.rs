@@ -178,14 +178,7 @@ impl UnixStream {
     /// ring; the wrong-shard error off the socket's shard; the OS error
     /// (e.g. `BrokenPipe`).
     pub fn try_send(&self, buf: &[u8]) -> io::Result<usize> {
-        self.core.inner.check()?;
-        if self.core.writing_on_ring() {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        let res = socket2::SockRef::from(&*self.core.inner.fd)
-            .send_with_flags(buf, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
-        self.core.note_try_send(&res, buf.len());
-        res
+        self.core.try_send(buf)
     }
 
     /// Starts a multishot receive into buffers of `ring`; see
