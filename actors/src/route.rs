@@ -64,24 +64,18 @@ impl<K: Hash + Eq + Clone> Directory<K> {
     /// given the fewest keys so far by this call (the lowest on a tie), and
     /// counts it there (a balanced key).
     pub(crate) fn route_balanced(&self, key: &K, hash: u64, shards: usize) -> usize {
-        let stripe = &self.stripes[(hash as usize) % DIRECTORY_STRIPES];
-        let mut map = stripe.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(&s) = map.get(key) {
-            return s as usize;
-        }
-        // Lock order: a stripe, then the counts (never the other way). The
-        // counts' lock makes concurrent placements of new keys (each under
-        // its own stripe) see each other: the split stays exact.
-        let mut placed = self.placed.lock().unwrap_or_else(|p| p.into_inner());
-        if placed.len() < shards {
-            placed.resize(shards, 0);
-        }
-        let s = (0..shards).min_by_key(|&s| placed[s]).unwrap_or(0);
-        if let Some(count) = placed.get_mut(s) {
-            *count = count.saturating_add(1);
-        }
-        map.insert(key.clone(), s as u32);
-        s
+        // Chosen under the key's stripe lock, then the counts' (never the
+        // other way): concurrent placements of new keys, each under its
+        // own stripe, see each other's counts, so the split stays exact.
+        self.route(key, hash, || {
+            let mut placed = self.placed.lock().unwrap_or_else(|p| p.into_inner());
+            if placed.len() < shards {
+                placed.resize(shards, 0);
+            }
+            let s = (0..shards).min_by_key(|&s| placed[s]).unwrap_or(0);
+            placed[s] = placed[s].saturating_add(1);
+            s
+        })
     }
 
     /// Number of keys recorded.
