@@ -68,6 +68,8 @@ impl Places {
 /// A run's commands for one stream, with their places in the run.
 struct StreamPart {
     stream: Bytes,
+    /// [`key_tag`] of `stream`, compared before its bytes.
+    tag: u64,
     at: Places,
     commands: Vec<(&'static str, Vec<Bytes>)>,
 }
@@ -241,26 +243,23 @@ impl RespSession {
 /// appearance, each stream's commands in order.
 fn by_stream(commands: Vec<(&'static str, Vec<Bytes>)>) -> Vec<StreamPart> {
     let mut parts: Vec<StreamPart> = Vec::with_capacity(commands.len());
-    // Each part's key summed up in one word (its length and last seven
-    // bytes, where `s:1`, `s:2`... differ), compared before the bytes.
-    let mut tags: Vec<u64> = Vec::with_capacity(commands.len());
     for (i, (name, args)) in commands.into_iter().enumerate() {
         let tag = key_tag(&args[1]);
-        let found = tags
-            .iter()
-            .zip(parts.iter_mut())
-            .find(|(t, p)| **t == tag && p.stream == args[1]);
-        match found {
-            Some((_, p)) => {
+        // Keys compared by their tag first (`s:1`, `s:2`... differ there).
+        match parts
+            .iter_mut()
+            .find(|p| p.tag == tag && p.stream == args[1])
+        {
+            Some(p) => {
                 p.at.add(i);
                 p.commands.push((name, args));
             }
             None => {
                 let mut at = Places::default();
                 at.add(i);
-                tags.push(tag);
                 parts.push(StreamPart {
                     stream: args[1].clone(),
+                    tag,
                     at,
                     commands: vec![(name, args)],
                 });
