@@ -146,12 +146,74 @@ pub fn check_subcommand(command: &str, args: &[Bytes]) -> Result<&'static str, R
     Ok(name)
 }
 
+/// Buckets of [`COMMAND_INDEX`].
+const COMMAND_BUCKETS: usize = 64;
+
+/// Rows per bucket of [`COMMAND_INDEX`].
+const BUCKET_ROWS: usize = 2;
+
+/// An empty place in a bucket.
+const NO_ROW: u8 = u8::MAX;
+
+/// The bucket of a command name, from its length and its first and last
+/// bytes with the ASCII case bit set (letters in either case meet; other
+/// bytes land anywhere, and the name comparison rejects them).
+const fn command_bucket(name: &[u8]) -> Option<usize> {
+    let [first, .., last] = name else {
+        return None;
+    };
+    Some(
+        (name.len() * 5 + (*first | 0x20) as usize * 3 + (*last | 0x20) as usize * 3)
+            % COMMAND_BUCKETS,
+    )
+}
+
+/// [`COMMANDS`]' rows by [`command_bucket`]: a lookup compares at most
+/// [`BUCKET_ROWS`] names, where a scan of the table compared every name of
+/// the same length before the one wanted (about 300 instructions an
+/// `XADD`, the most of any step of parsing it). Built at compile time; a row
+/// that would make a bucket overflow stops the build.
+const COMMAND_INDEX: [[u8; BUCKET_ROWS]; COMMAND_BUCKETS] = {
+    assert!(COMMANDS.len() < NO_ROW as usize);
+    let mut index = [[NO_ROW; BUCKET_ROWS]; COMMAND_BUCKETS];
+    let mut row = 0;
+    while row < COMMANDS.len() {
+        let name = COMMANDS[row].name.as_bytes();
+        let mut i = 0;
+        while i < name.len() {
+            // What lets `lookup` compare with `| 0x20`.
+            assert!(name[i].is_ascii_lowercase(), "a command name not in a-z");
+            i += 1;
+        }
+        let Some(bucket) = command_bucket(name) else {
+            panic!("a command with an empty name");
+        };
+        let mut place = 0;
+        while index[bucket][place] != NO_ROW {
+            place += 1;
+            assert!(
+                place < BUCKET_ROWS,
+                "command bucket overflow: change command_bucket's factors"
+            );
+        }
+        index[bucket][place] = row as u8;
+        row += 1;
+    }
+    index
+};
+
 /// The table row of `name` (any case).
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
-    // Lengths first: most rows are skipped without comparing bytes.
-    COMMANDS
+    let bucket = &COMMAND_INDEX[command_bucket(name)?];
+    bucket
         .iter()
-        .find(|s| s.name.len() == name.len() && s.name.as_bytes().eq_ignore_ascii_case(name))
+        .take_while(|&&row| row != NO_ROW)
+        .map(|&row| &COMMANDS[usize::from(row)])
+        .find(|s| {
+            // Table names are a-z only, and the bytes that give one of
+            // them with the case bit set are exactly its two cases.
+            s.name.len() == name.len() && s.name.bytes().zip(name).all(|(t, &b)| b | 0x20 == t)
+        })
 }
 
 /// Whether `args` (name included) fit the arity.
@@ -581,6 +643,49 @@ mod tests {
                 "syntax error, MAXLEN and MINID options at the same time are not compatible"
             )
         );
+    }
+
+    #[test]
+    fn every_command_is_found_in_any_case_and_nothing_else_is() {
+        for spec in COMMANDS {
+            let upper = spec.name.to_ascii_uppercase();
+            let mixed: String = spec
+                .name
+                .chars()
+                .enumerate()
+                .map(|(i, c)| {
+                    if i % 2 == 0 {
+                        c.to_ascii_uppercase()
+                    } else {
+                        c
+                    }
+                })
+                .collect();
+            for name in [spec.name, &upper, &mixed] {
+                let found = lookup(name.as_bytes()).map(|s| s.name);
+                assert_eq!(found, Some(spec.name), "{name}");
+            }
+            // One byte more, one less, one changed, the first letter made
+            // a control byte with the same low bits: none of them is a
+            // command unless the table has it.
+            let mut longer = spec.name.as_bytes().to_vec();
+            longer.push(b'x');
+            let shorter = &spec.name.as_bytes()[..spec.name.len() - 1];
+            let mut changed = spec.name.as_bytes().to_vec();
+            changed[1] ^= 0x01;
+            let mut twin = spec.name.as_bytes().to_vec();
+            twin[0] &= 0x1f;
+            for name in [&longer[..], shorter, &changed, &twin] {
+                assert!(
+                    lookup(name).is_none_or(|s| s.name.as_bytes() == name),
+                    "{:?}",
+                    String::from_utf8_lossy(name)
+                );
+            }
+        }
+        for name in [&b""[..], b"x", b"\0", b"xadd\0", &[0xff; 300]] {
+            assert!(lookup(name).is_none());
+        }
     }
 
     #[test]
