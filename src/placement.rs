@@ -142,6 +142,17 @@ pub fn route_hash<K: RouteKey + ?Sized>(key: &K) -> u64 {
 pub trait RouteKey {
     /// Feeds the key's canonical encoding to `h`.
     fn route(&self, h: &mut RouteHasher);
+
+    /// The copy of the key that a long-lived table keeps (an actor's
+    /// entry, a directory's record): one that holds on to nothing larger
+    /// than the key. A clone, but for `Bytes`, whose slices of a received
+    /// frame keep the frame's whole buffer alive: those are copied.
+    fn detached(&self) -> Self
+    where
+        Self: Sized + Clone,
+    {
+        self.clone()
+    }
 }
 
 macro_rules! route_unsigned {
@@ -271,9 +282,19 @@ route_as_target!(
     std::rc::Rc<str>,
     std::sync::Arc<str>,
     std::sync::Arc<[u8]>,
-    bytes::Bytes,
     bytes::BytesMut
 );
+
+impl RouteKey for bytes::Bytes {
+    #[inline]
+    fn route(&self, h: &mut RouteHasher) {
+        (**self).route(h);
+    }
+
+    fn detached(&self) -> Self {
+        bytes::Bytes::copy_from_slice(self)
+    }
+}
 
 impl<const N: usize> RouteKey for [u8; N] {
     fn route(&self, h: &mut RouteHasher) {
@@ -413,6 +434,21 @@ impl Hasher for RouteHasher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_detached_bytes_key_keeps_nothing_of_the_buffer_it_was_cut_from() {
+        let frame = bytes::Bytes::from(vec![7u8; 64 << 10]);
+        let key = frame.slice(10..20);
+        assert!(!frame.is_unique());
+        let kept = key.detached();
+        drop(key);
+        assert!(frame.is_unique(), "the detached key shares the frame");
+        assert_eq!(&kept[..], &[7u8; 10]);
+        assert_eq!(route_hash(&kept), route_hash(&[7u8; 10][..]));
+        // Other keys are plain clones.
+        assert_eq!(String::from("k").detached(), "k");
+        assert_eq!(7u64.detached(), 7);
+    }
 
     #[test]
     fn sticky_is_stable_and_spread() {

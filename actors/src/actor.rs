@@ -59,6 +59,15 @@ pub enum ActorPlacement {
     /// shards are 50 and 50, where a hash splits them as it falls (45/55 is
     /// common). For a few busy keys (tenants, partitions) whose load is alike.
     Balanced,
+    /// Each new key is placed on the shard its first sender runs on (the
+    /// first message, `shard_of` or a session following the type, from a
+    /// shard of this system), and recorded in a directory that later
+    /// senders consult (and cache); a key first routed off every shard is
+    /// placed as `Balanced` places it. For keys that one client works with
+    /// (a producer's streams), so its requests stay on its own shard; a
+    /// program that keeps where its keys live (a log per shard) records
+    /// them again at start with [`SystemHandle::place`](crate::SystemHandle::place).
+    FirstSender,
     /// Every actor of the type lives on this shard (`pinned = N`: the same
     /// `ShardId` as `Placement::Pinned(ShardId::new(N))`).
     Pinned(ShardId),

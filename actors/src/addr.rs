@@ -162,7 +162,7 @@ impl<A: Actor> Addr<A> {
                 if h != UNKNOWN {
                     return h;
                 }
-                let h = local::keyed_home::<A>(&self.system, key, *hash);
+                let h = local::keyed_home::<A>(self.system.arc(), key, *hash);
                 home.store(h, Ordering::Relaxed);
                 h
             }

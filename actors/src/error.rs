@@ -128,6 +128,28 @@ impl fmt::Debug for AskError {
     }
 }
 
+/// Why [`SystemHandle::place`](crate::SystemHandle::place) recorded no
+/// shard for a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlaceError {
+    /// The type's keys are not recorded in a directory (sticky, pinned or
+    /// custom placement): where a key lives follows from the key alone.
+    #[error("{actor} is not placed through a directory (its placement is not stealable, balanced or first_sender)")]
+    NotDirectoryPlaced {
+        /// The actor type's name.
+        actor: &'static str,
+    },
+    /// The shard is past the system's last.
+    #[error("shard {shard} does not exist: the system has {shards} shards")]
+    NoSuchShard {
+        /// The shard asked for.
+        shard: usize,
+        /// The system's shard count.
+        shards: usize,
+    },
+}
+
 /// Why an actor stopped, as carried by [`crate::Terminated`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

@@ -13,7 +13,7 @@
 //! delivers the batch in order, so per-sender FIFO holds.
 
 use std::any::Any;
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
 
 use foldhash::fast::RandomState;
@@ -29,6 +29,7 @@ use crate::error::{AskError, StopReason};
 use crate::flow::{source_tag, ShardFlow};
 use crate::mailbox::ActorCell;
 use crate::reply;
+use crate::route::Directory;
 use crate::stats::ActorTypeStats;
 use crate::system::SystemShared;
 
@@ -196,6 +197,12 @@ pub(crate) struct TypeState<A: Actor> {
     pub(crate) counters: Counters,
     /// This shard's credit windows (shared by every type here).
     pub(crate) flow: Rc<ShardFlow>,
+    /// The type's directory (a stealable, balanced or first-sender type),
+    /// once a send from here needed it.
+    directory: OnceCell<Arc<Directory<A::Key>>>,
+    /// Shards the directory gave keys routed from here: a record never
+    /// changes, so senders here look it up without the directory's lock.
+    homes: RefCell<HashMap<A::Key, u32, RandomState>>,
 }
 
 impl<A: Actor> TypeState<A> {
@@ -212,6 +219,8 @@ impl<A: Actor> TypeState<A> {
             clock: Cell::new(0),
             counters: Counters::default(),
             flow,
+            directory: OnceCell::new(),
+            homes: RefCell::new(HashMap::default()),
         }
     }
 
@@ -391,6 +400,9 @@ impl<A: Actor> TypeState<A> {
         if self.system.is_shutting_down() {
             return Err(AskError::ShuttingDown);
         }
+        // The table, the cell and the actor keep this copy for the
+        // activation's life, not the sender's (a slice of a frame).
+        let key = mailring::RouteKey::detached(&key);
         let factory = self.system.factory::<A>();
         let make: Box<dyn FnMut() -> Option<A>> = match factory {
             Some(f) => {
@@ -1150,7 +1162,7 @@ pub(crate) fn clear_shard(system: &Arc<SystemShared>) {
 }
 
 /// Where a keyed actor of type `A` with this key lives.
-pub(crate) fn keyed_home<A: Actor>(system: &SystemShared, key: &A::Key, hash: u64) -> usize {
+pub(crate) fn keyed_home<A: Actor>(system: &Arc<SystemShared>, key: &A::Key, hash: u64) -> usize {
     let n = system.handle.shards();
     match A::CONFIG.placement {
         ActorPlacement::Sticky => mailring::shard_for_hash(hash, n).index(),
@@ -1159,14 +1171,52 @@ pub(crate) fn keyed_home<A: Actor>(system: &SystemShared, key: &A::Key, hash: u6
         ActorPlacement::Pinned(s) => s.index(),
         // Past the last shard, too, if the function says so.
         ActorPlacement::Custom => A::place(key, n).index(),
+        ActorPlacement::Stealable | ActorPlacement::Balanced | ActorPlacement::FirstSender => {
+            directory_home::<A>(system, key, hash, n)
+        }
+    }
+}
+
+/// [`keyed_home`] for a type placed through its directory. On a shard of
+/// the system, the shard's cache of the directory's records answers first
+/// (records never change), and a miss takes the directory from the shard's
+/// type state rather than from the system's table of directories.
+fn directory_home<A: Actor>(
+    system: &Arc<SystemShared>,
+    key: &A::Key,
+    hash: u64,
+    n: usize,
+) -> usize {
+    let Some(ts) = type_state::<A>(system) else {
+        return route_new::<A>(&system.directory::<A>(), system, key, hash, None, n);
+    };
+    if let Some(&s) = ts.homes.borrow().get(key) {
+        return s as usize;
+    }
+    let dir = ts.directory.get_or_init(|| system.directory::<A>());
+    let s = route_new::<A>(dir, system, key, hash, Some(ts.shard), n);
+    ts.homes
+        .borrow_mut()
+        .insert(mailring::RouteKey::detached(key), s as u32);
+    s
+}
+
+/// The directory's record of `key`, made now by the type's placement if
+/// there is none; `here`: the calling shard, if it is one of the system's.
+fn route_new<A: Actor>(
+    dir: &Directory<A::Key>,
+    system: &SystemShared,
+    key: &A::Key,
+    hash: u64,
+    here: Option<usize>,
+    n: usize,
+) -> usize {
+    match A::CONFIG.placement {
         ActorPlacement::Stealable => {
-            let dir = system.directory::<A>();
             dir.route(key, hash, || system.handle.least_loaded_shard().index())
         }
-        ActorPlacement::Balanced => {
-            let dir = system.directory::<A>();
-            dir.route_balanced(key, hash, n)
-        }
+        ActorPlacement::FirstSender => dir.route_counted(key, hash, here, n),
+        _ => dir.route_balanced(key, hash, n),
     }
 }
 

@@ -37,7 +37,7 @@ pub(crate) struct Directory<K> {
     placed: Mutex<Vec<u32>>,
 }
 
-impl<K: Hash + Eq + Clone> Directory<K> {
+impl<K: Hash + Eq + Clone + RouteKey> Directory<K> {
     pub(crate) fn new() -> Self {
         Directory {
             stripes: (0..DIRECTORY_STRIPES)
@@ -56,7 +56,7 @@ impl<K: Hash + Eq + Clone> Directory<K> {
             return s as usize;
         }
         let s = choose();
-        map.insert(key.clone(), s as u32);
+        map.insert(RouteKey::detached(key), s as u32);
         s
     }
 
@@ -64,6 +64,20 @@ impl<K: Hash + Eq + Clone> Directory<K> {
     /// given the fewest keys so far by this call (the lowest on a tie), and
     /// counts it there (a balanced key).
     pub(crate) fn route_balanced(&self, key: &K, hash: u64, shards: usize) -> usize {
+        self.route_counted(key, hash, None, shards)
+    }
+
+    /// The key's shard; the first caller records `wanted` if given (a
+    /// first-sender key routed from a shard; a key placed ahead), else the
+    /// shard of `shards` given the fewest keys so far (the lowest on a tie),
+    /// and counts it there.
+    pub(crate) fn route_counted(
+        &self,
+        key: &K,
+        hash: u64,
+        wanted: Option<usize>,
+        shards: usize,
+    ) -> usize {
         // Chosen under the key's stripe lock, then the counts' (never the
         // other way): concurrent placements of new keys, each under its
         // own stripe, see each other's counts, so the split stays exact.
@@ -72,8 +86,10 @@ impl<K: Hash + Eq + Clone> Directory<K> {
             if placed.len() < shards {
                 placed.resize(shards, 0);
             }
-            let s = (0..shards).min_by_key(|&s| placed[s]).unwrap_or(0);
-            placed[s] = placed[s].saturating_add(1);
+            let s = wanted.unwrap_or_else(|| (0..shards).min_by_key(|&s| placed[s]).unwrap_or(0));
+            if let Some(n) = placed.get_mut(s) {
+                *n = n.saturating_add(1);
+            }
             s
         })
     }

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use mailring::{BuildError, Builder, Handle, Placement, Runtime, ShardId, ShutdownReport};
 
-use crate::actor::{Actor, Message};
+use crate::actor::{Actor, ActorPlacement, Message};
 use crate::addr::Addr;
 use crate::capacity::Capacity;
-use crate::error::StopReason;
+use crate::error::{PlaceError, StopReason};
 use crate::local;
 use crate::replica::ReplicaRef;
 use crate::route::Directory;
@@ -1173,12 +1173,50 @@ impl SystemHandle {
     /// The shard the keyed actor `key` of type `A` lives on, or will be
     /// activated on, without activating it: where a task or a session that
     /// works with that actor should run (`runtime().spawn_on(shard, ..)`).
-    /// For a stealable or balanced type, a key not routed yet is placed now
-    /// (on the least-loaded shard, or the one given the fewest keys) and
-    /// stays there.
+    /// For a stealable, balanced or first-sender type, a key not routed yet
+    /// is placed now (on the least-loaded shard, the one given the fewest
+    /// keys, or the calling shard) and stays there.
     pub fn shard_of<A: Actor>(&self, key: &A::Key) -> ShardId {
         let hash = crate::route::route_hash(key);
         ShardId::new(local::keyed_home::<A>(&self.shared, key, hash))
+    }
+
+    /// Records that key `key` of `A` lives on `shard`, unless it was routed
+    /// already; returns the shard it lives on (the earlier record wins, so
+    /// every sender agrees). For a type placed through a directory
+    /// (stealable, balanced, first-sender), before its first message: a
+    /// program that keeps its keys' homes (a per-shard log) puts each key
+    /// back where its state is when it starts again.
+    ///
+    /// # Errors
+    ///
+    /// [`PlaceError::NotDirectoryPlaced`] for a sticky, pinned or custom
+    /// type, whose keys' shards follow from the keys;
+    /// [`PlaceError::NoSuchShard`] past the last shard.
+    pub fn place<A: Actor>(&self, key: A::Key, shard: ShardId) -> Result<ShardId, PlaceError> {
+        let shards = self.shared.handle.shards();
+        if !matches!(
+            A::CONFIG.placement,
+            ActorPlacement::Stealable | ActorPlacement::Balanced | ActorPlacement::FirstSender
+        ) {
+            return Err(PlaceError::NotDirectoryPlaced {
+                actor: std::any::type_name::<A>(),
+            });
+        }
+        if shard.index() >= shards {
+            return Err(PlaceError::NoSuchShard {
+                shard: shard.index(),
+                shards,
+            });
+        }
+        let hash = crate::route::route_hash(&key);
+        let dir = self.shared.directory::<A>();
+        Ok(ShardId::new(dir.route_counted(
+            &key,
+            hash,
+            Some(shard.index()),
+            shards,
+        )))
     }
 
     /// The keys of `A` active on `shard` now (activated, not passivated or
@@ -1196,8 +1234,8 @@ impl SystemHandle {
             .unwrap_or_default()
     }
 
-    /// Number of keys recorded in `A`'s directory (a stealable or balanced
-    /// type: every key ever routed, active or not).
+    /// Number of keys recorded in `A`'s directory (a stealable, balanced or
+    /// first-sender type: every key ever routed, active or not).
     pub fn directory_len<A: Actor>(&self) -> usize {
         self.shared.directory::<A>().len()
     }

@@ -11,8 +11,8 @@ mod common;
 
 use common::{block_on_thread, send_rounds_from_every_shard, Add, Counter, Get, WhereAmI};
 use mailring_actors::{
-    Actor, ActorSystem, AskError, Ctx, Handler, Hooks, Message, Placement, Runtime, ShardId,
-    StopReason, SystemConfig, TellError, Terminated,
+    Actor, ActorSystem, AskError, Ctx, Handler, Hooks, Message, PlaceError, Placement, Runtime,
+    ShardId, StopReason, SystemConfig, TellError, Terminated,
 };
 
 fn system(shards: usize) -> ActorSystem {
@@ -1029,6 +1029,185 @@ impl Handler<HomeShard> for BalancedTenant {
     async fn handle(&mut self, _m: HomeShard, _cx: &mut Ctx<Self>) -> Option<ShardId> {
         mailring::current_shard()
     }
+}
+
+/// A keyed actor placed on the shard of its first sender: reports the
+/// shard its handler runs on.
+#[derive(Actor)]
+#[actor(key = String, activate = FirstSenderKey::new, placement = "first_sender", handles(HomeShard))]
+struct FirstSenderKey;
+
+impl FirstSenderKey {
+    fn new(_k: &String) -> Self {
+        FirstSenderKey
+    }
+}
+
+impl Handler<HomeShard> for FirstSenderKey {
+    async fn handle(&mut self, _m: HomeShard, _cx: &mut Ctx<Self>) -> Option<ShardId> {
+        mailring::current_shard()
+    }
+}
+
+#[test]
+fn first_sender_keys_live_on_the_shard_that_first_routed_them() {
+    const SHARDS: usize = 3;
+    let sys = system(SHARDS);
+    let h = sys.handle();
+    // Shard 1 routes keys a0..a9 first, shard 2 keys b0..b9: half by
+    // `shard_of` (a session following the type), half by a first message.
+    let first = sys.block_on({
+        let h = h.clone();
+        async move {
+            let mut joins = Vec::new();
+            for (shard, prefix) in [(1usize, "a"), (2, "b")] {
+                let h = h.clone();
+                joins.push(
+                    h.runtime()
+                        .clone()
+                        .spawn_on(ShardId::new(shard), async move {
+                            let mut seen = Vec::new();
+                            for i in 0..10 {
+                                let name = format!("{prefix}{i}");
+                                let at = if i % 2 == 0 {
+                                    h.shard_of::<FirstSenderKey>(&name)
+                                } else {
+                                    let at = h
+                                        .keyed::<FirstSenderKey>(name.clone())
+                                        .ask(HomeShard)
+                                        .await;
+                                    at.unwrap().expect("a handler runs on a shard")
+                                };
+                                seen.push((name, at));
+                            }
+                            seen
+                        }),
+                );
+            }
+            let mut all = Vec::new();
+            for j in joins {
+                all.extend(j.await.unwrap());
+            }
+            all
+        }
+    });
+    for (name, at) in &first {
+        let want = if name.starts_with('a') { 1 } else { 2 };
+        assert_eq!(at.index(), want, "{name} lives where it was first routed");
+    }
+    // A key first routed off every shard goes where the fewest keys were
+    // placed: shard 0 here, which has none.
+    for i in 0..3 {
+        assert_eq!(
+            sys.shard_of::<FirstSenderKey>(&format!("off{i}")).index(),
+            0
+        );
+    }
+    // A key placed ahead of its first message lives there; placing it
+    // again elsewhere keeps the first record. Types without a directory,
+    // and shards the system lacks, are refused.
+    assert_eq!(
+        h.place::<FirstSenderKey>("p".to_owned(), ShardId::new(2)),
+        Ok(ShardId::new(2))
+    );
+    assert_eq!(
+        h.place::<FirstSenderKey>("p".to_owned(), ShardId::new(1)),
+        Ok(ShardId::new(2))
+    );
+    assert_eq!(
+        h.place::<FirstSenderKey>("a0".to_owned(), ShardId::new(0)),
+        Ok(ShardId::new(1))
+    );
+    assert_eq!(
+        h.place::<FirstSenderKey>("q".to_owned(), ShardId::new(SHARDS)),
+        Err(PlaceError::NoSuchShard {
+            shard: SHARDS,
+            shards: SHARDS
+        })
+    );
+    assert_eq!(
+        h.place::<BalancedTenant>("t".to_owned(), ShardId::new(1)),
+        Ok(ShardId::new(1))
+    );
+    assert_eq!(
+        h.place::<Account>(7, ShardId::new(1)),
+        Err(PlaceError::NotDirectoryPlaced {
+            actor: std::any::type_name::<Account>()
+        })
+    );
+    // Every key's actor runs where it was placed, asked from shard 0 (not
+    // its first sender), before and after activation.
+    sys.block_on(async move {
+        let mut all = first;
+        all.push(("p".to_owned(), ShardId::new(2)));
+        all.extend((0..3).map(|i| (format!("off{i}"), ShardId::new(0))));
+        for (name, shard) in all {
+            for _ in 0..2 {
+                let at = h
+                    .runtime()
+                    .clone()
+                    .spawn_on(ShardId::new(0), {
+                        let h = h.clone();
+                        let name = name.clone();
+                        async move { h.keyed::<FirstSenderKey>(name).ask(HomeShard).await }
+                    })
+                    .await
+                    .unwrap();
+                assert_eq!(at.unwrap(), Some(shard), "{name}");
+            }
+            assert_eq!(h.shard_of::<FirstSenderKey>(&name), shard, "{name}");
+        }
+        assert_eq!(h.directory_len::<FirstSenderKey>(), 24);
+    });
+    sys.shutdown();
+}
+
+/// A first-sender actor keyed by bytes, as a server keys one by a name it
+/// read off the wire.
+#[derive(Actor)]
+#[actor(key = bytes::Bytes, activate = WireKeyed::new, placement = "first_sender", handles(HomeShard))]
+struct WireKeyed;
+
+impl WireKeyed {
+    fn new(_k: &bytes::Bytes) -> Self {
+        WireKeyed
+    }
+}
+
+impl Handler<HomeShard> for WireKeyed {
+    async fn handle(&mut self, _m: HomeShard, _cx: &mut Ctx<Self>) -> Option<ShardId> {
+        mailring::current_shard()
+    }
+}
+
+#[test]
+fn keys_cut_from_a_frame_leave_the_frame_free_once_routed_and_active() {
+    let sys = system(2);
+    let h = sys.handle();
+    let frame = bytes::Bytes::from(vec![b'k'; 64 << 10]);
+    let back = sys.block_on({
+        let frame = frame.clone();
+        async move {
+            h.runtime()
+                .clone()
+                .spawn_on(ShardId::new(1), async move {
+                    // Routed (the directory and this shard's cache record
+                    // it), then activated (the table, the cell, the actor).
+                    let key = frame.slice(0..16);
+                    let shard = h.shard_of::<WireKeyed>(&key);
+                    let at = h.keyed::<WireKeyed>(key).ask(HomeShard).await.unwrap();
+                    (shard, at)
+                })
+                .await
+                .unwrap()
+        }
+    });
+    assert_eq!(back, (ShardId::new(1), Some(ShardId::new(1))));
+    let h = sys.handle();
+    let live = sys.block_on(async move { h.live_keys::<WireKeyed>(ShardId::new(1)).await });
+    assert_eq!(live, [bytes::Bytes::from(vec![b'k'; 16])], "still active");
+    assert!(frame.is_unique(), "a table keeps a slice of the frame");
+    sys.shutdown();
 }
 
 #[test]

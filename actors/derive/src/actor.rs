@@ -119,10 +119,11 @@ fn parse_actor_args(input: &DeriveInput) -> syn::Result<ActorArgs> {
                         "sticky" => quote!(::mailring_actors::ActorPlacement::Sticky),
                         "stealable" => quote!(::mailring_actors::ActorPlacement::Stealable),
                         "balanced" => quote!(::mailring_actors::ActorPlacement::Balanced),
+                        "first_sender" => quote!(::mailring_actors::ActorPlacement::FirstSender),
                         _ => {
                             return Err(syn::Error::new_spanned(
                                 s,
-                                "unknown placement: expected \"sticky\", \"stealable\", \"balanced\", a function path \
+                                "unknown placement: expected \"sticky\", \"stealable\", \"balanced\", \"first_sender\", a function path \
                                  (`placement = my_placement`, a `fn(&Key, usize) -> ShardId`) or `pinned = N`",
                             ))
                         }
