@@ -26,8 +26,12 @@ use crate::store::{self, ShardLog, StorageError, Ticket};
 use crate::stream::{Fields, Stream};
 
 /// One stream: a keyed actor owning its entries (key = the stream's name).
+/// A new stream lives on the shard of the connection that first names it
+/// (first-sender placement), so a client's own streams log on its shard;
+/// at start each recovered stream is placed back on the shard whose log
+/// holds it.
 #[derive(Debug, Actor)]
-#[actor(key = Bytes, activate = StreamActor::new, handles(Exec, Read, Watch, ReadGroup, ExecBatch, ExecRun, Checkpoint))]
+#[actor(key = Bytes, activate = StreamActor::new, placement = "first_sender", handles(Exec, Read, Watch, ReadGroup, ExecBatch, ExecRun, Checkpoint))]
 pub struct StreamActor {
     name: Bytes,
     stream: Option<Stream>,

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use mailring_actors::{ActorSystem, SystemConfig, SystemHandle};
+use mailring_actors::{ActorSystem, PlaceError, SystemConfig, SystemHandle};
 use mailring_transports::{Server, ServerConfig};
 
 use crate::actor::StreamActor;
@@ -330,6 +330,15 @@ impl Broker {
             .map_err(|e| io::Error::other(format!("starting the runtime: {e}")))?;
         let system = ActorSystem::start_on(runtime.handle(), SystemConfig::default())
             .map_err(|e| io::Error::other(format!("starting the actor system: {e}")))?;
+        // Each recovered stream back on the shard whose log holds it
+        // (deleted ones too: their last records are there), before any
+        // connection can route one elsewhere.
+        for (name, s) in &recovered.streams {
+            system
+                .handle()
+                .place::<StreamActor>(name.clone(), mailring::ShardId::new(usize::from(s.log)))
+                .map_err(|e| io::Error::other(format!("placing recovered stream: {e}")))?;
+        }
         let id = NEXT_BROKER.fetch_add(1, Ordering::Relaxed);
         let catalog = Catalog::default();
         for (name, s) in &recovered.streams {
@@ -446,6 +455,20 @@ impl Broker {
         HashMap<std::path::PathBuf, u64>,
     ) {
         self.durable.written_and_durable()
+    }
+
+    /// Puts stream `name` on shard `shard` ahead of its first use, unless
+    /// it lives somewhere already; returns the shard it lives on. A stream
+    /// otherwise lives on the shard of the connection that first names it.
+    ///
+    /// # Errors
+    ///
+    /// A shard past the last.
+    pub fn place_stream(&self, name: &[u8], shard: usize) -> Result<usize, PlaceError> {
+        self.shared
+            .system
+            .place::<StreamActor>(Bytes::copy_from_slice(name), mailring::ShardId::new(shard))
+            .map(|s| s.index())
     }
 
     /// The index of the shard whose log and actor own stream `name` (where

@@ -207,9 +207,16 @@ fn stream_names_are_arbitrary_bytes_with_a_length_limit() {
 #[test]
 fn a_pipeline_over_many_streams_answers_in_order() {
     let broker = start();
+    // A stream lives on the shard of the client that first names it: put
+    // them on both shards ahead, so replies come back from different
+    // actors. The session attaches to the shard of "p0".
+    for k in 0..10 {
+        assert_eq!(
+            broker.place_stream(format!("p{k}").as_bytes(), k % 2),
+            Ok(k % 2)
+        );
+    }
     let mut c = Client::connect(broker.local_addr());
-    // The session attaches to the shard of "p0"; the other streams live
-    // on both shards, so replies come back from different actors.
     let mut wire = Vec::new();
     for i in 0..200 {
         let key = format!("p{}", i % 10);
@@ -299,6 +306,12 @@ fn pipelined_commands_over_streams_on_both_shards_answer_as_if_sent_one_by_one()
     // each as it would alone, and each stream's commands run in order.
     let dir = TempDir::new();
     let broker = start_in(&dir.0, 2, BrokerConfig::default());
+    for k in 0..13 {
+        assert_eq!(
+            broker.place_stream(format!("spread:{k}").as_bytes(), k % 2),
+            Ok(k % 2)
+        );
+    }
     let mut c = Client::connect(broker.local_addr());
     let mut model: std::collections::HashMap<String, Vec<(String, String)>> = Default::default();
     let mut commands: Vec<Vec<String>> = Vec::new();
@@ -364,6 +377,12 @@ fn pipelined_commands_over_streams_on_both_shards_answer_as_if_sent_one_by_one()
 fn a_shutdown_with_spread_runs_in_flight_ends_and_loses_no_answered_entry() {
     let dir = TempDir::new();
     let broker = start_in(&dir.0, 2, BrokerConfig::default());
+    for k in 0..13 {
+        assert_eq!(
+            broker.place_stream(format!("down:{k}").as_bytes(), k % 2),
+            Ok(k % 2)
+        );
+    }
     let mut clients: Vec<Client> = (0..4)
         .map(|_| Client::connect(broker.local_addr()))
         .collect();
@@ -480,12 +499,81 @@ fn dump(c: &mut Client, key: &str) -> R {
 }
 
 #[test]
+fn a_client_s_new_streams_live_on_its_shard_and_come_back_there_after_a_restart() {
+    let dir = TempDir::new();
+    let keys: Vec<String> = (0..20).map(|i| format!("own:{i}")).collect();
+    let home;
+    {
+        let broker = start_in(&dir.0, 2, BrokerConfig::default());
+        let mut c = Client::connect(broker.local_addr());
+        for k in &keys {
+            assert_eq!(c.cmd(&["XADD", k, "1-1", "f", "v"]), R::bulk("1-1"));
+        }
+        // Hashed, 20 names would fall on both shards; named first by one
+        // client, they all live on its shard.
+        let shards: std::collections::HashSet<usize> = keys
+            .iter()
+            .map(|k| broker.shard_of_stream(k.as_bytes()))
+            .collect();
+        assert_eq!(shards.len(), 1, "one client's streams: {shards:?}");
+        home = *shards.iter().next().unwrap();
+        // One stream placed ahead on the other shard: the same client's
+        // writes go there.
+        assert_eq!(broker.place_stream(b"elsewhere", 1 - home), Ok(1 - home));
+        assert_eq!(
+            broker.place_stream(b"elsewhere", home),
+            Ok(1 - home),
+            "placed already"
+        );
+        assert_eq!(
+            c.cmd(&["XADD", "elsewhere", "1-1", "f", "v"]),
+            R::bulk("1-1")
+        );
+        assert_eq!(broker.shard_of_stream(b"elsewhere"), 1 - home);
+        broker.shutdown();
+    }
+    // The same shard count: no rewrite, each stream back on the shard whose
+    // log holds it, whichever shard the next client lands on.
+    for round in 0..2 {
+        let broker = start_in(&dir.0, 2, BrokerConfig::default());
+        assert!(!broker.recovery().migrated);
+        let mut c = Client::connect(broker.local_addr());
+        for k in &keys {
+            assert_eq!(c.cmd(&["XLEN", k]), R::Int(1 + round), "{k}");
+            assert_eq!(broker.shard_of_stream(k.as_bytes()), home, "{k}");
+        }
+        assert_eq!(c.cmd(&["XLEN", "elsewhere"]), R::Int(1 + round));
+        assert_eq!(broker.shard_of_stream(b"elsewhere"), 1 - home);
+        for k in keys.iter().chain([&"elsewhere".to_owned()]) {
+            let id = format!("{}-1", round + 2);
+            assert_eq!(c.cmd(&["XADD", k, &id, "f", "v"]), R::bulk(&id));
+        }
+        broker.shutdown();
+    }
+    // Another shard count: rewritten, each stream where the rewrite put it.
+    let broker = start_in(&dir.0, 3, BrokerConfig::default());
+    assert!(broker.recovery().migrated);
+    let mut c = Client::connect(broker.local_addr());
+    for k in keys.iter().chain([&"elsewhere".to_owned()]) {
+        assert_eq!(c.cmd(&["XLEN", k]), R::Int(3), "{k}");
+        let name = bytes::Bytes::from(k.clone());
+        let laid_out = usize::from(mailring_broker::store::home_log(&name, 3));
+        assert_eq!(broker.shard_of_stream(k.as_bytes()), laid_out, "{k}");
+    }
+    broker.shutdown();
+}
+
+#[test]
 fn streams_survive_a_restart_with_any_shard_count() {
     let dir = TempDir::new();
     let mut expected = Vec::new();
     let keys: Vec<String> = (0..12).map(|i| format!("stream:{i}")).collect();
     {
         let broker = start_in(&dir.0, 2, BrokerConfig::default());
+        // Both shards' logs hold streams.
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(broker.place_stream(k.as_bytes(), i % 2), Ok(i % 2));
+        }
         let mut c = Client::connect(broker.local_addr());
         for (i, k) in keys.iter().enumerate() {
             for j in 1..=5 {
@@ -988,6 +1076,10 @@ fn entry(id: &str, fields: &[&str]) -> R {
 #[test]
 fn xread_reads_several_streams_and_blocks_until_an_append() {
     let broker = start();
+    // The streams on both shards.
+    for (k, shard) in [("ra", 0), ("rb", 1), ("rc", 1), ("new", 0)] {
+        assert_eq!(broker.place_stream(k.as_bytes(), shard), Ok(shard));
+    }
     let mut c = Client::connect(broker.local_addr());
     for (k, id) in [("ra", "1-1"), ("ra", "2-1"), ("rb", "5-5")] {
         assert_eq!(c.cmd(&["XADD", k, id, "f", k]), R::bulk(id));
@@ -1224,6 +1316,8 @@ fn a_transaction_on_one_stream_commits_whole_and_one_on_two_is_refused() {
     let dir = TempDir::new();
     {
         let broker = start_in(&dir.0, 2, BrokerConfig::default());
+        assert_eq!(broker.place_stream(b"tx", 0), Ok(0));
+        assert_eq!(broker.place_stream(b"other", 1), Ok(1));
         let mut c = Client::connect(broker.local_addr());
         assert_eq!(c.cmd(&["MULTI"]), R::Status("OK".into()));
         assert_eq!(
@@ -1246,23 +1340,17 @@ fn a_transaction_on_one_stream_commits_whole_and_one_on_two_is_refused() {
             ])
         );
         // Two streams (here on different shards): refused, nothing done.
-        let other = (0..100)
-            .map(|i| format!("other{i}"))
-            .find(|k| {
-                mailring::sticky_shard(&bytes::Bytes::from(k.clone()), 2)
-                    != mailring::sticky_shard(&bytes::Bytes::from_static(b"tx"), 2)
-            })
-            .unwrap();
+        let other = "other";
         c.cmd(&["MULTI"]);
         c.cmd(&["XADD", "tx", "3-1", "a", "3"]);
-        c.cmd(&["XADD", &other, "1-1", "a", "1"]);
+        c.cmd(&["XADD", other, "1-1", "a", "1"]);
         let r = c.cmd(&["EXEC"]);
         assert!(
             matches!(&r, R::Error(e) if e.contains("more than one stream")),
             "{r:?}"
         );
         assert_eq!(c.cmd(&["XLEN", "tx"]), R::Int(2));
-        assert_eq!(c.cmd(&["EXISTS", &other]), R::Int(0));
+        assert_eq!(c.cmd(&["EXISTS", other]), R::Int(0));
         broker.shutdown();
     }
     let broker = start_in(&dir.0, 1, BrokerConfig::default());
@@ -1315,6 +1403,10 @@ fn every_answered_write_survives_a_power_loss_under_always() {
     let mut config = BrokerConfig::default();
     config.store.sync_gate = Some(gate.clone());
     let broker = start_in(&dir.0, 2, config);
+    // Both shards' logs written.
+    for (k, shard) in [("a", 0), ("b", 1), ("c", 0), ("d", 1)] {
+        assert_eq!(broker.place_stream(k.as_bytes(), shard), Ok(shard));
+    }
     let mut c = Client::connect(broker.local_addr());
     // One answered command of each kind that changes state.
     let script: &[&[&str]] = &[

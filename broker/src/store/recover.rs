@@ -120,8 +120,9 @@ fn mark_complete(gen_dir: &Path, logs: usize) -> io::Result<()> {
     sync_dir(gen_dir)
 }
 
-/// The shard (and log) that stream `name` lives on with `shards` shards:
-/// the actor layer's placement of the key.
+/// The log a rewrite for `shards` shards puts stream `name` in (and so the
+/// shard it lives on after): a stable hash of the name, as sticky keyed
+/// actors are placed. New streams go to their first sender's shard.
 pub fn home_log(name: &Bytes, shards: usize) -> u16 {
     let hash = mailring_actors::route_hash(name);
     mailring::shard_for_hash(hash, shards).index() as u16
@@ -240,11 +241,10 @@ fn recover_or_rewrite(
         None => read_generation(&source)?,
     };
     out.dir = source.clone();
-    let misplaced = out
-        .streams
-        .iter()
-        .any(|(name, s)| s.log != home_log(name, shards));
-    if gen == 0 || logs != shards || misplaced {
+    // A stream lives on the shard of the log that holds it, whichever
+    // that is; only a stream found in two logs (the older layout) has none.
+    let unplaced = out.streams.values().any(|s| usize::from(s.log) >= shards);
+    if gen == 0 || logs != shards || unplaced {
         if !may_rewrite {
             return Err(io::Error::other(format!(
                 "{}: a rewritten generation is not laid out for {shards} shards",
