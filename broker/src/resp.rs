@@ -282,6 +282,24 @@ impl RespCodec {
 #[inline]
 fn short_len_line(buf: &[u8], from: usize) -> Option<(usize, usize)> {
     let rest = buf.get(from..)?;
+    // One or two digits, as most of a request's lengths are (an XADD's
+    // count and its name, field and value lengths): read without a loop.
+    match *rest {
+        [d @ b'0'..=b'9', b'\r', _, ..] => return Some((usize::from(d - b'0'), from + 3)),
+        [d1 @ b'1'..=b'9', d2 @ b'0'..=b'9', b'\r', _, ..] => {
+            return Some((
+                usize::from(d1 - b'0') * 10 + usize::from(d2 - b'0'),
+                from + 4,
+            ))
+        }
+        _ => {}
+    }
+    digits_len_line(rest, from)
+}
+
+/// [`short_len_line`]'s reading of any plain line of 1 to 18 digits.
+#[inline]
+fn digits_len_line(rest: &[u8], from: usize) -> Option<(usize, usize)> {
     let mut n = 0usize;
     for (i, &b) in rest.iter().enumerate().take(19) {
         match b {
@@ -860,6 +878,39 @@ mod tests {
         // A line whose `\n` has not arrived is not read yet.
         assert_eq!(one(b"*1\r\n$4\r"), None);
         assert_eq!(one(b"*1\r"), None);
+    }
+
+    #[test]
+    fn the_short_length_reading_agrees_with_the_digit_loop_on_every_short_line() {
+        // Every line of up to 5 bytes over digits, line ends and others.
+        let alphabet = b"0159\r\nx-";
+        let mut lines: Vec<Vec<u8>> = vec![Vec::new()];
+        for _ in 0..5 {
+            let longer: Vec<Vec<u8>> = lines
+                .iter()
+                .filter(|l| l.len() == lines.last().map_or(0, Vec::len))
+                .flat_map(|l| {
+                    alphabet.iter().map(move |&b| {
+                        let mut l = l.clone();
+                        l.push(b);
+                        l
+                    })
+                })
+                .collect();
+            lines.extend(longer);
+        }
+        for line in &lines {
+            for from in 0..2 {
+                let mut buf = b"$".repeat(from);
+                buf.extend_from_slice(line);
+                assert_eq!(
+                    short_len_line(&buf, from),
+                    buf.get(from..).and_then(|rest| digits_len_line(rest, from)),
+                    "{:?}",
+                    String::from_utf8_lossy(line)
+                );
+            }
+        }
     }
 
     #[test]
