@@ -608,3 +608,56 @@ impl Drop for Broker {
         self.stop();
     }
 }
+
+mod tests {
+    use super::CacheGauge;
+    use std::sync::Arc;
+
+    #[test]
+    fn the_cache_gauge_sums_every_shard_s_and_every_other_thread_s_steps() {
+        const STEPS: u64 = 20_000;
+        const OFF_STEPS: u64 = 1_000_000;
+        let gauge = Arc::new(CacheGauge::new(2));
+        let start = Arc::new(std::sync::Barrier::new(2));
+        let rt = mailring::Runtime::builder()
+            .shards(2)
+            .build()
+            .expect("io_uring available");
+        let off: Vec<_> = (0..2)
+            .map(|_| {
+                let (gauge, start) = (gauge.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    for _ in 0..OFF_STEPS {
+                        gauge.add(3);
+                        gauge.add(1u64.wrapping_neg());
+                    }
+                })
+            })
+            .collect();
+        let handle = rt.handle().clone();
+        let g = gauge.clone();
+        rt.block_on(async move {
+            let tasks: Vec<_> = (0..2)
+                .map(|s| {
+                    let g = g.clone();
+                    handle.spawn_on(mailring::ShardId::new(s), async move {
+                        for i in 0..STEPS {
+                            g.add(2);
+                            if i % 64 == 0 {
+                                mailring::yield_now().await;
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        for t in off {
+            t.join().unwrap();
+        }
+        assert_eq!(gauge.total(), 2 * STEPS * 2 + 2 * OFF_STEPS * 2);
+    }
+}
