@@ -609,6 +609,7 @@ impl Drop for Broker {
     }
 }
 
+#[cfg(test)]
 mod tests {
     use super::CacheGauge;
     use std::sync::Arc;
