@@ -148,6 +148,9 @@ pub enum PlaceError {
         /// The system's shard count.
         shards: usize,
     },
+    /// The actor system is shutting down.
+    #[error("the actor system is shutting down")]
+    ShuttingDown,
 }
 
 /// Why an actor stopped, as carried by [`crate::Terminated`].

@@ -1177,6 +1177,9 @@ pub(crate) fn keyed_home<A: Actor>(system: &Arc<SystemShared>, key: &A::Key, has
     }
 }
 
+/// Directory records each shard caches per type, at most.
+pub(crate) const HOMES_CACHED: usize = 1 << 16;
+
 /// [`keyed_home`] for a type placed through its directory. On a shard of
 /// the system, the shard's cache of the directory's records answers first
 /// (records never change), and a miss takes the directory from the shard's
@@ -1195,9 +1198,13 @@ fn directory_home<A: Actor>(
     }
     let dir = ts.directory.get_or_init(|| system.directory::<A>());
     let s = route_new::<A>(dir, system, key, hash, Some(ts.shard), n);
-    ts.homes
-        .borrow_mut()
-        .insert(mailring::RouteKey::detached(key), s as u32);
+    let mut homes = ts.homes.borrow_mut();
+    if homes.len() >= HOMES_CACHED {
+        // A cache of records that never change: emptied when full, it
+        // fills again from the directory.
+        homes.clear();
+    }
+    homes.insert(mailring::RouteKey::detached(key), s as u32);
     s
 }
 
@@ -1278,6 +1285,58 @@ mod tests {
         assert!(returned > 0, "no carrier came back to the sender");
         // Without the return trip every batch would need a new carrier.
         assert!(made <= 2, "{made} carriers made for 200 batches");
+        sys.shutdown();
+    }
+
+    #[derive(Actor)]
+    #[actor(key = u64, activate = Placed::new, placement = "first_sender", handles(Tick))]
+    struct Placed;
+
+    impl Placed {
+        fn new(_k: &u64) -> Self {
+            Placed
+        }
+    }
+
+    impl Handler<Tick> for Placed {
+        async fn handle(&mut self, _m: Tick, _cx: &mut Ctx<Self>) {}
+    }
+
+    #[test]
+    fn a_shard_s_cache_of_directory_records_stays_bounded_and_agrees_with_them() {
+        let sys = ActorSystem::start(Runtime::builder().shards(2)).expect("io_uring available");
+        let h = sys.handle();
+        let keys = super::HOMES_CACHED as u64 + 100;
+        // Keys 0..100 placed ahead on shard 0; every key then routed from
+        // shard 1, past the cache's bound.
+        for k in 0..100 {
+            assert_eq!(h.place::<Placed>(k, ShardId::new(0)), Ok(ShardId::new(0)));
+        }
+        let rt = sys.runtime().clone();
+        let (cached, wrong) = sys.block_on(async move {
+            rt.spawn_on(ShardId::new(1), async move {
+                let want = |k: u64| ShardId::new(if k < 100 { 0 } else { 1 });
+                let mut wrong = Vec::new();
+                for round in 0..2 {
+                    for k in 0..keys {
+                        if h.shard_of::<Placed>(&k) != want(k) {
+                            wrong.push((round, k));
+                        }
+                    }
+                }
+                let ts = super::type_state::<Placed>(&h.shared).expect("on a shard");
+                let cached = ts.homes.borrow().len();
+                (cached, wrong)
+            })
+            .await
+            .unwrap()
+        });
+        assert!(
+            wrong.is_empty(),
+            "routed elsewhere than recorded: {:?}",
+            &wrong[..wrong.len().min(5)]
+        );
+        assert!(cached <= super::HOMES_CACHED, "{cached} records cached");
         sys.shutdown();
     }
 }

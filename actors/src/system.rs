@@ -311,7 +311,8 @@ impl SystemShared {
             caps.prune_at = (caps.counts.len() * 2).max(KEYED_CAPACITIES_FIRST_PRUNE);
         }
         let c = Capacity::new(cap);
-        caps.counts.insert(key.clone(), c.clone());
+        caps.counts
+            .insert(mailring::RouteKey::detached(key), c.clone());
         c
     }
 
@@ -1192,7 +1193,8 @@ impl SystemHandle {
     ///
     /// [`PlaceError::NotDirectoryPlaced`] for a sticky, pinned or custom
     /// type, whose keys' shards follow from the keys;
-    /// [`PlaceError::NoSuchShard`] past the last shard.
+    /// [`PlaceError::NoSuchShard`] past the last shard;
+    /// [`PlaceError::ShuttingDown`] once the system is shutting down.
     pub fn place<A: Actor>(&self, key: A::Key, shard: ShardId) -> Result<ShardId, PlaceError> {
         let shards = self.shared.handle.shards();
         if !matches!(
@@ -1202,6 +1204,9 @@ impl SystemHandle {
             return Err(PlaceError::NotDirectoryPlaced {
                 actor: std::any::type_name::<A>(),
             });
+        }
+        if self.shared.is_shutting_down() {
+            return Err(PlaceError::ShuttingDown);
         }
         if shard.index() >= shards {
             return Err(PlaceError::NoSuchShard {

@@ -1159,13 +1159,18 @@ fn first_sender_keys_live_on_the_shard_that_first_routed_them() {
         }
         assert_eq!(h.directory_len::<FirstSenderKey>(), 24);
     });
+    let h = sys.handle();
     sys.shutdown();
+    assert_eq!(
+        h.place::<FirstSenderKey>("late".to_owned(), ShardId::new(0)),
+        Err(PlaceError::ShuttingDown)
+    );
 }
 
 /// A first-sender actor keyed by bytes, as a server keys one by a name it
-/// read off the wire.
+/// read off the wire; with a bounded mailbox (whose count is kept per key).
 #[derive(Actor)]
-#[actor(key = bytes::Bytes, activate = WireKeyed::new, placement = "first_sender", handles(HomeShard))]
+#[actor(key = bytes::Bytes, activate = WireKeyed::new, placement = "first_sender", mailbox = 8, handles(HomeShard))]
 struct WireKeyed;
 
 impl WireKeyed {

@@ -159,13 +159,11 @@ const NO_ROW: u8 = u8::MAX;
 /// bytes with the ASCII case bit set (letters in either case meet; other
 /// bytes land anywhere, and the name comparison rejects them).
 const fn command_bucket(name: &[u8]) -> Option<usize> {
-    let [first, .., last] = name else {
+    let (Some(first), Some(last)) = (name.first(), name.last()) else {
         return None;
     };
-    Some(
-        (name.len() * 5 + (*first | 0x20) as usize * 3 + (*last | 0x20) as usize * 3)
-            % COMMAND_BUCKETS,
-    )
+    let len = name.len().wrapping_mul(5);
+    Some((len + (*first | 0x20) as usize * 3 + (*last | 0x20) as usize * 3) % COMMAND_BUCKETS)
 }
 
 /// [`COMMANDS`]' rows by [`command_bucket`]: a lookup compares at most

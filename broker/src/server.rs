@@ -334,10 +334,19 @@ impl Broker {
         // (deleted ones too: their last records are there), before any
         // connection can route one elsewhere.
         for (name, s) in &recovered.streams {
-            system
+            let log = usize::from(s.log);
+            let placed = system
                 .handle()
-                .place::<StreamActor>(name.clone(), mailring::ShardId::new(usize::from(s.log)))
+                .place::<StreamActor>(name.clone(), mailring::ShardId::new(log))
                 .map_err(|e| io::Error::other(format!("placing recovered stream: {e}")))?;
+            if placed.index() != log {
+                // Its records would go to two logs: refuse to serve.
+                return Err(io::Error::other(format!(
+                    "stream {:?} was routed to shard {} before recovery placed it on {log}",
+                    String::from_utf8_lossy(name),
+                    placed.index()
+                )));
+            }
         }
         let id = NEXT_BROKER.fetch_add(1, Ordering::Relaxed);
         let catalog = Catalog::default();
