@@ -364,8 +364,14 @@ impl Broker {
         }
         let small = store::small_stream_bytes(config.store.segment_bytes);
         for (name, s) in recovered.streams.iter_mut() {
-            if let (Some(need), Some(start)) = (s.need(small), starts.get_mut(usize::from(s.log))) {
-                start.needs.push((name.clone(), need));
+            let Some(start) = starts.get_mut(usize::from(s.log)) else {
+                continue;
+            };
+            match s.need(small) {
+                Some(need) => start.needs.push((name.clone(), need)),
+                // Deleted, its records still on disk: the log keeps
+                // knowing it (its operation numbers go on).
+                None => start.deleted.push(name.clone()),
             }
         }
         let mut flushers = Vec::with_capacity(shards);

@@ -396,6 +396,8 @@ pub struct LogStart {
     pub segments: Vec<u32>,
     /// Each stream's need of them.
     pub needs: Vec<(Bytes, Need)>,
+    /// Deleted streams whose records are still in them.
+    pub deleted: Vec<Bytes>,
 }
 
 impl ShardLog {
@@ -432,7 +434,7 @@ impl ShardLog {
                 config.direct_io && config.preallocate && config.fsync == Fsync::Always,
             ),
             block: config.direct_block.clamp(1, ZERO_CHUNK).next_power_of_two(),
-            retention: RefCell::new(Retention::new(start.segments, start.needs)),
+            retention: RefCell::new(Retention::new(start.segments, start.needs, start.deleted)),
             on_lagging: RefCell::new(None),
             written: Cell::new(Loc::new(first, log::HEADER_LEN as u64)),
             readers: RefCell::new(HashMap::new()),

@@ -93,6 +93,11 @@ struct Held {
     /// A later need, in force once the record that moved it (in the
     /// segment given) is flushed.
     next: Option<(Option<Need>, u32)>,
+    /// The newest segment holding one of its records. A deleted stream
+    /// (needing nothing) stays known while a segment up to this one is on
+    /// disk: its records there carry its operation numbers, which an actor
+    /// that makes it again must go on from.
+    last_by: u32,
 }
 
 /// A log's segments and its streams' needs.
@@ -115,25 +120,32 @@ pub struct Collected {
 }
 
 impl Retention {
-    /// A log with these segments on disk and these streams' needs (all
-    /// flushed: read back at start).
-    pub fn new(segments: impl IntoIterator<Item = u32>, needs: Vec<(Bytes, Need)>) -> Self {
+    /// A log with these segments on disk, these streams' needs, and these
+    /// deleted streams whose records are still on disk (all flushed: read
+    /// back at start).
+    pub fn new(
+        segments: impl IntoIterator<Item = u32>,
+        needs: Vec<(Bytes, Need)>,
+        deleted: Vec<Bytes>,
+    ) -> Self {
         let segments: BTreeSet<u32> = segments.into_iter().collect();
-        Retention {
-            flushed: segments.last().copied().unwrap_or(0),
-            segments,
-            needs: needs
+        let last = segments.last().copied().unwrap_or(0);
+        let held = |now| Held {
+            now,
+            next: None,
+            last_by: last,
+        };
+        let mut map: HashMap<Bytes, Held> =
+            deleted.into_iter().map(|name| (name, held(None))).collect();
+        map.extend(
+            needs
                 .into_iter()
-                .map(|(name, need)| {
-                    (
-                        name,
-                        Held {
-                            now: Some(need),
-                            next: None,
-                        },
-                    )
-                })
-                .collect(),
+                .map(|(name, need)| (name, held(Some(need)))),
+        );
+        Retention {
+            flushed: last,
+            segments,
+            needs: map,
         }
     }
 
@@ -155,11 +167,13 @@ impl Retention {
                         Held {
                             now: need,
                             next: None,
+                            last_by: by,
                         },
                     );
                 }
             }
             Some(held) => {
+                held.last_by = held.last_by.max(by);
                 if rank(need) <= rank(held.now) || by <= self.flushed {
                     // Needing more holds at once; needing less only once
                     // what says so is flushed.
@@ -181,6 +195,7 @@ impl Retention {
         let done = self.flushed;
         let mut oldest = current;
         let mut lagging = Vec::new();
+        let first_on_disk = self.segments.first().copied();
         self.needs.retain(|name, held| {
             if let Some((need, by)) = held.next {
                 if by <= done {
@@ -194,7 +209,9 @@ impl Retention {
                     lagging.push(name.clone());
                 }
             }
-            held.now.is_some() || held.next.is_some()
+            held.now.is_some()
+                || held.next.is_some()
+                || first_on_disk.is_some_and(|first| first <= held.last_by)
         });
         let keep_from = oldest.min(done + 1);
         let remove: Vec<u32> = self.segments.range(..keep_from).copied().collect();
@@ -206,8 +223,9 @@ impl Retention {
         self.segments.remove(&segment);
     }
 
-    /// Whether stream `name` has records in this log (it exists, or its
-    /// deletion is not flushed yet).
+    /// Whether stream `name` may have records in this log (it exists, its
+    /// deletion is not flushed yet, or a segment holding its records is
+    /// still on disk).
     pub fn knows(&self, name: &[u8]) -> bool {
         self.needs.contains_key(name)
     }
@@ -235,7 +253,7 @@ mod tests {
     fn segments_below_every_need_go_once_what_moved_the_needs_is_flushed() {
         let a = Bytes::from_static(b"a");
         let b = Bytes::from_static(b"b");
-        let mut r = Retention::new(1..=3, vec![(a.clone(), need(1, true).unwrap())]);
+        let mut r = Retention::new(1..=3, vec![(a.clone(), need(1, true).unwrap())], vec![]);
         r.set(&b, need(2, false), 2);
         // `a` snapshots in segment 4, not flushed yet: 1 stays.
         r.created(4);
@@ -256,6 +274,39 @@ mod tests {
     }
 
     #[test]
+    fn a_deleted_stream_is_known_while_a_segment_with_its_records_is_on_disk() {
+        let a = Bytes::from_static(b"a");
+        let b = Bytes::from_static(b"b");
+        let gone = Bytes::from_static(b"gone");
+        // `gone` deleted before the start, its records up to segment 3.
+        let mut r = Retention::new(
+            1..=3,
+            vec![(a.clone(), need(1, false).unwrap())],
+            vec![gone.clone()],
+        );
+        assert!(r.knows(&gone));
+        // `b` made in 3 and deleted in 4; `a` holds segment 1 on.
+        r.set(&b, need(3, false), 3);
+        r.created(4);
+        r.set(&b, None, 4);
+        r.created(5);
+        assert!(r.collect(4, 5).remove.is_empty());
+        assert!(r.knows(&b) && r.knows(&gone), "their records are on disk");
+        // `a` moves up to 5: segments 1-4 go, and with them what `b` and
+        // `gone` had.
+        r.set(&a, need(5, false), 5);
+        r.created(6);
+        assert_eq!(r.collect(5, 6).remove, vec![1, 2, 3, 4]);
+        for s in 1..=4 {
+            r.removed(s);
+        }
+        r.created(7);
+        r.collect(6, 7);
+        assert!(!r.knows(&b) && !r.knows(&gone));
+        assert!(r.knows(&a));
+    }
+
+    #[test]
     fn history_far_behind_the_head_asks_for_a_snapshot() {
         let a = Bytes::from_static(b"a");
         let b = Bytes::from_static(b"b");
@@ -265,6 +316,7 @@ mod tests {
                 (a.clone(), need(1, true).unwrap()),
                 (b.clone(), need(1, false).unwrap()),
             ],
+            vec![],
         );
         let c = r.collect(6, 7);
         assert_eq!(c.lagging, vec![a]);
