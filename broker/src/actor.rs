@@ -152,11 +152,12 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 impl Handler<Exec> for StreamActor {
-    async fn handle(&mut self, m: Exec, _cx: &mut Ctx<Self>) -> Answer {
+    async fn handle(&mut self, m: Exec, cx: &mut Ctx<Self>) -> Answer {
         self.load(m.broker).await;
         let added_before = self.stream.as_ref().map(Stream::entries_added);
         let answer = self.run_command(m.name, &m.args).await;
         self.after_commands(added_before);
+        self.end_if_nothing(cx);
         answer
     }
 }
@@ -202,7 +203,7 @@ pub struct ExecRun {
 }
 
 impl Handler<ExecRun> for StreamActor {
-    async fn handle(&mut self, m: ExecRun, _cx: &mut Ctx<Self>) -> Vec<Answer> {
+    async fn handle(&mut self, m: ExecRun, cx: &mut Ctx<Self>) -> Vec<Answer> {
         self.load(m.broker).await;
         let added_before = self.stream.as_ref().map(Stream::entries_added);
         let mut answers = Vec::with_capacity(m.commands.len());
@@ -210,6 +211,7 @@ impl Handler<ExecRun> for StreamActor {
             answers.push(self.run_command(name, args).await);
         }
         self.after_commands(added_before);
+        self.end_if_nothing(cx);
         answers
     }
 }
@@ -309,8 +311,10 @@ pub struct ReadResult {
 }
 
 impl Handler<Read> for StreamActor {
-    async fn handle(&mut self, m: Read, _cx: &mut Ctx<Self>) -> ReadResult {
+    async fn handle(&mut self, m: Read, cx: &mut Ctx<Self>) -> ReadResult {
         self.load(m.broker).await;
+        // A read makes nothing: a stream missing now stays so.
+        self.end_if_nothing(cx);
         let result = self.read(&m).await;
         self.settle();
         result
@@ -380,8 +384,10 @@ pub struct GroupAnswer {
 }
 
 impl Handler<ReadGroup> for StreamActor {
-    async fn handle(&mut self, m: ReadGroup, _cx: &mut Ctx<Self>) -> GroupAnswer {
+    async fn handle(&mut self, m: ReadGroup, cx: &mut Ctx<Self>) -> GroupAnswer {
         self.load(m.broker).await;
+        // A group read makes nothing: a stream missing now stays so.
+        self.end_if_nothing(cx);
         let last_id = self.stream.as_ref().map_or(StreamId::MIN, Stream::last_id);
         if m.check_only {
             let exists = self
@@ -435,7 +441,7 @@ pub struct BatchAnswer {
 }
 
 impl Handler<ExecBatch> for StreamActor {
-    async fn handle(&mut self, m: ExecBatch, _cx: &mut Ctx<Self>) -> BatchAnswer {
+    async fn handle(&mut self, m: ExecBatch, cx: &mut Ctx<Self>) -> BatchAnswer {
         self.load(m.broker).await;
         let Some(shared) = self.shared.take() else {
             return BatchAnswer {
@@ -479,6 +485,7 @@ impl Handler<ExecBatch> for StreamActor {
         }
         self.publish_need();
         self.settle();
+        self.end_if_nothing(cx);
         BatchAnswer { replies, durable }
     }
 }
@@ -830,6 +837,22 @@ impl StreamActor {
                 gauge.add(now.wrapping_sub(self.counted));
             }
             self.counted = now;
+        }
+    }
+
+    /// Ends this activation after the message being handled when it holds
+    /// nothing: no stream, none its log knows of (no records on disk), no
+    /// blocked reader and no transaction open. A command naming a stream
+    /// that does not exist then leaves no actor behind (a client reading
+    /// many missing names would otherwise keep one each); the next message
+    /// for the name activates a fresh one on the same shard.
+    fn end_if_nothing(&self, cx: &mut Ctx<Self>) {
+        if self.stream.is_none()
+            && self.watchers.is_empty()
+            && self.batch.is_none()
+            && self.log.as_ref().is_none_or(|log| !log.knows(&self.name))
+        {
+            cx.stop();
         }
     }
 

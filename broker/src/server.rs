@@ -486,6 +486,23 @@ impl Broker {
             .map(|s| s.index())
     }
 
+    /// The streams whose actors are active now, on every shard.
+    pub fn active_streams(&self) -> usize {
+        let rt = self.runtime.as_ref().expect("running until shutdown");
+        let system = self.shared.system.clone();
+        let shards = rt.handle().shards();
+        rt.block_on(async move {
+            let mut n = 0;
+            for s in 0..shards {
+                n += system
+                    .live_keys::<StreamActor>(mailring::ShardId::new(s))
+                    .await
+                    .len();
+            }
+            n
+        })
+    }
+
     /// The index of the shard whose log and actor own stream `name` (where
     /// its connections attach).
     pub fn shard_of_stream(&self, name: &[u8]) -> usize {

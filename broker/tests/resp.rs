@@ -564,6 +564,55 @@ fn a_client_s_new_streams_live_on_its_shard_and_come_back_there_after_a_restart(
 }
 
 #[test]
+fn reads_of_streams_that_do_not_exist_leave_no_actor_behind() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XADD", "real", "1-1", "f", "v"]), R::bulk("1-1"));
+    // Reads, writes refused, and a group command, on 300 missing names.
+    for i in 0..100 {
+        let k = format!("missing:{i}");
+        assert_eq!(c.cmd(&["XLEN", &k]), R::Int(0));
+        assert_eq!(c.cmd(&["XRANGE", &k, "-", "+"]), R::Array(vec![]));
+        assert_eq!(c.cmd(&["XREAD", "STREAMS", &k, "0"]), R::Nil);
+        let k = format!("nomk:{i}");
+        assert_eq!(c.cmd(&["XADD", &k, "NOMKSTREAM", "*", "f", "v"]), R::Nil);
+        let k = format!("nogroup:{i}");
+        let r = c.cmd(&["XGROUP", "CREATE", &k, "g", "$"]);
+        assert!(matches!(r, R::Error(_)), "{r:?}");
+    }
+    // A pipelined run over missing names, too.
+    let mut wire = Vec::new();
+    for i in 0..50 {
+        wire.extend(encode(&[b"XLEN", format!("run:{i}").as_bytes()]));
+    }
+    c.send_raw(&wire);
+    for _ in 0..50 {
+        assert_eq!(c.read(), R::Int(0));
+    }
+    // A blocked reader keeps its (missing) stream's actor, and is served.
+    c.send_raw(&encode(&[
+        b"XREAD", b"BLOCK", b"5000", b"STREAMS", b"later", b"$",
+    ]));
+    std::thread::sleep(Duration::from_millis(100));
+    let mut p = Client::connect(broker.local_addr());
+    assert_eq!(p.cmd(&["XADD", "later", "1-1", "a", "b"]), R::bulk("1-1"));
+    assert!(matches!(c.read(), R::Array(_)));
+    // Only the streams that exist keep an actor.
+    let mut active = 0;
+    for _ in 0..100 {
+        active = broker.active_streams();
+        if active == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(active, 2, "actors left for missing streams");
+    assert_eq!(c.cmd(&["XLEN", "real"]), R::Int(1));
+    assert_eq!(c.cmd(&["XLEN", "later"]), R::Int(1));
+    broker.shutdown();
+}
+
+#[test]
 fn streams_survive_a_restart_with_any_shard_count() {
     let dir = TempDir::new();
     let mut expected = Vec::new();
