@@ -847,7 +847,12 @@ impl StreamActor {
     /// many missing names would otherwise keep one each); the next message
     /// for the name activates a fresh one on the same shard.
     fn end_if_nothing(&self, cx: &mut Ctx<Self>) {
+        // `op_no == 0`: nothing was ever logged for it that this activation
+        // knows of. One that logged records (a transaction that made and
+        // deleted the stream tells the log no need) stays, so its next
+        // records go on from its operation numbers.
         if self.stream.is_none()
+            && self.op_no == 0
             && self.watchers.is_empty()
             && self.batch.is_none()
             && self.log.as_ref().is_none_or(|log| !log.knows(&self.name))
