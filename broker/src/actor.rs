@@ -846,7 +846,9 @@ impl StreamActor {
     /// that does not exist then leaves no actor behind (a client reading
     /// many missing names would otherwise keep one each); the next message
     /// for the name activates a fresh one on the same shard.
-    fn end_if_nothing(&self, cx: &mut Ctx<Self>) {
+    fn end_if_nothing(&mut self, cx: &mut Ctx<Self>) {
+        // Readers that gave up (timed out, disconnected) hold no handle.
+        self.watchers.retain(|(n, _)| Arc::strong_count(n) > 1);
         // `op_no == 0`: nothing was ever logged for it that this activation
         // knows of. One that logged records (a transaction that made and
         // deleted the stream tells the log no need) stays, so its next

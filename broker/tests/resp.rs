@@ -597,6 +597,13 @@ fn reads_of_streams_that_do_not_exist_leave_no_actor_behind() {
     let mut p = Client::connect(broker.local_addr());
     assert_eq!(p.cmd(&["XADD", "later", "1-1", "a", "b"]), R::bulk("1-1"));
     assert!(matches!(c.read(), R::Array(_)));
+    // A blocked read of a missing stream that timed out leaves no actor
+    // once the name is named again.
+    assert_eq!(
+        c.cmd(&["XREAD", "BLOCK", "50", "STREAMS", "gaveup", "$"]),
+        R::Nil
+    );
+    assert_eq!(c.cmd(&["XLEN", "gaveup"]), R::Int(0));
     // Only the streams that exist keep an actor.
     let mut active = 0;
     for _ in 0..100 {
