@@ -605,8 +605,7 @@ impl Handler<Watch> for StreamActor {
             m.notify.fire(m.index);
             return;
         }
-        // Readers that gave up (timed out, disconnected) hold no handle.
-        self.watchers.retain(|(n, _)| Arc::strong_count(n) > 1);
+        self.drop_abandoned_watchers();
         self.watchers.push((m.notify, m.index));
     }
 }
@@ -847,8 +846,7 @@ impl StreamActor {
     /// many missing names would otherwise keep one each); the next message
     /// for the name activates a fresh one on the same shard.
     fn end_if_nothing(&mut self, cx: &mut Ctx<Self>) {
-        // Readers that gave up (timed out, disconnected) hold no handle.
-        self.watchers.retain(|(n, _)| Arc::strong_count(n) > 1);
+        self.drop_abandoned_watchers();
         // `op_no == 0`: nothing was ever logged for it that this activation
         // knows of. One that logged records (a transaction that made and
         // deleted the stream tells the log no need) stays, so its next
@@ -861,6 +859,12 @@ impl StreamActor {
         {
             cx.stop();
         }
+    }
+
+    /// Drops the watchers of readers that gave up (timed out,
+    /// disconnected): they hold no handle.
+    fn drop_abandoned_watchers(&mut self) {
+        self.watchers.retain(|(n, _)| Arc::strong_count(n) > 1);
     }
 
     fn wake_watchers(&mut self) {
