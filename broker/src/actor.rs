@@ -57,6 +57,8 @@ pub struct StreamActor {
     last_segment: u32,
     /// The need last told to the log.
     published: Option<Option<Need>>,
+    /// `last_segment` when the log was last told of this stream.
+    told_segment: u32,
     /// Where the last record appended went ([`Loc::NONE`] inside a
     /// transaction, until its record is appended).
     appended_at: Loc,
@@ -83,6 +85,7 @@ impl StreamActor {
             runs: VecDeque::new(),
             last_segment: 0,
             published: None,
+            told_segment: 0,
             appended_at: Loc::NONE,
             cache_budget: store::DEFAULT_STREAM_CACHE,
             counted: 0,
@@ -471,8 +474,10 @@ impl Handler<ExecBatch> for StreamActor {
                     Some(t)
                 }
                 Err(e) => {
-                    // Nothing was logged: every change is refused.
+                    // Nothing was logged: every change is refused, and
+                    // what the commands changed in memory is dropped.
                     let err = storage_error(&e);
+                    self.reload(m.broker).await;
                     return BatchAnswer {
                         replies: replies.iter().map(|_| err.clone()).collect(),
                         durable: None,
@@ -716,6 +721,33 @@ impl StreamActor {
         self.publish_need();
     }
 
+    /// Drops what this actor holds of its stream and reads the stream back
+    /// from its log, as an actor restarted after a panic does: for a
+    /// transaction whose record the log refused (larger than it takes),
+    /// after its commands changed the stream in memory. A log that failed
+    /// cannot be read back: the actor panics then, as a restarted one
+    /// does, rather than answer from changes that were never logged.
+    async fn reload(&mut self, broker: u64) {
+        self.stream = None;
+        self.loaded = false;
+        self.op_no = 0;
+        self.meta_segment = 0;
+        self.runs.clear();
+        self.last_segment = 0;
+        self.published = None;
+        self.told_segment = 0;
+        self.appended_at = Loc::NONE;
+        // Its cached bytes leave the broker's total.
+        self.settle();
+        self.load(broker).await;
+        if let Some(shared) = &self.shared {
+            match self.stream {
+                Some(_) => shared.catalog.insert(&self.name),
+                None => shared.catalog.remove(&self.name),
+            }
+        }
+    }
+
     /// Tells the log the oldest segment this stream needs, if that moved.
     fn publish_need(&mut self) {
         let Some(log) = self.log.as_ref() else {
@@ -731,7 +763,13 @@ impl StreamActor {
         if self.published != Some(need) {
             log.set_need(&self.name, need, self.last_segment);
             self.published = Some(need);
+        } else if need.is_none() && self.last_segment > self.told_segment {
+            // Records logged, yet the stream exists neither before nor
+            // after them (a transaction made and deleted it): the log
+            // keeps its name known while they are on disk.
+            log.note_gone_records(&self.name, self.last_segment);
         }
+        self.told_segment = self.last_segment;
     }
 
     /// [`StreamActor::note`] for `Op::Add { id, .. }`.

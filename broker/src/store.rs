@@ -104,6 +104,11 @@ pub struct StoreConfig {
     /// Bytes of its newest entries each stream keeps in memory; older
     /// entries are read back from the log when a command needs them.
     pub stream_cache_bytes: u64,
+    /// The largest record the log writes, in bytes (a transaction's
+    /// changes to one stream are one record): a larger change is refused
+    /// with an error and nothing of it is kept. At most
+    /// [`log::MAX_RECORD`] (1 GiB, what recovery reads).
+    pub max_record_bytes: u64,
     /// Crash tests only: a gate every flush waits on.
     pub sync_gate: Option<SyncGate>,
 }
@@ -118,6 +123,7 @@ impl Default for StoreConfig {
             direct_io: true,
             direct_block: DIRECT_BLOCK,
             stream_cache_bytes: DEFAULT_STREAM_CACHE,
+            max_record_bytes: log::MAX_RECORD as u64,
             sync_gate: None,
         }
     }
@@ -333,6 +339,8 @@ pub struct ShardLog {
     dir: PathBuf,
     fsync: Fsync,
     segment_bytes: u64,
+    /// The largest record body taken ([`StoreConfig::max_record_bytes`]).
+    max_record: u64,
     pending: RefCell<Pending>,
     flusher: Cell<Option<Waker>>,
     marks: Arc<Marks>,
@@ -424,6 +432,7 @@ impl ShardLog {
             dir,
             fsync: config.fsync,
             segment_bytes: config.segment_bytes.clamp(4096, MAX_SEGMENT_BYTES),
+            max_record: config.max_record_bytes.min(log::MAX_RECORD as u64),
             pending: RefCell::new(pending),
             flusher: Cell::new(None),
             marks: Arc::new(Marks::default()),
@@ -547,7 +556,7 @@ impl ShardLog {
         let at = p.buf.len();
         encode(&mut p.buf);
         let len = (p.buf.len() - at) as u64;
-        if !log::record_fits(len as usize) {
+        if len.saturating_sub(log::FRAME_LEN as u64) > self.max_record {
             p.buf.truncate(at);
             return Err(StorageError::TooLarge(len as usize));
         }
@@ -583,6 +592,12 @@ impl ShardLog {
     /// record in segment `by` says (see [`retention`]).
     pub fn set_need(&self, name: &Bytes, need: Option<Need>, by: u32) {
         self.retention.borrow_mut().set(name, need, by);
+    }
+
+    /// Stream `name`, which exists neither before nor after, logged a
+    /// record in segment `by` (see [`retention::Retention::logged_while_gone`]).
+    pub fn note_gone_records(&self, name: &Bytes, by: u32) {
+        self.retention.borrow_mut().logged_while_gone(name, by);
     }
 
     /// What to call with the streams whose old history holds segments,

@@ -1128,6 +1128,103 @@ fn under_everysec_a_failed_flush_beside_the_writes_refuses_every_later_write() {
         other => panic!("XLEN: {other:?}"),
     }
     assert_eq!(c.cmd(&["PING"]), R::Status("PONG".into()));
+    // A transaction is refused whole; its stream's actor cannot read the
+    // stream back from the failed log, so it answers errors rather than
+    // changes that were never logged; other streams are still read.
+    assert!(matches!(
+        c.cmd(&["XADD", "t", "1-1", "f", "v"]),
+        R::Error(_)
+    ));
+    assert_eq!(c.cmd(&["MULTI"]), R::Status("OK".into()));
+    assert_eq!(
+        c.cmd(&["XADD", "s", "*", "n", "3"]),
+        R::Status("QUEUED".into())
+    );
+    match c.cmd(&["EXEC"]) {
+        R::Array(replies) => assert!(
+            replies.iter().all(|r| matches!(r, R::Error(_))),
+            "{replies:?}"
+        ),
+        R::Error(_) => {}
+        other => panic!("EXEC: {other:?}"),
+    }
+    assert_eq!(c.cmd(&["XLEN", "t"]), R::Int(0));
+    assert_eq!(c.cmd(&["PING"]), R::Status("PONG".into()));
+    broker.shutdown();
+}
+
+#[test]
+fn a_transaction_whose_record_is_refused_changes_nothing() {
+    let dir = TempDir::new();
+    let mut config = BrokerConfig::default();
+    config.store.max_record_bytes = 4096;
+    let broker = start_in(&dir.0, 1, config.clone());
+    let mut c = Client::connect(broker.local_addr());
+    let big = "b".repeat(1500);
+    assert_eq!(c.cmd(&["XADD", "s", "1-1", "a", "1"]), R::bulk("1-1"));
+    assert_eq!(
+        c.cmd(&["XGROUP", "CREATE", "s", "g", "0"]),
+        R::Status("OK".into())
+    );
+    let before = (
+        c.cmd(&["XRANGE", "s", "-", "+"]),
+        c.cmd(&["XINFO", "GROUPS", "s"]),
+    );
+    // One record over the limit, on a stream that exists and on one that
+    // does not: every command of each transaction is refused...
+    for key in ["s", "new"] {
+        assert_eq!(c.cmd(&["MULTI"]), R::Status("OK".into()));
+        for id in ["2-1", "3-1", "4-1"] {
+            assert_eq!(
+                c.cmd(&["XADD", key, id, "f", &big]),
+                R::Status("QUEUED".into())
+            );
+        }
+        if key == "s" {
+            let read = ["XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"];
+            assert_eq!(c.cmd(&read), R::Status("QUEUED".into()));
+            assert_eq!(c.cmd(&["XDEL", "s", "1-1"]), R::Status("QUEUED".into()));
+        }
+        match c.cmd(&["EXEC"]) {
+            R::Array(replies) => {
+                for r in &replies {
+                    assert!(
+                        matches!(r, R::Error(e) if e.contains("larger than the log takes")),
+                        "{replies:?}"
+                    );
+                }
+            }
+            other => panic!("EXEC: {other:?}"),
+        }
+    }
+    // ...and none of them left a trace: not in memory...
+    let now = (
+        c.cmd(&["XRANGE", "s", "-", "+"]),
+        c.cmd(&["XINFO", "GROUPS", "s"]),
+    );
+    assert_eq!(now, before);
+    assert_eq!(c.cmd(&["EXISTS", "new"]), R::Int(0));
+    assert_eq!(c.cmd(&["XLEN", "new"]), R::Int(0));
+    assert_eq!(c.cmd(&["KEYS", "*"]), R::Array(vec![R::bulk("s")]));
+    // A lone command over the limit is refused before it changes anything.
+    let r = c.cmd(&["XADD", "s", "*", "f", &"b".repeat(5000)]);
+    assert!(
+        matches!(&r, R::Error(e) if e.contains("larger than the log takes")),
+        "{r:?}"
+    );
+    assert_eq!(c.cmd(&["XRANGE", "s", "-", "+"]), before.0);
+    // ...nor after a restart; and both streams take writes that fit.
+    assert_eq!(c.cmd(&["XADD", "s", "2-1", "f", "v"]), R::bulk("2-1"));
+    assert_eq!(c.cmd(&["XADD", "new", "2-1", "f", "v"]), R::bulk("2-1"));
+    let groups = c.cmd(&["XINFO", "GROUPS", "s"]);
+    drop(c);
+    broker.shutdown();
+    let broker = start_in(&dir.0, 1, config);
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(2));
+    assert_eq!(c.cmd(&["XLEN", "new"]), R::Int(1));
+    assert_eq!(c.cmd(&["XINFO", "GROUPS", "s"]), groups);
+    drop(c);
     broker.shutdown();
 }
 

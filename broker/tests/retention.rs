@@ -482,3 +482,80 @@ fn a_deleted_stream_made_again_after_its_actor_panicked_keeps_its_entries_across
     drop(c);
     broker.shutdown();
 }
+
+#[test]
+fn a_stream_made_and_deleted_in_one_transaction_after_its_log_forgot_it_keeps_later_entries() {
+    let dir = TempDir::new();
+    let mut config = config();
+    config.debug_commands = true;
+    let broker = start_in(&dir.0, 1, config.clone());
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XADD", "s", "1-1", "a", "1"]), R::bulk("1-1"));
+    assert_eq!(c.cmd(&["XADD", "s", "2-1", "a", "2"]), R::bulk("2-1"));
+    assert_eq!(c.cmd(&["DEL", "s"]), R::Int(1));
+    let first_segments = segment_files(&dir.0);
+    // Segments roll and the old ones go ("other" keeps one entry, and
+    // its history moves up by snapshots): the log forgets `s`.
+    let payload = "p".repeat(200);
+    for i in 0..100 {
+        let n = i.to_string();
+        let r = c.cmd(&["XADD", "other", "MAXLEN", "1", "*", "n", &n, "p", &payload]);
+        assert!(matches!(r, R::Bulk(_)), "{r:?}");
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while segment_files(&dir.0).contains(&first_segments[0]) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first segment stayed: {:?}",
+            segment_files(&dir.0)
+        );
+        let r = c.cmd(&["XADD", "other", "MAXLEN", "1", "*", "n", "x", "p", &payload]);
+        assert!(matches!(r, R::Bulk(_)), "{r:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Made and deleted in one transaction (its actor goes on numbering
+    // its operations), then the actor panics and makes it again.
+    assert_eq!(c.cmd(&["MULTI"]), R::Status("OK".into()));
+    assert_eq!(
+        c.cmd(&["XADD", "s", "3-1", "a", "3"]),
+        R::Status("QUEUED".into())
+    );
+    assert_eq!(c.cmd(&["DEL", "s"]), R::Status("QUEUED".into()));
+    assert_eq!(c.cmd(&["EXEC"]), R::Array(vec![R::bulk("3-1"), R::Int(1)]));
+    let r = c.cmd(&["DEBUG", "PANIC-STREAM", "s"]);
+    assert!(matches!(r, R::Error(_)), "{r:?}");
+    assert_eq!(c.cmd(&["XADD", "s", "5-1", "a", "5"]), R::bulk("5-1"));
+    let before = state(&mut c);
+    drop(c);
+    broker.shutdown();
+    let broker = start_in(&dir.0, 1, config);
+    let mut c = Client::connect(broker.local_addr());
+    assert_only_entry(&mut c, "s", "5-1", "5");
+    assert_eq!(state(&mut c), before);
+    drop(c);
+    broker.shutdown();
+}
+
+#[test]
+fn a_stream_capped_at_one_entry_under_steady_writes_keeps_few_segments() {
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 1, config());
+    let mut c = Client::connect(broker.local_addr());
+    // A stream made and deleted first shares the first segment.
+    assert_eq!(c.cmd(&["XADD", "s", "1-1", "a", "1"]), R::bulk("1-1"));
+    assert_eq!(c.cmd(&["DEL", "s"]), R::Int(1));
+    // Each write trims the one before: the stream needs only its newest
+    // segment, and its history moves up by a snapshot at every roll.
+    let payload = "p".repeat(200);
+    for i in 0..400 {
+        let n = i.to_string();
+        let r = c.cmd(&["XADD", "capped", "MAXLEN", "1", "*", "n", &n, "p", &payload]);
+        assert!(matches!(r, R::Bulk(_)), "{r:?}");
+    }
+    let files = segment_files(&dir.0);
+    // ~25 segments written.
+    assert!(files.len() <= 8, "{} segments kept: {files:?}", files.len());
+    assert_eq!(c.cmd(&["XLEN", "capped"]), R::Int(1));
+    drop(c);
+    broker.shutdown();
+}

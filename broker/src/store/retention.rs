@@ -90,14 +90,73 @@ pub fn need_of(
 struct Held {
     /// The need in force.
     now: Option<Need>,
-    /// A later need, in force once the record that moved it (in the
-    /// segment given) is flushed.
-    next: Option<(Option<Need>, u32)>,
+    /// Later needs not in force yet, each once the segment of the record
+    /// that moved it (given beside it) is flushed, oldest first. At most
+    /// two: a move between them is folded into the first (which then
+    /// holds at least what either needed), so a stream that moves its
+    /// need in every segment (a snapshot asked for at each roll) still
+    /// sees its oldest move come into force, instead of a newer one
+    /// taking its place each time and none ever being reached.
+    pending: [Option<(Option<Need>, u32)>; 2],
     /// The newest segment holding one of its records. A deleted stream
     /// (needing nothing) stays known while a segment up to this one is on
     /// disk: its records there carry its operation numbers, which an actor
     /// that makes it again must go on from.
     last_by: u32,
+}
+
+/// A need's rank: the segment it holds (needing nothing: none).
+fn rank(need: Option<Need>) -> u32 {
+    need.map_or(u32::MAX, |n| n.segment)
+}
+
+impl Held {
+    fn new(now: Option<Need>, last_by: u32) -> Held {
+        Held {
+            now,
+            pending: [None, None],
+            last_by,
+        }
+    }
+
+    /// Notes a move to `need` by a record in segment `by` (not flushed
+    /// yet, and needing less than the need in force).
+    fn defer(&mut self, need: Option<Need>, by: u32) {
+        match &mut self.pending {
+            [None, _] => self.pending[0] = Some((need, by)),
+            [Some(first), None] if first.1 == by => first.0 = need,
+            [Some(_), None] => self.pending[1] = Some((need, by)),
+            [Some(first), Some(last)] => {
+                if last.1 != by {
+                    // The move in between is folded into the first.
+                    if rank(last.0) < rank(first.0) {
+                        first.0 = last.0;
+                    }
+                }
+                *last = (need, by);
+            }
+        }
+    }
+
+    /// Brings into force the moves whose records are flushed (up to
+    /// segment `done`).
+    fn advance(&mut self, done: u32) {
+        while let Some((need, by)) = self.pending[0] {
+            if by > done {
+                break;
+            }
+            self.now = need;
+            self.pending = [self.pending[1], None];
+        }
+    }
+
+    /// The need once every move noted is in force.
+    fn newest(&self) -> Option<Need> {
+        match self.pending {
+            [_, Some((need, _))] | [Some((need, _)), None] => need,
+            [None, None] => self.now,
+        }
+    }
 }
 
 /// A log's segments and its streams' needs.
@@ -130,11 +189,7 @@ impl Retention {
     ) -> Self {
         let segments: BTreeSet<u32> = segments.into_iter().collect();
         let last = segments.last().copied().unwrap_or(0);
-        let held = |now| Held {
-            now,
-            next: None,
-            last_by: last,
-        };
+        let held = |now| Held::new(now, last);
         let mut map: HashMap<Bytes, Held> =
             deleted.into_iter().map(|name| (name, held(None))).collect();
         map.extend(
@@ -157,19 +212,11 @@ impl Retention {
     /// Stream `name` now needs `need` (`None`: nothing, it was deleted),
     /// moved there by a record in segment `by`.
     pub fn set(&mut self, name: &Bytes, need: Option<Need>, by: u32) {
-        let rank = |n: Option<Need>| n.map_or(u32::MAX, |n| n.segment);
         match self.needs.get_mut(name) {
             None => {
                 if need.is_some() {
                     // A new stream: its records are all ahead.
-                    self.needs.insert(
-                        name.clone(),
-                        Held {
-                            now: need,
-                            next: None,
-                            last_by: by,
-                        },
-                    );
+                    self.needs.insert(name.clone(), Held::new(need, by));
                 }
             }
             Some(held) => {
@@ -178,12 +225,25 @@ impl Retention {
                     // Needing more holds at once; needing less only once
                     // what says so is flushed.
                     held.now = need;
-                    held.next = None;
+                    held.pending = [None, None];
                 } else {
-                    held.next = Some((need, by));
+                    held.defer(need, by);
                 }
             }
         }
+    }
+
+    /// Stream `name`, which exists neither before nor after, logged a
+    /// record in segment `by` (a transaction that made and deleted it):
+    /// it stays known while that segment is on disk, as a deleted stream
+    /// does, so an actor that makes it again goes on from that record's
+    /// operation number.
+    pub fn logged_while_gone(&mut self, name: &Bytes, by: u32) {
+        let held = self
+            .needs
+            .entry(name.clone())
+            .or_insert_with(|| Held::new(None, by));
+        held.last_by = held.last_by.max(by);
     }
 
     /// Segment `flushed` and every one before it are whole and flushed,
@@ -197,20 +257,18 @@ impl Retention {
         let mut lagging = Vec::new();
         let first_on_disk = self.segments.first().copied();
         self.needs.retain(|name, held| {
-            if let Some((need, by)) = held.next {
-                if by <= done {
-                    held.now = need;
-                    held.next = None;
-                }
-            }
+            held.advance(done);
             if let Some(need) = held.now {
                 oldest = oldest.min(need.segment);
+            }
+            // Asked again only if the moves already noted leave it behind.
+            if let Some(need) = held.newest() {
                 if need.movable && need.segment + SNAPSHOT_LAG <= current {
                     lagging.push(name.clone());
                 }
             }
             held.now.is_some()
-                || held.next.is_some()
+                || held.pending[0].is_some()
                 || first_on_disk.is_some_and(|first| first <= held.last_by)
         });
         let keep_from = oldest.min(done + 1);
@@ -304,6 +362,57 @@ mod tests {
         r.collect(6, 7);
         assert!(!r.knows(&b) && !r.knows(&gone));
         assert!(r.knows(&a));
+    }
+
+    #[test]
+    fn a_need_that_moves_in_every_segment_still_lets_old_segments_go() {
+        let a = Bytes::from_static(b"a");
+        let mut r = Retention::new(1..=2, vec![(a.clone(), need(1, true).unwrap())], vec![]);
+        // Each roll: the segment before is flushed, and the stream moves
+        // its need into the new one (a record there, not flushed yet).
+        for current in 3..=12 {
+            r.created(current);
+            r.set(&a, need(current, true), current);
+            let c = r.collect(current - 1, current);
+            for s in &c.remove {
+                r.removed(*s);
+            }
+        }
+        let left = r.segment_list();
+        assert!(left.len() <= 3, "segments kept: {left:?}");
+        assert_eq!(left.last(), Some(&12));
+    }
+
+    #[test]
+    fn a_move_folded_between_two_others_holds_what_it_needed() {
+        let a = Bytes::from_static(b"a");
+        let mut r = Retention::new(1..=10, vec![(a.clone(), need(1, false).unwrap())], vec![]);
+        r.created(11);
+        r.created(12);
+        r.created(13);
+        // Moves by records in 11, 12 and 13; the one in 12 needs 4,
+        // more than the one in 11 (6).
+        r.set(&a, need(6, false), 11);
+        r.set(&a, need(4, false), 12);
+        r.set(&a, need(9, false), 13);
+        // 11 flushed: the first move holds 4 (folded), not 6.
+        assert_eq!(r.collect(11, 13).remove, vec![1, 2, 3]);
+        for s in 1..=3 {
+            r.removed(s);
+        }
+        // 13 flushed: the newest is in force.
+        assert_eq!(r.collect(13, 13).remove, vec![4, 5, 6, 7, 8]);
+    }
+
+    #[test]
+    fn a_pending_snapshot_is_not_asked_for_again() {
+        let a = Bytes::from_static(b"a");
+        let mut r = Retention::new(1..=6, vec![(a.clone(), need(1, true).unwrap())], vec![]);
+        assert_eq!(r.collect(6, 7).lagging, vec![a.clone()]);
+        r.created(7);
+        r.set(&a, need(7, true), 7);
+        assert!(r.collect(6, 7).lagging.is_empty());
+        assert_eq!(r.collect(7, 8).remove, vec![1, 2, 3, 4, 5, 6]);
     }
 
     #[test]
