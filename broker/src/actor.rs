@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -619,6 +619,10 @@ impl Handler<Watch> for StreamActor {
 #[derive(Debug, Default)]
 pub struct Notify {
     state: Mutex<NotifyState>,
+    /// Set once it fired or its reader gave up: the streams watching for
+    /// it drop it (a read over several streams leaves a copy in each, so
+    /// their count of holders says nothing).
+    done: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -635,6 +639,7 @@ impl Notify {
 
     /// Wakes the waiter with `index` (the first fire wins).
     pub fn fire(&self, index: usize) {
+        self.done.store(true, Ordering::Release);
         let waker = {
             let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
             if s.fired.is_some() {
@@ -646,6 +651,17 @@ impl Notify {
         if let Some(w) = waker {
             w.wake();
         }
+    }
+
+    /// Its reader gave up (timed out, or went away): no stream needs to
+    /// keep it.
+    pub fn give_up(&self) {
+        self.done.store(true, Ordering::Release);
+    }
+
+    /// Whether it fired or its reader gave up.
+    pub fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
     }
 
     /// Completes with the index of the first stream that fired.
@@ -902,7 +918,8 @@ impl StreamActor {
     /// Drops the watchers of readers that gave up (timed out,
     /// disconnected): they hold no handle.
     fn drop_abandoned_watchers(&mut self) {
-        self.watchers.retain(|(n, _)| Arc::strong_count(n) > 1);
+        self.watchers
+            .retain(|(n, _)| Arc::strong_count(n) > 1 && !n.is_done());
     }
 
     fn wake_watchers(&mut self) {

@@ -212,6 +212,17 @@ impl Shared {
             .and_then(|(_, w)| w.upgrade())
     }
 
+    /// Blocked reads waiting now (`INFO`'s `blocked_clients`).
+    pub(crate) fn blocked_reads(&self) -> usize {
+        self.blocked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .filter(|n| !n.is_done())
+            .count()
+    }
+
     /// Index a blocked read's wake-up fires with when the broker stops.
     pub(crate) const CLOSING: usize = usize::MAX;
 
@@ -484,6 +495,19 @@ impl Broker {
             .system
             .place::<StreamActor>(Bytes::copy_from_slice(name), mailring::ShardId::new(shard))
             .map(|s| s.index())
+    }
+
+    /// Wake-ups of blocked reads still held, by a reader waiting or by a
+    /// stream actor watching for it (one per blocked read, however many
+    /// streams it names).
+    pub fn held_read_wakeups(&self) -> usize {
+        self.shared
+            .blocked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|w| w.strong_count() > 0)
+            .count()
     }
 
     /// The streams whose actors are active now, on every shard.

@@ -637,7 +637,16 @@ async fn next_append(
     deadline: Option<std::time::Instant>,
     shared: &Shared,
 ) -> Option<usize> {
+    /// Marks the wake-up given up however the read ends (fired, timed
+    /// out, or dropped with its connection).
+    struct GiveUpOnDrop(Arc<Notify>);
+    impl Drop for GiveUpOnDrop {
+        fn drop(&mut self) {
+            self.0.give_up();
+        }
+    }
     let notify = Notify::new();
+    let _give_up = GiveUpOnDrop(notify.clone());
     {
         let mut blocked = shared.blocked.lock().unwrap_or_else(|p| p.into_inner());
         if shared.closing.load(Ordering::Acquire) {

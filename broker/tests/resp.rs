@@ -1236,6 +1236,80 @@ fn entry(id: &str, fields: &[&str]) -> R {
 }
 
 #[test]
+fn blocking_reads_of_several_streams_that_time_out_leave_no_wakeup_behind() {
+    let broker = start();
+    for (k, shard) in [("wa", 0), ("wb", 1), ("wc", 0)] {
+        assert_eq!(broker.place_stream(k.as_bytes(), shard), Ok(shard));
+    }
+    let mut c = Client::connect(broker.local_addr());
+    for k in ["wa", "wb", "wc"] {
+        assert!(matches!(c.cmd(&["XADD", k, "*", "f", "v"]), R::Bulk(_)));
+    }
+    assert_eq!(
+        c.cmd(&["XGROUP", "CREATE", "wa", "g", "$"]),
+        R::Status("OK".into())
+    );
+    assert_eq!(
+        c.cmd(&["XGROUP", "CREATE", "wb", "g", "$"]),
+        R::Status("OK".into())
+    );
+    // A consumer polling idle streams with a short BLOCK, over and over:
+    // each read watches every stream it names, and gives up.
+    for i in 0..150 {
+        let r = if i % 2 == 0 {
+            c.cmd(&[
+                "XREAD", "BLOCK", "1", "STREAMS", "wa", "wb", "wc", "$", "$", "$",
+            ])
+        } else {
+            let args = [
+                "XREADGROUP",
+                "GROUP",
+                "g",
+                "c",
+                "BLOCK",
+                "1",
+                "STREAMS",
+                "wa",
+                "wb",
+                ">",
+                ">",
+            ];
+            c.cmd(&args)
+        };
+        assert_eq!(r, R::Nil);
+    }
+    // What the streams' actors still hold of those reads: an actor drops
+    // given-up wake-ups when it next runs, so at most the last XREAD's
+    // (still in `wc`) and the last XREADGROUP's (in `wa` and `wb`).
+    let held = broker.held_read_wakeups();
+    assert!(held <= 2, "{held} wake-ups of given-up reads held");
+    // And a read that waits is still woken.
+    let mut w = Client::connect(broker.local_addr());
+    let addr = broker.local_addr();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        let mut p = Client::connect(addr);
+        let info = p.cmd(&["INFO", "clients"]).text();
+        (info, p.cmd(&["XADD", "wb", "9999999999999-1", "f", "late"]))
+    });
+    let r = w.cmd(&["XREAD", "BLOCK", "5000", "STREAMS", "wa", "wb", "$", "$"]);
+    let (info, added) = t.join().unwrap();
+    assert!(info.contains("blocked_clients:1"), "{info}");
+    assert_eq!(added, R::bulk("9999999999999-1"));
+    let info = c.cmd(&["INFO", "clients"]).text();
+    assert!(info.contains("blocked_clients:0"), "{info}");
+    assert_eq!(
+        r,
+        R::Array(vec![R::Array(vec![
+            R::bulk("wb"),
+            R::Array(vec![entry("9999999999999-1", &["f", "late"])])
+        ])])
+    );
+    drop((c, w));
+    broker.shutdown();
+}
+
+#[test]
 fn xread_reads_several_streams_and_blocks_until_an_append() {
     let broker = start();
     // The streams on both shards.

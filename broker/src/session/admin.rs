@@ -99,10 +99,13 @@ impl RespSession {
                     ),
                     format!("shards:{}", shared.config.shards),
                 ],
-                "clients" => vec![format!(
-                    "connected_clients:{}",
-                    shared.connected.load(Ordering::Relaxed)
-                )],
+                "clients" => vec![
+                    format!(
+                        "connected_clients:{}",
+                        shared.connected.load(Ordering::Relaxed)
+                    ),
+                    format!("blocked_clients:{}", shared.blocked_reads()),
+                ],
                 "persistence" => vec![
                     "loading:0".to_owned(),
                     "aof_enabled:1".to_owned(),
