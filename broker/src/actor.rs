@@ -57,8 +57,8 @@ pub struct StreamActor {
     last_segment: u32,
     /// The need last told to the log.
     published: Option<Option<Need>>,
-    /// `last_segment` when the log was last told of this stream.
-    told_segment: u32,
+    /// `op_no` when the log was last told of this stream.
+    told_op_no: u64,
     /// Where the last record appended went ([`Loc::NONE`] inside a
     /// transaction, until its record is appended).
     appended_at: Loc,
@@ -85,7 +85,7 @@ impl StreamActor {
             runs: VecDeque::new(),
             last_segment: 0,
             published: None,
-            told_segment: 0,
+            told_op_no: 0,
             appended_at: Loc::NONE,
             cache_budget: store::DEFAULT_STREAM_CACHE,
             counted: 0,
@@ -701,6 +701,12 @@ impl StreamActor {
         self.log = store::shard_log(shared.id);
         let recovered = match (recovered, &self.log) {
             (Some(r), _) => Some(r),
+            (None, Some(log)) if log.gone_op_no(&self.name).is_some() => {
+                // Deleted, its records still on disk: nothing to read
+                // back but where its operation numbers go on from.
+                self.op_no = log.gone_op_no(&self.name).unwrap_or(0);
+                None
+            }
             (None, Some(log)) if log.knows(&self.name) => match log
                 .read_back(&self.name, shared.config.store.stream_cache_bytes)
                 .await
@@ -751,7 +757,7 @@ impl StreamActor {
         self.runs.clear();
         self.last_segment = 0;
         self.published = None;
-        self.told_segment = 0;
+        self.told_op_no = 0;
         self.appended_at = Loc::NONE;
         // Its cached bytes leave the broker's total.
         self.settle();
@@ -777,15 +783,15 @@ impl StreamActor {
             small,
         );
         if self.published != Some(need) {
-            log.set_need(&self.name, need, self.last_segment);
+            log.set_need(&self.name, need, self.last_segment, self.op_no);
             self.published = Some(need);
-        } else if need.is_none() && self.last_segment > self.told_segment {
+        } else if need.is_none() && self.op_no > self.told_op_no {
             // Records logged, yet the stream exists neither before nor
             // after them (a transaction made and deleted it): the log
             // keeps its name known while they are on disk.
-            log.note_gone_records(&self.name, self.last_segment);
+            log.note_gone_records(&self.name, self.last_segment, self.op_no);
         }
-        self.told_segment = self.last_segment;
+        self.told_op_no = self.op_no;
     }
 
     /// [`StreamActor::note`] for `Op::Add { id, .. }`.
@@ -901,17 +907,26 @@ impl StreamActor {
     /// for the name activates a fresh one on the same shard.
     fn end_if_nothing(&mut self, cx: &mut Ctx<Self>) {
         self.drop_abandoned_watchers();
-        // `op_no == 0`: nothing was ever logged for it that this activation
-        // knows of. One that logged records (a transaction that made and
-        // deleted the stream tells the log no need) stays, so its next
-        // records go on from its operation numbers.
         if self.stream.is_none()
-            && self.op_no == 0
             && self.watchers.is_empty()
             && self.batch.is_none()
-            && self.log.as_ref().is_none_or(|log| !log.knows(&self.name))
+            && self.numbering_resumable()
         {
             cx.stop();
+        }
+    }
+
+    /// Whether a fresh activation would number this stream's next record
+    /// as this one would: nothing was logged for it (and its log has no
+    /// records of it), or its log knows it as deleted at this actor's last
+    /// operation number.
+    fn numbering_resumable(&self) -> bool {
+        match &self.log {
+            None => self.op_no == 0,
+            Some(log) => match log.gone_op_no(&self.name) {
+                Some(n) => n == self.op_no,
+                None => self.op_no == 0 && !log.knows(&self.name),
+            },
         }
     }
 

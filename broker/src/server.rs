@@ -382,7 +382,7 @@ impl Broker {
                 Some(need) => start.needs.push((name.clone(), need)),
                 // Deleted, its records still on disk: the log keeps
                 // knowing it (its operation numbers go on).
-                None => start.deleted.push(name.clone()),
+                None => start.deleted.push((name.clone(), s.op_no)),
             }
         }
         let mut flushers = Vec::with_capacity(shards);

@@ -404,8 +404,9 @@ pub struct LogStart {
     pub segments: Vec<u32>,
     /// Each stream's need of them.
     pub needs: Vec<(Bytes, Need)>,
-    /// Deleted streams whose records are still in them.
-    pub deleted: Vec<Bytes>,
+    /// Deleted streams whose records are still in them, with the
+    /// operation number of each one's last record.
+    pub deleted: Vec<(Bytes, u64)>,
 }
 
 impl ShardLog {
@@ -590,14 +591,23 @@ impl ShardLog {
 
     /// Stream `name` needs segments from `need` on (`None`: none), as a
     /// record in segment `by` says (see [`retention`]).
-    pub fn set_need(&self, name: &Bytes, need: Option<Need>, by: u32) {
-        self.retention.borrow_mut().set(name, need, by);
+    pub fn set_need(&self, name: &Bytes, need: Option<Need>, by: u32, op_no: u64) {
+        self.retention.borrow_mut().set(name, need, by, op_no);
     }
 
-    /// Stream `name`, which exists neither before nor after, logged a
-    /// record in segment `by` (see [`retention::Retention::logged_while_gone`]).
-    pub fn note_gone_records(&self, name: &Bytes, by: u32) {
-        self.retention.borrow_mut().logged_while_gone(name, by);
+    /// Stream `name`, which exists neither before nor after, logged
+    /// records up to operation `op_no` in segment `by` (see
+    /// [`retention::Retention::logged_while_gone`]).
+    pub fn note_gone_records(&self, name: &Bytes, by: u32, op_no: u64) {
+        self.retention
+            .borrow_mut()
+            .logged_while_gone(name, by, op_no);
+    }
+
+    /// For a stream this log knows as deleted: the operation number of its
+    /// last record (see [`retention::Retention::gone_op_no`]).
+    pub fn gone_op_no(&self, name: &[u8]) -> Option<u64> {
+        self.retention.borrow().gone_op_no(name)
     }
 
     /// What to call with the streams whose old history holds segments,

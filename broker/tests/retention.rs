@@ -559,3 +559,53 @@ fn a_stream_capped_at_one_entry_under_steady_writes_keeps_few_segments() {
     drop(c);
     broker.shutdown();
 }
+
+#[test]
+fn actors_of_deleted_streams_end_and_a_stream_made_again_numbers_on() {
+    let dir = TempDir::new();
+    let config = config();
+    let broker = start_in(&dir.0, 1, config.clone());
+    let mut c = Client::connect(broker.local_addr());
+    assert!(matches!(
+        c.cmd(&["XADD", "kept", "*", "f", "v"]),
+        R::Bulk(_)
+    ));
+    for i in 0..60 {
+        let key = format!("tmp:{i}");
+        assert_eq!(c.cmd(&["XADD", &key, "1-1", "f", "v"]), R::bulk("1-1"));
+        assert_eq!(c.cmd(&["XADD", &key, "1-2", "f", "v"]), R::bulk("1-2"));
+        if i % 3 == 0 {
+            // Made again and deleted in one transaction as well.
+            assert_eq!(c.cmd(&["DEL", &key]), R::Int(1));
+            assert_eq!(c.cmd(&["MULTI"]), R::Status("OK".into()));
+            assert_eq!(
+                c.cmd(&["XADD", &key, "1-3", "f", "v"]),
+                R::Status("QUEUED".into())
+            );
+            assert_eq!(c.cmd(&["DEL", &key]), R::Status("QUEUED".into()));
+            assert_eq!(c.cmd(&["EXEC"]), R::Array(vec![R::bulk("1-3"), R::Int(1)]));
+        } else {
+            assert_eq!(c.cmd(&["DEL", &key]), R::Int(1));
+        }
+    }
+    // Only the stream that exists keeps an actor.
+    assert_eq!(broker.active_streams(), 1);
+    // Made again by fresh actors: their records go on from the deleted
+    // streams' operation numbers, so a restart (which orders a stream's
+    // records by them when it reads a whole generation) finds them.
+    for i in [0, 1, 2, 30, 59] {
+        let key = format!("tmp:{i}");
+        assert_eq!(c.cmd(&["XADD", &key, "5-1", "a", "5"]), R::bulk("5-1"));
+    }
+    let before = state(&mut c);
+    drop(c);
+    broker.shutdown();
+    let broker = start_in(&dir.0, 1, config);
+    let mut c = Client::connect(broker.local_addr());
+    for i in [0, 1, 2, 30, 59] {
+        assert_only_entry(&mut c, &format!("tmp:{i}"), "5-1", "5");
+    }
+    assert_eq!(state(&mut c), before);
+    drop(c);
+    broker.shutdown();
+}

@@ -103,6 +103,8 @@ struct Held {
     /// disk: its records there carry its operation numbers, which an actor
     /// that makes it again must go on from.
     last_by: u32,
+    /// The operation number of its last record, as last told.
+    op_no: u64,
 }
 
 /// A need's rank: the segment it holds (needing nothing: none).
@@ -111,11 +113,12 @@ fn rank(need: Option<Need>) -> u32 {
 }
 
 impl Held {
-    fn new(now: Option<Need>, last_by: u32) -> Held {
+    fn new(now: Option<Need>, last_by: u32, op_no: u64) -> Held {
         Held {
             now,
             pending: [None, None],
             last_by,
+            op_no,
         }
     }
 
@@ -180,22 +183,23 @@ pub struct Collected {
 
 impl Retention {
     /// A log with these segments on disk, these streams' needs, and these
-    /// deleted streams whose records are still on disk (all flushed: read
-    /// back at start).
+    /// deleted streams whose records are still on disk, with the operation
+    /// number of each one's last record (all flushed: read back at start).
     pub fn new(
         segments: impl IntoIterator<Item = u32>,
         needs: Vec<(Bytes, Need)>,
-        deleted: Vec<Bytes>,
+        deleted: Vec<(Bytes, u64)>,
     ) -> Self {
         let segments: BTreeSet<u32> = segments.into_iter().collect();
         let last = segments.last().copied().unwrap_or(0);
-        let held = |now| Held::new(now, last);
-        let mut map: HashMap<Bytes, Held> =
-            deleted.into_iter().map(|name| (name, held(None))).collect();
+        let mut map: HashMap<Bytes, Held> = deleted
+            .into_iter()
+            .map(|(name, op_no)| (name, Held::new(None, last, op_no)))
+            .collect();
         map.extend(
             needs
                 .into_iter()
-                .map(|(name, need)| (name, held(Some(need)))),
+                .map(|(name, need)| (name, Held::new(Some(need), last, 0))),
         );
         Retention {
             flushed: last,
@@ -210,17 +214,19 @@ impl Retention {
     }
 
     /// Stream `name` now needs `need` (`None`: nothing, it was deleted),
-    /// moved there by a record in segment `by`.
-    pub fn set(&mut self, name: &Bytes, need: Option<Need>, by: u32) {
+    /// moved there by a record in segment `by`; its last record is its
+    /// operation `op_no`.
+    pub fn set(&mut self, name: &Bytes, need: Option<Need>, by: u32, op_no: u64) {
         match self.needs.get_mut(name) {
             None => {
                 if need.is_some() {
                     // A new stream: its records are all ahead.
-                    self.needs.insert(name.clone(), Held::new(need, by));
+                    self.needs.insert(name.clone(), Held::new(need, by, op_no));
                 }
             }
             Some(held) => {
                 held.last_by = held.last_by.max(by);
+                held.op_no = held.op_no.max(op_no);
                 if rank(need) <= rank(held.now) || by <= self.flushed {
                     // Needing more holds at once; needing less only once
                     // what says so is flushed.
@@ -238,12 +244,22 @@ impl Retention {
     /// it stays known while that segment is on disk, as a deleted stream
     /// does, so an actor that makes it again goes on from that record's
     /// operation number.
-    pub fn logged_while_gone(&mut self, name: &Bytes, by: u32) {
+    pub fn logged_while_gone(&mut self, name: &Bytes, by: u32, op_no: u64) {
         let held = self
             .needs
             .entry(name.clone())
-            .or_insert_with(|| Held::new(None, by));
+            .or_insert_with(|| Held::new(None, by, op_no));
         held.last_by = held.last_by.max(by);
+        held.op_no = held.op_no.max(op_no);
+    }
+
+    /// For a stream this log knows as deleted (its newest need, in force
+    /// or not yet, is none): the operation number of its last record, from
+    /// which an actor that makes it again goes on. `None`: the log does
+    /// not know the stream, or it exists.
+    pub fn gone_op_no(&self, name: &[u8]) -> Option<u64> {
+        let held = self.needs.get(name)?;
+        held.newest().is_none().then_some(held.op_no)
     }
 
     /// Segment `flushed` and every one before it are whole and flushed,
@@ -312,22 +328,22 @@ mod tests {
         let a = Bytes::from_static(b"a");
         let b = Bytes::from_static(b"b");
         let mut r = Retention::new(1..=3, vec![(a.clone(), need(1, true).unwrap())], vec![]);
-        r.set(&b, need(2, false), 2);
+        r.set(&b, need(2, false), 2, 0);
         // `a` snapshots in segment 4, not flushed yet: 1 stays.
         r.created(4);
-        r.set(&a, need(4, true), 4);
+        r.set(&a, need(4, true), 4, 0);
         assert_eq!(r.collect(3, 4).remove, Vec::<u32>::new());
         // Segment 4 flushed: a's need moves; b's entries hold 2.
         r.created(5);
         assert_eq!(r.collect(4, 5).remove, vec![1]);
         r.removed(1);
         // b deleted (its DEL in 5): nothing below 4 once 5 is flushed.
-        r.set(&b, None, 5);
+        r.set(&b, None, 5, 0);
         assert_eq!(r.collect(4, 5).remove, Vec::<u32>::new());
         r.created(6);
         assert_eq!(r.collect(5, 6).remove, vec![2, 3]);
         // Needing an older segment again holds at once.
-        r.set(&a, need(2, false), 6);
+        r.set(&a, need(2, false), 6, 0);
         assert!(r.collect(5, 6).remove.is_empty());
     }
 
@@ -340,19 +356,27 @@ mod tests {
         let mut r = Retention::new(
             1..=3,
             vec![(a.clone(), need(1, false).unwrap())],
-            vec![gone.clone()],
+            vec![(gone.clone(), 7)],
         );
         assert!(r.knows(&gone));
+        assert_eq!(r.gone_op_no(&gone), Some(7));
         // `b` made in 3 and deleted in 4; `a` holds segment 1 on.
-        r.set(&b, need(3, false), 3);
+        r.set(&b, need(3, false), 3, 1);
+        assert_eq!(r.gone_op_no(&b), None, "it exists");
         r.created(4);
-        r.set(&b, None, 4);
+        r.set(&b, None, 4, 2);
+        assert_eq!(r.gone_op_no(&b), Some(2), "deleted, not flushed yet");
+        // Made and deleted again in one transaction.
+        r.logged_while_gone(&b, 4, 3);
         r.created(5);
         assert!(r.collect(4, 5).remove.is_empty());
         assert!(r.knows(&b) && r.knows(&gone), "their records are on disk");
+        assert_eq!(r.gone_op_no(&b), Some(3));
+        assert_eq!(r.gone_op_no(&a), None);
+        assert_eq!(r.gone_op_no(b"never"), None);
         // `a` moves up to 5: segments 1-4 go, and with them what `b` and
         // `gone` had.
-        r.set(&a, need(5, false), 5);
+        r.set(&a, need(5, false), 5, 0);
         r.created(6);
         assert_eq!(r.collect(5, 6).remove, vec![1, 2, 3, 4]);
         for s in 1..=4 {
@@ -361,6 +385,7 @@ mod tests {
         r.created(7);
         r.collect(6, 7);
         assert!(!r.knows(&b) && !r.knows(&gone));
+        assert_eq!(r.gone_op_no(&b), None);
         assert!(r.knows(&a));
     }
 
@@ -372,7 +397,7 @@ mod tests {
         // its need into the new one (a record there, not flushed yet).
         for current in 3..=12 {
             r.created(current);
-            r.set(&a, need(current, true), current);
+            r.set(&a, need(current, true), current, 0);
             let c = r.collect(current - 1, current);
             for s in &c.remove {
                 r.removed(*s);
@@ -392,9 +417,9 @@ mod tests {
         r.created(13);
         // Moves by records in 11, 12 and 13; the one in 12 needs 4,
         // more than the one in 11 (6).
-        r.set(&a, need(6, false), 11);
-        r.set(&a, need(4, false), 12);
-        r.set(&a, need(9, false), 13);
+        r.set(&a, need(6, false), 11, 0);
+        r.set(&a, need(4, false), 12, 0);
+        r.set(&a, need(9, false), 13, 0);
         // 11 flushed: the first move holds 4 (folded), not 6.
         assert_eq!(r.collect(11, 13).remove, vec![1, 2, 3]);
         for s in 1..=3 {
@@ -410,7 +435,7 @@ mod tests {
         let mut r = Retention::new(1..=6, vec![(a.clone(), need(1, true).unwrap())], vec![]);
         assert_eq!(r.collect(6, 7).lagging, vec![a.clone()]);
         r.created(7);
-        r.set(&a, need(7, true), 7);
+        r.set(&a, need(7, true), 7, 0);
         assert!(r.collect(6, 7).lagging.is_empty());
         assert_eq!(r.collect(7, 8).remove, vec![1, 2, 3, 4, 5, 6]);
     }
