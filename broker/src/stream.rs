@@ -781,17 +781,20 @@ impl Stream {
     }
 
     /// A group's lag: entries added that it has not read, when known.
-    pub fn lag(&self, group: &Group) -> Option<u64> {
+    /// Negative when the group's counter is ahead of the stream's (set so
+    /// by `ENTRIESREAD`), as Redis answers it.
+    pub fn lag(&self, group: &Group) -> Option<i64> {
         if self.entries_added == 0 {
             return Some(0);
         }
+        let added = self.entries_added as i64;
         if let Some(read) = group.entries_read {
             if !self.has_tombstones(Some(group.last_id), None) {
-                return Some(self.entries_added.saturating_sub(read));
+                return Some(added.wrapping_sub(read as i64));
             }
         }
         self.estimate_distance(group.last_id)
-            .map(|read| self.entries_added.saturating_sub(read))
+            .map(|read| added.wrapping_sub(read as i64))
     }
 
     /// The read counter after delivering `id` to a group whose counter was

@@ -210,6 +210,40 @@ fn mask(text: &str, integers: bool) -> String {
     out
 }
 
+/// Runs `steps` through redis-server and through `broker` (which it then
+/// stops), and adds a failure naming `what` for each step whose outputs
+/// differ.
+fn compare(
+    redis: &RedisServer,
+    broker: Broker,
+    steps: &[Step],
+    resp3: bool,
+    what: &str,
+    failures: &mut Vec<String>,
+) {
+    let want = run(redis.port, steps, resp3);
+    let got = run(broker.local_addr().port(), steps, resp3);
+    broker.shutdown();
+    for ((step, w), g) in steps.iter().zip(&want).zip(&got) {
+        if w != g {
+            failures.push(format!(
+                "{what}: `{}`\n--- redis-server:\n{w}--- broker:\n{g}",
+                step.command
+            ));
+        }
+    }
+}
+
+/// A broker on a loopback port with its data in `dir`.
+fn broker_config(dir: std::path::PathBuf) -> BrokerConfig {
+    let mut config = BrokerConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        ..BrokerConfig::default()
+    };
+    config.store.dir = dir;
+    config
+}
+
 #[test]
 fn scripted_redis_cli_sessions_match_redis_server() {
     if !have("redis-server") || !have("redis-cli") {
@@ -233,28 +267,300 @@ fn scripted_redis_cli_sessions_match_redis_server() {
         let name = script.file_name().unwrap().to_string_lossy().into_owned();
         // A fresh server of each kind per script.
         let redis = RedisServer::start(&dir.0.join(format!("redis-{name}")));
-        let mut config = BrokerConfig {
-            addr: "127.0.0.1:0".parse().unwrap(),
-            ..BrokerConfig::default()
-        };
-        config.store.dir = dir.0.join(format!("broker-{name}"));
+        let config = broker_config(dir.0.join(format!("broker-{name}")));
         let broker = Broker::start(config).expect("start the broker");
-        let want = run(redis.port, &steps, resp3);
-        let got = run(broker.local_addr().port(), &steps, resp3);
-        broker.shutdown();
-        for ((step, w), g) in steps.iter().zip(&want).zip(&got) {
-            if w != g {
-                failures.push(format!(
-                    "{name}: `{}`\n--- redis-server:\n{w}--- broker:\n{g}",
-                    step.command
-                ));
-            }
-        }
+        compare(&redis, broker, &steps, resp3, &name, &mut failures);
     }
     assert!(
         failures.is_empty(),
         "{} differences:\n\n{}",
         failures.len(),
         failures.join("\n")
+    );
+}
+
+/// A small deterministic generator (splitmix64): the same seed gives the
+/// same traffic.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[self.below(items.len() as u64) as usize]
+    }
+}
+
+/// Random stream traffic over three streams, two groups and three
+/// consumers, with explicit and partial ids only (no clock), mostly valid
+/// and sometimes not: every command's reply (errors included) must match.
+struct Traffic {
+    rng: Rng,
+    /// Per stream, the time part the next id is near.
+    next_ms: [u64; 3],
+    /// Whether `XINFO STREAM` is asked: its node counts (`radix-tree-*`)
+    /// follow how the entries were laid out, which a restart does afresh
+    /// (in redis-server, whose AOF replay adds the live entries again, as
+    /// in the broker), so only before the first restart.
+    node_info: bool,
+}
+
+const KEYS: [&str; 3] = ["s0", "s1", "s2"];
+
+impl Traffic {
+    fn new(seed: u64) -> Traffic {
+        Traffic {
+            rng: Rng(seed),
+            next_ms: [1; 3],
+            node_info: true,
+        }
+    }
+
+    fn key(&mut self) -> (usize, &'static str) {
+        let k = self.rng.below(3) as usize;
+        (k, KEYS[k])
+    }
+
+    /// An id near the stream's newest (and sometimes an old one).
+    fn id(&mut self, k: usize) -> String {
+        let top = self.next_ms[k];
+        let ms = top.saturating_sub(self.rng.below(top.min(12) + 1)).max(1);
+        format!("{ms}-{}", self.rng.below(3))
+    }
+
+    fn bound(&mut self, k: usize) -> String {
+        match self.rng.below(5) {
+            0 => "-".into(),
+            1 => "+".into(),
+            2 => format!("({}", self.id(k)),
+            _ => self.id(k),
+        }
+    }
+
+    fn value(&mut self) -> String {
+        // Some large enough to roll 4 KiB segments now and then.
+        let n = [1, 3, 40, 300][self.rng.below(4) as usize];
+        "v".repeat(n)
+    }
+
+    fn add(&mut self, k: usize, key: &str) -> String {
+        let mut cmd = format!("XADD {key}");
+        if self.rng.below(12) == 0 {
+            cmd.push_str(" NOMKSTREAM");
+        }
+        match self.rng.below(10) {
+            0 => cmd.push_str(&format!(" MAXLEN = {}", self.rng.below(6))),
+            1 => cmd.push_str(&format!(" MINID = {}", self.id(k))),
+            _ => {}
+        }
+        let step = self.rng.below(3);
+        self.next_ms[k] += step;
+        let ms = self.next_ms[k];
+        let id = match self.rng.below(10) {
+            0 => self.id(k),
+            1..=4 => format!("{ms}-*"),
+            _ => format!("{ms}-{}", self.rng.below(4)),
+        };
+        let value = self.value();
+        format!("{cmd} {id} f {value}")
+    }
+
+    /// One command on stream `k` (in a transaction: naming no other).
+    fn stream_command(&mut self, k: usize, in_multi: bool) -> (String, Mask) {
+        let key = KEYS[k];
+        let g = self.rng.pick(&["g0", "g1"]);
+        let c = self.rng.pick(&["c0", "c1", "c2"]);
+        let count = 1 + self.rng.below(4);
+        let cmd = match self.rng.below(100) {
+            0..=29 => self.add(k, key),
+            30..=33 => format!("XDEL {key} {} {}", self.id(k), self.id(k)),
+            34..=35 => match self.rng.below(2) {
+                0 => format!("XTRIM {key} MAXLEN = {}", self.rng.below(8)),
+                _ => format!("XTRIM {key} MINID = {}", self.id(k)),
+            },
+            36..=43 => {
+                let (a, b) = (self.bound(k), self.bound(k));
+                let rev = self.rng.below(2) == 0;
+                let name = if rev { "XREVRANGE" } else { "XRANGE" };
+                format!("{name} {key} {a} {b} COUNT {count}")
+            }
+            44..=45 => format!("XLEN {key}"),
+            46..=50 => {
+                let id = match self.rng.below(4) {
+                    0 => "0".to_owned(),
+                    1 => "$".to_owned(),
+                    _ => self.id(k),
+                };
+                let create = if self.rng.below(3) == 0 {
+                    " MKSTREAM"
+                } else {
+                    ""
+                };
+                let read = if self.rng.below(4) == 0 {
+                    format!(" ENTRIESREAD {}", self.rng.below(6))
+                } else {
+                    String::new()
+                };
+                format!("XGROUP CREATE {key} {g} {id}{create}{read}")
+            }
+            51..=52 => format!("XGROUP SETID {key} {g} {}", self.id(k)),
+            53 => format!("XGROUP DESTROY {key} {g}"),
+            54..=55 => format!("XGROUP CREATECONSUMER {key} {g} {c}"),
+            56..=57 => format!("XGROUP DELCONSUMER {key} {g} {c}"),
+            58..=69 => {
+                let from = match self.rng.below(4) {
+                    0 => "0".to_owned(),
+                    1 => self.id(k),
+                    _ => ">".to_owned(),
+                };
+                let noack = if self.rng.below(6) == 0 { " NOACK" } else { "" };
+                if !in_multi && self.rng.below(4) == 0 {
+                    let other = KEYS[(k + 1) % 3];
+                    format!(
+                        "XREADGROUP GROUP {g} {c} COUNT {count}{noack} STREAMS {key} {other} {from} >"
+                    )
+                } else {
+                    format!("XREADGROUP GROUP {g} {c} COUNT {count}{noack} STREAMS {key} {from}")
+                }
+            }
+            70..=76 => format!("XACK {key} {g} {} {}", self.id(k), self.id(k)),
+            77..=79 => format!("XPENDING {key} {g}"),
+            80..=82 => {
+                let only = if self.rng.below(2) == 0 {
+                    format!(" {c}")
+                } else {
+                    String::new()
+                };
+                return (format!("XPENDING {key} {g} - + {count}{only}"), Mask::Idle);
+            }
+            83..=85 => {
+                let mut opts = String::new();
+                if self.rng.below(2) == 0 {
+                    opts.push_str(" JUSTID");
+                }
+                if self.rng.below(4) == 0 {
+                    opts.push_str(&format!(" RETRYCOUNT {}", self.rng.below(5)));
+                }
+                if self.rng.below(4) == 0 {
+                    opts.push_str(" FORCE");
+                }
+                if self.rng.below(4) == 0 {
+                    opts.push_str(&format!(" LASTID {}", self.id(k)));
+                }
+                format!("XCLAIM {key} {g} {c} 0 {} {}{opts}", self.id(k), self.id(k))
+            }
+            86..=88 => {
+                let just = if self.rng.below(2) == 0 {
+                    " JUSTID"
+                } else {
+                    ""
+                };
+                let start = self.id(k);
+                format!("XAUTOCLAIM {key} {g} {c} 0 {start} COUNT {count}{just}")
+            }
+            89..=92 => format!("XINFO GROUPS {key}"),
+            93 => match self.rng.below(3) {
+                0 => format!("XSETID {key} {}", self.id(k)),
+                1 => format!(
+                    "XSETID {key} {} ENTRIESADDED {} MAXDELETEDID {}",
+                    self.id(k),
+                    self.rng.below(40),
+                    self.id(k)
+                ),
+                _ if self.node_info => format!("XINFO STREAM {key}"),
+                _ => format!("XLEN {key}"),
+            },
+            94..=95 => format!("DEL {key}"),
+            96 if in_multi => format!("EXISTS {key}"),
+            96 => format!("EXISTS {key} {}", KEYS[(k + 1) % 3]),
+            97 => format!("TYPE {key}"),
+            _ if in_multi => format!("XREAD COUNT {count} STREAMS {key} {}", self.id(k)),
+            _ => {
+                let (a, b) = (self.id(k), self.id(k));
+                let other = KEYS[(k + 2) % 3];
+                format!("XREAD COUNT {count} STREAMS {key} {other} {a} {b}")
+            }
+        };
+        (cmd, Mask::Ids)
+    }
+
+    /// The next steps: one command, or a transaction on one stream.
+    fn steps(&mut self) -> Vec<Step> {
+        let (k, _) = self.key();
+        if self.rng.below(25) != 0 {
+            let (command, mask) = self.stream_command(k, false);
+            return vec![Step { command, mask }];
+        }
+        // The markers between steps are queued too: every reply of the
+        // transaction shows under `MULTI`'s, XPENDING's idle times among
+        // them.
+        let mut steps = vec![Step {
+            command: "MULTI".into(),
+            mask: Mask::Idle,
+        }];
+        for _ in 0..2 + self.rng.below(3) {
+            let (command, mask) = self.stream_command(k, true);
+            steps.push(Step { command, mask });
+        }
+        steps.push(Step {
+            command: "EXEC".into(),
+            mask: Mask::Ids,
+        });
+        steps
+    }
+}
+
+#[test]
+fn random_traffic_across_restarts_matches_redis_server() {
+    if !have("redis-server") || !have("redis-cli") {
+        eprintln!("SKIPPED: redis-server and redis-cli are not installed (apt-get install redis-server redis-tools)");
+        return;
+    }
+    let seeds: Vec<u64> = match std::env::var("MAILRING_TRAFFIC_SEEDS") {
+        Ok(s) => s.split(',').filter_map(|s| s.trim().parse().ok()).collect(),
+        Err(_) => (1..=8).collect(),
+    };
+    let dir = TempDir::new();
+    let mut failures = Vec::new();
+    for seed in seeds {
+        let redis = RedisServer::start(&dir.0.join(format!("redis-{seed}")));
+        let mut traffic = Traffic::new(seed);
+        let mut config = broker_config(dir.0.join(format!("broker-{seed}")));
+        config.store.segment_bytes = 4096;
+        // Rounds of traffic, the broker restarted between them with
+        // another shard count (its state read back from its files, moved
+        // between logs); redis-server runs throughout.
+        for (round, shards) in [1, 2, 3, 1].into_iter().enumerate() {
+            traffic.node_info = round == 0;
+            let mut steps = Vec::new();
+            while steps.len() < 150 {
+                steps.extend(traffic.steps());
+            }
+            config.shards = shards;
+            let broker = Broker::start(config.clone()).expect("start the broker");
+            let what = format!("seed {seed}, round {round}");
+            compare(&redis, broker, &steps, seed % 2 == 0, &what, &mut failures);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} differences (the first 10):\n\n{}",
+        failures.len(),
+        failures
+            .iter()
+            .take(10)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }

@@ -746,10 +746,7 @@ impl StreamActor {
                                 b("entries-read"),
                                 g.entries_read.map_or(Reply::Nil, |n| Reply::Int(n as i64)),
                             ),
-                            (
-                                b("lag"),
-                                stream.lag(g).map_or(Reply::Nil, |n| Reply::Int(n as i64)),
-                            ),
+                            (b("lag"), stream.lag(g).map_or(Reply::Nil, Reply::Int)),
                         ])
                     })
                     .collect(),
@@ -875,10 +872,7 @@ impl StreamActor {
                                 b("entries-read"),
                                 g.entries_read.map_or(Reply::Nil, |n| Reply::Int(n as i64)),
                             ),
-                            (
-                                b("lag"),
-                                stream.lag(g).map_or(Reply::Nil, |n| Reply::Int(n as i64)),
-                            ),
+                            (b("lag"), stream.lag(g).map_or(Reply::Nil, Reply::Int)),
                             (b("pel-count"), Reply::Int(g.pel.len() as i64)),
                             (b("pending"), Reply::Array(pending)),
                             (b("consumers"), Reply::Array(consumers)),
