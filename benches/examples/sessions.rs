@@ -239,11 +239,14 @@ fn serve_once(c: Contender, w: Workload) -> Run {
     }
 }
 
+/// Stops a mailring server on its runtime.
+type StopFn = Box<dyn FnOnce(&mailring::Runtime)>;
+
 enum ServerKind {
     Mailring {
         rt: mailring::Runtime,
         system: Option<mailring_actors::ActorSystem>,
-        stop: Box<dyn FnOnce(&mailring::Runtime)>,
+        stop: StopFn,
     },
     Tokio {
         rt: tokio::runtime::Runtime,
@@ -308,6 +311,20 @@ mod mailring_side {
         }
     }
 
+    /// The same counter placed by its name's hash (sticky): a client can
+    /// compute its shard, as the connect workload's steered clients do.
+    #[derive(Actor)]
+    #[actor(key = String, activate = StickyTenant::new, handles(Inc))]
+    pub(crate) struct StickyTenant {
+        count: u64,
+    }
+
+    impl StickyTenant {
+        fn new(_key: &String) -> Self {
+            StickyTenant { count: 0 }
+        }
+    }
+
     #[derive(Message)]
     #[message(reply = u64)]
     pub(crate) struct Inc;
@@ -319,10 +336,25 @@ mod mailring_side {
         }
     }
 
-    /// `KEY <tenant>` first, then each frame increments the tenant.
+    impl Handler<Inc> for StickyTenant {
+        async fn handle(&mut self, _m: Inc, _cx: &mut Ctx<Self>) -> u64 {
+            self.count += 1;
+            self.count
+        }
+    }
+
+    /// A session's tenant: the actor of one of the two types.
+    pub(crate) enum TenantAddr {
+        Balanced(Addr<Tenant>),
+        Sticky(Addr<StickyTenant>),
+    }
+
+    /// `KEY <tenant>` first, then each frame increments the tenant (a
+    /// `StickyTenant` when `sticky`, else a `Tenant`).
     pub(crate) struct TenantSession {
         pub(crate) system: SystemHandle,
-        pub(crate) tenant: Option<Addr<Tenant>>,
+        pub(crate) sticky: bool,
+        pub(crate) tenant: Option<TenantAddr>,
     }
 
     impl Session for TenantSession {
@@ -346,14 +378,29 @@ mod mailring_side {
                     cx.send_frame(Bytes::from_static(b"ERR no key"));
                     return;
                 };
-                self.tenant = Some(self.system.keyed::<Tenant>(key));
+                self.tenant = Some(if self.sticky {
+                    TenantAddr::Sticky(self.system.keyed::<StickyTenant>(key))
+                } else {
+                    TenantAddr::Balanced(self.system.keyed::<Tenant>(key))
+                });
             }
             // The ask is sent now; the deferred reply only awaits it.
-            let reply = self.tenant.as_ref().expect("set above").ask(Inc);
-            cx.reply_later(async move {
-                let n = reply.await.unwrap_or(0);
-                Bytes::copy_from_slice(&n.to_le_bytes())
-            });
+            match self.tenant.as_ref().expect("set above") {
+                TenantAddr::Balanced(a) => {
+                    let reply = a.ask(Inc);
+                    cx.reply_later(async move {
+                        let n = reply.await.unwrap_or(0);
+                        Bytes::copy_from_slice(&n.to_le_bytes())
+                    });
+                }
+                TenantAddr::Sticky(a) => {
+                    let reply = a.ask(Inc);
+                    cx.reply_later(async move {
+                        let n = reply.await.unwrap_or(0);
+                        Bytes::copy_from_slice(&n.to_le_bytes())
+                    });
+                }
+            }
         }
     }
 }
@@ -433,25 +480,54 @@ impl ServerHandle {
                 )
                 .unwrap();
                 let sys = system.handle();
-                let server = Server::builder(LengthDelimited::new(), move |_| {
-                    mailring_side::TenantSession {
-                        system: sys.clone(),
-                        tenant: None,
-                    }
-                })
-                .config(config)
-                .follow::<mailring_side::Tenant>(system.handle())
-                .bind(rt.handle(), any)
-                .unwrap();
-                let addr = server.local_addr();
+                // Connect: tenants placed by their names' hash, which the
+                // steered clients compute.
+                let (addr, stop): (_, StopFn) = if w == Workload::Connect {
+                    let server = Server::builder(LengthDelimited::new(), move |_| {
+                        mailring_side::TenantSession {
+                            system: sys.clone(),
+                            sticky: true,
+                            tenant: None,
+                        }
+                    })
+                    .config(config)
+                    .follow::<mailring_side::StickyTenant>(system.handle())
+                    .bind(rt.handle(), any)
+                    .unwrap();
+                    (
+                        server.local_addr(),
+                        Box::new(move |rt| {
+                            let handed: u64 =
+                                server.stats().shards.iter().map(|s| s.handed_off).sum();
+                            eprintln!("# {}: {handed} connections handed off", c.name());
+                            rt.block_on(server.shutdown());
+                        }),
+                    )
+                } else {
+                    let server = Server::builder(LengthDelimited::new(), move |_| {
+                        mailring_side::TenantSession {
+                            system: sys.clone(),
+                            sticky: false,
+                            tenant: None,
+                        }
+                    })
+                    .config(config)
+                    .follow::<mailring_side::Tenant>(system.handle())
+                    .bind(rt.handle(), any)
+                    .unwrap();
+                    (
+                        server.local_addr(),
+                        Box::new(move |rt| {
+                            rt.block_on(server.shutdown());
+                        }),
+                    )
+                };
                 ServerHandle {
                     addr,
                     kind: ServerKind::Mailring {
                         rt,
                         system: Some(system),
-                        stop: Box::new(move |rt| {
-                            rt.block_on(server.shutdown());
-                        }),
+                        stop,
                     },
                 }
             }
@@ -829,11 +905,14 @@ async fn connect_storm(addr: SocketAddr, n: usize, steer: bool) -> (Duration, Ve
                     let tenant = format!("tenant-{}", i % TENANTS);
                     let t0 = Instant::now();
                     let stream = if steer {
-                        let shard = mailring::sticky_shard(&tenant, 2).index() as u16;
+                        // The server steers by a hash of the source port.
+                        let shard = mailring::sticky_shard(&tenant, 2).index();
                         loop {
                             let mut p = next_port.get();
-                            p += (shard + 2 - p % 2) % 2;
-                            next_port.set(p + 1);
+                            while mailring::net::steered_index(p, 2) != shard {
+                                p = p.wrapping_add(1).max(20_000);
+                            }
+                            next_port.set(p.wrapping_add(1).max(20_000));
                             let socket = tokio::net::TcpSocket::new_v4().unwrap();
                             // Ports of earlier runs wait in TIME_WAIT here.
                             socket.set_reuseaddr(true).unwrap();

@@ -57,7 +57,8 @@ pub struct StreamActor {
     last_segment: u32,
     /// The need last told to the log.
     published: Option<Option<Need>>,
-    /// `op_no` when the log was last told of this stream.
+    /// `op_no` as of the last [`StreamActor::publish_need`] (after which
+    /// the log knows every operation number of a deleted stream).
     told_op_no: u64,
     /// Where the last record appended went ([`Loc::NONE`] inside a
     /// transaction, until its record is appended).
@@ -230,10 +231,12 @@ pub struct Checkpoint {
 }
 
 impl Handler<Checkpoint> for StreamActor {
-    async fn handle(&mut self, m: Checkpoint, _cx: &mut Ctx<Self>) {
+    async fn handle(&mut self, m: Checkpoint, cx: &mut Ctx<Self>) {
         self.load(m.broker).await;
         self.checkpoint().await;
         self.settle();
+        // Asked for a stream deleted meanwhile: no actor stays for it.
+        self.end_if_nothing(cx);
     }
 }
 
@@ -452,6 +455,24 @@ impl Handler<ExecBatch> for StreamActor {
                 durable: None,
             };
         };
+        // Refused before it runs when its record could not be logged: the
+        // log takes no appends, or the commands' arguments alone are over
+        // its record limit (reading the stream back after a refused record
+        // is the rare case, not one a client can ask for at will).
+        let refused = self.log.as_ref().and_then(|log| {
+            log.refusal().or_else(|| {
+                let bytes: u64 = m.commands.iter().flatten().map(|a| a.len() as u64).sum();
+                (bytes > log.max_record()).then_some(StorageError::TooLarge(bytes as usize))
+            })
+        });
+        if let Some(e) = refused {
+            self.shared = Some(shared);
+            let err = storage_error(&e);
+            return BatchAnswer {
+                replies: m.commands.iter().map(|_| err.clone()).collect(),
+                durable: None,
+            };
+        }
         let added_before = self.stream.as_ref().map(Stream::entries_added);
         let was_missing = self.stream.is_none();
         self.batch = Some(Vec::new());
@@ -599,8 +620,15 @@ pub struct Watch {
 }
 
 impl Handler<Watch> for StreamActor {
-    async fn handle(&mut self, m: Watch, _cx: &mut Ctx<Self>) {
+    async fn handle(&mut self, m: Watch, cx: &mut Ctx<Self>) {
         self.load(m.broker).await;
+        if m.notify.is_done() {
+            // Its reader gave up (or another stream woke it) before this
+            // came: nothing to watch; the reader's sweep ends an actor
+            // that holds nothing else.
+            self.end_if_nothing(cx);
+            return;
+        }
         let ready = self
             .stream
             .as_ref()
@@ -659,6 +687,11 @@ impl Notify {
         self.done.store(true, Ordering::Release);
     }
 
+    /// The index it fired with, if it did.
+    pub fn fired_index(&self) -> Option<usize> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).fired
+    }
+
     /// Whether it fired or its reader gave up.
     pub fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire)
@@ -682,9 +715,10 @@ impl Notify {
 
 impl StreamActor {
     /// Takes the recovered state and finds the shard's log, at the first
-    /// message. An actor restarted after a panic finds no recovered state
-    /// but its log knows the stream: it reads the stream back from the
-    /// log's segments.
+    /// message. An actor with no recovered state (restarted after a panic,
+    /// or activated again after it ended) asks its log: a stream it knows
+    /// as deleted starts empty, numbering on from its last record; one it
+    /// knows otherwise is read back from the log's segments.
     async fn load(&mut self, broker: u64) {
         if self.loaded {
             return;
@@ -703,8 +737,13 @@ impl StreamActor {
             (Some(r), _) => Some(r),
             (None, Some(log)) if log.gone_op_no(&self.name).is_some() => {
                 // Deleted, its records still on disk: nothing to read
-                // back but where its operation numbers go on from.
+                // back but where its operation numbers go on from. The log
+                // knows all this already: nothing is told again (a
+                // deletion still waiting for its flush stays waiting).
                 self.op_no = log.gone_op_no(&self.name).unwrap_or(0);
+                self.last_segment = log.current_segment();
+                self.published = Some(None);
+                self.told_op_no = self.op_no;
                 None
             }
             (None, Some(log)) if log.knows(&self.name) => match log
@@ -745,10 +784,11 @@ impl StreamActor {
 
     /// Drops what this actor holds of its stream and reads the stream back
     /// from its log, as an actor restarted after a panic does: for a
-    /// transaction whose record the log refused (larger than it takes),
-    /// after its commands changed the stream in memory. A log that failed
-    /// cannot be read back: the actor panics then, as a restarted one
-    /// does, rather than answer from changes that were never logged.
+    /// transaction whose record the log refused (larger than it takes,
+    /// though its arguments were not), after its commands changed the
+    /// stream in memory. A log that failed meanwhile may not be read back:
+    /// the actor panics then, as a restarted one does, rather than answer
+    /// from changes that were never logged.
     async fn reload(&mut self, broker: u64) {
         self.stream = None;
         self.loaded = false;
@@ -900,8 +940,9 @@ impl StreamActor {
     }
 
     /// Ends this activation after the message being handled when it holds
-    /// nothing: no stream, none its log knows of (no records on disk), no
-    /// blocked reader and no transaction open. A command naming a stream
+    /// nothing: no stream, no blocked reader, no transaction open, and a
+    /// fresh activation would number its records on correctly (see
+    /// [`StreamActor::numbering_resumable`]). A command naming a stream
     /// that does not exist then leaves no actor behind (a client reading
     /// many missing names would otherwise keep one each); the next message
     /// for the name activates a fresh one on the same shard.
@@ -917,15 +958,15 @@ impl StreamActor {
     }
 
     /// Whether a fresh activation would number this stream's next record
-    /// as this one would: nothing was logged for it (and its log has no
-    /// records of it), or its log knows it as deleted at this actor's last
-    /// operation number.
+    /// so that recovery replays it after every record on disk: its log
+    /// has no records of it (numbering from 1 again is safe), or knows it
+    /// as deleted at this actor's last operation number.
     fn numbering_resumable(&self) -> bool {
         match &self.log {
             None => self.op_no == 0,
             Some(log) => match log.gone_op_no(&self.name) {
                 Some(n) => n == self.op_no,
-                None => self.op_no == 0 && !log.knows(&self.name),
+                None => !log.knows(&self.name),
             },
         }
     }
@@ -974,6 +1015,9 @@ impl StreamActor {
         let op_no = self.op_no + 1;
         let (ticket, loc) =
             log.append_encoded(|dst| crate::log::encode_add(dst, &self.name, op_no, id, fields))?;
+        if starts {
+            log.note_making(&self.name, loc.segment, op_no);
+        }
         self.op_no = op_no;
         self.appended_at = loc;
         self.note_add(id, loc.segment, starts);
@@ -990,6 +1034,9 @@ impl StreamActor {
             op,
         };
         let (ticket, loc) = log.append(&record)?;
+        if starts {
+            log.note_making(&self.name, loc.segment, record.op_no);
+        }
         self.op_no += 1;
         self.appended_at = loc;
         self.note(&record.op, loc.segment, starts);

@@ -106,8 +106,10 @@ pub struct StoreConfig {
     pub stream_cache_bytes: u64,
     /// The largest record the log writes, in bytes (a transaction's
     /// changes to one stream are one record): a larger change is refused
-    /// with an error and nothing of it is kept. At most
-    /// [`log::MAX_RECORD`] (1 GiB, what recovery reads).
+    /// with an error and nothing of it is kept. Between 4 KiB and
+    /// [`log::MAX_RECORD`] (1 GiB, what recovery reads). The broker's own
+    /// records count too: a stream whose snapshot (its groups' pending
+    /// entries) is larger keeps its old segments.
     pub max_record_bytes: u64,
     /// Crash tests only: a gate every flush waits on.
     pub sync_gate: Option<SyncGate>,
@@ -128,6 +130,9 @@ impl Default for StoreConfig {
         }
     }
 }
+
+/// The least [`StoreConfig::max_record_bytes`] taken.
+const MIN_MAX_RECORD: u64 = 4096;
 
 /// A failure of the storage layer; writes are refused from then on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -433,7 +438,9 @@ impl ShardLog {
             dir,
             fsync: config.fsync,
             segment_bytes: config.segment_bytes.clamp(4096, MAX_SEGMENT_BYTES),
-            max_record: config.max_record_bytes.min(log::MAX_RECORD as u64),
+            max_record: config
+                .max_record_bytes
+                .clamp(MIN_MAX_RECORD, log::MAX_RECORD as u64),
             pending: RefCell::new(pending),
             flusher: Cell::new(None),
             marks: Arc::new(Marks::default()),
@@ -602,6 +609,25 @@ impl ShardLog {
         self.retention
             .borrow_mut()
             .logged_while_gone(name, by, op_no);
+    }
+
+    /// Stream `name` was made by its record `op_no` in segment `by` (see
+    /// [`retention::Retention::making`]).
+    pub fn note_making(&self, name: &Bytes, by: u32, op_no: u64) {
+        self.retention.borrow_mut().making(name, by, op_no);
+    }
+
+    /// Why the log takes no appends now (it failed, or was closed), if so.
+    pub fn refusal(&self) -> Option<StorageError> {
+        if let Some(e) = self.marks.failed() {
+            return Some(e);
+        }
+        self.pending.borrow().closed.then_some(StorageError::Closed)
+    }
+
+    /// The largest record body it takes ([`StoreConfig::max_record_bytes`]).
+    pub fn max_record(&self) -> u64 {
+        self.max_record
     }
 
     /// For a stream this log knows as deleted: the operation number of its

@@ -609,3 +609,45 @@ fn actors_of_deleted_streams_end_and_a_stream_made_again_numbers_on() {
     drop(c);
     broker.shutdown();
 }
+
+#[test]
+fn a_stream_whose_actor_panicked_right_after_making_it_numbers_on_from_what_it_logged() {
+    let dir = TempDir::new();
+    let mut config = config();
+    config.debug_commands = true;
+    let broker = start_in(&dir.0, 1, config.clone());
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XADD", "gone", "1-1", "a", "1"]), R::bulk("1-1"));
+    assert_eq!(c.cmd(&["DEL", "gone"]), R::Int(1));
+    // A deleted stream and one never made, each made by an add whose
+    // actor then panics in the same run of pipelined commands, before it
+    // told its log anything: the add is logged, its reply is an error.
+    for key in ["gone", "never"] {
+        let mut wire = Vec::new();
+        for args in [
+            vec!["XADD", key, "9-1", "a", "9"],
+            vec!["DEBUG", "PANIC-STREAM", key],
+        ] {
+            wire.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+            for a in args {
+                wire.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+            }
+        }
+        c.send_raw(&wire);
+        let (add, panic) = (c.read(), c.read());
+        assert!(matches!(panic, R::Error(_)), "{panic:?}");
+        assert!(matches!(add, R::Error(_) | R::Bulk(_)), "{add:?}");
+        // The restarted actor goes on from the logged add: what it
+        // answers now is what a restart finds.
+        let r = c.cmd(&["XADD", key, "6-1", "a", "6"]);
+        assert!(matches!(r, R::Error(_) | R::Bulk(_)), "{r:?}");
+    }
+    let before = state(&mut c);
+    drop(c);
+    broker.shutdown();
+    let broker = start_in(&dir.0, 1, config);
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(state(&mut c), before);
+    drop(c);
+    broker.shutdown();
+}

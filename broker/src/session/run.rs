@@ -36,6 +36,13 @@ pub(super) struct Run {
     commands: Vec<(&'static str, Vec<Bytes>)>,
 }
 
+impl Run {
+    /// Whether every command gathered so far is on stream `key`.
+    pub(super) fn is_on(&self, key: &[u8]) -> bool {
+        self.commands.iter().all(|(_, args)| args[1] == key)
+    }
+}
+
 /// Places in a run (bit `i`: the run's command `i`); a run holds at most
 /// [`RUN_MAX`] = 64 commands.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -92,11 +92,13 @@ struct Held {
     now: Option<Need>,
     /// Later needs not in force yet, each once the segment of the record
     /// that moved it (given beside it) is flushed, oldest first. At most
-    /// two: a move between them is folded into the first (which then
-    /// holds at least what either needed), so a stream that moves its
-    /// need in every segment (a snapshot asked for at each roll) still
-    /// sees its oldest move come into force, instead of a newer one
-    /// taking its place each time and none ever being reached.
+    /// two, and each holds at least what every later move needs: a crash
+    /// once a move is in force may leave any later record on disk, whose
+    /// replay needs what it needed. A move between the two is folded into
+    /// the first, so a stream that moves its need in every segment (a
+    /// snapshot asked for at each roll) still sees its oldest move come
+    /// into force, instead of a newer one taking its place each time and
+    /// none ever being reached.
     pending: [Option<(Option<Need>, u32)>; 2],
     /// The newest segment holding one of its records. A deleted stream
     /// (needing nothing) stays known while a segment up to this one is on
@@ -105,6 +107,10 @@ struct Held {
     last_by: u32,
     /// The operation number of its last record, as last told.
     op_no: u64,
+    /// A record made the stream (it did not exist before it) and its need
+    /// is not told yet: an actor restarted now must read it back, not go
+    /// on from `op_no` as for a deleted stream.
+    making: bool,
 }
 
 /// A need's rank: the segment it holds (needing nothing: none).
@@ -119,23 +125,30 @@ impl Held {
             pending: [None, None],
             last_by,
             op_no,
+            making: false,
         }
     }
 
     /// Notes a move to `need` by a record in segment `by` (not flushed
     /// yet, and needing less than the need in force).
     fn defer(&mut self, need: Option<Need>, by: u32) {
+        fn lower(slot: &mut (Option<Need>, u32), need: Option<Need>) {
+            if rank(need) < rank(slot.0) {
+                slot.0 = need;
+            }
+        }
         match &mut self.pending {
             [None, _] => self.pending[0] = Some((need, by)),
+            // The same segment: once it is flushed, the newer record's
+            // need is the one (no crash leaves half a flushed segment).
             [Some(first), None] if first.1 == by => first.0 = need,
-            [Some(_), None] => self.pending[1] = Some((need, by)),
+            [Some(first), None] => {
+                lower(first, need);
+                self.pending[1] = Some((need, by));
+            }
             [Some(first), Some(last)] => {
-                if last.1 != by {
-                    // The move in between is folded into the first.
-                    if rank(last.0) < rank(first.0) {
-                        first.0 = last.0;
-                    }
-                }
+                // The first held at least what `last` needed already.
+                lower(first, need);
                 *last = (need, by);
             }
         }
@@ -227,9 +240,16 @@ impl Retention {
             Some(held) => {
                 held.last_by = held.last_by.max(by);
                 held.op_no = held.op_no.max(op_no);
-                if rank(need) <= rank(held.now) || by <= self.flushed {
+                held.making = false;
+                if need.is_none() && held.newest().is_none() {
+                    // Deleted already (in force or not): nothing moves.
+                    return;
+                }
+                let flushed =
+                    by <= self.flushed && held.pending.iter().flatten().all(|(_, b)| *b <= by);
+                if rank(need) <= rank(held.now) || flushed {
                     // Needing more holds at once; needing less only once
-                    // what says so is flushed.
+                    // what says so is flushed (and every move before it).
                     held.now = need;
                     held.pending = [None, None];
                 } else {
@@ -251,6 +271,22 @@ impl Retention {
             .or_insert_with(|| Held::new(None, by, op_no));
         held.last_by = held.last_by.max(by);
         held.op_no = held.op_no.max(op_no);
+        held.making = false;
+    }
+
+    /// Stream `name` was made by its record `op_no` in segment `by`, its
+    /// need not told yet (it is, after the command): until then the log
+    /// knows the name as having records to read back, so an actor
+    /// restarted meanwhile (a panic later in the same run of commands)
+    /// reads them instead of numbering from a deletion or from 1 again.
+    pub fn making(&mut self, name: &Bytes, by: u32, op_no: u64) {
+        let held = self
+            .needs
+            .entry(name.clone())
+            .or_insert_with(|| Held::new(None, by, op_no));
+        held.last_by = held.last_by.max(by);
+        held.op_no = held.op_no.max(op_no);
+        held.making = true;
     }
 
     /// For a stream this log knows as deleted (its newest need, in force
@@ -259,7 +295,7 @@ impl Retention {
     /// not know the stream, or it exists.
     pub fn gone_op_no(&self, name: &[u8]) -> Option<u64> {
         let held = self.needs.get(name)?;
-        held.newest().is_none().then_some(held.op_no)
+        (held.newest().is_none() && !held.making).then_some(held.op_no)
     }
 
     /// Segment `flushed` and every one before it are whole and flushed,
@@ -285,6 +321,7 @@ impl Retention {
             }
             held.now.is_some()
                 || held.pending[0].is_some()
+                || held.making
                 || first_on_disk.is_some_and(|first| first <= held.last_by)
         });
         let keep_from = oldest.min(done + 1);
@@ -427,6 +464,49 @@ mod tests {
         }
         // 13 flushed: the newest is in force.
         assert_eq!(r.collect(13, 13).remove, vec![4, 5, 6, 7, 8]);
+    }
+
+    #[test]
+    fn a_move_in_force_holds_what_any_later_move_needs() {
+        let a = Bytes::from_static(b"a");
+        let mut r = Retention::new(1..=10, vec![(a.clone(), need(1, false).unwrap())], vec![]);
+        r.created(11);
+        r.created(12);
+        // Two moves: the later (in 12) needs 4, more than the first (6).
+        r.set(&a, need(6, false), 11, 0);
+        r.set(&a, need(4, false), 12, 0);
+        // 11 flushed, 12 not: a crash may keep the record in 12, whose
+        // replay needs segment 4.
+        assert_eq!(r.collect(11, 12).remove, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_deletion_waiting_for_its_flush_stays_waiting_whatever_is_told_after() {
+        let a = Bytes::from_static(b"a");
+        let keep = Bytes::from_static(b"keep");
+        let mut r = Retention::new(
+            1..=4,
+            vec![
+                (a.clone(), need(2, false).unwrap()),
+                (keep.clone(), need(3, false).unwrap()),
+            ],
+            vec![],
+        );
+        r.created(5);
+        // `a` deleted by a record in 5, not flushed yet.
+        r.set(&a, None, 5, 3);
+        // A fresh actor for the deleted name tells the same, from an
+        // older segment: the deletion is still not in force.
+        r.set(&a, None, 0, 3);
+        assert_eq!(r.collect(4, 5).remove, vec![1], "segment 2 holds `a`");
+        assert_eq!(r.gone_op_no(&a), Some(3));
+        // Made by a record whose need is not told yet: read back, not
+        // numbered on from the deletion.
+        r.making(&a, 5, 4);
+        assert_eq!(r.gone_op_no(&a), None);
+        assert!(r.knows(&a));
+        r.set(&a, need(5, false), 5, 4);
+        assert_eq!(r.gone_op_no(&a), None);
     }
 
     #[test]
