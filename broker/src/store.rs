@@ -427,6 +427,16 @@ impl ShardLog {
     ) -> Rc<ShardLog> {
         let first = start.segments.iter().max().map_or(1, |s| s + 1);
         let dir = gen_dir.join(log::log_dir_name(log_no));
+        // The segments from before the start are whole and flushed
+        // (recovery flushed what it read, a rewrite what it wrote): a
+        // power-loss image keeps them.
+        for segment in &start.segments {
+            let path = dir.join(log::segment_file_name(*segment));
+            if let Ok(meta) = std::fs::metadata(&path) {
+                durable.set_written(&path, meta.len());
+                durable.set(&path, meta.len());
+            }
+        }
         let pending = Pending {
             segment: first,
             fill: log::HEADER_LEN as u64,

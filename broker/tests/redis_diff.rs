@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use mailring_broker::{Broker, BrokerConfig};
 
 mod common;
-use common::TempDir;
+use common::{power_loss_image, TempDir};
 
 fn have(tool: &str) -> bool {
     Command::new(tool)
@@ -210,12 +210,11 @@ fn mask(text: &str, integers: bool) -> String {
     out
 }
 
-/// Runs `steps` through redis-server and through `broker` (which it then
-/// stops), and adds a failure naming `what` for each step whose outputs
-/// differ.
+/// Runs `steps` through redis-server and through `broker`, and adds a
+/// failure naming `what` for each step whose outputs differ.
 fn compare(
     redis: &RedisServer,
-    broker: Broker,
+    broker: &Broker,
     steps: &[Step],
     resp3: bool,
     what: &str,
@@ -223,7 +222,6 @@ fn compare(
 ) {
     let want = run(redis.port, steps, resp3);
     let got = run(broker.local_addr().port(), steps, resp3);
-    broker.shutdown();
     for ((step, w), g) in steps.iter().zip(&want).zip(&got) {
         if w != g {
             failures.push(format!(
@@ -269,7 +267,8 @@ fn scripted_redis_cli_sessions_match_redis_server() {
         let redis = RedisServer::start(&dir.0.join(format!("redis-{name}")));
         let config = broker_config(dir.0.join(format!("broker-{name}")));
         let broker = Broker::start(config).expect("start the broker");
-        compare(&redis, broker, &steps, resp3, &name, &mut failures);
+        compare(&redis, &broker, &steps, resp3, &name, &mut failures);
+        broker.shutdown();
     }
     assert!(
         failures.is_empty(),
@@ -539,7 +538,10 @@ fn random_traffic_across_restarts_matches_redis_server() {
         config.store.segment_bytes = 4096;
         // Rounds of traffic, the broker restarted between them with
         // another shard count (its state read back from its files, moved
-        // between logs); redis-server runs throughout.
+        // between logs); redis-server runs throughout. After rounds 0 and
+        // 2 the next starts from what a power loss would have left
+        // (`appendfsync always`: every reply waited for its flush, so
+        // nothing answered may be missing).
         for (round, shards) in [1, 2, 3, 1].into_iter().enumerate() {
             traffic.node_info = round == 0;
             let mut steps = Vec::new();
@@ -549,7 +551,13 @@ fn random_traffic_across_restarts_matches_redis_server() {
             config.shards = shards;
             let broker = Broker::start(config.clone()).expect("start the broker");
             let what = format!("seed {seed}, round {round}");
-            compare(&redis, broker, &steps, seed % 2 == 0, &what, &mut failures);
+            compare(&redis, &broker, &steps, seed % 2 == 0, &what, &mut failures);
+            if round % 2 == 0 {
+                let image = dir.0.join(format!("broker-{seed}-power-loss-{round}"));
+                power_loss_image(&config.store.dir, &image, &broker.durable_files());
+                config.store.dir = image;
+            }
+            broker.shutdown();
         }
     }
     assert!(

@@ -60,3 +60,32 @@ pub(crate) fn segment_files(dir: &std::path::Path) -> Vec<PathBuf> {
     out.sort();
     out
 }
+
+/// Copies what a power loss now would leave of `dir` into `to`: each
+/// segment cut to its flushed length, segments never flushed left out.
+pub(crate) fn power_loss_image(
+    dir: &std::path::Path,
+    to: &std::path::Path,
+    durable: &std::collections::HashMap<std::path::PathBuf, u64>,
+) {
+    for gen in std::fs::read_dir(dir).unwrap().flatten() {
+        let gen_to = to.join(gen.file_name());
+        std::fs::create_dir_all(&gen_to).unwrap();
+        for entry in std::fs::read_dir(gen.path()).unwrap().flatten() {
+            if entry.path().is_file() {
+                std::fs::copy(entry.path(), gen_to.join(entry.file_name())).unwrap();
+                continue;
+            }
+            let log_to = gen_to.join(entry.file_name());
+            std::fs::create_dir_all(&log_to).unwrap();
+            for seg in std::fs::read_dir(entry.path()).unwrap().flatten() {
+                let Some(&len) = durable.get(&seg.path()) else {
+                    continue;
+                };
+                let mut bytes = std::fs::read(seg.path()).unwrap();
+                bytes.truncate(len as usize);
+                std::fs::write(log_to.join(seg.file_name()), bytes).unwrap();
+            }
+        }
+    }
+}
