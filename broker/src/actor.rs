@@ -57,9 +57,9 @@ pub struct StreamActor {
     last_segment: u32,
     /// The need last told to the log.
     published: Option<Option<Need>>,
-    /// `op_no` as of the last [`StreamActor::publish_need`] (after which
-    /// the log knows every operation number of a deleted stream).
-    told_op_no: u64,
+    /// A record made the stream since the log was last told its need (the
+    /// log holds that record's segment until told).
+    made_untold: bool,
     /// Where the last record appended went ([`Loc::NONE`] inside a
     /// transaction, until its record is appended).
     appended_at: Loc,
@@ -86,7 +86,7 @@ impl StreamActor {
             runs: VecDeque::new(),
             last_segment: 0,
             published: None,
-            told_op_no: 0,
+            made_untold: false,
             appended_at: Loc::NONE,
             cache_budget: store::DEFAULT_STREAM_CACHE,
             counted: 0,
@@ -461,13 +461,19 @@ impl Handler<ExecBatch> for StreamActor {
         // is the rare case, not one a client can ask for at will).
         let refused = self.log.as_ref().and_then(|log| {
             log.refusal().or_else(|| {
-                let bytes: u64 = m.commands.iter().flatten().map(|a| a.len() as u64).sum();
-                (bytes > log.max_record()).then_some(StorageError::TooLarge(bytes as usize))
+                let bytes: u64 = m
+                    .commands
+                    .iter()
+                    .flat_map(|c| c.iter().skip(1))
+                    .map(|a| a.len() as u64)
+                    .sum();
+                (bytes > log.max_record()).then_some(StorageError::TransactionTooLarge(bytes))
             })
         });
         if let Some(e) = refused {
             self.shared = Some(shared);
             let err = storage_error(&e);
+            self.end_if_nothing(cx);
             return BatchAnswer {
                 replies: m.commands.iter().map(|_| err.clone()).collect(),
                 durable: None,
@@ -499,6 +505,7 @@ impl Handler<ExecBatch> for StreamActor {
                     // what the commands changed in memory is dropped.
                     let err = storage_error(&e);
                     self.reload(m.broker).await;
+                    self.end_if_nothing(cx);
                     return BatchAnswer {
                         replies: replies.iter().map(|_| err.clone()).collect(),
                         durable: None,
@@ -606,7 +613,9 @@ impl StreamActor {
 }
 
 /// Wakes `notify` (with `index`) at the first append after `after` (at
-/// once if there is one already).
+/// once if there is one already). With a notify already done (its reader
+/// gave up, or another stream woke it), a sweep: the actor drops the
+/// watchers of readers that gave up, and ends if it holds nothing else.
 #[derive(Debug, Message)]
 pub struct Watch {
     /// The id the reader has read up to.
@@ -743,7 +752,6 @@ impl StreamActor {
                 self.op_no = log.gone_op_no(&self.name).unwrap_or(0);
                 self.last_segment = log.current_segment();
                 self.published = Some(None);
-                self.told_op_no = self.op_no;
                 None
             }
             (None, Some(log)) if log.knows(&self.name) => match log
@@ -778,7 +786,9 @@ impl StreamActor {
         self.gauge = Some(shared.cached_bytes.clone());
         self.shared = Some(shared);
         self.settle();
-        // The log counted the recovered need already; this only agrees.
+        // Tells the log what the stream needs (a recovered need, counted
+        // at start, only agrees; a stream read back after a panic moves it
+        // from the segment now written to).
         self.publish_need();
     }
 
@@ -797,7 +807,7 @@ impl StreamActor {
         self.runs.clear();
         self.last_segment = 0;
         self.published = None;
-        self.told_op_no = 0;
+        self.made_untold = false;
         self.appended_at = Loc::NONE;
         // Its cached bytes leave the broker's total.
         self.settle();
@@ -822,16 +832,15 @@ impl StreamActor {
             &mut self.runs,
             small,
         );
-        if self.published != Some(need) {
+        // Told too when a record made the stream since (the log holds
+        // that record's segment until told), whatever the need: made and
+        // deleted in between, the log learns the deletion's number and
+        // holds the segment until the deletion is flushed.
+        if self.published != Some(need) || self.made_untold {
             log.set_need(&self.name, need, self.last_segment, self.op_no);
             self.published = Some(need);
-        } else if need.is_none() && self.op_no > self.told_op_no {
-            // Records logged, yet the stream exists neither before nor
-            // after them (a transaction made and deleted it): the log
-            // keeps its name known while they are on disk.
-            log.note_gone_records(&self.name, self.last_segment, self.op_no);
+            self.made_untold = false;
         }
-        self.told_op_no = self.op_no;
     }
 
     /// [`StreamActor::note`] for `Op::Add { id, .. }`.
@@ -1017,6 +1026,7 @@ impl StreamActor {
             log.append_encoded(|dst| crate::log::encode_add(dst, &self.name, op_no, id, fields))?;
         if starts {
             log.note_making(&self.name, loc.segment, op_no);
+            self.made_untold = true;
         }
         self.op_no = op_no;
         self.appended_at = loc;
@@ -1036,6 +1046,7 @@ impl StreamActor {
         let (ticket, loc) = log.append(&record)?;
         if starts {
             log.note_making(&self.name, loc.segment, record.op_no);
+            self.made_untold = true;
         }
         self.op_no += 1;
         self.appended_at = loc;

@@ -215,7 +215,22 @@ impl RespCodec {
                         return Ok(None);
                     }
                     if buf[p.pos] != b'$' {
-                        return Err(ProtocolError::ExpectedBulk(char::from(buf[p.pos])));
+                        // Redis checks for the `$` once the line is all
+                        // there (a `\r` and a byte after it).
+                        if line_end(buf, p.pos).is_none() {
+                            if buf.len() - p.pos > INLINE_MAX {
+                                return Err(ProtocolError::BulkLineTooLong);
+                            }
+                            self.partial = Some(p);
+                            return Ok(None);
+                        }
+                        // Its error texts keep to one line: a line end
+                        // shows as a space.
+                        let got = match buf[p.pos] {
+                            b'\r' | b'\n' => ' ',
+                            b => char::from(b),
+                        };
+                        return Err(ProtocolError::ExpectedBulk(got));
                     }
                     // The common line (a few digits): one pass.
                     if let Some((n, next)) = short_len_line(buf, p.pos + 1) {
@@ -932,6 +947,7 @@ mod tests {
         let cases: &[(&[u8], ProtocolError)] = &[
             (b"*x\r\n", ProtocolError::InvalidMultibulkLength),
             (b"*2\r\n+PING\r\n", ProtocolError::ExpectedBulk('+')),
+            (b"*2\r\n\r\n", ProtocolError::ExpectedBulk(' ')),
             (b"*1\r\n$-5\r\n", ProtocolError::InvalidBulkLength),
             (b"*1\r\n$01\r\n", ProtocolError::InvalidBulkLength),
             (b"*99999999999\r\n", ProtocolError::InvalidMultibulkLength),
@@ -952,6 +968,13 @@ mod tests {
             c.decode(&mut buf).unwrap(),
             Some(Request::Broken(ProtocolError::InlineTooLong))
         );
+        // A header line not all there yet is not judged: Redis waits for
+        // its `\r` and the byte after it before looking for the `$`.
+        for wire in [&b"*2\r\n+PI"[..], b"*2\r\n+PING\r", b"*5\r\r\n"] {
+            let mut c = RespCodec::new();
+            let mut buf = BytesMut::from(wire);
+            assert_eq!(c.decode(&mut buf).unwrap(), None, "{wire:?}");
+        }
         let mut c = RespCodec::new();
         let mut long = b"*1\r\n$".to_vec();
         long.extend(std::iter::repeat_n(b'1', INLINE_MAX + 1));

@@ -256,12 +256,25 @@ impl RespSession {
                 Ok(()) => cx.close(),
                 Err(e) => self.reply(e, cx),
             },
+            b"exists" | b"type" | b"keys" | b"scan" if cx.pending_replies() > 0 => {
+                // Requests before it, still in flight to their streams'
+                // actors, may make or delete streams: answered from the
+                // catalog once they are done, and nothing after it runs
+                // before (a later request could change what it reads).
+                let shared = self.shared.clone();
+                let proto = self.proto;
+                cx.reply_in_turn(move || catalog_reply(&shared, &args).frame(proto));
+                cx.hold_frames_until_replied();
+            }
             b"del" => {
                 // Each existing stream's actor drops it; the replies are
-                // summed in order with the rest.
+                // summed in order with the rest. With requests in flight
+                // (one may be making a stream named here), every name is
+                // asked, not only those in the catalog now.
+                let in_flight = cx.pending_replies() > 0;
                 let asks: Vec<_> = args[1..]
                     .iter()
-                    .filter(|k| self.shared.catalog.contains(k))
+                    .filter(|k| in_flight || self.shared.catalog.contains(k))
                     .map(|k| {
                         self.shared
                             .system
@@ -329,26 +342,7 @@ impl RespSession {
                 None => command::not_an_integer(),
             },
             b"config" => self.config(args),
-            b"exists" => Reply::Int(
-                args[1..]
-                    .iter()
-                    .filter(|k| self.shared.catalog.contains(k))
-                    .count() as i64,
-            ),
-            b"type" => Reply::Status(if self.shared.catalog.contains(&args[1]) {
-                "stream"
-            } else {
-                "none"
-            }),
-            b"keys" => Reply::Array(
-                self.shared
-                    .catalog
-                    .matching(&args[1])
-                    .into_iter()
-                    .map(Reply::Bulk)
-                    .collect(),
-            ),
-            b"scan" => self.scan(args),
+            b"exists" | b"type" | b"keys" | b"scan" => catalog_reply(&self.shared, args),
             b"info" => self.info(args),
             b"command" => self.command(args),
             b"watch" => Reply::err(
@@ -623,6 +617,34 @@ impl RespSession {
     }
 }
 
+/// `EXISTS`, `TYPE`, `KEYS` and `SCAN`, answered from the catalog of
+/// streams (no actor is asked).
+fn catalog_reply(shared: &Shared, args: &[Bytes]) -> Reply {
+    let name = args[0].to_ascii_lowercase();
+    match name.as_slice() {
+        b"exists" => Reply::Int(
+            args[1..]
+                .iter()
+                .filter(|k| shared.catalog.contains(k))
+                .count() as i64,
+        ),
+        b"type" => Reply::Status(if shared.catalog.contains(&args[1]) {
+            "stream"
+        } else {
+            "none"
+        }),
+        b"keys" => Reply::Array(
+            shared
+                .catalog
+                .matching(&args[1])
+                .into_iter()
+                .map(Reply::Bulk)
+                .collect(),
+        ),
+        _ => RespSession::scan(shared, args),
+    }
+}
+
 /// When a `BLOCK ms` read gives up (`0`: never).
 fn block_deadline(ms: u64) -> Option<std::time::Instant> {
     (ms > 0).then(|| mailring::time::deadline_in(std::time::Duration::from_millis(ms)))
@@ -650,6 +672,10 @@ async fn next_append(
         fn drop(&mut self) {
             let fired = self.notify.fired_index();
             self.notify.give_up();
+            if fired == Some(Shared::CLOSING) {
+                // The broker stops: no actor needs sweeping.
+                return;
+            }
             for (i, a) in self.actors.iter().enumerate() {
                 if Some(i) != fired {
                     let _ = a.tell(Watch {
@@ -663,11 +689,6 @@ async fn next_append(
         }
     }
     let notify = Notify::new();
-    let _give_up = GiveUpOnDrop {
-        notify: notify.clone(),
-        actors,
-        broker: shared.id,
-    };
     {
         let mut blocked = shared.blocked.lock().unwrap_or_else(|p| p.into_inner());
         if shared.closing.load(Ordering::Acquire) {
@@ -676,6 +697,11 @@ async fn next_append(
         blocked.retain(|w| w.strong_count() > 0);
         blocked.push(Arc::downgrade(&notify));
     }
+    let _give_up = GiveUpOnDrop {
+        notify: notify.clone(),
+        actors,
+        broker: shared.id,
+    };
     for (i, (a, after)) in actors.iter().zip(after).enumerate() {
         let _ = a.tell(Watch {
             after: *after,
@@ -836,8 +862,6 @@ impl Session for RespSession {
             }
         };
         let spec = command::lookup(&args[0]);
-        // A gathered run goes before any request that cannot join it, so
-        // replies keep the requests' order.
         if self.shared.config.debug_commands
             && self.authenticated
             && self.multi.is_none()
@@ -853,6 +877,8 @@ impl Session for RespSession {
             let key_first = vec![args[0].clone(), args[2].clone()];
             return self.gather("debug-panic", key_first, cx);
         }
+        // A gathered run goes before any request that cannot join it, so
+        // replies keep the requests' order.
         if self.run.is_some() && !self.joins_run(spec, &args) {
             self.send_run(cx);
         }

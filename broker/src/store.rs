@@ -147,6 +147,10 @@ pub enum StorageError {
     /// nothing was written.
     #[error("a {0}-byte record is larger than the log takes")]
     TooLarge(usize),
+    /// A transaction whose arguments alone are over the log's record
+    /// limit; refused before it ran.
+    #[error("a transaction with {0} bytes of arguments is larger than the log takes")]
+    TransactionTooLarge(u64),
 }
 
 /// The reply-side watermark of one log: appends up to `done` are flushed
@@ -610,15 +614,6 @@ impl ShardLog {
     /// record in segment `by` says (see [`retention`]).
     pub fn set_need(&self, name: &Bytes, need: Option<Need>, by: u32, op_no: u64) {
         self.retention.borrow_mut().set(name, need, by, op_no);
-    }
-
-    /// Stream `name`, which exists neither before nor after, logged
-    /// records up to operation `op_no` in segment `by` (see
-    /// [`retention::Retention::logged_while_gone`]).
-    pub fn note_gone_records(&self, name: &Bytes, by: u32, op_no: u64) {
-        self.retention
-            .borrow_mut()
-            .logged_while_gone(name, by, op_no);
     }
 
     /// Stream `name` was made by its record `op_no` in segment `by` (see

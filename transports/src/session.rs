@@ -275,6 +275,8 @@ enum Slot<T> {
     /// Several replies from one future, counted as that many.
     LaterMany(usize, Pin<Box<dyn Future<Output = Vec<T>>>>),
     ReadyMany(Vec<T>),
+    /// A reply made when every slot before it is ready.
+    InTurn(Box<dyn FnOnce() -> T>),
 }
 
 /// A session's view of its connection: identity, outbound frames in order,
@@ -406,6 +408,56 @@ impl<S: Session> SessionCtx<S> {
             .push_back(Slot::LaterMany(count, Box::pin(replies)));
     }
 
+    /// Queues a reply made by `reply` once every reply queued before it is
+    /// ready (at once if none is pending): what it reads then includes
+    /// what the requests before it did. For a request answered from shared
+    /// state (a catalog, a counter) that earlier pipelined requests, still
+    /// in flight to their actors, may change. Later requests are still
+    /// handled meanwhile, and their work may finish first: follow it with
+    /// [`SessionCtx::hold_frames_until_replied`] when they could change
+    /// what it reads.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use mailring_transports::codec::LengthDelimited;
+    /// use mailring_transports::{Session, SessionCtx};
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// struct Counter {
+    ///     count: Arc<AtomicU64>,
+    /// }
+    ///
+    /// impl Session for Counter {
+    ///     type Codec = LengthDelimited;
+    ///     type Key = ();
+    ///
+    ///     async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+    ///         let count = self.count.clone();
+    ///         if frame.as_ref() == b"COUNT" {
+    ///             // After the increments before it, however long they
+    ///             // take, and before any after it.
+    ///             let n = move || count.load(Ordering::Relaxed);
+    ///             cx.reply_in_turn(move || Bytes::from(n().to_string()));
+    ///             cx.hold_frames_until_replied();
+    ///         } else {
+    ///             cx.reply_later(async move {
+    ///                 count.fetch_add(1, Ordering::Relaxed);
+    ///                 Bytes::from_static(b"OK")
+    ///             });
+    ///         }
+    ///     }
+    /// }
+    /// ```
+    pub fn reply_in_turn(&mut self, reply: impl FnOnce() -> FrameOut<S> + 'static) {
+        if self.pending == 0 {
+            let frame = reply();
+            return self.send_frame(frame);
+        }
+        self.pending += 1;
+        self.slots.push_back(Slot::InTurn(Box::new(reply)));
+    }
+
     /// Deferred replies not yet written.
     pub fn pending_replies(&self) -> usize {
         self.pending
@@ -480,7 +532,7 @@ impl<S: Session> SessionCtx<S> {
                             *slot = Slot::ReadyMany(frames);
                         }
                     }
-                    Slot::Ready(_) | Slot::ReadyMany(_) => {}
+                    Slot::Ready(_) | Slot::ReadyMany(_) | Slot::InTurn(_) => {}
                 }
             }
         }
@@ -492,6 +544,12 @@ impl<S: Session> SessionCtx<S> {
                     for frame in frames {
                         self.encode(frame);
                     }
+                }
+                // Every reply before it is written: its turn.
+                Slot::InTurn(reply) => {
+                    self.pending -= 1;
+                    let frame = reply();
+                    self.encode(frame);
                 }
                 waiting => {
                     self.slots.push_front(waiting);

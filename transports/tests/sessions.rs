@@ -282,6 +282,77 @@ fn a_pipelined_run_is_answered_by_one_deferred_reply_of_many_in_order() {
     rt.shutdown();
 }
 
+/// `SET n` stores `n` after a delay (a deferred reply); `GET` answers
+/// the stored value in turn, once every reply before it is ready, holding
+/// the frames after it until then (a later `SET` would change what it
+/// reads); `PEEK` answers it at once.
+struct InTurn {
+    value: Arc<AtomicUsize>,
+}
+
+impl Session for InTurn {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        let value = self.value.clone();
+        match frame.as_ref() {
+            b"GET" => {
+                cx.reply_in_turn(move || {
+                    Bytes::from(format!("got {}", value.load(Ordering::SeqCst)))
+                });
+                cx.hold_frames_until_replied();
+            }
+            b"PEEK" => cx.send_frame(Bytes::from(format!(
+                "peek {}",
+                value.load(Ordering::SeqCst)
+            ))),
+            set => {
+                let n: usize = String::from_utf8_lossy(&set[4..]).parse().unwrap();
+                cx.reply_later(async move {
+                    mailring::time::sleep(Duration::from_millis(30)).await;
+                    value.store(n, Ordering::SeqCst);
+                    Bytes::from(format!("set {n}"))
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn a_reply_in_turn_sees_what_the_replies_before_it_did() {
+    let rt = runtime(1);
+    let server = Server::builder(LengthDelimited::new(), |_| InTurn {
+        value: Arc::new(AtomicUsize::new(0)),
+    })
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    let mut c = client(server.local_addr());
+    let mut burst = Vec::new();
+    for f in [&b"SET 1"[..], b"PEEK", b"GET", b"SET 2", b"GET", b"GET"] {
+        burst.extend(frame(f));
+    }
+    c.write_all(&burst).unwrap();
+    let replies: Vec<Vec<u8>> = (0..6).map(|_| read_frame(&mut c).unwrap()).collect();
+    assert_eq!(
+        replies,
+        [
+            &b"set 1"[..],
+            b"peek 0",
+            b"got 1",
+            b"set 2",
+            b"got 2",
+            b"got 2"
+        ]
+    );
+    // With nothing pending it is answered at once.
+    c.write_all(&frame(b"GET")).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"got 2");
+    drop(c);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
 #[test]
 fn a_second_reuseport_server_on_a_taken_port_is_refused() {
     // Another process's reuseport group on the same port would get half the

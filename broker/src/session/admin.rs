@@ -177,7 +177,7 @@ impl RespSession {
 
     /// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE type]`: the cursor is
     /// an offset into the names in byte order.
-    pub(super) fn scan(&self, args: &[Bytes]) -> Reply {
+    pub(super) fn scan(shared: &crate::server::Shared, args: &[Bytes]) -> Reply {
         let cursor = match std::str::from_utf8(&args[1])
             .ok()
             .filter(|s| !s.starts_with(['+', '-', ' ']))
@@ -207,7 +207,7 @@ impl RespSession {
             }
             i += 2;
         }
-        let names = self.shared.catalog.matching(b"*");
+        let names = shared.catalog.matching(b"*");
         let end = cursor.saturating_add(count).min(names.len());
         let page: Vec<Reply> = names
             .get(cursor.min(names.len())..end)

@@ -105,12 +105,15 @@ struct Held {
     /// disk: its records there carry its operation numbers, which an actor
     /// that makes it again must go on from.
     last_by: u32,
-    /// The operation number of its last record, as last told.
+    /// The operation number of its last record, as last told (by a need
+    /// or by a record that made it).
     op_no: u64,
-    /// A record made the stream (it did not exist before it) and its need
-    /// is not told yet: an actor restarted now must read it back, not go
-    /// on from `op_no` as for a deleted stream.
-    making: bool,
+    /// The segment of a record that made the stream (it did not exist
+    /// before it) while the stream's need since is not told yet: the
+    /// segment stays (its records are replayed from there, whatever later
+    /// records a crash keeps), and an actor restarted meanwhile reads the
+    /// stream back instead of going on from `op_no` as for a deleted one.
+    making: Option<u32>,
 }
 
 /// A need's rank: the segment it holds (needing nothing: none).
@@ -125,7 +128,7 @@ impl Held {
             pending: [None, None],
             last_by,
             op_no,
-            making: false,
+            making: None,
         }
     }
 
@@ -228,7 +231,11 @@ impl Retention {
 
     /// Stream `name` now needs `need` (`None`: nothing, it was deleted),
     /// moved there by a record in segment `by`; its last record is its
-    /// operation `op_no`.
+    /// operation `op_no`. A stream made since its need was last told (see
+    /// [`Retention::making`]) holds the segment that made it until this
+    /// need is in force: made and deleted between two tellings, it holds
+    /// it until the deletion is flushed. Telling a deleted stream deleted
+    /// again moves nothing.
     pub fn set(&mut self, name: &Bytes, need: Option<Need>, by: u32, op_no: u64) {
         match self.needs.get_mut(name) {
             None => {
@@ -240,7 +247,21 @@ impl Retention {
             Some(held) => {
                 held.last_by = held.last_by.max(by);
                 held.op_no = held.op_no.max(op_no);
-                held.making = false;
+                if let Some(made) = held.making.take() {
+                    let hold = Some(Need {
+                        segment: made,
+                        by_history: true,
+                        movable: false,
+                    });
+                    if rank(hold) < rank(held.now) {
+                        held.now = hold;
+                    }
+                    for (need, _) in held.pending.iter_mut().flatten() {
+                        if rank(hold) < rank(*need) {
+                            *need = hold;
+                        }
+                    }
+                }
                 if need.is_none() && held.newest().is_none() {
                     // Deleted already (in force or not): nothing moves.
                     return;
@@ -259,21 +280,6 @@ impl Retention {
         }
     }
 
-    /// Stream `name`, which exists neither before nor after, logged a
-    /// record in segment `by` (a transaction that made and deleted it):
-    /// it stays known while that segment is on disk, as a deleted stream
-    /// does, so an actor that makes it again goes on from that record's
-    /// operation number.
-    pub fn logged_while_gone(&mut self, name: &Bytes, by: u32, op_no: u64) {
-        let held = self
-            .needs
-            .entry(name.clone())
-            .or_insert_with(|| Held::new(None, by, op_no));
-        held.last_by = held.last_by.max(by);
-        held.op_no = held.op_no.max(op_no);
-        held.making = false;
-    }
-
     /// Stream `name` was made by its record `op_no` in segment `by`, its
     /// need not told yet (it is, after the command): until then the log
     /// knows the name as having records to read back, so an actor
@@ -286,16 +292,17 @@ impl Retention {
             .or_insert_with(|| Held::new(None, by, op_no));
         held.last_by = held.last_by.max(by);
         held.op_no = held.op_no.max(op_no);
-        held.making = true;
+        held.making = Some(held.making.map_or(by, |m| m.min(by)));
     }
 
     /// For a stream this log knows as deleted (its newest need, in force
-    /// or not yet, is none): the operation number of its last record, from
-    /// which an actor that makes it again goes on. `None`: the log does
-    /// not know the stream, or it exists.
+    /// or not yet, is none, and no record made it since): the operation
+    /// number of its last record, from which an actor that makes it again
+    /// goes on. `None`: the log does not know the stream, or it exists, or
+    /// it may (a record made it and its need is not told yet).
     pub fn gone_op_no(&self, name: &[u8]) -> Option<u64> {
         let held = self.needs.get(name)?;
-        (held.newest().is_none() && !held.making).then_some(held.op_no)
+        (held.newest().is_none() && held.making.is_none()).then_some(held.op_no)
     }
 
     /// Segment `flushed` and every one before it are whole and flushed,
@@ -313,6 +320,14 @@ impl Retention {
             if let Some(need) = held.now {
                 oldest = oldest.min(need.segment);
             }
+            if let Some(made) = held.making {
+                oldest = oldest.min(made);
+                // Not told for long (its actor panicked before it could):
+                // a checkpoint wakes the actor, which tells it.
+                if made + SNAPSHOT_LAG <= current {
+                    lagging.push(name.clone());
+                }
+            }
             // Asked again only if the moves already noted leave it behind.
             if let Some(need) = held.newest() {
                 if need.movable && need.segment + SNAPSHOT_LAG <= current {
@@ -321,7 +336,7 @@ impl Retention {
             }
             held.now.is_some()
                 || held.pending[0].is_some()
-                || held.making
+                || held.making.is_some()
                 || first_on_disk.is_some_and(|first| first <= held.last_by)
         });
         let keep_from = oldest.min(done + 1);
@@ -404,7 +419,8 @@ mod tests {
         r.set(&b, None, 4, 2);
         assert_eq!(r.gone_op_no(&b), Some(2), "deleted, not flushed yet");
         // Made and deleted again in one transaction.
-        r.logged_while_gone(&b, 4, 3);
+        r.making(&b, 4, 3);
+        r.set(&b, None, 4, 3);
         r.created(5);
         assert!(r.collect(4, 5).remove.is_empty());
         assert!(r.knows(&b) && r.knows(&gone), "their records are on disk");
@@ -507,6 +523,46 @@ mod tests {
         assert!(r.knows(&a));
         r.set(&a, need(5, false), 5, 4);
         assert_eq!(r.gone_op_no(&a), None);
+    }
+
+    #[test]
+    fn a_stream_made_and_deleted_between_tellings_holds_where_it_was_made() {
+        let a = Bytes::from_static(b"a");
+        let keep = Bytes::from_static(b"keep");
+        let mut r = Retention::new(1..=4, vec![(keep.clone(), need(4, false).unwrap())], vec![]);
+        // `a` made by a record in 5; the log rolls; more of it and its
+        // deletion go into 6; then its actor tells the log (no need).
+        r.created(5);
+        r.making(&a, 5, 1);
+        assert_eq!(r.gone_op_no(&a), None, "made: read back, not numbered on");
+        r.created(6);
+        assert!(r.collect(5, 6).remove.iter().all(|s| *s < 4));
+        r.set(&a, None, 6, 3);
+        // 5 flushed, 6 not: a crash may keep the add in 6 without the
+        // deletion; its replay starts in 5 (`keep` moves on to 6 too).
+        r.set(&keep, need(6, false), 6, 9);
+        r.created(7);
+        assert_eq!(r.collect(5, 7).remove, vec![1, 2, 3]);
+        for s in 1..=3 {
+            r.removed(s);
+        }
+        assert_eq!(r.gone_op_no(&a), Some(3));
+        // 6 flushed: the deletion is in force, 4 and 5 go.
+        assert_eq!(r.collect(6, 7).remove, vec![4, 5]);
+    }
+
+    #[test]
+    fn a_made_stream_whose_need_is_never_told_is_asked_for_a_checkpoint() {
+        let a = Bytes::from_static(b"a");
+        let mut r = Retention::new(1..=2, vec![], vec![]);
+        r.making(&a, 2, 1);
+        assert!(r.collect(2, 3).lagging.is_empty());
+        let c = r.collect(5, 6);
+        assert_eq!(c.lagging, vec![a.clone()]);
+        assert!(c.remove.is_empty() || c.remove == vec![1], "{c:?}");
+        // Told (its actor woke for the checkpoint): no longer held by it.
+        r.set(&a, need(2, false), 2, 1);
+        assert!(r.collect(5, 6).lagging.is_empty());
     }
 
     #[test]
