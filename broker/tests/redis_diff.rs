@@ -560,17 +560,7 @@ fn random_traffic_across_restarts_matches_redis_server() {
             broker.shutdown();
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} differences (the first 10):\n\n{}",
-        failures.len(),
-        failures
-            .iter()
-            .take(10)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    assert_no_failures(&failures, "");
 }
 
 /// Sends `input` on a fresh connection, closes the sending side, and
@@ -727,9 +717,14 @@ fn mutated_requests_get_the_same_bytes_back_as_from_redis_server() {
         }
     }
     broker.shutdown();
+    assert_no_failures(&failures, &format!(" of {cases} cases"));
+}
+
+/// Fails with the first ten differences found, if any.
+fn assert_no_failures(failures: &[String], of: &str) {
     assert!(
         failures.is_empty(),
-        "{} of {cases} differ (the first 10):\n\n{}",
+        "{} differences{of} (the first 10):\n\n{}",
         failures.len(),
         failures
             .iter()
