@@ -515,10 +515,10 @@ pub fn parse_read(args: &[Bytes], xreadgroup: bool) -> Result<ReadArgs, Reply> {
     };
     let rest = &args[streams..];
     if rest.len() % 2 == 1 {
-        let name = if xreadgroup { "XREADGROUP" } else { "XREAD" };
-        return Err(Reply::err(format!(
-            "Unbalanced {name} list of streams: for each stream key an ID or '$' must be specified."
-        )));
+        // Redis 7.0 names XREAD here for XREADGROUP too.
+        return Err(Reply::err(
+            "Unbalanced XREAD list of streams: for each stream key an ID or '$' must be specified.",
+        ));
     }
     if xreadgroup && group.is_none() {
         return Err(Reply::err("Missing GROUP option for XREADGROUP"));

@@ -519,13 +519,41 @@ impl RespSession {
         let ids = p.ids.clone();
         let block = p.block;
         let n = keys.len();
+        // One stream: its one read is asked now, before any later request
+        // of the connection is handled, so pipelined commands after it
+        // find it done (the actor checks the group, then the id). `$`
+        // asks the group only: its error comes first, then the id's.
+        let first = (n == 1).then(|| match command::xreadgroup_id(&ids[0]) {
+            Ok(None) => (GroupFrom::New, ask(0, GroupFrom::New, false), None),
+            Err(e) if ids[0].as_ref() == b"$" => {
+                (GroupFrom::New, ask(0, GroupFrom::New, true), Some(e))
+            }
+            Ok(Some(_)) | Err(_) => {
+                let from = GroupFrom::History(ids[0].clone());
+                (from.clone(), ask(0, from, false), None)
+            }
+        });
         cx.reply_later(async move {
             let fail = |e: mailring_actors::AskError| unavailable(e).frame(proto);
-            // Several streams: every group must exist, and every id be
-            // valid, before anything is delivered.
             let mut froms = Vec::with_capacity(n);
-            if n > 1 {
-                for i in 0..n {
+            let mut asked = None;
+            if let Some((from, answer, dollar)) = first {
+                if let Some(e) = dollar {
+                    return match answer.await {
+                        Ok(GroupAnswer {
+                            read: GroupRead::Error(g),
+                            ..
+                        }) => g.frame(proto),
+                        Ok(_) => e.frame(proto),
+                        Err(a) => fail(a),
+                    };
+                }
+                froms.push(from);
+                asked = Some(answer);
+            } else {
+                // Several streams: each one's group must exist and its id
+                // be valid, in order, before anything is delivered.
+                for (i, id) in ids.iter().enumerate() {
                     match ask(i, GroupFrom::New, true).await {
                         Ok(GroupAnswer {
                             read: GroupRead::Error(e),
@@ -534,33 +562,21 @@ impl RespSession {
                         Ok(_) => {}
                         Err(e) => return fail(e),
                     }
-                }
-            }
-            for id in &ids {
-                match command::xreadgroup_id(id) {
-                    Ok(None) => froms.push(GroupFrom::New),
-                    Ok(Some(_)) => froms.push(GroupFrom::History(id.clone())),
-                    Err(e) if n > 1 => return e.frame(proto),
-                    // One stream: the actor checks the group first.
-                    Err(e) => {
-                        if id.as_ref() == b"$" {
-                            match ask(0, GroupFrom::New, true).await {
-                                Ok(GroupAnswer {
-                                    read: GroupRead::Error(g),
-                                    ..
-                                }) => return g.frame(proto),
-                                Ok(_) => return e.frame(proto),
-                                Err(a) => return fail(a),
-                            }
-                        }
-                        froms.push(GroupFrom::History(id.clone()));
+                    match command::xreadgroup_id(id) {
+                        Ok(None) => froms.push(GroupFrom::New),
+                        Ok(Some(_)) => froms.push(GroupFrom::History(id.clone())),
+                        Err(e) => return e.frame(proto),
                     }
                 }
             }
             let mut found = Vec::new();
             let mut last_ids = Vec::with_capacity(n);
             for (i, from) in froms.iter().enumerate() {
-                let answer = match ask(i, from.clone(), false).await {
+                let answer = match asked.take() {
+                    Some(answer) => answer.await,
+                    None => ask(i, from.clone(), false).await,
+                };
+                let answer = match answer {
                     Ok(a) => a,
                     Err(e) => return fail(e),
                 };
@@ -611,7 +627,10 @@ impl RespSession {
                 }
             }
         });
-        if block.is_some() {
+        if block.is_some() || n > 1 {
+            // Blocked: a Redis client's next command runs after the
+            // answer. Several streams: their reads are asked once every
+            // group is checked, so the requests after it wait for them.
             cx.hold_frames_until_replied();
         }
     }

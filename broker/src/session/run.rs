@@ -5,10 +5,10 @@
 //! request comes, or [`RUN_MAX`] are gathered, the run goes out:
 //!
 //! - all on one stream: one [`ExecRun`] ask to that stream's actor;
-//! - over several streams: one `ExecRun` per stream, and those for streams
-//!   on another shard go inside one task spawned there per shard, which
-//!   asks them locally (one crossing each way per shard, not one per
-//!   command).
+//! - over several streams: one `ExecRun` per stream, each sent at once to
+//!   its actor, wherever it lives (asks from one connection to one actor
+//!   arrive in the order sent, so a stream's commands keep their order
+//!   across runs and the requests around them).
 //!
 //! Each command still runs as it would alone and gets its own reply; the
 //! replies are written in request order. Commands on different streams
@@ -17,7 +17,6 @@
 //! order.
 
 use bytes::Bytes;
-use mailring::ShardId;
 use mailring_transports::SessionCtx;
 
 use super::{settle, unavailable, RespSession};
@@ -80,14 +79,6 @@ struct StreamPart {
     at: Places,
     commands: Vec<(&'static str, Vec<Bytes>)>,
 }
-
-/// A [`StreamPart`] for a stream on another shard: its actor's address
-/// (the key hashed once), its places in the run, its commands.
-type AddressedPart = (
-    mailring_actors::Addr<StreamActor>,
-    Places,
-    Vec<(&'static str, Vec<Bytes>)>,
-);
 
 /// What came back for one command: an answer whose change may still be
 /// flushing, or the reply itself.
@@ -166,76 +157,24 @@ impl RespSession {
                 }
             });
         }
-        let here = cx.shard();
+        // One ask per stream, each sent now, to its actor wherever it
+        // lives: a stream's asks from this connection arrive in the order
+        // they were sent (a task spawned on the stream's shard to ask there
+        // could run after a later ask sent straight to the actor, and the
+        // stream would see a later request first).
         let system = &self.shared.system;
-        let mut local = Vec::new();
-        let mut remote: Vec<(ShardId, Vec<AddressedPart>)> = Vec::new();
-        for part in by_stream(run.commands) {
-            // The stream's key is hashed once, for its shard and its ask.
-            let addr = system.keyed::<StreamActor>(part.stream);
-            let shard = addr.shard();
-            let part = (addr, part.at, part.commands);
-            if shard == here {
-                let (addr, at, commands) = part;
-                local.push((at, addr.ask(ExecRun { commands, broker })));
-            } else {
-                match remote.iter_mut().find(|(s, _)| *s == shard) {
-                    Some((_, parts)) => parts.push(part),
-                    None => remote.push((shard, vec![part])),
-                }
-            }
-        }
-        let remote: Vec<_> = remote
+        let asks: Vec<_> = by_stream(run.commands)
             .into_iter()
-            .map(|(shard, parts)| {
-                let at = Places(parts.iter().fold(0, |all, p| all | p.1 .0));
-                let task = mailring::spawn_on(shard, async move {
-                    // On `shard`: each ask is local there, and so is the
-                    // wait for the flushes (one wake-up back, not two).
-                    let asks: Vec<_> = parts
-                        .into_iter()
-                        .map(|(addr, at, commands)| (at, addr.ask(ExecRun { commands, broker })))
-                        .collect();
-                    let mut out: Vec<(Places, Vec<Reply>)> = Vec::with_capacity(asks.len());
-                    for (at, ask) in asks {
-                        let replies = match ask.await {
-                            Ok(answers) => {
-                                let mut replies = Vec::with_capacity(answers.len());
-                                for answer in answers {
-                                    replies.push(settle(Ok(answer)).await);
-                                }
-                                replies
-                            }
-                            Err(e) => vec![unavailable(e); at.len()],
-                        };
-                        out.push((at, replies));
-                    }
-                    out
-                });
-                (at, task)
+            .map(|part| {
+                let addr = system.keyed::<StreamActor>(part.stream);
+                let commands = part.commands;
+                (part.at, addr.ask(ExecRun { commands, broker }))
             })
             .collect();
         cx.reply_later_many(n, async move {
             let mut got: Vec<Option<Got>> = (0..n).map(|_| None).collect();
-            for (at, ask) in local {
+            for (at, ask) in asks {
                 place(&mut got, at, ask.await);
-            }
-            for (at, task) in remote {
-                match task.await {
-                    Ok(parts) => {
-                        for (at, replies) in parts {
-                            for (i, reply) in at.iter().zip(replies) {
-                                got[i] = Some(Got::Reply(reply));
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        let reply = Reply::err(format!("stream unavailable: {e}"));
-                        for i in at.iter() {
-                            got[i] = Some(Got::Reply(reply.clone()));
-                        }
-                    }
-                }
             }
             let mut frames = Vec::with_capacity(n);
             for g in got {
