@@ -210,39 +210,46 @@ fn mask(text: &str, integers: bool) -> String {
     out
 }
 
-/// Runs `steps` through redis-server and through `broker`, and adds a
-/// failure naming `what` for each step whose outputs differ.
+/// Runs `steps` through redis-server and through `broker` (through
+/// `redis-cli`, or `pipelined`: all at once on one connection, each reply
+/// compared byte for byte), and adds a failure naming `what` for each
+/// step whose outputs differ.
 fn compare(
     redis: &RedisServer,
     broker: &Broker,
     steps: &[Step],
-    resp3: bool,
+    (resp3, pipelined): (bool, bool),
     what: &str,
     failures: &mut Vec<String>,
 ) {
-    let want = run(redis.port, steps, resp3);
-    let got = run(broker.local_addr().port(), steps, resp3);
-    for ((step, w), g) in steps.iter().zip(&want).zip(&got) {
+    let run = |port| {
+        if pipelined {
+            run_pipelined(port, steps, resp3)
+        } else {
+            run(port, steps, resp3)
+        }
+    };
+    let (want, got) = (run(redis.port), run(broker.local_addr().port()));
+    for (i, step) in steps.iter().enumerate() {
+        let (w, g) = (want.get(i), got.get(i));
         if w != g {
+            let before: Vec<&str> = steps[i.saturating_sub(8)..i]
+                .iter()
+                .map(|s| s.command.as_str())
+                .collect();
+            let mode = if pipelined { " (pipelined)" } else { "" };
             failures.push(format!(
-                "{what}: `{}`\n--- redis-server:\n{w}--- broker:\n{g}",
+                "{what}{mode}: `{}` after {before:?}\n--- redis-server:\n{w:?}\n--- broker:\n{g:?}",
                 step.command
             ));
         }
     }
 }
 
-/// [`compare`] with the steps sent all at once on one connection, as
-/// RESP requests (split on blanks: the generated commands quote nothing
-/// but `""`), and each reply compared byte for byte.
-fn compare_pipelined(
-    redis: &RedisServer,
-    broker: &Broker,
-    steps: &[Step],
-    resp3: bool,
-    what: &str,
-    failures: &mut Vec<String>,
-) {
+/// The steps sent all at once on one connection, as RESP requests (split
+/// on blanks: the generated commands quote nothing but `""`): each one's
+/// reply, as sent.
+fn run_pipelined(port: u16, steps: &[Step], resp3: bool) -> Vec<String> {
     let mut input = Vec::new();
     if resp3 {
         input.extend(common::encode(&[b"HELLO", b"3"]));
@@ -257,29 +264,12 @@ fn compare_pipelined(
         input.extend(common::encode(&args));
     }
     input.extend(common::encode(&[b"QUIT"]));
-    let split = |bytes: Vec<u8>| {
-        let mut replies = split_replies(&bytes);
-        if resp3 {
-            // HELLO's map carries the connection's id: not compared.
-            replies.remove(0);
-        }
-        replies
-    };
-    let want = split(exchange(redis.port, &input));
-    let got = split(exchange(broker.local_addr().port(), &input));
-    for (i, step) in steps.iter().enumerate() {
-        let (w, g) = (want.get(i), got.get(i));
-        if w != g {
-            let before: Vec<&str> = steps[i.saturating_sub(8)..i]
-                .iter()
-                .map(|s| s.command.as_str())
-                .collect();
-            failures.push(format!(
-                "{what} (pipelined): `{}` after {before:?}\n--- redis-server:\n{w:?}\n--- broker:\n{g:?}",
-                step.command
-            ));
-        }
+    let mut replies = split_replies(&exchange(port, &input));
+    if resp3 {
+        // HELLO's map carries the connection's id: not compared.
+        replies.remove(0);
     }
+    replies
 }
 
 /// A stream of RESP2/RESP3 replies cut into one string per reply.
@@ -370,7 +360,14 @@ fn scripted_redis_cli_sessions_match_redis_server() {
         let redis = RedisServer::start(&dir.0.join(format!("redis-{name}")));
         let config = broker_config(dir.0.join(format!("broker-{name}")));
         let broker = Broker::start(config).expect("start the broker");
-        compare(&redis, &broker, &steps, resp3, &name, &mut failures);
+        compare(
+            &redis,
+            &broker,
+            &steps,
+            (resp3, false),
+            &name,
+            &mut failures,
+        );
         broker.shutdown();
     }
     assert!(
@@ -731,11 +728,8 @@ fn random_traffic_across_restarts_matches_redis_server() {
             config.shards = shards;
             let broker = Broker::start(config.clone()).expect("start the broker");
             let what = format!("seed {seed}, round {round}");
-            if pipelined {
-                compare_pipelined(&redis, &broker, &steps, seed % 2 == 0, &what, &mut failures);
-            } else {
-                compare(&redis, &broker, &steps, seed % 2 == 0, &what, &mut failures);
-            }
+            let mode = (seed % 2 == 0, pipelined);
+            compare(&redis, &broker, &steps, mode, &what, &mut failures);
             if round % 2 == 0 {
                 let image = dir.0.join(format!("broker-{seed}-power-loss-{round}"));
                 power_loss_image(&config.store.dir, &image, &broker.durable_files());
