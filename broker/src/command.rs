@@ -549,7 +549,8 @@ pub fn xread_id(arg: &[u8]) -> Result<Option<StreamId>, Reply> {
     }
 }
 
-/// An `XREADGROUP` id: `None` for `>`.
+/// An `XREADGROUP` id: `None` for `>` (and for the last possible id,
+/// which Redis reads as `>`).
 ///
 /// # Errors
 ///
@@ -560,7 +561,9 @@ pub fn xreadgroup_id(arg: &[u8]) -> Result<Option<StreamId>, Reply> {
         b"$" => Err(Reply::err(
             "The $ ID is meaningless in the context of XREADGROUP: you want to read the history of this consumer by specifying a proper ID, or use the > ID to get new messages. The $ ID would just return an empty result set.",
         )),
-        _ => parse_id(arg, 0, true).map(Some),
+        // Redis holds `>` as the last possible id, so that id given
+        // explicitly reads new entries as `>` does.
+        _ => parse_id(arg, 0, true).map(|id| (id != StreamId::MAX).then_some(id)),
     }
 }
 
