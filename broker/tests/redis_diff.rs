@@ -527,6 +527,13 @@ impl Traffic {
                     _ => ">".to_owned(),
                 };
                 let noack = if self.rng.below(6) == 0 { " NOACK" } else { "" };
+                // A millisecond's block: nothing else writes meanwhile, so
+                // it answers what is there or times out, in both.
+                let noack = if !in_multi && self.rng.below(5) == 0 {
+                    format!("{noack} BLOCK 1")
+                } else {
+                    noack.to_owned()
+                };
                 if !in_multi && self.rng.below(4) == 0 {
                     let other = KEYS[(k + 1) % 3];
                     format!(
@@ -592,7 +599,12 @@ impl Traffic {
             _ => {
                 let (a, b) = (self.id(k), self.id(k));
                 let other = KEYS[(k + 2) % 3];
-                format!("XREAD COUNT {count} STREAMS {key} {other} {a} {b}")
+                let (a, block) = match self.rng.below(4) {
+                    0 => ("$".to_owned(), " BLOCK 1"),
+                    1 => (a, " BLOCK 1"),
+                    _ => (a, ""),
+                };
+                format!("XREAD COUNT {count}{block} STREAMS {key} {other} {a} {b}")
             }
         };
         (cmd, Mask::Ids)
@@ -741,9 +753,13 @@ fn random_traffic_across_restarts_matches_redis_server() {
     assert_no_failures(&failures, "");
 }
 
-/// Sends `input` on a fresh connection, closes the sending side, and
-/// returns every byte the server answered until it closed.
+/// Sends `input` on a fresh connection, closes the sending side (unless
+/// `input` ends with a `QUIT`, which closes the connection once the
+/// requests before it are answered: a server may drop a client blocked in
+/// `XREAD BLOCK` when it sees the input end), and returns every byte the
+/// server answered until it closed.
 fn exchange(port: u16, input: &[u8]) -> Vec<u8> {
+    let half_close = !input.ends_with(b"QUIT\r\n");
     use std::io::Read;
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -753,7 +769,9 @@ fn exchange(port: u16, input: &[u8]) -> Vec<u8> {
     let input = input.to_vec();
     let writer = std::thread::spawn(move || {
         let _ = w.write_all(&input);
-        let _ = w.shutdown(std::net::Shutdown::Write);
+        if half_close {
+            let _ = w.shutdown(std::net::Shutdown::Write);
+        }
     });
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
