@@ -901,8 +901,23 @@ fn mutated_requests_get_the_same_bytes_back_as_from_redis_server() {
         for _ in 0..rng.below(3) {
             input = mutate(&mut rng, &input);
         }
-        let want = exchange(redis.port, &input);
-        let got = exchange(broker.local_addr().port(), &input);
+        // Every other case in RESP3: `HELLO 3` first, its reply (which
+        // carries the connection's id) left out of the comparison.
+        let resp3 = case % 2 == 1;
+        if resp3 {
+            let mut hello = common::encode(&[b"HELLO", b"3"]);
+            hello.extend(input);
+            input = hello;
+        }
+        let answer = |port| {
+            let out = exchange(port, &input);
+            if !resp3 {
+                return out;
+            }
+            let first = split_replies(&out).first().map_or(0, |r| r.len());
+            out[first.min(out.len())..].to_vec()
+        };
+        let (want, got) = (answer(redis.port), answer(broker.local_addr().port()));
         if want != got {
             failures.push(format!(
                 "case {case}: {:?}\n--- redis-server:\n{:?}\n--- broker:\n{:?}",
