@@ -682,6 +682,58 @@ fn a_datagram_sent_at_once_arrives_and_is_refused_off_its_shard() {
     });
 }
 
+#[test]
+fn datagrams_sent_together_arrive_each_at_its_peer_in_order() {
+    use mailring::net::UdpSocket;
+    let rt = rt2();
+    let h = rt.handle().clone();
+    rt.block_on(async move {
+        let (server, a, b) = h
+            .spawn_on(ShardId::new(0), async {
+                let server = UdpSocket::bind(any_port()).unwrap();
+                let a = UdpSocket::bind(any_port()).unwrap();
+                let b = UdpSocket::bind(any_port()).unwrap();
+                let (to_a, to_b) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+                // 150 datagrams, alternating peers, one call (sent in
+                // groups of the kernel's limit).
+                let payloads: Vec<Vec<u8>> =
+                    (0..150u8).map(|i| vec![i; 1 + usize::from(i)]).collect();
+                let batch: Vec<(&[u8], std::net::SocketAddr)> = payloads
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| (&p[..], if i % 2 == 0 { to_a } else { to_b }))
+                    .collect();
+                assert_eq!(server.try_send_to_many(&batch).unwrap(), 150);
+                assert_eq!(server.try_send_to_many(&[]).unwrap(), 0);
+                for (peer, first) in [(&a, 0u8), (&b, 1u8)] {
+                    for i in (first..150).step_by(2) {
+                        let (r, buf) = peer.recv_from(Vec::with_capacity(256)).await;
+                        let (n, from) = r.unwrap();
+                        assert_eq!(
+                            (n, from),
+                            (1 + usize::from(i), server.local_addr().unwrap())
+                        );
+                        assert!(buf.iter().all(|&x| x == i));
+                    }
+                }
+                (server, a, b)
+            })
+            .await
+            .unwrap();
+        // Off its shard, refused as one send would be.
+        let to = a.local_addr().unwrap();
+        let err = h
+            .spawn_on(ShardId::new(1), async move {
+                server.try_send_to_many(&[(&b"x"[..], to)])
+            })
+            .await
+            .unwrap()
+            .expect_err("another shard's socket");
+        assert!(err.to_string().contains("another shard"), "{err}");
+        drop(b);
+    });
+}
+
 /// What the send-at-once tests need of a stream, TCP or Unix.
 trait AtOnce: Sized + Send + Sync + 'static {
     fn try_send(&self, buf: &[u8]) -> std::io::Result<usize>;
