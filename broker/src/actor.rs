@@ -14,6 +14,7 @@ use mailring_actors::{Actor, Ctx, Handler, Message};
 
 mod groups;
 
+pub(crate) use self::groups::no_group_in_readgroup;
 pub use self::groups::{GroupFrom, GroupRead};
 
 use crate::command;
@@ -990,6 +991,40 @@ impl StreamActor {
     fn wake_watchers(&mut self) {
         for (notify, index) in self.watchers.drain(..) {
             notify.fire(index);
+        }
+    }
+}
+
+impl StreamActor {
+    /// The reply to stream command `name` (the table's lower-case name) on
+    /// stream `key`, which does not exist, when the command makes no
+    /// stream (see [`StreamActor::makes_stream`]): what a fresh actor
+    /// answers. Such a command logs nothing, so the session answers it
+    /// without activating an actor or placing the name (a client probing
+    /// missing names would otherwise leave a directory record for each).
+    pub(crate) fn answer_missing(
+        name: &'static str,
+        key: &Bytes,
+        args: &[Bytes],
+        shared: &Shared,
+    ) -> Reply {
+        let mut actor = StreamActor::new(key);
+        actor.loaded = true;
+        let answer = actor.exec(name, args, shared);
+        debug_assert!(
+            actor.stream.is_none() && actor.op_no == 0,
+            "{name} changed a missing stream"
+        );
+        answer.reply
+    }
+
+    /// Whether stream command `name` with `args` may make its stream:
+    /// `XADD` without `NOMKSTREAM`, `XGROUP CREATE ... MKSTREAM`.
+    pub(crate) fn makes_stream(name: &str, args: &[Bytes]) -> bool {
+        match name {
+            "xadd" => command::parse_add_or_trim(args, true).is_ok_and(|p| !p.no_mkstream),
+            "xgroup" => args.iter().any(|a| a.eq_ignore_ascii_case(b"mkstream")),
+            _ => false,
         }
     }
 }

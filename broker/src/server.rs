@@ -510,6 +510,12 @@ impl Broker {
             .count()
     }
 
+    /// Stream names recorded in the placement directory (every name routed
+    /// to a stream actor, existing or not).
+    pub fn placed_streams(&self) -> usize {
+        self.shared.system.directory_len::<StreamActor>()
+    }
+
     /// The streams whose actors are active now, on every shard.
     pub fn active_streams(&self) -> usize {
         let rt = self.runtime.as_ref().expect("running until shutdown");

@@ -399,6 +399,14 @@ impl RespSession {
         Some(p)
     }
 
+    /// Whether stream `key` does not exist as far as this connection can
+    /// tell: not in the catalog, with nothing of the connection in flight
+    /// (a request still on its way to an actor may be making it) and no
+    /// run gathered.
+    fn reads_missing(&self, key: &[u8], cx: &SessionCtx<Self>) -> bool {
+        self.run.is_none() && cx.pending_replies() == 0 && !self.shared.catalog.contains(key)
+    }
+
     /// `XREAD`: a read of each stream; when nothing is there and `BLOCK`
     /// is given, a watch on each, and a read of the first that fires.
     fn xread(&mut self, args: &[Bytes], cx: &mut SessionCtx<Self>) {
@@ -414,6 +422,10 @@ impl RespSession {
             Ok(ids) => ids,
             Err(e) => return self.reply(e, cx),
         };
+        if p.block.is_none() && p.keys.iter().all(|k| self.reads_missing(k, cx)) {
+            // Nothing to read and nothing to wait for: no actor is asked.
+            return self.reply(Reply::NilArray, cx);
+        }
         let broker = self.shared.id;
         // For a blocking read only (it registers its wake-up).
         let shared = p.block.map(|_| self.shared.clone());
@@ -495,6 +507,11 @@ impl RespSession {
             return;
         };
         let (group, consumer) = p.group.clone().expect("parse_read checks GROUP");
+        if p.keys.len() == 1 && self.reads_missing(&p.keys[0], cx) {
+            // No stream, so no group: Redis checks that first.
+            let r = crate::actor::no_group_in_readgroup(&p.keys[0], &group);
+            return self.reply(r, cx);
+        }
         let broker = self.shared.id;
         let proto = self.proto;
         let actors: Vec<_> = p
@@ -942,6 +959,13 @@ impl Session for RespSession {
             }
             Kind::Stream(at) if args[at].len() > MAX_KEY_LEN => {
                 self.reply(key_too_long(&args[at]), cx)
+            }
+            Kind::Stream(at)
+                if self.reads_missing(&args[at], cx)
+                    && !StreamActor::makes_stream(spec.name, &args) =>
+            {
+                let r = StreamActor::answer_missing(spec.name, &args[at], &args, &self.shared);
+                self.reply(r, cx)
             }
             Kind::Stream(1) => self.gather(spec.name, args, cx),
             Kind::Stream(at) => self.to_stream(spec.name, at, args, cx),

@@ -634,6 +634,50 @@ fn reads_of_streams_that_do_not_exist_leave_no_actor_behind() {
 }
 
 #[test]
+fn reads_of_missing_streams_place_nothing() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XADD", "real", "1-1", "f", "v"]), R::bulk("1-1"));
+    let placed = broker.placed_streams();
+    // One request at a time, as a client probing names sends them: each
+    // answered as Redis answers a missing key, none routed to an actor.
+    for i in 0..200 {
+        let k = format!("missing:{i}");
+        assert_eq!(c.cmd(&["XLEN", &k]), R::Int(0));
+        assert_eq!(c.cmd(&["XRANGE", &k, "-", "+"]), R::Array(vec![]));
+        assert_eq!(c.cmd(&["XADD", &k, "NOMKSTREAM", "*", "f", "v"]), R::Nil);
+        assert_eq!(c.cmd(&["XREAD", "STREAMS", &k, "0"]), R::Nil);
+        let e = c.cmd(&["XINFO", "STREAM", &k]);
+        assert_eq!(e, R::Error("ERR no such key".into()));
+        let e = c.cmd(&["XREADGROUP", "GROUP", "g", "c", "STREAMS", &k, ">"]);
+        assert!(
+            matches!(&e, R::Error(t) if t.starts_with("NOGROUP")),
+            "{e:?}"
+        );
+        assert_eq!(c.cmd(&["XDEL", &k, "1-1"]), R::Int(0));
+        let e = c.cmd(&["XGROUP", "CREATE", &k, "g", "$"]);
+        assert!(
+            matches!(&e, R::Error(t) if t.contains("requires the key to exist")),
+            "{e:?}"
+        );
+    }
+    assert_eq!(broker.placed_streams(), placed, "names placed by reads");
+    assert_eq!(broker.active_streams(), 1);
+    // What makes a stream still does, and the stream is read back.
+    assert!(matches!(
+        c.cmd(&["XADD", "missing:7", "*", "f", "v"]),
+        R::Bulk(_)
+    ));
+    assert_eq!(
+        c.cmd(&["XGROUP", "CREATE", "missing:8", "g", "$", "MKSTREAM"]),
+        R::Status("OK".into())
+    );
+    assert_eq!(c.cmd(&["XLEN", "missing:7"]), R::Int(1));
+    assert_eq!(c.cmd(&["EXISTS", "missing:8"]), R::Int(1));
+    broker.shutdown();
+}
+
+#[test]
 fn streams_survive_a_restart_with_any_shard_count() {
     let dir = TempDir::new();
     let mut expected = Vec::new();
