@@ -1177,6 +1177,35 @@ pub(crate) fn keyed_home<A: Actor>(system: &Arc<SystemShared>, key: &A::Key, has
     }
 }
 
+/// [`keyed_home`] for a key already placed, without placing one: `None`
+/// for a directory-placed type's key no sender has routed.
+pub(crate) fn placed_home<A: Actor>(
+    system: &Arc<SystemShared>,
+    key: &A::Key,
+    hash: u64,
+) -> Option<usize> {
+    if !matches!(
+        A::CONFIG.placement,
+        ActorPlacement::Stealable | ActorPlacement::Balanced | ActorPlacement::FirstSender
+    ) {
+        return Some(keyed_home::<A>(system, key, hash));
+    }
+    let Some(ts) = type_state::<A>(system) else {
+        return system.directory::<A>().get(key, hash);
+    };
+    if let Some(&s) = ts.homes.borrow().get(key) {
+        return Some(s as usize);
+    }
+    let dir = ts.directory.get_or_init(|| system.directory::<A>());
+    let s = dir.get(key, hash)?;
+    let mut homes = ts.homes.borrow_mut();
+    if homes.len() >= HOMES_CACHED {
+        homes.clear();
+    }
+    homes.insert(mailring::RouteKey::detached(key), s as u32);
+    Some(s)
+}
+
 /// Directory records each shard caches per type, at most.
 pub(crate) const HOMES_CACHED: usize = 1 << 16;
 

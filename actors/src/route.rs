@@ -63,6 +63,13 @@ impl<K: Hash + Eq + Clone + RouteKey> Directory<K> {
     /// The key's shard; the first caller records the shard of `shards`
     /// given the fewest keys so far by this call (the lowest on a tie), and
     /// counts it there (a balanced key).
+    /// The record of `key`, if there is one (nothing is placed).
+    pub(crate) fn get(&self, key: &K, hash: u64) -> Option<usize> {
+        let stripe = &self.stripes[(hash as usize) % DIRECTORY_STRIPES];
+        let map = stripe.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(key).map(|&s| s as usize)
+    }
+
     pub(crate) fn route_balanced(&self, key: &K, hash: u64, shards: usize) -> usize {
         self.route_counted(key, hash, None, shards)
     }

@@ -1182,6 +1182,19 @@ impl SystemHandle {
         ShardId::new(local::keyed_home::<A>(&self.shared, key, hash))
     }
 
+    /// The shard key `key` of `A` lives on if it is placed, without
+    /// placing it: for a type placed through a directory (stealable,
+    /// balanced, first-sender), `None` while no sender has routed the key
+    /// (nor [`SystemHandle::place`]d it); for the others, where the key's
+    /// placement puts it, as [`SystemHandle::shard_of`] says. On a shard,
+    /// a key placed already is answered from the shard's cache without a
+    /// lock. A server asks it to answer a request for a key that cannot
+    /// exist yet without placing the key.
+    pub fn placed_shard<A: Actor>(&self, key: &A::Key) -> Option<ShardId> {
+        let hash = crate::route::route_hash(key);
+        local::placed_home::<A>(&self.shared, key, hash).map(ShardId::new)
+    }
+
     /// Records that key `key` of `A` lives on `shard`, unless it was routed
     /// already; returns the shard it lives on (the earlier record wins, so
     /// every sender agrees). For a type placed through a directory

@@ -1158,6 +1158,38 @@ fn first_sender_keys_live_on_the_shard_that_first_routed_them() {
             assert_eq!(h.shard_of::<FirstSenderKey>(&name), shard, "{name}");
         }
         assert_eq!(h.directory_len::<FirstSenderKey>(), 24);
+        // Where a key was placed, if it was, without placing it: from a
+        // shard (its cache, then the directory) and off every shard.
+        let (placed, unplaced) = h
+            .runtime()
+            .clone()
+            .spawn_on(ShardId::new(1), {
+                let h = h.clone();
+                async move {
+                    (
+                        h.placed_shard::<FirstSenderKey>(&"b3".to_owned()),
+                        h.placed_shard::<FirstSenderKey>(&"never".to_owned()),
+                    )
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!((placed, unplaced), (Some(ShardId::new(2)), None));
+        assert_eq!(
+            h.placed_shard::<FirstSenderKey>(&"p".to_owned()),
+            Some(ShardId::new(2))
+        );
+        assert_eq!(h.placed_shard::<FirstSenderKey>(&"never".to_owned()), None);
+        assert_eq!(
+            h.directory_len::<FirstSenderKey>(),
+            24,
+            "nothing placed by asking"
+        );
+        // A sticky type's keys are placed by their hash: always known.
+        assert_eq!(
+            h.placed_shard::<Account>(&7),
+            Some(h.shard_of::<Account>(&7))
+        );
     });
     let h = sys.handle();
     sys.shutdown();

@@ -1022,6 +1022,7 @@ impl StreamActor {
     /// `XADD` without `NOMKSTREAM`, `XGROUP CREATE ... MKSTREAM`.
     pub(crate) fn makes_stream(name: &str, args: &[Bytes]) -> bool {
         match name {
+            // One that does not parse makes nothing (it gets its error).
             "xadd" => command::parse_add_or_trim(args, true).is_ok_and(|p| !p.no_mkstream),
             "xgroup" => args.iter().any(|a| a.eq_ignore_ascii_case(b"mkstream")),
             _ => false,

@@ -399,12 +399,26 @@ impl RespSession {
         Some(p)
     }
 
-    /// Whether stream `key` does not exist as far as this connection can
-    /// tell: not in the catalog, with nothing of the connection in flight
-    /// (a request still on its way to an actor may be making it) and no
-    /// run gathered.
-    fn reads_missing(&self, key: &[u8], cx: &SessionCtx<Self>) -> bool {
-        self.run.is_none() && cx.pending_replies() == 0 && !self.shared.catalog.contains(key)
+    /// Whether stream `key` was never placed, with nothing of this
+    /// connection in flight (a request still on its way to an actor may be
+    /// making it) and no run gathered. Every stream that exists was placed
+    /// when it was made (or at start), and a placed name is answered from
+    /// the shard's cache without a lock, so the common case costs no more
+    /// than the routing it precedes.
+    fn unplaced(&self, key: &Bytes, cx: &SessionCtx<Self>) -> bool {
+        self.run.is_none()
+            && cx.pending_replies() == 0
+            && self
+                .shared
+                .system
+                .placed_shard::<StreamActor>(key)
+                .is_none()
+    }
+
+    /// [`RespSession::unplaced`], and not in the catalog: a stream that
+    /// does not exist as far as this connection can tell.
+    fn reads_missing(&self, key: &Bytes, cx: &SessionCtx<Self>) -> bool {
+        self.unplaced(key, cx) && !self.shared.catalog.contains(key)
     }
 
     /// `XREAD`: a read of each stream; when nothing is there and `BLOCK`
@@ -961,8 +975,9 @@ impl Session for RespSession {
                 self.reply(key_too_long(&args[at]), cx)
             }
             Kind::Stream(at)
-                if self.reads_missing(&args[at], cx)
-                    && !StreamActor::makes_stream(spec.name, &args) =>
+                if self.unplaced(&args[at], cx)
+                    && !StreamActor::makes_stream(spec.name, &args)
+                    && !self.shared.catalog.contains(&args[at]) =>
             {
                 let r = StreamActor::answer_missing(spec.name, &args[at], &args, &self.shared);
                 self.reply(r, cx)

@@ -655,6 +655,11 @@ fn reads_of_missing_streams_place_nothing() {
             "{e:?}"
         );
         assert_eq!(c.cmd(&["XDEL", &k, "1-1"]), R::Int(0));
+        let e = c.cmd(&["XADD", &k, "not-an-id", "f", "v"]);
+        assert!(
+            matches!(&e, R::Error(t) if t.contains("Invalid stream ID")),
+            "{e:?}"
+        );
         let e = c.cmd(&["XGROUP", "CREATE", &k, "g", "$"]);
         assert!(
             matches!(&e, R::Error(t) if t.contains("requires the key to exist")),
