@@ -60,9 +60,6 @@ impl<K: Hash + Eq + Clone + RouteKey> Directory<K> {
         s
     }
 
-    /// The key's shard; the first caller records the shard of `shards`
-    /// given the fewest keys so far by this call (the lowest on a tie), and
-    /// counts it there (a balanced key).
     /// The record of `key`, if there is one (nothing is placed).
     pub(crate) fn get(&self, key: &K, hash: u64) -> Option<usize> {
         let stripe = &self.stripes[(hash as usize) % DIRECTORY_STRIPES];
@@ -70,6 +67,9 @@ impl<K: Hash + Eq + Clone + RouteKey> Directory<K> {
         map.get(key).map(|&s| s as usize)
     }
 
+    /// The key's shard; the first caller records the shard of `shards`
+    /// given the fewest keys so far by this call (the lowest on a tie), and
+    /// counts it there (a balanced key).
     pub(crate) fn route_balanced(&self, key: &K, hash: u64, shards: usize) -> usize {
         self.route_counted(key, hash, None, shards)
     }

@@ -1187,9 +1187,10 @@ impl SystemHandle {
     /// balanced, first-sender), `None` while no sender has routed the key
     /// (nor [`SystemHandle::place`]d it); for the others, where the key's
     /// placement puts it, as [`SystemHandle::shard_of`] says. On a shard,
-    /// a key placed already is answered from the shard's cache without a
-    /// lock. A server asks it to answer a request for a key that cannot
-    /// exist yet without placing the key.
+    /// a key this shard has routed or asked about before is answered from
+    /// the shard's cache without a lock (the first time, from the
+    /// directory, under one stripe's lock). A server asks it to answer a
+    /// request for a key that cannot exist yet without placing the key.
     pub fn placed_shard<A: Actor>(&self, key: &A::Key) -> Option<ShardId> {
         let hash = crate::route::route_hash(key);
         local::placed_home::<A>(&self.shared, key, hash).map(ShardId::new)

@@ -541,6 +541,9 @@ impl StreamActor {
             } else {
                 "none"
             }),
+            // Answered here, at their place in the transaction: the
+            // catalog has this stream's changes up to them.
+            b"keys" | b"scan" => crate::session::catalog_reply(shared, args),
             // The stream may be named more than once: served once per name,
             // as Redis does. Inside EXEC nothing blocks.
             b"xread" => {

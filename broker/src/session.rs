@@ -268,13 +268,22 @@ impl RespSession {
             }
             b"del" => {
                 // Each existing stream's actor drops it; the replies are
-                // summed in order with the rest. With requests in flight
-                // (one may be making a stream named here), every name is
-                // asked, not only those in the catalog now.
+                // summed in order with the rest. With requests in flight,
+                // one may be making a stream named here: every placed name
+                // is asked then (a request that may make a stream placed
+                // its name when it was sent), not only those in the
+                // catalog now.
                 let in_flight = cx.pending_replies() > 0;
+                let system = &self.shared.system;
                 let asks: Vec<_> = args[1..]
                     .iter()
-                    .filter(|k| in_flight || self.shared.catalog.contains(k))
+                    .filter(|k| {
+                        if in_flight {
+                            system.placed_shard::<StreamActor>(k).is_some()
+                        } else {
+                            self.shared.catalog.contains(k)
+                        }
+                    })
                     .map(|k| {
                         self.shared
                             .system
@@ -399,13 +408,14 @@ impl RespSession {
         Some(p)
     }
 
-    /// Whether stream `key` was never placed, with nothing of this
-    /// connection in flight (a request still on its way to an actor may be
-    /// making it) and no run gathered. Every stream that exists was placed
-    /// when it was made (or at start), and a placed name is answered from
-    /// the shard's cache without a lock, so the common case costs no more
-    /// than the routing it precedes.
-    fn unplaced(&self, key: &Bytes, cx: &SessionCtx<Self>) -> bool {
+    /// Whether stream `key` does not exist as far as this connection can
+    /// tell: never placed, with nothing of this connection in flight and
+    /// no run gathered. Every stream that exists (or is being made by a
+    /// request in flight) was placed when it was made or the request sent
+    /// (or at start, recovered); a name this shard has routed before is
+    /// answered from its cache without a lock, so the common case costs
+    /// about what the routing it precedes costs.
+    fn reads_missing(&self, key: &Bytes, cx: &SessionCtx<Self>) -> bool {
         self.run.is_none()
             && cx.pending_replies() == 0
             && self
@@ -413,12 +423,6 @@ impl RespSession {
                 .system
                 .placed_shard::<StreamActor>(key)
                 .is_none()
-    }
-
-    /// [`RespSession::unplaced`], and not in the catalog: a stream that
-    /// does not exist as far as this connection can tell.
-    fn reads_missing(&self, key: &Bytes, cx: &SessionCtx<Self>) -> bool {
-        self.unplaced(key, cx) && !self.shared.catalog.contains(key)
     }
 
     /// `XREAD`: a read of each stream; when nothing is there and `BLOCK`
@@ -669,7 +673,7 @@ impl RespSession {
 
 /// `EXISTS`, `TYPE`, `KEYS` and `SCAN`, answered from the catalog of
 /// streams (no actor is asked).
-fn catalog_reply(shared: &Shared, args: &[Bytes]) -> Reply {
+pub(crate) fn catalog_reply(shared: &Shared, args: &[Bytes]) -> Reply {
     let name = args[0].to_ascii_lowercase();
     match name.as_slice() {
         b"exists" => Reply::Int(
@@ -975,9 +979,8 @@ impl Session for RespSession {
                 self.reply(key_too_long(&args[at]), cx)
             }
             Kind::Stream(at)
-                if self.unplaced(&args[at], cx)
-                    && !StreamActor::makes_stream(spec.name, &args)
-                    && !self.shared.catalog.contains(&args[at]) =>
+                if self.reads_missing(&args[at], cx)
+                    && !StreamActor::makes_stream(spec.name, &args) =>
             {
                 let r = StreamActor::answer_missing(spec.name, &args[at], &args, &self.shared);
                 self.reply(r, cx)

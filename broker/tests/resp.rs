@@ -634,6 +634,58 @@ fn reads_of_streams_that_do_not_exist_leave_no_actor_behind() {
 }
 
 #[test]
+fn keys_inside_a_transaction_sees_what_came_before_it_and_nothing_after() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    let keys = |names: &[&str]| R::Array(names.iter().map(|n| R::bulk(n)).collect());
+    // Pipelined: the XADD in front of the transaction is still on its way
+    // to its actor when the transaction is parsed.
+    let mut wire = Vec::new();
+    for args in [
+        &["XADD", "kx1", "1-1", "f", "v"][..],
+        &["MULTI"],
+        &["KEYS", "kx*"],
+        &["EXEC"],
+    ] {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        wire.extend(common::encode(&args));
+    }
+    c.send_raw(&wire);
+    assert_eq!(c.read(), R::bulk("1-1"));
+    assert_eq!(c.read(), R::Status("OK".into()));
+    assert_eq!(c.read(), R::Status("QUEUED".into()));
+    assert_eq!(c.read(), R::Array(vec![keys(&["kx1"])]));
+    // In a transaction on a stream: at its place among the stream's
+    // commands.
+    let tx = |c: &mut Client, commands: &[&[&str]]| {
+        assert_eq!(c.cmd(&["MULTI"]), R::Status("OK".into()));
+        for args in commands {
+            assert_eq!(c.cmd(args), R::Status("QUEUED".into()));
+        }
+        c.cmd(&["EXEC"])
+    };
+    let r = tx(
+        &mut c,
+        &[&["XADD", "kx2", "1-1", "f", "v"], &["KEYS", "kx*"]],
+    );
+    assert_eq!(r, R::Array(vec![R::bulk("1-1"), keys(&["kx1", "kx2"])]));
+    let r = tx(
+        &mut c,
+        &[&["KEYS", "kx*"], &["XADD", "kx3", "1-1", "f", "v"]],
+    );
+    assert_eq!(r, R::Array(vec![keys(&["kx1", "kx2"]), R::bulk("1-1")]));
+    let r = tx(&mut c, &[&["DEL", "kx2"], &["SCAN", "0", "MATCH", "kx*"]]);
+    assert_eq!(
+        r,
+        R::Array(vec![
+            R::Int(1),
+            R::Array(vec![R::bulk("0"), keys(&["kx1", "kx3"])])
+        ])
+    );
+    broker.shutdown();
+}
+
+#[test]
 fn reads_of_missing_streams_place_nothing() {
     let broker = start();
     let mut c = Client::connect(broker.local_addr());

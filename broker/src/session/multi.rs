@@ -144,17 +144,43 @@ impl RespSession {
             )));
         }
         let Some(stream) = streams.first().map(|s| (*s).clone()) else {
-            // No stream: every command answers here, in order.
-            let replies = commands.iter().map(|c| self.local_reply(c)).collect();
-            return Some(Reply::Array(replies));
+            // No stream: every command answers here, in order. `KEYS` and
+            // `SCAN` read the catalog, which requests before this one may
+            // still be changing: with replies pending they answer in turn,
+            // and the requests after the transaction wait for it.
+            let mut replies: Vec<Option<Reply>> = commands
+                .iter()
+                .map(|c| (!reads_catalog(c)).then(|| self.local_reply(c)))
+                .collect();
+            if cx.pending_replies() == 0 || replies.iter().all(Option::is_some) {
+                let replies = replies
+                    .into_iter()
+                    .zip(&commands)
+                    .map(|(r, c)| r.unwrap_or_else(|| super::catalog_reply(&self.shared, c)))
+                    .collect();
+                return Some(Reply::Array(replies));
+            }
+            let (shared, proto) = (self.shared.clone(), self.proto);
+            cx.reply_in_turn(move || {
+                for (r, c) in replies.iter_mut().zip(&commands) {
+                    if r.is_none() {
+                        *r = Some(super::catalog_reply(&shared, c));
+                    }
+                }
+                Reply::Array(replies.into_iter().flatten().collect()).frame(proto)
+            });
+            cx.hold_frames_until_replied();
+            return None;
         };
         // The session's own commands answer now; the data commands go to
         // the stream's actor as one batch, and the replies are merged back
-        // in order.
+        // in order. `KEYS` and `SCAN` go with them, answered at their place
+        // in the batch (the actor updates the catalog as each command
+        // runs).
         let mut local: Vec<Option<Reply>> = Vec::with_capacity(commands.len());
         let mut batch = Vec::new();
         for (c, spec) in commands.into_iter().zip(&specs) {
-            if streams_of(spec, &c).is_empty() {
+            if streams_of(spec, &c).is_empty() && !reads_catalog(&c) {
                 local.push(Some(self.local_reply(&c)));
             } else {
                 local.push(None);
@@ -191,4 +217,10 @@ impl RespSession {
         });
         None
     }
+}
+
+/// Whether a session command reads the catalog of streams (`KEYS`,
+/// `SCAN`), which the stream commands before it may change.
+fn reads_catalog(command: &[Bytes]) -> bool {
+    command[0].eq_ignore_ascii_case(b"keys") || command[0].eq_ignore_ascii_case(b"scan")
 }
