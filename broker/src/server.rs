@@ -117,6 +117,27 @@ impl Catalog {
             .contains(name)
     }
 
+    /// How many streams exist.
+    pub fn len(&self) -> usize {
+        self.names.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Whether no stream exists.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `SCAN`'s page: the names from offset `cursor` on in byte order, at
+    /// most `count` of them, and the cursor after them (0 at the end).
+    /// Only the page is copied out under the lock.
+    pub fn page(&self, cursor: usize, count: usize) -> (Vec<Bytes>, usize) {
+        let names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        let page: Vec<Bytes> = names.iter().skip(cursor).take(count).cloned().collect();
+        let end = cursor.saturating_add(count);
+        let next = if end >= names.len() { 0 } else { end };
+        (page, next)
+    }
+
     /// Names matching `pattern`, in byte order.
     pub fn matching(&self, pattern: &[u8]) -> Vec<Bytes> {
         self.names

@@ -686,6 +686,39 @@ fn keys_inside_a_transaction_sees_what_came_before_it_and_nothing_after() {
 }
 
 #[test]
+fn scan_pages_through_every_stream_once_and_info_counts_them() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    let mut made: Vec<String> = (0..25).map(|i| format!("page:{i:02}")).collect();
+    for k in &made {
+        assert!(matches!(c.cmd(&["XADD", k, "*", "f", "v"]), R::Bulk(_)));
+    }
+    let mut seen = Vec::new();
+    let mut cursor = "0".to_owned();
+    let mut cursors = Vec::new();
+    loop {
+        let R::Array(reply) = c.cmd(&["SCAN", &cursor, "COUNT", "10"]) else {
+            panic!("SCAN");
+        };
+        cursor = reply[0].text();
+        let R::Array(names) = &reply[1] else {
+            panic!("SCAN page")
+        };
+        seen.extend(names.iter().map(R::text));
+        cursors.push(cursor.clone());
+        if cursor == "0" {
+            break;
+        }
+    }
+    assert_eq!(cursors, ["10", "20", "0"]);
+    made.sort();
+    assert_eq!(seen, made);
+    let info = c.cmd(&["INFO", "keyspace"]).text();
+    assert!(info.contains("keys=25"), "{info}");
+    broker.shutdown();
+}
+
+#[test]
 fn reads_of_missing_streams_place_nothing() {
     let broker = start();
     let mut c = Client::connect(broker.local_addr());

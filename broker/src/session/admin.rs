@@ -66,7 +66,7 @@ impl RespSession {
                 .iter()
                 .any(|w| matches!(w.as_str(), "default" | "all" | "everything"));
         let shared = &self.shared;
-        let streams = shared.catalog.matching(b"*").len();
+        let streams = shared.catalog.len();
         let mut text = String::new();
         for section in SECTIONS {
             let asked = wanted.iter().any(|w| w == section);
@@ -207,17 +207,12 @@ impl RespSession {
             }
             i += 2;
         }
-        let names = shared.catalog.matching(b"*");
-        let end = cursor.saturating_add(count).min(names.len());
+        let (names, next) = shared.catalog.page(cursor, count);
         let page: Vec<Reply> = names
-            .get(cursor.min(names.len())..end)
-            .unwrap_or_default()
-            .iter()
+            .into_iter()
             .filter(|n| type_ok && pattern.is_none_or(|p| glob_match(p, n, false)))
-            .cloned()
             .map(Reply::Bulk)
             .collect();
-        let next = if end >= names.len() { 0 } else { end };
         Reply::Array(vec![Reply::bulk(next.to_string()), Reply::Array(page)])
     }
 
