@@ -858,6 +858,22 @@ fn mutate(rng: &mut Rng, request: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Whether `input` has a multibulk count the broker refuses and Redis 7
+/// takes (from 1,048,577 to `INT_MAX`), wherever a mutation put it.
+fn counts_past_the_brokers_limit(input: &[u8]) -> bool {
+    input.split(|b| *b == b'*').skip(1).any(|rest| {
+        let digits: Vec<u8> = rest
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .copied()
+            .collect();
+        std::str::from_utf8(&digits)
+            .ok()
+            .and_then(|d| d.parse::<u64>().ok())
+            .is_some_and(|n| n > 1_048_576 && n <= i32::MAX as u64)
+    })
+}
+
 impl Rng {
     fn pick_bytes<'a>(&mut self, items: &[&'a [u8]]) -> &'a [u8] {
         items[self.below(items.len() as u64) as usize]
@@ -877,7 +893,11 @@ fn mutated_requests_get_the_same_bytes_back_as_from_redis_server() {
     let dir = TempDir::new();
     let redis = RedisServer::start(&dir.0.join("redis"));
     let broker = Broker::start(broker_config(dir.0.join("broker"))).expect("start the broker");
-    let mut rng = Rng(7);
+    let seed = std::env::var("MAILRING_MUTATION_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(7);
+    let mut rng = Rng(seed);
     let mut failures = Vec::new();
     for case in 0..cases {
         let key = format!("m{case}");
@@ -900,6 +920,10 @@ fn mutated_requests_get_the_same_bytes_back_as_from_redis_server() {
         let mut input = mutate(&mut rng, &request);
         for _ in 0..rng.below(3) {
             input = mutate(&mut rng, &input);
+        }
+        if counts_past_the_brokers_limit(&input) {
+            // The difference on purpose (see `mutate`), however made.
+            continue;
         }
         // Every other case in RESP3: `HELLO 3` first, its reply (which
         // carries the connection's id) left out of the comparison.
