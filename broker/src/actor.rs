@@ -1142,6 +1142,9 @@ impl StreamActor {
                 }
             }
             b"xlen" => Reply::Int(self.stream.as_ref().map_or(0, |s| s.len() as i64)).into(),
+            // Asked by a session for `EXISTS` / `TYPE` behind its requests
+            // in flight (the catalog may not have their changes yet).
+            b"exists" => Reply::Int(i64::from(self.stream.is_some())).into(),
             b"xrange" | b"xrevrange" => {
                 let rev = name == "xrevrange";
                 let (lo, hi, count) = match command::parse_range_args(args, rev) {

@@ -256,7 +256,49 @@ impl RespSession {
                 Ok(()) => cx.close(),
                 Err(e) => self.reply(e, cx),
             },
-            b"exists" | b"type" | b"keys" | b"scan" if cx.pending_replies() > 0 => {
+            b"exists" | b"type" if cx.pending_replies() > 0 => {
+                // Requests before it, still in flight, may make or delete
+                // the streams it names: each placed name is asked of its
+                // stream's actor, after them (a name never placed names no
+                // stream, nor one a request in flight makes: that request
+                // placed it when it was sent). Nothing waits for it.
+                let proto = self.proto;
+                let exists = name.as_slice() == b"exists";
+                let asks: Vec<_> = args[1..]
+                    .iter()
+                    .filter(|k| self.shared.system.placed_shard::<StreamActor>(k).is_some())
+                    .map(|k| {
+                        self.shared
+                            .system
+                            .keyed::<StreamActor>(k.clone())
+                            .ask(Exec {
+                                name: "exists",
+                                args: vec![Bytes::from_static(b"exists"), k.clone()],
+                                broker: self.shared.id,
+                            })
+                    })
+                    .collect();
+                cx.reply_later(async move {
+                    let mut n = 0;
+                    for a in asks {
+                        match a.await {
+                            Ok(Answer {
+                                reply: Reply::Int(d),
+                                ..
+                            }) => n += d,
+                            Ok(Answer { reply, .. }) => return reply.frame(proto),
+                            Err(e) => return unavailable(e).frame(proto),
+                        }
+                    }
+                    if exists {
+                        Reply::Int(n)
+                    } else {
+                        Reply::Status(if n > 0 { "stream" } else { "none" })
+                    }
+                    .frame(proto)
+                });
+            }
+            b"keys" | b"scan" if cx.pending_replies() > 0 => {
                 // Requests before it, still in flight to their streams'
                 // actors, may make or delete streams: answered from the
                 // catalog once they are done, and nothing after it runs

@@ -719,6 +719,50 @@ fn scan_pages_through_every_stream_once_and_info_counts_them() {
 }
 
 #[test]
+fn exists_and_type_behind_pipelined_writes_see_each_before_them_and_none_after() {
+    let broker = start();
+    for (k, shard) in [("ea", 0), ("eb", 1)] {
+        assert_eq!(broker.place_stream(k.as_bytes(), shard), Ok(shard));
+    }
+    let mut c = Client::connect(broker.local_addr());
+    let requests: &[&[&str]] = &[
+        &["XADD", "ea", "1-1", "f", "v"],
+        &["EXISTS", "ea", "eb", "nowhere", "ea"],
+        &["TYPE", "ea"],
+        &["XADD", "eb", "1-1", "f", "v"],
+        &["TYPE", "eb"],
+        &["DEL", "ea"],
+        &["EXISTS", "ea", "eb"],
+        &["TYPE", "ea"],
+        &["XADD", "ea", "2-1", "f", "v"],
+        &["EXISTS", "ea"],
+    ];
+    let mut wire = Vec::new();
+    for args in requests {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        wire.extend(common::encode(&args));
+    }
+    c.send_raw(&wire);
+    let replies: Vec<R> = requests.iter().map(|_| c.read()).collect();
+    assert_eq!(
+        replies,
+        [
+            R::bulk("1-1"),
+            R::Int(2),
+            R::Status("stream".into()),
+            R::bulk("1-1"),
+            R::Status("stream".into()),
+            R::Int(1),
+            R::Int(1),
+            R::Status("none".into()),
+            R::bulk("2-1"),
+            R::Int(1),
+        ]
+    );
+    broker.shutdown();
+}
+
+#[test]
 fn reads_of_missing_streams_place_nothing() {
     let broker = start();
     let mut c = Client::connect(broker.local_addr());
