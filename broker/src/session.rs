@@ -242,6 +242,26 @@ impl RespSession {
         Reply::Map(pairs)
     }
 
+    /// Asks each stream of `keys` to run `name` (`DEL`, `EXISTS`) on
+    /// itself, now, behind this connection's requests before it.
+    fn ask_each(
+        &self,
+        name: &'static str,
+        keys: Vec<Bytes>,
+    ) -> Vec<impl std::future::Future<Output = Result<Answer, mailring_actors::AskError>> + use<>>
+    {
+        keys.into_iter()
+            .map(|k| {
+                let args = vec![Bytes::from_static(name.as_bytes()), k.clone()];
+                self.shared.system.keyed::<StreamActor>(k).ask(Exec {
+                    name,
+                    args,
+                    broker: self.shared.id,
+                })
+            })
+            .collect()
+    }
+
     /// Runs a command that is not a stream's.
     fn connection_command(&mut self, args: Vec<Bytes>, cx: &mut SessionCtx<Self>) {
         let name = args[0].to_ascii_lowercase();
@@ -264,20 +284,13 @@ impl RespSession {
                 // placed it when it was sent). Nothing waits for it.
                 let proto = self.proto;
                 let exists = name.as_slice() == b"exists";
-                let asks: Vec<_> = args[1..]
+                let system = &self.shared.system;
+                let placed = args[1..]
                     .iter()
-                    .filter(|k| self.shared.system.placed_shard::<StreamActor>(k).is_some())
-                    .map(|k| {
-                        self.shared
-                            .system
-                            .keyed::<StreamActor>(k.clone())
-                            .ask(Exec {
-                                name: "exists",
-                                args: vec![Bytes::from_static(b"exists"), k.clone()],
-                                broker: self.shared.id,
-                            })
-                    })
+                    .filter(|k| system.placed_shard::<StreamActor>(k).is_some())
+                    .cloned()
                     .collect();
+                let asks = self.ask_each("exists", placed);
                 cx.reply_later(async move {
                     let mut n = 0;
                     for a in asks {
@@ -317,7 +330,7 @@ impl RespSession {
                 // catalog now.
                 let in_flight = cx.pending_replies() > 0;
                 let system = &self.shared.system;
-                let asks: Vec<_> = args[1..]
+                let named = args[1..]
                     .iter()
                     .filter(|k| {
                         if in_flight {
@@ -326,17 +339,9 @@ impl RespSession {
                             self.shared.catalog.contains(k)
                         }
                     })
-                    .map(|k| {
-                        self.shared
-                            .system
-                            .keyed::<StreamActor>(k.clone())
-                            .ask(Exec {
-                                name: "del",
-                                args: vec![Bytes::from_static(b"del"), k.clone()],
-                                broker: self.shared.id,
-                            })
-                    })
+                    .cloned()
                     .collect();
+                let asks = self.ask_each("del", named);
                 let proto = self.proto;
                 cx.reply_later(async move {
                     let mut n = 0;
