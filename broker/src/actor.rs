@@ -543,7 +543,7 @@ impl StreamActor {
             }),
             // Answered here, at their place in the transaction: the
             // catalog has this stream's changes up to them.
-            b"keys" | b"scan" => crate::session::catalog_reply(shared, args),
+            b"keys" | b"scan" | b"info" => crate::session::catalog_reply(shared, proto, args),
             // The stream may be named more than once: served once per name,
             // as Redis does. Inside EXEC nothing blocks.
             b"xread" => {

@@ -311,14 +311,14 @@ impl RespSession {
                     .frame(proto)
                 });
             }
-            b"keys" | b"scan" if cx.pending_replies() > 0 => {
+            b"keys" | b"scan" | b"info" if cx.pending_replies() > 0 => {
                 // Requests before it, still in flight to their streams'
                 // actors, may make or delete streams: answered from the
                 // catalog once they are done, and nothing after it runs
                 // before (a later request could change what it reads).
                 let shared = self.shared.clone();
                 let proto = self.proto;
-                cx.reply_in_turn(move || catalog_reply(&shared, &args).frame(proto));
+                cx.reply_in_turn(move || catalog_reply(&shared, proto, &args).frame(proto));
                 cx.hold_frames_until_replied();
             }
             b"del" => {
@@ -398,8 +398,9 @@ impl RespSession {
                 None => command::not_an_integer(),
             },
             b"config" => self.config(args),
-            b"exists" | b"type" | b"keys" | b"scan" => catalog_reply(&self.shared, args),
-            b"info" => self.info(args),
+            b"exists" | b"type" | b"keys" | b"scan" | b"info" => {
+                catalog_reply(&self.shared, self.proto, args)
+            }
             b"command" => self.command(args),
             b"watch" => Reply::err(
                 "WATCH is not supported: a MULTI/EXEC on one stream runs inside its actor, where no other client's command can interleave, so there is nothing to watch",
@@ -724,9 +725,9 @@ impl RespSession {
     }
 }
 
-/// `EXISTS`, `TYPE`, `KEYS` and `SCAN`, answered from the catalog of
-/// streams (no actor is asked).
-pub(crate) fn catalog_reply(shared: &Shared, args: &[Bytes]) -> Reply {
+/// `EXISTS`, `TYPE`, `KEYS`, `SCAN` and `INFO`, answered from the catalog
+/// of streams (no actor is asked) in protocol `proto`.
+pub(crate) fn catalog_reply(shared: &Shared, proto: Protocol, args: &[Bytes]) -> Reply {
     let name = args[0].to_ascii_lowercase();
     match name.as_slice() {
         b"exists" => Reply::Int(
@@ -748,6 +749,7 @@ pub(crate) fn catalog_reply(shared: &Shared, args: &[Bytes]) -> Reply {
                 .map(Reply::Bulk)
                 .collect(),
         ),
+        b"info" => RespSession::info(shared, proto, args),
         _ => RespSession::scan(shared, args),
     }
 }

@@ -715,6 +715,13 @@ fn scan_pages_through_every_stream_once_and_info_counts_them() {
     assert_eq!(seen, made);
     let info = c.cmd(&["INFO", "keyspace"]).text();
     assert!(info.contains("keys=25"), "{info}");
+    // Behind a pipelined write that makes a stream, INFO counts it.
+    let mut wire = encode(&[b"XADD", b"page:99", b"1-1", b"f", b"v"]);
+    wire.extend(encode(&[b"INFO", b"keyspace"]));
+    c.send_raw(&wire);
+    assert_eq!(c.read(), R::bulk("1-1"));
+    let info = c.read().text();
+    assert!(info.contains("keys=26"), "{info}");
     broker.shutdown();
 }
 

@@ -55,8 +55,9 @@ fn shard_counters(system: &mailring_actors::SystemHandle) -> Vec<String> {
 }
 
 impl RespSession {
-    /// `INFO [section ...]`.
-    pub(super) fn info(&self, args: &[Bytes]) -> Reply {
+    /// `INFO [section ...]` in protocol `proto` (its stream count read
+    /// from the catalog).
+    pub(super) fn info(shared: &crate::server::Shared, proto: Protocol, args: &[Bytes]) -> Reply {
         let wanted: Vec<String> = args[1..]
             .iter()
             .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
@@ -65,7 +66,6 @@ impl RespSession {
             || wanted
                 .iter()
                 .any(|w| matches!(w.as_str(), "default" | "all" | "everything"));
-        let shared = &self.shared;
         let streams = shared.catalog.len();
         let mut text = String::new();
         for section in SECTIONS {
@@ -146,7 +146,7 @@ impl RespSession {
                 text.push_str("\r\n");
             }
         }
-        match self.proto {
+        match proto {
             Protocol::Resp2 => Reply::bulk(text),
             Protocol::Resp3 => Reply::Verbatim(text),
         }

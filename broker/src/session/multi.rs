@@ -156,7 +156,9 @@ impl RespSession {
                 let replies = replies
                     .into_iter()
                     .zip(&commands)
-                    .map(|(r, c)| r.unwrap_or_else(|| super::catalog_reply(&self.shared, c)))
+                    .map(|(r, c)| {
+                        r.unwrap_or_else(|| super::catalog_reply(&self.shared, self.proto, c))
+                    })
                     .collect();
                 return Some(Reply::Array(replies));
             }
@@ -164,7 +166,7 @@ impl RespSession {
             cx.reply_in_turn(move || {
                 for (r, c) in replies.iter_mut().zip(&commands) {
                     if r.is_none() {
-                        *r = Some(super::catalog_reply(&shared, c));
+                        *r = Some(super::catalog_reply(&shared, proto, c));
                     }
                 }
                 Reply::Array(replies.into_iter().flatten().collect()).frame(proto)
@@ -220,7 +222,10 @@ impl RespSession {
 }
 
 /// Whether a session command reads the catalog of streams (`KEYS`,
-/// `SCAN`), which the stream commands before it may change.
+/// `SCAN`, `INFO`'s count), which the stream commands before it may
+/// change.
 fn reads_catalog(command: &[Bytes]) -> bool {
-    command[0].eq_ignore_ascii_case(b"keys") || command[0].eq_ignore_ascii_case(b"scan")
+    [&b"keys"[..], b"scan", b"info"]
+        .iter()
+        .any(|c| command[0].eq_ignore_ascii_case(c))
 }
