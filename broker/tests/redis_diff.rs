@@ -670,7 +670,14 @@ impl Traffic {
             return command.to_owned();
         }
         let at = 1 + self.rng.below(words.len() as u64 - 1) as usize;
-        words[at] = TOKENS[self.rng.below(TOKENS.len() as u64) as usize];
+        let token = TOKENS[self.rng.below(TOKENS.len() as u64) as usize];
+        if words[at - 1] == "BLOCK" && token == "0" {
+            // Blocked for good, with no writer: the servers would differ
+            // only in what they do with the requests behind it when the
+            // connection goes.
+            return command.to_owned();
+        }
+        words[at] = token;
         words.join(" ")
     }
 
