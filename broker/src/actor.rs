@@ -526,7 +526,8 @@ impl Handler<ExecBatch> for StreamActor {
 
 impl StreamActor {
     /// One command of a transaction: stream commands, `DEL` / `EXISTS` /
-    /// `TYPE` of this stream, and `XREAD` / `XREADGROUP` without blocking.
+    /// `TYPE` of this stream, `XREAD` / `XREADGROUP` without blocking, and
+    /// `KEYS` / `SCAN` / `INFO` (the catalog as of their place).
     fn exec_in_batch(&mut self, args: &[Bytes], proto: Protocol, shared: &Shared) -> Reply {
         let name = args[0].to_ascii_lowercase();
         match name.as_slice() {

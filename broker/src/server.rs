@@ -87,8 +87,8 @@ pub struct TlsFiles {
 }
 
 /// The names of the streams that exist, readable from every shard
-/// (`KEYS`, `SCAN`, `EXISTS`, `TYPE` answer from it without waking a
-/// stream's actor).
+/// (`KEYS`, `SCAN`, `INFO`, and `EXISTS` / `TYPE` with nothing of the
+/// connection in flight, answer from it without waking a stream's actor).
 #[derive(Debug, Default)]
 pub struct Catalog {
     names: Mutex<BTreeSet<Bytes>>,

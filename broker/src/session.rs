@@ -285,22 +285,26 @@ impl RespSession {
                 let proto = self.proto;
                 let exists = name.as_slice() == b"exists";
                 let system = &self.shared.system;
-                let placed = args[1..]
+                let placed: Vec<Bytes> = args[1..]
                     .iter()
                     .filter(|k| system.placed_shard::<StreamActor>(k).is_some())
                     .cloned()
                     .collect();
-                let asks = self.ask_each("exists", placed);
+                let asks = self.ask_each("exists", placed.clone());
+                let shared = self.shared.clone();
                 cx.reply_later(async move {
                     let mut n = 0;
-                    for a in asks {
+                    for (a, name) in asks.into_iter().zip(&placed) {
                         match a.await {
                             Ok(Answer {
                                 reply: Reply::Int(d),
                                 ..
                             }) => n += d,
                             Ok(Answer { reply, .. }) => return reply.frame(proto),
-                            Err(e) => return unavailable(e).frame(proto),
+                            // Its actor stopped for good: a read, answered
+                            // from the catalog as it would be with nothing
+                            // in flight.
+                            Err(_) => n += i64::from(shared.catalog.contains(name)),
                         }
                     }
                     if exists {
@@ -661,17 +665,20 @@ impl RespSession {
                 };
                 // A stream whose group went away after the checks (another
                 // client's XGROUP DESTROY or DEL) is left out once entries
-                // of another were delivered: they are pending already, and
-                // an error alone would hide them from this reader.
+                // of an earlier stream were delivered: they are pending
+                // already, and an error alone would hide them from this
+                // reader.
                 let answer = match answer {
                     Ok(a) => a,
-                    Err(_) if !found.is_empty() => continue,
                     Err(e) => return fail(e),
                 };
                 last_ids.push(answer.last_id);
+                let delivered = found
+                    .iter()
+                    .any(|(_, e): &(Bytes, GroupEntries)| !e.is_empty());
                 let entries = match answer.read {
                     GroupRead::Entries(e) => e,
-                    GroupRead::Error(_) if !found.is_empty() => continue,
+                    GroupRead::Error(_) if delivered => continue,
                     GroupRead::Error(e) => return e.frame(proto),
                 };
                 if let Some(t) = answer.durable {

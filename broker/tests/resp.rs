@@ -633,6 +633,16 @@ fn reads_of_streams_that_do_not_exist_leave_no_actor_behind() {
     broker.shutdown();
 }
 
+/// Requests encoded one after another, to be sent at once.
+fn pipeline(requests: &[&[&str]]) -> Vec<u8> {
+    let mut wire = Vec::new();
+    for args in requests {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        wire.extend(common::encode(&args));
+    }
+    wire
+}
+
 #[test]
 fn keys_inside_a_transaction_sees_what_came_before_it_and_nothing_after() {
     let broker = start();
@@ -640,16 +650,12 @@ fn keys_inside_a_transaction_sees_what_came_before_it_and_nothing_after() {
     let keys = |names: &[&str]| R::Array(names.iter().map(|n| R::bulk(n)).collect());
     // Pipelined: the XADD in front of the transaction is still on its way
     // to its actor when the transaction is parsed.
-    let mut wire = Vec::new();
-    for args in [
+    let wire = pipeline(&[
         &["XADD", "kx1", "1-1", "f", "v"][..],
         &["MULTI"],
         &["KEYS", "kx*"],
         &["EXEC"],
-    ] {
-        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-        wire.extend(common::encode(&args));
-    }
+    ]);
     c.send_raw(&wire);
     assert_eq!(c.read(), R::bulk("1-1"));
     assert_eq!(c.read(), R::Status("OK".into()));
@@ -682,6 +688,31 @@ fn keys_inside_a_transaction_sees_what_came_before_it_and_nothing_after() {
             R::Array(vec![R::bulk("0"), keys(&["kx1", "kx3"])])
         ])
     );
+    // Other streams, on both shards, written by the pipelined requests
+    // around a transaction: its KEYS sees those before it, none after.
+    for (k, shard) in [("kya", 1), ("kyb", 0), ("kyc", 1)] {
+        assert_eq!(broker.place_stream(k.as_bytes(), shard), Ok(shard));
+    }
+    let wire = pipeline(&[
+        &["XADD", "kya", "1-1", "f", "v"][..],
+        &["MULTI"],
+        &["XADD", "kyb", "1-1", "f", "v"],
+        &["KEYS", "ky*"],
+        &["EXEC"],
+        &["XADD", "kyc", "1-1", "f", "v"],
+        &["DEL", "kya"],
+    ]);
+    c.send_raw(&wire);
+    assert_eq!(c.read(), R::bulk("1-1"));
+    assert_eq!(c.read(), R::Status("OK".into()));
+    assert_eq!(c.read(), R::Status("QUEUED".into()));
+    assert_eq!(c.read(), R::Status("QUEUED".into()));
+    assert_eq!(
+        c.read(),
+        R::Array(vec![R::bulk("1-1"), keys(&["kya", "kyb"])])
+    );
+    assert_eq!(c.read(), R::bulk("1-1"));
+    assert_eq!(c.read(), R::Int(1));
     broker.shutdown();
 }
 
@@ -744,11 +775,7 @@ fn exists_and_type_behind_pipelined_writes_see_each_before_them_and_none_after()
         &["XADD", "ea", "2-1", "f", "v"],
         &["EXISTS", "ea"],
     ];
-    let mut wire = Vec::new();
-    for args in requests {
-        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-        wire.extend(common::encode(&args));
-    }
+    let wire = pipeline(requests);
     c.send_raw(&wire);
     let replies: Vec<R> = requests.iter().map(|_| c.read()).collect();
     assert_eq!(

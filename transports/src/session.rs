@@ -277,6 +277,9 @@ enum Slot<T> {
     ReadyMany(Vec<T>),
     /// A reply made when every slot before it is ready.
     InTurn(Box<dyn FnOnce() -> T>),
+    /// A deferred reply whose future is made (and its work started) when
+    /// every slot before it is ready.
+    LaterInTurn(Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = T>>>>),
 }
 
 /// A session's view of its connection: identity, outbound frames in order,
@@ -458,6 +461,25 @@ impl<S: Session> SessionCtx<S> {
         self.slots.push_back(Slot::InTurn(Box::new(reply)));
     }
 
+    /// Queues a deferred reply whose future `start` makes only once every
+    /// reply queued before it is ready (at once if none is pending): its
+    /// work (the asks it sends) starts after what the requests before it
+    /// did, as [`SessionCtx::reply_in_turn`]'s does, but may take time.
+    /// Follow it with [`SessionCtx::hold_frames_until_replied`] when a
+    /// later request could change what it reads.
+    pub fn reply_later_in_turn<F>(&mut self, start: impl FnOnce() -> F + 'static)
+    where
+        F: Future<Output = FrameOut<S>> + 'static,
+    {
+        self.pending += 1;
+        if self.slots.is_empty() {
+            self.slots.push_back(Slot::Later(Box::pin(start())));
+        } else {
+            self.slots
+                .push_back(Slot::LaterInTurn(Box::new(move || Box::pin(start()))));
+        }
+    }
+
     /// Deferred replies not yet written.
     pub fn pending_replies(&self) -> usize {
         self.pending
@@ -508,12 +530,28 @@ impl<S: Session> SessionCtx<S> {
     /// the front slots that are ready, in order; returns whether any was.
     pub(crate) fn poll_slots(&mut self, cx: &mut Context<'_>) -> bool {
         if self.pending > 0 {
+            // Whether every slot so far is ready: a reply in turn starts
+            // then.
+            let mut all_ready = true;
             for slot in self.slots.iter_mut() {
+                if let Slot::LaterInTurn(_) = slot {
+                    if !all_ready {
+                        continue;
+                    }
+                    let Slot::LaterInTurn(start) =
+                        std::mem::replace(slot, Slot::ReadyMany(Vec::new()))
+                    else {
+                        unreachable!("matched above");
+                    };
+                    *slot = Slot::Later(start());
+                }
                 match slot {
                     Slot::Later(fut) => {
                         if let Poll::Ready(frame) = fut.as_mut().poll(cx) {
                             *slot = Slot::Ready(frame);
                             self.pending -= 1;
+                        } else {
+                            all_ready = false;
                         }
                     }
                     Slot::LaterMany(count, fut) => {
@@ -530,9 +568,12 @@ impl<S: Session> SessionCtx<S> {
                             );
                             self.pending -= *count;
                             *slot = Slot::ReadyMany(frames);
+                        } else {
+                            all_ready = false;
                         }
                     }
-                    Slot::Ready(_) | Slot::ReadyMany(_) | Slot::InTurn(_) => {}
+                    Slot::InTurn(_) | Slot::LaterInTurn(_) => all_ready = false,
+                    Slot::Ready(_) | Slot::ReadyMany(_) => {}
                 }
             }
         }
@@ -557,6 +598,11 @@ impl<S: Session> SessionCtx<S> {
                 }
             }
             progressed = true;
+        }
+        if progressed && matches!(self.slots.front(), Some(Slot::LaterInTurn(_))) {
+            // Everything before it is written: its turn, now (its future
+            // starts and registers for its wake-up).
+            return self.poll_slots(cx) || progressed;
         }
         progressed
     }

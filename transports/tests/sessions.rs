@@ -303,6 +303,16 @@ impl Session for InTurn {
                 });
                 cx.hold_frames_until_replied();
             }
+            b"LATER" => {
+                // Its future made in turn: it reads the value then, after
+                // a wait of its own.
+                cx.reply_later_in_turn(move || async move {
+                    let seen = value.load(Ordering::SeqCst);
+                    mailring::time::sleep(Duration::from_millis(5)).await;
+                    Bytes::from(format!("later {seen}"))
+                });
+                cx.hold_frames_until_replied();
+            }
             b"PEEK" => cx.send_frame(Bytes::from(format!(
                 "peek {}",
                 value.load(Ordering::SeqCst)
@@ -348,6 +358,17 @@ fn a_reply_in_turn_sees_what_the_replies_before_it_did() {
     // With nothing pending it is answered at once.
     c.write_all(&frame(b"GET")).unwrap();
     assert_eq!(read_frame(&mut c).unwrap(), b"got 2");
+    // A deferred reply made in turn starts after the replies before it.
+    let mut burst = Vec::new();
+    for f in [&b"SET 3"[..], b"LATER", b"SET 4", b"LATER", b"LATER"] {
+        burst.extend(frame(f));
+    }
+    c.write_all(&burst).unwrap();
+    let replies: Vec<Vec<u8>> = (0..5).map(|_| read_frame(&mut c).unwrap()).collect();
+    assert_eq!(
+        replies,
+        [&b"set 3"[..], b"later 3", b"set 4", b"later 4", b"later 4"]
+    );
     drop(c);
     rt.block_on(server.shutdown());
     rt.shutdown();

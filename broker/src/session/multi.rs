@@ -144,8 +144,8 @@ impl RespSession {
             )));
         }
         let Some(stream) = streams.first().map(|s| (*s).clone()) else {
-            // No stream: every command answers here, in order. `KEYS` and
-            // `SCAN` read the catalog, which requests before this one may
+            // No stream: every command answers here, in order. `KEYS`,
+            // `SCAN` and `INFO` read the catalog, which requests before this one may
             // still be changing: with replies pending they answer in turn,
             // and the requests after the transaction wait for it.
             let mut replies: Vec<Option<Reply>> = commands
@@ -176,7 +176,7 @@ impl RespSession {
         };
         // The session's own commands answer now; the data commands go to
         // the stream's actor as one batch, and the replies are merged back
-        // in order. `KEYS` and `SCAN` go with them, answered at their place
+        // in order. `KEYS`, `SCAN` and `INFO` go with them, answered at their place
         // in the batch (the actor updates the catalog as each command
         // runs).
         let mut local: Vec<Option<Reply>> = Vec::with_capacity(commands.len());
@@ -189,34 +189,44 @@ impl RespSession {
                 batch.push(c);
             }
         }
-        let ask = self
-            .shared
-            .system
-            .keyed::<StreamActor>(stream)
-            .ask(ExecBatch {
+        // `KEYS`, `SCAN`, `INFO` read the catalog, which the connection's
+        // requests to other streams change: with replies pending, the
+        // batch goes once they are ready (so it sees them), and the
+        // requests after the transaction wait for it (so it sees none of
+        // them).
+        let reads = batch.iter().any(|c| reads_catalog(c));
+        let (system, broker, proto) = (self.shared.system.clone(), self.shared.id, self.proto);
+        let start = move || {
+            let ask = system.keyed::<StreamActor>(stream).ask(ExecBatch {
                 commands: batch,
-                proto: self.proto,
-                broker: self.shared.id,
+                proto,
+                broker,
             });
-        let proto = self.proto;
-        cx.reply_later(async move {
-            let mut data = match ask.await {
-                Ok(BatchAnswer { replies, durable }) => {
-                    if let Some(t) = durable {
-                        if let Err(e) = t.await {
-                            return storage_error(&e).frame(proto);
+            async move {
+                let mut data = match ask.await {
+                    Ok(BatchAnswer { replies, durable }) => {
+                        if let Some(t) = durable {
+                            if let Err(e) = t.await {
+                                return storage_error(&e).frame(proto);
+                            }
                         }
+                        replies.into_iter()
                     }
-                    replies.into_iter()
-                }
-                Err(e) => return super::unavailable(e).frame(proto),
-            };
-            let replies = local
-                .into_iter()
-                .map(|r| r.unwrap_or_else(|| data.next().unwrap_or(Reply::NilArray)))
-                .collect();
-            Reply::Array(replies).frame(proto)
-        });
+                    Err(e) => return super::unavailable(e).frame(proto),
+                };
+                let replies = local
+                    .into_iter()
+                    .map(|r| r.unwrap_or_else(|| data.next().unwrap_or(Reply::NilArray)))
+                    .collect();
+                Reply::Array(replies).frame(proto)
+            }
+        };
+        if reads {
+            cx.reply_later_in_turn(start);
+            cx.hold_frames_until_replied();
+        } else {
+            cx.reply_later(start());
+        }
         None
     }
 }
