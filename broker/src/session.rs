@@ -1030,7 +1030,16 @@ impl Session for RespSession {
             multi::Handled::No => {}
         }
         if self.multi.is_some() {
-            let r = multi::queue(self, args);
+            // A stream name past the limit is refused as it is queued, and
+            // spoils the transaction, as a wrong arity does.
+            let long = multi::streams_of(spec, &args)
+                .into_iter()
+                .find(|k| k.len() > MAX_KEY_LEN)
+                .cloned();
+            let r = match long {
+                Some(k) => multi::reject(self, false, key_too_long(&k)),
+                None => multi::queue(self, args),
+            };
             return self.reply(r, cx);
         }
         match spec.kind {

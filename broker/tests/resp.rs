@@ -242,6 +242,32 @@ fn a_pipeline_over_many_streams_answers_in_order() {
 }
 
 #[test]
+fn a_stream_name_over_the_limit_spoils_the_transaction_it_is_queued_in() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    let long = "k".repeat(mailring_broker::server::MAX_KEY_LEN + 1);
+    for command in [
+        &["XADD", &long, "*", "f", "v"][..],
+        &["XREAD", "STREAMS", &long, "0"],
+        &["DEL", &long],
+    ] {
+        assert_eq!(c.cmd(&["MULTI"]), R::Status("OK".into()));
+        let r = c.cmd(command);
+        assert!(
+            matches!(&r, R::Error(e) if e.contains("longer than the limit")),
+            "{r:?}"
+        );
+        let r = c.cmd(&["EXEC"]);
+        assert!(
+            matches!(&r, R::Error(e) if e.starts_with("EXECABORT")),
+            "{r:?}"
+        );
+    }
+    assert_eq!(c.cmd(&["KEYS", "*"]), R::Array(vec![]));
+    broker.shutdown();
+}
+
+#[test]
 fn pipelined_commands_on_one_stream_answer_as_if_sent_one_by_one() {
     // Consecutive stream commands are gathered and sent as one run; errors
     // and other commands cut the run, and every reply still comes as it

@@ -54,7 +54,7 @@ pub(super) fn queue(session: &mut RespSession, args: Vec<Bytes>) -> Reply {
 }
 
 /// The streams a queued command names (its data), if any.
-fn streams_of<'a>(spec: &Spec, args: &'a [Bytes]) -> Vec<&'a Bytes> {
+pub(super) fn streams_of<'a>(spec: &Spec, args: &'a [Bytes]) -> Vec<&'a Bytes> {
     match spec.kind {
         Kind::Stream(at) => args.get(at).into_iter().collect(),
         Kind::Read => match command::streams_at(args) {
