@@ -855,6 +855,22 @@ fn reads_of_missing_streams_place_nothing() {
             "{e:?}"
         );
     }
+    // Nor a transaction that only asks whether a name exists.
+    assert_eq!(c.cmd(&["MULTI"]), R::Status("OK".into()));
+    assert_eq!(
+        c.cmd(&["EXISTS", "missing:x", "missing:x"]),
+        R::Status("QUEUED".into())
+    );
+    assert_eq!(c.cmd(&["TYPE", "missing:x"]), R::Status("QUEUED".into()));
+    assert_eq!(c.cmd(&["PING"]), R::Status("QUEUED".into()));
+    assert_eq!(
+        c.cmd(&["EXEC"]),
+        R::Array(vec![
+            R::Int(0),
+            R::Status("none".into()),
+            R::Status("PONG".into())
+        ])
+    );
     assert_eq!(broker.placed_streams(), placed, "names placed by reads");
     assert_eq!(broker.active_streams(), 1);
     // What makes a stream still does, and the stream is read back.

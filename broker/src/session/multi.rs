@@ -174,6 +174,32 @@ impl RespSession {
             cx.hold_frames_until_replied();
             return None;
         };
+        // A name never placed is no stream, and a transaction that only
+        // asks whether it exists makes none: answered here, placing
+        // nothing (with nothing of the connection in flight, which may be
+        // making it).
+        let only_asks = commands.iter().zip(&specs).all(|(c, spec)| {
+            streams_of(spec, c).is_empty() || matches!(spec.name, "exists" | "type")
+        });
+        if only_asks
+            && cx.pending_replies() == 0
+            && self
+                .shared
+                .system
+                .placed_shard::<StreamActor>(&stream)
+                .is_none()
+        {
+            let replies = commands
+                .iter()
+                .zip(&specs)
+                .map(|(c, spec)| match spec.name {
+                    "exists" => Reply::Int(0),
+                    "type" => Reply::Status("none"),
+                    _ => self.local_reply(c),
+                })
+                .collect();
+            return Some(Reply::Array(replies));
+        }
         // The session's own commands answer now; the data commands go to
         // the stream's actor as one batch, and the replies are merged back
         // in order. `KEYS`, `SCAN` and `INFO` go with them, answered at their place
