@@ -36,9 +36,10 @@ pub const FRAME_LEN: usize = 8;
 pub const MAX_RECORD: usize = 1 << 30;
 
 /// Whether a framed record of `framed_len` bytes (length and checksum
-/// included) is one the scan accepts.
-pub fn record_fits(framed_len: usize) -> bool {
-    framed_len.saturating_sub(FRAME_LEN) <= MAX_RECORD
+/// included) has a body of at most `max_body` bytes (at most
+/// [`MAX_RECORD`], what the scan accepts).
+pub fn record_fits(framed_len: usize, max_body: usize) -> bool {
+    framed_len.saturating_sub(FRAME_LEN) <= max_body.min(MAX_RECORD)
 }
 
 /// The header of segment `segment` of log `log`.
@@ -1057,9 +1058,11 @@ mod tests {
 
     #[test]
     fn a_record_past_the_scan_limit_does_not_fit() {
-        assert!(record_fits(FRAME_LEN + MAX_RECORD));
-        assert!(!record_fits(FRAME_LEN + MAX_RECORD + 1));
-        assert!(record_fits(0));
+        assert!(record_fits(FRAME_LEN + MAX_RECORD, MAX_RECORD));
+        assert!(!record_fits(FRAME_LEN + MAX_RECORD + 1, MAX_RECORD));
+        assert!(!record_fits(FRAME_LEN + MAX_RECORD + 1, usize::MAX));
+        assert!(record_fits(0, 0));
+        assert!(!record_fits(FRAME_LEN + 4097, 4096));
     }
 
     #[test]

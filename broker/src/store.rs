@@ -578,7 +578,7 @@ impl ShardLog {
         let at = p.buf.len();
         encode(&mut p.buf);
         let len = (p.buf.len() - at) as u64;
-        if len.saturating_sub(log::FRAME_LEN as u64) > self.max_record {
+        if !log::record_fits(len as usize, self.max_record as usize) {
             p.buf.truncate(at);
             return Err(StorageError::TooLarge(len as usize));
         }
