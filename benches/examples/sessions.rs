@@ -481,47 +481,30 @@ impl ServerHandle {
                 .unwrap();
                 let sys = system.handle();
                 // Connect: tenants placed by their names' hash, which the
-                // steered clients compute.
-                let (addr, stop): (_, StopFn) = if w == Workload::Connect {
-                    let server = Server::builder(LengthDelimited::new(), move |_| {
-                        mailring_side::TenantSession {
-                            system: sys.clone(),
-                            sticky: true,
-                            tenant: None,
-                        }
-                    })
-                    .config(config)
-                    .follow::<mailring_side::StickyTenant>(system.handle())
-                    .bind(rt.handle(), any)
-                    .unwrap();
-                    (
-                        server.local_addr(),
-                        Box::new(move |rt| {
-                            let handed: u64 =
-                                server.stats().shards.iter().map(|s| s.handed_off).sum();
-                            eprintln!("# {}: {handed} connections handed off", c.name());
-                            rt.block_on(server.shutdown());
-                        }),
-                    )
+                // steered clients compute (and the hand-offs counted).
+                let sticky = w == Workload::Connect;
+                let builder = Server::builder(LengthDelimited::new(), move |_| {
+                    mailring_side::TenantSession {
+                        system: sys.clone(),
+                        sticky,
+                        tenant: None,
+                    }
+                })
+                .config(config);
+                let builder = if sticky {
+                    builder.follow::<mailring_side::StickyTenant>(system.handle())
                 } else {
-                    let server = Server::builder(LengthDelimited::new(), move |_| {
-                        mailring_side::TenantSession {
-                            system: sys.clone(),
-                            sticky: false,
-                            tenant: None,
-                        }
-                    })
-                    .config(config)
-                    .follow::<mailring_side::Tenant>(system.handle())
-                    .bind(rt.handle(), any)
-                    .unwrap();
-                    (
-                        server.local_addr(),
-                        Box::new(move |rt| {
-                            rt.block_on(server.shutdown());
-                        }),
-                    )
+                    builder.follow::<mailring_side::Tenant>(system.handle())
                 };
+                let server = builder.bind(rt.handle(), any).unwrap();
+                let addr = server.local_addr();
+                let stop: StopFn = Box::new(move |rt| {
+                    if sticky {
+                        let handed: u64 = server.stats().shards.iter().map(|s| s.handed_off).sum();
+                        eprintln!("# {}: {handed} connections handed off", c.name());
+                    }
+                    rt.block_on(server.shutdown());
+                });
                 ServerHandle {
                     addr,
                     kind: ServerKind::Mailring {
