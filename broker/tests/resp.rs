@@ -1602,14 +1602,24 @@ fn blocking_reads_of_several_streams_that_time_out_leave_no_wakeup_behind() {
     let mut w = Client::connect(broker.local_addr());
     let addr = broker.local_addr();
     let t = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(100));
+        // Written once the reader is counted as blocked (INFO says so).
         let mut p = Client::connect(addr);
-        let info = p.cmd(&["INFO", "clients"]).text();
-        (info, p.cmd(&["XADD", "wb", "9999999999999-1", "f", "late"]))
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let info = p.cmd(&["INFO", "clients"]).text();
+            if info.contains("blocked_clients:1") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never blocked: {info}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        p.cmd(&["XADD", "wb", "9999999999999-1", "f", "late"])
     });
     let r = w.cmd(&["XREAD", "BLOCK", "5000", "STREAMS", "wa", "wb", "$", "$"]);
-    let (info, added) = t.join().unwrap();
-    assert!(info.contains("blocked_clients:1"), "{info}");
+    let added = t.join().unwrap();
     assert_eq!(added, R::bulk("9999999999999-1"));
     let info = c.cmd(&["INFO", "clients"]).text();
     assert!(info.contains("blocked_clients:0"), "{info}");
