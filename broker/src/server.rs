@@ -91,35 +91,79 @@ pub struct TlsFiles {
 /// connection in flight, answer from it without waking a stream's actor).
 #[derive(Debug, Default)]
 pub struct Catalog {
-    names: Mutex<BTreeSet<Bytes>>,
+    names: Mutex<Names>,
+}
+
+/// The catalog's names twice: in byte order (`KEYS`, lookups) and in
+/// `SCAN` order (each name's [`scan_position`], then its bytes).
+#[derive(Debug, Default)]
+struct Names {
+    by_bytes: BTreeSet<Bytes>,
+    by_position: BTreeSet<(u64, Bytes)>,
+}
+
+/// Where `name` sits in `SCAN`'s order: from its stable routing hash, in
+/// `1..=2^63`, so that a cursor (the position to go on from) is never 0,
+/// which means "start" and "done". The same name has the same position in
+/// every process, so a cursor outlives a restart.
+pub(crate) fn scan_position(name: &[u8]) -> u64 {
+    (mailring::route_hash(name) >> 1) + 1
+}
+
+impl Names {
+    /// `SCAN`'s page from `cursor`: names in position order, at least
+    /// `count` of them unless the end comes first, and then every other
+    /// name at the last one's position, so that no position is split
+    /// between two pages. The cursor returned is the position after the
+    /// page's last (0 when no name lies beyond it).
+    ///
+    /// Because a cursor is a position, not an offset, a name that exists
+    /// from the first page to the last is returned exactly once, whatever
+    /// is made or deleted in between (Redis's guarantee, without its
+    /// repeats).
+    fn page(&self, cursor: u64, count: usize) -> (Vec<Bytes>, u64) {
+        let mut page = Vec::new();
+        let mut last = None;
+        for (position, name) in self.by_position.range((cursor, Bytes::new())..) {
+            if page.len() >= count.max(1) && last != Some(*position) {
+                return (page, last.map_or(0, |p: u64| p + 1));
+            }
+            last = Some(*position);
+            page.push(name.clone());
+        }
+        (page, 0)
+    }
 }
 
 impl Catalog {
+    fn names(&self) -> std::sync::MutexGuard<'_, Names> {
+        self.names.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub(crate) fn insert(&self, name: &Bytes) {
-        self.names
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(name.clone());
+        let mut names = self.names();
+        if names.by_bytes.insert(name.clone()) {
+            names
+                .by_position
+                .insert((scan_position(name), name.clone()));
+        }
     }
 
     pub(crate) fn remove(&self, name: &[u8]) {
-        self.names
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(name);
+        let mut names = self.names();
+        if let Some(name) = names.by_bytes.take(name) {
+            names.by_position.remove(&(scan_position(&name), name));
+        }
     }
 
     /// Whether stream `name` exists.
     pub fn contains(&self, name: &[u8]) -> bool {
-        self.names
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(name)
+        self.names().by_bytes.contains(name)
     }
 
     /// How many streams exist.
     pub fn len(&self) -> usize {
-        self.names.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.names().by_bytes.len()
     }
 
     /// Whether no stream exists.
@@ -127,22 +171,17 @@ impl Catalog {
         self.len() == 0
     }
 
-    /// `SCAN`'s page: the names from offset `cursor` on in byte order, at
-    /// most `count` of them, and the cursor after them (0 at the end).
-    /// Only the page is copied out under the lock.
-    pub fn page(&self, cursor: usize, count: usize) -> (Vec<Bytes>, usize) {
-        let names = self.names.lock().unwrap_or_else(|p| p.into_inner());
-        let page: Vec<Bytes> = names.iter().skip(cursor).take(count).cloned().collect();
-        let end = cursor.saturating_add(count);
-        let next = if end >= names.len() { 0 } else { end };
-        (page, next)
+    /// `SCAN`'s page: the names from `cursor` on in `SCAN` order, about
+    /// `count` of them, and the cursor after them (0 at the end). Only the
+    /// page is copied out under the lock.
+    pub fn page(&self, cursor: u64, count: usize) -> (Vec<Bytes>, u64) {
+        self.names().page(cursor, count)
     }
 
     /// Names matching `pattern`, in byte order.
     pub fn matching(&self, pattern: &[u8]) -> Vec<Bytes> {
-        self.names
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.names()
+            .by_bytes
             .iter()
             .filter(|n| glob_match(pattern, n, false))
             .cloned()
@@ -694,8 +733,60 @@ impl Drop for Broker {
 
 #[cfg(test)]
 mod tests {
-    use super::CacheGauge;
+    use super::{CacheGauge, Names};
+    use bytes::Bytes;
     use std::sync::Arc;
+
+    fn names_at(positions: &[(u64, &str)]) -> Names {
+        let mut names = Names::default();
+        for &(p, n) in positions {
+            names.by_bytes.insert(Bytes::copy_from_slice(n.as_bytes()));
+            names
+                .by_position
+                .insert((p, Bytes::copy_from_slice(n.as_bytes())));
+        }
+        names
+    }
+
+    fn texts(page: &[Bytes]) -> Vec<&str> {
+        page.iter()
+            .map(|b| std::str::from_utf8(b).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_scan_page_never_splits_a_position_and_its_cursor_is_the_next_position() {
+        let names = names_at(&[
+            (1, "a"),
+            (5, "b"),
+            (5, "c"),
+            (5, "d"),
+            (9, "e"),
+            (u64::MAX, "z"),
+        ]);
+        let (page, next) = names.page(0, 2);
+        assert_eq!((texts(&page), next), (vec!["a", "b", "c", "d"], 6));
+        let (page, next) = names.page(next, 1);
+        assert_eq!((texts(&page), next), (vec!["e"], 10));
+        let (page, next) = names.page(next, 1);
+        assert_eq!((texts(&page), next), (vec!["z"], 0));
+        // A cursor between positions goes on from the next one; past
+        // every name it is the end; COUNT 0 still moves on.
+        let (page, next) = names.page(3, 10);
+        assert_eq!((texts(&page), next), (vec!["b", "c", "d", "e", "z"], 0));
+        assert_eq!(names.page(u64::MAX, 10).0.len(), 1);
+        assert_eq!(names_at(&[(1, "a")]).page(2, 10), (Vec::new(), 0));
+        let (page, next) = names.page(0, 0);
+        assert_eq!((texts(&page), next), (vec!["a"], 2));
+    }
+
+    #[test]
+    fn scan_positions_are_never_zero_and_never_wrap_the_cursor() {
+        for name in [&b""[..], b"a", b"\x00", &[0xff; 70]] {
+            let p = super::scan_position(name);
+            assert!((1..=1u64 << 63).contains(&p), "{p}");
+        }
+    }
 
     #[test]
     fn the_cache_gauge_sums_every_shard_s_and_every_other_thread_s_steps() {

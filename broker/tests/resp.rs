@@ -767,7 +767,11 @@ fn scan_pages_through_every_stream_once_and_info_counts_them() {
             break;
         }
     }
-    assert_eq!(cursors, ["10", "20", "0"]);
+    // A cursor is a position in SCAN's order, not an offset: three pages
+    // of 10, 10 and 5, each name once.
+    assert_eq!(cursors.len(), 3, "{cursors:?}");
+    assert_eq!(cursors.last().map(String::as_str), Some("0"));
+    seen.sort();
     made.sort();
     assert_eq!(seen, made);
     let info = c.cmd(&["INFO", "keyspace"]).text();
@@ -779,6 +783,63 @@ fn scan_pages_through_every_stream_once_and_info_counts_them() {
     assert_eq!(c.read(), R::bulk("1-1"));
     let info = c.read().text();
     assert!(info.contains("keys=26"), "{info}");
+    broker.shutdown();
+}
+
+#[test]
+fn scan_returns_every_stream_present_throughout_while_others_come_and_go() {
+    // Redis's guarantee: a full iteration returns every name that exists
+    // from its start to its end, whatever is made or deleted meanwhile.
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    let made: Vec<String> = (0..40).map(|i| format!("churn:{i:02}")).collect();
+    for k in &made {
+        assert!(matches!(c.cmd(&["XADD", k, "*", "f", "v"]), R::Bulk(_)));
+    }
+    // Every third name is deleted during the iteration (one after each
+    // page, those already returned first); the rest stay throughout.
+    let mut doomed: Vec<&String> = made.iter().step_by(3).collect();
+    let mut seen: Vec<String> = Vec::new();
+    let mut cursor = "0".to_owned();
+    let mut pages = 0;
+    loop {
+        let R::Array(reply) = c.cmd(&["SCAN", &cursor, "COUNT", "4"]) else {
+            panic!("SCAN");
+        };
+        cursor = reply[0].text();
+        let R::Array(names) = &reply[1] else {
+            panic!("SCAN page")
+        };
+        seen.extend(names.iter().map(R::text));
+        pages += 1;
+        assert!(pages < 100, "SCAN never ended: {seen:?}");
+        if cursor == "0" {
+            break;
+        }
+        doomed.sort_by_key(|k| !seen.contains(k));
+        if !doomed.is_empty() {
+            let gone = doomed.remove(0);
+            assert_eq!(c.cmd(&["DEL", gone]), R::Int(1));
+        }
+        let fresh = format!("fresh:{pages}");
+        assert!(matches!(
+            c.cmd(&["XADD", &fresh, "*", "f", "v"]),
+            R::Bulk(_)
+        ));
+    }
+    let deleted: Vec<&String> = made
+        .iter()
+        .step_by(3)
+        .filter(|k| !doomed.contains(k))
+        .collect();
+    for k in &made {
+        let times = seen.iter().filter(|s| *s == k).count();
+        if deleted.contains(&k) {
+            assert!(times <= 1, "{k} returned {times} times: {seen:?}");
+        } else {
+            assert_eq!(times, 1, "{k} returned {times} times: {seen:?}");
+        }
+    }
     broker.shutdown();
 }
 

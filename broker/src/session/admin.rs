@@ -176,14 +176,16 @@ impl RespSession {
     }
 
     /// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE type]`: the cursor is
-    /// an offset into the names in byte order.
+    /// a position in the catalog's `SCAN` order (see [`Catalog::page`]).
+    ///
+    /// [`Catalog::page`]: crate::server::Catalog::page
     pub(super) fn scan(shared: &crate::server::Shared, args: &[Bytes]) -> Reply {
         let cursor = match std::str::from_utf8(&args[1])
             .ok()
             .filter(|s| !s.starts_with(['+', '-', ' ']))
             .and_then(|s| s.parse::<u64>().ok())
         {
-            Some(c) => c as usize,
+            Some(c) => c,
             None => return Reply::err("invalid cursor"),
         };
         let mut pattern: Option<&[u8]> = None;
