@@ -441,10 +441,27 @@ pub struct ExecBatch {
 /// The replies of an [`ExecBatch`], and the flush they wait for.
 #[derive(Debug)]
 pub struct BatchAnswer {
-    /// One reply per command.
-    pub replies: Vec<Reply>,
+    /// One reply per command; or, when the transaction was refused whole
+    /// and changed nothing, the reply its `EXEC` gets instead.
+    pub replies: Result<Vec<Reply>, Reply>,
     /// Completes when the transaction's record is flushed.
     pub durable: Option<Ticket>,
+}
+
+impl BatchAnswer {
+    /// A transaction refused whole because its record could not be
+    /// logged: Redis's reply to an `EXEC` refused before it ran.
+    fn refused(e: &StorageError) -> Self {
+        let Reply::Error(why) = storage_error(e) else {
+            unreachable!("a storage error is an error reply")
+        };
+        BatchAnswer {
+            replies: Err(Reply::Error(format!(
+                "EXECABORT Transaction discarded because of: {why}"
+            ))),
+            durable: None,
+        }
+    }
 }
 
 impl Handler<ExecBatch> for StreamActor {
@@ -452,16 +469,19 @@ impl Handler<ExecBatch> for StreamActor {
         self.load(m.broker).await;
         let Some(shared) = self.shared.take() else {
             return BatchAnswer {
-                replies: m.commands.iter().map(|_| broker_gone()).collect(),
+                replies: Ok(m.commands.iter().map(|_| broker_gone()).collect()),
                 durable: None,
             };
         };
         // Refused before it runs when its record could not be logged: the
-        // log takes no appends, or the commands' arguments alone are over
-        // its record limit (reading the stream back after a refused record
-        // is the rare case, not one a client can ask for at will).
+        // log takes no appends and the transaction writes (one that only
+        // reads runs, as reads do on a failed log), or the commands'
+        // arguments alone are over its record limit (reading the stream
+        // back after a refused record is the rare case, not one a client
+        // can ask for at will).
+        let writes = m.commands.iter().any(|c| command::writes(c));
         let refused = self.log.as_ref().and_then(|log| {
-            log.refusal().or_else(|| {
+            log.refusal().filter(|_| writes).or_else(|| {
                 let bytes: u64 = m
                     .commands
                     .iter()
@@ -473,12 +493,8 @@ impl Handler<ExecBatch> for StreamActor {
         });
         if let Some(e) = refused {
             self.shared = Some(shared);
-            let err = storage_error(&e);
             self.end_if_nothing(cx);
-            return BatchAnswer {
-                replies: m.commands.iter().map(|_| err.clone()).collect(),
-                durable: None,
-            };
+            return BatchAnswer::refused(&e);
         }
         let added_before = self.stream.as_ref().map(Stream::entries_added);
         let was_missing = self.stream.is_none();
@@ -504,13 +520,9 @@ impl Handler<ExecBatch> for StreamActor {
                 Err(e) => {
                     // Nothing was logged: every change is refused, and
                     // what the commands changed in memory is dropped.
-                    let err = storage_error(&e);
                     self.reload(m.broker).await;
                     self.end_if_nothing(cx);
-                    return BatchAnswer {
-                        replies: replies.iter().map(|_| err.clone()).collect(),
-                        durable: None,
-                    };
+                    return BatchAnswer::refused(&e);
                 }
             }
         };
@@ -520,7 +532,10 @@ impl Handler<ExecBatch> for StreamActor {
         self.publish_need();
         self.settle();
         self.end_if_nothing(cx);
-        BatchAnswer { replies, durable }
+        BatchAnswer {
+            replies: Ok(replies),
+            durable,
+        }
     }
 }
 

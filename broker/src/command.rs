@@ -29,6 +29,35 @@ pub struct Spec {
     pub kind: Kind,
 }
 
+/// Whether a command changes a stream (Redis flags it `write`): what a
+/// log that takes no appends refuses. `XGROUP HELP` only reads.
+pub fn writes(args: &[Bytes]) -> bool {
+    let Some(spec) = lookup(&args[0]) else {
+        return false;
+    };
+    match spec.name {
+        "xgroup" => !args.get(1).is_some_and(|s| s.eq_ignore_ascii_case(b"help")),
+        name => is_write_command(name),
+    }
+}
+
+/// Whether the command called `name` (lower case) is flagged `write`.
+pub fn is_write_command(name: &str) -> bool {
+    matches!(
+        name,
+        "xadd"
+            | "xtrim"
+            | "xdel"
+            | "xack"
+            | "xclaim"
+            | "xautoclaim"
+            | "xsetid"
+            | "xgroup"
+            | "xreadgroup"
+            | "del"
+    )
+}
+
 const fn conn(name: &'static str, arity: i32) -> Spec {
     Spec {
         name,

@@ -245,19 +245,7 @@ impl RespSession {
 
 /// `COMMAND INFO`'s 10-element description of a command.
 fn command_info(spec: &command::Spec) -> Reply {
-    let write = matches!(
-        spec.name,
-        "xadd"
-            | "xtrim"
-            | "xdel"
-            | "xack"
-            | "xclaim"
-            | "xautoclaim"
-            | "xsetid"
-            | "xgroup"
-            | "xreadgroup"
-            | "del"
-    );
+    let write = command::is_write_command(spec.name);
     let mut flags = vec![Reply::Status(if write { "write" } else { "readonly" })];
     if matches!(spec.name, "xread" | "xreadgroup") {
         flags.push(Reply::Status("blocking"));

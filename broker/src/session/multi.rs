@@ -236,7 +236,10 @@ impl RespSession {
                                 return storage_error(&e).frame(proto);
                             }
                         }
-                        replies.into_iter()
+                        match replies {
+                            Ok(replies) => replies.into_iter(),
+                            Err(refused) => return refused.frame(proto),
+                        }
                     }
                     Err(e) => return super::unavailable(e).frame(proto),
                 };
