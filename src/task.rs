@@ -177,12 +177,25 @@ where
     /// and reported as [`CallbackKind::Drop`].
     fn finish(&self, shard: Option<&Shard>, result: Result<F::Output, JoinError>) {
         let shard_index = shard.map(Shard::index);
-        // SAFETY: called on the home thread for a started task, never while
-        // the future is being polled; for a task that never started, by the
-        // holder of its only queued reference, so nobody else can reach the
-        // future (and it is `Send`, see the `Send` impl).
-        let future = unsafe { (*self.future.get()).take() };
-        let drop_result = catch_unwind(AssertUnwindSafe(move || drop(future)));
+        // The future is dropped where it lies: it was pinned there from its
+        // first poll, and a suspended `async fn` may hold references into
+        // itself that its locals' `Drop` follows (moving it out first, as
+        // `Option::take` would, leaves them pointing at its old place).
+        let slot = self.future.get();
+        let drop_result = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: called on the home thread for a started task, never
+            // while the future is being polled; for a task that never
+            // started, by the holder of its only queued reference, so nobody
+            // else can reach the future (and it is `Send`, see the `Send`
+            // impl). `EmptyAfter` marks the slot empty once the drop ends,
+            // by unwinding too, so the future is never dropped twice.
+            unsafe {
+                if let Some(future) = (*slot).as_mut() {
+                    let _empty = EmptyAfter(slot);
+                    std::ptr::drop_in_place(future);
+                }
+            }
+        }));
         self.state.fetch_or(COMPLETE, Ordering::AcqRel);
         self.state.fetch_and(!RUNNING, Ordering::AcqRel);
         let result = match (result, drop_result) {
@@ -214,6 +227,19 @@ where
                 drop(removed);
             }
         }
+    }
+}
+
+/// Marks a task's future slot empty without dropping what it holds (its
+/// future was just dropped in place).
+struct EmptyAfter<F>(*mut Option<F>);
+
+impl<F> Drop for EmptyAfter<F> {
+    fn drop(&mut self) {
+        // SAFETY: the slot is valid for writes (the task's own cell, reached
+        // only by its home thread here), and the future it held was dropped
+        // in place, so overwriting it without a drop is what must happen.
+        unsafe { std::ptr::write(self.0, None) };
     }
 }
 

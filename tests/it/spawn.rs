@@ -941,3 +941,73 @@ fn a_spawn_to_another_shard_runs_while_this_shard_works_through_its_queue() {
     assert!(seen_while_busy, "shard 1 ran only after shard 0's queue");
     assert!(ran.load(Ordering::Acquire));
 }
+
+/// A guard inside a future that borrows another of the future's locals,
+/// as any `async fn` may (`let a = ..; let b = Guard(&a); x.await`): it
+/// checks, when dropped, that it still sits where it was when the future
+/// was first polled, relative to what it borrows. A future moved after
+/// that (pinning forbids it) would leave the borrow pointing at its old
+/// place.
+struct SelfBorrow<'a> {
+    target: &'a u64,
+    offset: std::cell::Cell<Option<isize>>,
+    moved: Arc<AtomicUsize>,
+}
+
+impl SelfBorrow<'_> {
+    fn offset_now(&self) -> isize {
+        std::ptr::from_ref(self) as isize - std::ptr::from_ref(self.target) as isize
+    }
+}
+
+impl Drop for SelfBorrow<'_> {
+    fn drop(&mut self) {
+        if self.offset.get() != Some(self.offset_now()) {
+            self.moved.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+async fn borrows_itself(moved: Arc<AtomicUsize>, polled: Arc<AtomicUsize>) {
+    let value = 7u64;
+    let guard = SelfBorrow {
+        target: &value,
+        offset: std::cell::Cell::new(None),
+        moved,
+    };
+    guard.offset.set(Some(guard.offset_now()));
+    polled.fetch_add(1, Ordering::SeqCst);
+    std::future::pending::<()>().await;
+    drop(guard);
+}
+
+#[test]
+fn a_future_cancelled_or_dropped_at_shutdown_is_dropped_where_it_was_pinned() {
+    let moved = Arc::new(AtomicUsize::new(0));
+    let polled = Arc::new(AtomicUsize::new(0));
+    let rt = rt2();
+    let (m, p) = (moved.clone(), polled.clone());
+    rt.block_on(async move {
+        let aborted = mailring::spawn_on(ShardId::new(1), borrows_itself(m.clone(), p.clone()));
+        while p.load(Ordering::SeqCst) == 0 {
+            mailring::yield_now().await;
+        }
+        aborted.abort();
+        assert!(aborted.await.unwrap_err().is_cancelled());
+        // Left pending for the shutdown to drop.
+        drop(mailring::spawn_on(
+            ShardId::new(0),
+            borrows_itself(m, p.clone()),
+        ));
+        while p.load(Ordering::SeqCst) < 2 {
+            mailring::yield_now().await;
+        }
+    });
+    drop(rt);
+    assert_eq!(polled.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        moved.load(Ordering::SeqCst),
+        0,
+        "a future was moved before its drop"
+    );
+}
