@@ -648,6 +648,21 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         Some(res)
     }
 
+    /// The streams' `try_peek`: a non-blocking look at the queued bytes on
+    /// the socket's shard, `WouldBlock` while a receive of the socket is on
+    /// the ring or a multishot receive was armed (the bytes may be on their
+    /// way to it).
+    pub(crate) fn try_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.inner.check()?;
+        if self.recv_at_once.reads.any() || self.recv_at_once.multishot.load(Relaxed) {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        self.inner
+            .peek_now(buf)
+            .unwrap_or_else(|| Err(io::ErrorKind::Unsupported.into()))
+    }
+
     /// The streams' `try_send`: a non-blocking send on the socket's shard,
     /// `WouldBlock` while a write of the socket is on the ring (the bytes
     /// would overtake it).
@@ -996,6 +1011,22 @@ impl TcpStream {
     /// the OS error (e.g. `BrokenPipe`).
     pub fn try_send(&self, buf: &[u8]) -> io::Result<usize> {
         self.core.try_send(buf)
+    }
+
+    /// Copies into `buf` the bytes queued on the socket without taking
+    /// them, with a plain non-blocking `recv(MSG_PEEK)`: how many, `Ok(0)`
+    /// when the peer closed its side (nothing queued before the end), or
+    /// `WouldBlock` when nothing is queued. A pool checks this way that an
+    /// idle connection is still open and was sent nothing unasked. While a
+    /// receive of this socket is on the ring (or a multishot receive was
+    /// armed on it) it says `WouldBlock`: the bytes may be that receive's.
+    ///
+    /// # Errors
+    ///
+    /// `WouldBlock` as above; the wrong-shard error off the socket's shard;
+    /// the OS error (e.g. `ConnectionReset`).
+    pub fn try_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.core.try_peek(buf)
     }
 
     /// Sends some of `buf`'s bytes with `IORING_OP_SEND_ZC`: the kernel sends

@@ -718,6 +718,12 @@ pub(crate) trait OpFile {
     fn recv_now(&self, _buf: &mut [std::mem::MaybeUninit<u8>]) -> Option<io::Result<usize>> {
         None
     }
+    /// A plain non-blocking `recv` that leaves the bytes queued
+    /// (`MSG_PEEK | MSG_DONTWAIT`), for a file with a process descriptor;
+    /// `None` for one without.
+    fn peek_now(&self, _buf: &mut [u8]) -> Option<io::Result<usize>> {
+        None
+    }
 }
 
 impl OpFile for ShardFd {
@@ -742,6 +748,16 @@ impl OpFile for ShardFd {
     }
     fn recv_now(&self, buf: &mut [std::mem::MaybeUninit<u8>]) -> Option<io::Result<usize>> {
         Some(socket2::SockRef::from(&*self.fd).recv_with_flags(buf, libc::MSG_DONTWAIT))
+    }
+    fn peek_now(&self, buf: &mut [u8]) -> Option<io::Result<usize>> {
+        // SAFETY: `[u8]` and `[MaybeUninit<u8>]` have the same layout, and
+        // `recv` only writes initialised bytes into the slice (it never
+        // de-initialises one), so `buf` stays fully initialised.
+        let buf = unsafe { &mut *(std::ptr::from_mut(buf) as *mut [std::mem::MaybeUninit<u8>]) };
+        Some(
+            socket2::SockRef::from(&*self.fd)
+                .recv_with_flags(buf, libc::MSG_PEEK | libc::MSG_DONTWAIT),
+        )
     }
 }
 

@@ -181,6 +181,17 @@ impl UnixStream {
         self.core.try_send(buf)
     }
 
+    /// Copies the queued bytes into `buf` without taking them; see
+    /// [`TcpStream::try_peek`](super::TcpStream::try_peek).
+    ///
+    /// # Errors
+    ///
+    /// `WouldBlock` when nothing is queued or a receive is on the ring; the
+    /// wrong-shard error off the socket's shard; the OS error.
+    pub fn try_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.core.try_peek(buf)
+    }
+
     /// Starts a multishot receive into buffers of `ring`; see
     /// [`TcpStream::recv_multishot`](super::TcpStream::recv_multishot).
     pub fn recv_multishot(&self, ring: &BufRing) -> RecvMultishot<'_> {

@@ -1155,3 +1155,53 @@ fn a_receive_into_an_appending_buffer_keeps_what_it_held() {
         sender.await.unwrap();
     });
 }
+
+#[test]
+fn a_peek_shows_queued_bytes_without_taking_them_and_the_end_as_zero() {
+    let rt = rt2();
+    let h = rt.handle().clone();
+    rt.block_on(async move {
+        let (client, peer) = tcp_pair().await;
+        let mut buf = [0u8; 8];
+        // Nothing queued.
+        let err = client.try_peek(&mut buf).expect_err("nothing queued");
+        assert_eq!(err.kind(), ErrorKind::WouldBlock, "{err}");
+        let (res, _) = peer.send_all(b"abc".to_vec()).await;
+        res.unwrap();
+        let peeked = loop {
+            match client.try_peek(&mut buf) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    mailring::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert_eq!(&buf[..peeked], b"abc");
+        // Still there for a receive.
+        let (n, got) = client.recv(vec![0u8; 8]).await;
+        assert_eq!(&got[..n.unwrap()], b"abc");
+        // Off the socket's shard: the wrong-shard error.
+        let client = h
+            .spawn_on(ShardId::new(1), async move {
+                let err = client.try_peek(&mut [0u8; 1]).expect_err("off its shard");
+                assert_ne!(err.kind(), ErrorKind::WouldBlock, "{err}");
+                client
+            })
+            .await
+            .unwrap();
+        // The peer closes: the end reads as 0, again and again.
+        drop(peer);
+        let end = loop {
+            match client.try_peek(&mut buf) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    mailring::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert_eq!(end, 0);
+        assert_eq!(client.try_peek(&mut buf).unwrap(), 0);
+    });
+}

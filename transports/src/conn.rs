@@ -115,6 +115,37 @@ impl Conn {
         }
     }
 
+    /// Whether an idle connection may be handed out again: still open,
+    /// and sent nothing unasked since its last exchange (a frame then
+    /// would be read as the next caller's reply). A TLS connection is
+    /// judged by its end alone: records may come unasked there (session
+    /// tickets), and its record layer reads them on the next receive.
+    pub(crate) fn fit_for_reuse(&self) -> bool {
+        let mut probe = [0u8; 1];
+        let peeked = match self {
+            Conn::Tcp(s) => s.try_peek(&mut probe),
+            Conn::Unix(s) => s.try_peek(&mut probe),
+            Conn::Direct(_) => return true,
+            Conn::Tls(s) => {
+                return match s.inner().peek_plain(&mut probe) {
+                    Ok(n) => n > 0,
+                    Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+                }
+            }
+        };
+        matches!(peeked, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// A look at the bytes queued on the socket itself (plain TCP and
+    /// Unix streams; `WouldBlock` for the others).
+    fn peek_plain(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Conn::Tcp(s) => s.try_peek(buf),
+            Conn::Unix(s) => s.try_peek(buf),
+            _ => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
     /// A shutdown of the socket itself.
     pub(crate) async fn shutdown_plain(&self, how: Shutdown) -> io::Result<()> {
         match self {
@@ -506,6 +537,13 @@ impl<C: Codec> Framed<C> {
     /// Whether the peer closed its side (a `recv` saw the end).
     pub fn is_closed(&self) -> bool {
         self.eof
+    }
+
+    /// Whether the connection, idle between exchanges, may serve the next
+    /// one: no end seen or queued, and no byte received that nobody asked
+    /// for (see `Conn::fit_for_reuse`).
+    pub(crate) fn fit_for_reuse(&self) -> bool {
+        !self.eof && self.rbuf.is_empty() && self.wbuf.is_empty() && self.conn.fit_for_reuse()
     }
 
     /// Closes the sending side (the peer reads the end after what was sent).

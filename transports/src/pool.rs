@@ -3,8 +3,14 @@
 //! on the shard that opened it), with a bound on connections and on
 //! callers waiting for one, connect and checkout timeouts, and health: a
 //! failed connect puts the shard's pool in backoff (exponential, with
-//! jitter), during which callers fail at once instead of queueing on a dead
-//! upstream; the first caller after it tries again.
+//! jitter), during which callers that find no idle connection fail at once
+//! instead of queueing on a dead upstream; the first caller after it tries
+//! the upstream again while the others still fail fast, and a connection
+//! that serves well starts the next backoff from its first step. An idle
+//! connection that the upstream closed, or sent bytes nobody asked for, is
+//! dropped rather than handed out. A connect or a wait that its caller
+//! drops gives its place back; the last clone of a pool dropped closes its
+//! idle connections on every shard.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -178,6 +184,24 @@ struct Shared<C: Codec> {
     codec: C,
     config: PoolConfig,
     counters: Box<[Counters]>,
+    /// The shards that made their part of the pool, to drop it there when
+    /// the pool goes.
+    homes: std::sync::Mutex<Vec<(mailring::Handle, ShardId)>>,
+}
+
+impl<C: Codec> Drop for Shared<C> {
+    fn drop(&mut self) {
+        // No checkout is left (each holds a clone of the pool): each shard
+        // drops its part, closing its idle connections, in its next tick.
+        let id = self.id;
+        let homes = std::mem::take(self.homes.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for (handle, shard) in homes {
+            handle.run_on(shard, move || {
+                let part = LOCALS.with(|l| l.borrow_mut().remove(&id));
+                drop(part);
+            });
+        }
+    }
 }
 
 /// A pool of framed connections to one upstream, one set per shard.
@@ -225,6 +249,13 @@ enum Health {
     Up,
     /// No connect until `until`, after a connect that failed with `error`.
     Backoff {
+        until: Instant,
+        error: String,
+    },
+    /// The backoff is over and one caller is trying the upstream again
+    /// (until `until` at the latest, its connect timeout); the others fail
+    /// fast meanwhile.
+    Trying {
         until: Instant,
         error: String,
     },
@@ -278,6 +309,7 @@ impl<C: Codec> Pool<C> {
                 codec,
                 config,
                 counters: (0..shards.max(1)).map(|_| Counters::default()).collect(),
+                homes: std::sync::Mutex::new(Vec::new()),
             }),
         }
     }
@@ -312,6 +344,13 @@ impl<C: Codec> Pool<C> {
             l.borrow_mut()
                 .entry(id)
                 .or_insert_with(|| {
+                    if let Some(handle) = mailring::Handle::try_current() {
+                        self.shared
+                            .homes
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((handle, shard));
+                    }
                     Rc::new(RefCell::new(Local::<C> {
                         idle: Vec::new(),
                         open: 0,
@@ -343,36 +382,57 @@ impl<C: Codec> Pool<C> {
         let (shard, local) = self.local()?;
         // The runtime's clock; a timeout past any instant saturates.
         let deadline = mailring::time::deadline_in(self.shared.config.checkout_timeout);
+        let counters = self.counters(shard);
         loop {
             let action = {
                 let mut l = local.borrow_mut();
-                if let Health::Backoff { until, error, .. } = &l.health {
-                    let now = mailring::time::now();
-                    if now < *until {
-                        self.counters(shard)
-                            .failed_fast
-                            .fetch_add(1, Ordering::Relaxed);
+                // An idle connection first, whatever the health: it is
+                // open, and the upstream answered on it last time.
+                while let Some(framed) = l.idle.pop() {
+                    counters.idle.fetch_sub(1, Ordering::Relaxed);
+                    if !framed.fit_for_reuse() {
+                        counters.discarded.fetch_add(1, Ordering::Relaxed);
+                        counters.open.fetch_sub(1, Ordering::Relaxed);
+                        l.open -= 1;
+                        continue;
+                    }
+                    counters.reused.fetch_add(1, Ordering::Relaxed);
+                    return Ok(self.checked_out(&local, shard, framed));
+                }
+                let now = mailring::time::now();
+                let trying_again = match &l.health {
+                    Health::Up => false,
+                    Health::Backoff { until, error } | Health::Trying { until, error }
+                        if now < *until =>
+                    {
+                        counters.failed_fast.fetch_add(1, Ordering::Relaxed);
                         return Err(PoolError::Unhealthy {
                             upstream: format!("{:?}", self.shared.upstream),
                             last_error: error.clone(),
                             retry_in: *until - now,
                         });
                     }
-                }
-                if let Some(framed) = l.idle.pop() {
-                    self.counters(shard).idle.fetch_sub(1, Ordering::Relaxed);
-                    self.counters(shard).reused.fetch_add(1, Ordering::Relaxed);
-                    return Ok(self.checked_out(&local, shard, framed));
-                }
+                    // The backoff is over (or a try outlived its connect
+                    // timeout without ending): this caller tries.
+                    Health::Backoff { .. } | Health::Trying { .. } => true,
+                };
                 if l.open < self.shared.config.max_connections.max(1) {
                     l.open += 1;
-                    self.counters(shard).open.fetch_add(1, Ordering::Relaxed);
+                    counters.open.fetch_add(1, Ordering::Relaxed);
+                    if trying_again {
+                        let error = match std::mem::replace(&mut l.health, Health::Up) {
+                            Health::Backoff { error, .. } | Health::Trying { error, .. } => error,
+                            Health::Up => String::new(),
+                        };
+                        l.health = Health::Trying {
+                            until: mailring::time::deadline_in(self.shared.config.connect_timeout),
+                            error,
+                        };
+                    }
                     None
                 } else {
                     if l.waiting.len() >= self.shared.config.max_waiting {
-                        self.counters(shard)
-                            .saturated
-                            .fetch_add(1, Ordering::Relaxed);
+                        counters.saturated.fetch_add(1, Ordering::Relaxed);
                         return Err(PoolError::Saturated {
                             connections: l.open,
                             waiting: l.waiting.len(),
@@ -387,8 +447,23 @@ impl<C: Codec> Pool<C> {
                 }
             };
             match action {
-                None => return self.connect(shard, local).await,
+                None => {
+                    let place = Place {
+                        local: local.clone(),
+                        counters,
+                        armed: true,
+                    };
+                    return self.connect(shard, place).await;
+                }
                 Some(waiter) => {
+                    // Dropped while queued: out of the queue; dropped once
+                    // woken: the wake goes on to the next in line.
+                    let mut in_queue = InQueue {
+                        local: local.clone(),
+                        waiter,
+                        done: false,
+                    };
+                    let waiter = &in_queue.waiter;
                     let woken = std::future::poll_fn(|cx| {
                         if waiter.woken.get() {
                             Poll::Ready(())
@@ -397,11 +472,10 @@ impl<C: Codec> Pool<C> {
                             Poll::Pending
                         }
                     });
-                    if mailring::time::timeout_at(deadline, woken).await.is_err() {
-                        local
-                            .borrow_mut()
-                            .waiting
-                            .retain(|w| !Rc::ptr_eq(w, &waiter));
+                    let waited = mailring::time::timeout_at(deadline, woken).await;
+                    in_queue.done = true;
+                    if waited.is_err() {
+                        in_queue.leave();
                         return Err(PoolError::CheckoutTimeout);
                     }
                 }
@@ -420,9 +494,14 @@ impl<C: Codec> Pool<C> {
         }
     }
 
-    /// Makes a connection (its place is already counted in `open`).
-    async fn connect(&self, shard: ShardId, local: Shard<C>) -> Result<Pooled<C>, PoolError> {
-        let counters = self.counters(shard);
+    /// Makes a connection in `place` (already counted in `open`; given
+    /// back if the connect fails or its caller drops it).
+    async fn connect(
+        &self,
+        shard: ShardId,
+        mut place: Place<'_, C>,
+    ) -> Result<Pooled<C>, PoolError> {
+        let counters = place.counters;
         counters.connects.fetch_add(1, Ordering::Relaxed);
         let codec = self.shared.codec.clone();
         let made = mailring::time::timeout(self.shared.config.connect_timeout, async {
@@ -446,6 +525,8 @@ impl<C: Codec> Pool<C> {
                 ),
             ))
         });
+        place.armed = false;
+        let local = place.local.clone();
         let mut l = local.borrow_mut();
         match made {
             Ok(framed) => {
@@ -457,17 +538,26 @@ impl<C: Codec> Pool<C> {
                 counters.connect_failures.fetch_add(1, Ordering::Relaxed);
                 counters.open.fetch_sub(1, Ordering::Relaxed);
                 l.open -= 1;
-                let config = &self.shared.config;
-                let delay = match l.last_delay {
-                    None => config.initial_backoff,
-                    Some(d) => d.saturating_mul(2).min(config.max_backoff),
-                };
-                l.last_delay = Some(delay);
-                l.health = Health::Backoff {
-                    until: mailring::time::deadline_in(jittered(delay)),
-                    error: e.to_string(),
-                };
-                // Those waiting learn of it now (and fail fast).
+                let now = mailring::time::now();
+                // Connects that were under way together fail together: one
+                // backoff for them all, not one doubling each.
+                let backing_off =
+                    matches!(&l.health, Health::Backoff { until, .. } if now < *until);
+                if !backing_off {
+                    let config = &self.shared.config;
+                    let delay = match l.last_delay {
+                        None => config.initial_backoff,
+                        Some(d) => d.saturating_mul(2),
+                    }
+                    .min(config.max_backoff);
+                    l.last_delay = Some(delay);
+                    l.health = Health::Backoff {
+                        until: mailring::time::deadline_in(jittered(delay)),
+                        error: e.to_string(),
+                    };
+                }
+                // Those waiting learn of it now: each takes a connection
+                // that came back idle, or fails fast.
                 for w in l.waiting.drain(..) {
                     w.wake();
                 }
@@ -518,6 +608,76 @@ impl Waiter {
         self.woken.set(true);
         if let Some(w) = self.waker.borrow_mut().take() {
             w.wake();
+        }
+    }
+}
+
+/// A place counted in a shard's `open` for a connect under way: given
+/// back, with the next waiter woken to use it, unless the connect ended
+/// (its caller dropped it, or it panicked).
+struct Place<'a, C: Codec> {
+    local: Shard<C>,
+    counters: &'a Counters,
+    armed: bool,
+}
+
+impl<C: Codec> Drop for Place<'_, C> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.counters.open.fetch_sub(1, Ordering::Relaxed);
+        let Ok(mut l) = self.local.try_borrow_mut() else {
+            return;
+        };
+        l.open -= 1;
+        // A try of the upstream that ended without an answer: the next
+        // caller tries.
+        if let Health::Trying { error, .. } = &l.health {
+            l.health = Health::Backoff {
+                until: mailring::time::now(),
+                error: error.clone(),
+            };
+        }
+        if let Some(w) = l.waiting.pop_front() {
+            w.wake();
+        }
+    }
+}
+
+/// A caller's place in a shard's queue of waiters, for as long as it
+/// waits.
+struct InQueue<C: Codec> {
+    local: Shard<C>,
+    waiter: Rc<Waiter>,
+    /// The wait ended (woken, or timed out): nothing to undo on drop.
+    done: bool,
+}
+
+impl<C: Codec> InQueue<C> {
+    /// Leaves the queue.
+    fn leave(&self) {
+        if let Ok(mut l) = self.local.try_borrow_mut() {
+            l.waiting.retain(|w| !Rc::ptr_eq(w, &self.waiter));
+        }
+    }
+}
+
+impl<C: Codec> Drop for InQueue<C> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if self.waiter.woken.get() {
+            // Woken for a connection (or a place) it will not take: the
+            // next in line gets the wake instead.
+            if let Ok(mut l) = self.local.try_borrow_mut() {
+                if let Some(w) = l.waiting.pop_front() {
+                    w.wake();
+                }
+            }
+        } else {
+            self.leave();
         }
     }
 }
@@ -593,6 +753,9 @@ impl<C: Codec> Drop for Pooled<C> {
             counters.open.fetch_sub(1, Ordering::Relaxed);
             l.open -= 1;
         } else {
+            // It served well: the next failure backs off from the first
+            // step again.
+            l.last_delay = None;
             counters.idle.fetch_add(1, Ordering::Relaxed);
             l.idle.push(framed);
         }

@@ -342,3 +342,284 @@ fn durations_past_any_instant_are_taken_without_overflow() {
     });
     assert_eq!(pool.stats()[0].connects, 1);
 }
+
+/// A listener whose accept queue is full: connects to it hang until their
+/// timeout. Keep the returned sockets alive for as long as it is needed.
+fn hanging_upstream() -> (SocketAddr, Vec<socket2::Socket>) {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket
+        .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    socket.listen(0).unwrap();
+    let addr = socket.local_addr().unwrap().as_socket().unwrap();
+    let mut keep = vec![socket];
+    for _ in 0..4 {
+        let f = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        f.set_nonblocking(true).unwrap();
+        let _ = f.connect(&addr.into());
+        keep.push(f);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    (addr, keep)
+}
+
+#[test]
+fn a_connect_cancelled_mid_way_gives_its_place_back() {
+    let (addr, _keep) = hanging_upstream();
+    let rt = runtime();
+    let mut c = config();
+    c.max_connections = 1;
+    let pool = Pool::new(Upstream::Tcp(addr), LengthDelimited::new(), c, 2);
+    let p = pool.clone();
+    let second = on(&rt, 0, move || async move {
+        // A caller queued behind the connect, which is then cancelled.
+        let p2 = p.clone();
+        let queued = mailring::spawn_local(async move { p2.get().await.map(|_| ()) });
+        let cut = mailring::time::timeout(Duration::from_millis(50), p.get()).await;
+        assert!(cut.is_err(), "the caller gave up on its connect");
+        // The queued caller is not left waiting for a place nobody holds:
+        // it connects itself (and times out, as the upstream hangs).
+        let queued = queued.await.unwrap();
+        assert!(
+            matches!(&queued, Err(PoolError::Connect { source, .. }) if source.kind() == std::io::ErrorKind::TimedOut),
+            "{queued:?}"
+        );
+        mailring::time::sleep(Duration::from_millis(150)).await;
+        p.get().await.map(|_| ())
+    });
+    match second {
+        Err(PoolError::Connect { source, .. }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::TimedOut, "{source}")
+        }
+        other => panic!("expected a connect of its own, got {other:?}"),
+    }
+    assert_eq!(pool.stats()[0].open, 0);
+    assert_eq!(pool.stats()[0].connects, 3);
+}
+
+#[test]
+fn a_caller_that_stops_waiting_leaves_the_queue_and_the_next_gets_the_connection() {
+    let rt = runtime();
+    let server = upstream(&rt, "127.0.0.1:0".parse().unwrap());
+    let mut c = config();
+    c.max_connections = 1;
+    c.max_waiting = 1;
+    c.checkout_timeout = Duration::from_secs(5);
+    let pool = Pool::new(
+        Upstream::Tcp(server.local_addr()),
+        LengthDelimited::new(),
+        c,
+        2,
+    );
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        let held = p.get().await.unwrap();
+        // A caller waits, then gives up.
+        let gave_up = mailring::time::timeout(Duration::from_millis(10), p.get()).await;
+        assert!(gave_up.is_err());
+        // Its place in the queue is free again...
+        let p2 = p.clone();
+        let next = mailring::spawn_local(async move {
+            let started = std::time::Instant::now();
+            p2.get().await.map(|_| started.elapsed())
+        });
+        for _ in 0..3 {
+            mailring::yield_now().await;
+        }
+        // ...and the connection goes to the caller still waiting.
+        drop(held);
+        let waited = next.await.unwrap().expect("the live waiter is served");
+        assert!(waited < Duration::from_secs(4), "{waited:?}");
+        // A waiter woken and then dropped before it ran passes the
+        // connection on to the one behind it.
+        let held = p.get().await.unwrap();
+        let (p2, p3) = (p.clone(), p.clone());
+        let woken_then_dropped = mailring::spawn_local(async move { p2.get().await.map(|_| ()) });
+        for _ in 0..3 {
+            mailring::yield_now().await;
+        }
+        drop(held);
+        woken_then_dropped.abort();
+        let behind = mailring::spawn_local(async move { p3.get().await.map(|_| ()) });
+        assert!(behind.await.unwrap().is_ok());
+    });
+    assert_eq!(pool.stats()[0].saturated, 0);
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn dropping_every_clone_of_a_pool_closes_its_idle_connections() {
+    let rt = runtime();
+    let server = upstream(&rt, "127.0.0.1:0".parse().unwrap());
+    let pool = Pool::new(
+        Upstream::Tcp(server.local_addr()),
+        LengthDelimited::new(),
+        config(),
+        2,
+    );
+    for shard in 0..2 {
+        let p = pool.clone();
+        on(&rt, shard, move || async move {
+            p.request(Bytes::from_static(b"x")).await.unwrap();
+        });
+    }
+    assert_eq!(server.live_connections(), 2);
+    drop(pool);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while server.live_connections() != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} upstream connections still open",
+            server.live_connections()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn after_a_backoff_one_caller_tries_the_upstream_and_the_others_fail_fast() {
+    let (addr, _keep) = hanging_upstream();
+    let rt = runtime();
+    let mut c = config();
+    c.max_connections = 4;
+    c.max_backoff = Duration::from_secs(10);
+    let pool = Pool::new(Upstream::Tcp(addr), LengthDelimited::new(), c, 2);
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        assert!(matches!(p.get().await, Err(PoolError::Connect { .. })));
+        mailring::time::sleep(Duration::from_millis(150)).await;
+        let calls: Vec<_> = (0..4)
+            .map(|_| {
+                let p = p.clone();
+                mailring::spawn_local(async move { p.get().await.map(|_| ()) })
+            })
+            .collect();
+        let mut connects = 0;
+        let mut fast = 0;
+        for call in calls {
+            match call.await.unwrap() {
+                Err(PoolError::Connect { .. }) => connects += 1,
+                Err(PoolError::Unhealthy { .. }) => fast += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!((connects, fast), (1, 3));
+        // One failure more: the backoff doubled once (200 ms, ±25%).
+        match p.get().await {
+            Err(PoolError::Unhealthy { retry_in, .. }) => {
+                assert!(retry_in <= Duration::from_millis(250), "{retry_in:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+    });
+    assert_eq!(pool.stats()[0].connects, 2);
+}
+
+/// An upstream on a std thread: it accepts connections in turn and, on
+/// each, echoes bytes. `then(n)` says what happens after the first echo
+/// on connection `n`: more bytes sent unasked, a close, or nothing.
+fn scripted_upstream(then: fn(usize) -> Option<&'static [u8]>) -> SocketAddr {
+    use std::io::{Read, Write};
+    let listener = StdListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for (n, conn) in listener.incoming().enumerate().take(8) {
+            let Ok(mut conn) = conn else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 256];
+                let mut first = true;
+                loop {
+                    let Ok(k) = conn.read(&mut buf) else { return };
+                    if k == 0 || conn.write_all(&buf[..k]).is_err() {
+                        return;
+                    }
+                    if std::mem::take(&mut first) {
+                        match then(n) {
+                            Some(b"") => return,
+                            Some(extra) => {
+                                let _ = conn.write_all(extra);
+                            }
+                            None => {}
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn an_idle_connection_that_was_closed_or_sent_bytes_unasked_is_not_handed_out() {
+    // Connection 0 sends a frame nobody asked for after its first reply;
+    // connection 1 closes after its first reply; connection 2 behaves.
+    let addr = scripted_upstream(|n| match n {
+        0 => Some(b"\0\0\0\x04junk"),
+        1 => Some(b""),
+        _ => None,
+    });
+    let rt = runtime();
+    let pool = Pool::new(Upstream::Tcp(addr), LengthDelimited::new(), config(), 2);
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        for frame in [&b"one"[..], b"two", b"three", b"four"] {
+            let reply = p.request(Bytes::from_static(frame)).await;
+            assert_eq!(reply.unwrap(), frame);
+            mailring::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let s = &pool.stats()[0];
+    assert_eq!((s.connects, s.discarded, s.reused), (3, 2, 1), "{s:?}");
+}
+
+#[test]
+fn a_failed_connect_neither_refuses_an_idle_connection_nor_outlasts_good_service() {
+    // One connection accepted, then the listener is gone: later connects
+    // are refused while the first connection keeps serving.
+    use std::io::{Read, Write};
+    let listener = StdListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        drop(listener);
+        let mut buf = [0u8; 256];
+        while let Ok(k) = conn.read(&mut buf) {
+            if k == 0 || conn.write_all(&buf[..k]).is_err() {
+                return;
+            }
+        }
+    });
+    let rt = runtime();
+    let pool = Pool::new(Upstream::Tcp(addr), LengthDelimited::new(), config(), 2);
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        let mut held = p.get().await.unwrap();
+        held.send(Bytes::from_static(b"a")).await.unwrap();
+        assert_eq!(held.recv().await.unwrap().unwrap(), &b"a"[..]);
+        // A second connection is refused: the pool backs off...
+        assert!(matches!(p.get().await, Err(PoolError::Connect { .. })));
+        drop(held);
+        // ...but the idle connection still serves.
+        assert_eq!(
+            p.request(Bytes::from_static(b"b")).await.unwrap(),
+            &b"b"[..]
+        );
+        // The upstream served well: a later failure backs off from the
+        // first step again, not from a doubled one.
+        mailring::time::sleep(Duration::from_millis(150)).await;
+        let held = p.get().await.unwrap();
+        assert!(matches!(p.get().await, Err(PoolError::Connect { .. })));
+        drop(held);
+        let mut held = p.get().await.unwrap();
+        match p.get().await {
+            Err(PoolError::Unhealthy { retry_in, .. }) => {
+                assert!(retry_in <= Duration::from_millis(125), "{retry_in:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+        held.discard();
+    });
+    let s = &pool.stats()[0];
+    assert_eq!((s.connects, s.connect_failures), (3, 2), "{s:?}");
+}

@@ -834,6 +834,13 @@ pub(crate) struct TlsConn {
     abandoned: AtomicBool,
 }
 
+impl TlsConn {
+    /// The connection the records travel over.
+    pub(crate) fn inner(&self) -> &Conn {
+        &self.inner
+    }
+}
+
 impl fmt::Debug for TlsConn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TlsConn")
