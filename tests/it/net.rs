@@ -1156,6 +1156,19 @@ fn a_receive_into_an_appending_buffer_keeps_what_it_held() {
     });
 }
 
+/// `try_peek` once the socket has something to show (bytes, or its end).
+async fn peek_once_queued(stream: &TcpStream, buf: &mut [u8]) -> usize {
+    loop {
+        match stream.try_peek(buf) {
+            Ok(n) => return n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                mailring::time::sleep(Duration::from_millis(1)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 #[test]
 fn a_peek_shows_queued_bytes_without_taking_them_and_the_end_as_zero() {
     let rt = rt2();
@@ -1168,15 +1181,7 @@ fn a_peek_shows_queued_bytes_without_taking_them_and_the_end_as_zero() {
         assert_eq!(err.kind(), ErrorKind::WouldBlock, "{err}");
         let (res, _) = peer.send_all(b"abc".to_vec()).await;
         res.unwrap();
-        let peeked = loop {
-            match client.try_peek(&mut buf) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    mailring::time::sleep(Duration::from_millis(1)).await;
-                }
-                Err(e) => panic!("{e}"),
-            }
-        };
+        let peeked = peek_once_queued(&client, &mut buf).await;
         assert_eq!(&buf[..peeked], b"abc");
         // Still there for a receive.
         let (n, got) = client.recv(vec![0u8; 8]).await;
@@ -1192,15 +1197,7 @@ fn a_peek_shows_queued_bytes_without_taking_them_and_the_end_as_zero() {
             .unwrap();
         // The peer closes: the end reads as 0, again and again.
         drop(peer);
-        let end = loop {
-            match client.try_peek(&mut buf) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    mailring::time::sleep(Duration::from_millis(1)).await;
-                }
-                Err(e) => panic!("{e}"),
-            }
-        };
+        let end = peek_once_queued(&client, &mut buf).await;
         assert_eq!(end, 0);
         assert_eq!(client.try_peek(&mut buf).unwrap(), 0);
     });

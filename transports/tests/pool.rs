@@ -59,6 +59,28 @@ fn config() -> PoolConfig {
     c
 }
 
+/// A pool of one connection per shard to `server`, with one caller let
+/// wait, for `checkout` at most.
+fn one_connection_pool(server: &Server<Upstreamish>, checkout: Duration) -> Pool<LengthDelimited> {
+    let mut c = config();
+    c.max_connections = 1;
+    c.max_waiting = 1;
+    c.checkout_timeout = checkout;
+    Pool::new(
+        Upstream::Tcp(server.local_addr()),
+        LengthDelimited::new(),
+        c,
+        2,
+    )
+}
+
+/// Lets the shard's other local tasks run up to their next wait.
+async fn let_others_run() {
+    for _ in 0..3 {
+        mailring::yield_now().await;
+    }
+}
+
 /// Runs the future `make` builds on `shard` (a pool's futures are the
 /// shard's own: not `Send`).
 fn on<T, F>(rt: &mailring::Runtime, shard: usize, make: impl FnOnce() -> F + Send + 'static) -> T
@@ -120,15 +142,7 @@ fn connections_are_reused_bounded_and_kept_per_shard() {
 fn waiting_callers_are_bounded_and_time_out() {
     let rt = runtime();
     let server = upstream(&rt, "127.0.0.1:0".parse().unwrap());
-    let mut c = config();
-    c.max_connections = 1;
-    c.max_waiting = 1;
-    let pool = Pool::new(
-        Upstream::Tcp(server.local_addr()),
-        LengthDelimited::new(),
-        c,
-        2,
-    );
+    let pool = one_connection_pool(&server, config().checkout_timeout);
     let p = pool.clone();
     on(&rt, 0, move || async move {
         let held = p.get().await.unwrap();
@@ -136,9 +150,7 @@ fn waiting_callers_are_bounded_and_time_out() {
         let p2 = p.clone();
         let waiter = mailring::spawn_local(async move { p2.get().await.map(|_| ()) });
         // Let the waiter run up to its wait (a local task: next in line).
-        for _ in 0..3 {
-            mailring::yield_now().await;
-        }
+        let_others_run().await;
         assert!(matches!(
             p.get().await,
             Err(PoolError::Saturated {
@@ -401,16 +413,7 @@ fn a_connect_cancelled_mid_way_gives_its_place_back() {
 fn a_caller_that_stops_waiting_leaves_the_queue_and_the_next_gets_the_connection() {
     let rt = runtime();
     let server = upstream(&rt, "127.0.0.1:0".parse().unwrap());
-    let mut c = config();
-    c.max_connections = 1;
-    c.max_waiting = 1;
-    c.checkout_timeout = Duration::from_secs(5);
-    let pool = Pool::new(
-        Upstream::Tcp(server.local_addr()),
-        LengthDelimited::new(),
-        c,
-        2,
-    );
+    let pool = one_connection_pool(&server, Duration::from_secs(5));
     let p = pool.clone();
     on(&rt, 0, move || async move {
         let held = p.get().await.unwrap();
@@ -423,9 +426,7 @@ fn a_caller_that_stops_waiting_leaves_the_queue_and_the_next_gets_the_connection
             let started = std::time::Instant::now();
             p2.get().await.map(|_| started.elapsed())
         });
-        for _ in 0..3 {
-            mailring::yield_now().await;
-        }
+        let_others_run().await;
         // ...and the connection goes to the caller still waiting.
         drop(held);
         let waited = next.await.unwrap().expect("the live waiter is served");
@@ -435,9 +436,7 @@ fn a_caller_that_stops_waiting_leaves_the_queue_and_the_next_gets_the_connection
         let held = p.get().await.unwrap();
         let (p2, p3) = (p.clone(), p.clone());
         let woken_then_dropped = mailring::spawn_local(async move { p2.get().await.map(|_| ()) });
-        for _ in 0..3 {
-            mailring::yield_now().await;
-        }
+        let_others_run().await;
         drop(held);
         woken_then_dropped.abort();
         let behind = mailring::spawn_local(async move { p3.get().await.map(|_| ()) });
