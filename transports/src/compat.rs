@@ -83,6 +83,8 @@ pub struct CompatStream {
     /// A send that failed, reported by the next write or flush.
     write_error: Option<io::Error>,
     shutting_down: Option<Shutdown>,
+    /// The write side was shut down: nothing more is written.
+    write_closed: bool,
     /// The shard the stream was made on, whose ring its sends run on.
     home: Option<ShardId>,
 }
@@ -110,6 +112,7 @@ impl CompatStream {
             sending: None,
             write_error: None,
             shutting_down: None,
+            write_closed: false,
             home: mailring_actors::mailring::current_shard(),
         }
     }
@@ -245,24 +248,37 @@ impl CompatStream {
     }
 
     fn poll_write_slice(&mut self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        let _ = self.poll_send(cx);
-        if let Some(e) = self.write_error.take() {
-            return Poll::Ready(Err(e));
-        }
-        if data.is_empty() {
-            return Poll::Ready(Ok(0));
-        }
-        let room = WRITE_BUFFER.saturating_sub(self.write_buf.len());
-        if room == 0 {
-            // Full: the send in flight must finish first (it is polled
-            // above, so this task is woken when it does).
+        loop {
+            let _ = self.poll_send(cx);
+            if let Some(e) = self.write_error.take() {
+                return Poll::Ready(Err(e));
+            }
+            if self.write_closed {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "the stream was shut down for writing",
+                )));
+            }
+            if data.is_empty() {
+                return Poll::Ready(Ok(0));
+            }
+            let room = WRITE_BUFFER.saturating_sub(self.write_buf.len());
+            if room > 0 {
+                let n = data.len().min(room);
+                self.write_buf.extend_from_slice(&data[..n]);
+                self.start_send(cx);
+                return Poll::Ready(Ok(n));
+            }
+            if self.sending.is_some() {
+                // Full behind the send in flight, polled above: this task
+                // is woken when it ends.
+                return Poll::Pending;
+            }
+            // Full with no send in flight: hand the buffer to one. It may
+            // end at once (the kernel took it whole, or refused it), and
+            // then nothing is left to wake this task: go round again.
             self.start_send(cx);
-            return Poll::Pending;
         }
-        let n = data.len().min(room);
-        self.write_buf.extend_from_slice(&data[..n]);
-        self.start_send(cx);
-        Poll::Ready(Ok(n))
     }
 
     /// Hands everything written to a send; the last one may still be in
@@ -298,12 +314,18 @@ impl CompatStream {
     }
 
     fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.write_closed {
+            // Shut down already (a second `shutdown`, or `close` repeated).
+            return Poll::Ready(Ok(()));
+        }
         ready!(self.poll_flush_all(cx))?;
         let op = self.shutting_down.get_or_insert_with(|| {
             let conn = self.conn.clone();
             Box::pin(async move { conn.shutdown(std::net::Shutdown::Write).await })
         });
         let res = ready!(op.as_mut().poll(cx));
+        self.shutting_down = None;
+        self.write_closed = true;
         Poll::Ready(match res {
             // Already shut, or the peer is gone: the end is the end.
             Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
@@ -498,7 +520,17 @@ where
 #[cfg(feature = "hyper")]
 #[derive(Debug, Clone, Default)]
 pub struct Drain {
-    state: Arc<std::sync::Mutex<(bool, Vec<std::task::Waker>)>>,
+    state: Arc<std::sync::Mutex<DrainState>>,
+}
+
+/// Whether a [`Drain`] fired, and the wakers of the futures waiting for
+/// it, each under the number of the future that left it.
+#[cfg(feature = "hyper")]
+#[derive(Debug, Default)]
+struct DrainState {
+    triggered: bool,
+    waiting: std::collections::HashMap<u64, std::task::Waker>,
+    next: u64,
 }
 
 #[cfg(feature = "hyper")]
@@ -508,43 +540,84 @@ impl Drain {
         Self::default()
     }
 
+    fn state(&self) -> std::sync::MutexGuard<'_, DrainState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Triggers it: every `signaled` future, past and future, completes.
     pub fn trigger(&self) {
         let wakers = {
-            let mut state = self
-                .state
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            state.0 = true;
-            std::mem::take(&mut state.1)
+            let mut state = self.state();
+            state.triggered = true;
+            std::mem::take(&mut state.waiting)
         };
-        wakers.into_iter().for_each(std::task::Waker::wake);
+        wakers.into_values().for_each(std::task::Waker::wake);
     }
 
     /// Whether it was triggered.
     pub fn is_triggered(&self) -> bool {
+        self.state().triggered
+    }
+
+    /// Completes once it is triggered. A future dropped before takes its
+    /// waker back, so a drain that never fires holds nothing of the
+    /// connections that waited on it and finished.
+    pub fn signaled(&self) -> impl Future<Output = ()> + Send + 'static {
+        let id = {
+            let mut state = self.state();
+            state.next += 1;
+            state.next
+        };
+        Signaled {
+            state: self.state.clone(),
+            id,
+        }
+    }
+}
+
+/// [`Drain::signaled`]'s future.
+#[cfg(feature = "hyper")]
+struct Signaled {
+    state: Arc<std::sync::Mutex<DrainState>>,
+    id: u64,
+}
+
+#[cfg(feature = "hyper")]
+impl Future for Signaled {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if state.triggered {
+            return Poll::Ready(());
+        }
+        match state.waiting.entry(self.id) {
+            std::collections::hash_map::Entry::Occupied(mut held) => {
+                if !held.get().will_wake(cx.waker()) {
+                    held.insert(cx.waker().clone());
+                }
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(cx.waker().clone());
+            }
+        }
+        Poll::Pending
+    }
+}
+
+#[cfg(feature = "hyper")]
+impl Drop for Signaled {
+    fn drop(&mut self) {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .0
-    }
-
-    /// Completes once it is triggered.
-    pub fn signaled(&self) -> impl Future<Output = ()> + Send + 'static {
-        let state = self.state.clone();
-        std::future::poll_fn(move |cx| {
-            let mut state = state
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if state.0 {
-                Poll::Ready(())
-            } else {
-                if !state.1.iter().any(|w| w.will_wake(cx.waker())) {
-                    state.1.push(cx.waker().clone());
-                }
-                Poll::Pending
-            }
-        })
+            .waiting
+            .remove(&self.id);
     }
 }
 

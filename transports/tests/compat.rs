@@ -603,3 +603,85 @@ async fn read_body(res: Response<hyper::body::Incoming>) -> String {
     let body = res.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(body.to_vec()).unwrap()
 }
+
+/// A write that waits for room while the peer reads nothing, then the
+/// peer drains the socket: the writer is woken and finishes, even when
+/// the send it then starts completes at once (the kernel takes it whole),
+/// leaving nothing on the ring to wake it. A peer that goes away instead
+/// ends the write with an error, not a hang.
+#[test]
+fn a_write_waiting_for_room_finishes_once_the_peer_reads_or_fails_once_it_goes() {
+    use std::io::Read;
+    use tokio::io::AsyncWriteExt;
+    let rt = runtime();
+    for peer_goes in [false, true] {
+        let (ours, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let reader = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            if peer_goes {
+                return 0;
+            }
+            let mut got = Vec::new();
+            peer.read_to_end(&mut got).map_or(0, |_| got.len())
+        });
+        let wrote = rt.block_on_local(move || async move {
+            let mut stream = CompatStream::unix(UnixStream::from_std(ours).unwrap());
+            let writing = async {
+                stream.write_all(&vec![5u8; 4 << 20]).await?;
+                stream.shutdown().await
+            };
+            mailring::time::timeout(std::time::Duration::from_secs(10), writing).await
+        });
+        let read = reader.join().unwrap();
+        match wrote {
+            Ok(Ok(())) => assert!(!peer_goes && read == 4 << 20, "read {read}"),
+            Ok(Err(e)) => assert!(peer_goes, "{e}"),
+            Err(_) => panic!("the write hung (peer gone: {peer_goes})"),
+        }
+    }
+}
+
+/// A stream shut down twice (tokio's `shutdown`, or futures' `close`
+/// repeated by a sink): the second says `Ok` too.
+#[test]
+fn a_stream_shut_down_twice_says_ok_twice() {
+    use tokio::io::AsyncWriteExt;
+    let rt = runtime();
+    rt.block_on_local(|| async {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let mut a = CompatStream::unix(a);
+        a.write_all(b"x").await.unwrap();
+        a.shutdown().await.unwrap();
+        a.shutdown().await.unwrap();
+        assert!(a.write_all(b"y").await.is_err(), "no write after shutdown");
+    });
+}
+
+/// Futures waiting on a drain that were dropped (a connection that
+/// finished) leave nothing behind: the drain holds no waker of theirs.
+#[test]
+fn a_drain_keeps_no_waker_of_a_future_dropped_before_it_fired() {
+    use std::future::Future;
+    use std::task::{Context, Wake, Waker};
+    struct Counted;
+    impl Wake for Counted {
+        fn wake(self: Arc<Self>) {}
+    }
+    let drain = mailring_transports::compat::Drain::new();
+    let counted = Arc::new(Counted);
+    let waker = Waker::from(counted.clone());
+    for _ in 0..3 {
+        let mut signaled = Box::pin(drain.signaled());
+        let mut cx = Context::from_waker(&waker);
+        assert!(signaled.as_mut().poll(&mut cx).is_pending());
+        assert!(signaled.as_mut().poll(&mut cx).is_pending());
+    }
+    drop(waker);
+    assert_eq!(Arc::strong_count(&counted), 1, "a waker was kept");
+    // One still waiting is woken when it fires.
+    let mut signaled = Box::pin(drain.signaled());
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    assert!(signaled.as_mut().poll(&mut cx).is_pending());
+    drain.trigger();
+    assert!(signaled.as_mut().poll(&mut cx).is_ready());
+}
