@@ -685,3 +685,119 @@ fn a_drain_keeps_no_waker_of_a_future_dropped_before_it_fired() {
     drain.trigger();
     assert!(signaled.as_mut().poll(&mut cx).is_ready());
 }
+
+/// A TLS stream written from another thread: the write fails there
+/// before any record is sealed, so the connection, back on its shard,
+/// still speaks with the peer (a sealed record thrown away would leave a
+/// gap in the record numbers, and the peer would refuse every later one).
+#[test]
+fn a_tls_write_refused_off_its_shard_leaves_the_connection_whole() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = std::env::temp_dir().join(format!("mailring-compat-tls-off-{}", std::process::id()));
+    let (cert, key) = common::self_signed_localhost(&dir);
+    let acceptor = TlsAcceptor::from_pem_files(&cert, &key).unwrap();
+    let client_config = Arc::new(tls::client_config_from_ca_pem_file(&cert).unwrap());
+    let rt = runtime();
+    let (client, server) = rt.block_on_local(move || async move {
+        let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr();
+        let accepting = mailring::spawn_local(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            CompatStream::accept_tls(s, &acceptor).await.unwrap()
+        });
+        let client = CompatStream::connect_tls(addr, "localhost", client_config)
+            .await
+            .unwrap();
+        (client, accepting.await.unwrap())
+    });
+    let client = std::thread::spawn(move || {
+        let mut client = client;
+        let res = futures::executor::block_on(async {
+            client.write_all(b"x").await?;
+            client.flush().await
+        });
+        assert!(res.is_err(), "the write off its shard failed");
+        client
+    })
+    .join()
+    .unwrap();
+    let got = rt.block_on_local(move || async move {
+        let (mut client, mut server) = (client, server);
+        client.write_all(b"y").await.unwrap();
+        client.flush().await.unwrap();
+        let mut got = [0u8; 1];
+        let read = mailring::time::timeout(
+            std::time::Duration::from_secs(5),
+            server.read_exact(&mut got),
+        )
+        .await;
+        (read.map(|r| r.map(|_| got)), client)
+    });
+    match got.0 {
+        Ok(Ok(got)) => assert_eq!(&got, b"y"),
+        other => panic!("the peer did not read the later write: {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A TLS stream whose last send is stuck behind a peer that reads
+/// nothing, and which then only reads (as a task may): a bad record from
+/// the peer ends the read with an error at once. The read does not wait
+/// to send its alert behind the stuck send, whose future nobody polls.
+#[test]
+fn a_bad_record_ends_a_read_while_an_unpolled_send_is_stuck() {
+    use std::io::Write;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir =
+        std::env::temp_dir().join(format!("mailring-compat-tls-stuck-{}", std::process::id()));
+    let (cert, key) = common::self_signed_localhost(&dir);
+    let server_config = Arc::new(tls::server_config_from_pem_files(&cert, &key).unwrap());
+    let client_config = Arc::new(tls::client_config_from_ca_pem_file(&cert).unwrap());
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (go, sent_garbage) = std::sync::mpsc::channel::<()>();
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    // The peer: a handshake, then (when told) a record that fails to
+    // decrypt, and never a byte read after the handshake.
+    let peer = std::thread::spawn(move || {
+        let (mut sock, _) = listener.accept().unwrap();
+        let mut conn = rustls::ServerConnection::new(server_config).unwrap();
+        while conn.is_handshaking() {
+            conn.complete_io(&mut sock).unwrap();
+        }
+        let _ = sent_garbage.recv();
+        let mut record = vec![0x17, 0x03, 0x03, 0x00, 0x40];
+        record.extend([0xa5u8; 64]);
+        sock.write_all(&record).unwrap();
+        let _ = finished.recv_timeout(std::time::Duration::from_secs(10));
+    });
+    let rt = runtime();
+    let read = rt.block_on_local(move || async move {
+        let mut stream = CompatStream::connect_tls(addr, "localhost", client_config)
+            .await
+            .unwrap();
+        // Write until a write stops for want of room: a send is stuck on
+        // the ring, its future left unpolled from then on.
+        let chunk = vec![1u8; 64 << 10];
+        for _ in 0..1000 {
+            let wrote = mailring::time::timeout(
+                std::time::Duration::from_millis(50),
+                stream.write_all(&chunk),
+            )
+            .await;
+            if wrote.is_err() {
+                break;
+            }
+        }
+        go.send(()).unwrap();
+        let mut buf = [0u8; 16];
+        mailring::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut buf)).await
+    });
+    done.send(()).unwrap();
+    match read {
+        Ok(Err(e)) => assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}"),
+        other => panic!("the read should fail at once, got {other:?}"),
+    }
+    peer.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

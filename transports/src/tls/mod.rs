@@ -830,8 +830,14 @@ pub(crate) struct TlsConn {
     writing: AtomicBool,
     /// Who waits for it to end.
     write_waiters: Mutex<Vec<Waker>>,
-    /// A send of records was dropped part way: nothing more may be sent.
+    /// A send of records was dropped part way, or failed after the
+    /// records were sealed: nothing more may be sent (the peer would find
+    /// a gap in the record numbers).
     abandoned: AtomicBool,
+    /// The shard the connection lives on: used from another thread, each
+    /// operation fails before it changes anything (a record sealed there
+    /// and then refused by the socket would be a gap).
+    home: Option<mailring_actors::ShardId>,
 }
 
 impl TlsConn {
@@ -912,6 +918,7 @@ impl TlsConn {
             writing: AtomicBool::new(false),
             write_waiters: Mutex::new(Vec::new()),
             abandoned: AtomicBool::new(false),
+            home: mailring_actors::mailring::current_shard(),
         }
     }
 
@@ -936,6 +943,11 @@ impl TlsConn {
 
     /// The state's failure, or an abandoned send's.
     fn check(&self) -> io::Result<()> {
+        if mailring_actors::mailring::current_shard() != self.home {
+            return Err(io::Error::other(
+                "mailring: this TLS connection belongs to another shard (or no shard runs this thread); use it from the shard that opened it",
+            ));
+        }
         if self.abandoned.load(Ordering::Acquire) {
             return Err(abandoned_send().into_io());
         }
@@ -998,7 +1010,12 @@ impl TlsConn {
     /// After a failure: sends the alert queued for it, if the socket takes
     /// it, and gives back the error.
     async fn fail(&self, e: io::Error) -> io::Error {
-        let _ = self.flush_ignoring_state().await;
+        // A flush in flight sends the alert with what it has (it goes on
+        // while records wait); a receive never waits behind it, whose
+        // writer may not be polled again (a task that only reads).
+        if !self.writing.load(Ordering::Acquire) {
+            let _ = self.flush_ignoring_state().await;
+        }
         e
     }
 
@@ -1128,6 +1145,13 @@ impl TlsConn {
         self.inner.shutdown_plain(how).await
     }
 
+    /// Sealed records did not all go: nothing more may be sent (a later
+    /// record would follow a gap). Gives back `e`.
+    fn records_lost(&self, e: io::Error) -> io::Error {
+        self.abandoned.store(true, Ordering::Release);
+        e
+    }
+
     /// Waits for the write side to be free.
     fn write_turn(&self) -> impl Future<Output = WriteTurn<'_>> {
         std::future::poll_fn(move |cx| {
@@ -1187,7 +1211,7 @@ impl TlsConn {
                         e.kind(),
                         io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
                     ) => {}
-                Some(Err(e)) => return Err(e),
+                Some(Err(e)) => return Err(self.records_lost(e)),
                 None => {}
             }
             let mut in_flight = SendInFlight {
@@ -1196,7 +1220,7 @@ impl TlsConn {
             };
             let (res, _) = self.inner.send_all_plain(records).await;
             in_flight.done = true;
-            res?;
+            res.map_err(|e| self.records_lost(e))?;
         }
     }
 }
