@@ -478,9 +478,27 @@ impl<S: DatagramSession> DatagramServer<S> {
     /// Stops receiving and ends every session ([`DatagramClose::Shutdown`]:
     /// each handles what it already queued, then `on_close` runs). Returns
     /// the number of sessions it ended.
-    pub async fn shutdown(self) -> usize {
+    pub async fn shutdown(mut self) -> usize {
         let open = self.shared.live.load(Ordering::Acquire);
-        self.shared.closing.store(true, Ordering::Release);
+        self.stop_receiving();
+        for t in std::mem::take(&mut self.tasks) {
+            let _ = t.await;
+        }
+        while self.shared.live.load(Ordering::Acquire) > 0 {
+            mailring::time::sleep(Duration::from_millis(1)).await;
+        }
+        self.shared
+            .handle
+            .report_drained(format!("datagram server {}", self.addr), open as u64, 0);
+        open
+    }
+
+    /// Stops every shard's receive loop (which then closes its socket)
+    /// and tells every session to end.
+    fn stop_receiving(&self) {
+        if self.shared.closing.swap(true, Ordering::AcqRel) {
+            return;
+        }
         for s in 0..self.shared.handle.shards() {
             let id = self.shared.id;
             self.shared.handle.run_on(ShardId::new(s), move || {
@@ -496,16 +514,16 @@ impl<S: DatagramSession> DatagramServer<S> {
                 }
             });
         }
-        for t in self.tasks {
-            let _ = t.await;
-        }
-        while self.shared.live.load(Ordering::Acquire) > 0 {
-            mailring::time::sleep(Duration::from_millis(1)).await;
-        }
-        self.shared
-            .handle
-            .report_drained(format!("datagram server {}", self.addr), open as u64, 0);
-        open
+    }
+}
+
+impl<S: DatagramSession> Drop for DatagramServer<S> {
+    /// A server dropped without [`shutdown`](DatagramServer::shutdown)
+    /// stops as it would, without waiting: its sockets close once its
+    /// loops see it, and its sessions end with
+    /// [`DatagramClose::Shutdown`].
+    fn drop(&mut self) {
+        self.stop_receiving();
     }
 }
 
@@ -688,51 +706,43 @@ fn arrive<S: DatagramSession>(
         *last = now;
         key.clone()
     });
+    let is_new = known.is_none();
     let key = match known {
         Some(key) => key,
         None => {
             let keyed =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| S::key(&datagram, peer)));
             match keyed {
-                Ok(Some(key)) => {
-                    let mut t = t.borrow_mut();
-                    // Remembered peers are bounded like sessions.
-                    if t.peers.len() >= shared.config.max_sessions {
-                        shared
-                            .counters(shard)
-                            .over_capacity
-                            .fetch_add(1, Ordering::Relaxed);
-                        return;
-                    }
-                    t.peers.insert(peer, (key.clone(), now));
-                    key
-                }
-                Ok(None) => {
-                    shared
-                        .counters(shard)
-                        .garbage
-                        .fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
-                Err(payload) => {
-                    mailring::panic::report_caught(CallbackKind::Handler, &*payload);
-                    mailring::panic::drop_payload(payload);
-                    shared
-                        .counters(shard)
-                        .garbage
-                        .fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
+                Ok(Some(key)) => key,
+                Ok(None) => return garbage(shared, shard, None),
+                Err(payload) => return garbage(shared, shard, Some(payload)),
             }
         }
     };
     let n = shared.handle.shards();
     let owner = match &shared.placing {
-        Placing::By(place) => Some(place(&key, n))
-            .filter(|s| s.index() < n)
-            .unwrap_or(shard),
+        Placing::By(place) => {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| place(&key, n))) {
+                Ok(owner) => Some(owner).filter(|s| s.index() < n).unwrap_or(shard),
+                // The user's placement panicked on this key: its datagram
+                // is dropped, as one whose key cannot be read, and the
+                // receive loop goes on.
+                Err(payload) => return garbage(shared, shard, Some(payload)),
+            }
+        }
         Placing::WhereReceived => shard,
     };
+    if is_new {
+        // Remembered once its key is placed. Remembered peers are bounded
+        // like sessions; past the bound the longest quiet ones are
+        // forgotten (their sessions may have ended long ago: the cap on
+        // sessions is judged where they live, not here).
+        let mut t = t.borrow_mut();
+        if t.peers.len() >= shared.config.max_sessions.max(1) {
+            forget_quietest_peers(&mut t.peers);
+        }
+        t.peers.insert(peer, (key.clone(), now));
+    }
     if owner == shard {
         deliver(shared, t, shard, key, peer, datagram);
     } else {
@@ -773,6 +783,45 @@ fn arrive<S: DatagramSession>(
             }
         });
     }
+}
+
+/// Drops a datagram whose key could not be read or placed (the user's
+/// code said none, or panicked with `panic`), and counts it.
+fn garbage<S: DatagramSession>(
+    shared: &Shared<S>,
+    shard: ShardId,
+    panic: Option<Box<dyn std::any::Any + Send>>,
+) {
+    if let Some(payload) = panic {
+        mailring::panic::report_caught(CallbackKind::Handler, &*payload);
+        mailring::panic::drop_payload(payload);
+    }
+    shared
+        .counters(shard)
+        .garbage
+        .fetch_add(1, Ordering::Relaxed);
+}
+
+/// Forgets the quarter of the remembered peers heard from longest ago
+/// (at least one): a table at its bound makes room in one pass, paid for
+/// by the next quarter of new peers.
+fn forget_quietest_peers<K>(peers: &mut HashMap<SocketAddr, (K, Instant)>) {
+    let mut seen: Vec<Instant> = peers.values().map(|(_, last)| *last).collect();
+    let forget = (seen.len() / 4).max(1);
+    if forget > seen.len() {
+        return;
+    }
+    let (_, cutoff, _) = seen.select_nth_unstable(forget - 1);
+    let cutoff = *cutoff;
+    let mut left = forget;
+    peers.retain(|_, (_, last)| {
+        if left > 0 && *last <= cutoff {
+            left -= 1;
+            false
+        } else {
+            true
+        }
+    });
 }
 
 /// Puts a datagram in its session's inbox on this (the key's) shard,
@@ -923,6 +972,8 @@ async fn run_session<S: DatagramSession>(
         }
     };
     // Off the table first: a datagram from now on opens a new session.
+    // Those already queued behind the end go to that new session too.
+    let left: Vec<(SocketAddr, Bytes)> = slot.inbox.borrow_mut().drain(..).collect();
     {
         let mut table = t.borrow_mut();
         if table
@@ -958,6 +1009,9 @@ async fn run_session<S: DatagramSession>(
         send_out(&shared, &t, shard, &mut cx).await;
     }
     shared.live.fetch_sub(1, Ordering::AcqRel);
+    for (peer, datagram) in left {
+        deliver(&shared, &t, shard, key.clone(), peer, datagram);
+    }
 }
 
 /// Sends what the session queued, from this shard's socket.

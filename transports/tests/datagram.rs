@@ -71,6 +71,9 @@ impl DatagramSession for PerPeer {
         let mut out = format!("{} {} ", self.seen, cx.peer()).into_bytes();
         out.extend_from_slice(&datagram);
         cx.reply(Bytes::from(out));
+        if &datagram[..] == b"bye" {
+            cx.close();
+        }
     }
 
     fn on_close(&mut self, reason: DatagramClose, _cx: &mut DatagramCtx) {
@@ -421,4 +424,95 @@ fn extreme_size_limits_are_taken_as_their_bounds() {
         );
         rt.block_on(server.shutdown());
     }
+}
+
+#[test]
+fn a_session_that_closes_gives_back_its_place_and_its_queued_datagrams_go_to_a_new_one() {
+    // One shard: every peer is remembered by the same socket's table.
+    let rt = mailring::Runtime::builder()
+        .shards(1)
+        .build()
+        .expect("io_uring available");
+    let mut config = DatagramConfig::default();
+    config.max_sessions = 2;
+    let (server, closes) = per_peer_server(&rt, config);
+    let addr = server.local_addr();
+    let peers: Vec<UdpSocket> = (0..3).map(|_| peer()).collect();
+    // Two peers fill the cap and close: a third gets in.
+    for p in &peers[..2] {
+        let me = p.local_addr().unwrap();
+        assert_eq!(ask(p, addr, b"bye"), format!("1 {me} bye"));
+    }
+    wait_until("two closes", || closes.lock().unwrap().len() == 2);
+    let me = peers[2].local_addr().unwrap();
+    assert_eq!(ask(&peers[2], addr, b"in"), format!("1 {me} in"));
+    // A datagram queued behind the one that closes its session is handled
+    // by the next session of its key, not dropped.
+    let p = &peers[0];
+    let me = p.local_addr().unwrap();
+    for round in 0..20 {
+        p.send_to(b"bye", addr).unwrap();
+        p.send_to(b"hello", addr).unwrap();
+        let mut replies = Vec::new();
+        let mut buf = [0u8; 256];
+        for _ in 0..2 {
+            let (n, _) = p.recv_from(&mut buf).unwrap_or_else(|e| {
+                panic!("round {round}: a reply is missing ({e}); got {replies:?}")
+            });
+            replies.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        assert_eq!(replies, [format!("1 {me} bye"), format!("1 {me} hello")]);
+        // Close that session too, and wait for it to end (the first one's
+        // close ran before its queued datagram went to the second).
+        let closed = closes.lock().unwrap().len();
+        assert_eq!(ask(p, addr, b"bye"), format!("2 {me} bye"));
+        wait_until("the close", || closes.lock().unwrap().len() > closed);
+    }
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn a_panicking_placement_drops_its_datagram_and_every_shard_keeps_serving() {
+    let rt = runtime();
+    let server = DatagramServer::builder(|key: &String| Tenant {
+        name: key.clone(),
+        count: 0,
+    })
+    .placement(|key: &String, n| {
+        assert_ne!(key, "boom", "a placement that panics");
+        ShardId::new(key.parse::<usize>().unwrap_or(0) % n)
+    })
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    let addr = server.local_addr();
+    // Enough strangers that the kernel hands some to each shard's socket.
+    let strangers: Vec<UdpSocket> = (0..16).map(|_| peer()).collect();
+    for s in &strangers {
+        s.send_to(b"KEY boom", addr).unwrap();
+    }
+    wait_until("sixteen refusals", || {
+        total(&server.stats(), |s| s.garbage) == 16
+    });
+    // Every shard's socket still serves (the same peers: the kernel
+    // keeps each on its socket).
+    for (i, s) in strangers.iter().enumerate() {
+        let tenant = i % 4;
+        assert_eq!(
+            ask(s, addr, format!("KEY {tenant}").as_bytes()),
+            format!("{tenant} {} {}", tenant % 2, i / 4 + 1)
+        );
+    }
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn a_server_dropped_without_shutdown_stops_and_frees_its_port() {
+    let rt = runtime();
+    let (server, _) = per_peer_server(&rt, DatagramConfig::default());
+    let addr = server.local_addr();
+    let p = peer();
+    let me = p.local_addr().unwrap();
+    assert_eq!(ask(&p, addr, b"x"), format!("1 {me} x"));
+    drop(server);
+    wait_until("the port free again", || UdpSocket::bind(addr).is_ok());
 }
