@@ -117,6 +117,12 @@ fn parse_v1(buf: &[u8]) -> Result<Parsed, ProxyError> {
         }
         return Ok(Parsed::Incomplete);
     };
+    if let Some(b) = buf[..end]
+        .iter()
+        .find(|b| !(b.is_ascii_graphic() || **b == b' '))
+    {
+        return Err(ProxyError::V1(format!("byte {b:#04x} in the line")));
+    }
     let line = std::str::from_utf8(&buf[..end]).map_err(|_| ProxyError::V1("not ASCII".into()))?;
     let bad = |what: &str| ProxyError::V1(format!("{what}: {line:?}"));
     let mut fields = line.split(' ');
@@ -185,34 +191,18 @@ fn parse_v2(buf: &[u8]) -> Result<Parsed, ProxyError> {
         0 => (None, None),
         1 => match buf[13] >> 4 {
             0 => (None, None),
-            1 => {
-                let a = body
-                    .get(..12)
-                    .ok_or_else(|| ProxyError::V2(format!("{len} bytes for IPv4 addresses")))?;
-                let ip = |i: usize| IpAddr::V4(Ipv4Addr::new(a[i], a[i + 1], a[i + 2], a[i + 3]));
-                let port = |i: usize| u16::from_be_bytes([a[i], a[i + 1]]);
-                (
-                    Some(SocketAddr::new(ip(0), port(8))),
-                    Some(SocketAddr::new(ip(4), port(10))),
-                )
+            family => {
+                // A stream listener takes stream connections only.
+                let transport = buf[13] & 0x0f;
+                if transport != 1 {
+                    return Err(ProxyError::V2(format!(
+                        "transport {transport} (a stream is 1)"
+                    )));
+                }
+                let addresses = v2_addresses(family, body, len)?;
+                v2_tlvs(&body[v2_address_len(family)..])?;
+                addresses
             }
-            2 => {
-                let a = body
-                    .get(..36)
-                    .ok_or_else(|| ProxyError::V2(format!("{len} bytes for IPv6 addresses")))?;
-                let ip = |i: usize| {
-                    let octets: [u8; 16] = a[i..i + 16].try_into().expect("16 bytes");
-                    IpAddr::V6(Ipv6Addr::from(octets))
-                };
-                let port = |i: usize| u16::from_be_bytes([a[i], a[i + 1]]);
-                (
-                    Some(SocketAddr::new(ip(0), port(32))),
-                    Some(SocketAddr::new(ip(16), port(34))),
-                )
-            }
-            // Unix sockets: no socket address to give.
-            3 => (None, None),
-            f => return Err(ProxyError::V2(format!("address family {f}"))),
         },
         c => return Err(ProxyError::V2(format!("command {c}"))),
     };
@@ -224,6 +214,80 @@ fn parse_v2(buf: &[u8]) -> Result<Parsed, ProxyError> {
         },
         total,
     ))
+}
+
+/// The bytes of a v2 address block of `family` (IPv4, IPv6, Unix).
+fn v2_address_len(family: u8) -> usize {
+    match family {
+        1 => 12,
+        2 => 36,
+        _ => 216,
+    }
+}
+
+/// Checks that the TLVs after a v2 address block fill it exactly (each a
+/// type byte, a big-endian length, that many bytes); their contents are
+/// not read.
+fn v2_tlvs(mut rest: &[u8]) -> Result<(), ProxyError> {
+    while !rest.is_empty() {
+        let [kind, hi, lo, ..] = *rest else {
+            return Err(ProxyError::V2(format!(
+                "a TLV cut in its header ({} bytes)",
+                rest.len()
+            )));
+        };
+        let len = usize::from(u16::from_be_bytes([hi, lo]));
+        rest = rest.get(3 + len..).ok_or_else(|| {
+            ProxyError::V2(format!(
+                "TLV {kind:#04x} of {len} bytes past the header's end"
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+/// The source and destination in a v2 `PROXY` header's address block.
+fn v2_addresses(
+    family: u8,
+    body: &[u8],
+    len: usize,
+) -> Result<(Option<SocketAddr>, Option<SocketAddr>), ProxyError> {
+    Ok(match family {
+        1 => {
+            let a = body
+                .get(..12)
+                .ok_or_else(|| ProxyError::V2(format!("{len} bytes for IPv4 addresses")))?;
+            let ip = |i: usize| IpAddr::V4(Ipv4Addr::new(a[i], a[i + 1], a[i + 2], a[i + 3]));
+            let port = |i: usize| u16::from_be_bytes([a[i], a[i + 1]]);
+            (
+                Some(SocketAddr::new(ip(0), port(8))),
+                Some(SocketAddr::new(ip(4), port(10))),
+            )
+        }
+        2 => {
+            let a = body
+                .get(..36)
+                .ok_or_else(|| ProxyError::V2(format!("{len} bytes for IPv6 addresses")))?;
+            let ip = |i: usize| {
+                let octets: [u8; 16] = a[i..i + 16].try_into().expect("16 bytes");
+                IpAddr::V6(Ipv6Addr::from(octets))
+            };
+            let port = |i: usize| u16::from_be_bytes([a[i], a[i + 1]]);
+            (
+                Some(SocketAddr::new(ip(0), port(32))),
+                Some(SocketAddr::new(ip(16), port(34))),
+            )
+        }
+        // Unix sockets: two paths of 108 bytes, no socket address to
+        // give.
+        3 => {
+            if body.len() < 216 {
+                return Err(ProxyError::V2(format!("{len} bytes for Unix addresses")));
+            }
+            (None, None)
+        }
+        f => return Err(ProxyError::V2(format!("address family {f}"))),
+    })
 }
 
 #[cfg(test)]
@@ -264,7 +328,7 @@ mod tests {
     fn every_prefix_of_a_valid_header_is_incomplete_not_an_error() {
         let v1 = b"PROXY TCP4 10.0.0.1 10.0.0.2 1 2\r\n".to_vec();
         let mut body = vec![10, 0, 0, 1, 10, 0, 0, 2, 0, 1, 0, 2];
-        body.extend_from_slice(&[0x03, 0x00, 0x01, 0xaa]); // a TLV, skipped
+        body.extend_from_slice(&[0x04, 0x00, 0x01, 0xaa]); // a TLV (NOOP), skipped
         let v2 = v2(1, 0x11, &body);
         for h in [v1, v2] {
             for cut in 0..h.len() {
@@ -340,5 +404,52 @@ mod tests {
         let mut huge = V2_SIGNATURE.to_vec();
         huge.extend_from_slice(&[0x21, 0x11, 0xff, 0xff]);
         assert_eq!(parse(&huge), Err(ProxyError::TooLong(V2_MAX)));
+    }
+
+    #[test]
+    fn v2_headers_that_do_not_hold_together_are_refused() {
+        // A transport other than a stream, on a stream listener.
+        for family in [0x10, 0x12, 0x1f, 0x22, 0x30] {
+            let body = [0u8; 216];
+            assert!(
+                matches!(parse(&v2(1, family, &body)), Err(ProxyError::V2(_))),
+                "{family:#04x}"
+            );
+        }
+        // A Unix address block shorter than two 108-byte paths.
+        for len in [0, 10, 215] {
+            assert!(matches!(
+                parse(&v2(1, 0x31, &vec![0u8; len])),
+                Err(ProxyError::V2(_))
+            ));
+        }
+        // TLVs after the addresses must fill the rest exactly.
+        let addr = [10u8, 0, 0, 1, 10, 0, 0, 2, 0, 1, 0, 2];
+        for tlvs in [&[0x04u8, 0x00, 0x05, 1, 2][..], &[0x04, 0x00], &[0x04]] {
+            let body = [&addr[..], tlvs].concat();
+            assert!(
+                matches!(parse(&v2(1, 0x11, &body)), Err(ProxyError::V2(_))),
+                "{tlvs:?}"
+            );
+        }
+        let two = [&addr[..], &[0x04, 0x00, 0x01, 7, 0x05, 0x00, 0x00]].concat();
+        assert!(matches!(
+            parse(&v2(1, 0x11, &two)),
+            Ok(Parsed::Complete(_, n)) if n == 16 + two.len()
+        ));
+    }
+
+    #[test]
+    fn v1_unknown_takes_only_printable_ascii_after_it() {
+        for line in [
+            &b"PROXY UNKNOWN \x01\r\n"[..],
+            "PROXY UNKNOWN é\r\n".as_bytes(),
+        ] {
+            assert!(matches!(parse(line), Err(ProxyError::V1(_))), "{line:?}");
+        }
+        assert!(matches!(
+            parse(b"PROXY UNKNOWN ffff::1 ffff::2 1 2\r\n"),
+            Ok(Parsed::Complete(ProxyHeader { source: None, .. }, _))
+        ));
     }
 }
