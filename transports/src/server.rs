@@ -1227,7 +1227,15 @@ fn close<S: Session>(
         .counters(cx.shard)
         .closed(reason.kind())
         .fetch_add(1, Ordering::Relaxed);
-    session.on_close(&reason, cx);
+    // Counted once, under its reason: a panic in `on_close` is reported to
+    // the runtime here, not counted again as a panicked connection.
+    let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        session.on_close(&reason, cx)
+    }));
+    if let Err(payload) = closed {
+        mailring::panic::report_caught(CallbackKind::Handler, &*payload);
+        mailring::panic::drop_payload(payload);
+    }
 }
 
 /// The connection's loop on this shard: decode and handle frames, keep
@@ -1291,7 +1299,7 @@ async fn drive<S: Session>(
         if moving.is_none()
             && cx.close.is_none()
             && !closing
-            && cx.pending_replies() < window
+            && cx.replies_owed() < window
             && cx.takes_frames()
         {
             let next = match carried.take() {
@@ -1392,7 +1400,7 @@ async fn drive<S: Session>(
             && moving.is_none()
             && cx.close.is_none()
             && !closing
-            && cx.pending_replies() < window;
+            && cx.replies_owed() < window;
         // Wait for something to happen.
         let event = std::future::poll_fn(|task| {
             wake.set(task.waker());

@@ -300,6 +300,11 @@ pub struct SessionCtx<S: Session> {
     slots: VecDeque<Slot<FrameOut<S>>>,
     /// Deferred replies among `slots`.
     pending: usize,
+    /// Replies ready in `slots` but not written yet (behind one that is
+    /// not ready): they count against the pipeline window with the
+    /// pending ones, so a stuck reply cannot gather every later one in
+    /// memory.
+    held: usize,
     /// No frame is handled until the deferred replies are written.
     hold: bool,
     pub(crate) close: Option<CloseReason>,
@@ -331,6 +336,7 @@ impl<S: Session> SessionCtx<S> {
             wbuf: BytesMut::new(),
             slots: VecDeque::new(),
             pending: 0,
+            held: 0,
             hold: false,
             close: None,
         }
@@ -380,6 +386,7 @@ impl<S: Session> SessionCtx<S> {
         if self.slots.is_empty() {
             self.encode(frame);
         } else {
+            self.held += 1;
             self.slots.push_back(Slot::Ready(frame));
         }
     }
@@ -400,13 +407,15 @@ impl<S: Session> SessionCtx<S> {
     /// replies in order; all of them are written once it is ready. Should
     /// it yield another number, or panic, nothing of it is written and the
     /// connection closes with [`crate::CloseReason::Panicked`] (every later
-    /// reply would otherwise answer the wrong request).
+    /// reply would otherwise answer the wrong request). A run of no
+    /// replies still runs its future, in turn, and counts as one pending
+    /// reply until it is done.
     pub fn reply_later_many(
         &mut self,
         count: usize,
         replies: impl Future<Output = Vec<FrameOut<S>>> + 'static,
     ) {
-        self.pending += count;
+        self.pending += count.max(1);
         self.slots
             .push_back(Slot::LaterMany(count, Box::pin(replies)));
     }
@@ -485,6 +494,12 @@ impl<S: Session> SessionCtx<S> {
         self.pending
     }
 
+    /// Replies owed to the peer and not written yet: those pending and
+    /// those ready behind them (what the pipeline window bounds).
+    pub(crate) fn replies_owed(&self) -> usize {
+        self.pending + self.held
+    }
+
     /// Handles no further frame until every deferred reply queued so far
     /// is written: the frames after a blocking command (a Redis client in
     /// `XREAD BLOCK` sends nothing it expects handled before the answer)
@@ -550,6 +565,7 @@ impl<S: Session> SessionCtx<S> {
                         if let Poll::Ready(frame) = fut.as_mut().poll(cx) {
                             *slot = Slot::Ready(frame);
                             self.pending -= 1;
+                            self.held += 1;
                         } else {
                             all_ready = false;
                         }
@@ -566,7 +582,8 @@ impl<S: Session> SessionCtx<S> {
                                 frames.len(),
                                 count
                             );
-                            self.pending -= *count;
+                            self.pending -= (*count).max(1);
+                            self.held += frames.len();
                             *slot = Slot::ReadyMany(frames);
                         } else {
                             all_ready = false;
@@ -580,8 +597,12 @@ impl<S: Session> SessionCtx<S> {
         let mut progressed = false;
         while let Some(slot) = self.slots.pop_front() {
             match slot {
-                Slot::Ready(frame) => self.encode(frame),
+                Slot::Ready(frame) => {
+                    self.held -= 1;
+                    self.encode(frame);
+                }
                 Slot::ReadyMany(frames) => {
+                    self.held -= frames.len();
                     for frame in frames {
                         self.encode(frame);
                     }

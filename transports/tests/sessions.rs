@@ -1617,3 +1617,126 @@ fn timeouts_and_grace_of_duration_max_mean_never_not_a_panic() {
     assert_eq!(report.forced, 0);
     rt.shutdown();
 }
+
+/// `slow` is answered by a deferred reply that never comes; every other
+/// frame at once, behind it; `none` by a deferred run of no replies;
+/// `close-panics` makes `on_close` panic.
+struct Owing {
+    close_panics: bool,
+}
+
+impl Session for Owing {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        match &frame[..] {
+            b"slow" => cx.reply_later(std::future::pending()),
+            b"none" => cx.reply_later_many(0, async { Vec::new() }),
+            b"close-panics" => {
+                self.close_panics = true;
+                cx.send_frame(frame);
+            }
+            _ => cx.send_frame(frame),
+        }
+    }
+
+    fn on_close(&mut self, _reason: &mailring_transports::CloseReason, _cx: &mut SessionCtx<Self>) {
+        if self.close_panics {
+            panic!("on_close panics on purpose");
+        }
+    }
+}
+
+fn owing_server(rt: &mailring::Runtime, config: ServerConfig) -> Server<Owing> {
+    Server::builder(LengthDelimited::new(), |_| Owing {
+        close_panics: false,
+    })
+    .config(config)
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap()
+}
+
+#[test]
+fn replies_held_behind_a_stuck_one_count_against_the_window() {
+    let rt = runtime(1);
+    let mut config = ServerConfig::default();
+    config.pipeline_window = 8;
+    let server = owing_server(&rt, config);
+    let mut c = client(server.local_addr());
+    // One stuck reply, then far more frames than the window: those
+    // answered at once wait behind it, and reading stops once the window
+    // holds them, instead of gathering every reply in memory.
+    let mut wire = frame(b"slow");
+    for _ in 0..20_000 {
+        wire.extend(frame(b"x"));
+    }
+    c.set_nonblocking(true).unwrap();
+    let mut sent = 0;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sent < wire.len() && Instant::now() < deadline {
+        match c.write(&wire[sent..]) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let handled = server.stats().total(|s| s.frames_in);
+    assert!(
+        handled <= 9,
+        "{handled} frames handled behind a stuck reply"
+    );
+    drop(c);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
+#[test]
+fn a_deferred_run_of_no_replies_holds_nothing_up() {
+    let rt = runtime(1);
+    let server = owing_server(&rt, ServerConfig::default());
+    let mut c = client(server.local_addr());
+    c.write_all(&frame(b"none")).unwrap();
+    c.write_all(&frame(b"after")).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"after");
+    drop(c);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
+#[test]
+fn a_panicking_on_close_is_counted_once_under_its_reason() {
+    let rt = runtime(1);
+    let server = owing_server(&rt, ServerConfig::default());
+    let mut c = client(server.local_addr());
+    c.write_all(&frame(b"close-panics")).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"close-panics");
+    drop(c);
+    wait_for(&server, "the close", |s| {
+        s.closed(CloseKind::PeerClosed) == 1
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let panics = || {
+        rt.stats()
+            .shards
+            .iter()
+            .map(|s| s.panics.total())
+            .sum::<u64>()
+    };
+    while panics() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the panic was not reported to the runtime"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stats = server.stats();
+    assert_eq!(stats.closed(CloseKind::Panicked), 0, "{stats:#?}");
+    assert_eq!(panics(), 1);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
