@@ -1029,6 +1029,40 @@ impl TcpStream {
         self.core.try_peek(buf)
     }
 
+    /// Whether the peer has closed its side: the kernel's TCP state is
+    /// `CLOSE_WAIT` or past it (read from `TCP_INFO`). Unlike a peek it
+    /// sees the end behind bytes still queued before it (a TLS peer's
+    /// `close_notify`, say).
+    ///
+    /// # Errors
+    ///
+    /// The OS error of `getsockopt`.
+    pub fn peer_closed(&self) -> io::Result<bool> {
+        // The kernel's TCP states (include/net/tcp_states.h).
+        const TCP_CLOSE: u8 = 7;
+        const TCP_CLOSE_WAIT: u8 = 8;
+        const TCP_LAST_ACK: u8 = 9;
+        let mut state = 0u8;
+        let mut len = 1 as libc::socklen_t;
+        // SAFETY: `getsockopt` writes at most `len` (1) bytes at the
+        // pointer to `state`, which lives across the call, and the first
+        // byte of `struct tcp_info` is `tcpi_state` (the kernel copies the
+        // first `len` bytes of it); the descriptor is this stream's own.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                std::ptr::from_mut(&mut state).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(matches!(state, TCP_CLOSE | TCP_CLOSE_WAIT | TCP_LAST_ACK))
+    }
+
     /// Sends some of `buf`'s bytes with `IORING_OP_SEND_ZC`: the kernel sends
     /// from the buffer itself instead of copying it, and the buffer comes back
     /// only once the kernel has released it (its notification CQE). Pays off

@@ -1202,3 +1202,24 @@ fn a_peek_shows_queued_bytes_without_taking_them_and_the_end_as_zero() {
         assert_eq!(client.try_peek(&mut buf).unwrap(), 0);
     });
 }
+
+#[test]
+fn a_peer_close_behind_queued_bytes_shows_in_the_tcp_state() {
+    let rt = rt2();
+    rt.block_on(async move {
+        let (client, peer) = tcp_pair().await;
+        assert!(!client.peer_closed().unwrap());
+        let (res, _) = peer.send_all(b"last words".to_vec()).await;
+        res.unwrap();
+        drop(peer);
+        // The bytes are still queued, so a peek shows them, not the end;
+        // the TCP state shows the end.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !client.peer_closed().unwrap() {
+            assert!(std::time::Instant::now() < deadline, "no end seen");
+            mailring::time::sleep(Duration::from_millis(1)).await;
+        }
+        let mut buf = [0u8; 4];
+        assert_eq!(peek_once_queued(&client, &mut buf).await, 4);
+    });
+}

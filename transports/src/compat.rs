@@ -325,12 +325,14 @@ impl CompatStream {
         });
         let res = ready!(op.as_mut().poll(cx));
         self.shutting_down = None;
-        self.write_closed = true;
-        Poll::Ready(match res {
+        let res = match res {
             // Already shut, or the peer is gone: the end is the end.
             Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
             other => other,
-        })
+        };
+        // A shutdown that failed may be tried again.
+        self.write_closed = res.is_ok();
+        Poll::Ready(res)
     }
 }
 

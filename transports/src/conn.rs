@@ -118,8 +118,10 @@ impl Conn {
     /// Whether an idle connection may be handed out again: still open,
     /// and sent nothing unasked since its last exchange (a frame then
     /// would be read as the next caller's reply). A TLS connection is
-    /// judged by its end alone: records may come unasked there (session
-    /// tickets), and its record layer reads them on the next receive.
+    /// judged by its end alone (over TCP, the kernel's state, which sees
+    /// the end behind a `close_notify` record): records may come unasked
+    /// there (session tickets), and its record layer reads them on the
+    /// next receive.
     pub(crate) fn fit_for_reuse(&self) -> bool {
         let mut probe = [0u8; 1];
         let peeked = match self {
@@ -127,10 +129,17 @@ impl Conn {
             Conn::Unix(s) => s.try_peek(&mut probe),
             Conn::Direct(_) => return true,
             Conn::Tls(s) => {
+                // Its end may sit behind a `close_notify` record: over TCP
+                // the kernel's state tells.
+                if let Conn::Tcp(tcp) = s.inner() {
+                    if tcp.peer_closed().unwrap_or(true) {
+                        return false;
+                    }
+                }
                 return match s.inner().peek_plain(&mut probe) {
                     Ok(n) => n > 0,
                     Err(e) => e.kind() == io::ErrorKind::WouldBlock,
-                }
+                };
             }
         };
         matches!(peeked, Err(e) if e.kind() == io::ErrorKind::WouldBlock)

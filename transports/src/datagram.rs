@@ -734,12 +734,19 @@ fn arrive<S: DatagramSession>(
     };
     if is_new {
         // Remembered once its key is placed. Remembered peers are bounded
-        // like sessions; past the bound the longest quiet ones are
-        // forgotten (their sessions may have ended long ago: the cap on
-        // sessions is judged where they live, not here).
+        // like sessions. At the bound, peers quiet for a quarter of the
+        // idle timeout give way (their sessions may have closed long
+        // ago); peers heard from more recently are kept (a later datagram
+        // of theirs may not repeat the key), and the newcomer is refused.
         let mut t = t.borrow_mut();
-        if t.peers.len() >= shared.config.max_sessions.max(1) {
-            forget_quietest_peers(&mut t.peers);
+        if t.peers.len() >= shared.config.max_sessions.max(1)
+            && !forget_quiet_peers(&mut t.peers, now, shared.config.idle_timeout / 4)
+        {
+            shared
+                .counters(shard)
+                .over_capacity
+                .fetch_add(1, Ordering::Relaxed);
+            return;
         }
         t.peers.insert(peer, (key.clone(), now));
     }
@@ -802,15 +809,24 @@ fn garbage<S: DatagramSession>(
         .fetch_add(1, Ordering::Relaxed);
 }
 
-/// Forgets the quarter of the remembered peers heard from longest ago
-/// (at least one): a table at its bound makes room in one pass, paid for
-/// by the next quarter of new peers.
-fn forget_quietest_peers<K>(peers: &mut HashMap<SocketAddr, (K, Instant)>) {
-    let mut seen: Vec<Instant> = peers.values().map(|(_, last)| *last).collect();
-    let forget = (seen.len() / 4).max(1);
-    if forget > seen.len() {
-        return;
+/// Forgets remembered peers not heard from for `quiet` (at most a
+/// quarter of them, and at least one, the longest quiet first); whether
+/// any was. A table at its bound makes room in one pass, paid for by the
+/// next quarter of new peers.
+fn forget_quiet_peers<K>(
+    peers: &mut HashMap<SocketAddr, (K, Instant)>,
+    now: Instant,
+    quiet: Duration,
+) -> bool {
+    let mut seen: Vec<Instant> = peers
+        .values()
+        .map(|(_, last)| *last)
+        .filter(|last| now.saturating_duration_since(*last) >= quiet)
+        .collect();
+    if seen.is_empty() {
+        return false;
     }
+    let forget = (peers.len() / 4).clamp(1, seen.len());
     let (_, cutoff, _) = seen.select_nth_unstable(forget - 1);
     let cutoff = *cutoff;
     let mut left = forget;
@@ -822,6 +838,7 @@ fn forget_quietest_peers<K>(peers: &mut HashMap<SocketAddr, (K, Instant)>) {
             true
         }
     });
+    true
 }
 
 /// Puts a datagram in its session's inbox on this (the key's) shard,
@@ -1006,12 +1023,16 @@ async fn run_session<S: DatagramSession>(
             mailring::panic::report_caught(CallbackKind::Handler, &*payload);
             mailring::panic::drop_payload(payload);
         }
-        send_out(&shared, &t, shard, &mut cx).await;
     }
+    // Its place goes back, and the datagrams queued behind its end go to
+    // the key's next session, before anything can arrive for the key (no
+    // wait since it left the table): they keep their order ahead of later
+    // ones. Then its last replies (from `on_close`) are sent.
     shared.live.fetch_sub(1, Ordering::AcqRel);
     for (peer, datagram) in left {
         deliver(&shared, &t, shard, key.clone(), peer, datagram);
     }
+    send_out(&shared, &t, shard, &mut cx).await;
 }
 
 /// Sends what the session queued, from this shard's socket.

@@ -269,6 +269,9 @@ struct Local<C: Codec> {
     health: Health,
     /// The backoff after the last failure (doubles while failures go on).
     last_delay: Option<Duration>,
+    /// Connects that succeeded: a connect that fails after one that began
+    /// later succeeded says nothing of the upstream now.
+    connected: u64,
 }
 
 /// A shard's part of a pool, shared by its callers and checkouts.
@@ -357,6 +360,7 @@ impl<C: Codec> Pool<C> {
                         waiting: VecDeque::new(),
                         health: Health::Up,
                         last_delay: None,
+                        connected: 0,
                     })) as Rc<dyn std::any::Any>
                 })
                 .clone()
@@ -449,6 +453,7 @@ impl<C: Codec> Pool<C> {
             match action {
                 None => {
                     let place = Place {
+                        connected_before: local.borrow().connected,
                         local: local.clone(),
                         counters,
                         armed: true,
@@ -532,6 +537,7 @@ impl<C: Codec> Pool<C> {
             Ok(framed) => {
                 l.health = Health::Up;
                 l.last_delay = None;
+                l.connected += 1;
                 Ok(self.checked_out(&local, shard, framed))
             }
             Err(e) => {
@@ -541,9 +547,12 @@ impl<C: Codec> Pool<C> {
                 let now = mailring::time::now();
                 // Connects that were under way together fail together: one
                 // backoff for them all, not one doubling each.
+                // One that began before a connect that has since succeeded
+                // is stale news: the upstream answered after it began.
                 let backing_off =
                     matches!(&l.health, Health::Backoff { until, .. } if now < *until);
-                if !backing_off {
+                let stale = l.connected != place.connected_before;
+                if !backing_off && !stale {
                     let config = &self.shared.config;
                     let delay = match l.last_delay {
                         None => config.initial_backoff,
@@ -619,6 +628,8 @@ struct Place<'a, C: Codec> {
     local: Shard<C>,
     counters: &'a Counters,
     armed: bool,
+    /// The shard's count of successful connects when this one began.
+    connected_before: u64,
 }
 
 impl<C: Codec> Drop for Place<'_, C> {

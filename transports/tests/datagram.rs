@@ -426,24 +426,35 @@ fn extreme_size_limits_are_taken_as_their_bounds() {
     }
 }
 
-#[test]
-fn a_session_that_closes_gives_back_its_place_and_its_queued_datagrams_go_to_a_new_one() {
-    // One shard: every peer is remembered by the same socket's table.
+/// A one-shard runtime (every peer remembered by one socket's table) and
+/// a configuration with room for two sessions.
+fn one_shard_room_for_two() -> (mailring::Runtime, DatagramConfig) {
     let rt = mailring::Runtime::builder()
         .shards(1)
         .build()
         .expect("io_uring available");
     let mut config = DatagramConfig::default();
     config.max_sessions = 2;
+    (rt, config)
+}
+
+#[test]
+fn a_session_that_closes_gives_back_its_place_and_its_queued_datagrams_go_to_a_new_one() {
+    // One shard: every peer is remembered by the same socket's table.
+    let (rt, mut config) = one_shard_room_for_two();
+    config.idle_timeout = Duration::from_millis(400);
     let (server, closes) = per_peer_server(&rt, config);
     let addr = server.local_addr();
     let peers: Vec<UdpSocket> = (0..3).map(|_| peer()).collect();
-    // Two peers fill the cap and close: a third gets in.
+    // Two peers fill the cap and close: once they have been quiet for a
+    // quarter of the idle timeout, a third gets in (they are remembered,
+    // but no session of theirs holds a place).
     for p in &peers[..2] {
         let me = p.local_addr().unwrap();
         assert_eq!(ask(p, addr, b"bye"), format!("1 {me} bye"));
     }
     wait_until("two closes", || closes.lock().unwrap().len() == 2);
+    std::thread::sleep(Duration::from_millis(150));
     let me = peers[2].local_addr().unwrap();
     assert_eq!(ask(&peers[2], addr, b"in"), format!("1 {me} in"));
     // A datagram queued behind the one that closes its session is handled
@@ -515,4 +526,36 @@ fn a_server_dropped_without_shutdown_stops_and_frees_its_port() {
     assert_eq!(ask(&p, addr, b"x"), format!("1 {me} x"));
     drop(server);
     wait_until("the port free again", || UdpSocket::bind(addr).is_ok());
+}
+
+#[test]
+fn peers_heard_from_lately_keep_their_key_when_the_table_is_full() {
+    // One shard, room for two: the key comes in a peer's first datagram
+    // only, so forgetting a live peer would make its next one garbage.
+    let (rt, config) = one_shard_room_for_two();
+    let server = DatagramServer::builder(|key: &String| Tenant {
+        name: key.clone(),
+        count: 0,
+    })
+    .config(config)
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    let addr = server.local_addr();
+    let peers: Vec<UdpSocket> = (0..3).map(|_| peer()).collect();
+    assert_eq!(ask(&peers[0], addr, b"KEY a"), "a 0 1");
+    assert_eq!(ask(&peers[1], addr, b"KEY b"), "b 0 1");
+    // A third peer, the others heard from just now: refused.
+    peers[2]
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    peers[2].send_to(b"KEY c", addr).unwrap();
+    assert!(peers[2].recv_from(&mut [0u8; 64]).is_err());
+    wait_until("the refusal", || {
+        total(&server.stats(), |s| s.over_capacity) == 1
+    });
+    // The first two still have their keys.
+    assert_eq!(ask(&peers[0], addr, b"x"), "a 0 2");
+    assert_eq!(ask(&peers[1], addr, b"x"), "b 0 2");
+    assert_eq!(total(&server.stats(), |s| s.garbage), 0);
+    rt.block_on(server.shutdown());
 }

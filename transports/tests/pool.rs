@@ -33,7 +33,10 @@ impl Session for Upstreamish {
     type Key = ();
 
     async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
-        if frame.starts_with(b"slow") {
+        if frame.starts_with(b"last") {
+            cx.send_frame(frame);
+            cx.close();
+        } else if frame.starts_with(b"slow") {
             cx.reply_later(async move {
                 mailring::time::sleep(Duration::from_millis(300)).await;
                 frame
@@ -283,6 +286,26 @@ fn tls_and_unix_upstreams() {
     assert_eq!(tls_pool.stats()[1].connects, 1);
     assert_eq!(unix_pool.stats()[1].connects, 1);
     assert_eq!(tls_server.stats().total(|s| s.tls_handshakes), 1);
+    // An upstream that closes an idle connection (TLS: `close_notify`,
+    // then the end): the next request goes on a new one.
+    let (t, u) = (tls_pool.clone(), unix_pool.clone());
+    on(&rt, 1, move || async move {
+        for pool in [t, u] {
+            assert_eq!(
+                pool.request(Bytes::from_static(b"last")).await.unwrap(),
+                &b"last"[..]
+            );
+            mailring::time::sleep(Duration::from_millis(50)).await;
+            assert_eq!(
+                pool.request(Bytes::from_static(b"next")).await.unwrap(),
+                &b"next"[..]
+            );
+        }
+    });
+    for pool in [&tls_pool, &unix_pool] {
+        let s = &pool.stats()[1];
+        assert_eq!((s.connects, s.discarded), (2, 1), "{s:?}");
+    }
     rt.block_on(tls_server.shutdown());
     rt.block_on(unix_server.shutdown());
     let _ = std::fs::remove_dir_all(&dir);
