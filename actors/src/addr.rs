@@ -525,8 +525,15 @@ impl<A: Actor> Addr<A> {
     {
         let (answer, result) = crate::answer::channel();
         let id = self.id();
-        self.watch_with(Box::new(move |t| answer.send(t)));
+        // The watcher lives while this future does: one dropped unanswered
+        // (a caller's timeout) leaves nothing behind in the actor's cell.
+        let waiting = std::sync::Arc::new(());
+        self.control(Delivery::Watch(crate::mailbox::Watcher::while_awaited(
+            Box::new(move |t| answer.send(t)),
+            std::sync::Arc::downgrade(&waiting),
+        )));
         async move {
+            let _waiting = waiting;
             // Dropped unanswered: the system shut down under it.
             result.await.unwrap_or(crate::Terminated {
                 id,
@@ -552,7 +559,7 @@ impl<A: Actor> Addr<A> {
     where
         A::Envelope: Send,
     {
-        self.control(Delivery::Watch(notify));
+        self.control(Delivery::Watch(crate::mailbox::Watcher::new(notify)));
     }
 
     /// Sends a control (stop, watch, probe) along this sender's ordered

@@ -41,6 +41,10 @@ pub(crate) struct Capacity {
     /// release that takes them all, both under the `waiters` lock.
     waiting: AtomicBool,
     waiters: Mutex<Vec<Waker>>,
+    /// The (unkeyed) actor ended: nothing frees places any more, and none
+    /// is needed: every acquire succeeds, and the message becomes a dead
+    /// letter.
+    closed: AtomicBool,
 }
 
 impl Capacity {
@@ -50,7 +54,22 @@ impl Capacity {
             depth: AtomicUsize::new(0),
             waiting: AtomicBool::new(false),
             waiters: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
         })
+    }
+
+    /// The actor whose mailbox this bounds ended for good (an unkeyed
+    /// actor; a key's count outlives its activations): senders never wait
+    /// for room again, and those waiting are woken. Places taken by
+    /// messages it will never take are never freed, and need not be.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let waiters = {
+            let mut w = lock(&self.waiters);
+            self.waiting.store(false, Ordering::Release);
+            std::mem::take(&mut *w)
+        };
+        waiters.into_iter().for_each(Waker::wake);
     }
 
     /// No place is taken (nothing sent and not yet taken by the actor).
@@ -64,11 +83,23 @@ impl Capacity {
         self.acquire_from(self.depth.load(Ordering::Relaxed))
     }
 
+    /// Whether [`close`](Self::close) was called.
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
     /// Takes a place if one is free, `depth` being its value as last read:
     /// adds one only to a value below `cap` (a failed attempt writes
     /// nothing, so it can neither fail another attempt nor need a
     /// compensating decrement that would free a place without a wake).
     fn acquire_from(&self, mut depth: usize) -> bool {
+        if self.is_closed() {
+            // Taken whatever the bound, as `tell` takes it: a release that
+            // follows (a same-shard dead letter gives its place back) stays
+            // balanced.
+            self.depth.fetch_add(1, Ordering::AcqRel);
+            return true;
+        }
         while depth < self.cap {
             match self.depth.compare_exchange_weak(
                 depth,

@@ -94,7 +94,7 @@ pub(crate) struct Counters {
 pub(crate) enum Delivery<A: Actor> {
     Msg(A::Envelope),
     Stop(StopReason),
-    Watch(Box<dyn FnOnce(crate::Terminated) + Send>),
+    Watch(crate::mailbox::Watcher),
     /// Stop once the messages queued now are handled.
     StopGracefully,
     /// Asks whether the actor is running (a keyed one: active), without
@@ -800,7 +800,7 @@ impl<A: Actor> TypeState<A> {
                         TargetId::Uid(_) => StopReason::Stopped,
                         TargetId::Key(_) => StopReason::Passivated,
                     };
-                    notify(crate::Terminated { id, reason });
+                    notify.notify(crate::Terminated { id, reason });
                 }
             },
         }
@@ -903,7 +903,7 @@ fn no_such_shard<A: Actor>(target: TargetId<A>, item: Delivery<A>) {
                 TargetId::Uid(uid) => *uid,
                 TargetId::Key(key) => crate::route::keyed_uid::<A, _>(key),
             };
-            notify(crate::Terminated {
+            notify.notify(crate::Terminated {
                 id: crate::ActorId(uid),
                 reason: StopReason::Stopped,
             });

@@ -78,13 +78,54 @@ impl<E> Batch<E> {
     }
 }
 
+/// Watchers a cell keeps before it first drops those nobody waits for.
+const WATCHERS_BEFORE_PRUNING: usize = 16;
+
 /// [`ActorCell::state`]: the cell takes messages.
 const OPEN: u8 = 1;
 /// [`ActorCell::state`]: the actor's handler awaits an ask (see `cycle`).
 const BLOCKED: u8 = 2;
 
-/// Called once with the actor's end.
-pub(crate) type Watcher = Box<dyn FnOnce(Terminated)>;
+/// Told once of the actor's end.
+pub(crate) struct Watcher {
+    notify: Box<dyn FnOnce(Terminated) + Send>,
+    /// Held by whoever waits for the notice (a `stopped()` future): once
+    /// it is gone, the watcher is dropped untold, so a caller that polls
+    /// `stopped()` under a timeout again and again leaves nothing behind.
+    /// `None`: told whatever happens (an actor watching another).
+    waiter: Option<std::sync::Weak<()>>,
+}
+
+impl Watcher {
+    /// A watcher told whatever happens.
+    pub(crate) fn new(notify: Box<dyn FnOnce(Terminated) + Send>) -> Self {
+        Watcher {
+            notify,
+            waiter: None,
+        }
+    }
+
+    /// A watcher for as long as `waiter`'s `Arc` lives.
+    pub(crate) fn while_awaited(
+        notify: Box<dyn FnOnce(Terminated) + Send>,
+        waiter: std::sync::Weak<()>,
+    ) -> Self {
+        Watcher {
+            notify,
+            waiter: Some(waiter),
+        }
+    }
+
+    /// Whether anybody still waits for the notice.
+    fn wanted(&self) -> bool {
+        self.waiter.as_ref().is_none_or(|w| w.strong_count() > 0)
+    }
+
+    /// Tells it.
+    pub(crate) fn notify(self, end: Terminated) {
+        (self.notify)(end);
+    }
+}
 
 /// One activation of an actor on its shard.
 ///
@@ -114,6 +155,8 @@ pub(crate) struct ActorCell<A: Actor> {
     pub(crate) stop_request: Cell<Option<crate::error::StopReason>>,
     pub(crate) capacity: Option<Arc<Capacity>>,
     watchers: RefCell<Vec<Watcher>>,
+    /// At this many watchers, those nobody waits for are dropped.
+    prune_watchers_at: Cell<usize>,
     pub(crate) high_water: Cell<usize>,
     /// The asks its handler awaits (ask-cycle detection, see `cycle`).
     waits: Waits,
@@ -138,6 +181,7 @@ impl<A: Actor> ActorCell<A> {
             remote: RemoteCounts::default(),
             capacity,
             watchers: RefCell::new(Vec::new()),
+            prune_watchers_at: Cell::new(WATCHERS_BEFORE_PRUNING),
             high_water: Cell::new(0),
             waits: Waits::default(),
             take_waiters: RefCell::new(Vec::new()),
@@ -340,8 +384,15 @@ impl<A: Actor> ActorCell<A> {
         rest
     }
 
-    pub(crate) fn add_watcher(&self, notify: Watcher) {
-        self.watchers.borrow_mut().push(notify);
+    pub(crate) fn add_watcher(&self, watcher: Watcher) {
+        let mut watchers = self.watchers.borrow_mut();
+        // Amortised: a pass over the list each time it doubles.
+        if watchers.len() >= self.prune_watchers_at.get() {
+            watchers.retain(Watcher::wanted);
+            self.prune_watchers_at
+                .set((watchers.len() * 2).max(WATCHERS_BEFORE_PRUNING));
+        }
+        watchers.push(watcher);
     }
 
     pub(crate) fn take_watchers(&self) -> Vec<Watcher> {
@@ -426,6 +477,45 @@ mod tests {
 
     impl Handler<Ping> for Quiet {
         async fn handle(&mut self, _m: Ping, _cx: &mut Ctx<Self>) {}
+    }
+
+    #[test]
+    fn watchers_nobody_waits_for_are_dropped_as_more_come() {
+        let cell = ActorCell::<Quiet>::new(1, (), None);
+        let told = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let tell = |told: &std::sync::Arc<std::sync::atomic::AtomicUsize>| {
+            let told = told.clone();
+            Box::new(move |_: Terminated| {
+                told.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }) as Box<dyn FnOnce(Terminated) + Send>
+        };
+        // One kept for good, one waited for throughout, and 100,000 whose
+        // waiters went at once.
+        cell.add_watcher(Watcher::new(tell(&told)));
+        let waiting = std::sync::Arc::new(());
+        cell.add_watcher(Watcher::while_awaited(
+            tell(&told),
+            std::sync::Arc::downgrade(&waiting),
+        ));
+        for _ in 0..100_000 {
+            let gone = std::sync::Arc::new(());
+            cell.add_watcher(Watcher::while_awaited(
+                tell(&told),
+                std::sync::Arc::downgrade(&gone),
+            ));
+        }
+        assert!(cell.watchers.borrow().len() <= 2 * WATCHERS_BEFORE_PRUNING);
+        for w in cell.take_watchers() {
+            w.notify(Terminated {
+                id: crate::ActorId(1),
+                reason: crate::StopReason::Stopped,
+            });
+        }
+        // The two that were wanted were told (and at most a few not yet
+        // pruned besides).
+        let n = told.load(std::sync::atomic::Ordering::SeqCst);
+        assert!((2..=2 * WATCHERS_BEFORE_PRUNING).contains(&n), "{n}");
+        drop(waiting);
     }
 
     #[test]

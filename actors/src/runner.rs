@@ -345,6 +345,14 @@ async fn run<A: Actor>(
     }
     ts.remove(&cell);
     let mut rest = cell.close(&ts.flow);
+    if !keyed {
+        // Gone for good: its bounded mailbox never frees a place again
+        // (messages still on their way become dead letters), so no sender
+        // may wait for one.
+        if let Some(c) = &cell.capacity {
+            c.close();
+        }
+    }
     if !batch.is_empty() {
         let mut ordered = batch.into_ordered();
         ordered.append(&mut rest);
@@ -353,8 +361,8 @@ async fn run<A: Actor>(
     cx.stop_children();
     drop_actor(actor);
     let id = crate::ActorId(cell.uid);
-    for notify in cell.take_watchers() {
-        notify(Terminated { id, reason });
+    for watcher in cell.take_watchers() {
+        watcher.notify(Terminated { id, reason });
     }
     let redeliver = keyed && matches!(reason, StopReason::Passivated | StopReason::Stopped);
     if redeliver && !rest.is_empty() {
@@ -593,6 +601,13 @@ where
             ts.spawn_unkeyed(uid, Box::new(move || Some(factory())), capacity, parent);
         }
     });
+    if mailring::current_shard().is_some_and(|here| here.index() != dest) {
+        // Published now, not at the tick's end: the address may reach
+        // another thread at once, and whatever it sends from there must
+        // find the actor registered (deliveries keep their causal order
+        // only once published).
+        mailring::publish_now();
+    }
     addr
 }
 

@@ -369,10 +369,12 @@ pub struct SystemConfig {
     /// A deadline is still needed for cycles of three or more actors whose
     /// hops each start from a tell handler (A's handler asks B, B's asks C,
     /// C's asks A), and for waits through something other than asks (a
-    /// channel fed by another actor). Asks awaited through
+    /// channel fed by another actor). Asks made inside the future given to
     /// [`Ctx::wait_for`](crate::Ctx::wait_for) and asks from outside actors
     /// are not blocked waits: they are never refused, and wait as long as
-    /// the actor they ask takes.
+    /// the actor they ask takes. (An ask the handler made itself carries
+    /// the handler's actor on its chain, even if its reply is then handed
+    /// to `wait_for`.)
     pub ask_timeout: Option<Duration>,
     /// How long [`ActorSystem::shutdown`] waits for actors to run `on_stop`
     /// (default 5 s); past it, the actors still running are abandoned. A

@@ -11,8 +11,8 @@ mod common;
 
 use common::{block_on_thread, send_rounds_from_every_shard, Add, Counter, Get, WhereAmI};
 use mailring_actors::{
-    Actor, ActorSystem, AskError, Ctx, Handler, Hooks, Message, PlaceError, Placement, Runtime,
-    ShardId, StopReason, SystemConfig, TellError, Terminated,
+    Actor, ActorSystem, Addr, AskError, Ctx, Handler, Hooks, Message, PlaceError, Placement,
+    Runtime, ShardId, StopReason, SystemConfig, TellError, Terminated,
 };
 
 fn system(shards: usize) -> ActorSystem {
@@ -731,6 +731,51 @@ fn bounded_mailbox_try_tell_gives_the_message_back_and_send_waits() {
     let stats = sys.stats().by_type("Slow").unwrap();
     assert!(stats.mailbox_high_water >= 4, "{stats:?}");
     assert_eq!(stats.handled, 1 + 4 + 10 + 1);
+    sys.shutdown();
+}
+
+#[test]
+fn an_actor_spawned_on_a_shard_takes_a_message_sent_at_once_from_an_outside_thread() {
+    // The spawn's registration must reach the actor's shard before any
+    // message sent by whoever got its address right away, even while the
+    // spawning shard is still busy in the same tick.
+    let sys = system(2);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let asker = std::thread::spawn(move || {
+        let a: Addr<Counter> = rx.recv().unwrap();
+        block_on_thread(a.ask(Get))
+    });
+    let h = sys.handle();
+    sys.block_on(async move {
+        let a = h.spawn_actor(Placement::Pinned(ShardId::new(1)), Counter::default);
+        tx.send(a).unwrap();
+        // Busy in this tick: nothing this shard batched is published yet.
+        std::thread::sleep(Duration::from_millis(100));
+    });
+    assert_eq!(asker.join().unwrap().ok(), Some(0));
+    sys.shutdown();
+}
+
+#[test]
+fn a_stopped_actor_s_bounded_mailbox_never_makes_a_sender_wait() {
+    // Messages sent from another shard to a stopped unkeyed actor become
+    // dead letters; the places they took are never freed by it. Its
+    // senders must still not wait for room (forever) nor hear `Full`.
+    let sys = system(2);
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Slow::default);
+    let out = sys.block_on(async move {
+        a.stop();
+        a.stopped().await;
+        for i in 0..8 {
+            let _ = a.tell(Add(i));
+        }
+        let sent =
+            mailring_actors::mailring::time::timeout(Duration::from_secs(2), a.send(Add(9))).await;
+        let tried = a.try_tell(Add(10));
+        (sent.is_ok(), matches!(tried, Err(TellError::Full(_))))
+    });
+    assert!(out.0, "send waited for room in a stopped actor's mailbox");
+    assert!(!out.1, "try_tell said Full to a stopped actor");
     sys.shutdown();
 }
 
