@@ -76,6 +76,11 @@ pub struct ServerConfig {
     /// Queued outbound bytes past which the connection closes with
     /// [`CloseReason::SlowReader`]. Default 8 MiB.
     pub outbound_limit: usize,
+    /// Pushes ([`SessionsByKey::push`]) a session holds while it is busy
+    /// (they run between its frames); past it, more are dropped and
+    /// counted ([`SessionShardStats::pushes_dropped`](crate::SessionShardStats)).
+    /// Default 1024.
+    pub push_queue: usize,
     /// Close a connection when nothing arrives for this long and nothing
     /// is outstanding or being written ([`CloseReason::IdleTimeout`]); a
     /// send still in flight after two such periods means the peer stopped
@@ -145,6 +150,7 @@ impl Default for ServerConfig {
             read_chunk: 16 << 10,
             outbound_high_water: 1 << 20,
             outbound_limit: 8 << 20,
+            push_queue: 1024,
             idle_timeout: None,
             handshake_timeout: None,
             frame_timeout: Some(Duration::from_secs(30)),
@@ -1245,7 +1251,7 @@ fn close<S: Session>(
 /// when a frame names a key on another shard nothing is in flight once the
 /// replies before it are written: the socket moves with every unread byte.
 async fn drive<S: Session>(
-    shared: &Shared<S>,
+    shared: &Arc<Shared<S>>,
     stream: &Conn,
     session: &mut S,
     cx: &mut SessionCtx<S>,
@@ -1658,10 +1664,13 @@ struct Registered<S: Session> {
     server: u64,
     key: S::Key,
     inbox: Rc<Inbox<S>>,
+    /// Where pushes left unrun at the end are counted.
+    shared: Arc<Shared<S>>,
 }
 
 impl<S: Session> Registered<S> {
-    fn new(server: u64, key: S::Key, wake: &WakeCell) -> Self {
+    fn new(shared: &Arc<Shared<S>>, key: S::Key, wake: &WakeCell) -> Self {
+        let server = shared.id;
         let inbox = Rc::new(Inbox {
             queue: RefCell::new(VecDeque::new()),
             wake: wake.cell.clone(),
@@ -1669,7 +1678,12 @@ impl<S: Session> Registered<S> {
         with_key_table::<S, _>(server, |t| {
             t.entry(key.clone()).or_default().push(inbox.clone())
         });
-        Registered { server, key, inbox }
+        Registered {
+            server,
+            key,
+            inbox,
+            shared: shared.clone(),
+        }
     }
 
     fn take(&self) -> Option<PushFn<S>> {
@@ -1683,6 +1697,15 @@ impl<S: Session> Registered<S> {
 
 impl<S: Session> Drop for Registered<S> {
     fn drop(&mut self) {
+        let unrun = self.inbox.queue.borrow().len() as u64;
+        if unrun > 0 {
+            if let Some(shard) = mailring::current_shard() {
+                self.shared
+                    .counters(shard)
+                    .pushes_dropped
+                    .fetch_add(unrun, Ordering::Relaxed);
+            }
+        }
         let _ = BY_KEY.try_with(|tables| {
             let mut tables = tables.borrow_mut();
             let Some(table) = tables
@@ -1709,7 +1732,7 @@ impl<S: Session> Drop for Registered<S> {
 /// [`ServerConfig::max_per_key`] sessions already, sends the session's
 /// refusal and closes with [`CloseReason::KeyLimit`].
 fn attach<S: Session>(
-    shared: &Shared<S>,
+    shared: &Arc<Shared<S>>,
     session: &mut S,
     cx: &mut SessionCtx<S>,
     key: S::Key,
@@ -1727,7 +1750,7 @@ fn attach<S: Session>(
             return None;
         }
     }
-    let registered = Registered::new(shared.id, key.clone(), wake);
+    let registered = Registered::new(shared, key.clone(), wake);
     cx.key = Some(key);
     shared
         .counters(cx.shard)
@@ -1749,16 +1772,27 @@ fn deliver<S: Session>(shared: &Shared<S>, key: &S::Key, push: PushFn<S>) -> usi
         counters.push_dead_letters.fetch_add(1, Ordering::Relaxed);
         return 0;
     }
+    let limit = shared.config.push_queue.max(1);
+    let mut reached = 0;
     for inbox in &inboxes {
-        inbox.queue.borrow_mut().push_back(push.clone());
+        let mut queue = inbox.queue.borrow_mut();
+        if queue.len() >= limit {
+            // A session busy for long, with more pushes waiting than it
+            // may hold: memory stays bounded, and the loss is counted.
+            counters.pushes_dropped.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        queue.push_back(push.clone());
+        drop(queue);
+        reached += 1;
         if let Some(w) = inbox.wake.borrow().as_ref() {
             w.wake_by_ref();
         }
     }
     counters
         .pushes_delivered
-        .fetch_add(inboxes.len() as u64, Ordering::Relaxed);
-    inboxes.len()
+        .fetch_add(reached as u64, Ordering::Relaxed);
+    reached
 }
 
 /// Reaches the live sessions of a key from anywhere (any shard, any

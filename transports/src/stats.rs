@@ -19,6 +19,7 @@ pub(crate) struct ShardCounters {
     pub(crate) accept_errors: AtomicU64,
     pub(crate) pushes_delivered: AtomicU64,
     pub(crate) push_dead_letters: AtomicU64,
+    pub(crate) pushes_dropped: AtomicU64,
     pub(crate) direct_refused: AtomicU64,
     pub(crate) tls_handshakes: AtomicU64,
     pub(crate) handshakes_moved: AtomicU64,
@@ -47,6 +48,7 @@ impl ShardCounters {
             accept_errors: get(&self.accept_errors),
             pushes_delivered: get(&self.pushes_delivered),
             push_dead_letters: get(&self.push_dead_letters),
+            pushes_dropped: get(&self.pushes_dropped),
             direct_refused: get(&self.direct_refused),
             tls_handshakes: get(&self.tls_handshakes),
             handshakes_moved: get(&self.handshakes_moved),
@@ -85,6 +87,10 @@ pub struct SessionShardStats {
     pub pushes_delivered: u64,
     /// Pushes to a key with no live session on this shard, its shard.
     pub push_dead_letters: u64,
+    /// Pushes a session of this shard did not run: its queue of pushes
+    /// was full ([`ServerConfig::push_queue`](crate::ServerConfig::push_queue)),
+    /// or its connection ended before it got to them (one per session).
+    pub pushes_dropped: u64,
     /// Connections that stayed plain descriptors under `HandOff::Direct`
     /// (no table, or the table full).
     pub direct_refused: u64,

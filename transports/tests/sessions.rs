@@ -25,6 +25,18 @@ fn runtime(shards: usize) -> mailring::Runtime {
         .expect("io_uring available")
 }
 
+/// A server on loopback with `config`, its sessions made by `make`.
+fn one_shard_server<S: Session<Codec = LengthDelimited>>(
+    rt: &mailring::Runtime,
+    config: ServerConfig,
+    make: impl Fn(Option<std::net::SocketAddr>) -> S + Send + Sync + 'static,
+) -> Server<S> {
+    Server::builder(LengthDelimited::new(), make)
+        .config(config)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap()
+}
+
 /// Frames `[0]`, `[1]`, ... `[n - 1]` in one buffer (one write: pipelined).
 fn numbered_frames(n: u8) -> Vec<u8> {
     (0..n).flat_map(|i| frame(&[i])).collect()
@@ -843,10 +855,7 @@ fn the_listener_stops_accepting_at_its_connection_limit() {
     let rt = runtime(1);
     let mut config = ServerConfig::default();
     config.max_connections = 2;
-    let server = Server::builder(LengthDelimited::new(), |_| Echo)
-        .config(config)
-        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
-        .unwrap();
+    let server = one_shard_server(&rt, config, |_| Echo);
     let addr = server.local_addr();
     let mut a = client(addr);
     let mut b = client(addr);
@@ -1737,6 +1746,59 @@ fn a_panicking_on_close_is_counted_once_under_its_reason() {
     let stats = server.stats();
     assert_eq!(stats.closed(CloseKind::Panicked), 0, "{stats:#?}");
     assert_eq!(panics(), 1);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
+/// Keyed by `KEY <name>`; `work` keeps the session in its handler for
+/// 300 ms (pushes wait meanwhile); anything else is echoed.
+struct Busy;
+
+impl Session for Busy {
+    type Codec = LengthDelimited;
+    type Key = String;
+
+    fn route(&mut self, frame: &Bytes, _cx: &SessionCtx<Self>) -> Route<String> {
+        match frame.strip_prefix(b"KEY ") {
+            Some(key) => Route::Key(String::from_utf8_lossy(key).into_owned()),
+            None => Route::NotYet,
+        }
+    }
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        if frame.as_ref() == b"work" {
+            mailring::time::sleep(Duration::from_millis(300)).await;
+        }
+        cx.send_frame(frame);
+    }
+}
+
+#[test]
+fn pushes_to_a_busy_session_are_bounded_and_those_refused_are_counted() {
+    let rt = runtime(1);
+    let mut config = ServerConfig::default();
+    config.push_queue = 100;
+    let server = one_shard_server(&rt, config, |_| Busy);
+    let mut c = client(server.local_addr());
+    c.write_all(&frame(b"KEY t")).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"KEY t");
+    c.write_all(&frame(b"work")).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let sessions = server.sessions();
+    for _ in 0..1000 {
+        sessions.push(&"t".to_string(), |_, cx| {
+            cx.send_frame(Bytes::from_static(b"P"))
+        });
+    }
+    wait_for(&server, "the pushes refused", |s| {
+        s.total(|s| s.pushes_dropped) == 900
+    });
+    assert_eq!(read_frame(&mut c).unwrap(), b"work");
+    for _ in 0..100 {
+        assert_eq!(read_frame(&mut c).unwrap(), b"P");
+    }
+    assert_eq!(server.stats().total(|s| s.pushes_delivered), 100);
+    drop(c);
     rt.block_on(server.shutdown());
     rt.shutdown();
 }
