@@ -25,6 +25,14 @@ fn runtime(shards: usize) -> mailring::Runtime {
         .expect("io_uring available")
 }
 
+/// The key a `KEY <name>` frame names; "not yet" for any other frame.
+fn key_named_by(frame: &Bytes) -> Route<String> {
+    match frame.strip_prefix(b"KEY ") {
+        Some(key) => Route::Key(String::from_utf8_lossy(key).into_owned()),
+        None => Route::NotYet,
+    }
+}
+
 /// A server on loopback with `config`, its sessions made by `make`.
 fn one_shard_server<S: Session<Codec = LengthDelimited>>(
     rt: &mailring::Runtime,
@@ -574,10 +582,7 @@ where
     type Key = String;
 
     fn route(&mut self, frame: &Bytes, _cx: &SessionCtx<Self>) -> Route<String> {
-        match frame.strip_prefix(b"KEY ") {
-            Some(key) => Route::Key(String::from_utf8_lossy(key).into_owned()),
-            None => Route::NotYet,
-        }
+        key_named_by(frame)
     }
 
     fn refusal(&mut self, _reason: &mailring_transports::CloseReason) -> Option<Bytes> {
@@ -1759,10 +1764,7 @@ impl Session for Busy {
     type Key = String;
 
     fn route(&mut self, frame: &Bytes, _cx: &SessionCtx<Self>) -> Route<String> {
-        match frame.strip_prefix(b"KEY ") {
-            Some(key) => Route::Key(String::from_utf8_lossy(key).into_owned()),
-            None => Route::NotYet,
-        }
+        key_named_by(frame)
     }
 
     async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
