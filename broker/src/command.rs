@@ -260,15 +260,31 @@ pub fn wrong_arity(name: &str) -> Reply {
 }
 
 /// Redis's reply to a command it does not know.
+///
+/// As Redis formats it: each argument as a C string (up to a NUL), the
+/// name cut at 128 bytes, and arguments added while the list is under 128
+/// bytes, each cut to the room left.
 pub fn unknown_command(args: &[Bytes]) -> Reply {
-    let mut text = format!(
-        "unknown command '{}', with args beginning with: ",
-        printable(&args[0], 128)
-    );
+    let mut list: Vec<u8> = Vec::new();
     for a in &args[1..] {
-        text.push_str(&format!("'{}' ", printable(a, 128)));
+        if list.len() >= 128 {
+            break;
+        }
+        let room = 128 - list.len();
+        list.push(b'\'');
+        list.extend_from_slice(&c_string(a)[..c_string(a).len().min(room)]);
+        list.extend_from_slice(b"' ");
     }
-    Reply::err(text)
+    Reply::err(format!(
+        "unknown command '{}', with args beginning with: {}",
+        printable(c_string(&args[0]), 128),
+        printable(&list, list.len())
+    ))
+}
+
+/// An argument as C's string functions see it: up to its first NUL.
+pub fn c_string(arg: &[u8]) -> &[u8] {
+    &arg[..arg.iter().position(|&b| b == 0).unwrap_or(arg.len())]
 }
 
 /// An argument shown in an error text: at most `max` bytes, lossy UTF-8,
@@ -729,6 +745,28 @@ mod tests {
         assert_eq!(
             unknown_command(&a(&["FOO", "a", "b"])),
             Reply::err("unknown command 'FOO', with args beginning with: 'a' 'b' ")
+        );
+        // Arguments while the list is under 128 bytes, each cut to the
+        // room left; names and arguments end at a NUL.
+        let many: Vec<&str> = std::iter::once("FOO").chain(["a"; 40]).collect();
+        let Reply::Error(text) = unknown_command(&a(&many)) else {
+            panic!()
+        };
+        assert_eq!(text.matches("'a' ").count(), 32, "{text}");
+        let long = "x".repeat(200);
+        let Reply::Error(text) = unknown_command(&a(&["FOO", "ab", &long, "c"])) else {
+            panic!()
+        };
+        assert_eq!(
+            text,
+            format!(
+                "ERR unknown command 'FOO', with args beginning with: 'ab' '{}' ",
+                "x".repeat(123)
+            )
+        );
+        assert_eq!(
+            unknown_command(&a(&["EX\0STS", "k\0ey"])),
+            Reply::err("unknown command 'EX', with args beginning with: 'k' ")
         );
     }
 }

@@ -2,6 +2,7 @@
 //! id argument of `XADD` (`*`, `<ms>-*`, `<ms>`, `<ms>-<seq>`) and range
 //! bounds (`-`, `+`, incomplete ids, `(` for an exclusive bound).
 
+use crate::command::c_string;
 use std::fmt;
 
 use crate::resp::Reply;
@@ -80,6 +81,12 @@ impl fmt::Display for StreamId {
 /// The error text for an id that does not parse.
 pub const INVALID_ID: &str = "ERR Invalid stream ID specified as stream command argument";
 
+/// An id argument as Redis reads it: refused past 127 bytes, and then a
+/// C string (what follows a NUL is not read).
+fn id_text(arg: &[u8]) -> Option<&[u8]> {
+    (arg.len() <= 127).then(|| c_string(arg))
+}
+
 /// A decimal `u64` as Redis's `string2ull` reads ids: digits only.
 fn parse_u64(s: &[u8]) -> Option<u64> {
     if s.is_empty() || s.len() > 20 || !s.iter().all(u8::is_ascii_digit) {
@@ -106,10 +113,11 @@ impl AddId {
     ///
     /// The Redis error reply for an invalid id.
     pub fn parse(arg: &[u8]) -> Result<AddId, Reply> {
-        if arg == b"*" {
+        if c_string(arg) == b"*" {
             return Ok(AddId::Auto);
         }
         let invalid = || Reply::Error(INVALID_ID.to_owned());
+        let arg = id_text(arg).ok_or_else(invalid)?;
         match arg.iter().position(|&b| b == b'-') {
             None => Ok(AddId::Explicit(StreamId::new(
                 parse_u64(arg).ok_or_else(invalid)?,
@@ -137,6 +145,7 @@ impl AddId {
 /// The Redis error reply for an invalid id.
 pub fn parse_id(arg: &[u8], missing_seq: u64, strict: bool) -> Result<StreamId, Reply> {
     let invalid = || Reply::Error(INVALID_ID.to_owned());
+    let arg = id_text(arg).ok_or_else(invalid)?;
     if !strict {
         if arg == b"-" {
             return Ok(StreamId::MIN);
@@ -190,6 +199,21 @@ pub fn parse_range(start: &[u8], end: &[u8]) -> Result<(StreamId, StreamId), Rep
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_are_read_as_c_strings_up_to_127_bytes() {
+        assert_eq!(parse_id(b"1\x001", 0, false), Ok(StreamId::new(1, 0)));
+        assert_eq!(parse_id(b"1-2\x00-3", 0, false), Ok(StreamId::new(1, 2)));
+        assert_eq!(AddId::parse(b"*\x00x"), Ok(AddId::Auto));
+        assert_eq!(
+            AddId::parse(b"7\x00"),
+            Ok(AddId::Explicit(StreamId::new(7, 0)))
+        );
+        assert!(parse_id(b"\x001", 0, false).is_err());
+        let long = [&b"1"[..], &[0u8; 127]].concat();
+        assert!(parse_id(&long, 0, false).is_err(), "past 127 bytes");
+        assert!(parse_id(&long[..127], 0, false).is_ok());
+    }
 
     #[test]
     fn add_ids_parse_in_their_four_forms() {

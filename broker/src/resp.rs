@@ -151,7 +151,7 @@ impl RespCodec {
 
     /// An inline command: one line, arguments split on blanks with quotes.
     fn inline(&mut self, buf: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
-        let Some(nl) = memchr(b'\n', buf) else {
+        let Some(nl) = c_strchr(b'\n', buf) else {
             if buf.len() > INLINE_MAX {
                 return Err(ProtocolError::InlineTooLong);
             }
@@ -353,10 +353,20 @@ fn memchr(byte: u8, hay: &[u8]) -> Option<usize> {
     hay.iter().position(|&b| b == byte)
 }
 
+/// Where `byte` first is in `hay`, as C's `strchr` finds it: not past a
+/// NUL. Redis looks for line ends in its query buffer this way, so a line
+/// with a NUL before its end is, to it, not there yet (it waits for more,
+/// up to its limit on a line's length).
+fn c_strchr(byte: u8, hay: &[u8]) -> Option<usize> {
+    hay.iter()
+        .position(|&b| b == byte || b == 0)
+        .filter(|&at| hay[at] == byte)
+}
+
 /// The index of the `\r` ending the line that starts at `from`.
 fn line_end(buf: &[u8], from: usize) -> Option<usize> {
     let rest = buf.get(from..)?;
-    let cr = memchr(b'\r', rest)?;
+    let cr = c_strchr(b'\r', rest)?;
     // Redis looks for `\r` and then needs one more byte for the `\n`.
     if from + cr + 1 < buf.len() {
         Some(from + cr)
@@ -397,11 +407,14 @@ pub fn parse_int(s: &[u8]) -> Option<i64> {
 /// arguments; `"..."` takes `\n \r \t \b \a \\ \"` and `\xHH` escapes;
 /// `'...'` takes `\'`; a closing quote must be followed by a blank.
 fn split_inline(line: &[u8]) -> Result<Vec<Bytes>, ProtocolError> {
+    // Redis splits a C string: nothing after a NUL is read (a quote it
+    // cuts is unbalanced).
+    let line = &line[..memchr(0, line).unwrap_or(line.len())];
     let mut args = Vec::new();
     let mut i = 0;
     let n = line.len();
     loop {
-        while i < n && line[i].is_ascii_whitespace() {
+        while i < n && c_isspace(line[i]) {
             i += 1;
         }
         if i >= n {
@@ -459,7 +472,7 @@ fn split_inline(line: &[u8]) -> Result<Vec<Bytes>, ProtocolError> {
                     break;
                 }
                 match line[i] {
-                    b' ' | b'\n' | b'\r' | b'\t' | 0 => break,
+                    b' ' | b'\n' | b'\r' | b'\t' => break,
                     b'"' => in_dq = true,
                     b'\'' => in_sq = true,
                     c => cur.push(c),
@@ -475,9 +488,15 @@ fn split_inline(line: &[u8]) -> Result<Vec<Bytes>, ProtocolError> {
 /// followed by a blank.
 fn after_closing_quote(line: &[u8], at: usize) -> Result<usize, ProtocolError> {
     match line.get(at + 1) {
-        Some(b) if !b.is_ascii_whitespace() => Err(ProtocolError::UnbalancedQuotes),
+        Some(&b) if !c_isspace(b) => Err(ProtocolError::UnbalancedQuotes),
         _ => Ok(at + 1),
     }
+}
+
+/// C's `isspace` in the "C" locale, which Redis splits inline requests
+/// with: Rust's `is_ascii_whitespace` leaves out `\v`.
+fn c_isspace(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
 }
 
 fn hex(c: u8) -> u8 {
@@ -863,6 +882,37 @@ mod tests {
         assert_eq!(reqs[1], args(&["xadd", "s", "*", "f", "a bA\n", "it's"]));
         assert_eq!(reqs[2], Request::Broken(ProtocolError::UnbalancedQuotes));
         assert_eq!(reqs.len(), 3);
+    }
+
+    #[test]
+    fn an_inline_line_ends_at_a_nul_and_its_blanks_are_c_s() {
+        // Decoded on a thread of its own: a parser that loops on a NUL
+        // fails the test instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut c = RespCodec::new();
+            let mut buf =
+                BytesMut::from(&b"a\0\r\nPING\0garbage \"x\r\n\0\n\"a\0b\"\r\nPING\r\n"[..]);
+            let _ = tx.send(decode_all(&mut c, &mut buf));
+        });
+        let reqs = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("the parser came back");
+        // As Redis's sdssplitargs reads a C string: what follows a NUL is
+        // not read, and a quote it cuts is unbalanced.
+        assert_eq!(reqs[0], args(&["a"]));
+        assert_eq!(reqs[1], args(&["PING"]));
+        assert_eq!(reqs[2], Request::Broken(ProtocolError::UnbalancedQuotes));
+        assert_eq!(reqs.get(3), None, "{reqs:?}");
+        // `\v` and `\f` are blanks before an argument and after a closing
+        // quote; inside an unquoted word they are its bytes, and a quote
+        // there opens a quoted part of the same word.
+        let mut c = RespCodec::new();
+        let mut buf = BytesMut::from(&b"\x0bECHO 'x'\x0b\x0cb\x0c'y'\r\n"[..]);
+        assert_eq!(
+            decode_all(&mut c, &mut buf),
+            vec![args(&["ECHO", "x", "b\x0cy"])]
+        );
     }
 
     #[test]

@@ -789,7 +789,7 @@ fn exchange(port: u16, input: &[u8]) -> Vec<u8> {
 /// A request's bytes with one mutation: a byte replaced by one the parser
 /// cares about, a cut, a line put in, or a length made extreme.
 fn mutate(rng: &mut Rng, request: &[u8]) -> Vec<u8> {
-    const BYTES: &[u8] = b"*$\r\n-+:0123456789 \"'\\ax";
+    const BYTES: &[u8] = b"*$\r\n-+:0123456789 \"'\\ax\0\x0b\x0c\t";
     let mut out = request.to_vec();
     if out.is_empty() {
         return out;
@@ -811,6 +811,10 @@ fn mutate(rng: &mut Rng, request: &[u8]) -> Vec<u8> {
                 b"\r\n",
                 b"*1\r\n$4\r\nPINGX\r\n",
                 b"ECHO \"unbalanced\r\n",
+                b"PING\0x \"y\r\n",
+                b"\x0bECHO\x0b'a'\x0b\x0cb\x0c'c'\r\n",
+                b"ECHO \"a\0b\"\r\n",
+                b"\0\n",
             ]);
             out.splice(at..at, line.iter().copied());
         }
