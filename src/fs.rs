@@ -467,13 +467,16 @@ pub struct Metadata {
 
 impl Metadata {
     fn from_statx(st: &libc::statx) -> Metadata {
+        // The seconds are signed (before 1970: negative); the nanoseconds
+        // count forward from them.
         let time = |t: libc::statx_timestamp| {
-            let since = std::time::Duration::new(t.tv_sec.unsigned_abs(), t.tv_nsec);
-            if t.tv_sec >= 0 {
-                std::time::UNIX_EPOCH + since
+            let secs = std::time::Duration::from_secs(t.tv_sec.unsigned_abs());
+            let at = if t.tv_sec >= 0 {
+                std::time::UNIX_EPOCH + secs
             } else {
-                std::time::UNIX_EPOCH - since
-            }
+                std::time::UNIX_EPOCH - secs
+            };
+            at + std::time::Duration::from_nanos(u64::from(t.tv_nsec))
         };
         Metadata {
             len: st.stx_size,

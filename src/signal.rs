@@ -40,7 +40,10 @@ static EVENTFD: AtomicI32 = AtomicI32::new(-1);
 /// Installed signals and the futures waiting on each.
 struct Registry {
     installed: [bool; SIGNALS],
-    waiters: Vec<Vec<Waker>>,
+    /// Per signal, the wakers of the waits in progress, each under the
+    /// number of its wait (which takes it back when dropped).
+    waiters: Vec<Vec<(u64, Waker)>>,
+    next_wait: u64,
 }
 
 fn registry() -> &'static Mutex<Registry> {
@@ -49,6 +52,7 @@ fn registry() -> &'static Mutex<Registry> {
         Mutex::new(Registry {
             installed: [false; SIGNALS],
             waiters: (0..SIGNALS).map(|_| Vec::new()).collect(),
+            next_wait: 0,
         })
     })
 }
@@ -70,8 +74,9 @@ extern "C" fn on_signal(signum: libc::c_int) {
     if fd >= 0 {
         let one: u64 = 1;
         // SAFETY: `fd` is the eventfd, open for the life of the process;
-        // the 8 bytes are a local. A full counter (EAGAIN) loses nothing:
-        // the reader wakes anyway.
+        // the 8 bytes are a local. The reader empties the counter at each
+        // wake, so it never nears its limit (2^64 - 2), past which this
+        // blocking write would wait.
         unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
     }
     // SAFETY: as above.
@@ -98,8 +103,17 @@ fn start_reader() -> io::Result<()> {
             if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
                 return;
             }
-            let woken: Vec<Waker> = lock().waiters.iter_mut().flat_map(std::mem::take).collect();
-            woken.into_iter().for_each(Waker::wake);
+            let woken: Vec<Waker> = lock()
+                .waiters
+                .iter_mut()
+                .flat_map(std::mem::take)
+                .map(|(_, w)| w)
+                .collect();
+            for waker in woken {
+                // A waker that panics (a user's) must not end this thread:
+                // every later delivery would go unread.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake()));
+            }
         })
         .inspect_err(|_| {
             // SAFETY: `fd` was created above and given to nobody.
@@ -172,6 +186,18 @@ impl SignalKind {
     }
 }
 
+/// A wait's place among a signal's wakers, taken back on drop.
+struct Registered {
+    signum: usize,
+    wait: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        lock().waiters[self.signum].retain(|(w, _)| *w != self.wait);
+    }
+}
+
 /// Deliveries of one signal; see the module docs.
 #[derive(Debug)]
 pub struct Signal {
@@ -183,11 +209,27 @@ impl Signal {
     /// Completes at the next delivery (or at once if one came since this
     /// `Signal` was made or last completed).
     pub async fn recv(&mut self) {
+        let signum = self.signum;
+        let wait = {
+            let mut registry = lock();
+            registry.next_wait += 1;
+            registry.next_wait
+        };
+        // Dropped with the wait (completed, or abandoned in a `select`):
+        // its waker goes with it.
+        let _registered = Registered { signum, wait };
         poll_fn(|cx| {
             if self.take() {
                 return Poll::Ready(());
             }
-            lock().waiters[self.signum].push(cx.waker().clone());
+            {
+                let mut registry = lock();
+                let list = &mut registry.waiters[signum];
+                match list.iter_mut().find(|(w, _)| *w == wait) {
+                    Some((_, waker)) => waker.clone_from(cx.waker()),
+                    None => list.push((wait, cx.waker().clone())),
+                }
+            }
             // A delivery between the check and the registration.
             if self.take() {
                 return Poll::Ready(());

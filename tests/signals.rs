@@ -18,7 +18,9 @@ fn main() {
     a_delivery_before_the_wait_is_not_lost();
     ctrl_c_wakes_a_task_on_a_shard();
     sigterm_wakes_every_listener();
-    println!("signals: 5 tests passed");
+    a_wait_dropped_leaves_no_waker_behind();
+    a_panicking_waker_does_not_end_the_deliveries();
+    println!("signals: 7 tests passed");
 }
 
 fn a_program_that_never_asks_keeps_its_default_ctrl_c() {
@@ -106,4 +108,59 @@ fn sigterm_wakes_every_listener() {
     send_until(libc::SIGTERM, || waiter.is_finished());
     waiter.join().unwrap();
     rt.shutdown();
+}
+
+/// A waker that counts its clones (through its `Arc`), and may panic
+/// when woken.
+struct Probe {
+    panics: bool,
+}
+
+impl std::task::Wake for Probe {
+    fn wake(self: std::sync::Arc<Self>) {
+        assert!(!self.panics, "a waker that panics on purpose");
+    }
+}
+
+fn a_wait_dropped_leaves_no_waker_behind() {
+    use std::future::Future;
+    let mut hup = signal(SignalKind::hangup()).unwrap();
+    let probe = std::sync::Arc::new(Probe { panics: false });
+    let waker = std::task::Waker::from(probe.clone());
+    let mut cx = std::task::Context::from_waker(&waker);
+    // A loop of `select`s, each polling a fresh `recv` once and dropping
+    // it: nothing is kept of them.
+    for _ in 0..1000 {
+        let recv = std::pin::pin!(hup.recv());
+        assert!(recv.poll(&mut cx).is_pending());
+    }
+    drop(waker);
+    assert_eq!(std::sync::Arc::strong_count(&probe), 1, "wakers were kept");
+}
+
+fn a_panicking_waker_does_not_end_the_deliveries() {
+    use std::future::Future;
+    let mut usr2 = signal(SignalKind::user_defined2()).unwrap();
+    let bad = std::task::Waker::from(std::sync::Arc::new(Probe { panics: true }));
+    let mut cx = std::task::Context::from_waker(&bad);
+    {
+        let mut recv = std::pin::pin!(usr2.recv());
+        assert!(recv.as_mut().poll(&mut cx).is_pending());
+        // The reader thread wakes the panicking waker (kept while this
+        // wait lives).
+        // SAFETY: raising a signal whose handler is installed.
+        unsafe { libc::raise(libc::SIGUSR2) };
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Deliveries still wake waiters afterwards.
+    let mut again = signal(SignalKind::user_defined2()).unwrap();
+    let rt = mailring::Runtime::builder().shards(1).build().unwrap();
+    let waited = std::thread::spawn(move || {
+        rt.block_on(
+            async move { mailring::time::timeout(Duration::from_secs(5), again.recv()).await },
+        )
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    send_until(libc::SIGUSR2, || waited.is_finished());
+    assert!(waited.join().unwrap().is_ok(), "a later delivery was seen");
 }

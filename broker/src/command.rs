@@ -534,6 +534,7 @@ pub fn parse_read(args: &[Bytes], xreadgroup: bool) -> Result<ReadArgs, Reply> {
             if ms < 0 {
                 return Err(Reply::err("timeout is negative"));
             }
+            // Redis 7.0 takes any timeout up to `i64::MAX` (and blocks).
             block = Some(ms as u64);
             i += 2;
         } else if a.eq_ignore_ascii_case(b"streams") && more >= 1 {

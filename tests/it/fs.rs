@@ -373,3 +373,35 @@ fn o_direct_reads_with_aligned_buffers() {
         assert!(got == data);
     }
 }
+
+#[test]
+fn times_before_1970_and_after_read_as_the_file_system_has_them() {
+    let rt = rt2();
+    let path = temp_path("old-times");
+    std::fs::write(&path, b"x").unwrap();
+    let f = std::fs::File::options().write(true).open(&path).unwrap();
+    let half = std::time::Duration::from_millis(500);
+    for (modified, accessed) in [
+        // statx's nanoseconds count forward from its (negative) seconds.
+        (
+            std::time::UNIX_EPOCH - std::time::Duration::from_secs(1) + half,
+            std::time::UNIX_EPOCH - std::time::Duration::from_secs(100) - half,
+        ),
+        (
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000) + half,
+            std::time::UNIX_EPOCH,
+        ),
+    ] {
+        f.set_times(
+            std::fs::FileTimes::new()
+                .set_modified(modified)
+                .set_accessed(accessed),
+        )
+        .unwrap();
+        let p = path.clone();
+        let md = rt.block_on(async move { mailring::fs::metadata(&p).await.unwrap() });
+        assert_eq!(md.modified(), modified);
+        assert_eq!(md.accessed(), accessed);
+    }
+    std::fs::remove_file(&path).unwrap();
+}
