@@ -857,6 +857,24 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
     /// # Errors
     ///
     /// The kernel's error (e.g. `NotConnected`).
+    /// Completes once the peer has closed its side, or the socket failed:
+    /// a poll on the ring for `POLLRDHUP` (with `POLLHUP` and `POLLERR`,
+    /// which the kernel always reports), which takes no byte. Dropped, it is
+    /// cancelled, and nothing is lost.
+    pub(crate) async fn peer_close(&self) -> io::Result<()> {
+        self.inner.check()?;
+        let keep = self.inner.keep();
+        let raw = self.inner.raw();
+        let mask = libc::POLLRDHUP as u32;
+        // SAFETY: a poll uses only the socket, kept by `keep`.
+        let op = unsafe {
+            Op::submit(keep, None, |_| {
+                F::finish(opcode::PollAdd::new(Fd(raw), mask).build())
+            })
+        }?;
+        op.await.0.map(drop)
+    }
+
     pub(crate) async fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         self.inner.check()?;
         let how = match how {
@@ -1104,6 +1122,19 @@ impl TcpStream {
     /// The kernel's error (e.g. `NotConnected`).
     pub async fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         self.core.shutdown(how).await
+    }
+
+    /// Completes once the peer has closed its side (or the connection
+    /// failed), without taking a byte: a poll for `POLLRDHUP` on the ring.
+    /// A server that stops reading a client (its requests held while one
+    /// is answered) still learns this way that the client went away.
+    /// Dropping the future cancels the poll; nothing is lost.
+    ///
+    /// # Errors
+    ///
+    /// The wrong-shard error off the stream's shard; the kernel's error.
+    pub async fn peer_close(&self) -> io::Result<()> {
+        self.core.peer_close().await
     }
 
     /// Sets `TCP_NODELAY`.

@@ -487,9 +487,14 @@ impl Broker {
         });
         Shared::register(&shared);
         let broker_shared = shared.clone();
+        let mut server_config = ServerConfig::default();
+        // As Redis frees a blocked client whose socket reads 0: a reader
+        // blocked (its later requests held) that goes away is dropped at
+        // once.
+        server_config.on_peer_close = mailring_transports::PeerClose::CloseWhileHeld;
         let mut server =
             Server::builder(RespCodec::new(), move |_| RespSession::new(shared.clone()))
-                .config(ServerConfig::default())
+                .config(server_config)
                 .follow::<StreamActor>(system.handle());
         if let Some(acceptor) = &tls {
             server = server.tls(acceptor.clone());

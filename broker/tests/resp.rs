@@ -2126,6 +2126,40 @@ fn every_answered_write_survives_a_power_loss_under_always() {
 }
 
 #[test]
+fn a_blocked_reader_that_goes_away_is_dropped_at_once() {
+    // As Redis frees a client whose socket reads 0: a reader blocked
+    // forever, with more requests pipelined behind its read, that closes
+    // its connection leaves no blocked client, connection or wake-up.
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    let info = |c: &mut Client| c.cmd(&["INFO", "clients"]).text();
+    let mut gone = Client::connect(broker.local_addr());
+    let mut wire = encode(&[b"XREAD", b"BLOCK", b"0", b"STREAMS", b"forever", b"$"]);
+    wire.extend(encode(&[b"PING"]));
+    gone.send_raw(&wire);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !info(&mut c).contains("blocked_clients:1") {
+        assert!(std::time::Instant::now() < deadline, "never blocked");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(info(&mut c).contains("connected_clients:2"));
+    drop(gone);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = info(&mut c);
+        if now.contains("blocked_clients:0") && now.contains("connected_clients:1") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reader that left is still there: {now}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    broker.shutdown();
+}
+
+#[test]
 fn blocked_readers_are_answered_when_the_broker_stops() {
     let broker = start();
     let mut c = Client::connect(broker.local_addr());

@@ -186,6 +186,16 @@ impl DirectStream {
         self.core.shutdown(how).await
     }
 
+    /// Completes once the peer has closed its side; see
+    /// [`TcpStream::peer_close`](crate::net::TcpStream::peer_close).
+    ///
+    /// # Errors
+    ///
+    /// The wrong-shard error off the stream's shard; the kernel's error.
+    pub async fn peer_close(&self) -> io::Result<()> {
+        self.core.peer_close().await
+    }
+
     /// Sends the socket to shard `target`'s ring (`IORING_MSG_SEND_FD` into
     /// a slot the kernel picks there) and closes this shard's slot. The
     /// ticket, which may travel to `target` any way (a closure, a job, a

@@ -206,6 +206,16 @@ impl UnixStream {
     pub async fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         self.core.shutdown(how).await
     }
+
+    /// Completes once the peer has closed its side; see
+    /// [`TcpStream::peer_close`](crate::net::TcpStream::peer_close).
+    ///
+    /// # Errors
+    ///
+    /// The wrong-shard error off the stream's shard; the kernel's error.
+    pub async fn peer_close(&self) -> io::Result<()> {
+        self.core.peer_close().await
+    }
 }
 
 impl AsRawFd for UnixStream {

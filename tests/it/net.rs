@@ -1223,3 +1223,31 @@ fn a_peer_close_behind_queued_bytes_shows_in_the_tcp_state() {
         assert_eq!(peek_once_queued(&client, &mut buf).await, 4);
     });
 }
+
+#[test]
+fn a_peer_close_wait_ends_at_the_peer_s_end_and_takes_no_byte() {
+    let rt = rt2();
+    rt.block_on(async move {
+        let (client, peer) = tcp_pair().await;
+        // Bytes arriving do not end it.
+        let (res, _) = peer.send_all(b"queued".to_vec()).await;
+        res.unwrap();
+        let waited = mailring::time::timeout(Duration::from_millis(100), client.peer_close()).await;
+        assert!(waited.is_err(), "ended with the peer still there");
+        // Its end does; the bytes before it are all still there to read.
+        drop(peer);
+        mailring::time::timeout(Duration::from_secs(5), client.peer_close())
+            .await
+            .expect("the end was seen")
+            .unwrap();
+        let mut got = Vec::new();
+        loop {
+            let (n, buf) = client.recv(vec![0u8; 64]).await;
+            match n.unwrap() {
+                0 => break,
+                n => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        assert_eq!(got, b"queued");
+    });
+}

@@ -155,6 +155,17 @@ impl Conn {
         }
     }
 
+    /// Completes once the peer has closed its side (or the socket
+    /// failed), taking no byte: over TLS, the socket under it.
+    pub(crate) async fn peer_close(&self) -> io::Result<()> {
+        match self {
+            Conn::Tcp(s) => s.peer_close().await,
+            Conn::Unix(s) => s.peer_close().await,
+            Conn::Direct(s) => s.peer_close().await,
+            Conn::Tls(s) => Box::pin(s.inner().peer_close()).await,
+        }
+    }
+
     /// A shutdown of the socket itself.
     pub(crate) async fn shutdown_plain(&self, how: Shutdown) -> io::Result<()> {
         match self {

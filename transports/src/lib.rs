@@ -33,8 +33,8 @@ pub mod tls;
 pub use crate::balanced::BalancedListener;
 pub use crate::conn::{Framed, FramedError};
 pub use crate::server::{
-    HandOff, ListenAddr, ListenMode, Server, ServerBuilder, ServerConfig, ServerShutdownReport,
-    SessionsByKey,
+    HandOff, ListenAddr, ListenMode, PeerClose, Server, ServerBuilder, ServerConfig,
+    ServerShutdownReport, SessionsByKey,
 };
 pub use crate::session::{CloseKind, CloseReason, FrameIn, FrameOut, Route, Session, SessionCtx};
 pub use crate::stats::{ServerStats, SessionShardStats};

@@ -59,6 +59,26 @@ pub enum HandOff {
     Direct,
 }
 
+/// What a peer's end (its side of the connection closed) does to the
+/// replies still owed to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PeerClose {
+    /// They are finished and written, then the connection closes: a
+    /// client that shuts its sending side after its last request (a
+    /// half-close) still gets every answer.
+    #[default]
+    FinishReplies,
+    /// While the session's frames are held behind a reply
+    /// ([`SessionCtx::hold_frames_until_replied`], as after a blocking
+    /// read, whose reply may take forever), the peer's end is watched for,
+    /// with a poll that takes no byte, and seeing it closes the connection at once, its owed replies
+    /// dropped (their futures with them): a client blocked on a reply and
+    /// then gone is noticed, as Redis frees a blocked client whose socket
+    /// reads 0. An end that a read sees finishes the replies owed, as with
+    /// [`FinishReplies`](Self::FinishReplies).
+    CloseWhileHeld,
+}
+
 /// A server's limits and timeouts.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -81,6 +101,9 @@ pub struct ServerConfig {
     /// counted ([`SessionShardStats::pushes_dropped`](crate::SessionShardStats)).
     /// Default 1024.
     pub push_queue: usize,
+    /// What the peer's end does to replies still owed. Default
+    /// [`PeerClose::FinishReplies`].
+    pub on_peer_close: PeerClose,
     /// Close a connection when nothing arrives for this long and nothing
     /// is outstanding or being written ([`CloseReason::IdleTimeout`]); a
     /// send still in flight after two such periods means the peer stopped
@@ -151,6 +174,7 @@ impl Default for ServerConfig {
             outbound_high_water: 1 << 20,
             outbound_limit: 8 << 20,
             push_queue: 1024,
+            on_peer_close: PeerClose::FinishReplies,
             idle_timeout: None,
             handshake_timeout: None,
             frame_timeout: Some(Duration::from_secs(30)),
@@ -1266,6 +1290,9 @@ async fn drive<S: Session>(
     let wake = WakeCell::register(shared.id);
     let mut recv = pin!(None);
     let mut send = pin!(None);
+    // With `PeerClose::CloseWhileHeld`: the peer's end, watched while
+    // nothing reads.
+    let mut end_watch = pin!(None);
     let mut peer_closed = false;
     let mut moving: Option<(S::Key, FrameIn<S>)> = None;
     let mut over_high_water = false;
@@ -1469,6 +1496,25 @@ async fn drive<S: Session>(
             if queued <= config.outbound_high_water / 2 {
                 over_high_water = false;
             }
+            if config.on_peer_close == PeerClose::CloseWhileHeld && !peer_closed {
+                // Held: frames wait behind a reply (not merely a full
+                // window: a client that pipelines past it and then shuts
+                // its side still gets every answer), and nothing else (a
+                // move, a close) stops the reading.
+                let held = cx.is_holding() && moving.is_none() && cx.close.is_none() && !closing;
+                if may_read || recv.is_some() || !held {
+                    // A receive sees the end itself.
+                    end_watch.set(None);
+                } else if end_watch.is_none() {
+                    end_watch.set(Some(stream.peer_close()));
+                }
+                if let Some(watch) = end_watch.as_mut().as_pin_mut() {
+                    if watch.poll(task).is_ready() {
+                        end_watch.set(None);
+                        return Poll::Ready(Event::PeerGone);
+                    }
+                }
+            }
             if may_read && recv.is_none() {
                 counters.recv_ops.fetch_add(1, Ordering::Relaxed);
                 note_owner(counters, shard);
@@ -1525,6 +1571,9 @@ async fn drive<S: Session>(
                     t.reset(deadline_in(d));
                 }
             }
+            // Seen while nothing read: nothing owed is written any more,
+            // and the connection ends now, its deferred replies dropped.
+            Event::PeerGone => return Exit::Close(CloseReason::PeerClosed),
             Event::PeerClosed => peer_closed = true,
             Event::HighWater(queued) => session.on_backpressure(queued, cx),
             Event::Idle => {
@@ -1554,6 +1603,8 @@ enum Event {
     Progress,
     Read,
     PeerClosed,
+    /// The end, seen by the watch while nothing read.
+    PeerGone,
     HighWater(usize),
     Idle,
     Shutdown,

@@ -509,6 +509,12 @@ impl<S: Session> SessionCtx<S> {
         self.hold = self.pending > 0;
     }
 
+    /// Whether frames are held now (behind deferred replies still
+    /// pending).
+    pub(crate) fn is_holding(&self) -> bool {
+        self.hold && self.pending > 0
+    }
+
     /// Whether the next frame may be handled: not while held with
     /// deferred replies pending (the hold ends when they are written).
     pub(crate) fn takes_frames(&mut self) -> bool {

@@ -1646,6 +1646,10 @@ impl Session for Owing {
     async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
         match &frame[..] {
             b"slow" => cx.reply_later(std::future::pending()),
+            b"block" => {
+                cx.reply_later(std::future::pending());
+                cx.hold_frames_until_replied();
+            }
             b"none" => cx.reply_later_many(0, async { Vec::new() }),
             b"close-panics" => {
                 self.close_panics = true;
@@ -1802,5 +1806,37 @@ fn pushes_to_a_busy_session_are_bounded_and_those_refused_are_counted() {
     assert_eq!(server.stats().total(|s| s.pushes_delivered), 100);
     drop(c);
     rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
+#[test]
+fn a_client_gone_while_its_frames_are_held_is_noticed_when_asked_for() {
+    use mailring_transports::PeerClose;
+    let rt = runtime(1);
+    for policy in [PeerClose::CloseWhileHeld, PeerClose::FinishReplies] {
+        let mut config = ServerConfig::default();
+        config.on_peer_close = policy;
+        // The reply owed never comes: the shutdown cuts it after this.
+        config.shutdown_grace = Duration::from_millis(100);
+        let server = owing_server(&rt, config);
+        let mut c = client(server.local_addr());
+        // Blocked on a reply that never comes, a frame held behind it.
+        c.write_all(&frame(b"block")).unwrap();
+        c.write_all(&frame(b"after")).unwrap();
+        wait_for(&server, "the frame", |s| s.total(|s| s.frames_in) == 1);
+        drop(c);
+        if policy == PeerClose::CloseWhileHeld {
+            wait_for(&server, "the close", |s| {
+                s.closed(CloseKind::PeerClosed) == 1
+            });
+            assert_eq!(server.live_connections(), 0);
+        } else {
+            // By default the end is seen only by a read, and the owed
+            // reply is waited for.
+            std::thread::sleep(Duration::from_millis(200));
+            assert_eq!(server.live_connections(), 1);
+        }
+        rt.block_on(server.shutdown());
+    }
     rt.shutdown();
 }
