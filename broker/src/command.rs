@@ -144,7 +144,25 @@ pub const SUBCOMMANDS: &[(&str, &str, i32)] = &[
     ("xinfo", "groups", 3),
     ("xinfo", "consumers", 4),
     ("xinfo", "help", 2),
+    ("client", "id", 2),
+    ("client", "getname", 2),
+    ("client", "setname", 3),
+    // Redis 7.2's, taken because redis-py 5 sends it.
+    ("client", "setinfo", 4),
+    ("config", "get", -3),
+    ("command", "count", 2),
+    ("command", "docs", -2),
+    ("command", "info", -2),
 ];
+
+/// Whether a command is a container of subcommands (checked, with their
+/// arity, before authentication and as they are queued in `MULTI`).
+pub fn has_subcommands(command: &str) -> bool {
+    matches!(
+        command,
+        "xgroup" | "xinfo" | "client" | "config" | "command"
+    )
+}
 
 /// Checks a command's subcommand: `Ok` when it exists and its arity fits.
 ///

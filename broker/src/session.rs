@@ -79,13 +79,17 @@ impl RespSession {
 
     fn check_password(&self, user: Option<&[u8]>, pass: &[u8]) -> Result<(), Reply> {
         let Some(want) = &self.shared.config.requirepass else {
-            // No password: the default user takes any (Redis's `nopass`).
-            if user.is_some_and(|u| u == b"default") {
-                return Ok(());
-            }
-            return Err(Reply::err(
-                "AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
-            ));
+            // No password: the default user takes any (Redis's `nopass`);
+            // another user does not exist.
+            return match user {
+                Some(b"default") => Ok(()),
+                Some(_) => Err(Reply::Error(
+                    "WRONGPASS invalid username-password pair or user is disabled.".to_owned(),
+                )),
+                None => Err(Reply::err(
+                    "AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+                )),
+            };
         };
         if user.is_some_and(|u| u != b"default") || pass != want.as_ref() {
             return Err(Reply::Error(
@@ -414,6 +418,13 @@ impl RespSession {
                 self.reset();
                 Reply::Status("RESET")
             }
+            // Queued in a transaction with no stream named: only `HELP`
+            // (checked as it was queued).
+            b"xgroup" | b"xinfo" => help(if name.as_slice() == b"xgroup" {
+                "xgroup"
+            } else {
+                "xinfo"
+            }),
             _ => command::unknown_command(args),
         }
     }
@@ -998,24 +1009,34 @@ impl Session for RespSession {
         if self.run.is_some() && !self.joins_run(spec, &args) {
             self.send_run(cx);
         }
-        // Redis's order: unknown command, arity, authentication; each of
-        // these rejects a command inside MULTI and spoils the transaction.
+        // Redis's order: unknown command, arity, unknown subcommand and its
+        // arity, authentication; each of these rejects a command inside
+        // MULTI and spoils the transaction.
         let checked = match spec {
             None => Err(command::unknown_command(&args)),
             Some(spec) if !command::arity_ok(spec, args.len()) => {
                 Err(command::wrong_arity(spec.name))
             }
-            Some(spec)
-                if !self.authenticated
-                    && !matches!(spec.name, "auth" | "hello" | "quit" | "reset") =>
-            {
-                Err(Reply::Error("NOAUTH Authentication required.".to_owned()))
+            Some(spec) if command::has_subcommands(spec.name) && args.len() >= 2 => {
+                command::check_subcommand(spec.name, &args).map(|_| spec)
             }
-            Some(spec) => match spec.kind {
-                Kind::Stream(2) => command::check_subcommand(spec.name, &args).map(|_| spec),
-                _ => Ok(spec),
-            },
-        };
+            Some(spec) => Ok(spec),
+        }
+        .and_then(|spec| {
+            if !self.authenticated && !matches!(spec.name, "auth" | "hello" | "quit" | "reset") {
+                Err(Reply::Error("NOAUTH Authentication required.".to_owned()))
+            } else {
+                Ok(spec)
+            }
+        })
+        .and_then(|spec| {
+            // Refused inside a transaction, as Redis's `no-multi` commands.
+            if self.multi.is_some() && spec.name == "shutdown" {
+                Err(Reply::err("Command not allowed inside a transaction"))
+            } else {
+                Ok(spec)
+            }
+        });
         let spec = match checked {
             Ok(spec) => spec,
             Err(e) => {
@@ -1029,7 +1050,9 @@ impl Session for RespSession {
             multi::Handled::Later => return,
             multi::Handled::No => {}
         }
-        if self.multi.is_some() {
+        // `RESET` and `QUIT` run at once, inside a transaction too (`RESET`
+        // ends it), as Redis runs them.
+        if self.multi.is_some() && !matches!(spec.name, "reset" | "quit") {
             // A stream name past the limit is refused as it is queued, and
             // spoils the transaction, as a wrong arity does.
             let long = multi::streams_of(spec, &args)

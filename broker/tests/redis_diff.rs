@@ -37,6 +37,11 @@ struct RedisServer {
 
 impl RedisServer {
     fn start(dir: &Path) -> RedisServer {
+        Self::start_with(dir, &[])
+    }
+
+    /// As [`start`](Self::start), with more settings (`--name value`).
+    fn start_with(dir: &Path, settings: &[&str]) -> RedisServer {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -57,6 +62,7 @@ impl RedisServer {
                 "--dir",
             ])
             .arg(dir)
+            .args(settings)
             .stdout(Stdio::null())
             .spawn()
             .expect("start redis-server");
@@ -355,10 +361,20 @@ fn scripted_redis_cli_sessions_match_redis_server() {
         let text = std::fs::read_to_string(script).unwrap();
         let steps = parse_script(&text);
         let resp3 = text.starts_with("#! resp3");
+        // `#! requirepass <password>` on a line of its own: both servers
+        // require it.
+        let password = text
+            .lines()
+            .find_map(|l| l.strip_prefix("#! requirepass "))
+            .map(str::trim);
         let name = script.file_name().unwrap().to_string_lossy().into_owned();
         // A fresh server of each kind per script.
-        let redis = RedisServer::start(&dir.0.join(format!("redis-{name}")));
-        let config = broker_config(dir.0.join(format!("broker-{name}")));
+        let settings: Vec<&str> = password
+            .map(|p| vec!["--requirepass", p])
+            .unwrap_or_default();
+        let redis = RedisServer::start_with(&dir.0.join(format!("redis-{name}")), &settings);
+        let mut config = broker_config(dir.0.join(format!("broker-{name}")));
+        config.requirepass = password.map(|p| bytes::Bytes::copy_from_slice(p.as_bytes()));
         let broker = Broker::start(config).expect("start the broker");
         compare(
             &redis,

@@ -180,13 +180,8 @@ impl RespSession {
     ///
     /// [`Catalog::page`]: crate::server::Catalog::page
     pub(super) fn scan(shared: &crate::server::Shared, args: &[Bytes]) -> Reply {
-        let cursor = match std::str::from_utf8(&args[1])
-            .ok()
-            .filter(|s| !s.starts_with(['+', '-', ' ']))
-            .and_then(|s| s.parse::<u64>().ok())
-        {
-            Some(c) => c,
-            None => return Reply::err("invalid cursor"),
+        let Some(cursor) = scan_cursor(&args[1]) else {
+            return Reply::err("invalid cursor");
         };
         let mut pattern: Option<&[u8]> = None;
         let mut count = 10usize;
@@ -222,12 +217,23 @@ impl RespSession {
     /// and stops (every write is in the log already; there is no snapshot
     /// to save).
     pub(super) fn shutdown(&self, args: &[Bytes]) -> Result<(), Reply> {
+        let (mut save, mut nosave, mut other, mut abort) = (false, false, false, false);
         for a in &args[1..] {
             match a.to_ascii_lowercase().as_slice() {
-                b"nosave" | b"save" | b"now" | b"force" => {}
-                b"abort" => return Err(Reply::err("No shutdown in progress.")),
+                b"nosave" => nosave = true,
+                b"save" => save = true,
+                b"now" | b"force" => other = true,
+                b"abort" => abort = true,
                 _ => return Err(command::syntax_error()),
             }
+        }
+        // Redis's illegal combinations: `ABORT` with anything, `SAVE` with
+        // `NOSAVE`.
+        if (abort && (save || nosave || other)) || (save && nosave) {
+            return Err(command::syntax_error());
+        }
+        if abort {
+            return Err(Reply::err("No shutdown in progress."));
         }
         self.shared.shutdown.fire(0);
         Ok(())
@@ -241,6 +247,37 @@ impl RespSession {
         self.proto = Protocol::Resp2;
         self.authenticated = self.shared.config.requirepass.is_none();
     }
+}
+
+/// A `SCAN` cursor as Redis reads it with `strtoul` (a C string, up to a
+/// NUL): refused if it starts with a blank, has anything after its
+/// digits, or overflows; an optional sign (`-1` wraps to the largest);
+/// no digits at all read as 0 only for the empty string.
+fn scan_cursor(arg: &[u8]) -> Option<u64> {
+    let text = command::c_string(arg);
+    if text.first().is_some_and(|b| b" \t\n\x0b\x0c\r".contains(b)) {
+        return None;
+    }
+    if text.is_empty() {
+        return Some(0);
+    }
+    let (negative, digits) = match text[0] {
+        b'-' => (true, &text[1..]),
+        b'+' => (false, &text[1..]),
+        _ => (false, text),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut value: u64 = 0;
+    for d in digits {
+        value = value.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+    }
+    Some(if negative {
+        value.wrapping_neg()
+    } else {
+        value
+    })
 }
 
 /// `COMMAND INFO`'s 10-element description of a command.
