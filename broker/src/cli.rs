@@ -63,6 +63,13 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                 }
                 "--shards" => {
                     config.shards = num("--shards", value(&mut args)?)?;
+                    if !(1..=mailring::MAX_SHARDS).contains(&config.shards) {
+                        return Err(format!(
+                            "--shards: {}: from 1 to {}",
+                            config.shards,
+                            mailring::MAX_SHARDS
+                        ));
+                    }
                     bench_config.shards = config.shards;
                 }
                 "--no-direct-io" => config.store.direct_io = false,
@@ -95,7 +102,11 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                 "--streams" => bench_config.streams = num(&flag, value(&mut args)?)?,
                 "--duration" => {
                     let secs: f64 = num(&flag, value(&mut args)?)?;
-                    bench_config.duration = std::time::Duration::from_secs_f64(secs.max(0.1));
+                    // `Duration::from_secs_f64` panics on what no duration
+                    // is (NaN, infinite, past u64 seconds): refused here.
+                    bench_config.duration =
+                        std::time::Duration::try_from_secs_f64(secs.max(0.1))
+                            .map_err(|_| format!("--duration: {secs}: a number of seconds"))?;
                 }
                 "--dir" => config.store.dir = value(&mut args)?.into(),
                 "--appendfsync" => {
@@ -104,7 +115,12 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                         .ok_or_else(|| format!("--appendfsync: {v}: always, everysec or no"))?;
                     bench_config.fsync = config.store.fsync;
                 }
-                "--requirepass" => config.requirepass = Some(value(&mut args)?.into()),
+                // Empty: no password, as Redis takes `requirepass ""`.
+                "--requirepass" => {
+                    config.requirepass = Some(value(&mut args)?)
+                        .filter(|p| !p.is_empty())
+                        .map(Into::into)
+                }
                 "--tls-cert" => tls_cert = Some(value(&mut args)?.into()),
                 "--tls-key" => tls_key = Some(value(&mut args)?.into()),
                 "-h" | "--help" => return Err(usage().to_owned()),
@@ -178,4 +194,33 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
     say!("shutting down");
     broker.shutdown();
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run;
+    use std::process::ExitCode;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn flags_no_value_can_take_are_refused_with_a_message_not_a_panic() {
+        for bad in [
+            &["--bench", "--duration", "inf"][..],
+            &["--bench", "--duration", "1e300"],
+            &["--bench", "--duration", "NaN", "--shards", "0"],
+            &["--shards", "0"],
+            &["--shards", "100000"],
+            &["--port", "70000"],
+            &["--port", "-1"],
+            &["--appendfsync", "sometimes"],
+            &["--tls-cert", "x.pem"],
+            &["--nope"],
+            &["--dir"],
+        ] {
+            assert_eq!(run(args(bad)), ExitCode::from(2), "{bad:?}");
+        }
+    }
 }
