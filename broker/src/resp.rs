@@ -49,7 +49,22 @@ pub enum ProtocolError {
     /// An inline request with an unclosed quote.
     #[error("unbalanced quotes in request")]
     UnbalancedQuotes,
+    /// More than 10 arguments announced by a client that has not
+    /// authenticated yet (a password is required).
+    #[error("unauthenticated multibulk length")]
+    UnauthenticatedMultibulkLength,
+    /// A bulk past 16 KiB announced by a client that has not
+    /// authenticated yet.
+    #[error("unauthenticated bulk length")]
+    UnauthenticatedBulkLength,
 }
+
+/// Arguments a request of a client that has not authenticated may have
+/// (Redis's limit).
+const UNAUTHENTICATED_MAX_ARGS: i64 = 10;
+
+/// Bytes a bulk of a client that has not authenticated may have.
+const UNAUTHENTICATED_MAX_BULK: usize = 16 * 1024;
 
 /// One decoded request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +98,11 @@ pub struct RespCodec {
     spare: Vec<(usize, usize)>,
     /// After a protocol error nothing more is read.
     broken: bool,
+    /// Set once the connection's client authenticated, when a password is
+    /// required: until then requests are held to Redis's small limits, so
+    /// a client that has not given the password cannot make the broker
+    /// hold a large request.
+    authenticated: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Default for RespCodec {
@@ -100,7 +120,26 @@ impl RespCodec {
             partial: None,
             spare: Vec::new(),
             broken: false,
+            authenticated: None,
         }
+    }
+
+    /// Holds requests to Redis's limits for a client that has not
+    /// authenticated (10 arguments, 16 KiB a bulk) until `authenticated`
+    /// is set (by the connection's session).
+    pub fn until_authenticated(
+        mut self,
+        authenticated: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> Self {
+        self.authenticated = Some(authenticated);
+        self
+    }
+
+    /// Whether the client must still authenticate.
+    fn auth_required(&self) -> bool {
+        self.authenticated
+            .as_ref()
+            .is_some_and(|a| !a.load(std::sync::atomic::Ordering::Acquire))
     }
 
     /// Sets the largest bulk argument accepted (`proto-max-bulk-len`).
@@ -187,6 +226,9 @@ impl RespCodec {
                 if n > self.max_args as i64 {
                     return Err(ProtocolError::InvalidMultibulkLength);
                 }
+                if n > UNAUTHENTICATED_MAX_ARGS && self.auth_required() {
+                    return Err(ProtocolError::UnauthenticatedMultibulkLength);
+                }
                 if n <= 0 {
                     // `*0` and `*-1`: an empty request, skipped.
                     let _ = buf.split_to(pos);
@@ -237,6 +279,9 @@ impl RespCodec {
                         if n > self.max_bulk {
                             return Err(ProtocolError::InvalidBulkLength);
                         }
+                        if n > UNAUTHENTICATED_MAX_BULK && self.auth_required() {
+                            return Err(ProtocolError::UnauthenticatedBulkLength);
+                        }
                         p.pos = next;
                         p.bulk = Some(n);
                         n
@@ -283,6 +328,9 @@ impl RespCodec {
         let n = parse_int(&buf[p.pos + 1..end]).ok_or(ProtocolError::InvalidBulkLength)?;
         if n < 0 || n as u64 > self.max_bulk as u64 {
             return Err(ProtocolError::InvalidBulkLength);
+        }
+        if n as usize > UNAUTHENTICATED_MAX_BULK && self.auth_required() {
+            return Err(ProtocolError::UnauthenticatedBulkLength);
         }
         p.pos = end + 2;
         p.bulk = Some(n as usize);

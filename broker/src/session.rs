@@ -30,6 +30,9 @@ pub struct RespSession {
     shared: Arc<Shared>,
     proto: Protocol,
     authenticated: bool,
+    /// `authenticated`, shared with the connection's decoder (which holds
+    /// a client that has not authenticated to Redis's small limits).
+    auth_seen: std::sync::Arc<std::sync::atomic::AtomicBool>,
     id: u64,
     name: Option<Bytes>,
     /// Inside `MULTI`: the queued commands.
@@ -45,6 +48,9 @@ impl RespSession {
         shared.connected.fetch_add(1, Ordering::Relaxed);
         RespSession {
             authenticated: shared.config.requirepass.is_none(),
+            auth_seen: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(
+                shared.config.requirepass.is_none(),
+            )),
             shared,
             proto: Protocol::Resp2,
             id,
@@ -75,6 +81,14 @@ impl RespSession {
             broker: self.shared.id,
         });
         cx.reply_later(async move { settle(ask.await).await.frame(proto) });
+    }
+
+    /// Records whether the client authenticated, for the session and its
+    /// decoder.
+    pub(super) fn set_authenticated(&mut self, yes: bool) {
+        self.authenticated = yes;
+        self.auth_seen
+            .store(yes, std::sync::atomic::Ordering::Release);
     }
 
     fn check_password(&self, user: Option<&[u8]>, pass: &[u8]) -> Result<(), Reply> {
@@ -122,7 +136,7 @@ impl RespSession {
                 if let Err(e) = self.check_password(Some(&args[i + 1]), &args[i + 2]) {
                     return e;
                 }
-                self.authenticated = true;
+                self.set_authenticated(true);
                 i += 3;
             } else if args[i].eq_ignore_ascii_case(b"setname") && more >= 1 {
                 name = Some(args[i + 1].clone());
@@ -390,7 +404,7 @@ impl RespSession {
                 };
                 match res {
                     Ok(()) => {
-                        self.authenticated = true;
+                        self.set_authenticated(true);
                         Reply::OK
                     }
                     Err(e) => e,
@@ -964,6 +978,16 @@ fn first_stream(args: &[Bytes]) -> Option<&Bytes> {
 impl Session for RespSession {
     type Codec = RespCodec;
     type Key = Bytes;
+
+    fn decoder(&mut self, server_codec: &RespCodec) -> RespCodec {
+        if self.shared.config.requirepass.is_some() {
+            server_codec
+                .clone()
+                .until_authenticated(self.auth_seen.clone())
+        } else {
+            server_codec.clone()
+        }
+    }
 
     fn route(&mut self, req: &Request, cx: &SessionCtx<Self>) -> Route<Bytes> {
         if cx.key().is_some() || !self.authenticated {

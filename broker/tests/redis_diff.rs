@@ -996,3 +996,48 @@ fn assert_no_failures(failures: &[String], of: &str) {
             .join("\n\n")
     );
 }
+
+#[test]
+fn requests_of_clients_that_have_not_authenticated_get_redis_s_limits() {
+    if !have("redis-server") {
+        eprintln!("SKIPPED: redis-server is not installed (apt-get install redis-server)");
+        return;
+    }
+    let dir = TempDir::new();
+    let redis = RedisServer::start_with(&dir.0.join("redis"), &["--requirepass", "secret"]);
+    let mut config = broker_config(dir.0.join("broker"));
+    config.requirepass = Some(bytes::Bytes::from_static(b"secret"));
+    let broker = Broker::start(config).expect("start the broker");
+    let many = |n: usize| {
+        let mut args: Vec<&[u8]> = vec![b"PING"];
+        args.resize(n, b"a");
+        common::encode(&args)
+    };
+    let auth = common::encode(&[b"AUTH", b"secret"]);
+    let big_bulk = |len: usize| format!("*2\r\n$4\r\nECHO\r\n${len}\r\n").into_bytes();
+    let cases: Vec<Vec<u8>> = vec![
+        // Past 10 arguments, or a bulk past 16 KiB, before the password:
+        // refused from the header, and the connection closed.
+        many(11),
+        many(10),
+        big_bulk(16385),
+        [big_bulk(16384), vec![b'x'; 16384], b"\r\n".to_vec()].concat(),
+        // Once authenticated (in the same write), anything goes.
+        [auth.clone(), many(11)].concat(),
+        [auth, big_bulk(20000), vec![b'x'; 20000], b"\r\n".to_vec()].concat(),
+    ];
+    let mut failures = Vec::new();
+    for (i, input) in cases.iter().enumerate() {
+        let want = exchange(redis.port, input);
+        let got = exchange(broker.local_addr().port(), input);
+        if want != got {
+            failures.push(format!(
+                "case {i}:\n--- redis-server:\n{:?}\n--- broker:\n{:?}",
+                String::from_utf8_lossy(&want),
+                String::from_utf8_lossy(&got)
+            ));
+        }
+    }
+    broker.shutdown();
+    assert_no_failures(&failures, "unauthenticated limits");
+}

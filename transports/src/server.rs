@@ -754,11 +754,12 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
                     ));
                     continue;
                 }
-                let Some(session) = make_session(&shared, peer, shard) else {
+                let Some(mut session) = make_session(&shared, peer, shard) else {
                     continue;
                 };
                 let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
                 let cx = SessionCtx::new(peer, shard, id, shared.codec.clone());
+                let decoder = session.decoder(&shared.codec);
                 mailring::spawn_local(guarded(
                     shared.clone(),
                     run_connection(
@@ -766,7 +767,7 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
                         stream,
                         session,
                         cx,
-                        (BytesMut::new(), shared.codec.clone()),
+                        (BytesMut::new(), decoder),
                         None,
                         true,
                     ),
@@ -833,24 +834,16 @@ async fn open_proxied<S: Session>(
         }
     };
     let peer = header.source.or(socket_peer);
-    let Some(session) = make_session(&shared, peer, shard) else {
+    let Some(mut session) = make_session(&shared, peer, shard) else {
         return;
     };
     let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     let mut cx = SessionCtx::new(peer, shard, id, shared.codec.clone());
     cx.proxy = Some(Arc::new(header));
+    let decoder = session.decoder(&shared.codec);
     // The bytes after the header are the connection's own (a TLS
     // ClientHello, the first frames).
-    run_connection(
-        conn,
-        stream,
-        session,
-        cx,
-        (rest, shared.codec.clone()),
-        None,
-        true,
-    )
-    .await;
+    run_connection(conn, stream, session, cx, (rest, decoder), None, true).await;
 }
 
 /// Reads a PROXY header within the server's timeout; a shutdown that

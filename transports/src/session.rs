@@ -63,6 +63,14 @@ pub trait Session: Send + Sized + 'static {
     /// where they were accepted).
     type Key: RouteKey + Clone + Eq + std::hash::Hash + Send + Sync + fmt::Debug + 'static;
 
+    /// The decoder of this connection's frames, made once with the
+    /// session: by default a clone of the server's codec. A session that
+    /// shares state with its decoder (a limit that depends on whether the
+    /// peer authenticated, say) makes its own here.
+    fn decoder(&mut self, server_codec: &Self::Codec) -> Self::Codec {
+        server_codec.clone()
+    }
+
     /// The key extractor, asked for each frame until it names a key. By
     /// default no frame names one: the session stays where it was accepted.
     fn route(&mut self, frame: &FrameIn<Self>, cx: &SessionCtx<Self>) -> Route<Self::Key> {

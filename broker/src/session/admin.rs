@@ -245,7 +245,7 @@ impl RespSession {
         self.multi = None;
         self.name = None;
         self.proto = Protocol::Resp2;
-        self.authenticated = self.shared.config.requirepass.is_none();
+        self.set_authenticated(self.shared.config.requirepass.is_none());
     }
 }
 
