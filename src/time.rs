@@ -201,10 +201,14 @@ impl Sleep {
                     (shard.timer_owner() == owner)
                         .then(|| shard.timers_mut().reset(timer, deadline))
                 });
-                // Fired already: the next poll registers again. (Registered
-                // on another shard: left there, the next poll moves it.)
-                if moved == Some(Some(false)) {
-                    self.registration = None;
+                match moved {
+                    // Fired already: the next poll registers again.
+                    Some(Some(false)) => self.registration = None,
+                    Some(Some(true)) => {}
+                    // Registered on a shard this thread is not: the move
+                    // travels there (the entry keeps its waker, which then
+                    // fires at the new deadline).
+                    _ => send_reset_home(owner, timer, deadline),
                 }
             }
             Some(Registration::Thread(key)) => {
@@ -308,20 +312,37 @@ impl Registration {
 /// removal that arrives after the entry fired (and was reused) a no-op.
 #[cold]
 fn send_removal_home(owner: u64, timer: TimerKey) {
+    on_owner_wheel(owner, move |timers| timers.remove(timer));
+}
+
+/// Moves `timer` to `deadline` on the wheel of the shard named `owner`,
+/// from a thread that is not that shard (as [`send_removal_home`] removes
+/// one): a sleep made earlier elsewhere still wakes its task at the new
+/// deadline. One that fired meanwhile is left alone (the key's generation).
+#[cold]
+fn send_reset_home(owner: u64, timer: TimerKey, deadline: Instant) {
+    on_owner_wheel(owner, move |timers| {
+        let _ = timers.reset(timer, deadline);
+    });
+}
+
+/// Runs `change` on the wheel of the shard named `owner`, in its next tick
+/// (nothing when its runtime is gone or shutting down).
+fn on_owner_wheel(owner: u64, change: impl FnOnce(&mut queue::TimerQueue) + Send + 'static) {
     let Some(shared) = Shared::find(Shard::runtime_of(owner)) else {
         return;
     };
     if shared.is_shutting_down() {
         return;
     }
-    let remove = move || {
+    let apply = move || {
         with_current(|shard| {
             if shard.timer_owner() == owner {
-                shard.timers_mut().remove(timer);
+                change(&mut shard.timers_mut());
             }
         });
     };
-    shared.deliver(Shard::index_of(owner), InboxItem::Call(Box::new(remove)));
+    shared.deliver(Shard::index_of(owner), InboxItem::Call(Box::new(apply)));
 }
 
 impl Future for Sleep {

@@ -519,3 +519,39 @@ fn a_sleep_moved_between_runtimes_and_threads_keeps_each_wheel_consistent() {
         std::sync::Arc::strong_count(&held)
     );
 }
+
+#[test]
+fn a_sleep_moved_earlier_from_another_thread_wakes_at_its_new_deadline() {
+    use std::sync::{Arc, Mutex};
+    // The sleep is polled (registered) on shard 0 for 30 s; the test's
+    // thread then moves it to 50 ms from now.
+    let rt = rt2();
+    let sleep_cell = Arc::new(Mutex::new(Box::pin(sleep(Duration::from_secs(30)))));
+    let polled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (s, p) = (sleep_cell.clone(), polled.clone());
+    let task = rt.handle().spawn_on(ShardId::new(0), async move {
+        std::future::poll_fn(|cx| {
+            let ready = s.lock().unwrap().as_mut().poll(cx);
+            p.store(true, std::sync::atomic::Ordering::SeqCst);
+            ready
+        })
+        .await;
+    });
+    while !polled.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let started = Instant::now();
+    sleep_cell
+        .lock()
+        .unwrap()
+        .as_mut()
+        .reset(Instant::now() + Duration::from_millis(50));
+    rt.block_on(async move { timeout(Duration::from_secs(10), task).await })
+        .expect("the sleep completed at its new deadline")
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
