@@ -194,7 +194,16 @@ struct Registered {
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        lock().waiters[self.signum].retain(|(w, _)| *w != self.wait);
+        // The waker leaves the registry under its lock and is dropped after
+        // it: its drop may end a task whose own waits lock the registry.
+        let mine = {
+            let mut registry = lock();
+            let list = &mut registry.waiters[self.signum];
+            list.iter()
+                .position(|(w, _)| *w == self.wait)
+                .map(|at| list.swap_remove(at))
+        };
+        drop(mine);
     }
 }
 

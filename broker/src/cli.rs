@@ -104,9 +104,10 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                     let secs: f64 = num(&flag, value(&mut args)?)?;
                     // `Duration::from_secs_f64` panics on what no duration
                     // is (NaN, infinite, past u64 seconds): refused here.
-                    bench_config.duration =
-                        std::time::Duration::try_from_secs_f64(secs.max(0.1))
-                            .map_err(|_| format!("--duration: {secs}: a number of seconds"))?;
+                    bench_config.duration = (!secs.is_nan())
+                        .then(|| std::time::Duration::try_from_secs_f64(secs.max(0.1)).ok())
+                        .flatten()
+                        .ok_or_else(|| format!("--duration: {secs}: a number of seconds"))?;
                 }
                 "--dir" => config.store.dir = value(&mut args)?.into(),
                 "--appendfsync" => {
@@ -210,7 +211,7 @@ mod tests {
         for bad in [
             &["--bench", "--duration", "inf"][..],
             &["--bench", "--duration", "1e300"],
-            &["--bench", "--duration", "NaN", "--shards", "0"],
+            &["--bench", "--duration", "NaN"],
             &["--shards", "0"],
             &["--shards", "100000"],
             &["--port", "70000"],

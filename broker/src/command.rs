@@ -177,7 +177,7 @@ pub fn check_subcommand(command: &str, args: &[Bytes]) -> Result<&'static str, R
     else {
         return Err(Reply::err(format!(
             "unknown subcommand '{}'. Try {} HELP.",
-            printable(&args[1], 128),
+            printable(c_string(&args[1]), 128),
             command.to_ascii_uppercase()
         )));
     };

@@ -489,9 +489,9 @@ impl Broker {
         let broker_shared = shared.clone();
         let mut server_config = ServerConfig::default();
         // As Redis frees a blocked client whose socket reads 0: a reader
-        // blocked (its later requests held) that goes away is dropped at
-        // once.
-        server_config.on_peer_close = mailring_transports::PeerClose::CloseWhileHeld;
+        // blocked that goes away is dropped, once the replies before its
+        // read are written.
+        server_config.on_peer_close = mailring_transports::PeerClose::CloseWhileBlocked;
         let mut server =
             Server::builder(RespCodec::new(), move |_| RespSession::new(shared.clone()))
                 .config(server_config)

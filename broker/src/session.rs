@@ -587,8 +587,9 @@ impl RespSession {
             }
         });
         if block.is_some() {
-            // A blocked Redis client's next command runs after the answer.
-            cx.hold_frames_until_replied();
+            // A blocked Redis client's next command runs after the answer;
+            // one that goes away meanwhile is dropped.
+            cx.block_until_replied();
         }
     }
 }
@@ -748,10 +749,13 @@ impl RespSession {
                 }
             }
         });
-        if block.is_some() || n > 1 {
+        if block.is_some() {
             // Blocked: a Redis client's next command runs after the
-            // answer. Several streams: their reads are asked once every
-            // group is checked, so the requests after it wait for them.
+            // answer; one that goes away meanwhile is dropped.
+            cx.block_until_replied();
+        } else if n > 1 {
+            // Several streams: their reads are asked once every group is
+            // checked, so the requests after it wait for them.
             cx.hold_frames_until_replied();
         }
     }

@@ -2144,6 +2144,36 @@ fn a_blocked_reader_that_goes_away_is_dropped_at_once() {
     }
     assert!(info(&mut c).contains("connected_clients:2"));
     drop(gone);
+    // Half-closed after writes and a block: the writes are answered, then
+    // the end; behind a hold that is not a block, every reply comes.
+    use std::io::{Read, Write};
+    for (wire, want) in [
+        (
+            [
+                encode(&[b"XADD", b"hc", b"1-1", b"f", b"v"]),
+                encode(&[b"XREAD", b"BLOCK", b"0", b"STREAMS", b"forever", b"$"]),
+                encode(&[b"PING"]),
+            ]
+            .concat(),
+            &b"$3\r\n1-1\r\n"[..],
+        ),
+        (
+            [
+                encode(&[b"XADD", b"hc", b"2-1", b"f", b"v"]),
+                encode(&[b"KEYS", b"hc"]),
+            ]
+            .concat(),
+            &b"$3\r\n2-1\r\n*1\r\n$2\r\nhc\r\n"[..],
+        ),
+    ] {
+        let mut s = std::net::TcpStream::connect(broker.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(&wire).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).expect("the end, not a timeout");
+        assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(want));
+    }
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
         let now = info(&mut c);

@@ -197,7 +197,12 @@ impl Conn {
     /// `IORING_MSG_SEND_FD`, a plain one off this ring as a descriptor.
     /// Gives the connection back (with the error) when it cannot leave.
     pub(crate) async fn depart(self, to: ShardId) -> Result<InTransit, (io::Error, Conn)> {
-        let busy = || io::Error::other("an abandoned operation still uses the connection");
+        let busy = || {
+            io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                "an abandoned operation still uses the connection",
+            )
+        };
         match self {
             Conn::Tcp(s) => s
                 .into_std()

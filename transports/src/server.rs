@@ -68,15 +68,15 @@ pub enum PeerClose {
     /// half-close) still gets every answer.
     #[default]
     FinishReplies,
-    /// While the session's frames are held behind a reply
-    /// ([`SessionCtx::hold_frames_until_replied`], as after a blocking
-    /// read, whose reply may take forever), the peer's end is watched for,
-    /// with a poll that takes no byte, and seeing it closes the connection at once, its owed replies
-    /// dropped (their futures with them): a client blocked on a reply and
-    /// then gone is noticed, as Redis frees a blocked client whose socket
-    /// reads 0. An end that a read sees finishes the replies owed, as with
+    /// While the session is blocked on a reply that may take forever
+    /// ([`SessionCtx::block_until_replied`], as after a blocking read), the
+    /// peer's end is watched for, with a poll that takes no byte; once it
+    /// is seen, the replies before the blocked one are finished and
+    /// written, and the connection closes, the blocked reply dropped (its
+    /// future with it): a client blocked and then gone is noticed, as
+    /// Redis frees a blocked client whose socket reads 0. Otherwise as
     /// [`FinishReplies`](Self::FinishReplies).
-    CloseWhileHeld,
+    CloseWhileBlocked,
 }
 
 /// A server's limits and timeouts.
@@ -754,12 +754,11 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
                     ));
                     continue;
                 }
-                let Some(mut session) = make_session(&shared, peer, shard) else {
+                let Some((session, decoder)) = make_session(&shared, peer, shard) else {
                     continue;
                 };
                 let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
                 let cx = SessionCtx::new(peer, shard, id, shared.codec.clone());
-                let decoder = session.decoder(&shared.codec);
                 mailring::spawn_local(guarded(
                     shared.clone(),
                     run_connection(
@@ -799,9 +798,15 @@ fn make_session<S: Session>(
     shared: &Shared<S>,
     peer: Option<SocketAddr>,
     shard: ShardId,
-) -> Option<S> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (shared.factory)(peer))) {
-        Ok(session) => Some(session),
+) -> Option<(S, S::Codec)> {
+    // The factory and the session's decoder hook, both the user's code.
+    let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut session = (shared.factory)(peer);
+        let decoder = session.decoder(&shared.codec);
+        (session, decoder)
+    }));
+    match made {
+        Ok(made) => Some(made),
         Err(payload) => {
             mailring::panic::report_caught(CallbackKind::Factory, &*payload);
             mailring::panic::drop_payload(payload);
@@ -834,13 +839,12 @@ async fn open_proxied<S: Session>(
         }
     };
     let peer = header.source.or(socket_peer);
-    let Some(mut session) = make_session(&shared, peer, shard) else {
+    let Some((session, decoder)) = make_session(&shared, peer, shard) else {
         return;
     };
     let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     let mut cx = SessionCtx::new(peer, shard, id, shared.codec.clone());
     cx.proxy = Some(Arc::new(header));
-    let decoder = session.decoder(&shared.codec);
     // The bytes after the header are the connection's own (a TLS
     // ClientHello, the first frames).
     run_connection(conn, stream, session, cx, (rest, decoder), None, true).await;
@@ -1078,7 +1082,22 @@ async fn run_connection<S: Session>(
         Exit::Move(key, frame) => {
             // Checked when the key was named.
             let owner = conn.shared.place(&key).unwrap_or(shard);
-            match stream.depart(owner).await {
+            // An operation dropped just before (a watch for the peer's end)
+            // holds the socket until its cancellation completes, in a tick
+            // or two: the move waits for it, briefly.
+            let mut stream = stream;
+            let mut tries = 0;
+            let departed = loop {
+                match stream.depart(owner).await {
+                    Err((e, back)) if e.kind() == io::ErrorKind::ResourceBusy && tries < 200 => {
+                        tries += 1;
+                        stream = back;
+                        mailring::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    other => break other,
+                }
+            };
+            match departed {
                 Ok(transit) => {
                     conn.shared
                         .counters(shard)
@@ -1283,10 +1302,12 @@ async fn drive<S: Session>(
     let wake = WakeCell::register(shared.id);
     let mut recv = pin!(None);
     let mut send = pin!(None);
-    // With `PeerClose::CloseWhileHeld`: the peer's end, watched while
-    // nothing reads.
+    // With `PeerClose::CloseWhileBlocked`: the peer's end, watched while
+    // the session is blocked on a reply.
     let mut end_watch = pin!(None);
     let mut peer_closed = false;
+    // The peer's end, seen while the session was blocked.
+    let mut peer_gone = false;
     let mut moving: Option<(S::Key, FrameIn<S>)> = None;
     let mut over_high_water = false;
     let mut idle = config.idle_timeout.map(|t| sleep_until(deadline_in(t)));
@@ -1397,6 +1418,11 @@ async fn drive<S: Session>(
             handled_since_drained = false;
             session.on_drained(cx);
         }
+        // A blocked client gone: leave once every reply before the blocked
+        // one is written.
+        if peer_gone && cx.written_up_to_blocked() && cx.wbuf.is_empty() && send.is_none() {
+            return Exit::Close(CloseReason::PeerClosed);
+        }
         // Leave when nothing is left to write.
         let quiet = cx.pending_replies() == 0 && cx.is_drained() && send.is_none();
         if quiet {
@@ -1489,13 +1515,11 @@ async fn drive<S: Session>(
             if queued <= config.outbound_high_water / 2 {
                 over_high_water = false;
             }
-            if config.on_peer_close == PeerClose::CloseWhileHeld && !peer_closed {
-                // Held: frames wait behind a reply (not merely a full
-                // window: a client that pipelines past it and then shuts
-                // its side still gets every answer), and nothing else (a
-                // move, a close) stops the reading.
-                let held = cx.is_holding() && moving.is_none() && cx.close.is_none() && !closing;
-                if may_read || recv.is_some() || !held {
+            if config.on_peer_close == PeerClose::CloseWhileBlocked && !peer_gone {
+                // Blocked: frames held behind a reply that may never come,
+                // and nothing else (a move, a close) stops the reading.
+                let blocked = cx.is_blocked() && moving.is_none() && cx.close.is_none() && !closing;
+                if may_read || recv.is_some() || !blocked || peer_closed {
                     // A receive sees the end itself.
                     end_watch.set(None);
                 } else if end_watch.is_none() {
@@ -1564,9 +1588,9 @@ async fn drive<S: Session>(
                     t.reset(deadline_in(d));
                 }
             }
-            // Seen while nothing read: nothing owed is written any more,
-            // and the connection ends now, its deferred replies dropped.
-            Event::PeerGone => return Exit::Close(CloseReason::PeerClosed),
+            // Seen while blocked: the replies before the blocked one are
+            // written, then the connection ends (below).
+            Event::PeerGone => peer_gone = true,
             Event::PeerClosed => peer_closed = true,
             Event::HighWater(queued) => session.on_backpressure(queued, cx),
             Event::Idle => {

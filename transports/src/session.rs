@@ -313,6 +313,13 @@ pub struct SessionCtx<S: Session> {
     /// pending ones, so a stuck reply cannot gather every later one in
     /// memory.
     held: usize,
+    /// Replies queued, and written, since the connection opened (for a
+    /// blocked reply's place).
+    queued: u64,
+    written: u64,
+    /// Blocked on the reply of this number (see
+    /// [`SessionCtx::block_until_replied`]).
+    blocked_at: Option<u64>,
     /// No frame is handled until the deferred replies are written.
     hold: bool,
     pub(crate) close: Option<CloseReason>,
@@ -345,6 +352,9 @@ impl<S: Session> SessionCtx<S> {
             slots: VecDeque::new(),
             pending: 0,
             held: 0,
+            queued: 0,
+            written: 0,
+            blocked_at: None,
             hold: false,
             close: None,
         }
@@ -391,7 +401,9 @@ impl<S: Session> SessionCtx<S> {
     /// Queues `frame` for sending, after every reply queued before it
     /// (deferred ones included).
     pub fn send_frame(&mut self, frame: FrameOut<S>) {
+        self.queued += 1;
         if self.slots.is_empty() {
+            self.written += 1;
             self.encode(frame);
         } else {
             self.held += 1;
@@ -404,6 +416,7 @@ impl<S: Session> SessionCtx<S> {
     /// everything queued before it are ready. Meanwhile the session goes on
     /// with the next frames, up to the server's pipeline window.
     pub fn reply_later(&mut self, reply: impl Future<Output = FrameOut<S>> + 'static) {
+        self.queued += 1;
         self.pending += 1;
         self.slots.push_back(Slot::Later(Box::pin(reply)));
     }
@@ -423,6 +436,7 @@ impl<S: Session> SessionCtx<S> {
         count: usize,
         replies: impl Future<Output = Vec<FrameOut<S>>> + 'static,
     ) {
+        self.queued += count as u64;
         self.pending += count.max(1);
         self.slots
             .push_back(Slot::LaterMany(count, Box::pin(replies)));
@@ -474,6 +488,7 @@ impl<S: Session> SessionCtx<S> {
             let frame = reply();
             return self.send_frame(frame);
         }
+        self.queued += 1;
         self.pending += 1;
         self.slots.push_back(Slot::InTurn(Box::new(reply)));
     }
@@ -488,6 +503,7 @@ impl<S: Session> SessionCtx<S> {
     where
         F: Future<Output = FrameOut<S>> + 'static,
     {
+        self.queued += 1;
         self.pending += 1;
         if self.slots.is_empty() {
             self.slots.push_back(Slot::Later(Box::pin(start())));
@@ -517,10 +533,25 @@ impl<S: Session> SessionCtx<S> {
         self.hold = self.pending > 0;
     }
 
-    /// Whether frames are held now (behind deferred replies still
-    /// pending).
-    pub(crate) fn is_holding(&self) -> bool {
-        self.hold && self.pending > 0
+    /// As [`SessionCtx::hold_frames_until_replied`], for a reply that may
+    /// take forever (a blocking read): with
+    /// [`PeerClose::CloseWhileBlocked`](crate::PeerClose::CloseWhileBlocked)
+    /// the peer's end is watched for meanwhile, and closes the connection
+    /// once the replies before the blocked one are written.
+    pub fn block_until_replied(&mut self) {
+        self.hold_frames_until_replied();
+        self.blocked_at = self.hold.then_some(self.queued);
+    }
+
+    /// Whether the session is blocked now (see
+    /// [`block_until_replied`](Self::block_until_replied)).
+    pub(crate) fn is_blocked(&self) -> bool {
+        self.hold && self.pending > 0 && self.blocked_at.is_some()
+    }
+
+    /// Whether every reply queued before the blocked one is written.
+    pub(crate) fn written_up_to_blocked(&self) -> bool {
+        self.blocked_at.is_some_and(|at| self.written + 1 >= at)
     }
 
     /// Whether the next frame may be handled: not while held with
@@ -528,6 +559,7 @@ impl<S: Session> SessionCtx<S> {
     pub(crate) fn takes_frames(&mut self) -> bool {
         if self.hold && self.pending == 0 {
             self.hold = false;
+            self.blocked_at = None;
         }
         !self.hold
     }
@@ -613,10 +645,12 @@ impl<S: Session> SessionCtx<S> {
             match slot {
                 Slot::Ready(frame) => {
                     self.held -= 1;
+                    self.written += 1;
                     self.encode(frame);
                 }
                 Slot::ReadyMany(frames) => {
                     self.held -= frames.len();
+                    self.written += frames.len() as u64;
                     for frame in frames {
                         self.encode(frame);
                     }
@@ -624,6 +658,7 @@ impl<S: Session> SessionCtx<S> {
                 // Every reply before it is written: its turn.
                 Slot::InTurn(reply) => {
                     self.pending -= 1;
+                    self.written += 1;
                     let frame = reply();
                     self.encode(frame);
                 }

@@ -1648,6 +1648,13 @@ impl Session for Owing {
             b"slow" => cx.reply_later(std::future::pending()),
             b"block" => {
                 cx.reply_later(std::future::pending());
+                cx.block_until_replied();
+            }
+            b"hold" => {
+                cx.reply_later(async {
+                    mailring::time::sleep(Duration::from_millis(100)).await;
+                    Bytes::from_static(b"held")
+                });
                 cx.hold_frames_until_replied();
             }
             b"none" => cx.reply_later_many(0, async { Vec::new() }),
@@ -1813,7 +1820,7 @@ fn pushes_to_a_busy_session_are_bounded_and_those_refused_are_counted() {
 fn a_client_gone_while_its_frames_are_held_is_noticed_when_asked_for() {
     use mailring_transports::PeerClose;
     let rt = runtime(1);
-    for policy in [PeerClose::CloseWhileHeld, PeerClose::FinishReplies] {
+    for policy in [PeerClose::CloseWhileBlocked, PeerClose::FinishReplies] {
         let mut config = ServerConfig::default();
         config.on_peer_close = policy;
         // The reply owed never comes: the shutdown cuts it after this.
@@ -1825,7 +1832,7 @@ fn a_client_gone_while_its_frames_are_held_is_noticed_when_asked_for() {
         c.write_all(&frame(b"after")).unwrap();
         wait_for(&server, "the frame", |s| s.total(|s| s.frames_in) == 1);
         drop(c);
-        if policy == PeerClose::CloseWhileHeld {
+        if policy == PeerClose::CloseWhileBlocked {
             wait_for(&server, "the close", |s| {
                 s.closed(CloseKind::PeerClosed) == 1
             });
@@ -1838,5 +1845,66 @@ fn a_client_gone_while_its_frames_are_held_is_noticed_when_asked_for() {
         }
         rt.block_on(server.shutdown());
     }
+    // Watched for only while blocked: a client that half-closes behind a
+    // hold that is not a block gets every reply; one blocked gets those
+    // before its block, then the end.
+    let mut config = ServerConfig::default();
+    config.on_peer_close = PeerClose::CloseWhileBlocked;
+    let server = owing_server(&rt, config);
+    let mut c = client(server.local_addr());
+    c.write_all(&[frame(b"hold"), frame(b"after")].concat())
+        .unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"held");
+    assert_eq!(read_frame(&mut c).unwrap(), b"after");
+    let mut c = client(server.local_addr());
+    c.write_all(&[frame(b"hold"), frame(b"block"), frame(b"never")].concat())
+        .unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"held");
+    let mut rest = Vec::new();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    c.read_to_end(&mut rest).expect("the end, not a timeout");
+    assert!(rest.is_empty(), "{rest:?}");
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
+/// Echoes; its decoder hook panics for the first connection only.
+struct DecoderPanics {
+    first: bool,
+}
+
+impl Session for DecoderPanics {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    fn decoder(&mut self, server_codec: &LengthDelimited) -> LengthDelimited {
+        assert!(!self.first, "a decoder hook that panics on purpose");
+        *server_codec
+    }
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        cx.send_frame(frame);
+    }
+}
+
+#[test]
+fn a_panicking_decoder_hook_closes_its_connection_and_the_listener_goes_on() {
+    let rt = runtime(1);
+    let made = Arc::new(AtomicUsize::new(0));
+    let m = made.clone();
+    let server = one_shard_server(&rt, ServerConfig::default(), move |_| DecoderPanics {
+        first: m.fetch_add(1, Ordering::SeqCst) == 0,
+    });
+    let mut first = client(server.local_addr());
+    first.write_all(&frame(b"x")).unwrap();
+    assert_eq!(first.read(&mut [0u8; 8]).unwrap_or(0), 0, "dropped");
+    wait_for(&server, "the panic", |s| s.closed(CloseKind::Panicked) == 1);
+    let mut second = client(server.local_addr());
+    second.write_all(&frame(b"y")).unwrap();
+    assert_eq!(read_frame(&mut second).unwrap(), b"y");
+    drop(second);
+    rt.block_on(server.shutdown());
     rt.shutdown();
 }
