@@ -141,6 +141,9 @@ fn a_wait_dropped_leaves_no_waker_behind() {
 fn a_panicking_waker_does_not_end_the_deliveries() {
     use std::future::Future;
     let mut usr2 = signal(SignalKind::user_defined2()).unwrap();
+    // The waker's panic is expected: kept off the test's output.
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
     let bad = std::task::Waker::from(std::sync::Arc::new(Probe { panics: true }));
     let mut cx = std::task::Context::from_waker(&bad);
     {
@@ -152,6 +155,7 @@ fn a_panicking_waker_does_not_end_the_deliveries() {
         unsafe { libc::raise(libc::SIGUSR2) };
         std::thread::sleep(Duration::from_millis(100));
     }
+    std::panic::set_hook(hook);
     // Deliveries still wake waiters afterwards.
     let mut again = signal(SignalKind::user_defined2()).unwrap();
     let rt = mailring::Runtime::builder().shards(1).build().unwrap();
