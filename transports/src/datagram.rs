@@ -174,6 +174,11 @@ pub struct DatagramConfig {
     /// this size for the multishot receive, 8 for single receives. Default
     /// 65,536 (anything UDP carries).
     pub max_datagram: usize,
+    /// How long [`DatagramServer::shutdown`] waits for the sessions to end
+    /// (each handles what it queued, then `on_close`); past it, those still
+    /// running (a handler that never finishes) are left to end with the
+    /// runtime, and counted as dropped in its shutdown report. Default 5 s.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for DatagramConfig {
@@ -184,6 +189,7 @@ impl Default for DatagramConfig {
             session_queue: 256,
             multishot_receive: true,
             max_datagram: MAX_DATAGRAM,
+            shutdown_grace: Duration::from_secs(5),
         }
     }
 }
@@ -481,15 +487,21 @@ impl<S: DatagramSession> DatagramServer<S> {
     pub async fn shutdown(mut self) -> usize {
         let open = self.shared.live.load(Ordering::Acquire);
         self.stop_receiving();
+        let deadline = mailring::time::deadline_in(self.shared.config.shutdown_grace);
         for t in std::mem::take(&mut self.tasks) {
             let _ = t.await;
         }
-        while self.shared.live.load(Ordering::Acquire) > 0 {
+        // Bounded: a handler that never finishes is not waited for past
+        // the grace.
+        while self.shared.live.load(Ordering::Acquire) > 0 && mailring::time::now() < deadline {
             mailring::time::sleep(Duration::from_millis(1)).await;
         }
-        self.shared
-            .handle
-            .report_drained(format!("datagram server {}", self.addr), open as u64, 0);
+        let left = self.shared.live.load(Ordering::Acquire).min(open);
+        self.shared.handle.report_drained(
+            format!("datagram server {}", self.addr),
+            (open - left) as u64,
+            left as u64,
+        );
         open
     }
 

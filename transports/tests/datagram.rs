@@ -67,6 +67,9 @@ impl DatagramSession for PerPeer {
         if &datagram[..] == b"panic" {
             panic!("a session's handler panics");
         }
+        if &datagram[..] == b"stuck" {
+            std::future::pending::<()>().await;
+        }
         self.seen += 1;
         let mut out = format!("{} {} ", self.seen, cx.peer()).into_bytes();
         out.extend_from_slice(&datagram);
@@ -558,4 +561,35 @@ fn peers_heard_from_lately_keep_their_key_when_the_table_is_full() {
     assert_eq!(ask(&peers[1], addr, b"x"), "b 0 2");
     assert_eq!(total(&server.stats(), |s| s.garbage), 0);
     rt.block_on(server.shutdown());
+}
+
+#[test]
+fn a_shutdown_waits_for_a_stuck_handler_only_its_grace() {
+    let rt = runtime();
+    let mut config = DatagramConfig::default();
+    config.shutdown_grace = Duration::from_millis(100);
+    let (server, _) = per_peer_server(&rt, config);
+    let addr = server.local_addr();
+    let p = peer();
+    let me = p.local_addr().unwrap();
+    assert_eq!(ask(&p, addr, b"x"), format!("1 {me} x"));
+    p.send_to(b"stuck", addr).unwrap();
+    wait_until("the stuck datagram", || {
+        total(&server.stats(), |s| s.datagrams_in) == 2
+    });
+    let started = Instant::now();
+    assert_eq!(rt.block_on(server.shutdown()), 1);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let report = rt.shutdown();
+    assert!(
+        report
+            .drained
+            .iter()
+            .any(|l| l.dropped == 1 && l.drained == 0),
+        "{report:?}"
+    );
 }
