@@ -62,6 +62,16 @@ fn config() -> PoolConfig {
     c
 }
 
+/// A pool to `server` for the tests' two shards.
+fn pool_to(server: &Server<Upstreamish>, config: PoolConfig) -> Pool<LengthDelimited> {
+    Pool::new(
+        Upstream::Tcp(server.local_addr()),
+        LengthDelimited::new(),
+        config,
+        2,
+    )
+}
+
 /// A pool of one connection per shard to `server`, with one caller let
 /// wait, for `checkout` at most.
 fn one_connection_pool(server: &Server<Upstreamish>, checkout: Duration) -> Pool<LengthDelimited> {
@@ -69,12 +79,7 @@ fn one_connection_pool(server: &Server<Upstreamish>, checkout: Duration) -> Pool
     c.max_connections = 1;
     c.max_waiting = 1;
     c.checkout_timeout = checkout;
-    Pool::new(
-        Upstream::Tcp(server.local_addr()),
-        LengthDelimited::new(),
-        c,
-        2,
-    )
+    pool_to(&server, c)
 }
 
 /// Lets the shard's other local tasks run up to their next wait.
@@ -99,12 +104,7 @@ where
 fn connections_are_reused_bounded_and_kept_per_shard() {
     let rt = runtime();
     let server = upstream(&rt, "127.0.0.1:0".parse().unwrap());
-    let pool = Pool::new(
-        Upstream::Tcp(server.local_addr()),
-        LengthDelimited::new(),
-        config(),
-        2,
-    );
+    let pool = pool_to(&server, config());
     let p = pool.clone();
     on(&rt, 0, move || async move {
         for i in 0..10u8 {
@@ -317,12 +317,7 @@ fn a_request_abandoned_mid_way_does_not_hand_its_reply_to_the_next_caller() {
     let server = upstream(&rt, "127.0.0.1:0".parse().unwrap());
     let mut c = config();
     c.max_connections = 1;
-    let pool = Pool::new(
-        Upstream::Tcp(server.local_addr()),
-        LengthDelimited::new(),
-        c,
-        2,
-    );
+    let pool = pool_to(&server, c);
     let p = pool.clone();
     on(&rt, 0, move || async move {
         let cut = mailring::time::timeout(
@@ -473,12 +468,7 @@ fn a_caller_that_stops_waiting_leaves_the_queue_and_the_next_gets_the_connection
 fn dropping_every_clone_of_a_pool_closes_its_idle_connections() {
     let rt = runtime();
     let server = upstream(&rt, "127.0.0.1:0".parse().unwrap());
-    let pool = Pool::new(
-        Upstream::Tcp(server.local_addr()),
-        LengthDelimited::new(),
-        config(),
-        2,
-    );
+    let pool = pool_to(&server, config());
     for shard in 0..2 {
         let p = pool.clone();
         on(&rt, shard, move || async move {
