@@ -79,7 +79,7 @@ fn one_connection_pool(server: &Server<Upstreamish>, checkout: Duration) -> Pool
     c.max_connections = 1;
     c.max_waiting = 1;
     c.checkout_timeout = checkout;
-    pool_to(&server, c)
+    pool_to(server, c)
 }
 
 /// Lets the shard's other local tasks run up to their next wait.
