@@ -1908,3 +1908,60 @@ fn a_panicking_decoder_hook_closes_its_connection_and_the_listener_goes_on() {
     rt.block_on(server.shutdown());
     rt.shutdown();
 }
+
+/// Keyed by `KEY <name>`; `block` is answered 30 ms later and blocks the
+/// frames behind it (its end watched under `CloseWhileBlocked`); anything
+/// else is echoed.
+struct BlocksThenNames;
+
+impl Session for BlocksThenNames {
+    type Codec = LengthDelimited;
+    type Key = String;
+
+    fn route(&mut self, frame: &Bytes, _cx: &SessionCtx<Self>) -> Route<String> {
+        key_named_by(frame)
+    }
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        if frame.as_ref() == b"block" {
+            cx.reply_later(async {
+                mailring::time::sleep(Duration::from_millis(30)).await;
+                Bytes::from_static(b"done")
+            });
+            cx.block_until_replied();
+        } else {
+            cx.send_frame(frame);
+        }
+    }
+}
+
+#[test]
+fn a_move_right_after_a_block_ends_waits_for_the_dropped_watch() {
+    // The watch for the peer's end, armed while blocked and dropped when
+    // the reply comes, holds the socket until its cancellation lands; the
+    // key named right after must still move the connection, not close it.
+    use mailring_transports::PeerClose;
+    let rt = runtime(2);
+    let mut config = ServerConfig::default();
+    config.on_peer_close = PeerClose::CloseWhileBlocked;
+    let server = Server::builder(LengthDelimited::new(), |_| BlocksThenNames)
+        .config(config)
+        // Every key on the shard that is not the one placing it.
+        .placement(|_key: &String, n| {
+            ShardId::new((mailring::current_shard().map_or(0, |s| s.index()) + 1) % n)
+        })
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    for _ in 0..5 {
+        let mut c = client(server.local_addr());
+        c.write_all(&[frame(b"block"), frame(b"KEY k")].concat())
+            .unwrap();
+        assert_eq!(read_frame(&mut c).unwrap(), b"done");
+        assert_eq!(read_frame(&mut c).unwrap(), b"KEY k");
+    }
+    let stats = server.stats();
+    assert_eq!(stats.closed(CloseKind::HandOff), 0, "{stats:#?}");
+    assert_eq!(stats.total(|s| s.handed_off), 5);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
