@@ -161,6 +161,13 @@ pub struct DatagramConfig {
     /// they are dropped and counted ([`DatagramShardStats::queue_full`]).
     /// Default 256.
     pub session_queue: usize,
+    /// Datagrams handed to another shard (their key's) that it has not
+    /// taken yet, per receiving shard's destination: while that shard is
+    /// busy (a handler holding its thread), more would gather in its inbox
+    /// without bound, so past this they are dropped and counted
+    /// ([`DatagramShardStats::handoff_full`]), as a full socket buffer
+    /// drops them. Default 4,096.
+    pub handoff_queue: usize,
     /// Whether each shard takes datagrams with one multishot receive over a
     /// ring of 16 buffers of 64 KiB (Linux 6.0+; 1 MiB per shard), instead
     /// of 8 single receives in flight (512 KiB per shard, and a receive
@@ -187,6 +194,7 @@ impl Default for DatagramConfig {
             idle_timeout: Duration::from_secs(60),
             max_sessions: 10_000,
             session_queue: 256,
+            handoff_queue: 4096,
             multishot_receive: true,
             max_datagram: MAX_DATAGRAM,
             shutdown_grace: Duration::from_secs(5),
@@ -203,6 +211,9 @@ struct Counters {
     over_capacity: AtomicU64,
     queue_full: AtomicU64,
     forwarded: AtomicU64,
+    handoff_full: AtomicU64,
+    /// Datagrams handed to this shard that it has not taken yet.
+    in_transit: AtomicUsize,
     opened: AtomicU64,
     expired: AtomicU64,
     panicked: AtomicU64,
@@ -226,6 +237,9 @@ pub struct DatagramShardStats {
     pub queue_full: u64,
     /// Datagrams received here and handed to their key's shard.
     pub forwarded: u64,
+    /// Datagrams received here for another shard that already had
+    /// [`DatagramConfig::handoff_queue`] handed datagrams waiting, dropped.
+    pub handoff_full: u64,
     /// Sessions opened here.
     pub opened: u64,
     /// Sessions here that ended idle.
@@ -248,6 +262,7 @@ impl Counters {
             over_capacity: get(&self.over_capacity),
             queue_full: get(&self.queue_full),
             forwarded: get(&self.forwarded),
+            handoff_full: get(&self.handoff_full),
             opened: get(&self.opened),
             expired: get(&self.expired),
             panicked: get(&self.panicked),
@@ -765,12 +780,20 @@ fn arrive<S: DatagramSession>(
     if owner == shard {
         deliver(shared, t, shard, key, peer, datagram);
     } else {
+        let Some(transit) = InTransit::take(shared, owner) else {
+            shared
+                .counters(shard)
+                .handoff_full
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        };
         shared
             .counters(shard)
             .forwarded
             .fetch_add(1, Ordering::Relaxed);
         let shared = shared.clone();
         shared.handle.clone().run_on(owner, move || {
+            drop(transit);
             if let Some(t) = table::<S>(shared.id) {
                 deliver(&shared, &t, owner, key, peer, datagram);
             } else if !shared.closing.load(Ordering::Acquire) {
@@ -801,6 +824,37 @@ fn arrive<S: DatagramSession>(
                 }
             }
         });
+    }
+}
+
+/// A place among the datagrams handed to a shard and not yet taken by it
+/// ([`DatagramConfig::handoff_queue`]); given back when dropped, whether
+/// the hand-off ran or was dropped unrun (the runtime shutting down).
+struct InTransit<S: DatagramSession> {
+    shared: Arc<Shared<S>>,
+    owner: ShardId,
+}
+
+impl<S: DatagramSession> InTransit<S> {
+    fn take(shared: &Arc<Shared<S>>, owner: ShardId) -> Option<InTransit<S>> {
+        let waiting = &shared.counters(owner).in_transit;
+        if waiting.fetch_add(1, Ordering::AcqRel) >= shared.config.handoff_queue.max(1) {
+            waiting.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(InTransit {
+            shared: shared.clone(),
+            owner,
+        })
+    }
+}
+
+impl<S: DatagramSession> Drop for InTransit<S> {
+    fn drop(&mut self) {
+        self.shared
+            .counters(self.owner)
+            .in_transit
+            .fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -593,3 +593,92 @@ fn a_shutdown_waits_for_a_stuck_handler_only_its_grace() {
         "{report:?}"
     );
 }
+
+/// Every peer's session lives on shard 1; `"hold"` blocks that shard's
+/// thread (not only the session) until `release` is set, so datagrams that
+/// shard 0 receives and hands over wait in shard 1's inbox of closures.
+struct OnShardOne {
+    held: Arc<std::sync::atomic::AtomicBool>,
+    release: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl DatagramSession for OnShardOne {
+    type Key = SocketAddr;
+
+    fn key(_datagram: &[u8], peer: SocketAddr) -> Option<SocketAddr> {
+        Some(peer)
+    }
+
+    async fn on_datagram(&mut self, datagram: Bytes, cx: &mut DatagramCtx) {
+        use std::sync::atomic::Ordering;
+        if &datagram[..] == b"hold" {
+            self.held.store(true, Ordering::SeqCst);
+            let until = Instant::now() + Duration::from_secs(10);
+            while !self.release.load(Ordering::SeqCst) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        cx.reply(datagram);
+    }
+}
+
+#[test]
+fn datagrams_handed_to_a_busy_shard_are_bounded_and_the_rest_dropped_and_counted() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let rt = runtime();
+    let mut config = DatagramConfig::default();
+    config.handoff_queue = 8;
+    let (held, release) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (h, r) = (held.clone(), release.clone());
+    let server = DatagramServer::builder(move |_peer: &SocketAddr| OnShardOne {
+        held: h.clone(),
+        release: r.clone(),
+    })
+    .config(config)
+    .placement(|_key: &SocketAddr, _n| ShardId::new(1))
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    let addr = server.local_addr();
+    let holder = peer();
+    holder.send_to(b"hold", addr).unwrap();
+    wait_until("shard 1 held", || held.load(Ordering::SeqCst));
+    let before = server.stats()[0].clone();
+    // 16 peers: the kernel spreads them over both shards' sockets; those
+    // on shard 0 are handed to the held shard 1.
+    let peers: Vec<UdpSocket> = (0..16).map(|_| peer()).collect();
+    for p in &peers {
+        for _ in 0..40 {
+            p.send_to(b"x", addr).unwrap();
+        }
+    }
+    wait_until("shard 0 refusing hand-offs past the bound", || {
+        server.stats()[0].handoff_full > 0
+    });
+    let during = server.stats()[0].clone();
+    assert!(
+        during.forwarded - before.forwarded <= 8,
+        "at most handoff_queue datagrams wait for the held shard: {during:?}"
+    );
+    release.store(true, Ordering::SeqCst);
+    let mut buf = [0u8; 64];
+    let (n, _) = holder
+        .recv_from(&mut buf)
+        .expect("the held datagram's reply");
+    assert_eq!(&buf[..n], b"hold");
+    // Once shard 1 takes its inbox, hand-offs flow again and everyone is
+    // answered.
+    let late = peer();
+    for _ in 0..3 {
+        assert_eq!(ask(&late, addr, b"after"), "after");
+    }
+    for p in &peers {
+        p.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        while p.recv_from(&mut buf).is_ok() {}
+        assert_eq!(ask(p, addr, b"again"), "again");
+    }
+    rt.block_on(server.shutdown());
+}
