@@ -2,23 +2,46 @@
 //! with a fresh data directory, producers (`XADD`, pipelined) and
 //! consumers (`XREADGROUP BLOCK` + `XACK`) on their own threads and
 //! connections for a fixed time, a live progress line, and a table of
-//! throughput, latencies and the consumers' lag at the end.
+//! throughput, latencies and the consumers' lag.
+//!
+//! The load is a closed loop: a producer sends its next batch once the
+//! last one is answered, so a stall of the server delays the requests
+//! that would have been sent meanwhile instead of showing as their
+//! latency (coordinated omission). `XADD` latency runs from a batch's
+//! write to each of its replies; end-to-end latency from a batch's stamp
+//! (taken as it is encoded) to the consumer's read of the entry, both on
+//! this process's monotonic clock.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::server::{Broker, BrokerConfig};
 use crate::store::Fsync;
+
+/// The most `XADD`s a producer keeps in flight.
+pub const MAX_PIPELINE: usize = 10_000;
+/// The largest payload an entry carries.
+pub const MAX_PAYLOAD: usize = 16 << 20;
+/// The most payload bytes one producer's batch carries (`--pipeline` ×
+/// `--payload`): the producer holds the batch, the broker its replies.
+pub const MAX_BATCH_BYTES: usize = 64 << 20;
+/// The longest run.
+pub const MAX_DURATION: Duration = Duration::from_secs(3600);
+/// How long consumers may drain what was produced before the last lag
+/// is read.
+const DRAIN: Duration = Duration::from_secs(2);
 
 /// What the load generator runs.
 #[derive(Debug, Clone)]
 pub struct BenchConfig {
     /// Producer connections.
     pub producers: usize,
-    /// Consumer connections.
+    /// Consumer connections; each reads its own streams (at most one per
+    /// stream), or none.
     pub consumers: usize,
     /// `XADD`s each producer keeps in flight.
     pub pipeline: usize,
@@ -32,6 +55,9 @@ pub struct BenchConfig {
     pub fsync: Fsync,
     /// The broker's shards.
     pub shards: usize,
+    /// Where the run's data directory is made (and removed after):
+    /// `None`, the system's temp dir.
+    pub parent_dir: Option<PathBuf>,
 }
 
 impl Default for BenchConfig {
@@ -45,11 +71,168 @@ impl Default for BenchConfig {
             duration: Duration::from_secs(10),
             fsync: Fsync::Always,
             shards: 2,
+            parent_dir: None,
         }
     }
 }
 
-/// A blocking RESP connection, enough for the load generator.
+impl BenchConfig {
+    /// Whether the run is one the load generator can make; the reason
+    /// when not.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the option at fault and its bounds.
+    pub fn check(&self) -> Result<(), String> {
+        if self.producers == 0 {
+            return Err("--producers: at least 1".into());
+        }
+        if self.streams == 0 {
+            return Err("--streams: at least 1".into());
+        }
+        if !(1..=MAX_PIPELINE).contains(&self.pipeline) {
+            return Err(format!("--pipeline: from 1 to {MAX_PIPELINE}"));
+        }
+        if !(1..=MAX_PAYLOAD).contains(&self.payload) {
+            return Err(format!("--payload: from 1 to {MAX_PAYLOAD} bytes"));
+        }
+        if self.payload.saturating_mul(self.pipeline) > MAX_BATCH_BYTES {
+            return Err(format!(
+                "--pipeline {} × --payload {}: at most {MAX_BATCH_BYTES} bytes in flight per producer",
+                self.pipeline, self.payload
+            ));
+        }
+        if self.consumers > self.streams {
+            return Err(format!(
+                "--consumers {}: at most --streams ({}): each consumer reads streams of its own",
+                self.consumers, self.streams
+            ));
+        }
+        if self.duration.is_zero() || self.duration > MAX_DURATION {
+            return Err(format!(
+                "--duration: more than 0 and at most {} seconds",
+                MAX_DURATION.as_secs()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Latencies in microseconds, in buckets of at most 1/512 of their value
+/// (exact below 1,024 µs): memory stays the same however long the run.
+#[derive(Clone)]
+pub struct Histogram {
+    counts: Vec<u64>,
+    samples: u64,
+}
+
+/// Values past this many microseconds (about 12.7 days) share a bucket.
+const HISTOGRAM_MAX_US: u64 = (1 << 40) - 1;
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            counts: vec![0; Histogram::index(HISTOGRAM_MAX_US) + 1],
+            samples: 0,
+        }
+    }
+}
+
+impl Histogram {
+    fn index(us: u64) -> usize {
+        let us = us.min(HISTOGRAM_MAX_US);
+        if us < 1024 {
+            return us as usize;
+        }
+        let top = 63 - us.leading_zeros() as usize; // 10 or more
+        let mantissa = (us >> (top - 9)) as usize; // 512..=1023
+        1024 + (top - 10) * 512 + (mantissa - 512)
+    }
+
+    /// The smallest value of bucket `i`, in microseconds.
+    fn lowest(i: usize) -> u64 {
+        if i < 1024 {
+            return i as u64;
+        }
+        let (top, mantissa) = ((i - 1024) / 512 + 10, (i - 1024) % 512 + 512);
+        (mantissa as u64) << (top - 9)
+    }
+
+    /// Counts one latency.
+    pub fn record(&mut self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.counts[Histogram::index(us)] += 1;
+        self.samples += 1;
+    }
+
+    /// Adds `other`'s samples.
+    pub fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.samples += other.samples;
+    }
+
+    /// Samples counted.
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// The `p` quantile (0 to 1) in milliseconds, as its bucket's lowest
+    /// value; `None` without samples.
+    pub fn quantile_ms(&self, p: f64) -> Option<f64> {
+        if self.samples == 0 {
+            return None;
+        }
+        let rank = ((p.clamp(0.0, 1.0) * self.samples as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Some(Histogram::lowest(i) as f64 / 1000.0);
+            }
+        }
+        None
+    }
+}
+
+impl std::fmt::Debug for Histogram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Histogram")
+            .field("samples", &self.samples)
+            .field("p50_ms", &self.quantile_ms(0.5))
+            .field("p99_ms", &self.quantile_ms(0.99))
+            .finish()
+    }
+}
+
+/// What a run measured.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct BenchReport {
+    /// Entries whose `XADD` was answered within the timed window.
+    pub produced: u64,
+    /// The timed window: from the producers' start until they were told
+    /// to stop (or the run was interrupted).
+    pub elapsed: Duration,
+    /// Entries read and acknowledged by the consumers, drain included.
+    pub consumed: u64,
+    /// Entries added but not yet delivered to the consumers' group
+    /// (`XINFO GROUPS` lag, over every stream) when the producers had
+    /// stopped.
+    pub lag_at_stop: u64,
+    /// The same after the consumers drained for up to 2 s.
+    pub lag_after_drain: u64,
+    /// `XADD` latencies.
+    pub xadd: Histogram,
+    /// Produce-to-consume latencies.
+    pub end_to_end: Histogram,
+    /// Stopped early by Ctrl-C or SIGTERM.
+    pub interrupted: bool,
+}
+
+/// A blocking RESP connection, enough for the load generator (it trusts
+/// nothing the server says past these bounds).
 struct Conn {
     r: BufReader<TcpStream>,
     w: TcpStream,
@@ -75,11 +258,19 @@ pub fn encode_command(out: &mut Vec<u8>, args: &[&[u8]]) {
     }
 }
 
+/// The longest reply line read (a status, an error, a length).
+const MAX_LINE: usize = 64 << 10;
+/// The largest bulk read (Redis's own limit).
+const MAX_BULK: usize = 512 << 20;
+/// The deepest nesting of arrays read (the bench's replies nest 4 deep).
+const MAX_DEPTH: usize = 8;
+
 impl Conn {
     fn connect(addr: SocketAddr) -> io::Result<Conn> {
         let s = TcpStream::connect(addr)?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        s.set_write_timeout(Some(Duration::from_secs(30)))?;
         Ok(Conn {
             r: BufReader::new(s.try_clone()?),
             w: s,
@@ -87,38 +278,63 @@ impl Conn {
     }
 
     fn read(&mut self) -> io::Result<Value> {
-        let mut line = String::new();
-        if self.r.read_line(&mut line)? == 0 {
+        self.read_nested(0)
+    }
+
+    fn read_nested(&mut self, depth: usize) -> io::Result<Value> {
+        let mut line = Vec::new();
+        let n = (&mut self.r)
+            .take(MAX_LINE as u64)
+            .read_until(b'\n', &mut line)?;
+        if n == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
-        let line = line.trim_end_matches(['\r', '\n']);
-        let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("bad reply {line:?}"));
-        let (kind, rest) = line.split_at(1.min(line.len()));
+        if !line.ends_with(b"\r\n") {
+            return Err(bad_reply(&line));
+        }
+        line.truncate(line.len() - 2);
+        let Some((&kind, rest)) = line.split_first() else {
+            return Err(bad_reply(&line));
+        };
+        let number = || -> io::Result<i64> {
+            std::str::from_utf8(rest)
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .ok_or_else(|| bad_reply(&line))
+        };
         match kind {
-            "+" => Ok(Value::Line),
-            "-" => Err(io::Error::other(format!("server error: {rest}"))),
-            ":" => rest.parse().map(Value::Int).map_err(|_| bad()),
-            "$" => {
-                let n: i64 = rest.parse().map_err(|_| bad())?;
-                if n < 0 {
+            b'+' => Ok(Value::Line),
+            b'-' => Err(io::Error::other(format!(
+                "server error: {}",
+                String::from_utf8_lossy(rest)
+            ))),
+            b':' => number().map(Value::Int),
+            b'$' => {
+                let Ok(n) = usize::try_from(number()?) else {
                     return Ok(Value::Nil);
+                };
+                if n > MAX_BULK {
+                    return Err(bad_reply(&line));
                 }
-                let mut buf = vec![0u8; n as usize + 2];
+                let mut buf = vec![0u8; n + 2];
                 self.r.read_exact(&mut buf)?;
-                buf.truncate(n as usize);
+                buf.truncate(n);
                 Ok(Value::Bulk(buf))
             }
-            "*" => {
-                let n: i64 = rest.parse().map_err(|_| bad())?;
-                if n < 0 {
+            b'*' => {
+                let Ok(n) = usize::try_from(number()?) else {
                     return Ok(Value::Nil);
+                };
+                if depth >= MAX_DEPTH {
+                    return Err(bad_reply(&line));
                 }
-                (0..n)
-                    .map(|_| self.read())
-                    .collect::<io::Result<_>>()
-                    .map(Value::Array)
+                let mut items = Vec::with_capacity(n.min(1024));
+                for _ in 0..n {
+                    items.push(self.read_nested(depth + 1)?);
+                }
+                Ok(Value::Array(items))
             }
-            _ => Err(bad()),
+            _ => Err(bad_reply(&line)),
         }
     }
 
@@ -130,48 +346,51 @@ impl Conn {
     }
 }
 
-/// Latencies in microseconds, merged from every thread.
-#[derive(Default)]
-struct Samples(Vec<u32>);
-
-impl Samples {
-    fn push(&mut self, d: Duration) {
-        self.0.push(d.as_micros().min(u128::from(u32::MAX)) as u32);
-    }
-
-    fn percentile(&self, p: f64) -> f64 {
-        if self.0.is_empty() {
-            return f64::NAN;
-        }
-        let i = ((self.0.len() - 1) as f64 * p).round() as usize;
-        f64::from(self.0[i]) / 1000.0
-    }
+fn bad_reply(line: &[u8]) -> io::Error {
+    let shown = &line[..line.len().min(80)];
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("bad reply {:?}", String::from_utf8_lossy(shown)),
+    )
 }
 
-/// What one producer measured.
-struct Produced {
-    latencies: Samples,
-    entries: u64,
+/// What the threads share: when to stop, what they counted, the first
+/// failure (which stops the run).
+struct Run {
+    stop_producers: AtomicBool,
+    stop_consumers: AtomicBool,
+    produced: AtomicU64,
+    consumed: AtomicU64,
+    failed: AtomicBool,
+    failure: Mutex<Option<io::Error>>,
+}
+
+impl Run {
+    fn fail(&self, e: io::Error) {
+        let mut first = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        first.get_or_insert(e);
+        self.failed.store(true, Ordering::Release);
+    }
+
+    fn failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
 }
 
 fn producer(
-    addr: SocketAddr,
+    mut c: Conn,
     stream: String,
     config: BenchConfig,
     epoch: Instant,
-    stop: Arc<AtomicBool>,
-    count: Arc<AtomicU64>,
-) -> io::Result<Produced> {
-    let mut c = Conn::connect(addr)?;
+    run: &Run,
+) -> io::Result<Histogram> {
     let payload = vec![b'x'; config.payload];
     let mut out = Vec::new();
-    let mut latencies = Samples::default();
-    let mut entries = 0;
-    while !stop.load(Ordering::Relaxed) {
+    let mut latencies = Histogram::default();
+    while !run.stop_producers.load(Ordering::Relaxed) && !run.failed() {
         out.clear();
-        let sent = Instant::now();
-        let t = epoch.elapsed().as_nanos().to_string();
-        for _ in 0..config.pipeline.max(1) {
+        let stamp = epoch.elapsed().as_nanos().to_string();
+        for _ in 0..config.pipeline {
             encode_command(
                 &mut out,
                 &[
@@ -179,58 +398,53 @@ fn producer(
                     stream.as_bytes(),
                     b"*",
                     b"t",
-                    t.as_bytes(),
+                    stamp.as_bytes(),
                     b"p",
                     &payload,
                 ],
             );
         }
+        let sent = Instant::now();
         c.w.write_all(&out)?;
-        for _ in 0..config.pipeline.max(1) {
+        for _ in 0..config.pipeline {
             match c.read()? {
                 Value::Bulk(_) => {}
                 other => return Err(io::Error::other(format!("XADD answered {other:?}"))),
             }
-            latencies.push(sent.elapsed());
-            entries += 1;
+            latencies.record(sent.elapsed());
+            run.produced.fetch_add(1, Ordering::Relaxed);
         }
-        count.fetch_add(config.pipeline.max(1) as u64, Ordering::Relaxed);
     }
-    Ok(Produced { latencies, entries })
+    Ok(latencies)
 }
 
-/// Reads its streams through the group until told to stop and drained;
-/// returns end-to-end latencies.
+/// Reads its streams through the group until told to stop; returns
+/// end-to-end latencies.
 fn consumer(
-    addr: SocketAddr,
+    mut c: Conn,
     name: String,
     streams: Vec<String>,
+    count: usize,
     epoch: Instant,
-    stop: Arc<AtomicBool>,
-    count: Arc<AtomicU64>,
-) -> io::Result<Samples> {
-    let mut c = Conn::connect(addr)?;
-    let mut samples = Samples::default();
-    loop {
+    run: &Run,
+) -> io::Result<Histogram> {
+    let mut samples = Histogram::default();
+    let count = count.to_string();
+    while !run.stop_consumers.load(Ordering::Relaxed) && !run.failed() {
         let mut args: Vec<&[u8]> = vec![
             b"XREADGROUP",
             b"GROUP",
             b"bench",
             name.as_bytes(),
             b"COUNT",
-            b"500",
+            count.as_bytes(),
             b"BLOCK",
             b"200",
             b"STREAMS",
         ];
         args.extend(streams.iter().map(|s| s.as_bytes()));
         args.extend(streams.iter().map(|_| &b">"[..]));
-        let got = c.call(&args)?;
-        let Value::Array(per_stream) = got else {
-            // Nothing within the block: done once the producers are.
-            if stop.load(Ordering::Relaxed) {
-                return Ok(samples);
-            }
+        let Value::Array(per_stream) = c.call(&args)? else {
             continue;
         };
         let now = epoch.elapsed().as_nanos();
@@ -248,11 +462,12 @@ fn consumer(
                     continue;
                 };
                 if let Some(Value::Bulk(t)) = fields.get(1) {
-                    if let Some(sent) = std::str::from_utf8(t)
+                    if let Some(stamp) = std::str::from_utf8(t)
                         .ok()
                         .and_then(|t| t.parse::<u128>().ok())
                     {
-                        samples.push(Duration::from_nanos(now.saturating_sub(sent) as u64));
+                        let ns = u64::try_from(now.saturating_sub(stamp)).unwrap_or(u64::MAX);
+                        samples.record(Duration::from_nanos(ns));
                     }
                 }
                 ack.push(id);
@@ -261,40 +476,140 @@ fn consumer(
                 let mut args: Vec<&[u8]> = vec![b"XACK", &key, b"bench"];
                 args.extend(ack.iter().map(Vec::as_slice));
                 c.call(&args)?;
-                count.fetch_add(ack.len() as u64, Ordering::Relaxed);
+                run.consumed.fetch_add(ack.len() as u64, Ordering::Relaxed);
             }
         }
     }
+    Ok(samples)
 }
 
-/// Runs the load generator and prints its table; the data directory is
-/// removed afterwards.
+/// The run's data directory: made fresh (never one that was there, nor
+/// through a link), readable only by its owner, removed when dropped.
+struct DataDir(PathBuf);
+
+impl DataDir {
+    fn make(parent: &Path) -> io::Result<DataDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        for attempt in 0..100u32 {
+            let path = parent.join(format!(
+                "mailring-broker-bench-{}-{nanos:x}-{attempt}",
+                std::process::id()
+            ));
+            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+                Ok(()) => return Ok(DataDir(path)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("making a data directory in {}: {e}", parent.display()),
+                    ))
+                }
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("no fresh data directory name in {}", parent.display()),
+        ))
+    }
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes to stderr, ignoring a closed one (`--bench 2>&1 | head -1`).
+macro_rules! progress {
+    ($($arg:tt)*) => {{
+        let mut err = io::stderr().lock();
+        let _ = write!(err, $($arg)*);
+        let _ = err.flush();
+    }};
+}
+
+/// Runs the load generator against a broker started from `broker` (its
+/// address, data directory, password and TLS replaced: loopback, a fresh
+/// directory under [`BenchConfig::parent_dir`], none), prints the table
+/// to stdout, and removes the data directory.
 ///
 /// # Errors
 ///
-/// The broker's start-up error, or a client's.
-pub fn run(config: BenchConfig) -> io::Result<()> {
-    let dir = std::env::temp_dir().join(format!("mailring-broker-bench-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut broker_config = BrokerConfig {
-        addr: "127.0.0.1:0".parse().expect("an address"),
-        shards: config.shards,
-        ..BrokerConfig::default()
-    };
-    broker_config.store.dir = dir.clone();
-    broker_config.store.fsync = config.fsync;
-    let broker = Broker::start(broker_config)?;
-    let addr = broker.local_addr();
-    let result = drive(addr, &config);
+/// A refused configuration ([`BenchConfig::check`]), the broker's start-up
+/// error, or the first client's error (which ends the run at once).
+pub fn run(config: &BenchConfig, broker: BrokerConfig) -> io::Result<BenchReport> {
+    let report = start(config, broker, Some(Interrupts::install()))?;
+    print_table(config, &report, &mut io::stdout().lock());
+    Ok(report)
+}
+
+/// [`run`] without the table on stdout (the progress line still goes to
+/// stderr) and without catching Ctrl-C or SIGTERM.
+///
+/// # Errors
+///
+/// As [`run`].
+pub fn measure(config: &BenchConfig, broker: BrokerConfig) -> io::Result<BenchReport> {
+    start(config, broker, None)
+}
+
+fn start(
+    config: &BenchConfig,
+    mut broker: BrokerConfig,
+    interrupts: Option<Interrupts>,
+) -> io::Result<BenchReport> {
+    config
+        .check()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let parent = config.parent_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let dir = DataDir::make(&parent)?;
+    broker.addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    broker.shards = config.shards;
+    broker.requirepass = None;
+    broker.tls = None;
+    broker.store.dir = dir.0.clone();
+    broker.store.fsync = config.fsync;
+    let broker = Broker::start(broker)?;
+    let result = drive(broker.local_addr(), config, interrupts);
     broker.shutdown();
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
     result
 }
 
-fn drive(addr: SocketAddr, config: &BenchConfig) -> io::Result<()> {
-    let streams: Vec<String> = (0..config.streams.max(1))
-        .map(|i| format!("bench:{i}"))
-        .collect();
+/// Ctrl-C and SIGTERM, polled between progress lines.
+struct Interrupts(Vec<mailring::signal::Signal>);
+
+impl Interrupts {
+    fn install() -> Interrupts {
+        use mailring::signal::{signal, SignalKind};
+        Interrupts(
+            [SignalKind::interrupt(), SignalKind::terminate()]
+                .into_iter()
+                .filter_map(|k| signal(k).ok())
+                .collect(),
+        )
+    }
+
+    fn arrived(&mut self) -> bool {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        self.0.iter_mut().any(|s| {
+            let recv = std::pin::pin!(s.recv());
+            recv.poll(&mut cx).is_ready()
+        })
+    }
+}
+
+use std::future::Future as _;
+
+fn drive(
+    addr: SocketAddr,
+    config: &BenchConfig,
+    mut interrupts: Option<Interrupts>,
+) -> io::Result<BenchReport> {
+    let streams: Vec<String> = (0..config.streams).map(|i| format!("bench:{i}")).collect();
     let mut setup = Conn::connect(addr)?;
     for s in &streams {
         setup.call(&[
@@ -306,125 +621,266 @@ fn drive(addr: SocketAddr, config: &BenchConfig) -> io::Result<()> {
             b"MKSTREAM",
         ])?;
     }
-    let title = format!(
-        "mailring broker load generator: {} producers (pipeline {}), {} consumers, {} streams, {}-byte payloads, {:?}, appendfsync {}, {} shards, loopback",
-        config.producers,
-        config.pipeline,
-        config.consumers,
-        streams.len(),
-        config.payload,
-        config.duration,
-        config.fsync.name(),
-        config.shards
-    );
-    eprintln!("{title}");
+    progress!("{}\n", title(config));
+    let run = Arc::new(Run {
+        stop_producers: AtomicBool::new(false),
+        stop_consumers: AtomicBool::new(false),
+        produced: AtomicU64::new(0),
+        consumed: AtomicU64::new(0),
+        failed: AtomicBool::new(false),
+        failure: Mutex::new(None),
+    });
+    // Connected before the clock starts.
+    let producer_conns = (0..config.producers)
+        .map(|_| Conn::connect(addr))
+        .collect::<io::Result<Vec<_>>>()?;
+    let consumer_conns = (0..config.consumers)
+        .map(|_| Conn::connect(addr))
+        .collect::<io::Result<Vec<_>>>()?;
+    // A consumer asks for at most about 4 MiB of payload a read.
+    let count = (4 << 20) / config.payload.max(1);
+    let count = count.clamp(1, 500);
     let epoch = Instant::now();
-    let stop_producers = Arc::new(AtomicBool::new(false));
-    let stop_consumers = Arc::new(AtomicBool::new(false));
-    let produced = Arc::new(AtomicU64::new(0));
-    let consumed = Arc::new(AtomicU64::new(0));
-    let producers: Vec<_> = (0..config.producers.max(1))
-        .map(|i| {
-            let (stream, cfg) = (streams[i % streams.len()].clone(), config.clone());
-            let (stop, count) = (stop_producers.clone(), produced.clone());
-            std::thread::spawn(move || producer(addr, stream, cfg, epoch, stop, count))
+    let producers: Vec<_> = producer_conns
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (stream, cfg, run) = (
+                streams[i % streams.len()].clone(),
+                config.clone(),
+                run.clone(),
+            );
+            std::thread::spawn(move || {
+                producer(c, stream, cfg, epoch, &run)
+                    .inspect_err(|e| run.fail(io::Error::new(e.kind(), format!("a producer: {e}"))))
+            })
         })
         .collect();
-    let consumers: Vec<_> = (0..config.consumers)
-        .map(|i| {
+    let consumers: Vec<_> = consumer_conns
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
             let mine: Vec<String> = streams
                 .iter()
                 .enumerate()
                 .filter(|(s, _)| s % config.consumers == i)
                 .map(|(_, s)| s.clone())
                 .collect();
-            let (stop, count) = (stop_consumers.clone(), consumed.clone());
-            let name = format!("consumer-{i}");
-            std::thread::spawn(move || consumer(addr, name, mine, epoch, stop, count))
+            let run = run.clone();
+            std::thread::spawn(move || {
+                consumer(c, format!("consumer-{i}"), mine, count, epoch, &run)
+                    .inspect_err(|e| run.fail(io::Error::new(e.kind(), format!("a consumer: {e}"))))
+            })
         })
         .collect();
-    let started = Instant::now();
-    let mut last = 0;
-    while started.elapsed() < config.duration {
-        std::thread::sleep(Duration::from_secs(1).min(config.duration));
-        let now = produced.load(Ordering::Relaxed);
-        eprint!(
-            "\r  {:>4.0} s  {:>9} entries/s produced, {:>10} produced, {:>10} consumed   ",
-            started.elapsed().as_secs_f64(),
-            now - last,
-            now,
-            consumed.load(Ordering::Relaxed)
-        );
-        let _ = io::stderr().flush();
-        last = now;
-    }
-    stop_producers.store(true, Ordering::Relaxed);
-    let elapsed = started.elapsed();
-    let mut xadd = Samples::default();
-    let mut total = 0u64;
+    // The progress line, once a second, until the time is up, a thread
+    // fails or a signal comes.
+    let mut interrupted = false;
+    let (mut last_count, mut last_at) = (0, Duration::ZERO);
+    let elapsed = loop {
+        let elapsed = epoch.elapsed();
+        if elapsed >= config.duration || run.failed() {
+            break elapsed;
+        }
+        if interrupts.as_mut().is_some_and(Interrupts::arrived) {
+            interrupted = true;
+            break elapsed;
+        }
+        std::thread::sleep((config.duration - elapsed).min(Duration::from_millis(100)));
+        let at = epoch.elapsed();
+        if at - last_at >= Duration::from_secs(1) || at >= config.duration {
+            let now = run.produced.load(Ordering::Relaxed);
+            let rate = (now - last_count) as f64 / (at - last_at).as_secs_f64();
+            progress!(
+                "\r  {:>6.1} s  {rate:>9.0} entries/s produced, {now:>10} produced, {:>10} consumed   ",
+                at.as_secs_f64(),
+                run.consumed.load(Ordering::Relaxed)
+            );
+            (last_count, last_at) = (now, at);
+        }
+    };
+    let produced = run.produced.load(Ordering::Relaxed);
+    run.stop_producers.store(true, Ordering::Relaxed);
+    let mut xadd = Histogram::default();
     for p in producers {
-        let p = p
-            .join()
-            .map_err(|_| io::Error::other("a producer panicked"))??;
-        xadd.0.extend(p.latencies.0);
-        total += p.entries;
+        if let Ok(Ok(h)) = p.join() {
+            xadd.merge(&h);
+        }
     }
-    // Let the consumers drain for a moment, then measure the lag.
-    let drain_until = Instant::now() + Duration::from_secs(2);
-    while consumed.load(Ordering::Relaxed) < total && Instant::now() < drain_until {
+    let lag_at_stop = if run.failed() {
+        0
+    } else {
+        lag(&mut setup, &streams)?
+    };
+    // The consumers drain for a moment (not after an interrupt), then
+    // stop at their next reply (a read blocks at most 200 ms).
+    let drain_until = Instant::now() + DRAIN;
+    while !interrupted
+        && !run.failed()
+        && config.consumers > 0
+        && Instant::now() < drain_until
+        && lag(&mut setup, &streams)? > 0
+    {
         std::thread::sleep(Duration::from_millis(20));
     }
-    stop_consumers.store(true, Ordering::Relaxed);
-    let mut e2e = Samples::default();
+    run.stop_consumers.store(true, Ordering::Relaxed);
+    let mut end_to_end = Histogram::default();
     for c in consumers {
-        let s = c
-            .join()
-            .map_err(|_| io::Error::other("a consumer panicked"))??;
-        e2e.0.extend(s.0);
+        if let Ok(Ok(h)) = c.join() {
+            end_to_end.merge(&h);
+        }
     }
-    eprintln!();
-    let mut lag = 0i64;
-    for s in &streams {
-        if let Value::Array(groups) = setup.call(&[b"XINFO", b"GROUPS", s.as_bytes()])? {
-            for g in groups {
-                if let Value::Array(kv) = g {
-                    for pair in kv.chunks(2) {
-                        if let [Value::Bulk(k), Value::Int(v)] = pair {
-                            if k == b"lag" {
-                                lag += v;
-                            }
-                        }
+    progress!("\n");
+    if let Some(e) = run.failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(e);
+    }
+    Ok(BenchReport {
+        produced,
+        elapsed,
+        consumed: run.consumed.load(Ordering::Relaxed),
+        lag_at_stop,
+        lag_after_drain: lag(&mut setup, &streams)?,
+        xadd,
+        end_to_end,
+        interrupted,
+    })
+}
+
+/// Entries not yet delivered to the group, over `streams`.
+fn lag(c: &mut Conn, streams: &[String]) -> io::Result<u64> {
+    let mut lag = 0u64;
+    for s in streams {
+        let Value::Array(groups) = c.call(&[b"XINFO", b"GROUPS", s.as_bytes()])? else {
+            continue;
+        };
+        for g in groups {
+            let Value::Array(kv) = g else { continue };
+            for pair in kv.chunks(2) {
+                if let [Value::Bulk(k), Value::Int(v)] = pair {
+                    if k == b"lag" {
+                        lag += u64::try_from(*v).unwrap_or(0);
                     }
                 }
             }
         }
     }
-    xadd.0.sort_unstable();
-    e2e.0.sort_unstable();
-    let secs = elapsed.as_secs_f64();
-    let rate = total as f64 / secs;
+    Ok(lag)
+}
+
+fn title(config: &BenchConfig) -> String {
+    format!(
+        "mailring broker load generator: {} producers (pipeline {}), {} consumers, {} streams, {}-byte payloads, {:.1} s, appendfsync {}, {} shards, loopback",
+        config.producers,
+        config.pipeline,
+        config.consumers,
+        config.streams,
+        config.payload,
+        config.duration.as_secs_f64(),
+        config.fsync.name(),
+        config.shards
+    )
+}
+
+/// Prints `report` as a table.
+pub fn print_table(config: &BenchConfig, report: &BenchReport, out: &mut dyn Write) {
+    let secs = report.elapsed.as_secs_f64();
+    let rate = report.produced as f64 / secs;
     let mb = rate * config.payload as f64 / 1e6;
-    let mut out = io::stdout().lock();
-    let _ = writeln!(out, "{title}\n");
+    let ms = |h: &Histogram, p: f64| {
+        h.quantile_ms(p)
+            .map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
+    };
+    let _ = writeln!(out, "{}\n", title(config));
+    if report.interrupted {
+        let _ = writeln!(out, "(interrupted after {secs:.1} s)\n");
+    }
     let _ = writeln!(out, "| metric | value |");
     let _ = writeln!(out, "| --- | --- |");
-    let _ = writeln!(out, "| entries produced | {total} in {secs:.1} s |");
+    let _ = writeln!(
+        out,
+        "| entries produced | {} in {secs:.1} s |",
+        report.produced
+    );
     let _ = writeln!(out, "| entries/s | {rate:.0} |");
     let _ = writeln!(out, "| payload MB/s | {mb:.2} |");
     let _ = writeln!(
         out,
-        "| XADD latency p50 / p99 / p99.9 | {:.2} / {:.2} / {:.2} ms |",
-        xadd.percentile(0.5),
-        xadd.percentile(0.99),
-        xadd.percentile(0.999)
+        "| XADD latency p50 / p99 / p99.9 | {} / {} / {} ms ({} samples) |",
+        ms(&report.xadd, 0.5),
+        ms(&report.xadd, 0.99),
+        ms(&report.xadd, 0.999),
+        report.xadd.samples()
     );
     let _ = writeln!(
         out,
-        "| end-to-end (produce → consume) p50 / p99 | {:.2} / {:.2} ms |",
-        e2e.percentile(0.5),
-        e2e.percentile(0.99)
+        "| end-to-end (produce → consume) p50 / p99 | {} / {} ms ({} samples) |",
+        ms(&report.end_to_end, 0.5),
+        ms(&report.end_to_end, 0.99),
+        report.end_to_end.samples()
     );
-    let _ = writeln!(out, "| consumed | {} |", consumed.load(Ordering::Relaxed));
-    let _ = writeln!(out, "| consumer lag at the end | {lag} entries |");
-    Ok(())
+    let _ = writeln!(out, "| consumed (acknowledged) | {} |", report.consumed);
+    let _ = writeln!(
+        out,
+        "| consumer lag when producers stopped | {} entries |",
+        report.lag_at_stop
+    );
+    let _ = writeln!(
+        out,
+        "| consumer lag after a drain of up to {} s | {} entries |",
+        DRAIN.as_secs(),
+        report.lag_after_drain
+    );
+    let _ = writeln!(
+        out,
+        "\nClosed loop: each producer sends its next batch when the last is answered; XADD latency runs from a batch's write to each reply."
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_histogram_keeps_values_within_a_five_hundredth() {
+        let mut h = Histogram::default();
+        for us in [0u64, 1, 999, 1023, 1024, 1025, 4096, 123_456, 10_000_000] {
+            let i = Histogram::index(us);
+            let low = Histogram::lowest(i);
+            assert!(low <= us, "{us}: {low}");
+            assert!(us - low <= us / 512, "{us}: {low}");
+            assert!(Histogram::lowest(i + 1) > us, "{us}");
+            h.record(Duration::from_micros(us));
+        }
+        h.record(Duration::MAX);
+        assert_eq!(h.samples(), 10);
+        assert_eq!(h.quantile_ms(0.0), Some(0.0));
+        assert_eq!(h.quantile_ms(0.5), Some(1.024));
+        assert!(h.quantile_ms(1.0).unwrap() > 1e9);
+        assert_eq!(Histogram::default().quantile_ms(0.5), None);
+    }
+
+    #[test]
+    fn runs_the_bench_cannot_make_are_refused_with_the_option_named() {
+        let ok = BenchConfig::default();
+        assert_eq!(ok.check(), Ok(()));
+        let cases: [(&str, fn(&mut BenchConfig)); 8] = [
+            ("--producers", |c| c.producers = 0),
+            ("--streams", |c| c.streams = 0),
+            ("--pipeline", |c| c.pipeline = 0),
+            ("--pipeline", |c| c.pipeline = MAX_PIPELINE + 1),
+            ("--payload", |c| c.payload = MAX_PAYLOAD + 1),
+            ("--pipeline 10000 × --payload", |c| {
+                c.pipeline = MAX_PIPELINE;
+                c.payload = 1 << 20;
+            }),
+            ("--consumers 5", |c| c.consumers = 5),
+            ("--duration", |c| c.duration = Duration::ZERO),
+        ];
+        for (named, spoil) in cases {
+            let mut c = BenchConfig::default();
+            spoil(&mut c);
+            let e = c.check().expect_err(named);
+            assert!(e.starts_with(named), "{named}: {e}");
+        }
+    }
 }

@@ -22,7 +22,8 @@ fn usage() -> &'static str {
      \x20      [--stream-cache BYTES] [--segment-bytes BYTES] [--no-direct-io] [--no-preallocate]\n\
      \x20      [--allow-thp] [--cpus LIST] [--tls-cert PEM --tls-key PEM]\n\
      \x20      broker --bench [--producers N] [--consumers N] [--pipeline N] \
-     [--payload BYTES] [--streams N] [--duration SECS] [--appendfsync ...] [--shards N]"
+     [--payload BYTES] [--streams N] [--duration SECS]\n\
+     \x20             [--dir PARENT] [--appendfsync ...] [--shards N] [and the store's and shards' flags]"
 }
 
 /// Parses a flag's number.
@@ -37,8 +38,12 @@ where
 /// serves until Ctrl-C or SIGTERM.
 pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
     let mut config = BrokerConfig::default();
-    let mut bench: Option<crate::bench::BenchConfig> = None;
+    let mut bench = false;
     let mut bench_config = crate::bench::BenchConfig::default();
+    // Flags only a serving broker takes, and flags only the bench takes:
+    // given to the other, they are refused rather than ignored.
+    let mut serving_flags: Vec<String> = Vec::new();
+    let mut bench_flags: Vec<String> = Vec::new();
     let mut bind = std::net::IpAddr::from([127, 0, 0, 1]);
     let mut port = 6379u16;
     let mut allow_thp = false;
@@ -49,6 +54,14 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
         let value = |args: &mut dyn Iterator<Item = String>| {
             args.next().ok_or_else(|| format!("{flag} needs a value"))
         };
+        match flag.as_str() {
+            "--port" | "--bind" | "--requirepass" | "--tls-cert" | "--tls-key" => {
+                serving_flags.push(flag.clone())
+            }
+            "--producers" | "--consumers" | "--pipeline" | "--payload" | "--streams"
+            | "--duration" => bench_flags.push(flag.clone()),
+            _ => {}
+        }
         let res: Result<(), String> = (|| {
             match flag.as_str() {
                 "--port" => {
@@ -94,7 +107,7 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                     let us: u64 = num(&flag, value(&mut args)?)?;
                     config.idle_spin = Some(std::time::Duration::from_micros(us));
                 }
-                "--bench" => bench = Some(crate::bench::BenchConfig::default()),
+                "--bench" => bench = true,
                 "--producers" => bench_config.producers = num(&flag, value(&mut args)?)?,
                 "--consumers" => bench_config.consumers = num(&flag, value(&mut args)?)?,
                 "--pipeline" => bench_config.pipeline = num(&flag, value(&mut args)?)?,
@@ -104,12 +117,22 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                     let secs: f64 = num(&flag, value(&mut args)?)?;
                     // `Duration::from_secs_f64` panics on what no duration
                     // is (NaN, infinite, past u64 seconds): refused here.
-                    bench_config.duration = (!secs.is_nan())
-                        .then(|| std::time::Duration::try_from_secs_f64(secs.max(0.1)).ok())
+                    bench_config.duration = (secs > 0.0)
+                        .then(|| std::time::Duration::try_from_secs_f64(secs).ok())
                         .flatten()
-                        .ok_or_else(|| format!("--duration: {secs}: a number of seconds"))?;
+                        .filter(|d| *d <= crate::bench::MAX_DURATION)
+                        .ok_or_else(|| {
+                            format!(
+                                "--duration: {secs}: seconds, more than 0 and at most {}",
+                                crate::bench::MAX_DURATION.as_secs()
+                            )
+                        })?;
                 }
-                "--dir" => config.store.dir = value(&mut args)?.into(),
+                "--dir" => {
+                    let dir: std::path::PathBuf = value(&mut args)?.into();
+                    bench_config.parent_dir = Some(dir.clone());
+                    config.store.dir = dir;
+                }
                 "--appendfsync" => {
                     let v = value(&mut args)?;
                     config.store.fsync = crate::Fsync::parse(&v)
@@ -134,6 +157,10 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    if let (false, Some(flag)) = (bench, bench_flags.first()) {
+        eprintln!("{flag} applies only with --bench\n{}", usage());
+        return ExitCode::from(2);
+    }
     config.tls = match (tls_cert, tls_key) {
         (Some(cert), Some(key)) => Some(crate::TlsFiles { cert, key }),
         (None, None) => None,
@@ -152,9 +179,20 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
             );
         }
     }
-    if bench.is_some() {
-        return match crate::bench::run(bench_config) {
-            Ok(()) => ExitCode::SUCCESS,
+    if bench {
+        if let Some(flag) = serving_flags.first() {
+            eprintln!(
+                "{flag} does not apply to --bench: it serves on a loopback port of its own, without password or TLS\n{}",
+                usage()
+            );
+            return ExitCode::from(2);
+        }
+        if let Err(e) = bench_config.check() {
+            eprintln!("{e}\n{}", usage());
+            return ExitCode::from(2);
+        }
+        return match crate::bench::run(&bench_config, config) {
+            Ok(_) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("broker --bench: {e}");
                 ExitCode::FAILURE
@@ -212,6 +250,17 @@ mod tests {
             &["--bench", "--duration", "inf"][..],
             &["--bench", "--duration", "1e300"],
             &["--bench", "--duration", "NaN"],
+            &["--bench", "--duration", "0"],
+            &["--bench", "--duration", "-5"],
+            &["--bench", "--duration", "3601"],
+            &["--bench", "--consumers", "5"],
+            &["--bench", "--producers", "0"],
+            &["--bench", "--pipeline", "0"],
+            &["--bench", "--payload", "600000000"],
+            &["--bench", "--port", "7000"],
+            &["--bench", "--requirepass", "x"],
+            &["--duration", "5"],
+            &["--producers", "2", "--port", "7000"],
             &["--shards", "0"],
             &["--shards", "100000"],
             &["--port", "70000"],
