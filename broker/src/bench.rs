@@ -863,7 +863,8 @@ mod tests {
     fn runs_the_bench_cannot_make_are_refused_with_the_option_named() {
         let ok = BenchConfig::default();
         assert_eq!(ok.check(), Ok(()));
-        let cases: [(&str, fn(&mut BenchConfig)); 8] = [
+        type Spoil = fn(&mut BenchConfig);
+        let cases: [(&str, Spoil); 8] = [
             ("--producers", |c| c.producers = 0),
             ("--streams", |c| c.streams = 0),
             ("--pipeline", |c| c.pipeline = 0),

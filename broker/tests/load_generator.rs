@@ -12,16 +12,17 @@ use mailring_broker::bench::{measure, BenchConfig};
 use mailring_broker::{BrokerConfig, Fsync};
 
 fn config(parent: &std::path::Path, consumers: usize) -> BenchConfig {
-    let mut c = BenchConfig::default();
-    c.producers = 2;
-    c.consumers = consumers;
-    c.pipeline = 4;
-    c.streams = 2;
-    c.duration = Duration::from_millis(500);
-    c.fsync = Fsync::No;
-    c.shards = 1;
-    c.parent_dir = Some(parent.to_path_buf());
-    c
+    BenchConfig {
+        producers: 2,
+        consumers,
+        pipeline: 4,
+        streams: 2,
+        duration: Duration::from_millis(500),
+        fsync: Fsync::No,
+        shards: 1,
+        parent_dir: Some(parent.to_path_buf()),
+        ..BenchConfig::default()
+    }
 }
 
 /// A fresh, existing parent directory.
