@@ -42,8 +42,13 @@ pub struct StreamActor {
     op_no: u64,
     /// This shard's log.
     log: Option<Rc<ShardLog>>,
-    /// Blocked readers to wake at the next append.
+    /// Blocked readers to wake at the next signal (below).
     watchers: Vec<(Arc<Notify>, usize)>,
+    /// What the commands since the watchers were last woken did that
+    /// Redis signals its blocked readers for: an entry added (even one
+    /// trimmed at once), a group destroyed, a stream made; and the stream
+    /// deleted.
+    signal: Signal,
     /// While a transaction runs: its operations, logged as one record.
     batch: Option<Vec<Op>>,
     /// The broker, found at the first message.
@@ -72,6 +77,18 @@ pub struct StreamActor {
     gauge: Option<Arc<crate::server::CacheGauge>>,
 }
 
+/// What the commands did that wakes blocked readers (Redis's "key
+/// ready" signals), weakest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Signal {
+    /// Nothing to wake readers for.
+    Quiet,
+    /// An entry added, a group destroyed, the stream made: readers look.
+    Ready,
+    /// The stream deleted: a group's readers fail.
+    Deleted,
+}
+
 impl StreamActor {
     fn new(name: &Bytes) -> Self {
         StreamActor {
@@ -81,6 +98,7 @@ impl StreamActor {
             op_no: 0,
             log: None,
             watchers: Vec::new(),
+            signal: Signal::Quiet,
             batch: None,
             shared: None,
             meta_segment: 0,
@@ -159,9 +177,8 @@ pub(crate) fn now_ms() -> u64 {
 impl Handler<Exec> for StreamActor {
     async fn handle(&mut self, m: Exec, cx: &mut Ctx<Self>) -> Answer {
         self.load(m.broker).await;
-        let added_before = self.stream.as_ref().map(Stream::entries_added);
         let answer = self.run_command(m.name, &m.args).await;
-        self.after_commands(added_before);
+        self.after_commands();
         self.end_if_nothing(cx);
         answer
     }
@@ -183,12 +200,10 @@ impl StreamActor {
         answer
     }
 
-    /// After one or more commands: wakes blocked readers if entries were
-    /// added since `added_before`, and tells the log what the stream needs.
-    fn after_commands(&mut self, added_before: Option<u64>) {
-        if self.stream.as_ref().map(Stream::entries_added) != added_before {
-            self.wake_watchers();
-        }
+    /// After one or more commands: wakes blocked readers if the commands
+    /// signalled them, and tells the log what the stream needs.
+    fn after_commands(&mut self) {
+        self.wake_watchers();
         self.publish_need();
     }
 }
@@ -210,12 +225,11 @@ pub struct ExecRun {
 impl Handler<ExecRun> for StreamActor {
     async fn handle(&mut self, m: ExecRun, cx: &mut Ctx<Self>) -> Vec<Answer> {
         self.load(m.broker).await;
-        let added_before = self.stream.as_ref().map(Stream::entries_added);
         let mut answers = Vec::with_capacity(m.commands.len());
         for (name, args) in &m.commands {
             answers.push(self.run_command(name, args).await);
         }
-        self.after_commands(added_before);
+        self.after_commands();
         self.end_if_nothing(cx);
         answers
     }
@@ -315,6 +329,10 @@ pub struct ReadResult {
     pub entries: Vec<(StreamId, Fields)>,
     /// The id the read started after (`$` resolved to the last id).
     pub after: StreamId,
+    /// The stream's last id (`None`: no stream): a blocked reader woken
+    /// with no entry for it is still answered when this passed its id (an
+    /// entry added and removed at once), as Redis answers it.
+    pub last_id: Option<StreamId>,
 }
 
 impl Handler<Read> for StreamActor {
@@ -344,6 +362,7 @@ impl StreamActor {
             return ReadResult {
                 entries: Vec::new(),
                 after,
+                last_id: None,
             };
         };
         let after = match m.from {
@@ -354,7 +373,11 @@ impl StreamActor {
             Some(lo) => stream.range(lo, StreamId::MAX, m.count, false),
             None => Vec::new(),
         };
-        ReadResult { entries, after }
+        ReadResult {
+            entries,
+            after,
+            last_id: Some(stream.last_id()),
+        }
     }
 }
 
@@ -375,6 +398,11 @@ pub struct ReadGroup {
     /// Only say whether the group exists (checked for every stream before
     /// any is read, as Redis does).
     pub check_only: bool,
+    /// A blocked reader's read, after its wake-up: a missing stream or
+    /// group fails with Redis's texts for a blocked client, and the
+    /// stream's last id past the group's serves the reader even with no
+    /// entry for it ([`GroupAnswer::served`]).
+    pub blocked: bool,
     /// The broker (its id: a message touches no shared reference count).
     pub broker: u64,
 }
@@ -388,6 +416,10 @@ pub struct GroupAnswer {
     pub last_id: StreamId,
     /// Completes when the delivery is flushed.
     pub durable: Option<Ticket>,
+    /// A blocked reader's read is answered even with no entry (the
+    /// stream's last id passed the group's: an entry added and removed at
+    /// once); its consumer was made.
+    pub served: bool,
 }
 
 impl Handler<ReadGroup> for StreamActor {
@@ -409,17 +441,45 @@ impl Handler<ReadGroup> for StreamActor {
                 },
                 last_id,
                 durable: None,
+                served: false,
             };
+        }
+        if m.blocked {
+            let gone = match &self.stream {
+                None => Some("UNBLOCKED the stream key no longer exists"),
+                Some(s) if !s.groups.contains_key(&m.group) => {
+                    Some("NOGROUP the consumer group this client was blocked on no longer exists")
+                }
+                Some(_) => None,
+            };
+            if let Some(text) = gone {
+                return GroupAnswer {
+                    read: GroupRead::Error(Reply::Error(text.to_owned())),
+                    last_id,
+                    durable: None,
+                    served: false,
+                };
+            }
         }
         let wanted = self.plan_read_group(&m.group, &m.consumer, &m.from, m.count);
         self.fetch(wanted).await;
-        let (read, durable) = self.read_group(&m.group, &m.consumer, &m.from, m.count, m.noack);
+        let (mut read, mut durable) =
+            self.read_group(&m.group, &m.consumer, &m.from, m.count, m.noack);
+        let mut served = false;
+        if m.blocked && matches!(&read, GroupRead::Entries(e) if e.is_empty()) {
+            match self.serve_blocked_empty(&m.group, &m.consumer) {
+                None => {}
+                Some(Ok(ticket)) => (served, durable) = (true, ticket),
+                Some(Err(e)) => read = GroupRead::Error(e),
+            }
+        }
         self.publish_need();
         self.settle();
         GroupAnswer {
             read,
             last_id,
             durable,
+            served,
         }
     }
 }
@@ -496,7 +556,6 @@ impl Handler<ExecBatch> for StreamActor {
             self.end_if_nothing(cx);
             return BatchAnswer::refused(&e);
         }
-        let added_before = self.stream.as_ref().map(Stream::entries_added);
         let was_missing = self.stream.is_none();
         self.batch = Some(Vec::new());
         let replies: Vec<Reply> = m
@@ -520,15 +579,14 @@ impl Handler<ExecBatch> for StreamActor {
                 Err(e) => {
                     // Nothing was logged: every change is refused, and
                     // what the commands changed in memory is dropped.
+                    self.signal = Signal::Quiet;
                     self.reload(m.broker).await;
                     self.end_if_nothing(cx);
                     return BatchAnswer::refused(&e);
                 }
             }
         };
-        if self.stream.as_ref().map(Stream::entries_added) != added_before {
-            self.wake_watchers();
-        }
+        self.wake_watchers();
         self.publish_need();
         self.settle();
         self.end_if_nothing(cx);
@@ -664,7 +722,7 @@ impl Handler<Watch> for StreamActor {
             .and_then(Stream::last_entry_id)
             .is_some_and(|id| id > m.after);
         if ready {
-            m.notify.fire(m.index);
+            m.notify.fire(m.index, false);
             return;
         }
         self.drop_abandoned_watchers();
@@ -684,7 +742,8 @@ pub struct Notify {
 
 #[derive(Debug, Default)]
 struct NotifyState {
-    fired: Option<usize>,
+    /// The stream that fired, and whether it fired because it was deleted.
+    fired: Option<(usize, bool)>,
     waker: Option<Waker>,
 }
 
@@ -694,15 +753,16 @@ impl Notify {
         Arc::new(Notify::default())
     }
 
-    /// Wakes the waiter with `index` (the first fire wins).
-    pub fn fire(&self, index: usize) {
+    /// Wakes the waiter with `index` (the first fire wins), saying whether
+    /// that stream was `deleted`.
+    pub fn fire(&self, index: usize, deleted: bool) {
         self.done.store(true, Ordering::Release);
         let waker = {
             let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
             if s.fired.is_some() {
                 return;
             }
-            s.fired = Some(index);
+            s.fired = Some((index, deleted));
             s.waker.take()
         };
         if let Some(w) = waker {
@@ -718,7 +778,11 @@ impl Notify {
 
     /// The index it fired with, if it did.
     pub fn fired_index(&self) -> Option<usize> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).fired
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .fired
+            .map(|(i, _)| i)
     }
 
     /// Whether it fired or its reader gave up.
@@ -726,8 +790,9 @@ impl Notify {
         self.done.load(Ordering::Acquire)
     }
 
-    /// Completes with the index of the first stream that fired.
-    pub async fn fired(&self) -> usize {
+    /// Completes with the index of the first stream that fired, and
+    /// whether it fired because it was deleted.
+    pub async fn fired(&self) -> (usize, bool) {
         std::future::poll_fn(|cx| {
             let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
             match s.fired {
@@ -1007,10 +1072,24 @@ impl StreamActor {
             .retain(|(n, _)| Arc::strong_count(n) > 1 && !n.is_done());
     }
 
+    /// Wakes the blocked readers if the commands since the last call
+    /// signalled them: told the stream is gone if it was deleted and is
+    /// still missing (a group's reader then fails, as Redis unblocks it).
     fn wake_watchers(&mut self) {
+        let deleted = match std::mem::replace(&mut self.signal, Signal::Quiet) {
+            Signal::Quiet => return,
+            Signal::Ready => false,
+            Signal::Deleted => self.stream.is_none(),
+        };
         for (notify, index) in self.watchers.drain(..) {
-            notify.fire(index);
+            notify.fire(index, deleted);
         }
+    }
+
+    /// Notes a signal for the blocked readers (a deletion outranks the
+    /// rest).
+    pub(crate) fn signal(&mut self, signal: Signal) {
+        self.signal = self.signal.max(signal);
     }
 }
 
@@ -1139,6 +1218,7 @@ impl StreamActor {
                     shared.catalog.insert(&self.name);
                 }
                 let loc = self.appended_at;
+                self.signal(Signal::Ready);
                 let stream = self.stream.as_mut().expect("made above");
                 stream.insert(id, fields, loc);
                 if let Some(trim) = p.trim {
@@ -1240,6 +1320,7 @@ impl StreamActor {
                     Err(e) => return storage_error(&e).into(),
                 };
                 self.stream = None;
+                self.signal(Signal::Deleted);
                 shared.catalog.remove(&self.name);
                 Answer {
                     reply: Reply::Int(1),

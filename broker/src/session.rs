@@ -564,9 +564,16 @@ impl RespSession {
             };
             let deadline = block_deadline(block);
             loop {
-                let Some(fired) = next_append(&actors, &after, deadline, shared).await else {
+                let Some((fired, deleted)) = next_append(&actors, &after, deadline, shared).await
+                else {
                     return Reply::NilArray.frame(proto);
                 };
+                if deleted {
+                    // A deleted stream does not answer a plain reader
+                    // (Redis unblocks only group readers): one made again
+                    // past its id will.
+                    continue;
+                }
                 // Only the stream that fired is read, as Redis serves the
                 // one key that unblocked the client.
                 let r = actors[fired]
@@ -577,7 +584,11 @@ impl RespSession {
                     })
                     .await;
                 match r {
-                    Ok(r) if !r.entries.is_empty() => {
+                    // An entry added and removed at once (`MAXLEN 0`, or
+                    // `XDEL` in the same transaction) still answers, with
+                    // no entry: Redis serves a reader once the stream's
+                    // last id passes its own.
+                    Ok(r) if !r.entries.is_empty() || r.last_id > Some(after[fired]) => {
                         return streams_reply(vec![(p.keys[fired].clone(), r.entries)], proto)
                             .frame(proto);
                     }
@@ -617,7 +628,7 @@ impl RespSession {
             .collect();
         let watch_actors = actors.clone();
         let watch_shared = p.block.map(|_| self.shared.clone());
-        let ask = move |i: usize, from: GroupFrom, check_only: bool| {
+        let ask = move |i: usize, from: GroupFrom, check_only: bool, blocked: bool| {
             actors[i].ask(ReadGroup {
                 group: group.clone(),
                 consumer: consumer.clone(),
@@ -625,6 +636,7 @@ impl RespSession {
                 count: p.count,
                 noack: p.noack,
                 check_only,
+                blocked,
                 broker,
             })
         };
@@ -637,13 +649,13 @@ impl RespSession {
         // find it done (the actor checks the group, then the id). `$`
         // asks the group only: its error comes first, then the id's.
         let first = (n == 1).then(|| match command::xreadgroup_id(&ids[0]) {
-            Ok(None) => (GroupFrom::New, ask(0, GroupFrom::New, false), None),
+            Ok(None) => (GroupFrom::New, ask(0, GroupFrom::New, false, false), None),
             Err(e) if ids[0].as_ref() == b"$" => {
-                (GroupFrom::New, ask(0, GroupFrom::New, true), Some(e))
+                (GroupFrom::New, ask(0, GroupFrom::New, true, false), Some(e))
             }
             Ok(Some(_)) | Err(_) => {
                 let from = GroupFrom::History(ids[0].clone());
-                (from.clone(), ask(0, from, false), None)
+                (from.clone(), ask(0, from, false, false), None)
             }
         });
         cx.reply_later(async move {
@@ -667,7 +679,7 @@ impl RespSession {
                 // Several streams: each one's group must exist and its id
                 // be valid, in order, before anything is delivered.
                 for (i, id) in ids.iter().enumerate() {
-                    match ask(i, GroupFrom::New, true).await {
+                    match ask(i, GroupFrom::New, true, false).await {
                         Ok(GroupAnswer {
                             read: GroupRead::Error(e),
                             ..
@@ -687,7 +699,7 @@ impl RespSession {
             for (i, from) in froms.iter().enumerate() {
                 let answer = match asked.take() {
                     Some(answer) => answer.await,
-                    None => ask(i, from.clone(), false).await,
+                    None => ask(i, from.clone(), false, false).await,
                 };
                 // A stream whose group went away after the checks (another
                 // client's XGROUP DESTROY or DEL) is left out once entries
@@ -724,17 +736,25 @@ impl RespSession {
             };
             let deadline = block_deadline(block);
             loop {
-                let Some(fired) = next_append(&watch_actors, &last_ids, deadline, shared).await
+                let Some((fired, deleted)) =
+                    next_append(&watch_actors, &last_ids, deadline, shared).await
                 else {
                     return Reply::NilArray.frame(proto);
                 };
-                let answer = match ask(fired, GroupFrom::New, false).await {
+                if deleted {
+                    // As Redis unblocks a group's reader whose stream goes.
+                    return Reply::Error("UNBLOCKED the stream key no longer exists".to_owned())
+                        .frame(proto);
+                }
+                let answer = match ask(fired, GroupFrom::New, false, true).await {
                     Ok(a) => a,
                     Err(e) => return fail(e),
                 };
                 last_ids[fired] = answer.last_id;
                 match answer.read {
-                    GroupRead::Entries(e) if !e.is_empty() => {
+                    // With no entry when served all the same (an entry
+                    // added and removed at once).
+                    GroupRead::Entries(e) if !e.is_empty() || answer.served => {
                         if let Some(t) = answer.durable {
                             if let Err(err) = t.await {
                                 return storage_error(&err).frame(proto);
@@ -795,15 +815,16 @@ fn block_deadline(ms: u64) -> Option<std::time::Instant> {
     (ms > 0).then(|| mailring::time::deadline_in(std::time::Duration::from_millis(ms)))
 }
 
-/// Watches each stream for an append after its id; the index of the first
-/// that fires, or `None` at the deadline.
-/// (`None` too when the broker stops).
+/// Watches each stream for what wakes a blocked reader (an append after
+/// its id, a group destroyed, the stream deleted); the index of the first
+/// that fires and whether it fired because it was deleted, or `None` at
+/// the deadline (`None` too when the broker stops).
 async fn next_append(
     actors: &[mailring_actors::Addr<StreamActor>],
     after: &[StreamId],
     deadline: Option<std::time::Instant>,
     shared: &Shared,
-) -> Option<usize> {
+) -> Option<(usize, bool)> {
     /// Marks the wake-up given up however the read ends (fired, timed
     /// out, or dropped with its connection), and has each stream that did
     /// not fire it drop its watcher now: an actor holding nothing else
@@ -859,7 +880,7 @@ async fn next_append(
         Some(d) => mailring::time::timeout_at(d, notify.fired()).await.ok(),
         None => Some(notify.fired().await),
     };
-    fired.filter(|i| *i != Shared::CLOSING)
+    fired.filter(|(i, _)| *i != Shared::CLOSING)
 }
 
 /// `XREADGROUP`'s reply: like `XREAD`'s, a deleted entry read from the

@@ -1041,3 +1041,186 @@ fn requests_of_clients_that_have_not_authenticated_get_redis_s_limits() {
     broker.shutdown();
     assert_no_failures(&failures, "unauthenticated limits");
 }
+
+/// One connection of a blocking scenario, raw RESP.
+struct Raw(std::net::TcpStream);
+
+impl Raw {
+    fn connect(port: u16) -> Raw {
+        let s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        Raw(s)
+    }
+
+    fn send(&mut self, command: &str) {
+        let args: Vec<&[u8]> = command.split(' ').map(str::as_bytes).collect();
+        self.0.write_all(&common::encode(&args)).unwrap();
+    }
+
+    /// The next whole reply, as text.
+    fn reply(&mut self) -> String {
+        use std::io::Read;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Some(first) = split_replies(&got).into_iter().next() {
+                return first;
+            }
+            match self.0.read(&mut buf) {
+                Ok(0) | Err(_) => return format!("(no reply) {}", String::from_utf8_lossy(&got)),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
+
+    fn call(&mut self, command: &str) -> String {
+        self.send(command);
+        self.reply()
+    }
+}
+
+#[test]
+fn blocked_readers_are_woken_and_answered_as_redis_server_answers_them() {
+    // Each scenario: setup commands, a blocking read on its own
+    // connection, commands of another connection once the reader is
+    // blocked, then the reader's answer and what the scenario asks after.
+    // Compared byte for byte (only explicit ids are used).
+    if !have("redis-server") {
+        eprintln!("SKIPPED: redis-server is not installed (apt-get install redis-server)");
+        return;
+    }
+    struct Scenario {
+        setup: &'static [&'static str],
+        read: &'static str,
+        trigger: &'static [&'static str],
+        after: &'static [&'static str],
+    }
+    let scenarios = [
+        // The reader's group destroyed, its stream deleted.
+        Scenario {
+            setup: &["XGROUP CREATE s g $ MKSTREAM"],
+            read: "XREADGROUP GROUP g c BLOCK 0 STREAMS s >",
+            trigger: &["XGROUP DESTROY s g"],
+            after: &["XINFO GROUPS s"],
+        },
+        Scenario {
+            setup: &["XGROUP CREATE s g $ MKSTREAM"],
+            read: "XREADGROUP GROUP g c BLOCK 0 STREAMS s >",
+            trigger: &["DEL s"],
+            after: &["EXISTS s"],
+        },
+        Scenario {
+            setup: &[
+                "XGROUP CREATE s g $ MKSTREAM",
+                "XGROUP CREATE t g $ MKSTREAM",
+            ],
+            read: "XREADGROUP GROUP g c BLOCK 0 STREAMS s t > >",
+            trigger: &["XGROUP DESTROY t g"],
+            after: &[],
+        },
+        // The group destroyed and made again before the reader is served:
+        // it finds a group, and nothing new for it.
+        Scenario {
+            setup: &["XGROUP CREATE s g $ MKSTREAM"],
+            read: "XREADGROUP GROUP g c BLOCK 300 STREAMS s >",
+            trigger: &["MULTI", "XGROUP DESTROY s g", "XGROUP CREATE s g $", "EXEC"],
+            after: &[],
+        },
+        // An entry added and trimmed at once still answers the readers,
+        // with no entry (and the group's reader becomes a consumer).
+        Scenario {
+            setup: &["XGROUP CREATE s g $ MKSTREAM"],
+            read: "XREADGROUP GROUP g c BLOCK 0 STREAMS s >",
+            trigger: &["XADD s MAXLEN 0 2-0 f v"],
+            after: &["XINFO GROUPS s"],
+        },
+        Scenario {
+            setup: &["XADD s 1-0 f v"],
+            read: "XREAD BLOCK 0 STREAMS s $",
+            trigger: &["XADD s MAXLEN 0 2-0 f v"],
+            after: &[],
+        },
+        Scenario {
+            setup: &["XADD s 1-0 f v"],
+            read: "XREAD BLOCK 0 STREAMS s $",
+            trigger: &["MULTI", "XADD s 2-0 f v", "XDEL s 2-0", "EXEC"],
+            after: &[],
+        },
+        // What does not answer a reader: a deleted stream (plain XREAD),
+        // a raised last id, a trim.
+        Scenario {
+            setup: &["XADD s 1-0 f v"],
+            read: "XREAD BLOCK 300 STREAMS s $",
+            trigger: &["DEL s"],
+            after: &[],
+        },
+        Scenario {
+            setup: &["XADD s 1-0 f v"],
+            read: "XREAD BLOCK 300 STREAMS s $",
+            trigger: &["XSETID s 20-0"],
+            after: &[],
+        },
+        Scenario {
+            setup: &["XADD s 1-0 f v", "XGROUP CREATE s g $"],
+            read: "XREADGROUP GROUP g c BLOCK 300 STREAMS s >",
+            trigger: &["XTRIM s MAXLEN 0", "XSETID s 30-0"],
+            after: &["XINFO GROUPS s"],
+        },
+        // A stream deleted and made again past the reader's id serves it.
+        Scenario {
+            setup: &["XADD s 1-0 f v"],
+            read: "XREAD BLOCK 0 STREAMS s 5-0",
+            trigger: &["DEL s", "XADD s 9-0 f v"],
+            after: &[],
+        },
+    ];
+    let dir = TempDir::new();
+    let redis = RedisServer::start(&dir.0.join("redis"));
+    let broker = Broker::start(broker_config(dir.0.join("broker"))).expect("start the broker");
+    // Scenario `i`'s streams are `s<i>` and `t<i>` (the broker has no
+    // FLUSHALL).
+    let play = |port: u16, i: usize, s: &Scenario| -> Vec<String> {
+        let named = |c: &str| -> String {
+            c.split(' ')
+                .map(|w| match w {
+                    "s" | "t" => format!("{w}{i}"),
+                    _ => w.to_owned(),
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let mut other = Raw::connect(port);
+        let mut out = Vec::new();
+        for c in s.setup {
+            out.push(other.call(&named(c)));
+        }
+        let mut reader = Raw::connect(port);
+        reader.send(&named(s.read));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !other.call("INFO clients").contains("blocked_clients:1") {
+            assert!(Instant::now() < deadline, "{}: never blocked", s.read);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for c in s.trigger {
+            out.push(other.call(&named(c)));
+        }
+        out.push(format!("reader: {}", reader.reply()));
+        for c in s.after {
+            out.push(other.call(&named(c)));
+        }
+        out
+    };
+    let mut failures = Vec::new();
+    for (i, s) in scenarios.iter().enumerate() {
+        let want = play(redis.port, i, s);
+        let got = play(broker.local_addr().port(), i, s);
+        if want != got {
+            failures.push(format!(
+                "scenario {i} ({}):\n--- redis-server:\n{want:#?}\n--- broker:\n{got:#?}",
+                s.read
+            ));
+        }
+    }
+    broker.shutdown();
+    assert_no_failures(&failures, "blocked readers");
+}

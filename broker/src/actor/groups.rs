@@ -232,6 +232,8 @@ impl StreamActor {
                 let ticket = self.change(Op::GroupDestroy {
                     group: group.clone(),
                 })?;
+                // Its blocked readers fail (Redis signals the key).
+                self.signal(super::Signal::Ready);
                 Ok(Answer {
                     reply: Reply::Int(1),
                     durable: Some(ticket),
@@ -392,6 +394,33 @@ impl StreamActor {
                 }
             }
         }
+    }
+
+    /// A blocked reader of `group` woken with nothing new for it: served
+    /// all the same (with no entry) when the stream's last id passed the
+    /// group's, an entry added and removed at once, as Redis serves it;
+    /// its consumer is made then. `None`: not served, it blocks on.
+    pub(super) fn serve_blocked_empty(
+        &mut self,
+        group: &Bytes,
+        consumer: &Bytes,
+    ) -> Option<Result<Option<Ticket>, Reply>> {
+        let stream = self.stream.as_ref()?;
+        let g = stream.groups.get(group)?;
+        if stream.last_id() <= g.last_id {
+            return None;
+        }
+        if g.consumers.contains_key(consumer) {
+            return Some(Ok(None));
+        }
+        Some(
+            self.change(Op::ConsumerCreate {
+                group: group.clone(),
+                consumer: consumer.clone(),
+                time: now_ms(),
+            })
+            .map(Some),
+        )
     }
 
     pub(super) fn xack(&mut self, args: &[Bytes]) -> Answer {

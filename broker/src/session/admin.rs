@@ -235,7 +235,7 @@ impl RespSession {
         if abort {
             return Err(Reply::err("No shutdown in progress."));
         }
-        self.shared.shutdown.fire(0);
+        self.shared.shutdown.fire(0, false);
         Ok(())
     }
 
