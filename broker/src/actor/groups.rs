@@ -323,7 +323,7 @@ impl StreamActor {
                 let redelivered: Vec<(StreamId, u64, u64)> = entries
                     .iter()
                     .filter(|(_, f)| f.is_some())
-                    .map(|(id, _)| (*id, now, g.pel[id].delivery_count + 1))
+                    .map(|(id, _)| (*id, now, g.pel[id].delivery_count.saturating_add(1)))
                     .collect();
                 let mut ops = Vec::new();
                 if !g.consumers.contains_key(consumer) {
@@ -604,7 +604,8 @@ impl StreamActor {
                     let n = parse_int(&args[i]).ok_or_else(|| {
                         Reply::err("Invalid RETRYCOUNT option argument for XCLAIM")
                     })?;
-                    retry_count = Some(n as u64);
+                    // Negative: as if not given (Redis).
+                    retry_count = u64::try_from(n).ok();
                 }
                 b"lastid" if more >= 1 => {
                     i += 1;
@@ -630,21 +631,32 @@ impl StreamActor {
         let mut claimed = Vec::new();
         let mut gone = Vec::new();
         let mut replies = Vec::new();
+        // Each id sees what the claims before it in this command did (an
+        // id named twice is claimed against its first claim), as Redis
+        // updates its pending entry in place: id -> (delivery time, count),
+        // `None` once removed.
+        let mut so_far: std::collections::HashMap<StreamId, Option<(u64, u64)>> =
+            std::collections::HashMap::new();
         for id in ids {
+            let pending = match so_far.get(&id) {
+                Some(state) => *state,
+                None => g.pel.get(&id).map(|n| (n.delivery_time, n.delivery_count)),
+            };
             if !stream.contains(id) {
                 // Deleted from the stream: its pending entry goes.
-                if g.pel.contains_key(&id) {
+                if pending.is_some() {
                     gone.push(id);
+                    so_far.insert(id, None);
                 }
                 continue;
             }
-            let count = match g.pel.get(&id) {
-                Some(n) => {
-                    let idle = now.saturating_sub(n.delivery_time);
+            let count = match pending {
+                Some((time, count)) => {
+                    let idle = now.saturating_sub(time);
                     if min_idle > 0 && idle < min_idle {
                         continue;
                     }
-                    n.delivery_count
+                    count
                 }
                 // FORCE makes a pending entry (delivered once, no owner).
                 None if force => 1,
@@ -653,8 +665,9 @@ impl StreamActor {
             let count = match retry_count {
                 Some(n) => n,
                 None if justid => count,
-                None => count + 1,
+                None => count.saturating_add(1),
             };
+            so_far.insert(id, Some((delivery_time, count)));
             claimed.push((id, delivery_time, count));
             replies.push(if justid {
                 id.reply()
@@ -726,7 +739,7 @@ impl StreamActor {
             let n = if justid {
                 nack.delivery_count
             } else {
-                nack.delivery_count + 1
+                nack.delivery_count.saturating_add(1)
             };
             claimed.push((*id, now, n));
             replies.push(if justid {
