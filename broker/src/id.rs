@@ -87,12 +87,32 @@ fn id_text(arg: &[u8]) -> Option<&[u8]> {
     (arg.len() <= 127).then(|| c_string(arg))
 }
 
-/// A decimal `u64` as Redis's `string2ull` reads ids: digits only.
+/// A part of an id as Redis's `string2ull` reads it: a canonical decimal
+/// `i64` that is not negative (`string2ll`), or else what C's `strtoull`
+/// takes whole: leading blanks, a sign (a negative wraps around), digits
+/// (leading zeros too) and nothing after them, within `u64`.
 fn parse_u64(s: &[u8]) -> Option<u64> {
-    if s.is_empty() || s.len() > 20 || !s.iter().all(u8::is_ascii_digit) {
+    if let Some(v) = crate::resp::parse_int(s) {
+        return u64::try_from(v).ok();
+    }
+    let blanks = s
+        .iter()
+        .position(|&b| !crate::resp::c_isspace(b))
+        .unwrap_or(s.len());
+    let s = &s[blanks..];
+    let (negative, digits) = match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        Some((b'+', rest)) => (false, rest),
+        _ => (false, s),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    std::str::from_utf8(s).ok()?.parse().ok()
+    let mut v: u64 = 0;
+    for d in digits {
+        v = v.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+    }
+    Some(if negative { v.wrapping_neg() } else { v })
 }
 
 /// The id argument of `XADD`.

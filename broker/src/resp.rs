@@ -543,7 +543,7 @@ fn after_closing_quote(line: &[u8], at: usize) -> Result<usize, ProtocolError> {
 
 /// C's `isspace` in the "C" locale, which Redis splits inline requests
 /// with: Rust's `is_ascii_whitespace` leaves out `\v`.
-fn c_isspace(b: u8) -> bool {
+pub(crate) fn c_isspace(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
 }
 
