@@ -49,6 +49,35 @@ struct Node {
     master_fields: Vec<Bytes>,
 }
 
+/// Nodes of a compressed trie holding `keys` (sorted, distinct, sharing
+/// their first `depth` bytes) below `depth`.
+fn radix_nodes(keys: &[[u8; 16]], depth: usize) -> usize {
+    if depth == 16 {
+        // The key's own (empty) node.
+        return 1;
+    }
+    if keys.len() == 1 {
+        // The rest of the key in one compressed node, then the key's node.
+        return 2;
+    }
+    // Sorted: what the first and last share, all share.
+    let (first, last) = (&keys[0], &keys[keys.len() - 1]);
+    let mut split = depth;
+    while first[split] == last[split] {
+        split += 1;
+    }
+    // The shared bytes (if any) in one compressed node, then the branch.
+    let mut n = usize::from(split > depth) + 1;
+    let mut rest = keys;
+    while let Some(k) = rest.first() {
+        let byte = k[split];
+        let same = rest.partition_point(|x| x[split] == byte);
+        n += radix_nodes(&rest[..same], split + 1);
+        rest = &rest[same..];
+    }
+    n
+}
+
 /// Sizes of Redis's listpack encoding, for the node boundaries.
 mod listpack {
     use bytes::Bytes;
@@ -730,6 +759,23 @@ impl Stream {
     /// Nodes the entries sit in (Redis's `radix-tree-keys`).
     pub fn node_count(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// Nodes of the radix tree Redis would keep the entry nodes in (its
+    /// `radix-tree-nodes`): a compressed trie over the nodes' 16-byte
+    /// big-endian master ids, a chain of bytes one node, a branch one
+    /// node, each key ending in a node of its own; an empty tree is its
+    /// root alone.
+    pub fn radix_tree_nodes(&self) -> usize {
+        let keys: Vec<[u8; 16]> = self
+            .nodes
+            .iter()
+            .map(|n| n.master_id.to_be_bytes())
+            .collect();
+        if keys.is_empty() {
+            return 1;
+        }
+        radix_nodes(&keys, 0)
     }
 
     /// The first entry's id, `0-0` when empty (Redis's

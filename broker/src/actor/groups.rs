@@ -837,7 +837,7 @@ impl StreamActor {
                     (b("radix-tree-keys"), Reply::Int(stream.node_count() as i64)),
                     (
                         b("radix-tree-nodes"),
-                        Reply::Int(stream.node_count() as i64 + 1),
+                        Reply::Int(stream.radix_tree_nodes() as i64),
                     ),
                     (b("last-generated-id"), stream.last_id().reply()),
                     (b("max-deleted-entry-id"), stream.max_deleted_id().reply()),
