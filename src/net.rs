@@ -483,8 +483,10 @@ pub(crate) struct StreamCore<F: OpFile = ShardFd> {
 /// flight, and the socket then always takes the ring for that kind, which is
 /// correct, only slower.
 ///
-/// Touched only on the socket's shard (after `check`): relaxed loads and
-/// stores, no read-modify-write.
+/// Counted on the socket's shard (after `check`), and uncounted wherever
+/// the operation's future finishes (a future polled off its shard after
+/// its submission finishes there): read-modify-writes, so no count is
+/// lost to a race.
 #[derive(Debug, Default)]
 struct OnRing(std::sync::atomic::AtomicU32);
 
@@ -495,8 +497,9 @@ impl OnRing {
 
     fn add(&self, step: i32) {
         use std::sync::atomic::Ordering::Relaxed;
-        self.0
-            .store(self.0.load(Relaxed).saturating_add_signed(step), Relaxed);
+        let _ = self
+            .0
+            .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_add_signed(step)));
     }
 
     /// Counts one operation until [`Counted::finished`].

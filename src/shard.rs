@@ -1541,10 +1541,20 @@ pub(crate) fn shard_main(
     drop(setup);
     let Ok(Some(shared)) = go.recv() else { return };
     let shard = Rc::new(Shard::new(index, shared, worker, driver));
+    /// Clears the thread's current shard however the thread leaves
+    /// (an unwind included), before the shard itself is dropped: what its
+    /// drop runs must never find a shard being dropped.
+    struct ClearCurrent;
+    impl Drop for ClearCurrent {
+        fn drop(&mut self) {
+            CURRENT.with(|c| c.set(std::ptr::null()));
+        }
+    }
     CURRENT.with(|c| c.set(Rc::as_ptr(&shard)));
+    let current = ClearCurrent;
     shard.run_guarded();
     shard.shutdown_sequence();
-    CURRENT.with(|c| c.set(std::ptr::null()));
+    drop(current);
     // 5. Dropping the last reference closes the ring and the eventfd.
     drop(shard);
 }

@@ -252,10 +252,17 @@ impl BufRing {
         if inner.incremental {
             let mut slices = inner.slices.lock().unwrap_or_else(|p| p.into_inner());
             let s = &mut slices[usize::from(bid)];
-            offset = s.offset;
-            s.offset += len;
+            // Bounded by the buffer whatever the kernel reports, so a
+            // `RecvBuf` never points past its buffer.
+            offset = s.offset.min(inner.buf_size);
+            s.offset = offset.saturating_add(len).min(inner.buf_size);
             s.refs += 1;
-            if flags & CQE_F_BUF_MORE == 0 {
+            // A completion of no bytes never finishes a buffer: kernels
+            // from 6.12 until a 2026 fix post one at the end of a stream
+            // without `BUF_MORE` but leave the buffer at the ring's head,
+            // still the kernel's; providing it again would put it in the
+            // ring twice.
+            if flags & CQE_F_BUF_MORE == 0 && len > 0 {
                 s.kernel_done = true;
                 inner.consumed.fetch_add(1, Ordering::Relaxed);
             }
@@ -399,5 +406,48 @@ impl Drop for RecvBuf {
                 .clone()
                 .run_on(shard, move || ring.inner.release(bid));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_completion_of_no_bytes_leaves_an_incremental_buffer_with_the_kernel() {
+        let rt = crate::Runtime::builder()
+            .shards(1)
+            .build()
+            .expect("io_uring runtime");
+        rt.block_on(async {
+            let ring = BufRing::new(4, 64).expect("a buffer ring");
+            if !ring.is_incremental() {
+                // Kernels before 6.12 take buffers whole.
+                return;
+            }
+            let provided = ring.available();
+            let tail = || ring.inner.tail.load(Ordering::Relaxed);
+            let published = tail();
+            // A stream's end on kernels that post it with the buffer id and
+            // no `BUF_MORE`: the buffer stays the kernel's, never provided
+            // again (the tail never moves) while the kernel still holds it
+            // at the ring's head.
+            for _ in 0..3 {
+                drop(ring.take(0, 0, 0));
+                assert_eq!(ring.available(), provided);
+                assert_eq!(tail(), published, "buffer 0 provided twice");
+            }
+            // Offsets never pass the buffer, whatever a completion says.
+            let first = ring.take(1, 100, CQE_F_BUF_MORE);
+            assert_eq!((first.offset, first.len), (0, 64));
+            let second = ring.take(1, 10, CQE_F_BUF_MORE);
+            assert_eq!((second.offset, second.len), (64, 0));
+            drop((first, second));
+            // A buffer the kernel finished goes back once its data is dropped.
+            let last = ring.take(2, 8, 0);
+            assert_eq!(ring.available(), provided - 1);
+            drop(last);
+            assert_eq!(ring.available(), provided);
+        });
     }
 }
