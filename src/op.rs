@@ -94,6 +94,16 @@ pub(crate) enum Woken {
     One(Waker),
     /// Every task waiting on a multishot operation.
     Many(Vec<Waker>),
+    /// The last completion of an abandoned operation: its cleanup to run
+    /// on the result, then its resources to drop (the kernel is done with
+    /// them), outside the table's borrow (a buffer's `Drop` is anyone's
+    /// code, and may submit or drop an operation itself).
+    Released {
+        resources: Box<dyn Any>,
+        cleanup: Option<Cleanup>,
+        res: i32,
+        flags: u32,
+    },
 }
 
 /// The in-flight operations of one shard.
@@ -174,13 +184,24 @@ impl OpTable {
                 slot.state = SlotState::Done { res: *first, flags };
                 one(waker)
             }
+            SlotState::Abandoned { .. } if !io_uring::cqueue::more(flags) => {
+                // The last: the slot goes, its resources are released by
+                // the caller.
+                let SlotState::Abandoned { resources, cleanup } = self.slots.remove(key).state
+                else {
+                    unreachable!("matched above");
+                };
+                Woken::Released {
+                    resources,
+                    cleanup,
+                    res,
+                    flags,
+                }
+            }
             SlotState::Abandoned { cleanup, resources } => {
+                // More to come: the kernel still uses the resources.
                 if let Some(cleanup) = *cleanup {
                     cleanup(res, flags, &**resources);
-                }
-                if !io_uring::cqueue::more(flags) {
-                    // Dropping the slot drops the resources the kernel is now done with.
-                    self.slots.remove(key);
                 }
                 Woken::None
             }

@@ -525,6 +525,17 @@ impl Shard {
             Woken::None => {}
             Woken::One(w) => self.guard(CallbackKind::Waker, move || w.wake()),
             Woken::Many(ws) => self.wake_all(ws),
+            Woken::Released {
+                resources,
+                cleanup,
+                res,
+                flags,
+            } => self.guard(CallbackKind::Drop, move || {
+                if let Some(cleanup) = cleanup {
+                    cleanup(res, flags, &*resources);
+                }
+                drop(resources);
+            }),
         }
     }
 

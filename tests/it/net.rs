@@ -1251,3 +1251,85 @@ fn a_peer_close_wait_ends_at_the_peer_s_end_and_takes_no_byte() {
         assert_eq!(got, b"queued");
     });
 }
+
+/// A buffer that owns another connection's receive in flight: dropping
+/// the buffer drops that receive (an operation of the same shard).
+struct HoldsAnOp {
+    bytes: Vec<u8>,
+    /// Only dropped, with the buffer.
+    _other: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>>,
+}
+
+// SAFETY: delegates to the Vec, whose heap buffer does not move.
+unsafe impl mailring::buf::IoBuf for HoldsAnOp {
+    fn stable_ptr(&self) -> *const u8 {
+        self.bytes.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+// SAFETY: as for the Vec it delegates to.
+unsafe impl mailring::buf::IoBufMut for HoldsAnOp {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.bytes.as_mut_ptr()
+    }
+    fn bytes_total(&mut self) -> usize {
+        self.bytes.capacity()
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.bytes.set_len(n) }
+    }
+}
+
+#[test]
+fn an_abandoned_operation_s_buffer_is_dropped_where_its_drop_may_drop_operations() {
+    // The last completion of an abandoned receive drops its buffer; a
+    // buffer's `Drop` is anyone's code and here drops another receive in
+    // flight, which needs the shard's table of operations: the buffer
+    // must not be dropped while the table is borrowed.
+    let rt = rt2();
+    let on_shard = rt.handle().spawn_local_on(ShardId::new(0), || async {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let addr = listener.local_addr();
+        let pair = || async {
+            let client =
+                mailring::spawn_local(async move { TcpStream::connect(addr).await.unwrap() });
+            let (server, _) = listener.accept().await.unwrap();
+            (client.await.unwrap(), server)
+        };
+        let (a_client, a_server) = pair().await;
+        let (_b_client, b_server) = pair().await;
+        let b_server = std::rc::Rc::new(b_server);
+        let waiting = b_server.clone();
+        let mut other: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> =
+            Box::pin(async move {
+                let _ = waiting.recv(vec![0u8; 16]).await;
+            });
+        // Submitted: its receive is in flight.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(other.as_mut().poll(&mut cx).is_pending());
+        let holder = HoldsAnOp {
+            bytes: Vec::with_capacity(16),
+            _other: Some(other),
+        };
+        // Abandoned in flight, then completed by data.
+        let recv = a_server.recv(holder);
+        assert!(mailring::time::timeout(Duration::from_millis(5), recv)
+            .await
+            .is_err());
+        let (r, _) = a_client.send_all(b"done".to_vec()).await;
+        r.unwrap();
+        mailring::time::sleep(Duration::from_millis(50)).await;
+        // The shard goes on: a new receive on the same socket works.
+        let (r, _) = a_client.send_all(b"more".to_vec()).await;
+        r.unwrap();
+        let (n, buf) = a_server.recv(Vec::with_capacity(16)).await;
+        assert!(n.unwrap() > 0, "{buf:?}");
+    });
+    rt.block_on(on_shard).unwrap();
+    let report = rt.shutdown();
+    assert_eq!(report.panics.total(), 0, "{:?}", report.panic_records);
+}
