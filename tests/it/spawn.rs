@@ -1011,3 +1011,65 @@ fn a_future_cancelled_or_dropped_at_shutdown_is_dropped_where_it_was_pinned() {
         "a future was moved before its drop"
     );
 }
+
+#[test]
+fn closures_sent_to_a_shard_whose_thread_was_held_all_run_after() {
+    // Shard 1's thread is held by a task (blocking code) while shard 0
+    // sends it closures; once free, it must run every one, and the ones
+    // sent after, however the doorbells were coalesced meanwhile.
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    for round in 0..20 {
+        let rt = crate::rt2();
+        let h = rt.handle().clone();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let held = Arc::new(AtomicBool::new(false));
+        let release = Arc::new(AtomicBool::new(false));
+        let (hd, rl) = (held.clone(), release.clone());
+        let holder = h.spawn_on(mailring::ShardId::new(1), async move {
+            hd.store(true, Ordering::SeqCst);
+            while !rl.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        });
+        while !held.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        let (h2, r2) = (h.clone(), ran.clone());
+        let sender = h.spawn_on(mailring::ShardId::new(0), async move {
+            for _ in 0..8 {
+                let r = r2.clone();
+                h2.run_on(mailring::ShardId::new(1), move || {
+                    r.fetch_add(1, Ordering::SeqCst);
+                });
+                mailring::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+        });
+        rt.block_on(sender).unwrap();
+        release.store(true, Ordering::SeqCst);
+        rt.block_on(holder).unwrap();
+        let wait = |want: usize| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while ran.load(Ordering::SeqCst) < want {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "round {round}: {} of {want} closures ran: {:#?}",
+                    ran.load(Ordering::SeqCst),
+                    rt.stats()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        };
+        wait(8);
+        // And later ones, sent from shard 0 again.
+        let (h2, r2) = (h.clone(), ran.clone());
+        rt.block_on(h.spawn_on(mailring::ShardId::new(0), async move {
+            let r = r2.clone();
+            h2.run_on(mailring::ShardId::new(1), move || {
+                r.fetch_add(1, Ordering::SeqCst);
+            });
+        }))
+        .unwrap();
+        wait(9);
+    }
+}
