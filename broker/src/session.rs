@@ -432,6 +432,14 @@ impl RespSession {
                 self.reset();
                 Reply::Status("RESET")
             }
+            // Queued in a transaction with no stream found: its options
+            // do not parse (the error they give alone).
+            b"xread" | b"xreadgroup" => {
+                match command::parse_read(args, name.as_slice() == b"xreadgroup") {
+                    Err(e) => e,
+                    Ok(_) => command::syntax_error(),
+                }
+            }
             // Queued in a transaction with no stream named: only `HELP`
             // (checked as it was queued).
             b"xgroup" | b"xinfo" => help(if name.as_slice() == b"xgroup" {
