@@ -19,6 +19,10 @@ const SECTIONS: &[&str] = &[
     "memory",
     "persistence",
     "stats",
+    "replication",
+    "cpu",
+    "modules",
+    "cluster",
     "keyspace",
     "mailring",
 ];
@@ -133,6 +137,34 @@ impl RespSession {
                         crate::stream::BLOCKING_READS.load(Ordering::Relaxed)
                     ),
                 ],
+                // A standalone server: clients that ask for their
+                // topology (`role`, `cluster_enabled`) find it as Redis
+                // gives it.
+                "replication" => vec![
+                    "role:master".to_owned(),
+                    "connected_slaves:0".to_owned(),
+                    "master_failover_state:no-failover".to_owned(),
+                    format!("master_replid:{:040x}", shared.id),
+                    "master_replid2:0000000000000000000000000000000000000000".to_owned(),
+                    "master_repl_offset:0".to_owned(),
+                    "second_repl_offset:-1".to_owned(),
+                    "repl_backlog_active:0".to_owned(),
+                    "repl_backlog_size:0".to_owned(),
+                    "repl_backlog_first_byte_offset:0".to_owned(),
+                    "repl_backlog_histlen:0".to_owned(),
+                ],
+                "cpu" => {
+                    use mailring::process::{cpu_time, CpuOf};
+                    let this = cpu_time(CpuOf::This).unwrap_or_default();
+                    let children = cpu_time(CpuOf::Children).unwrap_or_default();
+                    vec![
+                        format!("used_cpu_sys:{:.6}", this.system.as_secs_f64()),
+                        format!("used_cpu_user:{:.6}", this.user.as_secs_f64()),
+                        format!("used_cpu_sys_children:{:.6}", children.system.as_secs_f64()),
+                        format!("used_cpu_user_children:{:.6}", children.user.as_secs_f64()),
+                    ]
+                }
+                "cluster" => vec!["cluster_enabled:0".to_owned()],
                 "mailring" => shard_counters(&shared.system),
                 "keyspace" if streams > 0 => {
                     vec![format!("db0:keys={streams},expires=0,avg_ttl=0")]

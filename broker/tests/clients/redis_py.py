@@ -62,6 +62,14 @@ assert info["length"] == 6 and info["groups"] == 1
 consumers = {c["name"] for c in r.xinfo_consumers("orders", "billing")}
 assert consumers == {"worker-1", "worker-2", "worker-3"}, consumers
 
+# INFO as redis-py parses it: the topology a client library looks for.
+server_info = r.info()
+assert server_info["role"] == "master", server_info
+assert server_info["cluster_enabled"] == 0, server_info
+assert server_info["connected_slaves"] == 0, server_info
+assert server_info["used_cpu_user"] >= 0, server_info
+assert r.info("replication")["role"] == "master"
+
 # Pipelines: a transaction on one stream, and a plain pipeline over many.
 with r.pipeline(transaction=True) as p:
     p.xadd("ledger", {"a": 1}, id="1-1")
