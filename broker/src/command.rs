@@ -147,10 +147,16 @@ pub const SUBCOMMANDS: &[(&str, &str, i32)] = &[
     ("client", "id", 2),
     ("client", "getname", 2),
     ("client", "setname", 3),
+    ("client", "info", 2),
+    ("client", "no-evict", 3),
+    ("client", "help", 2),
     // Redis 7.2's, taken because redis-py 5 sends it.
     ("client", "setinfo", 4),
     ("config", "get", -3),
+    ("config", "resetstat", 2),
+    ("config", "help", 2),
     ("command", "count", 2),
+    ("command", "help", 2),
     ("command", "docs", -2),
     ("command", "info", -2),
 ];

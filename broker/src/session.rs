@@ -35,6 +35,10 @@ pub struct RespSession {
     auth_seen: std::sync::Arc<std::sync::atomic::AtomicBool>,
     id: u64,
     name: Option<Bytes>,
+    /// The peer's address, when the transport has one (`CLIENT INFO`).
+    peer: Option<std::net::SocketAddr>,
+    /// When the connection was opened (`CLIENT INFO`'s age).
+    opened: std::time::Instant,
     /// Inside `MULTI`: the queued commands.
     multi: Option<multi::Queue>,
     /// Stream commands gathered from pipelined requests, sent together
@@ -55,6 +59,8 @@ impl RespSession {
             proto: Protocol::Resp2,
             id,
             name: None,
+            peer: None,
+            opened: std::time::Instant::now(),
             multi: None,
             run: None,
         }
@@ -195,7 +201,33 @@ impl RespSession {
                 }
                 Reply::OK
             }
-            (b"id" | b"getname" | b"setname" | b"setinfo", _) => {
+            (b"info", 2) => Reply::Verbatim(self.client_info_line()),
+            // Nothing is ever evicted here.
+            (b"no-evict", 3) => {
+                if args[2].eq_ignore_ascii_case(b"on") || args[2].eq_ignore_ascii_case(b"off") {
+                    Reply::OK
+                } else {
+                    command::syntax_error()
+                }
+            }
+            (b"help", 2) => subcommand_help(
+                "CLIENT",
+                &[
+                    ("GETNAME", "Return the name of this connection."),
+                    ("ID", "Return the ID of this connection."),
+                    ("INFO", "Return information about this connection."),
+                    (
+                        "NO-EVICT (ON|OFF)",
+                        "Accepted; the broker evicts no client.",
+                    ),
+                    (
+                        "SETINFO <LIB-NAME|LIB-VER> <value>",
+                        "Accepted (redis-py 5 sends it).",
+                    ),
+                    ("SETNAME <name>", "Name this connection."),
+                ],
+            ),
+            (b"id" | b"getname" | b"setname" | b"setinfo" | b"info" | b"no-evict" | b"help", _) => {
                 command::wrong_arity(&format!("client|{}", String::from_utf8_lossy(&sub)))
             }
             _ => Reply::err(format!(
@@ -205,8 +237,50 @@ impl RespSession {
         }
     }
 
+    /// `CLIENT INFO`'s line, in Redis's fields (what the broker does not
+    /// keep is 0; a connection may have no process descriptor, `fd=-1`).
+    fn client_info_line(&self) -> String {
+        let name = self
+            .name
+            .as_ref()
+            .map(|n| String::from_utf8_lossy(n).into_owned())
+            .unwrap_or_default();
+        let (flags, multi) = match &self.multi {
+            Some(q) => ("x", q.len() as i64),
+            None => ("N", -1),
+        };
+        let resp = match self.proto {
+            Protocol::Resp2 => 2,
+            Protocol::Resp3 => 3,
+        };
+        format!(
+            "id={} addr={} laddr={} fd=-1 name={name} age={} idle=0 flags={flags} db=0 sub=0 psub=0 ssub=0 multi={multi} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd=client|info user=default redir=-1 resp={resp}\n",
+            self.id,
+            self.peer.map_or_else(|| "?".to_owned(), |a| a.to_string()),
+            self.shared.config.addr,
+            self.opened.elapsed().as_secs(),
+        )
+    }
+
     fn config(&self, args: &[Bytes]) -> Reply {
         let sub = args[1].to_ascii_lowercase();
+        match (sub.as_slice(), args.len()) {
+            // No statistics are kept that a reset would clear.
+            (b"resetstat", 2) => return Reply::OK,
+            (b"resetstat", _) => return command::wrong_arity("config|resetstat"),
+            (b"help", 2) => return subcommand_help(
+                "CONFIG",
+                &[
+                    (
+                        "GET <pattern> [<pattern> ...]",
+                        "Return the parameters matching the glob-like patterns and their values.",
+                    ),
+                    ("RESETSTAT", "Accepted; there are no statistics to reset."),
+                ],
+            ),
+            (b"help", _) => return command::wrong_arity("config|help"),
+            _ => {}
+        }
         if sub != b"get" {
             return Reply::err(format!(
                 "unknown subcommand '{}'. Try CONFIG HELP.",
@@ -938,6 +1012,19 @@ fn key_too_long(_key: &[u8]) -> Reply {
 }
 
 /// `XGROUP HELP` / `XINFO HELP`.
+/// `<COMMAND> HELP`: Redis's layout (a status line per line) of the
+/// subcommands the broker takes, each with what it does.
+pub(crate) fn subcommand_help(command: &str, subcommands: &[(&str, &str)]) -> Reply {
+    let mut lines = vec![Reply::StatusOwned(format!(
+        "{command} <subcommand> [<arg> [value] [opt] ...]. Subcommands are:"
+    ))];
+    for (usage, what) in subcommands.iter().chain(&[("HELP", "Print this help.")]) {
+        lines.push(Reply::StatusOwned((*usage).to_owned()));
+        lines.push(Reply::StatusOwned(format!("    {what}")));
+    }
+    Reply::Array(lines)
+}
+
 fn help(command: &str) -> Reply {
     let lines: &[&str] = if command == "xgroup" {
         &[
@@ -1146,6 +1233,10 @@ impl Session for RespSession {
 
     fn on_drained(&mut self, cx: &mut SessionCtx<Self>) {
         self.send_run(cx);
+    }
+
+    fn on_open(&mut self, cx: &mut SessionCtx<Self>) {
+        self.peer = cx.peer_addr();
     }
 
     fn on_close(&mut self, _reason: &CloseReason, _cx: &mut SessionCtx<Self>) {

@@ -2218,3 +2218,49 @@ fn blocked_readers_are_answered_when_the_broker_stops() {
     assert_eq!(c.read(), R::Nil);
     stopper.join().unwrap();
 }
+
+#[test]
+fn client_info_help_and_command_info_describe_what_the_broker_takes() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    let id = match c.cmd(&["CLIENT", "ID"]) {
+        R::Int(id) => id,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        c.cmd(&["CLIENT", "SETNAME", "worker-7"]),
+        R::Status("OK".into())
+    );
+    let me = c.w.local_addr().unwrap();
+    let info = c.cmd(&["CLIENT", "INFO"]).text();
+    for want in [
+        format!("id={id} "),
+        format!(" addr={me} "),
+        " name=worker-7 ".to_owned(),
+        " flags=N ".to_owned(),
+        " multi=-1 ".to_owned(),
+        " resp=2\n".to_owned(),
+    ] {
+        assert!(info.contains(&want), "{want:?} in {info:?}");
+    }
+    // Each help lists its subcommands, HELP last.
+    for (command, first) in [("CLIENT", "GETNAME"), ("CONFIG", "GET"), ("COMMAND", "(no")] {
+        let R::Array(lines) = c.cmd(&[command, "HELP"]) else {
+            panic!("{command} HELP");
+        };
+        let lines: Vec<String> = lines.iter().map(R::text).collect();
+        assert!(
+            lines[0].starts_with(&format!("{command} <subcommand>")),
+            "{lines:?}"
+        );
+        assert!(lines[1].starts_with(first), "{lines:?}");
+        assert_eq!(lines[lines.len() - 2], "HELP", "{lines:?}");
+    }
+    // COMMAND INFO with no name: every command, as COMMAND gives them.
+    let (R::Array(all), R::Array(info_all)) = (c.cmd(&["COMMAND"]), c.cmd(&["COMMAND", "INFO"]))
+    else {
+        panic!("arrays");
+    };
+    assert!(all.len() > 20);
+    assert_eq!(all, info_all);
+}

@@ -193,12 +193,33 @@ impl RespSession {
         match sub.to_ascii_lowercase().as_slice() {
             b"count" if args.len() == 2 => Reply::Int(COMMANDS.len() as i64),
             b"docs" => Reply::Map(Vec::new()),
+            // No names: every command.
+            b"info" if args.len() == 2 => Reply::Array(COMMANDS.iter().map(command_info).collect()),
             b"info" => Reply::Array(
                 args[2..]
                     .iter()
                     .map(|n| command::lookup(n).map_or(Reply::NilArray, command_info))
                     .collect(),
             ),
+            b"help" if args.len() == 2 => super::subcommand_help(
+                "COMMAND",
+                &[
+                    (
+                        "(no subcommand)",
+                        "Return details about all the commands the broker takes.",
+                    ),
+                    ("COUNT", "Return the number of commands the broker takes."),
+                    (
+                        "DOCS [<command-name> ...]",
+                        "Return an empty map (redis-cli then uses its own hints).",
+                    ),
+                    (
+                        "INFO [<command-name> ...]",
+                        "Return details about the named commands, or all.",
+                    ),
+                ],
+            ),
+            b"help" => command::wrong_arity("command|help"),
             b"count" => command::wrong_arity("command|count"),
             _ => Reply::err(format!(
                 "unknown subcommand '{}'. Try COMMAND HELP.",

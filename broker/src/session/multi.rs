@@ -42,6 +42,13 @@ pub(super) fn reject(session: &mut RespSession, exec: bool, error: Reply) -> Rep
     error
 }
 
+impl Queue {
+    /// Commands queued so far.
+    pub(crate) fn len(&self) -> usize {
+        self.commands.len()
+    }
+}
+
 /// Queues a command inside `MULTI`.
 pub(super) fn queue(session: &mut RespSession, args: Vec<Bytes>) -> Reply {
     session
