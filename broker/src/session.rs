@@ -150,7 +150,7 @@ impl RespSession {
             } else {
                 return Reply::err(format!(
                     "Syntax error in HELLO option '{}'",
-                    command::printable(&args[i], 128)
+                    command::c_printable(&args[i], usize::MAX)
                 ));
             }
         }
@@ -232,7 +232,7 @@ impl RespSession {
             }
             _ => Reply::err(format!(
                 "unknown subcommand '{}'. Try CLIENT HELP.",
-                command::printable(&args[1], 128)
+                command::c_printable(&args[1], 128)
             )),
         }
     }
@@ -284,7 +284,7 @@ impl RespSession {
         if sub != b"get" {
             return Reply::err(format!(
                 "unknown subcommand '{}'. Try CONFIG HELP.",
-                command::printable(&args[1], 128)
+                command::c_printable(&args[1], 128)
             ));
         }
         if args.len() < 3 {

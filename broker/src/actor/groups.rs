@@ -6,7 +6,7 @@
 use bytes::Bytes;
 
 use super::{now_ms, storage_error, Answer, StreamActor};
-use crate::command::{not_an_integer, printable, syntax_error};
+use crate::command::{c_printable, not_an_integer, syntax_error};
 use crate::id::{parse_id, parse_range, StreamId};
 use crate::log::{Loc, Op};
 use crate::resp::{parse_int, Reply};
@@ -18,8 +18,8 @@ use crate::stream::{entry_reply, Fields, Stream};
 fn no_group_for_key(group: &[u8], key: &[u8]) -> Reply {
     Reply::Error(format!(
         "NOGROUP No such consumer group '{}' for key name '{}'",
-        printable(group, 128),
-        printable(key, 128)
+        c_printable(group, usize::MAX),
+        c_printable(key, usize::MAX)
     ))
 }
 
@@ -27,8 +27,8 @@ fn no_group_for_key(group: &[u8], key: &[u8]) -> Reply {
 fn no_key_or_group(key: &[u8], group: &[u8]) -> Reply {
     Reply::Error(format!(
         "NOGROUP No such key '{}' or consumer group '{}'",
-        printable(key, 128),
-        printable(group, 128)
+        c_printable(key, usize::MAX),
+        c_printable(group, usize::MAX)
     ))
 }
 
@@ -36,8 +36,8 @@ fn no_key_or_group(key: &[u8], group: &[u8]) -> Reply {
 pub(crate) fn no_group_in_readgroup(key: &[u8], group: &[u8]) -> Reply {
     Reply::Error(format!(
         "NOGROUP No such key '{}' or consumer group '{}' in XREADGROUP with GROUP option",
-        printable(key, 128),
-        printable(group, 128)
+        c_printable(key, usize::MAX),
+        c_printable(group, usize::MAX)
     ))
 }
 
@@ -126,7 +126,7 @@ impl StreamActor {
         let bad_options = || {
             Reply::err(format!(
                 "unknown subcommand or wrong number of arguments for '{}'. Try XGROUP HELP.",
-                printable(&args[1], 128)
+                c_printable(&args[1], 128)
             ))
         };
         let mut mkstream = false;
@@ -614,7 +614,7 @@ impl StreamActor {
                 _ => {
                     return Err(Reply::err(format!(
                         "Unrecognized XCLAIM option '{}'",
-                        printable(&args[i], 128)
+                        c_printable(&args[i], usize::MAX)
                     )))
                 }
             }
@@ -828,7 +828,7 @@ impl StreamActor {
                     _ => {
                         return Err(Reply::err(format!(
                         "unknown subcommand or wrong number of arguments for '{}'. Try XINFO HELP.",
-                        printable(&args[1], 128)
+                        c_printable(&args[1], 128)
                     )))
                     }
                 };

@@ -223,7 +223,7 @@ impl RespSession {
             b"count" => command::wrong_arity("command|count"),
             _ => Reply::err(format!(
                 "unknown subcommand '{}'. Try COMMAND HELP.",
-                command::printable(sub, 128)
+                command::c_printable(sub, 128)
             )),
         }
     }
