@@ -492,8 +492,9 @@ impl Handler<ReadGroup> for StreamActor {
 pub struct ExecBatch {
     /// The commands, each with its arguments.
     pub commands: Vec<Vec<Bytes>>,
-    /// The connection's protocol (the shape of read replies).
-    pub proto: Protocol,
+    /// Per command, the connection's protocol when it runs (the shape of
+    /// read replies; a `HELLO` in the transaction switches it).
+    pub protos: Vec<Protocol>,
     /// The broker (its id: a message touches no shared reference count).
     pub broker: u64,
 }
@@ -561,7 +562,8 @@ impl Handler<ExecBatch> for StreamActor {
         let replies: Vec<Reply> = m
             .commands
             .iter()
-            .map(|args| self.exec_in_batch(args, m.proto, &shared))
+            .zip(m.protos.iter().chain(std::iter::repeat(&Protocol::Resp2)))
+            .map(|(args, proto)| self.exec_in_batch(args, *proto, &shared))
             .collect();
         self.shared = Some(shared);
         let ops = self.batch.take().unwrap_or_default();

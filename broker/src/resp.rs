@@ -598,6 +598,10 @@ pub enum Reply {
     /// the stream's shared fields (an entry without fields, deleted and
     /// read from a pending list, is `[id, nil]`).
     Entries(Vec<(crate::id::StreamId, Option<crate::stream::Fields>)>),
+    /// A reply encoded already, for the protocol in force when its command
+    /// ran: an element of a transaction's reply after a `HELLO` inside it
+    /// (Redis writes each reply as its command runs).
+    Encoded(Bytes),
 }
 
 impl Reply {
@@ -617,6 +621,7 @@ impl Reply {
     /// Appends the reply's encoding to `dst`.
     pub fn encode(&self, proto: Protocol, dst: &mut BytesMut) {
         match self {
+            Reply::Encoded(b) => dst.put_slice(b),
             Reply::Status(s) => line(dst, b'+', s.as_bytes()),
             Reply::StatusOwned(s) => line(dst, b'+', s.as_bytes()),
             Reply::Error(s) => line(dst, b'-', s.as_bytes()),
@@ -744,6 +749,7 @@ impl Reply {
     /// long reply is written into room reserved once rather than grown.
     pub fn size_hint(&self) -> usize {
         match self {
+            Reply::Encoded(b) => b.len(),
             Reply::Status(t) => t.len() + 3,
             Reply::StatusOwned(t) | Reply::Error(t) | Reply::Verbatim(t) => t.len() + 24,
             Reply::Int(_) | Reply::Double(_) => 32,
@@ -776,6 +782,21 @@ impl Reply {
     /// it is written.
     pub fn frame(self, proto: Protocol) -> (Protocol, Reply) {
         (proto, self)
+    }
+
+    /// An array of `replies`, each encoded for its own protocol
+    /// (`protos`, one per reply): a plain array when they all share one.
+    pub fn array_in_protocols(replies: Vec<Reply>, protos: &[Protocol]) -> Reply {
+        if protos.windows(2).all(|w| w[0] == w[1]) {
+            return Reply::Array(replies);
+        }
+        Reply::Array(
+            replies
+                .into_iter()
+                .zip(protos)
+                .map(|(r, p)| Reply::Encoded(r.to_bytes(*p)))
+                .collect(),
+        )
     }
 
     /// The encoding as one buffer.

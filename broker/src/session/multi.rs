@@ -155,28 +155,34 @@ impl RespSession {
             // `SCAN` and `INFO` read the catalog, which requests before this one may
             // still be changing: with replies pending they answer in turn,
             // and the requests after the transaction wait for it.
-            let mut replies: Vec<Option<Reply>> = commands
-                .iter()
-                .map(|c| (!reads_catalog(c)).then(|| self.local_reply(c)))
-                .collect();
+            // Each reply in the protocol in force when its command runs
+            // (a `HELLO` among them switches it for those after).
+            let mut protos = Vec::with_capacity(commands.len());
+            let mut replies: Vec<Option<Reply>> = Vec::with_capacity(commands.len());
+            for c in &commands {
+                replies.push((!reads_catalog(c)).then(|| self.local_reply(c)));
+                protos.push(self.proto);
+            }
             if cx.pending_replies() == 0 || replies.iter().all(Option::is_some) {
                 let replies = replies
                     .into_iter()
                     .zip(&commands)
-                    .map(|(r, c)| {
-                        r.unwrap_or_else(|| super::catalog_reply(&self.shared, self.proto, c))
+                    .zip(&protos)
+                    .map(|((r, c), p)| {
+                        r.unwrap_or_else(|| super::catalog_reply(&self.shared, *p, c))
                     })
                     .collect();
-                return Some(Reply::Array(replies));
+                return Some(Reply::array_in_protocols(replies, &protos));
             }
             let (shared, proto) = (self.shared.clone(), self.proto);
             cx.reply_in_turn(move || {
-                for (r, c) in replies.iter_mut().zip(&commands) {
+                for ((r, c), p) in replies.iter_mut().zip(&commands).zip(&protos) {
                     if r.is_none() {
-                        *r = Some(super::catalog_reply(&shared, proto, c));
+                        *r = Some(super::catalog_reply(&shared, *p, c));
                     }
                 }
-                Reply::Array(replies.into_iter().flatten().collect()).frame(proto)
+                let replies = replies.into_iter().flatten().collect();
+                Reply::array_in_protocols(replies, &protos).frame(proto)
             });
             cx.hold_frames_until_replied();
             return None;
@@ -196,16 +202,17 @@ impl RespSession {
                 .placed_shard::<StreamActor>(&stream)
                 .is_none()
         {
-            let replies = commands
-                .iter()
-                .zip(&specs)
-                .map(|(c, spec)| match spec.name {
+            let mut protos = Vec::with_capacity(commands.len());
+            let mut replies = Vec::with_capacity(commands.len());
+            for (c, spec) in commands.iter().zip(&specs) {
+                replies.push(match spec.name {
                     "exists" => Reply::Int(0),
                     "type" => Reply::Status("none"),
                     _ => self.local_reply(c),
-                })
-                .collect();
-            return Some(Reply::Array(replies));
+                });
+                protos.push(self.proto);
+            }
+            return Some(Reply::array_in_protocols(replies, &protos));
         }
         // The session's own commands answer now; the data commands go to
         // the stream's actor as one batch, and the replies are merged back
@@ -213,14 +220,18 @@ impl RespSession {
         // in the batch (the actor updates the catalog as each command
         // runs).
         let mut local: Vec<Option<Reply>> = Vec::with_capacity(commands.len());
+        let mut protos = Vec::with_capacity(commands.len());
         let mut batch = Vec::new();
+        let mut batch_protos = Vec::new();
         for (c, spec) in commands.into_iter().zip(&specs) {
             if streams_of(spec, &c).is_empty() && !reads_catalog(&c) {
                 local.push(Some(self.local_reply(&c)));
             } else {
                 local.push(None);
                 batch.push(c);
+                batch_protos.push(self.proto);
             }
+            protos.push(self.proto);
         }
         // `KEYS`, `SCAN`, `INFO` read the catalog, which the connection's
         // requests to other streams change: with replies pending, the
@@ -232,7 +243,7 @@ impl RespSession {
         let start = move || {
             let ask = system.keyed::<StreamActor>(stream).ask(ExecBatch {
                 commands: batch,
-                proto,
+                protos: batch_protos,
                 broker,
             });
             async move {
@@ -254,7 +265,7 @@ impl RespSession {
                     .into_iter()
                     .map(|r| r.unwrap_or_else(|| data.next().unwrap_or(Reply::NilArray)))
                     .collect();
-                Reply::Array(replies).frame(proto)
+                Reply::array_in_protocols(replies, &protos).frame(proto)
             }
         };
         if reads {
