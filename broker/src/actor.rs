@@ -704,6 +704,9 @@ pub struct Watch {
     pub notify: Arc<Notify>,
     /// Which of the reader's streams this is.
     pub index: usize,
+    /// A group's reader: its group (gone, or the stream gone, before the
+    /// watch came, the reader is woken to fail as it would have been).
+    pub group: Option<Bytes>,
     /// The broker (its id: a message touches no shared reference count).
     pub broker: u64,
 }
@@ -717,6 +720,15 @@ impl Handler<Watch> for StreamActor {
             // that holds nothing else.
             self.end_if_nothing(cx);
             return;
+        }
+        // Between the reader's read and this watch, its stream or group
+        // may have gone (nobody was watching to be told): it fails now.
+        if let Some(group) = &m.group {
+            match &self.stream {
+                None => return m.notify.fire(m.index, true),
+                Some(s) if !s.groups.contains_key(group) => return m.notify.fire(m.index, false),
+                Some(_) => {}
+            }
         }
         let ready = self
             .stream

@@ -646,7 +646,8 @@ impl RespSession {
             };
             let deadline = block_deadline(block);
             loop {
-                let Some((fired, deleted)) = next_append(&actors, &after, deadline, shared).await
+                let Some((fired, deleted)) =
+                    next_append(&actors, &after, None, deadline, shared).await
                 else {
                     return Reply::NilArray.frame(proto);
                 };
@@ -696,6 +697,7 @@ impl RespSession {
             return;
         };
         let (group, consumer) = p.group.clone().expect("parse_read checks GROUP");
+        let group_name = group.clone();
         if p.keys.len() == 1 && self.reads_missing(&p.keys[0], cx) {
             // No stream, so no group: Redis checks that first.
             let r = crate::actor::no_group_in_readgroup(&p.keys[0], &group);
@@ -818,8 +820,14 @@ impl RespSession {
             };
             let deadline = block_deadline(block);
             loop {
-                let Some((fired, deleted)) =
-                    next_append(&watch_actors, &last_ids, deadline, shared).await
+                let Some((fired, deleted)) = next_append(
+                    &watch_actors,
+                    &last_ids,
+                    Some(&group_name),
+                    deadline,
+                    shared,
+                )
+                .await
                 else {
                     return Reply::NilArray.frame(proto);
                 };
@@ -904,6 +912,7 @@ fn block_deadline(ms: u64) -> Option<std::time::Instant> {
 async fn next_append(
     actors: &[mailring_actors::Addr<StreamActor>],
     after: &[StreamId],
+    group: Option<&Bytes>,
     deadline: Option<std::time::Instant>,
     shared: &Shared,
 ) -> Option<(usize, bool)> {
@@ -930,6 +939,7 @@ async fn next_append(
                         after: StreamId::MAX,
                         notify: self.notify.clone(),
                         index: i,
+                        group: None,
                         broker: self.broker,
                     });
                 }
@@ -955,6 +965,7 @@ async fn next_append(
             after: *after,
             notify: notify.clone(),
             index: i,
+            group: group.cloned(),
             broker: shared.id,
         });
     }
@@ -1018,7 +1029,7 @@ pub(crate) fn subcommand_help(command: &str, subcommands: &[(&str, &str)]) -> Re
     let mut lines = vec![Reply::StatusOwned(format!(
         "{command} <subcommand> [<arg> [value] [opt] ...]. Subcommands are:"
     ))];
-    for (usage, what) in subcommands.iter().chain(&[("HELP", "Print this help.")]) {
+    for (usage, what) in subcommands.iter().chain(&[("HELP", "Prints this help.")]) {
         lines.push(Reply::StatusOwned((*usage).to_owned()));
         lines.push(Reply::StatusOwned(format!("    {what}")));
     }

@@ -2264,3 +2264,56 @@ fn client_info_help_and_command_info_describe_what_the_broker_takes() {
     assert!(all.len() > 20);
     assert_eq!(all, info_all);
 }
+
+#[test]
+fn a_group_reader_answered_with_no_entry_is_seen_then() {
+    // Redis refreshes a served consumer's seen time even when the entry
+    // that woke it was trimmed at once.
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    c.cmd(&["XADD", "seen", "1-0", "f", "v"]);
+    c.cmd(&["XGROUP", "CREATE", "seen", "g", "0"]);
+    c.cmd(&["XREADGROUP", "GROUP", "g", "alice", "STREAMS", "seen", ">"]);
+    std::thread::sleep(Duration::from_millis(600));
+    let mut reader = Client::connect(broker.local_addr());
+    reader.send_raw(&encode(&[
+        b"XREADGROUP",
+        b"GROUP",
+        b"g",
+        b"alice",
+        b"BLOCK",
+        b"0",
+        b"STREAMS",
+        b"seen",
+        b">",
+    ]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !c
+        .cmd(&["INFO", "clients"])
+        .text()
+        .contains("blocked_clients:1")
+    {
+        assert!(std::time::Instant::now() < deadline, "never blocked");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    c.cmd(&["XADD", "seen", "MAXLEN", "0", "2-0", "f", "v"]);
+    let R::Array(served) = reader.read() else {
+        panic!("served");
+    };
+    assert_eq!(served.len(), 1);
+    let R::Array(consumers) = c.cmd(&["XINFO", "CONSUMERS", "seen", "g"]) else {
+        panic!("consumers");
+    };
+    let R::Array(alice) = &consumers[0] else {
+        panic!("alice");
+    };
+    let idle = alice
+        .chunks(2)
+        .find(|kv| kv[0] == R::bulk("idle"))
+        .map(|kv| kv[1].clone());
+    match idle {
+        Some(R::Int(ms)) => assert!(ms < 400, "idle {ms} ms: not seen when served"),
+        other => panic!("{other:?}"),
+    }
+}

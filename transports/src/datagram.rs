@@ -161,12 +161,13 @@ pub struct DatagramConfig {
     /// they are dropped and counted ([`DatagramShardStats::queue_full`]).
     /// Default 256.
     pub session_queue: usize,
-    /// Datagrams handed to another shard (their key's) that it has not
-    /// taken yet, per receiving shard's destination: while that shard is
-    /// busy (a handler holding its thread), more would gather in its inbox
-    /// without bound, so past this they are dropped and counted
+    /// Datagrams handed to a shard (their key's) by the others and not
+    /// taken by it yet, counted per destination shard over every shard
+    /// that hands to it: while that shard is busy (a handler holding its
+    /// thread), more would gather in its inbox without bound, so past this
+    /// they are dropped where they arrived and counted
     /// ([`DatagramShardStats::handoff_full`]), as a full socket buffer
-    /// drops them. Default 4,096.
+    /// drops them. At least 1 (0 is taken as 1). Default 4,096.
     pub handoff_queue: usize,
     /// Whether each shard takes datagrams with one multishot receive over a
     /// ring of 16 buffers of 64 KiB (Linux 6.0+; 1 MiB per shard), instead

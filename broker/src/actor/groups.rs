@@ -411,6 +411,15 @@ impl StreamActor {
             return None;
         }
         if g.consumers.contains_key(consumer) {
+            // Seen now (Redis refreshes it as it serves the reader).
+            if let Some(c) = self
+                .stream
+                .as_mut()
+                .and_then(|s| s.groups.get_mut(group))
+                .and_then(|g| g.consumers.get_mut(consumer))
+            {
+                c.seen_time = now_ms();
+            }
             return Some(Ok(None));
         }
         Some(

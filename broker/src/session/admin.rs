@@ -171,7 +171,10 @@ impl RespSession {
                 }
                 _ => Vec::new(),
             };
-            let title = format!("{}{}", section[..1].to_ascii_uppercase(), &section[1..]);
+            let title = match *section {
+                "cpu" => "CPU".to_owned(),
+                _ => format!("{}{}", section[..1].to_ascii_uppercase(), &section[1..]),
+            };
             text.push_str(&format!("# {title}\r\n"));
             for l in lines {
                 text.push_str(&l);
