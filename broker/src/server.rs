@@ -207,6 +207,9 @@ pub struct Shared {
     pub(crate) blocked: Mutex<Vec<std::sync::Weak<crate::actor::Notify>>>,
     /// When the broker started.
     pub(crate) started: std::time::Instant,
+    /// The address it listens on, once bound (`config.addr` may name port
+    /// 0).
+    pub(crate) bound: std::sync::OnceLock<SocketAddr>,
     pub(crate) system: SystemHandle,
     /// Streams read back at start, each taken by its actor's first command.
     pub(crate) recovered: Mutex<HashMap<Bytes, RecoveredStream>>,
@@ -294,6 +297,11 @@ impl Shared {
         for n in blocked.iter().filter_map(std::sync::Weak::upgrade) {
             n.fire(Self::CLOSING, false);
         }
+    }
+
+    /// The address the broker listens on.
+    pub(crate) fn listening_on(&self) -> SocketAddr {
+        self.bound.get().copied().unwrap_or(self.config.addr)
     }
 
     fn register(shared: &Arc<Shared>) {
@@ -482,6 +490,7 @@ impl Broker {
             closing: std::sync::atomic::AtomicBool::new(false),
             blocked: Mutex::new(Vec::new()),
             started: std::time::Instant::now(),
+            bound: std::sync::OnceLock::new(),
             system: system.handle(),
             recovered: Mutex::new(recovered.streams),
         });
@@ -501,6 +510,7 @@ impl Broker {
         }
         let server = server.bind(runtime.handle(), config.addr)?;
         let addr = server.local_addr();
+        let _ = broker_shared.bound.set(addr);
         Ok(Broker {
             runtime: Some(runtime),
             system: Some(system),

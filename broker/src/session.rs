@@ -257,7 +257,7 @@ impl RespSession {
             "id={} addr={} laddr={} fd=-1 name={name} age={} idle=0 flags={flags} db=0 sub=0 psub=0 ssub=0 multi={multi} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd=client|info user=default redir=-1 resp={resp}\n",
             self.id,
             self.peer.map_or_else(|| "?".to_owned(), |a| a.to_string()),
-            self.shared.config.addr,
+            self.shared.listening_on(),
             self.opened.elapsed().as_secs(),
         )
     }
@@ -297,7 +297,7 @@ impl RespSession {
             ("databases", "1".to_owned()),
             ("dir", config.store.dir.display().to_string()),
             ("maxmemory", "0".to_owned()),
-            ("port", config.addr.port().to_string()),
+            ("port", self.shared.listening_on().port().to_string()),
             ("save", String::new()),
             (
                 "stream-node-max-bytes",

@@ -2236,6 +2236,7 @@ fn client_info_help_and_command_info_describe_what_the_broker_takes() {
     for want in [
         format!("id={id} "),
         format!(" addr={me} "),
+        format!(" laddr={} ", broker.local_addr()),
         " name=worker-7 ".to_owned(),
         " flags=N ".to_owned(),
         " multi=-1 ".to_owned(),
@@ -2243,6 +2244,16 @@ fn client_info_help_and_command_info_describe_what_the_broker_takes() {
     ] {
         assert!(info.contains(&want), "{want:?} in {info:?}");
     }
+    // The port it listens on, not the configured 0.
+    let port = broker.local_addr().port();
+    assert!(c
+        .cmd(&["INFO", "server"])
+        .text()
+        .contains(&format!("tcp_port:{port}\r\n")));
+    assert_eq!(
+        c.cmd(&["CONFIG", "GET", "port"]),
+        R::Array(vec![R::bulk("port"), R::bulk(&port.to_string())])
+    );
     // Each help lists its subcommands, HELP last.
     for (command, first) in [("CLIENT", "GETNAME"), ("CONFIG", "GET"), ("COMMAND", "(no")] {
         let R::Array(lines) = c.cmd(&[command, "HELP"]) else {

@@ -95,7 +95,7 @@ impl RespSession {
                     format!("os:{} {}", std::env::consts::OS, std::env::consts::ARCH),
                     format!("arch_bits:{}", usize::BITS),
                     format!("process_id:{}", std::process::id()),
-                    format!("tcp_port:{}", shared.config.addr.port()),
+                    format!("tcp_port:{}", shared.listening_on().port()),
                     format!("uptime_in_seconds:{}", shared.started.elapsed().as_secs()),
                     format!(
                         "uptime_in_days:{}",
