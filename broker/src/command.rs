@@ -181,11 +181,7 @@ pub fn check_subcommand(command: &str, args: &[Bytes]) -> Result<&'static str, R
         .iter()
         .find(|(c, s, _)| *c == command && s.as_bytes() == sub.as_slice())
     else {
-        return Err(Reply::err(format!(
-            "unknown subcommand '{}'. Try {} HELP.",
-            printable(c_string(&args[1]), 128),
-            command.to_ascii_uppercase()
-        )));
+        return Err(unknown_subcommand(command, &args[1]));
     };
     let argc = args.len() as i64;
     let ok = if *arity >= 0 {
@@ -299,11 +295,26 @@ pub fn unknown_command(args: &[Bytes]) -> Reply {
         list.extend_from_slice(&c_string(a)[..c_string(a).len().min(room)]);
         list.extend_from_slice(b"' ");
     }
-    Reply::err(format!(
-        "unknown command '{}', with args beginning with: {}",
-        printable(c_string(&args[0]), 128),
-        printable(&list, list.len())
-    ))
+    let name = c_string(&args[0]);
+    Reply::error_bytes(&[
+        b"ERR unknown command '",
+        &name[..name.len().min(128)],
+        b"', with args beginning with: ",
+        &list,
+    ])
+}
+
+/// Redis's reply to a subcommand of `command` it does not know (the name
+/// as the client sent it, cut at 128 bytes and at a NUL).
+pub fn unknown_subcommand(command: &str, sub: &[u8]) -> Reply {
+    let sub = c_string(sub);
+    Reply::error_bytes(&[
+        b"ERR unknown subcommand '",
+        &sub[..sub.len().min(128)],
+        b"'. Try ",
+        command.to_ascii_uppercase().as_bytes(),
+        b" HELP.",
+    ])
 }
 
 /// An argument as C's string functions see it: up to its first NUL.
@@ -773,31 +784,37 @@ mod tests {
         assert!(arity_ok(spec, 5));
         assert!(arity_ok(lookup(b"xlen").unwrap(), 2));
         assert!(!arity_ok(lookup(b"xlen").unwrap(), 3));
+        let text = |r: Reply| match r {
+            Reply::ErrorBytes(b) => String::from_utf8_lossy(&b).into_owned(),
+            other => panic!("{other:?}"),
+        };
         assert_eq!(
-            unknown_command(&a(&["FOO", "a", "b"])),
-            Reply::err("unknown command 'FOO', with args beginning with: 'a' 'b' ")
+            text(unknown_command(&a(&["FOO", "a", "b"]))),
+            "ERR unknown command 'FOO', with args beginning with: 'a' 'b' "
         );
         // Arguments while the list is under 128 bytes, each cut to the
         // room left; names and arguments end at a NUL.
         let many: Vec<&str> = std::iter::once("FOO").chain(["a"; 40]).collect();
-        let Reply::Error(text) = unknown_command(&a(&many)) else {
-            panic!()
-        };
-        assert_eq!(text.matches("'a' ").count(), 32, "{text}");
+        let listed = text(unknown_command(&a(&many)));
+        assert_eq!(listed.matches("'a' ").count(), 32, "{listed}");
         let long = "x".repeat(200);
-        let Reply::Error(text) = unknown_command(&a(&["FOO", "ab", &long, "c"])) else {
-            panic!()
-        };
         assert_eq!(
-            text,
+            text(unknown_command(&a(&["FOO", "ab", &long, "c"]))),
             format!(
                 "ERR unknown command 'FOO', with args beginning with: 'ab' '{}' ",
                 "x".repeat(123)
             )
         );
         assert_eq!(
-            unknown_command(&a(&["EX\0STS", "k\0ey"])),
-            Reply::err("unknown command 'EX', with args beginning with: 'k' ")
+            text(unknown_command(&a(&["EX\0STS", "k\0ey"]))),
+            "ERR unknown command 'EX', with args beginning with: 'k' "
+        );
+        // Bytes that are not UTF-8 are echoed as sent.
+        assert_eq!(
+            unknown_command(&[Bytes::from_static(b"F\xff"), Bytes::from_static(b"\xfe")]),
+            Reply::ErrorBytes(Bytes::from_static(
+                b"ERR unknown command 'F\xff', with args beginning with: '\xfe' "
+            ))
         );
     }
 }

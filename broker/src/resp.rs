@@ -574,6 +574,10 @@ pub enum Reply {
     StatusOwned(String),
     /// `-ERR ...`: the whole line after `-`, prefix included.
     Error(String),
+    /// An error whose text carries a client's bytes as they came (Redis
+    /// echoes them raw, not as UTF-8): the whole line after `-`, without
+    /// `\r` or `\n`.
+    ErrorBytes(Bytes),
     /// `:n`.
     Int(i64),
     /// `$n` and the bytes.
@@ -613,6 +617,19 @@ impl Reply {
         Reply::Error(format!("ERR {text}"))
     }
 
+    /// An error reply of `parts` joined, as bytes (line ends made spaces,
+    /// so the error stays one line).
+    pub fn error_bytes(parts: &[&[u8]]) -> Reply {
+        let mut text = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+        for p in parts {
+            text.extend(
+                p.iter()
+                    .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+            );
+        }
+        Reply::ErrorBytes(text.into())
+    }
+
     /// A bulk reply of `text`.
     pub fn bulk(text: impl Into<Bytes>) -> Reply {
         Reply::Bulk(text.into())
@@ -625,6 +642,7 @@ impl Reply {
             Reply::Status(s) => line(dst, b'+', s.as_bytes()),
             Reply::StatusOwned(s) => line(dst, b'+', s.as_bytes()),
             Reply::Error(s) => line(dst, b'-', s.as_bytes()),
+            Reply::ErrorBytes(b) => line(dst, b'-', b),
             Reply::Int(n) => {
                 let mut b = itoa::Buffer::new();
                 line(dst, b':', b.format(*n).as_bytes());
@@ -752,6 +770,7 @@ impl Reply {
             Reply::Encoded(b) => b.len(),
             Reply::Status(t) => t.len() + 3,
             Reply::StatusOwned(t) | Reply::Error(t) | Reply::Verbatim(t) => t.len() + 24,
+            Reply::ErrorBytes(b) => b.len() + 3,
             Reply::Int(_) | Reply::Double(_) => 32,
             Reply::Bulk(b) => b.len() + 16,
             Reply::Nil | Reply::NilArray => 5,

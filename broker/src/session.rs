@@ -230,10 +230,7 @@ impl RespSession {
             (b"id" | b"getname" | b"setname" | b"setinfo" | b"info" | b"no-evict" | b"help", _) => {
                 command::wrong_arity(&format!("client|{}", String::from_utf8_lossy(&sub)))
             }
-            _ => Reply::err(format!(
-                "unknown subcommand '{}'. Try CLIENT HELP.",
-                command::c_printable(&args[1], 128)
-            )),
+            _ => command::unknown_subcommand("client", &args[1]),
         }
     }
 
@@ -282,10 +279,7 @@ impl RespSession {
             _ => {}
         }
         if sub != b"get" {
-            return Reply::err(format!(
-                "unknown subcommand '{}'. Try CONFIG HELP.",
-                command::c_printable(&args[1], 128)
-            ));
+            return command::unknown_subcommand("config", &args[1]);
         }
         if args.len() < 3 {
             return command::wrong_arity("config|get");
@@ -444,7 +438,7 @@ impl RespSession {
                     for a in asks {
                         match settle(a.await).await {
                             Reply::Int(d) => n += d,
-                            e @ Reply::Error(_) => return e.frame(proto),
+                            e @ (Reply::Error(_) | Reply::ErrorBytes(_)) => return e.frame(proto),
                             _ => {}
                         }
                     }

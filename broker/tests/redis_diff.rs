@@ -1224,3 +1224,63 @@ fn blocked_readers_are_woken_and_answered_as_redis_server_answers_them() {
     broker.shutdown();
     assert_no_failures(&failures, "blocked readers");
 }
+
+#[test]
+fn unknown_commands_and_subcommands_echo_the_client_s_bytes_as_redis_server_does() {
+    // Bytes that are not UTF-8 come back as they were sent (not as
+    // replacement characters), cut where Redis cuts them, also when a
+    // transaction is refused for them.
+    if !have("redis-server") {
+        eprintln!("SKIPPED: redis-server is not installed (apt-get install redis-server)");
+        return;
+    }
+    let dir = TempDir::new();
+    let redis = RedisServer::start(&dir.0.join("redis"));
+    let broker = Broker::start(broker_config(dir.0.join("broker"))).expect("start the broker");
+    let long = [b'\xe9'; 200];
+    let cases: Vec<Vec<&[u8]>> = vec![
+        vec![b"FO\xffO", b"a\xfe", b"\xc3\x28"],
+        vec![b"\xff", &long],
+        vec![&long, b"x"],
+        vec![b"CLIENT", b"x\xffy"],
+        vec![b"CONFIG", &long],
+        vec![b"COMMAND", b"\x80"],
+        vec![b"XGROUP", b"\xfe\xff", b"k", b"g"],
+        vec![b"XINFO", b"\xfe", b"k"],
+        vec![b"XPENDING", b"k\xff", b"g\xfe"],
+        vec![
+            b"XREADGROUP",
+            b"GROUP",
+            b"g\xfe",
+            b"c",
+            b"STREAMS",
+            b"k\xff",
+            b">",
+        ],
+    ];
+    let mut failures = Vec::new();
+    for (i, args) in cases.iter().enumerate() {
+        // Alone, then queued in a transaction (refused at EXEC).
+        let alone = common::encode(args);
+        let queued = [
+            common::encode(&[b"MULTI"]),
+            common::encode(args),
+            common::encode(&[b"EXEC"]),
+        ]
+        .concat();
+        for (how, input) in [("alone", alone), ("in MULTI", queued)] {
+            let input = [input, common::encode(&[b"QUIT"])].concat();
+            let want = exchange(redis.port, &input);
+            let got = exchange(broker.local_addr().port(), &input);
+            if want != got {
+                failures.push(format!(
+                    "case {i} {how}:\n--- redis-server:\n{}\n--- broker:\n{}",
+                    want.escape_ascii(),
+                    got.escape_ascii()
+                ));
+            }
+        }
+    }
+    broker.shutdown();
+    assert_no_failures(&failures, "bytes in error texts");
+}

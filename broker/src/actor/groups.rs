@@ -6,7 +6,7 @@
 use bytes::Bytes;
 
 use super::{now_ms, storage_error, Answer, StreamActor};
-use crate::command::{c_printable, not_an_integer, syntax_error};
+use crate::command::{c_printable, c_string, not_an_integer, syntax_error};
 use crate::id::{parse_id, parse_range, StreamId};
 use crate::log::{Loc, Op};
 use crate::resp::{parse_int, Reply};
@@ -14,31 +14,50 @@ use crate::server::Shared;
 use crate::store::Ticket;
 use crate::stream::{entry_reply, Fields, Stream};
 
-/// `NOGROUP` for `XGROUP` subcommands.
+/// Redis's error for a subcommand of `command` it does not know or whose
+/// arguments do not fit (the name as sent, cut at 128 bytes and a NUL).
+fn bad_subcommand(command: &str, sub: &[u8]) -> Reply {
+    let sub = crate::command::c_string(sub);
+    Reply::error_bytes(&[
+        b"ERR unknown subcommand or wrong number of arguments for '",
+        &sub[..sub.len().min(128)],
+        b"'. Try ",
+        command.as_bytes(),
+        b" HELP.",
+    ])
+}
+
+/// `NOGROUP` for `XGROUP` subcommands (names as sent, up to a NUL).
 fn no_group_for_key(group: &[u8], key: &[u8]) -> Reply {
-    Reply::Error(format!(
-        "NOGROUP No such consumer group '{}' for key name '{}'",
-        c_printable(group, usize::MAX),
-        c_printable(key, usize::MAX)
-    ))
+    Reply::error_bytes(&[
+        b"NOGROUP No such consumer group '",
+        c_string(group),
+        b"' for key name '",
+        c_string(key),
+        b"'",
+    ])
 }
 
 /// `NOGROUP` for `XPENDING`, `XCLAIM`, `XAUTOCLAIM`, `XINFO CONSUMERS`.
 fn no_key_or_group(key: &[u8], group: &[u8]) -> Reply {
-    Reply::Error(format!(
-        "NOGROUP No such key '{}' or consumer group '{}'",
-        c_printable(key, usize::MAX),
-        c_printable(group, usize::MAX)
-    ))
+    Reply::error_bytes(&[
+        b"NOGROUP No such key '",
+        c_string(key),
+        b"' or consumer group '",
+        c_string(group),
+        b"'",
+    ])
 }
 
 /// `NOGROUP` for `XREADGROUP`.
 pub(crate) fn no_group_in_readgroup(key: &[u8], group: &[u8]) -> Reply {
-    Reply::Error(format!(
-        "NOGROUP No such key '{}' or consumer group '{}' in XREADGROUP with GROUP option",
-        c_printable(key, usize::MAX),
-        c_printable(group, usize::MAX)
-    ))
+    Reply::error_bytes(&[
+        b"NOGROUP No such key '",
+        c_string(key),
+        b"' or consumer group '",
+        c_string(group),
+        b"' in XREADGROUP with GROUP option",
+    ])
 }
 
 /// What a claim logs: the pending entries of deleted entries dropped, and
@@ -123,12 +142,7 @@ impl StreamActor {
         let sub = args[1].to_ascii_lowercase();
         let key = &args[2];
         let group = &args[3];
-        let bad_options = || {
-            Reply::err(format!(
-                "unknown subcommand or wrong number of arguments for '{}'. Try XGROUP HELP.",
-                c_printable(&args[1], 128)
-            ))
-        };
+        let bad_options = || bad_subcommand("XGROUP", &args[1]);
         let mut mkstream = false;
         let mut entries_read: Option<i64> = None;
         let mut i = 5;
@@ -834,12 +848,7 @@ impl StreamActor {
                         let n = int(&args[5])?;
                         Some(if n < 0 { 10 } else { n as usize })
                     }
-                    _ => {
-                        return Err(Reply::err(format!(
-                        "unknown subcommand or wrong number of arguments for '{}'. Try XINFO HELP.",
-                        c_printable(&args[1], 128)
-                    )))
-                    }
+                    _ => return Err(bad_subcommand("XINFO", &args[1])),
                 };
                 let head = vec![
                     (b("length"), Reply::Int(stream.len() as i64)),

@@ -224,10 +224,7 @@ impl RespSession {
             ),
             b"help" => command::wrong_arity("command|help"),
             b"count" => command::wrong_arity("command|count"),
-            _ => Reply::err(format!(
-                "unknown subcommand '{}'. Try COMMAND HELP.",
-                command::c_printable(sub, 128)
-            )),
+            _ => command::unknown_subcommand("command", sub),
         }
     }
 

@@ -28,13 +28,12 @@ pub(crate) struct Queue {
 pub(super) fn reject(session: &mut RespSession, exec: bool, error: Reply) -> Reply {
     if exec {
         session.multi = None;
-        let text = match &error {
-            Reply::Error(t) => t.strip_prefix("ERR ").unwrap_or(t).to_owned(),
-            _ => String::new(),
+        let text: &[u8] = match &error {
+            Reply::Error(t) => t.strip_prefix("ERR ").unwrap_or(t).as_bytes(),
+            Reply::ErrorBytes(t) => t.strip_prefix(b"ERR ").unwrap_or(t),
+            _ => b"",
         };
-        return Reply::Error(format!(
-            "EXECABORT Transaction discarded because of: {text}"
-        ));
+        return Reply::error_bytes(&[b"EXECABORT Transaction discarded because of: ", text]);
     }
     if let Some(q) = session.multi.as_mut() {
         q.spoiled = true;
