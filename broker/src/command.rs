@@ -322,12 +322,6 @@ pub fn c_string(arg: &[u8]) -> &[u8] {
     &arg[..arg.iter().position(|&b| b == 0).unwrap_or(arg.len())]
 }
 
-/// An argument in an error text as Redis prints it with `%s` (or
-/// `%.<max>s`): as a C string, up to its first NUL, at most `max` bytes.
-pub fn c_printable(arg: &[u8], max: usize) -> String {
-    printable(c_string(arg), max)
-}
-
 /// An argument shown in an error text: at most `max` bytes, lossy UTF-8,
 /// line ends replaced so the error stays one line.
 pub fn printable(arg: &[u8], max: usize) -> String {

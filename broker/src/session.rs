@@ -148,10 +148,11 @@ impl RespSession {
                 name = Some(args[i + 1].clone());
                 i += 2;
             } else {
-                return Reply::err(format!(
-                    "Syntax error in HELLO option '{}'",
-                    command::c_printable(&args[i], usize::MAX)
-                ));
+                return Reply::error_bytes(&[
+                    b"ERR Syntax error in HELLO option '",
+                    command::c_string(&args[i]),
+                    b"'",
+                ]);
             }
         }
         if !self.authenticated {

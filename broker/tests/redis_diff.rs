@@ -1248,6 +1248,10 @@ fn unknown_commands_and_subcommands_echo_the_client_s_bytes_as_redis_server_does
         vec![b"XGROUP", b"\xfe\xff", b"k", b"g"],
         vec![b"XINFO", b"\xfe", b"k"],
         vec![b"XPENDING", b"k\xff", b"g\xfe"],
+        vec![b"HELLO", b"3", b"\xffopt"],
+        vec![b"XADD", b"kx", b"1-0", b"f", b"v"],
+        vec![b"XGROUP", b"CREATE", b"kx", b"g", b"0"],
+        vec![b"XCLAIM", b"kx", b"g", b"c", b"0", b"1-0", b"\xffbad"],
         vec![
             b"XREADGROUP",
             b"GROUP",

@@ -6,7 +6,7 @@
 use bytes::Bytes;
 
 use super::{now_ms, storage_error, Answer, StreamActor};
-use crate::command::{c_printable, c_string, not_an_integer, syntax_error};
+use crate::command::{c_string, not_an_integer, syntax_error};
 use crate::id::{parse_id, parse_range, StreamId};
 use crate::log::{Loc, Op};
 use crate::resp::{parse_int, Reply};
@@ -635,10 +635,11 @@ impl StreamActor {
                     last_id = Some(parse_id(&args[i], 0, true)?);
                 }
                 _ => {
-                    return Err(Reply::err(format!(
-                        "Unrecognized XCLAIM option '{}'",
-                        c_printable(&args[i], usize::MAX)
-                    )))
+                    return Err(Reply::error_bytes(&[
+                        b"ERR Unrecognized XCLAIM option '",
+                        c_string(&args[i]),
+                        b"'",
+                    ]))
                 }
             }
             i += 1;
