@@ -46,8 +46,7 @@ pub struct StreamActor {
     watchers: Vec<(Arc<Notify>, usize)>,
     /// What the commands since the watchers were last woken did that
     /// Redis signals its blocked readers for: an entry added (even one
-    /// trimmed at once), a group destroyed, a stream made; and the stream
-    /// deleted.
+    /// trimmed at once), a group destroyed; and the stream deleted.
     signal: Signal,
     /// While a transaction runs: its operations, logged as one record.
     batch: Option<Vec<Op>>,
@@ -83,7 +82,7 @@ pub struct StreamActor {
 pub(crate) enum Signal {
     /// Nothing to wake readers for.
     Quiet,
-    /// An entry added, a group destroyed, the stream made: readers look.
+    /// An entry added, a group destroyed: readers look.
     Ready,
     /// The stream deleted: a group's readers fail.
     Deleted,

@@ -92,27 +92,10 @@ fn id_text(arg: &[u8]) -> Option<&[u8]> {
 /// takes whole: leading blanks, a sign (a negative wraps around), digits
 /// (leading zeros too) and nothing after them, within `u64`.
 fn parse_u64(s: &[u8]) -> Option<u64> {
-    if let Some(v) = crate::resp::parse_int(s) {
-        return u64::try_from(v).ok();
+    match crate::resp::parse_int(s) {
+        Some(v) => u64::try_from(v).ok(),
+        None => crate::resp::strtoull_whole(s),
     }
-    let blanks = s
-        .iter()
-        .position(|&b| !crate::resp::c_isspace(b))
-        .unwrap_or(s.len());
-    let s = &s[blanks..];
-    let (negative, digits) = match s.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        Some((b'+', rest)) => (false, rest),
-        _ => (false, s),
-    };
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let mut v: u64 = 0;
-    for d in digits {
-        v = v.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
-    }
-    Some(if negative { v.wrapping_neg() } else { v })
 }
 
 /// The id argument of `XADD`.

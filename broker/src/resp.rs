@@ -423,6 +423,27 @@ fn line_end(buf: &[u8], from: usize) -> Option<usize> {
     }
 }
 
+/// What C's `strtoull` (base 10) reads from `s` when it must take all of
+/// it: leading blanks, an optional sign (a negative wraps around), at
+/// least one digit and nothing after them, within `u64`.
+pub fn strtoull_whole(s: &[u8]) -> Option<u64> {
+    let blanks = s.iter().position(|&b| !c_isspace(b)).unwrap_or(s.len());
+    let s = &s[blanks..];
+    let (negative, digits) = match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        Some((b'+', rest)) => (false, rest),
+        _ => (false, s),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for d in digits {
+        v = v.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+    }
+    Some(if negative { v.wrapping_neg() } else { v })
+}
+
 /// A decimal integer as Redis's `string2ll` reads it: an optional `-`, no
 /// `+`, no spaces, no leading zeros except `0` itself, within `i64`.
 pub fn parse_int(s: &[u8]) -> Option<i64> {

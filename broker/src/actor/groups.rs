@@ -17,7 +17,7 @@ use crate::stream::{entry_reply, Fields, Stream};
 /// Redis's error for a subcommand of `command` it does not know or whose
 /// arguments do not fit (the name as sent, cut at 128 bytes and a NUL).
 fn bad_subcommand(command: &str, sub: &[u8]) -> Reply {
-    let sub = crate::command::c_string(sub);
+    let sub = c_string(sub);
     Reply::error_bytes(&[
         b"ERR unknown subcommand or wrong number of arguments for '",
         &sub[..sub.len().min(128)],

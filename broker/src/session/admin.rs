@@ -308,29 +308,11 @@ impl RespSession {
 /// no digits at all read as 0 only for the empty string.
 fn scan_cursor(arg: &[u8]) -> Option<u64> {
     let text = command::c_string(arg);
-    if text.first().is_some_and(|b| b" \t\n\x0b\x0c\r".contains(b)) {
-        return None;
+    match text.first() {
+        None => Some(0),
+        Some(&b) if crate::resp::c_isspace(b) => None,
+        Some(_) => crate::resp::strtoull_whole(text),
     }
-    if text.is_empty() {
-        return Some(0);
-    }
-    let (negative, digits) = match text[0] {
-        b'-' => (true, &text[1..]),
-        b'+' => (false, &text[1..]),
-        _ => (false, text),
-    };
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let mut value: u64 = 0;
-    for d in digits {
-        value = value.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
-    }
-    Some(if negative {
-        value.wrapping_neg()
-    } else {
-        value
-    })
 }
 
 /// `COMMAND INFO`'s 10-element description of a command.
