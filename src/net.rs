@@ -485,8 +485,8 @@ pub(crate) struct StreamCore<F: OpFile = ShardFd> {
 ///
 /// Counted on the socket's shard (after `check`), and uncounted wherever
 /// the operation's future finishes (a future polled off its shard after
-/// its submission finishes there): read-modify-writes, so no count is
-/// lost to a race.
+/// its submission finishes there): atomic adds, so no count is lost to a
+/// race (each `finished` follows its `count`, so it never goes below 0).
 #[derive(Debug, Default)]
 struct OnRing(std::sync::atomic::AtomicU32);
 
@@ -495,16 +495,9 @@ impl OnRing {
         self.0.load(std::sync::atomic::Ordering::Relaxed) > 0
     }
 
-    fn add(&self, step: i32) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let _ = self
-            .0
-            .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_add_signed(step)));
-    }
-
     /// Counts one operation until [`Counted::finished`].
     fn count(&self) -> Counted<'_> {
-        self.add(1);
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Counted(self)
     }
 }
@@ -514,7 +507,7 @@ struct Counted<'a>(&'a OnRing);
 
 impl Counted<'_> {
     fn finished(self) {
-        self.0.add(-1);
+        self.0 .0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -412,8 +412,9 @@ fn producer(
                 other => return Err(io::Error::other(format!("XADD answered {other:?}"))),
             }
             latencies.record(sent.elapsed());
-            run.produced.fetch_add(1, Ordering::Relaxed);
         }
+        run.produced
+            .fetch_add(config.pipeline as u64, Ordering::Relaxed);
     }
     Ok(latencies)
 }

@@ -792,9 +792,8 @@ fn arrive<S: DatagramSession>(
             .counters(shard)
             .forwarded
             .fetch_add(1, Ordering::Relaxed);
-        let shared = shared.clone();
         shared.handle.clone().run_on(owner, move || {
-            drop(transit);
+            let shared = transit.taken();
             if let Some(t) = table::<S>(shared.id) {
                 deliver(&shared, &t, owner, key, peer, datagram);
             } else if !shared.closing.load(Ordering::Acquire) {
@@ -829,33 +828,46 @@ fn arrive<S: DatagramSession>(
 }
 
 /// A place among the datagrams handed to a shard and not yet taken by it
-/// ([`DatagramConfig::handoff_queue`]); given back when dropped, whether
-/// the hand-off ran or was dropped unrun (the runtime shutting down).
+/// ([`DatagramConfig::handoff_queue`]), carrying the server to the hand-off;
+/// given back when taken there, or when dropped unrun (the runtime shutting
+/// down).
 struct InTransit<S: DatagramSession> {
-    shared: Arc<Shared<S>>,
+    shared: Option<Arc<Shared<S>>>,
     owner: ShardId,
 }
 
 impl<S: DatagramSession> InTransit<S> {
     fn take(shared: &Arc<Shared<S>>, owner: ShardId) -> Option<InTransit<S>> {
         let waiting = &shared.counters(owner).in_transit;
-        if waiting.fetch_add(1, Ordering::AcqRel) >= shared.config.handoff_queue.max(1) {
-            waiting.fetch_sub(1, Ordering::AcqRel);
+        if waiting.fetch_add(1, Ordering::Relaxed) >= shared.config.handoff_queue.max(1) {
+            waiting.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
         Some(InTransit {
-            shared: shared.clone(),
+            shared: Some(shared.clone()),
             owner,
         })
+    }
+
+    /// Taken by the shard it was handed to: the place is given back.
+    fn taken(mut self) -> Arc<Shared<S>> {
+        let shared = self.shared.take().expect("taken once");
+        shared
+            .counters(self.owner)
+            .in_transit
+            .fetch_sub(1, Ordering::Relaxed);
+        shared
     }
 }
 
 impl<S: DatagramSession> Drop for InTransit<S> {
     fn drop(&mut self) {
-        self.shared
-            .counters(self.owner)
-            .in_transit
-            .fetch_sub(1, Ordering::AcqRel);
+        if let Some(shared) = &self.shared {
+            shared
+                .counters(self.owner)
+                .in_transit
+                .fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
