@@ -2307,24 +2307,29 @@ fn a_group_reader_answered_with_no_entry_is_seen_then() {
         assert!(std::time::Instant::now() < deadline, "never blocked");
         std::thread::sleep(Duration::from_millis(5));
     }
-    std::thread::sleep(Duration::from_millis(50));
+    let idle = |c: &mut Client| {
+        let R::Array(consumers) = c.cmd(&["XINFO", "CONSUMERS", "seen", "g"]) else {
+            panic!("consumers");
+        };
+        let R::Array(alice) = &consumers[0] else {
+            panic!("alice");
+        };
+        match alice.chunks(2).find(|kv| kv[0] == R::bulk("idle")) {
+            Some([_, R::Int(ms)]) => *ms,
+            other => panic!("{other:?}"),
+        }
+    };
+    // Idle since its read, 600 ms ago at least; served, idle again from 0.
+    let before = idle(&mut c);
+    assert!(before >= 600, "{before}");
     c.cmd(&["XADD", "seen", "MAXLEN", "0", "2-0", "f", "v"]);
     let R::Array(served) = reader.read() else {
         panic!("served");
     };
     assert_eq!(served.len(), 1);
-    let R::Array(consumers) = c.cmd(&["XINFO", "CONSUMERS", "seen", "g"]) else {
-        panic!("consumers");
-    };
-    let R::Array(alice) = &consumers[0] else {
-        panic!("alice");
-    };
-    let idle = alice
-        .chunks(2)
-        .find(|kv| kv[0] == R::bulk("idle"))
-        .map(|kv| kv[1].clone());
-    match idle {
-        Some(R::Int(ms)) => assert!(ms < 400, "idle {ms} ms: not seen when served"),
-        other => panic!("{other:?}"),
-    }
+    let after = idle(&mut c);
+    assert!(
+        after < before,
+        "idle {after} ms after {before}: not seen when served"
+    );
 }
