@@ -199,10 +199,11 @@ pub(crate) struct TypeState<A: Actor> {
     pub(crate) flow: Rc<ShardFlow>,
     /// The type's directory (a stealable, balanced or first-sender type),
     /// once a send from here needed it.
-    directory: OnceCell<Arc<Directory<A::Key>>>,
-    /// Shards the directory gave keys routed from here: a record never
+    directory: OnceCell<Arc<Directory>>,
+    /// Shards the directory gave keys routed from here, by route hash (as
+    /// the directory keeps them: no copy of a key's bytes): a record never
     /// changes, so senders here look it up without the directory's lock.
-    homes: RefCell<HashMap<A::Key, u32, RandomState>>,
+    homes: RefCell<HashMap<u64, u32, RandomState>>,
 }
 
 impl<A: Actor> TypeState<A> {
@@ -1172,7 +1173,7 @@ pub(crate) fn keyed_home<A: Actor>(system: &Arc<SystemShared>, key: &A::Key, has
         // Past the last shard, too, if the function says so.
         ActorPlacement::Custom => A::place(key, n).index(),
         ActorPlacement::Stealable | ActorPlacement::Balanced | ActorPlacement::FirstSender => {
-            directory_home::<A>(system, key, hash, n)
+            directory_home::<A>(system, hash, n)
         }
     }
 }
@@ -1191,18 +1192,18 @@ pub(crate) fn placed_home<A: Actor>(
         return Some(keyed_home::<A>(system, key, hash));
     }
     let Some(ts) = type_state::<A>(system) else {
-        return system.directory::<A>().get(key, hash);
+        return system.directory::<A>().get(hash);
     };
-    if let Some(&s) = ts.homes.borrow().get(key) {
+    if let Some(&s) = ts.homes.borrow().get(&hash) {
         return Some(s as usize);
     }
     let dir = ts.directory.get_or_init(|| system.directory::<A>());
-    let s = dir.get(key, hash)?;
+    let s = dir.get(hash)?;
     let mut homes = ts.homes.borrow_mut();
     if homes.len() >= HOMES_CACHED {
         homes.clear();
     }
-    homes.insert(mailring::RouteKey::detached(key), s as u32);
+    homes.insert(hash, s as u32);
     Some(s)
 }
 
@@ -1213,46 +1214,39 @@ pub(crate) const HOMES_CACHED: usize = 1 << 16;
 /// the system, the shard's cache of the directory's records answers first
 /// (records never change), and a miss takes the directory from the shard's
 /// type state rather than from the system's table of directories.
-fn directory_home<A: Actor>(
-    system: &Arc<SystemShared>,
-    key: &A::Key,
-    hash: u64,
-    n: usize,
-) -> usize {
+fn directory_home<A: Actor>(system: &Arc<SystemShared>, hash: u64, n: usize) -> usize {
     let Some(ts) = type_state::<A>(system) else {
-        return route_new::<A>(&system.directory::<A>(), system, key, hash, None, n);
+        return route_new::<A>(&system.directory::<A>(), system, hash, None, n);
     };
-    if let Some(&s) = ts.homes.borrow().get(key) {
+    if let Some(&s) = ts.homes.borrow().get(&hash) {
         return s as usize;
     }
     let dir = ts.directory.get_or_init(|| system.directory::<A>());
-    let s = route_new::<A>(dir, system, key, hash, Some(ts.shard), n);
+    let s = route_new::<A>(dir, system, hash, Some(ts.shard), n);
     let mut homes = ts.homes.borrow_mut();
     if homes.len() >= HOMES_CACHED {
         // A cache of records that never change: emptied when full, it
         // fills again from the directory.
         homes.clear();
     }
-    homes.insert(mailring::RouteKey::detached(key), s as u32);
+    homes.insert(hash, s as u32);
     s
 }
 
-/// The directory's record of `key`, made now by the type's placement if
-/// there is none; `here`: the calling shard, if it is one of the system's.
+/// The directory's record of the key whose route hash is `hash`, made now
+/// by the type's placement if there is none; `here`: the calling shard, if
+/// it is one of the system's.
 fn route_new<A: Actor>(
-    dir: &Directory<A::Key>,
+    dir: &Directory,
     system: &SystemShared,
-    key: &A::Key,
     hash: u64,
     here: Option<usize>,
     n: usize,
 ) -> usize {
     match A::CONFIG.placement {
-        ActorPlacement::Stealable => {
-            dir.route(key, hash, || system.handle.least_loaded_shard().index())
-        }
-        ActorPlacement::FirstSender => dir.route_counted(key, hash, here, n),
-        _ => dir.route_balanced(key, hash, n),
+        ActorPlacement::Stealable => dir.route(hash, || system.handle.least_loaded_shard().index()),
+        ActorPlacement::FirstSender => dir.route_counted(hash, here, n),
+        _ => dir.route_balanced(hash, n),
     }
 }
 

@@ -278,15 +278,12 @@ impl SystemShared {
         }
     }
 
-    pub(crate) fn directory<A: Actor>(&self) -> Arc<Directory<A::Key>> {
+    pub(crate) fn directory<A: Actor>(&self) -> Arc<Directory> {
         let mut map = self.directories.lock().unwrap_or_else(|p| p.into_inner());
         let entry = map
             .entry(TypeId::of::<A>())
-            .or_insert_with(|| Arc::new(Directory::<A::Key>::new()));
-        entry
-            .clone()
-            .downcast::<Directory<A::Key>>()
-            .expect("directory of the right key type")
+            .or_insert_with(|| Arc::new(Directory::new()));
+        entry.clone().downcast::<Directory>().expect("a directory")
     }
 
     /// The shared count of a keyed actor's bounded mailbox: one per key,
@@ -1193,6 +1190,11 @@ impl SystemHandle {
     /// the shard's cache without a lock (the first time, from the
     /// directory, under one stripe's lock). A server asks it to answer a
     /// request for a key that cannot exist yet without placing the key.
+    ///
+    /// The directory keeps each key's 64-bit route hash, not its bytes (a
+    /// record lasts as long as the system): a key whose hash collides with
+    /// a placed key's is answered with that key's shard, where it will
+    /// live. `Some` says "may exist"; `None` says "never routed".
     pub fn placed_shard<A: Actor>(&self, key: &A::Key) -> Option<ShardId> {
         let hash = crate::route::route_hash(key);
         local::placed_home::<A>(&self.shared, key, hash).map(ShardId::new)
@@ -1233,7 +1235,6 @@ impl SystemHandle {
         let hash = crate::route::route_hash(&key);
         let dir = self.shared.directory::<A>();
         Ok(ShardId::new(dir.route_counted(
-            &key,
             hash,
             Some(shard.index()),
             shards,
@@ -1256,7 +1257,9 @@ impl SystemHandle {
     }
 
     /// Number of keys recorded in `A`'s directory (a stealable, balanced or
-    /// first-sender type: every key ever routed, active or not).
+    /// first-sender type: every key ever routed, active or not; keys whose
+    /// route hashes collide count once). A record costs a few dozen bytes
+    /// whatever the key's length: the directory keeps hashes, not keys.
     pub fn directory_len<A: Actor>(&self) -> usize {
         self.shared.directory::<A>().len()
     }
