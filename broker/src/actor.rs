@@ -42,8 +42,8 @@ pub struct StreamActor {
     op_no: u64,
     /// This shard's log.
     log: Option<Rc<ShardLog>>,
-    /// Blocked readers to wake at the next signal (below).
-    watchers: Vec<(Arc<Notify>, usize)>,
+    /// Blocked readers, served (or woken) at the next signal (below).
+    watchers: Vec<Watcher>,
     /// What the commands since the watchers were last woken did that
     /// Redis signals its blocked readers for: an entry added (even one
     /// trimmed at once), a group destroyed; and the stream deleted.
@@ -195,6 +195,9 @@ impl StreamActor {
         };
         let answer = self.exec(name, args, &shared);
         self.shared = Some(shared);
+        // Redis serves blocked readers after each command: a reader gets
+        // what this command left, before the next one of a pipeline runs.
+        self.wake_watchers();
         self.settle();
         answer
     }
@@ -691,55 +694,119 @@ impl StreamActor {
     }
 }
 
-/// Wakes `notify` (with `index`) at the first append after `after` (at
-/// once if there is one already). With a notify already done (its reader
-/// gave up, or another stream woke it), a sweep: the actor drops the
-/// watchers of readers that gave up, and ends if it holds nothing else.
+/// Registers a blocked reader: served at the first signal that serves it
+/// (at once if something came since its read). With a notify already done
+/// (its reader gave up, or another stream served it), a sweep: the actor
+/// drops the watchers of readers that gave up, and ends if it holds
+/// nothing else.
 #[derive(Debug, Message)]
 pub struct Watch {
-    /// The id the reader has read up to.
+    /// The id the reader has read up to (the stream's last id then).
     pub after: StreamId,
     /// What to wake.
     pub notify: Arc<Notify>,
     /// Which of the reader's streams this is.
     pub index: usize,
-    /// A group's reader: its group (gone, or the stream gone, before the
-    /// watch came, the reader is woken to fail as it would have been).
-    pub group: Option<Bytes>,
+    /// The read that serves it (`None`: a sweep).
+    pub reader: Option<BlockedRead>,
     /// The broker (its id: a message touches no shared reference count).
     pub broker: u64,
+}
+
+/// The read a blocked reader is served with.
+#[derive(Debug, Clone)]
+pub enum BlockedRead {
+    /// `XREAD`: the entries after its id.
+    Plain {
+        /// At most this many (`None`: all).
+        count: Option<u64>,
+    },
+    /// `XREADGROUP ... >`: the group's new entries, delivered to the
+    /// consumer.
+    Group {
+        /// The group.
+        group: Bytes,
+        /// The consumer.
+        consumer: Bytes,
+        /// At most this many (`None`: all).
+        count: Option<u64>,
+        /// `NOACK`: delivered without a pending entry.
+        noack: bool,
+    },
+}
+
+/// A blocked reader a stream holds.
+#[derive(Debug)]
+struct Watcher {
+    notify: Arc<Notify>,
+    index: usize,
+    after: StreamId,
+    read: BlockedRead,
+}
+
+/// What a blocked reader was served with, inside the stream's actor at
+/// the signal (see [`Notify::serve`]).
+#[derive(Debug)]
+pub enum Served {
+    /// An `XREAD`'s entries (none: an entry added and removed at once).
+    Entries(Vec<(StreamId, Fields)>),
+    /// An `XREADGROUP`'s read (entries, none, or the error a blocked
+    /// reader gets), and the flush its delivery waits for.
+    Group(GroupRead, Option<Ticket>),
+}
+
+/// What a signal does to one blocked reader.
+enum Outcome {
+    /// Nothing for it: it stays blocked.
+    Keep,
+    /// Served: its answer.
+    Answer(Served),
+    /// Woken to read for itself (what it reads is not in memory).
+    Wake,
 }
 
 impl Handler<Watch> for StreamActor {
     async fn handle(&mut self, m: Watch, cx: &mut Ctx<Self>) {
         self.load(m.broker).await;
-        if m.notify.is_done() {
-            // Its reader gave up (or another stream woke it) before this
+        let Some(read) = m.reader else {
+            // Its reader gave up (or another stream served it) before this
             // came: nothing to watch; the reader's sweep ends an actor
             // that holds nothing else.
             self.end_if_nothing(cx);
             return;
-        }
-        // Between the reader's read and this watch, its stream or group
-        // may have gone (nobody was watching to be told): it fails now.
-        if let Some(group) = &m.group {
-            match &self.stream {
-                None => return m.notify.fire(m.index, true),
-                Some(s) if !s.groups.contains_key(group) => return m.notify.fire(m.index, false),
-                Some(_) => {}
-            }
-        }
-        let ready = self
-            .stream
-            .as_ref()
-            .and_then(Stream::last_entry_id)
-            .is_some_and(|id| id > m.after);
-        if ready {
-            m.notify.fire(m.index, false);
+        };
+        if m.notify.is_done() {
+            self.end_if_nothing(cx);
             return;
         }
+        let w = Watcher {
+            notify: m.notify,
+            index: m.index,
+            after: m.after,
+            read,
+        };
+        // Between the reader's read and this watch, nobody was watching:
+        // what happened meanwhile serves it now, as the signal would have
+        // (an entry past its id, or its stream or group gone). Not a last
+        // id past its own with no entry after it: that was so at its read
+        // already (Redis's read checks the last entry's id, not the
+        // stream's last id).
+        let missed = match (&self.stream, &w.read) {
+            (None, BlockedRead::Group { .. }) => true,
+            (Some(s), BlockedRead::Group { group, .. }) if !s.groups.contains_key(group) => true,
+            (Some(s), _) => s.last_entry_id().is_some_and(|id| id > w.after),
+            (None, BlockedRead::Plain { .. }) => false,
+        };
         self.drop_abandoned_watchers();
-        self.watchers.push((m.notify, m.index));
+        if missed {
+            if self.serve(w) {
+                self.publish_need();
+                self.settle();
+                self.end_if_nothing(cx);
+            }
+        } else {
+            self.watchers.push(w);
+        }
     }
 }
 
@@ -757,6 +824,10 @@ pub struct Notify {
 struct NotifyState {
     /// The stream that fired, and whether it fired because it was deleted.
     fired: Option<(usize, bool)>,
+    /// What the stream that fired served the reader with, if it did.
+    served: Option<Served>,
+    /// Its reader gave up first: no stream serves it.
+    gave_up: bool,
     waker: Option<Waker>,
 }
 
@@ -783,19 +854,42 @@ impl Notify {
         }
     }
 
-    /// Its reader gave up (timed out, or went away): no stream needs to
-    /// keep it.
-    pub fn give_up(&self) {
-        self.done.store(true, Ordering::Release);
+    /// Serves the waiter from stream `index` unless another stream did
+    /// (the first wins): `read` runs under the notify's lock, so exactly
+    /// one stream's read happens (a group read delivers entries). Whether
+    /// the waiter is done with this stream (served, woken or served
+    /// elsewhere); `false`: it stays blocked here.
+    fn serve(&self, index: usize, read: impl FnOnce() -> Outcome) -> bool {
+        let waker = {
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if s.fired.is_some() || s.gave_up {
+                return true;
+            }
+            match read() {
+                Outcome::Keep => return false,
+                Outcome::Answer(served) => s.served = Some(served),
+                Outcome::Wake => {}
+            }
+            s.fired = Some((index, false));
+            self.done.store(true, Ordering::Release);
+            s.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        true
     }
 
-    /// The index it fired with, if it did.
-    pub fn fired_index(&self) -> Option<usize> {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .fired
-            .map(|(i, _)| i)
+    /// Its reader gives up (timed out, or went away): no stream serves
+    /// it from now on, and none needs to keep it. What fired first, if
+    /// something did (a reader served as its time ran out is answered with
+    /// what it was served: a group's entries were delivered to it).
+    pub fn give_up(&self) -> Option<(usize, bool, Option<Served>)> {
+        self.done.store(true, Ordering::Release);
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.gave_up = true;
+        let served = s.served.take();
+        s.fired.map(|(i, deleted)| (i, deleted, served))
     }
 
     /// Whether it fired or its reader gave up.
@@ -803,13 +897,14 @@ impl Notify {
         self.done.load(Ordering::Acquire)
     }
 
-    /// Completes with the index of the first stream that fired, and
-    /// whether it fired because it was deleted.
-    pub async fn fired(&self) -> (usize, bool) {
+    /// Completes with the index of the first stream that fired, whether
+    /// it fired because it was deleted, and what it served the reader with
+    /// if it did (else the reader reads for itself).
+    pub async fn fired(&self) -> (usize, bool, Option<Served>) {
         std::future::poll_fn(|cx| {
             let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
             match s.fired {
-                Some(i) => Poll::Ready(i),
+                Some((i, deleted)) => Poll::Ready((i, deleted, s.served.take())),
                 None => {
                     s.waker = Some(cx.waker().clone());
                     Poll::Pending
@@ -1082,20 +1177,113 @@ impl StreamActor {
     /// disconnected): they hold no handle.
     fn drop_abandoned_watchers(&mut self) {
         self.watchers
-            .retain(|(n, _)| Arc::strong_count(n) > 1 && !n.is_done());
+            .retain(|w| Arc::strong_count(&w.notify) > 1 && !w.notify.is_done());
     }
 
-    /// Wakes the blocked readers if the commands since the last call
-    /// signalled them: told the stream is gone if it was deleted and is
-    /// still missing (a group's reader then fails, as Redis unblocks it).
+    /// Serves the blocked readers if the command just run signalled them
+    /// (Redis serves them after each command): each reader this stream
+    /// serves gets its read now, in the order they blocked; the others
+    /// stay blocked. A group's reader whose stream or group is gone fails,
+    /// as Redis unblocks it.
     fn wake_watchers(&mut self) {
-        let deleted = match std::mem::replace(&mut self.signal, Signal::Quiet) {
-            Signal::Quiet => return,
-            Signal::Ready => false,
-            Signal::Deleted => self.stream.is_none(),
-        };
-        for (notify, index) in self.watchers.drain(..) {
-            notify.fire(index, deleted);
+        if std::mem::replace(&mut self.signal, Signal::Quiet) == Signal::Quiet {
+            return;
+        }
+        let watchers = std::mem::take(&mut self.watchers);
+        for w in watchers {
+            if Arc::strong_count(&w.notify) > 1 && !w.notify.is_done() {
+                self.serve(w);
+            }
+        }
+    }
+
+    /// Serves blocked reader `w` if its read finds something for it (see
+    /// [`Outcome`]), else keeps it. Whether it was served (or woken).
+    fn serve(&mut self, w: Watcher) -> bool {
+        let notify = w.notify.clone();
+        let done = notify.serve(w.index, || self.blocked_read(&w));
+        if !done {
+            self.watchers.push(w);
+        }
+        done
+    }
+
+    /// What a signal does to blocked reader `w`: Redis's service of a
+    /// client blocked on a stream (a plain reader is served once the
+    /// stream's last id passes its own, a group's reader with the group's
+    /// new entries, or an error once its stream or group is gone).
+    fn blocked_read(&mut self, w: &Watcher) -> Outcome {
+        match &w.read {
+            BlockedRead::Plain { count } => {
+                let Some(stream) = &self.stream else {
+                    // A deleted stream does not answer a plain reader: one
+                    // made again past its id will.
+                    return Outcome::Keep;
+                };
+                if stream.last_id() <= w.after {
+                    return Outcome::Keep;
+                }
+                let Some(lo) = w.after.next() else {
+                    return Outcome::Keep;
+                };
+                if !stream
+                    .missing_in_range(lo, StreamId::MAX, *count, false)
+                    .is_empty()
+                {
+                    return Outcome::Wake;
+                }
+                // None when an entry was added and removed at once: served
+                // all the same, as Redis serves it.
+                Outcome::Answer(Served::Entries(stream.range(
+                    lo,
+                    StreamId::MAX,
+                    *count,
+                    false,
+                )))
+            }
+            BlockedRead::Group {
+                group,
+                consumer,
+                count,
+                noack,
+            } => {
+                let gone = match &self.stream {
+                    None => Some("UNBLOCKED the stream key no longer exists"),
+                    Some(s) if !s.groups.contains_key(group) => Some(
+                        "NOGROUP the consumer group this client was blocked on no longer exists",
+                    ),
+                    Some(_) => None,
+                };
+                if let Some(text) = gone {
+                    return Outcome::Answer(Served::Group(
+                        GroupRead::Error(Reply::Error(text.to_owned())),
+                        None,
+                    ));
+                }
+                if !self
+                    .plan_read_group(group, consumer, &GroupFrom::New, *count)
+                    .is_empty()
+                {
+                    return Outcome::Wake;
+                }
+                let (read, durable) =
+                    self.read_group(group, consumer, &GroupFrom::New, *count, *noack);
+                match read {
+                    GroupRead::Entries(e) if e.is_empty() => {
+                        match self.serve_blocked_empty(group, consumer) {
+                            None => Outcome::Keep,
+                            Some(Ok(ticket)) => Outcome::Answer(Served::Group(
+                                GroupRead::Entries(e),
+                                ticket.or(durable),
+                            )),
+                            Some(Err(e)) => {
+                                Outcome::Answer(Served::Group(GroupRead::Error(e), None))
+                            }
+                        }
+                    }
+                    read => Outcome::Answer(Served::Group(read, durable)),
+                }
+            }
         }
     }
 

@@ -10,8 +10,8 @@ use bytes::Bytes;
 use mailring_transports::{CloseReason, Route, Session, SessionCtx};
 
 use crate::actor::{
-    storage_error, Answer, Exec, GroupAnswer, GroupFrom, GroupRead, Notify, Read, ReadFrom,
-    ReadGroup, StreamActor, Watch,
+    storage_error, Answer, BlockedRead, Exec, GroupAnswer, GroupFrom, GroupRead, Notify, Read,
+    ReadFrom, ReadGroup, Served, StreamActor, Watch,
 };
 use crate::command::{self, Kind};
 use crate::glob::glob_match;
@@ -640,12 +640,19 @@ impl RespSession {
                 return Reply::NilArray.frame(proto);
             };
             let deadline = block_deadline(block);
+            let read = BlockedRead::Plain { count: p.count };
             loop {
-                let Some((fired, deleted)) =
-                    next_append(&actors, &after, None, deadline, shared).await
+                let Some((fired, deleted, served)) =
+                    next_append(&actors, &after, &read, deadline, shared).await
                 else {
                     return Reply::NilArray.frame(proto);
                 };
+                if let Some(Served::Entries(entries)) = served {
+                    // Served by the stream at its signal, as Redis serves a
+                    // blocked client after the command that signalled.
+                    return streams_reply(vec![(p.keys[fired].clone(), entries)], proto)
+                        .frame(proto);
+                }
                 if deleted {
                     // A deleted stream does not answer a plain reader
                     // (Redis unblocks only group readers): one made again
@@ -693,6 +700,7 @@ impl RespSession {
         };
         let (group, consumer) = p.group.clone().expect("parse_read checks GROUP");
         let group_name = group.clone();
+        let consumer_name = consumer.clone();
         if p.keys.len() == 1 && self.reads_missing(&p.keys[0], cx) {
             // No stream, so no group: Redis checks that first.
             let r = crate::actor::no_group_in_readgroup(&p.keys[0], &group);
@@ -814,18 +822,34 @@ impl RespSession {
                 return Reply::NilArray.frame(proto);
             };
             let deadline = block_deadline(block);
+            let read = BlockedRead::Group {
+                group: group_name,
+                consumer: consumer_name,
+                count: p.count,
+                noack: p.noack,
+            };
             loop {
-                let Some((fired, deleted)) = next_append(
-                    &watch_actors,
-                    &last_ids,
-                    Some(&group_name),
-                    deadline,
-                    shared,
-                )
-                .await
+                let Some((fired, deleted, served)) =
+                    next_append(&watch_actors, &last_ids, &read, deadline, shared).await
                 else {
                     return Reply::NilArray.frame(proto);
                 };
+                if let Some(Served::Group(read, durable)) = served {
+                    // Served by the stream at its signal (its delivery
+                    // logged there), as Redis serves a blocked client
+                    // after the command that signalled.
+                    return match read {
+                        GroupRead::Entries(e) => {
+                            if let Some(t) = durable {
+                                if let Err(err) = t.await {
+                                    return storage_error(&err).frame(proto);
+                                }
+                            }
+                            group_streams_reply(vec![(keys[fired].clone(), e)], proto).frame(proto)
+                        }
+                        GroupRead::Error(e) => e.frame(proto),
+                    };
+                }
                 if deleted {
                     // As Redis unblocks a group's reader whose stream goes.
                     return Reply::Error("UNBLOCKED the stream key no longer exists".to_owned())
@@ -900,17 +924,18 @@ fn block_deadline(ms: u64) -> Option<std::time::Instant> {
     (ms > 0).then(|| mailring::time::deadline_in(std::time::Duration::from_millis(ms)))
 }
 
-/// Watches each stream for what wakes a blocked reader (an append after
+/// Watches each stream for what serves a blocked reader (an append after
 /// its id, a group destroyed, the stream deleted); the index of the first
-/// that fires and whether it fired because it was deleted, or `None` at
-/// the deadline (`None` too when the broker stops).
+/// that fires, whether it fired because it was deleted, and what it served
+/// the reader with (`None`: the reader reads for itself), or `None` at the
+/// deadline (`None` too when the broker stops).
 async fn next_append(
     actors: &[mailring_actors::Addr<StreamActor>],
     after: &[StreamId],
-    group: Option<&Bytes>,
+    read: &BlockedRead,
     deadline: Option<std::time::Instant>,
     shared: &Shared,
-) -> Option<(usize, bool)> {
+) -> Option<(usize, bool, Option<Served>)> {
     /// Marks the wake-up given up however the read ends (fired, timed
     /// out, or dropped with its connection), and has each stream that did
     /// not fire it drop its watcher now: an actor holding nothing else
@@ -922,8 +947,7 @@ async fn next_append(
     }
     impl Drop for GiveUpOnDrop<'_> {
         fn drop(&mut self) {
-            let fired = self.notify.fired_index();
-            self.notify.give_up();
+            let fired = self.notify.give_up().map(|(i, _, _)| i);
             if fired == Some(Shared::CLOSING) {
                 // The broker stops: no actor needs sweeping.
                 return;
@@ -934,7 +958,7 @@ async fn next_append(
                         after: StreamId::MAX,
                         notify: self.notify.clone(),
                         index: i,
-                        group: None,
+                        reader: None,
                         broker: self.broker,
                     });
                 }
@@ -960,15 +984,20 @@ async fn next_append(
             after: *after,
             notify: notify.clone(),
             index: i,
-            group: group.cloned(),
+            reader: Some(read.clone()),
             broker: shared.id,
         });
     }
     let fired = match deadline {
-        Some(d) => mailring::time::timeout_at(d, notify.fired()).await.ok(),
+        // At the deadline, given up, unless a stream served it first (then
+        // it is answered with that: a group's entries were delivered).
+        Some(d) => match mailring::time::timeout_at(d, notify.fired()).await {
+            Ok(fired) => Some(fired),
+            Err(_) => notify.give_up(),
+        },
         None => Some(notify.fired().await),
     };
-    fired.filter(|(i, _)| *i != Shared::CLOSING)
+    fired.filter(|(i, _, _)| *i != Shared::CLOSING)
 }
 
 /// `XREADGROUP`'s reply: like `XREAD`'s, a deleted entry read from the

@@ -1042,40 +1042,54 @@ fn requests_of_clients_that_have_not_authenticated_get_redis_s_limits() {
     assert_no_failures(&failures, "unauthenticated limits");
 }
 
-/// One connection of a blocking scenario, raw RESP.
-struct Raw(std::net::TcpStream);
+/// One connection of a blocking scenario, raw RESP (ASCII replies).
+struct Raw(std::net::TcpStream, Vec<u8>);
 
 impl Raw {
     fn connect(port: u16) -> Raw {
         let s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        Raw(s)
+        Raw(s, Vec::new())
     }
 
+    /// Sends `command`; commands joined by ` | ` go in one write, as a
+    /// client's pipeline (their replies are read one by one).
     fn send(&mut self, command: &str) {
-        let args: Vec<&[u8]> = command.split(' ').map(str::as_bytes).collect();
-        self.0.write_all(&common::encode(&args)).unwrap();
+        let mut bytes = Vec::new();
+        for one in command.split(" | ") {
+            let args: Vec<&[u8]> = one.split(' ').map(str::as_bytes).collect();
+            bytes.extend(common::encode(&args));
+        }
+        self.0.write_all(&bytes).unwrap();
     }
 
-    /// The next whole reply, as text.
+    /// The next whole reply, as text (bytes past it are kept for the
+    /// next).
     fn reply(&mut self) -> String {
         use std::io::Read;
-        let mut got = Vec::new();
         let mut buf = [0u8; 4096];
         loop {
-            if let Some(first) = split_replies(&got).into_iter().next() {
+            if let Some(first) = split_replies(&self.1).into_iter().next() {
+                self.1.drain(..first.len());
                 return first;
             }
             match self.0.read(&mut buf) {
-                Ok(0) | Err(_) => return format!("(no reply) {}", String::from_utf8_lossy(&got)),
-                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Ok(0) | Err(_) => {
+                    return format!("(no reply) {}", String::from_utf8_lossy(&self.1))
+                }
+                Ok(n) => self.1.extend_from_slice(&buf[..n]),
             }
         }
     }
 
+    /// Sends `command` (or a pipeline, as [`Raw::send`]) and reads its
+    /// replies, joined by ` | `.
     fn call(&mut self, command: &str) -> String {
         self.send(command);
-        self.reply()
+        (0..command.split(" | ").count())
+            .map(|_| self.reply())
+            .collect::<Vec<_>>()
+            .join(" | ")
     }
 }
 
@@ -1171,6 +1185,46 @@ fn blocked_readers_are_woken_and_answered_as_redis_server_answers_them() {
             setup: &["XADD s 1-0 f v"],
             read: "XREAD BLOCK 0 STREAMS s 5-0",
             trigger: &["DEL s", "XADD s 9-0 f v"],
+            after: &[],
+        },
+        // Pipelined commands (one write): Redis serves blocked readers
+        // after each command, so a reader gets what the first command
+        // that signalled left, not what the whole pipeline did.
+        Scenario {
+            setup: &["XADD s 1-0 f v"],
+            read: "XREAD BLOCK 0 STREAMS s $",
+            trigger: &["XADD s 2-0 a 1 | XADD s 3-0 b 2 | XADD s 4-0 c 3"],
+            after: &[],
+        },
+        Scenario {
+            setup: &["XADD s 1-0 f v"],
+            read: "XREAD BLOCK 0 STREAMS s $",
+            trigger: &["XADD s 2-0 a 1 | XDEL s 2-0"],
+            after: &[],
+        },
+        Scenario {
+            setup: &["XGROUP CREATE s g $ MKSTREAM"],
+            read: "XREADGROUP GROUP g c BLOCK 0 STREAMS s >",
+            trigger: &["XADD s 2-0 a 1 | XADD s 3-0 b 2 | XACK s g 2-0"],
+            after: &["XPENDING s g", "XINFO GROUPS s"],
+        },
+        Scenario {
+            setup: &["XGROUP CREATE s g $ MKSTREAM"],
+            read: "XREADGROUP GROUP g c BLOCK 0 NOACK STREAMS s >",
+            trigger: &["XADD s 2-0 a 1 | XDEL s 2-0 | XADD s 3-0 b 2"],
+            after: &["XPENDING s g", "XINFO GROUPS s"],
+        },
+        Scenario {
+            setup: &["XGROUP CREATE s g $ MKSTREAM"],
+            read: "XREADGROUP GROUP g c COUNT 1 BLOCK 0 STREAMS s >",
+            trigger: &["XADD s 2-0 a 1 | XGROUP DESTROY s g"],
+            after: &["XINFO GROUPS s"],
+        },
+        // Over two streams: the first that signals serves the reader.
+        Scenario {
+            setup: &["XADD s 1-0 f v", "XADD t 1-0 f v"],
+            read: "XREAD BLOCK 0 STREAMS s t $ $",
+            trigger: &["XADD t 2-0 a 1 | XADD s 2-0 b 2 | XADD t 3-0 c 3"],
             after: &[],
         },
     ];

@@ -2333,3 +2333,77 @@ fn a_group_reader_answered_with_no_entry_is_seen_then() {
         "idle {after} ms after {before}: not seen when served"
     );
 }
+
+#[test]
+fn group_readers_whose_block_runs_out_as_they_are_served_get_what_was_delivered_to_them() {
+    // A reader is served inside its stream's actor at the signal; its
+    // time may run out meanwhile. Whatever the race, every entry put in
+    // the group's pending list was answered to the reader it was
+    // delivered to: pending entries == entries the readers got.
+    let broker = start();
+    let addr = broker.local_addr();
+    let mut admin = Client::connect(addr);
+    assert_eq!(
+        admin.cmd(&["XGROUP", "CREATE", "race", "g", "$", "MKSTREAM"]),
+        R::Status("OK".into())
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    let producer = std::thread::spawn(move || {
+        let mut c = Client::connect(addr);
+        let mut n = 0;
+        while std::time::Instant::now() < until && n < 20_000 {
+            assert!(is_id(&c.cmd(&["XADD", "race", "*", "f", "v"])));
+            n += 1;
+            if n % 4 == 0 {
+                std::thread::sleep(Duration::from_micros(300));
+            }
+        }
+        n
+    });
+    let readers: Vec<_> = (0..3)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                let consumer = format!("c{i}");
+                let mut got = 0usize;
+                while std::time::Instant::now() < until {
+                    let r = c.cmd(&[
+                        "XREADGROUP",
+                        "GROUP",
+                        "g",
+                        &consumer,
+                        "COUNT",
+                        "2",
+                        "BLOCK",
+                        "1",
+                        "STREAMS",
+                        "race",
+                        ">",
+                    ]);
+                    match r {
+                        R::Nil => {}
+                        R::Array(streams) => {
+                            let R::Array(pair) = &streams[0] else {
+                                panic!("{streams:?}")
+                            };
+                            let R::Array(entries) = &pair[1] else {
+                                panic!("{pair:?}")
+                            };
+                            got += entries.len();
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    let produced = producer.join().unwrap();
+    let got: usize = readers.into_iter().map(|r| r.join().unwrap()).sum();
+    let R::Array(summary) = admin.cmd(&["XPENDING", "race", "g"]) else {
+        panic!("XPENDING's summary")
+    };
+    assert_eq!(summary[0], R::Int(got as i64), "{produced} produced");
+    assert!(got > 0, "no reader was served ({produced} produced)");
+    broker.shutdown();
+}
