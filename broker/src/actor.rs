@@ -141,6 +141,13 @@ impl Drop for StreamActor {
         if let Some(gauge) = &self.gauge {
             gauge.add(self.counted.wrapping_neg());
         }
+        // Dropped with readers still blocked (its handler panicked, or the
+        // broker stops): each is woken to read for itself, and watches the
+        // next activation (or finds the broker gone), instead of waiting on
+        // a watcher nobody holds.
+        for w in self.watchers.drain(..) {
+            w.notify.fire(w.index, false);
+        }
     }
 }
 

@@ -622,3 +622,58 @@ fn a_stream_whose_actor_panicked_right_after_making_it_numbers_on_from_what_it_l
     drop(c);
     broker.shutdown();
 }
+
+#[test]
+fn blocked_readers_of_a_stream_whose_actor_panicked_are_served_by_its_next_activation() {
+    // The watchers live in the actor: a panic drops them. Each reader is
+    // woken then and watches the restarted actor, so the next XADD serves
+    // it (a `BLOCK 0` reader would otherwise wait for good).
+    let dir = TempDir::new();
+    let mut config = config();
+    config.debug_commands = true;
+    let broker = start_in(&dir.0, 2, config);
+    let mut c = Client::connect(broker.local_addr());
+    assert!(matches!(c.cmd(&["XADD", "s", "1-0", "f", "v"]), R::Bulk(_)));
+    assert_eq!(
+        c.cmd(&["XGROUP", "CREATE", "s", "g", "$"]),
+        R::Status("OK".into())
+    );
+    let mut plain = Client::connect(broker.local_addr());
+    let mut grouped = Client::connect(broker.local_addr());
+    plain.send_raw(&common::encode(&[
+        b"XREAD", b"BLOCK", b"0", b"STREAMS", b"s", b"$",
+    ]));
+    grouped.send_raw(&common::encode(&[
+        b"XREADGROUP",
+        b"GROUP",
+        b"g",
+        b"c",
+        b"BLOCK",
+        b"0",
+        b"STREAMS",
+        b"s",
+        b">",
+    ]));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !c
+        .cmd(&["INFO", "clients"])
+        .text()
+        .contains("blocked_clients:2")
+    {
+        assert!(std::time::Instant::now() < deadline, "never blocked");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let r = c.cmd(&["DEBUG", "PANIC-STREAM", "s"]);
+    assert!(matches!(&r, R::Error(_)), "{r:?}");
+    assert_eq!(c.cmd(&["XADD", "s", "2-0", "a", "b"]), R::bulk("2-0"));
+    let entry = R::Array(vec![R::Array(vec![
+        R::bulk("s"),
+        R::Array(vec![R::Array(vec![
+            R::bulk("2-0"),
+            R::Array(vec![R::bulk("a"), R::bulk("b")]),
+        ])]),
+    ])]);
+    assert_eq!(plain.read(), entry);
+    assert_eq!(grouped.read(), entry);
+    broker.shutdown();
+}
