@@ -806,11 +806,12 @@ impl Handler<Watch> for StreamActor {
         };
         self.drop_abandoned_watchers();
         if missed {
-            if self.serve(w) {
-                self.publish_need();
-                self.settle();
-                self.end_if_nothing(cx);
-            }
+            // A read that kept it blocked may still have logged (its
+            // consumer made again): the log is told either way.
+            self.serve(w);
+            self.publish_need();
+            self.settle();
+            self.end_if_nothing(cx);
         } else {
             self.watchers.push(w);
         }
@@ -1205,14 +1206,12 @@ impl StreamActor {
     }
 
     /// Serves blocked reader `w` if its read finds something for it (see
-    /// [`Outcome`]), else keeps it. Whether it was served (or woken).
-    fn serve(&mut self, w: Watcher) -> bool {
+    /// [`Outcome`]), else keeps it.
+    fn serve(&mut self, w: Watcher) {
         let notify = w.notify.clone();
-        let done = notify.serve(w.index, || self.blocked_read(&w));
-        if !done {
+        if !notify.serve(w.index, || self.blocked_read(&w)) {
             self.watchers.push(w);
         }
-        done
     }
 
     /// What a signal does to blocked reader `w`: Redis's service of a
