@@ -141,13 +141,8 @@ impl Drop for StreamActor {
         if let Some(gauge) = &self.gauge {
             gauge.add(self.counted.wrapping_neg());
         }
-        // Dropped with readers still blocked (its handler panicked, or the
-        // broker stops): each is woken to read for itself, and watches the
-        // next activation (or finds the broker gone), instead of waiting on
-        // a watcher nobody holds.
-        for w in self.watchers.drain(..) {
-            w.notify.fire(w.index, false);
-        }
+        // Readers still blocked (its handler panicked) are woken as their
+        // watchers drop (see `Watcher`'s `Drop`).
     }
 }
 
@@ -708,7 +703,9 @@ impl StreamActor {
 /// nothing else.
 #[derive(Debug, Message)]
 pub struct Watch {
-    /// The id the reader has read up to (the stream's last id then).
+    /// The id the reader has read up to: the id an `XREAD` named (or the
+    /// stream's last id then, for `$`), the stream's last id at a group
+    /// reader's read.
     pub after: StreamId,
     /// What to wake.
     pub notify: Arc<Notify>,
@@ -749,6 +746,17 @@ struct Watcher {
     index: usize,
     after: StreamId,
     read: BlockedRead,
+}
+
+impl Drop for Watcher {
+    /// A watcher dropped before its reader was served (its actor's
+    /// handler panicked, even while serving it) wakes the reader to read
+    /// for itself, and to watch the stream's next activation, instead of
+    /// leaving it blocked on a watcher nobody holds. Served, or given up,
+    /// the wake changes nothing.
+    fn drop(&mut self) {
+        self.notify.fire(self.index);
+    }
 }
 
 /// What a blocked reader was served with, inside the stream's actor at
@@ -794,20 +802,27 @@ impl Handler<Watch> for StreamActor {
         };
         // Between the reader's read and this watch, nobody was watching:
         // what happened meanwhile serves it now, as the signal would have
-        // (an entry past its id, or its stream or group gone). Not a last
-        // id past its own with no entry after it: that was so at its read
-        // already (Redis's read checks the last entry's id, not the
-        // stream's last id).
+        // (an entry past its id, or its stream or group gone). For a plain
+        // reader, not a last id past its own with no entry after it: its
+        // id may be one it named, and that was so at its read already
+        // (Redis's read checks the last entry's id, not the stream's last
+        // id); an entry added and removed in between is missed.
         let missed = match (&self.stream, &w.read) {
             (None, BlockedRead::Group { .. }) => true,
             (Some(s), BlockedRead::Group { group, .. }) if !s.groups.contains_key(group) => true,
-            (Some(s), _) => s.last_entry_id().is_some_and(|id| id > w.after),
+            // A group's reader read up to the stream's last id: past it
+            // now, something came (an entry added, even one removed at
+            // once).
+            (Some(s), BlockedRead::Group { .. }) => s.last_id() > w.after,
+            (Some(s), BlockedRead::Plain { .. }) => {
+                s.last_entry_id().is_some_and(|id| id > w.after)
+            }
             (None, BlockedRead::Plain { .. }) => false,
         };
         self.drop_abandoned_watchers();
         if missed {
-            // A read that kept it blocked may still have logged (its
-            // consumer made again): the log is told either way.
+            // Served or not, the log is told what the stream needs now
+            // (nothing changed when it stays blocked: the call is cheap).
             self.serve(w);
             self.publish_need();
             self.settle();
@@ -830,8 +845,8 @@ pub struct Notify {
 
 #[derive(Debug, Default)]
 struct NotifyState {
-    /// The stream that fired, and whether it fired because it was deleted.
-    fired: Option<(usize, bool)>,
+    /// The stream that fired.
+    fired: Option<usize>,
     /// What the stream that fired served the reader with, if it did.
     served: Option<Served>,
     /// Its reader gave up first: no stream serves it.
@@ -845,16 +860,16 @@ impl Notify {
         Arc::new(Notify::default())
     }
 
-    /// Wakes the waiter with `index` (the first fire wins), saying whether
-    /// that stream was `deleted`.
-    pub fn fire(&self, index: usize, deleted: bool) {
+    /// Wakes the waiter with `index` (the first fire wins), to read for
+    /// itself.
+    pub fn fire(&self, index: usize) {
         self.done.store(true, Ordering::Release);
         let waker = {
             let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
             if s.fired.is_some() {
                 return;
             }
-            s.fired = Some((index, deleted));
+            s.fired = Some(index);
             s.waker.take()
         };
         if let Some(w) = waker {
@@ -878,7 +893,7 @@ impl Notify {
                 Outcome::Answer(served) => s.served = Some(served),
                 Outcome::Wake => {}
             }
-            s.fired = Some((index, false));
+            s.fired = Some(index);
             self.done.store(true, Ordering::Release);
             s.waker.take()
         };
@@ -892,12 +907,12 @@ impl Notify {
     /// it from now on, and none needs to keep it. What fired first, if
     /// something did (a reader served as its time ran out is answered with
     /// what it was served: a group's entries were delivered to it).
-    pub fn give_up(&self) -> Option<(usize, bool, Option<Served>)> {
+    pub fn give_up(&self) -> Option<(usize, Option<Served>)> {
         self.done.store(true, Ordering::Release);
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         s.gave_up = true;
         let served = s.served.take();
-        s.fired.map(|(i, deleted)| (i, deleted, served))
+        s.fired.map(|i| (i, served))
     }
 
     /// Whether it fired or its reader gave up.
@@ -905,14 +920,14 @@ impl Notify {
         self.done.load(Ordering::Acquire)
     }
 
-    /// Completes with the index of the first stream that fired, whether
-    /// it fired because it was deleted, and what it served the reader with
-    /// if it did (else the reader reads for itself).
-    pub async fn fired(&self) -> (usize, bool, Option<Served>) {
+    /// Completes with the index of the first stream that fired, and what
+    /// it served the reader with if it did (else the reader reads for
+    /// itself).
+    pub async fn fired(&self) -> (usize, Option<Served>) {
         std::future::poll_fn(|cx| {
             let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
             match s.fired {
-                Some((i, deleted)) => Poll::Ready((i, deleted, s.served.take())),
+                Some(i) => Poll::Ready((i, s.served.take())),
                 None => {
                     s.waker = Some(cx.waker().clone());
                     Poll::Pending

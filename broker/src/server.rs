@@ -295,7 +295,7 @@ impl Shared {
         self.closing.store(true, Ordering::Release);
         let blocked = std::mem::take(&mut *self.blocked.lock().unwrap_or_else(|p| p.into_inner()));
         for n in blocked.iter().filter_map(std::sync::Weak::upgrade) {
-            n.fire(Self::CLOSING, false);
+            n.fire(Self::CLOSING);
         }
     }
 

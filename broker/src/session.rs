@@ -642,7 +642,7 @@ impl RespSession {
             let deadline = block_deadline(block);
             let read = BlockedRead::Plain { count: p.count };
             loop {
-                let Some((fired, deleted, served)) =
+                let Some((fired, served)) =
                     next_append(&actors, &after, &read, deadline, shared).await
                 else {
                     return Reply::NilArray.frame(proto);
@@ -652,12 +652,6 @@ impl RespSession {
                     // blocked client after the command that signalled.
                     return streams_reply(vec![(p.keys[fired].clone(), entries)], proto)
                         .frame(proto);
-                }
-                if deleted {
-                    // A deleted stream does not answer a plain reader
-                    // (Redis unblocks only group readers): one made again
-                    // past its id will.
-                    continue;
                 }
                 // Only the stream that fired is read, as Redis serves the
                 // one key that unblocked the client.
@@ -829,7 +823,7 @@ impl RespSession {
                 noack: p.noack,
             };
             loop {
-                let Some((fired, deleted, served)) =
+                let Some((fired, served)) =
                     next_append(&watch_actors, &last_ids, &read, deadline, shared).await
                 else {
                     return Reply::NilArray.frame(proto);
@@ -849,11 +843,6 @@ impl RespSession {
                         }
                         GroupRead::Error(e) => e.frame(proto),
                     };
-                }
-                if deleted {
-                    // As Redis unblocks a group's reader whose stream goes.
-                    return Reply::Error("UNBLOCKED the stream key no longer exists".to_owned())
-                        .frame(proto);
                 }
                 let answer = match ask(fired, GroupFrom::New, false, true).await {
                     Ok(a) => a,
@@ -926,8 +915,8 @@ fn block_deadline(ms: u64) -> Option<std::time::Instant> {
 
 /// Watches each stream for what serves a blocked reader (an append after
 /// its id, a group destroyed, the stream deleted); the index of the first
-/// that fires, whether it fired because it was deleted, and what it served
-/// the reader with (`None`: the reader reads for itself), or `None` at the
+/// that fires, and what it served the reader with (`None`: the reader
+/// reads for itself), or `None` at the
 /// deadline (`None` too when the broker stops).
 async fn next_append(
     actors: &[mailring_actors::Addr<StreamActor>],
@@ -935,7 +924,7 @@ async fn next_append(
     read: &BlockedRead,
     deadline: Option<std::time::Instant>,
     shared: &Shared,
-) -> Option<(usize, bool, Option<Served>)> {
+) -> Option<(usize, Option<Served>)> {
     /// Marks the wake-up given up however the read ends (fired, timed
     /// out, or dropped with its connection), and has each stream that did
     /// not fire it drop its watcher now: an actor holding nothing else
@@ -947,7 +936,7 @@ async fn next_append(
     }
     impl Drop for GiveUpOnDrop<'_> {
         fn drop(&mut self) {
-            let fired = self.notify.give_up().map(|(i, _, _)| i);
+            let fired = self.notify.give_up().map(|(i, _)| i);
             if fired == Some(Shared::CLOSING) {
                 // The broker stops: no actor needs sweeping.
                 return;
@@ -997,7 +986,7 @@ async fn next_append(
         },
         None => Some(notify.fired().await),
     };
-    fired.filter(|(i, _, _)| *i != Shared::CLOSING)
+    fired.filter(|(i, _)| *i != Shared::CLOSING)
 }
 
 /// `XREADGROUP`'s reply: like `XREAD`'s, a deleted entry read from the

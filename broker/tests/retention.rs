@@ -663,6 +663,10 @@ fn blocked_readers_of_a_stream_whose_actor_panicked_are_served_by_its_next_activ
         assert!(std::time::Instant::now() < deadline, "never blocked");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+    // A reader counts as blocked before its watch reaches the actor: time
+    // for the watches to arrive, so the panic drops them (this failed,
+    // the readers never answered, before the watchers woke them).
+    std::thread::sleep(std::time::Duration::from_millis(100));
     let r = c.cmd(&["DEBUG", "PANIC-STREAM", "s"]);
     assert!(matches!(&r, R::Error(_)), "{r:?}");
     assert_eq!(c.cmd(&["XADD", "s", "2-0", "a", "b"]), R::bulk("2-0"));

@@ -288,7 +288,7 @@ impl RespSession {
         if abort {
             return Err(Reply::err("No shutdown in progress."));
         }
-        self.shared.shutdown.fire(0, false);
+        self.shared.shutdown.fire(0);
         Ok(())
     }
 

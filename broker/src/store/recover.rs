@@ -244,7 +244,12 @@ fn recover_or_rewrite(
     // A stream lives on the shard of the log that holds it, whichever
     // that is; only a stream found in two logs (the older layout) has none.
     let unplaced = out.streams.values().any(|s| usize::from(s.log) >= shards);
-    if gen == 0 || logs != shards || unplaced {
+    // Two names with one route hash live on one shard (the placement
+    // directory keeps hashes); a layout from before that, with them in
+    // two logs, cannot be placed back as it is: it is rewritten, and the
+    // rewrite puts both in their hash's log.
+    let split = split_by_route_hash(out.streams.iter().map(|(name, s)| (name, s.log)));
+    if gen == 0 || logs != shards || unplaced || split {
         if !may_rewrite {
             return Err(io::Error::other(format!(
                 "{}: a rewritten generation is not laid out for {shards} shards",
@@ -267,6 +272,19 @@ fn recover_or_rewrite(
     }
     out.elapsed = started.elapsed();
     Ok(out)
+}
+
+/// Whether two of the streams (name, log) share a route hash but not a
+/// log.
+fn split_by_route_hash<'a>(streams: impl Iterator<Item = (&'a Bytes, u16)>) -> bool {
+    let mut logs: HashMap<u64, u16> = HashMap::new();
+    for (name, log) in streams {
+        let hash = mailring_actors::route_hash(name);
+        if *logs.entry(hash).or_insert(log) != log {
+            return true;
+        }
+    }
+    false
 }
 
 /// Whether a generation directory holds any segment file.
@@ -683,4 +701,44 @@ fn rewrite(from: &Recovered, gen_dir: &Path, shards: usize, limit: u64) -> io::R
     }
     sync_dir(gen_dir)?;
     mark_complete(gen_dir, shards)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::hash::Hasher;
+
+    use bytes::Bytes;
+    use mailring_actors::{route_hash, RouteHasher};
+
+    use super::split_by_route_hash;
+
+    /// Two 16-byte names with one route hash: the hasher mixes a word at
+    /// a time into its state, so a second word that cancels the first
+    /// words' difference gives both the same state.
+    fn colliding_names() -> (Bytes, Bytes) {
+        let state_after = |w: u64| {
+            let mut h = RouteHasher::default();
+            h.write(&w.to_le_bytes());
+            h.finish()
+        };
+        let (a0, a1, b0) = (0x6161_6161_6161_6161u64, 7u64, 0x6262_6262_6262_6262u64);
+        let b1 = state_after(a0) ^ a1 ^ state_after(b0);
+        let name = |w0: u64, w1: u64| {
+            let mut v = w0.to_le_bytes().to_vec();
+            v.extend_from_slice(&w1.to_le_bytes());
+            Bytes::from(v)
+        };
+        (name(a0, a1), name(b0, b1))
+    }
+
+    #[test]
+    fn names_sharing_a_route_hash_in_two_logs_are_found() {
+        let (a, b) = colliding_names();
+        assert_ne!(a, b);
+        assert_eq!(route_hash(&a), route_hash(&b));
+        assert!(split_by_route_hash([(&a, 0), (&b, 1)].into_iter()));
+        assert!(!split_by_route_hash([(&a, 1), (&b, 1)].into_iter()));
+        let c = Bytes::from_static(b"other");
+        assert!(!split_by_route_hash([(&a, 0), (&c, 1)].into_iter()));
+    }
 }
