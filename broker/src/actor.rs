@@ -68,6 +68,10 @@ pub struct StreamActor {
     /// Where the last record appended went ([`Loc::NONE`] inside a
     /// transaction, until its record is appended).
     appended_at: Loc,
+    /// The log's number of this stream's last append (at activation, the
+    /// log's last: a record of an earlier activation may still be
+    /// flushing). A read answers once it is flushed.
+    last_lsn: u64,
     /// Bytes of entries a stream keeps in memory.
     cache_budget: u64,
     /// Cached bytes counted in the broker's total.
@@ -106,6 +110,7 @@ impl StreamActor {
             published: None,
             made_untold: false,
             appended_at: Loc::NONE,
+            last_lsn: 0,
             cache_budget: store::DEFAULT_STREAM_CACHE,
             counted: 0,
             gauge: None,
@@ -195,8 +200,12 @@ impl StreamActor {
         let Some(shared) = self.shared.take() else {
             return broker_gone().into();
         };
-        let answer = self.exec(name, args, &shared);
+        let mut answer = self.exec(name, args, &shared);
         self.shared = Some(shared);
+        if answer.durable.is_none() {
+            // What it read may still be flushing: its reply waits.
+            answer.durable = self.read_ticket();
+        }
         // Redis serves blocked readers after each command: a reader gets
         // what this command left, before the next one of a pipeline runs.
         self.wake_watchers();
@@ -337,6 +346,8 @@ pub struct ReadResult {
     /// with no entry for it is still answered when this passed its id (an
     /// entry added and removed at once), as Redis answers it.
     pub last_id: Option<StreamId>,
+    /// Completes when what it read is flushed: the reply waits for it.
+    pub visible: Option<Ticket>,
 }
 
 impl Handler<Read> for StreamActor {
@@ -344,7 +355,8 @@ impl Handler<Read> for StreamActor {
         self.load(m.broker).await;
         // A read makes nothing: a stream missing now stays so.
         self.end_if_nothing(cx);
-        let result = self.read(&m).await;
+        let mut result = self.read(&m).await;
+        result.visible = self.read_ticket();
         self.settle();
         result
     }
@@ -367,6 +379,7 @@ impl StreamActor {
                 entries: Vec::new(),
                 after,
                 last_id: None,
+                visible: None,
             };
         };
         let after = match m.from {
@@ -381,6 +394,7 @@ impl StreamActor {
             entries,
             after,
             last_id: Some(stream.last_id()),
+            visible: None,
         }
     }
 }
@@ -482,7 +496,7 @@ impl Handler<ReadGroup> for StreamActor {
         GroupAnswer {
             read,
             last_id,
-            durable,
+            durable: durable.or_else(|| self.read_ticket()),
             served,
         }
     }
@@ -763,8 +777,9 @@ impl Drop for Watcher {
 /// the signal (see [`Notify::serve`]).
 #[derive(Debug)]
 pub enum Served {
-    /// An `XREAD`'s entries (none: an entry added and removed at once).
-    Entries(Vec<(StreamId, Fields)>),
+    /// An `XREAD`'s entries (none: an entry added and removed at once),
+    /// and the flush of what it shows, which its reply waits for.
+    Entries(Vec<(StreamId, Fields)>, Option<Ticket>),
     /// An `XREADGROUP`'s read (entries, none, or the error a blocked
     /// reader gets), and the flush its delivery waits for.
     Group(GroupRead, Option<Ticket>),
@@ -958,6 +973,8 @@ impl StreamActor {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.name);
         self.log = store::shard_log(shared.id);
+        // An earlier activation's last records may still be flushing.
+        self.last_lsn = self.log.as_ref().map_or(0, |l| l.last_lsn());
         let recovered = match (recovered, &self.log) {
             (Some(r), _) => Some(r),
             (None, Some(log)) if log.gone_op_no(&self.name).is_some() => {
@@ -1196,6 +1213,12 @@ impl StreamActor {
         }
     }
 
+    /// For a reply that shows this stream's state: the flush of its last
+    /// append, if that is not done yet.
+    fn read_ticket(&self) -> Option<Ticket> {
+        self.log.as_ref()?.read_ticket(self.last_lsn)
+    }
+
     /// Drops the watchers of readers that gave up (timed out,
     /// disconnected): they hold no handle.
     fn drop_abandoned_watchers(&mut self) {
@@ -1255,12 +1278,8 @@ impl StreamActor {
                 }
                 // None when an entry was added and removed at once: served
                 // all the same, as Redis serves it.
-                Outcome::Answer(Served::Entries(stream.range(
-                    lo,
-                    StreamId::MAX,
-                    *count,
-                    false,
-                )))
+                let entries = stream.range(lo, StreamId::MAX, *count, false);
+                Outcome::Answer(Served::Entries(entries, self.read_ticket()))
             }
             BlockedRead::Group {
                 group,
@@ -1302,7 +1321,9 @@ impl StreamActor {
                             }
                         }
                     }
-                    read => Outcome::Answer(Served::Group(read, durable)),
+                    read => {
+                        Outcome::Answer(Served::Group(read, durable.or_else(|| self.read_ticket())))
+                    }
                 }
             }
         }
@@ -1380,6 +1401,7 @@ impl StreamActor {
         let op_no = self.op_no + 1;
         let (ticket, loc) =
             log.append_encoded(|dst| crate::log::encode_add(dst, &self.name, op_no, id, fields))?;
+        self.last_lsn = ticket.lsn();
         if starts {
             log.note_making(&self.name, loc.segment, op_no);
             self.made_untold = true;
@@ -1400,6 +1422,7 @@ impl StreamActor {
             op,
         };
         let (ticket, loc) = log.append(&record)?;
+        self.last_lsn = ticket.lsn();
         if starts {
             log.note_making(&self.name, loc.segment, record.op_no);
             self.made_untold = true;

@@ -622,18 +622,24 @@ impl RespSession {
         cx.reply_later(async move {
             let mut after = Vec::with_capacity(reads.len());
             let mut found = Vec::new();
+            let mut visible = Vec::new();
             for (i, r) in reads.into_iter().enumerate() {
                 match r.await {
                     Ok(r) => {
                         after.push(r.after);
                         if !r.entries.is_empty() {
                             found.push((p.keys[i].clone(), r.entries));
+                            visible.extend(r.visible);
                         }
                     }
                     Err(e) => return unavailable(e).frame(proto),
                 }
             }
             if !found.is_empty() {
+                // Written once what it shows is flushed.
+                for t in visible {
+                    let _ = t.await;
+                }
                 return streams_reply(found, proto).frame(proto);
             }
             let (Some(block), Some(shared)) = (block, shared.as_deref()) else {
@@ -647,9 +653,12 @@ impl RespSession {
                 else {
                     return Reply::NilArray.frame(proto);
                 };
-                if let Some(Served::Entries(entries)) = served {
+                if let Some(Served::Entries(entries, visible)) = served {
                     // Served by the stream at its signal, as Redis serves a
                     // blocked client after the command that signalled.
+                    if let Some(t) = visible {
+                        let _ = t.await;
+                    }
                     return streams_reply(vec![(p.keys[fired].clone(), entries)], proto)
                         .frame(proto);
                 }
@@ -668,6 +677,9 @@ impl RespSession {
                     // no entry: Redis serves a reader once the stream's
                     // last id passes its own.
                     Ok(r) if !r.entries.is_empty() || r.last_id > Some(after[fired]) => {
+                        if let Some(t) = r.visible {
+                            let _ = t.await;
+                        }
                         return streams_reply(vec![(p.keys[fired].clone(), r.entries)], proto)
                             .frame(proto);
                     }

@@ -220,6 +220,16 @@ impl Marks {
 pub struct Ticket {
     marks: Arc<Marks>,
     lsn: u64,
+    /// A read's ticket: it completes with `Ok` when the log failed too
+    /// (what the read shows is in memory; reads go on on a failed log).
+    read: bool,
+}
+
+impl Ticket {
+    /// The number of the append it waits for.
+    pub fn lsn(&self) -> u64 {
+        self.lsn
+    }
 }
 
 impl fmt::Debug for Ticket {
@@ -241,7 +251,7 @@ impl Future for Ticket {
             return Poll::Ready(Ok(()));
         }
         if let Some(e) = &s.failed {
-            return Poll::Ready(Err(e.clone()));
+            return Poll::Ready(if self.read { Ok(()) } else { Err(e.clone()) });
         }
         let lsn = self.lsn;
         // Polled again by the same task: its waker is there already. Two
@@ -605,6 +615,7 @@ impl ShardLog {
             Ticket {
                 marks: self.marks.clone(),
                 lsn,
+                read: false,
             },
             loc,
         ))
@@ -670,6 +681,7 @@ impl ShardLog {
         let written = Ticket {
             marks: self.marks.clone(),
             lsn: self.pending.borrow().next,
+            read: false,
         };
         written.await.map_err(io::Error::other)?;
         let mut out = RecoveredStream::empty(self.log_no);
@@ -715,7 +727,25 @@ impl ShardLog {
         Ticket {
             marks: self.marks.clone(),
             lsn: 0,
+            read: false,
         }
+    }
+
+    /// For a read of what appends up to `lsn` changed: a ticket that
+    /// completes once they are flushed (per the policy), or `None` when
+    /// they are. Redis writes no reply before the flush that covers the
+    /// writes it shows; a failed log completes it too (reads go on).
+    pub fn read_ticket(&self, lsn: u64) -> Option<Ticket> {
+        (self.marks.done.load(Ordering::Acquire) < lsn).then(|| Ticket {
+            marks: self.marks.clone(),
+            lsn,
+            read: true,
+        })
+    }
+
+    /// The number of the last append so far.
+    pub fn last_lsn(&self) -> u64 {
+        self.pending.borrow().next
     }
 
     /// Stops taking appends; [`ShardLog::run`] returns once what was
@@ -1307,6 +1337,7 @@ mod tests {
         Ticket {
             marks: marks.clone(),
             lsn,
+            read: false,
         }
     }
 

@@ -2407,3 +2407,92 @@ fn group_readers_whose_block_runs_out_as_they_are_served_get_what_was_delivered_
     assert!(got > 0, "no reader was served ({produced} produced)");
     broker.shutdown();
 }
+
+#[test]
+fn under_always_no_reader_sees_an_entry_before_its_flush() {
+    // Redis writes no reply before the flush that covers its round's
+    // writes: under `appendfsync always` a reader never sees what a crash
+    // could take back. Here: an XADD held at its flush, then reads of the
+    // stream from other connections (a range, a non-blocking XREAD, a
+    // blocked XREAD served by the XADD, a group's history read) are
+    // answered only once the flush is done, with the entry.
+    let dir = TempDir::new();
+    let gate = SyncGate::new();
+    let mut config = BrokerConfig::default();
+    config.store.sync_gate = Some(gate.clone());
+    let broker = start_in(&dir.0, 2, config);
+    let addr = broker.local_addr();
+    let mut c = Client::connect(addr);
+    assert_eq!(c.cmd(&["XADD", "s", "1-0", "f", "v"]), R::bulk("1-0"));
+    assert_eq!(
+        c.cmd(&["XGROUP", "CREATE", "s", "g", "$"]),
+        R::Status("OK".into())
+    );
+    let mut blocked = Client::connect(addr);
+    blocked.send_raw(&encode(&[b"XREAD", b"BLOCK", b"0", b"STREAMS", b"s", b"$"]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !c
+        .cmd(&["INFO", "clients"])
+        .text()
+        .contains("blocked_clients:1")
+    {
+        assert!(std::time::Instant::now() < deadline, "never blocked");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    /// Opens the gate however the test ends (a failed assertion would
+    /// otherwise leave the broker's shutdown waiting on a held flush).
+    struct OpenOnDrop(SyncGate);
+    impl Drop for OpenOnDrop {
+        fn drop(&mut self) {
+            self.0.open();
+        }
+    }
+    let _open = OpenOnDrop(gate.clone());
+    gate.close();
+    c.send_raw(&encode(&[b"XADD", b"s", b"2-0", b"a", b"b"]));
+    // The XADD has run (its own connection's next read would see it)
+    // before the readers ask.
+    std::thread::sleep(Duration::from_millis(50));
+    let mut range = Client::connect(addr);
+    range.send_raw(&encode(&[b"XRANGE", b"s", b"2-0", b"+"]));
+    let mut read = Client::connect(addr);
+    read.send_raw(&encode(&[b"XREAD", b"STREAMS", b"s", b"1-0"]));
+    let mut len = Client::connect(addr);
+    len.send_raw(&encode(&[b"XLEN", b"s"]));
+    std::thread::sleep(Duration::from_millis(200));
+    let waiting = |c: &mut Client| {
+        c.w.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 1];
+        let nothing = matches!(
+            std::io::Read::read(&mut c.w, &mut b),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+        );
+        c.w.set_nonblocking(false).unwrap();
+        nothing
+    };
+    for (what, client) in [
+        ("the XADD", &mut c),
+        ("a blocked XREAD", &mut blocked),
+        ("XRANGE", &mut range),
+        ("XREAD", &mut read),
+        ("XLEN", &mut len),
+    ] {
+        assert!(waiting(client), "{what} answered before the flush");
+    }
+    gate.open();
+    let entry = R::Array(vec![
+        R::bulk("2-0"),
+        R::Array(vec![R::bulk("a"), R::bulk("b")]),
+    ]);
+    let streams = R::Array(vec![R::Array(vec![
+        R::bulk("s"),
+        R::Array(vec![entry.clone()]),
+    ])]);
+    assert_eq!(c.read(), R::bulk("2-0"));
+    assert_eq!(blocked.read(), streams);
+    assert_eq!(range.read(), R::Array(vec![entry]));
+    assert_eq!(read.read(), streams);
+    assert_eq!(len.read(), R::Int(2));
+    broker.shutdown();
+}
