@@ -878,7 +878,11 @@ impl Notify {
     /// Wakes the waiter with `index` (the first fire wins), to read for
     /// itself.
     pub fn fire(&self, index: usize) {
-        self.done.store(true, Ordering::Release);
+        // Done already (served, fired, or given up): nothing to wake, and
+        // no lock taken (a served reader's watcher fires as it drops).
+        if self.done.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let waker = {
             let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
             if s.fired.is_some() {

@@ -1354,6 +1354,17 @@ fn the_power_loss_test_catches_replies_sent_before_their_flush() {
 
 /// A one-shard broker under `everysec` in `dir`, its flushes behind a
 /// crash-test gate.
+/// Opens its gate when dropped: a test that holds flushes and fails an
+/// assertion would otherwise leave the broker's shutdown (which flushes)
+/// waiting for good.
+struct OpenOnDrop(SyncGate);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
 fn everysec_with_gate(dir: &TempDir) -> (Broker, SyncGate) {
     let gate = SyncGate::new();
     let mut config = BrokerConfig::default();
@@ -1368,12 +1379,6 @@ fn under_everysec_a_held_flush_holds_no_reply_and_later_writes_are_flushed_after
     let (broker, gate) = everysec_with_gate(&dir);
     // Dropped before the broker: a failed assertion opens the gate, so
     // the broker's shutdown (which flushes) ends.
-    struct OpenOnDrop(SyncGate);
-    impl Drop for OpenOnDrop {
-        fn drop(&mut self) {
-            self.0.open();
-        }
-    }
     let _open = OpenOnDrop(gate.clone());
     let mut c = Client::connect(broker.local_addr());
     assert!(matches!(c.cmd(&["XADD", "s", "*", "n", "0"]), R::Bulk(_)));
@@ -2440,14 +2445,7 @@ fn under_always_no_reader_sees_an_entry_before_its_flush() {
         std::thread::sleep(Duration::from_millis(5));
     }
     std::thread::sleep(Duration::from_millis(50));
-    /// Opens the gate however the test ends (a failed assertion would
-    /// otherwise leave the broker's shutdown waiting on a held flush).
-    struct OpenOnDrop(SyncGate);
-    impl Drop for OpenOnDrop {
-        fn drop(&mut self) {
-            self.0.open();
-        }
-    }
+    // Opens the gate however the test ends.
     let _open = OpenOnDrop(gate.clone());
     gate.close();
     c.send_raw(&encode(&[b"XADD", b"s", b"2-0", b"a", b"b"]));
