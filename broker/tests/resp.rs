@@ -2449,9 +2449,19 @@ fn under_always_no_reader_sees_an_entry_before_its_flush() {
     let _open = OpenOnDrop(gate.clone());
     gate.close();
     c.send_raw(&encode(&[b"XADD", b"s", b"2-0", b"a", b"b"]));
-    // The XADD has run (its own connection's next read would see it)
-    // before the readers ask.
-    std::thread::sleep(Duration::from_millis(50));
+    // The XADD has run before the readers ask: it served the blocked
+    // reader, which no longer counts as blocked while its reply waits
+    // for the flush (INFO answers from the catalog, on another
+    // connection).
+    let mut admin = Client::connect(addr);
+    while !admin
+        .cmd(&["INFO", "clients"])
+        .text()
+        .contains("blocked_clients:0")
+    {
+        assert!(std::time::Instant::now() < deadline, "the XADD never ran");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let mut range = Client::connect(addr);
     range.send_raw(&encode(&[b"XRANGE", b"s", b"2-0", b"+"]));
     let mut read = Client::connect(addr);
