@@ -474,7 +474,8 @@ impl Handler<ReadGroup> for StreamActor {
                 return GroupAnswer {
                     read: GroupRead::Error(Reply::Error(text.to_owned())),
                     last_id,
-                    durable: None,
+                    // What it reports (a deletion) may still be flushing.
+                    durable: self.read_ticket(),
                     served: false,
                 };
             }
@@ -586,13 +587,22 @@ impl Handler<ExecBatch> for StreamActor {
         self.shared = Some(shared);
         let ops = self.batch.take().unwrap_or_default();
         let durable = if ops.is_empty() {
-            None
+            // A transaction that only read: what it read may still be
+            // flushing.
+            self.read_ticket()
         } else {
             match self.append(Op::Batch(ops), was_missing) {
                 Ok(t) => {
                     let loc = self.appended_at;
                     if let Some(s) = self.stream.as_mut() {
                         s.place(loc);
+                    }
+                    if was_missing != self.stream.is_none() {
+                        // Made or deleted: the catalog learns it now that
+                        // it is logged.
+                        if let Some(shared) = &self.shared {
+                            self.tell_catalog(shared, &t);
+                        }
                     }
                     Some(t)
                 }
@@ -637,7 +647,12 @@ impl StreamActor {
             }),
             // Answered here, at their place in the transaction: the
             // catalog has this stream's changes up to them.
-            b"keys" | b"scan" | b"info" => crate::session::catalog_reply(shared, proto, args),
+            b"keys" | b"scan" | b"info" => crate::session::catalog_reply(
+                shared,
+                proto,
+                args,
+                Some((&self.name, self.stream.is_some())),
+            ),
             // The stream may be named more than once: served once per name,
             // as Redis does. Inside EXEC nothing blocks.
             b"xread" => {
@@ -1050,9 +1065,10 @@ impl StreamActor {
         self.settle();
         self.load(broker).await;
         if let Some(shared) = &self.shared {
+            let change = self.read_ticket();
             match self.stream {
-                Some(_) => shared.catalog.insert(&self.name),
-                None => shared.catalog.remove(&self.name),
+                Some(_) => shared.catalog.insert(&self.name, change),
+                None => shared.catalog.remove(&self.name, change),
             }
         }
     }
@@ -1219,6 +1235,21 @@ impl StreamActor {
 
     /// For a reply that shows this stream's state: the flush of its last
     /// append, if that is not done yet.
+    /// Tells the catalog whether this stream exists, as the append
+    /// `change` logged it. Inside a transaction, nothing: its end tells
+    /// it once the transaction's record is appended (a reader on another
+    /// shard must not see a name before the append it waits for).
+    fn tell_catalog(&self, shared: &Shared, change: &Ticket) {
+        if self.batch.is_some() {
+            return;
+        }
+        let change = Some(change.for_read());
+        match self.stream {
+            Some(_) => shared.catalog.insert(&self.name, change),
+            None => shared.catalog.remove(&self.name, change),
+        }
+    }
+
     fn read_ticket(&self) -> Option<Ticket> {
         self.log.as_ref()?.read_ticket(self.last_lsn)
     }
@@ -1299,9 +1330,10 @@ impl StreamActor {
                     Some(_) => None,
                 };
                 if let Some(text) = gone {
+                    // The deletion it reports may still be flushing.
                     return Outcome::Answer(Served::Group(
                         GroupRead::Error(Reply::Error(text.to_owned())),
-                        None,
+                        self.read_ticket(),
                     ));
                 }
                 if !self
@@ -1318,11 +1350,12 @@ impl StreamActor {
                             None => Outcome::Keep,
                             Some(Ok(ticket)) => Outcome::Answer(Served::Group(
                                 GroupRead::Entries(e),
-                                ticket.or(durable),
+                                ticket.or(durable).or_else(|| self.read_ticket()),
                             )),
-                            Some(Err(e)) => {
-                                Outcome::Answer(Served::Group(GroupRead::Error(e), None))
-                            }
+                            Some(Err(e)) => Outcome::Answer(Served::Group(
+                                GroupRead::Error(e),
+                                self.read_ticket(),
+                            )),
                         }
                     }
                     read => {
@@ -1464,7 +1497,7 @@ impl StreamActor {
                 };
                 if self.stream.is_none() {
                     self.stream = Some(Stream::new());
-                    shared.catalog.insert(&self.name);
+                    self.tell_catalog(shared, &ticket);
                 }
                 let loc = self.appended_at;
                 self.signal(Signal::Ready);
@@ -1570,7 +1603,7 @@ impl StreamActor {
                 };
                 self.stream = None;
                 self.signal(Signal::Deleted);
-                shared.catalog.remove(&self.name);
+                self.tell_catalog(shared, &ticket);
                 Answer {
                     reply: Reply::Int(1),
                     durable: Some(ticket),

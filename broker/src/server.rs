@@ -18,7 +18,7 @@ use crate::actor::StreamActor;
 use crate::glob::glob_match;
 use crate::resp::RespCodec;
 use crate::session::RespSession;
-use crate::store::{self, DurableFiles, LogStart, RecoveredStream, ShardLog, StoreConfig};
+use crate::store::{self, DurableFiles, LogStart, RecoveredStream, ShardLog, StoreConfig, Ticket};
 
 /// The version `HELLO` and `INFO` report: the Redis release whose replies
 /// the broker's are checked against.
@@ -89,18 +89,31 @@ pub struct TlsFiles {
 /// The names of the streams that exist, readable from every shard
 /// (`KEYS`, `SCAN`, `INFO`, and `EXISTS` / `TYPE` with nothing of the
 /// connection in flight, answer from it without waking a stream's actor).
+///
+/// A stream's actor changes it after logging the change, with the
+/// change's [`Ticket`]; a reply that shows the names waits for the
+/// tickets not flushed yet ([`Catalog::unflushed`]), as Redis writes no
+/// reply before the flush of what it shows.
 #[derive(Debug, Default)]
 pub struct Catalog {
     names: Mutex<Names>,
 }
 
 /// The catalog's names twice: in byte order (`KEYS`, lookups) and in
-/// `SCAN` order (each name's [`scan_position`], then its bytes).
+/// `SCAN` order (each name's [`scan_position`], then its bytes), and the
+/// last change's ticket per shard log.
 #[derive(Debug, Default)]
 struct Names {
     by_bytes: BTreeSet<Bytes>,
     by_position: BTreeSet<(u64, Bytes)>,
+    changes: Vec<Ticket>,
 }
+
+/// One stream as its own transaction left it so far, over the catalog
+/// (which takes the transaction's changes once they are logged): a
+/// `KEYS`, `SCAN` or `INFO` inside the transaction reads the names as of
+/// its place.
+pub(crate) type Own<'a> = Option<(&'a Bytes, bool)>;
 
 /// Where `name` sits in `SCAN`'s order: from its stable routing hash, in
 /// `1..=2^63`, so that a cursor (the position to go on from) is never 0,
@@ -135,25 +148,53 @@ impl Names {
     }
 }
 
+impl Names {
+    /// Keeps `change` as its log's last change of the names.
+    fn note(&mut self, change: Option<Ticket>) {
+        let Some(change) = change else {
+            return;
+        };
+        match self.changes.iter_mut().find(|c| c.same_log(&change)) {
+            Some(last) if last.lsn() < change.lsn() => *last = change,
+            Some(_) => {}
+            None => self.changes.push(change),
+        }
+    }
+}
+
 impl Catalog {
     fn names(&self) -> std::sync::MutexGuard<'_, Names> {
         self.names.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn insert(&self, name: &Bytes) {
+    /// Stream `name` exists, as the append `change` logged (`None`: it is
+    /// durable already).
+    pub(crate) fn insert(&self, name: &Bytes, change: Option<Ticket>) {
         let mut names = self.names();
         if names.by_bytes.insert(name.clone()) {
             names
                 .by_position
                 .insert((scan_position(name), name.clone()));
         }
+        names.note(change);
     }
 
-    pub(crate) fn remove(&self, name: &[u8]) {
+    /// Stream `name` is gone, as the append `change` logged.
+    pub(crate) fn remove(&self, name: &[u8], change: Option<Ticket>) {
         let mut names = self.names();
         if let Some(name) = names.by_bytes.take(name) {
             names.by_position.remove(&(scan_position(&name), name));
         }
+        names.note(change);
+    }
+
+    /// Tickets for the changes of the names not flushed yet: a reply that
+    /// shows what was read of the names before this call waits for them
+    /// (it may wait for a later change too: never for less).
+    pub(crate) fn unflushed(&self) -> Vec<Ticket> {
+        let mut names = self.names();
+        names.changes.retain(|t| !t.is_done());
+        names.changes.iter().map(Ticket::for_read).collect()
     }
 
     /// Whether stream `name` exists.
@@ -163,7 +204,7 @@ impl Catalog {
 
     /// How many streams exist.
     pub fn len(&self) -> usize {
-        self.names().by_bytes.len()
+        self.len_with(None)
     }
 
     /// Whether no stream exists.
@@ -171,21 +212,70 @@ impl Catalog {
         self.len() == 0
     }
 
+    /// How many streams exist, with `own` as its transaction left it.
+    pub(crate) fn len_with(&self, own: Own<'_>) -> usize {
+        let names = self.names();
+        let n = names.by_bytes.len();
+        match own {
+            Some((name, true)) if !names.by_bytes.contains(name) => n + 1,
+            Some((name, false)) if names.by_bytes.contains(name) => n - 1,
+            _ => n,
+        }
+    }
+
     /// `SCAN`'s page: the names from `cursor` on in `SCAN` order, about
     /// `count` of them, and the cursor after them (0 at the end). Only the
     /// page is copied out under the lock.
     pub fn page(&self, cursor: u64, count: usize) -> (Vec<Bytes>, u64) {
-        self.names().page(cursor, count)
+        self.page_with(cursor, count, None)
+    }
+
+    /// [`Catalog::page`] with `own` as its transaction left it (in the
+    /// page if its position lies in the page's span).
+    pub(crate) fn page_with(&self, cursor: u64, count: usize, own: Own<'_>) -> (Vec<Bytes>, u64) {
+        let (mut page, next) = self.names().page(cursor, count);
+        if let Some((name, exists)) = own {
+            let position = scan_position(name);
+            let at = page.binary_search_by(|n| (scan_position(n), n).cmp(&(position, name)));
+            match (exists, at) {
+                (true, Err(at)) if position >= cursor && (next == 0 || position < next) => {
+                    page.insert(at, name.clone());
+                }
+                (false, Ok(at)) => {
+                    page.remove(at);
+                }
+                _ => {}
+            }
+        }
+        (page, next)
     }
 
     /// Names matching `pattern`, in byte order.
     pub fn matching(&self, pattern: &[u8]) -> Vec<Bytes> {
-        self.names()
+        self.matching_with(pattern, None)
+    }
+
+    /// [`Catalog::matching`] with `own` as its transaction left it.
+    pub(crate) fn matching_with(&self, pattern: &[u8], own: Own<'_>) -> Vec<Bytes> {
+        let mut found: Vec<Bytes> = self
+            .names()
             .by_bytes
             .iter()
             .filter(|n| glob_match(pattern, n, false))
             .cloned()
-            .collect()
+            .collect();
+        if let Some((name, exists)) = own {
+            match (exists, found.binary_search(name)) {
+                (true, Err(at)) if glob_match(pattern, name, false) => {
+                    found.insert(at, name.clone())
+                }
+                (false, Ok(at)) => {
+                    found.remove(at);
+                }
+                _ => {}
+            }
+        }
+        found
     }
 }
 
@@ -431,7 +521,7 @@ impl Broker {
         let catalog = Catalog::default();
         for (name, s) in &recovered.streams {
             if s.stream.is_some() {
-                catalog.insert(name);
+                catalog.insert(name, None);
             }
         }
         let durable = DurableFiles::default();

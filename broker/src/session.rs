@@ -17,7 +17,8 @@ use crate::command::{self, Kind};
 use crate::glob::glob_match;
 use crate::id::StreamId;
 use crate::resp::{Protocol, Reply, Request, RespCodec};
-use crate::server::{Shared, MAX_KEY_LEN, REDIS_VERSION};
+use crate::server::{Own, Shared, MAX_KEY_LEN, REDIS_VERSION};
+use crate::store::Ticket;
 use crate::stream::Fields;
 
 mod admin;
@@ -385,13 +386,20 @@ impl RespSession {
                         match a.await {
                             Ok(Answer {
                                 reply: Reply::Int(d),
-                                ..
-                            }) => n += d,
+                                durable,
+                            }) => {
+                                // What it read may still be flushing.
+                                flushed(durable.into_iter().collect()).await;
+                                n += d;
+                            }
                             Ok(Answer { reply, .. }) => return reply.frame(proto),
                             // Its actor stopped for good: a read, answered
                             // from the catalog as it would be with nothing
                             // in flight.
-                            Err(_) => n += i64::from(shared.catalog.contains(name)),
+                            Err(_) => {
+                                n += i64::from(shared.catalog.contains(name));
+                                flushed(shared.catalog.unflushed()).await;
+                            }
                         }
                     }
                     if exists {
@@ -409,7 +417,14 @@ impl RespSession {
                 // before (a later request could change what it reads).
                 let shared = self.shared.clone();
                 let proto = self.proto;
-                cx.reply_in_turn(move || catalog_reply(&shared, proto, &args).frame(proto));
+                cx.reply_later_in_turn(move || {
+                    let reply = catalog_reply(&shared, proto, &args, None);
+                    let unflushed = shared.catalog.unflushed();
+                    async move {
+                        flushed(unflushed).await;
+                        reply.frame(proto)
+                    }
+                });
                 cx.hold_frames_until_replied();
             }
             b"del" => {
@@ -434,6 +449,9 @@ impl RespSession {
                     .collect();
                 let asks = self.ask_each("del", named);
                 let proto = self.proto;
+                // A name left out as missing may have gone by a deletion
+                // still flushing.
+                let unflushed = self.shared.catalog.unflushed();
                 cx.reply_later(async move {
                     let mut n = 0;
                     for a in asks {
@@ -443,14 +461,33 @@ impl RespSession {
                             _ => {}
                         }
                     }
+                    flushed(unflushed).await;
                     Reply::Int(n).frame(proto)
                 });
             }
             _ => {
                 let r = self.local_reply(&args);
-                self.reply(r, cx);
+                if reads_names(&args[0]) {
+                    self.reply_once_flushed(r, cx);
+                } else {
+                    self.reply(r, cx);
+                }
             }
         }
+    }
+
+    /// Writes `r`, which shows the catalog of streams, once the catalog's
+    /// changes are flushed (at once when they are).
+    fn reply_once_flushed(&self, r: Reply, cx: &mut SessionCtx<Self>) {
+        let unflushed = self.shared.catalog.unflushed();
+        if unflushed.is_empty() {
+            return self.reply(r, cx);
+        }
+        let proto = self.proto;
+        cx.reply_later(async move {
+            flushed(unflushed).await;
+            r.frame(proto)
+        });
     }
 
     /// A command the session answers at once, from its own state and the
@@ -490,7 +527,7 @@ impl RespSession {
             },
             b"config" => self.config(args),
             b"exists" | b"type" | b"keys" | b"scan" | b"info" => {
-                catalog_reply(&self.shared, self.proto, args)
+                catalog_reply(&self.shared, self.proto, args, None)
             }
             b"command" => self.command(args),
             b"watch" => Reply::err(
@@ -760,9 +797,12 @@ impl RespSession {
                     return match answer.await {
                         Ok(GroupAnswer {
                             read: GroupRead::Error(g),
+                            durable,
                             ..
-                        }) => g.frame(proto),
-                        Ok(_) => e.frame(proto),
+                        }) => once_flushed(durable, g).await.frame(proto),
+                        Ok(GroupAnswer { durable, .. }) => {
+                            once_flushed(durable, e).await.frame(proto)
+                        }
                         Err(a) => fail(a),
                     };
                 }
@@ -775,8 +815,9 @@ impl RespSession {
                     match ask(i, GroupFrom::New, true, false).await {
                         Ok(GroupAnswer {
                             read: GroupRead::Error(e),
+                            durable,
                             ..
-                        }) => return e.frame(proto),
+                        }) => return once_flushed(durable, e).await.frame(proto),
                         Ok(_) => {}
                         Err(e) => return fail(e),
                     }
@@ -810,7 +851,9 @@ impl RespSession {
                 let entries = match answer.read {
                     GroupRead::Entries(e) => e,
                     GroupRead::Error(_) if delivered => continue,
-                    GroupRead::Error(e) => return e.frame(proto),
+                    GroupRead::Error(e) => {
+                        return once_flushed(answer.durable, e).await.frame(proto)
+                    }
                 };
                 if let Some(t) = answer.durable {
                     if let Err(e) = t.await {
@@ -853,7 +896,7 @@ impl RespSession {
                             }
                             group_streams_reply(vec![(keys[fired].clone(), e)], proto).frame(proto)
                         }
-                        GroupRead::Error(e) => e.frame(proto),
+                        GroupRead::Error(e) => once_flushed(durable, e).await.frame(proto),
                     };
                 }
                 let answer = match ask(fired, GroupFrom::New, false, true).await {
@@ -875,7 +918,9 @@ impl RespSession {
                     }
                     GroupRead::Entries(_) => {}
                     // The group went away while blocked.
-                    GroupRead::Error(e) => return e.frame(proto),
+                    GroupRead::Error(e) => {
+                        return once_flushed(answer.durable, e).await.frame(proto)
+                    }
                 }
             }
         });
@@ -892,31 +937,59 @@ impl RespSession {
 }
 
 /// `EXISTS`, `TYPE`, `KEYS`, `SCAN` and `INFO`, answered from the catalog
-/// of streams (no actor is asked) in protocol `proto`.
-pub(crate) fn catalog_reply(shared: &Shared, proto: Protocol, args: &[Bytes]) -> Reply {
+/// of streams (no actor is asked) in protocol `proto`, with `own` as its
+/// transaction left it (inside a stream's transaction). The caller's
+/// reply waits for [`Catalog::unflushed`](crate::server::Catalog::unflushed).
+pub(crate) fn catalog_reply(
+    shared: &Shared,
+    proto: Protocol,
+    args: &[Bytes],
+    own: Own<'_>,
+) -> Reply {
     let name = args[0].to_ascii_lowercase();
+    let exists = |k: &Bytes| match own {
+        Some((name, exists)) if name == k => exists,
+        _ => shared.catalog.contains(k),
+    };
     match name.as_slice() {
-        b"exists" => Reply::Int(
-            args[1..]
-                .iter()
-                .filter(|k| shared.catalog.contains(k))
-                .count() as i64,
-        ),
-        b"type" => Reply::Status(if shared.catalog.contains(&args[1]) {
-            "stream"
-        } else {
-            "none"
-        }),
+        b"exists" => Reply::Int(args[1..].iter().filter(|k| exists(k)).count() as i64),
+        b"type" => Reply::Status(if exists(&args[1]) { "stream" } else { "none" }),
         b"keys" => Reply::Array(
             shared
                 .catalog
-                .matching(&args[1])
+                .matching_with(&args[1], own)
                 .into_iter()
                 .map(Reply::Bulk)
                 .collect(),
         ),
-        b"info" => RespSession::info(shared, proto, args),
-        _ => RespSession::scan(shared, args),
+        b"info" => RespSession::info(shared, proto, args, own),
+        _ => RespSession::scan(shared, args, own),
+    }
+}
+
+/// `reply` once `durable` (the flush of what it shows) is done, or the
+/// error of its flush.
+async fn once_flushed(durable: Option<Ticket>, reply: Reply) -> Reply {
+    match durable {
+        Some(t) => match t.await {
+            Ok(()) => reply,
+            Err(e) => storage_error(&e),
+        },
+        None => reply,
+    }
+}
+
+/// Whether command `name` (any case) shows the catalog of streams.
+pub(crate) fn reads_names(name: &[u8]) -> bool {
+    [&b"exists"[..], b"type", b"keys", b"scan", b"info"]
+        .iter()
+        .any(|c| name.eq_ignore_ascii_case(c))
+}
+
+/// Waits for the flush of `tickets` (reads: a failed log ends them too).
+pub(crate) async fn flushed(tickets: Vec<Ticket>) {
+    for t in tickets {
+        let _ = t.await;
     }
 }
 

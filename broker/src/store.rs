@@ -230,6 +230,28 @@ impl Ticket {
     pub fn lsn(&self) -> u64 {
         self.lsn
     }
+
+    /// A read's ticket for the same append: it completes once the append
+    /// is flushed, or the log failed.
+    pub(crate) fn for_read(&self) -> Ticket {
+        Ticket {
+            marks: self.marks.clone(),
+            lsn: self.lsn,
+            read: true,
+        }
+    }
+
+    /// Whether its append is flushed, or can no longer be (the log
+    /// failed).
+    pub(crate) fn is_done(&self) -> bool {
+        self.marks.done.load(Ordering::Acquire) >= self.lsn
+            || self.marks.failed.load(Ordering::Acquire)
+    }
+
+    /// Whether `other` waits on the same log.
+    pub(crate) fn same_log(&self, other: &Ticket) -> bool {
+        Arc::ptr_eq(&self.marks, &other.marks)
+    }
 }
 
 impl fmt::Debug for Ticket {
@@ -1265,6 +1287,12 @@ impl SyncGate {
             std::mem::take(&mut s.waiters)
         };
         waiters.into_iter().for_each(Waker::wake);
+    }
+
+    /// Whether a flush is waiting at the gate now.
+    pub fn holding(&self) -> bool {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.closed && !s.waiters.is_empty()
     }
 
     /// Waits until the gate is open; then the flush may go on, or fails

@@ -2422,28 +2422,11 @@ fn under_always_no_reader_sees_an_entry_before_its_flush() {
     // blocked XREAD served by the XADD, a group's history read) are
     // answered only once the flush is done, with the entry.
     let dir = TempDir::new();
-    let gate = SyncGate::new();
-    let mut config = BrokerConfig::default();
-    config.store.sync_gate = Some(gate.clone());
-    let broker = start_in(&dir.0, 2, config);
+    let (broker, gate, mut c) = gated_stream_with_group(&dir, "s");
     let addr = broker.local_addr();
-    let mut c = Client::connect(addr);
-    assert_eq!(c.cmd(&["XADD", "s", "1-0", "f", "v"]), R::bulk("1-0"));
-    assert_eq!(
-        c.cmd(&["XGROUP", "CREATE", "s", "g", "$"]),
-        R::Status("OK".into())
-    );
     let mut blocked = Client::connect(addr);
     blocked.send_raw(&encode(&[b"XREAD", b"BLOCK", b"0", b"STREAMS", b"s", b"$"]));
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !c
-        .cmd(&["INFO", "clients"])
-        .text()
-        .contains("blocked_clients:1")
-    {
-        assert!(std::time::Instant::now() < deadline, "never blocked");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    until_info(&mut c, "blocked_clients:1");
     std::thread::sleep(Duration::from_millis(50));
     // Opens the gate however the test ends.
     let _open = OpenOnDrop(gate.clone());
@@ -2453,15 +2436,7 @@ fn under_always_no_reader_sees_an_entry_before_its_flush() {
     // reader, which no longer counts as blocked while its reply waits
     // for the flush (INFO answers from the catalog, on another
     // connection).
-    let mut admin = Client::connect(addr);
-    while !admin
-        .cmd(&["INFO", "clients"])
-        .text()
-        .contains("blocked_clients:0")
-    {
-        assert!(std::time::Instant::now() < deadline, "the XADD never ran");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    until_info(&mut Client::connect(addr), "blocked_clients:0");
     let mut range = Client::connect(addr);
     range.send_raw(&encode(&[b"XRANGE", b"s", b"2-0", b"+"]));
     let mut read = Client::connect(addr);
@@ -2469,16 +2444,6 @@ fn under_always_no_reader_sees_an_entry_before_its_flush() {
     let mut len = Client::connect(addr);
     len.send_raw(&encode(&[b"XLEN", b"s"]));
     std::thread::sleep(Duration::from_millis(200));
-    let waiting = |c: &mut Client| {
-        c.w.set_nonblocking(true).unwrap();
-        let mut b = [0u8; 1];
-        let nothing = matches!(
-            std::io::Read::read(&mut c.w, &mut b),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-        );
-        c.w.set_nonblocking(false).unwrap();
-        nothing
-    };
     for (what, client) in [
         ("the XADD", &mut c),
         ("a blocked XREAD", &mut blocked),
@@ -2486,7 +2451,7 @@ fn under_always_no_reader_sees_an_entry_before_its_flush() {
         ("XREAD", &mut read),
         ("XLEN", &mut len),
     ] {
-        assert!(waiting(client), "{what} answered before the flush");
+        assert!(nothing_to_read(client), "{what} answered before the flush");
     }
     gate.open();
     let entry = R::Array(vec![
@@ -2502,5 +2467,187 @@ fn under_always_no_reader_sees_an_entry_before_its_flush() {
     assert_eq!(range.read(), R::Array(vec![entry]));
     assert_eq!(read.read(), streams);
     assert_eq!(len.read(), R::Int(2));
+    broker.shutdown();
+}
+
+/// Whether nothing has come back on `c` (nothing buffered, nothing on the
+/// socket).
+fn nothing_to_read(c: &mut Client) -> bool {
+    if !c.r.buffer().is_empty() {
+        return false;
+    }
+    c.w.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 1];
+    let nothing = matches!(
+        std::io::Read::read(&mut c.w, &mut b),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+    );
+    c.w.set_nonblocking(false).unwrap();
+    nothing
+}
+
+/// A broker of 2 shards under `always` whose flushes `gate` can hold,
+/// with `stream` holding entry `1-0` and group `g` at its end; a client.
+fn gated_stream_with_group(dir: &TempDir, stream: &str) -> (Broker, SyncGate, Client) {
+    let gate = SyncGate::new();
+    let mut config = BrokerConfig::default();
+    config.store.sync_gate = Some(gate.clone());
+    let broker = start_in(&dir.0, 2, config);
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XADD", stream, "1-0", "f", "v"]), R::bulk("1-0"));
+    assert_eq!(
+        c.cmd(&["XGROUP", "CREATE", stream, "g", "$"]),
+        R::Status("OK".into())
+    );
+    (broker, gate, c)
+}
+
+/// Asks `INFO clients` on `c` until it shows `line`.
+fn until_info(c: &mut Client, line: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !c.cmd(&["INFO", "clients"]).text().contains(line) {
+        assert!(std::time::Instant::now() < deadline, "never {line}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits until a flush is held at `gate` (the write sent before has run).
+fn until_held(gate: &SyncGate) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !gate.holding() {
+        assert!(std::time::Instant::now() < deadline, "no flush was held");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn under_always_no_reply_shows_a_stream_made_or_a_group_destroyed_before_its_flush() {
+    // Redis writes no reply before the flush of the writes it shows. Two
+    // writes held at their flush: an `XGROUP DESTROY` (its blocked reader's
+    // NOGROUP), then an `XADD` that makes a stream (the replies that read
+    // the catalog of names, from other connections, alone, in transactions
+    // and behind a request in flight, and a transaction that only reads).
+    let dir = TempDir::new();
+    let (broker, gate, mut c) = gated_stream_with_group(&dir, "old");
+    let addr = broker.local_addr();
+    let mut blocked = Client::connect(addr);
+    blocked.send_raw(&encode(&[
+        b"XREADGROUP",
+        b"GROUP",
+        b"g",
+        b"alice",
+        b"BLOCK",
+        b"0",
+        b"STREAMS",
+        b"old",
+        b">",
+    ]));
+    until_info(&mut c, "blocked_clients:1");
+    // Opens the gate however the test ends.
+    let _open = OpenOnDrop(gate.clone());
+
+    gate.close();
+    c.send_raw(&encode(&[b"XGROUP", b"DESTROY", b"old", b"g"]));
+    until_held(&gate);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        nothing_to_read(&mut c),
+        "XGROUP DESTROY answered before its flush"
+    );
+    assert!(
+        nothing_to_read(&mut blocked),
+        "the blocked reader was told NOGROUP before the destroy's flush"
+    );
+    gate.open();
+    assert_eq!(c.read(), R::Int(1));
+    assert_eq!(
+        blocked.read(),
+        R::Error("NOGROUP the consumer group this client was blocked on no longer exists".into())
+    );
+
+    gate.close();
+    c.send_raw(&encode(&[b"XADD", b"new", b"1-0", b"f", b"v"]));
+    until_held(&gate);
+    let ask = |command: &[&[u8]]| {
+        let mut client = Client::connect(addr);
+        client.send_raw(&encode(command));
+        client
+    };
+    let mut keys = ask(&[b"KEYS", b"*"]);
+    let mut scan = ask(&[b"SCAN", b"0", b"COUNT", b"100"]);
+    let mut exists = ask(&[b"EXISTS", b"new"]);
+    let mut kind = ask(&[b"TYPE", b"new"]);
+    let mut info = ask(&[b"INFO", b"keyspace"]);
+    let transaction = |queued: &[&[&str]]| {
+        let mut client = Client::connect(addr);
+        assert_eq!(client.cmd(&["MULTI"]), R::Status("OK".into()));
+        for q in queued {
+            assert_eq!(client.cmd(q), R::Status("QUEUED".into()), "{q:?}");
+        }
+        client.send_raw(&encode(&[b"EXEC"]));
+        client
+    };
+    let mut read_only = transaction(&[&["XRANGE", "new", "-", "+"]]);
+    let mut keys_alone = transaction(&[&["KEYS", "*"]]);
+    let mut keys_beside = transaction(&[&["XLEN", "old"], &["KEYS", "*"]]);
+    let mut in_flight = Client::connect(addr);
+    let mut pipeline = encode(&[b"XLEN", b"old"]);
+    pipeline.extend(encode(&[b"EXISTS", b"new"]));
+    in_flight.send_raw(&pipeline);
+    assert_eq!(in_flight.read(), R::Int(1));
+    std::thread::sleep(Duration::from_millis(200));
+    let mut waiting = [
+        ("the XADD", &mut c),
+        ("KEYS", &mut keys),
+        ("SCAN", &mut scan),
+        ("EXISTS", &mut exists),
+        ("TYPE", &mut kind),
+        ("INFO keyspace", &mut info),
+        ("a transaction that only reads", &mut read_only),
+        ("a transaction of KEYS", &mut keys_alone),
+        ("KEYS in another stream's transaction", &mut keys_beside),
+        ("EXISTS behind a request in flight", &mut in_flight),
+    ];
+    for (what, client) in waiting.iter_mut() {
+        assert!(nothing_to_read(client), "{what} answered before the flush");
+    }
+    gate.open();
+    let names = R::Array(vec![R::bulk("new"), R::bulk("old")]);
+    let sorted = |r: R| match r {
+        R::Array(mut a) => {
+            a.sort_by_key(|n| n.text());
+            R::Array(a)
+        }
+        other => other,
+    };
+    assert_eq!(c.read(), R::bulk("1-0"));
+    assert_eq!(sorted(keys.read()), names);
+    match scan.read() {
+        R::Array(mut page) => {
+            assert_eq!(sorted(page.pop().unwrap()), names);
+            assert_eq!(page, vec![R::bulk("0")]);
+        }
+        other => panic!("SCAN replied {other:?}"),
+    }
+    assert_eq!(exists.read(), R::Int(1));
+    assert_eq!(kind.read(), R::Status("stream".into()));
+    assert!(info.read().text().contains("db0:keys=2,"));
+    let entry = R::Array(vec![
+        R::bulk("1-0"),
+        R::Array(vec![R::bulk("f"), R::bulk("v")]),
+    ]);
+    assert_eq!(read_only.read(), R::Array(vec![R::Array(vec![entry])]));
+    match keys_alone.read() {
+        R::Array(mut r) => assert_eq!(sorted(r.pop().unwrap()), names),
+        other => panic!("EXEC replied {other:?}"),
+    }
+    match keys_beside.read() {
+        R::Array(mut r) => {
+            assert_eq!(sorted(r.pop().unwrap()), names);
+            assert_eq!(r, vec![R::Int(1)]);
+        }
+        other => panic!("EXEC replied {other:?}"),
+    }
+    assert_eq!(in_flight.read(), R::Int(1));
     broker.shutdown();
 }

@@ -194,7 +194,7 @@ impl StreamActor {
                 };
                 if self.stream.is_none() {
                     // MKSTREAM: the group's record, after it, covers its flush.
-                    let _covered = self
+                    let made = self
                         .log(Op::SetId {
                             last_id: StreamId::MIN,
                             entries_added: 0,
@@ -202,7 +202,7 @@ impl StreamActor {
                         })
                         .map_err(|e| storage_error(&e))?;
                     self.stream = Some(Stream::new());
-                    shared.catalog.insert(&self.name);
+                    self.tell_catalog(shared, &made);
                 }
                 if self.has_group(group) {
                     return Err(Reply::Error(

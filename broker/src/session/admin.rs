@@ -61,7 +61,12 @@ fn shard_counters(system: &mailring_actors::SystemHandle) -> Vec<String> {
 impl RespSession {
     /// `INFO [section ...]` in protocol `proto` (its stream count read
     /// from the catalog).
-    pub(super) fn info(shared: &crate::server::Shared, proto: Protocol, args: &[Bytes]) -> Reply {
+    pub(super) fn info(
+        shared: &crate::server::Shared,
+        proto: Protocol,
+        args: &[Bytes],
+        own: crate::server::Own<'_>,
+    ) -> Reply {
         let wanted: Vec<String> = args[1..]
             .iter()
             .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
@@ -70,7 +75,7 @@ impl RespSession {
             || wanted
                 .iter()
                 .any(|w| matches!(w.as_str(), "default" | "all" | "everything"));
-        let streams = shared.catalog.len();
+        let streams = shared.catalog.len_with(own);
         let mut text = String::new();
         for section in SECTIONS {
             let asked = wanted.iter().any(|w| w == section);
@@ -232,7 +237,11 @@ impl RespSession {
     /// a position in the catalog's `SCAN` order (see [`Catalog::page`]).
     ///
     /// [`Catalog::page`]: crate::server::Catalog::page
-    pub(super) fn scan(shared: &crate::server::Shared, args: &[Bytes]) -> Reply {
+    pub(super) fn scan(
+        shared: &crate::server::Shared,
+        args: &[Bytes],
+        own: crate::server::Own<'_>,
+    ) -> Reply {
         let Some(cursor) = scan_cursor(&args[1]) else {
             return Reply::err("invalid cursor");
         };
@@ -257,7 +266,7 @@ impl RespSession {
             }
             i += 2;
         }
-        let (names, next) = shared.catalog.page(cursor, count);
+        let (names, next) = shared.catalog.page_with(cursor, count, own);
         let page: Vec<Reply> = names
             .into_iter()
             .filter(|n| type_ok && pattern.is_none_or(|p| glob_match(p, n, false)))

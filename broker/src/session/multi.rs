@@ -162,26 +162,37 @@ impl RespSession {
                 replies.push((!reads_catalog(c)).then(|| self.local_reply(c)));
                 protos.push(self.proto);
             }
+            let shows_names = commands.iter().any(|c| super::reads_names(&c[0]));
             if cx.pending_replies() == 0 || replies.iter().all(Option::is_some) {
                 let replies = replies
                     .into_iter()
                     .zip(&commands)
                     .zip(&protos)
                     .map(|((r, c), p)| {
-                        r.unwrap_or_else(|| super::catalog_reply(&self.shared, *p, c))
+                        r.unwrap_or_else(|| super::catalog_reply(&self.shared, *p, c, None))
                     })
                     .collect();
-                return Some(Reply::array_in_protocols(replies, &protos));
+                let reply = Reply::array_in_protocols(replies, &protos);
+                if !shows_names {
+                    return Some(reply);
+                }
+                self.reply_once_flushed(reply, cx);
+                return None;
             }
             let (shared, proto) = (self.shared.clone(), self.proto);
-            cx.reply_in_turn(move || {
+            cx.reply_later_in_turn(move || {
                 for ((r, c), p) in replies.iter_mut().zip(&commands).zip(&protos) {
                     if r.is_none() {
-                        *r = Some(super::catalog_reply(&shared, *p, c));
+                        *r = Some(super::catalog_reply(&shared, *p, c, None));
                     }
                 }
                 let replies = replies.into_iter().flatten().collect();
-                Reply::array_in_protocols(replies, &protos).frame(proto)
+                let reply = Reply::array_in_protocols(replies, &protos);
+                let unflushed = shared.catalog.unflushed();
+                async move {
+                    super::flushed(unflushed).await;
+                    reply.frame(proto)
+                }
             });
             cx.hold_frames_until_replied();
             return None;
@@ -211,7 +222,12 @@ impl RespSession {
                 });
                 protos.push(self.proto);
             }
-            return Some(Reply::array_in_protocols(replies, &protos));
+            let reply = Reply::array_in_protocols(replies, &protos);
+            if !commands.iter().any(|c| reads_catalog(c)) {
+                return Some(reply);
+            }
+            self.reply_once_flushed(reply, cx);
+            return None;
         }
         // The session's own commands answer now; the data commands go to
         // the stream's actor as one batch, and the replies are merged back
@@ -239,6 +255,7 @@ impl RespSession {
         // them).
         let reads = batch.iter().any(|c| reads_catalog(c));
         let (system, broker, proto) = (self.shared.system.clone(), self.shared.id, self.proto);
+        let shared = self.shared.clone();
         let start = move || {
             let ask = system.keyed::<StreamActor>(stream).ask(ExecBatch {
                 commands: batch,
@@ -252,6 +269,11 @@ impl RespSession {
                             if let Err(e) = t.await {
                                 return storage_error(&e).frame(proto);
                             }
+                        }
+                        if reads {
+                            // What it read of the names may still be
+                            // flushing.
+                            super::flushed(shared.catalog.unflushed()).await;
                         }
                         match replies {
                             Ok(replies) => replies.into_iter(),
