@@ -36,7 +36,9 @@ pub use crate::server::{
     HandOff, ListenAddr, ListenMode, PeerClose, Server, ServerBuilder, ServerConfig,
     ServerShutdownReport, SessionsByKey,
 };
-pub use crate::session::{CloseKind, CloseReason, FrameIn, FrameOut, Route, Session, SessionCtx};
+pub use crate::session::{
+    CloseKind, CloseReason, FrameIn, FrameOut, Route, Session, SessionCloser, SessionCtx,
+};
 pub use crate::stats::{ServerStats, SessionShardStats};
 
 pub use bytes;

@@ -1239,6 +1239,8 @@ fn continue_on<S: Session>(
     let handle = conn.shared.handle.clone();
     let guard = conn.shared.clone();
     let (key, tls, proxy) = (cx.key.take(), cx.tls.take(), cx.proxy.take());
+    // Handed out on the shard before: they close it on the next one.
+    let closer = cx.closer.take();
     let (peer, id, codec) = (cx.peer, cx.id, cx.encoder);
     handle.spawn_local_on(to, move || {
         guarded(guard, async move {
@@ -1246,6 +1248,7 @@ fn continue_on<S: Session>(
             cx.key = key;
             cx.tls = tls;
             cx.proxy = proxy;
+            cx.closer = closer;
             match transit.arrive().await {
                 Ok(stream) => {
                     run_connection(conn, stream, session, cx, reader, carried, fresh).await
@@ -1316,6 +1319,8 @@ async fn drive<S: Session>(
         _ => None,
     };
     let mut frame_deadline: Option<Sleep> = None;
+    // The waker a `SessionCloser` holds now.
+    let mut closer_waker = None;
     let mut starved = false;
     // Frames were handled since the session's last `on_drained`.
     let mut handled_since_drained = false;
@@ -1341,6 +1346,9 @@ async fn drive<S: Session>(
         let closing = shared.closing.load(Ordering::Acquire);
         if shared.forced.load(Ordering::Acquire) {
             return Exit::Close(CloseReason::Shutdown);
+        }
+        if cx.closer_fired() {
+            return Exit::Close(CloseReason::ClosedByHandle);
         }
         // Handle the next frame if one is whole and the window has room.
         if moving.is_none()
@@ -1456,6 +1464,9 @@ async fn drive<S: Session>(
         // Wait for something to happen.
         let event = std::future::poll_fn(|task| {
             wake.set(task.waker());
+            if cx.closed_by_handle(task.waker(), &mut closer_waker) {
+                return Poll::Ready(Event::Close(CloseReason::ClosedByHandle));
+            }
             let pending_before = cx.pending_replies();
             // A deferred reply that finished frees a place in the window
             // even when older ones still wait: that is progress too.

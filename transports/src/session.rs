@@ -7,7 +7,9 @@ use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 
 use bytes::BytesMut;
 use mailring_actors::mailring::ShardId;
@@ -176,6 +178,10 @@ pub enum CloseReason {
     /// A PROXY-protocol listener's connection sent no valid header (no
     /// session was made).
     ProxyHeader(crate::proxy::ProxyError),
+    /// Its [`SessionCloser`] was used (an operator's kick, from any
+    /// shard or thread): the connection ended at once, replies not yet
+    /// written dropped.
+    ClosedByHandle,
     /// The session's code (the factory, a hook, a handler, a push, a
     /// deferred reply) panicked. The panic is reported to the runtime
     /// (`ShardStats::panics`, the `on_panic` hook); `on_close` does not run
@@ -189,6 +195,7 @@ impl CloseReason {
         match self {
             CloseReason::PeerClosed => CloseKind::PeerClosed,
             CloseReason::ClosedBySession => CloseKind::ClosedBySession,
+            CloseReason::ClosedByHandle => CloseKind::ClosedByHandle,
             CloseReason::IdleTimeout => CloseKind::IdleTimeout,
             CloseReason::HandshakeTimeout => CloseKind::HandshakeTimeout,
             CloseReason::FrameTimeout => CloseKind::FrameTimeout,
@@ -211,6 +218,7 @@ impl fmt::Display for CloseReason {
         match self {
             CloseReason::PeerClosed => f.write_str("peer closed"),
             CloseReason::ClosedBySession => f.write_str("closed by the session"),
+            CloseReason::ClosedByHandle => f.write_str("closed by its handle"),
             CloseReason::IdleTimeout => f.write_str("idle timeout"),
             CloseReason::HandshakeTimeout => f.write_str("no key within the handshake timeout"),
             CloseReason::FrameTimeout => f.write_str("frame not completed in time"),
@@ -227,6 +235,75 @@ impl fmt::Display for CloseReason {
             CloseReason::ProxyHeader(e) => e.fmt(f),
             CloseReason::Panicked => f.write_str("the session panicked"),
         }
+    }
+}
+
+/// Closes one connection from anywhere: from [`SessionCtx::closer`].
+/// Cheap to clone, `Send` and `Sync`; it outlives its connection harmlessly.
+///
+/// ```no_run
+/// # use mailring_transports::{Session, SessionCtx, SessionCloser};
+/// # use mailring_transports::codec::LengthDelimited;
+/// # use bytes::Bytes;
+/// struct Kickable(std::sync::Arc<std::sync::Mutex<Vec<SessionCloser>>>);
+///
+/// impl Session for Kickable {
+///     type Codec = LengthDelimited;
+///     type Key = ();
+///
+///     fn on_open(&mut self, cx: &mut SessionCtx<Self>) {
+///         // An admin task may kick this connection later.
+///         self.0.lock().unwrap().push(cx.closer());
+///     }
+///
+///     async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+///         cx.send_frame(frame);
+///     }
+/// }
+/// ```
+#[derive(Clone)]
+pub struct SessionCloser(Arc<CloserState>);
+
+#[derive(Default)]
+pub(crate) struct CloserState {
+    closed: AtomicBool,
+    /// The connection's task, woken by a close.
+    waker: Mutex<Option<Waker>>,
+}
+
+impl SessionCloser {
+    /// Ends the connection at its driver's next turn, whatever it is doing
+    /// (waiting for the peer, or on a reply that may never come): replies
+    /// not yet written are dropped, as a server's kill drops them, and the
+    /// session closes with [`CloseReason::ClosedByHandle`]. `true` for the
+    /// call that closed it; `false` once closed (by this handle).
+    pub fn close(&self) -> bool {
+        if self.0.closed.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        let waker = self
+            .0
+            .waker
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(w) = waker {
+            w.wake();
+        }
+        true
+    }
+
+    /// Whether [`SessionCloser::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.0.closed.load(Ordering::Acquire)
+    }
+}
+
+impl fmt::Debug for SessionCloser {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionCloser")
+            .field("closed", &self.is_closed())
+            .finish()
     }
 }
 
@@ -249,11 +326,12 @@ pub enum CloseKind {
     Panicked,
     Tls,
     ProxyHeader,
+    ClosedByHandle,
 }
 
 impl CloseKind {
     /// Every kind, in counter order.
-    pub const ALL: [CloseKind; 15] = [
+    pub const ALL: [CloseKind; 16] = [
         CloseKind::PeerClosed,
         CloseKind::ClosedBySession,
         CloseKind::IdleTimeout,
@@ -269,6 +347,7 @@ impl CloseKind {
         CloseKind::Panicked,
         CloseKind::Tls,
         CloseKind::ProxyHeader,
+        CloseKind::ClosedByHandle,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -323,6 +402,9 @@ pub struct SessionCtx<S: Session> {
     /// No frame is handled until the deferred replies are written.
     hold: bool,
     pub(crate) close: Option<CloseReason>,
+    /// Shared with the session's [`SessionCloser`]s, once one was asked
+    /// for.
+    pub(crate) closer: Option<Arc<CloserState>>,
 }
 
 impl<S: Session> fmt::Debug for SessionCtx<S> {
@@ -357,6 +439,7 @@ impl<S: Session> SessionCtx<S> {
             blocked_at: None,
             hold: false,
             close: None,
+            closer: None,
         }
     }
 
@@ -572,6 +655,44 @@ impl<S: Session> SessionCtx<S> {
     /// Closes the connection once what is queued is written.
     pub fn close(&mut self) {
         self.close.get_or_insert(CloseReason::ClosedBySession);
+    }
+
+    /// A handle that closes this connection from anywhere (any shard, any
+    /// thread), wherever the session lives by then: what an operator's
+    /// kick holds (Redis's `CLIENT KILL`). Every call hands out the same
+    /// handle's clone.
+    pub fn closer(&mut self) -> SessionCloser {
+        SessionCloser(self.closer.get_or_insert_with(Default::default).clone())
+    }
+
+    /// Whether a [`SessionCloser`] closed the connection.
+    pub(crate) fn closer_fired(&self) -> bool {
+        self.closer
+            .as_ref()
+            .is_some_and(|c| c.closed.load(Ordering::Acquire))
+    }
+
+    /// Whether a [`SessionCloser`] closed the connection; else keeps
+    /// `waker` to be woken when one does (`known`: the waker kept last,
+    /// so that the lock is taken only when the task's waker changes).
+    pub(crate) fn closed_by_handle(
+        &self,
+        waker: &std::task::Waker,
+        known: &mut Option<std::task::Waker>,
+    ) -> bool {
+        let Some(state) = &self.closer else {
+            return false;
+        };
+        if state.closed.load(Ordering::Acquire) {
+            return true;
+        }
+        if !known.as_ref().is_some_and(|k| k.will_wake(waker)) {
+            *state.waker.lock().unwrap_or_else(|p| p.into_inner()) = Some(waker.clone());
+            *known = Some(waker.clone());
+        }
+        // Closed between the first look and the waker's keeping: the
+        // closer may have found no waker to wake.
+        state.closed.load(Ordering::Acquire)
     }
 
     fn encode(&mut self, frame: FrameOut<S>) {

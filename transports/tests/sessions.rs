@@ -15,7 +15,7 @@ mod common;
 use common::{client, connect_steered_to, frame, read_frame, wait_for, Echo};
 use mailring_transports::codec::LengthDelimited;
 use mailring_transports::{
-    CloseKind, Framed, ListenMode, Route, Server, ServerConfig, Session, SessionCtx,
+    CloseKind, Framed, ListenMode, Route, Server, ServerConfig, Session, SessionCloser, SessionCtx,
 };
 
 fn runtime(shards: usize) -> mailring::Runtime {
@@ -1964,4 +1964,141 @@ fn a_move_right_after_a_block_ends_waits_for_the_dropped_watch() {
     assert_eq!(stats.total(|s| s.handed_off), 5);
     rt.block_on(server.shutdown());
     rt.shutdown();
+}
+
+/// Registers each session's closer under its peer's address; `WAIT` is
+/// answered never (a reply that stays pending), anything else echoed.
+struct Closable {
+    peer: Option<std::net::SocketAddr>,
+    closers: Closers,
+}
+
+impl Session for Closable {
+    type Codec = LengthDelimited;
+    type Key = String;
+
+    fn route(&mut self, frame: &Bytes, _cx: &SessionCtx<Self>) -> Route<String> {
+        key_named_by(frame)
+    }
+
+    fn on_open(&mut self, cx: &mut SessionCtx<Self>) {
+        let peer = self.peer.expect("a TCP peer");
+        self.closers.lock().unwrap().insert(peer, cx.closer());
+    }
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        if frame.as_ref() == b"WAIT" {
+            cx.reply_later(std::future::pending());
+            cx.block_until_replied();
+        } else {
+            cx.send_frame(frame);
+        }
+    }
+}
+
+type Closers = Arc<Mutex<std::collections::HashMap<std::net::SocketAddr, SessionCloser>>>;
+
+/// A server of [`Closable`] sessions with `config`, every key placed on
+/// shard `keys_on`; the closers they register.
+fn closable_server(
+    rt: &mailring::Runtime,
+    config: ServerConfig,
+    keys_on: ShardId,
+) -> (Server<Closable>, Closers) {
+    let closers = Closers::default();
+    let make = {
+        let closers = closers.clone();
+        move |peer| Closable {
+            peer,
+            closers: closers.clone(),
+        }
+    };
+    let server = Server::builder(LengthDelimited::new(), make)
+        .config(config)
+        .placement(move |_, _| keys_on)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    (server, closers)
+}
+
+#[test]
+fn a_session_closed_by_its_handle_from_another_thread_ends_at_once_and_alone() {
+    // An operator's kick (Redis's CLIENT KILL): the connection ends
+    // whatever it is doing (here: idle, and blocked on a reply that never
+    // comes), from a thread that is no shard; the others go on.
+    let rt = runtime(2);
+    let (server, closers) = closable_server(&rt, ServerConfig::default(), ShardId::new(0));
+    let mut idle = client(server.local_addr());
+    let mut blocked = client(server.local_addr());
+    let mut other = client(server.local_addr());
+    for c in [&mut idle, &mut blocked, &mut other] {
+        c.write_all(&frame(b"hi")).unwrap();
+        assert_eq!(read_frame(c).unwrap(), b"hi");
+    }
+    blocked.write_all(&frame(b"WAIT")).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let closer = |c: &TcpStream| {
+        closers
+            .lock()
+            .unwrap()
+            .get(&c.local_addr().unwrap())
+            .cloned()
+            .expect("the session registered its closer")
+    };
+    let (kick_idle, kick_blocked) = (closer(&idle), closer(&blocked));
+    assert!(!kick_idle.is_closed());
+    assert!(kick_idle.close(), "the first close closes");
+    assert!(!kick_idle.close(), "a second close does nothing");
+    assert!(kick_idle.is_closed());
+    assert!(kick_blocked.close());
+    for (what, c) in [("idle", &mut idle), ("blocked", &mut blocked)] {
+        let mut b = [0u8; 16];
+        match c.read(&mut b) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("the {what} connection was not closed: {other:?}"),
+        }
+    }
+    other.write_all(&frame(b"still here")).unwrap();
+    assert_eq!(read_frame(&mut other).unwrap(), b"still here");
+    wait_for(&server, "two connections closed by their handles", |s| {
+        s.closed(CloseKind::ClosedByHandle) == 2
+    });
+    // A closer outliving its connection does nothing.
+    assert!(!closer(&idle).close());
+    drop(other);
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn a_session_moved_to_its_key_s_shard_is_still_closed_by_its_handle() {
+    // The handle is taken on the accepting shard; the connection then
+    // moves to its key's shard and blocks there.
+    let rt = runtime(2);
+    let mut config = ServerConfig::default();
+    config.listen = ListenMode::SingleAcceptor(ShardId::new(0));
+    let (server, closers) = closable_server(&rt, config, ShardId::new(1));
+    let mut c = client(server.local_addr());
+    c.write_all(&frame(b"KEY far")).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"KEY far");
+    c.write_all(&frame(b"WAIT")).unwrap();
+    wait_for(&server, "the hand-off", |s| s.total(|s| s.handed_off) == 1);
+    std::thread::sleep(Duration::from_millis(50));
+    let closer = closers
+        .lock()
+        .unwrap()
+        .get(&c.local_addr().unwrap())
+        .cloned()
+        .expect("the session registered its closer");
+    assert!(closer.close());
+    let mut b = [0u8; 16];
+    match c.read(&mut b) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("the moved connection was not closed: {other:?}"),
+    }
+    wait_for(&server, "closed by its handle", |s| {
+        s.closed(CloseKind::ClosedByHandle) == 1
+    });
+    rt.block_on(server.shutdown());
 }
