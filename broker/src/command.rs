@@ -150,6 +150,8 @@ pub const SUBCOMMANDS: &[(&str, &str, i32)] = &[
     ("client", "info", 2),
     ("client", "no-evict", 3),
     ("client", "help", 2),
+    ("client", "list", -2),
+    ("client", "kill", -3),
     // Redis 7.2's, taken because redis-py 5 sends it.
     ("client", "setinfo", 4),
     ("config", "get", -3),
@@ -251,15 +253,21 @@ const COMMAND_INDEX: [[u8; BUCKET_ROWS]; COMMAND_BUCKETS] = {
 
 /// The table row of `name` (any case).
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
+    lookup_row(name).map(|row| &COMMANDS[row])
+}
+
+/// The index in [`COMMANDS`] of `name` (any case).
+pub fn lookup_row(name: &[u8]) -> Option<usize> {
     let bucket = &COMMAND_INDEX[command_bucket(name)?];
     bucket
         .iter()
         .take_while(|&&row| row != NO_ROW)
-        .map(|&row| &COMMANDS[usize::from(row)])
-        .find(|s| {
+        .map(|&row| usize::from(row))
+        .find(|&row| {
             // Table names are a-z only, and the bytes that give one of
             // them with the case bit set are exactly its two cases.
-            s.name.len() == name.len() && s.name.bytes().zip(name).all(|(t, &b)| b | 0x20 == t)
+            let s = COMMANDS[row].name;
+            s.len() == name.len() && s.bytes().zip(name).all(|(t, &b)| b | 0x20 == t)
         })
 }
 

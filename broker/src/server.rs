@@ -289,6 +289,8 @@ pub struct Shared {
     pub(crate) next_client_id: AtomicU64,
     /// Connections open now.
     pub(crate) connected: AtomicU64,
+    /// Their cards (`CLIENT LIST`, `CLIENT KILL`).
+    pub(crate) clients: crate::session::Clients,
     /// Fired by `SHUTDOWN`.
     pub(crate) shutdown: Arc<crate::actor::Notify>,
     /// Set when the broker stops: blocked reads end, new ones do not block.
@@ -576,6 +578,7 @@ impl Broker {
             catalog,
             next_client_id: AtomicU64::new(0),
             connected: AtomicU64::new(0),
+            clients: crate::session::Clients::default(),
             shutdown: shutdown.clone(),
             closing: std::sync::atomic::AtomicBool::new(false),
             blocked: Mutex::new(Vec::new()),

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use mailring_transports::{CloseReason, Route, Session, SessionCtx};
+use mailring_transports::{Route, Session, SessionCtx};
 
 use crate::actor::{
     storage_error, Answer, BlockedRead, Exec, GroupAnswer, GroupFrom, GroupRead, Notify, Read,
@@ -22,8 +22,12 @@ use crate::store::Ticket;
 use crate::stream::Fields;
 
 mod admin;
+mod clients;
 mod multi;
 mod run;
+
+pub(crate) use clients::Clients;
+use clients::{BlockedMark, ClientCard};
 
 /// One client connection's state.
 #[derive(Debug)]
@@ -36,15 +40,16 @@ pub struct RespSession {
     auth_seen: std::sync::Arc<std::sync::atomic::AtomicBool>,
     id: u64,
     name: Option<Bytes>,
-    /// The peer's address, when the transport has one (`CLIENT INFO`).
-    peer: Option<std::net::SocketAddr>,
-    /// When the connection was opened (`CLIENT INFO`'s age).
-    opened: std::time::Instant,
     /// Inside `MULTI`: the queued commands.
     multi: Option<multi::Queue>,
     /// Stream commands gathered from pipelined requests, sent together
     /// when the requests run out or another kind of request comes.
     run: Option<run::Run>,
+    /// What `CLIENT LIST` shows of this connection (listed once it
+    /// opens).
+    card: Arc<ClientCard>,
+    /// `CLIENT KILL` named this connection: it closes after the reply.
+    killed: bool,
 }
 
 impl RespSession {
@@ -60,11 +65,18 @@ impl RespSession {
             proto: Protocol::Resp2,
             id,
             name: None,
-            peer: None,
-            opened: std::time::Instant::now(),
             multi: None,
             run: None,
+            card: Arc::new(ClientCard::new(id)),
+            killed: false,
         }
+    }
+
+    /// Names the connection (`CLIENT SETNAME`, `HELLO ... SETNAME`,
+    /// `RESET`).
+    fn set_name(&mut self, name: Option<Bytes>) {
+        self.card.set_name(name.clone());
+        self.name = name;
     }
 
     fn reply(&self, r: Reply, cx: &mut SessionCtx<Self>) {
@@ -163,7 +175,7 @@ impl RespSession {
             if let Err(e) = check_client_name(&n) {
                 return e;
             }
-            self.name = (!n.is_empty()).then_some(n);
+            self.set_name((!n.is_empty()).then_some(n));
         }
         self.proto = proto;
         let p = |s: &'static str| Reply::bulk(s);
@@ -188,7 +200,7 @@ impl RespSession {
             (b"getname", 2) => self.name.clone().map_or(Reply::Nil, Reply::Bulk),
             (b"setname", 3) => match check_client_name(&args[2]) {
                 Ok(()) => {
-                    self.name = (!args[2].is_empty()).then(|| args[2].clone());
+                    self.set_name((!args[2].is_empty()).then(|| args[2].clone()));
                     Reply::OK
                 }
                 Err(e) => e,
@@ -204,6 +216,17 @@ impl RespSession {
                 Reply::OK
             }
             (b"info", 2) => Reply::Verbatim(self.client_info_line()),
+            (b"list", _) => clients::list(&self.shared.clients, args, self.shared.listening_on()),
+            (b"kill", _) => {
+                let killed = clients::kill(
+                    &self.shared.clients,
+                    self.id,
+                    args,
+                    self.shared.listening_on(),
+                );
+                self.killed |= killed.me;
+                killed.reply
+            }
             // Nothing is ever evicted here.
             (b"no-evict", 3) => {
                 if args[2].eq_ignore_ascii_case(b"on") || args[2].eq_ignore_ascii_case(b"off") {
@@ -219,6 +242,18 @@ impl RespSession {
                     ("ID", "Return the ID of this connection."),
                     ("INFO", "Return information about this connection."),
                     (
+                        "KILL <ip:port>",
+                        "Kill connections made from <ip:port>.",
+                    ),
+                    (
+                        "KILL <option> <value> [<option> <value> [...]]",
+                        "Kill connections. Options: ID <client-id>, TYPE <normal|master|replica|pubsub>, USER <username>, ADDR <ip:port>, LADDR <ip:port>, SKIPME (YES|NO) (default YES: the calling connection is spared).",
+                    ),
+                    (
+                        "LIST [TYPE <normal|master|replica|pubsub>] [ID <client-id> [...]]",
+                        "Return information about client connections (every client is of type normal here).",
+                    ),
+                    (
                         "NO-EVICT (ON|OFF)",
                         "Accepted; the broker evicts no client.",
                     ),
@@ -229,36 +264,21 @@ impl RespSession {
                     ("SETNAME <name>", "Name this connection."),
                 ],
             ),
-            (b"id" | b"getname" | b"setname" | b"setinfo" | b"info" | b"no-evict" | b"help", _) => {
+            (
+                b"id" | b"getname" | b"setname" | b"setinfo" | b"info" | b"no-evict" | b"help",
+                _,
+            ) => {
                 command::wrong_arity(&format!("client|{}", String::from_utf8_lossy(&sub)))
             }
             _ => command::unknown_subcommand("client", &args[1]),
         }
     }
 
-    /// `CLIENT INFO`'s line, in Redis's fields (what the broker does not
-    /// keep is 0; a connection may have no process descriptor, `fd=-1`).
+    /// `CLIENT INFO`'s line: this connection's in `CLIENT LIST`.
     fn client_info_line(&self) -> String {
-        let name = self
-            .name
-            .as_ref()
-            .map(|n| String::from_utf8_lossy(n).into_owned())
-            .unwrap_or_default();
-        let (flags, multi) = match &self.multi {
-            Some(q) => ("x", q.len() as i64),
-            None => ("N", -1),
-        };
-        let resp = match self.proto {
-            Protocol::Resp2 => 2,
-            Protocol::Resp3 => 3,
-        };
-        format!(
-            "id={} addr={} laddr={} fd=-1 name={name} age={} idle=0 flags={flags} db=0 sub=0 psub=0 ssub=0 multi={multi} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd=client|info user=default redir=-1 resp={resp}\n",
-            self.id,
-            self.peer.map_or_else(|| "?".to_owned(), |a| a.to_string()),
-            self.shared.listening_on(),
-            self.opened.elapsed().as_secs(),
-        )
+        // Its request was just read.
+        self.card.touch();
+        self.card.line(self.shared.listening_on())
     }
 
     fn config(&self, args: &[Bytes]) -> Reply {
@@ -638,6 +658,7 @@ impl RespSession {
         let broker = self.shared.id;
         // For a blocking read only (it registers its wake-up).
         let shared = p.block.map(|_| self.shared.clone());
+        let card = p.block.map(|_| self.card.clone());
         let proto = self.proto;
         let actors: Vec<_> = p
             .keys
@@ -684,6 +705,7 @@ impl RespSession {
             };
             let deadline = block_deadline(block);
             let read = BlockedRead::Plain { count: p.count };
+            let _blocked = card.map(BlockedMark::new);
             loop {
                 let Some((fired, served)) =
                     next_append(&actors, &after, &read, deadline, shared).await
@@ -758,6 +780,7 @@ impl RespSession {
             .collect();
         let watch_actors = actors.clone();
         let watch_shared = p.block.map(|_| self.shared.clone());
+        let card = p.block.map(|_| self.card.clone());
         let ask = move |i: usize, from: GroupFrom, check_only: bool, blocked: bool| {
             actors[i].ask(ReadGroup {
                 group: group.clone(),
@@ -877,6 +900,7 @@ impl RespSession {
                 count: p.count,
                 noack: p.noack,
             };
+            let _blocked = card.map(BlockedMark::new);
             loop {
                 let Some((fired, served)) =
                     next_append(&watch_actors, &last_ids, &read, deadline, shared).await
@@ -1232,6 +1256,35 @@ impl Session for RespSession {
     }
 
     async fn on_frame(&mut self, req: Request, cx: &mut SessionCtx<Self>) {
+        self.handle_request(req, cx).await;
+        self.card.mirror(
+            match self.proto {
+                Protocol::Resp2 => 2,
+                Protocol::Resp3 => 3,
+            },
+            self.multi.as_ref().map(multi::Queue::len),
+        );
+        if std::mem::take(&mut self.killed) {
+            // `CLIENT KILL` named this connection: it goes once its reply
+            // is written.
+            cx.close();
+        }
+    }
+
+    fn on_drained(&mut self, cx: &mut SessionCtx<Self>) {
+        self.card.touch();
+        self.send_run(cx);
+    }
+
+    fn on_open(&mut self, cx: &mut SessionCtx<Self>) {
+        self.card.open(cx.peer_addr(), cx.closer());
+        self.shared.clients.add(self.card.clone());
+    }
+}
+
+impl RespSession {
+    /// One request: [`Session::on_frame`]'s work.
+    async fn handle_request(&mut self, req: Request, cx: &mut SessionCtx<Self>) {
         let args = match req {
             Request::Command(args) => args,
             Request::Broken(e) => {
@@ -1241,7 +1294,9 @@ impl Session for RespSession {
                 return;
             }
         };
-        let spec = command::lookup(&args[0]);
+        let row = command::lookup_row(&args[0]);
+        self.card.note_command(row, &args);
+        let spec = row.map(|row| &command::COMMANDS[row]);
         if self.shared.config.debug_commands
             && self.authenticated
             && self.multi.is_none()
@@ -1339,16 +1394,13 @@ impl Session for RespSession {
             Kind::Connection => self.connection_command(args, cx),
         }
     }
+}
 
-    fn on_drained(&mut self, cx: &mut SessionCtx<Self>) {
-        self.send_run(cx);
-    }
-
-    fn on_open(&mut self, cx: &mut SessionCtx<Self>) {
-        self.peer = cx.peer_addr();
-    }
-
-    fn on_close(&mut self, _reason: &CloseReason, _cx: &mut SessionCtx<Self>) {
+impl Drop for RespSession {
+    // However the connection ended (a panicked session runs no
+    // `on_close`).
+    fn drop(&mut self) {
+        self.shared.clients.remove(self.id);
         self.shared.connected.fetch_sub(1, Ordering::Relaxed);
     }
 }

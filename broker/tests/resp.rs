@@ -2651,3 +2651,156 @@ fn under_always_no_reply_shows_a_stream_made_or_a_group_destroyed_before_its_flu
     assert_eq!(in_flight.read(), R::Int(1));
     broker.shutdown();
 }
+
+/// `CLIENT LIST`'s lines, each as its fields by name.
+fn client_lines(c: &mut Client, args: &[&str]) -> Vec<std::collections::HashMap<String, String>> {
+    let mut command = vec!["CLIENT", "LIST"];
+    command.extend_from_slice(args);
+    c.cmd(&command)
+        .text()
+        .lines()
+        .map(|line| {
+            line.split(' ')
+                .map(|f| {
+                    let (k, v) = f.split_once('=').expect("a field");
+                    (k.to_owned(), v.to_owned())
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn client_list_shows_every_connection_and_client_kill_ends_those_it_names() {
+    // What operators' tools ask (Redis's CLIENT LIST / CLIENT KILL): every
+    // connection, on whichever shard it lives, with its name, protocol,
+    // transaction, blocked read and last command; a kill ends a
+    // connection at once, even one blocked on a read, and no other.
+    let broker = start();
+    let addr = broker.local_addr();
+    let id_of = |c: &mut Client| match c.cmd(&["CLIENT", "ID"]) {
+        R::Int(id) => id,
+        other => panic!("CLIENT ID replied {other:?}"),
+    };
+    let mut named = Client::connect(addr);
+    let named_id = id_of(&mut named);
+    assert_eq!(
+        named.cmd(&["CLIENT", "SETNAME", "alice"]),
+        R::Status("OK".into())
+    );
+    let mut in_multi = Client::connect(addr);
+    let multi_id = id_of(&mut in_multi);
+    assert!(matches!(in_multi.cmd(&["HELLO", "3"]), R::Map(_)));
+    assert_eq!(in_multi.cmd(&["MULTI"]), R::Status("OK".into()));
+    assert_eq!(in_multi.cmd(&["XLEN", "s"]), R::Status("QUEUED".into()));
+    assert_eq!(in_multi.cmd(&["XLEN", "t"]), R::Status("QUEUED".into()));
+    let mut blocked = Client::connect(addr);
+    blocked.send_raw(&encode(&[b"XREAD", b"BLOCK", b"0", b"STREAMS", b"s", b"$"]));
+    let mut admin = Client::connect(addr);
+    let admin_id = id_of(&mut admin);
+    until_info(&mut admin, "blocked_clients:1");
+    let lines = client_lines(&mut admin, &[]);
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    let line_of = |c: &Client| {
+        let at = c.w.local_addr().unwrap().to_string();
+        lines
+            .iter()
+            .find(|l| l["addr"] == at)
+            .unwrap_or_else(|| panic!("no line for {at}: {lines:?}"))
+            .clone()
+    };
+    let listed: Vec<i64> = lines.iter().map(|l| l["id"].parse().unwrap()).collect();
+    assert!(
+        listed.windows(2).all(|w| w[0] < w[1]),
+        "ids ascend: {listed:?}"
+    );
+    let n = line_of(&named);
+    assert_eq!(
+        (n["id"].as_str(), n["name"].as_str(), n["flags"].as_str()),
+        (named_id.to_string().as_str(), "alice", "N")
+    );
+    assert_eq!(
+        (n["cmd"].as_str(), n["resp"].as_str()),
+        ("client|setname", "2")
+    );
+    assert_eq!(n["laddr"], addr.to_string());
+    let m = line_of(&in_multi);
+    assert_eq!(
+        (m["flags"].as_str(), m["multi"].as_str(), m["resp"].as_str()),
+        ("x", "2", "3")
+    );
+    // Redis's last command in a transaction: the last one queued.
+    assert_eq!(m["cmd"], "xlen");
+    let b = line_of(&blocked);
+    assert_eq!((b["flags"].as_str(), b["cmd"].as_str()), ("b", "xread"));
+    let a = line_of(&admin);
+    assert_eq!(
+        (a["cmd"].as_str(), a["idle"].as_str()),
+        ("client|list", "0")
+    );
+    // By id, in the order asked, an unknown id left out.
+    let by_id = client_lines(
+        &mut admin,
+        &["ID", &multi_id.to_string(), "99999", &named_id.to_string()],
+    );
+    let order: Vec<&str> = by_id.iter().map(|l| l["id"].as_str()).collect();
+    assert_eq!(order, [multi_id.to_string(), named_id.to_string()]);
+
+    // The blocked reader, by id: its read ends with its connection.
+    let blocked_id = b["id"].clone();
+    assert_eq!(admin.cmd(&["CLIENT", "KILL", "ID", &blocked_id]), R::Int(1));
+    assert!(blocked.closed(), "the blocked connection was not closed");
+    until_info(&mut admin, "blocked_clients:0");
+    // By address (the new form skips the asking connection by default).
+    let named_at = named.w.local_addr().unwrap().to_string();
+    assert_eq!(
+        admin.cmd(&["CLIENT", "KILL", "ADDR", &named_at, "SKIPME", "yes"]),
+        R::Int(1)
+    );
+    assert!(named.closed(), "the named connection was not closed");
+    // The old form: OK, or an error when nobody is there.
+    let multi_at = in_multi.w.local_addr().unwrap().to_string();
+    assert_eq!(
+        admin.cmd(&["CLIENT", "KILL", &multi_at]),
+        R::Status("OK".into())
+    );
+    assert!(in_multi.closed(), "the connection in MULTI was not closed");
+    assert_eq!(
+        admin.cmd(&["CLIENT", "KILL", &multi_at]),
+        R::Error("ERR No such client".into())
+    );
+    // Gone from the list once closed; the asking one is spared.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let left: Vec<String> = client_lines(&mut admin, &[])
+            .into_iter()
+            .map(|l| l["id"].clone())
+            .collect();
+        if left == [admin_id.to_string()] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still listed: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(admin.cmd(&["CLIENT", "KILL", "TYPE", "normal"]), R::Int(0));
+    assert_eq!(admin.cmd(&["PING"]), R::Status("PONG".into()));
+    // Itself, with SKIPME no: the reply, then the close.
+    assert_eq!(
+        admin.cmd(&[
+            "CLIENT",
+            "KILL",
+            "ID",
+            &admin_id.to_string(),
+            "SKIPME",
+            "no"
+        ]),
+        R::Int(1)
+    );
+    assert!(admin.closed(), "the asking connection was not closed");
+    let mut last = Client::connect(addr);
+    assert_eq!(last.cmd(&["PING"]), R::Status("PONG".into()));
+    broker.shutdown();
+}

@@ -305,7 +305,7 @@ impl RespSession {
     /// authenticated if a password is required.
     pub(super) fn reset(&mut self) {
         self.multi = None;
-        self.name = None;
+        self.set_name(None);
         self.proto = Protocol::Resp2;
         self.set_authenticated(self.shared.config.requirepass.is_none());
     }
