@@ -1233,8 +1233,6 @@ impl StreamActor {
         }
     }
 
-    /// For a reply that shows this stream's state: the flush of its last
-    /// append, if that is not done yet.
     /// Tells the catalog whether this stream exists, as the append
     /// `change` logged it. Inside a transaction, nothing: its end tells
     /// it once the transaction's record is appended (a reader on another
@@ -1250,6 +1248,8 @@ impl StreamActor {
         }
     }
 
+    /// For a reply that shows this stream's state: the flush of its last
+    /// append, if that is not done yet.
     fn read_ticket(&self) -> Option<Ticket> {
         self.log.as_ref()?.read_ticket(self.last_lsn)
     }

@@ -216,7 +216,11 @@ impl RespSession {
                 Reply::OK
             }
             (b"info", 2) => Reply::Verbatim(self.client_info_line()),
-            (b"list", _) => clients::list(&self.shared.clients, args, self.shared.listening_on()),
+            (b"list", _) => {
+                // Its own request was just read.
+                self.card.touch();
+                clients::list(&self.shared.clients, args, self.shared.listening_on())
+            }
             (b"kill", _) => {
                 let killed = clients::kill(
                     &self.shared.clients,
@@ -439,7 +443,11 @@ impl RespSession {
                 let proto = self.proto;
                 cx.reply_later_in_turn(move || {
                     let reply = catalog_reply(&shared, proto, &args, None);
-                    let unflushed = shared.catalog.unflushed();
+                    let unflushed = if shows_names(&args) {
+                        shared.catalog.unflushed()
+                    } else {
+                        Vec::new()
+                    };
                     async move {
                         flushed(unflushed).await;
                         reply.frame(proto)
@@ -487,7 +495,7 @@ impl RespSession {
             }
             _ => {
                 let r = self.local_reply(&args);
-                if reads_names(&args[0]) {
+                if shows_names(&args) {
                     self.reply_once_flushed(r, cx);
                 } else {
                     self.reply(r, cx);
@@ -1003,11 +1011,19 @@ async fn once_flushed(durable: Option<Ticket>, reply: Reply) -> Reply {
     }
 }
 
-/// Whether command `name` (any case) shows the catalog of streams.
-pub(crate) fn reads_names(name: &[u8]) -> bool {
-    [&b"exists"[..], b"type", b"keys", b"scan", b"info"]
-        .iter()
-        .any(|c| name.eq_ignore_ascii_case(c))
+/// Whether `command` shows the catalog of streams (`EXISTS`, `TYPE`,
+/// `KEYS`, `SCAN`, and `INFO` with its keyspace section).
+pub(crate) fn shows_names(command: &[Bytes]) -> bool {
+    let is = |name: &[u8]| command[0].eq_ignore_ascii_case(name);
+    if is(b"info") {
+        return command.len() == 1
+            || command[1..].iter().any(|s| {
+                [&b"keyspace"[..], b"default", b"all", b"everything"]
+                    .iter()
+                    .any(|w| s.eq_ignore_ascii_case(w))
+            });
+    }
+    is(b"exists") || is(b"type") || is(b"keys") || is(b"scan")
 }
 
 /// Waits for the flush of `tickets` (reads: a failed log ends them too).

@@ -2649,6 +2649,27 @@ fn under_always_no_reply_shows_a_stream_made_or_a_group_destroyed_before_its_flu
         other => panic!("EXEC replied {other:?}"),
     }
     assert_eq!(in_flight.read(), R::Int(1));
+
+    // A deletion held at its flush: the names still show the stream until
+    // it is done; INFO's other sections do not wait.
+    gate.close();
+    c.send_raw(&encode(&[b"DEL", b"new"]));
+    until_held(&gate);
+    let mut keys = ask(&[b"KEYS", b"*"]);
+    let mut exists = ask(&[b"EXISTS", b"new"]);
+    until_info(&mut Client::connect(addr), "connected_clients");
+    std::thread::sleep(Duration::from_millis(200));
+    for (what, client) in [
+        ("DEL", &mut c),
+        ("KEYS", &mut keys),
+        ("EXISTS", &mut exists),
+    ] {
+        assert!(nothing_to_read(client), "{what} answered before the flush");
+    }
+    gate.open();
+    assert_eq!(c.read(), R::Int(1));
+    assert_eq!(keys.read(), R::Array(vec![R::bulk("old")]));
+    assert_eq!(exists.read(), R::Int(0));
     broker.shutdown();
 }
 
@@ -2802,5 +2823,6 @@ fn client_list_shows_every_connection_and_client_kill_ends_those_it_names() {
     assert!(admin.closed(), "the asking connection was not closed");
     let mut last = Client::connect(addr);
     assert_eq!(last.cmd(&["PING"]), R::Status("PONG".into()));
+    until_info(&mut last, "connected_clients:1\r\n");
     broker.shutdown();
 }

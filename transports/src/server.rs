@@ -26,7 +26,7 @@ use mailring_actors::{Actor, SystemHandle};
 use crate::codec::{Codec, CodecError};
 use crate::conn::{Conn, Listener, StdListener};
 use crate::proxy::{Parsed, ProxyError, ProxyHeader};
-use crate::session::{CloseKind, CloseReason, FrameIn, Route, Session, SessionCtx};
+use crate::session::{CloseKind, CloseReason, CloserState, FrameIn, Route, Session, SessionCtx};
 use crate::stats::{ServerStats, ShardCounters};
 use crate::tls::{TlsAcceptor, TlsFailure};
 use mailring_actors::mailring::CallbackKind;
@@ -1400,12 +1400,21 @@ async fn drive<S: Session>(
                     handled_since_drained = true;
                     // Run the handler; meanwhile only the send in flight
                     // moves (everything else waits for the context).
+                    // A closer handed out before (or by) this handler ends
+                    // it too.
+                    let closer = cx.closer_state();
                     let handling = pin!(session.on_frame(frame, cx));
-                    match run_beside_send(handling, send.as_mut(), &shared.forced, &wake).await {
+                    let stop = Stop {
+                        forced: &shared.forced,
+                        closer: closer.as_deref(),
+                        known: &mut closer_waker,
+                    };
+                    match run_beside_send(handling, send.as_mut(), stop, &wake).await {
                         Handled::Done => {}
                         Handled::SendFailed(reason) => return Exit::Close(reason),
                         // Past the shutdown grace: the handler is dropped.
                         Handled::Forced => return Exit::Close(CloseReason::Shutdown),
+                        Handled::Closed => return Exit::Close(CloseReason::ClosedByHandle),
                     }
                     continue;
                 }
@@ -1661,15 +1670,27 @@ enum Handled {
     SendFailed(CloseReason),
     /// The server's shutdown grace ran out first: the handler is dropped.
     Forced,
+    /// A [`crate::SessionCloser`] closed the connection: the handler is
+    /// dropped.
+    Closed,
+}
+
+/// What ends a handler early.
+struct Stop<'a> {
+    /// The server's shutdown grace ran out.
+    forced: &'a AtomicBool,
+    /// The connection's closers (with the waker they hold now).
+    closer: Option<&'a CloserState>,
+    known: &'a mut Option<Waker>,
 }
 
 /// Runs a handler's future to its end while polling the send in flight, if
-/// any; a forced shutdown ends it early (a handler that never finishes must
-/// not hold the server's shutdown).
+/// any; a forced shutdown or a closer ends it early (a handler that never
+/// finishes must not hold the server's shutdown, nor an operator's kick).
 async fn run_beside_send<F, W>(
     mut handling: std::pin::Pin<&mut F>,
     mut send: std::pin::Pin<&mut Option<W>>,
-    forced: &AtomicBool,
+    stop: Stop<'_>,
     wake: &WakeCell,
 ) -> Handled
 where
@@ -1677,9 +1698,17 @@ where
     W: Future<Output = (io::Result<()>, bytes::Bytes)>,
 {
     let mut failed = None;
+    let Stop {
+        forced,
+        closer,
+        known,
+    } = stop;
     std::future::poll_fn(|task| {
         if forced.load(Ordering::Acquire) {
             return Poll::Ready(Handled::Forced);
+        }
+        if closer.is_some_and(|c| c.watch(task.waker(), known)) {
+            return Poll::Ready(Handled::Closed);
         }
         wake.set(task.waker());
         if let Some(op) = send.as_mut().as_pin_mut() {

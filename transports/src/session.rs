@@ -239,7 +239,8 @@ impl fmt::Display for CloseReason {
 }
 
 /// Closes one connection from anywhere: from [`SessionCtx::closer`].
-/// Cheap to clone, `Send` and `Sync`; it outlives its connection harmlessly.
+/// Cheap to clone, `Send` and `Sync`; it outlives its connection harmlessly
+/// (it holds a flag, not the connection).
 ///
 /// ```no_run
 /// # use mailring_transports::{Session, SessionCtx, SessionCloser};
@@ -266,9 +267,47 @@ pub struct SessionCloser(Arc<CloserState>);
 
 #[derive(Default)]
 pub(crate) struct CloserState {
+    /// Closed by a handle, or the connection ended.
     closed: AtomicBool,
-    /// The connection's task, woken by a close.
+    /// The connection's task, woken by a close (none once it ended).
     waker: Mutex<Option<Waker>>,
+}
+
+impl CloserState {
+    /// Whether a [`SessionCloser`] closed the connection; else keeps
+    /// `waker` to be woken when one does (`known`: the waker kept last,
+    /// so that the lock is taken only when the task's waker changes).
+    pub(crate) fn watch(&self, waker: &Waker, known: &mut Option<Waker>) -> bool {
+        if self.closed.load(Ordering::Acquire) {
+            return true;
+        }
+        if !known.as_ref().is_some_and(|k| k.will_wake(waker)) {
+            *self.waker.lock().unwrap_or_else(|p| p.into_inner()) = Some(waker.clone());
+            *known = Some(waker.clone());
+        }
+        // Closed between the first look and the waker's keeping: the
+        // closer may have found no waker to wake.
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
+/// The context's side of its closers: when the connection ends (the
+/// context is dropped, however it ends), later closes do nothing and the
+/// task's waker is let go. Moved, not dropped, when the connection moves
+/// to another shard.
+pub(crate) struct CloserHandle(pub(crate) Arc<CloserState>);
+
+impl Drop for CloserHandle {
+    fn drop(&mut self) {
+        self.0.closed.store(true, Ordering::Release);
+        drop(
+            self.0
+                .waker
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
+    }
 }
 
 impl SessionCloser {
@@ -276,7 +315,8 @@ impl SessionCloser {
     /// (waiting for the peer, or on a reply that may never come): replies
     /// not yet written are dropped, as a server's kill drops them, and the
     /// session closes with [`CloseReason::ClosedByHandle`]. `true` for the
-    /// call that closed it; `false` once closed (by this handle).
+    /// call that closed it; `false` once closed, or once the connection
+    /// ended.
     pub fn close(&self) -> bool {
         if self.0.closed.swap(true, Ordering::AcqRel) {
             return false;
@@ -293,7 +333,8 @@ impl SessionCloser {
         true
     }
 
-    /// Whether [`SessionCloser::close`] was called.
+    /// Whether [`SessionCloser::close`] was called, or the connection
+    /// ended.
     pub fn is_closed(&self) -> bool {
         self.0.closed.load(Ordering::Acquire)
     }
@@ -404,7 +445,7 @@ pub struct SessionCtx<S: Session> {
     pub(crate) close: Option<CloseReason>,
     /// Shared with the session's [`SessionCloser`]s, once one was asked
     /// for.
-    pub(crate) closer: Option<Arc<CloserState>>,
+    pub(crate) closer: Option<CloserHandle>,
 }
 
 impl<S: Session> fmt::Debug for SessionCtx<S> {
@@ -662,37 +703,31 @@ impl<S: Session> SessionCtx<S> {
     /// kick holds (Redis's `CLIENT KILL`). Every call hands out the same
     /// handle's clone.
     pub fn closer(&mut self) -> SessionCloser {
-        SessionCloser(self.closer.get_or_insert_with(Default::default).clone())
+        let handle = self
+            .closer
+            .get_or_insert_with(|| CloserHandle(Arc::default()));
+        SessionCloser(handle.0.clone())
     }
 
     /// Whether a [`SessionCloser`] closed the connection.
     pub(crate) fn closer_fired(&self) -> bool {
         self.closer
             .as_ref()
-            .is_some_and(|c| c.closed.load(Ordering::Acquire))
+            .is_some_and(|c| c.0.closed.load(Ordering::Acquire))
+    }
+
+    /// The closers' state, if one was handed out (watched while the
+    /// session's handler runs).
+    pub(crate) fn closer_state(&self) -> Option<Arc<CloserState>> {
+        self.closer.as_ref().map(|c| c.0.clone())
     }
 
     /// Whether a [`SessionCloser`] closed the connection; else keeps
-    /// `waker` to be woken when one does (`known`: the waker kept last,
-    /// so that the lock is taken only when the task's waker changes).
-    pub(crate) fn closed_by_handle(
-        &self,
-        waker: &std::task::Waker,
-        known: &mut Option<std::task::Waker>,
-    ) -> bool {
-        let Some(state) = &self.closer else {
-            return false;
-        };
-        if state.closed.load(Ordering::Acquire) {
-            return true;
-        }
-        if !known.as_ref().is_some_and(|k| k.will_wake(waker)) {
-            *state.waker.lock().unwrap_or_else(|p| p.into_inner()) = Some(waker.clone());
-            *known = Some(waker.clone());
-        }
-        // Closed between the first look and the waker's keeping: the
-        // closer may have found no waker to wake.
-        state.closed.load(Ordering::Acquire)
+    /// `waker` to be woken when one does (see [`CloserState::watch`]).
+    pub(crate) fn closed_by_handle(&self, waker: &Waker, known: &mut Option<Waker>) -> bool {
+        self.closer
+            .as_ref()
+            .is_some_and(|c| c.0.watch(waker, known))
     }
 
     fn encode(&mut self, frame: FrameOut<S>) {

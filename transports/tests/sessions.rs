@@ -1990,6 +1990,9 @@ impl Session for Closable {
         if frame.as_ref() == b"WAIT" {
             cx.reply_later(std::future::pending());
             cx.block_until_replied();
+        } else if frame.as_ref() == b"HANG" {
+            // A handler that never finishes.
+            std::future::pending::<()>().await;
         } else {
             cx.send_frame(frame);
         }
@@ -2024,18 +2027,22 @@ fn closable_server(
 #[test]
 fn a_session_closed_by_its_handle_from_another_thread_ends_at_once_and_alone() {
     // An operator's kick (Redis's CLIENT KILL): the connection ends
-    // whatever it is doing (here: idle, and blocked on a reply that never
-    // comes), from a thread that is no shard; the others go on.
+    // whatever it is doing (here: idle, blocked on a reply that never
+    // comes, and in a handler that never finishes), from a thread that is
+    // no shard; the others go on.
     let rt = runtime(2);
     let (server, closers) = closable_server(&rt, ServerConfig::default(), ShardId::new(0));
     let mut idle = client(server.local_addr());
     let mut blocked = client(server.local_addr());
+    let mut hung = client(server.local_addr());
     let mut other = client(server.local_addr());
-    for c in [&mut idle, &mut blocked, &mut other] {
+    let gone = client(server.local_addr());
+    for c in [&mut idle, &mut blocked, &mut hung, &mut other] {
         c.write_all(&frame(b"hi")).unwrap();
         assert_eq!(read_frame(c).unwrap(), b"hi");
     }
     blocked.write_all(&frame(b"WAIT")).unwrap();
+    hung.write_all(&frame(b"HANG")).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     let closer = |c: &TcpStream| {
         closers
@@ -2045,13 +2052,26 @@ fn a_session_closed_by_its_handle_from_another_thread_ends_at_once_and_alone() {
             .cloned()
             .expect("the session registered its closer")
     };
+    // A connection that ended: its closer does nothing.
+    let kick_gone = closer(&gone);
+    drop(gone);
+    wait_for(&server, "the peer's close", |s| {
+        s.closed(CloseKind::PeerClosed) == 1
+    });
+    assert!(kick_gone.is_closed());
+    assert!(!kick_gone.close(), "a close after the end closes nothing");
     let (kick_idle, kick_blocked) = (closer(&idle), closer(&blocked));
     assert!(!kick_idle.is_closed());
     assert!(kick_idle.close(), "the first close closes");
     assert!(!kick_idle.close(), "a second close does nothing");
     assert!(kick_idle.is_closed());
     assert!(kick_blocked.close());
-    for (what, c) in [("idle", &mut idle), ("blocked", &mut blocked)] {
+    assert!(closer(&hung).close());
+    for (what, c) in [
+        ("idle", &mut idle),
+        ("blocked", &mut blocked),
+        ("hung in its handler", &mut hung),
+    ] {
         let mut b = [0u8; 16];
         match c.read(&mut b) {
             Ok(0) => {}
@@ -2061,8 +2081,8 @@ fn a_session_closed_by_its_handle_from_another_thread_ends_at_once_and_alone() {
     }
     other.write_all(&frame(b"still here")).unwrap();
     assert_eq!(read_frame(&mut other).unwrap(), b"still here");
-    wait_for(&server, "two connections closed by their handles", |s| {
-        s.closed(CloseKind::ClosedByHandle) == 2
+    wait_for(&server, "three connections closed by their handles", |s| {
+        s.closed(CloseKind::ClosedByHandle) == 3
     });
     // A closer outliving its connection does nothing.
     assert!(!closer(&idle).close());

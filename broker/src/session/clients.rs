@@ -100,11 +100,6 @@ impl ClientCard {
         self.closer.get().is_some_and(SessionCloser::close)
     }
 
-    /// Whether the connection was closed by [`ClientCard::close`].
-    fn is_closed(&self) -> bool {
-        self.closer.get().is_some_and(SessionCloser::is_closed)
-    }
-
     pub(crate) fn set_name(&self, name: Option<Bytes>) {
         *self.name.lock().unwrap_or_else(|p| p.into_inner()) = name;
     }
@@ -256,16 +251,17 @@ pub(crate) fn kill(clients: &Clients, me: u64, args: &[Bytes], laddr: SocketAddr
             me: me_too,
         };
     }
-    if args.len() < 4 || args.len() % 2 != 0 {
-        return refused(command::syntax_error());
-    }
     let mut id = None;
     let mut any_type = true;
     let mut addr = None;
     let mut local = None;
     let mut skip_me = true;
+    // Read in order, as Redis reads them: a filter's own error comes
+    // before a missing value further on.
     for pair in args[2..].chunks(2) {
-        let (filter, value) = (&pair[0], &pair[1]);
+        let [filter, value] = pair else {
+            return refused(command::syntax_error());
+        };
         match filter.to_ascii_lowercase().as_slice() {
             b"id" => match parse_int(value) {
                 Some(n) if n >= 1 => id = Some(n as u64),
@@ -327,14 +323,16 @@ fn kill_matching(
     let mut killed = 0;
     let mut me_too = false;
     for card in clients.all() {
-        if card.is_closed() || (skip_me && card.id == me) || !matches(&card) {
+        if (skip_me && card.id == me) || !matches(&card) {
             continue;
         }
-        killed += 1;
         if card.id == me {
+            killed += 1;
             me_too = true;
-        } else {
-            card.close();
+        } else if card.close() {
+            // Counted by the call that closed it (not one that already
+            // ended, nor one another kill closed first).
+            killed += 1;
         }
     }
     (killed, me_too)
@@ -348,10 +346,9 @@ fn command_code(row: Option<usize>, args: &[Bytes]) -> u16 {
         return 0;
     };
     if command::has_subcommands(spec.name) && args.len() >= 2 {
-        let sub = args[1].to_ascii_lowercase();
         return SUBCOMMANDS
             .iter()
-            .position(|(c, s, _)| *c == spec.name && s.as_bytes() == sub.as_slice())
+            .position(|(c, s, _)| *c == spec.name && args[1].eq_ignore_ascii_case(s.as_bytes()))
             .map_or(0, |i| (1 + COMMANDS.len() + i) as u16);
     }
     (1 + row.unwrap_or(0)) as u16

@@ -162,7 +162,7 @@ impl RespSession {
                 replies.push((!reads_catalog(c)).then(|| self.local_reply(c)));
                 protos.push(self.proto);
             }
-            let shows_names = commands.iter().any(|c| super::reads_names(&c[0]));
+            let shows_names = commands.iter().any(|c| super::shows_names(c));
             if cx.pending_replies() == 0 || replies.iter().all(Option::is_some) {
                 let replies = replies
                     .into_iter()
@@ -223,7 +223,7 @@ impl RespSession {
                 protos.push(self.proto);
             }
             let reply = Reply::array_in_protocols(replies, &protos);
-            if !commands.iter().any(|c| reads_catalog(c)) {
+            if !commands.iter().any(|c| super::shows_names(c)) {
                 return Some(reply);
             }
             self.reply_once_flushed(reply, cx);
@@ -254,6 +254,7 @@ impl RespSession {
         // requests after the transaction wait for it (so it sees none of
         // them).
         let reads = batch.iter().any(|c| reads_catalog(c));
+        let shows_names = batch.iter().any(|c| super::shows_names(c));
         let (system, broker, proto) = (self.shared.system.clone(), self.shared.id, self.proto);
         let shared = self.shared.clone();
         let start = move || {
@@ -270,7 +271,7 @@ impl RespSession {
                                 return storage_error(&e).frame(proto);
                             }
                         }
-                        if reads {
+                        if shows_names {
                             // What it read of the names may still be
                             // flushing.
                             super::flushed(shared.catalog.unflushed()).await;
