@@ -56,6 +56,31 @@ pub fn transparent_huge_pages_disabled() -> io::Result<bool> {
     Ok(rc != 0)
 }
 
+/// The process's resident memory in bytes (`VmRSS` of `/proc/self/status`),
+/// what a server without an allocator of its own reports as its memory
+/// (Redis's `used_memory_rss`).
+///
+/// # Errors
+///
+/// `/proc` could not be read, or had no `VmRSS` line.
+///
+/// # Examples
+///
+/// ```
+/// assert!(mailring::process::resident_bytes()? > 0);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn resident_bytes() -> io::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|kb| kb.trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or_else(|| io::Error::other("no VmRSS line in /proc/self/status"))
+}
+
 /// CPU time a process used, in user and in system mode (`getrusage`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]

@@ -647,7 +647,7 @@ impl StreamActor {
             }),
             // Answered here, at their place in the transaction: the
             // catalog has this stream's changes up to them.
-            b"keys" | b"scan" | b"info" => crate::session::catalog_reply(
+            b"keys" | b"scan" | b"info" | b"dbsize" => crate::session::catalog_reply(
                 shared,
                 proto,
                 args,

@@ -99,6 +99,7 @@ pub const COMMANDS: &[Spec] = &[
     conn("exists", -2),
     conn("type", 2),
     conn("keys", 2),
+    conn("dbsize", 1),
     conn("scan", -2),
     conn("multi", 1),
     conn("exec", 1),

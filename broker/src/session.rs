@@ -434,7 +434,7 @@ impl RespSession {
                     .frame(proto)
                 });
             }
-            b"keys" | b"scan" | b"info" if cx.pending_replies() > 0 => {
+            b"keys" | b"scan" | b"info" | b"dbsize" if cx.pending_replies() > 0 => {
                 // Requests before it, still in flight to their streams'
                 // actors, may make or delete streams: answered from the
                 // catalog once they are done, and nothing after it runs
@@ -554,7 +554,7 @@ impl RespSession {
                 None => command::not_an_integer(),
             },
             b"config" => self.config(args),
-            b"exists" | b"type" | b"keys" | b"scan" | b"info" => {
+            b"exists" | b"type" | b"keys" | b"scan" | b"info" | b"dbsize" => {
                 catalog_reply(&self.shared, self.proto, args, None)
             }
             b"command" => self.command(args),
@@ -968,7 +968,7 @@ impl RespSession {
     }
 }
 
-/// `EXISTS`, `TYPE`, `KEYS`, `SCAN` and `INFO`, answered from the catalog
+/// `EXISTS`, `TYPE`, `KEYS`, `SCAN`, `DBSIZE` and `INFO`, answered from the catalog
 /// of streams (no actor is asked) in protocol `proto`, with `own` as its
 /// transaction left it (inside a stream's transaction). The caller's
 /// reply waits for [`Catalog::unflushed`](crate::server::Catalog::unflushed).
@@ -995,6 +995,7 @@ pub(crate) fn catalog_reply(
                 .collect(),
         ),
         b"info" => RespSession::info(shared, proto, args, own),
+        b"dbsize" => Reply::Int(shared.catalog.len_with(own) as i64),
         _ => RespSession::scan(shared, args, own),
     }
 }
@@ -1012,7 +1013,7 @@ async fn once_flushed(durable: Option<Ticket>, reply: Reply) -> Reply {
 }
 
 /// Whether `command` shows the catalog of streams (`EXISTS`, `TYPE`,
-/// `KEYS`, `SCAN`, and `INFO` with its keyspace section).
+/// `KEYS`, `SCAN`, `DBSIZE`, and `INFO` with its keyspace section).
 pub(crate) fn shows_names(command: &[Bytes]) -> bool {
     let is = |name: &[u8]| command[0].eq_ignore_ascii_case(name);
     if is(b"info") {
@@ -1023,7 +1024,7 @@ pub(crate) fn shows_names(command: &[Bytes]) -> bool {
                     .any(|w| s.eq_ignore_ascii_case(w))
             });
     }
-    is(b"exists") || is(b"type") || is(b"keys") || is(b"scan")
+    is(b"exists") || is(b"type") || is(b"keys") || is(b"scan") || is(b"dbsize")
 }
 
 /// Waits for the flush of `tickets` (reads: a failed log ends them too).

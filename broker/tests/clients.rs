@@ -155,3 +155,76 @@ fn redis_benchmark_xadd_runs_land_every_entry() {
     }
     broker.shutdown();
 }
+
+/// `redis-cli` run against `port` with `args`, its standard output (`None`
+/// when it cannot run).
+fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .ok()?;
+    assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn redis_cli_s_operator_modes_read_the_broker() {
+    // What operators run against a server: `--bigkeys` (DBSIZE, SCAN,
+    // TYPE, XLEN) and `--stat` (INFO's keys, used_memory, clients,
+    // total_commands_processed, total_connections_received).
+    let dir = TempDir::new();
+    let broker = start(&dir);
+    let port = broker.local_addr().port();
+    let Some(_) = redis_cli(port, &["PING"]) else {
+        println!("redis-cli is not installed: skipped (.ci/run installs redis-tools)");
+        return;
+    };
+    for (stream, n) in [("small", 1), ("big", 5), ("mid", 3)] {
+        for _ in 0..n {
+            redis_cli(port, &["XADD", stream, "*", "f", "v"]).unwrap();
+        }
+    }
+    assert_eq!(redis_cli(port, &["DBSIZE"]).unwrap().trim(), "3");
+    let big = redis_cli(port, &["--bigkeys"]).unwrap();
+    assert!(
+        big.contains("Biggest stream found '\"big\"' has 5 entries")
+            || big.contains("Biggest stream found 'big' has 5 entries"),
+        "{big}"
+    );
+    assert!(big.contains("3 streams with 9 entries"), "{big}");
+    // `--stat` prints a line per interval until stopped (line-buffered
+    // through `stdbuf`: into a pipe its output would wait for a full
+    // buffer): the header and two rows.
+    let mut stat = Command::new("stdbuf")
+        .args([
+            "-oL",
+            "redis-cli",
+            "-p",
+            &port.to_string(),
+            "--stat",
+            "-i",
+            "0.2",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(stat.stdout.take().unwrap());
+    let lines: Vec<String> = (0..4)
+        .map(|_| {
+            let mut line = String::new();
+            out.read_line(&mut line).unwrap();
+            line
+        })
+        .collect();
+    stat.kill().unwrap();
+    stat.wait().unwrap();
+    let row: Vec<&str> = lines[3].split_whitespace().collect();
+    // keys, mem, clients, blocked, requests (+delta), connections.
+    assert_eq!(row[0], "3", "{lines:?}");
+    assert!(row[1].ends_with(['K', 'M', 'G']), "used_memory: {lines:?}");
+    assert!(!lines[3].contains("-9223372036854775808"), "{lines:?}");
+    let requests: u64 = row[4].parse().expect("total_commands_processed");
+    assert!(requests >= 9, "{lines:?}");
+    broker.shutdown();
+}

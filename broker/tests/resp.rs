@@ -2578,6 +2578,7 @@ fn under_always_no_reply_shows_a_stream_made_or_a_group_destroyed_before_its_flu
     let mut exists = ask(&[b"EXISTS", b"new"]);
     let mut kind = ask(&[b"TYPE", b"new"]);
     let mut info = ask(&[b"INFO", b"keyspace"]);
+    let mut dbsize = ask(&[b"DBSIZE"]);
     let transaction = |queued: &[&[&str]]| {
         let mut client = Client::connect(addr);
         assert_eq!(client.cmd(&["MULTI"]), R::Status("OK".into()));
@@ -2603,6 +2604,7 @@ fn under_always_no_reply_shows_a_stream_made_or_a_group_destroyed_before_its_flu
         ("EXISTS", &mut exists),
         ("TYPE", &mut kind),
         ("INFO keyspace", &mut info),
+        ("DBSIZE", &mut dbsize),
         ("a transaction that only reads", &mut read_only),
         ("a transaction of KEYS", &mut keys_alone),
         ("KEYS in another stream's transaction", &mut keys_beside),
@@ -2632,6 +2634,7 @@ fn under_always_no_reply_shows_a_stream_made_or_a_group_destroyed_before_its_flu
     assert_eq!(exists.read(), R::Int(1));
     assert_eq!(kind.read(), R::Status("stream".into()));
     assert!(info.read().text().contains("db0:keys=2,"));
+    assert_eq!(dbsize.read(), R::Int(2));
     let entry = R::Array(vec![
         R::bulk("1-0"),
         R::Array(vec![R::bulk("f"), R::bulk("v")]),

@@ -117,22 +117,39 @@ impl RespSession {
                 ],
                 "persistence" => vec![
                     "loading:0".to_owned(),
+                    // No snapshot is ever taken, nor the log rewritten.
+                    "rdb_bgsave_in_progress:0".to_owned(),
                     "aof_enabled:1".to_owned(),
+                    "aof_rewrite_in_progress:0".to_owned(),
+                    "aof_rewrite_scheduled:0".to_owned(),
                     format!("appendfsync:{}", shared.config.store.fsync.name()),
                     format!("dir:{}", shared.config.store.dir.display()),
                 ],
-                "memory" => vec![
-                    format!("stream_cache_bytes:{}", shared.cached_bytes.total()),
-                    format!(
-                        "stream_cache_limit_per_stream:{}",
-                        shared.config.store.stream_cache_bytes
-                    ),
-                ],
+                "memory" => {
+                    // No allocator count is kept: the resident memory
+                    // stands for it (`redis-cli --stat` reads it).
+                    let rss = mailring::process::resident_bytes().unwrap_or(0);
+                    vec![
+                        format!("used_memory:{rss}"),
+                        format!("used_memory_human:{}", human_bytes(rss)),
+                        format!("used_memory_rss:{rss}"),
+                        format!("used_memory_rss_human:{}", human_bytes(rss)),
+                        "maxmemory:0".to_owned(),
+                        "maxmemory_human:0B".to_owned(),
+                        "maxmemory_policy:noeviction".to_owned(),
+                        format!("stream_cache_bytes:{}", shared.cached_bytes.total()),
+                        format!(
+                            "stream_cache_limit_per_stream:{}",
+                            shared.config.store.stream_cache_bytes
+                        ),
+                    ]
+                }
                 "stats" => vec![
                     format!(
                         "total_connections_received:{}",
                         shared.next_client_id.load(Ordering::Relaxed)
                     ),
+                    format!("total_commands_processed:{}", shared.clients.commands()),
                     format!(
                         "entries_read_back_ahead:{}",
                         crate::actor::FETCHED_READS.load(Ordering::Relaxed)
@@ -349,4 +366,19 @@ fn command_info(spec: &command::Spec) -> Reply {
         Reply::Set(Vec::new()),
         Reply::Array(Vec::new()),
     ])
+}
+
+/// Bytes as Redis's `*_human` fields write them (`1.50M`).
+fn human_bytes(n: u64) -> String {
+    const UNITS: [(&str, f64); 4] = [
+        ("T", 1024.0 * 1024.0 * 1024.0 * 1024.0),
+        ("G", 1024.0 * 1024.0 * 1024.0),
+        ("M", 1024.0 * 1024.0),
+        ("K", 1024.0),
+    ];
+    let x = n as f64;
+    UNITS.iter().find(|(_, size)| x >= *size).map_or_else(
+        || format!("{n}B"),
+        |(unit, size)| format!("{:.2}{unit}", x / size),
+    )
 }

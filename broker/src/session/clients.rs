@@ -21,6 +21,8 @@ use crate::resp::{parse_int, Reply};
 #[derive(Debug, Default)]
 pub(crate) struct Clients {
     by_id: Mutex<BTreeMap<u64, Arc<ClientCard>>>,
+    /// Commands of the connections that ended.
+    retired_commands: AtomicU64,
 }
 
 impl Clients {
@@ -33,7 +35,21 @@ impl Clients {
     }
 
     pub(crate) fn remove(&self, id: u64) {
-        self.cards().remove(&id);
+        if let Some(card) = self.cards().remove(&id) {
+            self.retired_commands
+                .fetch_add(card.commands.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    /// Commands received since the broker started (`INFO`'s
+    /// `total_commands_processed`).
+    pub(crate) fn commands(&self) -> u64 {
+        let cards = self.cards();
+        let live: u64 = cards
+            .values()
+            .map(|c| c.commands.load(Ordering::Relaxed))
+            .sum();
+        live + self.retired_commands.load(Ordering::Relaxed)
     }
 
     /// Every card, in id order.
@@ -65,6 +81,8 @@ pub(crate) struct ClientCard {
     blocked: AtomicBool,
     /// The last command named (see [`command_code`]).
     command: AtomicU16,
+    /// Commands named so far (written by its session only).
+    commands: AtomicU64,
     /// Milliseconds from `opened` to the last run of requests handled.
     seen_ms: AtomicU64,
 }
@@ -81,6 +99,7 @@ impl ClientCard {
             multi: AtomicI64::new(-1),
             blocked: AtomicBool::new(false),
             command: AtomicU16::new(0),
+            commands: AtomicU64::new(0),
             seen_ms: AtomicU64::new(0),
         }
     }
@@ -116,6 +135,9 @@ impl ClientCard {
     pub(crate) fn note_command(&self, row: Option<usize>, args: &[Bytes]) {
         self.command
             .store(command_code(row, args), Ordering::Relaxed);
+        // One writer: a load and a store, no locked increment.
+        let n = self.commands.load(Ordering::Relaxed);
+        self.commands.store(n + 1, Ordering::Relaxed);
     }
 
     /// The session handled a run of requests now.

@@ -304,7 +304,7 @@ impl RespSession {
 /// `SCAN`, `INFO`'s count), which the stream commands before it may
 /// change.
 fn reads_catalog(command: &[Bytes]) -> bool {
-    [&b"keys"[..], b"scan", b"info"]
+    [&b"keys"[..], b"scan", b"info", b"dbsize"]
         .iter()
         .any(|c| command[0].eq_ignore_ascii_case(c))
 }
