@@ -600,8 +600,8 @@ impl Handler<ExecBatch> for StreamActor {
                     if was_missing != self.stream.is_none() {
                         // Made or deleted: the catalog learns it now that
                         // it is logged.
-                        if let Some(shared) = &self.shared {
-                            self.tell_catalog(shared, &t);
+                        if let Some(shared) = self.shared.clone() {
+                            self.tell_catalog(&shared, &t);
                         }
                     }
                     Some(t)
@@ -770,7 +770,7 @@ pub enum BlockedRead {
 
 /// A blocked reader a stream holds.
 #[derive(Debug)]
-struct Watcher {
+pub(crate) struct Watcher {
     notify: Arc<Notify>,
     index: usize,
     after: StreamId,
@@ -785,6 +785,65 @@ impl Drop for Watcher {
     /// the wake changes nothing.
     fn drop(&mut self) {
         self.notify.fire(self.index);
+    }
+}
+
+impl Shared {
+    /// Has the plain blocked reader `notify` (its stream `index`, reading
+    /// after `after`) wait in the broker's table for the making of stream
+    /// `key`, if nobody ever named it; `false` (nothing done) when it was
+    /// placed: its actor is to be told. Checked and registered under the
+    /// table's lock, which the maker's actor takes after it made the
+    /// stream (placing its name before): either this sees the name placed,
+    /// or the maker finds the watcher.
+    pub(crate) fn await_making(
+        &self,
+        key: &Bytes,
+        after: StreamId,
+        notify: &Arc<Notify>,
+        index: usize,
+        read: &BlockedRead,
+    ) -> bool {
+        let mut awaiting = self.awaiting.lock().unwrap_or_else(|p| p.into_inner());
+        if self.system.placed_shard::<StreamActor>(key).is_some() {
+            return false;
+        }
+        awaiting.entry(key.clone()).or_default().push(Watcher {
+            notify: notify.clone(),
+            index,
+            after,
+            read: read.clone(),
+        });
+        true
+    }
+
+    /// Takes the watcher of reader `notify` for stream `key` out of the
+    /// table; `None` when its stream's maker adopted it first.
+    pub(crate) fn stop_awaiting(&self, key: &Bytes, notify: &Arc<Notify>) -> Option<()> {
+        let gone: Vec<Watcher> = {
+            let mut awaiting = self.awaiting.lock().unwrap_or_else(|p| p.into_inner());
+            let watchers = awaiting.get_mut(key)?;
+            let (gone, kept) = std::mem::take(watchers)
+                .into_iter()
+                .partition(|w| Arc::ptr_eq(&w.notify, notify));
+            *watchers = kept;
+            if watchers.is_empty() {
+                awaiting.remove(key);
+            }
+            gone
+        };
+        // Dropped out of the lock (a watcher's drop fires its wake-up).
+        (!gone.is_empty()).then_some(())
+    }
+
+    /// The watchers waiting for stream `key`'s making: its maker's to
+    /// hold.
+    fn made(&self, key: &[u8]) -> Vec<Watcher> {
+        self.awaiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key)
+            .unwrap_or_default()
     }
 }
 
@@ -1237,13 +1296,21 @@ impl StreamActor {
     /// `change` logged it. Inside a transaction, nothing: its end tells
     /// it once the transaction's record is appended (a reader on another
     /// shard must not see a name before the append it waits for).
-    fn tell_catalog(&self, shared: &Shared, change: &Ticket) {
+    fn tell_catalog(&mut self, shared: &Shared, change: &Ticket) {
         if self.batch.is_some() {
             return;
         }
         let change = Some(change.for_read());
         match self.stream {
-            Some(_) => shared.catalog.insert(&self.name, change),
+            Some(_) => {
+                shared.catalog.insert(&self.name, change);
+                // Readers blocked on the name before anyone placed it
+                // are this stream's now (served after this command, as
+                // those it held).
+                let waiting = shared.made(&self.name);
+                self.watchers
+                    .extend(waiting.into_iter().filter(|w| !w.notify.is_done()));
+            }
             None => shared.catalog.remove(&self.name, change),
         }
     }

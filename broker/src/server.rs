@@ -291,6 +291,9 @@ pub struct Shared {
     pub(crate) connected: AtomicU64,
     /// Their cards (`CLIENT LIST`, `CLIENT KILL`).
     pub(crate) clients: crate::session::Clients,
+    /// Plain blocked readers of streams nobody had named, by name: the
+    /// maker's actor adopts them (see [`Shared::await_making`]).
+    pub(crate) awaiting: Mutex<HashMap<Bytes, Vec<crate::actor::Watcher>>>,
     /// Fired by `SHUTDOWN`.
     pub(crate) shutdown: Arc<crate::actor::Notify>,
     /// Set when the broker stops: blocked reads end, new ones do not block.
@@ -579,6 +582,7 @@ impl Broker {
             next_client_id: AtomicU64::new(0),
             connected: AtomicU64::new(0),
             clients: crate::session::Clients::default(),
+            awaiting: Mutex::new(HashMap::new()),
             shutdown: shutdown.clone(),
             closing: std::sync::atomic::AtomicBool::new(false),
             blocked: Mutex::new(Vec::new()),

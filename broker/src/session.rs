@@ -659,8 +659,12 @@ impl RespSession {
             Ok(ids) => ids,
             Err(e) => return self.reply(e, cx),
         };
-        if p.block.is_none() && p.keys.iter().all(|k| self.reads_missing(k, cx)) {
-            // Nothing to read and nothing to wait for: no actor is asked.
+        // Streams never named by anyone (nor by a request of this
+        // connection in flight) have nothing to read: no actor is asked,
+        // so a read naming many of them places none (a blocking one waits
+        // for their making in the broker's table, see `next_append`).
+        let missing: Vec<bool> = p.keys.iter().map(|k| self.reads_missing(k, cx)).collect();
+        if p.block.is_none() && missing.iter().all(|m| *m) {
             return self.reply(Reply::NilArray, cx);
         }
         let broker = self.shared.id;
@@ -676,11 +680,14 @@ impl RespSession {
         let reads: Vec<_> = actors
             .iter()
             .zip(&ids)
-            .map(|(a, id)| {
-                a.ask(Read {
-                    from: id.map_or(ReadFrom::Last, ReadFrom::After),
-                    count: p.count,
-                    broker,
+            .zip(&missing)
+            .map(|((a, id), missing)| {
+                (!missing).then(|| {
+                    a.ask(Read {
+                        from: id.map_or(ReadFrom::Last, ReadFrom::After),
+                        count: p.count,
+                        broker,
+                    })
                 })
             })
             .collect();
@@ -690,6 +697,11 @@ impl RespSession {
             let mut found = Vec::new();
             let mut visible = Vec::new();
             for (i, r) in reads.into_iter().enumerate() {
+                let Some(r) = r else {
+                    // A stream that does not exist: `$` is its last id, 0-0.
+                    after.push(ids[i].unwrap_or(StreamId::MIN));
+                    continue;
+                };
                 match r.await {
                     Ok(r) => {
                         after.push(r.after);
@@ -716,7 +728,7 @@ impl RespSession {
             let _blocked = card.map(BlockedMark::new);
             loop {
                 let Some((fired, served)) =
-                    next_append(&actors, &after, &read, deadline, shared).await
+                    next_append(&actors, &p.keys, &after, &read, deadline, shared).await
                 else {
                     return Reply::NilArray.frame(proto);
                 };
@@ -774,7 +786,10 @@ impl RespSession {
         let (group, consumer) = p.group.clone().expect("parse_read checks GROUP");
         let group_name = group.clone();
         let consumer_name = consumer.clone();
-        if p.keys.len() == 1 && self.reads_missing(&p.keys[0], cx) {
+        // Streams nobody ever named have no group: their error, without
+        // asking (placing) them.
+        let missing: Vec<bool> = p.keys.iter().map(|k| self.reads_missing(k, cx)).collect();
+        if p.keys.len() == 1 && missing[0] {
             // No stream, so no group: Redis checks that first.
             let r = crate::actor::no_group_in_readgroup(&p.keys[0], &group);
             return self.reply(r, cx);
@@ -843,6 +858,10 @@ impl RespSession {
                 // Several streams: each one's group must exist and its id
                 // be valid, in order, before anything is delivered.
                 for (i, id) in ids.iter().enumerate() {
+                    if missing[i] {
+                        let e = crate::actor::no_group_in_readgroup(&keys[i], &group_name);
+                        return e.frame(proto);
+                    }
                     match ask(i, GroupFrom::New, true, false).await {
                         Ok(GroupAnswer {
                             read: GroupRead::Error(e),
@@ -911,7 +930,7 @@ impl RespSession {
             let _blocked = card.map(BlockedMark::new);
             loop {
                 let Some((fired, served)) =
-                    next_append(&watch_actors, &last_ids, &read, deadline, shared).await
+                    next_append(&watch_actors, &keys, &last_ids, &read, deadline, shared).await
                 else {
                     return Reply::NilArray.frame(proto);
                 };
@@ -1046,6 +1065,7 @@ fn block_deadline(ms: u64) -> Option<std::time::Instant> {
 /// deadline (`None` too when the broker stops).
 async fn next_append(
     actors: &[mailring_actors::Addr<StreamActor>],
+    keys: &[Bytes],
     after: &[StreamId],
     read: &BlockedRead,
     deadline: Option<std::time::Instant>,
@@ -1054,11 +1074,16 @@ async fn next_append(
     /// Marks the wake-up given up however the read ends (fired, timed
     /// out, or dropped with its connection), and has each stream that did
     /// not fire it drop its watcher now: an actor holding nothing else
-    /// then ends (a timed-out read of a missing stream leaves none).
+    /// then ends (a timed-out read of a missing stream leaves none); a
+    /// watcher still waiting in the broker's table for its stream's
+    /// making leaves it.
     struct GiveUpOnDrop<'a> {
         notify: Arc<Notify>,
         actors: &'a [mailring_actors::Addr<StreamActor>],
-        broker: u64,
+        keys: &'a [Bytes],
+        /// Watchers left in [`Shared::awaiting`], by index.
+        awaiting: Vec<bool>,
+        shared: &'a Shared,
     }
     impl Drop for GiveUpOnDrop<'_> {
         fn drop(&mut self) {
@@ -1068,13 +1093,25 @@ async fn next_append(
                 return;
             }
             for (i, a) in self.actors.iter().enumerate() {
-                if Some(i) != fired {
+                if Some(i) == fired {
+                    continue;
+                }
+                if self.awaiting[i]
+                    && self
+                        .shared
+                        .stop_awaiting(&self.keys[i], &self.notify)
+                        .is_some()
+                {
+                    // Its stream was never made: no actor holds it.
+                    continue;
+                }
+                {
                     let _ = a.tell(Watch {
                         after: StreamId::MAX,
                         notify: self.notify.clone(),
                         index: i,
                         reader: None,
-                        broker: self.broker,
+                        broker: self.shared.id,
                     });
                 }
             }
@@ -1089,12 +1126,24 @@ async fn next_append(
         blocked.retain(|w| w.strong_count() > 0);
         blocked.push(Arc::downgrade(&notify));
     }
-    let _give_up = GiveUpOnDrop {
+    let mut give_up = GiveUpOnDrop {
         notify: notify.clone(),
         actors,
-        broker: shared.id,
+        keys,
+        awaiting: vec![false; actors.len()],
+        shared,
     };
     for (i, (a, after)) in actors.iter().zip(after).enumerate() {
+        // A plain reader of a stream nobody ever named waits for its
+        // making in the broker's table, placing nothing (a read of many
+        // such names would otherwise record each in the directory for
+        // good); its maker's actor adopts it.
+        if matches!(read, BlockedRead::Plain { .. })
+            && shared.await_making(&keys[i], *after, &notify, i, read)
+        {
+            give_up.awaiting[i] = true;
+            continue;
+        }
         let _ = a.tell(Watch {
             after: *after,
             notify: notify.clone(),
@@ -1233,6 +1282,23 @@ fn check_client_name(name: &[u8]) -> Result<(), Reply> {
 }
 
 /// The stream a command names first, if it is a stream command.
+/// Whether command `args` may make the stream it names: an `XADD`
+/// without `NOMKSTREAM`, an `XGROUP CREATE` with `MKSTREAM` (an argument
+/// of that spelling anywhere counts: a "no" only delays the connection's
+/// attach).
+fn may_make_stream(args: &[Bytes]) -> bool {
+    let any =
+        |word: &[u8], from: usize| args.iter().skip(from).any(|a| a.eq_ignore_ascii_case(word));
+    if args[0].eq_ignore_ascii_case(b"xadd") {
+        return !any(b"nomkstream", 2);
+    }
+    args[0].eq_ignore_ascii_case(b"xgroup")
+        && args
+            .get(1)
+            .is_some_and(|s| s.eq_ignore_ascii_case(b"create"))
+        && any(b"mkstream", 5)
+}
+
 fn first_stream(args: &[Bytes]) -> Option<&Bytes> {
     let spec = command::lookup(&args[0])?;
     if !command::arity_ok(spec, args.len()) {
@@ -1264,8 +1330,22 @@ impl Session for RespSession {
             return Route::NotYet;
         }
         match req {
+            // A name nobody placed is placed (on this connection's shard)
+            // only by a command that may make its stream: a read of it
+            // leaves it unplaced, as a hostile client naming many would
+            // otherwise leave a record of each.
             Request::Command(args) => match first_stream(args) {
-                Some(key) if key.len() <= MAX_KEY_LEN => Route::Key(key.clone()),
+                Some(key)
+                    if key.len() <= MAX_KEY_LEN
+                        && (may_make_stream(args)
+                            || self
+                                .shared
+                                .system
+                                .placed_shard::<StreamActor>(key)
+                                .is_some()) =>
+                {
+                    Route::Key(key.clone())
+                }
                 _ => Route::NotYet,
             },
             Request::Broken(_) => Route::NotYet,

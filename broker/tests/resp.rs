@@ -932,6 +932,57 @@ fn reads_of_missing_streams_place_nothing() {
             R::Status("PONG".into())
         ])
     );
+    // Reads naming missing streams beside a real one: the real one is
+    // read (or its group checked), the others are neither asked nor
+    // placed; a blocking read of missing names waits for their making
+    // without placing them.
+    assert_eq!(
+        c.cmd(&["XGROUP", "CREATE", "real", "g", "0"]),
+        R::Status("OK".into())
+    );
+    let mut read = vec!["XREAD", "COUNT", "1", "STREAMS", "real"];
+    let names: Vec<String> = (0..50).map(|i| format!("missing:many:{i}")).collect();
+    read.extend(names.iter().map(String::as_str));
+    read.push("0");
+    read.extend(names.iter().map(|_| "0"));
+    let entry = R::Array(vec![
+        R::bulk("1-1"),
+        R::Array(vec![R::bulk("f"), R::bulk("v")]),
+    ]);
+    assert_eq!(
+        c.cmd(&read),
+        R::Array(vec![R::Array(vec![R::bulk("real"), R::Array(vec![entry])])])
+    );
+    let e = c.cmd(&[
+        "XREADGROUP",
+        "GROUP",
+        "g",
+        "c",
+        "STREAMS",
+        "real",
+        "missing:y",
+        ">",
+        ">",
+    ]);
+    assert!(
+        matches!(&e, R::Error(t) if t.starts_with("NOGROUP") && t.contains("missing:y")),
+        "{e:?}"
+    );
+    let mut blocking = vec!["XREAD", "BLOCK", "20", "STREAMS"];
+    blocking.extend(names.iter().map(String::as_str));
+    blocking.extend(names.iter().map(|_| "$"));
+    assert_eq!(c.cmd(&blocking), R::Nil);
+    // Nor does a connection whose first command names a missing stream
+    // attach to a shard for it (attaching places the name).
+    for first in [
+        &["XREAD", "BLOCK", "10", "STREAMS", "missing:first", "$"][..],
+        &["XLEN", "missing:first"],
+        &["XGROUP", "CREATE", "missing:first", "g", "$"],
+        &["XADD", "missing:first", "NOMKSTREAM", "*", "f", "v"],
+    ] {
+        let mut fresh = Client::connect(broker.local_addr());
+        fresh.cmd(first);
+    }
     assert_eq!(broker.placed_streams(), placed, "names placed by reads");
     assert_eq!(broker.active_streams(), 1);
     // What makes a stream still does, and the stream is read back.
@@ -2827,5 +2878,58 @@ fn client_list_shows_every_connection_and_client_kill_ends_those_it_names() {
     let mut last = Client::connect(addr);
     assert_eq!(last.cmd(&["PING"]), R::Status("PONG".into()));
     until_info(&mut last, "connected_clients:1\r\n");
+    broker.shutdown();
+}
+
+#[test]
+fn a_reader_blocked_on_a_name_nobody_placed_is_served_by_its_making() {
+    // The reader waits in the broker's table, not at an actor; the
+    // connection that makes the stream (an XADD, a transaction, XGROUP
+    // CREATE MKSTREAM then an XADD) has its actor adopt the reader.
+    let broker = start();
+    let addr = broker.local_addr();
+    let mut maker = Client::connect(addr);
+    let cases: [&[&[&str]]; 3] = [
+        &[&["XADD", "made:1", "5-1", "a", "b"]],
+        &[&["MULTI"], &["XADD", "made:2", "5-1", "a", "b"], &["EXEC"]],
+        &[
+            &["XGROUP", "CREATE", "made:3", "g", "$", "MKSTREAM"],
+            &["XADD", "made:3", "5-1", "a", "b"],
+        ],
+    ];
+    for (i, commands) in cases.iter().enumerate() {
+        let name = format!("made:{}", i + 1);
+        let placed = broker.placed_streams();
+        let mut reader = Client::connect(addr);
+        reader.send_raw(&encode(&[
+            b"XREAD",
+            b"BLOCK",
+            b"0",
+            b"STREAMS",
+            b"other:never",
+            name.as_bytes(),
+            b"$",
+            b"$",
+        ]));
+        until_info(&mut maker, "blocked_clients:1");
+        assert_eq!(
+            broker.placed_streams(),
+            placed,
+            "the blocked read placed a name"
+        );
+        for command in commands.iter() {
+            maker.cmd(command);
+        }
+        let entry = R::Array(vec![
+            R::bulk("5-1"),
+            R::Array(vec![R::bulk("a"), R::bulk("b")]),
+        ]);
+        assert_eq!(
+            reader.read(),
+            R::Array(vec![R::Array(vec![R::bulk(&name), R::Array(vec![entry])])]),
+            "{commands:?}"
+        );
+        until_info(&mut maker, "blocked_clients:0");
+    }
     broker.shutdown();
 }
