@@ -2933,3 +2933,55 @@ fn a_reader_blocked_on_a_name_nobody_placed_is_served_by_its_making() {
     }
     broker.shutdown();
 }
+
+#[test]
+fn readers_and_makers_of_fresh_names_racing_on_two_shards_all_meet() {
+    // A blocking XREAD of a name nobody placed registers in the broker's
+    // table unless the name is placed by then; its maker adopts what the
+    // table holds. Raced many times from separate connections (spread over
+    // both shards): every reader is served with the entry its maker added,
+    // whichever came first, and none waits for good.
+    let broker = start();
+    let addr = broker.local_addr();
+    let rounds = 150;
+    let reader = std::thread::spawn(move || {
+        let mut readers: Vec<(String, Client)> = (0..rounds)
+            .map(|i| {
+                let name = format!("race:{i}");
+                let mut c = Client::connect(addr);
+                c.send_raw(&encode(&[
+                    b"XREAD",
+                    b"BLOCK",
+                    b"0",
+                    b"STREAMS",
+                    name.as_bytes(),
+                    b"0",
+                ]));
+                (name, c)
+            })
+            .collect();
+        for (name, c) in &mut readers {
+            match c.read() {
+                R::Array(streams) => assert_eq!(
+                    streams[0],
+                    R::Array(vec![
+                        R::bulk(name),
+                        R::Array(vec![R::Array(vec![
+                            R::bulk("1-1"),
+                            R::Array(vec![R::bulk("f"), R::bulk("v")]),
+                        ])]),
+                    ])
+                ),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    });
+    let mut makers: Vec<Client> = (0..4).map(|_| Client::connect(addr)).collect();
+    for i in 0..rounds {
+        let name = format!("race:{i}");
+        let maker = &mut makers[i % 4];
+        assert_eq!(maker.cmd(&["XADD", &name, "1-1", "f", "v"]), R::bulk("1-1"));
+    }
+    reader.join().expect("every reader was served");
+    broker.shutdown();
+}
