@@ -18,7 +18,7 @@ pub(crate) use self::groups::no_group_in_readgroup;
 pub use self::groups::{GroupFrom, GroupRead};
 
 use crate::command;
-use crate::id::StreamId;
+use crate::id::{parse_id, StreamId};
 use crate::log::{Loc, Op, Record};
 use crate::resp::{Protocol, Reply};
 use crate::server::Shared;
@@ -804,6 +804,11 @@ impl Shared {
         index: usize,
         read: &BlockedRead,
     ) -> bool {
+        // A name once placed stays placed: the lock is taken only for one
+        // that was not, and the check made again under it.
+        if self.system.placed_shard::<StreamActor>(key).is_some() {
+            return false;
+        }
         let mut awaiting = self.awaiting.lock().unwrap_or_else(|p| p.into_inner());
         if self.system.placed_shard::<StreamActor>(key).is_some() {
             return false;
@@ -817,15 +822,21 @@ impl Shared {
         true
     }
 
-    /// Takes the watcher of reader `notify` for stream `key` out of the
-    /// table; `None` when its stream's maker adopted it first.
-    pub(crate) fn stop_awaiting(&self, key: &Bytes, notify: &Arc<Notify>) -> Option<()> {
+    /// Takes the watcher of reader `notify`'s stream `index` (a name
+    /// given twice has two) for stream `key` out of the table; `None` when
+    /// its stream's maker adopted it first.
+    pub(crate) fn stop_awaiting(
+        &self,
+        key: &Bytes,
+        notify: &Arc<Notify>,
+        index: usize,
+    ) -> Option<()> {
         let gone: Vec<Watcher> = {
             let mut awaiting = self.awaiting.lock().unwrap_or_else(|p| p.into_inner());
             let watchers = awaiting.get_mut(key)?;
             let (gone, kept) = std::mem::take(watchers)
                 .into_iter()
-                .partition(|w| Arc::ptr_eq(&w.notify, notify));
+                .partition(|w| Arc::ptr_eq(&w.notify, notify) && w.index == index);
             *watchers = kept;
             if watchers.is_empty() {
                 awaiting.remove(key);
@@ -834,6 +845,16 @@ impl Shared {
         };
         // Dropped out of the lock (a watcher's drop fires its wake-up).
         (!gone.is_empty()).then_some(())
+    }
+
+    /// Readers waiting in the table for a stream's making.
+    pub(crate) fn awaiting_makings(&self) -> usize {
+        self.awaiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(Vec::len)
+            .sum()
     }
 
     /// The watchers waiting for stream `key`'s making: its maker's to
@@ -1464,12 +1485,20 @@ impl StreamActor {
     }
 
     /// Whether stream command `name` with `args` may make its stream:
-    /// `XADD` without `NOMKSTREAM`, `XGROUP CREATE ... MKSTREAM`.
+    /// `XADD` without `NOMKSTREAM`, `XGROUP CREATE key group id MKSTREAM`
+    /// whose id parses (one that does not parse makes nothing: it gets
+    /// its error).
     pub(crate) fn makes_stream(name: &str, args: &[Bytes]) -> bool {
         match name {
-            // One that does not parse makes nothing (it gets its error).
             "xadd" => command::parse_add_or_trim(args, true).is_ok_and(|p| !p.no_mkstream),
-            "xgroup" => args.iter().any(|a| a.eq_ignore_ascii_case(b"mkstream")),
+            "xgroup" => {
+                args.len() >= 6
+                    && args[1].eq_ignore_ascii_case(b"create")
+                    && args[5..]
+                        .iter()
+                        .any(|a| a.eq_ignore_ascii_case(b"mkstream"))
+                    && (args[4].as_ref() == b"$" || parse_id(&args[4], 0, true).is_ok())
+            }
             _ => false,
         }
     }

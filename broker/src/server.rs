@@ -682,6 +682,12 @@ impl Broker {
             .count()
     }
 
+    /// Blocked readers waiting for the making of a stream nobody had
+    /// named (none once they are served or gave up).
+    pub fn awaiting_makings(&self) -> usize {
+        self.shared.awaiting_makings()
+    }
+
     /// Stream names recorded in the placement directory (every name routed
     /// to a stream actor, existing or not).
     pub fn placed_streams(&self) -> usize {

@@ -634,9 +634,13 @@ impl RespSession {
     /// (or at start, recovered); a name this shard has routed before is
     /// answered from its cache without a lock, so the common case costs
     /// about what the routing it precedes costs.
-    fn reads_missing(&self, key: &Bytes, cx: &SessionCtx<Self>) -> bool {
+    fn reads_missing(&self, key: &Bytes) -> bool {
+        // A request of this connection that may make the stream placed
+        // its name when its ask was sent: every ask is sent as its
+        // request is handled (the gathered run, sent before a read, is
+        // the one exception; a request whose ask starts later holds the
+        // frames after it), so requests in flight do not matter here.
         self.run.is_none()
-            && cx.pending_replies() == 0
             && self
                 .shared
                 .system
@@ -663,7 +667,7 @@ impl RespSession {
         // connection in flight) have nothing to read: no actor is asked,
         // so a read naming many of them places none (a blocking one waits
         // for their making in the broker's table, see `next_append`).
-        let missing: Vec<bool> = p.keys.iter().map(|k| self.reads_missing(k, cx)).collect();
+        let missing: Vec<bool> = p.keys.iter().map(|k| self.reads_missing(k)).collect();
         if p.block.is_none() && missing.iter().all(|m| *m) {
             return self.reply(Reply::NilArray, cx);
         }
@@ -788,7 +792,7 @@ impl RespSession {
         let consumer_name = consumer.clone();
         // Streams nobody ever named have no group: their error, without
         // asking (placing) them.
-        let missing: Vec<bool> = p.keys.iter().map(|k| self.reads_missing(k, cx)).collect();
+        let missing: Vec<bool> = p.keys.iter().map(|k| self.reads_missing(k)).collect();
         if p.keys.len() == 1 && missing[0] {
             // No stream, so no group: Redis checks that first.
             let r = crate::actor::no_group_in_readgroup(&p.keys[0], &group);
@@ -1088,10 +1092,7 @@ async fn next_append(
     impl Drop for GiveUpOnDrop<'_> {
         fn drop(&mut self) {
             let fired = self.notify.give_up().map(|(i, _)| i);
-            if fired == Some(Shared::CLOSING) {
-                // The broker stops: no actor needs sweeping.
-                return;
-            }
+            let closing = fired == Some(Shared::CLOSING);
             for (i, a) in self.actors.iter().enumerate() {
                 if Some(i) == fired {
                     continue;
@@ -1099,10 +1100,14 @@ async fn next_append(
                 if self.awaiting[i]
                     && self
                         .shared
-                        .stop_awaiting(&self.keys[i], &self.notify)
+                        .stop_awaiting(&self.keys[i], &self.notify, i)
                         .is_some()
                 {
                     // Its stream was never made: no actor holds it.
+                    continue;
+                }
+                if closing {
+                    // The broker stops: no actor needs sweeping.
                     continue;
                 }
                 {
@@ -1281,24 +1286,13 @@ fn check_client_name(name: &[u8]) -> Result<(), Reply> {
     Ok(())
 }
 
-/// The stream a command names first, if it is a stream command.
-/// Whether command `args` may make the stream it names: an `XADD`
-/// without `NOMKSTREAM`, an `XGROUP CREATE` with `MKSTREAM` (an argument
-/// of that spelling anywhere counts: a "no" only delays the connection's
-/// attach).
+/// Whether command `args` may make the stream it names (see
+/// [`StreamActor::makes_stream`]).
 fn may_make_stream(args: &[Bytes]) -> bool {
-    let any =
-        |word: &[u8], from: usize| args.iter().skip(from).any(|a| a.eq_ignore_ascii_case(word));
-    if args[0].eq_ignore_ascii_case(b"xadd") {
-        return !any(b"nomkstream", 2);
-    }
-    args[0].eq_ignore_ascii_case(b"xgroup")
-        && args
-            .get(1)
-            .is_some_and(|s| s.eq_ignore_ascii_case(b"create"))
-        && any(b"mkstream", 5)
+    command::lookup(&args[0]).is_some_and(|spec| StreamActor::makes_stream(spec.name, args))
 }
 
+/// The stream a command names first, if it is a stream command.
 fn first_stream(args: &[Bytes]) -> Option<&Bytes> {
     let spec = command::lookup(&args[0])?;
     if !command::arity_ok(spec, args.len()) {
@@ -1478,7 +1472,7 @@ impl RespSession {
                 self.reply(key_too_long(&args[at]), cx)
             }
             Kind::Stream(at)
-                if self.reads_missing(&args[at], cx)
+                if self.reads_missing(&args[at])
                     && !StreamActor::makes_stream(spec.name, &args) =>
             {
                 let r = StreamActor::answer_missing(spec.name, &args[at], &args, &self.shared);

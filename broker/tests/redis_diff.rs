@@ -1110,6 +1110,39 @@ fn blocked_readers_are_woken_and_answered_as_redis_server_answers_them() {
         after: &'static [&'static str],
     }
     let scenarios = [
+        // Streams nobody named before the read: its reader waits for their
+        // making (in the broker, without placing the name), then is served
+        // as by any stream.
+        Scenario {
+            setup: &[],
+            read: "XREAD BLOCK 0 STREAMS s $",
+            trigger: &["XADD s 1-0 f v"],
+            after: &[],
+        },
+        Scenario {
+            setup: &[],
+            read: "XREAD BLOCK 0 STREAMS s $",
+            trigger: &["XADD s MAXLEN 0 1-0 f v"],
+            after: &[],
+        },
+        Scenario {
+            setup: &[],
+            read: "XREAD BLOCK 300 STREAMS s $",
+            trigger: &["MULTI", "XADD s 1-0 f v", "DEL s", "EXEC"],
+            after: &["EXISTS s"],
+        },
+        Scenario {
+            setup: &[],
+            read: "XREAD BLOCK 0 STREAMS s t $ $",
+            trigger: &["XGROUP CREATE t g $ MKSTREAM", "XADD t 1-0 f v", "XADD s 2-0 f v"],
+            after: &[],
+        },
+        Scenario {
+            setup: &[],
+            read: "XREAD BLOCK 0 STREAMS s s 0 0",
+            trigger: &["XADD s 1-0 a 1 | XADD s 2-0 b 2"],
+            after: &[],
+        },
         // The reader's group destroyed, its stream deleted.
         Scenario {
             setup: &["XGROUP CREATE s g $ MKSTREAM"],

@@ -972,18 +972,56 @@ fn reads_of_missing_streams_place_nothing() {
     blocking.extend(names.iter().map(String::as_str));
     blocking.extend(names.iter().map(|_| "$"));
     assert_eq!(c.cmd(&blocking), R::Nil);
+    // A name given twice, and names read behind a request in flight.
+    assert_eq!(
+        c.cmd(&[
+            "XREAD",
+            "BLOCK",
+            "20",
+            "STREAMS",
+            "missing:twice",
+            "missing:twice",
+            "$",
+            "$"
+        ]),
+        R::Nil
+    );
+    let mut pipeline = encode(&[b"XADD", b"real", b"*", b"f", b"v"]);
+    pipeline.extend(encode(&[b"XREAD", b"STREAMS", b"missing:behind", b"0"]));
+    pipeline.extend(encode(&[
+        b"XREAD",
+        b"BLOCK",
+        b"20",
+        b"STREAMS",
+        b"missing:behind",
+        b"$",
+    ]));
+    c.send_raw(&pipeline);
+    assert!(matches!(c.read(), R::Bulk(_)));
+    assert_eq!(c.read(), R::Nil);
+    assert_eq!(c.read(), R::Nil);
     // Nor does a connection whose first command names a missing stream
     // attach to a shard for it (attaching places the name).
     for first in [
         &["XREAD", "BLOCK", "10", "STREAMS", "missing:first", "$"][..],
         &["XLEN", "missing:first"],
         &["XGROUP", "CREATE", "missing:first", "g", "$"],
+        &[
+            "XGROUP",
+            "CREATE",
+            "missing:first",
+            "g",
+            "bad-id",
+            "MKSTREAM",
+        ],
+        &["XGROUP", "CREATECONSUMER", "missing:first", "g", "MKSTREAM"],
         &["XADD", "missing:first", "NOMKSTREAM", "*", "f", "v"],
     ] {
         let mut fresh = Client::connect(broker.local_addr());
         fresh.cmd(first);
     }
     assert_eq!(broker.placed_streams(), placed, "names placed by reads");
+    assert_eq!(broker.awaiting_makings(), 0, "readers left in the table");
     assert_eq!(broker.active_streams(), 1);
     // What makes a stream still does, and the stream is read back.
     assert!(matches!(
