@@ -1134,7 +1134,11 @@ fn blocked_readers_are_woken_and_answered_as_redis_server_answers_them() {
         Scenario {
             setup: &[],
             read: "XREAD BLOCK 0 STREAMS s t $ $",
-            trigger: &["XGROUP CREATE t g $ MKSTREAM", "XADD t 1-0 f v", "XADD s 2-0 f v"],
+            trigger: &[
+                "XGROUP CREATE t g $ MKSTREAM",
+                "XADD t 1-0 f v",
+                "XADD s 2-0 f v",
+            ],
             after: &[],
         },
         Scenario {
