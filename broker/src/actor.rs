@@ -1711,8 +1711,28 @@ impl StreamActor {
             b"xclaim" => self.xclaim(args),
             b"xautoclaim" => self.xautoclaim(args),
             b"xinfo" => self.xinfo(args),
+            b"memory" => memory_usage(self.stream.as_ref(), args).into(),
             b"xsetid" => self.xsetid(args, shared),
             _ => command::unknown_command(args).into(),
         }
     }
+}
+
+/// `MEMORY USAGE key [SAMPLES count]` (`HELP` is answered by the
+/// session): Redis's option errors, then the stream's estimate (see
+/// [`Stream::memory_estimate`]), or nil for a missing stream.
+fn memory_usage(stream: Option<&Stream>, args: &[Bytes]) -> Reply {
+    let mut i = 3;
+    while i < args.len() {
+        if !args[i].eq_ignore_ascii_case(b"samples") || i + 1 >= args.len() {
+            return command::syntax_error();
+        }
+        match crate::resp::parse_int(&args[i + 1]) {
+            Some(n) if n >= 0 => {}
+            Some(_) => return command::syntax_error(),
+            None => return command::not_an_integer(),
+        }
+        i += 2;
+    }
+    stream.map_or(Reply::Nil, |s| Reply::Int(s.memory_estimate() as i64))
 }

@@ -126,6 +126,7 @@ pub const COMMANDS: &[Spec] = &[
     },
     stream_sub("xgroup", -2),
     stream_sub("xinfo", -2),
+    stream_sub("memory", -2),
     stream("xack", -4),
     stream("xpending", -3),
     stream("xclaim", -6),
@@ -145,6 +146,8 @@ pub const SUBCOMMANDS: &[(&str, &str, i32)] = &[
     ("xinfo", "groups", 3),
     ("xinfo", "consumers", 4),
     ("xinfo", "help", 2),
+    ("memory", "usage", -3),
+    ("memory", "help", 2),
     ("client", "id", 2),
     ("client", "getname", 2),
     ("client", "setname", 3),
@@ -169,7 +172,7 @@ pub const SUBCOMMANDS: &[(&str, &str, i32)] = &[
 pub fn has_subcommands(command: &str) -> bool {
     matches!(
         command,
-        "xgroup" | "xinfo" | "client" | "config" | "command"
+        "xgroup" | "xinfo" | "memory" | "client" | "config" | "command"
     )
 }
 

@@ -576,11 +576,9 @@ impl RespSession {
             }
             // Queued in a transaction with no stream named: only `HELP`
             // (checked as it was queued).
-            b"xgroup" | b"xinfo" => help(if name.as_slice() == b"xgroup" {
-                "xgroup"
-            } else {
-                "xinfo"
-            }),
+            b"xgroup" => help("xgroup"),
+            b"xinfo" => help("xinfo"),
+            b"memory" => help("memory"),
             _ => command::unknown_command(args),
         }
     }
@@ -1230,7 +1228,18 @@ pub(crate) fn subcommand_help(command: &str, subcommands: &[(&str, &str)]) -> Re
 }
 
 fn help(command: &str) -> Reply {
-    let lines: &[&str] = if command == "xgroup" {
+    let lines: &[&str] = if command == "memory" {
+        &[
+            "MEMORY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "USAGE <key> [SAMPLES <count>]",
+            "    Return an estimate of the bytes <key> holds in memory: its entries'",
+            "    index, the entries cached in memory (the rest is read back from",
+            "    the log), its groups' pending entries and consumers (SAMPLES is",
+            "    accepted; nothing is sampled).",
+            "HELP",
+            "    Prints this help.",
+        ]
+    } else if command == "xgroup" {
         &[
             "XGROUP <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
             "CREATE <key> <groupname> <id|$> [option]",

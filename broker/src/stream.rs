@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::group::Group;
+use crate::group::{Consumer, Group, Nack};
 use crate::id::{AddId, StreamId};
 use crate::log::{Loc, Op};
 use crate::resp::Reply;
@@ -352,6 +352,39 @@ impl Stream {
     /// What its cached entries cost in memory (see [`Stream::settle`]).
     pub fn cached_bytes(&self) -> u64 {
         self.cached
+    }
+
+    /// An estimate of the bytes it holds in memory now (`MEMORY USAGE`):
+    /// its entries' index, the entries cached (those evicted are read
+    /// back from the log and count only in the index), its nodes, and
+    /// its groups' pending entries and consumers.
+    pub fn memory_estimate(&self) -> u64 {
+        use std::mem::size_of;
+        let size = |n: usize, each: usize| (n * each) as u64;
+        let groups: u64 = self
+            .groups
+            .iter()
+            .map(|(name, g)| {
+                let consumers: u64 = g
+                    .consumers
+                    .iter()
+                    .map(|(name, c)| {
+                        name.len() as u64
+                            + size(1, size_of::<Consumer>())
+                            + size(c.pel.len(), size_of::<StreamId>())
+                    })
+                    .sum();
+                name.len() as u64
+                    + size(1, size_of::<Group>())
+                    + size(g.pel.len(), size_of::<(StreamId, Nack)>())
+                    + consumers
+            })
+            .sum();
+        size(1, size_of::<Self>())
+            + size(self.len() as usize, size_of::<(StreamId, Slot)>())
+            + self.cached
+            + size(self.nodes.len(), size_of::<Node>())
+            + groups
     }
 
     /// The id an `XADD` with `id` would get, without adding.

@@ -171,7 +171,7 @@ fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
 #[test]
 fn redis_cli_s_operator_modes_read_the_broker() {
     // What operators run against a server: `--bigkeys` (DBSIZE, SCAN,
-    // TYPE, XLEN) and `--stat` (INFO's keys, used_memory, clients,
+    // TYPE, XLEN), `--memkeys` (MEMORY USAGE) and `--stat` (INFO's keys, used_memory, clients,
     // total_commands_processed, total_connections_received).
     let dir = TempDir::new();
     let broker = start(&dir);
@@ -193,6 +193,10 @@ fn redis_cli_s_operator_modes_read_the_broker() {
         "{big}"
     );
     assert!(big.contains("3 streams with 9 entries"), "{big}");
+    // `--memkeys`: MEMORY USAGE of each.
+    let mem = redis_cli(port, &["--memkeys"]).unwrap();
+    assert!(mem.contains("Biggest stream found"), "{mem}");
+    assert!(mem.contains("3 streams with"), "{mem}");
     // `--stat` prints a line per interval until stopped (line-buffered
     // through `stdbuf`: into a pipe its output would wait for a full
     // buffer): the header and two rows.
