@@ -349,8 +349,10 @@ impl fmt::Debug for SessionCloser {
 }
 
 /// [`CloseReason`] without its details: an index into the close counters.
+/// Kinds may be added (as [`CloseReason`]s are): match with a wildcard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[allow(missing_docs)]
+#[non_exhaustive]
 pub enum CloseKind {
     PeerClosed,
     ClosedBySession,
