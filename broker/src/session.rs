@@ -1377,7 +1377,7 @@ impl Session for RespSession {
     }
 
     fn on_open(&mut self, cx: &mut SessionCtx<Self>) {
-        self.card.open(cx.peer_addr(), cx.closer());
+        self.card.open(cx.peer_addr(), cx.local_addr(), cx.closer());
         self.shared.clients.add(self.card.clone());
     }
 }

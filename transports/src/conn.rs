@@ -301,18 +301,29 @@ impl Listener {
         }
     }
 
-    /// Accepts one connection, with the peer's address for TCP.
-    pub(crate) async fn accept(&self) -> io::Result<(Conn, Option<SocketAddr>)> {
+    /// Accepts one connection, with the peer's address and the local one
+    /// for TCP (the listener's, unless it listens on every address: then
+    /// the socket's, one `getsockname`).
+    pub(crate) async fn accept(&self) -> io::Result<Accepted> {
         match self {
             Listener::Tcp(l) => {
                 let (s, peer) = l.accept().await?;
                 let _ = s.set_nodelay(true);
-                Ok((Conn::Tcp(s), Some(peer)))
+                let bound = l.local_addr();
+                let local = if bound.ip().is_unspecified() {
+                    s.local_addr().ok()
+                } else {
+                    Some(bound)
+                };
+                Ok((Conn::Tcp(s), Some(peer), local))
             }
-            Listener::Unix(l) => Ok((Conn::Unix(l.accept().await?), None)),
+            Listener::Unix(l) => Ok((Conn::Unix(l.accept().await?), None, None)),
         }
     }
 }
+
+/// An accepted connection, its peer's address and its local one (TCP).
+pub(crate) type Accepted = (Conn, Option<SocketAddr>, Option<SocketAddr>);
 
 /// Why [`Framed::recv`] failed.
 #[derive(Debug, thiserror::Error)]

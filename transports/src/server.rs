@@ -730,7 +730,7 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
         };
         match accepted {
             None => return,
-            Some(Ok((stream, peer))) => {
+            Some(Ok((stream, peer, local))) => {
                 shared.per_listener[index].fetch_add(1, Ordering::AcqRel);
                 shared.live.fetch_add(1, Ordering::AcqRel);
                 shared
@@ -750,7 +750,7 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
                     // session is made once it is read.
                     mailring::spawn_local(guarded(
                         shared.clone(),
-                        open_proxied(conn, stream, peer, shard),
+                        open_proxied(conn, stream, peer, local, shard),
                     ));
                     continue;
                 }
@@ -758,7 +758,8 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
                     continue;
                 };
                 let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-                let cx = SessionCtx::new(peer, shard, id, shared.codec.clone());
+                let mut cx = SessionCtx::new(peer, shard, id, shared.codec.clone());
+                cx.local = local;
                 mailring::spawn_local(guarded(
                     shared.clone(),
                     run_connection(
@@ -825,6 +826,7 @@ async fn open_proxied<S: Session>(
     conn: Connection<S>,
     stream: Conn,
     socket_peer: Option<SocketAddr>,
+    socket_local: Option<SocketAddr>,
     shard: ShardId,
 ) {
     let shared = conn.shared.clone();
@@ -844,6 +846,8 @@ async fn open_proxied<S: Session>(
     };
     let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     let mut cx = SessionCtx::new(peer, shard, id, shared.codec.clone());
+    // The address the client connected to, on the proxy.
+    cx.local = header.destination.or(socket_local);
     cx.proxy = Some(Arc::new(header));
     // The bytes after the header are the connection's own (a TLS
     // ClientHello, the first frames).
@@ -1241,11 +1245,12 @@ fn continue_on<S: Session>(
     let (key, tls, proxy) = (cx.key.take(), cx.tls.take(), cx.proxy.take());
     // Handed out on the shard before: they close it on the next one.
     let closer = cx.closer.take();
-    let (peer, id, codec) = (cx.peer, cx.id, cx.encoder);
+    let (peer, local, id, codec) = (cx.peer, cx.local, cx.id, cx.encoder);
     handle.spawn_local_on(to, move || {
         guarded(guard, async move {
             let mut cx = SessionCtx::new(peer, to, id, codec);
             cx.key = key;
+            cx.local = local;
             cx.tls = tls;
             cx.proxy = proxy;
             cx.closer = closer;

@@ -416,6 +416,8 @@ enum Slot<T> {
 /// deferred replies, close.
 pub struct SessionCtx<S: Session> {
     pub(crate) peer: Option<SocketAddr>,
+    /// The address the connection was accepted on (TCP).
+    pub(crate) local: Option<SocketAddr>,
     pub(crate) shard: ShardId,
     pub(crate) id: u64,
     pub(crate) key: Option<S::Key>,
@@ -467,6 +469,7 @@ impl<S: Session> SessionCtx<S> {
     pub(crate) fn new(peer: Option<SocketAddr>, shard: ShardId, id: u64, codec: S::Codec) -> Self {
         SessionCtx {
             peer,
+            local: None,
             shard,
             id,
             key: None,
@@ -492,6 +495,15 @@ impl<S: Session> SessionCtx<S> {
     /// none).
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.peer
+    }
+
+    /// The local address the connection was accepted on (`None` for
+    /// Unix sockets): the listener's, or, for a listener on every address
+    /// (`0.0.0.0`, `[::]`), the one the client reached. On a
+    /// PROXY-protocol listener, the destination the header names (the
+    /// address the client connected to, on the proxy).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local
     }
 
     /// The shard the session runs on now.

@@ -30,7 +30,7 @@ fn runtime() -> mailring::Runtime {
 }
 
 /// Keyed by the client's IP address; answers each frame with
-/// `"<peer> v<version>"`.
+/// `"<peer> v<version>"` (`where` with the local address).
 struct WhoAmI;
 
 impl Session for WhoAmI {
@@ -48,7 +48,12 @@ impl Session for WhoAmI {
         Some(Bytes::from_static(b"-ERR max number of clients reached"))
     }
 
-    async fn on_frame(&mut self, _frame: Bytes, cx: &mut SessionCtx<Self>) {
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        if frame.as_ref() == b"where" {
+            // The address the client connected to.
+            let local = cx.local_addr().map_or("-".to_owned(), |a| a.to_string());
+            return cx.send_frame(Bytes::from(local));
+        }
         let version = cx.proxy_header().map_or(0, |h| h.version);
         let peer = cx.peer_addr().map_or("-".to_owned(), |p| p.to_string());
         cx.send_frame(Bytes::from(format!("{peer} v{version}")));
@@ -230,6 +235,9 @@ fn keys_limits_and_bad_headers_go_by_the_proxied_address() {
         .unwrap();
     c.write_all(&frame(b"who")).unwrap();
     assert_eq!(read_frame(&mut c).unwrap(), b"192.0.2.8:5000 v1");
+    // Its local address: the destination the header names.
+    c.write_all(&frame(b"where")).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"127.0.0.1:1");
 
     // Bad headers, each closed alone while the good clients go on.
     let mut garbage = client(addr);

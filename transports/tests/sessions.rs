@@ -1990,6 +1990,9 @@ impl Session for Closable {
         if frame.as_ref() == b"WAIT" {
             cx.reply_later(std::future::pending());
             cx.block_until_replied();
+        } else if frame.as_ref() == b"LOCAL" {
+            let local = cx.local_addr().map(|a| a.to_string()).unwrap_or_default();
+            cx.send_frame(Bytes::from(local));
         } else if frame.as_ref() == b"HANG" {
             // A handler that never finishes.
             std::future::pending::<()>().await;
@@ -2081,6 +2084,10 @@ fn a_session_closed_by_its_handle_from_another_thread_ends_at_once_and_alone() {
     }
     other.write_all(&frame(b"still here")).unwrap();
     assert_eq!(read_frame(&mut other).unwrap(), b"still here");
+    // The address the connection was accepted on, as the client sees it.
+    other.write_all(&frame(b"LOCAL")).unwrap();
+    let local = String::from_utf8(read_frame(&mut other).unwrap()).unwrap();
+    assert_eq!(local, other.peer_addr().unwrap().to_string());
     wait_for(&server, "three connections closed by their handles", |s| {
         s.closed(CloseKind::ClosedByHandle) == 3
     });
@@ -2101,6 +2108,10 @@ fn a_session_moved_to_its_key_s_shard_is_still_closed_by_its_handle() {
     let mut c = client(server.local_addr());
     c.write_all(&frame(b"KEY far")).unwrap();
     assert_eq!(read_frame(&mut c).unwrap(), b"KEY far");
+    // Its local address travels with it too.
+    c.write_all(&frame(b"LOCAL")).unwrap();
+    let local = String::from_utf8(read_frame(&mut c).unwrap()).unwrap();
+    assert_eq!(local, c.peer_addr().unwrap().to_string());
     c.write_all(&frame(b"WAIT")).unwrap();
     wait_for(&server, "the hand-off", |s| s.total(|s| s.handed_off) == 1);
     std::thread::sleep(Duration::from_millis(50));

@@ -70,6 +70,8 @@ pub(crate) struct ClientCard {
     pub(crate) id: u64,
     /// Set when the connection opens.
     peer: OnceLock<SocketAddr>,
+    /// The address it was accepted on (set when it opens).
+    local: OnceLock<SocketAddr>,
     opened: Instant,
     /// Closes the connection from any shard (set when it opens).
     closer: OnceLock<SessionCloser>,
@@ -92,6 +94,7 @@ impl ClientCard {
         ClientCard {
             id,
             peer: OnceLock::new(),
+            local: OnceLock::new(),
             opened: Instant::now(),
             closer: OnceLock::new(),
             name: Mutex::new(None),
@@ -104,11 +107,19 @@ impl ClientCard {
         }
     }
 
-    /// The connection opened, from `peer` (if the transport has one);
-    /// `closer` ends it.
-    pub(crate) fn open(&self, peer: Option<SocketAddr>, closer: SessionCloser) {
+    /// The connection opened, from `peer` to `local` (if the transport
+    /// has them); `closer` ends it.
+    pub(crate) fn open(
+        &self,
+        peer: Option<SocketAddr>,
+        local: Option<SocketAddr>,
+        closer: SessionCloser,
+    ) {
         if let Some(peer) = peer {
             let _ = self.peer.set(peer);
+        }
+        if let Some(local) = local {
+            let _ = self.local.set(local);
         }
         let _ = self.closer.set(closer);
     }
@@ -150,6 +161,12 @@ impl ClientCard {
         self.blocked.store(blocked, Ordering::Relaxed);
     }
 
+    /// The address it was accepted on (`CLIENT LIST`'s and `CLIENT KILL
+    /// LADDR`'s `laddr`), else `listening`.
+    fn laddr(&self, listening: SocketAddr) -> SocketAddr {
+        self.local.get().copied().unwrap_or(listening)
+    }
+
     /// The address `CLIENT LIST` and `CLIENT KILL ADDR` name it by.
     pub(crate) fn addr(&self) -> String {
         self.peer
@@ -159,8 +176,10 @@ impl ClientCard {
 
     /// Its line in `CLIENT LIST` / `CLIENT INFO`, in Redis 7.0's fields
     /// (what the broker does not keep is 0; a connection may have no
-    /// process descriptor: `fd=-1`), `laddr` the address listened on.
-    pub(crate) fn line(&self, laddr: SocketAddr) -> String {
+    /// process descriptor: `fd=-1`), `listening` the address listened on
+    /// (its `laddr` when the transport gave none).
+    pub(crate) fn line(&self, listening: SocketAddr) -> String {
+        let laddr = self.laddr(listening);
         let name = self
             .name
             .lock()
@@ -206,7 +225,8 @@ impl Drop for BlockedMark {
 }
 
 /// `CLIENT LIST [TYPE type | ID id [id ...]]`, as Redis 7.0 reads it;
-/// `laddr` is the address listened on.
+/// `laddr` is the address listened on (a connection's own when the
+/// transport gave none).
 pub(crate) fn list(clients: &Clients, args: &[Bytes], laddr: SocketAddr) -> Reply {
     let cards = match args.len() {
         2 => clients.all(),
@@ -257,7 +277,8 @@ pub(crate) struct Killed {
 /// the asking one too; `OK`, or an error when none is) and `CLIENT KILL
 /// <filter> <value> ...` (`ID`, `TYPE`, `USER`, `ADDR`, `LADDR`,
 /// `SKIPME`: the clients matching every filter, the asking one `me` only
-/// with `SKIPME no`; their count). `laddr` is the address listened on.
+/// with `SKIPME no`; their count). `laddr` is the address listened on
+/// (a connection's own when the transport gave none).
 pub(crate) fn kill(clients: &Clients, me: u64, args: &[Bytes], laddr: SocketAddr) -> Killed {
     let refused = |reply| Killed { reply, me: false };
     if args.len() == 3 {
@@ -316,7 +337,6 @@ pub(crate) fn kill(clients: &Clients, me: u64, args: &[Bytes], laddr: SocketAddr
             _ => return refused(command::syntax_error()),
         }
     }
-    let laddr = laddr.to_string();
     let (killed, me_too) = kill_matching(clients, me, skip_me, |card| {
         any_type
             && id.is_none_or(|id| card.id == id)
@@ -325,7 +345,7 @@ pub(crate) fn kill(clients: &Clients, me: u64, args: &[Bytes], laddr: SocketAddr
                 .is_none_or(|a| card.addr().as_bytes() == a.as_ref())
             && local
                 .as_ref()
-                .is_none_or(|l| laddr.as_bytes() == l.as_ref())
+                .is_none_or(|l| card.laddr(laddr).to_string().as_bytes() == l.as_ref())
     });
     Killed {
         reply: Reply::Int(killed),
