@@ -823,17 +823,14 @@ impl Shared {
     }
 
     /// Takes the watcher of reader `notify`'s stream `index` (a name
-    /// given twice has two) for stream `key` out of the table; `None` when
-    /// its stream's maker adopted it first.
-    pub(crate) fn stop_awaiting(
-        &self,
-        key: &Bytes,
-        notify: &Arc<Notify>,
-        index: usize,
-    ) -> Option<()> {
+    /// given twice has two) for stream `key` out of the table; `false`
+    /// when its stream's maker adopted it first.
+    pub(crate) fn stop_awaiting(&self, key: &Bytes, notify: &Arc<Notify>, index: usize) -> bool {
         let gone: Vec<Watcher> = {
             let mut awaiting = self.awaiting.lock().unwrap_or_else(|p| p.into_inner());
-            let watchers = awaiting.get_mut(key)?;
+            let Some(watchers) = awaiting.get_mut(key) else {
+                return false;
+            };
             let (gone, kept) = std::mem::take(watchers)
                 .into_iter()
                 .partition(|w| Arc::ptr_eq(&w.notify, notify) && w.index == index);
@@ -844,7 +841,7 @@ impl Shared {
             gone
         };
         // Dropped out of the lock (a watcher's drop fires its wake-up).
-        (!gone.is_empty()).then_some(())
+        !gone.is_empty()
     }
 
     /// Readers waiting in the table for a stream's making.

@@ -202,16 +202,6 @@ impl Catalog {
         self.names().by_bytes.contains(name)
     }
 
-    /// How many streams exist.
-    pub fn len(&self) -> usize {
-        self.len_with(None)
-    }
-
-    /// Whether no stream exists.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// How many streams exist, with `own` as its transaction left it.
     pub(crate) fn len_with(&self, own: Own<'_>) -> usize {
         let names = self.names();
@@ -224,14 +214,9 @@ impl Catalog {
     }
 
     /// `SCAN`'s page: the names from `cursor` on in `SCAN` order, about
-    /// `count` of them, and the cursor after them (0 at the end). Only the
-    /// page is copied out under the lock.
-    pub fn page(&self, cursor: u64, count: usize) -> (Vec<Bytes>, u64) {
-        self.page_with(cursor, count, None)
-    }
-
-    /// [`Catalog::page`] with `own` as its transaction left it (in the
-    /// page if its position lies in the page's span).
+    /// `count` of them, and the cursor after them (0 at the end), with
+    /// `own` as its transaction left it (in the page if its position lies
+    /// in the page's span). Only the page is copied out under the lock.
     pub(crate) fn page_with(&self, cursor: u64, count: usize, own: Own<'_>) -> (Vec<Bytes>, u64) {
         let (mut page, next) = self.names().page(cursor, count);
         if let Some((name, exists)) = own {
@@ -250,12 +235,8 @@ impl Catalog {
         (page, next)
     }
 
-    /// Names matching `pattern`, in byte order.
-    pub fn matching(&self, pattern: &[u8]) -> Vec<Bytes> {
-        self.matching_with(pattern, None)
-    }
-
-    /// [`Catalog::matching`] with `own` as its transaction left it.
+    /// Names matching `pattern`, in byte order, with `own` as its
+    /// transaction left it.
     pub(crate) fn matching_with(&self, pattern: &[u8], own: Own<'_>) -> Vec<Bytes> {
         let mut found: Vec<Bytes> = self
             .names()

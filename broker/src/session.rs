@@ -413,7 +413,9 @@ impl RespSession {
                                 durable,
                             }) => {
                                 // What it read may still be flushing.
-                                flushed(durable.into_iter().collect()).await;
+                                if let Some(t) = durable {
+                                    let _ = t.await;
+                                }
                                 n += d;
                             }
                             Ok(Answer { reply, .. }) => return reply.frame(proto),
@@ -1095,12 +1097,7 @@ async fn next_append(
                 if Some(i) == fired {
                     continue;
                 }
-                if self.awaiting[i]
-                    && self
-                        .shared
-                        .stop_awaiting(&self.keys[i], &self.notify, i)
-                        .is_some()
-                {
+                if self.awaiting[i] && self.shared.stop_awaiting(&self.keys[i], &self.notify, i) {
                     // Its stream was never made: no actor holds it.
                     continue;
                 }

@@ -2591,22 +2591,23 @@ fn gated_stream_with_group(dir: &TempDir, stream: &str) -> (Broker, SyncGate, Cl
     (broker, gate, c)
 }
 
-/// Asks `INFO clients` on `c` until it shows `line`.
-fn until_info(c: &mut Client, line: &str) {
+/// Waits (5 s at most) until `done` says so.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !c.cmd(&["INFO", "clients"]).text().contains(line) {
-        assert!(std::time::Instant::now() < deadline, "never {line}");
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "never {what}");
         std::thread::sleep(Duration::from_millis(5));
     }
 }
 
+/// Asks `INFO clients` on `c` until it shows `line`.
+fn until_info(c: &mut Client, line: &str) {
+    eventually(line, || c.cmd(&["INFO", "clients"]).text().contains(line));
+}
+
 /// Waits until a flush is held at `gate` (the write sent before has run).
 fn until_held(gate: &SyncGate) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !gate.holding() {
-        assert!(std::time::Instant::now() < deadline, "no flush was held");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    eventually("a flush held", || gate.holding());
 }
 
 #[test]
@@ -2883,21 +2884,13 @@ fn client_list_shows_every_connection_and_client_kill_ends_those_it_names() {
         R::Error("ERR No such client".into())
     );
     // Gone from the list once closed; the asking one is spared.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
+    eventually("only the asking connection listed", || {
         let left: Vec<String> = client_lines(&mut admin, &[])
             .into_iter()
             .map(|l| l["id"].clone())
             .collect();
-        if left == [admin_id.to_string()] {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still listed: {left:?}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+        left == [admin_id.to_string()]
+    });
     assert_eq!(admin.cmd(&["CLIENT", "KILL", "TYPE", "normal"]), R::Int(0));
     assert_eq!(admin.cmd(&["PING"]), R::Status("PONG".into()));
     // Itself, with SKIPME no: the reply, then the close.
