@@ -20,7 +20,7 @@ fn usage() -> &'static str {
     "usage: broker [--port N] [--bind ADDR] [--shards N] [--dir PATH] \
      [--appendfsync always|everysec|no] [--requirepass PASS] [--spin-us N]\n\
      \x20      [--stream-cache BYTES] [--segment-bytes BYTES] [--no-direct-io] [--no-preallocate]\n\
-     \x20      [--allow-thp] [--cpus LIST] [--tls-cert PEM --tls-key PEM]\n\
+     \x20      [--repair-log] [--allow-thp] [--cpus LIST] [--tls-cert PEM --tls-key PEM]\n\
      \x20      broker --bench [--producers N] [--consumers N] [--pipeline N] \
      [--payload BYTES] [--streams N] [--duration SECS]\n\
      \x20             [--dir PARENT] [--appendfsync ...] [--shards N] [and the store's and shards' flags]"
@@ -87,6 +87,7 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                 }
                 "--no-direct-io" => config.store.direct_io = false,
                 "--no-preallocate" => config.store.preallocate = false,
+                "--repair-log" => config.store.repair_log = true,
                 "--allow-thp" => allow_thp = true,
                 "--cpus" => {
                     // Shard i on the i-th CPU of the list (wrapping): "1,0".

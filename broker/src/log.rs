@@ -826,7 +826,13 @@ fn scan_each(data: Bytes, detach: bool, mut f: impl FnMut(u64, Record)) -> Resul
             break Tail::Clean;
         }
         if rest < FRAME_LEN {
-            break Tail::Torn;
+            // Fewer zeros than a frame: the end of a full segment's last
+            // block (a direct write pads its block with zeros).
+            break if data[pos..].iter().all(|&b| b == 0) {
+                Tail::Clean
+            } else {
+                Tail::Torn
+            };
         }
         if data[pos..pos + FRAME_LEN].iter().all(|&b| b == 0) {
             // Zeroes: preallocated space, or a length never written.
@@ -1054,6 +1060,14 @@ mod tests {
         assert_eq!(scan.tail, Tail::Clean);
         assert_eq!(scan.valid_len, len as u64);
         assert!(scan_segment(Bytes::from_static(b"not a segment...")).is_err());
+        // Fewer zeros than a frame's header, as a full segment ends.
+        for n in 1..FRAME_LEN {
+            let mut b = segment(&[add("s", 1, 1)]);
+            b.extend_from_slice(&vec![0u8; n]);
+            let scan = scan_segment(b.freeze()).unwrap();
+            assert_eq!(scan.tail, Tail::Clean, "{n} zeros");
+            assert_eq!(scan.valid_len, len as u64);
+        }
     }
 
     #[test]

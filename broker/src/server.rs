@@ -453,6 +453,7 @@ impl Broker {
             shards,
             config.store.segment_bytes,
             config.store.stream_cache_bytes,
+            config.store.repair_log,
         )?;
         let recovery = RecoveryReport {
             streams: recovered

@@ -414,7 +414,9 @@ impl RespSession {
                             }) => {
                                 // What it read may still be flushing.
                                 if let Some(t) = durable {
-                                    let _ = t.await;
+                                    if let Err(e) = t.await {
+                                        return storage_error(&e).frame(proto);
+                                    }
                                 }
                                 n += d;
                             }
@@ -424,7 +426,9 @@ impl RespSession {
                             // in flight.
                             Err(_) => {
                                 n += i64::from(shared.catalog.contains(name));
-                                flushed(shared.catalog.unflushed()).await;
+                                if let Err(e) = flushed(shared.catalog.unflushed()).await {
+                                    return e.frame(proto);
+                                }
                             }
                         }
                     }
@@ -451,8 +455,11 @@ impl RespSession {
                         Vec::new()
                     };
                     async move {
-                        flushed(unflushed).await;
-                        reply.frame(proto)
+                        match flushed(unflushed).await {
+                            Ok(()) => reply,
+                            Err(e) => e,
+                        }
+                        .frame(proto)
                     }
                 });
                 cx.hold_frames_until_replied();
@@ -491,8 +498,11 @@ impl RespSession {
                             _ => {}
                         }
                     }
-                    flushed(unflushed).await;
-                    Reply::Int(n).frame(proto)
+                    match flushed(unflushed).await {
+                        Ok(()) => Reply::Int(n),
+                        Err(e) => e,
+                    }
+                    .frame(proto)
                 });
             }
             _ => {
@@ -515,8 +525,11 @@ impl RespSession {
         }
         let proto = self.proto;
         cx.reply_later(async move {
-            flushed(unflushed).await;
-            r.frame(proto)
+            match flushed(unflushed).await {
+                Ok(()) => r,
+                Err(e) => e,
+            }
+            .frame(proto)
         });
     }
 
@@ -719,8 +732,8 @@ impl RespSession {
             }
             if !found.is_empty() {
                 // Written once what it shows is flushed.
-                for t in visible {
-                    let _ = t.await;
+                if let Err(e) = flushed(visible).await {
+                    return e.frame(proto);
                 }
                 return streams_reply(found, proto).frame(proto);
             }
@@ -740,7 +753,9 @@ impl RespSession {
                     // Served by the stream at its signal, as Redis serves a
                     // blocked client after the command that signalled.
                     if let Some(t) = visible {
-                        let _ = t.await;
+                        if let Err(e) = t.await {
+                            return storage_error(&e).frame(proto);
+                        }
                     }
                     return streams_reply(vec![(p.keys[fired].clone(), entries)], proto)
                         .frame(proto);
@@ -761,7 +776,9 @@ impl RespSession {
                     // last id passes its own.
                     Ok(r) if !r.entries.is_empty() || r.last_id > Some(after[fired]) => {
                         if let Some(t) = r.visible {
-                            let _ = t.await;
+                            if let Err(e) = t.await {
+                                return storage_error(&e).frame(proto);
+                            }
                         }
                         return streams_reply(vec![(p.keys[fired].clone(), r.entries)], proto)
                             .frame(proto);
@@ -1050,11 +1067,14 @@ pub(crate) fn shows_names(command: &[Bytes]) -> bool {
     is(b"exists") || is(b"type") || is(b"keys") || is(b"scan") || is(b"dbsize")
 }
 
-/// Waits for the flush of `tickets` (reads: a failed log ends them too).
-pub(crate) async fn flushed(tickets: Vec<Ticket>) {
+/// Waits for the flush of `tickets` (reads' tickets): the error to reply
+/// instead if one will never come (under `always`, its log failed: see
+/// [`ShardLog::read_ticket`](crate::store::ShardLog::read_ticket)).
+pub(crate) async fn flushed(tickets: Vec<Ticket>) -> Result<(), Reply> {
     for t in tickets {
-        let _ = t.await;
+        t.await.map_err(|e| storage_error(&e))?;
     }
+    Ok(())
 }
 
 /// When a `BLOCK ms` read gives up (`0`: never).

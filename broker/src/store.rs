@@ -21,7 +21,7 @@ use mailring::buf::AlignedBuf;
 
 use crate::id::StreamId;
 use crate::log::{self, Loc, Record};
-use crate::stream::Fields;
+use crate::stream::{Fields, Stream};
 
 pub mod reader;
 mod recover;
@@ -111,6 +111,12 @@ pub struct StoreConfig {
     /// records count too: a stream whose snapshot (its groups' pending
     /// entries) is larger keeps its old segments.
     pub max_record_bytes: u64,
+    /// At start, cut a segment that is not its log's last at a bad record
+    /// (losing what follows it there) instead of refusing to start: for
+    /// a disk that damaged flushed data (the `--repair-log` flag). A torn
+    /// or corrupt tail of a log's last segment, what a crash leaves, is
+    /// cut either way.
+    pub repair_log: bool,
     /// Crash tests only: a gate every flush waits on.
     pub sync_gate: Option<SyncGate>,
 }
@@ -126,6 +132,7 @@ impl Default for StoreConfig {
             direct_block: DIRECT_BLOCK,
             stream_cache_bytes: DEFAULT_STREAM_CACHE,
             max_record_bytes: log::MAX_RECORD as u64,
+            repair_log: false,
             sync_gate: None,
         }
     }
@@ -162,6 +169,12 @@ pub enum StorageError {
 struct Marks {
     done: AtomicU64,
     failed: AtomicBool,
+    /// Under `always`: a read of what the log failed to flush fails too
+    /// (its reply would show a change that is not on disk, and never will
+    /// be: Redis exits there). Under `everysec` and `no` reads go on, as
+    /// Redis's do after a failed flush (their replies never waited for
+    /// one).
+    reads_fail: bool,
     state: Mutex<MarksState>,
 }
 
@@ -220,8 +233,9 @@ impl Marks {
 pub struct Ticket {
     marks: Arc<Marks>,
     lsn: u64,
-    /// A read's ticket: it completes with `Ok` when the log failed too
-    /// (what the read shows is in memory; reads go on on a failed log).
+    /// A read's ticket: under `everysec` and `no` it completes with `Ok`
+    /// when the log failed too (what the read shows is in memory; reads
+    /// go on on a failed log); under `always` with the log's error.
     read: bool,
 }
 
@@ -273,7 +287,11 @@ impl Future for Ticket {
             return Poll::Ready(Ok(()));
         }
         if let Some(e) = &s.failed {
-            return Poll::Ready(if self.read { Ok(()) } else { Err(e.clone()) });
+            return Poll::Ready(if self.read && !marks.reads_fail {
+                Ok(())
+            } else {
+                Err(e.clone())
+            });
         }
         let lsn = self.lsn;
         // Polled again by the same task: its waker is there already. Two
@@ -489,7 +507,10 @@ impl ShardLog {
                 .clamp(MIN_MAX_RECORD, log::MAX_RECORD as u64),
             pending: RefCell::new(pending),
             flusher: Cell::new(None),
-            marks: Arc::new(Marks::default()),
+            marks: Arc::new(Marks {
+                reads_fail: config.fsync == Fsync::Always,
+                ..Marks::default()
+            }),
             durable,
             gate: config.sync_gate.clone(),
             preallocate: config.preallocate,
@@ -706,41 +727,23 @@ impl ShardLog {
             read: false,
         };
         written.await.map_err(io::Error::other)?;
-        let mut out = RecoveredStream::empty(self.log_no);
-        let segments = self.retention.borrow().segment_list();
-        for segment in segments {
-            let path = self.dir.join(log::segment_file_name(segment));
-            let data = match mailring::fs::read(&path).await {
-                Ok(data) => data,
-                // Removed meanwhile: older than anything the stream needs.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            };
-            // The tail may be a write in flight for another stream: the
-            // scan stops there, after every record of this one.
-            let source = &self.source;
-            log::scan_segment_each(Bytes::from(data), |offset, record| {
-                if record.stream == name {
-                    out.op_no = record.op_no;
-                    recover::replay(&mut out, record.op, Loc::new(segment, offset));
-                    if let Some(s) = out.stream.as_mut() {
-                        if !s.has_source() {
-                            s.set_source(source.clone());
-                        }
-                        if s.cached_bytes() > cache_bytes {
-                            s.settle(cache_bytes, Loc::MAX);
-                        }
-                    }
+        let source = &self.source;
+        replay_segments(
+            name,
+            self.log_no,
+            &self.dir,
+            || self.retention.borrow().segment_list(),
+            |path| async move { mailring::fs::read(&path).await },
+            |s| {
+                if !s.has_source() {
+                    s.set_source(source.clone());
                 }
-            })
-            .map_err(|e| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{}: {e}", path.display()),
-                )
-            })?;
-        }
-        Ok(out)
+                if s.cached_bytes() > cache_bytes {
+                    s.settle(cache_bytes, Loc::MAX);
+                }
+            },
+        )
+        .await
     }
 
     /// A ticket that is complete already (for a change that another
@@ -756,7 +759,9 @@ impl ShardLog {
     /// For a read of what appends up to `lsn` changed: a ticket that
     /// completes once they are flushed (per the policy), or `None` when
     /// they are. Redis writes no reply before the flush that covers the
-    /// writes it shows; a failed log completes it too (reads go on).
+    /// writes it shows. On a failed log it completes with the log's error
+    /// under `always` (what it shows will never be flushed), with `Ok`
+    /// under the other policies (reads go on).
     pub fn read_ticket(&self, lsn: u64) -> Option<Ticket> {
         (self.marks.done.load(Ordering::Acquire) < lsn).then(|| Ticket {
             marks: self.marks.clone(),
@@ -1347,6 +1352,67 @@ pub fn shard_log(broker: u64) -> Option<Rc<ShardLog>> {
     })
 }
 
+/// Replays stream `name`'s records from the log's segments in `dir`,
+/// oldest first (`list` gives the segments on disk, `read` a file's
+/// bytes, `keep` is called on the stream after each of its records).
+///
+/// Segments may be removed while they are read (the log's collector runs
+/// between reads; it removes the oldest first). A segment missing before
+/// any was read is older than anything the stream needs and is skipped;
+/// one missing after others were replayed means those were removed too,
+/// and the stream's records in them may be undone by records in the
+/// missing one (a trim, a deletion), so the replay starts over from the
+/// segments on disk now.
+async fn replay_segments<R, F>(
+    name: &[u8],
+    log_no: u16,
+    dir: &Path,
+    list: impl Fn() -> Vec<u32>,
+    read: R,
+    mut keep: impl FnMut(&mut Stream),
+) -> io::Result<RecoveredStream>
+where
+    R: Fn(PathBuf) -> F,
+    F: Future<Output = io::Result<Vec<u8>>>,
+{
+    'pass: loop {
+        let mut out = RecoveredStream::empty(log_no);
+        let mut read_any = false;
+        for segment in list() {
+            let path = dir.join(log::segment_file_name(segment));
+            let data = match read(path.clone()).await {
+                Ok(data) => data,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    if read_any {
+                        continue 'pass;
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            read_any = true;
+            // The tail may be a write in flight for another stream: the
+            // scan stops there, after every record of this one.
+            log::scan_segment_each(Bytes::from(data), |offset, record| {
+                if record.stream == name {
+                    out.op_no = record.op_no;
+                    recover::replay(&mut out, record.op, Loc::new(segment, offset));
+                    if let Some(s) = out.stream.as_mut() {
+                        keep(s);
+                    }
+                }
+            })
+            .map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: {e}", path.display()),
+                )
+            })?;
+        }
+        return Ok(out);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1406,5 +1472,107 @@ mod tests {
             Poll::Ready(Err(StorageError::Closed))
         ));
         assert!(matches!(marks.failed(), Some(StorageError::Closed)));
+    }
+
+    /// A segment image: its header and `records`, framed.
+    fn segment_image(segment: u32, records: Vec<Record>) -> Vec<u8> {
+        let mut buf = BytesMut::from(&log::segment_header(0, segment)[..]);
+        for r in records {
+            r.encode(&mut buf);
+        }
+        buf.to_vec()
+    }
+
+    fn record(op_no: u64, op: log::Op) -> Record {
+        Record {
+            stream: Bytes::from_static(b"s"),
+            op_no,
+            op,
+        }
+    }
+
+    #[test]
+    fn a_read_back_that_finds_a_segment_removed_after_others_starts_over() {
+        // Segment 3 adds two entries, 4 trims them, 5 adds a third; 3 and
+        // 4 go (no stream needs them once 5 is flushed) between the read
+        // of 3 and that of 4. Skipping 4 would bring the trimmed entries
+        // back.
+        let add = |n: u64| log::Op::Add {
+            id: StreamId::new(n, 0),
+            fields: Fields::from_parts(&[&b"f"[..], &b"v"[..]]),
+        };
+        let files: HashMap<u32, Vec<u8>> = HashMap::from([
+            (
+                3,
+                segment_image(3, vec![record(1, add(1)), record(2, add(2))]),
+            ),
+            (
+                4,
+                segment_image(
+                    4,
+                    vec![record(
+                        3,
+                        log::Op::TrimThrough {
+                            through: StreamId::new(2, 0),
+                        },
+                    )],
+                ),
+            ),
+            (5, segment_image(5, vec![record(4, add(3))])),
+        ]);
+        let removed = Cell::new(false);
+        let reads = RefCell::new(Vec::new());
+        let dir = Path::new("/nonexistent-log");
+        let replay = replay_segments(
+            b"s",
+            0,
+            dir,
+            || {
+                if removed.get() {
+                    vec![5]
+                } else {
+                    vec![3, 4, 5]
+                }
+            },
+            |path: PathBuf| {
+                let segment = (3..=5)
+                    .find(|&n| path == dir.join(log::segment_file_name(n)))
+                    .expect("a segment of the list");
+                reads.borrow_mut().push(segment);
+                // Removed right after the first read of segment 3.
+                let found = !(removed.get() && segment < 5);
+                if segment == 3 {
+                    removed.set(true);
+                }
+                let data = files[&segment].clone();
+                async move {
+                    if found {
+                        Ok(data)
+                    } else {
+                        Err(io::Error::from(io::ErrorKind::NotFound))
+                    }
+                }
+            },
+            |_| {},
+        );
+        let mut replay = std::pin::pin!(replay);
+        let mut cx = Context::from_waker(Waker::noop());
+        let Poll::Ready(out) = replay.as_mut().poll(&mut cx) else {
+            panic!("no read waits");
+        };
+        let out = out.expect("replayed");
+        let stream = out.stream.expect("the stream exists");
+        let ids: Vec<StreamId> = stream
+            .range(StreamId::MIN, StreamId::MAX, None, false)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(
+            ids,
+            vec![StreamId::new(3, 0)],
+            "only the entry after the trim"
+        );
+        assert_eq!(out.op_no, 4);
+        assert_eq!(*reads.borrow(), vec![3, 4, 5], "started over at 5");
     }
 }

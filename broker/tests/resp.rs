@@ -1182,6 +1182,66 @@ fn a_torn_or_corrupt_tail_in_a_preallocated_segment_is_cut_too() {
     torn_and_corrupt_tails(true);
 }
 
+#[test]
+fn a_bad_record_in_a_segment_before_the_last_stops_the_start_unless_repair_is_asked() {
+    let dir = TempDir::new();
+    let config = || {
+        let mut config = BrokerConfig::default();
+        config.store.segment_bytes = 32 << 10;
+        config
+    };
+    {
+        let broker = start_in(&dir.0, 1, config());
+        let mut c = Client::connect(broker.local_addr());
+        let value = "v".repeat(2000);
+        for j in 1..=60 {
+            let id = format!("1-{j}");
+            assert_eq!(c.cmd(&["XADD", "s", &id, "f", &value]), R::bulk(&id));
+        }
+        broker.shutdown();
+    }
+    let segments = common::segment_files(&dir.0);
+    assert!(segments.len() >= 3, "{segments:?}");
+    // A flipped bit inside the first record of the first segment: flushed
+    // data damaged, not a crash's torn tail.
+    let first = &segments[0];
+    let mut data = std::fs::read(first).unwrap();
+    let len = data.len() as u64;
+    data[16 + 8 + 40] ^= 0x04;
+    std::fs::write(first, &data).unwrap();
+    let mut plain = config();
+    plain.addr = "127.0.0.1:0".parse().unwrap();
+    plain.shards = 1;
+    plain.store.dir = dir.0.clone();
+    match Broker::start(plain.clone()) {
+        Ok(_) => panic!("started past a corrupt record before the last segment"),
+        Err(e) => {
+            let text = e.to_string();
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{text}");
+            assert!(text.contains("not its log's last"), "{text}");
+            assert!(text.contains("--repair-log"), "{text}");
+        }
+    }
+    assert_eq!(std::fs::read(first).unwrap(), data, "nothing changed");
+    // Asked to repair: that segment is cut at the bad record, the rest
+    // recovered.
+    let mut repair = plain;
+    repair.store.repair_log = true;
+    let broker = Broker::start(repair).expect("start with --repair-log");
+    assert_eq!(broker.recovery().cut, vec![(first.clone(), len - 16)]);
+    let mut c = Client::connect(broker.local_addr());
+    let R::Int(left) = c.cmd(&["XLEN", "s"]) else {
+        panic!("XLEN");
+    };
+    assert!(0 < left && left < 60, "{left}");
+    assert_eq!(
+        c.cmd(&["XADD", "s", "1-61", "f", "after"]),
+        R::bulk("1-61"),
+        "the stream goes on"
+    );
+    broker.shutdown();
+}
+
 /// Sends `XADD key 1-i f value(i)` for every `i` in one write, then checks
 /// each reply is its id.
 fn xadd_pipelined(
@@ -2608,6 +2668,62 @@ fn until_info(c: &mut Client, line: &str) {
 /// Waits until a flush is held at `gate` (the write sent before has run).
 fn until_held(gate: &SyncGate) {
     eventually("a flush held", || gate.holding());
+}
+
+#[test]
+fn under_always_a_read_of_a_change_the_log_failed_to_write_gets_the_error() {
+    // Redis exits when a flush fails under `always`; the broker refuses
+    // writes from then on, and a reply that would show a change the log
+    // never wrote (to a reader served by it, to one that read it while
+    // its write was held) gets the log's error instead. What was flushed
+    // before is still read.
+    let dir = TempDir::new();
+    let gate = SyncGate::new();
+    let mut config = BrokerConfig::default();
+    config.store.sync_gate = Some(gate.clone());
+    let broker = start_in(&dir.0, 1, config);
+    let _open = OpenOnDrop(gate.clone());
+    let addr = broker.local_addr();
+    let mut c = Client::connect(addr);
+    assert_eq!(c.cmd(&["XADD", "s", "1-0", "f", "v"]), R::bulk("1-0"));
+    assert_eq!(c.cmd(&["XADD", "t", "1-0", "f", "v"]), R::bulk("1-0"));
+    let mut blocked = Client::connect(addr);
+    blocked.send_raw(&encode(&[b"XREAD", b"BLOCK", b"0", b"STREAMS", b"s", b"$"]));
+    until_info(&mut c, "blocked_clients:1");
+    gate.close();
+    c.send_raw(&encode(&[b"XADD", b"s", b"2-0", b"f", b"lost"]));
+    until_held(&gate);
+    let mut reader = Client::connect(addr);
+    reader.send_raw(&encode(&[b"XRANGE", b"s", b"-", b"+"]));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(nothing_to_read(&mut blocked), "served before the flush");
+    assert!(nothing_to_read(&mut reader), "answered before the flush");
+    gate.fail_flushes();
+    gate.open();
+    for (who, client) in [
+        ("writer", &mut c),
+        ("blocked reader", &mut blocked),
+        ("reader", &mut reader),
+    ] {
+        match client.read() {
+            R::Error(e) => assert!(e.starts_with("MISCONF"), "{who}: {e}"),
+            other => panic!("{who} got {other:?} for a change the log failed to write"),
+        }
+    }
+    assert_eq!(
+        c.cmd(&["XRANGE", "t", "-", "+"]),
+        R::Array(vec![R::Array(vec![
+            R::bulk("1-0"),
+            R::Array(vec![R::bulk("f"), R::bulk("v")])
+        ])]),
+        "what was flushed before is read"
+    );
+    assert!(
+        matches!(c.cmd(&["XADD", "t", "2-0", "f", "v"]), R::Error(e) if e.starts_with("MISCONF"))
+    );
+    assert_eq!(c.cmd(&["PING"]), R::Status("PONG".into()));
+    drop(_open);
+    broker.shutdown();
 }
 
 #[test]

@@ -190,8 +190,11 @@ impl RespSession {
                 let reply = Reply::array_in_protocols(replies, &protos);
                 let unflushed = shared.catalog.unflushed();
                 async move {
-                    super::flushed(unflushed).await;
-                    reply.frame(proto)
+                    match super::flushed(unflushed).await {
+                        Ok(()) => reply,
+                        Err(e) => e,
+                    }
+                    .frame(proto)
                 }
             });
             cx.hold_frames_until_replied();
@@ -274,7 +277,9 @@ impl RespSession {
                         if shows_names {
                             // What it read of the names may still be
                             // flushing.
-                            super::flushed(shared.catalog.unflushed()).await;
+                            if let Err(e) = super::flushed(shared.catalog.unflushed()).await {
+                                return e.frame(proto);
+                            }
                         }
                         match replies {
                             Ok(replies) => replies.into_iter(),

@@ -142,8 +142,9 @@ pub fn recover(
     shards: usize,
     segment_bytes: u64,
     cache_bytes: u64,
+    repair: bool,
 ) -> io::Result<Recovered> {
-    recover_or_rewrite(dir, shards, segment_bytes, cache_bytes, true)
+    recover_or_rewrite(dir, shards, segment_bytes, cache_bytes, repair, true)
 }
 
 /// [`recover`]; `may_rewrite`: false for the read after a rewrite, which
@@ -153,6 +154,7 @@ fn recover_or_rewrite(
     shards: usize,
     segment_bytes: u64,
     cache_bytes: u64,
+    repair: bool,
     may_rewrite: bool,
 ) -> io::Result<Recovered> {
     let started = Instant::now();
@@ -234,11 +236,11 @@ fn recover_or_rewrite(
     let streamed = if gen == 0 {
         None
     } else {
-        read_generation_streamed(&source, cache_bytes)?
+        read_generation_streamed(&source, cache_bytes, repair)?
     };
     let mut out = match streamed {
         Some(out) => out,
-        None => read_generation(&source)?,
+        None => read_generation(&source, repair)?,
     };
     out.dir = source.clone();
     // A stream lives on the shard of the log that holds it, whichever
@@ -258,13 +260,15 @@ fn recover_or_rewrite(
         }
         let next = dir.join(gen_dir_name(gen + 1));
         rewrite(&out, &next, shards, segment_bytes)?;
+        // The new generation's entry is durable before the old one goes.
+        sync_dir(dir)?;
         if gen == 0 {
             remove_legacy_logs(dir)?;
         } else {
             std::fs::remove_dir_all(&source)?;
         }
         sync_dir(dir)?;
-        let mut again = recover_or_rewrite(dir, shards, segment_bytes, cache_bytes, false)?;
+        let mut again = recover_or_rewrite(dir, shards, segment_bytes, cache_bytes, repair, false)?;
         again.migrated = true;
         again.cut = out.cut;
         again.elapsed = started.elapsed();
@@ -328,9 +332,18 @@ const REWRITE_CHUNK: u64 = 4096;
 
 /// Reads one segment file for recovery, handing each record (decoded
 /// from its own copy) and its offset to `f`: cuts a torn or corrupt tail
-/// and flushes the file.
+/// of its log's last segment (`last`) and flushes the file.
+///
+/// Only the last segment can be torn by a crash: a segment is flushed
+/// before its successor takes a record. A bad record in an earlier one is
+/// damage to flushed data (the disk, or a hand that changed the file),
+/// and what follows it in that segment was acknowledged: recovery stops
+/// there with an error, changing nothing, unless `repair` (the
+/// `--repair-log` flag) says to cut that segment at the bad record too.
 fn read_segment(
     path: &Path,
+    last: bool,
+    repair: bool,
     out: &mut Recovered,
     mut f: impl FnMut(u64, Record),
 ) -> io::Result<()> {
@@ -347,6 +360,18 @@ fn read_segment(
             format!("{}: {e}", path.display()),
         )
     })?;
+    if scan.tail != Tail::Clean && !last && !repair {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{}: a {} record at byte {} of {len}, in a segment that is not its log's last (flushed before its successor was written: not a crash's torn write); nothing was changed. Restore the file, or start with --repair-log to cut this segment there (losing the {} bytes after it)",
+                path.display(),
+                if scan.tail == Tail::Torn { "truncated" } else { "corrupt" },
+                scan.valid_len,
+                len - scan.valid_len,
+            ),
+        ));
+    }
     // A clean end may be followed by zeros (a preallocated segment): only
     // a torn or corrupt tail is cut.
     let file = std::fs::OpenOptions::new().write(true).open(path)?;
@@ -394,17 +419,22 @@ fn numbered_entries<N: Ord>(
 /// stream's newest entries in memory (the rest are read back from the
 /// segments when needed). `None` if a stream turns up in two logs or out
 /// of order: that generation is read whole ([`read_generation`]).
-fn read_generation_streamed(gen_dir: &Path, cache_bytes: u64) -> io::Result<Option<Recovered>> {
+fn read_generation_streamed(
+    gen_dir: &Path,
+    cache_bytes: u64,
+    repair: bool,
+) -> io::Result<Option<Recovered>> {
     let mut out = Recovered::default();
     for (log_no, log_dir) in log_dirs(gen_dir)? {
         let source = SegmentSource::new(log_dir.clone());
         let segments = segment_files(&log_dir)?;
         out.segments
             .insert(log_no, segments.iter().map(|(s, _)| *s).collect());
-        for (seg, path) in segments {
+        let count = segments.len();
+        for (i, (seg, path)) in segments.into_iter().enumerate() {
             let mut streams = std::mem::take(&mut out.streams);
             let mut mixed = false;
-            read_segment(&path, &mut out, |offset, record| {
+            read_segment(&path, i + 1 == count, repair, &mut out, |offset, record| {
                 if mixed {
                     return;
                 }
@@ -453,15 +483,16 @@ fn read_generation_streamed(gen_dir: &Path, cache_bytes: u64) -> io::Result<Opti
 type Located = (u64, u16, u32, Op);
 
 /// Reads every log of one generation and replays its streams.
-fn read_generation(gen_dir: &Path) -> io::Result<Recovered> {
+fn read_generation(gen_dir: &Path, repair: bool) -> io::Result<Recovered> {
     let mut out = Recovered::default();
     let mut per_stream: HashMap<Bytes, Vec<Located>> = HashMap::new();
     for (log_no, log_dir) in log_dirs(gen_dir)? {
         let segments = segment_files(&log_dir)?;
         out.segments
             .insert(log_no, segments.iter().map(|(s, _)| *s).collect());
-        for (seg, path) in segments {
-            read_segment(&path, &mut out, |_, r| {
+        let count = segments.len();
+        for (i, (seg, path)) in segments.into_iter().enumerate() {
+            read_segment(&path, i + 1 == count, repair, &mut out, |_, r| {
                 per_stream
                     .entry(r.stream)
                     .or_default()
@@ -597,6 +628,9 @@ struct Writer {
     file: Option<File>,
     pos: u64,
     limit: u64,
+    /// The largest record body it writes ([`log::MAX_RECORD`], what
+    /// recovery reads).
+    max_record: usize,
     buf: BytesMut,
 }
 
@@ -611,6 +645,7 @@ impl Writer {
             file: None,
             pos: 0,
             limit,
+            max_record: log::MAX_RECORD,
             buf: BytesMut::new(),
         })
     }
@@ -618,6 +653,20 @@ impl Writer {
     fn write(&mut self, record: &Record) -> io::Result<()> {
         self.buf.clear();
         record.encode(&mut self.buf);
+        // Recovery would take a larger record for corrupt and cut the
+        // segment there: the rewrite stops first, before the generation
+        // it was made from is touched.
+        if !log::record_fits(self.buf.len(), self.max_record) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "rewriting the logs for another shard count: stream {:?}'s record of {} bytes is over the {} bytes a record may hold (its groups' pending entries); start with the shard count the logs were written for",
+                    String::from_utf8_lossy(&record.stream),
+                    self.buf.len(),
+                    self.max_record,
+                ),
+            ));
+        }
         let len = self.buf.len() as u64;
         if self.file.is_none() || (self.pos > log::HEADER_LEN as u64 && self.pos + len > self.limit)
         {
@@ -710,7 +759,42 @@ mod tests {
     use bytes::Bytes;
     use mailring_actors::{route_hash, RouteHasher};
 
-    use super::split_by_route_hash;
+    use super::{split_by_route_hash, Writer};
+    use crate::id::StreamId;
+    use crate::log::{self, Op, Record};
+    use crate::stream::Fields;
+
+    #[test]
+    fn a_rewrite_refuses_a_record_recovery_would_take_for_corrupt() {
+        let dir = std::env::temp_dir().join(format!("mailring-rewrite-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut w = Writer::new(&dir, 0, 1 << 20).unwrap();
+        w.max_record = 64;
+        let record = |value: &[u8]| Record {
+            stream: Bytes::from_static(b"s"),
+            op_no: 1,
+            op: Op::Add {
+                id: StreamId::new(1, 0),
+                fields: Fields::from_parts(&[&b"f"[..], value]),
+            },
+        };
+        w.write(&record(b"small"))
+            .expect("a record within the limit");
+        let e = w.write(&record(&[b'x'; 100])).expect_err("over the limit");
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("shard count"), "{e}");
+        w.finish().unwrap();
+        // Nothing of the refused record reached the segment.
+        let data = std::fs::read(
+            dir.join(log::log_dir_name(0))
+                .join(log::segment_file_name(1)),
+        )
+        .unwrap();
+        let scan = log::scan_segment(bytes::Bytes::from(data)).unwrap();
+        assert_eq!(scan.records.len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     /// Two 16-byte names with one route hash: the hasher mixes a word at
     /// a time into its state, so a second word that cancels the first
