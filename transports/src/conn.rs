@@ -370,6 +370,15 @@ pub struct Framed<C: Codec> {
     rbuf: BytesMut,
     wbuf: BytesMut,
     eof: bool,
+    /// Frames encoded (fed or sent) and frames decoded so far: a pool
+    /// tells from them whether every request had its reply.
+    frames_out: u64,
+    frames_in: u64,
+    /// A send or receive is under way: set before its wait, cleared after.
+    /// Still set once the connection is idle again, the operation's
+    /// future was dropped mid-way (part of a frame may be on the wire, or
+    /// bytes taken from the socket lost).
+    in_io: bool,
 }
 
 impl<C: Codec> Framed<C> {
@@ -507,6 +516,9 @@ impl<C: Codec> Framed<C> {
             rbuf: BytesMut::new(),
             wbuf: BytesMut::new(),
             eof: false,
+            frames_out: 0,
+            frames_in: 0,
+            in_io: false,
         }
     }
 
@@ -516,7 +528,9 @@ impl<C: Codec> Framed<C> {
     ///
     /// The codec's refusal.
     pub fn feed(&mut self, frame: C::Out) -> Result<(), CodecError> {
-        self.codec.encode(frame, &mut self.wbuf)
+        self.codec.encode(frame, &mut self.wbuf)?;
+        self.frames_out += 1;
+        Ok(())
     }
 
     /// Sends what [`feed`](Self::feed) buffered.
@@ -528,7 +542,9 @@ impl<C: Codec> Framed<C> {
         if self.wbuf.is_empty() {
             return Ok(());
         }
+        self.in_io = true;
         let (res, _) = self.conn.send_all(self.wbuf.split().freeze()).await;
+        self.in_io = false;
         res
     }
 
@@ -552,6 +568,7 @@ impl<C: Codec> Framed<C> {
     pub async fn recv(&mut self) -> Result<Option<C::In>, FramedError> {
         loop {
             if let Some(frame) = self.codec.decode(&mut self.rbuf)? {
+                self.frames_in += 1;
                 return Ok(Some(frame));
             }
             if self.eof {
@@ -562,7 +579,9 @@ impl<C: Codec> Framed<C> {
             }
             self.rbuf.reserve(16 << 10);
             let tail = self.rbuf.split_off(self.rbuf.len());
+            self.in_io = true;
             let (res, tail) = self.conn.recv(tail).await;
+            self.in_io = false;
             self.rbuf.unsplit(tail);
             if res? == 0 {
                 self.eof = true;
@@ -580,6 +599,19 @@ impl<C: Codec> Framed<C> {
     /// for (see `Conn::fit_for_reuse`).
     pub(crate) fn fit_for_reuse(&self) -> bool {
         !self.eof && self.rbuf.is_empty() && self.wbuf.is_empty() && self.conn.fit_for_reuse()
+    }
+
+    /// Frames encoded and frames decoded so far (see [`Framed::between_exchanges`]).
+    pub(crate) fn frames(&self) -> (u64, u64) {
+        (self.frames_out, self.frames_in)
+    }
+
+    /// Whether the connection sits between request-reply exchanges since
+    /// `at` (its [`Framed::frames`] then): no send or receive was cut off
+    /// mid-way, and as many replies came as requests went (more may have
+    /// come: a greeting).
+    pub(crate) fn between_exchanges(&self, at: (u64, u64)) -> bool {
+        !self.in_io && self.frames_out - at.0 <= self.frames_in - at.1
     }
 
     /// Closes the sending side (the peer reads the end after what was sent).

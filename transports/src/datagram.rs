@@ -220,6 +220,7 @@ struct Counters {
     panicked: AtomicU64,
     send_errors: AtomicU64,
     oversized: AtomicU64,
+    quiet_peer_looks: AtomicU64,
 }
 
 /// A snapshot of one shard's datagram counters.
@@ -251,6 +252,11 @@ pub struct DatagramShardStats {
     pub send_errors: u64,
     /// Datagrams longer than [`DatagramConfig::max_datagram`], dropped.
     pub oversized: u64,
+    /// Passes over the remembered peers, with their table at its bound,
+    /// for quiet ones to forget to make room for a newcomer (each looks
+    /// at them all; a flood of newcomers to a full table costs one pass
+    /// per eighth of the quiet time, not one each).
+    pub quiet_peer_looks: u64,
 }
 
 impl Counters {
@@ -269,6 +275,7 @@ impl Counters {
             panicked: get(&self.panicked),
             send_errors: get(&self.send_errors),
             oversized: get(&self.oversized),
+            quiet_peer_looks: get(&self.quiet_peer_looks),
         }
     }
 }
@@ -325,6 +332,10 @@ struct Table<S: DatagramSession> {
     sessions: HashMap<S::Key, Rc<Slot>>,
     /// Peers seen here, with their key and when they were last heard.
     peers: HashMap<SocketAddr, (S::Key, Instant)>,
+    /// With `peers` at its bound and none quiet at the last look: no
+    /// peer can be quiet before this, so a newcomer is refused without
+    /// another look at them all.
+    none_quiet_until: Option<Instant>,
     /// The receive loop, woken to see a shutdown.
     loop_waker: Option<Waker>,
 }
@@ -563,6 +574,7 @@ async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocke
         socket: socket.clone(),
         sessions: HashMap::new(),
         peers: HashMap::new(),
+        none_quiet_until: None,
         loop_waker: None,
     }));
     TABLES.with(|tables| {
@@ -767,14 +779,35 @@ fn arrive<S: DatagramSession>(
         // ago); peers heard from more recently are kept (a later datagram
         // of theirs may not repeat the key), and the newcomer is refused.
         let mut t = t.borrow_mut();
-        if t.peers.len() >= shared.config.max_sessions.max(1)
-            && !forget_quiet_peers(&mut t.peers, now, shared.config.idle_timeout / 4)
-        {
-            shared
-                .counters(shard)
-                .over_capacity
-                .fetch_add(1, Ordering::Relaxed);
-            return;
+        if t.peers.len() >= shared.config.max_sessions.max(1) {
+            let quiet = shared.config.idle_timeout / 4;
+            let room = if t.none_quiet_until.is_some_and(|until| now < until) {
+                false
+            } else {
+                shared
+                    .counters(shard)
+                    .quiet_peer_looks
+                    .fetch_add(1, Ordering::Relaxed);
+                match forget_quiet_peers(&mut t.peers, now, quiet) {
+                    Ok(()) => true,
+                    Err(first_quiet) => {
+                        // Looked at again once one may be quiet, and not
+                        // before an eighth of the wait: a flood of
+                        // newcomers costs one look per period, not one
+                        // each.
+                        let next = first_quiet.max(mailring::time::deadline_in(quiet / 8));
+                        t.none_quiet_until = Some(next);
+                        false
+                    }
+                }
+            };
+            if !room {
+                shared
+                    .counters(shard)
+                    .over_capacity
+                    .fetch_add(1, Ordering::Relaxed);
+                return;
+            }
         }
         t.peers.insert(peer, (key.clone(), now));
     }
@@ -889,21 +922,24 @@ fn garbage<S: DatagramSession>(
 }
 
 /// Forgets remembered peers not heard from for `quiet` (at most a
-/// quarter of them, and at least one, the longest quiet first); whether
-/// any was. A table at its bound makes room in one pass, paid for by the
+/// quarter of them, and at least one, the longest quiet first). If none
+/// is quiet: the first moment one may be (the oldest heard from, plus
+/// `quiet`). A table at its bound makes room in one pass, paid for by the
 /// next quarter of new peers.
 fn forget_quiet_peers<K>(
     peers: &mut HashMap<SocketAddr, (K, Instant)>,
     now: Instant,
     quiet: Duration,
-) -> bool {
+) -> Result<(), Instant> {
+    let mut oldest = now;
     let mut seen: Vec<Instant> = peers
         .values()
         .map(|(_, last)| *last)
+        .inspect(|last| oldest = oldest.min(*last))
         .filter(|last| now.saturating_duration_since(*last) >= quiet)
         .collect();
     if seen.is_empty() {
-        return false;
+        return Err(oldest.checked_add(quiet).unwrap_or(now));
     }
     let forget = (peers.len() / 4).clamp(1, seen.len());
     let (_, cutoff, _) = seen.select_nth_unstable(forget - 1);
@@ -917,7 +953,7 @@ fn forget_quiet_peers<K>(
             true
         }
     });
-    true
+    Ok(())
 }
 
 /// Puts a datagram in its session's inbox on this (the key's) shard,
@@ -1078,9 +1114,6 @@ async fn run_session<S: DatagramSession>(
             .is_some_and(|s| Rc::ptr_eq(s, &slot))
         {
             table.sessions.remove(&key);
-        }
-        if reason == DatagramClose::IdleTimeout {
-            table.peers.retain(|_, (k, _)| *k != key);
         }
     }
     if reason == DatagramClose::IdleTimeout {

@@ -8,9 +8,12 @@
 //! the upstream again while the others still fail fast, and a connection
 //! that serves well starts the next backoff from its first step. An idle
 //! connection that the upstream closed, or sent bytes nobody asked for, is
-//! dropped rather than handed out. A connect or a wait that its caller
-//! drops gives its place back; the last clone of a pool dropped closes its
-//! idle connections on every shard.
+//! dropped rather than handed out, as is one dropped in the middle of an
+//! exchange (a request whose reply did not come, a send or receive cut
+//! off). [`Pool::request`] gives up on an upstream that does not answer
+//! after [`PoolConfig::request_timeout`]. A connect or a wait that its
+//! caller drops gives its place back; the last clone of a pool dropped
+//! closes its idle connections on every shard.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -82,6 +85,12 @@ pub struct PoolConfig {
     pub initial_backoff: Duration,
     /// The longest backoff. Default 10 s.
     pub max_backoff: Duration,
+    /// How long [`Pool::request`] waits for its exchange (the send and the
+    /// reply) before [`PoolError::RequestTimeout`]: an upstream that
+    /// stopped answering without closing (a hung process, a host gone
+    /// from the network) fails its callers instead of holding each
+    /// connection for good. The connection is dropped. Default 10 s.
+    pub request_timeout: Duration,
 }
 
 impl Default for PoolConfig {
@@ -93,6 +102,7 @@ impl Default for PoolConfig {
             checkout_timeout: Duration::from_secs(3),
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -142,6 +152,15 @@ pub enum PoolError {
     /// The upstream closed the connection before replying.
     #[error("upstream closed the connection before replying")]
     Closed,
+    /// No reply within [`PoolConfig::request_timeout`] (the connection is
+    /// dropped).
+    #[error("upstream {upstream} did not answer within {after:?}")]
+    RequestTimeout {
+        /// The upstream.
+        upstream: String,
+        /// The timeout.
+        after: Duration,
+    },
 }
 
 /// One shard's pool counters.
@@ -493,9 +512,9 @@ impl<C: Codec> Pool<C> {
             pool: self.clone(),
             local: local.clone(),
             shard,
+            at: framed.frames(),
             framed: Some(framed),
             discard: false,
-            mid_exchange: false,
         }
     }
 
@@ -587,28 +606,32 @@ impl<C: Codec> Pool<C> {
     /// [`PoolError::Closed`] when the exchange fails.
     pub async fn request(&self, frame: C::Out) -> Result<C::In, PoolError> {
         let mut conn = self.get().await?;
-        // Dropped before the reply (a caller's timeout): the connection
-        // may still get that reply, so it does not go back.
-        conn.mid_exchange = true;
-        let sent = conn.send(frame).await;
-        if let Err(e) = sent {
+        let after = self.shared.config.request_timeout;
+        // Dropped before the reply (a caller's own timeout, or this one):
+        // the connection may still get that reply, so it does not go back
+        // (see `Pooled`'s drop).
+        let exchange = async {
+            conn.send(frame)
+                .await
+                .map_err(|e| PoolError::Request(FramedError::Io(e)))?;
+            match conn.recv().await {
+                Ok(Some(reply)) => Ok(reply),
+                Ok(None) => Err(PoolError::Closed),
+                Err(e) => Err(PoolError::Request(e)),
+            }
+        };
+        let result = mailring::time::timeout(after, exchange)
+            .await
+            .unwrap_or_else(|_| {
+                Err(PoolError::RequestTimeout {
+                    upstream: format!("{:?}", self.shared.upstream),
+                    after,
+                })
+            });
+        if result.is_err() {
             conn.discard();
-            return Err(PoolError::Request(FramedError::Io(e)));
         }
-        match conn.recv().await {
-            Ok(Some(reply)) => {
-                conn.mid_exchange = false;
-                Ok(reply)
-            }
-            Ok(None) => {
-                conn.discard();
-                Err(PoolError::Closed)
-            }
-            Err(e) => {
-                conn.discard();
-                Err(PoolError::Request(e))
-            }
-        }
+        result
     }
 }
 
@@ -708,14 +731,22 @@ fn jittered(delay: Duration) -> Duration {
 /// A connection checked out of a [`Pool`], on this shard; back to the
 /// pool when dropped (unless [`discard`](Self::discard)ed). Derefs to the
 /// [`Framed`] connection.
+///
+/// It goes back only between exchanges: when every frame sent since the
+/// checkout has had its reply (a frame received for each; more is fine, a
+/// greeting) and no send or receive was cut off mid-way (its future
+/// dropped: part of a frame may be on the wire, or bytes read lost).
+/// Otherwise it is closed, so the next caller never reads a reply meant
+/// for another. A protocol whose requests do not each get one reply
+/// frame should [`discard`](Self::discard) or keep its own connections.
 pub struct Pooled<C: Codec> {
     pool: Pool<C>,
     local: Shard<C>,
     shard: ShardId,
     framed: Option<Framed<C>>,
     discard: bool,
-    /// A request was sent and its reply not read yet.
-    mid_exchange: bool,
+    /// The connection's frames out and in when it was checked out.
+    at: (u64, u64),
 }
 
 impl<C: Codec> fmt::Debug for Pooled<C> {
@@ -759,7 +790,7 @@ impl<C: Codec> Drop for Pooled<C> {
             counters.open.fetch_sub(1, Ordering::Relaxed);
             return;
         };
-        if self.discard || self.mid_exchange || framed.is_closed() {
+        if self.discard || !framed.between_exchanges(self.at) || framed.is_closed() {
             counters.discarded.fetch_add(1, Ordering::Relaxed);
             counters.open.fetch_sub(1, Ordering::Relaxed);
             l.open -= 1;

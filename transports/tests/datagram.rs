@@ -442,6 +442,36 @@ fn one_shard_room_for_two() -> (mailring::Runtime, DatagramConfig) {
 }
 
 #[test]
+fn a_flood_of_newcomers_to_a_full_peer_table_is_refused_without_a_look_at_every_peer_each() {
+    // Two peers heard from just now fill the table; none can be quiet for
+    // a quarter of the idle timeout (10 s here). Each newcomer is refused;
+    // only the first looks through the table for a quiet peer to forget.
+    let (rt, mut config) = one_shard_room_for_two();
+    config.idle_timeout = Duration::from_secs(40);
+    let (server, _closes) = per_peer_server(&rt, config);
+    let addr = server.local_addr();
+    let members: Vec<UdpSocket> = (0..2).map(|_| peer()).collect();
+    for p in &members {
+        let me = p.local_addr().unwrap();
+        assert_eq!(ask(p, addr, b"in"), format!("1 {me} in"));
+    }
+    let newcomers: Vec<UdpSocket> = (0..100).map(|_| peer()).collect();
+    for p in &newcomers {
+        p.send_to(b"let me in", addr).unwrap();
+    }
+    wait_until("100 refusals", || {
+        total(&server.stats(), |s| s.over_capacity) == 100
+    });
+    assert_eq!(total(&server.stats(), |s| s.quiet_peer_looks), 1);
+    // The members are still served.
+    for p in &members {
+        let me = p.local_addr().unwrap();
+        assert_eq!(ask(p, addr, b"still"), format!("2 {me} still"));
+    }
+    rt.block_on(server.shutdown());
+}
+
+#[test]
 fn a_session_that_closes_gives_back_its_place_and_its_queued_datagrams_go_to_a_new_one() {
     // One shard: every peer is remembered by the same socket's table.
     let (rt, mut config) = one_shard_room_for_two();

@@ -25,7 +25,8 @@ fn runtime() -> mailring::Runtime {
         .expect("io_uring available")
 }
 
-/// Echoes; a frame starting `slow` is answered after 300 ms.
+/// Echoes; a frame starting `slow` is answered after 300 ms, one starting
+/// `hang` never.
 struct Upstreamish;
 
 impl Session for Upstreamish {
@@ -36,6 +37,8 @@ impl Session for Upstreamish {
         if frame.starts_with(b"last") {
             cx.send_frame(frame);
             cx.close();
+        } else if frame.starts_with(b"hang") {
+            cx.reply_later(std::future::pending());
         } else if frame.starts_with(b"slow") {
             cx.reply_later(async move {
                 mailring::time::sleep(Duration::from_millis(300)).await;
@@ -80,6 +83,34 @@ fn one_connection_pool(server: &Server<Upstreamish>, checkout: Duration) -> Pool
     c.max_waiting = 1;
     c.checkout_timeout = checkout;
     pool_to(server, c)
+}
+
+/// A runtime, an upstream on it, and a pool of one connection per shard
+/// to it (the tests' config, changed by `tune`).
+fn one_upstream_connection(
+    tune: impl FnOnce(&mut PoolConfig),
+) -> (
+    mailring::Runtime,
+    Server<Upstreamish>,
+    Pool<LengthDelimited>,
+) {
+    let rt = runtime();
+    let server = upstream(&rt, "127.0.0.1:0".parse().unwrap());
+    let mut c = config();
+    c.max_connections = 1;
+    tune(&mut c);
+    let pool = pool_to(&server, c);
+    (rt, server, pool)
+}
+
+/// Asserts that a request of `frame` gets its own echo (not a reply
+/// meant for another caller).
+async fn echoed(p: &Pool<LengthDelimited>, frame: &'static [u8]) {
+    assert_eq!(
+        p.request(Bytes::from_static(frame)).await.unwrap(),
+        frame,
+        "a request got another's reply"
+    );
 }
 
 /// Lets the shard's other local tasks run up to their next wait.
@@ -313,11 +344,7 @@ fn tls_and_unix_upstreams() {
 
 #[test]
 fn a_request_abandoned_mid_way_does_not_hand_its_reply_to_the_next_caller() {
-    let rt = runtime();
-    let server = upstream(&rt, "127.0.0.1:0".parse().unwrap());
-    let mut c = config();
-    c.max_connections = 1;
-    let pool = pool_to(&server, c);
+    let (rt, server, pool) = one_upstream_connection(|_| {});
     let p = pool.clone();
     on(&rt, 0, move || async move {
         let cut = mailring::time::timeout(
@@ -327,10 +354,56 @@ fn a_request_abandoned_mid_way_does_not_hand_its_reply_to_the_next_caller() {
         .await;
         assert!(cut.is_err(), "the caller gave up");
         // The next caller gets its own reply, on a new connection.
-        assert_eq!(
-            p.request(Bytes::from_static(b"fast")).await.unwrap(),
-            &b"fast"[..]
-        );
+        echoed(&p, b"fast").await;
+    });
+    let s = &pool.stats()[0];
+    assert_eq!((s.connects, s.discarded), (2, 1));
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn a_connection_dropped_mid_exchange_after_a_checkout_is_not_handed_to_the_next_caller() {
+    let (rt, server, pool) = one_upstream_connection(|_| {});
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        // A request sent through `get`, its caller gone before the reply
+        // (a task aborted, an outer timeout).
+        let mut conn = p.get().await.unwrap();
+        conn.send(Bytes::from_static(b"slow one")).await.unwrap();
+        drop(conn);
+        echoed(&p, b"fast").await;
+        // A receive cut off mid-way.
+        let mut conn = p.get().await.unwrap();
+        conn.send(Bytes::from_static(b"slow two")).await.unwrap();
+        let cut = mailring::time::timeout(Duration::from_millis(50), conn.recv()).await;
+        assert!(cut.is_err(), "the receive was cut off");
+        drop(conn);
+        echoed(&p, b"fast again").await;
+        // A whole exchange through `get` leaves it fit for the next.
+        let mut conn = p.get().await.unwrap();
+        conn.send(Bytes::from_static(b"mine")).await.unwrap();
+        assert_eq!(conn.recv().await.unwrap().unwrap(), &b"mine"[..]);
+    });
+    let s = &pool.stats()[0];
+    assert_eq!((s.connects, s.discarded), (3, 2));
+    assert_eq!(s.idle, 1, "the last one went back");
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn a_request_to_an_upstream_that_stops_answering_times_out_and_drops_its_connection() {
+    let (rt, server, pool) =
+        one_upstream_connection(|c| c.request_timeout = Duration::from_millis(200));
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        match p.request(Bytes::from_static(b"hang")).await {
+            Err(PoolError::RequestTimeout { after, .. }) => {
+                assert_eq!(after, Duration::from_millis(200));
+            }
+            other => panic!("a request nobody answers: {other:?}"),
+        }
+        // Its place is free again: the next caller gets a connection.
+        echoed(&p, b"fast").await;
     });
     let s = &pool.stats()[0];
     assert_eq!((s.connects, s.discarded), (2, 1));
