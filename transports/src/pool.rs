@@ -406,6 +406,9 @@ impl<C: Codec> Pool<C> {
         // The runtime's clock; a timeout past any instant saturates.
         let deadline = mailring::time::deadline_in(self.shared.config.checkout_timeout);
         let counters = self.counters(shard);
+        // Woken from the queue and back for another look: a caller that
+        // got there first took what it was woken for.
+        let mut woken_before = false;
         loop {
             let action = {
                 let mut l = local.borrow_mut();
@@ -454,18 +457,24 @@ impl<C: Codec> Pool<C> {
                     }
                     None
                 } else {
-                    if l.waiting.len() >= self.shared.config.max_waiting {
-                        counters.saturated.fetch_add(1, Ordering::Relaxed);
-                        return Err(PoolError::Saturated {
-                            connections: l.open,
-                            waiting: l.waiting.len(),
-                        });
-                    }
                     let waiter = Rc::new(Waiter {
                         waker: RefCell::new(None),
                         woken: std::cell::Cell::new(false),
                     });
-                    l.waiting.push_back(waiter.clone());
+                    if woken_before {
+                        // It keeps its turn: first in line again, and
+                        // never refused for a queue that filled behind it.
+                        l.waiting.push_front(waiter.clone());
+                    } else {
+                        if l.waiting.len() >= self.shared.config.max_waiting {
+                            counters.saturated.fetch_add(1, Ordering::Relaxed);
+                            return Err(PoolError::Saturated {
+                                connections: l.open,
+                                waiting: l.waiting.len(),
+                            });
+                        }
+                        l.waiting.push_back(waiter.clone());
+                    }
                     Some(waiter)
                 }
             };
@@ -502,6 +511,7 @@ impl<C: Codec> Pool<C> {
                         in_queue.leave();
                         return Err(PoolError::CheckoutTimeout);
                     }
+                    woken_before = true;
                 }
             }
         }

@@ -411,6 +411,49 @@ fn a_request_to_an_upstream_that_stops_answering_times_out_and_drops_its_connect
 }
 
 #[test]
+fn a_waiter_whose_connection_a_newcomer_took_keeps_its_turn() {
+    // One connection, room for one waiter. W waits; the connection comes
+    // back and W is woken, but before W runs a newcomer takes it and
+    // another caller fills the queue behind. W is neither refused as
+    // saturated nor sent to the back: it gets the connection next.
+    let (rt, server, pool) = one_upstream_connection(|c| {
+        c.max_waiting = 1;
+        c.checkout_timeout = Duration::from_secs(5);
+    });
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        let holder = p.get().await.unwrap();
+        let w = mailring::spawn_local({
+            let p = p.clone();
+            async move { p.get().await.map(|_| ()) }
+        });
+        let_others_run().await;
+        drop(holder);
+        // Before W runs: the newcomer takes the connection at once, and
+        // a third caller queues behind W.
+        let newcomer = p.get().await.unwrap();
+        let mut third = std::pin::pin!(p.get());
+        std::future::poll_fn(|cx| {
+            assert!(
+                std::future::Future::poll(third.as_mut(), cx).is_pending(),
+                "the third queues"
+            );
+            std::task::Poll::Ready(())
+        })
+        .await;
+        let_others_run().await;
+        drop(newcomer);
+        assert!(
+            matches!(w.await, Ok(Ok(()))),
+            "the first waiter was refused or passed over"
+        );
+        assert!(third.await.is_ok());
+    });
+    assert_eq!(pool.stats()[0].saturated, 0);
+    rt.block_on(server.shutdown());
+}
+
+#[test]
 fn a_pool_used_off_the_shards_says_so() {
     let pool = Pool::new(
         Upstream::Tcp("127.0.0.1:9".parse().unwrap()),
