@@ -148,4 +148,8 @@ pub(crate) trait ShardDriver {
     ) -> io::Result<()>;
     /// Unregisters a provided-buffer ring.
     fn unregister_buf_ring(&mut self, group: u16) -> io::Result<()>;
+    /// The kernel's head of provided-buffer ring `group`
+    /// (`IORING_REGISTER_PBUF_STATUS`, Linux 6.8): the entries between it
+    /// and the tail are buffers the kernel may still use.
+    fn buf_ring_head(&mut self, group: u16) -> io::Result<u16>;
 }

@@ -88,6 +88,42 @@ pub(crate) struct Acceptor {
     op: std::sync::Mutex<Option<MultishotOp>>,
     /// Connections a paused multishot had accepted, served first.
     held: std::sync::Mutex<std::collections::VecDeque<OwnedFd>>,
+    /// Pending `accept()` calls (an id each) and their wakers: a `pause`
+    /// from another task drops the multishot they wait on, and wakes them
+    /// to take what it held or arm a new one.
+    waiting: std::sync::Mutex<Vec<(u64, std::task::Waker)>>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+/// An `accept()`'s entry in [`Acceptor::waiting`], removed when the call
+/// ends or is dropped.
+struct AcceptWait<'a> {
+    acceptor: &'a Acceptor,
+    id: u64,
+}
+
+impl AcceptWait<'_> {
+    fn register(&self, waker: &std::task::Waker) {
+        let mut waiting = self
+            .acceptor
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match waiting.iter_mut().find(|(id, _)| *id == self.id) {
+            Some((_, w)) => w.clone_from(waker),
+            None => waiting.push((self.id, waker.clone())),
+        }
+    }
+}
+
+impl Drop for AcceptWait<'_> {
+    fn drop(&mut self) {
+        self.acceptor
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(id, _)| *id != self.id);
+    }
 }
 
 impl Acceptor {
@@ -107,20 +143,38 @@ impl Acceptor {
                 held.push_back(unsafe { OwnedFd::from_raw_fd(fd) });
             }
         }
+        drop(held);
         drop(op);
+        // Pending accepts waited on the op just dropped, whose wakers went
+        // with it: each looks again (at what was held, or arms anew).
+        let waiting: Vec<std::task::Waker> = self
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(_, w)| w.clone())
+            .collect();
+        waiting.into_iter().for_each(std::task::Waker::wake);
     }
 
     pub(crate) async fn accept(&self, listener: &ShardFd) -> io::Result<OwnedFd> {
         listener.check()?;
-        if let Some(fd) = self
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop_front()
-        {
-            return Ok(fd);
-        }
+        let wait = AcceptWait {
+            acceptor: self,
+            id: self
+                .next_id
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        };
         std::future::poll_fn(|cx| {
+            if let Some(fd) = self
+                .held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop_front()
+            {
+                return Poll::Ready(Ok(fd));
+            }
+            wait.register(cx.waker());
             let mut op = self.op.lock().unwrap_or_else(|p| p.into_inner());
             loop {
                 if op.is_none() {
@@ -138,6 +192,16 @@ impl Acceptor {
                     Poll::Ready(Ok(Some((fd, _)))) if fd >= 0 => {
                         // SAFETY: a successful accept returned a new descriptor that we now own.
                         return Poll::Ready(Ok(unsafe { OwnedFd::from_raw_fd(fd) }));
+                    }
+                    // A kernel before 5.19 takes the multishot flag for a bad
+                    // argument: say so rather than a bare EINVAL.
+                    Poll::Ready(Ok(Some((err, _)))) if err == -libc::EINVAL => {
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            "accept refused with EINVAL: the listener was shut down, or the \
+                             kernel is older than 5.19 (no IORING_ACCEPT_MULTISHOT, which \
+                             mailring's listeners use)",
+                        )))
                     }
                     Poll::Ready(Ok(Some((err, _)))) => {
                         return Poll::Ready(Err(io::Error::from_raw_os_error(-err)))
@@ -226,6 +290,8 @@ impl TcpListener {
     /// kernel's listen backlog (bounded by it) instead of being accepted
     /// into descriptors nobody takes. Connections already accepted are kept
     /// for the next `accept()`. What a server at its connection limit does.
+    /// An `accept()` already waiting (another task's) counts as the next:
+    /// it is woken, takes what was kept or arms the accept again.
     pub fn pause_accepting(&self) {
         self.acceptor.pause();
     }
@@ -297,6 +363,9 @@ pub(crate) struct RingReceive {
     finished: bool,
     /// `ENOBUFS` completions in a row while the ring had buffers to give.
     empty_rearms: u8,
+    /// The ring's tail when the kernel said it had no buffer left though
+    /// some are not taken back yet: the receive waits until it moves.
+    starved_at: Option<u16>,
 }
 
 /// `ENOBUFS` completions in a row, with buffers provided, after which a
@@ -318,6 +387,7 @@ impl RingReceive {
             op: None,
             finished: false,
             empty_rearms: 0,
+            starved_at: None,
         }
     }
 
@@ -343,10 +413,15 @@ impl RingReceive {
         }
         loop {
             if self.op.is_none() {
-                if self.ring.available() == 0 {
+                // Out of buffers, or every one filled (some in completions
+                // of other receives on this ring, not taken yet): until one
+                // comes back (the tail moves), a receive would end at once.
+                let starved = self.starved_at == Some(self.ring.tail());
+                if self.ring.available() == 0 || starved {
                     self.ring.wait_for_buffer(cx.waker());
                     return Poll::Pending;
                 }
+                self.starved_at = None;
                 match arm(&self.ring) {
                     Ok(op) => self.op = Some(op),
                     Err(e) => return Poll::Ready(Some(Err(e))),
@@ -382,6 +457,13 @@ impl RingReceive {
                         // means the kernel cannot use them: an error, not
                         // an endless re-arm.
                         if self.ring.available() > 0 {
+                            if self.ring.kernel_available() == Some(0) {
+                                // The kernel has none left: the others are
+                                // in completions not taken yet.
+                                self.starved_at = Some(self.ring.tail());
+                                self.empty_rearms = 0;
+                                continue;
+                            }
                             self.empty_rearms += 1;
                             if self.empty_rearms >= MAX_EMPTY_REARMS {
                                 self.finished = true;

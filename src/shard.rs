@@ -512,6 +512,11 @@ impl Shard {
         self.driver.borrow_mut().unregister_buf_ring(group)
     }
 
+    /// The kernel's head of this shard's provided-buffer ring `group`.
+    pub(crate) fn buf_ring_head(&self, group: u16) -> std::io::Result<u16> {
+        self.driver.borrow_mut().buf_ring_head(group)
+    }
+
     /// Asks the kernel to cancel an in-flight operation.
     pub(crate) fn cancel_op(&self, user_data: u64) {
         self.driver.borrow_mut().queue_cancel(user_data);

@@ -245,6 +245,20 @@ impl BufRing {
             .wrapping_sub(i.consumed.load(Ordering::Relaxed))
     }
 
+    /// Buffers the kernel itself still holds, as it says (Linux 6.8 and
+    /// later; `None` where it cannot say). Unlike [`BufRing::available`], a
+    /// buffer the kernel filled but whose completion nobody has taken yet
+    /// (another receive's, queued) is not counted. Owner shard only.
+    pub(crate) fn kernel_available(&self) -> Option<u16> {
+        let head = with_current(|s| s.buf_ring_head(self.inner.group).ok()).flatten()?;
+        Some(self.inner.tail.load(Ordering::Relaxed).wrapping_sub(head))
+    }
+
+    /// The ring's tail: it moves each time a buffer is given back.
+    pub(crate) fn tail(&self) -> u16 {
+        self.inner.tail.load(Ordering::Relaxed)
+    }
+
     /// Wraps the data a completion put into buffer `bid` (owner shard only).
     pub(crate) fn take(&self, bid: u16, len: usize, flags: u32) -> RecvBuf {
         let inner = &self.inner;

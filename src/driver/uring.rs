@@ -531,6 +531,39 @@ impl ShardDriver for UringDriver {
         self.ring.submitter().unregister_buf_ring(group)
     }
 
+    fn buf_ring_head(&mut self, group: u16) -> io::Result<u16> {
+        /// `struct io_uring_buf_status` of the kernel's ABI.
+        #[repr(C)]
+        struct BufStatus {
+            buf_group: u32,
+            head: u32,
+            resv: [u32; 8],
+        }
+        const IORING_REGISTER_PBUF_STATUS: libc::c_long = 26;
+        let mut status = BufStatus {
+            buf_group: u32::from(group),
+            head: 0,
+            resv: [0; 8],
+        };
+        // SAFETY: the ring's fd is open while `self` lives; the kernel reads
+        // `buf_group` and writes `head` of one struct laid out as the ABI's
+        // `io_uring_buf_status`, which outlives the call.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_io_uring_register,
+                self.ring.as_raw_fd(),
+                IORING_REGISTER_PBUF_STATUS,
+                std::ptr::addr_of_mut!(status),
+                1,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The kernel's head is a u16 index that wraps, as the tail does.
+        Ok(status.head as u16)
+    }
+
     fn queue_cancel(&mut self, user_data: u64) {
         let cancel = opcode::AsyncCancel::new(user_data)
             .build()

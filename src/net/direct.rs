@@ -113,7 +113,7 @@ impl DirectStream {
         // owned by the op until its CQE) and writes the slot back there;
         // `fd` stays open in the op until then.
         let op = unsafe {
-            Op::submit((fds, fd), None, |(fds, _)| {
+            Op::submit((fds, fd), Some(close_unclaimed_slot), |(fds, _)| {
                 opcode::FilesUpdate::new(fds.as_ptr(), 1)
                     .offset(-1) // IORING_FILE_INDEX_ALLOC
                     .build()
@@ -244,15 +244,19 @@ impl DirectStream {
         // SAFETY: a MSG_RING entry refers to no memory: the target ring's fd
         // (open while the runtime lives) and our own table's slot.
         let op = unsafe {
-            Op::submit((), None, |_| {
-                opcode::MsgRingSendFd::new(
-                    Fd(ring_fd),
-                    Fixed(slot),
-                    DestinationSlot::auto_target(),
-                    token(KIND_FD_ARRIVAL, id),
-                )
-                .build()
-            })
+            Op::submit(
+                (id, target, self.handle.clone()),
+                Some(abandon_unclaimed_move),
+                |_| {
+                    opcode::MsgRingSendFd::new(
+                        Fd(ring_fd),
+                        Fixed(slot),
+                        DestinationSlot::auto_target(),
+                        token(KIND_FD_ARRIVAL, id),
+                    )
+                    .build()
+                },
+            )
         };
         let res = match op {
             Ok(op) => op.await.0,
@@ -359,6 +363,44 @@ impl DirectTicket {
             handle: self.handle.clone(),
             moved: false,
         })
+    }
+}
+
+/// The cleanup of a `FILES_UPDATE` into a slot whose future was dropped
+/// before it took the result: the slot the kernel filled is closed (its
+/// socket with it), as if the stream had been made and dropped.
+fn close_unclaimed_slot(res: i32, _flags: u32, resources: &dyn std::any::Any) {
+    if res < 0 {
+        return;
+    }
+    // A single-shot op's resources are kept as an `Option` of its own.
+    if let Some(Some((fds, _))) = resources.downcast_ref::<Option<(Box<[RawFd; 1]>, OwnedFd)>>() {
+        let slot = fds[0] as u32;
+        let _ = with_current(|s| {
+            s.note_direct_opened();
+            s.close_direct(slot)
+        });
+    } else {
+        debug_assert!(false, "a files-update op kept other resources");
+    }
+}
+
+/// The cleanup of a move to another ring whose future was dropped before
+/// it took the result: the slot sent there has no ticket to redeem it, so
+/// the target closes it.
+fn abandon_unclaimed_move(res: i32, _flags: u32, resources: &dyn std::any::Any) {
+    if res < 0 {
+        return;
+    }
+    if let Some(Some((id, target, handle))) =
+        resources.downcast_ref::<Option<(u64, ShardId, Handle)>>()
+    {
+        let id = *id;
+        handle.run_on(*target, move || {
+            let _ = with_current(|s| s.abandon_arrival(id));
+        });
+    } else {
+        debug_assert!(false, "a move op kept other resources");
     }
 }
 

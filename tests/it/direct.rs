@@ -142,3 +142,77 @@ fn without_a_table_direct_streams_are_unsupported_and_the_stream_is_not_lost() {
     assert_eq!(err.kind(), std::io::ErrorKind::Unsupported);
     rt.shutdown();
 }
+
+/// Polls `fut` once on this task (so its operation is submitted), then
+/// drops it: a caller that gave up (a timeout, a `select!`) right after.
+async fn submit_then_drop<F: std::future::Future>(fut: F) {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| {
+        assert!(
+            fut.as_mut().poll(cx).is_pending(),
+            "the operation went to the ring"
+        );
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+/// A client whose server side is made direct by `serve` (given the
+/// accepted stream on shard 0), then expected to close: the client reads
+/// the end within 5 s.
+fn the_peer_sees_the_end(
+    serve: impl FnOnce(mailring::net::TcpStream) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>
+        + Send
+        + 'static,
+) {
+    let rt = Runtime::builder()
+        .shards(2)
+        .direct_descriptors(16)
+        .build()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = rt
+        .handle()
+        .spawn_local_on(ShardId::new(0), move || async move {
+            let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            tx.send(listener.local_addr()).unwrap();
+            let (stream, _) = listener.accept().await.unwrap();
+            serve(stream).await;
+            // Time for the completion and its cleanup to run.
+            mailring::time::sleep(Duration::from_millis(50)).await;
+        });
+    let mut client = std::net::TcpStream::connect(rx.recv().unwrap()).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    rt.block_on(server).unwrap();
+    let mut buf = [0u8; 8];
+    match client.read(&mut buf) {
+        Ok(0) => {}
+        other => panic!("the server's socket stayed open: {other:?}"),
+    }
+    wait_slots(&rt, &[0, 0]);
+    rt.shutdown();
+}
+
+#[test]
+fn a_conversion_to_direct_dropped_mid_way_closes_the_slot_it_filled() {
+    the_peer_sees_the_end(|stream| {
+        Box::pin(async move {
+            submit_then_drop(DirectStream::from_tcp(stream)).await;
+        })
+    });
+}
+
+#[test]
+fn a_move_to_another_ring_dropped_mid_way_closes_the_slot_sent_there() {
+    the_peer_sees_the_end(|stream| {
+        Box::pin(async move {
+            let direct = DirectStream::from_tcp(stream)
+                .await
+                .map_err(|(e, _)| e)
+                .unwrap();
+            submit_then_drop(direct.send_to_shard(ShardId::new(1))).await;
+        })
+    });
+}

@@ -415,6 +415,88 @@ fn connections_share_a_buffer_ring_and_dropped_receives_return_buffers() {
 }
 
 #[test]
+fn a_receive_that_finds_a_shared_ring_filled_for_another_connection_waits_for_a_buffer() {
+    use mailring::buf::BufRing;
+    let rt = rt2();
+    rt.block_on(async {
+        let ring = BufRing::new(2, 64).unwrap();
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let addr = listener.local_addr();
+        let client_a = TcpStream::connect(addr).await.unwrap();
+        let (server_a, _) = listener.accept().await.unwrap();
+        let client_b = TcpStream::connect(addr).await.unwrap();
+        let (server_b, _) = listener.accept().await.unwrap();
+        // A's receive is armed, and its peer's bytes fill both buffers;
+        // A's task does not take them yet.
+        let mut in_a = server_a.recv_multishot(&ring);
+        {
+            let mut first = std::pin::pin!(in_a.next());
+            std::future::poll_fn(|cx| {
+                assert!(std::future::Future::poll(first.as_mut(), cx).is_pending());
+                std::task::Poll::Ready(())
+            })
+            .await;
+        }
+        client_a.send_all(vec![b'a'; 200]).await.0.unwrap();
+        mailring::time::sleep(Duration::from_millis(20)).await;
+        // B finds no buffer in the kernel's hands: it waits, it does not
+        // fail (nor end).
+        client_b.send_all(vec![b'b'; 10]).await.0.unwrap();
+        let mut in_b = server_b.recv_multishot(&ring);
+        let early = mailring::time::timeout(Duration::from_millis(200), in_b.next()).await;
+        assert!(
+            early.is_err(),
+            "B's receive ended: {:?}",
+            early.map(|r| r.map(|b| b.map(|b| b.len())))
+        );
+        // A takes its bytes and lets the buffers go; B then gets its own.
+        let mut a_got = 0;
+        while a_got < 200 {
+            a_got += in_a.next().await.unwrap().unwrap().len();
+        }
+        let b = in_b.next().await.unwrap().unwrap();
+        assert_eq!(&b[..], &[b'b'; 10][..]);
+    });
+}
+
+#[test]
+fn an_accept_waiting_when_another_task_pauses_the_listener_still_gets_connections() {
+    use std::sync::Arc;
+    let rt = rt2();
+    rt.block_on(async {
+        let listener = Arc::new(TcpListener::bind(any_port()).unwrap());
+        let addr = listener.local_addr();
+        let took_first = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let waiting = mailring::spawn_local({
+            let listener = listener.clone();
+            let took_first = took_first.clone();
+            async move {
+                let a = listener.accept().await.unwrap().1;
+                took_first.store(true, std::sync::atomic::Ordering::SeqCst);
+                // Waiting here when another task pauses the listener.
+                let b = listener.accept().await.unwrap().1;
+                (a, b)
+            }
+        });
+        let first = TcpStream::connect(addr).await.unwrap();
+        while !took_first.load(std::sync::atomic::Ordering::SeqCst) {
+            mailring::time::sleep(Duration::from_millis(1)).await;
+        }
+        mailring::time::sleep(Duration::from_millis(20)).await;
+        listener.pause_accepting();
+        let second = TcpStream::connect(addr).await.unwrap();
+        let got = mailring::time::timeout(Duration::from_secs(2), waiting)
+            .await
+            .expect("the waiting accept was never woken after the pause")
+            .unwrap();
+        assert_eq!(
+            got,
+            (first.local_addr().unwrap(), second.local_addr().unwrap())
+        );
+    });
+}
+
+#[test]
 fn data_taken_by_a_dropped_recv_is_reported_not_silently_lost() {
     use std::future::Future;
     let rt = rt2();
