@@ -223,11 +223,16 @@ impl RespCodec {
                         (n, end + 2)
                     }
                 };
-                if n > self.max_args as i64 {
+                // Redis's order: past `INT_MAX` invalid, then the
+                // unauthenticated bound; the broker's own bound after.
+                if n > i64::from(i32::MAX) {
                     return Err(ProtocolError::InvalidMultibulkLength);
                 }
                 if n > UNAUTHENTICATED_MAX_ARGS && self.auth_required() {
                     return Err(ProtocolError::UnauthenticatedMultibulkLength);
+                }
+                if n > self.max_args as i64 {
+                    return Err(ProtocolError::InvalidMultibulkLength);
                 }
                 if n <= 0 {
                     // `*0` and `*-1`: an empty request, skipped.
@@ -1105,6 +1110,39 @@ mod tests {
         buf.extend_from_slice(b"*1\r\n$4\r\nPING\r\n");
         assert_eq!(c.decode(&mut buf).unwrap(), None);
         assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn an_unauthenticated_count_past_the_broker_s_bound_gets_redis_s_error() {
+        // Redis 7.0 refuses counts past `INT_MAX` as invalid, then, before
+        // authentication, any past 10; the broker's own bound comes after.
+        let locked = || {
+            RespCodec::new().until_authenticated(std::sync::Arc::new(
+                std::sync::atomic::AtomicBool::new(false),
+            ))
+        };
+        for (wire, want) in [
+            (
+                &b"*2000000\r\n"[..],
+                ProtocolError::UnauthenticatedMultibulkLength,
+            ),
+            (b"*11\r\n", ProtocolError::UnauthenticatedMultibulkLength),
+            (b"*2147483648\r\n", ProtocolError::InvalidMultibulkLength),
+        ] {
+            let mut buf = BytesMut::from(wire);
+            assert_eq!(
+                locked().decode(&mut buf).unwrap(),
+                Some(Request::Broken(want)),
+                "{}",
+                String::from_utf8_lossy(wire)
+            );
+        }
+        let mut buf = BytesMut::from(&b"*2000000\r\n"[..]);
+        assert_eq!(
+            RespCodec::new().decode(&mut buf).unwrap(),
+            Some(Request::Broken(ProtocolError::InvalidMultibulkLength)),
+            "authenticated: past the broker's bound"
+        );
     }
 
     #[test]

@@ -148,7 +148,9 @@ impl RespSession {
             }
             i = 2;
         }
-        let mut name = None;
+        // Each option takes effect where it stands, as in Redis 7.0: a
+        // name is checked and set there (even before authentication), and
+        // an error stops the rest.
         while i < args.len() {
             let more = args.len() - i - 1;
             if args[i].eq_ignore_ascii_case(b"auth") && more >= 2 {
@@ -158,7 +160,11 @@ impl RespSession {
                 self.set_authenticated(true);
                 i += 3;
             } else if args[i].eq_ignore_ascii_case(b"setname") && more >= 1 {
-                name = Some(args[i + 1].clone());
+                let n = &args[i + 1];
+                if let Err(e) = check_client_name(n) {
+                    return e;
+                }
+                self.set_name((!n.is_empty()).then(|| n.clone()));
                 i += 2;
             } else {
                 return Reply::error_bytes(&[
@@ -170,12 +176,6 @@ impl RespSession {
         }
         if !self.authenticated {
             return noauth_hello();
-        }
-        if let Some(n) = name {
-            if let Err(e) = check_client_name(&n) {
-                return e;
-            }
-            self.set_name((!n.is_empty()).then_some(n));
         }
         self.proto = proto;
         let p = |s: &'static str| Reply::bulk(s);
@@ -650,10 +650,10 @@ impl RespSession {
     fn reads_missing(&self, key: &Bytes) -> bool {
         // A request of this connection that may make the stream placed
         // its name when its ask was sent: every ask is sent as its
-        // request is handled (the gathered run, sent before a read, is
-        // the one exception; a request whose ask starts later holds the
-        // frames after it), so requests in flight do not matter here.
-        self.run.is_none()
+        // request is handled (a request whose ask starts later holds the
+        // frames after it), so requests in flight do not matter here,
+        // but for the gathered run, whose names are placed when it goes.
+        !self.run.as_ref().is_some_and(|run| run.names(key))
             && self
                 .shared
                 .system
@@ -1299,7 +1299,7 @@ fn help(command: &str) -> Reply {
 
 fn noauth_hello() -> Reply {
     Reply::Error(
-        "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time".to_owned(),
+        "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time".to_owned(),
     )
 }
 
@@ -1501,6 +1501,8 @@ impl RespSession {
                 if self.reads_missing(&args[at])
                     && !StreamActor::makes_stream(spec.name, &args) =>
             {
+                // The gathered run's replies come first.
+                self.send_run(cx);
                 let r = StreamActor::answer_missing(spec.name, &args[at], &args, &self.shared);
                 self.reply(r, cx)
             }

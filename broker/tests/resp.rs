@@ -951,7 +951,10 @@ fn reads_of_missing_streams_place_nothing() {
     ]);
     assert_eq!(
         c.cmd(&read),
-        R::Array(vec![R::Array(vec![R::bulk("real"), R::Array(vec![entry])])])
+        R::Array(vec![R::Array(vec![
+            R::bulk("real"),
+            R::Array(vec![entry.clone()])
+        ])])
     );
     let e = c.cmd(&[
         "XREADGROUP",
@@ -1000,6 +1003,40 @@ fn reads_of_missing_streams_place_nothing() {
     assert!(matches!(c.read(), R::Bulk(_)));
     assert_eq!(c.read(), R::Nil);
     assert_eq!(c.read(), R::Nil);
+    // Reads that would join a gathered run (pipelined behind an `XADD`),
+    // in order with it; and one behind an `XADD` that makes its name.
+    let mut pipeline = encode(&[b"XADD", b"real", b"*", b"f", b"v"]);
+    for i in 0..20 {
+        let k = format!("missing:run:{i}");
+        pipeline.extend(encode(&[b"XLEN", k.as_bytes()]));
+        pipeline.extend(encode(&[b"XRANGE", k.as_bytes(), b"-", b"+"]));
+        pipeline.extend(encode(&[b"XLEN", b"real"]));
+    }
+    c.send_raw(&pipeline);
+    assert!(matches!(c.read(), R::Bulk(_)));
+    for _ in 0..20 {
+        assert_eq!(c.read(), R::Int(0));
+        assert_eq!(c.read(), R::Array(vec![]));
+        assert_eq!(c.read(), R::Int(3));
+    }
+    // Transactions that only read a missing name.
+    for i in 0..20 {
+        let k = format!("missing:multi:{i}");
+        assert_eq!(c.cmd(&["MULTI"]), R::Status("OK".into()));
+        assert_eq!(c.cmd(&["XLEN", &k]), R::Status("QUEUED".into()));
+        assert_eq!(c.cmd(&["XRANGE", &k, "-", "+"]), R::Status("QUEUED".into()));
+        assert_eq!(c.cmd(&["XINFO", "STREAM", &k]), R::Status("QUEUED".into()));
+        assert_eq!(c.cmd(&["PING"]), R::Status("QUEUED".into()));
+        assert_eq!(
+            c.cmd(&["EXEC"]),
+            R::Array(vec![
+                R::Int(0),
+                R::Array(vec![]),
+                R::Error("ERR no such key".into()),
+                R::Status("PONG".into())
+            ])
+        );
+    }
     // Nor does a connection whose first command names a missing stream
     // attach to a shard for it (attaching places the name).
     for first in [
@@ -1034,6 +1071,22 @@ fn reads_of_missing_streams_place_nothing() {
     );
     assert_eq!(c.cmd(&["XLEN", "missing:7"]), R::Int(1));
     assert_eq!(c.cmd(&["EXISTS", "missing:8"]), R::Int(1));
+    // A read pipelined behind the command that makes its stream, in one
+    // gathered run, sees the stream.
+    let mut pipeline = encode(&[b"XADD", b"made:in:run", b"1-1", b"f", b"v"]);
+    pipeline.extend(encode(&[b"XLEN", b"made:in:run"]));
+    pipeline.extend(encode(&[
+        b"XRANGE",
+        b"made:in:run",
+        b"-",
+        b"+",
+        b"COUNT",
+        b"1",
+    ]));
+    c.send_raw(&pipeline);
+    assert_eq!(c.read(), R::bulk("1-1"));
+    assert_eq!(c.read(), R::Int(1));
+    assert_eq!(c.read(), R::Array(vec![entry.clone()]));
     broker.shutdown();
 }
 

@@ -8,6 +8,16 @@ use std::time::{Duration, Instant};
 use mailring::net::{DirectStream, TcpListener};
 use mailring::{Runtime, ShardId};
 
+/// A runtime of two shards, each with a table of `slots` direct
+/// descriptors.
+fn two_shards_with_slots(slots: u32) -> Runtime {
+    Runtime::builder()
+        .shards(2)
+        .direct_descriptors(slots)
+        .build()
+        .unwrap()
+}
+
 fn slots(rt: &Runtime) -> Vec<u64> {
     rt.stats()
         .shards
@@ -39,11 +49,7 @@ fn echo_once(client: &mut std::net::TcpStream, msg: &[u8]) {
 
 #[test]
 fn a_direct_stream_moves_to_another_ring_and_its_slots_return_to_zero() {
-    let rt = Runtime::builder()
-        .shards(2)
-        .direct_descriptors(64)
-        .build()
-        .unwrap();
+    let rt = two_shards_with_slots(64);
     let features = rt.stats();
     let _ = features;
     let (tx, rx) = std::sync::mpsc::channel();
@@ -91,11 +97,7 @@ fn a_direct_stream_moves_to_another_ring_and_its_slots_return_to_zero() {
 
 #[test]
 fn a_ticket_dropped_unredeemed_closes_its_slot_on_the_target() {
-    let rt = Runtime::builder()
-        .shards(2)
-        .direct_descriptors(16)
-        .build()
-        .unwrap();
+    let rt = two_shards_with_slots(16);
     let (tx, rx) = std::sync::mpsc::channel();
     let server = rt.handle().spawn_on(ShardId::new(0), async move {
         let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
@@ -165,11 +167,7 @@ fn the_peer_sees_the_end(
         + Send
         + 'static,
 ) {
-    let rt = Runtime::builder()
-        .shards(2)
-        .direct_descriptors(16)
-        .build()
-        .unwrap();
+    let rt = two_shards_with_slots(16);
     let (tx, rx) = std::sync::mpsc::channel();
     let server = rt
         .handle()

@@ -207,8 +207,18 @@ impl RespSession {
         let only_asks = commands.iter().zip(&specs).all(|(c, spec)| {
             streams_of(spec, c).is_empty() || matches!(spec.name, "exists" | "type")
         });
-        if only_asks
-            && cx.pending_replies() == 0
+        // Nor one whose stream commands none may make it: each sees a
+        // missing stream, answered here as its actor would answer (a
+        // client reading names nobody made in transactions would otherwise
+        // leave a record of each for good).
+        let reads_only_missing = commands
+            .iter()
+            .zip(&specs)
+            .all(|(c, spec)| match spec.kind {
+                Kind::Stream(_) => !StreamActor::makes_stream(spec.name, c),
+                _ => streams_of(spec, c).is_empty() && !reads_catalog(c),
+            });
+        if ((only_asks && cx.pending_replies() == 0) || reads_only_missing)
             && self
                 .shared
                 .system
@@ -218,9 +228,12 @@ impl RespSession {
             let mut protos = Vec::with_capacity(commands.len());
             let mut replies = Vec::with_capacity(commands.len());
             for (c, spec) in commands.iter().zip(&specs) {
-                replies.push(match spec.name {
-                    "exists" => Reply::Int(0),
-                    "type" => Reply::Status("none"),
+                replies.push(match (spec.name, spec.kind) {
+                    ("exists", _) => Reply::Int(0),
+                    ("type", _) => Reply::Status("none"),
+                    (_, Kind::Stream(_)) => {
+                        StreamActor::answer_missing(spec.name, &stream, c, &self.shared)
+                    }
                     _ => self.local_reply(c),
                 });
                 protos.push(self.proto);

@@ -40,6 +40,14 @@ impl Run {
     pub(super) fn is_on(&self, key: &[u8]) -> bool {
         self.commands.iter().all(|(_, args)| args[1] == key)
     }
+
+    /// Whether a command gathered so far is on stream `key`. A command is
+    /// gathered only for a name placed, or one it or an earlier command
+    /// of the run may make (the names are placed when the run is sent):
+    /// either way not a missing stream for the commands after it.
+    pub(super) fn names(&self, key: &[u8]) -> bool {
+        self.commands.iter().any(|(_, args)| args[1] == key)
+    }
 }
 
 /// Places in a run (bit `i`: the run's command `i`); a run holds at most
