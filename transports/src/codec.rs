@@ -236,7 +236,7 @@ impl Codec for Lines {
             }
             None => {
                 // One more byte may be a `\r` of the ending.
-                if buf.len() > self.max + 1 {
+                if buf.len() > self.max.saturating_add(1) {
                     return Err(CodecError::TooLong {
                         len: buf.len(),
                         max: self.max,
@@ -309,6 +309,14 @@ impl Codec for RawBytes {
 /// [`LengthDelimited`] frames: decodes `In`, encodes `Out` (the same type
 /// on both ends of a symmetric protocol).
 ///
+/// A frame's value may claim in memory (its strings, byte buffers and
+/// collections, as bincode counts them before it reads them) up to 16
+/// times the frame maximum, in steps (at least 1 MiB, at most 8 GiB); a
+/// claim past that is refused as malformed. A length field is read before
+/// the bytes it counts: without a bound, 14 bytes claiming a string of
+/// 2^50 bytes would make the decoder ask for that much memory, and the
+/// process would abort when it is refused.
+///
 /// ```
 /// use bytes::BytesMut;
 /// use mailring_transports::codec::{Bincode, Codec};
@@ -365,6 +373,28 @@ impl<In, Out> Bincode<In, Out> {
     }
 }
 
+/// What a [`Bincode`] value may claim in memory per byte of the frame
+/// maximum (a `u64` collection takes at least a byte on the wire per
+/// element, 8 in memory; a `u128` one, 16).
+const DECODED_PER_FRAME_BYTE: usize = 16;
+
+/// Decodes `In` from `frame`, its containers claiming at most the first
+/// step of bincode's compile-time limits that covers `memory`.
+fn decode_bounded<In: serde::de::DeserializeOwned>(
+    frame: &[u8],
+    memory: usize,
+) -> Result<(In, usize), bincode::error::DecodeError> {
+    use bincode::serde::decode_from_slice;
+    let standard = bincode::config::standard();
+    match memory {
+        m if m <= 1 << 20 => decode_from_slice(frame, standard.with_limit::<{ 1 << 20 }>()),
+        m if m <= 1 << 24 => decode_from_slice(frame, standard.with_limit::<{ 1 << 24 }>()),
+        m if m <= 1 << 27 => decode_from_slice(frame, standard.with_limit::<{ 1 << 27 }>()),
+        m if m <= 1 << 30 => decode_from_slice(frame, standard.with_limit::<{ 1 << 30 }>()),
+        _ => decode_from_slice(frame, standard.with_limit::<{ 1 << 33 }>()),
+    }
+}
+
 impl<In, Out> Codec for Bincode<In, Out>
 where
     In: serde::de::DeserializeOwned + Send + 'static,
@@ -377,9 +407,9 @@ where
         let Some(frame) = self.frames.decode(buf)? else {
             return Ok(None);
         };
-        let (value, used) =
-            bincode::serde::decode_from_slice::<In, _>(&frame, bincode::config::standard())
-                .map_err(|e| CodecError::Malformed(format!("bincode: {e}")))?;
+        let memory = self.frames.max.saturating_mul(DECODED_PER_FRAME_BYTE);
+        let (value, used) = decode_bounded::<In>(&frame, memory)
+            .map_err(|e| CodecError::Malformed(format!("bincode: {e}")))?;
         if used != frame.len() {
             return Err(CodecError::Malformed(format!(
                 "bincode: {} bytes left over in a frame of {}",
@@ -469,6 +499,12 @@ mod tests {
         ));
         let mut wire = BytesMut::new();
         assert!(c.encode(Bytes::from_static(b"a\nb"), &mut wire).is_err());
+        // No bound at all: a line in two parts waits for its end.
+        let mut c = Lines::new().max_line(usize::MAX);
+        let mut buf = BytesMut::from(&b"half"[..]);
+        assert_eq!(c.decode(&mut buf).unwrap(), None);
+        buf.extend_from_slice(b" a line\n");
+        assert_eq!(&c.decode(&mut buf).unwrap().unwrap()[..], b"half a line");
     }
 
     #[test]
@@ -484,6 +520,19 @@ mod tests {
             .unwrap();
         assert!(matches!(
             c.decode(&mut garbage),
+            Err(CodecError::Malformed(_))
+        ));
+        // A string claiming 2^50 bytes in a 10-byte frame: refused as
+        // malformed (without a bound the decoder asks for that memory,
+        // and the process aborts when it is refused).
+        let mut huge = vec![7u8, 0xfd];
+        huge.extend_from_slice(&(1u64 << 50).to_le_bytes());
+        let mut claim = BytesMut::new();
+        LengthDelimited::new()
+            .encode(Bytes::from(huge), &mut claim)
+            .unwrap();
+        assert!(matches!(
+            c.decode(&mut claim),
             Err(CodecError::Malformed(_))
         ));
         // A whole value followed by junk inside the same frame.

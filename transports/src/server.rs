@@ -1342,10 +1342,17 @@ async fn drive<S: Session>(
         }
     }
     loop {
+        // Outbound bytes past the limit: no push and no frame is taken
+        // until the send drains them (a tiny request may ask for a big
+        // reply; the limit holds between frames, not only while waiting).
+        let outbound_full = cx.wbuf.len() + in_flight > config.outbound_limit;
         // Pushes run between frames.
-        if let Some(r) = &registered {
+        if let Some(r) = registered.as_ref().filter(|_| !outbound_full) {
             while let Some(push) = r.take() {
                 push(session, cx);
+                if cx.wbuf.len() + in_flight > config.outbound_limit {
+                    break;
+                }
             }
         }
         let closing = shared.closing.load(Ordering::Acquire);
@@ -1356,12 +1363,17 @@ async fn drive<S: Session>(
             return Exit::Close(CloseReason::ClosedByHandle);
         }
         // Handle the next frame if one is whole and the window has room.
-        if moving.is_none()
+        let may_take = moving.is_none()
             && cx.close.is_none()
             && !closing
             && cx.replies_owed() < window
-            && cx.takes_frames()
-        {
+            && cx.takes_frames();
+        // Held back by the outbound limit alone, with bytes of requests
+        // waiting: more output waits behind the send, as if queued.
+        let held_back = may_take
+            && cx.wbuf.len() + in_flight > config.outbound_limit
+            && (carried.is_some() || !rbuf.is_empty());
+        if may_take && cx.wbuf.len() + in_flight <= config.outbound_limit {
             let next = match carried.take() {
                 Some(f) => Ok(Some(f)),
                 None if recv.is_none() => decoder.decode(rbuf),
@@ -1406,12 +1418,12 @@ async fn drive<S: Session>(
                     // Run the handler; meanwhile only the send in flight
                     // moves (everything else waits for the context).
                     // A closer handed out before (or by) this handler ends
-                    // it too.
-                    let closer = cx.closer_state();
+                    // it too: the state it will share is made now.
+                    let closer = cx.closer_state_made();
                     let handling = pin!(session.on_frame(frame, cx));
                     let stop = Stop {
                         forced: &shared.forced,
-                        closer: closer.as_deref(),
+                        closer: Some(&closer),
                         known: &mut closer_waker,
                     };
                     match run_beside_send(handling, send.as_mut(), stop, &wake).await {
@@ -1469,7 +1481,16 @@ async fn drive<S: Session>(
                 });
             }
         }
-        let may_read = starved
+        // Past the outbound limit, one receive still looks for a request
+        // held back (which makes the peer a slow reader), and no more is
+        // read.
+        let outbound_ok = cx.wbuf.len() + in_flight <= config.outbound_limit;
+        let wants_bytes = if outbound_ok {
+            starved
+        } else {
+            rbuf.is_empty() && carried.is_none()
+        };
+        let may_read = wants_bytes
             && !peer_closed
             && moving.is_none()
             && cx.close.is_none()
@@ -1527,10 +1548,14 @@ async fn drive<S: Session>(
                 }
             }
             // Outbound bytes: queued, and handed to the send in flight. Past
-            // the limit only while a send is stuck on them (a big reply
-            // about to go is not a slow reader).
+            // the limit only while a send is stuck on them and more waits
+            // behind it (queued, or requests held back by the limit): a
+            // big reply about to go is not a slow reader.
             let queued = cx.wbuf.len() + in_flight;
-            if queued > config.outbound_limit && send.is_some() && !cx.wbuf.is_empty() {
+            if queued > config.outbound_limit
+                && send.is_some()
+                && (!cx.wbuf.is_empty() || held_back)
+            {
                 return Poll::Ready(Event::Close(CloseReason::SlowReader { queued }));
             }
             if queued > config.outbound_high_water && !over_high_water {

@@ -730,10 +730,13 @@ impl<S: Session> SessionCtx<S> {
             .is_some_and(|c| c.0.closed.load(Ordering::Acquire))
     }
 
-    /// The closers' state, if one was handed out (watched while the
-    /// session's handler runs).
-    pub(crate) fn closer_state(&self) -> Option<Arc<CloserState>> {
-        self.closer.as_ref().map(|c| c.0.clone())
+    /// The closers' state, made now if no closer was handed out yet: a
+    /// handler that hands one out while it runs is watched by it too.
+    pub(crate) fn closer_state_made(&mut self) -> Arc<CloserState> {
+        self.closer
+            .get_or_insert_with(|| CloserHandle(Arc::default()))
+            .0
+            .clone()
     }
 
     /// Whether a [`SessionCloser`] closed the connection; else keeps

@@ -3,7 +3,8 @@
 //! (`harness = false`: no other test allocates meanwhile).
 //!
 //! Forty bad clients (frames announced and never finished, garbage
-//! headers, silence, peers that never read while the server writes) run
+//! headers, silence, peers that never read while the server writes, and
+//! peers that never read while tiny requests each ask for a big reply) run
 //! beside a good client whose replies are checked. The live heap during the
 //! attack stays within a bound set by the server's limits, and returns to
 //! its level before once the bad clients are closed.
@@ -16,10 +17,28 @@ mod common;
 #[path = "support/counting_alloc.rs"]
 mod counting_alloc;
 
-use common::{frame, round_trip, Echo};
+use bytes::Bytes;
+use common::{frame, round_trip};
 use counting_alloc::live;
 use mailring_transports::codec::LengthDelimited;
-use mailring_transports::{CloseKind, Server, ServerConfig};
+use mailring_transports::{CloseKind, Server, ServerConfig, Session, SessionCtx};
+
+/// Echoes each frame, but answers `amp` with a frame of the largest size:
+/// a tiny request, a big reply.
+struct EchoOrAmplify;
+
+impl Session for EchoOrAmplify {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        if &frame[..] == b"amp" {
+            cx.send_frame(Bytes::from(vec![b'y'; MAX_FRAME - 16]));
+        } else {
+            cx.send_frame(frame);
+        }
+    }
+}
 
 /// A client whose writes give up after 200 ms (the bad ones fill buffers).
 fn client(addr: SocketAddr) -> TcpStream {
@@ -40,10 +59,12 @@ fn main() {
     config.idle_timeout = Some(Duration::from_secs(1));
     config.outbound_high_water = OUTBOUND_LIMIT / 2;
     config.outbound_limit = OUTBOUND_LIMIT;
-    let server = Server::builder(LengthDelimited::new().max_frame(MAX_FRAME), |_| Echo)
-        .config(config)
-        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
-        .unwrap();
+    let server = Server::builder(LengthDelimited::new().max_frame(MAX_FRAME), |_| {
+        EchoOrAmplify
+    })
+    .config(config)
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
     let addr = server.local_addr();
     let mut good = client(addr);
     for i in 0..20 {
@@ -54,7 +75,7 @@ fn main() {
     let mut bad = Vec::new();
     for i in 0..BAD_CLIENTS {
         let mut c = client(addr);
-        match i % 4 {
+        match i % 5 {
             // A frame announced just under the maximum, one byte of it sent.
             0 => c
                 .write_all(&((MAX_FRAME as u32 - 1).to_be_bytes()))
@@ -63,6 +84,13 @@ fn main() {
             1 => c.write_all(&[0xff; 8]).unwrap(),
             // Nothing at all.
             2 => {}
+            // Tiny requests (in the socket's buffers at once), each
+            // asking for a reply of the largest size, never read: the
+            // outbound limit holds between frames too.
+            3 => {
+                let amp = frame(b"amp").repeat(4000);
+                let _ = c.write_all(&amp);
+            }
             // Requests whose replies it never reads.
             _ => {
                 let big = frame(&vec![b'x'; MAX_FRAME - 16]);
@@ -108,7 +136,7 @@ fn main() {
     // plus one frame, and the batch in flight (under the limit too).
     let per_client = MAX_FRAME + (16 << 10) + (4 << 10);
     let per_non_reader = 2 * OUTBOUND_LIMIT + MAX_FRAME;
-    let bound = (BAD_CLIENTS * per_client + BAD_CLIENTS / 4 * per_non_reader) as isize;
+    let bound = (BAD_CLIENTS * per_client + BAD_CLIENTS / 5 * 2 * per_non_reader) as isize;
     let grew = peak - before;
     println!("memory: live heap before {before} B, peak +{grew} B (bound {bound} B)");
     assert!(

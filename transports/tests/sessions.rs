@@ -2097,6 +2097,62 @@ fn a_session_closed_by_its_handle_from_another_thread_ends_at_once_and_alone() {
     rt.block_on(server.shutdown());
 }
 
+/// Hands out its closer only from inside a handler that then never
+/// finishes.
+struct ClosesLate {
+    peer: Option<std::net::SocketAddr>,
+    closers: Closers,
+}
+
+impl Session for ClosesLate {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, _frame: Bytes, cx: &mut SessionCtx<Self>) {
+        let peer = self.peer.expect("a TCP peer");
+        self.closers.lock().unwrap().insert(peer, cx.closer());
+        std::future::pending::<()>().await;
+    }
+}
+
+#[test]
+fn a_closer_handed_out_by_a_handler_that_never_finishes_ends_it() {
+    let rt = runtime(2);
+    let closers = Closers::default();
+    let make = {
+        let closers = closers.clone();
+        move |peer| ClosesLate {
+            peer,
+            closers: closers.clone(),
+        }
+    };
+    let server = Server::builder(LengthDelimited::new(), make)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let mut c = client(server.local_addr());
+    c.write_all(&frame(b"register and hang")).unwrap();
+    let me = c.local_addr().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let closer = loop {
+        if let Some(closer) = closers.lock().unwrap().get(&me).cloned() {
+            break closer;
+        }
+        assert!(std::time::Instant::now() < deadline, "no closer handed out");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(closer.close());
+    let mut b = [0u8; 16];
+    match c.read(&mut b) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("the connection was not closed: {other:?}"),
+    }
+    wait_for(&server, "the close by its handle", |s| {
+        s.closed(CloseKind::ClosedByHandle) == 1
+    });
+    rt.block_on(server.shutdown());
+}
+
 #[test]
 fn a_session_moved_to_its_key_s_shard_is_still_closed_by_its_handle() {
     // The handle is taken on the accepting shard; the connection then
