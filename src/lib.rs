@@ -379,6 +379,18 @@ mod api {
         with_current(Shard::publish_pending);
     }
 
+    /// Runs this tick's end callbacks now, so layers hand the batches they
+    /// hold for other shards to the runtime's, without publishing; a no-op
+    /// off a shard or when none is queued.
+    ///
+    /// A layer that sends something to another shard outside its batches
+    /// (a `run_on` call) calls this first, so that what the task sent
+    /// earlier through a batch goes ahead of it, in the order sent.
+    #[inline]
+    pub fn hand_over_batches() {
+        with_current(Shard::run_tick_end);
+    }
+
     /// Applies, now, what other shards have already delivered to the calling
     /// shard (its inbox), in order; a no-op off a shard, when nothing is
     /// pending, or inside a delivery being applied.

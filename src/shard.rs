@@ -1102,7 +1102,7 @@ impl Shard {
     }
 
     /// Runs the tick-end callbacks, including any they queue themselves.
-    fn run_tick_end(&self) {
+    pub(crate) fn run_tick_end(&self) {
         if self.tick_end.borrow().is_empty() {
             return;
         }

@@ -562,6 +562,20 @@ impl<A: Actor> Addr<A> {
         self.control(Delivery::Watch(crate::mailbox::Watcher::new(notify)));
     }
 
+    /// [`Addr::watch_with`] for as long as `watcher`'s `Arc` lives (the
+    /// target drops the watch once it is gone).
+    pub(crate) fn watch_while(
+        &self,
+        notify: Box<dyn FnOnce(crate::Terminated) + Send>,
+        watcher: std::sync::Weak<()>,
+    ) where
+        A::Envelope: Send,
+    {
+        self.control(Delivery::Watch(crate::mailbox::Watcher::while_awaited(
+            notify, watcher,
+        )));
+    }
+
     /// Sends a control (stop, watch, probe) along this sender's ordered
     /// path to the actor.
     fn control(&self, item: Delivery<A>)
@@ -711,6 +725,9 @@ impl<A: Actor> LocalAddr<A> {
             let cell = self.cell.borrow();
             // A blocked actor (see `cycle`) takes the general path.
             if cell.takes_plain_push() && cell.capacity.is_none() {
+                // Used now, for least-recently-used passivation (nothing
+                // for a type without `max_active`).
+                self.ts.touch(&cell);
                 if let Err((why, env)) = cell.push(A::envelope(msg)) {
                     reply::drop_with_reason(why, env);
                 }
@@ -740,6 +757,7 @@ impl<A: Actor> LocalAddr<A> {
                 return Err(TellError::Full(msg));
             }
         }
+        self.ts.touch(&cell);
         if let Err((why, env)) = cell.push(A::envelope(msg)) {
             // The place taken above goes back with the refused message.
             cell.free_place();
@@ -783,6 +801,7 @@ impl<A: Actor> LocalAddr<A> {
         if let Some(c) = &cell.capacity {
             c.force_acquire();
         }
+        self.ts.touch(&cell);
         if let Err((why, env)) = cell.push(A::ask_envelope(asked)) {
             cell.free_place();
             reply::drop_with_reason(why, env);

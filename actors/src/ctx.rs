@@ -5,6 +5,8 @@ use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
@@ -32,7 +34,20 @@ pub struct Ctx<A: Actor> {
     /// Messages the actor's timers delivered (not activity: see
     /// [`Ctx::run_interval`]); survives restarts.
     timer_sends: Rc<Cell<u64>>,
-    children: Vec<Box<dyn FnOnce()>>,
+    /// Children spawned and not known to have ended: a flag the child's
+    /// end sets, and how to stop it.
+    children: Vec<Child>,
+    /// `children`' length at which ended children are dropped from it.
+    prune_children_at: usize,
+    /// Lives as long as this activation: a target it watches drops the
+    /// watch once it is gone.
+    alive: Arc<()>,
+}
+
+/// A child of [`Ctx::spawn_child`].
+struct Child {
+    ended: Arc<AtomicBool>,
+    stop: Box<dyn FnOnce()>,
 }
 
 impl<A: Actor> fmt::Debug for Ctx<A> {
@@ -95,6 +110,8 @@ impl<A: Actor> Ctx<A> {
             tasks: Rc::new(Scope::default()),
             timer_sends: Rc::new(Cell::new(0)),
             children: Vec::new(),
+            prune_children_at: 16,
+            alive: Arc::new(()),
         }
     }
 
@@ -442,9 +459,14 @@ impl<A: Actor> Ctx<A> {
         B::Envelope: Send,
     {
         let me = self.myself.clone();
-        target.watch_with(Box::new(move |t| {
-            let _ = me.tell(t);
-        }));
+        // Dropped by the target once this activation is gone: an actor
+        // watched by many short-lived ones keeps only the live watches.
+        target.watch_while(
+            Box::new(move |t| {
+                let _ = me.tell(t);
+            }),
+            Arc::downgrade(&self.alive),
+        );
     }
 
     /// Spawns an unkeyed child actor: it stops when this actor stops or
@@ -459,22 +481,49 @@ impl<A: Actor> Ctx<A> {
         let link = ParentLink::new(&self.myself);
         let child =
             crate::runner::spawn_unkeyed(self.myself.system.arc(), placement, factory, Some(link));
+        // A child that ends on its own leaves the list (at the next
+        // pruning): a parent spawning a short-lived child per request keeps
+        // only the live ones.
+        let ended = Arc::new(AtomicBool::new(false));
+        let flag = ended.clone();
+        child.watch_with(Box::new(move |_| flag.store(true, Ordering::Release)));
         let stop = child.clone();
-        self.children.push(Box::new(move || {
-            crate::local::send_delivery(
-                stop.system.arc(),
-                stop.home(),
-                stop.target_id(),
-                crate::local::Delivery::Stop(StopReason::ParentStopped),
-            )
-        }));
+        self.children.push(Child {
+            ended,
+            stop: Box::new(move || {
+                crate::local::send_delivery(
+                    stop.system.arc(),
+                    stop.home(),
+                    stop.target_id(),
+                    crate::local::Delivery::Stop(StopReason::ParentStopped),
+                )
+            }),
+        });
+        if self.children.len() >= self.prune_children_at {
+            self.prune_children();
+            self.prune_children_at = (2 * self.children.len()).max(16);
+        }
         child
     }
 
+    /// Children spawned by this activation ([`Ctx::spawn_child`]) that have
+    /// not ended yet, as far as this shard has heard.
+    pub fn child_count(&mut self) -> usize {
+        self.prune_children();
+        self.children.len()
+    }
+
+    fn prune_children(&mut self) {
+        self.children.retain(|c| !c.ended.load(Ordering::Acquire));
+    }
+
     pub(crate) fn stop_children(&mut self) {
-        for stop in self.children.drain(..) {
-            stop();
+        for child in self.children.drain(..) {
+            if !child.ended.load(Ordering::Acquire) {
+                (child.stop)();
+            }
         }
+        self.prune_children_at = 16;
     }
 }
 

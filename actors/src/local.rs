@@ -862,7 +862,12 @@ pub(crate) fn send_delivery<A: Actor>(
         return no_such_shard(target, item);
     }
     match type_state::<A>(system) {
-        Some(ts) if ts.shard == dest => ts.apply(&target, item),
+        Some(ts) if ts.shard == dest => {
+            // As a same-shard send does: what other shards delivered here
+            // first (a spawn, a message) is applied before.
+            mailring::receive_pending();
+            ts.apply(&target, item)
+        }
         Some(ts) => match item {
             Delivery::Msg(env) => ts.push_outbound(dest, target, || env),
             control => ts.push_control(dest, target, control),

@@ -242,6 +242,7 @@ where
             .peekable();
         let mut local = false;
         let mut msg = Some(msg);
+        let mut handed_over = false;
         while let Some(i) = busy.next() {
             if Some(i) == here {
                 local = true;
@@ -254,6 +255,12 @@ where
             } else {
                 msg.as_ref().expect("present until the last").clone()
             };
+            if !handed_over {
+                // What this task sent earlier through the actor layer's
+                // batches goes ahead of the publish, in the order sent.
+                mailring::hand_over_batches();
+                handed_over = true;
+            }
             let shared = self.shared.clone();
             self.shared
                 .system

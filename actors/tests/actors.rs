@@ -661,6 +661,46 @@ fn max_active_passivates_the_least_recently_used() {
     sys.shutdown();
 }
 
+#[derive(Actor)]
+#[actor(key = u64, activate = LruLocal::new, max_active = 2, pinned = 0, handles(Get))]
+struct LruLocal;
+
+impl LruLocal {
+    fn new(_k: &u64) -> Self {
+        LruLocal
+    }
+}
+
+impl Handler<Get> for LruLocal {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        1
+    }
+}
+
+#[test]
+fn a_key_used_through_its_local_address_is_not_the_least_recently_used() {
+    let sys = system(2);
+    let h = sys.handle();
+    sys.block_on_local(move || async move {
+        h.keyed::<LruLocal>(0).ask(Get).await.unwrap();
+        let zero = h.keyed::<LruLocal>(0).local().unwrap();
+        h.keyed::<LruLocal>(1).ask(Get).await.unwrap();
+        // Key 0 is used last, through its local address (a tell and an
+        // ask): key 1 is the one a third key pushes out.
+        zero.tell(Get).unwrap();
+        zero.ask(Get).await.unwrap();
+        h.keyed::<LruLocal>(2).ask(Get).await.unwrap();
+        mailring_actors::mailring::time::sleep(Duration::from_millis(20)).await;
+        zero.ask(Get).await.unwrap();
+    });
+    let stats = sys.stats().by_type("LruLocal").unwrap();
+    assert_eq!(
+        stats.activations, 3,
+        "key 0 was passivated as least recently used and activated again"
+    );
+    sys.shutdown();
+}
+
 // ---------------------------------------------------------------- bounded mailboxes
 
 #[derive(Actor, Default)]
@@ -1768,17 +1808,17 @@ fn wait_for_futures_end_with_their_actor_and_never_continue_into_it() {
 
 // ---------------------------------------------------------------- children
 
-static PARENT_STARTS: AtomicUsize = AtomicUsize::new(0);
-
 #[derive(Actor, Default)]
 #[actor(handles(SpawnChild, Get), hooks)]
 struct Parent {
     child: Option<mailring_actors::Addr<Child>>,
+    /// Starts of this parent (each test its own count: tests run at once).
+    starts: Arc<AtomicUsize>,
 }
 
 impl Hooks for Parent {
     async fn on_start(&mut self, _cx: &mut Ctx<Self>) {
-        PARENT_STARTS.fetch_add(1, Ordering::SeqCst);
+        self.starts.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -1819,7 +1859,12 @@ impl Handler<Get> for Parent {
 #[test]
 fn escalation_restarts_the_parent_and_stops_its_children() {
     let sys = system(2);
-    let p = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Parent::default);
+    let starts = Arc::new(AtomicUsize::new(0));
+    let counted = starts.clone();
+    let p = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), move || Parent {
+        child: None,
+        starts: counted.clone(),
+    });
     let out = sys.block_on(async move {
         let child = p.ask(SpawnChild).await.unwrap();
         assert_eq!(child.ask(Get).await, Ok(7));
@@ -1830,7 +1875,7 @@ fn escalation_restarts_the_parent_and_stops_its_children() {
         (p.ask(Get).await, child.ask(Get).await)
     });
     assert_eq!(out, (Ok(0), Err(AskError::Stopped)));
-    assert_eq!(PARENT_STARTS.load(Ordering::SeqCst), 2);
+    assert_eq!(starts.load(Ordering::SeqCst), 2);
     sys.shutdown();
 }
 
@@ -1846,6 +1891,63 @@ fn stopping_a_parent_stops_its_children() {
         child.ask(Get).await
     });
     assert_eq!(out, Err(AskError::Stopped));
+    sys.shutdown();
+}
+
+/// Spawns short-lived children on demand and says how many it holds.
+#[derive(Actor, Default)]
+#[actor(handles(SpawnShortLived, CountChildren))]
+struct Spawner;
+
+#[derive(Message)]
+#[message(reply = mailring_actors::Addr<Child>)]
+struct SpawnShortLived;
+
+#[derive(Message)]
+#[message(reply = usize)]
+struct CountChildren;
+
+impl Handler<SpawnShortLived> for Spawner {
+    async fn handle(
+        &mut self,
+        _m: SpawnShortLived,
+        cx: &mut Ctx<Self>,
+    ) -> mailring_actors::Addr<Child> {
+        cx.spawn_child(Placement::Pinned(ShardId::new(1)), Child::default)
+    }
+}
+
+impl Handler<CountChildren> for Spawner {
+    async fn handle(&mut self, _m: CountChildren, cx: &mut Ctx<Self>) -> usize {
+        cx.child_count()
+    }
+}
+
+#[test]
+fn a_parent_keeps_no_record_of_children_that_ended() {
+    // One short-lived child per request, a thousand times: the parent
+    // holds the live ones only.
+    let sys = system(2);
+    let p = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Spawner::default);
+    let (live, after) = sys.block_on(async move {
+        let mut kept = Vec::new();
+        for i in 0..1000 {
+            let child = p.ask(SpawnShortLived).await.unwrap();
+            if i % 100 == 0 {
+                kept.push(child);
+            } else {
+                child.stop();
+            }
+        }
+        mailring_actors::mailring::time::sleep(Duration::from_millis(50)).await;
+        let live = p.ask(CountChildren).await.unwrap();
+        for child in &kept {
+            child.stop();
+        }
+        mailring_actors::mailring::time::sleep(Duration::from_millis(50)).await;
+        (live, p.ask(CountChildren).await.unwrap())
+    });
+    assert_eq!((live, after), (10, 0));
     sys.shutdown();
 }
 

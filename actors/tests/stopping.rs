@@ -353,3 +353,31 @@ fn hooks_run_from_an_impl_alone_and_a_type_without_one_runs_none() {
     assert_eq!(*log.lock().unwrap(), ["start", "message", "stop"]);
     sys.shutdown();
 }
+
+#[test]
+fn a_stop_from_the_actor_s_shard_follows_the_spawn_delivered_there_before_it() {
+    // An outside thread spawns an actor on shard 0 (the spawn waits in
+    // shard 0's inbox) and hands its address to a task already running
+    // there, which asks whether it is alive and stops it: the spawn is
+    // applied first, as it would be for a message.
+    let sys = system();
+    let (tx, rx) = std::sync::mpsc::channel::<Addr<Worker>>();
+    let task = sys.runtime().spawn_on(ShardId::new(0), async move {
+        // Holds shard 0 (its inbox unread) until the address comes.
+        let addr = rx.recv_timeout(Duration::from_secs(5)).expect("an address");
+        let alive = addr.is_alive().await;
+        addr.stop();
+        let end = timeout(Duration::from_secs(5), addr.stopped())
+            .await
+            .expect("the stop ends it");
+        (alive, end.reason)
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let addr = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Worker::default);
+    tx.send(addr.clone()).unwrap();
+    let (alive, reason) = sys.block_on(task).unwrap();
+    assert!(alive, "a spawned actor taken for dead");
+    assert_eq!(reason, StopReason::Stopped, "the stop was lost");
+    assert!(sys.block_on(async move { addr.ask(Count).await }).is_err());
+    sys.shutdown();
+}

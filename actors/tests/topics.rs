@@ -101,6 +101,29 @@ fn every_subscriber_on_every_shard_gets_every_message_in_order() {
 }
 
 #[test]
+fn a_publish_does_not_overtake_the_same_task_s_earlier_tell_to_a_subscriber() {
+    // One task tells a subscriber on another shard, then publishes: the
+    // subscriber sees the tell first (messages from one task to one actor
+    // arrive in the order sent, whatever path each takes).
+    let sys = system(2);
+    let topic: Topic<Tick> = sys.handle().topic();
+    let listener = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Listener::default);
+    topic.subscribe(listener.clone());
+    seen_by(&sys, std::slice::from_ref(&listener));
+    for round in 0..50u64 {
+        let (t, l) = (topic.clone(), listener.clone());
+        sys.block_on(sys.runtime().spawn_on(ShardId::new(0), async move {
+            l.tell(Tick(2 * round)).unwrap();
+            t.publish(Tick(2 * round + 1));
+        }))
+        .unwrap();
+    }
+    let expected: Vec<u64> = (0..100).collect();
+    assert_eq!(seen_by(&sys, &[listener]), vec![expected]);
+    sys.shutdown();
+}
+
+#[test]
 fn a_publish_crosses_to_each_shard_once_not_once_per_subscriber() {
     let sys = system(2);
     let topic: Topic<Tick> = sys.handle().topic();
