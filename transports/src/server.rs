@@ -53,9 +53,12 @@ pub enum HandOff {
     /// shard's registered table when accepted (I/O by slot) and sent to the
     /// owner's ring with `IORING_MSG_SEND_FD`. Needs
     /// `Builder::direct_descriptors` on the runtime and kernel 6.0+; a
-    /// connection that finds no room (no table, table full) stays a plain
-    /// descriptor, counted in `SessionShardStats::direct_refused`. Unix
-    /// connections always move as descriptors.
+    /// connection that finds no room when accepted (no table, table full)
+    /// stays a plain descriptor, counted in
+    /// `SessionShardStats::direct_refused`; one whose move then finds the
+    /// owner's table full has no descriptor to fall back on and closes
+    /// with `CloseReason::HandOff` (size the tables for the connections a
+    /// shard may own). Unix connections always move as descriptors.
     Direct,
 }
 
