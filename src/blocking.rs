@@ -252,12 +252,28 @@ impl BlockingPool {
     }
 }
 
-/// Keeps a pool thread counted exactly as long as it lives, however it ends.
-struct Counted<'a>(&'a Inner);
+/// Keeps a pool thread counted until it decides to leave (under the lock,
+/// with the decision) or, however else it ends, until it is gone.
+struct Counted<'a> {
+    inner: &'a Inner,
+    counted: bool,
+}
+
+impl Counted<'_> {
+    /// The thread leaves: no longer counted, in the same critical section
+    /// as the decision, so a `spawn` that finds it gone starts another
+    /// rather than queueing a job for a thread on its way out.
+    fn leave(&mut self, state: &mut State) {
+        state.threads -= 1;
+        self.counted = false;
+    }
+}
 
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
-        self.0.lock().threads -= 1;
+        if self.counted {
+            self.inner.lock().threads -= 1;
+        }
     }
 }
 
@@ -288,7 +304,10 @@ impl Inner {
     }
 
     fn work(&self) {
-        let _counted = Counted(self);
+        let mut counted = Counted {
+            inner: self,
+            counted: true,
+        };
         let mut state = self.lock();
         loop {
             if let Some(job) = state.queue.pop_front() {
@@ -305,6 +324,7 @@ impl Inner {
                 continue;
             }
             if state.shutdown {
+                counted.leave(&mut state);
                 break;
             }
             state.idle += 1;
@@ -315,10 +335,10 @@ impl Inner {
             state = next;
             state.idle -= 1;
             if timeout.timed_out() && state.queue.is_empty() {
+                counted.leave(&mut state);
                 break;
             }
         }
-        // Released before `Counted` takes the lock again.
         drop(state);
     }
 }

@@ -258,6 +258,9 @@ impl File {
     /// capacity; returns the byte count (0 at end of file) and the buffer,
     /// whose length is then the byte count. A short read is returned as such.
     pub async fn read_at<B: IoBufMut>(&self, buf: B, pos: u64) -> (io::Result<usize>, B) {
+        if let Err(e) = file_offset(pos, 0) {
+            return (Err(e), buf);
+        }
         // SAFETY: a positional read writes at most `len` bytes at `ptr`.
         unsafe {
             submit_read(&self.inner, buf, 0, |fd, ptr, len| {
@@ -276,7 +279,10 @@ impl File {
         let total = buf.bytes_total();
         let mut done = 0usize;
         while done < total {
-            let at = pos + done as u64;
+            let at = match file_offset(pos, done) {
+                Ok(at) => at,
+                Err(e) => return (Err(e), buf),
+            };
             // SAFETY: a positional read writes at most `len` bytes at `ptr`.
             let (res, back) = unsafe {
                 submit_read(&self.inner, buf, done, |fd, ptr, len| {
@@ -315,6 +321,9 @@ impl File {
         from: usize,
         pos: u64,
     ) -> (io::Result<usize>, B) {
+        if let Err(e) = file_offset(pos, 0) {
+            return (Err(e), buf);
+        }
         // SAFETY: a positional write reads at most `len` bytes at `ptr`.
         unsafe {
             submit_write(&self.inner, buf, from, true, |fd, ptr, len| {
@@ -333,7 +342,11 @@ impl File {
         let total = buf.bytes_init();
         let mut done = 0usize;
         while done < total {
-            let (res, back) = self.write_slice_at(buf, done, pos + done as u64).await;
+            let at = match file_offset(pos, done) {
+                Ok(at) => at,
+                Err(e) => return (Err(e), buf),
+            };
+            let (res, back) = self.write_slice_at(buf, done, at).await;
             buf = back;
             match res {
                 Ok(0) => {
@@ -724,6 +737,15 @@ pub async fn remove_dir(path: impl AsRef<Path>) -> io::Result<()> {
     .await
 }
 
+/// The file offset `done` bytes past `pos`: io_uring reads an offset of
+/// `-1` as "the file's current position", so an offset past `i64::MAX`
+/// (`u64::MAX` among them) is refused rather than passed on.
+fn file_offset(pos: u64, done: usize) -> io::Result<u64> {
+    pos.checked_add(done as u64)
+        .filter(|&at| i64::try_from(at).is_ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "file offset out of range"))
+}
+
 /// Reads a whole file.
 ///
 /// # Errors
@@ -731,8 +753,20 @@ pub async fn remove_dir(path: impl AsRef<Path>) -> io::Result<()> {
 /// The errors of opening and reading it.
 pub async fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
     let file = File::open(path).await?;
-    let hint = file.metadata().await.map(|m| m.len() as usize).unwrap_or(0);
-    let mut out = Vec::with_capacity(hint);
+    let hint = file
+        .metadata()
+        .await
+        .map(|m| usize::try_from(m.len()).unwrap_or(usize::MAX))
+        .unwrap_or(0);
+    // As `std::fs::read`: a size the allocator refuses (a sparse file of a
+    // terabyte) is an error, not an abort.
+    let mut out = Vec::new();
+    out.try_reserve_exact(hint).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::OutOfMemory,
+            format!("a {hint}-byte file: {e}"),
+        )
+    })?;
     let mut chunk = Vec::with_capacity(hint.clamp(4096, 1 << 20));
     loop {
         let (res, back) = file.read_at(chunk, out.len() as u64).await;

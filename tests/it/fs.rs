@@ -250,6 +250,60 @@ fn blocking_writes_land_where_ring_writes_do_and_report_kernel_errors() {
 }
 
 #[test]
+fn ring_reads_and_writes_refuse_offsets_past_what_the_kernel_takes_as_a_position() {
+    // io_uring reads an offset of -1 as "the file's current position": a
+    // write at `u64::MAX` would land at the start of the file.
+    let rt = rt2();
+    let path = temp_path("far-offsets");
+    let p = path.clone();
+    rt.block_on(async move {
+        let file = File::create(&p).await.unwrap();
+        let (r, _) = file.write_all_at(b"keep".to_vec(), 0).await;
+        r.unwrap();
+        for pos in [u64::MAX, i64::MAX as u64 + 1] {
+            let (r, _) = file.write_all_at(b"lost".to_vec(), pos).await;
+            assert_eq!(r.unwrap_err().kind(), ErrorKind::InvalidInput, "{pos}");
+            let (r, _) = file.write_at(b"lost".to_vec(), pos).await;
+            assert_eq!(r.unwrap_err().kind(), ErrorKind::InvalidInput, "{pos}");
+            let (r, _) = file.read_at(Vec::with_capacity(4), pos).await;
+            assert_eq!(r.unwrap_err().kind(), ErrorKind::InvalidInput, "{pos}");
+            let (r, _) = file.read_exact_at(Vec::with_capacity(4), pos).await;
+            assert_eq!(r.unwrap_err().kind(), ErrorKind::InvalidInput, "{pos}");
+        }
+        // A whole read stepping past the last offset is refused too.
+        let (r, _) = file
+            .read_exact_at(Vec::with_capacity(8), i64::MAX as u64 - 2)
+            .await;
+        assert!(r.is_err());
+        let (n, buf) = file.read_at(Vec::with_capacity(8), 0).await;
+        assert_eq!(n.unwrap(), 4);
+        assert_eq!(buf, b"keep", "nothing written over the start");
+    });
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn reading_a_sparse_file_larger_than_memory_is_an_error_not_an_abort() {
+    let rt = rt2();
+    let path = temp_path("sparse-huge");
+    // A sparse file of 8 TiB (no blocks): its size is the read's size hint.
+    let f = std::fs::File::create(&path).unwrap();
+    if let Err(e) = f.set_len(8 << 40) {
+        // A filesystem that refuses that size: nothing to check here.
+        eprintln!("skipped: the filesystem refuses an 8 TiB file: {e}");
+        std::fs::remove_file(&path).unwrap();
+        return;
+    }
+    drop(f);
+    let p = path.clone();
+    let err = rt
+        .block_on(async move { mailring::fs::read(&p).await })
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutOfMemory, "{err}");
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
 fn metadata_and_path_helpers() {
     let rt = rt2();
     let base = temp_path("tree");

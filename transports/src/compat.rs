@@ -13,7 +13,9 @@
 //! send in flight). A flush waits until everything written is handed to a
 //! send, not until the peer has made room for it: the send in flight plays
 //! the part of the kernel's socket buffer behind a Tokio `TcpStream`, whose
-//! flush returns at once. A send that fails is reported by the next write,
+//! flush returns at once; it goes on whenever the stream is polled, to read
+//! as well as to write (a send the kernel takes in part needs a poll to go
+//! on). A send that fails is reported by the next write,
 //! flush or shutdown; a shutdown waits for every send; a stream dropped
 //! with sends still to go finishes them in the background (for at most
 //! [`DROP_LINGER`]), so no byte a write accepted is lost. The stream is `Send`
@@ -176,6 +178,13 @@ impl CompatStream {
 
     /// Makes sure there are received bytes to hand out, or the end.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // The send in flight goes on while the task reads: a send the
+        // kernel took in part needs a poll to submit the rest, and a task
+        // that wrote, flushed and now waits for the answer polls only
+        // here (a failure is kept for the next write or flush).
+        if self.poll_send(cx).is_ready() {
+            self.start_send(cx);
+        }
         loop {
             if !self.read_buf.is_empty() || self.read_eof {
                 return Poll::Ready(Ok(()));

@@ -406,6 +406,69 @@ fn a_flush_does_not_wait_for_the_peer_and_a_drop_loses_no_accepted_byte() {
     drop(rt);
 }
 
+/// A send that the kernel takes only in part (the peer's buffer nearly
+/// full) goes on while the task only reads: a request written and flushed,
+/// then a wait for the answer, is not left half sent.
+#[test]
+fn a_send_taken_in_part_goes_on_while_the_task_reads() {
+    use std::io::{Read, Write};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = runtime();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let request: Vec<u8> = (0..(2u32 << 20)).map(|i| (i % 253) as u8).collect();
+    let expected = request.len();
+    // The peer reads nothing for a while (the sends are taken in part),
+    // then reads the whole request and answers.
+    let peer_side = std::thread::spawn(move || {
+        let (mut peer, _) = listener.accept().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        peer.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        // Slowly, a little at a time: the kernel makes room for our sends
+        // in small steps, and takes each in part.
+        let mut got = vec![0u8; expected];
+        let mut at = 0;
+        while at < expected {
+            let n = peer.read(&mut got[at..(at + 1024).min(expected)])?;
+            if n == 0 {
+                break;
+            }
+            at += n;
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        peer.write_all(b"done")?;
+        Ok::<_, std::io::Error>(got[..at].to_vec())
+    });
+    let answer = rt.block_on_local(move || async move {
+        // A small send buffer: the kernel takes a batch in parts.
+        let std_tcp = std::net::TcpStream::connect(addr).unwrap();
+        socket2::SockRef::from(&std_tcp)
+            .set_send_buffer_size(8 << 10)
+            .unwrap();
+        let tcp = mailring::net::TcpStream::from_std(std_tcp).unwrap();
+        let mut stream = CompatStream::tcp(tcp);
+        stream.write_all(&request).await.unwrap();
+        stream.flush().await.unwrap();
+        let mut answer = [0u8; 4];
+        mailring::time::timeout(
+            std::time::Duration::from_secs(10),
+            stream.read_exact(&mut answer),
+        )
+        .await
+        .map(|r| r.map(|_| answer))
+    });
+    let got = peer_side.join().unwrap();
+    assert_eq!(
+        answer
+            .expect("no answer: the request was left half sent")
+            .unwrap(),
+        *b"done"
+    );
+    assert_eq!(got.unwrap().len(), expected);
+    drop(rt);
+}
+
 /// A stream dropped while its peer reads nothing leaves a send behind
 /// it; shutting the runtime down then does not wait out the linger.
 #[test]
