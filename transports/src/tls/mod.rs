@@ -552,6 +552,9 @@ impl TlsState {
 
     /// The records to send now, as one buffer.
     fn take_outgoing(&mut self) -> Bytes {
+        if let Phase::Traffic(layer) = &mut self.phase {
+            layer.records_taken();
+        }
         self.records_out.split().freeze()
     }
 

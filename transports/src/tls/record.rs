@@ -128,6 +128,10 @@ pub(super) struct RecordLayer {
     close_notify_sent: bool,
     /// Key updates the peer may still send before its next data.
     key_updates_left: u8,
+    /// A KeyUpdate of ours answering the peer's request is queued and not
+    /// taken to be sent yet: a further request is answered by it (one
+    /// answer, however many requests come while our sends are blocked).
+    answer_queued: bool,
     /// Warning alerts the peer may still send.
     warnings_left: u8,
     /// A TLS 1.2 request to renegotiate was refused once.
@@ -239,6 +243,7 @@ impl RecordLayer {
             close_notify_received: false,
             close_notify_sent: false,
             key_updates_left: KEY_UPDATES_BETWEEN_DATA,
+            answer_queued: false,
             warnings_left: WARNING_ALERTS,
             renegotiation_refused: false,
             empty_records_left: EMPTY_RECORDS_IN_A_ROW,
@@ -715,9 +720,16 @@ impl RecordLayer {
             .map_err(|e| protocol(e.to_string()))?;
         self.decrypter = decrypter(self.suite, secrets)?;
         self.rx_seq = seq;
-        if requested && !self.close_notify_sent {
+        if requested && !self.close_notify_sent && !self.answer_queued {
             self.update_tx_key(out)?;
+            self.answer_queued = true;
         }
         Ok(())
+    }
+
+    /// The records queued so far were taken to be sent: a later request
+    /// for a KeyUpdate gets an answer of its own.
+    pub(super) fn records_taken(&mut self) {
+        self.answer_queued = false;
     }
 }

@@ -286,6 +286,41 @@ fn a_rustls_peer_s_key_updates_are_followed_and_answered_when_it_asks() {
 }
 
 #[test]
+fn requests_for_key_updates_while_our_records_wait_get_one_answer() {
+    // A peer that never reads (our records wait, not taken to be sent)
+    // asks again and again for an update of ours, data between each batch
+    // of asks: one answer is queued, not one per request, and the peer
+    // reads it and the data after it.
+    let (mut server, mut client, _) =
+        our_server_and_rustls_client(rustls::crypto::ring::cipher_suite::TLS13_AES_256_GCM_SHA384);
+    for round in 0..200u8 {
+        client.refresh_traffic_keys().unwrap();
+        client.writer().write_all(&[round]).unwrap();
+        from_rustls(&mut client, &mut server);
+        let (got, _) = read_all(&mut server);
+        assert_eq!(got, [round]);
+    }
+    let queued = server.records_out.len();
+    assert!(
+        queued < 100,
+        "{queued} bytes of answers queued for 200 requests"
+    );
+    server.encrypt(b"after").unwrap();
+    assert_eq!(to_rustls(&mut server, &mut client).unwrap(), b"after");
+    // Once taken to be sent, a new request gets its own answer.
+    client.refresh_traffic_keys().unwrap();
+    client.writer().write_all(b"x").unwrap();
+    from_rustls(&mut client, &mut server);
+    assert_eq!(read_all(&mut server).0, b"x");
+    assert!(
+        server.wants_write(),
+        "a new answer after the last was taken"
+    );
+    server.encrypt(b"again").unwrap();
+    assert_eq!(to_rustls(&mut server, &mut client).unwrap(), b"again");
+}
+
+#[test]
 fn our_key_update_at_the_confidentiality_limit_keeps_a_rustls_peer_reading() {
     let (mut server, mut client, _) =
         our_server_and_rustls_client(rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256);
