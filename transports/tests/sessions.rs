@@ -183,6 +183,38 @@ impl Session for Delayed {
     }
 }
 
+/// As [`Delayed`], but reply n is ready once reply n + 1 is (15 at once):
+/// the later request's reply is ready first whatever the timing of the
+/// frames' handling. Bounded: with fewer than 16 in flight the order
+/// breaks and the test says so, rather than hanging.
+struct ReadyInReverse(Delayed);
+
+impl Session for ReadyInReverse {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        let d = &self.0;
+        let n = frame[0];
+        let now = d.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        d.most.fetch_max(now, Ordering::SeqCst);
+        let in_flight = d.in_flight.clone();
+        let order = d.ready_order.clone();
+        cx.reply_later(async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while n < 15
+                && !order.lock().unwrap().contains(&(n + 1))
+                && std::time::Instant::now() < deadline
+            {
+                mailring::time::sleep(Duration::from_millis(1)).await;
+            }
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            order.lock().unwrap().push(n);
+            frame
+        });
+    }
+}
+
 /// `BLOCK` defers its reply 100 ms and holds the frames after it; any
 /// other frame is answered with whether the `BLOCK` reply was ready when
 /// the frame was handled.
@@ -445,10 +477,12 @@ fn pipelined_requests_are_handled_at_once_and_answered_in_order() {
     let most = Arc::new(AtomicUsize::new(0));
     let ready_order = Arc::new(Mutex::new(Vec::new()));
     let (f, m, o) = (in_flight.clone(), most.clone(), ready_order.clone());
-    let server = Server::builder(LengthDelimited::new(), move |_| Delayed {
-        in_flight: f.clone(),
-        most: m.clone(),
-        ready_order: o.clone(),
+    let server = Server::builder(LengthDelimited::new(), move |_| {
+        ReadyInReverse(Delayed {
+            in_flight: f.clone(),
+            most: m.clone(),
+            ready_order: o.clone(),
+        })
     })
     .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
     .unwrap();
