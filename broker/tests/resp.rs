@@ -1567,6 +1567,15 @@ impl Drop for OpenOnDrop {
     }
 }
 
+/// A broker of `shards` under `always` whose flushes the returned gate can
+/// hold.
+fn always_with_gate(dir: &TempDir, shards: usize) -> (Broker, SyncGate) {
+    let gate = SyncGate::new();
+    let mut config = BrokerConfig::default();
+    config.store.sync_gate = Some(gate.clone());
+    (start_in(&dir.0, shards, config), gate)
+}
+
 fn everysec_with_gate(dir: &TempDir) -> (Broker, SyncGate) {
     let gate = SyncGate::new();
     let mut config = BrokerConfig::default();
@@ -2237,10 +2246,7 @@ fn visible_state(c: &mut Client, keys: &[&str]) -> Vec<R> {
 #[test]
 fn every_answered_write_survives_a_power_loss_under_always() {
     let dir = TempDir::new();
-    let gate = SyncGate::new();
-    let mut config = BrokerConfig::default();
-    config.store.sync_gate = Some(gate.clone());
-    let broker = start_in(&dir.0, 2, config);
+    let (broker, gate) = always_with_gate(&dir, 2);
     // Both shards' logs written.
     for (k, shard) in [("a", 0), ("b", 1), ("c", 0), ("d", 1)] {
         assert_eq!(broker.place_stream(k.as_bytes(), shard), Ok(shard));
@@ -2691,10 +2697,7 @@ fn nothing_to_read(c: &mut Client) -> bool {
 /// A broker of 2 shards under `always` whose flushes `gate` can hold,
 /// with `stream` holding entry `1-0` and group `g` at its end; a client.
 fn gated_stream_with_group(dir: &TempDir, stream: &str) -> (Broker, SyncGate, Client) {
-    let gate = SyncGate::new();
-    let mut config = BrokerConfig::default();
-    config.store.sync_gate = Some(gate.clone());
-    let broker = start_in(&dir.0, 2, config);
+    let (broker, gate) = always_with_gate(dir, 2);
     let mut c = Client::connect(broker.local_addr());
     assert_eq!(c.cmd(&["XADD", stream, "1-0", "f", "v"]), R::bulk("1-0"));
     assert_eq!(
@@ -2731,10 +2734,7 @@ fn under_always_a_read_of_a_change_the_log_failed_to_write_gets_the_error() {
     // its write was held) gets the log's error instead. What was flushed
     // before is still read.
     let dir = TempDir::new();
-    let gate = SyncGate::new();
-    let mut config = BrokerConfig::default();
-    config.store.sync_gate = Some(gate.clone());
-    let broker = start_in(&dir.0, 1, config);
+    let (broker, gate) = always_with_gate(&dir, 1);
     let _open = OpenOnDrop(gate.clone());
     let addr = broker.local_addr();
     let mut c = Client::connect(addr);

@@ -1291,6 +1291,12 @@ fn close<S: Session>(
     }
 }
 
+/// Bytes queued for the peer: in the session's buffer and in the send in
+/// flight.
+fn outbound<S: Session>(cx: &SessionCtx<S>, in_flight: usize) -> usize {
+    cx.wbuf.len() + in_flight
+}
+
 /// The connection's loop on this shard: decode and handle frames, keep
 /// deferred replies in order, write, read when the decoder needs bytes.
 ///
@@ -1348,12 +1354,12 @@ async fn drive<S: Session>(
         // Outbound bytes past the limit: no push and no frame is taken
         // until the send drains them (a tiny request may ask for a big
         // reply; the limit holds between frames, not only while waiting).
-        let outbound_full = cx.wbuf.len() + in_flight > config.outbound_limit;
+        let outbound_full = outbound(cx, in_flight) > config.outbound_limit;
         // Pushes run between frames.
         if let Some(r) = registered.as_ref().filter(|_| !outbound_full) {
             while let Some(push) = r.take() {
                 push(session, cx);
-                if cx.wbuf.len() + in_flight > config.outbound_limit {
+                if outbound(cx, in_flight) > config.outbound_limit {
                     break;
                 }
             }
@@ -1373,10 +1379,9 @@ async fn drive<S: Session>(
             && cx.takes_frames();
         // Held back by the outbound limit alone, with bytes of requests
         // waiting: more output waits behind the send, as if queued.
-        let held_back = may_take
-            && cx.wbuf.len() + in_flight > config.outbound_limit
-            && (carried.is_some() || !rbuf.is_empty());
-        if may_take && cx.wbuf.len() + in_flight <= config.outbound_limit {
+        let outbound_ok = outbound(cx, in_flight) <= config.outbound_limit;
+        let held_back = may_take && !outbound_ok && (carried.is_some() || !rbuf.is_empty());
+        if may_take && outbound_ok {
             let next = match carried.take() {
                 Some(f) => Ok(Some(f)),
                 None if recv.is_none() => decoder.decode(rbuf),
@@ -1487,7 +1492,7 @@ async fn drive<S: Session>(
         // Past the outbound limit, one receive still looks for a request
         // held back (which makes the peer a slow reader), and no more is
         // read.
-        let outbound_ok = cx.wbuf.len() + in_flight <= config.outbound_limit;
+        let outbound_ok = outbound(cx, in_flight) <= config.outbound_limit;
         let wants_bytes = if outbound_ok {
             starved
         } else {
@@ -1554,7 +1559,7 @@ async fn drive<S: Session>(
             // the limit only while a send is stuck on them and more waits
             // behind it (queued, or requests held back by the limit): a
             // big reply about to go is not a slow reader.
-            let queued = cx.wbuf.len() + in_flight;
+            let queued = outbound(cx, in_flight);
             if queued > config.outbound_limit
                 && send.is_some()
                 && (!cx.wbuf.is_empty() || held_back)
@@ -1653,7 +1658,7 @@ async fn drive<S: Session>(
                 if send.is_some() {
                     if send_stalled {
                         return Exit::Close(CloseReason::SlowReader {
-                            queued: cx.wbuf.len() + in_flight,
+                            queued: outbound(cx, in_flight),
                         });
                     }
                     send_stalled = true;

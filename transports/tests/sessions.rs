@@ -164,16 +164,23 @@ struct Delayed {
     ready_order: Arc<Mutex<Vec<u8>>>,
 }
 
+impl Delayed {
+    /// Counts a request in flight (and the most at once); the counters its
+    /// reply updates when ready.
+    fn start(&self) -> (Arc<AtomicUsize>, Arc<Mutex<Vec<u8>>>) {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        (self.in_flight.clone(), self.ready_order.clone())
+    }
+}
+
 impl Session for Delayed {
     type Codec = LengthDelimited;
     type Key = ();
 
     async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
         let n = frame[0];
-        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        self.most.fetch_max(now, Ordering::SeqCst);
-        let in_flight = self.in_flight.clone();
-        let order = self.ready_order.clone();
+        let (in_flight, order) = self.start();
         cx.reply_later(async move {
             mailring::time::sleep(Duration::from_millis(u64::from(16 - n.min(16)) * 3)).await;
             in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -194,12 +201,8 @@ impl Session for ReadyInReverse {
     type Key = ();
 
     async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
-        let d = &self.0;
         let n = frame[0];
-        let now = d.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        d.most.fetch_max(now, Ordering::SeqCst);
-        let in_flight = d.in_flight.clone();
-        let order = d.ready_order.clone();
+        let (in_flight, order) = self.0.start();
         cx.reply_later(async move {
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
             while n < 15
