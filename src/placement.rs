@@ -373,8 +373,9 @@ impl RouteHasher {
         self.state = mix(self.state ^ w);
     }
 
-    /// Adds one byte to the partial word; a full one is mixed in.
-    #[inline]
+    /// Adds one byte to the partial word; a full one is mixed in: the
+    /// encoding as first written, which the tests hold `write` to.
+    #[cfg(test)]
     fn push_tail_byte(&mut self, b: u8) {
         self.tail |= u64::from(b) << (8 * self.tail_len);
         self.tail_len += 1;
@@ -387,17 +388,49 @@ impl RouteHasher {
     }
 }
 
+/// Up to eight bytes as the low bytes of a little-endian word, read in at
+/// most two loads: from four bytes up, the first four and the last four
+/// (overlapping, they put the same bytes in the same places); below, the
+/// first, middle and last byte.
+#[inline]
+fn partial_word(bytes: &[u8]) -> u64 {
+    let n = bytes.len();
+    debug_assert!(n <= 8);
+    let low4 = |at: usize| {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&bytes[at..at + 4]);
+        u64::from(u32::from_le_bytes(w))
+    };
+    match n {
+        0 => 0,
+        1..=3 => {
+            u64::from(bytes[0])
+                | u64::from(bytes[n / 2]) << (8 * (n / 2))
+                | u64::from(bytes[n - 1]) << (8 * (n - 1))
+        }
+        _ => low4(0) | low4(n - 4) << (8 * (n - 4)),
+    }
+}
+
 impl Hasher for RouteHasher {
     fn write(&mut self, mut bytes: &[u8]) {
         // Bytes are taken little-endian, eight to a word, across calls:
         // first those that complete a word begun by an earlier call, then
-        // whole words, then the rest into the tail.
-        while self.tail_len != 0 {
-            let Some((&b, rest)) = bytes.split_first() else {
+        // whole words, then the rest into the tail (a word at a time, not
+        // a byte at a time: keys are short, the tail is most of them).
+        if self.tail_len != 0 {
+            let have = self.tail_len as usize;
+            let take = bytes.len().min(8 - have);
+            self.tail |= partial_word(&bytes[..take]) << (8 * have);
+            self.tail_len += take as u32;
+            bytes = &bytes[take..];
+            if self.tail_len < 8 {
                 return;
-            };
-            self.push_tail_byte(b);
-            bytes = rest;
+            }
+            let t = self.tail;
+            self.word(t);
+            self.tail = 0;
+            self.tail_len = 0;
         }
         let mut words = bytes.chunks_exact(8);
         for w in &mut words {
@@ -405,8 +438,10 @@ impl Hasher for RouteHasher {
             word.copy_from_slice(w);
             self.word(u64::from_le_bytes(word));
         }
-        for &b in words.remainder() {
-            self.push_tail_byte(b);
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            self.tail = partial_word(rest);
+            self.tail_len = rest.len() as u32;
         }
     }
 

@@ -1497,9 +1497,10 @@ impl RespSession {
             Kind::Stream(at) if args[at].len() > MAX_KEY_LEN => {
                 self.reply(key_too_long(&args[at]), cx)
             }
+            // `XADD` makes its stream: no lookup of the name first.
             Kind::Stream(at)
-                if self.reads_missing(&args[at])
-                    && !StreamActor::makes_stream(spec.name, &args) =>
+                if !StreamActor::makes_stream(spec.name, &args)
+                    && self.reads_missing(&args[at]) =>
             {
                 // The gathered run's replies come first.
                 self.send_run(cx);

@@ -317,4 +317,29 @@ mod tests {
         assert_ne!(key_tag(b"s:1"), key_tag(b"s:10"));
         assert_eq!(key_tag(b""), 0);
     }
+
+    #[test]
+    fn a_full_run_groups_by_stream_when_every_key_shares_a_tag() {
+        // 64 keys of one tag (same length, same last seven bytes): told
+        // apart by their bytes.
+        let keys: Vec<String> = (0..RUN_MAX).map(|i| format!("{i:02}-1234567")).collect();
+        let mut order: Vec<&str> = keys.iter().map(String::as_str).collect();
+        // Half the streams twice: the second command joins the first.
+        order.extend(keys.iter().step_by(2).map(String::as_str));
+        let order = &order[RUN_MAX / 2..RUN_MAX + RUN_MAX / 2];
+        let parts = by_stream(order.iter().map(|k| xadd(k)).collect());
+        let mut seen = 0;
+        for p in &parts {
+            for i in p.at.iter() {
+                assert_eq!(order[i].as_bytes(), &p.stream[..]);
+                seen += 1;
+            }
+            assert_eq!(p.commands.len(), p.at.len());
+        }
+        assert_eq!(seen, order.len());
+        assert_eq!(parts.len(), RUN_MAX / 2 + RUN_MAX / 4);
+        assert!(keys
+            .iter()
+            .all(|k| key_tag(k.as_bytes()) == key_tag(keys[0].as_bytes())));
+    }
 }
