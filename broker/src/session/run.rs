@@ -20,7 +20,7 @@ use bytes::Bytes;
 use mailring_transports::SessionCtx;
 
 use super::{settle, unavailable, RespSession};
-use crate::actor::{Answer, ExecRun, StreamActor};
+use crate::actor::{ExecRun, StreamActor};
 use crate::command::{self, Kind};
 use crate::resp::{Protocol, Reply};
 use crate::server::MAX_KEY_LEN;
@@ -86,13 +86,6 @@ struct StreamPart {
     tag: u64,
     at: Places,
     commands: Vec<(&'static str, Vec<Bytes>)>,
-}
-
-/// What came back for one command: an answer whose change may still be
-/// flushing, or the reply itself.
-enum Got {
-    Answer(Answer),
-    Reply(Reply),
 }
 
 impl RespSession {
@@ -180,15 +173,32 @@ impl RespSession {
             })
             .collect();
         cx.reply_later_many(n, async move {
-            let mut got: Vec<Option<Got>> = (0..n).map(|_| None).collect();
+            // Each place filled as its stream's answers come (settled:
+            // what they changed is flushed), then all in request order.
+            let mut frames: Vec<Option<(Protocol, Reply)>> = vec![None; n];
             for (at, ask) in asks {
-                place(&mut got, at, ask.await);
-            }
-            let mut frames = Vec::with_capacity(n);
-            for g in got {
-                frames.push(settled(g, proto).await);
+                match ask.await {
+                    Ok(answers) => {
+                        debug_assert_eq!(answers.len(), at.len(), "one answer per command");
+                        for (i, answer) in at.iter().zip(answers) {
+                            frames[i] = Some(settle(Ok(answer)).await.frame(proto));
+                        }
+                    }
+                    Err(e) => {
+                        let reply = unavailable(e);
+                        for i in at.iter() {
+                            frames[i] = Some(reply.clone().frame(proto));
+                        }
+                    }
+                }
             }
             frames
+                .into_iter()
+                // Not reached: every place is filled by its stream's answers.
+                .map(|f| {
+                    f.unwrap_or_else(|| Reply::err("stream unavailable: no answer").frame(proto))
+                })
+                .collect()
         });
     }
 }
@@ -231,38 +241,6 @@ fn key_tag(key: &[u8]) -> u64 {
     word[..tail.len()].copy_from_slice(tail);
     word[7] = key.len() as u8;
     u64::from_le_bytes(word)
-}
-
-/// Puts one stream's answers at their places in the run.
-fn place(
-    got: &mut [Option<Got>],
-    at: Places,
-    answers: Result<Vec<Answer>, mailring_actors::AskError>,
-) {
-    match answers {
-        Ok(answers) => {
-            debug_assert_eq!(answers.len(), at.len(), "one answer per command");
-            for (i, answer) in at.iter().zip(answers) {
-                got[i] = Some(Got::Answer(answer));
-            }
-        }
-        Err(e) => {
-            let reply = unavailable(e);
-            for i in at.iter() {
-                got[i] = Some(Got::Reply(reply.clone()));
-            }
-        }
-    }
-}
-
-/// The frame of one command's reply, once what it changed is flushed.
-async fn settled(got: Option<Got>, proto: Protocol) -> (Protocol, Reply) {
-    match got {
-        Some(Got::Answer(answer)) => settle(Ok(answer)).await.frame(proto),
-        Some(Got::Reply(reply)) => reply.frame(proto),
-        // Not reached: every place is filled by its stream's answers.
-        None => Reply::err("stream unavailable: no answer").frame(proto),
-    }
 }
 
 #[cfg(test)]
