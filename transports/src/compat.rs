@@ -13,9 +13,9 @@
 //! send in flight). A flush waits until everything written is handed to a
 //! send, not until the peer has made room for it: the send in flight plays
 //! the part of the kernel's socket buffer behind a Tokio `TcpStream`, whose
-//! flush returns at once; it goes on whenever the stream is polled, to read
-//! as well as to write (a send the kernel takes in part needs a poll to go
-//! on). A send that fails is reported by the next write,
+//! flush returns at once; a send that the socket does not take at once goes
+//! on in a task of the stream's shard, so it moves whether or not the
+//! stream is polled again. A send that fails is reported by the next write,
 //! flush or shutdown; a shutdown waits for every send; a stream dropped
 //! with sends still to go finishes them in the background (for at most
 //! [`DROP_LINGER`]), so no byte a write accepted is lost. The stream is `Send`
@@ -178,10 +178,10 @@ impl CompatStream {
 
     /// Makes sure there are received bytes to hand out, or the end.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        // The send in flight goes on while the task reads: a send the
-        // kernel took in part needs a poll to submit the rest, and a task
-        // that wrote, flushed and now waits for the answer polls only
-        // here (a failure is kept for the next write or flush).
+        // A send that ended is taken off, and what was queued behind it
+        // handed to the next (a task that wrote, flushed and now waits for
+        // the answer polls only here); a failure is kept for the next
+        // write or flush.
         if self.poll_send(cx).is_ready() {
             self.start_send(cx);
         }
@@ -245,15 +245,48 @@ impl CompatStream {
     }
 
     /// Hands what is queued to a send, if none is in flight, and polls it
-    /// once (which submits it).
+    /// once (which sends what the socket takes at once, or submits it). A
+    /// send that does not end there goes on in a task of the stream's
+    /// shard, so that it moves whatever this stream's task does next.
     fn start_send(&mut self, cx: &mut Context<'_>) {
         if self.sending.is_some() || self.write_buf.is_empty() {
             return;
         }
         let conn = self.conn.clone();
         let batch = self.write_buf.split().freeze();
-        self.sending = Some(Box::pin(async move { conn.send_all(batch).await }));
-        let _ = self.poll_send(cx);
+        let mut op: Send_ = Box::pin(async move { conn.send_all(batch).await });
+        match op.as_mut().poll(cx) {
+            Poll::Ready((res, _)) => {
+                if let Err(e) = res {
+                    self.write_error.get_or_insert(e);
+                }
+            }
+            Poll::Pending => self.sending = Some(self.on_its_own(op)),
+        }
+    }
+
+    /// `op`, a send under way, moved to a task of the stream's shard: a
+    /// send the kernel takes in part submits the rest from there, not at
+    /// the stream's next poll (a task that flushes and then waits for
+    /// something else would leave it half sent). The future returned
+    /// waits for that task; dropped, it stops it (and so the send, as
+    /// dropping the send itself would). Off the stream's shard the send
+    /// stays as it is (its poll failed already with the off-shard error).
+    fn on_its_own(&self, op: Send_) -> Send_ {
+        if self.home.is_none() || mailring_actors::mailring::current_shard() != self.home {
+            return op;
+        }
+        let task = StopOnDrop(mailring_actors::mailring::spawn_local(op));
+        Box::pin(async move {
+            let mut task = task;
+            match (&mut task.0).await {
+                Ok(out) => out,
+                Err(e) => (
+                    Err(io::Error::other(format!("the send's task ended: {e}"))),
+                    Bytes::new(),
+                ),
+            }
+        })
     }
 
     fn poll_write_slice(&mut self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
@@ -371,6 +404,18 @@ impl Drop for CompatStream {
             })
             .await;
         }));
+    }
+}
+
+/// A task's handle that stops the task when dropped (a plain handle lets
+/// it run on).
+struct StopOnDrop<T>(mailring_actors::mailring::JoinHandle<T>);
+
+impl<T> Drop for StopOnDrop<T> {
+    fn drop(&mut self) {
+        if !self.0.is_finished() {
+            self.0.abort();
+        }
     }
 }
 

@@ -469,6 +469,76 @@ fn a_send_taken_in_part_goes_on_while_the_task_reads() {
     drop(rt);
 }
 
+/// A send that the kernel takes only in part goes on while the task that
+/// flushed it waits for something else and polls the stream no more (as
+/// a Tokio `TcpStream`'s kernel buffer drains whatever its task does):
+/// a message written and flushed reaches the peer whole.
+#[test]
+fn a_send_taken_in_part_goes_on_while_the_task_polls_the_stream_no_more() {
+    use std::io::{Read, Write};
+    use tokio::io::AsyncWriteExt;
+    let rt = runtime();
+    let (ours, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    // A small send buffer, filled until the kernel takes no more: the
+    // send of the message waits for room, and each time takes the little
+    // that the peer's slow reads make (a unix socket is writable again
+    // once three quarters of its buffer are free: less than the message).
+    socket2::SockRef::from(&ours)
+        .set_send_buffer_size(4 << 10)
+        .unwrap();
+    ours.set_nonblocking(true).unwrap();
+    let mut filled = 0usize;
+    let mut ours_w = &ours;
+    loop {
+        match ours_w.write(&[7u8; 4096]) {
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let message: Vec<u8> = (0..60_000u32).map(|i| (i % 251) as u8).collect();
+    let expected_len = filled + message.len();
+    let (got_all, got_all_rx) = futures::channel::oneshot::channel::<Vec<u8>>();
+    // The peer waits a little, then reads slowly, a little at a time,
+    // until it has everything or nothing more comes.
+    let peer_side = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        peer.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let mut got = vec![0u8; expected_len];
+        let mut at = 0;
+        while at < got.len() {
+            let end = (at + 512).min(got.len());
+            match peer.read(&mut got[at..end]) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => at += n,
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        got.truncate(at);
+        let _ = got_all.send(got);
+    });
+    let sent = message.clone();
+    let got = rt.block_on_local(move || async move {
+        let mut stream = CompatStream::unix(UnixStream::from_std(ours).unwrap());
+        stream.write_all(&sent).await.unwrap();
+        stream.flush().await.unwrap();
+        // The stream is kept, and not polled, until the peer has read.
+        let got = mailring::time::timeout(std::time::Duration::from_secs(20), got_all_rx).await;
+        drop(stream);
+        got
+    });
+    peer_side.join().unwrap();
+    let got = got.expect("the peer never said").unwrap();
+    assert_eq!(
+        got.len(),
+        expected_len,
+        "the message was left part sent while its stream was not polled"
+    );
+    assert_eq!(&got[filled..], &message[..], "the bytes arrived in order");
+    drop(rt);
+}
+
 /// A stream dropped while its peer reads nothing leaves a send behind
 /// it; shutting the runtime down then does not wait out the linger.
 #[test]
