@@ -358,28 +358,35 @@ fn a_compat_stream_used_off_its_shard_fails_each_operation() {
     );
 }
 
+/// Writes 7s into `socket` (made non-blocking) until the kernel takes no
+/// more; how many it took.
+fn fill_until_full(socket: &std::os::unix::net::UnixStream) -> usize {
+    use std::io::Write;
+    socket.set_nonblocking(true).unwrap();
+    let mut filled = 0usize;
+    let mut writer = socket;
+    loop {
+        match writer.write(&[7u8; 4096]) {
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return filled,
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 /// A flush waits for what was written to be handed to a send, not for the
 /// peer to make room for it (a Tokio `TcpStream` flush is just as quick:
 /// the kernel holds the bytes); a stream dropped with a send in flight
 /// finishes it in the background, so nothing a write accepted is lost.
 #[test]
 fn a_flush_does_not_wait_for_the_peer_and_a_drop_loses_no_accepted_byte() {
-    use std::io::{Read, Write};
+    use std::io::Read;
     use tokio::io::AsyncWriteExt;
     let rt = runtime();
     let (ours, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
     // Fill the socket until the kernel takes no more: the peer reads
     // nothing yet.
-    ours.set_nonblocking(true).unwrap();
-    let mut filled = 0usize;
-    let mut ours_w = &ours;
-    loop {
-        match ours_w.write(&[7u8; 4096]) {
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(e) => panic!("{e}"),
-        }
-    }
+    let filled = fill_until_full(&ours);
     let tail: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
     let sent = tail.clone();
     let flushed = rt.block_on_local(move || async move {
@@ -475,7 +482,7 @@ fn a_send_taken_in_part_goes_on_while_the_task_reads() {
 /// a message written and flushed reaches the peer whole.
 #[test]
 fn a_send_taken_in_part_goes_on_while_the_task_polls_the_stream_no_more() {
-    use std::io::{Read, Write};
+    use std::io::Read;
     use tokio::io::AsyncWriteExt;
     let rt = runtime();
     let (ours, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
@@ -486,16 +493,7 @@ fn a_send_taken_in_part_goes_on_while_the_task_polls_the_stream_no_more() {
     socket2::SockRef::from(&ours)
         .set_send_buffer_size(4 << 10)
         .unwrap();
-    ours.set_nonblocking(true).unwrap();
-    let mut filled = 0usize;
-    let mut ours_w = &ours;
-    loop {
-        match ours_w.write(&[7u8; 4096]) {
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(e) => panic!("{e}"),
-        }
-    }
+    let filled = fill_until_full(&ours);
     let message: Vec<u8> = (0..60_000u32).map(|i| (i % 251) as u8).collect();
     let expected_len = filled + message.len();
     let (got_all, got_all_rx) = futures::channel::oneshot::channel::<Vec<u8>>();
