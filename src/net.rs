@@ -65,14 +65,28 @@ pub use self::udp::{RecvDatagram, RecvFromMultishot, UdpSocket};
 
 pub use self::unix::{UnixDatagram, UnixListener, UnixStream};
 
-/// Closes the fd an abandoned `accept` produced.
-pub(crate) fn close_fd(res: i32, _flags: u32, _resources: &dyn std::any::Any) {
-    if res >= 0 {
-        // SAFETY: `res` is a descriptor an accept created for us that no
-        // poll handed out: a cleanup runs only on results nobody takes (an
-        // abandoned op's CQEs, a finished op dropped unpolled, results still
-        // queued when a multishot op is dropped), so nothing else owns it.
-        drop(unsafe { OwnedFd::from_raw_fd(res) });
+/// What a cancelled multishot accept's late results go to: connections the
+/// kernel accepted after the op was dropped (a pause's cancel under way)
+/// are kept for the next `accept()`, and the calls waiting are woken. The
+/// op's resources hold it, with the listening socket.
+struct AcceptResources {
+    _listener: std::sync::Arc<OwnedFd>,
+    kept: std::sync::Arc<Kept>,
+}
+
+/// Keeps the connection a dropped multishot `accept` produced (see
+/// [`AcceptResources`]); closes it if the resources are not those.
+fn keep_fd(res: i32, _flags: u32, resources: &dyn std::any::Any) {
+    if res < 0 {
+        return;
+    }
+    // SAFETY: `res` is a descriptor an accept created for us that no
+    // poll handed out: a cleanup runs only on results nobody takes (an
+    // abandoned op's CQEs, a finished op dropped unpolled, results still
+    // queued when a multishot op is dropped), so nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(res) };
+    if let Some(r) = resources.downcast_ref::<AcceptResources>() {
+        r.kept.keep(fd);
     }
 }
 
@@ -81,34 +95,68 @@ pub(crate) fn close_fd(res: i32, _flags: u32, _resources: &dyn std::any::Any) {
 ///
 /// Accepted connections queue in the op table until an `accept()` takes
 /// them, so dropping a pending `accept()` future loses nothing. `pause`
-/// cancels the multishot (keeping what it had accepted) so that the kernel
-/// stops accepting until the next `accept()`.
+/// cancels the multishot (keeping what it had accepted, and what it
+/// accepts while the cancel is under way) so that the kernel stops
+/// accepting until the next `accept()`.
 #[derive(Debug, Default)]
 pub(crate) struct Acceptor {
     op: std::sync::Mutex<Option<MultishotOp>>,
+    kept: std::sync::Arc<Kept>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+/// An acceptor's connections taken from cancelled multishots, and the
+/// `accept()` calls to wake when one comes.
+#[derive(Debug, Default)]
+struct Kept {
     /// Connections a paused multishot had accepted, served first.
     held: std::sync::Mutex<std::collections::VecDeque<OwnedFd>>,
     /// Pending `accept()` calls (an id each) and their wakers: a `pause`
     /// from another task drops the multishot they wait on, and wakes them
     /// to take what it held or arm a new one.
     waiting: std::sync::Mutex<Vec<(u64, std::task::Waker)>>,
-    next_id: std::sync::atomic::AtomicU64,
 }
 
-/// An `accept()`'s entry in [`Acceptor::waiting`], removed when the call
+impl Kept {
+    /// Keeps `fd` for the next `accept()` and wakes the calls waiting.
+    fn keep(&self, fd: OwnedFd) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(fd);
+        self.wake_all();
+    }
+
+    fn pop(&self) -> Option<OwnedFd> {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+    }
+
+    /// Wakes every `accept()` waiting (outside the lock).
+    fn wake_all(&self) {
+        let waiting: Vec<std::task::Waker> = self
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(_, w)| w.clone())
+            .collect();
+        waiting.into_iter().for_each(std::task::Waker::wake);
+    }
+}
+
+/// An `accept()`'s entry in [`Kept::waiting`], removed when the call
 /// ends or is dropped.
 struct AcceptWait<'a> {
-    acceptor: &'a Acceptor,
+    kept: &'a Kept,
     id: u64,
 }
 
 impl AcceptWait<'_> {
     fn register(&self, waker: &std::task::Waker) {
-        let mut waiting = self
-            .acceptor
-            .waiting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut waiting = self.kept.waiting.lock().unwrap_or_else(|p| p.into_inner());
         match waiting.iter_mut().find(|(id, _)| *id == self.id) {
             Some((_, w)) => w.clone_from(waker),
             None => waiting.push((self.id, waker.clone())),
@@ -118,7 +166,7 @@ impl AcceptWait<'_> {
 
 impl Drop for AcceptWait<'_> {
     fn drop(&mut self) {
-        self.acceptor
+        self.kept
             .waiting
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -129,13 +177,13 @@ impl Drop for AcceptWait<'_> {
 impl Acceptor {
     /// Cancels the armed multishot accept: new connections wait in the
     /// listen backlog until the next `accept()` arms it again. Connections
-    /// it had already accepted are kept for that `accept()` (one that
-    /// completes while the cancel is under way is closed).
+    /// it had already accepted, and those it accepts while the cancel is
+    /// under way, are kept for that `accept()`.
     pub(crate) fn pause(&self) {
         let Some(op) = self.op.lock().unwrap_or_else(|p| p.into_inner()).take() else {
             return;
         };
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.kept.held.lock().unwrap_or_else(|p| p.into_inner());
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         while let Poll::Ready(Ok(Some((fd, _)))) = op.poll_next(&mut cx) {
             if fd >= 0 {
@@ -147,31 +195,19 @@ impl Acceptor {
         drop(op);
         // Pending accepts waited on the op just dropped, whose wakers went
         // with it: each looks again (at what was held, or arms anew).
-        let waiting: Vec<std::task::Waker> = self
-            .waiting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(_, w)| w.clone())
-            .collect();
-        waiting.into_iter().for_each(std::task::Waker::wake);
+        self.kept.wake_all();
     }
 
     pub(crate) async fn accept(&self, listener: &ShardFd) -> io::Result<OwnedFd> {
         listener.check()?;
         let wait = AcceptWait {
-            acceptor: self,
+            kept: &self.kept,
             id: self
                 .next_id
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
         std::future::poll_fn(|cx| {
-            if let Some(fd) = self
-                .held
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pop_front()
-            {
+            if let Some(fd) = self.kept.pop() {
                 return Poll::Ready(Ok(fd));
             }
             wait.register(cx.waker());
@@ -182,11 +218,14 @@ impl Acceptor {
                     let entry = opcode::AcceptMulti::new(Fd(raw))
                         .flags(libc::SOCK_CLOEXEC)
                         .build();
+                    let resources = AcceptResources {
+                        _listener: listener.fd.clone(),
+                        kept: self.kept.clone(),
+                    };
                     // SAFETY: a multishot accept refers to no memory, only to the
                     // listening fd, which the op keeps open.
-                    *op = Some(unsafe {
-                        MultishotOp::submit(Box::new(listener.fd.clone()), close_fd, entry)
-                    }?);
+                    *op =
+                        Some(unsafe { MultishotOp::submit(Box::new(resources), keep_fd, entry) }?);
                 }
                 match op.as_ref().expect("armed above").poll_next(cx) {
                     Poll::Ready(Ok(Some((fd, _)))) if fd >= 0 => {
@@ -288,8 +327,9 @@ impl TcpListener {
     /// Stops accepting until the next [`accept`](Self::accept): the armed
     /// multishot accept is cancelled, so new connections wait in the
     /// kernel's listen backlog (bounded by it) instead of being accepted
-    /// into descriptors nobody takes. Connections already accepted are kept
-    /// for the next `accept()`. What a server at its connection limit does.
+    /// into descriptors nobody takes. Connections already accepted, and
+    /// those the kernel accepts while the cancel is under way, are kept for
+    /// the next `accept()`. What a server at its connection limit does.
     /// An `accept()` already waiting (another task's) counts as the next:
     /// it is woken, takes what was kept or arms the accept again.
     pub fn pause_accepting(&self) {

@@ -496,6 +496,53 @@ fn an_accept_waiting_when_another_task_pauses_the_listener_still_gets_connection
     });
 }
 
+/// Connections the kernel accepts while a pause's cancel is under way
+/// (here: the whole backlog, accepted by a multishot submitted just before
+/// the pause) are kept for the next `accept()`, not closed: their clients
+/// would see a reset.
+#[test]
+fn connections_accepted_while_a_pause_cancels_the_accept_are_kept() {
+    use std::future::Future;
+    let rt = rt2();
+    rt.block_on(async {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let addr = listener.local_addr();
+        // Clients that wait in the listen backlog (connected as far as
+        // the kernel is concerned).
+        let mut clients = Vec::new();
+        for _ in 0..20 {
+            clients.push(std::net::TcpStream::connect(addr).unwrap());
+        }
+        {
+            // An accept polled once (its multishot goes to the ring), then
+            // a pause before any of its results is taken.
+            let mut first = std::pin::pin!(listener.accept());
+            std::future::poll_fn(|cx| {
+                if let std::task::Poll::Ready(r) = first.as_mut().poll(cx) {
+                    // Served at once: it took a kept connection; keep it too.
+                    drop(r);
+                    panic!("the first accept had nothing to take yet");
+                }
+                std::task::Poll::Ready(())
+            })
+            .await;
+            listener.pause_accepting();
+        }
+        mailring::time::sleep(Duration::from_millis(50)).await;
+        let mut peers = std::collections::HashSet::new();
+        for _ in 0..clients.len() {
+            let (_, peer) = mailring::time::timeout(Duration::from_secs(2), listener.accept())
+                .await
+                .expect("a connection of the backlog never came: closed during the pause")
+                .unwrap();
+            peers.insert(peer);
+        }
+        let ours: std::collections::HashSet<_> =
+            clients.iter().map(|c| c.local_addr().unwrap()).collect();
+        assert_eq!(peers, ours);
+    });
+}
+
 #[test]
 fn data_taken_by_a_dropped_recv_is_reported_not_silently_lost() {
     use std::future::Future;
