@@ -50,6 +50,9 @@ pub struct RingFeatures {
     /// `IORING_OP_MSG_RING` can send a direct descriptor to another ring
     /// (`IORING_MSG_SEND_FD`, kernel 6.0+).
     pub msg_ring_send_fd: bool,
+    /// The kernel has `IORING_OP_FIXED_FD_INSTALL` (6.8+): a direct
+    /// descriptor can become a process descriptor again.
+    pub op_fixed_fd_install: bool,
 }
 
 /// Checks `kernel.io_uring_disabled` before touching the ring.
@@ -176,5 +179,6 @@ fn probe_opcodes(
     }
     features.op_send_zc = has(opcode::SendZc::CODE);
     features.op_read_write = has(opcode::Write::CODE);
+    features.op_fixed_fd_install = has(opcode::FixedFdInstall::CODE);
     Ok(())
 }

@@ -14,7 +14,7 @@
 
 use std::io;
 use std::net::{Shutdown, SocketAddr};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use io_uring::opcode;
@@ -278,6 +278,67 @@ impl DirectStream {
     }
 }
 
+impl DirectStream {
+    /// Gives the socket back as a plain [`TcpStream`] of this shard: the
+    /// kernel installs a process descriptor for it
+    /// (`IORING_OP_FIXED_FD_INSTALL`, close-on-exec, kernel 6.8+) and the
+    /// slot is closed. What a move that found the target's table full falls
+    /// back on: the stream then travels as a plain descriptor. Operations
+    /// must not be in flight on the stream (as for
+    /// [`send_to_shard`](Self::send_to_shard)).
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` (a kernel without the operation), the shard-ownership
+    /// error, or the kernel's error (`EMFILE`: no process descriptor
+    /// free); the stream comes back with the error.
+    pub async fn into_tcp(self) -> Result<TcpStream, (io::Error, DirectStream)> {
+        match with_current(|s| s.features().op_fixed_fd_install) {
+            None => return Err((wrong_shard(), self)),
+            Some(false) => {
+                return Err((
+                    unsupported(
+                        "the kernel cannot make a direct descriptor a process descriptor \
+                         (IORING_OP_FIXED_FD_INSTALL, 6.8+)",
+                    ),
+                    self,
+                ))
+            }
+            Some(true) => {}
+        }
+        if let Err(e) = self.core.inner.check() {
+            return Err((e, self));
+        }
+        let slot = self.slot();
+        // SAFETY: the entry refers to no memory, only to our table's slot;
+        // a descriptor installed for a future dropped before it took the
+        // result is closed by the cleanup.
+        let op = unsafe {
+            Op::submit((), Some(close_installed_fd), |_| {
+                opcode::FixedFdInstall::new(Fixed(slot), 0).build()
+            })
+        };
+        let res = match op {
+            Ok(op) => op.await.0,
+            Err(e) => Err(e),
+        };
+        let raw = match res {
+            Ok((raw, _)) => raw as RawFd,
+            Err(e) => return Err((e, self)),
+        };
+        // SAFETY: the kernel installed `raw` for this op: a new descriptor
+        // that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        match TcpStream::from_std(std::net::TcpStream::from(fd)) {
+            // The descriptor holds the socket now: the slot goes (`Drop`).
+            Ok(stream) => Ok(stream),
+            // Not reached (checked to be on the stream's shard); the slot
+            // still holds the socket.
+            Err(e) => Err((e, self)),
+        }
+    }
+}
+
 impl Drop for DirectStream {
     fn drop(&mut self) {
         if self.moved {
@@ -382,6 +443,17 @@ fn close_unclaimed_slot(res: i32, _flags: u32, resources: &dyn std::any::Any) {
         });
     } else {
         debug_assert!(false, "a files-update op kept other resources");
+    }
+}
+
+/// The cleanup of a descriptor install whose future was dropped before it
+/// took the result: the descriptor it made is closed (the slot still holds
+/// the socket, and the stream closes it).
+fn close_installed_fd(res: i32, _flags: u32, _resources: &dyn std::any::Any) {
+    if res >= 0 {
+        // SAFETY: `res` is the descriptor the install made for us, which no
+        // poll handed out (a cleanup runs only on results nobody takes).
+        drop(unsafe { OwnedFd::from_raw_fd(res) });
     }
 }
 

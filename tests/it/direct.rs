@@ -40,6 +40,21 @@ fn wait_slots(rt: &Runtime, want: &[u64]) {
     }
 }
 
+/// Listens on loopback (its address sent on `tx`), accepts one connection
+/// and moves it into this shard's table.
+async fn accept_direct(
+    tx: std::sync::mpsc::Sender<std::net::SocketAddr>,
+) -> (DirectStream, std::net::SocketAddr) {
+    let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    tx.send(listener.local_addr()).unwrap();
+    let (stream, peer) = listener.accept().await.unwrap();
+    let direct = DirectStream::from_tcp(stream)
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+    (direct, peer)
+}
+
 fn echo_once(client: &mut std::net::TcpStream, msg: &[u8]) {
     client.write_all(msg).unwrap();
     let mut got = vec![0u8; msg.len()];
@@ -54,13 +69,7 @@ fn a_direct_stream_moves_to_another_ring_and_its_slots_return_to_zero() {
     let _ = features;
     let (tx, rx) = std::sync::mpsc::channel();
     let server = rt.handle().spawn_on(ShardId::new(0), async move {
-        let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        tx.send(listener.local_addr()).unwrap();
-        let (stream, peer) = listener.accept().await.unwrap();
-        let direct = DirectStream::from_tcp(stream)
-            .await
-            .map_err(|(e, _)| e)
-            .unwrap();
+        let (direct, peer) = accept_direct(tx).await;
         assert_eq!(direct.peer_addr(), Some(peer), "kept beside the slot");
         // Echo once here, by slot.
         let (n, buf) = direct.recv(Vec::with_capacity(64)).await;
@@ -100,13 +109,7 @@ fn a_ticket_dropped_unredeemed_closes_its_slot_on_the_target() {
     let rt = two_shards_with_slots(16);
     let (tx, rx) = std::sync::mpsc::channel();
     let server = rt.handle().spawn_on(ShardId::new(0), async move {
-        let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        tx.send(listener.local_addr()).unwrap();
-        let (stream, _) = listener.accept().await.unwrap();
-        let direct = DirectStream::from_tcp(stream)
-            .await
-            .map_err(|(e, _)| e)
-            .unwrap();
+        let (direct, _) = accept_direct(tx).await;
         let ticket = direct
             .send_to_shard(ShardId::new(1))
             .await
@@ -213,4 +216,90 @@ fn a_move_to_another_ring_dropped_mid_way_closes_the_slot_sent_there() {
             submit_then_drop(direct.send_to_shard(ShardId::new(1))).await;
         })
     });
+}
+
+/// A move that finds the target's table full gives the stream back; made a
+/// plain stream again (`IORING_OP_FIXED_FD_INSTALL`), it keeps its
+/// connection, moves as a process descriptor, and leaves no slot behind.
+#[test]
+fn a_direct_stream_whose_move_finds_the_table_full_goes_on_as_a_plain_stream() {
+    let rt = two_shards_with_slots(1);
+    // Shard 1's only slot, taken by another connection.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let filler = rt
+        .handle()
+        .spawn_on(ShardId::new(1), async move { accept_direct(tx).await.0 });
+    let filler_client = std::net::TcpStream::connect(rx.recv().unwrap()).unwrap();
+    let filler = rt.block_on(filler).unwrap();
+    wait_slots(&rt, &[0, 1]);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = rt.handle().spawn_on(ShardId::new(0), async move {
+        let (direct, peer) = accept_direct(tx).await;
+        let Err((e, direct)) = direct.send_to_shard(ShardId::new(1)).await else {
+            panic!("shard 1's table had room");
+        };
+        assert_eq!(e.raw_os_error(), Some(23), "ENFILE: {e}");
+        let plain = direct.into_tcp().await.map_err(|(e, _)| e).unwrap();
+        assert_eq!(plain.peer_addr().unwrap(), peer);
+        // The connection is whole: echo once here.
+        let (n, buf) = plain.recv(Vec::with_capacity(64)).await;
+        assert_eq!(n.unwrap(), 4);
+        plain.send_all(buf).await.0.unwrap();
+        plain.into_std().unwrap()
+    });
+    let mut client = std::net::TcpStream::connect(rx.recv().unwrap()).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    echo_once(&mut client, b"ping");
+    let std_stream = rt.block_on(server).unwrap();
+    // Shard 0's slot went with the conversion.
+    wait_slots(&rt, &[0, 1]);
+    let moved = rt.handle().spawn_on(ShardId::new(1), async move {
+        let stream = mailring::net::TcpStream::from_std(std_stream).unwrap();
+        let (n, buf) = stream.recv(Vec::with_capacity(64)).await;
+        assert_eq!(n.unwrap(), 4);
+        stream.send_all(buf).await.0.unwrap();
+    });
+    echo_once(&mut client, b"pong");
+    rt.block_on(moved).unwrap();
+    drop(filler);
+    wait_slots(&rt, &[0, 0]);
+    drop(filler_client);
+    rt.shutdown();
+}
+
+/// Without `IORING_OP_FIXED_FD_INSTALL` (hidden here, as on a kernel
+/// before 6.8) the conversion says so and gives the stream back whole.
+#[test]
+fn without_fixed_fd_install_a_direct_stream_stays_direct_and_whole() {
+    let mut faults = mailring::FaultInjection::default();
+    faults.hide_opcode = Some(54); // IORING_OP_FIXED_FD_INSTALL
+    let rt = Runtime::builder()
+        .shards(1)
+        .direct_descriptors(4)
+        .fault_injection(faults)
+        .build()
+        .unwrap();
+    assert!(!rt.stats().shards[0].ring.op_fixed_fd_install);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = rt.handle().spawn_on(ShardId::new(0), async move {
+        let (direct, _) = accept_direct(tx).await;
+        let Err((e, direct)) = direct.into_tcp().await else {
+            panic!("converted with the operation hidden");
+        };
+        assert_eq!(e.kind(), std::io::ErrorKind::Unsupported, "{e}");
+        assert!(e.to_string().contains("6.8"), "{e}");
+        let (n, buf) = direct.recv(Vec::with_capacity(64)).await;
+        assert_eq!(n.unwrap(), 4);
+        direct.send_all(buf).await.0.unwrap();
+    });
+    let mut client = std::net::TcpStream::connect(rx.recv().unwrap()).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    echo_once(&mut client, b"ping");
+    rt.block_on(server).unwrap();
+    wait_slots(&rt, &[0]);
+    rt.shutdown();
 }

@@ -39,6 +39,15 @@ pub(crate) enum InTransit {
 }
 
 impl InTransit {
+    /// Whether the socket travels as a direct descriptor.
+    pub(crate) fn is_direct(&self) -> bool {
+        match self {
+            InTransit::Plain(_) => false,
+            InTransit::Direct(_) => true,
+            InTransit::Tls(inner, _) => inner.is_direct(),
+        }
+    }
+
     /// The connection, on the shard it was sent to.
     pub(crate) async fn arrive(self) -> io::Result<Conn> {
         match self {
@@ -185,6 +194,15 @@ impl Conn {
         }
     }
 
+    /// Whether the socket is a direct descriptor (a TLS one's too).
+    pub(crate) fn is_direct(&self) -> bool {
+        match self {
+            Conn::Direct(_) => true,
+            Conn::Tls(s) => s.inner().is_direct(),
+            _ => false,
+        }
+    }
+
     /// What the TLS handshake agreed on, for a TLS connection.
     pub(crate) fn tls_info(&self) -> Option<TlsInfo> {
         match self {
@@ -212,11 +230,19 @@ impl Conn {
                 .into_std()
                 .map(|s| InTransit::Plain(StdConn::Unix(s)))
                 .map_err(|s| (busy(), Conn::Unix(s))),
-            Conn::Direct(s) => s
-                .send_to_shard(to)
-                .await
-                .map(InTransit::Direct)
-                .map_err(|(e, s)| (e, Conn::Direct(s))),
+            Conn::Direct(s) => match s.send_to_shard(to).await {
+                Ok(ticket) => Ok(InTransit::Direct(ticket)),
+                // No room in the target's table (or no such move on this
+                // kernel): the socket becomes a process descriptor again
+                // and travels as one.
+                Err((e, s)) => match s.into_tcp().await {
+                    Ok(tcp) => tcp
+                        .into_std()
+                        .map(|s| InTransit::Plain(StdConn::Tcp(s)))
+                        .map_err(|s| (busy(), Conn::Tcp(s))),
+                    Err((_, s)) => Err((e, Conn::Direct(s))),
+                },
+            },
             Conn::Tls(s) => {
                 let (inner, state) = s.into_parts();
                 match Box::pin(inner.depart(to)).await {

@@ -56,9 +56,12 @@ pub enum HandOff {
     /// connection that finds no room when accepted (no table, table full)
     /// stays a plain descriptor, counted in
     /// `SessionShardStats::direct_refused`; one whose move then finds the
-    /// owner's table full has no descriptor to fall back on and closes
-    /// with `CloseReason::HandOff` (size the tables for the connections a
-    /// shard may own). Unix connections always move as descriptors.
+    /// owner's table full becomes a plain descriptor again (kernel 6.8+,
+    /// `IORING_OP_FIXED_FD_INSTALL`), travels as one and is counted there
+    /// too; on an older kernel it has no descriptor to fall back on and
+    /// closes with `CloseReason::HandOff` (size the tables for the
+    /// connections a shard may own). Unix connections always move as
+    /// descriptors.
     Direct,
 }
 
@@ -1093,6 +1096,7 @@ async fn run_connection<S: Session>(
             // holds the socket until its cancellation completes, in a tick
             // or two: the move waits for it, briefly.
             let mut stream = stream;
+            let was_direct = stream.is_direct();
             let mut tries = 0;
             let departed = loop {
                 match stream.depart(owner).await {
@@ -1106,10 +1110,12 @@ async fn run_connection<S: Session>(
             };
             match departed {
                 Ok(transit) => {
-                    conn.shared
-                        .counters(shard)
-                        .handed_off
-                        .fetch_add(1, Ordering::Relaxed);
+                    let counters = conn.shared.counters(shard);
+                    counters.handed_off.fetch_add(1, Ordering::Relaxed);
+                    if was_direct && !transit.is_direct() {
+                        // The owner's table had no room: it travels plain.
+                        counters.direct_refused.fetch_add(1, Ordering::Relaxed);
+                    }
                     cx.key = Some(key);
                     continue_on(
                         owner,

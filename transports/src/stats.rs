@@ -91,8 +91,9 @@ pub struct SessionShardStats {
     /// was full ([`ServerConfig::push_queue`](crate::ServerConfig::push_queue)),
     /// or its connection ended before it got to them (one per session).
     pub pushes_dropped: u64,
-    /// Connections that stayed plain descriptors under `HandOff::Direct`
-    /// (no table, or the table full).
+    /// Connections that stayed or became plain descriptors under
+    /// `HandOff::Direct` (no table, or the table full: this shard's when
+    /// accepted, the owner's when moved).
     pub direct_refused: u64,
     /// TLS handshakes completed by this shard's listener (failed ones are
     /// counted under [`CloseKind::Tls`]).

@@ -1366,17 +1366,63 @@ fn frames_streamed_during_the_hand_off_are_all_handled_in_order_on_the_owner() {
     system.shutdown();
 }
 
-#[test]
-fn direct_descriptors_move_over_msg_ring_and_their_slots_are_all_given_back() {
+/// Two shards with `slots` direct descriptors each, and a tenant server
+/// accepting on shard 0 that hands connections off as direct descriptors.
+fn direct_tenant_server(slots: u32) -> (mailring::Runtime, ActorSystem, Server<TenantSession>) {
     let rt = mailring::Runtime::builder()
         .shards(2)
-        .direct_descriptors(256)
+        .direct_descriptors(slots)
         .build()
         .unwrap();
     let mut config = ServerConfig::default();
     config.listen = ListenMode::SingleAcceptor(ShardId::new(0));
     config.hand_off = mailring_transports::HandOff::Direct;
     let (system, server) = tenant_server(&rt, config);
+    (rt, system, server)
+}
+
+/// `n` tenants whose actors live on shard 1.
+fn tenants_on_shard_1(system: &ActorSystem, n: usize) -> Vec<String> {
+    (0..1000)
+        .map(|t| format!("tenant-{t}"))
+        .filter(|t| system.shard_of::<Tenant>(t).index() == 1)
+        .take(n)
+        .collect()
+}
+
+/// A client that names `tenant` (of shard 1), answered on shard 1.
+fn key_served_on_shard_1(server: &Server<TenantSession>, tenant: &str) -> TcpStream {
+    let mut c = client(server.local_addr());
+    c.write_all(&frame(format!("KEY {tenant}").as_bytes()))
+        .unwrap();
+    assert_eq!(
+        read_frame(&mut c).unwrap(),
+        format!("1 1 KEY {tenant}").as_bytes()
+    );
+    c
+}
+
+/// The occupied direct-descriptor slots of each shard.
+fn slots_in_use(rt: &mailring::Runtime) -> Vec<u64> {
+    rt.stats()
+        .shards
+        .iter()
+        .map(|s| s.direct_descriptors)
+        .collect()
+}
+
+/// Waits (bounded) until no shard holds a direct-descriptor slot.
+fn wait_no_slots(rt: &mailring::Runtime) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while slots_in_use(rt).iter().any(|&n| n != 0) {
+        assert!(Instant::now() < deadline, "slots left: {:?}", rt.stats());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn direct_descriptors_move_over_msg_ring_and_their_slots_are_all_given_back() {
+    let (rt, system, server) = direct_tenant_server(256);
     let clients = attach_tenants(&server, &system, 12);
     let stats = server.stats();
     let moved = clients.iter().filter(|(_, o)| *o != 0).count() as u64;
@@ -1390,23 +1436,14 @@ fn direct_descriptors_move_over_msg_ring_and_their_slots_are_all_given_back() {
     assert_eq!(stats.total(|s| s.io_off_owner), 0);
     // Every connection holds a slot on its owner's ring, none is left on
     // the acceptor's for the moved ones.
-    let in_use: Vec<u64> = rt
-        .stats()
-        .shards
-        .iter()
-        .map(|s| s.direct_descriptors)
-        .collect();
+    let in_use = slots_in_use(&rt);
     let on_one = moved;
     assert_eq!(in_use, vec![12 - on_one, on_one], "slots per shard");
     drop(clients);
     wait_for(&server, "12 peer closes", |s| {
         s.closed(CloseKind::PeerClosed) == 12
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while rt.stats().shards.iter().any(|s| s.direct_descriptors != 0) {
-        assert!(Instant::now() < deadline, "slots left: {:?}", rt.stats());
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_no_slots(&rt);
     rt.block_on(server.shutdown());
     system.shutdown();
 }
@@ -1418,21 +1455,43 @@ fn without_a_table_direct_hand_off_falls_back_to_descriptors() {
     config.listen = ListenMode::SingleAcceptor(ShardId::new(0));
     config.hand_off = mailring_transports::HandOff::Direct;
     let (system, server) = tenant_server(&rt, config);
-    let tenant = (0..100)
-        .map(|t| format!("tenant-{t}"))
-        .find(|t| system.shard_of::<Tenant>(t).index() == 1)
-        .unwrap();
-    let mut c = client(server.local_addr());
-    c.write_all(&frame(format!("KEY {tenant}").as_bytes()))
-        .unwrap();
-    assert_eq!(
-        read_frame(&mut c).unwrap(),
-        format!("1 1 KEY {tenant}").as_bytes()
-    );
+    let tenant = &tenants_on_shard_1(&system, 1)[0];
+    let c = key_served_on_shard_1(&server, tenant);
     let stats = server.stats();
     assert_eq!(stats.total(|s| s.direct_refused), 1);
     assert_eq!(stats.total(|s| s.handed_off), 1);
     drop(c);
+    rt.block_on(server.shutdown());
+    system.shutdown();
+}
+
+/// Under `HandOff::Direct`, a connection whose move finds its owner's
+/// table full becomes a plain descriptor again and travels as one: served
+/// on its owner, counted as refused, and no slot left anywhere.
+#[test]
+fn a_direct_move_to_a_full_table_travels_as_a_plain_descriptor() {
+    let (rt, system, server) = direct_tenant_server(2);
+    // Each is served on its owner, the third too (its move found shard
+    // 1's two slots taken by the first two).
+    let mut clients: Vec<_> = tenants_on_shard_1(&system, 3)
+        .iter()
+        .map(|tenant| key_served_on_shard_1(&server, tenant))
+        .collect();
+    let stats = server.stats();
+    assert_eq!(stats.total(|s| s.handed_off), 3);
+    assert_eq!(stats.total(|s| s.direct_refused), 1, "the third went plain");
+    assert_eq!(stats.total(|s| s.io_off_owner), 0);
+    let in_use = slots_in_use(&rt);
+    assert_eq!(in_use, vec![0, 2], "slots per shard");
+    // The plain one goes on like the others.
+    let last = clients.last_mut().unwrap();
+    last.write_all(&frame(b"again")).unwrap();
+    assert_eq!(read_frame(last).unwrap(), b"1 1 again");
+    drop(clients);
+    wait_for(&server, "3 peer closes", |s| {
+        s.closed(CloseKind::PeerClosed) == 3
+    });
+    wait_no_slots(&rt);
     rt.block_on(server.shutdown());
     system.shutdown();
 }
