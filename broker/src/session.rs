@@ -743,9 +743,18 @@ impl RespSession {
             let deadline = block_deadline(block);
             let read = BlockedRead::Plain { count: p.count };
             let _blocked = card.map(BlockedMark::new);
+            // A stream named twice is watched once, after the id it was
+            // given first, as Redis keeps the first id of a key it blocks
+            // on (a later, smaller one would wake the read too early).
+            let firsts: Vec<usize> = (0..p.keys.len())
+                .filter(|&i| !p.keys[..i].contains(&p.keys[i]))
+                .collect();
+            let actors: Vec<_> = firsts.iter().map(|&i| actors[i].clone()).collect();
+            let keys: Vec<Bytes> = firsts.iter().map(|&i| p.keys[i].clone()).collect();
+            let after: Vec<StreamId> = firsts.iter().map(|&i| after[i]).collect();
             loop {
                 let Some((fired, served)) =
-                    next_append(&actors, &p.keys, &after, &read, deadline, shared).await
+                    next_append(&actors, &keys, &after, &read, deadline, shared).await
                 else {
                     return Reply::NilArray.frame(proto);
                 };
@@ -757,8 +766,7 @@ impl RespSession {
                             return storage_error(&e).frame(proto);
                         }
                     }
-                    return streams_reply(vec![(p.keys[fired].clone(), entries)], proto)
-                        .frame(proto);
+                    return streams_reply(vec![(keys[fired].clone(), entries)], proto).frame(proto);
                 }
                 // Only the stream that fired is read, as Redis serves the
                 // one key that unblocked the client.
@@ -780,7 +788,7 @@ impl RespSession {
                                 return storage_error(&e).frame(proto);
                             }
                         }
-                        return streams_reply(vec![(p.keys[fired].clone(), r.entries)], proto)
+                        return streams_reply(vec![(keys[fired].clone(), r.entries)], proto)
                             .frame(proto);
                     }
                     Ok(_) => {}

@@ -3185,3 +3185,34 @@ fn readers_and_makers_of_fresh_names_racing_on_two_shards_all_meet() {
     reader.join().expect("every reader was served");
     broker.shutdown();
 }
+
+/// A blocked `XREAD` naming one stream twice waits after the id given
+/// first, as redis-server does: an entry between the two ids does not
+/// wake it; one past the first id does, and only that stream answers.
+#[test]
+fn a_blocked_read_naming_a_stream_twice_waits_after_its_first_id() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    let mut w = Client::connect(broker.local_addr());
+    assert_eq!(w.cmd(&["XADD", "twice", "1-0", "f", "v"]), R::bulk("1-0"));
+    c.send_raw(&encode(&[
+        b"XREAD", b"BLOCK", b"0", b"STREAMS", b"twice", b"twice", b"5-0", b"2-0",
+    ]));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(w.cmd(&["XADD", "twice", "3-0", "f", "v"]), R::bulk("3-0"));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(w.cmd(&["XADD", "twice", "6-0", "f", "v"]), R::bulk("6-0"));
+    let entry = R::Array(vec![
+        R::bulk("6-0"),
+        R::Array(vec![R::bulk("f"), R::bulk("v")]),
+    ]);
+    assert_eq!(
+        c.read(),
+        R::Array(vec![R::Array(vec![
+            R::bulk("twice"),
+            R::Array(vec![entry])
+        ])]),
+        "woken by 6-0 only"
+    );
+    broker.shutdown();
+}
