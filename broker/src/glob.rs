@@ -1,9 +1,25 @@
 //! Glob patterns as `KEYS`, `SCAN MATCH` and `CONFIG GET` read them: `*`,
-//! `?`, `[abc]`, `[^a]`, `[a-z]`, and `\` quoting the next byte.
+//! `?`, `[abc]`, `[^a]`, `[a-z]`, and `\` quoting the next byte, with
+//! redis-server 7.0's answers at the edges: the empty name matches only
+//! the empty pattern and `*` (which `KEYS` and `SCAN` take for "every
+//! name" without matching), range bounds and bytes compare as C's signed
+//! `char` (x86), and a pattern nesting more than [`MAX_NESTED_STARS`]
+//! stars matches nothing (Redis's guard against abusive patterns).
+
+/// The most `*` (each followed by more pattern) a pattern may nest:
+/// past it Redis's matcher gives up and answers "no match".
+pub const MAX_NESTED_STARS: usize = 1000;
 
 /// Whether `text` matches `pattern` (with `nocase`, ASCII letters match
 /// either case).
 pub fn glob_match(pattern: &[u8], text: &[u8], nocase: bool) -> bool {
+    if text.is_empty() {
+        // Redis's matcher takes no step on an empty string.
+        return pattern.is_empty() || pattern == b"*";
+    }
+    if nested_stars(pattern) > MAX_NESTED_STARS {
+        return false;
+    }
     // Iterative with one backtrack point for the last `*`: linear in
     // practice and never recursive, so a hostile pattern cannot blow the
     // stack.
@@ -72,6 +88,36 @@ pub fn glob_match(pattern: &[u8], text: &[u8], nocase: bool) -> bool {
     pattern[p..].iter().all(|&c| c == b'*')
 }
 
+/// The runs of `*` in `pattern` that more pattern follows: how deep
+/// Redis's recursive matcher nests to match it (a trailing run matches at
+/// once). `*` inside a class or after `\` is a plain byte.
+fn nested_stars(pattern: &[u8]) -> usize {
+    let mut runs = 0;
+    let mut i = 0;
+    while i < pattern.len() {
+        match pattern[i] {
+            b'*' => {
+                while i < pattern.len() && pattern[i] == b'*' {
+                    i += 1;
+                }
+                if i < pattern.len() {
+                    runs += 1;
+                }
+            }
+            b'\\' => i += 2,
+            b'[' => {
+                i += 1;
+                while i < pattern.len() && pattern[i] != b']' {
+                    i += if pattern[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            _ => i += 1,
+        }
+    }
+    runs
+}
+
 /// Matches `c` against the class opening at `pattern[open] == b'['`:
 /// whether it matched and the index after the class. An unclosed class
 /// runs to the end of the pattern, as in Redis.
@@ -82,6 +128,7 @@ fn class(pattern: &[u8], open: usize, c: u8, nocase: bool) -> Option<(bool, usiz
         i += 1;
     }
     let fold = |b: u8| if nocase { b.to_ascii_lowercase() } else { b };
+    let raw = c;
     let c = fold(c);
     let mut matched = false;
     loop {
@@ -91,16 +138,20 @@ fn class(pattern: &[u8], open: usize, c: u8, nocase: bool) -> Option<(bool, usiz
                 i += 1;
                 break;
             }
+            // An escaped byte compares as it is, case and all (as Redis).
             Some(b'\\') if i + 1 < pattern.len() => {
-                if fold(pattern[i + 1]) == c {
+                if pattern[i + 1] == raw {
                     matched = true;
                 }
                 i += 2;
             }
             Some(&lo) if pattern.get(i + 1) == Some(&b'-') && i + 2 < pattern.len() => {
-                let hi = pattern[i + 2];
+                // Bounds and byte as C's signed `char`: 0x80..=0xff sort
+                // below 0x00 (Redis on x86).
+                let signed = |b: u8| fold(b) as i8;
+                let (lo, hi) = (lo as i8, pattern[i + 2] as i8);
                 let (lo, hi) = if lo <= hi { (lo, hi) } else { (hi, lo) };
-                if (fold(lo)..=fold(hi)).contains(&c) {
+                if (signed(lo as u8)..=signed(hi as u8)).contains(&(c as i8)) {
                     matched = true;
                 }
                 i += 3;
@@ -137,6 +188,53 @@ mod tests {
         assert!(m("*a*b*c*", "xxaxxbxxcxx"));
         assert!(!m("*a*b*c*d", "xxaxxbxxcxx"));
         assert!(glob_match(b"APPEND*", b"appendonly", true));
+    }
+
+    /// The edges where redis-server 7.0's matcher answers otherwise than
+    /// a plain reading would (each checked against redis-server 7.0.15).
+    #[test]
+    fn edges_match_as_redis_server_7_0() {
+        let m = |p: &[u8], t: &[u8]| glob_match(p, t, false);
+        // The empty name: only `""` and `*` (KEYS' "every name").
+        assert!(m(b"", b"") && m(b"*", b""));
+        assert!(!m(b"**", b"") && !m(b"***", b"") && !m(b"?", b""));
+        assert!(m(b"a**", b"a"), "trailing stars after the last byte");
+        // Ranges compare as signed bytes: 0x80..=0xff sort below 0x00.
+        let keys: [&[u8]; 7] = [b"\xff", b"\x80", b"\x7f", b"\xfe", b"a", b"z", b"\x00"];
+        let matching =
+            |p: &[u8]| -> Vec<&[u8]> { keys.iter().copied().filter(|k| m(p, k)).collect() };
+        assert_eq!(matching(b"[a-\xff]"), [&b"\xff"[..], b"a", b"\x00"]);
+        assert_eq!(matching(b"[\x00-\xff]"), [&b"\xff"[..], b"\x00"]);
+        assert_eq!(matching(b"[\x7f-\x80]").len(), 7);
+        assert_eq!(
+            matching(b"[^a-\xff]"),
+            [&b"\x80"[..], b"\x7f", b"\xfe", b"z"]
+        );
+        // An escaped byte in a class keeps its case under NOCASE.
+        assert!(glob_match(b"[\\A]", b"A", true) && !glob_match(b"[\\A]", b"a", true));
+        assert!(glob_match(b"[A]", b"a", true));
+    }
+
+    #[test]
+    fn more_than_a_thousand_nested_stars_match_nothing() {
+        let text = vec![b'a'; 1001];
+        let mut pat = b"*a".repeat(1000);
+        assert!(glob_match(&pat, &text, false));
+        pat.extend_from_slice(b"*a");
+        assert!(!glob_match(&pat, &text, false), "1001 nested");
+        // A trailing star nests nothing; stars in a class or quoted are bytes.
+        let mut pat = b"*a".repeat(1000);
+        pat.push(b'*');
+        assert!(glob_match(&pat, &text, false));
+        let mut pat = b"[*]\\*".repeat(1001);
+        pat.extend_from_slice(b"*a");
+        let mut text = b"**".repeat(1001);
+        text.push(b'a');
+        assert!(glob_match(&pat, &text, false));
+        let mut pat = b"*".to_vec();
+        pat.extend_from_slice(&b"a*".repeat(1000));
+        pat.push(b'a');
+        assert!(!glob_match(&pat, &vec![b'a'; 1001], false));
     }
 
     #[test]

@@ -165,6 +165,9 @@ mod listpack {
 /// Error for `XADD` when the stream's last id is the largest.
 pub const EXHAUSTED: &str =
     "ERR The stream has exhausted the last possible ID, unable to add more items";
+/// Error for `XADD` whose entry Redis cannot store; also what Redis 7.0
+/// answers for `ms-*` past the millisecond's last sequence.
+pub const TOO_LARGE: &str = "ERR Elements are too large to be stored";
 /// Error for `XADD` with an id not above the last one.
 pub const ID_TOO_SMALL: &str =
     "ERR The ID specified in XADD is equal or smaller than the target stream top item";
@@ -407,11 +410,15 @@ impl Stream {
                 if ms > self.last_id.ms {
                     Ok(StreamId::new(ms, 0))
                 } else if ms == self.last_id.ms {
+                    // Past the last sequence of that millisecond: Redis
+                    // 7.0 fails the append without naming a cause, and
+                    // its reply reads the leftover `errno` (not `EDOM`
+                    // outside a transaction): the "too large" text.
                     self.last_id
                         .seq
                         .checked_add(1)
                         .map(|seq| StreamId::new(ms, seq))
-                        .ok_or_else(too_small)
+                        .ok_or_else(|| Reply::Error(TOO_LARGE.to_owned()))
                 } else {
                     Err(too_small())
                 }
