@@ -967,6 +967,24 @@ impl Notify {
         Arc::new(Notify::default())
     }
 
+    /// Wakes the waiter with `index` unless something fired first or it
+    /// gave up; whether this fire was the first.
+    pub fn fire_first(&self, index: usize) -> bool {
+        let waker = {
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if s.fired.is_some() || s.gave_up {
+                return false;
+            }
+            s.fired = Some(index);
+            self.done.store(true, Ordering::Release);
+            s.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        true
+    }
+
     /// Wakes the waiter with `index` (the first fire wins), to read for
     /// itself.
     pub fn fire(&self, index: usize) {

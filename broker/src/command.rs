@@ -156,6 +156,7 @@ pub const SUBCOMMANDS: &[(&str, &str, i32)] = &[
     ("client", "help", 2),
     ("client", "list", -2),
     ("client", "kill", -3),
+    ("client", "unblock", -3),
     // Redis 7.2's, taken because redis-py 5 sends it.
     ("client", "setinfo", 4),
     ("config", "get", -3),
@@ -346,12 +347,25 @@ pub fn syntax_error() -> Reply {
     Reply::err("syntax error")
 }
 
+/// Redis's reply to a known subcommand given the wrong arguments in a
+/// way its own handler checks (`addReplySubcommandSyntaxError`).
+pub fn subcommand_syntax_error(command: &str, sub: &[u8]) -> Reply {
+    let sub = c_string(sub);
+    Reply::error_bytes(&[
+        b"ERR unknown subcommand or wrong number of arguments for '",
+        &sub[..sub.len().min(128)],
+        b"'. Try ",
+        command.to_ascii_uppercase().as_bytes(),
+        b" HELP.",
+    ])
+}
+
 /// `ERR value is not an integer or out of range`.
 pub fn not_an_integer() -> Reply {
     Reply::err("value is not an integer or out of range")
 }
 
-fn int_arg(arg: &[u8]) -> Result<i64, Reply> {
+pub(crate) fn int_arg(arg: &[u8]) -> Result<i64, Reply> {
     parse_int(arg).ok_or_else(not_an_integer)
 }
 

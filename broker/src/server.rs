@@ -364,6 +364,8 @@ impl Shared {
 
     /// Index a blocked read's wake-up fires with when the broker stops.
     pub(crate) const CLOSING: usize = usize::MAX;
+    /// Index a blocked read's wake-up fires with at `CLIENT UNBLOCK`.
+    pub(crate) const UNBLOCKED: usize = usize::MAX - 1;
 
     /// Ends every blocked read (they answer as if their time ran out) and
     /// keeps new ones from blocking.

@@ -221,6 +221,7 @@ impl RespSession {
                 self.card.touch();
                 clients::list(&self.shared.clients, args, self.shared.listening_on())
             }
+            (b"unblock", _) => clients::unblock(&self.shared.clients, args),
             (b"kill", _) => {
                 let killed = clients::kill(
                     &self.shared.clients,
@@ -266,6 +267,10 @@ impl RespSession {
                         "Accepted (redis-py 5 sends it).",
                     ),
                     ("SETNAME <name>", "Name this connection."),
+                    (
+                        "UNBLOCK <clientid> [TIMEOUT|ERROR]",
+                        "Unblock the specified blocked client.",
+                    ),
                 ],
             ),
             (
@@ -742,7 +747,7 @@ impl RespSession {
             };
             let deadline = block_deadline(block);
             let read = BlockedRead::Plain { count: p.count };
-            let _blocked = card.map(BlockedMark::new);
+            let blocked = card.map(BlockedMark::new);
             // A stream named twice is watched once, after the id it was
             // given first, as Redis keeps the first id of a key it blocks
             // on (a later, smaller one would wake the read too early).
@@ -753,10 +758,18 @@ impl RespSession {
             let keys: Vec<Bytes> = firsts.iter().map(|&i| p.keys[i].clone()).collect();
             let after: Vec<StreamId> = firsts.iter().map(|&i| after[i]).collect();
             loop {
-                let Some((fired, served)) =
-                    next_append(&actors, &keys, &after, &read, deadline, shared).await
+                let Some((fired, served)) = next_append(
+                    &actors,
+                    &keys,
+                    &after,
+                    &read,
+                    deadline,
+                    shared,
+                    blocked.as_ref().map(BlockedMark::card),
+                )
+                .await
                 else {
-                    return Reply::NilArray.frame(proto);
+                    return ended_blocked(blocked.as_ref()).frame(proto);
                 };
                 if let Some(Served::Entries(entries, visible)) = served {
                     // Served by the stream at its signal, as Redis serves a
@@ -956,12 +969,20 @@ impl RespSession {
                 count: p.count,
                 noack: p.noack,
             };
-            let _blocked = card.map(BlockedMark::new);
+            let blocked = card.map(BlockedMark::new);
             loop {
-                let Some((fired, served)) =
-                    next_append(&watch_actors, &keys, &last_ids, &read, deadline, shared).await
+                let Some((fired, served)) = next_append(
+                    &watch_actors,
+                    &keys,
+                    &last_ids,
+                    &read,
+                    deadline,
+                    shared,
+                    blocked.as_ref().map(BlockedMark::card),
+                )
+                .await
                 else {
-                    return Reply::NilArray.frame(proto);
+                    return ended_blocked(blocked.as_ref()).frame(proto);
                 };
                 if let Some(Served::Group(read, durable)) = served {
                     // Served by the stream at its signal (its delivery
@@ -1095,6 +1116,16 @@ fn block_deadline(ms: u64) -> Option<std::time::Instant> {
 /// that fires, and what it served the reader with (`None`: the reader
 /// reads for itself), or `None` at the
 /// deadline (`None` too when the broker stops).
+/// The answer of a blocked read that ended unserved: its time ran out,
+/// the broker stops, or `CLIENT UNBLOCK` (with `ERROR`, Redis's error).
+fn ended_blocked(blocked: Option<&BlockedMark>) -> Reply {
+    if blocked.is_some_and(|b| b.card().take_unblocked_with_error()) {
+        Reply::Error("UNBLOCKED client unblocked via CLIENT UNBLOCK".to_owned())
+    } else {
+        Reply::NilArray
+    }
+}
+
 async fn next_append(
     actors: &[mailring_actors::Addr<StreamActor>],
     keys: &[Bytes],
@@ -1102,6 +1133,7 @@ async fn next_append(
     read: &BlockedRead,
     deadline: Option<std::time::Instant>,
     shared: &Shared,
+    card: Option<&ClientCard>,
 ) -> Option<(usize, Option<Served>)> {
     /// Marks the wake-up given up however the read ends (fired, timed
     /// out, or dropped with its connection), and has each stream that did
@@ -1154,6 +1186,9 @@ async fn next_append(
         blocked.retain(|w| w.strong_count() > 0);
         blocked.push(Arc::downgrade(&notify));
     }
+    if let Some(card) = card {
+        card.blocks_on(&notify);
+    }
     let mut give_up = GiveUpOnDrop {
         notify: notify.clone(),
         actors,
@@ -1189,7 +1224,9 @@ async fn next_append(
         },
         None => Some(notify.fired().await),
     };
-    fired.filter(|(i, _)| *i != Shared::CLOSING)
+    // Ended by the broker's stop or by `CLIENT UNBLOCK`: as if the time
+    // ran out (the caller asks the card which).
+    fired.filter(|(i, _)| *i != Shared::CLOSING && *i != Shared::UNBLOCKED)
 }
 
 /// `XREADGROUP`'s reply: like `XREAD`'s, a deleted entry read from the

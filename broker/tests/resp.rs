@@ -3216,3 +3216,65 @@ fn a_blocked_read_naming_a_stream_twice_waits_after_its_first_id() {
     );
     broker.shutdown();
 }
+
+/// `CLIENT UNBLOCK` ends another client's blocked read as redis-server
+/// does: as if its time ran out, or with the `UNBLOCKED` error; `1` only
+/// when that client was blocked; the client goes on, and blocks again.
+#[test]
+fn client_unblock_ends_another_client_s_blocked_read() {
+    let broker = start();
+    let mut a = Client::connect(broker.local_addr());
+    let mut b = Client::connect(broker.local_addr());
+    let R::Int(id) = b.cmd(&["CLIENT", "ID"]) else {
+        panic!("CLIENT ID");
+    };
+    let id = id.to_string();
+    assert_eq!(
+        a.cmd(&["XGROUP", "CREATE", "ub", "g", "$", "MKSTREAM"]),
+        R::Status("OK".into())
+    );
+    assert_eq!(a.cmd(&["CLIENT", "UNBLOCK", &id]), R::Int(0), "not blocked");
+    b.send_raw(&encode(&[
+        b"XREADGROUP",
+        b"GROUP",
+        b"g",
+        b"c",
+        b"BLOCK",
+        b"0",
+        b"STREAMS",
+        b"ub",
+        b">",
+    ]));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(a.cmd(&["CLIENT", "UNBLOCK", &id, "error"]), R::Int(1));
+    assert_eq!(
+        b.read(),
+        R::Error("UNBLOCKED client unblocked via CLIENT UNBLOCK".into())
+    );
+    b.send_raw(&encode(&[
+        b"XREAD", b"BLOCK", b"0", b"STREAMS", b"ub", b"$",
+    ]));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(a.cmd(&["CLIENT", "UNBLOCK", &id]), R::Int(1));
+    assert_eq!(b.read(), R::Nil, "as if its time ran out");
+    assert_eq!(a.cmd(&["CLIENT", "UNBLOCK", &id, "TIMEOUT"]), R::Int(0));
+    // It goes on, blocks again, and is served.
+    assert_eq!(b.cmd(&["PING"]), R::Status("PONG".into()));
+    b.send_raw(&encode(&[
+        b"XREADGROUP",
+        b"GROUP",
+        b"g",
+        b"c",
+        b"BLOCK",
+        b"0",
+        b"STREAMS",
+        b"ub",
+        b">",
+    ]));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(a.cmd(&["XADD", "ub", "1-1", "f", "v"]), R::bulk("1-1"));
+    assert!(matches!(b.read(), R::Array(_)), "served after the unblocks");
+    // Nothing left blocked.
+    assert_eq!(a.cmd(&["CLIENT", "UNBLOCK", &id]), R::Int(0));
+    broker.shutdown();
+}

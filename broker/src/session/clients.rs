@@ -13,8 +13,10 @@ use std::time::Instant;
 use bytes::Bytes;
 use mailring_transports::SessionCloser;
 
+use crate::actor::Notify;
 use crate::command::{self, COMMANDS, SUBCOMMANDS};
 use crate::resp::{parse_int, Reply};
+use crate::server::Shared;
 
 /// Every live connection's card, by client id (Redis lists its clients
 /// in the order they connected: ids ascend).
@@ -81,6 +83,11 @@ pub(crate) struct ClientCard {
     /// Commands queued in `MULTI`, or -1 outside one.
     multi: AtomicI64,
     blocked: AtomicBool,
+    /// The wake-up of the read it is blocked on, for `CLIENT UNBLOCK`.
+    blocked_on: Mutex<Option<std::sync::Weak<Notify>>>,
+    /// `CLIENT UNBLOCK .. ERROR` ended its blocked read: it answers the
+    /// error, not a time-out.
+    unblocked_with_error: AtomicBool,
     /// The last command named (see [`command_code`]).
     command: AtomicU16,
     /// Commands named so far (written by its session only).
@@ -101,6 +108,8 @@ impl ClientCard {
             resp: AtomicU8::new(2),
             multi: AtomicI64::new(-1),
             blocked: AtomicBool::new(false),
+            blocked_on: Mutex::new(None),
+            unblocked_with_error: AtomicBool::new(false),
             command: AtomicU16::new(0),
             commands: AtomicU64::new(0),
             seen_ms: AtomicU64::new(0),
@@ -161,6 +170,40 @@ impl ClientCard {
         self.blocked.store(blocked, Ordering::Relaxed);
     }
 
+    /// Its blocked read waits on `notify` now (`CLIENT UNBLOCK` fires it).
+    pub(crate) fn blocks_on(&self, notify: &Arc<Notify>) {
+        self.unblocked_with_error.store(false, Ordering::Relaxed);
+        *self.blocked_on.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::downgrade(notify));
+    }
+
+    /// `CLIENT UNBLOCK`: ends the read this client is blocked on, as if
+    /// its time ran out (or with the `UNBLOCKED` error); whether it was
+    /// blocked (a read served or timed out first is not).
+    fn unblock(&self, with_error: bool) -> bool {
+        let notify = self
+            .blocked_on
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(std::sync::Weak::upgrade);
+        let Some(notify) = notify.filter(|_| self.blocked.load(Ordering::Relaxed)) else {
+            return false;
+        };
+        if with_error {
+            self.unblocked_with_error.store(true, Ordering::Relaxed);
+        }
+        let fired = notify.fire_first(Shared::UNBLOCKED);
+        if !fired && with_error {
+            self.unblocked_with_error.store(false, Ordering::Relaxed);
+        }
+        fired
+    }
+
+    /// Whether `CLIENT UNBLOCK .. ERROR` ended its last blocked read.
+    pub(crate) fn take_unblocked_with_error(&self) -> bool {
+        self.unblocked_with_error.swap(false, Ordering::Relaxed)
+    }
+
     /// The address it was accepted on (`CLIENT LIST`'s and `CLIENT KILL
     /// LADDR`'s `laddr`), else `listening`.
     fn laddr(&self, listening: SocketAddr) -> SocketAddr {
@@ -216,12 +259,40 @@ impl BlockedMark {
         card.set_blocked(true);
         BlockedMark(card)
     }
+
+    pub(crate) fn card(&self) -> &ClientCard {
+        &self.0
+    }
 }
 
 impl Drop for BlockedMark {
     fn drop(&mut self) {
         self.0.set_blocked(false);
     }
+}
+
+/// `CLIENT UNBLOCK <id> [TIMEOUT|ERROR]`, as Redis 7.0 checks it: the
+/// reason first, then the id; `1` if that client was blocked and is not
+/// any more.
+pub(crate) fn unblock(clients: &Clients, args: &[Bytes]) -> Reply {
+    if args.len() > 4 {
+        return command::subcommand_syntax_error("client", &args[1]);
+    }
+    let with_error = match args.get(3) {
+        None => false,
+        Some(r) if r.eq_ignore_ascii_case(b"timeout") => false,
+        Some(r) if r.eq_ignore_ascii_case(b"error") => true,
+        Some(_) => return Reply::err("CLIENT UNBLOCK reason should be TIMEOUT or ERROR"),
+    };
+    let id = match command::int_arg(&args[2]) {
+        Ok(id) => id,
+        Err(e) => return e,
+    };
+    let unblocked = u64::try_from(id)
+        .ok()
+        .and_then(|id| clients.get(id))
+        .is_some_and(|card| card.unblock(with_error));
+    Reply::Int(i64::from(unblocked))
 }
 
 /// `CLIENT LIST [TYPE type | ID id [id ...]]`, as Redis 7.0 reads it;
