@@ -950,6 +950,17 @@ pub struct Notify {
     done: AtomicBool,
 }
 
+/// What [`Notify::fire_with`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fired {
+    /// It fired now.
+    Now,
+    /// Something fired first, or its reader gave up.
+    Before,
+    /// The read kept the waiter blocked.
+    Kept,
+}
+
 #[derive(Debug, Default)]
 struct NotifyState {
     /// The stream that fired.
@@ -970,19 +981,7 @@ impl Notify {
     /// Wakes the waiter with `index` unless something fired first or it
     /// gave up; whether this fire was the first.
     pub fn fire_first(&self, index: usize) -> bool {
-        let waker = {
-            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            if s.fired.is_some() || s.gave_up {
-                return false;
-            }
-            s.fired = Some(index);
-            self.done.store(true, Ordering::Release);
-            s.waker.take()
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
-        true
+        self.fire_with(index, || Outcome::Wake) == Fired::Now
     }
 
     /// Wakes the waiter with `index` (the first fire wins), to read for
@@ -1012,13 +1011,19 @@ impl Notify {
     /// the waiter is done with this stream (served, woken or served
     /// elsewhere); `false`: it stays blocked here.
     fn serve(&self, index: usize, read: impl FnOnce() -> Outcome) -> bool {
+        self.fire_with(index, read) != Fired::Kept
+    }
+
+    /// Fires with `index` unless something fired first or the reader gave
+    /// up, if `read` (run under the lock) does not keep the waiter.
+    fn fire_with(&self, index: usize, read: impl FnOnce() -> Outcome) -> Fired {
         let waker = {
             let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
             if s.fired.is_some() || s.gave_up {
-                return true;
+                return Fired::Before;
             }
             match read() {
-                Outcome::Keep => return false,
+                Outcome::Keep => return Fired::Kept,
                 Outcome::Answer(served) => s.served = Some(served),
                 Outcome::Wake => {}
             }
@@ -1029,7 +1034,7 @@ impl Notify {
         if let Some(w) = waker {
             w.wake();
         }
-        true
+        Fired::Now
     }
 
     /// Its reader gives up (timed out, or went away): no stream serves

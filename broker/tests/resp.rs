@@ -3217,6 +3217,12 @@ fn a_blocked_read_naming_a_stream_twice_waits_after_its_first_id() {
     broker.shutdown();
 }
 
+/// Sends a group read of stream `ub` that blocks, and lets it block.
+fn block_on_group(b: &mut Client) {
+    b.send_raw(&common::blocking_group_read(b"ub"));
+    std::thread::sleep(Duration::from_millis(100));
+}
+
 /// `CLIENT UNBLOCK` ends another client's blocked read as redis-server
 /// does: as if its time ran out, or with the `UNBLOCKED` error; `1` only
 /// when that client was blocked; the client goes on, and blocks again.
@@ -3234,18 +3240,7 @@ fn client_unblock_ends_another_client_s_blocked_read() {
         R::Status("OK".into())
     );
     assert_eq!(a.cmd(&["CLIENT", "UNBLOCK", &id]), R::Int(0), "not blocked");
-    b.send_raw(&encode(&[
-        b"XREADGROUP",
-        b"GROUP",
-        b"g",
-        b"c",
-        b"BLOCK",
-        b"0",
-        b"STREAMS",
-        b"ub",
-        b">",
-    ]));
-    std::thread::sleep(Duration::from_millis(100));
+    block_on_group(&mut b);
     assert_eq!(a.cmd(&["CLIENT", "UNBLOCK", &id, "error"]), R::Int(1));
     assert_eq!(
         b.read(),
@@ -3260,18 +3255,7 @@ fn client_unblock_ends_another_client_s_blocked_read() {
     assert_eq!(a.cmd(&["CLIENT", "UNBLOCK", &id, "TIMEOUT"]), R::Int(0));
     // It goes on, blocks again, and is served.
     assert_eq!(b.cmd(&["PING"]), R::Status("PONG".into()));
-    b.send_raw(&encode(&[
-        b"XREADGROUP",
-        b"GROUP",
-        b"g",
-        b"c",
-        b"BLOCK",
-        b"0",
-        b"STREAMS",
-        b"ub",
-        b">",
-    ]));
-    std::thread::sleep(Duration::from_millis(100));
+    block_on_group(&mut b);
     assert_eq!(a.cmd(&["XADD", "ub", "1-1", "f", "v"]), R::bulk("1-1"));
     assert!(matches!(b.read(), R::Array(_)), "served after the unblocks");
     // Nothing left blocked.

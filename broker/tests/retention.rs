@@ -643,17 +643,7 @@ fn blocked_readers_of_a_stream_whose_actor_panicked_are_served_by_its_next_activ
     plain.send_raw(&common::encode(&[
         b"XREAD", b"BLOCK", b"0", b"STREAMS", b"s", b"$",
     ]));
-    grouped.send_raw(&common::encode(&[
-        b"XREADGROUP",
-        b"GROUP",
-        b"g",
-        b"c",
-        b"BLOCK",
-        b"0",
-        b"STREAMS",
-        b"s",
-        b">",
-    ]));
+    grouped.send_raw(&common::blocking_group_read(b"s"));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while !c
         .cmd(&["INFO", "clients"])

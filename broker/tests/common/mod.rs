@@ -7,6 +7,23 @@ use std::path::PathBuf;
 
 pub(crate) mod client;
 
+/// `XREADGROUP GROUP g c BLOCK 0 STREAMS <stream> >`, encoded: a group
+/// read that blocks until served.
+#[allow(dead_code)]
+pub(crate) fn blocking_group_read(stream: &[u8]) -> Vec<u8> {
+    encode(&[
+        b"XREADGROUP",
+        b"GROUP",
+        b"g",
+        b"c",
+        b"BLOCK",
+        b"0",
+        b"STREAMS",
+        stream,
+        b">",
+    ])
+}
+
 /// A command as a RESP multibulk request.
 pub(crate) fn encode(args: &[&[u8]]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
