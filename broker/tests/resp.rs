@@ -2489,6 +2489,68 @@ fn client_info_help_and_command_info_describe_what_the_broker_takes() {
     assert_eq!(all, info_all);
 }
 
+/// `COMMAND INFO`'s arity, flags and key positions where a client finds
+/// a command's keys by them, as redis-server 7.0.15 answers (its ACL
+/// categories and key specs aside): `XREAD`/`XREADGROUP` find theirs
+/// after `STREAMS` (`movablekeys`), a container's keys are its
+/// subcommands', which `container|sub` describes.
+#[test]
+fn command_info_gives_redis_s_key_positions() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    let head = |c: &mut Client, name: &str| -> (i64, Vec<String>, [i64; 3]) {
+        let R::Array(mut infos) = c.cmd(&["COMMAND", "INFO", name]) else {
+            panic!("COMMAND INFO {name}");
+        };
+        let R::Array(info) = infos.remove(0) else {
+            panic!("{name}: {infos:?}");
+        };
+        let int = |r: &R| match r {
+            R::Int(n) => *n,
+            other => panic!("{other:?}"),
+        };
+        let R::Array(flags) = &info[2] else {
+            panic!("flags");
+        };
+        let flags = flags.iter().map(R::text).collect();
+        (
+            int(&info[1]),
+            flags,
+            [int(&info[3]), int(&info[4]), int(&info[5])],
+        )
+    };
+    let f = |flags: &[&str]| flags.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        head(&mut c, "xreadgroup"),
+        (-7, f(&["write", "blocking", "movablekeys"]), [0, 0, 0])
+    );
+    assert_eq!(
+        head(&mut c, "xread"),
+        (-4, f(&["readonly", "blocking", "movablekeys"]), [0, 0, 0])
+    );
+    assert_eq!(head(&mut c, "xgroup"), (-2, f(&[]), [0, 0, 0]));
+    assert_eq!(head(&mut c, "xinfo"), (-2, f(&[]), [0, 0, 0]));
+    assert_eq!(
+        head(&mut c, "xgroup|create"),
+        (-5, f(&["write"]), [2, 2, 1])
+    );
+    assert_eq!(
+        head(&mut c, "XINFO|STREAM"),
+        (-3, f(&["readonly"]), [2, 2, 1])
+    );
+    assert_eq!(
+        head(&mut c, "memory|usage"),
+        (-3, f(&["readonly"]), [2, 2, 1])
+    );
+    assert_eq!(head(&mut c, "xgroup|help"), (2, f(&[]), [0, 0, 0]));
+    assert_eq!(head(&mut c, "xadd").2, [1, 1, 1]);
+    assert_eq!(
+        c.cmd(&["COMMAND", "INFO", "xgroup|nope", "nope|x", "|"]),
+        R::Array(vec![R::Nil, R::Nil, R::Nil])
+    );
+    broker.shutdown();
+}
+
 #[test]
 fn a_group_reader_answered_with_no_entry_is_seen_then() {
     // Redis refreshes a served consumer's seen time even when the entry

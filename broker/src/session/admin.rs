@@ -223,7 +223,10 @@ impl RespSession {
             b"info" => Reply::Array(
                 args[2..]
                     .iter()
-                    .map(|n| command::lookup(n).map_or(Reply::NilArray, command_info))
+                    .map(|n| match command::lookup(n) {
+                        Some(spec) => command_info(spec),
+                        None => subcommand_info(n).unwrap_or(Reply::NilArray),
+                    })
                     .collect(),
             ),
             b"help" if args.len() == 2 => super::subcommand_help(
@@ -341,22 +344,61 @@ fn scan_cursor(arg: &[u8]) -> Option<u64> {
     }
 }
 
-/// `COMMAND INFO`'s 10-element description of a command.
+/// `COMMAND INFO`'s 10-element description of a command, with Redis
+/// 7.0's key positions (`XREAD`/`XREADGROUP` find theirs after `STREAMS`:
+/// `movablekeys`, positions 0; a container's are its subcommands') and
+/// its `write`/`readonly`/`blocking` flags (not its others, nor ACL
+/// categories or key specs).
 fn command_info(spec: &command::Spec) -> Reply {
-    let write = command::is_write_command(spec.name);
-    let mut flags = vec![Reply::Status(if write { "write" } else { "readonly" })];
+    let container = command::has_subcommands(spec.name);
+    let mut flags = Vec::new();
+    if !container {
+        let write = command::is_write_command(spec.name);
+        flags.push(Reply::Status(if write { "write" } else { "readonly" }));
+    }
     if matches!(spec.name, "xread" | "xreadgroup") {
         flags.push(Reply::Status("blocking"));
+        flags.push(Reply::Status("movablekeys"));
     }
-    let (first, last, step) = match spec.kind {
+    let keys = match spec.kind {
+        _ if container => (0, 0, 0),
         Kind::Stream(at) => (at as i64, at as i64, 1),
         Kind::Connection if matches!(spec.name, "del" | "exists") => (1, -1, 1),
         Kind::Connection if spec.name == "type" => (1, 1, 1),
         _ => (0, 0, 0),
     };
+    info_reply(spec.name, spec.arity, flags, keys)
+}
+
+/// `COMMAND INFO container|sub` (`xgroup|create`): its arity, its key
+/// (the stream, argument 2, for `XGROUP`'s and `XINFO`'s and `MEMORY
+/// USAGE`) and whether it writes; `None` for a name the broker has not.
+fn subcommand_info(name: &[u8]) -> Option<Reply> {
+    let name = std::str::from_utf8(name).ok()?.to_ascii_lowercase();
+    let (container, sub) = name.split_once('|')?;
+    let &(c, s, arity) = command::SUBCOMMANDS
+        .iter()
+        .find(|(c, s, _)| *c == container && *s == sub)?;
+    let on_stream = matches!(c, "xgroup" | "xinfo") || (c, s) == ("memory", "usage");
+    let (flags, keys) = if s == "help" || !on_stream {
+        (Vec::new(), (0, 0, 0))
+    } else if c == "xgroup" {
+        (vec![Reply::Status("write")], (2, 2, 1))
+    } else {
+        (vec![Reply::Status("readonly")], (2, 2, 1))
+    };
+    Some(info_reply(&name, arity, flags, keys))
+}
+
+fn info_reply(
+    name: &str,
+    arity: i32,
+    flags: Vec<Reply>,
+    (first, last, step): (i64, i64, i64),
+) -> Reply {
     Reply::Array(vec![
-        Reply::bulk(spec.name),
-        Reply::Int(i64::from(spec.arity)),
+        Reply::bulk(name.to_owned()),
+        Reply::Int(i64::from(arity)),
         Reply::Set(flags),
         Reply::Int(first),
         Reply::Int(last),
