@@ -751,8 +751,9 @@ impl RespSession {
             // A stream named twice is watched once, after the id it was
             // given first, as Redis keeps the first id of a key it blocks
             // on (a later, smaller one would wake the read too early).
+            let mut named = std::collections::HashSet::with_capacity(p.keys.len());
             let firsts: Vec<usize> = (0..p.keys.len())
-                .filter(|&i| !p.keys[..i].contains(&p.keys[i]))
+                .filter(|&i| named.insert(&p.keys[i]))
                 .collect();
             let actors: Vec<_> = firsts.iter().map(|&i| actors[i].clone()).collect();
             let keys: Vec<Bytes> = firsts.iter().map(|&i| p.keys[i].clone()).collect();
