@@ -166,6 +166,7 @@ pub const SUBCOMMANDS: &[(&str, &str, i32)] = &[
     ("command", "help", 2),
     ("command", "docs", -2),
     ("command", "info", -2),
+    ("command", "getkeys", -4),
 ];
 
 /// Whether a command is a container of subcommands (checked, with their

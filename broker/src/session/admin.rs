@@ -242,11 +242,16 @@ impl RespSession {
                         "Return an empty map (redis-cli then uses its own hints).",
                     ),
                     (
+                        "GETKEYS <full-command>",
+                        "Return the keys from a full command.",
+                    ),
+                    (
                         "INFO [<command-name> ...]",
                         "Return details about the named commands, or all.",
                     ),
                 ],
             ),
+            b"getkeys" => getkeys(&args[2..]),
             b"help" => command::wrong_arity("command|help"),
             b"count" => command::wrong_arity("command|count"),
             _ => command::unknown_subcommand("command", sub),
@@ -342,6 +347,63 @@ fn scan_cursor(arg: &[u8]) -> Option<u64> {
         Some(&b) if crate::resp::c_isspace(b) => None,
         Some(_) => crate::resp::strtoull_whole(text),
     }
+}
+
+/// `COMMAND GETKEYS <command> <arg> ...`: the streams `command` names,
+/// found as redis-server 7.0 finds them (a stream command's key, every
+/// name of `DEL`/`EXISTS`, the first half of what follows `STREAMS` for
+/// `XREAD`/`XREADGROUP`, a subcommand's stream), with its errors.
+fn getkeys(command: &[Bytes]) -> Reply {
+    let invalid = |what: &str| Reply::err(format!("Invalid {what} specified for command"));
+    let Some(spec) = command::lookup(&command[0]) else {
+        return Reply::err("Invalid command specified");
+    };
+    if !command::arity_ok(spec, command.len()) {
+        return invalid("number of arguments");
+    }
+    let no_keys = || Reply::err("The command has no key arguments");
+    let keys: &[Bytes] = match spec.kind {
+        _ if command::has_subcommands(spec.name) => {
+            let Ok(sub) = command::check_subcommand(spec.name, command) else {
+                return match command::SUBCOMMANDS.iter().any(|(c, s, _)| {
+                    *c == spec.name && s.as_bytes() == command[1].to_ascii_lowercase()
+                }) {
+                    true => invalid("number of arguments"),
+                    false => Reply::err("Invalid command specified"),
+                };
+            };
+            let on_stream =
+                matches!(spec.name, "xgroup" | "xinfo") || (spec.name, sub) == ("memory", "usage");
+            if sub == "help" || !on_stream {
+                return no_keys();
+            }
+            &command[2..3]
+        }
+        Kind::Stream(at) => &command[at..=at],
+        Kind::Read => {
+            // `STREAMS` searched from the first argument that may hold
+            // it (after `GROUP g c` for a group read); the names are the
+            // first half of what follows.
+            let from = if spec.name == "xreadgroup" { 4 } else { 1 };
+            let Some(at) = command
+                .iter()
+                .skip(from)
+                .position(|a| a.eq_ignore_ascii_case(b"streams"))
+                .map(|i| i + from + 1)
+            else {
+                return invalid("arguments");
+            };
+            let n = (command.len() - at) / 2;
+            if n == 0 {
+                return invalid("arguments");
+            }
+            &command[at..at + n]
+        }
+        Kind::Connection if matches!(spec.name, "del" | "exists") => &command[1..],
+        Kind::Connection if spec.name == "type" => &command[1..2],
+        Kind::Connection => return no_keys(),
+    };
+    Reply::Array(keys.iter().cloned().map(Reply::Bulk).collect())
 }
 
 /// `COMMAND INFO`'s 10-element description of a command, with Redis
