@@ -100,6 +100,7 @@ pub const COMMANDS: &[Spec] = &[
     conn("type", 2),
     conn("keys", 2),
     conn("dbsize", 1),
+    conn("time", 1),
     conn("scan", -2),
     conn("multi", 1),
     conn("exec", 1),

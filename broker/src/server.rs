@@ -582,6 +582,9 @@ impl Broker {
         // blocked that goes away is dropped, once the replies before its
         // read are written.
         server_config.on_peer_close = mailring_transports::PeerClose::CloseWhileBlocked;
+        // Redis puts no time limit on a request arriving (`timeout 0`): a
+        // large value over a slow link may take minutes.
+        server_config.frame_timeout = None;
         let mut server =
             Server::builder(RespCodec::new(), move |_| RespSession::new(shared.clone()))
                 .config(server_config)

@@ -549,6 +549,16 @@ impl RespSession {
                 _ => command::wrong_arity("ping"),
             },
             b"echo" => Reply::Bulk(args[1].clone()),
+            // The clock's seconds and microseconds, as two bulk strings.
+            b"time" => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                Reply::Array(vec![
+                    Reply::bulk(now.as_secs().to_string()),
+                    Reply::bulk(now.subsec_micros().to_string()),
+                ])
+            }
             b"hello" => self.hello(args),
             b"auth" => {
                 let res = match args.len() {

@@ -3324,3 +3324,23 @@ fn client_unblock_ends_another_client_s_blocked_read() {
     assert_eq!(a.cmd(&["CLIENT", "UNBLOCK", &id]), R::Int(0));
     broker.shutdown();
 }
+
+/// `TIME`: the clock's seconds and microseconds as two bulk strings.
+#[test]
+fn time_answers_the_clock_in_seconds_and_microseconds() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let R::Array(parts) = c.cmd(&["TIME"]) else {
+        panic!("an array");
+    };
+    let secs: u64 = parts[0].text().parse().unwrap();
+    let micros: u64 = parts[1].text().parse().unwrap();
+    assert!(secs >= before && secs <= before + 5, "{secs} vs {before}");
+    assert!(micros < 1_000_000);
+    assert!(matches!(c.cmd(&["TIME", "x"]), R::Error(e) if e.contains("wrong number")));
+    broker.shutdown();
+}

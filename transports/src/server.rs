@@ -100,8 +100,16 @@ pub struct ServerConfig {
     /// Default 1 MiB.
     pub outbound_high_water: usize,
     /// Queued outbound bytes past which the connection closes with
-    /// [`CloseReason::SlowReader`]. Default 8 MiB.
+    /// [`CloseReason::SlowReader`], once a send has stayed in flight for
+    /// [`slow_reader_grace`](Self::slow_reader_grace) with them queued.
+    /// Past it no request or push is taken. Default 8 MiB.
     pub outbound_limit: usize,
+    /// How long a send may stay in flight while more than
+    /// [`outbound_limit`](Self::outbound_limit) bytes wait behind it
+    /// before the peer counts as a slow reader: a peer that reads keeps
+    /// its sends completing, however much its pipeline's replies add at
+    /// once (Redis closes no normal client for its output). Default 10 s.
+    pub slow_reader_grace: Duration,
     /// Pushes ([`SessionsByKey::push`]) a session holds while it is busy
     /// (they run between its frames); past it, more are dropped and
     /// counted ([`SessionShardStats::pushes_dropped`](crate::SessionShardStats)).
@@ -179,6 +187,7 @@ impl Default for ServerConfig {
             read_chunk: 16 << 10,
             outbound_high_water: 1 << 20,
             outbound_limit: 8 << 20,
+            slow_reader_grace: Duration::from_secs(10),
             push_queue: 1024,
             on_peer_close: PeerClose::FinishReplies,
             idle_timeout: None,
@@ -1339,6 +1348,9 @@ async fn drive<S: Session>(
         _ => None,
     };
     let mut frame_deadline: Option<Sleep> = None;
+    // Past the outbound limit with a send in flight: when that send counts
+    // as stuck (reset by each send that completes).
+    let mut slow_deadline: Option<Sleep> = None;
     // The waker a `SessionCloser` holds now.
     let mut closer_waker = None;
     let mut starved = false;
@@ -1555,6 +1567,7 @@ async fn drive<S: Session>(
                     send.set(None);
                     in_flight = 0;
                     send_stalled = false;
+                    slow_deadline = None;
                     if let Err(e) = res {
                         return Poll::Ready(Event::Close(io_close(&e)));
                     }
@@ -1564,13 +1577,21 @@ async fn drive<S: Session>(
             // Outbound bytes: queued, and handed to the send in flight. Past
             // the limit only while a send is stuck on them and more waits
             // behind it (queued, or requests held back by the limit): a
-            // big reply about to go is not a slow reader.
+            // big reply about to go is not a slow reader, nor a pipeline
+            // whose replies came ready together for a peer that reads
+            // (its sends complete): a send in flight that long is stuck.
             let queued = outbound(cx, in_flight);
             if queued > config.outbound_limit
                 && send.is_some()
                 && (!cx.wbuf.is_empty() || held_back)
             {
-                return Poll::Ready(Event::Close(CloseReason::SlowReader { queued }));
+                let stuck = slow_deadline
+                    .get_or_insert_with(|| sleep_until(deadline_in(config.slow_reader_grace)));
+                if std::pin::Pin::new(stuck).poll(task).is_ready() {
+                    return Poll::Ready(Event::Close(CloseReason::SlowReader { queued }));
+                }
+            } else {
+                slow_deadline = None;
             }
             if queued > config.outbound_high_water && !over_high_water {
                 over_high_water = true;

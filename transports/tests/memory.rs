@@ -59,6 +59,7 @@ fn main() {
     config.idle_timeout = Some(Duration::from_secs(1));
     config.outbound_high_water = OUTBOUND_LIMIT / 2;
     config.outbound_limit = OUTBOUND_LIMIT;
+    config.slow_reader_grace = Duration::from_millis(300);
     let server = Server::builder(LengthDelimited::new().max_frame(MAX_FRAME), |_| {
         EchoOrAmplify
     })

@@ -871,6 +871,7 @@ fn a_peer_that_stops_reading_is_closed_past_the_outbound_limit() {
     let mut config = ServerConfig::default();
     config.outbound_high_water = 256 << 10;
     config.outbound_limit = 1 << 20;
+    config.slow_reader_grace = Duration::from_millis(300);
     let server = Server::builder(LengthDelimited::new(), |_| Firehose)
         .config(config)
         .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
@@ -1659,6 +1660,64 @@ fn a_reply_larger_than_the_outbound_limit_is_sent_not_taken_for_a_slow_reader() 
         "2 MiB echoed past a 1 MiB limit"
     );
     writer.join().unwrap();
+    assert_eq!(server.stats().closed(CloseKind::SlowReader), 0);
+    drop(c);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
+/// Answers frame `n` with 256 KiB, 20 + 3n ms later: a pipeline's replies
+/// pile up behind the send in flight once the kernel's buffers are full.
+struct BigLater;
+
+impl Session for BigLater {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        // One every 3 ms: once the kernel's buffers are full, each comes
+        // ready while a send waits for the reader.
+        let n = u32::from_be_bytes(frame[..4].try_into().unwrap());
+        cx.reply_later(async move {
+            let wait = 20 + 3 * u64::from(n);
+            mailring::time::sleep(Duration::from_millis(wait)).await;
+            let mut reply = frame.to_vec();
+            reply.resize(256 << 10, 7);
+            Bytes::from(reply)
+        });
+    }
+}
+
+/// A client that reads as fast as it can is not a slow reader because
+/// the replies of its pipeline, ready together, pass the outbound limit
+/// for a moment: every reply arrives (Redis closes no normal client for
+/// its output). Only a send stuck past `slow_reader_grace` is.
+#[test]
+fn a_reader_that_keeps_up_gets_every_reply_of_a_pipeline_past_the_limit() {
+    let rt = runtime(1);
+    let mut config = ServerConfig::default();
+    config.outbound_high_water = 256 << 10;
+    config.outbound_limit = 1 << 20;
+    let server = one_shard_server(&rt, config, |_| BigLater);
+    // A small receive buffer, and the reading starts 400 ms late: the
+    // first reply's send waits for the reader while the others queue
+    // behind it, past the limit; then the reader takes everything.
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(32 << 10).unwrap();
+    socket.connect(&server.local_addr().into()).unwrap();
+    let mut c: TcpStream = socket.into();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut wire = Vec::new();
+    for i in 0..64u32 {
+        wire.extend(frame(&i.to_be_bytes()));
+    }
+    c.write_all(&wire).unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    for i in 0..64u32 {
+        let reply = read_frame(&mut c).expect("every reply of the pipeline");
+        assert_eq!(reply.len(), 256 << 10);
+        assert_eq!(&reply[..4], i.to_be_bytes(), "in order");
+    }
     assert_eq!(server.stats().closed(CloseKind::SlowReader), 0);
     drop(c);
     rt.block_on(server.shutdown());

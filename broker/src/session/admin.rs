@@ -225,7 +225,8 @@ impl RespSession {
                     .iter()
                     .map(|n| match command::lookup(n) {
                         Some(spec) => command_info(spec),
-                        None => subcommand_info(n).unwrap_or(Reply::NilArray),
+                        // A null bulk string, as Redis answers.
+                        None => subcommand_info(n).unwrap_or(Reply::Nil),
                     })
                     .collect(),
             ),
