@@ -86,7 +86,13 @@ fn keep_fd(res: i32, _flags: u32, resources: &dyn std::any::Any) {
     // queued when a multishot op is dropped), so nothing else owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(res) };
     if let Some(r) = resources.downcast_ref::<AcceptResources>() {
-        r.kept.keep(fd);
+        r.kept.hold(fd);
+        // The calls waiting are woken from a task of their own: a cleanup
+        // runs inside the op table's borrow, and a waker may do anything.
+        if crate::current_shard().is_some() {
+            let kept = r.kept.clone();
+            drop(crate::spawn_local(async move { kept.wake_all() }));
+        }
     }
 }
 
@@ -118,13 +124,12 @@ struct Kept {
 }
 
 impl Kept {
-    /// Keeps `fd` for the next `accept()` and wakes the calls waiting.
-    fn keep(&self, fd: OwnedFd) {
+    /// Keeps `fd` for the next `accept()`.
+    fn hold(&self, fd: OwnedFd) {
         self.held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push_back(fd);
-        self.wake_all();
     }
 
     fn pop(&self) -> Option<OwnedFd> {

@@ -364,8 +364,12 @@ impl Shared {
 
     /// Index a blocked read's wake-up fires with when the broker stops.
     pub(crate) const CLOSING: usize = usize::MAX;
-    /// Index a blocked read's wake-up fires with at `CLIENT UNBLOCK`.
+    /// Index a blocked read's wake-up fires with at `CLIENT UNBLOCK`
+    /// (`TIMEOUT`: it answers as if its time ran out).
     pub(crate) const UNBLOCKED: usize = usize::MAX - 1;
+    /// Index a blocked read's wake-up fires with at `CLIENT UNBLOCK ..
+    /// ERROR`: it answers Redis's `UNBLOCKED` error.
+    pub(crate) const UNBLOCKED_WITH_ERROR: usize = usize::MAX - 2;
 
     /// Ends every blocked read (they answer as if their time ran out) and
     /// keeps new ones from blocking.

@@ -769,7 +769,7 @@ impl RespSession {
             let keys: Vec<Bytes> = firsts.iter().map(|&i| p.keys[i].clone()).collect();
             let after: Vec<StreamId> = firsts.iter().map(|&i| after[i]).collect();
             loop {
-                let Some((fired, served)) = next_append(
+                let (fired, served) = match next_append(
                     &actors,
                     &keys,
                     &after,
@@ -779,8 +779,9 @@ impl RespSession {
                     blocked.as_ref().map(BlockedMark::card),
                 )
                 .await
-                else {
-                    return ended_blocked(blocked.as_ref()).frame(proto);
+                {
+                    Ok(fired) => fired,
+                    Err(ended) => return ended.frame(proto),
                 };
                 if let Some(Served::Entries(entries, visible)) = served {
                     // Served by the stream at its signal, as Redis serves a
@@ -982,7 +983,7 @@ impl RespSession {
             };
             let blocked = card.map(BlockedMark::new);
             loop {
-                let Some((fired, served)) = next_append(
+                let (fired, served) = match next_append(
                     &watch_actors,
                     &keys,
                     &last_ids,
@@ -992,8 +993,9 @@ impl RespSession {
                     blocked.as_ref().map(BlockedMark::card),
                 )
                 .await
-                else {
-                    return ended_blocked(blocked.as_ref()).frame(proto);
+                {
+                    Ok(fired) => fired,
+                    Err(ended) => return ended.frame(proto),
                 };
                 if let Some(Served::Group(read, durable)) = served {
                     // Served by the stream at its signal (its delivery
@@ -1125,18 +1127,9 @@ fn block_deadline(ms: u64) -> Option<std::time::Instant> {
 /// Watches each stream for what serves a blocked reader (an append after
 /// its id, a group destroyed, the stream deleted); the index of the first
 /// that fires, and what it served the reader with (`None`: the reader
-/// reads for itself), or `None` at the
-/// deadline (`None` too when the broker stops).
-/// The answer of a blocked read that ended unserved: its time ran out,
-/// the broker stops, or `CLIENT UNBLOCK` (with `ERROR`, Redis's error).
-fn ended_blocked(blocked: Option<&BlockedMark>) -> Reply {
-    if blocked.is_some_and(|b| b.card().take_unblocked_with_error()) {
-        Reply::Error("UNBLOCKED client unblocked via CLIENT UNBLOCK".to_owned())
-    } else {
-        Reply::NilArray
-    }
-}
-
+/// reads for itself), or the reply of a read that ended unserved (at the
+/// deadline, when the broker stops, at `CLIENT UNBLOCK`). `card`: the
+/// blocked client's, which `CLIENT UNBLOCK` finds the wake-up through.
 async fn next_append(
     actors: &[mailring_actors::Addr<StreamActor>],
     keys: &[Bytes],
@@ -1145,7 +1138,7 @@ async fn next_append(
     deadline: Option<std::time::Instant>,
     shared: &Shared,
     card: Option<&ClientCard>,
-) -> Option<(usize, Option<Served>)> {
+) -> Result<(usize, Option<Served>), Reply> {
     /// Marks the wake-up given up however the read ends (fired, timed
     /// out, or dropped with its connection), and has each stream that did
     /// not fire it drop its watcher now: an actor holding nothing else
@@ -1192,7 +1185,7 @@ async fn next_append(
     {
         let mut blocked = shared.blocked.lock().unwrap_or_else(|p| p.into_inner());
         if shared.closing.load(Ordering::Acquire) {
-            return None;
+            return Err(Reply::NilArray);
         }
         blocked.retain(|w| w.strong_count() > 0);
         blocked.push(Arc::downgrade(&notify));
@@ -1235,9 +1228,16 @@ async fn next_append(
         },
         None => Some(notify.fired().await),
     };
-    // Ended by the broker's stop or by `CLIENT UNBLOCK`: as if the time
-    // ran out (the caller asks the card which).
-    fired.filter(|(i, _)| *i != Shared::CLOSING && *i != Shared::UNBLOCKED)
+    match fired {
+        // Ended unserved: its time ran out, the broker stops, or `CLIENT
+        // UNBLOCK` (as a time-out, or with Redis's error).
+        None => Err(Reply::NilArray),
+        Some((Shared::CLOSING | Shared::UNBLOCKED, _)) => Err(Reply::NilArray),
+        Some((Shared::UNBLOCKED_WITH_ERROR, _)) => Err(Reply::Error(
+            "UNBLOCKED client unblocked via CLIENT UNBLOCK".to_owned(),
+        )),
+        Some(fired) => Ok(fired),
+    }
 }
 
 /// `XREADGROUP`'s reply: like `XREAD`'s, a deleted entry read from the

@@ -232,16 +232,18 @@ impl Conn {
                 .map_err(|s| (busy(), Conn::Unix(s))),
             Conn::Direct(s) => match s.send_to_shard(to).await {
                 Ok(ticket) => Ok(InTransit::Direct(ticket)),
-                // No room in the target's table (or no such move on this
-                // kernel): the socket becomes a process descriptor again
-                // and travels as one.
-                Err((e, s)) => match s.into_tcp().await {
+                // No room in the target's table: the socket becomes a
+                // process descriptor again and travels as one. (Not on
+                // other errors: after `EOVERFLOW` the target holds the
+                // socket already.)
+                Err((e, s)) if e.raw_os_error() == Some(libc::ENFILE) => match s.into_tcp().await {
                     Ok(tcp) => tcp
                         .into_std()
                         .map(|s| InTransit::Plain(StdConn::Tcp(s)))
                         .map_err(|s| (busy(), Conn::Tcp(s))),
                     Err((_, s)) => Err((e, Conn::Direct(s))),
                 },
+                Err((e, s)) => Err((e, Conn::Direct(s))),
             },
             Conn::Tls(s) => {
                 let (inner, state) = s.into_parts();

@@ -85,9 +85,6 @@ pub(crate) struct ClientCard {
     blocked: AtomicBool,
     /// The wake-up of the read it is blocked on, for `CLIENT UNBLOCK`.
     blocked_on: Mutex<Option<std::sync::Weak<Notify>>>,
-    /// `CLIENT UNBLOCK .. ERROR` ended its blocked read: it answers the
-    /// error, not a time-out.
-    unblocked_with_error: AtomicBool,
     /// The last command named (see [`command_code`]).
     command: AtomicU16,
     /// Commands named so far (written by its session only).
@@ -109,7 +106,6 @@ impl ClientCard {
             multi: AtomicI64::new(-1),
             blocked: AtomicBool::new(false),
             blocked_on: Mutex::new(None),
-            unblocked_with_error: AtomicBool::new(false),
             command: AtomicU16::new(0),
             commands: AtomicU64::new(0),
             seen_ms: AtomicU64::new(0),
@@ -172,13 +168,14 @@ impl ClientCard {
 
     /// Its blocked read waits on `notify` now (`CLIENT UNBLOCK` fires it).
     pub(crate) fn blocks_on(&self, notify: &Arc<Notify>) {
-        self.unblocked_with_error.store(false, Ordering::Relaxed);
         *self.blocked_on.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::downgrade(notify));
     }
 
     /// `CLIENT UNBLOCK`: ends the read this client is blocked on, as if
-    /// its time ran out (or with the `UNBLOCKED` error); whether it was
-    /// blocked (a read served or timed out first is not).
+    /// its time ran out (or with the `UNBLOCKED` error: the reason rides
+    /// on the wake-up, so a read that ends otherwise meanwhile never
+    /// answers it); whether it was blocked (a read served or timed out
+    /// first is not).
     fn unblock(&self, with_error: bool) -> bool {
         let notify = self
             .blocked_on
@@ -189,19 +186,11 @@ impl ClientCard {
         let Some(notify) = notify.filter(|_| self.blocked.load(Ordering::Relaxed)) else {
             return false;
         };
-        if with_error {
-            self.unblocked_with_error.store(true, Ordering::Relaxed);
-        }
-        let fired = notify.fire_first(Shared::UNBLOCKED);
-        if !fired && with_error {
-            self.unblocked_with_error.store(false, Ordering::Relaxed);
-        }
-        fired
-    }
-
-    /// Whether `CLIENT UNBLOCK .. ERROR` ended its last blocked read.
-    pub(crate) fn take_unblocked_with_error(&self) -> bool {
-        self.unblocked_with_error.swap(false, Ordering::Relaxed)
+        notify.fire_first(if with_error {
+            Shared::UNBLOCKED_WITH_ERROR
+        } else {
+            Shared::UNBLOCKED
+        })
     }
 
     /// The address it was accepted on (`CLIENT LIST`'s and `CLIENT KILL
