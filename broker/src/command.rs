@@ -319,12 +319,17 @@ pub fn unknown_command(args: &[Bytes]) -> Reply {
     ])
 }
 
-/// Redis's reply to a subcommand of `command` it does not know (the name
-/// as the client sent it, cut at 128 bytes and at a NUL).
+/// Redis's reply to a subcommand of `command` it does not know.
 pub fn unknown_subcommand(command: &str, sub: &[u8]) -> Reply {
+    subcommand_error(b"ERR unknown subcommand '", command, sub)
+}
+
+/// `<opening>'<sub>'. Try <COMMAND> HELP.`, the subcommand as the client
+/// sent it, cut at 128 bytes and at a NUL.
+fn subcommand_error(opening: &[u8], command: &str, sub: &[u8]) -> Reply {
     let sub = c_string(sub);
     Reply::error_bytes(&[
-        b"ERR unknown subcommand '",
+        opening,
         &sub[..sub.len().min(128)],
         b"'. Try ",
         command.to_ascii_uppercase().as_bytes(),
@@ -352,14 +357,11 @@ pub fn syntax_error() -> Reply {
 /// Redis's reply to a known subcommand given the wrong arguments in a
 /// way its own handler checks (`addReplySubcommandSyntaxError`).
 pub fn subcommand_syntax_error(command: &str, sub: &[u8]) -> Reply {
-    let sub = c_string(sub);
-    Reply::error_bytes(&[
+    subcommand_error(
         b"ERR unknown subcommand or wrong number of arguments for '",
-        &sub[..sub.len().min(128)],
-        b"'. Try ",
-        command.to_ascii_uppercase().as_bytes(),
-        b" HELP.",
-    ])
+        command,
+        sub,
+    )
 }
 
 /// `ERR value is not an integer or out of range`.
