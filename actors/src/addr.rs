@@ -18,7 +18,7 @@ use mailring::ShardId;
 
 use crate::actor::{Accepts, Actor, Message};
 use crate::capacity::Capacity;
-use crate::error::{AskError, StopReason, TellError};
+use crate::error::{AskError, RunNowError, StopReason, TellError};
 use crate::local::{self, Delivery, TargetId};
 use crate::reply::{self, Asked, Reply};
 use crate::system::{RoomWait, SystemHandle, SystemRef};
@@ -357,6 +357,89 @@ impl<A: Actor> Addr<A> {
         // reply then reports.
         self.deliver_env(A::ask_envelope(asked));
         reply
+    }
+
+    /// Runs `f` on the actor at once, in the calling task, when the actor
+    /// is active on the calling shard and idle: its task waits for mail,
+    /// nothing is queued for it (deliveries other shards published here
+    /// are taken first, as for a send), and none of its handlers or hooks
+    /// is running. Otherwise nothing runs and `f` comes back in
+    /// [`RunNowError::NotIdle`]: send a message instead.
+    ///
+    /// This is a message handled between two others, without the mailbox
+    /// and the task switch: the actor never sees two at once, and a
+    /// message sent before the call (from this task, or published to this
+    /// shard) runs before it, since a queued message makes the actor busy.
+    /// It counts as activity for the idle timeout and in the type's
+    /// `handled` (and `ran_now`) counters. `f` cannot await: it suits
+    /// work that an actor does without I/O (a counter, an in-memory
+    /// state change), asked from a task on its shard, such as a
+    /// connection's session calling the keyed actors it lives next to.
+    /// A keyed actor that is not active is not activated (send it a
+    /// message).
+    ///
+    /// # Errors
+    ///
+    /// [`RunNowError::NotIdle`] with `f`, as above; [`RunNowError::Panicked`]
+    /// when `f` panicked, which is reported as a handler's panic and sends
+    /// the actor through its supervision policy, as a panicking handler
+    /// would.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, RunNowError, Runtime};
+    ///
+    /// #[derive(Actor, Default)]
+    /// #[actor(key = u64, activate = |_| Counter::default(), handles(Add))]
+    /// struct Counter {
+    ///     total: u64,
+    /// }
+    ///
+    /// #[derive(Message)]
+    /// #[message(reply = u64)]
+    /// struct Add(u64);
+    ///
+    /// impl Handler<Add> for Counter {
+    ///     async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) -> u64 {
+    ///         self.total += m.0;
+    ///         self.total
+    ///     }
+    /// }
+    ///
+    /// let system = ActorSystem::start(Runtime::builder().shards(1))?;
+    /// let handle = system.handle();
+    /// let total = system.block_on(async move {
+    ///     let counter = handle.keyed::<Counter>(7);
+    ///     counter.ask(Add(1)).await.unwrap(); // activates it
+    ///     // Idle now: added in this task, no message sent.
+    ///     match counter.run_now(|c| { c.total += 2; c.total }) {
+    ///         Ok(total) => total,
+    ///         Err(RunNowError::NotIdle(_)) => counter.ask(Add(2)).await.unwrap(),
+    ///         Err(e) => panic!("{e}"),
+    ///     }
+    /// });
+    /// assert_eq!(total, 3);
+    /// # system.shutdown();
+    /// # Ok::<(), mailring::BuildError>(())
+    /// ```
+    pub fn run_now<R, F: FnOnce(&mut A) -> R>(&self, f: F) -> Result<R, RunNowError<F>> {
+        let Some(ts) = local::type_state::<A>(self.system.arc()) else {
+            return Err(RunNowError::NotIdle(f));
+        };
+        if ts.shard != self.home() {
+            return Err(RunNowError::NotIdle(f));
+        }
+        // Deliveries already published to this shard go first.
+        mailring::receive_pending();
+        let cell = match self.target_ref() {
+            local::TargetRef::Uid(uid) => ts.find_unkeyed(uid),
+            local::TargetRef::Key(key) => ts.find_keyed(key),
+        };
+        match cell {
+            Some(cell) => cell.run_now(&ts, f),
+            None => Err(RunNowError::NotIdle(f)),
+        }
     }
 
     /// The calling shard's state and the actor's shard, when the caller is
@@ -777,6 +860,17 @@ impl<A: Actor> LocalAddr<A> {
         M: Message,
     {
         self.push_counted(msg, true)
+    }
+
+    /// As [`Addr::run_now`], without the lookup.
+    ///
+    /// # Errors
+    ///
+    /// As [`Addr::run_now`].
+    pub fn run_now<R, F: FnOnce(&mut A) -> R>(&self, f: F) -> Result<R, RunNowError<F>> {
+        self.pending.receive_pending();
+        let cell = self.cell.borrow().clone();
+        cell.run_now(&self.ts, f)
     }
 
     /// As [`Addr::ask`], without the lookup. (An asked message and its

@@ -128,6 +128,54 @@ impl fmt::Debug for AskError {
     }
 }
 
+/// Why [`Addr::run_now`](crate::Addr::run_now) (or
+/// [`LocalAddr::run_now`](crate::LocalAddr::run_now)) did not run its
+/// closure to the end.
+pub enum RunNowError<F> {
+    /// Not run, and the closure comes back: the actor is not active on the
+    /// calling shard, or not idle (a message of it is being handled or
+    /// queued, it is starting or stopping, or the call comes from its own
+    /// handler). Send it a message instead.
+    NotIdle(F),
+    /// The closure panicked. The panic is reported as a handler's, and the
+    /// actor goes through its supervision policy (restart, stop or
+    /// escalate) as if a handler had panicked.
+    Panicked,
+}
+
+impl<F> RunNowError<F> {
+    /// The closure, when it was not run.
+    pub fn into_closure(self) -> Option<F> {
+        match self {
+            RunNowError::NotIdle(f) => Some(f),
+            RunNowError::Panicked => None,
+        }
+    }
+}
+
+impl<F> fmt::Debug for RunNowError<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunNowError::NotIdle(_) => f.write_str("NotIdle: ")?,
+            RunNowError::Panicked => f.write_str("Panicked: ")?,
+        }
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl<F> fmt::Display for RunNowError<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RunNowError::NotIdle(_) => {
+                "the actor is not idle on the calling shard (busy, queued messages, or elsewhere)"
+            }
+            RunNowError::Panicked => "the closure run on the actor panicked",
+        })
+    }
+}
+
+impl<F> std::error::Error for RunNowError<F> {}
+
 /// Why [`SystemHandle::place`](crate::SystemHandle::place) recorded no
 /// shard for a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -80,6 +80,8 @@ impl<A: Actor> Clone for TargetId<A> {
 #[derive(Default)]
 pub(crate) struct Counters {
     pub(crate) handled: Cell<u64>,
+    /// Of `handled`: closures run by `run_now`.
+    pub(crate) ran_now: Cell<u64>,
     pub(crate) activations: Cell<u64>,
     pub(crate) passivations: Cell<u64>,
     pub(crate) restarts: Cell<u64>,
@@ -946,6 +948,7 @@ impl<A: Actor> AnyTypeState for TypeState<A> {
             shard: self.shard,
             active: self.keyed.borrow().len() + self.unkeyed.borrow().len(),
             handled: c.handled.get(),
+            ran_now: c.ran_now.get(),
             activations: c.activations.get(),
             passivations: c.passivations.get(),
             restarts: c.restarts.get(),

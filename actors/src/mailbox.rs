@@ -12,6 +12,7 @@
 //! `depth` counts messages sent and not yet taken by the actor.
 
 use std::cell::{Cell, RefCell};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -19,7 +20,7 @@ use std::task::{Context, Poll, Waker};
 use crate::actor::{Actor, Envelope};
 use crate::capacity::Capacity;
 use crate::cycle::{BlockSite, Verdict, Waits};
-use crate::error::AskError;
+use crate::error::{AskError, RunNowError, StopReason};
 use crate::flow::{RemoteCounts, ShardFlow};
 use crate::Terminated;
 
@@ -165,6 +166,13 @@ pub(crate) struct ActorCell<A: Actor> {
     /// look at the list when there are none.
     take_waiters: RefCell<Vec<Waker>>,
     has_take_waiters: Cell<bool>,
+    /// Closures run on the actor between its messages
+    /// ([`ActorCell::run_now`]): activity for its idle timeout.
+    pub(crate) ran_now: Cell<u64>,
+    /// The actor itself, while its activation lives: borrowed by its task
+    /// for each message and hook, and by [`ActorCell::run_now`] while the
+    /// task waits for mail (last: what a send touches comes first).
+    pub(crate) actor: RefCell<Option<A>>,
 }
 
 impl<A: Actor> ActorCell<A> {
@@ -186,6 +194,8 @@ impl<A: Actor> ActorCell<A> {
             waits: Waits::default(),
             take_waiters: RefCell::new(Vec::new()),
             has_take_waiters: Cell::new(false),
+            ran_now: Cell::new(0),
+            actor: RefCell::new(None),
         })
     }
 
@@ -365,6 +375,61 @@ impl<A: Actor> ActorCell<A> {
     /// Wakes the task without a message (stop and passivation requests).
     pub(crate) fn nudge(&self) {
         self.wake();
+    }
+
+    /// The task no longer waits for mail (it was polled for another
+    /// reason: its idle deadline, a stop request).
+    pub(crate) fn stop_waiting(&self) {
+        self.waiting.set(false);
+    }
+
+    /// Runs `f` on the actor now, in the caller's task, if the actor is
+    /// idle: open, its task waiting for mail with nothing queued and no
+    /// stop asked, and the actor not borrowed (no handler or hook of it
+    /// running, which also refuses a call from the actor's own handler).
+    /// Otherwise `f` comes back untouched.
+    ///
+    /// A panic in `f` is caught here, reported as a handler's, and the
+    /// task is told to treat it as one (its supervision policy decides):
+    /// the actor's state may be half changed, so nothing runs on it again
+    /// before that.
+    pub(crate) fn run_now<R, F: FnOnce(&mut A) -> R>(
+        &self,
+        ts: &crate::local::TypeState<A>,
+        f: F,
+    ) -> Result<R, RunNowError<F>> {
+        if !(self.waiting.get()
+            && self.state.get() == OPEN
+            && self.stop_request.get().is_none()
+            && self.queue.borrow().is_empty())
+        {
+            return Err(RunNowError::NotIdle(f));
+        }
+        let Ok(mut slot) = self.actor.try_borrow_mut() else {
+            return Err(RunNowError::NotIdle(f));
+        };
+        let Some(actor) = slot.as_mut() else {
+            return Err(RunNowError::NotIdle(f));
+        };
+        self.ran_now.set(self.ran_now.get() + 1);
+        ts.touch(self);
+        let counters = &ts.counters;
+        match catch_unwind(AssertUnwindSafe(|| f(actor))) {
+            Ok(r) => {
+                counters.handled.set(counters.handled.get() + 1);
+                counters.ran_now.set(counters.ran_now.get() + 1);
+                Ok(r)
+            }
+            Err(payload) => {
+                drop(slot);
+                mailring::panic::report_caught(mailring::panic::CallbackKind::Handler, &*payload);
+                mailring::panic::drop_payload(payload);
+                // The task goes through its supervision at its next poll.
+                self.stop_request.set(Some(StopReason::Panicked));
+                self.wake();
+                Err(RunNowError::Panicked)
+            }
+        }
     }
 
     /// Closes the cell: later pushes fail; queued envelopes are returned

@@ -216,6 +216,10 @@ pub(crate) fn start<A: Actor>(
     mailring::spawn_local(run(ts, cell, make, cx, parent)).detach();
 }
 
+// The actor's borrow is held across each hook's and handler's await on
+// purpose: it is what tells `run_now` (a `try_borrow_mut`) that the actor
+// is busy. Nothing else borrows it.
+#[allow(clippy::await_holding_refcell_ref)]
 async fn run<A: Actor>(
     ts: Rc<TypeState<A>>,
     cell: Rc<ActorCell<A>>,
@@ -232,17 +236,22 @@ async fn run<A: Actor>(
     let mut batch: Batch<A::Envelope> = Batch::new();
     let mut idle = IdleMark::default();
     lifecycle!("actor activated", cell, ts);
-    let mut actor = guarded(&frame, CallbackKind::Factory, async { make() })
+    // The actor lives in its cell (`ActorCell::actor`), borrowed for each
+    // hook and message, so that `run_now` may reach it between messages.
+    let made = guarded(&frame, CallbackKind::Factory, async { make() })
         .await
         .ok()
         .flatten();
+    *cell.actor.borrow_mut() = made;
     let mut needs_start = true;
     let reason = loop {
-        let Some(a) = actor.as_mut() else {
+        if cell.actor.borrow().is_none() {
             break StopReason::Panicked;
-        };
+        }
         let started = if needs_start {
             needs_start = false;
+            let mut slot = cell.actor.borrow_mut();
+            let a = slot.as_mut().expect("checked above");
             guarded(&frame, CallbackKind::LifecycleHook, a.__on_start(&mut cx))
                 .await
                 .is_ok()
@@ -250,7 +259,7 @@ async fn run<A: Actor>(
             true
         };
         let outcome = if started {
-            let looped = process(a, &mut cx, &cell, &ts, keyed, &mut batch, &mut idle);
+            let looped = process(&mut cx, &cell, &ts, keyed, &mut batch, &mut idle);
             match guarded(&frame, CallbackKind::Handler, looped).await {
                 Ok(outcome) => outcome,
                 Err(()) => {
@@ -281,11 +290,13 @@ async fn run<A: Actor>(
                         cx.stop_children();
                         cx.restart_tasks();
                         idle.restarted();
-                        drop_actor(actor.take());
-                        actor = guarded(&frame, CallbackKind::Factory, async { make() })
+                        let old = cell.actor.borrow_mut().take();
+                        drop_actor(old);
+                        let made = guarded(&frame, CallbackKind::Factory, async { make() })
                             .await
                             .ok()
                             .flatten();
+                        *cell.actor.borrow_mut() = made;
                         needs_start = true;
                         continue;
                     }
@@ -301,12 +312,15 @@ async fn run<A: Actor>(
             Outcome::Stop(reason) => {
                 if keyed && matches!(reason, StopReason::Passivated | StopReason::Stopped) {
                     let timer_before = cx.timer_sends();
+                    let mut slot = cell.actor.borrow_mut();
+                    let a = slot.as_mut().expect("checked at the loop's top");
                     let _ = guarded(
                         &frame,
                         CallbackKind::LifecycleHook,
                         a.__on_passivate(&mut cx),
                     )
                     .await;
+                    drop(slot);
                     if reason == StopReason::Passivated && cell.stop_request.get().is_none() {
                         let queued = cell.len();
                         // Everything the timers delivered meanwhile is still queued.
@@ -336,7 +350,8 @@ async fn run<A: Actor>(
     // started there never runs): no timer message joins the leftovers.
     cx.end_tasks();
     if reason != StopReason::Panicked {
-        if let Some(a) = actor.as_mut() {
+        let mut slot = cell.actor.borrow_mut();
+        if let Some(a) = slot.as_mut() {
             let _ = guarded(&frame, CallbackKind::LifecycleHook, a.__on_stop(&mut cx)).await;
         }
     }
@@ -359,7 +374,8 @@ async fn run<A: Actor>(
         rest = ordered;
     }
     cx.stop_children();
-    drop_actor(actor);
+    let gone = cell.actor.borrow_mut().take();
+    drop_actor(gone);
     let id = crate::ActorId(cell.uid);
     for watcher in cell.take_watchers() {
         watcher.notify(Terminated { id, reason });
@@ -406,8 +422,10 @@ enum Next {
 }
 
 /// The message loop of step 2 (a panic unwinds out of it, to [`guarded`]).
+// The actor's borrow is held across the handler's await on purpose (see
+// `run`).
+#[allow(clippy::await_holding_refcell_ref)]
 async fn process<A: Actor>(
-    actor: &mut A,
     cx: &mut Ctx<A>,
     cell: &Rc<ActorCell<A>>,
     ts: &Rc<TypeState<A>>,
@@ -442,10 +460,13 @@ async fn process<A: Actor>(
             None => {
                 if cell.refill(batch, &ts.flow) == 0 {
                     handled.flush();
-                    let deadline = idle.and_then(|after| handled.idle.deadline(cx, after));
+                    let deadline = idle.and_then(|after| handled.idle.deadline(cx, cell, after));
                     match next_batch(cell, batch, &ts.flow, deadline).await {
                         Next::Msg => {}
                         Next::Signal => continue,
+                        // Closures run on it meanwhile were activity: the
+                        // deadline is computed again from now.
+                        Next::Idle if handled.idle.ran_now_since(cell) => continue,
                         Next::Idle => return Outcome::Stop(StopReason::Passivated),
                     }
                 }
@@ -454,6 +475,10 @@ async fn process<A: Actor>(
         };
         // With the `tracing` feature, each message runs in an `actor.message`
         // span; without it, nothing is added (not even a future layer).
+        // Borrowed for this message only: between messages `run_now` may
+        // reach the actor.
+        let mut slot = cell.actor.borrow_mut();
+        let actor = slot.as_mut().expect("an activation's actor is in its cell");
         #[cfg(feature = "tracing")]
         {
             use tracing::Instrument;
@@ -471,6 +496,7 @@ async fn process<A: Actor>(
         // (it owns nothing then; see `finish`).
         #[cfg(not(feature = "tracing"))]
         crate::finish::Finish::new(env.handle(actor, cx)).await;
+        drop(slot);
         handled.pending += 1;
         if handled.pending == YIELD_EVERY {
             handled.flush();
@@ -513,6 +539,8 @@ struct IdleMark {
     seen_handled: u64,
     /// The actor's timer deliveries when the mailbox last ran empty.
     seen_timer: u64,
+    /// Closures run on it by `run_now` when the mailbox last ran empty.
+    seen_ran_now: u64,
     /// The deadline; `None` until the first empty mailbox of a (re)started
     /// actor, `Some(None)` for a timeout too long for an `Instant`.
     deadline: Option<Option<Instant>>,
@@ -520,15 +548,28 @@ struct IdleMark {
 
 impl IdleMark {
     /// The idle deadline, with the mailbox empty now.
-    fn deadline<A: Actor>(&mut self, cx: &Ctx<A>, after: Duration) -> Option<Instant> {
+    fn deadline<A: Actor>(
+        &mut self,
+        cx: &Ctx<A>,
+        cell: &ActorCell<A>,
+        after: Duration,
+    ) -> Option<Instant> {
         let timer = cx.timer_sends();
         let others = (self.handled - self.seen_handled).saturating_sub(timer - self.seen_timer);
+        let ran_now = cell.ran_now.get();
+        let others = others + (ran_now - self.seen_ran_now);
+        self.seen_ran_now = ran_now;
         self.seen_handled = self.handled;
         self.seen_timer = timer;
         if others > 0 || self.deadline.is_none() {
             self.deadline = Some(mailring::time::now().checked_add(after));
         }
         self.deadline.flatten()
+    }
+
+    /// Whether closures ran on the actor since its deadline was computed.
+    fn ran_now_since<A: Actor>(&self, cell: &ActorCell<A>) -> bool {
+        cell.ran_now.get() != self.seen_ran_now
     }
 
     /// A restarted actor starts a fresh idle period.
@@ -551,7 +592,7 @@ async fn next_batch<A: Actor>(
     idle_deadline: Option<Instant>,
 ) -> Next {
     let mut sleep = idle_deadline.map(mailring::time::sleep_until);
-    poll_fn(|cx| {
+    let next = poll_fn(|cx| {
         if cell.stop_request.get().is_some() {
             return Poll::Ready(Next::Signal);
         }
@@ -565,7 +606,10 @@ async fn next_batch<A: Actor>(
         }
         Poll::Pending
     })
-    .await
+    .await;
+    // Woken by its deadline or a stop request, the task is no longer idle.
+    cell.stop_waiting();
+    next
 }
 
 /// Spawns an unkeyed actor (see `SystemHandle::spawn_actor`).

@@ -12,8 +12,11 @@ pub struct ActorTypeStats {
     pub shard: usize,
     /// Actors of this type active on the shard now.
     pub active: usize,
-    /// Messages handled.
+    /// Messages handled, counting closures run by `run_now`.
     pub handled: u64,
+    /// Of `handled`: closures run on an idle actor by
+    /// [`Addr::run_now`](crate::Addr::run_now).
+    pub ran_now: u64,
     /// Activations (keyed) and spawns (unkeyed).
     pub activations: u64,
     /// Keyed actors passivated.
@@ -60,6 +63,7 @@ impl ActorStats {
                 });
             t.active += s.active;
             t.handled += s.handled;
+            t.ran_now += s.ran_now;
             t.activations += s.activations;
             t.passivations += s.passivations;
             t.restarts += s.restarts;

@@ -196,6 +196,11 @@ impl StreamActor {
     async fn run_command(&mut self, name: &'static str, args: &[Bytes]) -> Answer {
         let wanted = self.plan_reads(name, args);
         self.fetch(wanted).await;
+        self.run_fetched(name, args)
+    }
+
+    /// [`StreamActor::run_command`] once what it reads is in memory.
+    fn run_fetched(&mut self, name: &'static str, args: &[Bytes]) -> Answer {
         // Taken out for the command (it reads the catalog), put back after.
         let Some(shared) = self.shared.take() else {
             return broker_gone().into();
@@ -219,6 +224,85 @@ impl StreamActor {
         self.wake_watchers();
         self.publish_need();
     }
+
+    /// Whether commands can run without an await: the recovered state
+    /// taken, the broker known, no transaction open.
+    fn runs_at_once(&self) -> bool {
+        self.loaded && self.shared.is_some() && self.batch.is_none()
+    }
+
+    /// A stream command run at once, as in a handler, when it reads
+    /// nothing evicted (`None`: it needs a handler's await first).
+    fn command_at_once(&mut self, name: &'static str, args: &[Bytes]) -> Option<Answer> {
+        self.plan_reads(name, args)
+            .is_empty()
+            .then(|| self.run_fetched(name, args))
+    }
+
+    /// One stream command run on the idle actor by a session on its shard
+    /// (through [`Addr::run_now`](mailring_actors::Addr::run_now)), as
+    /// [`Exec`] would run it, when it needs no await; `None` otherwise (then
+    /// nothing ran: send `Exec`). With the answer, whether the activation
+    /// holds nothing now and should end (as [`Exec`] would end it).
+    pub(crate) fn one_at_once(&mut self, name: &'static str, args: &[Bytes]) -> Option<AtOnce> {
+        if !self.runs_at_once() {
+            return None;
+        }
+        let answer = self.command_at_once(name, args)?;
+        let ends = self.finish_at_once();
+        Some(AtOnce {
+            answers: vec![answer],
+            ends,
+        })
+    }
+
+    /// [`StreamActor::one_at_once`] for a run of commands (as [`ExecRun`]
+    /// runs them): runs them in order up to the first that needs an await,
+    /// pushing each answer on `answers` as it comes (a command that panics
+    /// leaves those of the commands before it there), and takes those run
+    /// out of `commands` (what is left goes in an `ExecRun`, after them).
+    /// Returns whether the activation holds nothing now and should end.
+    pub(crate) fn run_at_once(
+        &mut self,
+        commands: &mut Vec<(&'static str, Vec<Bytes>)>,
+        answers: &mut Vec<Answer>,
+    ) -> bool {
+        if !self.runs_at_once() {
+            return false;
+        }
+        answers.reserve(commands.len());
+        for (name, args) in commands.iter() {
+            match self.command_at_once(name, args) {
+                Some(answer) => answers.push(answer),
+                None => break,
+            }
+        }
+        if answers.is_empty() {
+            return false;
+        }
+        commands.drain(..answers.len());
+        let ends = self.finish_at_once();
+        // Commands left for a handler keep it.
+        ends && commands.is_empty()
+    }
+
+    /// What a handler does after its commands, less the stop: whether the
+    /// activation holds nothing now.
+    fn finish_at_once(&mut self) -> bool {
+        self.after_commands();
+        self.drop_abandoned_watchers();
+        self.holds_nothing()
+    }
+}
+
+/// Commands run at once on an idle stream actor (see
+/// [`StreamActor::run_at_once`]).
+#[derive(Debug)]
+pub(crate) struct AtOnce {
+    /// The commands' answers, in order.
+    pub(crate) answers: Vec<Answer>,
+    /// The activation holds nothing now: stop it (as a handler would have).
+    pub(crate) ends: bool,
 }
 
 /// A run of stream commands for one stream, taken from a connection's
@@ -1310,13 +1394,19 @@ impl StreamActor {
     /// for the name activates a fresh one on the same shard.
     fn end_if_nothing(&mut self, cx: &mut Ctx<Self>) {
         self.drop_abandoned_watchers();
-        if self.stream.is_none()
+        if self.holds_nothing() {
+            cx.stop();
+        }
+    }
+
+    /// No stream, no blocked reader, no transaction open, and a fresh
+    /// activation would number on correctly (see
+    /// [`StreamActor::end_if_nothing`]).
+    fn holds_nothing(&self) -> bool {
+        self.stream.is_none()
             && self.watchers.is_empty()
             && self.batch.is_none()
             && self.numbering_resumable()
-        {
-            cx.stop();
-        }
     }
 
     /// Whether a fresh activation would number this stream's next record

@@ -702,6 +702,21 @@ impl Broker {
         })
     }
 
+    /// How many times a session ran stream commands at once on an idle
+    /// stream actor of its shard (`Addr::run_now`: no ask), on every
+    /// shard; each such call runs one command or a run of them.
+    pub fn streams_run_at_once(&self) -> u64 {
+        let rt = self.runtime.as_ref().expect("running until shutdown");
+        let system = self.shared.system.clone();
+        rt.block_on(async move {
+            system
+                .stats()
+                .await
+                .by_type("StreamActor")
+                .map_or(0, |s| s.ran_now)
+        })
+    }
+
     /// The index of the shard whose log and actor own stream `name` (where
     /// its connections attach).
     pub fn shard_of_stream(&self, name: &[u8]) -> usize {

@@ -7,11 +7,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use mailring_actors::{AskError, RunNowError};
 use mailring_transports::{Route, Session, SessionCtx};
 
 use crate::actor::{
-    storage_error, Answer, BlockedRead, Exec, GroupAnswer, GroupFrom, GroupRead, Notify, Read,
-    ReadFrom, ReadGroup, Served, StreamActor, Watch,
+    storage_error, Answer, AtOnce, BlockedRead, Exec, GroupAnswer, GroupFrom, GroupRead, Notify,
+    Read, ReadFrom, ReadGroup, Served, StreamActor, Watch,
 };
 use crate::command::{self, Kind};
 use crate::glob::glob_match;
@@ -94,6 +95,22 @@ impl RespSession {
     ) {
         let addr = self.shared.system.keyed::<StreamActor>(args[at].clone());
         let proto = self.proto;
+        // At once when its actor sits idle on this shard (see `run`).
+        match addr.run_now(|a| a.one_at_once(name, &args)) {
+            Ok(Some(AtOnce { mut answers, ends })) => {
+                if ends {
+                    // As its handler would have ended it.
+                    addr.stop();
+                }
+                let answer = answers.pop().expect("one command, one answer");
+                return match answer.durable {
+                    None => self.reply(answer.reply, cx),
+                    Some(_) => cx.reply_later(async move { settle(Ok(answer)).await.frame(proto) }),
+                };
+            }
+            Ok(None) | Err(RunNowError::NotIdle(_)) => {}
+            Err(RunNowError::Panicked) => return self.reply(unavailable(AskError::Panicked), cx),
+        }
         let ask = addr.ask(Exec {
             name,
             args,

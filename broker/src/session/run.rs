@@ -10,6 +10,13 @@
 //!   arrive in the order sent, so a stream's commands keep their order
 //!   across runs and the requests around them).
 //!
+//! Either way, a stream whose actor sits idle on this shard runs its
+//! commands at once, in this task (`Addr::run_now`: no ask, no task
+//! switch), up to the first that must read evicted entries back from the
+//! log; what is left goes in the `ExecRun`. An actor with anything queued
+//! (an earlier ask of this connection included) is not idle, so the
+//! order above holds.
+//!
 //! Each command still runs as it would alone and gets its own reply; the
 //! replies are written in request order. Commands on different streams
 //! may run in another order than they came, as they may when sent one by
@@ -19,8 +26,10 @@
 use bytes::Bytes;
 use mailring_transports::SessionCtx;
 
+use mailring_actors::{AskError, RunNowError, SystemHandle};
+
 use super::{settle, unavailable, RespSession};
-use crate::actor::{ExecRun, StreamActor};
+use crate::actor::{Answer, ExecRun, StreamActor};
 use crate::command::{self, Kind};
 use crate::resp::{Protocol, Reply};
 use crate::server::MAX_KEY_LEN;
@@ -135,71 +144,157 @@ impl RespSession {
         }
         let proto = self.proto;
         let broker = self.shared.id;
-        let first = &run.commands[0].1[1];
-        if run.commands.iter().all(|(_, args)| args[1] == *first) {
-            let addr = self.shared.system.keyed::<StreamActor>(first.clone());
-            let ask = addr.ask(ExecRun {
-                commands: run.commands,
-                broker,
-            });
-            return cx.reply_later_many(n, async move {
-                match ask.await {
-                    Ok(answers) => {
-                        let mut frames = Vec::with_capacity(n);
-                        for answer in answers {
-                            frames.push(settle(Ok(answer)).await.frame(proto));
-                        }
-                        frames
-                    }
-                    Err(e) => {
-                        let reply = unavailable(e);
-                        (0..n).map(|_| reply.clone().frame(proto)).collect()
-                    }
-                }
-            });
-        }
-        // One ask per stream, each sent now, to its actor wherever it
-        // lives: a stream's asks from this connection arrive in the order
-        // they were sent (a task spawned on the stream's shard to ask there
-        // could run after a later ask sent straight to the actor, and the
-        // stream would see a later request first).
         let system = &self.shared.system;
-        let asks: Vec<_> = by_stream(run.commands)
-            .into_iter()
-            .map(|part| {
-                let addr = system.keyed::<StreamActor>(part.stream);
-                let commands = part.commands;
-                (part.at, addr.ask(ExecRun { commands, broker }))
-            })
-            .collect();
+        let first = &run.commands[0].1[1];
+        let parts: Vec<(Places, PartReply)> =
+            if run.commands.iter().all(|(_, args)| args[1] == *first) {
+                let stream = first.clone();
+                let all = Places(if n == 64 { u64::MAX } else { (1 << n) - 1 });
+                vec![(all, run_part(system, stream, run.commands, broker))]
+            } else {
+                // One ask per stream (for what does not run at once), each
+                // sent now, to its actor wherever it lives: a stream's asks
+                // from this connection arrive in the order they were sent (a
+                // task spawned on the stream's shard to ask there could run
+                // after a later ask sent straight to the actor, and the
+                // stream would see a later request first).
+                by_stream(run.commands)
+                    .into_iter()
+                    .map(|part| {
+                        (
+                            part.at,
+                            run_part(system, part.stream, part.commands, broker),
+                        )
+                    })
+                    .collect()
+            };
+        if parts.iter().all(|(_, p)| p.is_ready()) {
+            // Everything answered now: the replies go out in order, with
+            // no future to wait on.
+            let mut frames: Vec<Option<(Protocol, Reply)>> = vec![None; n];
+            for (at, part) in parts {
+                part.fill_ready(at, proto, &mut frames);
+            }
+            for f in frames {
+                cx.send_frame(f.unwrap_or_else(|| no_answer().frame(proto)));
+            }
+            return;
+        }
         cx.reply_later_many(n, async move {
             // Each place filled as its stream's answers come (settled:
             // what they changed is flushed), then all in request order.
             let mut frames: Vec<Option<(Protocol, Reply)>> = vec![None; n];
-            for (at, ask) in asks {
-                match ask.await {
-                    Ok(answers) => {
-                        debug_assert_eq!(answers.len(), at.len(), "one answer per command");
-                        for (i, answer) in at.iter().zip(answers) {
-                            frames[i] = Some(settle(Ok(answer)).await.frame(proto));
-                        }
-                    }
-                    Err(e) => {
-                        let reply = unavailable(e);
-                        for i in at.iter() {
-                            frames[i] = Some(reply.clone().frame(proto));
-                        }
-                    }
-                }
+            for (at, part) in parts {
+                part.fill(at, proto, &mut frames).await;
             }
             frames
                 .into_iter()
                 // Not reached: every place is filled by its stream's answers.
-                .map(|f| {
-                    f.unwrap_or_else(|| Reply::err("stream unavailable: no answer").frame(proto))
-                })
+                .map(|f| f.unwrap_or_else(|| no_answer().frame(proto)))
                 .collect()
         });
+    }
+}
+
+/// The reply in a place no answer filled (not reached).
+fn no_answer() -> Reply {
+    Reply::err("stream unavailable: no answer")
+}
+
+/// Where a stream's answers to a run come from: those of the first
+/// commands, run at once on the idle actor, then those of the rest,
+/// asked; or, when a command run at once panicked (the actor is
+/// restarted), the answers of those before it, and `failed` for it and
+/// every command after it (which did not run).
+pub(super) struct PartReply {
+    now: Vec<Answer>,
+    later: Option<mailring_actors::Reply<Vec<Answer>>>,
+    failed: Option<AskError>,
+}
+
+/// Runs `commands` (all on `stream`) on its actor: at once when it is
+/// idle on this shard, up to the first command that needs its handler's
+/// await; the rest (or all) in an `ExecRun` ask, sent now.
+pub(super) fn run_part(
+    system: &SystemHandle,
+    stream: Bytes,
+    mut commands: Vec<(&'static str, Vec<Bytes>)>,
+    broker: u64,
+) -> PartReply {
+    let addr = system.keyed::<StreamActor>(stream);
+    let mut now = Vec::new();
+    match addr.run_now(|a| a.run_at_once(&mut commands, &mut now)) {
+        Ok(ends) => {
+            if ends {
+                // As its handler would have ended it.
+                addr.stop();
+            }
+        }
+        Err(RunNowError::NotIdle(_)) => {}
+        Err(RunNowError::Panicked) => {
+            return PartReply {
+                now,
+                later: None,
+                failed: Some(AskError::Panicked),
+            }
+        }
+    }
+    let later = (!commands.is_empty()).then(|| addr.ask(ExecRun { commands, broker }));
+    PartReply {
+        now,
+        later,
+        failed: None,
+    }
+}
+
+impl PartReply {
+    /// Whether every reply is known now (nothing asked, nothing to flush
+    /// first).
+    fn is_ready(&self) -> bool {
+        self.later.is_none() && self.now.iter().all(|a| a.durable.is_none())
+    }
+
+    /// Fills `frames` at places `at` from a part that [`is_ready`](Self::is_ready).
+    fn fill_ready(self, at: Places, proto: Protocol, frames: &mut [Option<(Protocol, Reply)>]) {
+        let mut places = at.iter();
+        // `now` first: once it runs out, no place is taken.
+        for (answer, i) in self.now.into_iter().zip(places.by_ref()) {
+            frames[i] = Some(answer.reply.frame(proto));
+        }
+        if let Some(e) = self.failed {
+            let reply = unavailable(e);
+            for i in places {
+                frames[i] = Some(reply.clone().frame(proto));
+            }
+        }
+    }
+
+    /// Fills `frames` at places `at`, in order, each answer settled (what
+    /// it changed flushed) and the asked ones once they come.
+    async fn fill(self, at: Places, proto: Protocol, frames: &mut [Option<(Protocol, Reply)>]) {
+        let mut places = at.iter();
+        let asked = at.len() - self.now.len();
+        for (answer, i) in self.now.into_iter().zip(places.by_ref()) {
+            frames[i] = Some(settle(Ok(answer)).await.frame(proto));
+        }
+        let failed = match (self.failed, self.later) {
+            (Some(e), _) => e,
+            (None, None) => return,
+            (None, Some(later)) => match later.await {
+                Ok(answers) => {
+                    debug_assert_eq!(answers.len(), asked, "one answer per command");
+                    for (answer, i) in answers.into_iter().zip(places.by_ref()) {
+                        frames[i] = Some(settle(Ok(answer)).await.frame(proto));
+                    }
+                    return;
+                }
+                Err(e) => e,
+            },
+        };
+        let reply = unavailable(failed);
+        for i in places {
+            frames[i] = Some(reply.clone().frame(proto));
+        }
     }
 }
 

@@ -1,0 +1,329 @@
+//! `Addr::run_now` / `LocalAddr::run_now`: a closure run on an idle actor
+//! in the caller's task, between two of its messages. It runs only when
+//! the actor is active on the calling shard with nothing queued and no
+//! handler or hook running; otherwise the closure comes back. A panic in
+//! it goes through the actor's supervision like a handler's.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mailring_actors::mailring::panic::{CallbackKind, PanicEvent};
+use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, RunNowError, Runtime, ShardId};
+
+#[derive(Actor, Default)]
+#[actor(key = u64, activate = Tally::new, idle_timeout_ms = 500, handles(Add, Get, Hold, CallSelf))]
+struct Tally {
+    total: u64,
+}
+
+impl Tally {
+    fn new(_key: &u64) -> Self {
+        Tally::default()
+    }
+}
+
+#[derive(Message)]
+struct Add(u64);
+
+#[derive(Message)]
+#[message(reply = u64)]
+struct Get;
+
+/// Sets the flag, then holds the actor for the duration.
+#[derive(Message)]
+struct Hold(Arc<AtomicBool>, Duration);
+
+/// The handler calls `run_now` on its own actor: whether it came back.
+#[derive(Message)]
+#[message(reply = bool)]
+struct CallSelf;
+
+impl Handler<Add> for Tally {
+    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
+        self.total += m.0;
+    }
+}
+
+impl Handler<Get> for Tally {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.total
+    }
+}
+
+impl Handler<Hold> for Tally {
+    async fn handle(&mut self, m: Hold, _cx: &mut Ctx<Self>) {
+        m.0.store(true, Ordering::Release);
+        mailring_actors::mailring::time::sleep(m.1).await;
+    }
+}
+
+impl Handler<CallSelf> for Tally {
+    async fn handle(&mut self, _m: CallSelf, cx: &mut Ctx<Self>) -> bool {
+        matches!(
+            cx.myself().run_now(|t| t.total += 1000),
+            Err(RunNowError::NotIdle(_))
+        )
+    }
+}
+
+/// A keyed actor that lives on shard 1.
+#[derive(Actor, Default)]
+#[actor(key = u64, activate = Far::new, pinned = 1, handles(Get))]
+struct Far {
+    total: u64,
+}
+
+impl Far {
+    fn new(_key: &u64) -> Self {
+        Far::default()
+    }
+}
+
+impl Handler<Get> for Far {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.total
+    }
+}
+
+/// On shard 1: runs a closure on `Far` key 1 from there.
+#[derive(Actor, Default)]
+#[actor(key = u64, activate = Near::new, pinned = 1, handles(Get))]
+struct Near;
+
+impl Near {
+    fn new(_key: &u64) -> Self {
+        Near
+    }
+}
+
+impl Handler<Get> for Near {
+    async fn handle(&mut self, _m: Get, cx: &mut Ctx<Self>) -> u64 {
+        let far = cx.system().keyed::<Far>(1);
+        far.run_now(|f| {
+            f.total += 5;
+            f.total
+        })
+        .unwrap_or(u64::MAX)
+    }
+}
+
+fn one_shard() -> ActorSystem {
+    ActorSystem::start(Runtime::builder().shards(1)).expect("io_uring")
+}
+
+#[test]
+fn an_idle_actor_runs_the_closure_at_once_and_its_next_message_sees_the_change() {
+    let sys = one_shard();
+    let h = sys.handle();
+    let (ran, got) = sys.block_on(async move {
+        let t = h.keyed::<Tally>(1);
+        t.tell(Add(2)).unwrap();
+        assert_eq!(t.ask(Get).await, Ok(2));
+        let ran = t.run_now(|t| {
+            t.total *= 10;
+            t.total
+        });
+        (ran.ok(), t.ask(Get).await)
+    });
+    assert_eq!(ran, Some(20));
+    assert_eq!(got, Ok(20));
+    let stats = sys.stats().by_type("Tally").unwrap();
+    assert_eq!(stats.ran_now, 1);
+    assert_eq!(stats.handled, 4, "three messages and the closure");
+    sys.shutdown();
+}
+
+#[test]
+fn a_queued_message_makes_the_actor_busy_and_runs_first() {
+    let sys = one_shard();
+    let h = sys.handle();
+    let (first, after) = sys.block_on(async move {
+        let t = h.keyed::<Tally>(2);
+        assert_eq!(t.ask(Get).await, Ok(0));
+        // Queued, not yet handled: the closure must not overtake it.
+        t.tell(Add(1)).unwrap();
+        let first = match t.run_now(|t| t.total) {
+            Err(RunNowError::NotIdle(f)) => Some(f),
+            _ => None,
+        };
+        assert!(first.is_some(), "ran with a message queued");
+        assert_eq!(t.ask(Get).await, Ok(1));
+        let after = t.run_now(first.unwrap()).ok();
+        (true, after)
+    });
+    assert!(first);
+    assert_eq!(after, Some(1), "the closure given back runs once idle");
+    sys.shutdown();
+}
+
+#[test]
+fn an_actor_awaiting_in_its_handler_is_busy() {
+    let sys = one_shard();
+    let h = sys.handle();
+    let (during, after) = sys.block_on(async move {
+        let t = h.keyed::<Tally>(3);
+        let started = Arc::new(AtomicBool::new(false));
+        let held = t.ask(Hold(started.clone(), Duration::from_millis(100)));
+        while !started.load(Ordering::Acquire) {
+            mailring_actors::mailring::yield_now().await;
+        }
+        let during = t.run_now(|t| t.total += 1).is_ok();
+        held.await.unwrap();
+        let after = t.run_now(|t| t.total += 1).is_ok();
+        (during, after)
+    });
+    assert!(!during, "ran while a handler held the actor");
+    assert!(after);
+    sys.shutdown();
+}
+
+#[test]
+fn a_call_from_the_actors_own_handler_comes_back() {
+    let sys = one_shard();
+    let h = sys.handle();
+    let (came_back, total) = sys.block_on(async move {
+        let t = h.keyed::<Tally>(4);
+        let came_back = t.ask(CallSelf).await.unwrap();
+        (came_back, t.ask(Get).await.unwrap())
+    });
+    assert!(came_back);
+    assert_eq!(total, 0, "the closure did not run");
+    sys.shutdown();
+}
+
+#[test]
+fn an_inactive_keyed_actor_is_not_activated() {
+    let sys = one_shard();
+    let h = sys.handle();
+    let not_idle = sys.block_on(async move {
+        matches!(
+            h.keyed::<Tally>(5).run_now(|t| t.total),
+            Err(RunNowError::NotIdle(_))
+        )
+    });
+    assert!(not_idle);
+    let activations = sys.stats().by_type("Tally").map_or(0, |s| s.activations);
+    assert_eq!(activations, 0);
+    sys.shutdown();
+}
+
+#[test]
+fn off_the_actors_shard_the_closure_comes_back_and_on_it_runs() {
+    let sys = ActorSystem::start(Runtime::builder().shards(2)).expect("io_uring");
+    let h = sys.handle();
+    let far = sys.keyed::<Far>(1);
+    assert_eq!(far.shard(), ShardId::new(1));
+    let f2 = far.clone();
+    let (from_shard_0, from_shard_1, total) = sys.block_on(async move {
+        assert_eq!(f2.ask(Get).await, Ok(0));
+        let from_shard_0 = matches!(f2.run_now(|f| f.total += 1), Err(RunNowError::NotIdle(_)));
+        let from_shard_1 = h.keyed::<Near>(1).ask(Get).await.unwrap();
+        (from_shard_0, from_shard_1, f2.ask(Get).await.unwrap())
+    });
+    assert!(from_shard_0);
+    assert_eq!(from_shard_1, 5, "run on its own shard");
+    assert_eq!(total, 5);
+    // From a thread that is no shard at all.
+    assert!(matches!(
+        far.run_now(|f| f.total += 1),
+        Err(RunNowError::NotIdle(_))
+    ));
+    sys.shutdown();
+}
+
+#[test]
+fn a_panicking_closure_sends_the_actor_through_its_supervision() {
+    let seen: Arc<Mutex<Vec<(CallbackKind, String)>>> = Arc::default();
+    let log = seen.clone();
+    let builder = Runtime::builder()
+        .shards(1)
+        .on_panic(move |e: &PanicEvent<'_>| {
+            log.lock().unwrap().push((e.kind, e.message.to_owned()))
+        });
+    let sys = ActorSystem::start(builder).expect("io_uring");
+    let h = sys.handle();
+    let (panicked, busy_after, total) = sys.block_on(async move {
+        let t = h.keyed::<Tally>(6);
+        t.tell(Add(7)).unwrap();
+        assert_eq!(t.ask(Get).await, Ok(7));
+        let panicked = matches!(
+            t.run_now(|t| {
+                t.total = 999;
+                panic!("half changed");
+            }),
+            Err(RunNowError::Panicked)
+        );
+        // Until its task has dealt with the panic, nothing runs on it.
+        let busy_after = matches!(t.run_now(|t| t.total), Err(RunNowError::NotIdle(_)));
+        (panicked, busy_after, t.ask(Get).await)
+    });
+    assert!(panicked);
+    assert!(busy_after);
+    assert_eq!(total, Ok(0), "a fresh actor, not the half-changed one");
+    let stats = sys.stats().by_type("Tally").unwrap();
+    assert_eq!((stats.panics, stats.restarts), (1, 1));
+    assert!(seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|(k, m)| *k == CallbackKind::Handler && m.contains("half changed")));
+    sys.shutdown();
+}
+
+#[test]
+fn closures_keep_an_idle_actor_from_passivating() {
+    // `Tally` passivates 500 ms after its last activity; closures every
+    // 100 ms for 1.2 s are activity.
+    let sys = one_shard();
+    let h = sys.handle();
+    let all_ran = sys.block_on(async move {
+        let t = h.keyed::<Tally>(7);
+        assert_eq!(t.ask(Get).await, Ok(0));
+        let mut all_ran = true;
+        for _ in 0..12 {
+            mailring_actors::mailring::time::sleep(Duration::from_millis(100)).await;
+            all_ran &= t.run_now(|t| t.total += 1).is_ok();
+        }
+        all_ran
+    });
+    assert!(all_ran, "passivated while closures ran on it");
+    let stats = sys.stats().by_type("Tally").unwrap();
+    assert_eq!((stats.passivations, stats.ran_now), (0, 12));
+    // Without them it passivates.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(sys.stats().by_type("Tally").unwrap().passivations, 1);
+    sys.shutdown();
+}
+
+#[test]
+fn a_stop_request_makes_the_actor_busy() {
+    let sys = one_shard();
+    let h = sys.handle();
+    let stopped_busy = sys.block_on(async move {
+        let t = h.keyed::<Tally>(8);
+        assert_eq!(t.ask(Get).await, Ok(0));
+        t.stop();
+        matches!(t.run_now(|t| t.total), Err(RunNowError::NotIdle(_)))
+    });
+    assert!(stopped_busy);
+    sys.shutdown();
+}
+
+#[test]
+fn a_local_addr_runs_the_closure_without_the_lookup() {
+    let sys = one_shard();
+    let h = sys.handle();
+    let got = sys.block_on_local(move || async move {
+        let t = h.keyed::<Tally>(9);
+        assert_eq!(t.ask(Get).await, Ok(0));
+        let local = t.local().unwrap();
+        let ran = local.run_now(|t| {
+            t.total += 3;
+            t.total
+        });
+        (ran.ok(), local.ask(Get).await)
+    });
+    assert_eq!(got, (Some(3), Ok(3)));
+    sys.shutdown();
+}

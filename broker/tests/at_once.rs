@@ -1,0 +1,131 @@
+//! Stream commands a session runs at once on an idle stream actor of its
+//! shard (`Addr::run_now`, no ask): the same replies, in the same order,
+//! as through the actor's mailbox, on the failure paths too (a command
+//! that panics, one that must read evicted entries back from the log).
+
+use mailring_broker::BrokerConfig;
+
+mod common;
+use common::client::{start_in, Client, R};
+use common::{encode, TempDir};
+
+fn send_pipeline(c: &mut Client, commands: &[&[&str]]) {
+    let mut wire = Vec::new();
+    for args in commands {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        wire.extend(encode(&args));
+    }
+    c.send_raw(&wire);
+}
+
+fn is_unavailable(r: &R) -> bool {
+    matches!(r, R::Error(e) if e.starts_with("ERR stream unavailable"))
+}
+
+#[test]
+fn single_commands_and_runs_on_an_idle_actor_run_at_once() {
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 1, BrokerConfig::default());
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XADD", "a", "1-1", "f", "v"]), R::bulk("1-1"));
+    assert_eq!(c.cmd(&["XADD", "b", "1-1", "f", "v"]), R::bulk("1-1"));
+    let before = broker.streams_run_at_once();
+    assert_eq!(c.cmd(&["XLEN", "a"]), R::Int(1));
+    send_pipeline(
+        &mut c,
+        &[
+            &["XADD", "a", "2-1", "f", "v"],
+            &["XADD", "b", "2-1", "f", "v"],
+            &["XADD", "a", "1-1", "f", "v"],
+            &["XLEN", "a"],
+        ],
+    );
+    assert_eq!(c.read(), R::bulk("2-1"));
+    assert_eq!(c.read(), R::bulk("2-1"));
+    assert!(matches!(c.read(), R::Error(e) if e.contains("equal or smaller")));
+    assert_eq!(c.read(), R::Int(2));
+    // One for XLEN, one per stream of the run.
+    assert_eq!(broker.streams_run_at_once() - before, 3);
+    broker.shutdown();
+}
+
+#[test]
+fn a_command_that_panics_fails_itself_and_what_follows_on_its_stream_only() {
+    let dir = TempDir::new();
+    let config = BrokerConfig {
+        debug_commands: true,
+        ..BrokerConfig::default()
+    };
+    let broker = start_in(&dir.0, 1, config);
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XADD", "a", "1-1", "f", "v"]), R::bulk("1-1"));
+    assert_eq!(c.cmd(&["XADD", "b", "1-1", "f", "v"]), R::bulk("1-1"));
+    let before = broker.streams_run_at_once();
+    send_pipeline(
+        &mut c,
+        &[
+            &["XADD", "a", "2-1", "f", "v"],
+            &["XADD", "b", "2-1", "f", "v"],
+            &["DEBUG", "PANIC-STREAM", "a"],
+            &["XADD", "a", "3-1", "f", "v"],
+            &["XLEN", "b"],
+            &["PING"],
+        ],
+    );
+    // The XADD before the panic ran and answers its id (through an ask,
+    // the whole run on `a` failed with the handler).
+    assert_eq!(c.read(), R::bulk("2-1"));
+    assert_eq!(c.read(), R::bulk("2-1"));
+    let r = c.read();
+    assert!(is_unavailable(&r), "{r:?}");
+    // Not run: the actor's state was half changed.
+    let r = c.read();
+    assert!(is_unavailable(&r), "{r:?}");
+    assert_eq!(c.read(), R::Int(2));
+    assert_eq!(c.read(), R::Status("PONG".into()));
+    assert!(broker.streams_run_at_once() > before, "ran at once");
+    // Restarted from its log: the entry added before the panic is there,
+    // the one after it is not.
+    assert_eq!(c.cmd(&["XLEN", "a"]), R::Int(2));
+    assert_eq!(c.cmd(&["XADD", "a", "3-1", "f", "v"]), R::bulk("3-1"));
+    broker.shutdown();
+}
+
+#[test]
+fn a_run_reaching_evicted_entries_answers_the_rest_through_the_actor_in_order() {
+    let dir = TempDir::new();
+    let mut config = BrokerConfig::default();
+    // Nothing stays cached once written: a range read goes to the log.
+    config.store.stream_cache_bytes = 0;
+    let broker = start_in(&dir.0, 1, config);
+    let mut c = Client::connect(broker.local_addr());
+    for i in 1..=3 {
+        let id = format!("{i}-1");
+        assert_eq!(
+            c.cmd(&["XADD", "s", &id, "n", &i.to_string()]),
+            R::bulk(&id)
+        );
+    }
+    let before = broker.streams_run_at_once();
+    send_pipeline(
+        &mut c,
+        &[
+            &["XADD", "s", "4-1", "n", "4"],
+            &["XRANGE", "s", "-", "+", "COUNT", "1"],
+            &["XADD", "s", "5-1", "n", "5"],
+            &["XLEN", "s"],
+        ],
+    );
+    assert_eq!(c.read(), R::bulk("4-1"));
+    assert_eq!(
+        c.read(),
+        R::Array(vec![R::Array(vec![
+            R::bulk("1-1"),
+            R::Array(vec![R::bulk("n"), R::bulk("1")]),
+        ])])
+    );
+    assert_eq!(c.read(), R::bulk("5-1"));
+    assert_eq!(c.read(), R::Int(5));
+    assert_eq!(broker.streams_run_at_once() - before, 1, "the first XADD");
+    broker.shutdown();
+}
