@@ -370,8 +370,10 @@ impl<A: Actor> Addr<A> {
     /// and the task switch: the actor never sees two at once, and a
     /// message sent before the call (from this task, or published to this
     /// shard) runs before it, since a queued message makes the actor busy.
-    /// It counts as activity for the idle timeout and in the type's
-    /// `handled` (and `ran_now`) counters. `f` cannot await: it suits
+    /// It counts as activity for the idle timeout (an actor that closures
+    /// alone keep busy passivates between one and two idle timeouts after
+    /// the last one: its deadline moves when it comes, not at each call)
+    /// and in the type's `handled` (and `ran_now`) counters. `f` cannot await: it suits
     /// work that an actor does without I/O (a counter, an in-memory
     /// state change), asked from a task on its shard, such as a
     /// connection's session calling the keyed actors it lives next to.
@@ -869,7 +871,16 @@ impl<A: Actor> LocalAddr<A> {
     /// As [`Addr::run_now`].
     pub fn run_now<R, F: FnOnce(&mut A) -> R>(&self, f: F) -> Result<R, RunNowError<F>> {
         self.pending.receive_pending();
-        let cell = self.cell.borrow().clone();
+        let mut cell = self.cell.borrow().clone();
+        if !cell.is_open() {
+            // A keyed actor passivated: its next activation, if one is
+            // live (none is made for this).
+            let Some(fresh) = self.ts.find(&self.addr.target_id()) else {
+                return Err(RunNowError::NotIdle(f));
+            };
+            *self.cell.borrow_mut() = fresh.clone();
+            cell = fresh;
+        }
         cell.run_now(&self.ts, f)
     }
 

@@ -421,12 +421,15 @@ impl<A: Actor> ActorCell<A> {
                 Ok(r)
             }
             Err(payload) => {
+                // Marked failed before any more user code runs (the panic
+                // hook, the payload's `Drop`): a `run_now` from there finds
+                // the actor busy. The task goes through its supervision at
+                // its next poll.
+                self.stop_request.set(Some(StopReason::Panicked));
+                self.wake();
                 drop(slot);
                 mailring::panic::report_caught(mailring::panic::CallbackKind::Handler, &*payload);
                 mailring::panic::drop_payload(payload);
-                // The task goes through its supervision at its next poll.
-                self.stop_request.set(Some(StopReason::Panicked));
-                self.wake();
                 Err(RunNowError::Panicked)
             }
         }

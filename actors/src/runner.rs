@@ -227,6 +227,9 @@ async fn run<A: Actor>(
     mut cx: Ctx<A>,
     parent: Option<ParentLink>,
 ) {
+    // Dropped before its teardown (its task cancelled): the actor goes with
+    // it, and no `run_now` reaches it meanwhile.
+    let _orphaned = OrphanGuard(&cell);
     let frame = cx.frame.clone();
     let keyed = cell.uid >> 63 == 0;
     let supervision = A::CONFIG.supervision;
@@ -400,6 +403,24 @@ async fn run<A: Actor>(
     }
 }
 
+/// Ends an activation whose task was dropped unfinished: the cell stops
+/// offering its actor to `run_now`, and the actor is dropped (at a normal
+/// end the teardown has taken it already).
+struct OrphanGuard<'c, A: Actor>(&'c ActorCell<A>);
+
+impl<A: Actor> Drop for OrphanGuard<'_, A> {
+    fn drop(&mut self) {
+        self.0.stop_waiting();
+        let actor = self
+            .0
+            .actor
+            .try_borrow_mut()
+            .ok()
+            .and_then(|mut a| a.take());
+        drop_actor(actor);
+    }
+}
+
 /// Drops an actor (the one a restart replaces, or at teardown), catching
 /// a panic of its `Drop`: reported as a `Drop` panic, and the restart or
 /// teardown goes on (an unwind out of the actor's task would leave its cell
@@ -422,9 +443,6 @@ enum Next {
 }
 
 /// The message loop of step 2 (a panic unwinds out of it, to [`guarded`]).
-// The actor's borrow is held across the handler's await on purpose (see
-// `run`).
-#[allow(clippy::await_holding_refcell_ref)]
 async fn process<A: Actor>(
     cx: &mut Ctx<A>,
     cell: &Rc<ActorCell<A>>,
@@ -443,64 +461,105 @@ async fn process<A: Actor>(
         pending: 0,
         idle: idle_mark,
     };
+    // The actor, out of its cell while messages are handled and back in
+    // it while the task waits for mail, when `run_now` may reach it.
+    let mut held = Held::take(cell);
     loop {
-        if cx.stop_requested.is_some() || cell.stop_request.get().is_some() {
-            if let Some(r) = cx.stop_requested.take() {
-                return Outcome::Stop(r);
-            }
-            if let Some(r) = cell.stop_request.take() {
-                return match r {
-                    StopReason::Panicked => Outcome::Panicked,
-                    r => Outcome::Stop(r),
-                };
-            }
-        }
-        let env = match batch.next() {
-            Some(env) => env,
-            None => {
-                if cell.refill(batch, &ts.flow) == 0 {
-                    handled.flush();
-                    let deadline = idle.and_then(|after| handled.idle.deadline(cx, cell, after));
-                    match next_batch(cell, batch, &ts.flow, deadline).await {
-                        Next::Msg => {}
-                        Next::Signal => continue,
-                        // Closures run on it meanwhile were activity: the
-                        // deadline is computed again from now.
-                        Next::Idle if handled.idle.ran_now_since(cell) => continue,
-                        Next::Idle => return Outcome::Stop(StopReason::Passivated),
-                    }
+        // The batches taken until the mailbox runs empty, with the actor
+        // at hand; then a wait with the actor back in its cell.
+        let actor = held
+            .actor
+            .as_mut()
+            .expect("an activation's actor is in its cell");
+        loop {
+            if cx.stop_requested.is_some() || cell.stop_request.get().is_some() {
+                if let Some(r) = cx.stop_requested.take() {
+                    return Outcome::Stop(r);
                 }
-                continue;
+                if let Some(r) = cell.stop_request.take() {
+                    return match r {
+                        StopReason::Panicked => Outcome::Panicked,
+                        r => Outcome::Stop(r),
+                    };
+                }
             }
-        };
-        // With the `tracing` feature, each message runs in an `actor.message`
-        // span; without it, nothing is added (not even a future layer).
-        // Borrowed for this message only: between messages `run_now` may
-        // reach the actor.
-        let mut slot = cell.actor.borrow_mut();
-        let actor = slot.as_mut().expect("an activation's actor is in its cell");
-        #[cfg(feature = "tracing")]
-        {
-            use tracing::Instrument;
-            let span = tracing::trace_span!(
-                "actor.message",
-                actor = std::any::type_name::<A>(),
-                id = cell.uid,
-                shard = ts.shard
-            );
-            crate::finish::Finish::new(env.handle(actor, cx))
-                .instrument(span)
-                .await;
+            let env = match batch.next() {
+                Some(env) => env,
+                None if cell.refill(batch, &ts.flow) == 0 => break,
+                None => continue,
+            };
+            // With the `tracing` feature, each message runs in an
+            // `actor.message` span; without it, nothing is added (not even
+            // a future layer).
+            #[cfg(feature = "tracing")]
+            {
+                use tracing::Instrument;
+                let span = tracing::trace_span!(
+                    "actor.message",
+                    actor = std::any::type_name::<A>(),
+                    id = cell.uid,
+                    shard = ts.shard
+                );
+                crate::finish::Finish::new(env.handle(actor, cx))
+                    .instrument(span)
+                    .await;
+            }
+            // `Finish`: the handled message's finished future is not
+            // dropped (it owns nothing then; see `finish`).
+            #[cfg(not(feature = "tracing"))]
+            crate::finish::Finish::new(env.handle(actor, cx)).await;
+            handled.pending += 1;
+            if handled.pending == YIELD_EVERY {
+                handled.flush();
+                mailring::yield_now().await;
+            }
         }
-        // `Finish`: the handled message's finished future is not dropped
-        // (it owns nothing then; see `finish`).
-        #[cfg(not(feature = "tracing"))]
-        crate::finish::Finish::new(env.handle(actor, cx)).await;
-        drop(slot);
-        handled.pending += 1;
-        if handled.pending == YIELD_EVERY {
-            handled.flush();
-            mailring::yield_now().await;
+        handled.flush();
+        let deadline = idle.and_then(|after| handled.idle.deadline(cx, cell, after));
+        held.put_back();
+        let next = next_batch(cell, batch, &ts.flow, deadline).await;
+        held.take_again();
+        match next {
+            Next::Msg | Next::Signal => {}
+            // Closures run on it meanwhile were activity: the deadline is
+            // computed again from now.
+            Next::Idle if handled.idle.ran_now_since(cell) => {}
+            Next::Idle => return Outcome::Stop(StopReason::Passivated),
+        }
+    }
+}
+
+/// The actor taken out of its cell by the message loop (a local, not a
+/// borrow of the cell, on the per-message path), put back while the loop
+/// waits for mail and when it ends, by a return or a handler's panic.
+/// While it is out, the cell holds `None`: `run_now` finds nothing to run
+/// on.
+struct Held<'c, A: Actor> {
+    cell: &'c ActorCell<A>,
+    actor: Option<A>,
+}
+
+impl<'c, A: Actor> Held<'c, A> {
+    fn take(cell: &'c ActorCell<A>) -> Self {
+        let actor = cell.actor.borrow_mut().take();
+        Held { cell, actor }
+    }
+
+    fn put_back(&mut self) {
+        *self.cell.actor.borrow_mut() = self.actor.take();
+    }
+
+    fn take_again(&mut self) {
+        self.actor = self.cell.actor.borrow_mut().take();
+    }
+}
+
+impl<A: Actor> Drop for Held<'_, A> {
+    fn drop(&mut self) {
+        if self.actor.is_some() {
+            // Nothing else holds the cell's borrow here: `run_now` borrows
+            // it only within its own call, on this thread.
+            *self.cell.actor.borrow_mut() = self.actor.take();
         }
     }
 }

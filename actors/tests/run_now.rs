@@ -5,7 +5,7 @@
 //! it goes through the actor's supervision like a handler's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use mailring_actors::mailring::panic::{CallbackKind, PanicEvent};
@@ -236,15 +236,23 @@ fn off_the_actors_shard_the_closure_comes_back_and_on_it_runs() {
 fn a_panicking_closure_sends_the_actor_through_its_supervision() {
     let seen: Arc<Mutex<Vec<(CallbackKind, String)>>> = Arc::default();
     let log = seen.clone();
+    // The panic hook tries to run a closure on the actor that panicked.
+    let target: Arc<OnceLock<mailring_actors::Addr<Tally>>> = Arc::default();
+    let from_hook: Arc<Mutex<Option<bool>>> = Arc::default();
+    let (t2, h2) = (target.clone(), from_hook.clone());
     let builder = Runtime::builder()
         .shards(1)
         .on_panic(move |e: &PanicEvent<'_>| {
-            log.lock().unwrap().push((e.kind, e.message.to_owned()))
+            log.lock().unwrap().push((e.kind, e.message.to_owned()));
+            if let Some(t) = t2.get() {
+                *h2.lock().unwrap() = Some(t.run_now(|t| t.total = 5).is_ok());
+            }
         });
     let sys = ActorSystem::start(builder).expect("io_uring");
     let h = sys.handle();
     let (panicked, busy_after, total) = sys.block_on(async move {
         let t = h.keyed::<Tally>(6);
+        target.set(t.clone()).ok().unwrap();
         t.tell(Add(7)).unwrap();
         assert_eq!(t.ask(Get).await, Ok(7));
         let panicked = matches!(
@@ -259,6 +267,11 @@ fn a_panicking_closure_sends_the_actor_through_its_supervision() {
         (panicked, busy_after, t.ask(Get).await)
     });
     assert!(panicked);
+    assert_eq!(
+        *from_hook.lock().unwrap(),
+        Some(false),
+        "a closure ran on the half-changed actor from the panic hook"
+    );
     assert!(busy_after);
     assert_eq!(total, Ok(0), "a fresh actor, not the half-changed one");
     let stats = sys.stats().by_type("Tally").unwrap();
@@ -325,5 +338,30 @@ fn a_local_addr_runs_the_closure_without_the_lookup() {
         (ran.ok(), local.ask(Get).await)
     });
     assert_eq!(got, (Some(3), Ok(3)));
+    sys.shutdown();
+}
+
+#[test]
+fn a_local_addr_finds_the_next_activation_after_its_actor_ended() {
+    let sys = one_shard();
+    let h = sys.handle();
+    let got = sys.block_on_local(move || async move {
+        let t = h.keyed::<Tally>(10);
+        assert_eq!(t.ask(Get).await, Ok(0));
+        let local = t.local().unwrap();
+        t.stop();
+        assert!(t.stopped().await.reason == mailring_actors::StopReason::Stopped);
+        // Not active: nothing runs, nothing is activated.
+        assert!(local.run_now(|t| t.total).is_err());
+        // Activated again by another sender: the local reference finds it.
+        assert_eq!(h.keyed::<Tally>(10).ask(Get).await, Ok(0));
+        local
+            .run_now(|t| {
+                t.total += 4;
+                t.total
+            })
+            .ok()
+    });
+    assert_eq!(got, Some(4));
     sys.shutdown();
 }

@@ -244,46 +244,52 @@ impl StreamActor {
     /// [`Exec`] would run it, when it needs no await; `None` otherwise (then
     /// nothing ran: send `Exec`). With the answer, whether the activation
     /// holds nothing now and should end (as [`Exec`] would end it).
-    pub(crate) fn one_at_once(&mut self, name: &'static str, args: &[Bytes]) -> Option<AtOnce> {
+    pub(crate) fn one_at_once(
+        &mut self,
+        name: &'static str,
+        args: &[Bytes],
+    ) -> Option<(Answer, bool)> {
         if !self.runs_at_once() {
             return None;
         }
         let answer = self.command_at_once(name, args)?;
-        let ends = self.finish_at_once();
-        Some(AtOnce {
-            answers: vec![answer],
-            ends,
-        })
+        Some((answer, self.finish_at_once()))
     }
 
     /// [`StreamActor::one_at_once`] for a run of commands (as [`ExecRun`]
-    /// runs them): runs them in order up to the first that needs an await,
-    /// pushing each answer on `answers` as it comes (a command that panics
-    /// leaves those of the commands before it there), and takes those run
-    /// out of `commands` (what is left goes in an `ExecRun`, after them).
-    /// Returns whether the activation holds nothing now and should end.
-    pub(crate) fn run_at_once(
+    /// runs them), each with its place in `answers`: runs them in order up
+    /// to the first that needs an await, putting each answer in its place
+    /// as it comes (a command that panics leaves those of the commands
+    /// before it there). The commands left unanswered go in an `ExecRun`,
+    /// after them. Returns whether every command ran and the activation
+    /// holds nothing now (it should end).
+    pub(crate) fn run_at_once<'a>(
         &mut self,
-        commands: &mut Vec<(&'static str, Vec<Bytes>)>,
-        answers: &mut Vec<Answer>,
+        run: impl Iterator<Item = (usize, &'a (&'static str, Vec<Bytes>))>,
+        answers: &mut [Option<Answer>],
     ) -> bool {
         if !self.runs_at_once() {
             return false;
         }
-        answers.reserve(commands.len());
-        for (name, args) in commands.iter() {
+        let mut ran_all = true;
+        let mut ran_any = false;
+        for (at, (name, args)) in run {
             match self.command_at_once(name, args) {
-                Some(answer) => answers.push(answer),
-                None => break,
+                Some(answer) => {
+                    answers[at] = Some(answer);
+                    ran_any = true;
+                }
+                None => {
+                    ran_all = false;
+                    break;
+                }
             }
         }
-        if answers.is_empty() {
+        if !ran_any {
             return false;
         }
-        commands.drain(..answers.len());
-        let ends = self.finish_at_once();
         // Commands left for a handler keep it.
-        ends && commands.is_empty()
+        self.finish_at_once() && ran_all
     }
 
     /// What a handler does after its commands, less the stop: whether the
@@ -293,16 +299,6 @@ impl StreamActor {
         self.drop_abandoned_watchers();
         self.holds_nothing()
     }
-}
-
-/// Commands run at once on an idle stream actor (see
-/// [`StreamActor::run_at_once`]).
-#[derive(Debug)]
-pub(crate) struct AtOnce {
-    /// The commands' answers, in order.
-    pub(crate) answers: Vec<Answer>,
-    /// The activation holds nothing now: stop it (as a handler would have).
-    pub(crate) ends: bool,
 }
 
 /// A run of stream commands for one stream, taken from a connection's

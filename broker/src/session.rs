@@ -11,8 +11,8 @@ use mailring_actors::{AskError, RunNowError};
 use mailring_transports::{Route, Session, SessionCtx};
 
 use crate::actor::{
-    storage_error, Answer, AtOnce, BlockedRead, Exec, GroupAnswer, GroupFrom, GroupRead, Notify,
-    Read, ReadFrom, ReadGroup, Served, StreamActor, Watch,
+    storage_error, Answer, BlockedRead, Exec, GroupAnswer, GroupFrom, GroupRead, Notify, Read,
+    ReadFrom, ReadGroup, Served, StreamActor, Watch,
 };
 use crate::command::{self, Kind};
 use crate::glob::glob_match;
@@ -97,12 +97,11 @@ impl RespSession {
         let proto = self.proto;
         // At once when its actor sits idle on this shard (see `run`).
         match addr.run_now(|a| a.one_at_once(name, &args)) {
-            Ok(Some(AtOnce { mut answers, ends })) => {
+            Ok(Some((answer, ends))) => {
                 if ends {
                     // As its handler would have ended it.
                     addr.stop();
                 }
-                let answer = answers.pop().expect("one command, one answer");
                 return match answer.durable {
                     None => self.reply(answer.reply, cx),
                     Some(_) => cx.reply_later(async move { settle(Ok(answer)).await.frame(proto) }),

@@ -26,12 +26,12 @@
 use bytes::Bytes;
 use mailring_transports::SessionCtx;
 
-use mailring_actors::{AskError, RunNowError, SystemHandle};
+use mailring_actors::{AskError, RunNowError};
 
 use super::{settle, unavailable, RespSession};
 use crate::actor::{Answer, ExecRun, StreamActor};
 use crate::command::{self, Kind};
-use crate::resp::{Protocol, Reply};
+use crate::resp::Reply;
 use crate::server::MAX_KEY_LEN;
 
 /// The most commands one run gathers (it counts towards no pipeline
@@ -75,6 +75,10 @@ impl Places {
         self.0.count_ones() as usize
     }
 
+    fn has(self, i: usize) -> bool {
+        self.0 & (1 << i) != 0
+    }
+
     /// The places in increasing order.
     fn iter(self) -> impl Iterator<Item = usize> {
         let mut rest = self.0;
@@ -88,13 +92,19 @@ impl Places {
     }
 }
 
-/// A run's commands for one stream, with their places in the run.
+/// A run's commands for one stream: their places in the run.
 struct StreamPart {
     stream: Bytes,
     /// [`key_tag`] of `stream`, compared before its bytes.
     tag: u64,
     at: Places,
-    commands: Vec<(&'static str, Vec<Bytes>)>,
+}
+
+/// The commands of one stream sent in an `ExecRun` ask (those that did not
+/// run at once), with their places.
+struct Asked {
+    at: Places,
+    reply: mailring_actors::Reply<Vec<Answer>>,
 }
 
 impl RespSession {
@@ -145,174 +155,120 @@ impl RespSession {
         let proto = self.proto;
         let broker = self.shared.id;
         let system = &self.shared.system;
-        let first = &run.commands[0].1[1];
-        let parts: Vec<(Places, PartReply)> =
-            if run.commands.iter().all(|(_, args)| args[1] == *first) {
-                let stream = first.clone();
-                let all = Places(if n == 64 { u64::MAX } else { (1 << n) - 1 });
-                vec![(all, run_part(system, stream, run.commands, broker))]
-            } else {
-                // One ask per stream (for what does not run at once), each
-                // sent now, to its actor wherever it lives: a stream's asks
-                // from this connection arrive in the order they were sent (a
-                // task spawned on the stream's shard to ask there could run
-                // after a later ask sent straight to the actor, and the
-                // stream would see a later request first).
-                by_stream(run.commands)
-                    .into_iter()
-                    .map(|part| {
-                        (
-                            part.at,
-                            run_part(system, part.stream, part.commands, broker),
-                        )
-                    })
-                    .collect()
+        let mut commands = run.commands;
+        let first = &commands[0].1[1];
+        let parts = if commands.iter().all(|(_, args)| args[1] == *first) {
+            let all = Places(if n == 64 { u64::MAX } else { (1 << n) - 1 });
+            vec![StreamPart {
+                stream: first.clone(),
+                tag: 0,
+                at: all,
+            }]
+        } else {
+            by_stream(&commands)
+        };
+        // Each command's answer, in its place, as it comes.
+        let mut answers: Vec<Option<Answer>> = Vec::with_capacity(n);
+        answers.resize_with(n, || None);
+        // Per stream, what did not run at once is asked, now: a stream's
+        // asks from this connection arrive in the order they were sent (a
+        // task spawned on the stream's shard to ask there could run after a
+        // later ask sent straight to the actor, and the stream would see a
+        // later request first).
+        let mut asked: Vec<Asked> = Vec::new();
+        // Commands that did not run, their stream's actor having panicked
+        // at one run before them.
+        let mut panicked = Places::default();
+        for part in parts {
+            let addr = system.keyed::<StreamActor>(part.stream);
+            let ran = addr.run_now(|a| {
+                a.run_at_once(part.at.iter().map(|i| (i, &commands[i])), &mut answers)
+            });
+            let panic = match ran {
+                Ok(true) => {
+                    // Left holding nothing, as its handler would have
+                    // ended it.
+                    addr.stop();
+                    false
+                }
+                Ok(false) | Err(RunNowError::NotIdle(_)) => false,
+                Err(RunNowError::Panicked) => true,
             };
-        if parts.iter().all(|(_, p)| p.is_ready()) {
+            let mut rest = Places::default();
+            for i in part.at.iter().filter(|&i| answers[i].is_none()) {
+                rest.add(i);
+            }
+            if rest == Places::default() {
+                continue;
+            }
+            if panic {
+                panicked.0 |= rest.0;
+                continue;
+            }
+            let commands = rest
+                .iter()
+                .map(|i| (commands[i].0, std::mem::take(&mut commands[i].1)))
+                .collect();
+            let reply = addr.ask(ExecRun { commands, broker });
+            asked.push(Asked { at: rest, reply });
+        }
+        drop(commands);
+        if asked.is_empty() && answers.iter().flatten().all(|a| a.durable.is_none()) {
             // Everything answered now: the replies go out in order, with
             // no future to wait on.
-            let mut frames: Vec<Option<(Protocol, Reply)>> = vec![None; n];
-            for (at, part) in parts {
-                part.fill_ready(at, proto, &mut frames);
-            }
-            for f in frames {
-                cx.send_frame(f.unwrap_or_else(|| no_answer().frame(proto)));
+            for answer in answers {
+                let reply = match answer {
+                    Some(a) => a.reply,
+                    None => unavailable(AskError::Panicked),
+                };
+                cx.send_frame(reply.frame(proto));
             }
             return;
         }
         cx.reply_later_many(n, async move {
-            // Each place filled as its stream's answers come (settled:
-            // what they changed is flushed), then all in request order.
-            let mut frames: Vec<Option<(Protocol, Reply)>> = vec![None; n];
-            for (at, part) in parts {
-                part.fill(at, proto, &mut frames).await;
+            for Asked { at, reply } in asked {
+                match reply.await {
+                    Ok(got) => {
+                        debug_assert_eq!(got.len(), at.len(), "one answer per command");
+                        for (answer, i) in got.into_iter().zip(at.iter()) {
+                            answers[i] = Some(answer);
+                        }
+                    }
+                    Err(e) => {
+                        for i in at.iter() {
+                            answers[i] = Some(unavailable(e).into());
+                        }
+                    }
+                }
+            }
+            let mut frames = Vec::with_capacity(n);
+            for (i, answer) in answers.into_iter().enumerate() {
+                let reply = match answer {
+                    // Settled: what it changed is flushed.
+                    Some(a) => settle(Ok(a)).await,
+                    None if panicked.has(i) => unavailable(AskError::Panicked),
+                    // Not reached: every place is answered.
+                    None => Reply::err("stream unavailable: no answer"),
+                };
+                frames.push(reply.frame(proto));
             }
             frames
-                .into_iter()
-                // Not reached: every place is filled by its stream's answers.
-                .map(|f| f.unwrap_or_else(|| no_answer().frame(proto)))
-                .collect()
         });
     }
 }
 
-/// The reply in a place no answer filled (not reached).
-fn no_answer() -> Reply {
-    Reply::err("stream unavailable: no answer")
-}
-
-/// Where a stream's answers to a run come from: those of the first
-/// commands, run at once on the idle actor, then those of the rest,
-/// asked; or, when a command run at once panicked (the actor is
-/// restarted), the answers of those before it, and `failed` for it and
-/// every command after it (which did not run).
-pub(super) struct PartReply {
-    now: Vec<Answer>,
-    later: Option<mailring_actors::Reply<Vec<Answer>>>,
-    failed: Option<AskError>,
-}
-
-/// Runs `commands` (all on `stream`) on its actor: at once when it is
-/// idle on this shard, up to the first command that needs its handler's
-/// await; the rest (or all) in an `ExecRun` ask, sent now.
-pub(super) fn run_part(
-    system: &SystemHandle,
-    stream: Bytes,
-    mut commands: Vec<(&'static str, Vec<Bytes>)>,
-    broker: u64,
-) -> PartReply {
-    let addr = system.keyed::<StreamActor>(stream);
-    let mut now = Vec::new();
-    match addr.run_now(|a| a.run_at_once(&mut commands, &mut now)) {
-        Ok(ends) => {
-            if ends {
-                // As its handler would have ended it.
-                addr.stop();
-            }
-        }
-        Err(RunNowError::NotIdle(_)) => {}
-        Err(RunNowError::Panicked) => {
-            return PartReply {
-                now,
-                later: None,
-                failed: Some(AskError::Panicked),
-            }
-        }
-    }
-    let later = (!commands.is_empty()).then(|| addr.ask(ExecRun { commands, broker }));
-    PartReply {
-        now,
-        later,
-        failed: None,
-    }
-}
-
-impl PartReply {
-    /// Whether every reply is known now (nothing asked, nothing to flush
-    /// first).
-    fn is_ready(&self) -> bool {
-        self.later.is_none() && self.now.iter().all(|a| a.durable.is_none())
-    }
-
-    /// Fills `frames` at places `at` from a part that [`is_ready`](Self::is_ready).
-    fn fill_ready(self, at: Places, proto: Protocol, frames: &mut [Option<(Protocol, Reply)>]) {
-        let mut places = at.iter();
-        // `now` first: once it runs out, no place is taken.
-        for (answer, i) in self.now.into_iter().zip(places.by_ref()) {
-            frames[i] = Some(answer.reply.frame(proto));
-        }
-        if let Some(e) = self.failed {
-            let reply = unavailable(e);
-            for i in places {
-                frames[i] = Some(reply.clone().frame(proto));
-            }
-        }
-    }
-
-    /// Fills `frames` at places `at`, in order, each answer settled (what
-    /// it changed flushed) and the asked ones once they come.
-    async fn fill(self, at: Places, proto: Protocol, frames: &mut [Option<(Protocol, Reply)>]) {
-        let mut places = at.iter();
-        let asked = at.len() - self.now.len();
-        for (answer, i) in self.now.into_iter().zip(places.by_ref()) {
-            frames[i] = Some(settle(Ok(answer)).await.frame(proto));
-        }
-        let failed = match (self.failed, self.later) {
-            (Some(e), _) => e,
-            (None, None) => return,
-            (None, Some(later)) => match later.await {
-                Ok(answers) => {
-                    debug_assert_eq!(answers.len(), asked, "one answer per command");
-                    for (answer, i) in answers.into_iter().zip(places.by_ref()) {
-                        frames[i] = Some(settle(Ok(answer)).await.frame(proto));
-                    }
-                    return;
-                }
-                Err(e) => e,
-            },
-        };
-        let reply = unavailable(failed);
-        for i in places {
-            frames[i] = Some(reply.clone().frame(proto));
-        }
-    }
-}
-
 /// `commands` grouped by stream (argument 1), streams in order of first
-/// appearance, each stream's commands in order.
-fn by_stream(commands: Vec<(&'static str, Vec<Bytes>)>) -> Vec<StreamPart> {
+/// appearance, with each stream's places in the run.
+fn by_stream(commands: &[(&'static str, Vec<Bytes>)]) -> Vec<StreamPart> {
     let mut parts: Vec<StreamPart> = Vec::with_capacity(commands.len());
-    for (i, (name, args)) in commands.into_iter().enumerate() {
+    for (i, (_, args)) in commands.iter().enumerate() {
         let tag = key_tag(&args[1]);
         // Keys compared by their tag first (`s:1`, `s:2`... differ there).
         match parts
             .iter_mut()
             .find(|p| p.tag == tag && p.stream == args[1])
         {
-            Some(p) => {
-                p.at.add(i);
-                p.commands.push((name, args));
-            }
+            Some(p) => p.at.add(i),
             None => {
                 let mut at = Places::default();
                 at.add(i);
@@ -320,7 +276,6 @@ fn by_stream(commands: Vec<(&'static str, Vec<Bytes>)>) -> Vec<StreamPart> {
                     stream: args[1].clone(),
                     tag,
                     at,
-                    commands: vec![(name, args)],
                 });
             }
         }
@@ -368,7 +323,8 @@ mod tests {
         // `a-1234567` and `b-1234567` share a tag (length, last seven
         // bytes): the bytes still tell them apart.
         let keys = ["s:1", "a-1234567", "s:1", "b-1234567", "s:10", "a-1234567"];
-        let parts = by_stream(keys.iter().map(|k| xadd(k)).collect());
+        let commands: Vec<_> = keys.iter().map(|k| xadd(k)).collect();
+        let parts = by_stream(&commands);
         let got: Vec<(&[u8], Vec<usize>)> = parts
             .iter()
             .map(|p| (&p.stream[..], p.at.iter().collect()))
@@ -383,8 +339,7 @@ mod tests {
             ]
         );
         for p in &parts {
-            assert_eq!(p.commands.len(), p.at.len());
-            assert!(p.commands.iter().all(|(_, args)| args[1] == p.stream));
+            assert!(p.at.iter().all(|i| commands[i].1[1] == p.stream));
         }
         assert_eq!(key_tag(b"a-1234567"), key_tag(b"b-1234567"));
         assert_ne!(key_tag(b"s:1"), key_tag(b"s:10"));
@@ -400,14 +355,14 @@ mod tests {
         // Half the streams twice: the second command joins the first.
         order.extend(keys.iter().step_by(2).map(String::as_str));
         let order = &order[RUN_MAX / 2..RUN_MAX + RUN_MAX / 2];
-        let parts = by_stream(order.iter().map(|k| xadd(k)).collect());
+        let commands: Vec<_> = order.iter().map(|k| xadd(k)).collect();
+        let parts = by_stream(&commands);
         let mut seen = 0;
         for p in &parts {
             for i in p.at.iter() {
                 assert_eq!(order[i].as_bytes(), &p.stream[..]);
                 seen += 1;
             }
-            assert_eq!(p.commands.len(), p.at.len());
         }
         assert_eq!(seen, order.len());
         assert_eq!(parts.len(), RUN_MAX / 2 + RUN_MAX / 4);
