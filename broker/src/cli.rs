@@ -18,7 +18,7 @@ use crate::{Broker, BrokerConfig};
 
 fn usage() -> &'static str {
     "usage: broker [--port N] [--bind ADDR] [--shards N] [--dir PATH] \
-     [--appendfsync always|everysec|no] [--requirepass PASS] [--spin-us N]\n\
+     [--appendfsync always|everysec|no] [--requirepass PASS] [--maxclients N] [--spin-us N]\n\
      \x20      [--stream-cache BYTES] [--segment-bytes BYTES] [--no-direct-io] [--no-preallocate]\n\
      \x20      [--repair-log] [--allow-thp] [--cpus LIST] [--tls-cert PEM --tls-key PEM]\n\
      \x20      broker --bench [--producers N] [--consumers N] [--pipeline N] \
@@ -55,7 +55,7 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
             args.next().ok_or_else(|| format!("{flag} needs a value"))
         };
         match flag.as_str() {
-            "--port" | "--bind" | "--requirepass" | "--tls-cert" | "--tls-key" => {
+            "--port" | "--bind" | "--requirepass" | "--tls-cert" | "--tls-key" | "--maxclients" => {
                 serving_flags.push(flag.clone())
             }
             "--producers" | "--consumers" | "--pipeline" | "--payload" | "--streams"
@@ -84,6 +84,12 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                         ));
                     }
                     bench_config.shards = config.shards;
+                }
+                "--maxclients" => {
+                    config.max_clients = num("--maxclients", value(&mut args)?)?;
+                    if config.max_clients == 0 {
+                        return Err("--maxclients: at least 1".to_owned());
+                    }
                 }
                 "--no-direct-io" => config.store.direct_io = false,
                 "--no-preallocate" => config.store.preallocate = false,
@@ -267,6 +273,9 @@ mod tests {
             &["--port", "70000"],
             &["--port", "-1"],
             &["--appendfsync", "sometimes"],
+            &["--maxclients", "0"],
+            &["--maxclients", "-3"],
+            &["--bench", "--maxclients", "5"],
             &["--tls-cert", "x.pem"],
             &["--nope"],
             &["--dir"],

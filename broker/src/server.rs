@@ -28,6 +28,10 @@ pub const REDIS_VERSION: &str = "7.0.15";
 /// every log record of its stream).
 pub const MAX_KEY_LEN: usize = 64 * 1024;
 
+/// Connections past `maxclients` a listener takes, to refuse them, before
+/// it pauses.
+const REFUSALS_IN_FLIGHT: usize = 1024;
+
 /// How the broker is set up.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
@@ -57,6 +61,10 @@ pub struct BrokerConfig {
     /// files (`--tls-cert`, `--tls-key`); `None`, the default, serves plain
     /// TCP.
     pub tls: Option<TlsFiles>,
+    /// `maxclients`: connections served at once; past it a client gets
+    /// `-ERR max number of clients reached` and is closed, as from Redis
+    /// (default 10,000, Redis's).
+    pub max_clients: usize,
     /// Tests only: `DEBUG PANIC-STREAM key` makes the stream's actor panic
     /// (its supervisor restarts it, and it rebuilds from its log).
     pub debug_commands: bool,
@@ -72,6 +80,7 @@ impl Default for BrokerConfig {
             idle_spin: None,
             cpus: None,
             tls: None,
+            max_clients: 10_000,
             debug_commands: false,
         }
     }
@@ -270,6 +279,9 @@ pub struct Shared {
     pub(crate) next_client_id: AtomicU64,
     /// Connections open now.
     pub(crate) connected: AtomicU64,
+    /// Connections refused past `maxclients` (`INFO`'s
+    /// `rejected_connections`).
+    pub(crate) rejected: AtomicU64,
     /// Their cards (`CLIENT LIST`, `CLIENT KILL`).
     pub(crate) clients: crate::session::Clients,
     /// Plain blocked readers of streams nobody had named, by name: the
@@ -569,6 +581,7 @@ impl Broker {
             catalog,
             next_client_id: AtomicU64::new(0),
             connected: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
             clients: crate::session::Clients::default(),
             awaiting: Mutex::new(HashMap::new()),
             shutdown: shutdown.clone(),
@@ -589,6 +602,10 @@ impl Broker {
         // Redis puts no time limit on a request arriving (`timeout 0`): a
         // large value over a slow link may take minutes.
         server_config.frame_timeout = None;
+        server_config.max_clients = Some(config.max_clients);
+        // Each listener pauses past what the broker serves plus room for
+        // the refusals in flight (a flood is told, and still bounded).
+        server_config.max_connections = config.max_clients.saturating_add(REFUSALS_IN_FLIGHT);
         let mut server =
             Server::builder(RespCodec::new(), move |_| RespSession::new(shared.clone()))
                 .config(server_config)

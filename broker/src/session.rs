@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use mailring_actors::{AskError, RunNowError};
-use mailring_transports::{Route, Session, SessionCtx};
+use mailring_transports::{CloseReason, Route, Session, SessionCtx};
 
 use crate::actor::{
     storage_error, Answer, BlockedRead, Exec, GroupAnswer, GroupFrom, GroupRead, Notify, Read,
@@ -332,11 +332,12 @@ impl RespSession {
             return command::wrong_arity("config|get");
         }
         let config = &self.shared.config;
-        let params: [(&str, String); 9] = [
+        let params: [(&str, String); 11] = [
             ("appendonly", "yes".to_owned()),
             ("appendfsync", config.store.fsync.name().to_owned()),
             ("databases", "1".to_owned()),
             ("dir", config.store.dir.display().to_string()),
+            ("maxclients", config.max_clients.to_string()),
             ("maxmemory", "0".to_owned()),
             ("port", self.shared.listening_on().port().to_string()),
             ("save", String::new()),
@@ -348,6 +349,8 @@ impl RespSession {
                 "stream-node-max-entries",
                 crate::stream::NODE_MAX_ENTRIES.to_string(),
             ),
+            // No idle client is closed (Redis's default, `timeout 0`).
+            ("timeout", "0".to_owned()),
         ];
         // A name without glob characters is looked up exactly and echoed as
         // typed; a pattern lists the canonical names it matches.
@@ -1468,6 +1471,16 @@ impl Session for RespSession {
     fn on_open(&mut self, cx: &mut SessionCtx<Self>) {
         self.card.open(cx.peer_addr(), cx.local_addr(), cx.closer());
         self.shared.clients.add(self.card.clone());
+    }
+
+    fn refusal(&mut self, reason: &CloseReason) -> Option<(Protocol, Reply)> {
+        match reason {
+            CloseReason::ClientLimit => {
+                self.shared.rejected.fetch_add(1, Ordering::Relaxed);
+                Some(Reply::err("max number of clients reached").frame(self.proto))
+            }
+            _ => None,
+        }
     }
 }
 

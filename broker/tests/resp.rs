@@ -3344,3 +3344,45 @@ fn time_answers_the_clock_in_seconds_and_microseconds() {
     assert!(matches!(c.cmd(&["TIME", "x"]), R::Error(e) if e.contains("wrong number")));
     broker.shutdown();
 }
+
+#[test]
+fn past_maxclients_a_client_gets_redis_error_and_is_closed() {
+    let broker = start_with(BrokerConfig {
+        max_clients: 2,
+        ..BrokerConfig::default()
+    });
+    let mut a = Client::connect(broker.local_addr());
+    let mut b = Client::connect(broker.local_addr());
+    assert_eq!(a.cmd(&["PING"]), R::Status("PONG".into()));
+    assert_eq!(b.cmd(&["PING"]), R::Status("PONG".into()));
+    let mut refused = Client::connect(broker.local_addr());
+    // Told before it sends anything, as by Redis.
+    assert_eq!(
+        refused.read(),
+        R::Error("ERR max number of clients reached".into())
+    );
+    assert!(refused.closed());
+    assert_eq!(
+        a.cmd(&["CONFIG", "GET", "maxclients"]),
+        R::Array(vec![R::bulk("maxclients"), R::bulk("2")])
+    );
+    let R::Bulk(info) = a.cmd(&["INFO"]) else {
+        panic!("INFO is a bulk string")
+    };
+    let info = String::from_utf8_lossy(&info).into_owned();
+    assert!(info.contains("rejected_connections:1\r\n"), "{info}");
+    assert!(info.contains("maxclients:2\r\n"), "{info}");
+    // A place freed is a place taken.
+    drop(b);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut c = Client::connect(broker.local_addr());
+        c.send_raw(&encode(&[b"PING"]));
+        if c.read() == R::Status("PONG".into()) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still refused");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    broker.shutdown();
+}

@@ -150,6 +150,15 @@ pub struct ServerConfig {
     /// listener stops accepting (counted in [`ServerStats`]) until one
     /// closes. Default 10,000.
     pub max_connections: usize,
+    /// Connections served at once by the whole server, past which a new
+    /// connection is still accepted but only to be refused: it gets the
+    /// session's [`Session::refusal`] for [`CloseReason::ClientLimit`]
+    /// (after the TLS handshake on a TLS server), no `on_open`, and
+    /// closes, as Redis answers past `maxclients`. A client learns why
+    /// instead of waiting in the listen backlog. The refused count among
+    /// the connections until they close, so `max_connections` still bounds
+    /// the descriptors a flood takes. Default none.
+    pub max_clients: Option<usize>,
     /// How long [`Server::shutdown`] lets sessions finish what they have
     /// started before closing them. Default 5 s.
     pub shutdown_grace: Duration,
@@ -197,6 +206,7 @@ impl Default for ServerConfig {
             hand_off: HandOff::Descriptor,
             max_per_key: None,
             max_connections: 10_000,
+            max_clients: None,
             shutdown_grace: Duration::from_secs(5),
             proxy_protocol: false,
             proxy_header_timeout: Duration::from_secs(5),
@@ -747,7 +757,8 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
             None => return,
             Some(Ok((stream, peer, local))) => {
                 shared.per_listener[index].fetch_add(1, Ordering::AcqRel);
-                shared.live.fetch_add(1, Ordering::AcqRel);
+                let live = shared.live.fetch_add(1, Ordering::AcqRel) + 1;
+                let refused = shared.config.max_clients.is_some_and(|max| live > max);
                 shared
                     .counters(shard)
                     .accepted
@@ -759,6 +770,7 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
                     acceptor_wake: wake.cell.borrow().clone(),
                     rebalanced: false,
                     counted_on: None,
+                    refused,
                 };
                 if shared.config.proxy_protocol {
                     // The client's address comes from the header: the
@@ -937,6 +949,8 @@ struct Connection<S: Session> {
     /// moment the move was decided: connections decided after it on any
     /// shard see it there before it arrives.
     counted_on: Option<OpenHere<S>>,
+    /// Accepted past [`ServerConfig::max_clients`]: told so and closed.
+    refused: bool,
 }
 
 impl<S: Session> Drop for Connection<S> {
@@ -999,7 +1013,7 @@ async fn run_connection<S: Session>(
     let shard = cx.shard;
     let mut stream = stream;
     let mut conn = conn;
-    if fresh {
+    if fresh && !conn.refused {
         if let Some(best) = less_loaded_shard(&conn, shard) {
             // Counted there now, not when it arrives: the next fresh
             // connections (a burst taken in one go) see it.
@@ -1042,7 +1056,7 @@ async fn run_connection<S: Session>(
         }
     };
     if fresh {
-        if conn.shared.config.hand_off == HandOff::Direct {
+        if conn.shared.config.hand_off == HandOff::Direct && !conn.refused {
             let (direct, refused) = stream.into_direct().await;
             stream = direct;
             if refused.is_some() {
@@ -1070,7 +1084,16 @@ async fn run_connection<S: Session>(
                 }
             }
         }
-        session.on_open(&mut cx);
+        if conn.refused {
+            // Past the server's limit: the refusal, then the close (the
+            // drive loop writes what is queued and takes no frame).
+            if let Some(frame) = session.refusal(&CloseReason::ClientLimit) {
+                cx.send_frame(frame);
+            }
+            cx.close = Some(CloseReason::ClientLimit);
+        } else {
+            session.on_open(&mut cx);
+        }
     }
     let exit = drive(
         &conn.shared,

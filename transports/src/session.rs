@@ -126,7 +126,8 @@ pub trait Session: Send + Sized + 'static {
     /// The frame sent before the server closes the connection for `reason`
     /// when the protocol has a way to say it (a Redis server answers
     /// `-ERR max number of clients reached`); by default none. Asked for
-    /// [`CloseReason::KeyLimit`].
+    /// [`CloseReason::KeyLimit`] and [`CloseReason::ClientLimit`] (then
+    /// before `on_open`, which does not run: the session closes at once).
     fn refusal(&mut self, reason: &CloseReason) -> Option<FrameOut<Self>> {
         let _ = reason;
         None
@@ -164,6 +165,10 @@ pub enum CloseReason {
     },
     /// The key already had as many connections as the server allows.
     KeyLimit,
+    /// The server already served as many connections as it allows
+    /// ([`crate::ServerConfig::max_clients`]): this one was accepted only to
+    /// be told so ([`Session::refusal`]).
+    ClientLimit,
     /// The server is shutting down (after its grace period, or at once
     /// for an idle connection).
     Shutdown,
@@ -203,6 +208,7 @@ impl CloseReason {
             CloseReason::BadOutput(_) => CloseKind::BadOutput,
             CloseReason::SlowReader { .. } => CloseKind::SlowReader,
             CloseReason::KeyLimit => CloseKind::KeyLimit,
+            CloseReason::ClientLimit => CloseKind::ClientLimit,
             CloseReason::Shutdown => CloseKind::Shutdown,
             CloseReason::Io(_) => CloseKind::Io,
             CloseReason::HandOff => CloseKind::HandOff,
@@ -228,6 +234,7 @@ impl fmt::Display for CloseReason {
                 write!(f, "peer not reading ({queued} bytes queued)")
             }
             CloseReason::KeyLimit => f.write_str("too many connections for this key"),
+            CloseReason::ClientLimit => f.write_str("too many connections for the server"),
             CloseReason::Shutdown => f.write_str("server shutdown"),
             CloseReason::Io(kind) => write!(f, "socket error: {kind}"),
             CloseReason::HandOff => f.write_str("hand-off to the key's shard failed"),
@@ -370,11 +377,12 @@ pub enum CloseKind {
     Tls,
     ProxyHeader,
     ClosedByHandle,
+    ClientLimit,
 }
 
 impl CloseKind {
     /// Every kind, in counter order.
-    pub const ALL: [CloseKind; 16] = [
+    pub const ALL: [CloseKind; 17] = [
         CloseKind::PeerClosed,
         CloseKind::ClosedBySession,
         CloseKind::IdleTimeout,
@@ -391,6 +399,7 @@ impl CloseKind {
         CloseKind::Tls,
         CloseKind::ProxyHeader,
         CloseKind::ClosedByHandle,
+        CloseKind::ClientLimit,
     ];
 
     pub(crate) fn index(self) -> usize {

@@ -1226,6 +1226,42 @@ fn past_the_per_key_limit_a_session_is_refused_through_its_codec() {
 }
 
 #[test]
+fn past_the_servers_client_limit_a_connection_is_told_and_closed() {
+    let rt = runtime(2);
+    let mut config = ServerConfig::default();
+    config.max_clients = Some(2);
+    let (system, server) = tenant_server(&rt, config);
+    let ping = |c: &mut TcpStream| {
+        c.write_all(&frame(b"PING")).unwrap();
+        read_frame(c).unwrap()
+    };
+    let mut a = client(server.local_addr());
+    let mut b = client(server.local_addr());
+    assert_eq!(ping(&mut a), b"PONG");
+    assert_eq!(ping(&mut b), b"PONG");
+    for _ in 0..3 {
+        // Told at once, before it sends anything, then closed.
+        let mut refused = client(server.local_addr());
+        assert_eq!(
+            read_frame(&mut refused).unwrap(),
+            b"-ERR max number of clients reached"
+        );
+        assert_eq!(refused.read(&mut [0u8; 8]).unwrap_or(0), 0, "then closed");
+    }
+    wait_for(&server, "3 refusals", |s| {
+        s.closed(CloseKind::ClientLimit) == 3
+    });
+    // Those served are not affected; a place freed is a place taken.
+    assert_eq!(ping(&mut a), b"PONG");
+    drop(b);
+    wait_for(&server, "a close", |s| s.closed(CloseKind::PeerClosed) == 1);
+    let mut c = client(server.local_addr());
+    assert_eq!(ping(&mut c), b"PONG");
+    rt.block_on(server.shutdown());
+    system.shutdown();
+}
+
+#[test]
 fn a_client_that_picks_its_source_port_lands_on_its_keys_shard_without_a_hand_off() {
     let rt = runtime(2);
     let (system, server) = tenant_server(&rt, ServerConfig::default());

@@ -114,6 +114,7 @@ impl RespSession {
                         shared.connected.load(Ordering::Relaxed)
                     ),
                     format!("blocked_clients:{}", shared.blocked_reads()),
+                    format!("maxclients:{}", shared.config.max_clients),
                 ],
                 "persistence" => vec![
                     "loading:0".to_owned(),
@@ -150,6 +151,10 @@ impl RespSession {
                         shared.next_client_id.load(Ordering::Relaxed)
                     ),
                     format!("total_commands_processed:{}", shared.clients.commands()),
+                    format!(
+                        "rejected_connections:{}",
+                        shared.rejected.load(Ordering::Relaxed)
+                    ),
                     format!(
                         "entries_read_back_ahead:{}",
                         crate::actor::FETCHED_READS.load(Ordering::Relaxed)
