@@ -525,13 +525,26 @@ impl Handler<ReadGroup> for StreamActor {
         self.load(m.broker).await;
         // A group read makes nothing: a stream missing now stays so.
         self.end_if_nothing(cx);
+        if let Some(answer) = self.group_read_early(&m) {
+            return answer;
+        }
+        let wanted = self.plan_read_group(&m.group, &m.consumer, &m.from, m.count);
+        self.fetch(wanted).await;
+        self.group_read_fetched(&m)
+    }
+}
+
+impl StreamActor {
+    /// A group read's answer before any entry is read: a check of the
+    /// group alone, or a blocked reader whose stream or group went.
+    fn group_read_early(&self, m: &ReadGroup) -> Option<GroupAnswer> {
         let last_id = self.stream.as_ref().map_or(StreamId::MIN, Stream::last_id);
         if m.check_only {
             let exists = self
                 .stream
                 .as_ref()
                 .is_some_and(|s| s.groups.contains_key(&m.group));
-            return GroupAnswer {
+            return Some(GroupAnswer {
                 read: if exists {
                     GroupRead::Entries(Vec::new())
                 } else {
@@ -540,7 +553,7 @@ impl Handler<ReadGroup> for StreamActor {
                 last_id,
                 durable: None,
                 served: false,
-            };
+            });
         }
         if m.blocked {
             let gone = match &self.stream {
@@ -551,17 +564,21 @@ impl Handler<ReadGroup> for StreamActor {
                 Some(_) => None,
             };
             if let Some(text) = gone {
-                return GroupAnswer {
+                return Some(GroupAnswer {
                     read: GroupRead::Error(Reply::Error(text.to_owned())),
                     last_id,
                     // What it reports (a deletion) may still be flushing.
                     durable: self.read_ticket(),
                     served: false,
-                };
+                });
             }
         }
-        let wanted = self.plan_read_group(&m.group, &m.consumer, &m.from, m.count);
-        self.fetch(wanted).await;
+        None
+    }
+
+    /// A group read once the entries it reads are in memory.
+    fn group_read_fetched(&mut self, m: &ReadGroup) -> GroupAnswer {
+        let last_id = self.stream.as_ref().map_or(StreamId::MIN, Stream::last_id);
         let (mut read, mut durable) =
             self.read_group(&m.group, &m.consumer, &m.from, m.count, m.noack);
         let mut served = false;
@@ -580,6 +597,32 @@ impl Handler<ReadGroup> for StreamActor {
             durable: durable.or_else(|| self.read_ticket()),
             served,
         }
+    }
+
+    /// A group read run on the idle actor by a session on its shard (see
+    /// [`StreamActor::one_at_once`]), as [`ReadGroup`]'s handler runs it,
+    /// when it reads nothing evicted; `None` otherwise (nothing ran). With
+    /// the answer, whether the activation holds nothing and should end.
+    pub(crate) fn read_group_at_once(&mut self, m: &ReadGroup) -> Option<(GroupAnswer, bool)> {
+        if !self.runs_at_once() {
+            return None;
+        }
+        let answer = match self.group_read_early(m) {
+            Some(answer) => answer,
+            None => {
+                if !self
+                    .plan_read_group(&m.group, &m.consumer, &m.from, m.count)
+                    .is_empty()
+                {
+                    return None;
+                }
+                self.group_read_fetched(m)
+            }
+        };
+        // A group read makes no stream: what the handler decides before
+        // the read holds after it.
+        self.drop_abandoned_watchers();
+        Some((answer, self.holds_nothing()))
     }
 }
 

@@ -893,19 +893,28 @@ impl RespSession {
         let ids = p.ids.clone();
         let block = p.block;
         let n = keys.len();
-        // One stream: its one read is asked now, before any later request
+        // One stream: its one read is made now (at once on its actor when
+        // that is idle on this shard, or asked), before any later request
         // of the connection is handled, so pipelined commands after it
         // find it done (the actor checks the group, then the id). `$`
         // asks the group only: its error comes first, then the id's.
-        let first = (n == 1).then(|| match command::xreadgroup_id(&ids[0]) {
-            Ok(None) => (GroupFrom::New, ask(0, GroupFrom::New, false, false), None),
-            Err(e) if ids[0].as_ref() == b"$" => {
-                (GroupFrom::New, ask(0, GroupFrom::New, true, false), Some(e))
-            }
-            Ok(Some(_)) | Err(_) => {
-                let from = GroupFrom::History(ids[0].clone());
-                (from.clone(), ask(0, from, false, false), None)
-            }
+        let first = (n == 1).then(|| {
+            let (from, check_only, dollar) = match command::xreadgroup_id(&ids[0]) {
+                Ok(None) => (GroupFrom::New, false, None),
+                Err(e) if ids[0].as_ref() == b"$" => (GroupFrom::New, true, Some(e)),
+                Ok(Some(_)) | Err(_) => (GroupFrom::History(ids[0].clone()), false, None),
+            };
+            let m = ReadGroup {
+                group: group_name.clone(),
+                consumer: consumer_name.clone(),
+                from: from.clone(),
+                count: p.count,
+                noack: p.noack,
+                check_only,
+                blocked: false,
+                broker,
+            };
+            (from, group_read_now_or_ask(&watch_actors[0], m), dollar)
         });
         cx.reply_later(async move {
             let fail = |e: mailring_actors::AskError| unavailable(e).frame(proto);
@@ -1598,6 +1607,48 @@ impl RespSession {
             Kind::Read => self.xread(&args, cx),
             Kind::Connection => self.connection_command(args, cx),
         }
+    }
+}
+
+/// An actor's answer: had at once on the idle actor (`Addr::run_now`), or
+/// asked of it.
+pub(crate) enum NowOr<T> {
+    Now(Option<Result<T, AskError>>),
+    Asked(mailring_actors::Reply<T>),
+}
+
+impl<T: Unpin> std::future::Future for NowOr<T> {
+    type Output = Result<T, AskError>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match self.get_mut() {
+            NowOr::Now(answer) => {
+                std::task::Poll::Ready(answer.take().expect("a NowOr is awaited once"))
+            }
+            NowOr::Asked(reply) => std::pin::Pin::new(reply).poll(cx),
+        }
+    }
+}
+
+/// `m` run at once on `addr`'s actor when it is idle on this shard and
+/// reads nothing evicted (as its handler would run it), asked otherwise.
+fn group_read_now_or_ask(
+    addr: &mailring_actors::Addr<StreamActor>,
+    m: ReadGroup,
+) -> NowOr<GroupAnswer> {
+    match addr.run_now(|a| a.read_group_at_once(&m)) {
+        Ok(Some((answer, ends))) => {
+            if ends {
+                // As its handler would have ended it.
+                addr.stop();
+            }
+            NowOr::Now(Some(Ok(answer)))
+        }
+        Ok(None) | Err(RunNowError::NotIdle(_)) => NowOr::Asked(addr.ask(m)),
+        Err(RunNowError::Panicked) => NowOr::Now(Some(Err(AskError::Panicked))),
     }
 }
 

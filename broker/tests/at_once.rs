@@ -129,3 +129,65 @@ fn a_run_reaching_evicted_entries_answers_the_rest_through_the_actor_in_order() 
     assert_eq!(broker.streams_run_at_once() - before, 1, "the first XADD");
     broker.shutdown();
 }
+
+#[test]
+fn a_group_read_on_an_idle_actor_runs_at_once_and_one_of_evicted_entries_is_asked() {
+    let dir = TempDir::new();
+    let mut config = BrokerConfig::default();
+    // Nothing stays cached once written: a history read goes to the log.
+    config.store.stream_cache_bytes = 0;
+    let broker = start_in(&dir.0, 1, config);
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(
+        c.cmd(&["XGROUP", "CREATE", "s", "g", "$", "MKSTREAM"]),
+        R::Status("OK".into())
+    );
+    // Written and flushed out of the cache before the read.
+    assert_eq!(c.cmd(&["XADD", "s", "1-1", "n", "1"]), R::bulk("1-1"));
+    assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(1));
+    let entry = |id: &str, n: &str| {
+        R::Array(vec![R::Array(vec![
+            R::bulk("s"),
+            R::Array(vec![R::Array(vec![
+                R::bulk(id),
+                R::Array(vec![R::bulk("n"), R::bulk(n)]),
+            ])]),
+        ])])
+    };
+    // `>` of what was just added: new entries are read from the stream's
+    // newest, in memory until written... or read back: either way, right.
+    let before = broker.streams_run_at_once();
+    assert_eq!(
+        c.cmd(&["XREADGROUP", "GROUP", "g", "a", "STREAMS", "s", ">"]),
+        entry("1-1", "1")
+    );
+    // Its history (the pending entry) is evicted: asked, read back.
+    assert_eq!(
+        c.cmd(&["XREADGROUP", "GROUP", "g", "a", "STREAMS", "s", "0"]),
+        entry("1-1", "1")
+    );
+    // An empty `>` needs nothing evicted: at once.
+    let mid = broker.streams_run_at_once();
+    assert_eq!(
+        c.cmd(&["XREADGROUP", "GROUP", "g", "a", "STREAMS", "s", ">"]),
+        R::Nil
+    );
+    assert_eq!(
+        broker.streams_run_at_once() - mid,
+        1,
+        "the empty read ran at once"
+    );
+    assert!(mid >= before);
+    // What the reads delivered is pending, as through the actor.
+    let R::Array(summary) = c.cmd(&["XPENDING", "s", "g"]) else {
+        panic!("XPENDING answers an array")
+    };
+    assert_eq!(summary[0], R::Int(1));
+    // A missing group is the same error either way.
+    let r = c.cmd(&["XREADGROUP", "GROUP", "nope", "a", "STREAMS", "s", ">"]);
+    assert!(
+        matches!(&r, R::Error(e) if e.starts_with("NOGROUP")),
+        "{r:?}"
+    );
+    broker.shutdown();
+}
