@@ -444,12 +444,24 @@ impl Handler<Read> for StreamActor {
 
 impl StreamActor {
     async fn read(&mut self, m: &Read) -> ReadResult {
-        if let (Some(stream), ReadFrom::After(id)) = (&self.stream, m.from) {
-            if let Some(lo) = id.next() {
-                let wanted = stream.missing_in_range(lo, StreamId::MAX, m.count, false);
-                self.fetch(wanted).await;
-            }
+        let wanted = self.plan_read(m);
+        self.fetch(wanted).await;
+        self.read_fetched(m)
+    }
+
+    /// The evicted entries a plain read reads.
+    fn plan_read(&self, m: &Read) -> Vec<(StreamId, Loc)> {
+        match (&self.stream, m.from) {
+            (Some(stream), ReadFrom::After(id)) => match id.next() {
+                Some(lo) => stream.missing_in_range(lo, StreamId::MAX, m.count, false),
+                None => Vec::new(),
+            },
+            _ => Vec::new(),
         }
+    }
+
+    /// A plain read once what it reads is in memory.
+    fn read_fetched(&self, m: &Read) -> ReadResult {
         let Some(stream) = &self.stream else {
             let after = match m.from {
                 ReadFrom::After(id) => id,
@@ -476,6 +488,23 @@ impl StreamActor {
             last_id: Some(stream.last_id()),
             visible: None,
         }
+    }
+
+    /// A plain read run on the idle actor by a session on its shard (see
+    /// [`StreamActor::one_at_once`]), as [`Read`]'s handler runs it, when
+    /// it reads nothing evicted; `None` otherwise (nothing ran). With the
+    /// answer, whether the activation holds nothing and should end.
+    pub(crate) fn read_at_once(&mut self, m: &Read) -> Option<(ReadResult, bool)> {
+        if !self.runs_at_once() || !self.plan_read(m).is_empty() {
+            return None;
+        }
+        let mut result = self.read_fetched(m);
+        result.visible = self.read_ticket();
+        self.settle();
+        // A read makes no stream: what the handler decides before the
+        // read holds after it.
+        self.drop_abandoned_watchers();
+        Some((result, self.holds_nothing()))
     }
 }
 

@@ -719,9 +719,11 @@ impl Broker {
         })
     }
 
-    /// How many times a session ran stream commands at once on an idle
-    /// stream actor of its shard (`Addr::run_now`: no ask), on every
-    /// shard; each such call runs one command or a run of them.
+    /// How many closures sessions ran on idle stream actors of their
+    /// shards (`Addr::run_now`: no ask), on every shard: each runs one
+    /// command, or a stream's part of a pipelined run, up to the first
+    /// that must read evicted entries back (a closure that meets one
+    /// first runs nothing and leaves it to a message, and still counts).
     pub fn streams_run_at_once(&self) -> u64 {
         let rt = self.runtime.as_ref().expect("running until shutdown");
         let system = self.shared.system.clone();

@@ -734,11 +734,14 @@ impl RespSession {
             .zip(&missing)
             .map(|((a, id), missing)| {
                 (!missing).then(|| {
-                    a.ask(Read {
-                        from: id.map_or(ReadFrom::Last, ReadFrom::After),
-                        count: p.count,
-                        broker,
-                    })
+                    read_now_or_ask(
+                        a,
+                        Read {
+                            from: id.map_or(ReadFrom::Last, ReadFrom::After),
+                            count: p.count,
+                            broker,
+                        },
+                    )
                 })
             })
             .collect();
@@ -1646,6 +1649,24 @@ fn group_read_now_or_ask(
                 addr.stop();
             }
             NowOr::Now(Some(Ok(answer)))
+        }
+        Ok(None) | Err(RunNowError::NotIdle(_)) => NowOr::Asked(addr.ask(m)),
+        Err(RunNowError::Panicked) => NowOr::Now(Some(Err(AskError::Panicked))),
+    }
+}
+
+/// [`group_read_now_or_ask`] for a plain read.
+fn read_now_or_ask(
+    addr: &mailring_actors::Addr<StreamActor>,
+    m: Read,
+) -> NowOr<crate::actor::ReadResult> {
+    match addr.run_now(|a| a.read_at_once(&m)) {
+        Ok(Some((result, ends))) => {
+            if ends {
+                // As its handler would have ended it.
+                addr.stop();
+            }
+            NowOr::Now(Some(Ok(result)))
         }
         Ok(None) | Err(RunNowError::NotIdle(_)) => NowOr::Asked(addr.ask(m)),
         Err(RunNowError::Panicked) => NowOr::Now(Some(Err(AskError::Panicked))),

@@ -18,6 +18,37 @@ fn send_pipeline(c: &mut Client, commands: &[&[&str]]) {
     c.send_raw(&wire);
 }
 
+/// Adds entries `1-1` ..= `n-1` (field `n`), pipelined, and checks the
+/// replies: past a node's 100 entries the first ones sit in closed nodes,
+/// evicted once written when the stream cache is 0.
+fn fill(c: &mut Client, n: usize) {
+    let ids: Vec<String> = (1..=n).map(|i| format!("{i}-1")).collect();
+    let values: Vec<String> = (1..=n).map(|i| i.to_string()).collect();
+    let commands: Vec<Vec<&str>> = ids
+        .iter()
+        .zip(&values)
+        .map(|(id, v)| vec!["XADD", "s", id.as_str(), "n", v.as_str()])
+        .collect();
+    let commands: Vec<&[&str]> = commands.iter().map(Vec::as_slice).collect();
+    send_pipeline(c, &commands);
+    for id in &ids {
+        assert_eq!(c.read(), R::bulk(id));
+    }
+    assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(n as i64));
+}
+
+/// Entries read back from the log by stream actors (`INFO`).
+fn read_back(c: &mut Client) -> u64 {
+    let R::Bulk(info) = c.cmd(&["INFO", "stats"]) else {
+        panic!("INFO is a bulk string")
+    };
+    let info = String::from_utf8_lossy(&info).into_owned();
+    info.lines()
+        .find_map(|l| l.strip_prefix("entries_read_back_ahead:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("entries_read_back_ahead in INFO stats")
+}
+
 fn is_unavailable(r: &R) -> bool {
     matches!(r, R::Error(e) if e.starts_with("ERR stream unavailable"))
 }
@@ -95,28 +126,24 @@ fn a_command_that_panics_fails_itself_and_what_follows_on_its_stream_only() {
 fn a_run_reaching_evicted_entries_answers_the_rest_through_the_actor_in_order() {
     let dir = TempDir::new();
     let mut config = BrokerConfig::default();
-    // Nothing stays cached once written: a range read goes to the log.
+    // Nothing stays cached once written: a range read of a closed node
+    // goes to the log.
     config.store.stream_cache_bytes = 0;
     let broker = start_in(&dir.0, 1, config);
     let mut c = Client::connect(broker.local_addr());
-    for i in 1..=3 {
-        let id = format!("{i}-1");
-        assert_eq!(
-            c.cmd(&["XADD", "s", &id, "n", &i.to_string()]),
-            R::bulk(&id)
-        );
-    }
+    fill(&mut c, 250);
+    let read_before = read_back(&mut c);
     let before = broker.streams_run_at_once();
     send_pipeline(
         &mut c,
         &[
-            &["XADD", "s", "4-1", "n", "4"],
+            &["XADD", "s", "251-1", "n", "251"],
             &["XRANGE", "s", "-", "+", "COUNT", "1"],
-            &["XADD", "s", "5-1", "n", "5"],
+            &["XADD", "s", "252-1", "n", "252"],
             &["XLEN", "s"],
         ],
     );
-    assert_eq!(c.read(), R::bulk("4-1"));
+    assert_eq!(c.read(), R::bulk("251-1"));
     assert_eq!(
         c.read(),
         R::Array(vec![R::Array(vec![
@@ -124,9 +151,15 @@ fn a_run_reaching_evicted_entries_answers_the_rest_through_the_actor_in_order() 
             R::Array(vec![R::bulk("n"), R::bulk("1")]),
         ])])
     );
-    assert_eq!(c.read(), R::bulk("5-1"));
-    assert_eq!(c.read(), R::Int(5));
-    assert_eq!(broker.streams_run_at_once() - before, 1, "the first XADD");
+    assert_eq!(c.read(), R::bulk("252-1"));
+    assert_eq!(c.read(), R::Int(252));
+    // The first XADD ran at once; the range read, and what followed it,
+    // went to the actor, which read the entry back.
+    assert_eq!(broker.streams_run_at_once() - before, 1);
+    assert!(
+        read_back(&mut c) > read_before,
+        "the XRANGE read nothing back"
+    );
     broker.shutdown();
 }
 
@@ -188,6 +221,39 @@ fn a_group_read_on_an_idle_actor_runs_at_once_and_one_of_evicted_entries_is_aske
     assert!(
         matches!(&r, R::Error(e) if e.starts_with("NOGROUP")),
         "{r:?}"
+    );
+    broker.shutdown();
+}
+
+#[test]
+fn a_plain_read_on_an_idle_actor_runs_at_once_and_one_of_evicted_entries_is_asked() {
+    let dir = TempDir::new();
+    let mut config = BrokerConfig::default();
+    config.store.stream_cache_bytes = 0;
+    let broker = start_in(&dir.0, 1, config);
+    let mut c = Client::connect(broker.local_addr());
+    fill(&mut c, 250);
+    // After the last entry: nothing evicted to read, at once.
+    let before = broker.streams_run_at_once();
+    assert_eq!(c.cmd(&["XREAD", "STREAMS", "s", "$"]), R::Nil);
+    assert_eq!(c.cmd(&["XREAD", "STREAMS", "s", "250-1"]), R::Nil);
+    assert_eq!(broker.streams_run_at_once() - before, 2);
+    // From the start: the first entry is evicted, read back by the actor
+    // (the closure finds that and leaves the read to a message).
+    let read_before = read_back(&mut c);
+    assert_eq!(
+        c.cmd(&["XREAD", "COUNT", "1", "STREAMS", "s", "0"]),
+        R::Array(vec![R::Array(vec![
+            R::bulk("s"),
+            R::Array(vec![R::Array(vec![
+                R::bulk("1-1"),
+                R::Array(vec![R::bulk("n"), R::bulk("1")]),
+            ])]),
+        ])])
+    );
+    assert!(
+        read_back(&mut c) > read_before,
+        "not read back by the actor"
     );
     broker.shutdown();
 }
