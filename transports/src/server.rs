@@ -234,6 +234,9 @@ struct Shared<S: Session> {
     /// Connections served now, per listener index.
     per_listener: Box<[AtomicUsize]>,
     live: AtomicUsize,
+    /// Connections served now, not counting those accepted to be refused
+    /// past [`ServerConfig::max_clients`] (what that limit counts).
+    served: AtomicUsize,
     closing: AtomicBool,
     /// Past the grace period: close whatever is still open.
     forced: AtomicBool,
@@ -400,6 +403,7 @@ impl<S: Session> ServerBuilder<S> {
             next_conn: AtomicU64::new(1),
             per_listener: (0..listeners.len()).map(|_| AtomicUsize::new(0)).collect(),
             live: AtomicUsize::new(0),
+            served: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
             forced: AtomicBool::new(false),
             config: self.config,
@@ -757,8 +761,21 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
             None => return,
             Some(Ok((stream, peer, local))) => {
                 shared.per_listener[index].fetch_add(1, Ordering::AcqRel);
-                let live = shared.live.fetch_add(1, Ordering::AcqRel) + 1;
-                let refused = shared.config.max_clients.is_some_and(|max| live > max);
+                shared.live.fetch_add(1, Ordering::AcqRel);
+                // Counted among those served only if it is: refusals still
+                // under way (a TLS handshake, a PROXY header) take no place.
+                let refused = match shared.config.max_clients {
+                    Some(max) => shared
+                        .served
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                            (n < max).then_some(n + 1)
+                        })
+                        .is_err(),
+                    None => {
+                        shared.served.fetch_add(1, Ordering::AcqRel);
+                        false
+                    }
+                };
                 shared
                     .counters(shard)
                     .accepted
@@ -957,6 +974,9 @@ impl<S: Session> Drop for Connection<S> {
     fn drop(&mut self) {
         self.shared.per_listener[self.listener].fetch_sub(1, Ordering::AcqRel);
         self.shared.live.fetch_sub(1, Ordering::AcqRel);
+        if !self.refused {
+            self.shared.served.fetch_sub(1, Ordering::AcqRel);
+        }
         if let Some(w) = self.acceptor_wake.take() {
             w.wake();
         }

@@ -268,3 +268,48 @@ fn keys_limits_and_bad_headers_go_by_the_proxied_address() {
     assert_eq!(server.stats().closed(CloseKind::KeyLimit), 1);
     rt.block_on(server.shutdown());
 }
+
+#[test]
+fn a_refusal_under_way_takes_no_place_past_the_client_limit() {
+    // With PROXY headers, a connection accepted past `max_clients` waits
+    // for its header before it is refused: meanwhile a place freed must go
+    // to the next client, not to the refusal.
+    let rt = runtime();
+    let mut config = proxy_config();
+    config.max_clients = Some(1);
+    // The stalled refusal waits longer than the test does.
+    config.proxy_header_timeout = Duration::from_secs(30);
+    let server = Server::builder(LengthDelimited::new(), |_| WhoAmI)
+        .config(config)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    let served = |source: &str| {
+        let mut c = client(addr);
+        let mut first = v2_header(source.parse().unwrap());
+        first.extend_from_slice(&frame(b"who"));
+        c.write_all(&first).unwrap();
+        (read_frame(&mut c).unwrap(), c)
+    };
+    let (reply, a) = served("192.0.2.7:4000");
+    assert_eq!(reply, b"192.0.2.7:4000 v2");
+    // Past the limit, and stalled: no header yet.
+    let _stalled = client(addr);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    drop(a);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (reply, _c) = served("192.0.2.8:5000");
+        if reply == b"192.0.2.8:5000 v2" {
+            break;
+        }
+        assert_eq!(reply, b"-ERR max number of clients reached");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stalled refusal keeps the place"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
