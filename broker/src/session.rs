@@ -1636,13 +1636,20 @@ impl<T: Unpin> std::future::Future for NowOr<T> {
     }
 }
 
-/// `m` run at once on `addr`'s actor when it is idle on this shard and
-/// reads nothing evicted (as its handler would run it), asked otherwise.
-fn group_read_now_or_ask(
+/// `m` run at once on `addr`'s actor by `at_once` when the actor is idle
+/// on this shard and `at_once` needs no await (as its handler would run
+/// it); asked otherwise.
+fn now_or_ask<M>(
     addr: &mailring_actors::Addr<StreamActor>,
-    m: ReadGroup,
-) -> NowOr<GroupAnswer> {
-    match addr.run_now(|a| a.read_group_at_once(&m)) {
+    m: M,
+    at_once: impl FnOnce(&mut StreamActor, &M) -> Option<(M::Reply, bool)>,
+) -> NowOr<M::Reply>
+where
+    M: mailring_actors::Message + Send,
+    M::Reply: Send,
+    StreamActor: mailring_actors::Accepts<M>,
+{
+    match addr.run_now(|a| at_once(a, &m)) {
         Ok(Some((answer, ends))) => {
             if ends {
                 // As its handler would have ended it.
@@ -1655,22 +1662,18 @@ fn group_read_now_or_ask(
     }
 }
 
-/// [`group_read_now_or_ask`] for a plain read.
+fn group_read_now_or_ask(
+    addr: &mailring_actors::Addr<StreamActor>,
+    m: ReadGroup,
+) -> NowOr<GroupAnswer> {
+    now_or_ask(addr, m, StreamActor::read_group_at_once)
+}
+
 fn read_now_or_ask(
     addr: &mailring_actors::Addr<StreamActor>,
     m: Read,
 ) -> NowOr<crate::actor::ReadResult> {
-    match addr.run_now(|a| a.read_at_once(&m)) {
-        Ok(Some((result, ends))) => {
-            if ends {
-                // As its handler would have ended it.
-                addr.stop();
-            }
-            NowOr::Now(Some(Ok(result)))
-        }
-        Ok(None) | Err(RunNowError::NotIdle(_)) => NowOr::Asked(addr.ask(m)),
-        Err(RunNowError::Panicked) => NowOr::Now(Some(Err(AskError::Panicked))),
-    }
+    now_or_ask(addr, m, StreamActor::read_at_once)
 }
 
 impl Drop for RespSession {
