@@ -661,6 +661,87 @@ impl<A: Actor> Addr<A> {
         )));
     }
 
+    /// Runs `f` on the actor's shard (where it lives, or will be
+    /// activated), in order with what this shard sends there: after every
+    /// message, stop or watch this shard (or outside thread) sent before
+    /// to any actor of type `A` on that shard, before every one sent after.
+    /// On the actor's own shard it runs now, in the caller.
+    ///
+    /// This is how to work next to an actor on another shard without a
+    /// turn of its task, keeping a sender's order: `f` tries
+    /// [`Addr::run_now`] there and, when the actor is busy, sends the
+    /// message from there, which then takes the place a message sent from
+    /// here would have taken. One call can serve several actors of the
+    /// type on that shard: the order holds for each of them.
+    ///
+    /// `f` runs outside any task and must not block. A panic in it is
+    /// caught and reported as a closure run on the shard
+    /// ([`CallbackKind::RunOn`](mailring::panic::CallbackKind::RunOn)), and
+    /// the deliveries after it go on. When it cannot run (the system shuts
+    /// down, or a pinned type's shard does not exist) it is dropped unrun:
+    /// whatever it holds (a reply's sender) tells the caller.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, Runtime, RunNowError};
+    ///
+    /// #[derive(Actor, Default)]
+    /// #[actor(key = u64, activate = Counter::new, pinned = 1, handles(Add))]
+    /// struct Counter {
+    ///     total: u64,
+    /// }
+    ///
+    /// impl Counter {
+    ///     fn new(_key: &u64) -> Self {
+    ///         Counter::default()
+    ///     }
+    /// }
+    ///
+    /// #[derive(Message)]
+    /// #[message(reply = u64)]
+    /// struct Add(u64);
+    ///
+    /// impl Handler<Add> for Counter {
+    ///     async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) -> u64 {
+    ///         self.total += m.0;
+    ///         self.total
+    ///     }
+    /// }
+    ///
+    /// let system = ActorSystem::start(Runtime::builder().shards(2))?;
+    /// let handle = system.handle();
+    /// let total = system.block_on(async move {
+    ///     let counter = handle.keyed::<Counter>(7);
+    ///     counter.ask(Add(1)).await.unwrap(); // activates it on shard 1
+    ///     let (tx, rx) = mailring::sync::oneshot::channel();
+    ///     let there = counter.clone();
+    ///     // On shard 1, after the ask above: at once if the actor is idle,
+    ///     // else as a message sent from there, in the same place.
+    ///     counter.run_in_order(move || {
+    ///         let total = match there.run_now(|c| { c.total += 2; c.total }) {
+    ///             Ok(total) => Some(total),
+    ///             Err(RunNowError::NotIdle(_)) => None,
+    ///             Err(e) => panic!("{e}"),
+    ///         };
+    ///         let _ = tx.send((total, there.ask(Add(0))));
+    ///     });
+    ///     let (now, later) = rx.await.unwrap();
+    ///     let after = later.await.unwrap();
+    ///     assert!(now.is_none() || now == Some(after));
+    ///     after
+    /// });
+    /// assert_eq!(total, 3);
+    /// # system.shutdown();
+    /// # Ok::<(), mailring::BuildError>(())
+    /// ```
+    pub fn run_in_order(&self, f: impl FnOnce() + Send + 'static)
+    where
+        A::Envelope: Send,
+    {
+        self.control(Delivery::Call(Box::new(f)));
+    }
+
     /// Sends a control (stop, watch, probe) along this sender's ordered
     /// path to the actor.
     fn control(&self, item: Delivery<A>)

@@ -102,6 +102,9 @@ pub(crate) enum Delivery<A: Actor> {
     /// Asks whether the actor is running (a keyed one: active), without
     /// activating it.
     Alive(Box<dyn FnOnce(bool) + Send>),
+    /// Work run on the destination shard at this place in the sender's
+    /// order ([`crate::Addr::run_in_order`]).
+    Call(Box<dyn FnOnce() + Send>),
 }
 
 /// Messages for one destination shard, in send order: targets and envelopes
@@ -792,6 +795,14 @@ impl<A: Actor> TypeState<A> {
                 }
             }
             Delivery::Alive(answer) => answer(self.find(target).is_some_and(|c| c.is_open())),
+            Delivery::Call(f) => {
+                // Reported as a closure run on the shard, wherever it came
+                // from; the deliveries after it go on.
+                if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+                    mailring::panic::report_caught(mailring::panic::CallbackKind::RunOn, &*payload);
+                    mailring::panic::drop_payload(payload);
+                }
+            }
             Delivery::Watch(notify) => match self.find(target).filter(|c| c.is_open()) {
                 Some(cell) => cell.add_watcher(notify),
                 None => {

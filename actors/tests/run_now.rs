@@ -11,6 +11,9 @@ use std::time::Duration;
 use mailring_actors::mailring::panic::{CallbackKind, PanicEvent};
 use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, RunNowError, Runtime, ShardId};
 
+mod common;
+use common::{check_each_senders_order, first_random, next_random, Log, Note, Seen};
+
 #[derive(Actor, Default)]
 #[actor(key = u64, activate = Tally::new, idle_timeout_ms = 500, handles(Add, Get, Hold, CallSelf))]
 struct Tally {
@@ -366,38 +369,6 @@ fn a_local_addr_finds_the_next_activation_after_its_actor_ended() {
     sys.shutdown();
 }
 
-/// Records what reached it, in order: (sender, sequence number).
-#[derive(Actor, Default)]
-#[actor(key = u64, activate = Log::new, handles(Note, Seen))]
-struct Log {
-    seen: Vec<(u32, u32)>,
-}
-
-impl Log {
-    fn new(_key: &u64) -> Self {
-        Log::default()
-    }
-}
-
-#[derive(Message)]
-struct Note(u32, u32);
-
-#[derive(Message)]
-#[message(reply = Vec<(u32, u32)>)]
-struct Seen;
-
-impl Handler<Note> for Log {
-    async fn handle(&mut self, m: Note, _cx: &mut Ctx<Self>) {
-        self.seen.push((m.0, m.1));
-    }
-}
-
-impl Handler<Seen> for Log {
-    async fn handle(&mut self, _m: Seen, _cx: &mut Ctx<Self>) -> Vec<(u32, u32)> {
-        std::mem::take(&mut self.seen)
-    }
-}
-
 #[test]
 fn closures_and_messages_from_many_tasks_keep_each_senders_order() {
     // Tasks on one shard each send notes to a few keyed actors, as tells,
@@ -416,11 +387,9 @@ fn closures_and_messages_from_many_tasks_keep_each_senders_order() {
             tasks.push(mailring_actors::mailring::spawn_local(async move {
                 let mut ran_now = 0u32;
                 // A small xorshift: the mix differs per task, the same each run.
-                let mut x = 0x9e37_79b9_u32 ^ (task + 1).wrapping_mul(0x85eb_ca6b);
+                let mut x = first_random(task);
                 for n in 0..NOTES {
-                    x ^= x << 13;
-                    x ^= x >> 17;
-                    x ^= x << 5;
+                    let x = next_random(&mut x);
                     let log = h.keyed::<Log>(u64::from(x) % KEYS);
                     match x % 4 {
                         0 => log.tell(Note(task, n)).unwrap(),
@@ -450,22 +419,7 @@ fn closures_and_messages_from_many_tasks_keep_each_senders_order() {
         }
         (seen, ran_now)
     });
-    let mut total = 0;
-    for log in &seen {
-        for task in 0..TASKS {
-            let order: Vec<u32> = log
-                .iter()
-                .filter(|(t, _)| *t == task)
-                .map(|(_, n)| *n)
-                .collect();
-            assert!(
-                order.windows(2).all(|w| w[0] < w[1]),
-                "task {task}'s notes out of order: {order:?}"
-            );
-            total += order.len();
-        }
-    }
-    assert_eq!(total, (TASKS * NOTES) as usize, "notes lost or doubled");
+    check_each_senders_order(&seen, TASKS, NOTES);
     assert!(ran_now > 0, "no closure ran at once");
     sys.shutdown();
 }

@@ -49,6 +49,14 @@ fn read_back(c: &mut Client) -> u64 {
         .expect("entries_read_back_ahead in INFO stats")
 }
 
+/// `XRANGE s - + COUNT 1` after [`fill`]: entry `1-1`.
+fn first_entry_page() -> R {
+    R::Array(vec![R::Array(vec![
+        R::bulk("1-1"),
+        R::Array(vec![R::bulk("n"), R::bulk("1")]),
+    ])])
+}
+
 fn is_unavailable(r: &R) -> bool {
     matches!(r, R::Error(e) if e.starts_with("ERR stream unavailable"))
 }
@@ -144,13 +152,7 @@ fn a_run_reaching_evicted_entries_answers_the_rest_through_the_actor_in_order() 
         ],
     );
     assert_eq!(c.read(), R::bulk("251-1"));
-    assert_eq!(
-        c.read(),
-        R::Array(vec![R::Array(vec![
-            R::bulk("1-1"),
-            R::Array(vec![R::bulk("n"), R::bulk("1")]),
-        ])])
-    );
+    assert_eq!(c.read(), first_entry_page());
     assert_eq!(c.read(), R::bulk("252-1"));
     assert_eq!(c.read(), R::Int(252));
     // The first XADD ran at once; the range read, and what followed it,
@@ -256,4 +258,139 @@ fn a_plain_read_on_an_idle_actor_runs_at_once_and_one_of_evicted_entries_is_aske
         "not read back by the actor"
     );
     broker.shutdown();
+}
+
+/// Streams `a` on shard 0 and `b` on shard 1 of a two-shard broker, made
+/// active and idle: whichever shard the connection lands on, one of them
+/// lives on the other.
+fn two_shards_a_and_b(config: BrokerConfig) -> (TempDir, mailring_broker::Broker, Client) {
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 2, config);
+    assert_eq!(broker.place_stream(b"a", 0), Ok(0));
+    assert_eq!(broker.place_stream(b"b", 1), Ok(1));
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XADD", "a", "1-1", "f", "v"]), R::bulk("1-1"));
+    assert_eq!(c.cmd(&["XADD", "b", "1-1", "f", "v"]), R::bulk("1-1"));
+    (dir, broker, c)
+}
+
+#[test]
+fn a_run_over_two_shards_answers_in_order_and_keeps_each_stream_s_order() {
+    let (_dir, broker, mut c) = two_shards_a_and_b(BrokerConfig::default());
+    send_pipeline(
+        &mut c,
+        &[
+            &["XADD", "a", "2-1", "f", "v"],
+            &["XADD", "b", "2-1", "f", "v"],
+            &["XADD", "b", "1-1", "f", "v"],
+            &["XADD", "a", "1-1", "f", "v"],
+            &["XLEN", "b"],
+            &["XLEN", "a"],
+        ],
+    );
+    assert_eq!(c.read(), R::bulk("2-1"));
+    assert_eq!(c.read(), R::bulk("2-1"));
+    assert!(matches!(c.read(), R::Error(e) if e.contains("equal or smaller")));
+    assert!(matches!(c.read(), R::Error(e) if e.contains("equal or smaller")));
+    assert_eq!(c.read(), R::Int(2));
+    assert_eq!(c.read(), R::Int(2));
+    // Many runs in a row over both shards keep each stream's order.
+    for round in 0..50u32 {
+        let ids: Vec<String> = (0..4).map(|k| format!("{}-{k}", round + 3)).collect();
+        let commands: Vec<Vec<&str>> = ids
+            .iter()
+            .flat_map(|id| {
+                [
+                    vec!["XADD", "a", id.as_str(), "f", "v"],
+                    vec!["XADD", "b", id.as_str(), "f", "v"],
+                ]
+            })
+            .collect();
+        let commands: Vec<&[&str]> = commands.iter().map(Vec::as_slice).collect();
+        send_pipeline(&mut c, &commands);
+        for id in &ids {
+            assert_eq!(c.read(), R::bulk(id));
+            assert_eq!(c.read(), R::bulk(id));
+        }
+    }
+    assert_eq!(c.cmd(&["XLEN", "a"]), R::Int(202));
+    assert_eq!(c.cmd(&["XLEN", "b"]), R::Int(202));
+    broker.shutdown();
+}
+
+#[test]
+fn a_panic_on_the_other_shard_fails_its_stream_s_commands_only() {
+    let config = BrokerConfig {
+        debug_commands: true,
+        ..BrokerConfig::default()
+    };
+    let (_dir, broker, mut c) = two_shards_a_and_b(config);
+    for (stream, other) in [("a", "b"), ("b", "a")] {
+        // `stream`'s actor panics in the middle of a run that also names
+        // `other`; on one of the two passes it lives on the other shard.
+        let len = match c.cmd(&["XLEN", stream]) {
+            R::Int(n) => n,
+            r => panic!("{r:?}"),
+        };
+        let other_len = match c.cmd(&["XLEN", other]) {
+            R::Int(n) => n,
+            r => panic!("{r:?}"),
+        };
+        send_pipeline(
+            &mut c,
+            &[
+                &["DEBUG", "PANIC-STREAM", stream],
+                &["XADD", stream, "*", "f", "v"],
+                &["XADD", other, "*", "f", "v"],
+                &["XLEN", other],
+                &["PING"],
+            ],
+        );
+        let r = c.read();
+        assert!(is_unavailable(&r), "{r:?}");
+        let r = c.read();
+        assert!(is_unavailable(&r), "{r:?}");
+        assert!(matches!(c.read(), R::Bulk(_)));
+        assert_eq!(c.read(), R::Int(other_len + 1));
+        assert_eq!(c.read(), R::Status("PONG".into()));
+        // Restarted from its log: nothing was added after the panic.
+        assert_eq!(c.cmd(&["XLEN", stream]), R::Int(len));
+    }
+    broker.shutdown();
+}
+
+#[test]
+fn a_run_on_the_other_shard_reaching_evicted_entries_answers_in_order() {
+    let mut config = BrokerConfig::default();
+    config.store.stream_cache_bytes = 0;
+    for shard in [0, 1] {
+        // On one of the two passes `s` lives on the connection's other shard.
+        let dir = TempDir::new();
+        let broker = start_in(&dir.0, 2, config.clone());
+        assert_eq!(broker.place_stream(b"s", shard), Ok(shard));
+        let mut c = Client::connect(broker.local_addr());
+        fill(&mut c, 250);
+        assert_eq!(c.cmd(&["XADD", "t", "1-1", "f", "v"]), R::bulk("1-1"));
+        let read_before = read_back(&mut c);
+        send_pipeline(
+            &mut c,
+            &[
+                &["XADD", "s", "251-1", "n", "251"],
+                &["XLEN", "t"],
+                &["XRANGE", "s", "-", "+", "COUNT", "1"],
+                &["XADD", "s", "252-1", "n", "252"],
+                &["XLEN", "s"],
+            ],
+        );
+        assert_eq!(c.read(), R::bulk("251-1"));
+        assert_eq!(c.read(), R::Int(1));
+        assert_eq!(c.read(), first_entry_page());
+        assert_eq!(c.read(), R::bulk("252-1"));
+        assert_eq!(c.read(), R::Int(252));
+        assert!(
+            read_back(&mut c) > read_before,
+            "the XRANGE read nothing back"
+        );
+        broker.shutdown();
+    }
 }

@@ -133,7 +133,12 @@ pub trait Session: Send + Sized + 'static {
         None
     }
 
-    /// Runs once when the connection ends, with the reason.
+    /// Runs once when the connection ends, with the reason. It runs for
+    /// every connection that got a session, also one that never opened
+    /// (`on_open` did not run): one whose TLS handshake failed, or one
+    /// turned away past the server's client limit
+    /// ([`CloseReason::ClientLimit`]). A connection whose PROXY header is
+    /// refused gets no session, so neither hook runs for it.
     fn on_close(&mut self, reason: &CloseReason, cx: &mut SessionCtx<Self>) {
         let _ = (reason, cx);
     }

@@ -120,3 +120,97 @@ pub(crate) fn block_on_thread<F: std::future::Future>(fut: F) -> F::Output {
         std::thread::park_timeout(Duration::from_millis(10));
     }
 }
+
+/// Records what reached it, in order: (sender, sequence number).
+#[derive(Actor, Default)]
+#[actor(key = u64, activate = Log::new, handles(Note, Seen))]
+pub(crate) struct Log {
+    pub(crate) seen: Vec<(u32, u32)>,
+}
+
+impl Log {
+    fn new(_key: &u64) -> Self {
+        Log::default()
+    }
+}
+
+/// As [`Log`], living on shard 1.
+#[derive(Actor, Default)]
+#[actor(key = u64, activate = FarLog::new, pinned = 1, handles(Note, Seen))]
+pub(crate) struct FarLog {
+    pub(crate) seen: Vec<(u32, u32)>,
+}
+
+impl FarLog {
+    fn new(_key: &u64) -> Self {
+        FarLog::default()
+    }
+}
+
+/// A note: (sender, sequence number).
+#[derive(Message)]
+pub(crate) struct Note(pub(crate) u32, pub(crate) u32);
+
+/// Takes the notes seen so far.
+#[derive(Message)]
+#[message(reply = Vec<(u32, u32)>)]
+pub(crate) struct Seen;
+
+impl Handler<Note> for Log {
+    async fn handle(&mut self, m: Note, _cx: &mut Ctx<Self>) {
+        self.seen.push((m.0, m.1));
+    }
+}
+
+impl Handler<Seen> for Log {
+    async fn handle(&mut self, _m: Seen, _cx: &mut Ctx<Self>) -> Vec<(u32, u32)> {
+        std::mem::take(&mut self.seen)
+    }
+}
+
+impl Handler<Note> for FarLog {
+    async fn handle(&mut self, m: Note, _cx: &mut Ctx<Self>) {
+        self.seen.push((m.0, m.1));
+    }
+}
+
+impl Handler<Seen> for FarLog {
+    async fn handle(&mut self, _m: Seen, _cx: &mut Ctx<Self>) -> Vec<(u32, u32)> {
+        std::mem::take(&mut self.seen)
+    }
+}
+
+/// A sender's own random sequence (xorshift), the same each run: start
+/// with [`first_random`].
+pub(crate) fn next_random(x: &mut u32) -> u32 {
+    *x ^= *x << 13;
+    *x ^= *x >> 17;
+    *x ^= *x << 5;
+    *x
+}
+
+/// The seed of sender `task`'s sequence.
+pub(crate) fn first_random(task: u32) -> u32 {
+    0x9e37_79b9_u32 ^ (task + 1).wrapping_mul(0x85eb_ca6b)
+}
+
+/// Checks that every log saw each of `tasks` senders' notes in the order
+/// they were made, and `tasks * notes` notes in all (none lost or doubled).
+pub(crate) fn check_each_senders_order(logs: &[Vec<(u32, u32)>], tasks: u32, notes: u32) {
+    let mut total = 0;
+    for log in logs {
+        for task in 0..tasks {
+            let order: Vec<u32> = log
+                .iter()
+                .filter(|(t, _)| *t == task)
+                .map(|(_, n)| *n)
+                .collect();
+            assert!(
+                order.windows(2).all(|w| w[0] < w[1]),
+                "task {task}'s notes out of order: {order:?}"
+            );
+            total += order.len();
+        }
+    }
+    assert_eq!(total, (tasks * notes) as usize, "notes lost or doubled");
+}
