@@ -103,6 +103,8 @@ pub struct RespCodec {
     /// a client that has not given the password cannot make the broker
     /// hold a large request.
     authenticated: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Where the error replies written are counted (`INFO errorstats`).
+    errors: Option<std::sync::Arc<ErrorCounts>>,
 }
 
 impl Default for RespCodec {
@@ -121,7 +123,14 @@ impl RespCodec {
             spare: Vec::new(),
             broken: false,
             authenticated: None,
+            errors: None,
         }
+    }
+
+    /// Counts every error reply this codec writes in `counts`.
+    pub(crate) fn counting_errors(mut self, counts: std::sync::Arc<ErrorCounts>) -> Self {
+        self.errors = Some(counts);
+        self
     }
 
     /// Holds requests to Redis's limits for a client that has not
@@ -398,7 +407,96 @@ impl Codec for RespCodec {
         // in room reserved once.
         dst.reserve(frame.1.size_hint());
         frame.1.encode(frame.0, dst);
+        if let Some(errors) = &self.errors {
+            errors.note_reply(&frame.1);
+        }
         Ok(())
+    }
+}
+
+/// The most error codes `INFO errorstats` lists (Redis's limit): the
+/// errors of codes past them still count in `total_error_replies`.
+pub(crate) const MAX_ERROR_CODES: usize = 128;
+
+/// Error replies written to clients, in all and by code (the error's first
+/// word: `ERR`, `WRONGTYPE`, `NOGROUP`...), as Redis counts them for
+/// `INFO stats`' `total_error_replies` and `INFO errorstats`. The errors
+/// of a transaction's `EXEC` reply count one by one.
+#[derive(Debug, Default)]
+pub(crate) struct ErrorCounts {
+    total: std::sync::atomic::AtomicU64,
+    by_code: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+impl ErrorCounts {
+    /// Counts the errors in `reply`: itself, or the replies of an array
+    /// (a transaction's).
+    fn note_reply(&self, reply: &Reply) {
+        match reply {
+            Reply::Error(text) => self.note(text.as_bytes()),
+            Reply::ErrorBytes(text) => self.note(text),
+            Reply::Encoded(b) if b.first() == Some(&b'-') => self.note(&b[1..]),
+            Reply::Array(items) => {
+                for item in items {
+                    match item {
+                        Reply::Error(_) | Reply::ErrorBytes(_) | Reply::Encoded(_) => {
+                            self.note_reply(item)
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Counts one error whose text (no leading `-`) is `text`.
+    fn note(&self, text: &[u8]) {
+        use std::sync::atomic::Ordering;
+        self.total.fetch_add(1, Ordering::Relaxed);
+        let code = error_code(text);
+        let mut by_code = self.by_code.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = by_code.get_mut(code) {
+            *n += 1;
+        } else if by_code.len() < MAX_ERROR_CODES {
+            by_code.insert(code.to_owned(), 1);
+        }
+    }
+
+    /// `total_error_replies`.
+    pub(crate) fn total(&self) -> u64 {
+        self.total.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `INFO errorstats`' lines, by code in byte order.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        let by_code = self.by_code.lock().unwrap_or_else(|p| p.into_inner());
+        by_code
+            .iter()
+            .map(|(code, n)| format!("errorstat_{code}:count={n}"))
+            .collect()
+    }
+
+    /// `CONFIG RESETSTAT`.
+    pub(crate) fn reset(&self) {
+        let mut by_code = self.by_code.lock().unwrap_or_else(|p| p.into_inner());
+        by_code.clear();
+        self.total.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// An error's code as Redis takes it: the text before the first space
+/// within its first 31 bytes, `ERR` without one; made printable for the
+/// `INFO` line.
+fn error_code(text: &[u8]) -> &str {
+    let head = &text[..text.len().min(31)];
+    match memchr(b' ', head).and_then(|end| std::str::from_utf8(&text[..end]).ok()) {
+        Some(code)
+            if !code.is_empty() && code.bytes().all(|b| b.is_ascii_graphic() && b != b':') =>
+        {
+            code
+        }
+        _ => "ERR",
     }
 }
 
@@ -1232,5 +1330,53 @@ mod tests {
         ] {
             assert_eq!(parse_int(bad), None, "{}", String::from_utf8_lossy(bad));
         }
+    }
+
+    #[test]
+    fn an_error_s_code_is_its_first_word_as_redis_takes_it() {
+        assert_eq!(error_code(b"ERR unknown command 'x'"), "ERR");
+        assert_eq!(error_code(b"NOGROUP No such key"), "NOGROUP");
+        assert_eq!(
+            error_code(b"BUSYGROUP Consumer Group name already exists"),
+            "BUSYGROUP"
+        );
+        // No space within the first 31 bytes, or nothing before it: ERR.
+        assert_eq!(error_code(b"NOSPACEATALL"), "ERR");
+        assert_eq!(error_code(&[b'A'; 40]), "ERR");
+        assert_eq!(error_code(b" leading space"), "ERR");
+        // Bytes that would break an INFO line are not taken as a code.
+        assert_eq!(error_code(b"A:B text"), "ERR");
+        assert_eq!(error_code(b"\xff\xfe text"), "ERR");
+    }
+
+    #[test]
+    fn error_replies_are_counted_by_code_and_past_the_limit_in_the_total_only() {
+        let counts = ErrorCounts::default();
+        counts.note_reply(&Reply::err("one"));
+        counts.note_reply(&Reply::Error("NOGROUP no".to_owned()));
+        counts.note_reply(&Reply::Int(3));
+        // A transaction's replies: each error in it.
+        counts.note_reply(&Reply::Array(vec![
+            Reply::Int(1),
+            Reply::Encoded(Bytes::from_static(b"-ERR two\r\n")),
+            Reply::ErrorBytes(Bytes::from_static(b"WRONGTYPE three")),
+            Reply::Encoded(Bytes::from_static(b":4\r\n")),
+        ]));
+        assert_eq!(counts.total(), 4);
+        assert_eq!(
+            counts.lines(),
+            [
+                "errorstat_ERR:count=2",
+                "errorstat_NOGROUP:count=1",
+                "errorstat_WRONGTYPE:count=1"
+            ]
+        );
+        for i in 0..MAX_ERROR_CODES + 10 {
+            counts.note(format!("CODE{i} text").as_bytes());
+        }
+        assert_eq!(counts.lines().len(), MAX_ERROR_CODES);
+        assert_eq!(counts.total(), 4 + MAX_ERROR_CODES as u64 + 10);
+        counts.reset();
+        assert_eq!((counts.total(), counts.lines().len()), (0, 0));
     }
 }

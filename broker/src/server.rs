@@ -282,6 +282,8 @@ pub struct Shared {
     /// Connections refused past `maxclients` (`INFO`'s
     /// `rejected_connections`).
     pub(crate) rejected: AtomicU64,
+    /// Error replies written (`INFO errorstats`, `total_error_replies`).
+    pub(crate) errors: Arc<crate::resp::ErrorCounts>,
     /// Their cards (`CLIENT LIST`, `CLIENT KILL`).
     pub(crate) clients: crate::session::Clients,
     /// Plain blocked readers of streams nobody had named, by name: the
@@ -582,6 +584,7 @@ impl Broker {
             next_client_id: AtomicU64::new(0),
             connected: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
+            errors: Arc::default(),
             clients: crate::session::Clients::default(),
             awaiting: Mutex::new(HashMap::new()),
             shutdown: shutdown.clone(),
@@ -606,10 +609,12 @@ impl Broker {
         // Each listener pauses past what the broker serves plus room for
         // the refusals in flight (a flood is told, and still bounded).
         server_config.max_connections = config.max_clients.saturating_add(REFUSALS_IN_FLIGHT);
-        let mut server =
-            Server::builder(RespCodec::new(), move |_| RespSession::new(shared.clone()))
-                .config(server_config)
-                .follow::<StreamActor>(system.handle());
+        let mut server = Server::builder(
+            RespCodec::new().counting_errors(shared.errors.clone()),
+            move |_| RespSession::new(shared.clone()),
+        )
+        .config(server_config)
+        .follow::<StreamActor>(system.handle());
         if let Some(acceptor) = &tls {
             server = server.tls(acceptor.clone());
         }

@@ -54,9 +54,10 @@ pub struct RespSession {
 }
 
 impl RespSession {
+    /// A session for a connection; it becomes a client (an id, counted
+    /// as connected) when it opens: one refused past `maxclients` never
+    /// does, as in Redis.
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
-        let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed) + 1;
-        shared.connected.fetch_add(1, Ordering::Relaxed);
         RespSession {
             authenticated: shared.config.requirepass.is_none(),
             auth_seen: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(
@@ -64,11 +65,11 @@ impl RespSession {
             )),
             shared,
             proto: Protocol::Resp2,
-            id,
+            id: 0,
             name: None,
             multi: None,
             run: None,
-            card: Arc::new(ClientCard::new(id)),
+            card: Arc::new(ClientCard::new(0)),
             killed: false,
         }
     }
@@ -309,8 +310,14 @@ impl RespSession {
     fn config(&self, args: &[Bytes]) -> Reply {
         let sub = args[1].to_ascii_lowercase();
         match (sub.as_slice(), args.len()) {
-            // No statistics are kept that a reset would clear.
-            (b"resetstat", 2) => return Reply::OK,
+            // As Redis: the error counts and refused connections; the
+            // connection and command totals are counted per client here
+            // and kept.
+            (b"resetstat", 2) => {
+                self.shared.errors.reset();
+                self.shared.rejected.store(0, Ordering::Relaxed);
+                return Reply::OK;
+            }
             (b"resetstat", _) => return command::wrong_arity("config|resetstat"),
             (b"help", 2) => return subcommand_help(
                 "CONFIG",
@@ -319,7 +326,10 @@ impl RespSession {
                         "GET <pattern> [<pattern> ...]",
                         "Return the parameters matching the glob-like patterns and their values.",
                     ),
-                    ("RESETSTAT", "Accepted; there are no statistics to reset."),
+                    (
+                        "RESETSTAT",
+                        "Reset the error counts and the count of refused connections.",
+                    ),
                 ],
             ),
             (b"help", _) => return command::wrong_arity("config|help"),
@@ -1481,6 +1491,9 @@ impl Session for RespSession {
     }
 
     fn on_open(&mut self, cx: &mut SessionCtx<Self>) {
+        self.id = self.shared.next_client_id.fetch_add(1, Ordering::Relaxed) + 1;
+        self.shared.connected.fetch_add(1, Ordering::Relaxed);
+        self.card = Arc::new(ClientCard::new(self.id));
         self.card.open(cx.peer_addr(), cx.local_addr(), cx.closer());
         self.shared.clients.add(self.card.clone());
     }
@@ -1680,7 +1693,10 @@ impl Drop for RespSession {
     // However the connection ended (a panicked session runs no
     // `on_close`).
     fn drop(&mut self) {
-        self.shared.clients.remove(self.id);
-        self.shared.connected.fetch_sub(1, Ordering::Relaxed);
+        // Id 0: never opened (refused, or its TLS handshake failed).
+        if self.id != 0 {
+            self.shared.clients.remove(self.id);
+            self.shared.connected.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }

@@ -3372,17 +3372,38 @@ fn past_maxclients_a_client_gets_redis_error_and_is_closed() {
     let info = String::from_utf8_lossy(&info).into_owned();
     assert!(info.contains("rejected_connections:1\r\n"), "{info}");
     assert!(info.contains("maxclients:2\r\n"), "{info}");
+    // As in Redis, a refused connection was never a client: not counted
+    // as connected or received, and no client id spent on it.
+    assert!(info.contains("connected_clients:2\r\n"), "{info}");
+    let received = |info: &str| -> i64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("total_connections_received")
+    };
+    let id = |c: &mut Client| -> i64 {
+        let R::Int(id) = c.cmd(&["CLIENT", "ID"]) else {
+            panic!("CLIENT ID is an integer")
+        };
+        id
+    };
+    // The two opened in either order (on two shards): the last id given
+    // is the count received.
+    let last_id = id(&mut a).max(id(&mut b));
+    assert_eq!(received(&info), last_id, "{info}");
     // A place freed is a place taken.
     drop(b);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    let mut c = loop {
         let mut c = Client::connect(broker.local_addr());
         c.send_raw(&encode(&[b"PING"]));
         if c.read() == R::Status("PONG".into()) {
-            break;
+            break c;
         }
         assert!(std::time::Instant::now() < deadline, "still refused");
         std::thread::sleep(Duration::from_millis(10));
-    }
+    };
+    // The refusals in between spent no id.
+    assert_eq!(id(&mut c), last_id + 1);
     broker.shutdown();
 }

@@ -22,6 +22,7 @@ const SECTIONS: &[&str] = &[
     "replication",
     "cpu",
     "modules",
+    "errorstats",
     "cluster",
     "keyspace",
     "mailring",
@@ -155,6 +156,7 @@ impl RespSession {
                         "rejected_connections:{}",
                         shared.rejected.load(Ordering::Relaxed)
                     ),
+                    format!("total_error_replies:{}", shared.errors.total()),
                     format!(
                         "entries_read_back_ahead:{}",
                         crate::actor::FETCHED_READS.load(Ordering::Relaxed)
@@ -191,6 +193,7 @@ impl RespSession {
                         format!("used_cpu_user_children:{:.6}", children.user.as_secs_f64()),
                     ]
                 }
+                "errorstats" => shared.errors.lines(),
                 "cluster" => vec!["cluster_enabled:0".to_owned()],
                 "mailring" => shard_counters(&shared.system),
                 "keyspace" if streams > 0 => {
