@@ -158,6 +158,7 @@ pub const SUBCOMMANDS: &[(&str, &str, i32)] = &[
     ("client", "list", -2),
     ("client", "kill", -3),
     ("client", "unblock", -3),
+    ("client", "reply", 3),
     // Redis 7.2's, taken because redis-py 5 sends it.
     ("client", "setinfo", 4),
     ("config", "get", -3),

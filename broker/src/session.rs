@@ -51,6 +51,10 @@ pub struct RespSession {
     card: Arc<ClientCard>,
     /// `CLIENT KILL` named this connection: it closes after the reply.
     killed: bool,
+    /// `CLIENT REPLY OFF`: no reply is written until `CLIENT REPLY ON`.
+    replies_off: bool,
+    /// `CLIENT REPLY SKIP`: the next request's replies are not written.
+    skip_next_reply: bool,
 }
 
 impl RespSession {
@@ -71,6 +75,8 @@ impl RespSession {
             run: None,
             card: Arc::new(ClientCard::new(0)),
             killed: false,
+            replies_off: false,
+            skip_next_reply: false,
         }
     }
 
@@ -210,6 +216,25 @@ impl RespSession {
         ])
     }
 
+    /// `CLIENT REPLY ON|OFF|SKIP`, as Redis: `OFF` and `SKIP` are not
+    /// answered; `SKIP` drops the replies of the next request (none while
+    /// `OFF`); `ON` answers `OK`.
+    fn client_reply(&mut self, mode: &[u8], cx: &mut SessionCtx<Self>) {
+        if mode.eq_ignore_ascii_case(b"on") {
+            self.replies_off = false;
+            self.skip_next_reply = false;
+            cx.discard_replies(false);
+            self.reply(Reply::OK, cx);
+        } else if mode.eq_ignore_ascii_case(b"off") {
+            self.replies_off = true;
+            cx.discard_replies(true);
+        } else if mode.eq_ignore_ascii_case(b"skip") {
+            self.skip_next_reply = !self.replies_off;
+        } else {
+            self.reply(command::syntax_error(), cx);
+        }
+    }
+
     fn client(&mut self, args: &[Bytes]) -> Reply {
         let sub = args[1].to_ascii_lowercase();
         match (sub.as_slice(), args.len()) {
@@ -239,6 +264,8 @@ impl RespSession {
                 clients::list(&self.shared.clients, args, self.shared.listening_on())
             }
             (b"unblock", _) => clients::unblock(&self.shared.clients, args),
+            // Outside a transaction it never comes here (`client_reply`).
+            (b"reply", _) => Reply::err("CLIENT REPLY is not run inside a transaction here"),
             (b"kill", _) => {
                 let killed = clients::kill(
                     &self.shared.clients,
@@ -282,6 +309,10 @@ impl RespSession {
                     (
                         "SETINFO <LIB-NAME|LIB-VER> <value>",
                         "Accepted (redis-py 5 sends it).",
+                    ),
+                    (
+                        "REPLY (ON|OFF|SKIP)",
+                        "Control the replies sent to the current connection.",
                     ),
                     ("SETNAME <name>", "Name this connection."),
                     (
@@ -411,6 +442,16 @@ impl RespSession {
     /// Runs a command that is not a stream's.
     fn connection_command(&mut self, args: Vec<Bytes>, cx: &mut SessionCtx<Self>) {
         let name = args[0].to_ascii_lowercase();
+        if name == b"client" && args[1].eq_ignore_ascii_case(b"reply") {
+            // Arity checked with the subcommand.
+            return self.client_reply(&args[2], cx);
+        }
+        if name == b"reset" {
+            // Replies on again, as Redis's `RESET` leaves them.
+            self.replies_off = false;
+            self.skip_next_reply = false;
+            cx.discard_replies(false);
+        }
         match name.as_slice() {
             b"quit" => {
                 self.reply(Reply::OK, cx);
@@ -1470,7 +1511,19 @@ impl Session for RespSession {
     }
 
     async fn on_frame(&mut self, req: Request, cx: &mut SessionCtx<Self>) {
+        // `CLIENT REPLY SKIP` before: this request's replies are dropped,
+        // its gathered run's too (sent before the next request comes).
+        let skip = std::mem::take(&mut self.skip_next_reply);
+        if skip {
+            self.send_run(cx);
+            cx.discard_replies(true);
+        }
         self.handle_request(req, cx).await;
+        if skip {
+            self.send_run(cx);
+            // As the request left it (`CLIENT REPLY ON` or `OFF` included).
+            cx.discard_replies(self.replies_off);
+        }
         self.card.mirror(
             match self.proto {
                 Protocol::Resp2 => 2,

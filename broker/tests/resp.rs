@@ -3407,3 +3407,115 @@ fn past_maxclients_a_client_gets_redis_error_and_is_closed() {
     assert_eq!(id(&mut c), last_id + 1);
     broker.shutdown();
 }
+
+/// Sends `commands` in one write and reads `expect` replies, then checks
+/// with a `PING` that nothing else came first (the replies dropped by
+/// `CLIENT REPLY` are not written late).
+fn pipeline_replies(c: &mut Client, commands: &[&[&str]], expect: &[R]) {
+    let mut wire = Vec::new();
+    for args in commands {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        wire.extend(encode(&args));
+    }
+    c.send_raw(&wire);
+    for want in expect {
+        assert_eq!(&c.read(), want, "after {commands:?}");
+    }
+    assert_eq!(
+        c.cmd(&["PING"]),
+        R::Status("PONG".into()),
+        "after {commands:?}"
+    );
+}
+
+#[test]
+fn client_reply_off_skip_and_on_drop_replies_as_redis_does() {
+    // Each case as redis-server 7.0.15 answers it (checked by hand), over
+    // one and two shards: replies dropped whether the command ran at once,
+    // went to a stream's actor, or waited in a gathered run.
+    for shards in [1, 2] {
+        let dir = TempDir::new();
+        let broker = start_in(&dir.0, shards, BrokerConfig::default());
+        let mut c = Client::connect(broker.local_addr());
+        let ok = R::Status("OK".into());
+        let pong = R::Status("PONG".into());
+        pipeline_replies(
+            &mut c,
+            &[
+                &["CLIENT", "REPLY", "OFF"],
+                &["XADD", "s", "1-1", "f", "v"],
+                &["NOSUCHCOMMAND"],
+                &["XADD", "s", "2-1", "f", "v"],
+                &["XLEN", "s"],
+                &["CLIENT", "REPLY", "ON"],
+                &["XLEN", "s"],
+            ],
+            &[ok.clone(), R::Int(2)],
+        );
+        pipeline_replies(
+            &mut c,
+            &[
+                &["CLIENT", "REPLY", "SKIP"],
+                &["XADD", "a", "1-1", "f", "v"],
+                &["XADD", "b", "1-1", "f", "v"],
+                &["XLEN", "a"],
+            ],
+            &[R::bulk("1-1"), R::Int(1)],
+        );
+        pipeline_replies(
+            &mut c,
+            &[
+                &["CLIENT", "REPLY", "SKIP"],
+                &["CLIENT", "REPLY", "ON"],
+                &["ECHO", "x"],
+            ],
+            &[ok.clone(), R::bulk("x")],
+        );
+        pipeline_replies(
+            &mut c,
+            &[
+                &["CLIENT", "REPLY", "SKIP"],
+                &["CLIENT", "REPLY", "SKIP"],
+                &["PING"],
+                &["ECHO", "y"],
+            ],
+            &[R::bulk("y")],
+        );
+        pipeline_replies(
+            &mut c,
+            &[
+                &["CLIENT", "REPLY", "OFF"],
+                &["CLIENT", "REPLY", "SKIP"],
+                &["PING"],
+                &["CLIENT", "REPLY", "ON"],
+                &["PING"],
+            ],
+            &[ok.clone(), pong.clone()],
+        );
+        pipeline_replies(
+            &mut c,
+            &[&["CLIENT", "REPLY", "OFF"], &["RESET"], &["PING"]],
+            &[R::Status("RESET".into()), pong.clone()],
+        );
+        pipeline_replies(
+            &mut c,
+            &[&["CLIENT", "REPLY", "FOO"], &["CLIENT", "REPLY"]],
+            &[
+                R::Error("ERR syntax error".into()),
+                R::Error("ERR wrong number of arguments for 'client|reply' command".into()),
+            ],
+        );
+        // A blocked read while replies are off: served, its reply dropped.
+        pipeline_replies(
+            &mut c,
+            &[
+                &["CLIENT", "REPLY", "OFF"],
+                &["XREAD", "BLOCK", "50", "STREAMS", "s", "$"],
+                &["XREAD", "STREAMS", "s", "0"],
+                &["CLIENT", "REPLY", "ON"],
+            ],
+            &[ok],
+        );
+        broker.shutdown();
+    }
+}

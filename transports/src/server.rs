@@ -1306,10 +1306,12 @@ fn continue_on<S: Session>(
     let (key, tls, proxy) = (cx.key.take(), cx.tls.take(), cx.proxy.take());
     // Handed out on the shard before: they close it on the next one.
     let closer = cx.closer.take();
+    let discarding = cx.discards_replies();
     let (peer, local, id, codec) = (cx.peer, cx.local, cx.id, cx.encoder);
     handle.spawn_local_on(to, move || {
         guarded(guard, async move {
             let mut cx = SessionCtx::new(peer, to, id, codec);
+            cx.discard_replies(discarding);
             cx.key = key;
             cx.local = local;
             cx.tls = tls;

@@ -460,6 +460,15 @@ pub struct SessionCtx<S: Session> {
     blocked_at: Option<u64>,
     /// No frame is handled until the deferred replies are written.
     hold: bool,
+    /// Replies queued now are dropped instead of written
+    /// ([`SessionCtx::discard_replies`]).
+    discarding: bool,
+    /// Slots pushed and popped so far: a slot's number is its place in
+    /// that sequence.
+    slots_pushed: u64,
+    slots_popped: u64,
+    /// The numbers of the slots whose replies are dropped, in order.
+    discarded_slots: VecDeque<u64>,
     pub(crate) close: Option<CloseReason>,
     /// Shared with the session's [`SessionCloser`]s, once one was asked
     /// for.
@@ -498,9 +507,39 @@ impl<S: Session> SessionCtx<S> {
             written: 0,
             blocked_at: None,
             hold: false,
+            discarding: false,
+            slots_pushed: 0,
+            slots_popped: 0,
+            discarded_slots: VecDeque::new(),
             close: None,
             closer: None,
         }
+    }
+
+    /// From now on, drops the replies the session queues (sent, deferred
+    /// or in turn) instead of writing them, until called with `false`
+    /// (a Redis server's `CLIENT REPLY OFF` / `SKIP`). A deferred reply
+    /// queued meanwhile still runs its future in order and counts
+    /// towards the pipeline window until it is ready; only its frames are
+    /// dropped. Replies queued before the call are written as usual.
+    pub fn discard_replies(&mut self, discard: bool) {
+        self.discarding = discard;
+    }
+
+    /// Whether replies queued now are dropped
+    /// ([`SessionCtx::discard_replies`]).
+    pub fn discards_replies(&self) -> bool {
+        self.discarding
+    }
+
+    /// Queues `slot` behind the others, marked for dropping while
+    /// replies are discarded.
+    fn push_slot(&mut self, slot: Slot<FrameOut<S>>) {
+        if self.discarding {
+            self.discarded_slots.push_back(self.slots_pushed);
+        }
+        self.slots_pushed += 1;
+        self.slots.push_back(slot);
     }
 
     /// The peer's address (`None` for Unix peers). On a PROXY-protocol
@@ -556,10 +595,12 @@ impl<S: Session> SessionCtx<S> {
         self.queued += 1;
         if self.slots.is_empty() {
             self.written += 1;
-            self.encode(frame);
+            if !self.discarding {
+                self.encode(frame);
+            }
         } else {
             self.held += 1;
-            self.slots.push_back(Slot::Ready(frame));
+            self.push_slot(Slot::Ready(frame));
         }
     }
 
@@ -570,7 +611,7 @@ impl<S: Session> SessionCtx<S> {
     pub fn reply_later(&mut self, reply: impl Future<Output = FrameOut<S>> + 'static) {
         self.queued += 1;
         self.pending += 1;
-        self.slots.push_back(Slot::Later(Box::pin(reply)));
+        self.push_slot(Slot::Later(Box::pin(reply)));
     }
 
     /// Queues `count` replies that `replies` will produce together (one
@@ -590,8 +631,7 @@ impl<S: Session> SessionCtx<S> {
     ) {
         self.queued += count as u64;
         self.pending += count.max(1);
-        self.slots
-            .push_back(Slot::LaterMany(count, Box::pin(replies)));
+        self.push_slot(Slot::LaterMany(count, Box::pin(replies)));
     }
 
     /// Queues a reply made by `reply` once every reply queued before it is
@@ -642,7 +682,7 @@ impl<S: Session> SessionCtx<S> {
         }
         self.queued += 1;
         self.pending += 1;
-        self.slots.push_back(Slot::InTurn(Box::new(reply)));
+        self.push_slot(Slot::InTurn(Box::new(reply)));
     }
 
     /// Queues a deferred reply whose future `start` makes only once every
@@ -658,10 +698,9 @@ impl<S: Session> SessionCtx<S> {
         self.queued += 1;
         self.pending += 1;
         if self.slots.is_empty() {
-            self.slots.push_back(Slot::Later(Box::pin(start())));
+            self.push_slot(Slot::Later(Box::pin(start())));
         } else {
-            self.slots
-                .push_back(Slot::LaterInTurn(Box::new(move || Box::pin(start()))));
+            self.push_slot(Slot::LaterInTurn(Box::new(move || Box::pin(start()))));
         }
     }
 
@@ -829,17 +868,25 @@ impl<S: Session> SessionCtx<S> {
         }
         let mut progressed = false;
         while let Some(slot) = self.slots.pop_front() {
+            let number = self.slots_popped;
+            self.slots_popped += 1;
+            // Queued while replies were discarded: dealt with, not written.
+            let write = self.discarded_slots.front() != Some(&number);
             match slot {
                 Slot::Ready(frame) => {
                     self.held -= 1;
                     self.written += 1;
-                    self.encode(frame);
+                    if write {
+                        self.encode(frame);
+                    }
                 }
                 Slot::ReadyMany(frames) => {
                     self.held -= frames.len();
                     self.written += frames.len() as u64;
-                    for frame in frames {
-                        self.encode(frame);
+                    if write {
+                        for frame in frames {
+                            self.encode(frame);
+                        }
                     }
                 }
                 // Every reply before it is written: its turn.
@@ -847,12 +894,18 @@ impl<S: Session> SessionCtx<S> {
                     self.pending -= 1;
                     self.written += 1;
                     let frame = reply();
-                    self.encode(frame);
+                    if write {
+                        self.encode(frame);
+                    }
                 }
                 waiting => {
+                    self.slots_popped -= 1;
                     self.slots.push_front(waiting);
                     break;
                 }
+            }
+            if !write {
+                self.discarded_slots.pop_front();
             }
             progressed = true;
         }

@@ -2380,3 +2380,79 @@ fn a_session_moved_to_its_key_s_shard_is_still_closed_by_its_handle() {
     });
     rt.block_on(server.shutdown());
 }
+
+/// `OFF` / `ON` drop or write the replies queued from then on (`ON` is
+/// answered); `NOW x` sends at once, `LATER n` defers its reply 3n ms,
+/// `TURN x` answers in turn, `MANY x` defers two replies in one future.
+struct Muting {
+    ran: Arc<AtomicUsize>,
+}
+
+impl Session for Muting {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        let text = String::from_utf8_lossy(&frame).into_owned();
+        let (verb, arg) = text.split_once(' ').unwrap_or((text.as_str(), ""));
+        let arg = arg.to_owned();
+        let ran = self.ran.clone();
+        match verb {
+            "OFF" => cx.discard_replies(true),
+            "ON" => {
+                cx.discard_replies(false);
+                cx.send_frame(Bytes::from_static(b"ON"));
+            }
+            "NOW" => cx.send_frame(Bytes::from(format!("now {arg}"))),
+            "LATER" => cx.reply_later(async move {
+                let n: u64 = arg.parse().unwrap_or(0);
+                mailring::time::sleep(Duration::from_millis(3 * n)).await;
+                ran.fetch_add(1, Ordering::SeqCst);
+                Bytes::from(format!("later {arg}"))
+            }),
+            "TURN" => cx.reply_in_turn(move || {
+                ran.fetch_add(1, Ordering::SeqCst);
+                Bytes::from(format!("turn {arg}"))
+            }),
+            "MANY" => cx.reply_later_many(2, async move {
+                ran.fetch_add(1, Ordering::SeqCst);
+                vec![
+                    Bytes::from(format!("many {arg} 1")),
+                    Bytes::from(format!("many {arg} 2")),
+                ]
+            }),
+            _ => cx.send_frame(Bytes::from_static(b"?")),
+        }
+    }
+}
+
+#[test]
+fn replies_queued_while_discarded_are_dropped_in_order_and_their_work_still_runs() {
+    let rt = runtime(1);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let counted = ran.clone();
+    let server = one_shard_server(&rt, ServerConfig::default(), move |_| Muting {
+        ran: counted.clone(),
+    });
+    let mut c = client(server.local_addr());
+    let frames: Vec<&[u8]> = vec![
+        b"LATER 5", b"OFF", b"LATER 1", b"NOW a", b"TURN b", b"MANY c", b"LATER 2", b"ON",
+        b"NOW d", b"TURN e", b"OFF", b"NOW f", b"ON",
+    ];
+    let wire: Vec<u8> = frames.iter().flat_map(|f| frame(f)).collect();
+    c.write_all(&wire).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        got.push(String::from_utf8(read_frame(&mut c).unwrap()).unwrap());
+    }
+    assert_eq!(got, ["later 5", "ON", "now d", "turn e", "ON"]);
+    // Nothing dropped comes late: the next reply is the next one's.
+    c.write_all(&frame(b"NOW g")).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"now g");
+    // The dropped replies' work ran: 2 LATER, a TURN and a MANY, with
+    // the written LATER and TURN.
+    assert_eq!(ran.load(Ordering::SeqCst), 6);
+    drop(c);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
