@@ -402,14 +402,17 @@ impl Codec for RespCodec {
         Ok(self.next_request(buf))
     }
 
+    #[inline]
     fn encode(&mut self, frame: (Protocol, Reply), dst: &mut BytesMut) -> Result<(), CodecError> {
         // Straight into the connection's write buffer: no frame of its own,
         // in room reserved once.
+        if let Some(errors) = &self.errors {
+            if frame.1.may_hold_error() {
+                errors.note_reply(&frame.1);
+            }
+        }
         dst.reserve(frame.1.size_hint());
         frame.1.encode(frame.0, dst);
-        if let Some(errors) = &self.errors {
-            errors.note_reply(&frame.1);
-        }
         Ok(())
     }
 }
@@ -431,6 +434,7 @@ pub(crate) struct ErrorCounts {
 impl ErrorCounts {
     /// Counts the errors in `reply`: itself, or the replies of an array
     /// (a transaction's).
+    #[cold]
     fn note_reply(&self, reply: &Reply) {
         match reply {
             Reply::Error(text) => self.note(text.as_bytes()),
@@ -940,6 +944,17 @@ impl Reply {
                 .map(|(r, p)| Reply::Encoded(r.to_bytes(*p)))
                 .collect(),
         )
+    }
+
+    /// Whether this is, or may hold at its top, an error reply (what
+    /// [`ErrorCounts`] looks at): a test of the variant, on every reply.
+    #[inline]
+    fn may_hold_error(&self) -> bool {
+        match self {
+            Reply::Error(_) | Reply::ErrorBytes(_) | Reply::Array(_) => true,
+            Reply::Encoded(b) => b.first() == Some(&b'-'),
+            _ => false,
+        }
     }
 
     /// The encoding as one buffer.

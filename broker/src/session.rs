@@ -216,6 +216,23 @@ impl RespSession {
         ])
     }
 
+    /// Before a request whose replies `CLIENT REPLY SKIP` drops: the
+    /// gathered run goes first, with its replies.
+    #[cold]
+    fn begin_skipped_request(&mut self, cx: &mut SessionCtx<Self>) {
+        self.skip_next_reply = false;
+        self.send_run(cx);
+        cx.discard_replies(true);
+    }
+
+    /// After it: its own run goes, dropped too, and the replies are as the
+    /// request left them (`CLIENT REPLY ON` or `OFF` included).
+    #[cold]
+    fn end_skipped_request(&mut self, cx: &mut SessionCtx<Self>) {
+        self.send_run(cx);
+        cx.discard_replies(self.replies_off);
+    }
+
     /// `CLIENT REPLY ON|OFF|SKIP`, as Redis: `OFF` and `SKIP` are not
     /// answered; `SKIP` drops the replies of the next request (none while
     /// `OFF`); `ON` answers `OK`.
@@ -1513,16 +1530,13 @@ impl Session for RespSession {
     async fn on_frame(&mut self, req: Request, cx: &mut SessionCtx<Self>) {
         // `CLIENT REPLY SKIP` before: this request's replies are dropped,
         // its gathered run's too (sent before the next request comes).
-        let skip = std::mem::take(&mut self.skip_next_reply);
+        let skip = self.skip_next_reply;
         if skip {
-            self.send_run(cx);
-            cx.discard_replies(true);
+            self.begin_skipped_request(cx);
         }
         self.handle_request(req, cx).await;
         if skip {
-            self.send_run(cx);
-            // As the request left it (`CLIENT REPLY ON` or `OFF` included).
-            cx.discard_replies(self.replies_off);
+            self.end_skipped_request(cx);
         }
         self.card.mirror(
             match self.proto {

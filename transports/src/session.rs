@@ -463,10 +463,9 @@ pub struct SessionCtx<S: Session> {
     /// Replies queued now are dropped instead of written
     /// ([`SessionCtx::discard_replies`]).
     discarding: bool,
-    /// Slots pushed and popped so far: a slot's number is its place in
-    /// that sequence.
+    /// Slots pushed so far: a slot's number is its place in that
+    /// sequence (the front slot's is this less the queue's length).
     slots_pushed: u64,
-    slots_popped: u64,
     /// The numbers of the slots whose replies are dropped, in order.
     discarded_slots: VecDeque<u64>,
     pub(crate) close: Option<CloseReason>,
@@ -509,7 +508,6 @@ impl<S: Session> SessionCtx<S> {
             hold: false,
             discarding: false,
             slots_pushed: 0,
-            slots_popped: 0,
             discarded_slots: VecDeque::new(),
             close: None,
             closer: None,
@@ -868,10 +866,11 @@ impl<S: Session> SessionCtx<S> {
         }
         let mut progressed = false;
         while let Some(slot) = self.slots.pop_front() {
-            let number = self.slots_popped;
-            self.slots_popped += 1;
             // Queued while replies were discarded: dealt with, not written.
-            let write = self.discarded_slots.front() != Some(&number);
+            let write = match self.discarded_slots.front() {
+                None => true,
+                Some(&number) => number != self.slots_pushed - self.slots.len() as u64 - 1,
+            };
             match slot {
                 Slot::Ready(frame) => {
                     self.held -= 1;
@@ -899,7 +898,6 @@ impl<S: Session> SessionCtx<S> {
                     }
                 }
                 waiting => {
-                    self.slots_popped -= 1;
                     self.slots.push_front(waiting);
                     break;
                 }
