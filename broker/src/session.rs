@@ -459,17 +459,20 @@ impl RespSession {
     /// Runs a command that is not a stream's.
     fn connection_command(&mut self, args: Vec<Bytes>, cx: &mut SessionCtx<Self>) {
         let name = args[0].to_ascii_lowercase();
-        if name == b"client" && args[1].eq_ignore_ascii_case(b"reply") {
-            // Arity checked with the subcommand.
-            return self.client_reply(&args[2], cx);
-        }
-        if name == b"reset" {
-            // Replies on again, as Redis's `RESET` leaves them.
-            self.replies_off = false;
-            self.skip_next_reply = false;
-            cx.discard_replies(false);
-        }
         match name.as_slice() {
+            // Arity checked with the subcommand.
+            b"client" if args[1].eq_ignore_ascii_case(b"reply") => self.client_reply(&args[2], cx),
+            // Run at once, inside a transaction too.
+            b"reset" => {
+                // Replies on again, unless this very request's are
+                // skipped (`CLIENT REPLY SKIP` before it), as in Redis.
+                let skipped = cx.discards_replies() && !self.replies_off;
+                self.reset();
+                if !skipped {
+                    cx.discard_replies(false);
+                }
+                self.reply(Reply::Status("RESET"), cx);
+            }
             b"quit" => {
                 self.reply(Reply::OK, cx);
                 cx.close();
@@ -679,10 +682,6 @@ impl RespSession {
                 "WATCH is not supported: a MULTI/EXEC on one stream runs inside its actor, where no other client's command can interleave, so there is nothing to watch",
             ),
             b"unwatch" => Reply::OK,
-            b"reset" => {
-                self.reset();
-                Reply::Status("RESET")
-            }
             // Queued in a transaction with no stream found: its options
             // do not parse (the error they give alone).
             b"xread" | b"xreadgroup" => {

@@ -57,6 +57,16 @@ fn first_entry_page() -> R {
     ])])
 }
 
+/// A broker of `shards` shards that keeps nothing cached once written
+/// (stream cache 0): a read of a closed node goes to the log.
+fn uncached(shards: usize) -> (TempDir, mailring_broker::Broker) {
+    let dir = TempDir::new();
+    let mut config = BrokerConfig::default();
+    config.store.stream_cache_bytes = 0;
+    let broker = start_in(&dir.0, shards, config);
+    (dir, broker)
+}
+
 fn is_unavailable(r: &R) -> bool {
     matches!(r, R::Error(e) if e.starts_with("ERR stream unavailable"))
 }
@@ -132,12 +142,8 @@ fn a_command_that_panics_fails_itself_and_what_follows_on_its_stream_only() {
 
 #[test]
 fn a_run_reaching_evicted_entries_answers_the_rest_through_the_actor_in_order() {
-    let dir = TempDir::new();
-    let mut config = BrokerConfig::default();
-    // Nothing stays cached once written: a range read of a closed node
-    // goes to the log.
-    config.store.stream_cache_bytes = 0;
-    let broker = start_in(&dir.0, 1, config);
+    // A range read of a closed node goes to the log.
+    let (_dir, broker) = uncached(1);
     let mut c = Client::connect(broker.local_addr());
     fill(&mut c, 250);
     let read_before = read_back(&mut c);
@@ -167,11 +173,8 @@ fn a_run_reaching_evicted_entries_answers_the_rest_through_the_actor_in_order() 
 
 #[test]
 fn a_group_read_on_an_idle_actor_runs_at_once_and_one_of_evicted_entries_is_asked() {
-    let dir = TempDir::new();
-    let mut config = BrokerConfig::default();
-    // Nothing stays cached once written: a history read goes to the log.
-    config.store.stream_cache_bytes = 0;
-    let broker = start_in(&dir.0, 1, config);
+    // A history read goes to the log.
+    let (_dir, broker) = uncached(1);
     let mut c = Client::connect(broker.local_addr());
     assert_eq!(
         c.cmd(&["XGROUP", "CREATE", "s", "g", "$", "MKSTREAM"]),
@@ -229,10 +232,7 @@ fn a_group_read_on_an_idle_actor_runs_at_once_and_one_of_evicted_entries_is_aske
 
 #[test]
 fn a_plain_read_on_an_idle_actor_runs_at_once_and_one_of_evicted_entries_is_asked() {
-    let dir = TempDir::new();
-    let mut config = BrokerConfig::default();
-    config.store.stream_cache_bytes = 0;
-    let broker = start_in(&dir.0, 1, config);
+    let (_dir, broker) = uncached(1);
     let mut c = Client::connect(broker.local_addr());
     fill(&mut c, 250);
     // After the last entry: nothing evicted to read, at once.
@@ -361,12 +361,9 @@ fn a_panic_on_the_other_shard_fails_its_stream_s_commands_only() {
 
 #[test]
 fn a_run_on_the_other_shard_reaching_evicted_entries_answers_in_order() {
-    let mut config = BrokerConfig::default();
-    config.store.stream_cache_bytes = 0;
     for shard in [0, 1] {
         // On one of the two passes `s` lives on the connection's other shard.
-        let dir = TempDir::new();
-        let broker = start_in(&dir.0, 2, config.clone());
+        let (_dir, broker) = uncached(2);
         assert_eq!(broker.place_stream(b"s", shard), Ok(shard));
         let mut c = Client::connect(broker.local_addr());
         fill(&mut c, 250);

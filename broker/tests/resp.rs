@@ -3497,6 +3497,17 @@ fn client_reply_off_skip_and_on_drop_replies_as_redis_does() {
             &[&["CLIENT", "REPLY", "OFF"], &["RESET"], &["PING"]],
             &[R::Status("RESET".into()), pong.clone()],
         );
+        // A skipped `RESET` is not answered; replies are on after it.
+        pipeline_replies(&mut c, &[&["CLIENT", "REPLY", "SKIP"], &["RESET"]], &[]);
+        pipeline_replies(
+            &mut c,
+            &[
+                &["CLIENT", "REPLY", "SKIP"],
+                &["CLIENT", "REPLY", "OFF"],
+                &["RESET"],
+            ],
+            &[R::Status("RESET".into())],
+        );
         pipeline_replies(
             &mut c,
             &[&["CLIENT", "REPLY", "FOO"], &["CLIENT", "REPLY"]],

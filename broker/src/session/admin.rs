@@ -335,10 +335,13 @@ impl RespSession {
         Ok(())
     }
 
-    /// `RESET`: out of any transaction, RESP2, no name, and not
+    /// `RESET`: out of any transaction, RESP2, no name, replies on
+    /// (`CLIENT REPLY`; the caller tells the connection), and not
     /// authenticated if a password is required.
     pub(super) fn reset(&mut self) {
         self.multi = None;
+        self.replies_off = false;
+        self.skip_next_reply = false;
         self.set_name(None);
         self.proto = Protocol::Resp2;
         self.set_authenticated(self.shared.config.requirepass.is_none());
