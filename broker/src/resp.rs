@@ -415,6 +415,16 @@ impl Codec for RespCodec {
         frame.1.encode(frame.0, dst);
         Ok(())
     }
+
+    /// A reply `CLIENT REPLY` drops: its errors count as if it were
+    /// written, as Redis counts them.
+    fn discard(&mut self, frame: (Protocol, Reply)) {
+        if let Some(errors) = &self.errors {
+            if frame.1.may_hold_error() {
+                errors.note_reply(&frame.1);
+            }
+        }
+    }
 }
 
 /// The most error codes `INFO errorstats` lists (Redis's limit): the
@@ -734,6 +744,9 @@ pub enum Reply {
     /// ran: an element of a transaction's reply after a `HELLO` inside it
     /// (Redis writes each reply as its command runs).
     Encoded(Bytes),
+    /// Bytes written as they are and counted nowhere: the refusal past
+    /// `maxclients`, which Redis writes straight to the socket.
+    Raw(&'static [u8]),
 }
 
 impl Reply {
@@ -767,6 +780,7 @@ impl Reply {
     pub fn encode(&self, proto: Protocol, dst: &mut BytesMut) {
         match self {
             Reply::Encoded(b) => dst.put_slice(b),
+            Reply::Raw(b) => dst.put_slice(b),
             Reply::Status(s) => line(dst, b'+', s.as_bytes()),
             Reply::StatusOwned(s) => line(dst, b'+', s.as_bytes()),
             Reply::Error(s) => line(dst, b'-', s.as_bytes()),
@@ -896,6 +910,7 @@ impl Reply {
     pub fn size_hint(&self) -> usize {
         match self {
             Reply::Encoded(b) => b.len(),
+            Reply::Raw(b) => b.len(),
             Reply::Status(t) => t.len() + 3,
             Reply::StatusOwned(t) | Reply::Error(t) | Reply::Verbatim(t) => t.len() + 24,
             Reply::ErrorBytes(b) => b.len() + 3,

@@ -1568,7 +1568,7 @@ impl Session for RespSession {
         match reason {
             CloseReason::ClientLimit => {
                 self.shared.rejected.fetch_add(1, Ordering::Relaxed);
-                Some(Reply::err("max number of clients reached").frame(self.proto))
+                Some(Reply::Raw(b"-ERR max number of clients reached\r\n").frame(self.proto))
             }
             _ => None,
         }

@@ -3372,6 +3372,9 @@ fn past_maxclients_a_client_gets_redis_error_and_is_closed() {
     let info = String::from_utf8_lossy(&info).into_owned();
     assert!(info.contains("rejected_connections:1\r\n"), "{info}");
     assert!(info.contains("maxclients:2\r\n"), "{info}");
+    // Redis writes the refusal straight to the socket: no error counted.
+    assert!(info.contains("total_error_replies:0\r\n"), "{info}");
+    assert!(!info.contains("errorstat_"), "{info}");
     // As in Redis, a refused connection was never a client: not counted
     // as connected or received, and no client id spent on it.
     assert!(info.contains("connected_clients:2\r\n"), "{info}");
@@ -3406,6 +3409,40 @@ fn past_maxclients_a_client_gets_redis_error_and_is_closed() {
     // The refusals in between spent no id.
     assert_eq!(id(&mut c), last_id + 1);
     broker.shutdown();
+}
+
+#[test]
+fn errors_in_replies_that_client_reply_drops_are_counted_as_redis_counts_them() {
+    // redis-server 7.0.15 counts the three (checked by hand): an arity
+    // error, an unknown command, and an XADD its stream refuses.
+    for shards in [1, 2] {
+        let dir = TempDir::new();
+        let broker = start_in(&dir.0, shards, BrokerConfig::default());
+        let mut c = Client::connect(broker.local_addr());
+        pipeline_replies(
+            &mut c,
+            &[
+                &["CONFIG", "RESETSTAT"],
+                &["CLIENT", "REPLY", "OFF"],
+                &["XLEN"],
+                &["NOSUCHCOMMAND"],
+                &["XADD", "s", "0-0", "f", "v"],
+                &["CLIENT", "REPLY", "SKIP"],
+                &["XADD", "s", "0-0", "f", "v"],
+                &["CLIENT", "REPLY", "ON"],
+            ],
+            &[R::Status("OK".into()), R::Status("OK".into())],
+        );
+        let R::Bulk(info) = c.cmd(&["INFO", "errorstats"]) else {
+            panic!("INFO is a bulk string")
+        };
+        assert_eq!(
+            String::from_utf8_lossy(&info),
+            "# Errorstats\r\nerrorstat_ERR:count=4\r\n",
+            "{shards} shard(s)"
+        );
+        broker.shutdown();
+    }
 }
 
 /// Sends `commands` in one write and reads `expect` replies, then checks

@@ -64,6 +64,15 @@ pub trait Codec: Clone + Send + Sync + 'static {
     ///
     /// A frame this codec cannot encode (e.g. longer than its header allows).
     fn encode(&mut self, frame: Self::Out, dst: &mut BytesMut) -> Result<(), CodecError>;
+
+    /// Takes a frame that is not written: a reply the session queued while
+    /// it discarded its replies ([`crate::SessionCtx::discard_replies`]).
+    /// By default it is dropped; a codec that counts what it answers (a
+    /// Redis server counts the errors among replies it does not send) sees
+    /// it here.
+    fn discard(&mut self, frame: Self::Out) {
+        drop(frame);
+    }
 }
 
 /// Frames preceded by their length: a big-endian unsigned header of 1, 2, 4

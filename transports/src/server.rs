@@ -153,7 +153,8 @@ pub struct ServerConfig {
     /// Connections served at once by the whole server, past which a new
     /// connection is still accepted but only to be refused: it gets the
     /// session's [`Session::refusal`] for [`CloseReason::ClientLimit`]
-    /// (after the TLS handshake on a TLS server), no `on_open`, and
+    /// (asked at once, sent after the TLS handshake on a TLS server), no
+    /// `on_open`, and
     /// closes, as Redis answers past `maxclients`. A client learns why
     /// instead of waiting in the listen backlog. The refused count among
     /// the connections until they close, so `max_connections` still bounds
@@ -1086,6 +1087,14 @@ async fn run_connection<S: Session>(
                     .fetch_add(1, Ordering::Relaxed);
             }
         }
+        // A refusal is decided as the connection comes, before its TLS
+        // handshake (as Redis counts a rejected connection at accept); its
+        // frame is sent once the handshake is done.
+        let refusal = if conn.refused {
+            Some(session.refusal(&CloseReason::ClientLimit))
+        } else {
+            None
+        };
         if let Some(acceptor) = &conn.shared.tls {
             // Bytes already read (after a PROXY header) are the handshake's.
             let received = std::mem::take(&mut rbuf);
@@ -1104,10 +1113,10 @@ async fn run_connection<S: Session>(
                 }
             }
         }
-        if conn.refused {
+        if let Some(refusal) = refusal {
             // Past the server's limit: the refusal, then the close (the
             // drive loop writes what is queued and takes no frame).
-            if let Some(frame) = session.refusal(&CloseReason::ClientLimit) {
+            if let Some(frame) = refusal {
                 cx.send_frame(frame);
             }
             cx.close = Some(CloseReason::ClientLimit);

@@ -126,8 +126,12 @@ pub trait Session: Send + Sized + 'static {
     /// The frame sent before the server closes the connection for `reason`
     /// when the protocol has a way to say it (a Redis server answers
     /// `-ERR max number of clients reached`); by default none. Asked for
-    /// [`CloseReason::KeyLimit`] and [`CloseReason::ClientLimit`] (then
-    /// before `on_open`, which does not run: the session closes at once).
+    /// [`CloseReason::KeyLimit`] and [`CloseReason::ClientLimit`]. For
+    /// the client limit it is asked once, as the connection comes: before
+    /// a TLS handshake, whose success the frame then waits for (a refused
+    /// connection whose handshake fails gets nothing, but was asked, so a
+    /// count kept here counts every refusal), and instead of `on_open`,
+    /// which does not run: the session closes at once.
     fn refusal(&mut self, reason: &CloseReason) -> Option<FrameOut<Self>> {
         let _ = reason;
         None
@@ -593,7 +597,9 @@ impl<S: Session> SessionCtx<S> {
         self.queued += 1;
         if self.slots.is_empty() {
             self.written += 1;
-            if !self.discarding {
+            if self.discarding {
+                self.encoder.discard(frame);
+            } else {
                 self.encode(frame);
             }
         } else {
@@ -804,6 +810,17 @@ impl<S: Session> SessionCtx<S> {
         }
     }
 
+    /// Encodes `frame` when it is to be written, else gives it to the
+    /// codec's [`Codec::discard`].
+    #[inline]
+    fn encode_or_discard(&mut self, frame: FrameOut<S>, write: bool) {
+        if write {
+            self.encode(frame);
+        } else {
+            self.encoder.discard(frame);
+        }
+    }
+
     /// Whether nothing is queued: no deferred reply and no unwritten byte
     /// in the context (a send may still be in flight).
     pub(crate) fn is_drained(&self) -> bool {
@@ -875,17 +892,13 @@ impl<S: Session> SessionCtx<S> {
                 Slot::Ready(frame) => {
                     self.held -= 1;
                     self.written += 1;
-                    if write {
-                        self.encode(frame);
-                    }
+                    self.encode_or_discard(frame, write);
                 }
                 Slot::ReadyMany(frames) => {
                     self.held -= frames.len();
                     self.written += frames.len() as u64;
-                    if write {
-                        for frame in frames {
-                            self.encode(frame);
-                        }
+                    for frame in frames {
+                        self.encode_or_discard(frame, write);
                     }
                 }
                 // Every reply before it is written: its turn.
@@ -893,9 +906,7 @@ impl<S: Session> SessionCtx<S> {
                     self.pending -= 1;
                     self.written += 1;
                     let frame = reply();
-                    if write {
-                        self.encode(frame);
-                    }
+                    self.encode_or_discard(frame, write);
                 }
                 waiting => {
                     self.slots.push_front(waiting);

@@ -8,12 +8,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, ShardId, SystemConfig};
 mod common;
 
 use common::{client, connect_steered_to, frame, read_frame, wait_for, Echo};
-use mailring_transports::codec::LengthDelimited;
+use mailring_transports::codec::{Codec, CodecError, LengthDelimited};
 use mailring_transports::{
     CloseKind, Framed, ListenMode, Route, Server, ServerConfig, Session, SessionCloser, SessionCtx,
 };
@@ -2388,8 +2388,34 @@ struct Muting {
     ran: Arc<AtomicUsize>,
 }
 
+/// Length-delimited frames; keeps the text of each reply it is given to
+/// discard.
+#[derive(Clone, Default)]
+struct KeepingDiscards {
+    frames: LengthDelimited,
+    discarded: Arc<Mutex<Vec<String>>>,
+}
+
+impl Codec for KeepingDiscards {
+    type In = Bytes;
+    type Out = Bytes;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Bytes>, CodecError> {
+        self.frames.decode(buf)
+    }
+
+    fn encode(&mut self, frame: Bytes, dst: &mut BytesMut) -> Result<(), CodecError> {
+        self.frames.encode(frame, dst)
+    }
+
+    fn discard(&mut self, frame: Bytes) {
+        let text = String::from_utf8_lossy(&frame).into_owned();
+        self.discarded.lock().unwrap().push(text);
+    }
+}
+
 impl Session for Muting {
-    type Codec = LengthDelimited;
+    type Codec = KeepingDiscards;
     type Key = ();
 
     async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
@@ -2431,9 +2457,13 @@ fn replies_queued_while_discarded_are_dropped_in_order_and_their_work_still_runs
     let rt = runtime(1);
     let ran = Arc::new(AtomicUsize::new(0));
     let counted = ran.clone();
-    let server = one_shard_server(&rt, ServerConfig::default(), move |_| Muting {
+    let codec = KeepingDiscards::default();
+    let discarded = codec.discarded.clone();
+    let server = Server::builder(codec, move |_| Muting {
         ran: counted.clone(),
-    });
+    })
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
     let mut c = client(server.local_addr());
     let frames: Vec<&[u8]> = vec![
         b"LATER 5", b"OFF", b"LATER 1", b"NOW a", b"TURN b", b"MANY c", b"LATER 2", b"ON",
@@ -2452,6 +2482,12 @@ fn replies_queued_while_discarded_are_dropped_in_order_and_their_work_still_runs
     // The dropped replies' work ran: 2 LATER, a TURN and a MANY, with
     // the written LATER and TURN.
     assert_eq!(ran.load(Ordering::SeqCst), 6);
+    // The codec saw each dropped reply, in order (a Redis server counts
+    // the errors among them).
+    assert_eq!(
+        *discarded.lock().unwrap(),
+        ["later 1", "now a", "turn b", "many c 1", "many c 2", "later 2", "now f"]
+    );
     drop(c);
     rt.block_on(server.shutdown());
     rt.shutdown();

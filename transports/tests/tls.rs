@@ -363,6 +363,77 @@ fn failed_handshakes_close_only_their_connection_with_a_counted_reason() {
     rt.block_on(server.shutdown());
 }
 
+/// Echoes; past the server's client limit it says so, and counts each
+/// time it is asked to.
+struct CountingRefusals(Arc<AtomicUsize>);
+
+impl Session for CountingRefusals {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        cx.send_frame(frame);
+    }
+
+    fn refusal(&mut self, reason: &CloseReason) -> Option<Bytes> {
+        assert_eq!(reason, &CloseReason::ClientLimit);
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Some(Bytes::from_static(b"-ERR max number of clients reached"))
+    }
+}
+
+#[test]
+fn past_the_client_limit_every_tls_connection_is_refused_even_one_whose_handshake_fails() {
+    // A refusal is decided when the connection comes, before its
+    // handshake, as Redis counts `rejected_connections` at accept: a
+    // refused client that never completes its handshake is refused too.
+    let pki = Pki::new("limit");
+    let (ca, ca_path) = pki.ca("ca");
+    let (cert, key) = pki.leaf(&ca, "server", &["localhost"], false);
+    let rt = runtime(2);
+    let refusals = Arc::new(AtomicUsize::new(0));
+    let counted = refusals.clone();
+    let mut config = ServerConfig::default();
+    config.max_clients = Some(1);
+    let acceptor = TlsAcceptor::from_pem_files(&cert, &key)
+        .unwrap()
+        .with_handshake_timeout(Duration::from_millis(300));
+    let server = Server::builder(LengthDelimited::new(), move |_| {
+        CountingRefusals(counted.clone())
+    })
+    .config(config)
+    .tls(acceptor)
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    let addr = server.local_addr();
+    let mut served = tls_client(addr, &ca_path, "localhost", &[]).unwrap();
+    assert_eq!(round_trip(&mut served, b"first"), b"first");
+
+    // A refused client that completes its handshake reads why, sealed.
+    let mut told = tls_client(addr, &ca_path, "localhost", &[]).unwrap();
+    assert_eq!(
+        read_frame(&mut told).unwrap(),
+        b"-ERR max number of clients reached"
+    );
+    // A refused client whose handshake fails: no TLS at all.
+    let mut garbage = TcpStream::connect(addr).unwrap();
+    garbage
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    garbage.write_all(b"PING\r\n").unwrap();
+    let _ = garbage.read_to_end(&mut Vec::new());
+    // One that says nothing until the handshake times out.
+    let silent = TcpStream::connect(addr).unwrap();
+    wait_for(&server, "a refusal and two failed handshakes", |s| {
+        s.closed(CloseKind::ClientLimit) == 1 && s.closed(CloseKind::Tls) == 2
+    });
+    assert_eq!(refusals.load(Ordering::Relaxed), 3, "each refused once");
+    drop(silent);
+    assert_eq!(round_trip(&mut served, b"still"), b"still");
+    drop((served, told));
+    rt.block_on(server.shutdown());
+}
+
 #[test]
 fn an_expired_certificate_is_refused_by_the_client_and_a_reload_replaces_it() {
     let pki = Pki::new("reload");
