@@ -884,13 +884,15 @@ impl RespSession {
                 }
                 // Only the stream that fired is read, as Redis serves the
                 // one key that unblocked the client.
-                let r = actors[fired]
-                    .ask(Read {
+                let r = read_now_or_ask(
+                    &actors[fired],
+                    Read {
                         from: ReadFrom::After(after[fired]),
                         count: p.count,
                         broker,
-                    })
-                    .await;
+                    },
+                )
+                .await;
                 match r {
                     // An entry added and removed at once (`MAXLEN 0`, or
                     // `XDEL` in the same transaction) still answers, with
@@ -947,8 +949,11 @@ impl RespSession {
         let watch_actors = actors.clone();
         let watch_shared = p.block.map(|_| self.shared.clone());
         let card = p.block.map(|_| self.card.clone());
+        // Run at once on the stream's actor when it is idle on this shard
+        // (the future runs in the session's task, on its shard), asked
+        // otherwise.
         let ask = move |i: usize, from: GroupFrom, check_only: bool, blocked: bool| {
-            actors[i].ask(ReadGroup {
+            let m = ReadGroup {
                 group: group.clone(),
                 consumer: consumer.clone(),
                 from,
@@ -957,7 +962,8 @@ impl RespSession {
                 check_only,
                 blocked,
                 broker,
-            })
+            };
+            group_read_now_or_ask(&actors[i], m)
         };
         let keys = p.keys.clone();
         let ids = p.ids.clone();

@@ -231,6 +231,87 @@ fn a_group_read_on_an_idle_actor_runs_at_once_and_one_of_evicted_entries_is_aske
 }
 
 #[test]
+fn a_group_read_of_several_streams_on_idle_actors_runs_at_once() {
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 1, BrokerConfig::default());
+    let mut c = Client::connect(broker.local_addr());
+    for s in ["a", "b"] {
+        assert_eq!(
+            c.cmd(&["XGROUP", "CREATE", s, "g", "0", "MKSTREAM"]),
+            R::Status("OK".into())
+        );
+        assert_eq!(c.cmd(&["XADD", s, "1-1", "n", s]), R::bulk("1-1"));
+    }
+    let both = |id: &str| {
+        let one = |s: &str| {
+            R::Array(vec![
+                R::bulk(s),
+                R::Array(vec![R::Array(vec![
+                    R::bulk(id),
+                    R::Array(vec![R::bulk("n"), R::bulk(s)]),
+                ])]),
+            ])
+        };
+        R::Array(vec![one("a"), one("b")])
+    };
+    let before = broker.streams_run_at_once();
+    assert_eq!(
+        c.cmd(&[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "c",
+            "STREAMS",
+            "a",
+            "b",
+            ">",
+            ">"
+        ]),
+        both("1-1")
+    );
+    // Each group checked, then each stream read: four runs, no ask.
+    assert_eq!(broker.streams_run_at_once() - before, 4);
+    // The history of both: what `>` delivered is pending.
+    assert_eq!(
+        c.cmd(&[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "c",
+            "STREAMS",
+            "a",
+            "b",
+            "0",
+            "0"
+        ]),
+        both("1-1")
+    );
+    // A group missing on the second stream fails the read before anything
+    // is delivered from the first.
+    assert_eq!(c.cmd(&["XADD", "a", "2-1", "n", "a"]), R::bulk("2-1"));
+    let r = c.cmd(&[
+        "XREADGROUP",
+        "GROUP",
+        "g",
+        "c",
+        "STREAMS",
+        "a",
+        "nope",
+        ">",
+        ">",
+    ]);
+    assert!(
+        matches!(&r, R::Error(e) if e.starts_with("NOGROUP")),
+        "{r:?}"
+    );
+    let R::Array(summary) = c.cmd(&["XPENDING", "a", "g"]) else {
+        panic!("XPENDING answers an array")
+    };
+    assert_eq!(summary[0], R::Int(1), "2-1 not delivered");
+    broker.shutdown();
+}
+
+#[test]
 fn a_plain_read_on_an_idle_actor_runs_at_once_and_one_of_evicted_entries_is_asked() {
     let (_dir, broker) = uncached(1);
     let mut c = Client::connect(broker.local_addr());
