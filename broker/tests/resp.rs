@@ -3567,3 +3567,68 @@ fn client_reply_off_skip_and_on_drop_replies_as_redis_does() {
         broker.shutdown();
     }
 }
+
+#[test]
+fn a_client_that_does_not_read_has_few_big_replies_queued_and_then_gets_them_all() {
+    // Redis queues every reply for a client that does not read (normal
+    // clients have no output limit). The broker takes a request only while
+    // less than its outbound limit (8 MiB) waits, and a range read with no
+    // small COUNT ends the run of pipelined commands it was gathered in,
+    // so no more than a few ~4 MB replies wait, not a whole run's.
+    let broker = start_with(BrokerConfig::default());
+    let addr = broker.local_addr();
+    let mut w = Client::connect(addr);
+    let value = "v".repeat(400);
+    const ENTRIES: usize = 10_000;
+    for chunk in 0..ENTRIES / 1000 {
+        let mut wire = Vec::new();
+        for i in 0..1000 {
+            let id = format!("{}-1", chunk * 1000 + i + 1);
+            wire.extend(encode(&[
+                b"XADD",
+                b"big",
+                id.as_bytes(),
+                b"f",
+                value.as_bytes(),
+            ]));
+        }
+        w.send_raw(&wire);
+        for _ in 0..1000 {
+            assert!(matches!(w.read(), R::Bulk(_)));
+        }
+    }
+    let processed = |c: &mut Client| -> u64 {
+        let R::Bulk(info) = c.cmd(&["INFO", "stats"]) else {
+            panic!("INFO is a bulk string")
+        };
+        String::from_utf8_lossy(&info)
+            .lines()
+            .find_map(|l| l.strip_prefix("total_commands_processed:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("total_commands_processed")
+    };
+    let before = processed(&mut w);
+    let mut reader = Client::connect(addr);
+    const READS: usize = 100;
+    let wire: Vec<u8> = (0..READS)
+        .flat_map(|_| encode(&[b"XRANGE", b"big", b"-", b"+"]))
+        .collect();
+    reader.send_raw(&wire);
+    // Whatever the broker would take, it takes at once (a run of 64
+    // before the fix).
+    std::thread::sleep(Duration::from_millis(500));
+    // Less this INFO (`before` counted the one before it).
+    let taken = processed(&mut w) - before - 1;
+    assert!(
+        taken < 16,
+        "{taken} of {READS} reads taken with no reply read"
+    );
+    // Nothing is lost: every reply comes, whole, once the client reads.
+    for _ in 0..READS {
+        let R::Array(entries) = reader.read() else {
+            panic!("XRANGE answers an array")
+        };
+        assert_eq!(entries.len(), ENTRIES);
+    }
+    assert_eq!(reader.cmd(&["XLEN", "big"]), R::Int(ENTRIES as i64));
+}

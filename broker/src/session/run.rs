@@ -2,7 +2,8 @@
 //! requests are parsed, consecutive single-stream commands (key first:
 //! `XADD`, `XLEN`, `XRANGE`, `XACK`...) are gathered instead of sent one by
 //! one. When the parsed requests run out (`on_drained`), another kind of
-//! request comes, or [`RUN_MAX`] are gathered, the run goes out:
+//! request comes, [`RUN_MAX`] are gathered, or their replies may hold more
+//! than [`RUN_ENTRIES_MAX`] entries, the run goes out:
 //!
 //! - all on one stream: one [`ExecRun`] ask to that stream's actor;
 //! - over several streams: one `ExecRun` per stream, each sent at once to
@@ -38,10 +39,45 @@ use crate::server::MAX_KEY_LEN;
 /// window while gathered).
 pub(super) const RUN_MAX: usize = 64;
 
+/// The most entries the replies of one run's range reads may hold
+/// together (by their `COUNT`s) before the run goes: a read with no
+/// `COUNT`, or a big one, ends its run. Between runs the connection takes
+/// a request only while less than its outbound limit waits to be sent, so
+/// a client that sends many big reads and does not read the replies has a
+/// few of them queued, not a whole run's (Redis queues every one).
+pub(super) const RUN_ENTRIES_MAX: u64 = 4096;
+
 /// Stream commands (key first) from consecutive requests, in order.
 #[derive(Debug, Default)]
 pub(super) struct Run {
     commands: Vec<(&'static str, Vec<Bytes>)>,
+    /// The most entries their replies may hold ([`reply_entries`]).
+    entries: u64,
+}
+
+/// The most entries the reply of stream command `name` may hold where
+/// its arguments bound it (the range reads' `COUNT`, `XPENDING`'s count;
+/// none: without bound); 1 for the other commands, whose replies are
+/// small or bounded by the request's own size.
+fn reply_entries(name: &str, args: &[Bytes]) -> u64 {
+    let count = |n: &Bytes| {
+        std::str::from_utf8(n)
+            .ok()
+            .and_then(|n| n.parse::<i64>().ok())
+            .map_or(1, |n| n.max(0) as u64)
+    };
+    match (name, args) {
+        ("xrange" | "xrevrange", [_, _, _, _]) => u64::MAX,
+        ("xrange" | "xrevrange", [_, _, _, _, word, n]) if word.eq_ignore_ascii_case(b"count") => {
+            count(n)
+        }
+        // `XPENDING key group [[IDLE ms] start end count [consumer]]`.
+        ("xpending", [_, _, _, idle, _, _, _, n, ..]) if idle.eq_ignore_ascii_case(b"idle") => {
+            count(n)
+        }
+        ("xpending", [_, _, _, _, _, n, ..]) => count(n),
+        _ => 1,
+    }
 }
 
 impl Run {
@@ -125,9 +161,9 @@ impl RespSession {
     }
 
     /// Adds stream command `name` (key first) to the run, and sends the
-    /// run once that fills it (not with the next command: that one would
-    /// then wait alone behind a full pipeline window and go as a run of
-    /// one).
+    /// run once that fills it, in commands or in the entries its replies
+    /// may hold (not with the next command: that one would then wait alone
+    /// behind a full pipeline window and go as a run of one).
     pub(super) fn gather(
         &mut self,
         name: &'static str,
@@ -135,8 +171,9 @@ impl RespSession {
         cx: &mut SessionCtx<Self>,
     ) {
         let run = self.run.get_or_insert_with(Run::default);
+        run.entries = run.entries.saturating_add(reply_entries(name, &args));
         run.commands.push((name, args));
-        if run.commands.len() >= RUN_MAX {
+        if run.commands.len() >= RUN_MAX || run.entries > RUN_ENTRIES_MAX {
             self.send_run(cx);
         }
     }
@@ -296,6 +333,36 @@ fn key_tag(key: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn args(words: &str) -> Vec<Bytes> {
+        words
+            .split(' ')
+            .map(|w| Bytes::copy_from_slice(w.as_bytes()))
+            .collect()
+    }
+
+    #[test]
+    fn reply_entries_are_bounded_by_counts_and_unbounded_without() {
+        let cases = [
+            ("xrange", "XRANGE s - +", u64::MAX),
+            ("xrevrange", "XREVRANGE s + -", u64::MAX),
+            ("xrange", "XRANGE s - + COUNT 100", 100),
+            ("xrange", "XRANGE s - + count 5000", 5000),
+            ("xrange", "XRANGE s - + COUNT -3", 0),
+            // Refused by the command itself: weighs as one.
+            ("xrange", "XRANGE s - + COUNT x", 1),
+            ("xrange", "XRANGE s - + LIMIT 5", 1),
+            ("xpending", "XPENDING s g", 1),
+            ("xpending", "XPENDING s g - + 7000", 7000),
+            ("xpending", "XPENDING s g - + 10 alice", 10),
+            ("xpending", "XPENDING s g IDLE 100 - + 9000", 9000),
+            ("xadd", "XADD s * f v", 1),
+            ("xlen", "XLEN s", 1),
+        ];
+        for (name, words, want) in cases {
+            assert_eq!(reply_entries(name, &args(words)), want, "{words}");
+        }
+    }
 
     fn xadd(key: &str) -> (&'static str, Vec<Bytes>) {
         let args = ["XADD", key, "*", "f", "v"];
