@@ -17,8 +17,9 @@
 //! on in a task of the stream's shard, so it moves whether or not the
 //! stream is polled again. A send that fails is reported by the next write,
 //! flush or shutdown; a shutdown waits for every send; a stream dropped
-//! with sends still to go finishes them in the background (for at most
-//! [`DROP_LINGER`]), so no byte a write accepted is lost. The stream is `Send`
+//! with sends still to go finishes them in the background on its shard,
+//! wherever it is dropped (for at most [`DROP_LINGER`]), so no byte a write
+//! accepted is lost. The stream is `Send`
 //! (hyper boxes upgraded connections as `Send`), but its I/O runs on its
 //! shard: used from another thread, each operation fails with the
 //! runtime's off-shard error.
@@ -89,6 +90,9 @@ pub struct CompatStream {
     write_closed: bool,
     /// The shard the stream was made on, whose ring its sends run on.
     home: Option<ShardId>,
+    /// That shard's runtime: a stream dropped elsewhere hands the sends
+    /// it still owes back to its shard through it.
+    runtime: Option<mailring_actors::mailring::Handle>,
 }
 
 impl fmt::Debug for CompatStream {
@@ -116,6 +120,7 @@ impl CompatStream {
             shutting_down: None,
             write_closed: false,
             home: mailring_actors::mailring::current_shard(),
+            runtime: mailring_actors::mailring::Handle::try_current(),
         }
     }
 
@@ -380,30 +385,38 @@ impl CompatStream {
 
 impl Drop for CompatStream {
     /// Finishes the sends still to go in the background, on the stream's
-    /// own shard (elsewhere they could not run: they are dropped).
+    /// own shard; dropped on another thread, the stream hands them to that
+    /// shard (unless its runtime has shut down).
     fn drop(&mut self) {
         let in_flight = self.sending.take();
         let queued = std::mem::take(&mut self.write_buf);
         if in_flight.is_none() && queued.is_empty() {
             return;
         }
-        if self.home.is_none() || mailring_actors::mailring::current_shard() != self.home {
+        let Some(home) = self.home else {
             return;
-        }
+        };
         let conn = self.conn.clone();
-        drop(mailring_actors::mailring::spawn_local(async move {
-            let _ = mailring_actors::mailring::time::timeout(DROP_LINGER, async move {
-                if let Some(op) = in_flight {
-                    if op.await.0.is_err() {
-                        return;
+        let linger = move || {
+            drop(mailring_actors::mailring::spawn_local(async move {
+                let _ = mailring_actors::mailring::time::timeout(DROP_LINGER, async move {
+                    if let Some(op) = in_flight {
+                        if op.await.0.is_err() {
+                            return;
+                        }
                     }
-                }
-                if !queued.is_empty() {
-                    let _ = conn.send_all(queued.freeze()).await;
-                }
-            })
-            .await;
-        }));
+                    if !queued.is_empty() {
+                        let _ = conn.send_all(queued.freeze()).await;
+                    }
+                })
+                .await;
+            }));
+        };
+        if mailring_actors::mailring::current_shard() == Some(home) {
+            linger();
+        } else if let Some(runtime) = &self.runtime {
+            runtime.run_on(home, linger);
+        }
     }
 }
 

@@ -413,6 +413,48 @@ fn a_flush_does_not_wait_for_the_peer_and_a_drop_loses_no_accepted_byte() {
     drop(rt);
 }
 
+/// A stream dropped off its shard (it is `Send`: hyper may box it and
+/// drop it on any thread) with a send in flight and bytes queued behind
+/// it: its shard finishes them, so nothing a write accepted is lost.
+#[test]
+fn a_stream_dropped_off_its_shard_still_sends_every_accepted_byte() {
+    use std::io::Read;
+    use tokio::io::AsyncWriteExt;
+    let rt = runtime();
+    let (ours, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    let filled = fill_until_full(&ours);
+    // More than the stream's own buffer: a send in flight (stuck: the peer
+    // reads nothing yet) and a full buffer behind it.
+    let tail: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let sent = tail.clone();
+    let (stream, accepted) = rt.block_on_local(move || async move {
+        let mut stream = CompatStream::unix(UnixStream::from_std(ours).unwrap());
+        let mut accepted = 0;
+        // Writes until one would wait for room.
+        while accepted < sent.len() {
+            let write = stream.write(&sent[accepted..]);
+            match mailring::time::timeout(std::time::Duration::from_millis(50), write).await {
+                Ok(n) => accepted += n.unwrap(),
+                Err(_) => break,
+            }
+        }
+        (stream, accepted)
+    });
+    assert!(accepted > 0 && accepted < tail.len(), "{accepted}");
+    // Dropped on another thread, not the shard's.
+    std::thread::spawn(move || drop(stream)).join().unwrap();
+    let reader = std::thread::spawn(move || {
+        peer.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut got = Vec::new();
+        peer.read_to_end(&mut got).map(|_| got)
+    });
+    let got = reader.join().unwrap().expect("read to the end");
+    assert_eq!(got.len(), filled + accepted, "every accepted byte");
+    assert_eq!(&got[filled..], &tail[..accepted]);
+    drop(rt);
+}
+
 /// A send that the kernel takes only in part (the peer's buffer nearly
 /// full) goes on while the task only reads: a request written and flushed,
 /// then a wait for the answer, is not left half sent.
