@@ -374,20 +374,36 @@ fn fill_until_full(socket: &std::os::unix::net::UnixStream) -> usize {
     }
 }
 
+/// `n` bytes counting 0 to 250 over and over.
+fn patterned(n: u32) -> Vec<u8> {
+    (0..n).map(|i| (i % 251) as u8).collect()
+}
+
+/// What `peer` receives until the end, read on another thread.
+fn read_to_the_end(mut peer: std::os::unix::net::UnixStream) -> Vec<u8> {
+    use std::io::Read;
+    let reader = std::thread::spawn(move || {
+        peer.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut got = Vec::new();
+        peer.read_to_end(&mut got).map(|_| got)
+    });
+    reader.join().unwrap().expect("read to the end")
+}
+
 /// A flush waits for what was written to be handed to a send, not for the
 /// peer to make room for it (a Tokio `TcpStream` flush is just as quick:
 /// the kernel holds the bytes); a stream dropped with a send in flight
 /// finishes it in the background, so nothing a write accepted is lost.
 #[test]
 fn a_flush_does_not_wait_for_the_peer_and_a_drop_loses_no_accepted_byte() {
-    use std::io::Read;
     use tokio::io::AsyncWriteExt;
     let rt = runtime();
-    let (ours, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    let (ours, peer) = std::os::unix::net::UnixStream::pair().unwrap();
     // Fill the socket until the kernel takes no more: the peer reads
     // nothing yet.
     let filled = fill_until_full(&ours);
-    let tail: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+    let tail = patterned(10_000);
     let sent = tail.clone();
     let flushed = rt.block_on_local(move || async move {
         let mut stream = CompatStream::unix(UnixStream::from_std(ours).unwrap());
@@ -401,13 +417,7 @@ fn a_flush_does_not_wait_for_the_peer_and_a_drop_loses_no_accepted_byte() {
     assert_eq!(flushed, Ok(true), "the flush came back, and well");
     // Now the peer reads: the filler, then every byte of the tail, then
     // the end (the background send closed the stream when it was done).
-    let reader = std::thread::spawn(move || {
-        peer.set_read_timeout(Some(std::time::Duration::from_secs(10)))
-            .unwrap();
-        let mut got = Vec::new();
-        peer.read_to_end(&mut got).map(|_| got)
-    });
-    let got = reader.join().unwrap().expect("read to the end");
+    let got = read_to_the_end(peer);
     assert_eq!(got.len(), filled + tail.len());
     assert_eq!(&got[filled..], &tail[..]);
     drop(rt);
@@ -418,14 +428,13 @@ fn a_flush_does_not_wait_for_the_peer_and_a_drop_loses_no_accepted_byte() {
 /// it: its shard finishes them, so nothing a write accepted is lost.
 #[test]
 fn a_stream_dropped_off_its_shard_still_sends_every_accepted_byte() {
-    use std::io::Read;
     use tokio::io::AsyncWriteExt;
     let rt = runtime();
-    let (ours, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    let (ours, peer) = std::os::unix::net::UnixStream::pair().unwrap();
     let filled = fill_until_full(&ours);
     // More than the stream's own buffer: a send in flight (stuck: the peer
     // reads nothing yet) and a full buffer behind it.
-    let tail: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let tail = patterned(200_000);
     let sent = tail.clone();
     let (stream, accepted) = rt.block_on_local(move || async move {
         let mut stream = CompatStream::unix(UnixStream::from_std(ours).unwrap());
@@ -443,13 +452,7 @@ fn a_stream_dropped_off_its_shard_still_sends_every_accepted_byte() {
     assert!(accepted > 0 && accepted < tail.len(), "{accepted}");
     // Dropped on another thread, not the shard's.
     std::thread::spawn(move || drop(stream)).join().unwrap();
-    let reader = std::thread::spawn(move || {
-        peer.set_read_timeout(Some(std::time::Duration::from_secs(10)))
-            .unwrap();
-        let mut got = Vec::new();
-        peer.read_to_end(&mut got).map(|_| got)
-    });
-    let got = reader.join().unwrap().expect("read to the end");
+    let got = read_to_the_end(peer);
     assert_eq!(got.len(), filled + accepted, "every accepted byte");
     assert_eq!(&got[filled..], &tail[..accepted]);
     drop(rt);
