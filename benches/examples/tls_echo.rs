@@ -23,7 +23,8 @@
 //! request is its process's CPU time over the run. `TLS_CLIENT_CPUS=LIST`
 //! runs the load generator under `taskset -c LIST`, `TLS_CLIENT_THREADS=N`
 //! splits it over N threads; `TLS_MAILRING_SPIN_US=N`
-//! sets the shards' idle spin (0: block at once).
+//! sets the shards' idle spin (0: block at once); `TLS_ONLY=<name>` runs
+//! one contender alone (for a profiler).
 
 use mailring_bench::{median_of as median, quartiles_of as quartiles};
 use std::net::SocketAddr;
@@ -155,7 +156,12 @@ struct Run {
 }
 
 fn run_workload(w: Workload, pairs: usize, pki: &Pki) {
-    let contenders = [Contender::Mailring, Contender::TokioRustls];
+    // TLS_ONLY=<name>: run one contender (for profiling).
+    let only = std::env::var("TLS_ONLY").ok();
+    let contenders: Vec<Contender> = [Contender::Mailring, Contender::TokioRustls]
+        .into_iter()
+        .filter(|c| only.as_deref().is_none_or(|o| o == c.name()))
+        .collect();
     let runs: Vec<Vec<Run>> = mailring_bench::alternating_pairs(pairs, contenders.len(), |i| {
         serve_once(contenders[i], w, pki)
     });
@@ -240,8 +246,14 @@ impl mailring_transports::Session for Echo {
 }
 
 fn mailring_server(config: Arc<rustls::ServerConfig>) -> (SocketAddr, Box<dyn FnOnce()>) {
-    // TLS_MAILRING_SPIN_US=N|poll: the shards' idle spin (0 blocks at once).
-    let rt = mailring_bench::runtime_from_env(2, "TLS_MAILRING_SPIN_US");
+    // TLS_MAILRING_SPIN_US=N|poll: the shards' idle spin (0 blocks at once);
+    // TLS_MAILRING_SHARDS=N: another shard count (1 under valgrind, which
+    // serializes threads and stalls while a shard waits in the kernel).
+    let shards = std::env::var("TLS_MAILRING_SHARDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2);
+    let rt = mailring_bench::runtime_from_env(shards, "TLS_MAILRING_SPIN_US");
     let server = mailring_transports::Server::builder(
         mailring_transports::codec::LengthDelimited::new(),
         |_| Echo,
