@@ -154,11 +154,10 @@ pub struct ServerConfig {
     /// connection is still accepted but only to be refused: it gets the
     /// session's [`Session::refusal`] for [`CloseReason::ClientLimit`]
     /// (asked at once, sent after the TLS handshake on a TLS server), no
-    /// `on_open`, and
-    /// closes, as Redis answers past `maxclients`. A client learns why
-    /// instead of waiting in the listen backlog. The refused count among
-    /// the connections until they close, so `max_connections` still bounds
-    /// the descriptors a flood takes. Default none.
+    /// `on_open`, and closes, as Redis answers past `maxclients`. A client
+    /// learns why instead of waiting in the listen backlog. The refused
+    /// count among the connections until they close, so `max_connections`
+    /// still bounds the descriptors a flood takes. Default none.
     pub max_clients: Option<usize>,
     /// How long [`Server::shutdown`] lets sessions finish what they have
     /// started before closing them. Default 5 s.
