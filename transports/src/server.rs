@@ -10,11 +10,11 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -987,29 +987,48 @@ impl<S: Session> Drop for Connection<S> {
 /// handlers, pushes, deferred replies) is reported to the runtime and
 /// counted as [`CloseReason::Panicked`], and the connection closes (its
 /// future, with the socket, is dropped) while the shard goes on.
-async fn guarded<S: Session>(shared: Arc<Shared<S>>, connection: impl Future<Output = ()>) {
-    let caught = {
-        let mut connection = pin!(connection);
-        std::future::poll_fn(|task| {
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                connection.as_mut().poll(task)
-            })) {
-                Ok(Poll::Ready(())) => Poll::Ready(None),
-                Ok(Poll::Pending) => Poll::Pending,
-                Err(payload) => Poll::Ready(Some(payload)),
-            }
-        })
-        .await
-    };
-    if let Some(payload) = caught {
+///
+/// The connection's future is boxed, and the task holds this small guard:
+/// an `async fn` taking the future as an argument held it twice (the
+/// argument, and the pinned copy it polls), and a task's future is copied
+/// when the task is made.
+fn guarded<S: Session, F: Future<Output = ()>>(
+    shared: Arc<Shared<S>>,
+    connection: F,
+) -> Guarded<S, F> {
+    Guarded {
+        shared,
+        connection: Box::pin(connection),
+    }
+}
+
+/// See [`guarded`].
+struct Guarded<S: Session, F> {
+    shared: Arc<Shared<S>>,
+    connection: Pin<Box<F>>,
+}
+
+impl<S: Session, F: Future<Output = ()>> Future for Guarded<S, F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, task: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let connection = this.connection.as_mut();
+        let payload = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            connection.poll(task)
+        })) {
+            Ok(poll) => return poll,
+            Err(payload) => payload,
+        };
         mailring::panic::report_caught(CallbackKind::Handler, &*payload);
         mailring::panic::drop_payload(payload);
         if let Some(shard) = mailring::current_shard() {
-            shared
+            this.shared
                 .counters(shard)
                 .closed(CloseKind::Panicked)
                 .fetch_add(1, Ordering::Relaxed);
         }
+        Poll::Ready(())
     }
 }
 
