@@ -406,11 +406,7 @@ impl Codec for RespCodec {
     fn encode(&mut self, frame: (Protocol, Reply), dst: &mut BytesMut) -> Result<(), CodecError> {
         // Straight into the connection's write buffer: no frame of its own,
         // in room reserved once.
-        if let Some(errors) = &self.errors {
-            if frame.1.may_hold_error() {
-                errors.note_reply(&frame.1);
-            }
-        }
+        self.count_errors(&frame.1);
         dst.reserve(frame.1.size_hint());
         frame.1.encode(frame.0, dst);
         Ok(())
@@ -419,9 +415,18 @@ impl Codec for RespCodec {
     /// A reply `CLIENT REPLY` drops: its errors count as if it were
     /// written, as Redis counts them.
     fn discard(&mut self, frame: (Protocol, Reply)) {
+        self.count_errors(&frame.1);
+    }
+}
+
+impl RespCodec {
+    /// Counts the errors `reply` holds, where errors are counted (the
+    /// variant is tested inline; the counting is out of line).
+    #[inline]
+    fn count_errors(&self, reply: &Reply) {
         if let Some(errors) = &self.errors {
-            if frame.1.may_hold_error() {
-                errors.note_reply(&frame.1);
+            if reply.may_hold_error() {
+                errors.note_reply(reply);
             }
         }
     }

@@ -254,8 +254,7 @@ fn a_group_read_of_several_streams_on_idle_actors_runs_at_once() {
         };
         R::Array(vec![one("a"), one("b")])
     };
-    let before = broker.streams_run_at_once();
-    assert_eq!(
+    let read = |c: &mut Client, second: &str, ids: [&str; 2]| {
         c.cmd(&[
             "XREADGROUP",
             "GROUP",
@@ -263,47 +262,28 @@ fn a_group_read_of_several_streams_on_idle_actors_runs_at_once() {
             "c",
             "STREAMS",
             "a",
-            "b",
-            ">",
-            ">"
-        ]),
-        both("1-1")
-    );
+            second,
+            ids[0],
+            ids[1],
+        ])
+    };
+    let before = broker.streams_run_at_once();
+    assert_eq!(read(&mut c, "b", [">", ">"]), both("1-1"));
     // Each group checked, then each stream read: four runs, no ask.
     assert_eq!(broker.streams_run_at_once() - before, 4);
     // The history of both: what `>` delivered is pending.
-    assert_eq!(
-        c.cmd(&[
-            "XREADGROUP",
-            "GROUP",
-            "g",
-            "c",
-            "STREAMS",
-            "a",
-            "b",
-            "0",
-            "0"
-        ]),
-        both("1-1")
-    );
-    // A group missing on the second stream fails the read before anything
-    // is delivered from the first.
+    assert_eq!(read(&mut c, "b", ["0", "0"]), both("1-1"));
+    // A stream without the group, second: its check (at once) fails the
+    // read before anything is delivered from the first.
     assert_eq!(c.cmd(&["XADD", "a", "2-1", "n", "a"]), R::bulk("2-1"));
-    let r = c.cmd(&[
-        "XREADGROUP",
-        "GROUP",
-        "g",
-        "c",
-        "STREAMS",
-        "a",
-        "nope",
-        ">",
-        ">",
-    ]);
+    assert_eq!(c.cmd(&["XADD", "nogroup", "1-1", "n", "x"]), R::bulk("1-1"));
+    let before = broker.streams_run_at_once();
+    let r = read(&mut c, "nogroup", [">", ">"]);
     assert!(
         matches!(&r, R::Error(e) if e.starts_with("NOGROUP")),
         "{r:?}"
     );
+    assert_eq!(broker.streams_run_at_once() - before, 2, "two checks");
     let R::Array(summary) = c.cmd(&["XPENDING", "a", "g"]) else {
         panic!("XPENDING answers an array")
     };
