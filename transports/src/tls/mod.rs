@@ -6,8 +6,10 @@
 //!
 //! The handshake is rustls's unbuffered API over owned-buffer ring I/O:
 //! rustls reads the records where the kernel put them and encodes its own
-//! into a buffer one ring send takes. Then [`record`] protects the records
-//! with the negotiated keys (rustls keeps the key schedule): a received
+//! into a buffer one ring send takes. rustls goes on protecting the
+//! connection's first records ([`opening`]), so that a short connection
+//! does not pay for a second derivation of its keys; then [`record`]
+//! protects the records with them (rustls keeps the key schedule): a received
 //! record is decrypted in place and copied once, into the caller's buffer;
 //! a send copies the plaintext once, into the send buffer, where
 //! [`seal`] seals it. Records are written
@@ -16,6 +18,7 @@
 //! the wire.
 
 mod client_hello;
+mod opening;
 mod record;
 mod seal;
 #[cfg(test)]
@@ -372,6 +375,9 @@ enum Handshake {
 /// Where a connection is in its life.
 enum Phase {
     Handshake(Box<Handshake>),
+    /// The handshake is done and rustls still protects the records
+    /// ([`opening`]).
+    Opening(Box<Handshake>),
     Traffic(Box<RecordLayer>),
     /// Between the two, or after the move from one to the other failed.
     Spent,
@@ -496,12 +502,25 @@ pub(crate) struct TlsState {
     hs_grew: bool,
     /// Bytes that are no record were offered to rustls once.
     hs_bad_offered: bool,
+    /// Records of data a connection carries under rustls's protection
+    /// before the record layer takes the keys (0: at the handshake's end).
+    hand_over_after: u32,
+    /// Records of data carried so far under rustls's protection.
+    records_carried: u32,
+    /// The peer's `close_notify` came while rustls protected the records.
+    opening_peer_closed: bool,
+    /// Ours went while rustls protected the records.
+    opening_close_notify_sent: bool,
+    /// rustls sent a record of its own while it protected the records
+    /// (see `opening::Given`).
+    opening_sent_unasked: bool,
 }
 
 impl fmt::Debug for TlsState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let phase = match &self.phase {
             Phase::Handshake(_) => "handshake",
+            Phase::Opening(_) => "opening",
             Phase::Traffic(_) => "traffic",
             Phase::Spent => "spent",
         };
@@ -529,6 +548,11 @@ impl TlsState {
             hs_offered: 0,
             hs_grew: false,
             hs_bad_offered: false,
+            hand_over_after: opening::HAND_OVER_AFTER_RECORDS,
+            records_carried: 0,
+            opening_peer_closed: false,
+            opening_close_notify_sent: false,
+            opening_sent_unasked: false,
         }
     }
 
@@ -611,7 +635,7 @@ impl TlsState {
                         );
                         return Step::Failed(self.broke(failure));
                     }
-                    return match self.start_traffic() {
+                    return match self.end_handshake() {
                         Ok(()) => Step::Done,
                         Err(failure) => Step::Failed(self.broke(failure)),
                     };
@@ -620,7 +644,7 @@ impl TlsState {
                 // before the client's Finished): the next record, if whole.
                 Ok(HandshakeNext::Receive | HandshakeNext::Writable) => {
                     if let Err(failure) = self.offer_next_record() {
-                        self.queue_handshake_alert();
+                        self.queue_rustls_alert();
                         return Step::Failed(self.broke(failure));
                     }
                     if !self.hs_grew {
@@ -628,7 +652,7 @@ impl TlsState {
                     }
                 }
                 Err(e) => {
-                    self.queue_handshake_alert();
+                    self.queue_rustls_alert();
                     return Step::Failed(self.broke(TlsFailure::Protocol(e.to_string())));
                 }
             }
@@ -693,8 +717,9 @@ impl TlsState {
         }
     }
 
-    /// After rustls refused the handshake: encodes the alert it queued.
-    fn queue_handshake_alert(&mut self) {
+    /// After rustls refused what it was given (in the handshake, or while
+    /// it protects the first records): encodes the alert it queued.
+    fn queue_rustls_alert(&mut self) {
         use rustls::unbuffered::ConnectionState;
         /// `Some(true)`: plaintext was drained and the alert comes next.
         fn drain<Data>(
@@ -718,10 +743,11 @@ impl TlsState {
         // would fail again), after any plaintext it holds. It is given the
         // same bytes: its handshake deframer keeps places in them.
         for _ in 0..2 {
-            let Phase::Handshake(handshake) = &mut self.phase else {
-                return;
+            let (handshake, offered) = match &mut self.phase {
+                Phase::Handshake(handshake) => (handshake, &mut self.cipher_in[..self.hs_offered]),
+                Phase::Opening(conn) => (conn, &mut self.cipher_in[..]),
+                _ => return,
             };
-            let offered = &mut self.cipher_in[..self.hs_offered];
             let (discard, again) = match &mut **handshake {
                 Handshake::Server(conn) => {
                     let status = conn.process_tls_records(offered);
@@ -733,47 +759,75 @@ impl TlsState {
                 }
             };
             self.cipher_in.advance(discard);
-            self.hs_offered -= discard;
+            self.hs_offered = self.hs_offered.saturating_sub(discard);
             if !again {
                 return;
             }
         }
     }
 
-    /// The handshake is done: notes what it agreed and gives the
-    /// connection to the record layer.
-    fn start_traffic(&mut self) -> Result<(), TlsFailure> {
-        let phase = std::mem::replace(&mut self.phase, Phase::Spent);
-        let Phase::Handshake(handshake) = phase else {
+    /// The handshake is done: notes what it agreed, and leaves the records
+    /// to rustls for the connection's first ones ([`opening`]) or gives
+    /// the connection to the record layer at once.
+    fn end_handshake(&mut self) -> Result<(), TlsFailure> {
+        let Phase::Handshake(handshake) = std::mem::replace(&mut self.phase, Phase::Spent) else {
             return Err(TlsFailure::Protocol("the TLS handshake ended twice".into()));
         };
+        let (alpn, version, kind) = match &*handshake {
+            Handshake::Server(conn) => (
+                conn.alpn_protocol().map(<[u8]>::to_vec),
+                conn.protocol_version(),
+                conn.handshake_kind(),
+            ),
+            Handshake::Client(conn) => (
+                conn.alpn_protocol().map(<[u8]>::to_vec),
+                conn.protocol_version(),
+                conn.handshake_kind(),
+            ),
+        };
+        self.info = TlsInfo {
+            server_name: match &*handshake {
+                Handshake::Server(_) => self.info.server_name.take(),
+                Handshake::Client(_) => None,
+            },
+            alpn,
+            version,
+            resumed: kind == Some(rustls::HandshakeKind::Resumed),
+        };
+        self.phase = Phase::Opening(handshake);
+        if self.hand_over_after == 0 {
+            self.start_traffic()?;
+        }
+        Ok(())
+    }
+
+    /// Gives the connection to the record layer: rustls derives the
+    /// traffic keys once more and keeps only what it needs later.
+    fn start_traffic(&mut self) -> Result<(), TlsFailure> {
+        let Phase::Opening(conn) = std::mem::replace(&mut self.phase, Phase::Spent) else {
+            return Err(TlsFailure::Protocol(
+                "the TLS record layer took the connection twice".into(),
+            ));
+        };
         let to_failure = |e: rustls::Error| TlsFailure::Protocol(e.to_string());
-        let layer = match *handshake {
+        let mut layer = match *conn {
             Handshake::Server(conn) => {
-                self.info = TlsInfo {
-                    server_name: self.info.server_name.take(),
-                    alpn: conn.alpn_protocol().map(<[u8]>::to_vec),
-                    version: conn.protocol_version(),
-                    resumed: conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
-                };
                 let (secrets, kernel) = conn
                     .dangerous_into_kernel_connection()
                     .map_err(to_failure)?;
                 RecordLayer::for_server(secrets, kernel)?
             }
             Handshake::Client(conn) => {
-                self.info = TlsInfo {
-                    server_name: None,
-                    alpn: conn.alpn_protocol().map(<[u8]>::to_vec),
-                    version: conn.protocol_version(),
-                    resumed: conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
-                };
                 let (secrets, kernel) = conn
                     .dangerous_into_kernel_connection()
                     .map_err(to_failure)?;
                 RecordLayer::for_client(secrets, kernel)?
             }
         };
+        if self.opening_sent_unasked {
+            // rustls refused a TLS 1.2 renegotiation: the next one fails.
+            layer.renegotiation_was_refused();
+        }
         self.phase = Phase::Traffic(Box::new(layer));
         Ok(())
     }
@@ -789,35 +843,52 @@ impl TlsState {
             self.early_plain.advance(n);
             return Ok(Read::Plaintext(n));
         }
-        let Phase::Traffic(layer) = &mut self.phase else {
-            return Err(handshake_not_done());
+        let read = match &self.phase {
+            Phase::Opening(_) => self.opening_read(buf),
+            Phase::Traffic(_) => self.traffic_read(buf),
+            _ => return Err(handshake_not_done()),
         };
-        match layer.read(&mut self.cipher_in, buf, &mut self.records_out) {
-            Ok(read) => Ok(read),
-            Err(failure) => Err(self.broke(failure)),
-        }
+        read.map_err(|failure| self.broke(failure))
     }
 
     /// Encrypts `plain` into records to send.
     fn encrypt(&mut self, plain: &[u8]) -> io::Result<()> {
-        let Phase::Traffic(layer) = &mut self.phase else {
-            return Err(handshake_not_done());
+        let queued = match &self.phase {
+            Phase::Opening(_) => self.opening_encrypt(plain),
+            Phase::Traffic(_) => self.traffic_encrypt(plain),
+            _ => return Err(handshake_not_done()),
         };
-        match layer.encrypt_data(plain, &mut self.records_out) {
-            Ok(()) => Ok(()),
-            Err(failure) => Err(self.broke(failure)),
-        }
+        queued.map_err(|failure| self.broke(failure))
     }
 
     /// Queues `close_notify` (once).
     fn queue_close_notify(&mut self) -> io::Result<()> {
-        let Phase::Traffic(layer) = &mut self.phase else {
-            return Err(handshake_not_done());
+        let queued = match &mut self.phase {
+            Phase::Opening(_) => self.opening_close_notify(),
+            Phase::Traffic(layer) => layer.encrypt_close_notify(&mut self.records_out),
+            _ => return Err(handshake_not_done()),
         };
-        match layer.encrypt_close_notify(&mut self.records_out) {
-            Ok(()) => Ok(()),
-            Err(failure) => Err(self.broke(failure)),
-        }
+        queued.map_err(|failure| self.broke(failure))
+    }
+
+    /// A read through the record layer.
+    fn traffic_read(&mut self, buf: &mut BytesMut) -> Result<Read, TlsFailure> {
+        let Phase::Traffic(layer) = &mut self.phase else {
+            return Err(TlsFailure::Protocol(
+                "the TLS record layer does not have the connection".into(),
+            ));
+        };
+        layer.read(&mut self.cipher_in, buf, &mut self.records_out)
+    }
+
+    /// Records of data sealed by the record layer.
+    fn traffic_encrypt(&mut self, plain: &[u8]) -> Result<(), TlsFailure> {
+        let Phase::Traffic(layer) = &mut self.phase else {
+            return Err(TlsFailure::Protocol(
+                "the TLS record layer does not have the connection".into(),
+            ));
+        };
+        layer.encrypt_data(plain, &mut self.records_out)
     }
 }
 

@@ -672,6 +672,12 @@ impl RecordLayer {
         Ok(())
     }
 
+    /// Notes that rustls refused a TLS 1.2 renegotiation before the record
+    /// layer took the connection: a second request fails it.
+    pub(super) fn renegotiation_was_refused(&mut self) {
+        self.renegotiation_refused = true;
+    }
+
     /// A TLS 1.2 request to renegotiate that is refused with a warning (the
     /// first one): an empty HelloRequest from a server, a ClientHello from
     /// a client.

@@ -4,6 +4,7 @@
 //! layer), for every suite of both versions, key updates, tickets and
 //! hostile records.
 
+use std::cell::Cell;
 use std::io::{Read as _, Write as _};
 use std::sync::Arc;
 
@@ -14,6 +15,26 @@ use rustls::{SupportedCipherSuite, SupportedProtocolVersion};
 
 use super::record::Read;
 use super::{Handshake, Phase, Step, TlsState};
+
+/// When the connections of a test hand their records from rustls to the
+/// record layer, in records of data: at the handshake's end, after the
+/// first, after a few (in the middle of an exchange), never.
+const HAND_OVERS: [u32; 4] = [0, 1, 3, u32::MAX];
+
+thread_local! {
+    /// The hand-over of the connections `our_server` and `our_client` make
+    /// (0 unless a test runs [`for_each_hand_over`]).
+    static HAND_OVER: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Runs `test` once for each of [`HAND_OVERS`].
+fn for_each_hand_over(mut test: impl FnMut(u32)) {
+    for hand_over in HAND_OVERS {
+        HAND_OVER.set(hand_over);
+        test(hand_over);
+    }
+    HAND_OVER.set(0);
+}
 
 struct Identity {
     cert: CertificateDer<'static>,
@@ -75,12 +96,16 @@ fn localhost() -> ServerName<'static> {
 
 fn our_server(config: Arc<rustls::ServerConfig>) -> TlsState {
     let conn = rustls::server::UnbufferedServerConnection::new(config).unwrap();
-    TlsState::new(Handshake::Server(conn), BytesMut::new())
+    let mut state = TlsState::new(Handshake::Server(conn), BytesMut::new());
+    state.hand_over_after = HAND_OVER.get();
+    state
 }
 
 fn our_client(config: Arc<rustls::ClientConfig>) -> TlsState {
     let conn = rustls::client::UnbufferedClientConnection::new(config, localhost()).unwrap();
-    TlsState::new(Handshake::Client(conn), BytesMut::new())
+    let mut state = TlsState::new(Handshake::Client(conn), BytesMut::new());
+    state.hand_over_after = HAND_OVER.get();
+    state
 }
 
 /// Moves every record `from` has queued to `to`'s receive buffer.
@@ -89,6 +114,11 @@ fn transfer(from: &mut TlsState, to: &mut TlsState) {
         let records = from.take_outgoing();
         to.cipher_in.extend_from_slice(&records);
     }
+}
+
+/// The handshake is done: rustls or the record layer protects records.
+fn past_handshake(state: &TlsState) -> bool {
+    matches!(state.phase, Phase::Opening(_) | Phase::Traffic(_))
 }
 
 fn in_traffic(state: &TlsState) -> bool {
@@ -109,8 +139,8 @@ fn handshake(client: &mut TlsState, server: &mut TlsState) {
     for _ in 0..50 {
         step(client, server);
         step(server, client);
-        if in_traffic(client)
-            && in_traffic(server)
+        if past_handshake(client)
+            && past_handshake(server)
             && !client.wants_write()
             && !server.wants_write()
         {
@@ -121,9 +151,21 @@ fn handshake(client: &mut TlsState, server: &mut TlsState) {
 }
 
 fn pair(suite: SupportedCipherSuite) -> (TlsState, TlsState) {
+    let hand_over = HAND_OVER.get();
+    pair_with(suite, hand_over, hand_over)
+}
+
+/// A client and a server that hand over at their own points.
+fn pair_with(
+    suite: SupportedCipherSuite,
+    client_hand_over: u32,
+    server_hand_over: u32,
+) -> (TlsState, TlsState) {
     let id = identity();
     let mut client = our_client(client_config(&id, suite));
+    client.hand_over_after = client_hand_over;
     let mut server = our_server(server_config(&id, suite));
+    server.hand_over_after = server_hand_over;
     handshake(&mut client, &mut server);
     (client, server)
 }
@@ -144,6 +186,20 @@ fn read_all(state: &mut TlsState) -> (Vec<u8>, bool) {
     }
 }
 
+/// How many whole records `bytes` holds.
+fn records_in(bytes: &[u8]) -> usize {
+    let mut rest = bytes;
+    let mut count = 0;
+    while rest.len() >= 5 {
+        let len = 5 + usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+        assert!(rest.len() >= len, "a record cut short");
+        rest = &rest[len..];
+        count += 1;
+    }
+    assert!(rest.is_empty());
+    count
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31) ^ seed)
@@ -158,29 +214,41 @@ fn all_suites() -> Vec<SupportedCipherSuite> {
 fn every_suite_of_both_versions_carries_data_both_ways_across_record_boundaries() {
     let suites = all_suites();
     assert_eq!(suites.len(), 9, "three TLS 1.3 suites, six TLS 1.2 ones");
-    for suite in suites {
-        let SupportedCipherSuite::Tls12(s) = suite else {
-            // TLS 1.3: one certificate type serves every suite.
-            check_both_ways(suite);
-            continue;
-        };
-        // The RSA-signed TLS 1.2 suites need an RSA certificate; rcgen's
-        // default key is ECDSA, so only the ECDSA ones run here.
-        if format!("{:?}", s.common.suite).contains("ECDSA") {
-            check_both_ways(suite);
+    for_each_hand_over(|hand_over| {
+        for suite in &suites {
+            let suite = *suite;
+            let SupportedCipherSuite::Tls12(s) = suite else {
+                // TLS 1.3: one certificate type serves every suite.
+                check_both_ways(suite, hand_over);
+                continue;
+            };
+            // The RSA-signed TLS 1.2 suites need an RSA certificate;
+            // rcgen's default key is ECDSA, so only the ECDSA ones run
+            // here.
+            if format!("{:?}", s.common.suite).contains("ECDSA") {
+                check_both_ways(suite, hand_over);
+            }
         }
-    }
+    });
 }
 
-fn check_both_ways(suite: SupportedCipherSuite) {
+fn check_both_ways(suite: SupportedCipherSuite, hand_over: u32) {
     let (mut client, mut server) = pair(suite);
     for state in [&client, &server] {
-        let Phase::Traffic(layer) = &state.phase else {
-            unreachable!()
-        };
-        assert!(layer.seals_in_place(), "{suite:?} is sealed in place");
+        match &state.phase {
+            Phase::Traffic(layer) => {
+                assert_eq!(hand_over, 0);
+                assert!(layer.seals_in_place(), "{suite:?} is sealed in place");
+            }
+            Phase::Opening(_) => assert_ne!(hand_over, 0),
+            _ => unreachable!(),
+        }
     }
     exchange(suite, &mut client, &mut server);
+    // Both took the keys past their point, or kept to rustls.
+    for state in [&client, &server] {
+        assert_eq!(in_traffic(state), hand_over != u32::MAX, "{suite:?}");
+    }
 }
 
 fn exchange(suite: SupportedCipherSuite, client: &mut TlsState, server: &mut TlsState) {
@@ -252,7 +320,7 @@ fn our_server_and_rustls_client(
             Step::Receive | Step::Done => {}
             Step::Failed(e) => panic!("{e}"),
         }
-        if in_traffic(&server) && !client.is_handshaking() && !client.wants_write() {
+        if past_handshake(&server) && !client.is_handshaking() && !client.wants_write() {
             // The session tickets, if the server sent them last.
             to_rustls(&mut server, &mut client).unwrap();
             return (server, client, config);
@@ -263,6 +331,10 @@ fn our_server_and_rustls_client(
 
 #[test]
 fn a_rustls_peer_s_key_updates_are_followed_and_answered_when_it_asks() {
+    for_each_hand_over(|_| key_updates_followed_and_answered());
+}
+
+fn key_updates_followed_and_answered() {
     let (mut server, mut client, _) =
         our_server_and_rustls_client(rustls::crypto::ring::cipher_suite::TLS13_AES_256_GCM_SHA384);
     // More updates than the bound on updates in a row: data between them
@@ -278,15 +350,23 @@ fn a_rustls_peer_s_key_updates_are_followed_and_answered_when_it_asks() {
         assert_eq!(got, [request.clone(), request.clone()].concat());
         assert!(!ended);
         // Our answering KeyUpdate goes first, then the reply under the
-        // new key; rustls reads both.
-        assert!(server.wants_write(), "the requested key update is queued");
+        // new key; rustls reads both. The record layer queues the answer
+        // at once, rustls with the next data.
+        if in_traffic(&server) {
+            assert!(server.wants_write(), "the requested key update is queued");
+        }
         server.encrypt(&request).unwrap();
+        assert_eq!(records_in(&server.records_out), 2, "the answer, the reply");
         assert_eq!(to_rustls(&mut server, &mut client).unwrap(), request);
     }
 }
 
 #[test]
 fn requests_for_key_updates_while_our_records_wait_get_one_answer() {
+    for_each_hand_over(|_| one_answer_for_waiting_requests());
+}
+
+fn one_answer_for_waiting_requests() {
     // A peer that never reads (our records wait, not taken to be sent)
     // asks again and again for an update of ours, data between each batch
     // of asks: one answer is queued, not one per request, and the peer
@@ -312,11 +392,14 @@ fn requests_for_key_updates_while_our_records_wait_get_one_answer() {
     client.writer().write_all(b"x").unwrap();
     from_rustls(&mut client, &mut server);
     assert_eq!(read_all(&mut server).0, b"x");
-    assert!(
-        server.wants_write(),
-        "a new answer after the last was taken"
-    );
+    if in_traffic(&server) {
+        assert!(
+            server.wants_write(),
+            "a new answer after the last was taken"
+        );
+    }
     server.encrypt(b"again").unwrap();
+    assert_eq!(records_in(&server.records_out), 2, "the answer, the data");
     assert_eq!(to_rustls(&mut server, &mut client).unwrap(), b"again");
 }
 
@@ -363,6 +446,10 @@ fn tls12_refuses_to_send_past_the_confidentiality_limit() {
 
 #[test]
 fn our_client_stores_the_server_s_tickets_and_resumes_with_them() {
+    for_each_hand_over(|_| tickets_stored_and_used());
+}
+
+fn tickets_stored_and_used() {
     let id = identity();
     let suite = rustls::crypto::ring::cipher_suite::TLS13_CHACHA20_POLY1305_SHA256;
     let client_config = client_config(&id, suite);
@@ -371,8 +458,8 @@ fn our_client_stores_the_server_s_tickets_and_resumes_with_them() {
     let mut server = our_server(server_config.clone());
     handshake(&mut client, &mut server);
     assert!(!client.info.resumed);
-    // The tickets came after the client's handshake ended: the record
-    // layer hands them to rustls.
+    // The tickets came after the client's handshake ended: rustls takes
+    // them, or the record layer hands them to rustls.
     assert_eq!(read_all(&mut client), (Vec::new(), false));
 
     let mut client = our_client(client_config);
@@ -387,6 +474,10 @@ fn our_client_stores_the_server_s_tickets_and_resumes_with_them() {
 
 #[test]
 fn a_tampered_record_fails_with_bad_record_mac_and_the_peer_is_told() {
+    for_each_hand_over(|_| tampered_record_fails());
+}
+
+fn tampered_record_fails() {
     for suite in [
         rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256,
         rustls::crypto::ring::cipher_suite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
@@ -413,6 +504,10 @@ fn a_tampered_record_fails_with_bad_record_mac_and_the_peer_is_told() {
 
 #[test]
 fn oversized_unprotected_and_unexpected_records_are_refused() {
+    for_each_hand_over(bad_records_refused);
+}
+
+fn bad_records_refused(hand_over: u32) {
     let suite = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256;
     let cases: [(&[u8], &str); 3] = [
         // A length past any record's.
@@ -427,14 +522,18 @@ fn oversized_unprotected_and_unexpected_records_are_refused() {
         server.cipher_in.extend_from_slice(bytes);
         let mut buf = BytesMut::with_capacity(100);
         let e = server.read(&mut buf).unwrap_err();
-        assert!(e.to_string().contains(expected), "{e}");
+        // rustls, protecting the first records, words it its own way.
+        if hand_over == 0 {
+            assert!(e.to_string().contains(expected), "{e}");
+        }
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
         // The alert that says why is queued for the peer.
         assert!(server.wants_write());
     }
     // A fatal alert from the peer fails the connection with its name.
     let (mut server, mut client, _) = our_server_and_rustls_client(suite);
     client.send_close_notify();
-    let (mut ours, mut theirs) = pair(suite);
+    let (mut ours, mut theirs) = pair_with(suite, 0, hand_over);
     let Phase::Traffic(layer) = &mut ours.phase else {
         unreachable!()
     };
@@ -451,6 +550,10 @@ fn oversized_unprotected_and_unexpected_records_are_refused() {
 
 #[test]
 fn a_record_cut_anywhere_waits_for_the_rest() {
+    for_each_hand_over(|_| cut_record_waits());
+}
+
+fn cut_record_waits() {
     let (mut client, mut server) =
         pair(rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256);
     let data = pattern(5000, 9);
@@ -487,12 +590,18 @@ fn a_suite_of_another_provider_is_sealed_by_its_own_encrypter() {
         quic: ring_suite.quic,
     }));
     let suite = SupportedCipherSuite::Tls13(other);
-    let (mut client, mut server) = pair(suite);
-    let Phase::Traffic(layer) = &client.phase else {
-        unreachable!()
-    };
-    assert!(!layer.seals_in_place());
-    exchange(suite, &mut client, &mut server);
+    for_each_hand_over(|hand_over| {
+        let (mut client, mut server) = pair(suite);
+        if let Phase::Traffic(layer) = &client.phase {
+            assert!(!layer.seals_in_place());
+        } else {
+            assert_ne!(hand_over, 0);
+        }
+        exchange(suite, &mut client, &mut server);
+        if let Phase::Traffic(layer) = &client.phase {
+            assert!(!layer.seals_in_place());
+        }
+    });
 }
 
 /// A small deterministic generator (xorshift), so the hostile-input test
@@ -524,6 +633,8 @@ fn hostile_record_streams_never_panic_and_never_yield_forged_plaintext() {
     let data = pattern(40_000, 3);
     for suite in suites {
         for round in 0..200 {
+            // Each kind of corruption meets each hand-over.
+            HAND_OVER.set(HAND_OVERS[(round / 4) % HAND_OVERS.len()]);
             // A valid stream of a few records and the end, under this
             // pair's keys, to corrupt.
             let (mut client, mut server) = pair(suite);
@@ -579,10 +690,15 @@ fn hostile_record_streams_never_panic_and_never_yield_forged_plaintext() {
             }
         }
     }
+    HAND_OVER.set(0);
 }
 
 #[test]
 fn what_follows_the_client_s_finished_in_one_read_is_left_to_the_record_layer() {
+    for_each_hand_over(|_| what_follows_finished_is_read());
+}
+
+fn what_follows_finished_is_read() {
     // rustls's client sends its Finished, data, a KeyUpdate asking for
     // ours, more data and close_notify, all in one read of the server's.
     let suite = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256;
@@ -624,10 +740,13 @@ fn what_follows_the_client_s_finished_in_one_read_is_left_to_the_record_layer() 
         assert!(steps < 10);
     }
     assert_eq!(read_all(&mut server), (b"first second".to_vec(), true));
-    // Our answering KeyUpdate is queued; what follows it is under the new
-    // key, and rustls reads both.
-    assert!(server.wants_write());
+    // Our answering KeyUpdate is queued (by rustls, with the next data);
+    // what follows it is under the new key, and rustls reads both.
+    if in_traffic(&server) {
+        assert!(server.wants_write());
+    }
     server.encrypt(b"reply").unwrap();
+    assert_eq!(records_in(&server.records_out), 2, "the answer, the reply");
     assert_eq!(to_rustls(&mut server, &mut client).unwrap(), b"reply");
 }
 
@@ -647,16 +766,37 @@ fn the_server_name_of_a_client_hello_in_many_small_records_is_read() {
 
 #[test]
 fn a_tls12_renegotiation_is_refused_once_with_a_warning_then_fails() {
+    for_each_hand_over(renegotiation_refused);
+}
+
+fn renegotiation_refused(hand_over: u32) {
     let suite = rustls::crypto::ring::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256;
-    let (mut client, mut server) = pair(suite);
-    let client_hello = [1u8, 0, 0, 0];
+    // The client sends what no client of ours would: its record layer
+    // has to have the keys.
+    let (mut client, mut server) = pair_with(suite, 0, hand_over);
+    // A whole ClientHello, as a client that renegotiates sends it.
+    let id = identity();
+    let mut hello_from =
+        rustls::ClientConnection::new(client_config(&id, suite), localhost()).unwrap();
+    let mut hello_record = Vec::new();
+    hello_from.write_tls(&mut hello_record).unwrap();
+    let client_hello = &hello_record[5..];
+    assert_eq!(client_hello[0], 1, "a ClientHello");
     for attempt in 0..2 {
+        if hand_over == 1 {
+            // The first attempt was read under rustls, and "still here"
+            // handed the keys over: the record layer knows of the refusal.
+            assert_eq!(in_traffic(&server), attempt == 1);
+        }
         let Phase::Traffic(layer) = &mut client.phase else {
             unreachable!()
         };
         let mut out = BytesMut::new();
-        layer.encrypt_handshake_for_test(&client_hello, &mut out);
+        layer.encrypt_handshake_for_test(client_hello, &mut out);
         server.cipher_in.extend_from_slice(&out);
+        // Whether the record layer has the keys (a TLS 1.2 connection
+        // hands over on a read too, past its point).
+        let ours = in_traffic(&server);
         let read = server.read(&mut BytesMut::with_capacity(100));
         if attempt == 0 {
             assert_eq!(read.unwrap(), Read::NeedMore);
@@ -668,7 +808,100 @@ fn a_tls12_renegotiation_is_refused_once_with_a_warning_then_fails() {
             assert_eq!(read_all(&mut server), (b"still here".to_vec(), false));
         } else {
             let e = read.unwrap_err();
-            assert!(e.to_string().contains("handshake message 1"), "{e}");
+            // rustls, protecting the first records, words it its own way.
+            let expected = if ours {
+                "handshake message 1"
+            } else {
+                "TooManyRenegotiationRequests"
+            };
+            assert!(e.to_string().contains(expected), "{e}");
         }
     }
+}
+
+#[test]
+fn a_short_connection_keeps_to_rustls_and_a_long_one_hands_over_after_its_first_records() {
+    use super::opening::HAND_OVER_AFTER_RECORDS;
+    let suite = rustls::crypto::ring::cipher_suite::TLS13_AES_256_GCM_SHA384;
+    let id = identity();
+    let fresh = rustls::server::UnbufferedServerConnection::new(server_config(&id, suite)).unwrap();
+    let fresh = TlsState::new(Handshake::Server(fresh), BytesMut::new());
+    assert_eq!(fresh.hand_over_after, HAND_OVER_AFTER_RECORDS);
+    HAND_OVER.set(HAND_OVER_AFTER_RECORDS);
+
+    // A request, its answer, the end: the keys are never derived again.
+    let (mut client, mut server) = pair(suite);
+    client.encrypt(b"GET /").unwrap();
+    transfer(&mut client, &mut server);
+    assert_eq!(read_all(&mut server), (b"GET /".to_vec(), false));
+    server.encrypt(b"200 OK").unwrap();
+    server.queue_close_notify().unwrap();
+    transfer(&mut server, &mut client);
+    assert_eq!(read_all(&mut client), (b"200 OK".to_vec(), true));
+    assert!(!in_traffic(&client) && !in_traffic(&server));
+
+    // Requests and answers one record each: each side hands over with the
+    // write that carries its record past the point.
+    let (mut client, mut server) = pair(suite);
+    for round in 0..20u32 {
+        let request = pattern(100, round as u8);
+        client.encrypt(&request).unwrap();
+        transfer(&mut client, &mut server);
+        assert_eq!(read_all(&mut server), (request.clone(), false));
+        server.encrypt(&request).unwrap();
+        transfer(&mut server, &mut client);
+        assert_eq!(read_all(&mut client), (request, false));
+        // Records carried after this round's write: the client's 2r + 1,
+        // the server's 2r + 2.
+        assert_eq!(
+            in_traffic(&client),
+            2 * round + 1 >= HAND_OVER_AFTER_RECORDS,
+            "{round}"
+        );
+        assert_eq!(
+            in_traffic(&server),
+            2 * round + 2 >= HAND_OVER_AFTER_RECORDS,
+            "{round}"
+        );
+    }
+    HAND_OVER.set(0);
+}
+
+#[test]
+fn no_hand_over_while_rustls_holds_a_ticket_split_over_records() {
+    let suite = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256;
+    let id = identity();
+    let client_config = client_config(&id, suite);
+    let mut server_config = (*server_config(&id, suite)).clone();
+    // Records of at most 64 bytes: each session ticket spans several.
+    server_config.max_fragment_size = Some(64);
+    let server_config = Arc::new(server_config);
+    let mut client = our_client(client_config.clone());
+    client.hand_over_after = 1;
+    let mut server = our_server(server_config.clone());
+    handshake(&mut client, &mut server);
+    // The tickets wait, unread, in the client's buffer.
+    let tickets = client.cipher_in.split();
+    let records = records_in(&tickets);
+    assert!(records >= 3, "{records} records of tickets");
+    let first_len = u16::from_be_bytes([tickets[3], tickets[4]]);
+    let header_at = 5 + usize::from(first_len);
+    // The first ticket's first record comes; the client writes, past its
+    // point, while rustls holds it: no hand-over yet.
+    client.cipher_in.extend_from_slice(&tickets[..header_at]);
+    assert_eq!(read_all(&mut client), (Vec::new(), false));
+    client.encrypt(b"first").unwrap();
+    assert!(!in_traffic(&client), "rustls holds part of a ticket");
+    // The rest comes; the next write hands over.
+    client.cipher_in.extend_from_slice(&tickets[header_at..]);
+    assert_eq!(read_all(&mut client), (Vec::new(), false));
+    client.encrypt(b" second").unwrap();
+    assert!(in_traffic(&client));
+    transfer(&mut client, &mut server);
+    assert_eq!(read_all(&mut server), (b"first second".to_vec(), false));
+    // The tickets were whole: the next client resumes with one.
+    let mut client = our_client(client_config);
+    let mut server = our_server(server_config);
+    handshake(&mut client, &mut server);
+    assert!(client.info.resumed);
 }
