@@ -436,6 +436,7 @@ fn on_handshake_state<Data>(
     state: Result<rustls::unbuffered::ConnectionState<'_, '_, Data>, rustls::Error>,
     records_out: &mut BytesMut,
     early_plain: &mut BytesMut,
+    record_discard: &mut usize,
 ) -> Result<HandshakeNext, rustls::Error> {
     use rustls::unbuffered::ConnectionState;
     Ok(match state? {
@@ -452,7 +453,11 @@ fn on_handshake_state<Data>(
         // Application data that came with the handshake's last flight.
         ConnectionState::ReadTraffic(mut read) => {
             while let Some(record) = read.next_record() {
-                early_plain.extend_from_slice(record?.payload);
+                let record = record?;
+                early_plain.extend_from_slice(record.payload);
+                // Bytes the record asks to drop besides the call's own
+                // (none in rustls 0.23, which copies the plaintext out).
+                *record_discard += record.discard;
             }
             HandshakeNext::Continue
         }
@@ -476,8 +481,9 @@ pub(crate) struct TlsState {
     /// Room asked of the next receive of ciphertext (see
     /// [`CIPHER_CHUNK_MAX`]).
     receive_room: usize,
-    /// Plaintext that came with the handshake's last records, before the
-    /// record layer took over.
+    /// Plaintext rustls decrypted (data that came with the handshake's
+    /// last records, or the first records it protects) and the caller has
+    /// not taken yet.
     early_plain: BytesMut,
     /// Set when the connection can no longer be used: rustls failed, or a
     /// send of records was abandoned part way.
@@ -588,7 +594,8 @@ impl TlsState {
     /// buffer that grows by a record once it has taken what it was
     /// offered), so it never reads past the record that ends the
     /// handshake: what follows (a key update, data, `close_notify`, a
-    /// ticket split over records) is left, untouched, to the record layer.
+    /// ticket split over records) is left, untouched, to what protects the
+    /// records after it.
     fn handshake_step(&mut self) -> Step {
         loop {
             let Phase::Handshake(handshake) = &mut self.phase else {
@@ -596,23 +603,35 @@ impl TlsState {
             };
             let records_out = &mut self.records_out;
             let early_plain = &mut self.early_plain;
+            let mut record_discard = 0;
             let offered = &mut self.cipher_in[..self.hs_offered];
             let (discard, next) = match &mut **handshake {
                 Handshake::Server(conn) => {
                     let status = conn.process_tls_records(offered);
                     (
                         status.discard,
-                        on_handshake_state(status.state, records_out, early_plain),
+                        on_handshake_state(
+                            status.state,
+                            records_out,
+                            early_plain,
+                            &mut record_discard,
+                        ),
                     )
                 }
                 Handshake::Client(conn) => {
                     let status = conn.process_tls_records(offered);
                     (
                         status.discard,
-                        on_handshake_state(status.state, records_out, early_plain),
+                        on_handshake_state(
+                            status.state,
+                            records_out,
+                            early_plain,
+                            &mut record_discard,
+                        ),
                     )
                 }
             };
+            let discard = (discard + record_discard).min(self.hs_offered);
             self.cipher_in.advance(discard);
             self.hs_offered -= discard;
             let handshaking = match &**handshake {
@@ -743,11 +762,10 @@ impl TlsState {
         // would fail again), after any plaintext it holds. It is given the
         // same bytes: its handshake deframer keeps places in them.
         for _ in 0..2 {
-            let (handshake, offered) = match &mut self.phase {
-                Phase::Handshake(handshake) => (handshake, &mut self.cipher_in[..self.hs_offered]),
-                Phase::Opening(conn) => (conn, &mut self.cipher_in[..]),
-                _ => return,
+            let (Phase::Handshake(handshake) | Phase::Opening(handshake)) = &mut self.phase else {
+                return;
             };
+            let offered = &mut self.cipher_in[..self.hs_offered];
             let (discard, again) = match &mut **handshake {
                 Handshake::Server(conn) => {
                     let status = conn.process_tls_records(offered);
@@ -758,8 +776,9 @@ impl TlsState {
                     (status.discard, drain(status.state, &mut self.records_out))
                 }
             };
+            let discard = discard.min(self.hs_offered);
             self.cipher_in.advance(discard);
-            self.hs_offered = self.hs_offered.saturating_sub(discard);
+            self.hs_offered -= discard;
             if !again {
                 return;
             }
@@ -1097,7 +1116,9 @@ impl TlsConn {
     ///
     /// The kernel gets a buffer of its own: the state's whole buffer when
     /// every record in it was taken, else a new one that starts with a
-    /// copy of the part record left (at most one record), so a receive
+    /// copy of what is left (a part record; while rustls protects the
+    /// first records, also the whole ones of a handshake message it has
+    /// not all seen, at most 64 KiB, which are rare), so a receive
     /// dropped in flight takes nothing the state still needs. The
     /// received bytes are never copied again.
     async fn receive_ciphertext(&self) -> io::Result<()> {
@@ -1196,9 +1217,14 @@ impl TlsConn {
 
     /// Encrypts `buf` and sends the records.
     pub(crate) async fn send_all(&self, buf: Bytes) -> (io::Result<()>, Bytes) {
-        let queued = self.check().and_then(|()| self.state().encrypt(&buf));
-        if let Err(e) = queued {
+        if let Err(e) = self.check() {
             return (Err(e), buf);
+        }
+        let queued = self.state().encrypt(&buf);
+        if let Err(e) = queued {
+            // What the failure queued (an alert, TLS 1.2's close_notify at
+            // its limit) still goes.
+            return (Err(self.fail(e).await), buf);
         }
         (self.flush().await, buf)
     }
@@ -1207,7 +1233,10 @@ impl TlsConn {
     /// connection already failed.
     pub(crate) async fn close_notify(&self) -> io::Result<()> {
         self.check()?;
-        self.state().queue_close_notify()?;
+        let queued = self.state().queue_close_notify();
+        if let Err(e) = queued {
+            return Err(self.fail(e).await);
+        }
         self.flush().await
     }
 

@@ -20,6 +20,19 @@
 //! answer, sealed under the old key, where taking the keys would not see
 //! it. A TLS 1.2 connection has no key updates, and hands over on a read
 //! as well.
+//!
+//! rustls is offered whole records one at a time, as in the handshake,
+//! and is idle whenever a read or a write returns: a write reads nothing
+//! (it never fails for what the peer sent), a record that fails never
+//! costs the plaintext before it, and what rustls still holds once idle
+//! (the records of a handshake message it has not all seen) is exactly
+//! what it was offered and did not drop.
+//!
+//! One difference from the record layer is rustls's own: once we sent
+//! `close_notify`, a record from the peer that rustls refuses trips a
+//! debug assertion of rustls's (it has said its last alert), which panics
+//! in a debug build; the connection's task catches it as any panic. A
+//! release build sends no alert and fails the connection.
 
 use bytes::{Buf, BytesMut};
 use rustls::unbuffered::{ConnectionState, EncryptError, WriteTraffic};
@@ -49,11 +62,13 @@ enum Write<'p> {
 enum Next {
     /// It has more to give: call again.
     Continue,
-    /// It may send data (and did what was asked): every whole record at
-    /// hand is taken.
+    /// It may send data (and did what was asked): it took every record it
+    /// was offered.
     Idle,
     /// The peer's `close_notify` came (every record before it was read).
     PeerClosed,
+    /// Both sides sent `close_notify`: nothing more is read or written.
+    Closed,
 }
 
 /// Asks `encrypt` to write into `out`'s spare room, growing it to the size
@@ -115,6 +130,9 @@ struct Given<'a> {
     plain: &'a mut BytesMut,
     /// Records of data carried.
     records: &'a mut u32,
+    /// Bytes a record read asks to drop besides the call's own (none in
+    /// rustls 0.23, which copies the plaintext out).
+    discard: &'a mut usize,
     /// Set when rustls sends a record of its own (not data of ours): after
     /// a TLS 1.2 handshake, only its refusal of a renegotiation (or a
     /// fatal alert, which ends the connection).
@@ -132,6 +150,7 @@ fn on_state<Data>(
         out,
         plain,
         records,
+        discard,
         refused,
     } = given;
     Ok(match state.map_err(protocol)? {
@@ -147,7 +166,9 @@ fn on_state<Data>(
         }
         ConnectionState::ReadTraffic(mut read) => {
             while let Some(record) = read.next_record() {
-                plain.extend_from_slice(record.map_err(protocol)?.payload);
+                let record = record.map_err(protocol)?;
+                plain.extend_from_slice(record.payload);
+                *discard += record.discard;
                 *records = records.saturating_add(1);
             }
             Next::Continue
@@ -157,8 +178,7 @@ fn on_state<Data>(
             Next::Idle
         }
         ConnectionState::PeerClosed => Next::PeerClosed,
-        // Both sides said `close_notify`: nothing more comes or goes.
-        ConnectionState::Closed => Next::PeerClosed,
+        ConnectionState::Closed => Next::Closed,
         _ => {
             return Err(TlsFailure::Protocol(
                 "an unexpected state of a TLS connection after its handshake".into(),
@@ -168,35 +188,41 @@ fn on_state<Data>(
 }
 
 impl TlsState {
-    /// One call on rustls over every record at hand; `write` is done once
-    /// rustls has given all it holds (`Next::Idle`).
+    /// One call on rustls over the records it was offered (`hs_offered`,
+    /// whole records, as in the handshake); `write` is done once rustls
+    /// has given all it holds (`Next::Idle`).
     fn opening_step(&mut self, write: Write<'_>) -> Result<Next, TlsFailure> {
         let Phase::Opening(conn) = &mut self.phase else {
             return Err(TlsFailure::Protocol(
                 "the TLS connection left rustls's records".into(),
             ));
         };
+        let mut record_discard = 0;
         let given = Given {
             out: &mut self.records_out,
             plain: &mut self.early_plain,
             records: &mut self.records_carried,
+            discard: &mut record_discard,
             refused: &mut self.opening_sent_unasked,
         };
+        let offered = &mut self.cipher_in[..self.hs_offered];
         let (discard, next) = match &mut **conn {
             Handshake::Server(conn) => {
-                let status = conn.process_tls_records(&mut self.cipher_in);
+                let status = conn.process_tls_records(offered);
                 (status.discard, on_state(status.state, write, given))
             }
             Handshake::Client(conn) => {
-                let status = conn.process_tls_records(&mut self.cipher_in);
+                let status = conn.process_tls_records(offered);
                 (status.discard, on_state(status.state, write, given))
             }
         };
+        let discard = (discard + record_discard).min(self.hs_offered);
         self.cipher_in.advance(discard);
+        self.hs_offered -= discard;
         next
     }
 
-    /// Calls rustls until it is idle (or the peer closed), then does
+    /// Calls rustls until it is idle (or the connection ended), then does
     /// `write`. A failure queues rustls's alert.
     fn opening_until_idle(&mut self, write: Write<'_>) -> Result<Next, TlsFailure> {
         loop {
@@ -212,37 +238,20 @@ impl TlsState {
     }
 
     /// The connection has carried enough records for the record layer to
-    /// take the keys, and rustls holds none split over records: a whole
-    /// record still at hand after rustls went idle is part of a handshake
-    /// message it waits to complete. (The caller knows that rustls holds
-    /// no key update to send.)
+    /// take the keys, and rustls, idle, holds none of what it was offered
+    /// (it keeps the records of a handshake message it has not all seen).
+    /// The caller knows that rustls holds no key update to send.
     fn may_hand_over(&self) -> bool {
-        if self.records_carried < self.hand_over_after || self.opening_peer_closed {
-            return false;
-        }
-        match self.cipher_in.get(..5) {
-            None => true,
-            Some(header) => {
-                let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
-                self.cipher_in.len() < 5 + len
-            }
-        }
+        self.records_carried >= self.hand_over_after
+            && !self.opening_peer_closed
+            && self.hs_offered == 0
     }
 
-    /// On a TLS 1.2 connection, brings rustls to idle and gives the
-    /// connection to the record layer if it is time; `Ok(true)` if it did.
+    /// On a TLS 1.2 connection, gives the connection to the record layer
+    /// if it is time (rustls is idle after every read); `Ok(true)` if it
+    /// did.
     fn hand_over_on_read_if_due(&mut self) -> Result<bool, TlsFailure> {
-        if self.records_carried < self.hand_over_after
-            || self.opening_peer_closed
-            || self.info.version != Some(rustls::ProtocolVersion::TLSv1_2)
-        {
-            return Ok(false);
-        }
-        if self.opening_until_idle(Write::Nothing)? == Next::PeerClosed {
-            self.opening_peer_closed = true;
-            return Ok(false);
-        }
-        if !self.may_hand_over() {
+        if self.info.version != Some(rustls::ProtocolVersion::TLSv1_2) || !self.may_hand_over() {
             return Ok(false);
         }
         self.start_traffic()?;
@@ -250,6 +259,9 @@ impl TlsState {
     }
 
     /// Decrypted bytes into `buf` while rustls protects the records.
+    /// rustls is offered one more whole record once it has taken the last
+    /// and its plaintext is given: it is idle whenever a read returns, and
+    /// a record that fails never costs the plaintext before it.
     pub(super) fn opening_read(&mut self, buf: &mut BytesMut) -> Result<Read, TlsFailure> {
         loop {
             if !self.early_plain.is_empty() {
@@ -262,16 +274,24 @@ impl TlsState {
                 return Ok(Read::End);
             }
             if self.hand_over_on_read_if_due()? {
-                // What rustls read on its way to idle comes first.
-                if self.early_plain.is_empty() {
-                    return self.traffic_read(buf);
-                }
-                continue;
+                return self.traffic_read(buf);
             }
             match self.opening_until_idle(Write::Nothing)? {
-                Next::PeerClosed => self.opening_peer_closed = true,
-                _ if self.early_plain.is_empty() => return Ok(Read::NeedMore),
-                _ => {}
+                Next::PeerClosed | Next::Closed => {
+                    self.opening_peer_closed = true;
+                    continue;
+                }
+                Next::Idle | Next::Continue => {}
+            }
+            if !self.early_plain.is_empty() {
+                continue;
+            }
+            if let Err(failure) = self.offer_next_record() {
+                self.queue_rustls_alert();
+                return Err(failure);
+            }
+            if !self.hs_grew {
+                return Ok(Read::NeedMore);
             }
         }
     }
@@ -300,20 +320,24 @@ impl TlsState {
         Ok(())
     }
 
-    /// Calls rustls until it lets `write` be done, then does it.
+    /// Calls rustls until it lets `write` be done, then does it. rustls
+    /// is offered no more records here (every one offered was taken when
+    /// the last read returned): a write never reads, nor fails for what
+    /// the peer sent.
     fn opening_write(&mut self, write: Write<'_>) -> Result<(), TlsFailure> {
+        let closed = || TlsFailure::Protocol("data written after close_notify".into());
         if self.opening_close_notify_sent {
-            return Err(TlsFailure::Protocol(
-                "data written after close_notify".into(),
-            ));
+            return Err(closed());
         }
-        loop {
+        // The peer's end does not end ours: rustls, asked again after it
+        // said so, lets us write.
+        for _ in 0..2 {
             match self.opening_until_idle(write)? {
                 Next::Idle => return Ok(()),
-                // The peer's end does not end ours: write on.
                 Next::PeerClosed => self.opening_peer_closed = true,
-                Next::Continue => {}
+                Next::Closed | Next::Continue => return Err(closed()),
             }
         }
+        Err(closed())
     }
 }

@@ -694,7 +694,7 @@ fn hostile_record_streams_never_panic_and_never_yield_forged_plaintext() {
 }
 
 #[test]
-fn what_follows_the_client_s_finished_in_one_read_is_left_to_the_record_layer() {
+fn what_follows_the_client_s_finished_in_one_read_is_read_after_the_handshake() {
     for_each_hand_over(|_| what_follows_finished_is_read());
 }
 
@@ -904,4 +904,70 @@ fn no_hand_over_while_rustls_holds_a_ticket_split_over_records() {
     let mut server = our_server(server_config);
     handshake(&mut client, &mut server);
     assert!(client.info.resumed);
+}
+
+#[test]
+fn a_bad_record_costs_none_of_the_data_before_it_and_fails_no_write() {
+    for_each_hand_over(|hand_over| {
+        let suite = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256;
+        let (mut server, mut client, _) = our_server_and_rustls_client(suite);
+        // Data, then a record that does not authenticate, in one read.
+        client.writer().write_all(b"good").unwrap();
+        from_rustls(&mut client, &mut server);
+        client.writer().write_all(b"forged").unwrap();
+        let at = server.cipher_in.len();
+        from_rustls(&mut client, &mut server);
+        let last = server.cipher_in.len() - 1;
+        assert!(last > at);
+        server.cipher_in[last] ^= 1;
+        // A write reads nothing, so it does not fail for the peer's record.
+        server.encrypt(b"reply").unwrap();
+        let mut buf = BytesMut::with_capacity(100);
+        assert_eq!(
+            server.read(&mut buf).unwrap(),
+            Read::Plaintext(4),
+            "{hand_over}"
+        );
+        assert_eq!(&buf[..], b"good");
+        let e = server.read(&mut buf).unwrap_err();
+        assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::InvalidData,
+            "{hand_over}: {e}"
+        );
+        // The reply, then the alert that says why.
+        let told = to_rustls(&mut server, &mut client).unwrap_err();
+        assert!(format!("{told:?}").contains("BadRecordMac"), "{told:?}");
+    });
+}
+
+#[test]
+fn an_empty_handshake_record_from_the_peer_never_unsettles_the_hand_over() {
+    // RFC 8446 §5.1 forbids it, but rustls and the record layer both take
+    // it; rustls keeps its bytes until a handshake message ends there, and
+    // must not be taken from meanwhile. Data flows the same whatever the
+    // point of the hand-over.
+    let suite = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256;
+    for hand_over in HAND_OVERS {
+        let (mut client, mut server) = pair_with(suite, 0, hand_over);
+        let Phase::Traffic(layer) = &mut client.phase else {
+            unreachable!()
+        };
+        let mut out = BytesMut::new();
+        layer.encrypt_handshake_for_test(&[], &mut out);
+        server.cipher_in.extend_from_slice(&out);
+        for round in 0..20u8 {
+            let data = pattern(50, round);
+            client.encrypt(&data).unwrap();
+            transfer(&mut client, &mut server);
+            assert_eq!(
+                read_all(&mut server),
+                (data.clone(), false),
+                "{hand_over} {round}"
+            );
+            server.encrypt(&data).unwrap();
+            transfer(&mut server, &mut client);
+            assert_eq!(read_all(&mut client), (data, false), "{hand_over} {round}");
+        }
+    }
 }
