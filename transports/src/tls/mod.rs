@@ -502,7 +502,8 @@ pub(crate) struct TlsState {
     /// name is read.
     hello_bytes: Vec<u8>,
     /// How many bytes at the front of `cipher_in` rustls has been offered
-    /// in the handshake (whole records, see `handshake_step`).
+    /// and not dropped, in the handshake or while it protects the first
+    /// records (whole records, see `handshake_step`).
     hs_offered: usize,
     /// The last `offer_next_record` offered more.
     hs_grew: bool,
@@ -740,7 +741,7 @@ impl TlsState {
     /// it protects the first records): encodes the alert it queued.
     fn queue_rustls_alert(&mut self) {
         use rustls::unbuffered::ConnectionState;
-        /// `Some(true)`: plaintext was drained and the alert comes next.
+        /// `true`: plaintext was drained and the alert comes next.
         fn drain<Data>(
             state: Result<ConnectionState<'_, '_, Data>, rustls::Error>,
             out: &mut BytesMut,
@@ -759,8 +760,12 @@ impl TlsState {
         }
         // rustls queued one alert, which the next call gives before it
         // reads any more records (reading the bytes that failed again
-        // would fail again), after any plaintext it holds. It is given the
-        // same bytes: its handshake deframer keeps places in them.
+        // would fail again, and trip rustls's debug assertion that it
+        // sends one fatal alert), after any plaintext it holds. It is given
+        // the same bytes: its handshake deframer keeps places in them.
+        // (While rustls protects the first records and holds the answer to
+        // a peer's key update, that answer goes first and the alert is
+        // not encoded: the connection still fails.)
         for _ in 0..2 {
             let (Phase::Handshake(handshake) | Phase::Opening(handshake)) = &mut self.phase else {
                 return;

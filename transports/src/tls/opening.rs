@@ -244,6 +244,7 @@ impl TlsState {
     fn may_hand_over(&self) -> bool {
         self.records_carried >= self.hand_over_after
             && !self.opening_peer_closed
+            && !self.opening_close_notify_sent
             && self.hs_offered == 0
     }
 
@@ -300,7 +301,7 @@ impl TlsState {
     /// then hands over if it is time: rustls has just sent every record it
     /// held.
     pub(super) fn opening_encrypt(&mut self, plain: &[u8]) -> Result<(), TlsFailure> {
-        if plain.is_empty() {
+        if plain.is_empty() && !self.opening_close_notify_sent {
             return Ok(());
         }
         self.opening_write(Write::Data(plain))?;

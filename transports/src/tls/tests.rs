@@ -971,3 +971,24 @@ fn an_empty_handshake_record_from_the_peer_never_unsettles_the_hand_over() {
         }
     }
 }
+
+#[test]
+fn a_tls12_connection_that_said_close_notify_keeps_to_rustls_and_writes_nothing_more() {
+    // Our side ends what it sends, then reads on past its point: the
+    // record layer does not take over a connection that has ended its
+    // side (it would let data, or a second close_notify, follow).
+    let suite = rustls::crypto::ring::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256;
+    let (mut client, mut server) = pair_with(suite, 1, 1);
+    server.queue_close_notify().unwrap();
+    transfer(&mut server, &mut client);
+    assert_eq!(read_all(&mut client), (Vec::new(), true));
+    for round in 0..4u8 {
+        let data = pattern(30, round);
+        client.encrypt(&data).unwrap();
+        transfer(&mut client, &mut server);
+        assert_eq!(read_all(&mut server), (data, false));
+    }
+    assert!(!in_traffic(&server));
+    assert!(server.encrypt(b"late").is_err());
+    assert!(!server.wants_write(), "nothing follows our close_notify");
+}
