@@ -21,7 +21,13 @@
 //!   receives and sends back (the loop a Tokio user writes).
 //!
 //! Contenders alternate within each pair; server CPU per datagram is the
-//! process's CPU time over the run. `UDP_CLIENT_CPUS=LIST` runs the load
+//! process's CPU time over the run. Within a pair every contender's server
+//! has the same port and the load generator's peers the same ports, so the
+//! kernel's reuseport hash splits the peers over the two server sockets the
+//! same way for each (the split is uneven and changes with the ports: with
+//! ports of their own, the contenders of a pair drew different splits and
+//! the busier socket's thread decided the ratio). Each pair draws new
+//! ports. `UDP_CLIENT_CPUS=LIST` runs the load
 //! generator under `taskset -c LIST`, `UDP_CLIENT_THREADS=N` splits it
 //! over N threads; `UDP_MAILRING_SPIN_US=N|poll` sets the mailring shards'
 //! idle policy.
@@ -57,7 +63,10 @@ impl Contender {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("client") {
-        client(args[1].parse().expect("address"));
+        client(
+            args[1].parse().expect("address"),
+            args[2].parse().expect("the peers' first port"),
+        );
         return;
     }
     let pairs: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(5);
@@ -67,8 +76,15 @@ fn main() {
         Contender::SocketLoop,
         Contender::Tokio,
     ];
-    let runs: Vec<Vec<Run>> =
-        mailring_bench::alternating_pairs(pairs, contenders.len(), |i| serve_once(contenders[i]));
+    let mut runs_done = 0;
+    let mut ports = PairPorts::draw();
+    let runs: Vec<Vec<Run>> = mailring_bench::alternating_pairs(pairs, contenders.len(), |i| {
+        if runs_done > 0 && runs_done % contenders.len() == 0 {
+            ports = PairPorts::draw();
+        }
+        runs_done += 1;
+        serve_once(contenders[i], ports)
+    });
     println!(
         "UDP echo: {pairs} alternating pairs, {PEERS} peers x {ROUNDS} round trips of 64 B, 2 server threads, load generator in its own process"
     );
@@ -110,14 +126,58 @@ struct Run {
     cpu: Duration,
 }
 
-fn serve_once(c: Contender) -> Run {
+/// The loopback ports of one pair: the servers' and the first of the
+/// peers' [`PEERS`] consecutive ones.
+#[derive(Clone, Copy, Debug)]
+struct PairPorts {
+    server: SocketAddr,
+    first_peer: u16,
+}
+
+impl PairPorts {
+    /// A free server port (the kernel's pick) and [`PEERS`] free ports in
+    /// a row below the ephemeral range, from a start that changes each
+    /// time.
+    fn draw() -> PairPorts {
+        let server = std::net::UdpSocket::bind("127.0.0.1:0")
+            .and_then(|s| s.local_addr())
+            .expect("a free loopback UDP port");
+        let mut seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+        for _ in 0..100 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let first = 20_000 + (seed % 10_000) as u16;
+            let held: Result<Vec<_>, _> = (0..PEERS as u16)
+                .map(|i| std::net::UdpSocket::bind(("127.0.0.1", first + i)))
+                .collect();
+            let clear_of_server = server.port().wrapping_sub(first) >= PEERS as u16;
+            if held.is_ok() && clear_of_server {
+                return PairPorts {
+                    server,
+                    first_peer: first,
+                };
+            }
+        }
+        panic!("no {PEERS} free loopback UDP ports in a row in 20000..30064");
+    }
+}
+
+fn serve_once(c: Contender, ports: PairPorts) -> Run {
+    // The last server of the pair has let the port go.
+    drop(std::net::UdpSocket::bind(ports.server).expect("the pair's server port is free"));
     let (addr, stop): (SocketAddr, Box<dyn FnOnce()>) = match c {
-        Contender::Sessions => sessions_server(true),
-        Contender::SessionsSingleReceives => sessions_server(false),
-        Contender::SocketLoop => mailring_loop_server(),
-        Contender::Tokio => tokio_server(),
+        Contender::Sessions => sessions_server(true, ports.server),
+        Contender::SessionsSingleReceives => sessions_server(false, ports.server),
+        Contender::SocketLoop => mailring_loop_server(ports.server),
+        Contender::Tokio => tokio_server(ports.server),
     };
-    let command = mailring_bench::load_generator("UDP_CLIENT_CPUS", ["client", &addr.to_string()]);
+    let command = mailring_bench::load_generator(
+        "UDP_CLIENT_CPUS",
+        ["client", &addr.to_string(), &ports.first_peer.to_string()],
+    );
     let run = mailring_bench::drive(command, c.name(), stop);
     if std::env::var("UDP_PEER_TIMES").is_ok() {
         eprintln!("== {}\n{}", c.name(), run.stderr);
@@ -158,14 +218,14 @@ fn runtime() -> mailring::Runtime {
 
 /// Per-peer sessions; `multishot`: one multishot receive per shard, else
 /// single receives in flight (the path of kernels before 6.0).
-fn sessions_server(multishot: bool) -> (SocketAddr, Box<dyn FnOnce()>) {
+fn sessions_server(multishot: bool, at: SocketAddr) -> (SocketAddr, Box<dyn FnOnce()>) {
     let rt = runtime();
     let mut config = mailring_transports::datagram::DatagramConfig::default();
     config.multishot_receive = multishot;
     let server = mailring_transports::datagram::DatagramServer::builder(|_: &SocketAddr| Echo)
         .config(config)
         .place_where_received()
-        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .bind(rt.handle(), at)
         .unwrap();
     let addr = server.local_addr();
     (
@@ -177,10 +237,9 @@ fn sessions_server(multishot: bool) -> (SocketAddr, Box<dyn FnOnce()>) {
     )
 }
 
-/// `n` std UDP sockets on one loopback port (`SO_REUSEPORT`).
-fn reuseport_sockets(n: usize) -> Vec<std::net::UdpSocket> {
+/// `n` std UDP sockets on `addr` (`SO_REUSEPORT`), in the group's order.
+fn reuseport_sockets(n: usize, addr: SocketAddr) -> Vec<std::net::UdpSocket> {
     let mut out = Vec::new();
-    let mut addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
     for _ in 0..n {
         let s = socket2::Socket::new(
             socket2::Domain::IPV4,
@@ -190,16 +249,14 @@ fn reuseport_sockets(n: usize) -> Vec<std::net::UdpSocket> {
         .unwrap();
         s.set_reuse_port(true).unwrap();
         s.bind(&addr.into()).unwrap();
-        let s: std::net::UdpSocket = s.into();
-        addr = s.local_addr().unwrap();
-        out.push(s);
+        out.push(s.into());
     }
     out
 }
 
-fn mailring_loop_server() -> (SocketAddr, Box<dyn FnOnce()>) {
+fn mailring_loop_server(at: SocketAddr) -> (SocketAddr, Box<dyn FnOnce()>) {
     let rt = runtime();
-    let sockets = reuseport_sockets(2);
+    let sockets = reuseport_sockets(2, at);
     let addr = sockets[0].local_addr().unwrap();
     let mut tasks = Vec::new();
     for (i, s) in sockets.into_iter().enumerate() {
@@ -229,13 +286,13 @@ fn mailring_loop_server() -> (SocketAddr, Box<dyn FnOnce()>) {
     )
 }
 
-fn tokio_server() -> (SocketAddr, Box<dyn FnOnce()>) {
+fn tokio_server(at: SocketAddr) -> (SocketAddr, Box<dyn FnOnce()>) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let sockets = reuseport_sockets(2);
+    let sockets = reuseport_sockets(2, at);
     let addr = sockets[0].local_addr().unwrap();
     for s in sockets {
         s.set_nonblocking(true).unwrap();
@@ -258,8 +315,9 @@ fn tokio_server() -> (SocketAddr, Box<dyn FnOnce()>) {
 
 // ------------------------------------------------------- load generator
 
-/// Prints `wall_ns p50_ns p99_ns resent`.
-fn client(addr: SocketAddr) {
+/// Prints `wall_ns p50_ns p99_ns resent`. The peers are bound to the
+/// loopback ports from `first_port` on.
+fn client(addr: SocketAddr, first_port: u16) {
     // UDP_CLIENT_THREADS=N: the peers split over N threads, each a
     // current-thread runtime, started together.
     let threads = std::env::var("UDP_CLIENT_THREADS")
@@ -267,8 +325,11 @@ fn client(addr: SocketAddr) {
         .and_then(|n| n.parse::<usize>().ok())
         .unwrap_or(1)
         .clamp(1, PEERS);
+    let next_port = std::sync::atomic::AtomicU16::new(first_port);
     let (wall, parts) = mailring_bench::split_over_threads(threads, move |barrier| {
-        let (start, end, lat, resent) = peers(addr, PEERS / threads, barrier);
+        let n = PEERS / threads;
+        let first = next_port.fetch_add(n as u16, std::sync::atomic::Ordering::Relaxed);
+        let (start, end, lat, resent) = peers(addr, first, n, barrier);
         (start, end, (lat, resent))
     });
     let mut lat: Vec<Duration> = Vec::new();
@@ -286,6 +347,7 @@ fn client(addr: SocketAddr) {
 /// datagrams sent again).
 fn peers(
     addr: SocketAddr,
+    first_port: u16,
     n: usize,
     barrier: &std::sync::Barrier,
 ) -> (Instant, Instant, Vec<Duration>, u64) {
@@ -296,8 +358,10 @@ fn peers(
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
         let mut sockets = Vec::new();
-        for _ in 0..n {
-            let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        for i in 0..n as u16 {
+            let s = tokio::net::UdpSocket::bind(("127.0.0.1", first_port + i))
+                .await
+                .expect("a peer's port (free when the pair was drawn)");
             s.connect(addr).await.unwrap();
             sockets.push(s);
         }
