@@ -30,7 +30,7 @@
 //! ports. `UDP_CLIENT_CPUS=LIST` runs the load
 //! generator under `taskset -c LIST`, `UDP_CLIENT_THREADS=N` splits it
 //! over N threads; `UDP_MAILRING_SPIN_US=N|poll` sets the mailring shards'
-//! idle policy.
+//! idle policy; `UDP_ONLY=<name>` runs one contender (for profiling).
 
 use mailring_bench::{median_of as median, quartiles_of as quartiles};
 use std::net::SocketAddr;
@@ -70,12 +70,17 @@ fn main() {
         return;
     }
     let pairs: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(5);
-    let contenders = [
+    // UDP_ONLY=<name>: run one contender (for profiling).
+    let only = std::env::var("UDP_ONLY").ok();
+    let contenders: Vec<Contender> = [
         Contender::Sessions,
         Contender::SessionsSingleReceives,
         Contender::SocketLoop,
         Contender::Tokio,
-    ];
+    ]
+    .into_iter()
+    .filter(|c| only.as_deref().is_none_or(|o| o == c.name()))
+    .collect();
     let mut runs_done = 0;
     let mut ports = PairPorts::draw();
     let runs: Vec<Vec<Run>> = mailring_bench::alternating_pairs(pairs, contenders.len(), |i| {

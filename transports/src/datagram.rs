@@ -316,6 +316,8 @@ struct Slot {
     waker: RefCell<Option<Waker>>,
     last: Cell<Instant>,
     stop: Cell<Option<DatagramClose>>,
+    /// The session left the table: a peer's cached slot is stale.
+    ended: Cell<bool>,
 }
 
 impl Slot {
@@ -331,7 +333,7 @@ struct Table<S: DatagramSession> {
     socket: Rc<UdpSocket>,
     sessions: HashMap<S::Key, Rc<Slot>>,
     /// Peers seen here, with their key and when they were last heard.
-    peers: HashMap<SocketAddr, (S::Key, Instant)>,
+    peers: HashMap<PeerAddr, Peer<S::Key>>,
     /// With `peers` at its bound and none quiet at the last look: no
     /// peer can be quiet before this, so a newcomer is refused without
     /// another look at them all.
@@ -342,6 +344,39 @@ struct Table<S: DatagramSession> {
 
 /// A datagram handed to a shard whose receive loop has not started yet.
 type Early = Box<dyn FnOnce()>;
+
+/// A peer's address as the key of the peers seen: hashed as one word (an
+/// IPv4 address and port) or two (IPv6), where `SocketAddr`'s own hash
+/// feeds the hasher its parts one at a time (a SipHash of a few bytes
+/// costs about as much per call as per byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PeerAddr(SocketAddr);
+
+impl std::hash::Hash for PeerAddr {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // Equal addresses hash alike (IPv6's flow and scope are left out:
+        // addresses that differ only there share a hash, not an entry).
+        match self.0 {
+            SocketAddr::V4(a) => {
+                state.write_u64(u64::from(a.ip().to_bits()) << 16 | u64::from(a.port()));
+            }
+            SocketAddr::V6(a) => {
+                state.write_u128(a.ip().to_bits());
+                state.write_u16(a.port());
+            }
+        }
+    }
+}
+
+/// A peer seen on a shard.
+struct Peer<K> {
+    key: K,
+    /// When it was last heard from.
+    last: Instant,
+    /// Its key's session on this shard, when it lives here: its datagrams
+    /// go to it without a look-up by key (until the session ends).
+    slot: Option<Rc<Slot>>,
+}
 
 thread_local! {
     /// Per shard: each datagram server's table, by server id.
@@ -742,9 +777,11 @@ fn arrive<S: DatagramSession>(
     datagram: Bytes,
 ) {
     let now = mailring::time::now();
-    let known = t.borrow_mut().peers.get_mut(&peer).map(|(key, last)| {
-        *last = now;
-        key.clone()
+    let mut cached = None;
+    let known = t.borrow_mut().peers.get_mut(&PeerAddr(peer)).map(|known| {
+        known.last = now;
+        cached = known.slot.clone().filter(|slot| !slot.ended.get());
+        known.key.clone()
     });
     let is_new = known.is_none();
     let key = match known {
@@ -809,10 +846,28 @@ fn arrive<S: DatagramSession>(
                 return;
             }
         }
-        t.peers.insert(peer, (key.clone(), now));
+        t.peers.insert(
+            PeerAddr(peer),
+            Peer {
+                key: key.clone(),
+                last: now,
+                slot: None,
+            },
+        );
     }
     if owner == shard {
-        deliver(shared, t, shard, key, peer, datagram);
+        if let Some(slot) = cached {
+            // The key's session here, as this peer's last datagram found.
+            if !shared.closing.load(Ordering::Acquire) {
+                into_slot(shared, shard, &slot, peer, datagram, now);
+            }
+            return;
+        }
+        if let Some(slot) = deliver(shared, t, shard, key, peer, datagram, now) {
+            if let Some(known) = t.borrow_mut().peers.get_mut(&PeerAddr(peer)) {
+                known.slot = Some(slot);
+            }
+        }
     } else {
         let Some(transit) = InTransit::take(shared, owner) else {
             shared
@@ -828,13 +883,15 @@ fn arrive<S: DatagramSession>(
         shared.handle.clone().run_on(owner, move || {
             let shared = transit.taken();
             if let Some(t) = table::<S>(shared.id) {
-                deliver(&shared, &t, owner, key, peer, datagram);
+                let now = mailring::time::now();
+                deliver(&shared, &t, owner, key, peer, datagram, now);
             } else if !shared.closing.load(Ordering::Acquire) {
                 let id = shared.id;
                 let counters = shared.clone();
                 let later: Early = Box::new(move || {
                     if let Some(t) = table::<S>(shared.id) {
-                        deliver(&shared, &t, owner, key, peer, datagram);
+                        let now = mailring::time::now();
+                        deliver(&shared, &t, owner, key, peer, datagram, now);
                     }
                 });
                 // Bounded: a shard whose loop never starts (its socket
@@ -927,14 +984,14 @@ fn garbage<S: DatagramSession>(
 /// `quiet`). A table at its bound makes room in one pass, paid for by the
 /// next quarter of new peers.
 fn forget_quiet_peers<K>(
-    peers: &mut HashMap<SocketAddr, (K, Instant)>,
+    peers: &mut HashMap<PeerAddr, Peer<K>>,
     now: Instant,
     quiet: Duration,
 ) -> Result<(), Instant> {
     let mut oldest = now;
     let mut seen: Vec<Instant> = peers
         .values()
-        .map(|(_, last)| *last)
+        .map(|peer| peer.last)
         .inspect(|last| oldest = oldest.min(*last))
         .filter(|last| now.saturating_duration_since(*last) >= quiet)
         .collect();
@@ -945,8 +1002,8 @@ fn forget_quiet_peers<K>(
     let (_, cutoff, _) = seen.select_nth_unstable(forget - 1);
     let cutoff = *cutoff;
     let mut left = forget;
-    peers.retain(|_, (_, last)| {
-        if left > 0 && *last <= cutoff {
+    peers.retain(|_, peer| {
+        if left > 0 && peer.last <= cutoff {
             left -= 1;
             false
         } else {
@@ -957,7 +1014,7 @@ fn forget_quiet_peers<K>(
 }
 
 /// Puts a datagram in its session's inbox on this (the key's) shard,
-/// opening the session if it has none.
+/// opening the session if it has none; gives the session's slot.
 fn deliver<S: DatagramSession>(
     shared: &Arc<Shared<S>>,
     t: &Rc<RefCell<Table<S>>>,
@@ -965,9 +1022,10 @@ fn deliver<S: DatagramSession>(
     key: S::Key,
     peer: SocketAddr,
     datagram: Bytes,
-) {
+    now: Instant,
+) -> Option<Rc<Slot>> {
     if shared.closing.load(Ordering::Acquire) {
-        return;
+        return None;
     }
     let counters = shared.counters(shard);
     let existing = t.borrow().sessions.get(&key).cloned();
@@ -983,7 +1041,7 @@ fn deliver<S: DatagramSession>(
                 .is_ok();
             if !claimed {
                 counters.over_capacity.fetch_add(1, Ordering::Relaxed);
-                return;
+                return None;
             }
             let made =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (shared.factory)(&key)));
@@ -994,14 +1052,15 @@ fn deliver<S: DatagramSession>(
                     mailring::panic::drop_payload(payload);
                     counters.panicked.fetch_add(1, Ordering::Relaxed);
                     shared.live.fetch_sub(1, Ordering::AcqRel);
-                    return;
+                    return None;
                 }
             };
             let slot = Rc::new(Slot {
                 inbox: RefCell::new(VecDeque::new()),
                 waker: RefCell::new(None),
-                last: Cell::new(mailring::time::now()),
+                last: Cell::new(now),
                 stop: Cell::new(None),
+                ended: Cell::new(false),
             });
             t.borrow_mut().sessions.insert(key.clone(), slot.clone());
             counters.opened.fetch_add(1, Ordering::Relaxed);
@@ -1017,14 +1076,30 @@ fn deliver<S: DatagramSession>(
             slot
         }
     };
-    slot.last.set(mailring::time::now());
+    into_slot(shared, shard, &slot, peer, datagram, now);
+    Some(slot)
+}
+
+/// Puts a datagram in a session's inbox (on its shard, this one).
+fn into_slot<S: DatagramSession>(
+    shared: &Shared<S>,
+    shard: ShardId,
+    slot: &Slot,
+    peer: SocketAddr,
+    datagram: Bytes,
+    now: Instant,
+) {
+    slot.last.set(now);
     // Marked idle by the sweep but not ended yet: it lives on.
     if slot.stop.get() == Some(DatagramClose::IdleTimeout) {
         slot.stop.set(None);
     }
     let mut inbox = slot.inbox.borrow_mut();
     if inbox.len() >= shared.config.session_queue.max(1) {
-        counters.queue_full.fetch_add(1, Ordering::Relaxed);
+        shared
+            .counters(shard)
+            .queue_full
+            .fetch_add(1, Ordering::Relaxed);
         return;
     }
     inbox.push_back((peer, datagram));
@@ -1038,7 +1113,7 @@ fn sweep_idle<S: DatagramSession>(shared: &Shared<S>, t: &Rc<RefCell<Table<S>>>)
     let idle = shared.config.idle_timeout;
     let mut t = t.borrow_mut();
     t.peers
-        .retain(|_, (_, last)| now.duration_since(*last) < idle);
+        .retain(|_, peer| now.duration_since(peer.last) < idle);
     for slot in t.sessions.values() {
         if now.duration_since(slot.last.get()) >= idle && slot.stop.get().is_none() {
             slot.stop.set(Some(DatagramClose::IdleTimeout));
@@ -1115,6 +1190,7 @@ async fn run_session<S: DatagramSession>(
         {
             table.sessions.remove(&key);
         }
+        slot.ended.set(true);
     }
     if reason == DatagramClose::IdleTimeout {
         shared
@@ -1141,8 +1217,9 @@ async fn run_session<S: DatagramSession>(
     // wait since it left the table): they keep their order ahead of later
     // ones. Then its last replies (from `on_close`) are sent.
     shared.live.fetch_sub(1, Ordering::AcqRel);
+    let now = mailring::time::now();
     for (peer, datagram) in left {
-        deliver(&shared, &t, shard, key.clone(), peer, datagram);
+        deliver(&shared, &t, shard, key.clone(), peer, datagram, now);
     }
     send_out(&shared, &t, shard, &mut cx).await;
 }
