@@ -1180,7 +1180,10 @@ async fn run_session<S: DatagramSession>(
     };
     // Off the table first: a datagram from now on opens a new session.
     // Those already queued behind the end go to that new session too.
-    let left: Vec<(SocketAddr, Bytes)> = slot.inbox.borrow_mut().drain(..).collect();
+    // Taken whole (its room freed too): a peer's entry may keep the ended
+    // slot until the peer is forgotten.
+    let left = std::mem::take(&mut *slot.inbox.borrow_mut());
+    slot.waker.borrow_mut().take();
     {
         let mut table = t.borrow_mut();
         if table
