@@ -748,13 +748,15 @@ async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocke
             sweep_idle::<S>(&shared, &t);
         }
         // An error (the ICMP answer to an earlier send, ECONNREFUSED and
-        // the like) concerns one peer, not the socket: skipped.
+        // the like) concerns one peer, not the socket: skipped. The
+        // datagrams of one wake arrived together: one clock read.
+        let now = mailring::time::now();
         for (peer, datagram) in arrived.drain(..).flatten() {
             shared
                 .counters(shard)
                 .datagrams_in
                 .fetch_add(1, Ordering::Relaxed);
-            arrive(&shared, &t, shard, peer, datagram);
+            arrive(&shared, &t, shard, peer, datagram, now);
         }
     }
     // The shutdown's own pass over this shard may come after the table
@@ -775,8 +777,8 @@ fn arrive<S: DatagramSession>(
     shard: ShardId,
     peer: SocketAddr,
     datagram: Bytes,
+    now: Instant,
 ) {
-    let now = mailring::time::now();
     let mut cached = None;
     let known = t.borrow_mut().peers.get_mut(&PeerAddr(peer)).map(|known| {
         known.last = now;
