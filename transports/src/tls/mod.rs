@@ -17,6 +17,25 @@
 //! alert, waits for the send in flight), so records never interleave on
 //! the wire.
 
+/// Offers `$offered` to rustls on whichever side `$handshake` is, and
+/// runs `$then` with the state it gives (`$state`): `(discard, $then)`.
+macro_rules! process_records {
+    ($handshake:expr, $offered:expr, |$state:ident| $then:expr) => {
+        match $handshake {
+            Handshake::Server(conn) => {
+                let status = conn.process_tls_records($offered);
+                let $state = status.state;
+                (status.discard, $then)
+            }
+            Handshake::Client(conn) => {
+                let status = conn.process_tls_records($offered);
+                let $state = status.state;
+                (status.discard, $then)
+            }
+        }
+    };
+}
+
 mod client_hello;
 mod opening;
 mod record;
@@ -606,39 +625,14 @@ impl TlsState {
             let early_plain = &mut self.early_plain;
             let mut record_discard = 0;
             let offered = &mut self.cipher_in[..self.hs_offered];
-            let (discard, next) = match &mut **handshake {
-                Handshake::Server(conn) => {
-                    let status = conn.process_tls_records(offered);
-                    (
-                        status.discard,
-                        on_handshake_state(
-                            status.state,
-                            records_out,
-                            early_plain,
-                            &mut record_discard,
-                        ),
-                    )
-                }
-                Handshake::Client(conn) => {
-                    let status = conn.process_tls_records(offered);
-                    (
-                        status.discard,
-                        on_handshake_state(
-                            status.state,
-                            records_out,
-                            early_plain,
-                            &mut record_discard,
-                        ),
-                    )
-                }
-            };
-            let discard = (discard + record_discard).min(self.hs_offered);
-            self.cipher_in.advance(discard);
-            self.hs_offered -= discard;
+            let (discard, next) = process_records!(&mut **handshake, offered, |state| {
+                on_handshake_state(state, records_out, early_plain, &mut record_discard)
+            });
             let handshaking = match &**handshake {
                 Handshake::Server(conn) => conn.is_handshaking(),
                 Handshake::Client(conn) => conn.is_handshaking(),
             };
+            self.drop_offered(discard + record_discard);
             match next {
                 Ok(HandshakeNext::Continue) => {}
                 Ok(HandshakeNext::Send) => return Step::Send,
@@ -677,6 +671,26 @@ impl TlsState {
                 }
             }
         }
+    }
+
+    /// Drops what rustls is done with from the front of the bytes it was
+    /// offered.
+    fn drop_offered(&mut self, discard: usize) {
+        let discard = discard.min(self.hs_offered);
+        self.cipher_in.advance(discard);
+        self.hs_offered -= discard;
+    }
+
+    /// Plaintext rustls decrypted and the caller has not taken, into
+    /// `buf`'s spare room, if there is any.
+    fn take_early_plain(&mut self, buf: &mut BytesMut) -> Option<Read> {
+        if self.early_plain.is_empty() {
+            return None;
+        }
+        let n = self.early_plain.len().min(buf.capacity() - buf.len());
+        buf.extend_from_slice(&self.early_plain[..n]);
+        self.early_plain.advance(n);
+        Some(Read::Plaintext(n))
     }
 
     /// Grows the bytes offered to rustls by the next whole record, if one
@@ -771,19 +785,10 @@ impl TlsState {
                 return;
             };
             let offered = &mut self.cipher_in[..self.hs_offered];
-            let (discard, again) = match &mut **handshake {
-                Handshake::Server(conn) => {
-                    let status = conn.process_tls_records(offered);
-                    (status.discard, drain(status.state, &mut self.records_out))
-                }
-                Handshake::Client(conn) => {
-                    let status = conn.process_tls_records(offered);
-                    (status.discard, drain(status.state, &mut self.records_out))
-                }
-            };
-            let discard = discard.min(self.hs_offered);
-            self.cipher_in.advance(discard);
-            self.hs_offered -= discard;
+            let (discard, again) = process_records!(&mut **handshake, offered, |state| {
+                drain(state, &mut self.records_out)
+            });
+            self.drop_offered(discard);
             if !again {
                 return;
             }
@@ -861,11 +866,8 @@ impl TlsState {
         if buf.capacity() == buf.len() {
             buf.reserve(CIPHER_CHUNK);
         }
-        if !self.early_plain.is_empty() {
-            let n = self.early_plain.len().min(buf.capacity() - buf.len());
-            buf.extend_from_slice(&self.early_plain[..n]);
-            self.early_plain.advance(n);
-            return Ok(Read::Plaintext(n));
+        if let Some(read) = self.take_early_plain(buf) {
+            return Ok(read);
         }
         let read = match &self.phase {
             Phase::Opening(_) => self.opening_read(buf),

@@ -34,7 +34,7 @@
 //! in a debug build; the connection's task catches it as any panic. A
 //! release build sends no alert and fails the connection.
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use rustls::unbuffered::{ConnectionState, EncryptError, WriteTraffic};
 
 use super::record::Read;
@@ -206,19 +206,9 @@ impl TlsState {
             refused: &mut self.opening_sent_unasked,
         };
         let offered = &mut self.cipher_in[..self.hs_offered];
-        let (discard, next) = match &mut **conn {
-            Handshake::Server(conn) => {
-                let status = conn.process_tls_records(offered);
-                (status.discard, on_state(status.state, write, given))
-            }
-            Handshake::Client(conn) => {
-                let status = conn.process_tls_records(offered);
-                (status.discard, on_state(status.state, write, given))
-            }
-        };
-        let discard = (discard + record_discard).min(self.hs_offered);
-        self.cipher_in.advance(discard);
-        self.hs_offered -= discard;
+        let (discard, next) =
+            process_records!(&mut **conn, offered, |state| on_state(state, write, given));
+        self.drop_offered(discard + record_discard);
         next
     }
 
@@ -265,11 +255,8 @@ impl TlsState {
     /// a record that fails never costs the plaintext before it.
     pub(super) fn opening_read(&mut self, buf: &mut BytesMut) -> Result<Read, TlsFailure> {
         loop {
-            if !self.early_plain.is_empty() {
-                let n = self.early_plain.len().min(buf.capacity() - buf.len());
-                buf.extend_from_slice(&self.early_plain[..n]);
-                self.early_plain.advance(n);
-                return Ok(Read::Plaintext(n));
+            if let Some(read) = self.take_early_plain(buf) {
+                return Ok(read);
             }
             if self.opening_peer_closed {
                 return Ok(Read::End);
