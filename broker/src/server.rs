@@ -284,6 +284,9 @@ pub struct Shared {
     pub(crate) rejected: AtomicU64,
     /// Error replies written (`INFO errorstats`, `total_error_replies`).
     pub(crate) errors: Arc<crate::resp::ErrorCounts>,
+    /// Commands run, refused and failed, by command (`INFO
+    /// commandstats`).
+    pub(crate) command_stats: crate::command_stats::CommandStats,
     /// Their cards (`CLIENT LIST`, `CLIENT KILL`).
     pub(crate) clients: crate::session::Clients,
     /// Plain blocked readers of streams nobody had named, by name: the
@@ -585,6 +588,7 @@ impl Broker {
             connected: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             errors: Arc::default(),
+            command_stats: crate::command_stats::CommandStats::new(shards),
             clients: crate::session::Clients::default(),
             awaiting: Mutex::new(HashMap::new()),
             shutdown: shutdown.clone(),

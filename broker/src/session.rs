@@ -15,6 +15,7 @@ use crate::actor::{
     ReadFrom, ReadGroup, Served, StreamActor, Watch,
 };
 use crate::command::{self, Kind};
+use crate::command_stats::{self, Counted, ShardCounts};
 use crate::glob::glob_match;
 use crate::id::StreamId;
 use crate::resp::{Protocol, Reply, Request, RespCodec};
@@ -55,6 +56,11 @@ pub struct RespSession {
     replies_off: bool,
     /// `CLIENT REPLY SKIP`: the next request's replies are not written.
     skip_next_reply: bool,
+    /// Where this shard counts commands (`INFO commandstats`).
+    counts: Arc<ShardCounts>,
+    /// What the reply to the request being handled counts, taken by the
+    /// reply that answers it.
+    counting: command_stats::Pending,
 }
 
 impl RespSession {
@@ -62,6 +68,7 @@ impl RespSession {
     /// as connected) when it opens: one refused past `maxclients` never
     /// does, as in Redis.
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        let counts = shared.command_stats.here();
         RespSession {
             authenticated: shared.config.requirepass.is_none(),
             auth_seen: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(
@@ -77,6 +84,8 @@ impl RespSession {
             killed: false,
             replies_off: false,
             skip_next_reply: false,
+            counts,
+            counting: command_stats::Pending::default(),
         }
     }
 
@@ -88,7 +97,26 @@ impl RespSession {
     }
 
     fn reply(&self, r: Reply, cx: &mut SessionCtx<Self>) {
+        if let Some(counted) = self.counting.take() {
+            self.counts.answered(counted, &r);
+        }
         cx.send_frame(r.frame(self.proto));
+    }
+
+    /// Counts the request being handled, which ran and has no reply
+    /// (`CLIENT REPLY OFF`).
+    fn ran_without_reply(&self) {
+        if let Some(counted) = self.counting.take() {
+            self.counts.answered(counted, &Reply::OK);
+        }
+    }
+
+    /// What the request being handled counts, for a reply made later
+    /// (wrapped in [`counting`]).
+    fn count_later(&self) -> Option<(Arc<ShardCounts>, Counted)> {
+        self.counting
+            .take()
+            .map(|counted| (self.counts.clone(), counted))
     }
 
     /// Sends `args` to the actor of the stream `args[at]`; the reply is
@@ -98,8 +126,10 @@ impl RespSession {
         name: &'static str,
         at: usize,
         args: Vec<Bytes>,
+        counted: Option<Counted>,
         cx: &mut SessionCtx<Self>,
     ) {
+        self.counting.set(counted);
         let addr = self.shared.system.keyed::<StreamActor>(args[at].clone());
         let proto = self.proto;
         // At once when its actor sits idle on this shard (see `run`).
@@ -111,7 +141,12 @@ impl RespSession {
                 }
                 return match answer.durable {
                     None => self.reply(answer.reply, cx),
-                    Some(_) => cx.reply_later(async move { settle(Ok(answer)).await.frame(proto) }),
+                    Some(_) => {
+                        let count = self.count_later();
+                        cx.reply_later(counting(count, async move {
+                            settle(Ok(answer)).await.frame(proto)
+                        }))
+                    }
                 };
             }
             Ok(None) | Err(RunNowError::NotIdle(_)) => {}
@@ -122,7 +157,10 @@ impl RespSession {
             args,
             broker: self.shared.id,
         });
-        cx.reply_later(async move { settle(ask.await).await.frame(proto) });
+        let count = self.count_later();
+        cx.reply_later(counting(count, async move {
+            settle(ask.await).await.frame(proto)
+        }));
     }
 
     /// Records whether the client authenticated, for the session and its
@@ -245,8 +283,10 @@ impl RespSession {
         } else if mode.eq_ignore_ascii_case(b"off") {
             self.replies_off = true;
             cx.discard_replies(true);
+            self.ran_without_reply();
         } else if mode.eq_ignore_ascii_case(b"skip") {
             self.skip_next_reply = !self.replies_off;
+            self.ran_without_reply();
         } else {
             self.reply(command::syntax_error(), cx);
         }
@@ -363,6 +403,7 @@ impl RespSession {
             // and kept.
             (b"resetstat", 2) => {
                 self.shared.errors.reset();
+                self.shared.command_stats.reset();
                 self.shared.rejected.store(0, Ordering::Relaxed);
                 return Reply::OK;
             }
@@ -376,7 +417,7 @@ impl RespSession {
                     ),
                     (
                         "RESETSTAT",
-                        "Reset the error counts and the count of refused connections.",
+                        "Reset the command and error counts and the count of refused connections.",
                     ),
                 ],
             ),
@@ -499,7 +540,8 @@ impl RespSession {
                     .collect();
                 let asks = self.ask_each("exists", placed.clone());
                 let shared = self.shared.clone();
-                cx.reply_later(async move {
+                let count = self.count_later();
+                cx.reply_later(counting(count, async move {
                     let mut n = 0;
                     for (a, name) in asks.into_iter().zip(&placed) {
                         match a.await {
@@ -533,7 +575,7 @@ impl RespSession {
                         Reply::Status(if n > 0 { "stream" } else { "none" })
                     }
                     .frame(proto)
-                });
+                }));
             }
             b"keys" | b"scan" | b"info" | b"dbsize" if cx.pending_replies() > 0 => {
                 // Requests before it, still in flight to their streams'
@@ -542,6 +584,7 @@ impl RespSession {
                 // before (a later request could change what it reads).
                 let shared = self.shared.clone();
                 let proto = self.proto;
+                let count = self.count_later();
                 cx.reply_later_in_turn(move || {
                     let reply = catalog_reply(&shared, proto, &args, None);
                     let unflushed = if shows_names(&args) {
@@ -549,13 +592,13 @@ impl RespSession {
                     } else {
                         Vec::new()
                     };
-                    async move {
+                    counting(count, async move {
                         match flushed(unflushed).await {
                             Ok(()) => reply,
                             Err(e) => e,
                         }
                         .frame(proto)
-                    }
+                    })
                 });
                 cx.hold_frames_until_replied();
             }
@@ -584,7 +627,8 @@ impl RespSession {
                 // A name left out as missing may have gone by a deletion
                 // still flushing.
                 let unflushed = self.shared.catalog.unflushed();
-                cx.reply_later(async move {
+                let count = self.count_later();
+                cx.reply_later(counting(count, async move {
                     let mut n = 0;
                     for a in asks {
                         match settle(a.await).await {
@@ -598,7 +642,7 @@ impl RespSession {
                         Err(e) => e,
                     }
                     .frame(proto)
-                });
+                }));
             }
             _ => {
                 let r = self.local_reply(&args);
@@ -619,13 +663,14 @@ impl RespSession {
             return self.reply(r, cx);
         }
         let proto = self.proto;
-        cx.reply_later(async move {
+        let count = self.count_later();
+        cx.reply_later(counting(count, async move {
             match flushed(unflushed).await {
                 Ok(()) => r,
                 Err(e) => e,
             }
             .frame(proto)
-        });
+        }));
     }
 
     /// A command the session answers at once, from its own state and the
@@ -698,6 +743,19 @@ impl RespSession {
             _ => command::unknown_command(args),
         }
     }
+}
+
+/// `frame`, counted as `count` says once it is ready (see
+/// [`RespSession::count_later`]).
+async fn counting(
+    count: Option<(Arc<ShardCounts>, Counted)>,
+    frame: impl std::future::Future<Output = (Protocol, Reply)>,
+) -> (Protocol, Reply) {
+    let frame = frame.await;
+    if let Some((counts, counted)) = count {
+        counts.answered(counted, &frame.1);
+    }
+    frame
 }
 
 /// The reply to send for a stream command's answer, once what it changed
@@ -813,7 +871,8 @@ impl RespSession {
             })
             .collect();
         let block = p.block;
-        cx.reply_later(async move {
+        let count = self.count_later();
+        cx.reply_later(counting(count, async move {
             let mut after = Vec::with_capacity(reads.len());
             let mut found = Vec::new();
             let mut visible = Vec::new();
@@ -911,7 +970,7 @@ impl RespSession {
                     Err(e) => return unavailable(e).frame(proto),
                 }
             }
-        });
+        }));
         if block.is_some() {
             // A blocked Redis client's next command runs after the answer;
             // one that goes away meanwhile is dropped.
@@ -992,7 +1051,8 @@ impl RespSession {
             };
             (from, group_read_now_or_ask(&watch_actors[0], m), dollar)
         });
-        cx.reply_later(async move {
+        let count = self.count_later();
+        cx.reply_later(counting(count, async move {
             let fail = |e: mailring_actors::AskError| unavailable(e).frame(proto);
             let mut froms = Vec::with_capacity(n);
             let mut asked = None;
@@ -1141,7 +1201,7 @@ impl RespSession {
                     }
                 }
             }
-        });
+        }));
         if block.is_some() {
             // Blocked: a Redis client's next command runs after the
             // answer; one that goes away meanwhile is dropped.
@@ -1562,6 +1622,11 @@ impl Session for RespSession {
         self.send_run(cx);
     }
 
+    fn on_attach(&mut self, _cx: &mut SessionCtx<Self>) {
+        // Counted where it runs now.
+        self.counts = self.shared.command_stats.here();
+    }
+
     fn on_open(&mut self, cx: &mut SessionCtx<Self>) {
         self.id = self.shared.next_client_id.fetch_add(1, Ordering::Relaxed) + 1;
         self.shared.connected.fetch_add(1, Ordering::Relaxed);
@@ -1588,6 +1653,7 @@ impl RespSession {
             Request::Command(args) => args,
             Request::Broken(e) => {
                 self.send_run(cx);
+                self.counting.set(None);
                 self.reply(Reply::err(format!("Protocol error: {e}")), cx);
                 cx.close();
                 return;
@@ -1609,7 +1675,7 @@ impl RespSession {
                 self.send_run(cx);
             }
             let key_first = vec![args[0].clone(), args[2].clone()];
-            return self.gather("debug-panic", key_first, cx);
+            return self.gather("debug-panic", None, key_first, cx);
         }
         // A gathered run goes before any request that cannot join it, so
         // replies keep the requests' order.
@@ -1644,14 +1710,35 @@ impl RespSession {
                 Ok(spec)
             }
         });
+        // Where Redis counts it (`INFO commandstats`): none for an
+        // unknown command or subcommand.
+        let slot = row.and_then(|row| command_stats::slot_in(row, &args));
         let spec = match checked {
             Ok(spec) => spec,
             Err(e) => {
+                if let Some(slot) = slot {
+                    self.counts.rejected(slot);
+                }
+                self.counting.set(None);
                 let exec = args[0].eq_ignore_ascii_case(b"exec");
                 let r = multi::reject(self, exec, e);
                 return self.reply(r, cx);
             }
         };
+        // Counted once it ran, by the reply that answers it (set on every
+        // path but a gathered command's, which its run counts); `EXEC`
+        // with the commands it runs.
+        let count_now = |session: &Self| session.counting.set(slot.map(Counted::one));
+        if spec.kind == Kind::Connection
+            && matches!(spec.name, "multi" | "exec" | "discard" | "watch")
+        {
+            self.counting.set(slot.map(|slot| match &self.multi {
+                Some(queue) if spec.name == "exec" && !queue.spoiled() => {
+                    Counted::exec(slot, queue.commands())
+                }
+                _ => Counted::one(slot),
+            }));
+        }
         match self.transaction_command(spec, cx) {
             multi::Handled::Reply(r) => return self.reply(r, cx),
             multi::Handled::Later => return,
@@ -1666,17 +1753,26 @@ impl RespSession {
                 .into_iter()
                 .find(|k| k.len() > MAX_KEY_LEN)
                 .cloned();
+            // Queued: counted when `EXEC` runs it.
+            self.counting.set(None);
             let r = match long {
-                Some(k) => multi::reject(self, false, key_too_long(&k)),
+                Some(k) => {
+                    if let Some(slot) = slot {
+                        self.counts.rejected(slot);
+                    }
+                    multi::reject(self, false, key_too_long(&k))
+                }
                 None => multi::queue(self, args),
             };
             return self.reply(r, cx);
         }
         match spec.kind {
             Kind::Stream(2) if args[1].eq_ignore_ascii_case(b"help") => {
+                count_now(self);
                 self.reply(help(spec.name), cx)
             }
             Kind::Stream(at) if args[at].len() > MAX_KEY_LEN => {
+                count_now(self);
                 self.reply(key_too_long(&args[at]), cx)
             }
             // `XADD` makes its stream: no lookup of the name first.
@@ -1686,14 +1782,25 @@ impl RespSession {
             {
                 // The gathered run's replies come first.
                 self.send_run(cx);
+                count_now(self);
                 let r = StreamActor::answer_missing(spec.name, &args[at], &args, &self.shared);
                 self.reply(r, cx)
             }
-            Kind::Stream(1) => self.gather(spec.name, args, cx),
-            Kind::Stream(at) => self.to_stream(spec.name, at, args, cx),
-            Kind::Read if spec.name == "xreadgroup" => self.xreadgroup(&args, cx),
-            Kind::Read => self.xread(&args, cx),
-            Kind::Connection => self.connection_command(args, cx),
+            // Counted with its run.
+            Kind::Stream(1) => self.gather(spec.name, slot, args, cx),
+            Kind::Stream(at) => self.to_stream(spec.name, at, args, slot.map(Counted::one), cx),
+            Kind::Read if spec.name == "xreadgroup" => {
+                count_now(self);
+                self.xreadgroup(&args, cx)
+            }
+            Kind::Read => {
+                count_now(self);
+                self.xread(&args, cx)
+            }
+            Kind::Connection => {
+                count_now(self);
+                self.connection_command(args, cx)
+            }
         }
     }
 }

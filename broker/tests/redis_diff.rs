@@ -95,6 +95,10 @@ enum Mask {
     /// Also the third element of nested arrays: XPENDING's idle times
     /// (`#! mask-idle`).
     Idle,
+    /// `INFO commandstats`: the times masked and the lines sorted, as
+    /// Redis lists them in its hash table's order (`#!
+    /// mask-commandstats`).
+    CommandStats,
 }
 
 /// One command of a script with how its output is compared.
@@ -112,6 +116,8 @@ fn parse_script(text: &str) -> Vec<Step> {
             mask = Mask::Integers;
         } else if line == "#! mask-idle" {
             mask = Mask::Idle;
+        } else if line == "#! mask-commandstats" {
+            mask = Mask::CommandStats;
         } else if line.is_empty() || line.starts_with('#') {
             continue;
         } else {
@@ -171,10 +177,13 @@ fn run(port: u16, steps: &[Step], resp3: bool) -> Vec<String> {
         .into_iter()
         .zip(steps)
         .map(|(o, s)| {
+            if s.mask == Mask::CommandStats {
+                return mask_command_stats(&o);
+            }
             o.lines()
                 .map(|line| {
                     let integers = match s.mask {
-                        Mask::Ids => false,
+                        Mask::Ids | Mask::CommandStats => false,
                         Mask::Integers => true,
                         Mask::Idle => line.trim_start().starts_with("3) (integer)"),
                     };
@@ -183,6 +192,27 @@ fn run(port: u16, steps: &[Step], resp3: bool) -> Vec<String> {
                 .collect()
         })
         .collect()
+}
+
+/// `INFO commandstats` as compared: each line's `usec` and
+/// `usec_per_call` masked (times differ), the lines sorted.
+fn mask_command_stats(output: &str) -> String {
+    let mut lines: Vec<String> = output
+        .lines()
+        .map(|line| {
+            line.split(',')
+                .map(|field| match field.split_once('=') {
+                    Some((name, _)) if name == "usec" || name == "usec_per_call" => {
+                        format!("{name}=<t>")
+                    }
+                    _ => field.to_owned(),
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect();
+    lines.sort();
+    lines.iter().map(|l| format!("{l}\n")).collect()
 }
 
 /// Masks the time part of ids made from the clock (13 or more digits

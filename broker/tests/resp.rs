@@ -42,6 +42,20 @@ fn start_with(config: BrokerConfig) -> Running {
     }
 }
 
+/// A broker of 2 shards with streams `<prefix>:0` .. `<prefix>:<n-1>`
+/// placed on shard 0 and 1 in turn.
+fn start_spread(prefix: &str, n: usize) -> (TempDir, Broker) {
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 2, BrokerConfig::default());
+    for k in 0..n {
+        assert_eq!(
+            broker.place_stream(format!("{prefix}:{k}").as_bytes(), k % 2),
+            Ok(k % 2)
+        );
+    }
+    (dir, broker)
+}
+
 fn is_id(r: &R) -> bool {
     let t = r.text();
     let mut parts = t.split('-');
@@ -330,14 +344,7 @@ fn pipelined_commands_over_streams_on_both_shards_answer_as_if_sent_one_by_one()
     // A run over many streams goes out per stream, those on the other
     // shard inside one task there: replies still come in request order,
     // each as it would alone, and each stream's commands run in order.
-    let dir = TempDir::new();
-    let broker = start_in(&dir.0, 2, BrokerConfig::default());
-    for k in 0..13 {
-        assert_eq!(
-            broker.place_stream(format!("spread:{k}").as_bytes(), k % 2),
-            Ok(k % 2)
-        );
-    }
+    let (_dir, broker) = start_spread("spread", 13);
     let mut c = Client::connect(broker.local_addr());
     let mut model: std::collections::HashMap<String, Vec<(String, String)>> = Default::default();
     let mut commands: Vec<Vec<String>> = Vec::new();
@@ -3631,4 +3638,101 @@ fn a_client_that_does_not_read_has_few_big_replies_queued_and_then_gets_them_all
         assert_eq!(entries.len(), ENTRIES);
     }
     assert_eq!(reader.cmd(&["XLEN", "big"]), R::Int(ENTRIES as i64));
+}
+
+/// `INFO commandstats`' counts of one command: (calls, usec, rejected,
+/// failed), none when it is not listed.
+fn command_stat(info: &str, command: &str) -> Option<(u64, u64, u64, u64)> {
+    let line = info
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))?;
+    let field = |f: &str| -> u64 {
+        line.split(',')
+            .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("{f} missing: {line}"))
+            .parse()
+            .unwrap()
+    };
+    Some((
+        field("calls"),
+        field("usec"),
+        field("rejected_calls"),
+        field("failed_calls"),
+    ))
+}
+
+#[test]
+fn commandstats_count_pipelined_runs_over_both_shards_blocked_reads_and_every_connection() {
+    let (_dir, broker) = start_spread("cs", 4);
+    // Pipelined: runs over streams on both shards, each command counted
+    // once, its error replies as failed.
+    let mut c = Client::connect(broker.local_addr());
+    let mut wire = Vec::new();
+    for i in 0..200u32 {
+        let key = format!("cs:{}", i % 4);
+        let id = format!("{}-1", i / 4 + 1);
+        let xadd = encode(&[b"XADD", key.as_bytes(), id.as_bytes(), b"f", b"v"]);
+        wire.extend(&xadd);
+        if i % 10 == 0 {
+            // Equal to the stream's top: refused.
+            wire.extend(&xadd);
+            wire.extend(encode(&[b"XLEN", key.as_bytes()]));
+        }
+    }
+    c.send_raw(&wire);
+    for _ in 0..240 {
+        let _ = c.read();
+    }
+    // A blocked read, counted once it is served by another connection.
+    let mut reader = Client::connect(broker.local_addr());
+    reader.send_raw(&encode(&[
+        b"XREAD", b"BLOCK", b"0", b"STREAMS", b"cs:1", b"$",
+    ]));
+    let mut other = Client::connect(broker.local_addr());
+    while !other
+        .cmd(&["INFO", "clients"])
+        .text()
+        .contains("blocked_clients:1")
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let info = other.cmd(&["INFO", "commandstats"]).text();
+    assert!(info.starts_with("# Commandstats\r\n"), "{info}");
+    assert_eq!(command_stat(&info, "xread"), None, "not served yet: {info}");
+    assert_eq!(
+        other.cmd(&["XADD", "cs:1", "9000-1", "f", "v"]),
+        R::bulk("9000-1")
+    );
+    assert!(matches!(reader.read(), R::Array(_)));
+    let info = other.cmd(&["INFO", "commandstats"]).text();
+    let (calls, _, rejected, failed) = command_stat(&info, "xadd").unwrap();
+    assert_eq!((calls, rejected, failed), (221, 0, 20), "{info}");
+    let (calls, _, rejected, failed) = command_stat(&info, "xlen").unwrap();
+    assert_eq!((calls, rejected, failed), (20, 0, 0), "{info}");
+    let (calls, _, _, failed) = command_stat(&info, "xread").unwrap();
+    assert_eq!((calls, failed), (1, 0), "{info}");
+    // Both INFOs but the one answering, and the waits for the reader.
+    let (info_calls, ..) = command_stat(&info, "info").unwrap();
+    assert!(info_calls >= 2, "{info}");
+    // Not a default section, as in Redis; in `all` and `everything`.
+    assert!(!other.cmd(&["INFO"]).text().contains("# Commandstats"));
+    for all in ["all", "everything"] {
+        let text = other.cmd(&["INFO", all]).text();
+        let at = |s: &str| {
+            text.find(s)
+                .unwrap_or_else(|| panic!("{s} missing: {text}"))
+        };
+        assert!(at("# Modules") < at("# Commandstats"), "{text}");
+        assert!(at("# Commandstats") < at("# Errorstats"), "{text}");
+    }
+    // `CONFIG RESETSTAT` clears them (and counts itself after).
+    assert_eq!(other.cmd(&["CONFIG", "RESETSTAT"]), R::Status("OK".into()));
+    let info = other.cmd(&["INFO", "commandstats"]).text();
+    let listed: Vec<&str> = info.lines().skip(1).collect();
+    assert_eq!(listed.len(), 1, "{info}");
+    assert!(
+        listed[0].starts_with("cmdstat_config|resetstat:calls=1,"),
+        "{info}"
+    );
+    broker.shutdown();
 }

@@ -22,6 +22,7 @@ const SECTIONS: &[&str] = &[
     "replication",
     "cpu",
     "modules",
+    "commandstats",
     "errorstats",
     "cluster",
     "keyspace",
@@ -84,6 +85,9 @@ impl RespSession {
             // `everything`): Redis clients parse the default sections.
             let shown = if *section == "mailring" {
                 asked || wanted.iter().any(|w| w == "everything")
+            } else if *section == "commandstats" {
+                // Not a default section, as in Redis.
+                asked || wanted.iter().any(|w| w == "all" || w == "everything")
             } else {
                 all || asked
             };
@@ -193,6 +197,7 @@ impl RespSession {
                         format!("used_cpu_user_children:{:.6}", children.user.as_secs_f64()),
                     ]
                 }
+                "commandstats" => shared.command_stats.lines(),
                 "errorstats" => shared.errors.lines(),
                 "cluster" => vec!["cluster_enabled:0".to_owned()],
                 "mailring" => shard_counters(&shared.system),

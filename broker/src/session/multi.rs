@@ -46,6 +46,16 @@ impl Queue {
     pub(crate) fn len(&self) -> usize {
         self.commands.len()
     }
+
+    /// The commands queued, in order.
+    pub(crate) fn commands(&self) -> &[Vec<Bytes>] {
+        &self.commands
+    }
+
+    /// Whether a command was refused while queuing (`EXEC` aborts).
+    pub(crate) fn spoiled(&self) -> bool {
+        self.spoiled
+    }
 }
 
 /// Queues a command inside `MULTI`.
@@ -180,6 +190,7 @@ impl RespSession {
                 return None;
             }
             let (shared, proto) = (self.shared.clone(), self.proto);
+            let count = self.count_later();
             cx.reply_later_in_turn(move || {
                 for ((r, c), p) in replies.iter_mut().zip(&commands).zip(&protos) {
                     if r.is_none() {
@@ -189,13 +200,13 @@ impl RespSession {
                 let replies = replies.into_iter().flatten().collect();
                 let reply = Reply::array_in_protocols(replies, &protos);
                 let unflushed = shared.catalog.unflushed();
-                async move {
+                super::counting(count, async move {
                     match super::flushed(unflushed).await {
                         Ok(()) => reply,
                         Err(e) => e,
                     }
                     .frame(proto)
-                }
+                })
             });
             cx.hold_frames_until_replied();
             return None;
@@ -308,11 +319,12 @@ impl RespSession {
                 Reply::array_in_protocols(replies, &protos).frame(proto)
             }
         };
+        let count = self.count_later();
         if reads {
-            cx.reply_later_in_turn(start);
+            cx.reply_later_in_turn(move || super::counting(count, start()));
             cx.hold_frames_until_replied();
         } else {
-            cx.reply_later(start());
+            cx.reply_later(super::counting(count, start()));
         }
         None
     }

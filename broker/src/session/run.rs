@@ -32,6 +32,7 @@ use mailring_actors::{AskError, RunNowError};
 use super::{settle, unavailable, RespSession};
 use crate::actor::{Answer, ExecRun, StreamActor};
 use crate::command::{self, Kind};
+use crate::command_stats::{Counted, RunCount, Slot};
 use crate::resp::Reply;
 use crate::server::MAX_KEY_LEN;
 
@@ -48,11 +49,26 @@ pub(super) const RUN_MAX: usize = 64;
 pub(super) const RUN_ENTRIES_MAX: u64 = 4096;
 
 /// Stream commands (key first) from consecutive requests, in order.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Run {
     commands: Vec<(&'static str, Vec<Bytes>)>,
+    /// Where each command counts (`INFO commandstats`), in order.
+    slots: [Option<Slot>; RUN_MAX],
     /// The most entries their replies may hold ([`reply_entries`]).
     entries: u64,
+    /// When its first command was taken (`INFO commandstats`' time).
+    since: std::time::Instant,
+}
+
+impl Default for Run {
+    fn default() -> Self {
+        Run {
+            commands: Vec::new(),
+            slots: [None; RUN_MAX],
+            entries: 0,
+            since: std::time::Instant::now(),
+        }
+    }
 }
 
 /// The most entries the reply of stream command `name` may hold where
@@ -167,11 +183,13 @@ impl RespSession {
     pub(super) fn gather(
         &mut self,
         name: &'static str,
+        slot: Option<Slot>,
         args: Vec<Bytes>,
         cx: &mut SessionCtx<Self>,
     ) {
         let run = self.run.get_or_insert_with(Run::default);
         run.entries = run.entries.saturating_add(reply_entries(name, &args));
+        run.slots[run.commands.len()] = slot;
         run.commands.push((name, args));
         if run.commands.len() >= RUN_MAX || run.entries > RUN_ENTRIES_MAX {
             self.send_run(cx);
@@ -187,8 +205,15 @@ impl RespSession {
         let n = run.commands.len();
         if n == 1 {
             let (name, args) = run.commands.pop().expect("one command");
-            return self.to_stream(name, 1, args, cx);
+            let counted = run.slots[0].map(|slot| Counted::one_since(slot, run.since));
+            // The request being handled keeps its own count.
+            let current = self.counting.take();
+            self.to_stream(name, 1, args, counted, cx);
+            self.counting.set(current);
+            return;
         }
+        // Counted once the replies are ready.
+        let (slots, counts, since) = (run.slots, self.counts.clone(), run.since);
         let proto = self.proto;
         let broker = self.shared.id;
         let system = &self.shared.system;
@@ -253,11 +278,13 @@ impl RespSession {
         if asked.is_empty() && answers.iter().flatten().all(|a| a.durable.is_none()) {
             // Everything answered now: the replies go out in order, with
             // no future to wait on.
-            for answer in answers {
+            let mut count = RunCount::new(&counts, n, since);
+            for (answer, slot) in answers.into_iter().zip(slots) {
                 let reply = match answer {
                     Some(a) => a.reply,
                     None => unavailable(AskError::Panicked),
                 };
+                count.note(slot, &reply);
                 cx.send_frame(reply.frame(proto));
             }
             return;
@@ -279,6 +306,7 @@ impl RespSession {
                 }
             }
             let mut frames = Vec::with_capacity(n);
+            let mut count = RunCount::new(&counts, n, since);
             for (i, answer) in answers.into_iter().enumerate() {
                 let reply = match answer {
                     // Settled: what it changed is flushed.
@@ -287,8 +315,10 @@ impl RespSession {
                     // Not reached: every place is answered.
                     None => Reply::err("stream unavailable: no answer"),
                 };
+                count.note(slots[i], &reply);
                 frames.push(reply.frame(proto));
             }
+            drop(count);
             frames
         });
     }
