@@ -9,9 +9,15 @@
 //! under its own name, and `EXEC` fails only when its own reply is an error
 //! (`EXECABORT`), not for the errors of the commands it ran.
 //!
-//! Each shard counts in a table of its own (a session counts on the shard
-//! it runs on), so shards never write the same cache lines; `INFO` sums
-//! the tables.
+//! Each shard counts in a table of its own (a session counts in the table
+//! of the shard it runs on, chosen again when it moves), so shards never
+//! write the same cache lines; `INFO` sums the tables.
+//!
+//! A command is counted when its reply is ready, so one whose reply never
+//! is (its connection closed first, a `SHUTDOWN` that stops the broker, a
+//! transaction whose record the log refused after it ran: that `EXEC`
+//! counts as failed and its commands not at all) is not counted, where
+//! Redis counts at execution.
 //!
 //! Time is the session's view: from when the session took the command (or
 //! sent the run of pipelined commands it was gathered in, whose time is
@@ -335,9 +341,9 @@ impl CommandStats {
         }
     }
 
-    /// The table of the shard this runs on (the first off the shards).
-    pub(crate) fn here(&self) -> Arc<ShardCounts> {
-        let i = mailring::current_shard().map_or(0, |s| s.index());
+    /// The table of `shard` (the first one off the shards).
+    pub(crate) fn of(&self, shard: Option<mailring::ShardId>) -> Arc<ShardCounts> {
+        let i = shard.map_or(0, |s| s.index());
         self.shards[i % self.shards.len()].clone()
     }
 

@@ -56,8 +56,10 @@ pub struct RespSession {
     replies_off: bool,
     /// `CLIENT REPLY SKIP`: the next request's replies are not written.
     skip_next_reply: bool,
-    /// Where this shard counts commands (`INFO commandstats`).
+    /// Where this shard counts commands (`INFO commandstats`), and the
+    /// shard (its table is chosen again when the session runs elsewhere).
     counts: Arc<ShardCounts>,
+    counts_shard: Option<mailring::ShardId>,
     /// What the reply to the request being handled counts, taken by the
     /// reply that answers it.
     counting: command_stats::Pending,
@@ -68,7 +70,7 @@ impl RespSession {
     /// as connected) when it opens: one refused past `maxclients` never
     /// does, as in Redis.
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
-        let counts = shared.command_stats.here();
+        let counts = shared.command_stats.of(mailring::current_shard());
         RespSession {
             authenticated: shared.config.requirepass.is_none(),
             auth_seen: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(
@@ -85,6 +87,7 @@ impl RespSession {
             replies_off: false,
             skip_next_reply: false,
             counts,
+            counts_shard: mailring::current_shard(),
             counting: command_stats::Pending::default(),
         }
     }
@@ -1593,6 +1596,12 @@ impl Session for RespSession {
     }
 
     async fn on_frame(&mut self, req: Request, cx: &mut SessionCtx<Self>) {
+        if self.counts_shard != Some(cx.shard()) {
+            // Moved (to its key's shard, or a less loaded one): counted
+            // in the table of the shard it runs on now.
+            self.counts_shard = Some(cx.shard());
+            self.counts = self.shared.command_stats.of(self.counts_shard);
+        }
         // `CLIENT REPLY SKIP` before: this request's replies are dropped,
         // its gathered run's too (sent before the next request comes).
         let skip = self.skip_next_reply;
@@ -1620,11 +1629,6 @@ impl Session for RespSession {
     fn on_drained(&mut self, cx: &mut SessionCtx<Self>) {
         self.card.touch();
         self.send_run(cx);
-    }
-
-    fn on_attach(&mut self, _cx: &mut SessionCtx<Self>) {
-        // Counted where it runs now.
-        self.counts = self.shared.command_stats.here();
     }
 
     fn on_open(&mut self, cx: &mut SessionCtx<Self>) {

@@ -306,7 +306,6 @@ impl RespSession {
                 }
             }
             let mut frames = Vec::with_capacity(n);
-            let mut count = RunCount::new(&counts, n, since);
             for (i, answer) in answers.into_iter().enumerate() {
                 let reply = match answer {
                     // Settled: what it changed is flushed.
@@ -315,8 +314,13 @@ impl RespSession {
                     // Not reached: every place is answered.
                     None => Reply::err("stream unavailable: no answer"),
                 };
-                count.note(slots[i], &reply);
                 frames.push(reply.frame(proto));
+            }
+            // Counted once all are ready (flushes included, as for a
+            // command sent alone).
+            let mut count = RunCount::new(&counts, n, since);
+            for (frame, slot) in frames.iter().zip(slots) {
+                count.note(slot, &frame.1);
             }
             drop(count);
             frames
