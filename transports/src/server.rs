@@ -94,7 +94,11 @@ pub struct ServerConfig {
     /// Deferred replies ([`SessionCtx::reply_later`]) a session may have
     /// outstanding; reading pauses at this many. Default 32.
     pub pipeline_window: usize,
-    /// Bytes asked of each receive. Default 16 KiB.
+    /// Bytes asked of each receive. Default 16 KiB. A connection whose
+    /// reads are small and that has nothing buffered asks for 2 KiB (or
+    /// this, if less) in a buffer of that size, so an idle connection does
+    /// not hold a whole chunk; a read that fills it is followed by full
+    /// chunks.
     pub read_chunk: usize,
     /// Queued outbound bytes past which [`Session::on_backpressure`] runs.
     /// Default 1 MiB.
@@ -1280,6 +1284,33 @@ impl Drop for Handshaking<'_> {
     }
 }
 
+/// What a receive asks for when the connection's reads are small and
+/// nothing is buffered (see [`size_read_buffer`]): a pipeline of small
+/// requests, or an HTTP request's head.
+const SMALL_READ: usize = 2048;
+
+/// Makes room in `rbuf` for the next receive. A connection whose last
+/// read was small, with nothing buffered, asks for [`SMALL_READ`] bytes in
+/// a buffer of about that size (a bigger one is let go), so a connection
+/// that waits for its next request, as most of a server's do, holds a
+/// small buffer rather than a full `read_chunk`. A small buffer that fills
+/// leaves the rest to a receive made at once (the kernel says bytes
+/// remain), and the reads after it ask for a full chunk until one is
+/// small again.
+fn size_read_buffer(rbuf: &mut BytesMut, read_chunk: usize, last_read: usize) {
+    let small = SMALL_READ.min(read_chunk.max(64));
+    if rbuf.is_empty() && last_read < small {
+        // Taken back whole when no frame holds it any more: then it can
+        // be seen whether it is a big one.
+        rbuf.reserve(small);
+        if rbuf.capacity() > 4 * small {
+            *rbuf = BytesMut::with_capacity(small);
+        }
+    } else {
+        rbuf.reserve(read_chunk.max(64));
+    }
+}
+
 /// The most output sent at once with a plain non-blocking send (see
 /// `drive`): a few small replies.
 const SEND_AT_ONCE_MAX: usize = 2048;
@@ -1432,6 +1463,9 @@ async fn drive<S: Session>(
     let mut in_flight = 0usize;
     // An idle period ended with that send still in flight.
     let mut send_stalled = false;
+    // Bytes the last receive brought: the next one's buffer is sized by
+    // it (see `size_read_buffer`).
+    let mut last_read = 0usize;
     // Arrived with a key (moved here): attach, or refuse past the limit.
     let mut registered = None;
     if let Some(key) = cx.key.clone() {
@@ -1692,7 +1726,7 @@ async fn drive<S: Session>(
             if may_read && recv.is_none() {
                 counters.recv_ops.fetch_add(1, Ordering::Relaxed);
                 note_owner(counters, shard);
-                rbuf.reserve(config.read_chunk.max(64));
+                size_read_buffer(rbuf, config.read_chunk, last_read);
                 let tail = rbuf.split_off(rbuf.len());
                 recv.set(Some(stream.recv(tail)));
             }
@@ -1702,7 +1736,10 @@ async fn drive<S: Session>(
                     rbuf.unsplit(tail);
                     return Poll::Ready(match res {
                         Ok(0) => Event::PeerClosed,
-                        Ok(_) => Event::Read,
+                        Ok(n) => {
+                            last_read = n;
+                            Event::Read
+                        }
                         Err(e) => Event::Close(io_close(&e)),
                     });
                 }

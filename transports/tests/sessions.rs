@@ -78,6 +78,37 @@ fn echo_over_reuseport_listeners_and_a_clean_peer_close() {
 }
 
 #[test]
+fn frames_of_every_size_around_the_small_read_buffer_come_back_whole() {
+    // A connection whose reads are small receives into a small buffer
+    // (2 KiB); a frame that fills it, or crosses it, or is far bigger,
+    // is read on at once and comes back whole, one at a time, pipelined,
+    // and after the reads have turned small again.
+    let rt = runtime(1);
+    let server = one_shard_server(&rt, ServerConfig::default(), |_| Echo);
+    let mut c = client(server.local_addr());
+    let body = |n: usize| -> Vec<u8> { (0..n).map(|i| (i * 7 + n) as u8).collect() };
+    let sizes = [
+        1, 2043, 2044, 2045, 2048, 4096, 100_000, 3, 2044, 1, 16_380, 16_384, 9, 70_000, 2,
+    ];
+    for round in 0..3 {
+        for &n in &sizes {
+            let b = body(n);
+            c.write_all(&frame(&b)).unwrap();
+            assert_eq!(read_frame(&mut c).unwrap(), b, "{n} bytes, round {round}");
+        }
+        // All at once.
+        let wire: Vec<u8> = sizes.iter().flat_map(|&n| frame(&body(n))).collect();
+        c.write_all(&wire).unwrap();
+        for &n in &sizes {
+            assert_eq!(read_frame(&mut c).unwrap(), body(n), "{n} bytes pipelined");
+        }
+    }
+    drop(c);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
+#[test]
 fn plain_connections_move_to_the_less_loaded_shard_only_when_asked() {
     let rt = runtime(2);
     let balanced = {
