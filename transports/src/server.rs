@@ -1043,183 +1043,196 @@ enum Exit<S: Session> {
 
 /// Runs one connection on this shard until it closes or moves to its key's
 /// shard (where this runs again with what it carried).
-async fn run_connection<S: Session>(
-    conn: Connection<S>,
-    stream: Conn,
+///
+/// An `async` block, not an `async fn`: an `async fn` keeps its arguments
+/// and the locals they are moved into side by side in its state (the
+/// context twice, the stream twice: about 500 bytes a connection).
+#[allow(clippy::manual_async_fn)]
+fn run_connection<S: Session>(
+    mut conn: Connection<S>,
+    mut stream: Conn,
     mut session: S,
     mut cx: SessionCtx<S>,
     // The read buffer and the decoder's state travel together.
-    (mut rbuf, mut decoder): (BytesMut, S::Codec),
+    reader: (BytesMut, S::Codec),
     carried: Option<FrameIn<S>>,
     fresh: bool,
-) {
-    let shard = cx.shard;
-    let mut stream = stream;
-    let mut conn = conn;
-    if fresh && !conn.refused {
-        if let Some(best) = less_loaded_shard(&conn, shard) {
-            // Counted there now, not when it arrives: the next fresh
-            // connections (a burst taken in one go) see it.
-            let counted = OpenHere::new(&conn.shared, best);
-            match stream.depart(best).await {
-                Ok(transit) => {
-                    let counters = conn.shared.counters(shard);
-                    if conn.shared.tls.is_some() {
-                        counters.handshakes_moved.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        counters.balanced_away.fetch_add(1, Ordering::Relaxed);
+) -> impl std::future::Future<Output = ()> {
+    async move {
+        let (mut rbuf, mut decoder) = reader;
+        let shard = cx.shard;
+        if fresh && !conn.refused {
+            if let Some(best) = less_loaded_shard(&conn, shard) {
+                // Counted there now, not when it arrives: the next fresh
+                // connections (a burst taken in one go) see it.
+                let counted = OpenHere::new(&conn.shared, best);
+                // The rare paths' futures are boxed: the connection's state
+                // holds only the biggest of what it awaits.
+                match Box::pin(stream.depart(best)).await {
+                    Ok(transit) => {
+                        let counters = conn.shared.counters(shard);
+                        if conn.shared.tls.is_some() {
+                            counters.handshakes_moved.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            counters.balanced_away.fetch_add(1, Ordering::Relaxed);
+                        }
+                        conn.rebalanced = true;
+                        conn.counted_on = Some(counted);
+                        continue_on(
+                            best,
+                            conn,
+                            transit,
+                            session,
+                            cx,
+                            (rbuf, decoder),
+                            None,
+                            true,
+                        );
+                        return;
                     }
-                    conn.rebalanced = true;
-                    conn.counted_on = Some(counted);
-                    continue_on(
-                        best,
-                        conn,
-                        transit,
-                        session,
-                        cx,
-                        (rbuf, decoder),
-                        None,
-                        true,
-                    );
-                    return;
-                }
-                Err((_, back)) => {
-                    drop(counted);
-                    stream = back;
+                    Err((_, back)) => {
+                        drop(counted);
+                        stream = back;
+                    }
                 }
             }
         }
-    }
-    // Counted here: by the move that brought it, or now.
-    let _open_here = match conn.counted_on.take() {
-        Some(counted) if counted.shard == shard => counted,
-        other => {
-            drop(other);
-            OpenHere::new(&conn.shared, shard)
-        }
-    };
-    if fresh {
-        if conn.shared.config.hand_off == HandOff::Direct && !conn.refused {
-            let (direct, refused) = stream.into_direct().await;
-            stream = direct;
-            if refused.is_some() {
-                conn.shared
-                    .counters(shard)
-                    .direct_refused
-                    .fetch_add(1, Ordering::Relaxed);
+        // Counted here: by the move that brought it, or now.
+        let _open_here = match conn.counted_on.take() {
+            Some(counted) if counted.shard == shard => counted,
+            other => {
+                drop(other);
+                OpenHere::new(&conn.shared, shard)
             }
-        }
-        // A refusal is decided as the connection comes, before its TLS
-        // handshake (as Redis counts a rejected connection at accept); its
-        // frame is sent once the handshake is done.
-        let refusal = if conn.refused {
-            Some(session.refusal(&CloseReason::ClientLimit))
-        } else {
-            None
         };
-        if let Some(acceptor) = &conn.shared.tls {
-            // Bytes already read (after a PROXY header) are the handshake's.
-            let received = std::mem::take(&mut rbuf);
-            match tls_handshake(&conn.shared, acceptor, stream, received).await {
-                Ok((tls, info)) => {
-                    stream = Conn::Tls(Box::new(tls));
-                    cx.tls = Some(Arc::new(info));
+        if fresh {
+            if conn.shared.config.hand_off == HandOff::Direct && !conn.refused {
+                let (direct, refused) = Box::pin(stream.into_direct()).await;
+                stream = direct;
+                if refused.is_some() {
                     conn.shared
                         .counters(shard)
-                        .tls_handshakes
+                        .direct_refused
                         .fetch_add(1, Ordering::Relaxed);
                 }
-                Err(reason) => {
-                    close(&conn, &mut session, &mut cx, reason);
-                    return;
-                }
             }
-        }
-        if let Some(refusal) = refusal {
-            // Past the server's limit: the refusal, then the close (the
-            // drive loop writes what is queued and takes no frame).
-            if let Some(frame) = refusal {
-                cx.send_frame(frame);
-            }
-            cx.close = Some(CloseReason::ClientLimit);
-        } else {
-            session.on_open(&mut cx);
-        }
-    }
-    let exit = drive(
-        &conn.shared,
-        &stream,
-        &mut session,
-        &mut cx,
-        &mut rbuf,
-        &mut decoder,
-        carried,
-    )
-    .await;
-    let reason = match exit {
-        Exit::Close(reason) => {
-            // A TLS peer learns that the end is deliberate (a cut
-            // connection reads as a possible truncation); bounded, and
-            // skipped where the connection cannot take it.
-            if matches!(stream, Conn::Tls(_))
-                && !matches!(
-                    reason,
-                    CloseReason::Io(_) | CloseReason::Tls(_) | CloseReason::SlowReader { .. }
-                )
-            {
-                let _ =
-                    mailring::time::timeout(TLS_CLOSE_NOTIFY_LIMIT, stream.close_notify()).await;
-            }
-            reason
-        }
-        Exit::Move(key, frame) => {
-            // Checked when the key was named.
-            let owner = conn.shared.place(&key).unwrap_or(shard);
-            // An operation dropped just before (a watch for the peer's end)
-            // holds the socket until its cancellation completes, in a tick
-            // or two: the move waits for it, briefly.
-            let mut stream = stream;
-            let was_direct = stream.is_direct();
-            let mut tries = 0;
-            let departed = loop {
-                match stream.depart(owner).await {
-                    Err((e, back)) if e.kind() == io::ErrorKind::ResourceBusy && tries < 200 => {
-                        tries += 1;
-                        stream = back;
-                        mailring::time::sleep(Duration::from_millis(1)).await;
-                    }
-                    other => break other,
-                }
+            // A refusal is decided as the connection comes, before its TLS
+            // handshake (as Redis counts a rejected connection at accept); its
+            // frame is sent once the handshake is done.
+            let refusal = if conn.refused {
+                Some(session.refusal(&CloseReason::ClientLimit))
+            } else {
+                None
             };
-            match departed {
-                Ok(transit) => {
-                    let counters = conn.shared.counters(shard);
-                    counters.handed_off.fetch_add(1, Ordering::Relaxed);
-                    if was_direct && !transit.is_direct() {
-                        // The owner's table had no room: it travels plain.
-                        counters.direct_refused.fetch_add(1, Ordering::Relaxed);
+            if let Some(acceptor) = &conn.shared.tls {
+                // Bytes already read (after a PROXY header) are the handshake's.
+                let received = std::mem::take(&mut rbuf);
+                match Box::pin(tls_handshake(&conn.shared, acceptor, stream, received)).await {
+                    Ok((tls, info)) => {
+                        stream = Conn::Tls(Box::new(tls));
+                        cx.tls = Some(Arc::new(info));
+                        conn.shared
+                            .counters(shard)
+                            .tls_handshakes
+                            .fetch_add(1, Ordering::Relaxed);
                     }
-                    cx.key = Some(key);
-                    continue_on(
-                        owner,
-                        conn,
-                        transit,
-                        session,
-                        cx,
-                        (rbuf, decoder),
-                        Some(frame),
-                        false,
-                    );
-                    return;
-                }
-                Err((e, _stream)) => {
-                    tracing_error("moving a connection to its key's shard", &e);
-                    CloseReason::HandOff
+                    Err(reason) => {
+                        close(&conn, &mut session, &mut cx, reason);
+                        return;
+                    }
                 }
             }
+            if let Some(refusal) = refusal {
+                // Past the server's limit: the refusal, then the close (the
+                // drive loop writes what is queued and takes no frame).
+                if let Some(frame) = refusal {
+                    cx.send_frame(frame);
+                }
+                cx.close = Some(CloseReason::ClientLimit);
+            } else {
+                session.on_open(&mut cx);
+            }
         }
-    };
-    close(&conn, &mut session, &mut cx, reason);
+        let exit = drive(
+            &conn.shared,
+            &stream,
+            &mut session,
+            &mut cx,
+            &mut rbuf,
+            &mut decoder,
+            carried,
+        )
+        .await;
+        let reason = match exit {
+            Exit::Close(reason) => {
+                // A TLS peer learns that the end is deliberate (a cut
+                // connection reads as a possible truncation); bounded, and
+                // skipped where the connection cannot take it.
+                if matches!(stream, Conn::Tls(_))
+                    && !matches!(
+                        reason,
+                        CloseReason::Io(_) | CloseReason::Tls(_) | CloseReason::SlowReader { .. }
+                    )
+                {
+                    let _ = Box::pin(mailring::time::timeout(
+                        TLS_CLOSE_NOTIFY_LIMIT,
+                        stream.close_notify(),
+                    ))
+                    .await;
+                }
+                reason
+            }
+            Exit::Move(key, frame) => {
+                // Checked when the key was named.
+                let owner = conn.shared.place(&key).unwrap_or(shard);
+                // An operation dropped just before (a watch for the peer's end)
+                // holds the socket until its cancellation completes, in a tick
+                // or two: the move waits for it, briefly.
+                let mut stream = stream;
+                let was_direct = stream.is_direct();
+                let mut tries = 0;
+                let departed = loop {
+                    match Box::pin(stream.depart(owner)).await {
+                        Err((e, back))
+                            if e.kind() == io::ErrorKind::ResourceBusy && tries < 200 =>
+                        {
+                            tries += 1;
+                            stream = back;
+                            Box::pin(mailring::time::sleep(Duration::from_millis(1))).await;
+                        }
+                        other => break other,
+                    }
+                };
+                match departed {
+                    Ok(transit) => {
+                        let counters = conn.shared.counters(shard);
+                        counters.handed_off.fetch_add(1, Ordering::Relaxed);
+                        if was_direct && !transit.is_direct() {
+                            // The owner's table had no room: it travels plain.
+                            counters.direct_refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                        cx.key = Some(key);
+                        continue_on(
+                            owner,
+                            conn,
+                            transit,
+                            session,
+                            cx,
+                            (rbuf, decoder),
+                            Some(frame),
+                            false,
+                        );
+                        return;
+                    }
+                    Err((e, _stream)) => {
+                        tracing_error("moving a connection to its key's shard", &e);
+                        CloseReason::HandOff
+                    }
+                }
+            }
+        };
+        close(&conn, &mut session, &mut cx, reason);
+    }
 }
 
 /// The shard a fresh TLS connection (or a plain one, with
