@@ -95,10 +95,11 @@ pub struct ServerConfig {
     /// outstanding; reading pauses at this many. Default 32.
     pub pipeline_window: usize,
     /// Bytes asked of each receive. Default 16 KiB. A connection whose
-    /// reads are small and that has nothing buffered asks for 2 KiB (or
-    /// this, if less) in a buffer of that size, so an idle connection does
-    /// not hold a whole chunk; a read that fills it is followed by full
-    /// chunks.
+    /// last few reads were small and that has nothing buffered asks for
+    /// 2 KiB (or this, if less) in a buffer of that size, so an idle
+    /// connection does not hold a whole chunk; a read that fills it is
+    /// followed by full chunks until reads have been small again for a
+    /// while.
     pub read_chunk: usize,
     /// Queued outbound bytes past which [`Session::on_backpressure`] runs.
     /// Default 1 MiB.
@@ -1302,25 +1303,38 @@ impl Drop for Handshaking<'_> {
 /// requests, or an HTTP request's head.
 const SMALL_READ: usize = 2048;
 
+/// Receives in a row that brought less than [`SMALL_READ`] before the
+/// buffer is made small (a fresh connection starts there): a connection
+/// whose requests are a few KiB keeps a whole chunk, instead of a small
+/// buffer that each request fills, grows and lets go.
+const SMALL_READS_TO_SHRINK: u8 = 4;
+
 /// Makes room in `rbuf` for the next receive. A connection whose last
-/// read was small, with nothing buffered, asks for [`SMALL_READ`] bytes in
-/// a buffer of about that size (a bigger one is let go), so a connection
-/// that waits for its next request, as most of a server's do, holds a
-/// small buffer rather than a full `read_chunk`. A small buffer that fills
-/// leaves the rest to a receive made at once (the kernel says bytes
-/// remain), and the reads after it ask for a full chunk until one is
-/// small again.
-fn size_read_buffer(rbuf: &mut BytesMut, read_chunk: usize, last_read: usize) {
-    let small = SMALL_READ.min(read_chunk.max(64));
-    if rbuf.is_empty() && last_read < small {
-        // Taken back whole when no frame holds it any more: then it can
-        // be seen whether it is a big one.
-        rbuf.reserve(small);
-        if rbuf.capacity() > 4 * small {
-            *rbuf = BytesMut::with_capacity(small);
-        }
+/// [`SMALL_READS_TO_SHRINK`] receives were small, with nothing buffered,
+/// asks for [`SMALL_READ`] bytes in a buffer of about that size (a bigger
+/// one is let go), so a connection that waits for its next small request,
+/// as most of a server's do, holds a small buffer rather than a full
+/// `read_chunk`. A small buffer that fills leaves the rest to a receive
+/// made at once (the kernel says bytes remain), and the reads after it ask
+/// for full chunks until they have been small again for a while.
+fn size_read_buffer(rbuf: &mut BytesMut, read_chunk: usize, small_reads: u8) {
+    let chunk = read_chunk.max(64);
+    let small = SMALL_READ.min(chunk);
+    if !rbuf.is_empty() {
+        rbuf.reserve(chunk);
+        return;
+    }
+    let want = if small_reads >= SMALL_READS_TO_SHRINK {
+        small
     } else {
-        rbuf.reserve(read_chunk.max(64));
+        chunk
+    };
+    // Empty: a fresh buffer when its room ran out (growing it in place
+    // would copy the bytes already taken off its front) or it is far
+    // bigger than wanted (a big one is let go).
+    let room = rbuf.capacity();
+    if room < want || room > 4 * want {
+        *rbuf = BytesMut::with_capacity(want);
     }
 }
 
@@ -1476,9 +1490,9 @@ async fn drive<S: Session>(
     let mut in_flight = 0usize;
     // An idle period ended with that send still in flight.
     let mut send_stalled = false;
-    // Bytes the last receive brought: the next one's buffer is sized by
-    // it (see `size_read_buffer`).
-    let mut last_read = 0usize;
+    // Receives in a row that brought little: the next one's buffer is
+    // sized by it (see `size_read_buffer`).
+    let mut small_reads = SMALL_READS_TO_SHRINK;
     // Arrived with a key (moved here): attach, or refuse past the limit.
     let mut registered = None;
     if let Some(key) = cx.key.clone() {
@@ -1739,7 +1753,7 @@ async fn drive<S: Session>(
             if may_read && recv.is_none() {
                 counters.recv_ops.fetch_add(1, Ordering::Relaxed);
                 note_owner(counters, shard);
-                size_read_buffer(rbuf, config.read_chunk, last_read);
+                size_read_buffer(rbuf, config.read_chunk, small_reads);
                 let tail = rbuf.split_off(rbuf.len());
                 recv.set(Some(stream.recv(tail)));
             }
@@ -1750,7 +1764,11 @@ async fn drive<S: Session>(
                     return Poll::Ready(match res {
                         Ok(0) => Event::PeerClosed,
                         Ok(n) => {
-                            last_read = n;
+                            small_reads = if n < SMALL_READ {
+                                small_reads.saturating_add(1)
+                            } else {
+                                0
+                            };
                             Event::Read
                         }
                         Err(e) => Event::Close(io_close(&e)),
