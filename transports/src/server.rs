@@ -1329,11 +1329,13 @@ fn size_read_buffer(rbuf: &mut BytesMut, read_chunk: usize, small_reads: u8) {
     } else {
         chunk
     };
-    // Empty: a fresh buffer when its room ran out (growing it in place
-    // would copy the bytes already taken off its front) or it is far
-    // bigger than wanted (a big one is let go).
-    let room = rbuf.capacity();
-    if room < want || room > 4 * want {
+    // Empty. Its room ran out: taken back whole if no frame holds it any
+    // more (no allocation), or a new one. Then one far bigger than wanted
+    // is let go.
+    if rbuf.capacity() < want {
+        rbuf.reserve(want);
+    }
+    if rbuf.capacity() > 4 * want {
         *rbuf = BytesMut::with_capacity(want);
     }
 }
