@@ -147,8 +147,17 @@ mod listpack {
         fields: &Fields,
     ) -> u64 {
         let n = fields.len() / 2;
-        let same =
-            n == master_fields.len() && fields.names().zip(master_fields).all(|(a, b)| a == b);
+        // One walk over the elements: whether the names are the master's,
+        // and the values' sizes (the names' are needed only when not).
+        let mut same = n == master_fields.len();
+        let mut values = 0;
+        for (i, e) in fields.iter().enumerate() {
+            if i % 2 == 1 {
+                values += str_element(e);
+            } else if same && master_fields.get(i / 2).is_none_or(|m| e != m) {
+                same = false;
+            }
+        }
         let mut bytes = int_element(if same { 2 } else { 0 })
             + int_element(id.ms.wrapping_sub(master_id.ms) as i64)
             + int_element(id.seq.wrapping_sub(master_id.seq) as i64);
@@ -156,7 +165,7 @@ mod listpack {
             bytes += int_element(n as i64);
             bytes += fields.names().map(str_element).sum::<u64>();
         }
-        bytes += fields.values().map(str_element).sum::<u64>();
+        bytes += values;
         let lp_count = n + 3 + if same { 0 } else { n + 1 };
         bytes + int_element(lp_count as i64)
     }
