@@ -3736,3 +3736,43 @@ fn commandstats_count_pipelined_runs_over_both_shards_blocked_reads_and_every_co
     );
     broker.shutdown();
 }
+
+#[test]
+fn commands_whose_replies_client_reply_drops_still_count_as_redis_counts_them() {
+    // Checked against redis-server 7.0.15 with the same requests on one
+    // connection: client|reply 4 calls, xadd 2 with 1 failed, xlen 1,
+    // ping 1 (and config|resetstat 1).
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["CONFIG", "RESETSTAT"]), R::Status("OK".into()));
+    let mut wire = Vec::new();
+    for args in [
+        &["CLIENT", "REPLY", "OFF"][..],
+        &["XADD", "q", "*", "f", "v"],
+        &["XADD", "q", "0-0", "f", "v"],
+        &["CLIENT", "REPLY", "SKIP"],
+        &["CLIENT", "REPLY", "ON"],
+        &["CLIENT", "REPLY", "SKIP"],
+        &["XLEN", "q"],
+        &["PING"],
+    ] {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        wire.extend(encode(&args));
+    }
+    c.send_raw(&wire);
+    assert_eq!(c.read(), R::Status("OK".into()));
+    assert_eq!(c.read(), R::Status("PONG".into()));
+    let info = c.cmd(&["INFO", "commandstats"]).text();
+    let counts = |command: &str| {
+        let (calls, _, rejected, failed) =
+            command_stat(&info, command).unwrap_or_else(|| panic!("{command} not listed: {info}"));
+        (calls, rejected, failed)
+    };
+    assert_eq!(counts("client|reply"), (4, 0, 0), "{info}");
+    assert_eq!(counts("xadd"), (2, 0, 1), "{info}");
+    assert_eq!(counts("xlen"), (1, 0, 0), "{info}");
+    assert_eq!(counts("ping"), (1, 0, 0), "{info}");
+    assert_eq!(counts("config|resetstat"), (1, 0, 0), "{info}");
+    assert_eq!(info.lines().count(), 6, "{info}");
+    broker.shutdown();
+}
