@@ -114,6 +114,16 @@ impl RespSession {
         }
     }
 
+    /// Queues a reply made later, counted for the request being handled
+    /// once it is ready.
+    fn reply_later(
+        &self,
+        cx: &mut SessionCtx<Self>,
+        frame: impl std::future::Future<Output = (Protocol, Reply)> + 'static,
+    ) {
+        cx.reply_later(counting(self.count_later(), frame));
+    }
+
     /// What the request being handled counts, for a reply made later
     /// (wrapped in [`counting`]).
     fn count_later(&self) -> Option<(Arc<ShardCounts>, Counted)> {
@@ -145,10 +155,7 @@ impl RespSession {
                 return match answer.durable {
                     None => self.reply(answer.reply, cx),
                     Some(_) => {
-                        let count = self.count_later();
-                        cx.reply_later(counting(count, async move {
-                            settle(Ok(answer)).await.frame(proto)
-                        }))
+                        self.reply_later(cx, async move { settle(Ok(answer)).await.frame(proto) })
                     }
                 };
             }
@@ -160,10 +167,7 @@ impl RespSession {
             args,
             broker: self.shared.id,
         });
-        let count = self.count_later();
-        cx.reply_later(counting(count, async move {
-            settle(ask.await).await.frame(proto)
-        }));
+        self.reply_later(cx, async move { settle(ask.await).await.frame(proto) });
     }
 
     /// Records whether the client authenticated, for the session and its
@@ -543,8 +547,7 @@ impl RespSession {
                     .collect();
                 let asks = self.ask_each("exists", placed.clone());
                 let shared = self.shared.clone();
-                let count = self.count_later();
-                cx.reply_later(counting(count, async move {
+                self.reply_later(cx, async move {
                     let mut n = 0;
                     for (a, name) in asks.into_iter().zip(&placed) {
                         match a.await {
@@ -578,7 +581,7 @@ impl RespSession {
                         Reply::Status(if n > 0 { "stream" } else { "none" })
                     }
                     .frame(proto)
-                }));
+                });
             }
             b"keys" | b"scan" | b"info" | b"dbsize" if cx.pending_replies() > 0 => {
                 // Requests before it, still in flight to their streams'
@@ -630,8 +633,7 @@ impl RespSession {
                 // A name left out as missing may have gone by a deletion
                 // still flushing.
                 let unflushed = self.shared.catalog.unflushed();
-                let count = self.count_later();
-                cx.reply_later(counting(count, async move {
+                self.reply_later(cx, async move {
                     let mut n = 0;
                     for a in asks {
                         match settle(a.await).await {
@@ -645,7 +647,7 @@ impl RespSession {
                         Err(e) => e,
                     }
                     .frame(proto)
-                }));
+                });
             }
             _ => {
                 let r = self.local_reply(&args);
@@ -666,14 +668,13 @@ impl RespSession {
             return self.reply(r, cx);
         }
         let proto = self.proto;
-        let count = self.count_later();
-        cx.reply_later(counting(count, async move {
+        self.reply_later(cx, async move {
             match flushed(unflushed).await {
                 Ok(()) => r,
                 Err(e) => e,
             }
             .frame(proto)
-        }));
+        });
     }
 
     /// A command the session answers at once, from its own state and the
@@ -874,8 +875,7 @@ impl RespSession {
             })
             .collect();
         let block = p.block;
-        let count = self.count_later();
-        cx.reply_later(counting(count, async move {
+        self.reply_later(cx, async move {
             let mut after = Vec::with_capacity(reads.len());
             let mut found = Vec::new();
             let mut visible = Vec::new();
@@ -973,7 +973,7 @@ impl RespSession {
                     Err(e) => return unavailable(e).frame(proto),
                 }
             }
-        }));
+        });
         if block.is_some() {
             // A blocked Redis client's next command runs after the answer;
             // one that goes away meanwhile is dropped.
@@ -1054,8 +1054,7 @@ impl RespSession {
             };
             (from, group_read_now_or_ask(&watch_actors[0], m), dollar)
         });
-        let count = self.count_later();
-        cx.reply_later(counting(count, async move {
+        self.reply_later(cx, async move {
             let fail = |e: mailring_actors::AskError| unavailable(e).frame(proto);
             let mut froms = Vec::with_capacity(n);
             let mut asked = None;
@@ -1204,7 +1203,7 @@ impl RespSession {
                     }
                 }
             }
-        }));
+        });
         if block.is_some() {
             // Blocked: a Redis client's next command runs after the
             // answer; one that goes away meanwhile is dropped.

@@ -3689,11 +3689,16 @@ fn commandstats_count_pipelined_runs_over_both_shards_blocked_reads_and_every_co
         b"XREAD", b"BLOCK", b"0", b"STREAMS", b"cs:1", b"$",
     ]));
     let mut other = Client::connect(broker.local_addr());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !other
         .cmd(&["INFO", "clients"])
         .text()
         .contains("blocked_clients:1")
     {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the read never blocked"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     let info = other.cmd(&["INFO", "commandstats"]).text();
