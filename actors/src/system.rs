@@ -16,7 +16,7 @@ use mailring::{BuildError, Builder, Handle, Placement, Runtime, ShardId, Shutdow
 use crate::actor::{Actor, ActorPlacement, Message};
 use crate::addr::Addr;
 use crate::capacity::Capacity;
-use crate::error::{PlaceError, StopReason};
+use crate::error::{PlaceError, RunNowError, StopReason};
 use crate::local;
 use crate::replica::ReplicaRef;
 use crate::route::Directory;
@@ -1045,6 +1045,78 @@ impl SystemHandle {
     /// placement picks.
     pub fn keyed<A: Actor>(&self, key: A::Key) -> Addr<A> {
         Addr::keyed(SystemRef::here(&self.shared), key)
+    }
+
+    /// Runs `f` at once on the keyed actor `key` of type `A`, in the calling
+    /// task, when that actor is active and idle on the calling shard: what
+    /// [`Addr::run_now`] does for `self.keyed::<A>(key)`, without making
+    /// the reference (no routing hash, no look-up of the key's home shard,
+    /// no copy of the key). An actor active on this shard lives here, so
+    /// finding it is enough. Suits a session that mostly calls the actors
+    /// beside it: it tries this first and makes an [`Addr`] only when it
+    /// must send a message.
+    ///
+    /// # Errors
+    ///
+    /// As [`Addr::run_now`]: [`RunNowError::NotIdle`] with `f` when the
+    /// actor is not active on the calling shard (it lives on another, is
+    /// not activated, or the caller is no shard of this system: nothing is
+    /// activated) or is not idle; [`RunNowError::Panicked`] when `f`
+    /// panicked, which sends the actor through its supervision policy.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, RunNowError, Runtime};
+    ///
+    /// #[derive(Actor, Default)]
+    /// #[actor(key = String, activate = |_| Room::default(), handles(Join))]
+    /// struct Room {
+    ///     members: u32,
+    /// }
+    ///
+    /// #[derive(Message)]
+    /// #[message(reply = u32)]
+    /// struct Join;
+    ///
+    /// impl Handler<Join> for Room {
+    ///     async fn handle(&mut self, _: Join, _cx: &mut Ctx<Self>) -> u32 {
+    ///         self.members += 1;
+    ///         self.members
+    ///     }
+    /// }
+    ///
+    /// let system = ActorSystem::start(Runtime::builder().shards(1))?;
+    /// let handle = system.handle();
+    /// let members = system.block_on(async move {
+    ///     let room = "lobby".to_owned();
+    ///     handle.keyed::<Room>(room.clone()).ask(Join).await.unwrap();
+    ///     match handle.run_now_keyed::<Room, _, _>(&room, |r| { r.members += 1; r.members }) {
+    ///         Ok(n) => n,
+    ///         Err(RunNowError::NotIdle(_)) => handle.keyed::<Room>(room).ask(Join).await.unwrap(),
+    ///         Err(e) => panic!("{e}"),
+    ///     }
+    /// });
+    /// assert_eq!(members, 2);
+    /// # system.shutdown();
+    /// # Ok::<(), mailring::BuildError>(())
+    /// ```
+    pub fn run_now_keyed<A: Actor, R, F: FnOnce(&mut A) -> R>(
+        &self,
+        key: &A::Key,
+        f: F,
+    ) -> Result<R, RunNowError<F>> {
+        let Some(ts) = local::type_state::<A>(&self.shared) else {
+            return Err(RunNowError::NotIdle(f));
+        };
+        // Deliveries already published to this shard go first.
+        mailring::receive_pending();
+        // Activated only on delivery at its home shard, an actor in this
+        // shard's table lives here.
+        match ts.find_keyed(key) {
+            Some(cell) => cell.run_now(&ts, f),
+            None => Err(RunNowError::NotIdle(f)),
+        }
     }
 
     /// Spawns an unkeyed actor built by `factory` on the shard `placement`

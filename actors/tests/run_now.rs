@@ -423,3 +423,107 @@ fn closures_and_messages_from_many_tasks_keep_each_senders_order() {
     assert!(ran_now > 0, "no closure ran at once");
     sys.shutdown();
 }
+
+/// `SystemHandle::run_now_keyed`: `Addr::run_now` by key, with no `Addr`.
+#[test]
+fn a_closure_by_key_runs_on_an_idle_local_actor_and_comes_back_otherwise() {
+    let sys = one_shard();
+    let h = sys.handle();
+    let (ran, got, queued, inactive) = sys.block_on(async move {
+        let t = h.keyed::<Tally>(11);
+        assert_eq!(t.ask(Get).await, Ok(0));
+        let ran = h.run_now_keyed::<Tally, _, _>(&11, |t| {
+            t.total += 6;
+            t.total
+        });
+        let got = t.ask(Get).await;
+        // A queued message runs first: the closure comes back.
+        t.tell(Add(1)).unwrap();
+        let queued = matches!(
+            h.run_now_keyed::<Tally, _, _>(&11, |t| t.total),
+            Err(RunNowError::NotIdle(_))
+        );
+        assert_eq!(t.ask(Get).await, Ok(7));
+        // A key never sent to: not activated by the call.
+        let inactive = matches!(
+            h.run_now_keyed::<Tally, _, _>(&12, |t| t.total),
+            Err(RunNowError::NotIdle(_))
+        );
+        (ran.ok(), got, queued, inactive)
+    });
+    assert_eq!(ran, Some(6));
+    assert_eq!(got, Ok(6), "the next message sees the change");
+    assert!(queued, "ran with a message queued");
+    assert!(inactive);
+    let stats = sys.stats().by_type("Tally").unwrap();
+    assert_eq!(stats.activations, 1, "key 12 was not activated");
+    assert_eq!(stats.ran_now, 1);
+    // From a thread that is no shard.
+    assert!(matches!(
+        sys.handle().run_now_keyed::<Tally, _, _>(&11, |t| t.total),
+        Err(RunNowError::NotIdle(_))
+    ));
+    sys.shutdown();
+}
+
+/// On shard 1: runs a closure on `Far` key 2 by key from there.
+#[derive(Actor, Default)]
+#[actor(key = u64, activate = NearByKey::new, pinned = 1, handles(Get))]
+struct NearByKey;
+
+impl NearByKey {
+    fn new(_key: &u64) -> Self {
+        NearByKey
+    }
+}
+
+impl Handler<Get> for NearByKey {
+    async fn handle(&mut self, _m: Get, cx: &mut Ctx<Self>) -> u64 {
+        cx.system()
+            .run_now_keyed::<Far, _, _>(&2, |f| {
+                f.total += 5;
+                f.total
+            })
+            .unwrap_or(u64::MAX)
+    }
+}
+
+#[test]
+fn a_closure_by_key_runs_only_on_the_actors_own_shard() {
+    let sys = ActorSystem::start(Runtime::builder().shards(2)).expect("io_uring");
+    let h = sys.handle();
+    let far = sys.keyed::<Far>(2);
+    let (from_shard_0, from_shard_1, total) = sys.block_on(async move {
+        assert_eq!(far.ask(Get).await, Ok(0));
+        let from_shard_0 = matches!(
+            h.run_now_keyed::<Far, _, _>(&2, |f| f.total += 1),
+            Err(RunNowError::NotIdle(_))
+        );
+        let from_shard_1 = h.keyed::<NearByKey>(1).ask(Get).await.unwrap();
+        (from_shard_0, from_shard_1, far.ask(Get).await.unwrap())
+    });
+    assert!(from_shard_0);
+    assert_eq!(from_shard_1, 5, "run on its own shard");
+    assert_eq!(total, 5);
+    sys.shutdown();
+}
+
+#[test]
+fn a_panicking_closure_by_key_sends_the_actor_through_its_supervision() {
+    let sys = one_shard();
+    let h = sys.handle();
+    let (panicked, after) = sys.block_on(async move {
+        let t = h.keyed::<Tally>(13);
+        t.tell(Add(3)).unwrap();
+        assert_eq!(t.ask(Get).await, Ok(3));
+        let panicked = matches!(
+            h.run_now_keyed::<Tally, _, _>(&13, |_| -> u64 { panic!("closure by key") }),
+            Err(RunNowError::Panicked)
+        );
+        // Restarted by its supervision: a fresh state answers.
+        (panicked, t.ask(Get).await)
+    });
+    assert!(panicked);
+    assert_eq!(after, Ok(0), "restarted after the panic");
+    sys.shutdown();
+}

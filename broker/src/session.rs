@@ -143,14 +143,15 @@ impl RespSession {
         cx: &mut SessionCtx<Self>,
     ) {
         self.counting.set(counted);
-        let addr = self.shared.system.keyed::<StreamActor>(args[at].clone());
+        let system = &self.shared.system;
         let proto = self.proto;
-        // At once when its actor sits idle on this shard (see `run`).
-        match addr.run_now(|a| a.one_at_once(name, &args)) {
+        // At once when its actor sits idle on this shard (see `run`); the
+        // reference is made only to send.
+        match system.run_now_keyed::<StreamActor, _, _>(&args[at], |a| a.one_at_once(name, &args)) {
             Ok(Some((answer, ends))) => {
                 if ends {
                     // As its handler would have ended it.
-                    addr.stop();
+                    system.keyed::<StreamActor>(args[at].clone()).stop();
                 }
                 return match answer.durable {
                     None => self.reply(answer.reply, cx),
@@ -162,7 +163,7 @@ impl RespSession {
             Ok(None) | Err(RunNowError::NotIdle(_)) => {}
             Err(RunNowError::Panicked) => return self.reply(unavailable(AskError::Panicked), cx),
         }
-        let ask = addr.ask(Exec {
+        let ask = system.keyed::<StreamActor>(args[at].clone()).ask(Exec {
             name,
             args,
             broker: self.shared.id,

@@ -146,8 +146,10 @@ impl Places {
 
 /// A run's commands for one stream: their places in the run.
 struct StreamPart {
-    stream: Bytes,
-    /// [`key_tag`] of `stream`, compared before its bytes.
+    /// The place of its first command, whose key (argument 1) names the
+    /// stream.
+    first: usize,
+    /// [`key_tag`] of the stream, compared before its bytes.
     tag: u64,
     at: Places,
 }
@@ -222,7 +224,7 @@ impl RespSession {
         let parts = if commands.iter().all(|(_, args)| args[1] == *first) {
             let all = Places(if n == 64 { u64::MAX } else { (1 << n) - 1 });
             vec![StreamPart {
-                stream: first.clone(),
+                first: 0,
                 tag: 0,
                 at: all,
             }]
@@ -242,15 +244,17 @@ impl RespSession {
         // at one run before them.
         let mut panicked = Places::default();
         for part in parts {
-            let addr = system.keyed::<StreamActor>(part.stream);
-            let ran = addr.run_now(|a| {
+            // No reference made (nor its key copied) for a stream run at
+            // once: the actor is found on this shard by key.
+            let stream = &commands[part.first].1[1];
+            let ran = system.run_now_keyed::<StreamActor, _, _>(stream, |a| {
                 a.run_at_once(part.at.iter().map(|i| (i, &commands[i])), &mut answers)
             });
             let panic = match ran {
                 Ok(true) => {
                     // Left holding nothing, as its handler would have
                     // ended it.
-                    addr.stop();
+                    system.keyed::<StreamActor>(stream.clone()).stop();
                     false
                 }
                 Ok(false) | Err(RunNowError::NotIdle(_)) => false,
@@ -267,6 +271,8 @@ impl RespSession {
                 panicked.0 |= rest.0;
                 continue;
             }
+            // Before its commands are taken: `first` is one of them.
+            let addr = system.keyed::<StreamActor>(commands[part.first].1[1].clone());
             let commands = rest
                 .iter()
                 .map(|i| (commands[i].0, std::mem::take(&mut commands[i].1)))
@@ -337,17 +343,13 @@ fn by_stream(commands: &[(&'static str, Vec<Bytes>)]) -> Vec<StreamPart> {
         // Keys compared by their tag first (`s:1`, `s:2`... differ there).
         match parts
             .iter_mut()
-            .find(|p| p.tag == tag && p.stream == args[1])
+            .find(|p| p.tag == tag && commands[p.first].1[1] == args[1])
         {
             Some(p) => p.at.add(i),
             None => {
                 let mut at = Places::default();
                 at.add(i);
-                parts.push(StreamPart {
-                    stream: args[1].clone(),
-                    tag,
-                    at,
-                });
+                parts.push(StreamPart { first: i, tag, at });
             }
         }
     }
@@ -428,7 +430,7 @@ mod tests {
         let parts = by_stream(&commands);
         let got: Vec<(&[u8], Vec<usize>)> = parts
             .iter()
-            .map(|p| (&p.stream[..], p.at.iter().collect()))
+            .map(|p| (&commands[p.first].1[1][..], p.at.iter().collect()))
             .collect();
         assert_eq!(
             got,
@@ -440,7 +442,11 @@ mod tests {
             ]
         );
         for p in &parts {
-            assert!(p.at.iter().all(|i| commands[i].1[1] == p.stream));
+            assert_eq!(p.at.iter().next(), Some(p.first), "its first place");
+            assert!(p
+                .at
+                .iter()
+                .all(|i| commands[i].1[1] == commands[p.first].1[1]));
         }
         assert_eq!(key_tag(b"a-1234567"), key_tag(b"b-1234567"));
         assert_ne!(key_tag(b"s:1"), key_tag(b"s:10"));
@@ -461,7 +467,7 @@ mod tests {
         let mut seen = 0;
         for p in &parts {
             for i in p.at.iter() {
-                assert_eq!(order[i].as_bytes(), &p.stream[..]);
+                assert_eq!(order[i].as_bytes(), &commands[p.first].1[1][..]);
                 seen += 1;
             }
         }
