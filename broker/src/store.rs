@@ -86,9 +86,13 @@ pub struct StoreConfig {
     pub fsync: Fsync,
     /// A segment is rolled once it holds this many bytes.
     pub segment_bytes: u64,
-    /// Zero-fill each segment ahead of the writes, in flushed chunks, so
-    /// an `O_DSYNC` append overwrites initialized blocks instead of
-    /// allocating (measured: `benches/examples/prealloc.rs`).
+    /// Under `always`: zero-fill each segment ahead of the writes, in
+    /// flushed chunks, so an `O_DSYNC` append overwrites initialized blocks
+    /// instead of allocating (measured: `benches/examples/prealloc.rs`).
+    /// Ignored under `everysec` and `no`, whose writes go to the page cache
+    /// and are flushed at most once a second: there a zero-fill saves
+    /// nothing and takes CPU time from the shard
+    /// (`benches/results/broker-prealloc-everysec-2026-11-29.txt`).
     pub preallocate: bool,
     /// Under `always`, with `preallocate`: write segments with `O_DIRECT`
     /// as well as `O_DSYNC`, each batch rewriting the 4 KiB blocks it
@@ -513,7 +517,11 @@ impl ShardLog {
             }),
             durable,
             gate: config.sync_gate.clone(),
-            preallocate: config.preallocate,
+            // Under `everysec` and `no` the writes go to the page cache and
+            // a flush comes at most once a second: zero-filling ahead saves
+            // nothing there, and its writes compete with the shard for its
+            // core (a p99 about twice the p50 of pipelined `XADD`s).
+            preallocate: config.preallocate && config.fsync == Fsync::Always,
             direct_io: Cell::new(
                 config.direct_io && config.preallocate && config.fsync == Fsync::Always,
             ),

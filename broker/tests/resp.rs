@@ -1242,6 +1242,47 @@ fn a_torn_or_corrupt_tail_in_a_preallocated_segment_is_cut_too() {
     torn_and_corrupt_tails(true);
 }
 
+/// Segments are zero-filled ahead of the writes only under `appendfsync
+/// always`, where an `O_DSYNC` append into initialized blocks completes
+/// sooner. Under `everysec` and `no` the writes go to the page cache and
+/// are flushed at most once a second: a zero-fill there saves nothing and
+/// competes with the shard for its core.
+#[test]
+fn segments_are_zero_filled_ahead_only_under_appendfsync_always() {
+    for (fsync, zero_filled) in [
+        (Fsync::Always, true),
+        (Fsync::EverySec, false),
+        (Fsync::No, false),
+    ] {
+        let dir = TempDir::new();
+        let mut config = BrokerConfig::default();
+        config.store.fsync = fsync;
+        let broker = start_in(&dir.0, 1, config);
+        let mut c = Client::connect(broker.local_addr());
+        for j in 1..=10 {
+            let id = format!("1-{j}");
+            assert_eq!(c.cmd(&["XADD", "s", &id, "f", "v"]), R::bulk(&id));
+        }
+        let (segment, end) = data_end(&broker);
+        // The zero-fill runs beside the writes: given time to show (the
+        // whole 300 ms where none may start).
+        let len_now = || std::fs::metadata(&segment).unwrap().len();
+        let wait = if zero_filled { 10_000 } else { 300 };
+        let deadline = std::time::Instant::now() + Duration::from_millis(wait);
+        let mut len = len_now();
+        while !(zero_filled && len > end) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            len = len_now();
+        }
+        broker.shutdown();
+        assert_eq!(
+            len > end,
+            zero_filled,
+            "{fsync:?}: the segment is {len} bytes, its records end at {end}"
+        );
+    }
+}
+
 #[test]
 fn a_bad_record_in_a_segment_before_the_last_stops_the_start_unless_repair_is_asked() {
     let dir = TempDir::new();
