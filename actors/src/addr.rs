@@ -995,3 +995,91 @@ impl<A: Actor> LocalAddr<A> {
         reply
     }
 }
+
+/// The actors of type `A` active on the calling shard, found by key with
+/// no [`Addr`] made: for a task that calls many keyed actors beside it in
+/// one go, such as a session running a client's pipelined requests. Taken
+/// on a shard by [`SystemHandle::local_actors`]; it stays with that
+/// shard's thread (it is not `Send`).
+///
+/// # Examples
+///
+/// ```
+/// use mailring_actors::{Actor, ActorSystem, Ctx, Handler, Message, Runtime};
+///
+/// #[derive(Actor, Default)]
+/// #[actor(key = u32, activate = |_| Counter::default(), handles(Touch))]
+/// struct Counter {
+///     hits: u64,
+/// }
+///
+/// #[derive(Message)]
+/// struct Touch;
+///
+/// impl Handler<Touch> for Counter {
+///     async fn handle(&mut self, _: Touch, _cx: &mut Ctx<Self>) {
+///         self.hits += 1;
+///     }
+/// }
+///
+/// let system = ActorSystem::start(Runtime::builder().shards(1))?;
+/// let handle = system.handle();
+/// let hits = system.block_on_local(move || async move {
+///     for key in 0..4u32 {
+///         let _ = handle.keyed::<Counter>(key).ask(Touch).await;
+///     }
+///     // One table, many keys: each idle actor runs the closure at once.
+///     let counters = handle.local_actors::<Counter>().expect("on a shard");
+///     (0..4u32)
+///         .map(|key| counters.run_now(&key, |c| { c.hits += 1; c.hits }).unwrap_or(0))
+///         .sum::<u64>()
+/// });
+/// assert_eq!(hits, 8);
+/// # system.shutdown();
+/// # Ok::<(), mailring::BuildError>(())
+/// ```
+pub struct LocalActors<A: Actor> {
+    ts: std::rc::Rc<local::TypeState<A>>,
+    /// This shard's inbox flag (see [`LocalAddr`]'s).
+    pending: mailring::PendingProbe,
+}
+
+impl<A: Actor> fmt::Debug for LocalActors<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalActors")
+            .field("type", &std::any::type_name::<A>())
+            .finish()
+    }
+}
+
+impl<A: Actor> LocalActors<A> {
+    /// The calling shard's table, when the caller is a shard of `system`.
+    pub(crate) fn here(system: &Arc<crate::system::SystemShared>) -> Option<Self> {
+        Some(LocalActors {
+            ts: local::type_state::<A>(system)?,
+            pending: mailring::PendingProbe::current()?,
+        })
+    }
+
+    /// Runs `f` at once on the keyed actor `key` when it is active and idle
+    /// on this shard: as [`SystemHandle::run_now_keyed`], with the table
+    /// already at hand.
+    ///
+    /// # Errors
+    ///
+    /// As [`SystemHandle::run_now_keyed`].
+    pub fn run_now<R, F: FnOnce(&mut A) -> R>(
+        &self,
+        key: &A::Key,
+        f: F,
+    ) -> Result<R, RunNowError<F>> {
+        // Deliveries already published to this shard go first.
+        self.pending.receive_pending();
+        // Activated only on delivery at its home shard, an actor in this
+        // shard's table lives here.
+        match self.ts.find_keyed(key) {
+            Some(cell) => cell.run_now(&self.ts, f),
+            None => Err(RunNowError::NotIdle(f)),
+        }
+    }
+}

@@ -149,7 +149,7 @@ pub use crate::actor::{
     SendsTo, Supervision, SupervisionPolicy,
 };
 #[cfg(not(loom))]
-pub use crate::addr::{ActorId, Addr, KeyedRef, LocalAddr};
+pub use crate::addr::{ActorId, Addr, KeyedRef, LocalActors, LocalAddr};
 #[cfg(not(loom))]
 pub use crate::ctx::{Ctx, StreamMessage, TimerHandle, STREAM_WINDOW};
 #[cfg(not(loom))]

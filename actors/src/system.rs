@@ -14,7 +14,7 @@ use std::time::Duration;
 use mailring::{BuildError, Builder, Handle, Placement, Runtime, ShardId, ShutdownReport};
 
 use crate::actor::{Actor, ActorPlacement, Message};
-use crate::addr::Addr;
+use crate::addr::{Addr, LocalActors};
 use crate::capacity::Capacity;
 use crate::error::{PlaceError, RunNowError, StopReason};
 use crate::local;
@@ -1106,17 +1106,18 @@ impl SystemHandle {
         key: &A::Key,
         f: F,
     ) -> Result<R, RunNowError<F>> {
-        let Some(ts) = local::type_state::<A>(&self.shared) else {
-            return Err(RunNowError::NotIdle(f));
-        };
-        // Deliveries already published to this shard go first.
-        mailring::receive_pending();
-        // Activated only on delivery at its home shard, an actor in this
-        // shard's table lives here.
-        match ts.find_keyed(key) {
-            Some(cell) => cell.run_now(&ts, f),
+        match self.local_actors::<A>() {
+            Some(actors) => actors.run_now(key, f),
             None => Err(RunNowError::NotIdle(f)),
         }
+    }
+
+    /// The calling shard's table of its active actors of type `A`, to run
+    /// closures on many of them by key ([`LocalActors::run_now`]) with one
+    /// look-up of the table; `None` when the caller is no shard of this
+    /// system.
+    pub fn local_actors<A: Actor>(&self) -> Option<LocalActors<A>> {
+        LocalActors::here(&self.shared)
     }
 
     /// Spawns an unkeyed actor built by `factory` on the shard `placement`

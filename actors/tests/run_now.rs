@@ -527,3 +527,46 @@ fn a_panicking_closure_by_key_sends_the_actor_through_its_supervision() {
     assert_eq!(after, Ok(0), "restarted after the panic");
     sys.shutdown();
 }
+
+/// `SystemHandle::local_actors`: the shard's own table, taken once for
+/// many closures by key.
+#[test]
+fn the_local_table_runs_closures_by_key_and_exists_only_on_a_shard() {
+    let sys = ActorSystem::start(Runtime::builder().shards(2)).expect("io_uring");
+    let h = sys.handle();
+    assert!(
+        h.local_actors::<Tally>().is_none(),
+        "a thread that is no shard has no table"
+    );
+    let far = sys.keyed::<Far>(3);
+    let (ran, inactive, elsewhere, got) = sys.block_on_local(move || async move {
+        let t = h.keyed::<Tally>(14);
+        assert_eq!(t.ask(Get).await, Ok(0));
+        assert_eq!(far.ask(Get).await, Ok(0));
+        let tallies = h.local_actors::<Tally>().expect("on shard 0");
+        let ran: Vec<_> = (0..3)
+            .map(|_| {
+                tallies
+                    .run_now(&14, |t| {
+                        t.total += 2;
+                        t.total
+                    })
+                    .ok()
+            })
+            .collect();
+        let inactive = matches!(
+            tallies.run_now(&15, |t| t.total),
+            Err(RunNowError::NotIdle(_))
+        );
+        // `Far` lives on shard 1: shard 0's table does not hold it.
+        let fars = h.local_actors::<Far>().expect("on shard 0");
+        let elsewhere = matches!(fars.run_now(&3, |f| f.total), Err(RunNowError::NotIdle(_)));
+        (ran, inactive, elsewhere, t.ask(Get).await)
+    });
+    assert_eq!(ran, [Some(2), Some(4), Some(6)]);
+    assert!(inactive);
+    assert!(elsewhere);
+    assert_eq!(got, Ok(6));
+    assert_eq!(sys.stats().by_type("Tally").unwrap().activations, 1);
+    sys.shutdown();
+}

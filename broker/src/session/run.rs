@@ -243,13 +243,18 @@ impl RespSession {
         // Commands that did not run, their stream's actor having panicked
         // at one run before them.
         let mut panicked = Places::default();
+        // No reference made (nor its key copied) for a stream run at once:
+        // the actor is found in this shard's table by key.
+        let here = system.local_actors::<StreamActor>();
         for part in parts {
-            // No reference made (nor its key copied) for a stream run at
-            // once: the actor is found on this shard by key.
             let stream = &commands[part.first].1[1];
-            let ran = system.run_now_keyed::<StreamActor, _, _>(stream, |a| {
+            let run = |a: &mut StreamActor| {
                 a.run_at_once(part.at.iter().map(|i| (i, &commands[i])), &mut answers)
-            });
+            };
+            let ran = match &here {
+                Some(here) => here.run_now(stream, run),
+                None => Err(RunNowError::NotIdle(run)),
+            };
             let panic = match ran {
                 Ok(true) => {
                     // Left holding nothing, as its handler would have
@@ -337,19 +342,37 @@ impl RespSession {
 /// `commands` grouped by stream (argument 1), streams in order of first
 /// appearance, with each stream's places in the run.
 fn by_stream(commands: &[(&'static str, Vec<Bytes>)]) -> Vec<StreamPart> {
+    // Parts found by their key's tag in a small open-addressed table: slot
+    // `s` holds a part's index plus one (0: empty). At most half full.
+    const SLOTS: usize = 2 * RUN_MAX;
+    debug_assert!(commands.len() <= RUN_MAX);
+    let mut table = [0u8; SLOTS];
     let mut parts: Vec<StreamPart> = Vec::with_capacity(commands.len());
     for (i, (_, args)) in commands.iter().enumerate() {
-        let tag = key_tag(&args[1]);
-        // Keys compared by their tag first (`s:1`, `s:2`... differ there).
-        match parts
-            .iter_mut()
-            .find(|p| p.tag == tag && commands[p.first].1[1] == args[1])
-        {
-            Some(p) => p.at.add(i),
-            None => {
-                let mut at = Places::default();
-                at.add(i);
-                parts.push(StreamPart { first: i, tag, at });
+        let key = &args[1];
+        let tag = key_tag(key);
+        let mut slot = (tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 57) as usize % SLOTS;
+        loop {
+            match table[slot] {
+                0 => {
+                    parts.push(StreamPart {
+                        first: i,
+                        tag,
+                        at: Places(1 << i),
+                    });
+                    table[slot] = parts.len() as u8;
+                    break;
+                }
+                n => {
+                    // Keys compared by their tag first (`s:1`, `s:2`...
+                    // differ there).
+                    let part = &mut parts[usize::from(n) - 1];
+                    if part.tag == tag && commands[part.first].1[1] == *key {
+                        part.at.add(i);
+                        break;
+                    }
+                    slot = (slot + 1) % SLOTS;
+                }
             }
         }
     }
@@ -451,6 +474,43 @@ mod tests {
         assert_eq!(key_tag(b"a-1234567"), key_tag(b"b-1234567"));
         assert_ne!(key_tag(b"s:1"), key_tag(b"s:10"));
         assert_eq!(key_tag(b""), 0);
+    }
+
+    /// Random runs over few or many keys (some sharing tags) group as a
+    /// plain search of the parts so far groups them.
+    #[test]
+    fn a_run_groups_as_a_linear_search_would() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..500 {
+            let n = 1 + (next() % RUN_MAX as u64) as usize;
+            let keys = 1 + next() % [2, 16, 100, 1000][round % 4];
+            let names: Vec<String> = (0..n)
+                .map(|_| match next() % keys {
+                    // Same length, same last seven bytes: one tag.
+                    k if k % 3 == 0 => format!("{k:04}-1234567"),
+                    k => format!("s:{k}"),
+                })
+                .collect();
+            let commands: Vec<_> = names.iter().map(|k| xadd(k)).collect();
+            let mut want: Vec<(String, Vec<usize>)> = Vec::new();
+            for (i, k) in names.iter().enumerate() {
+                match want.iter_mut().find(|(w, _)| w == k) {
+                    Some((_, at)) => at.push(i),
+                    None => want.push((k.clone(), vec![i])),
+                }
+            }
+            let got: Vec<(String, Vec<usize>)> = by_stream(&commands)
+                .iter()
+                .map(|p| (names[p.first].clone(), p.at.iter().collect()))
+                .collect();
+            assert_eq!(got, want, "round {round}");
+        }
     }
 
     #[test]
