@@ -11,6 +11,8 @@
 //! pieces is scanned once.
 
 use bytes::{BufMut, Bytes, BytesMut};
+
+mod entries;
 use mailring_transports::codec::{Codec, CodecError};
 
 /// Longest inline request, or count line of a multibulk request, without
@@ -828,47 +830,7 @@ impl Reply {
                     item.encode(proto, dst);
                 }
             }
-            Reply::Entries(entries) => {
-                // Many short pieces: gathered on the stack, appended in
-                // runs (a BytesMut append costs more than the copy).
-                let mut out = Staged::new(dst);
-                out.header(b'*', entries.len());
-                // Neighbouring entries mostly share their millisecond:
-                // formatted once.
-                let mut ms_buf = itoa::Buffer::new();
-                let mut ms_of: Option<u64> = None;
-                let mut ms_text: &str = "";
-                for (id, fields) in entries {
-                    out.put(b"*2\r\n");
-                    if ms_of != Some(id.ms) {
-                        ms_text = ms_buf.format(id.ms);
-                        ms_of = Some(id.ms);
-                    }
-                    let ms = ms_text;
-                    let mut seq = itoa::Buffer::new();
-                    let seq = seq.format(id.seq);
-                    out.header(b'$', ms.len() + 1 + seq.len());
-                    out.put(ms.as_bytes());
-                    out.put(b"-");
-                    out.put(seq.as_bytes());
-                    out.put(b"\r\n");
-                    match fields {
-                        Some(f) => {
-                            out.header(b'*', f.len());
-                            for v in f.iter() {
-                                out.header(b'$', v.len());
-                                out.put(v);
-                                out.put(b"\r\n");
-                            }
-                        }
-                        None => out.put(match proto {
-                            Protocol::Resp2 => b"*-1\r\n",
-                            Protocol::Resp3 => b"_\r\n",
-                        }),
-                    }
-                }
-                out.flush();
-            }
+            Reply::Entries(entries) => entries::encode(entries, proto, dst),
             Reply::Id(id) => {
                 let mut ms = itoa::Buffer::new();
                 let mut seq = itoa::Buffer::new();
@@ -932,16 +894,7 @@ impl Reply {
                     .map(|(k, v)| k.size_hint() + v.size_hint())
                     .sum::<usize>()
             }
-            Reply::Entries(entries) => {
-                16 + entries
-                    .iter()
-                    .map(|(_, f)| {
-                        56 + f
-                            .as_ref()
-                            .map_or(0, |f| f.iter().map(|v| v.len() + 16).sum::<usize>())
-                    })
-                    .sum::<usize>()
-            }
+            Reply::Entries(entries) => entries::bound(entries),
         }
     }
 
@@ -992,54 +945,6 @@ fn format_double(d: f64) -> String {
     }
     let s = format!("{d}");
     s
-}
-
-/// A stack buffer in front of a `BytesMut`: short pieces are copied into
-/// it and appended to the `BytesMut` in runs.
-struct Staged<'a> {
-    dst: &'a mut BytesMut,
-    buf: [u8; 2048],
-    len: usize,
-}
-
-impl<'a> Staged<'a> {
-    fn new(dst: &'a mut BytesMut) -> Self {
-        Staged {
-            dst,
-            buf: [0; 2048],
-            len: 0,
-        }
-    }
-
-    #[inline]
-    fn put(&mut self, s: &[u8]) {
-        if s.len() > self.buf.len() - self.len {
-            self.flush();
-            if s.len() > self.buf.len() {
-                self.dst.extend_from_slice(s);
-                return;
-            }
-        }
-        self.buf[self.len..self.len + s.len()].copy_from_slice(s);
-        self.len += s.len();
-    }
-
-    #[inline]
-    fn header(&mut self, kind: u8, n: usize) {
-        if n < 10 {
-            self.put(&[kind, b'0' + n as u8, b'\r', b'\n']);
-        } else {
-            let mut b = itoa::Buffer::new();
-            self.put(&[kind]);
-            self.put(b.format(n).as_bytes());
-            self.put(b"\r\n");
-        }
-    }
-
-    fn flush(&mut self) {
-        self.dst.extend_from_slice(&self.buf[..self.len]);
-        self.len = 0;
-    }
 }
 
 fn line(dst: &mut BytesMut, kind: u8, text: &[u8]) {
