@@ -61,13 +61,46 @@ use crate::conn::Conn;
 use mailring_actors::mailring::buf::Appending;
 use record::{Read, RecordLayer};
 
-/// Bytes of ciphertext asked of a receive at first, and again after a
-/// receive that took less than a quarter of its room.
+/// Bytes of ciphertext asked of a receive after a receive that took less
+/// than a quarter of its room, until receives are small for a while.
 const CIPHER_CHUNK: usize = 16 << 10;
+/// What a receive asks for once [`SMALL_RECEIVES_TO_SHRINK`] receives in a
+/// row brought less than this (a fresh connection starts there): a
+/// connection waiting for its next small request holds a buffer this
+/// size, not a whole [`CIPHER_CHUNK`]. A receive that fills it makes the
+/// next ask for a whole [`CIPHER_CHUNK`] at once.
+const CIPHER_SMALL: usize = 2 << 10;
+/// See [`CIPHER_SMALL`].
+const SMALL_RECEIVES_TO_SHRINK: u8 = 4;
 /// The most asked of one receive: a receive that fills its room doubles
 /// the next one's, up to this, so a busy connection takes several records
-/// a receive and an idle one holds only [`CIPHER_CHUNK`] while it waits.
+/// a receive and an idle one holds only [`CIPHER_SMALL`] while it waits.
 const CIPHER_CHUNK_MAX: usize = 64 << 10;
+
+/// The room to ask of the next receive of ciphertext and the small
+/// receives in a row, after a receive asked for `asked` bytes, had `room`
+/// (its buffer's spare capacity, at least that) and brought `received`,
+/// with `small` small ones before it: a full receive doubles the room
+/// (from [`CIPHER_CHUNK`] up to [`CIPHER_CHUNK_MAX`]); a connection whose
+/// receives are small for a while asks for [`CIPHER_SMALL`]; one that
+/// took little of a big room asks for [`CIPHER_CHUNK`].
+fn next_receive_room(asked: usize, room: usize, received: usize, small: u8) -> (usize, u8) {
+    let small = if received < CIPHER_SMALL {
+        small.saturating_add(1)
+    } else {
+        0
+    };
+    let next = if received == room {
+        (room * 2).clamp(CIPHER_CHUNK, CIPHER_CHUNK_MAX)
+    } else if small >= SMALL_RECEIVES_TO_SHRINK {
+        CIPHER_SMALL
+    } else if received < room / 4 {
+        CIPHER_CHUNK
+    } else {
+        asked
+    };
+    (next, small)
+}
 
 /// Why a TLS configuration could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -498,8 +531,10 @@ pub(crate) struct TlsState {
     /// Ciphertext received and not yet taken.
     cipher_in: BytesMut,
     /// Room asked of the next receive of ciphertext (see
-    /// [`CIPHER_CHUNK_MAX`]).
+    /// [`CIPHER_CHUNK_MAX`] and [`CIPHER_SMALL`]).
     receive_room: usize,
+    /// Receives in a row that brought less than [`CIPHER_SMALL`].
+    small_receives: u8,
     /// Plaintext rustls decrypted (data that came with the handshake's
     /// last records, or the first records it protects) and the caller has
     /// not taken yet.
@@ -563,7 +598,8 @@ impl TlsState {
         TlsState {
             phase: Phase::Handshake(Box::new(handshake)),
             cipher_in: received,
-            receive_room: CIPHER_CHUNK,
+            receive_room: CIPHER_SMALL,
+            small_receives: SMALL_RECEIVES_TO_SHRINK,
             early_plain: BytesMut::new(),
             broken: None,
             peer_eof: false,
@@ -1161,13 +1197,8 @@ impl TlsConn {
             // that today): keep them, and append what came.
             state.cipher_in.extend_from_slice(&landing[kept..]);
         }
-        state.receive_room = if received == room {
-            (room * 2).clamp(CIPHER_CHUNK, CIPHER_CHUNK_MAX)
-        } else if received < room / 4 {
-            CIPHER_CHUNK
-        } else {
-            state.receive_room
-        };
+        (state.receive_room, state.small_receives) =
+            next_receive_room(state.receive_room, room, received, state.small_receives);
         if received == 0 {
             state.peer_eof = true;
         }

@@ -14,7 +14,10 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{SupportedCipherSuite, SupportedProtocolVersion};
 
 use super::record::Read;
-use super::{Handshake, Phase, Step, TlsState};
+use super::{
+    next_receive_room, Handshake, Phase, Step, TlsState, CIPHER_CHUNK, CIPHER_CHUNK_MAX,
+    CIPHER_SMALL, SMALL_RECEIVES_TO_SHRINK,
+};
 
 /// When the connections of a test hand their records from rustls to the
 /// record layer, in records of data: at the handshake's end, after the
@@ -991,4 +994,41 @@ fn a_tls12_connection_that_said_close_notify_keeps_to_rustls_and_writes_nothing_
     assert!(!in_traffic(&server));
     assert!(server.encrypt(b"late").is_err());
     assert!(!server.wants_write(), "nothing follows our close_notify");
+}
+
+/// A connection whose receives are small asks for a small buffer after a
+/// few of them (a fresh one at once), so an idle connection holds 2 KiB of
+/// ciphertext room, not 16; one that fills it asks for a whole chunk
+/// again; records of a few KiB one at a time never shrink it (each would
+/// otherwise fill the small buffer and need a second receive).
+#[test]
+fn the_ciphertext_receive_is_small_only_while_receives_are_small() {
+    // Fresh: small at once.
+    let (mut asked, mut small) = (CIPHER_SMALL, SMALL_RECEIVES_TO_SHRINK);
+    (asked, small) = next_receive_room(asked, asked, 300, small);
+    assert_eq!(asked, CIPHER_SMALL);
+    // A small receive filled: a whole chunk next, and small again only
+    // after four small receives in a row.
+    (asked, small) = next_receive_room(asked, asked, CIPHER_SMALL, small);
+    assert_eq!((asked, small), (CIPHER_CHUNK, 0));
+    for i in 1..SMALL_RECEIVES_TO_SHRINK {
+        (asked, small) = next_receive_room(asked, asked, 100, small);
+        assert_eq!(asked, CIPHER_CHUNK, "after {i} small receives");
+    }
+    (asked, small) = next_receive_room(asked, asked, 100, small);
+    assert_eq!(asked, CIPHER_SMALL);
+    // Records of 4 KiB one at a time: whole chunks, all along.
+    (asked, small) = next_receive_room(asked, asked, CIPHER_SMALL, small);
+    for _ in 0..20 {
+        (asked, small) = next_receive_room(asked, asked, 4 << 10, small);
+        assert_eq!(asked, CIPHER_CHUNK);
+    }
+    // A busy spell: full receives double the room up to the most.
+    for _ in 0..10 {
+        (asked, small) = next_receive_room(asked, asked, asked, small);
+    }
+    assert_eq!(asked, CIPHER_CHUNK_MAX);
+    // A room bigger than asked (a reused buffer) does not raise the ask.
+    let (next, _) = next_receive_room(CIPHER_CHUNK, 2 * CIPHER_CHUNK, 12 << 10, 0);
+    assert_eq!(next, CIPHER_CHUNK);
 }
