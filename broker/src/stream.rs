@@ -765,7 +765,10 @@ impl Stream {
         let take = count.map_or(usize::MAX, |c| usize::try_from(c).unwrap_or(usize::MAX));
         let range = self.entries.range(Bound::Included(lo), Bound::Included(hi));
         let mut missing = Vec::new();
-        let mut out: Vec<(StreamId, Option<Fields>)> = Vec::new();
+        // Sized once for a page (its `COUNT`, up to 1,024 entries): a
+        // range with no count over a long stream may still hold few.
+        let mut out: Vec<(StreamId, Option<Fields>)> =
+            Vec::with_capacity(take.min(self.entries.len()).min(1024));
         let mut push = |(id, slot): (StreamId, &Slot)| {
             if slot.fields.is_none() {
                 missing.push((id, slot.loc));
