@@ -1106,8 +1106,17 @@ impl SystemHandle {
         key: &A::Key,
         f: F,
     ) -> Result<R, RunNowError<F>> {
-        match self.local_actors::<A>() {
-            Some(actors) => actors.run_now(key, f),
+        // The table alone (a `LocalActors` would take the shard's inbox
+        // probe, a shared count, for this one call).
+        let Some(ts) = local::type_state::<A>(&self.shared) else {
+            return Err(RunNowError::NotIdle(f));
+        };
+        // Deliveries already published to this shard go first.
+        mailring::receive_pending();
+        // Activated only on delivery at its home shard, an actor in this
+        // shard's table lives here.
+        match ts.find_keyed(key) {
+            Some(cell) => cell.run_now(&ts, f),
             None => Err(RunNowError::NotIdle(f)),
         }
     }

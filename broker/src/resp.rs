@@ -894,7 +894,8 @@ impl Reply {
                     .map(|(k, v)| k.size_hint() + v.size_hint())
                     .sum::<usize>()
             }
-            Reply::Entries(entries) => entries::bound(entries),
+            // The room its encoding makes, so the reserve is enough.
+            Reply::Entries(entries) => entries::bound(entries) + entries::SLACK,
         }
     }
 

@@ -44,14 +44,20 @@ pub struct BrokerConfig {
     /// The data directory and flush policy.
     pub store: StoreConfig,
     /// How long an idle shard spins before it blocks. `None`, the
-    /// default, picks by the flush policy: under `always`, block at once
-    /// (on 2 cores a spinning shard took the CPU its flush's completion,
-    /// its peer shard or its client needed: one client at queue depth 1
-    /// over 100 streams went from ~0.6x redis-server's rate with a 50 µs
-    /// spin to ~1.1x blocking at once); under `everysec` and `no`, spin
-    /// the runtime's 50 µs (nothing waits on the disk, and a shard that
-    /// blocks pays a wakeup per request round: one client pipelining 16
-    /// went from ~1.0x redis-server's rate blocking to ~1.6x spinning).
+    /// default, picks by the flush policy and the pinning: under `always`
+    /// with unpinned shards, block at once (on 2 cores a spinning shard
+    /// took the CPU its flush's completion, its peer shard or its client
+    /// needed: one client at queue depth 1 over 100 streams went from
+    /// ~0.6x redis-server's rate with a 50 µs spin to ~1.1x blocking at
+    /// once, and still reads 1.30x blocking against 1.06x spinning);
+    /// otherwise spin the runtime's 50 µs. Under `everysec` and `no`
+    /// nothing waits on the disk, and a shard that blocks pays a wakeup
+    /// per request round (one client pipelining 16 went from ~1.0x
+    /// redis-server's rate blocking to ~1.6x spinning). Shards pinned to
+    /// CPUs of their own (`cpus`) spin under `always` too: there spinning
+    /// read better or the same on every row against redis-server (one
+    /// client 1.70x against 1.40x blocking, 100-entry pages 1.02x against
+    /// 0.85x; `benches/results/broker-vs-redis-2026-11-29-full.txt`).
     pub idle_spin: Option<std::time::Duration>,
     /// Pins shard `i` to `cpus[i % cpus.len()]` (`None`: unpinned). Put a
     /// shard that flushes on the CPU that takes the disk's interrupts:
@@ -491,9 +497,9 @@ impl Broker {
             migrated: recovered.migrated,
         };
         let mut builder = mailring::Runtime::builder().shards(shards);
-        let spin = config.idle_spin.or_else(|| {
-            (config.store.fsync == crate::store::Fsync::Always).then_some(std::time::Duration::ZERO)
-        });
+        let spin = config
+            .idle_spin
+            .or_else(|| default_idle_spin(config.store.fsync, config.cpus.is_some()));
         if let Some(spin) = spin {
             builder = builder.idle_policy(if spin.is_zero() {
                 mailring::IdlePolicy::Block
@@ -883,9 +889,16 @@ impl Drop for Broker {
     }
 }
 
+/// The idle spin when none is set (see [`BrokerConfig::idle_spin`]):
+/// `Some(ZERO)`, block at once, under `always` with unpinned shards;
+/// `None`, the runtime's spin, otherwise.
+fn default_idle_spin(fsync: crate::store::Fsync, pinned: bool) -> Option<std::time::Duration> {
+    (fsync == crate::store::Fsync::Always && !pinned).then_some(std::time::Duration::ZERO)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{CacheGauge, Names};
+    use super::{default_idle_spin, CacheGauge, Names};
     use bytes::Bytes;
     use std::sync::Arc;
 
@@ -986,5 +999,17 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(gauge.total(), 2 * STEPS * 2 + 2 * OFF_STEPS * 2);
+    }
+
+    #[test]
+    fn unpinned_shards_block_under_always_and_every_other_setup_spins() {
+        use crate::store::Fsync;
+        let block = Some(std::time::Duration::ZERO);
+        assert_eq!(default_idle_spin(Fsync::Always, false), block);
+        assert_eq!(default_idle_spin(Fsync::Always, true), None);
+        for fsync in [Fsync::EverySec, Fsync::No] {
+            assert_eq!(default_idle_spin(fsync, false), None);
+            assert_eq!(default_idle_spin(fsync, true), None);
+        }
     }
 }

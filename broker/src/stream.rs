@@ -765,10 +765,16 @@ impl Stream {
         let take = count.map_or(usize::MAX, |c| usize::try_from(c).unwrap_or(usize::MAX));
         let range = self.entries.range(Bound::Included(lo), Bound::Included(hi));
         let mut missing = Vec::new();
-        // Sized once for a page (its `COUNT`, up to 1,024 entries): a
-        // range with no count over a long stream may still hold few.
-        let mut out: Vec<(StreamId, Option<Fields>)> =
-            Vec::with_capacity(take.min(self.entries.len()).min(1024));
+        // Sized once for a page: its `COUNT`, within what the chunks the
+        // range spans can hold, up to 1,024 entries (a point read or a
+        // read of the newest entries spans one chunk).
+        let mut out: Vec<(StreamId, Option<Fields>)> = Vec::with_capacity(
+            take.min(
+                self.entries
+                    .range_len_bound(Bound::Included(lo), Bound::Included(hi)),
+            )
+            .min(1024),
+        );
         let mut push = |(id, slot): (StreamId, &Slot)| {
             if slot.fields.is_none() {
                 missing.push((id, slot.loc));

@@ -36,9 +36,10 @@ fn main() {
     if let Ok(target) = std::env::var(CLIENT_ENV) {
         return client_process(&target);
     }
-    let dir = std::env::temp_dir().join(format!("mailring-tls-idle-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (ca_path, cert, key) = pki(&dir);
+    let dir =
+        TempDir(std::env::temp_dir().join(format!("mailring-tls-idle-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let (ca_path, cert, key) = pki(&dir.0);
 
     let rt = mailring::Runtime::builder().shards(2).build().unwrap();
     let server = Server::builder(LengthDelimited::new(), |_| Echo)
@@ -78,7 +79,6 @@ fn main() {
     warm.wait().unwrap();
     rt.block_on(server.shutdown());
     rt.shutdown();
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(
         per_connection < PER_CONNECTION_MAX,
         "an idle TLS connection holds {per_connection} B, more than {PER_CONNECTION_MAX} B"
@@ -91,6 +91,15 @@ fn main() {
         after - before
     );
     println!("tls idle memory: 1 test passed");
+}
+
+/// A directory removed at drop, a failed assertion's unwind included.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// A CA and a `localhost` certificate it signs: (CA file, cert, key).

@@ -28,7 +28,7 @@ use crate::stream::Fields;
 const WIDE: usize = 32;
 
 /// Room past the bound: a fixed-size copy of the last piece writes into it.
-const SLACK: usize = WIDE;
+pub(super) const SLACK: usize = WIDE;
 
 /// An entry's bytes besides its fields' elements, at most: `*2\r\n`, the
 /// id's bulk header and its two 20-digit parts, and the fields' array
@@ -61,7 +61,8 @@ pub(super) fn encode(entries: &[(StreamId, Option<Fields>)], proto: Protocol, ds
     // copy of a size known here.
     macro_rules! put {
         ($bytes:expr) => {{
-            let b: &[u8; _] = $bytes;
+            // An array's reference: its length is a constant.
+            let b = $bytes;
             out[at..at + b.len()].copy_from_slice(b);
             at += b.len();
         }};
@@ -145,7 +146,7 @@ fn copy_forward(out: &mut [u8], src: &[u8], from: usize, len: usize) {
     if len <= 8 && len > 0 {
         let word = if from + 8 <= src.len() {
             u64::from_le_bytes(src[from..from + 8].try_into().expect("8 bytes"))
-        } else if src.len() >= 8 {
+        } else if from + len >= 8 {
             // The last piece of its source: the 8 bytes that end with it,
             // shifted down to it.
             let end = from + len;

@@ -12,8 +12,9 @@
 //!   across runs and the requests around them).
 //!
 //! Either way, a stream whose actor sits idle on this shard runs its
-//! commands at once, in this task (`Addr::run_now`: no ask, no task
-//! switch), up to the first that must read evicted entries back from the
+//! commands at once, in this task (`LocalActors::run_now`, the actor found
+//! by key in this shard's table: no ask, no task switch, no `Addr` made),
+//! up to the first that must read evicted entries back from the
 //! log; what is left goes in the `ExecRun`. An actor with anything queued
 //! (an earlier ask of this connection included) is not idle, so the
 //! order above holds.
@@ -345,7 +346,11 @@ fn by_stream(commands: &[(&'static str, Vec<Bytes>)]) -> Vec<StreamPart> {
     // Parts found by their key's tag in a small open-addressed table: slot
     // `s` holds a part's index plus one (0: empty). At most half full.
     const SLOTS: usize = 2 * RUN_MAX;
-    debug_assert!(commands.len() <= RUN_MAX);
+    // Places are bits of a u64, and the table stays at most half full.
+    assert!(
+        commands.len() <= RUN_MAX,
+        "a run holds at most RUN_MAX commands"
+    );
     let mut table = [0u8; SLOTS];
     let mut parts: Vec<StreamPart> = Vec::with_capacity(commands.len());
     for (i, (_, args)) in commands.iter().enumerate() {

@@ -249,6 +249,12 @@ impl<V> Entries<V> {
         from..to.max(from)
     }
 
+    /// At least as many as the live entries with ids within the bounds:
+    /// what the chunks the range touches can hold (two binary searches).
+    pub(crate) fn range_len_bound(&self, lo: Bound<StreamId>, hi: Bound<StreamId>) -> usize {
+        self.chunk_span(lo, hi).len() * CHUNK
+    }
+
     /// Live entries with ids within the bounds, in order.
     pub(crate) fn range(
         &self,
@@ -338,6 +344,9 @@ mod tests {
                 }
             }
             assert_eq!(ours.len(), model.len());
+            let (a, b) = (next() % (top + 2), next() % (top + 2));
+            let (lo, hi) = (Bound::Included(id(a.min(b))), Bound::Included(id(a.max(b))));
+            assert!(ours.range(lo, hi).count() <= ours.range_len_bound(lo, hi));
             let pair = |(k, v): (StreamId, &u64)| (k, *v);
             assert_eq!(
                 ours.first().map(pair),
