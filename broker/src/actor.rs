@@ -1523,8 +1523,10 @@ impl StreamActor {
     /// Drops the watchers of readers that gave up (timed out,
     /// disconnected): they hold no handle.
     fn drop_abandoned_watchers(&mut self) {
-        self.watchers
-            .retain(|w| Arc::strong_count(&w.notify) > 1 && !w.notify.is_done());
+        if !self.watchers.is_empty() {
+            self.watchers
+                .retain(|w| Arc::strong_count(&w.notify) > 1 && !w.notify.is_done());
+        }
     }
 
     /// Serves the blocked readers if the command just run signalled them
@@ -1533,7 +1535,9 @@ impl StreamActor {
     /// stay blocked. A group's reader whose stream or group is gone fails,
     /// as Redis unblocks it.
     fn wake_watchers(&mut self) {
-        if std::mem::replace(&mut self.signal, Signal::Quiet) == Signal::Quiet {
+        if std::mem::replace(&mut self.signal, Signal::Quiet) == Signal::Quiet
+            || self.watchers.is_empty()
+        {
             return;
         }
         let watchers = std::mem::take(&mut self.watchers);

@@ -512,18 +512,21 @@ impl Stream {
     pub fn settle(&mut self, budget: u64, written: Loc) {
         let entries = &mut self.entries;
         let cache_from = self.cache_from;
-        self.lent.retain(|id| {
-            let Some(slot) = entries.get_mut(*id).filter(|_| *id < cache_from) else {
-                return false;
-            };
-            // A relocated entry keeps its fields until its new record
-            // is written.
-            if slot.loc >= written {
-                return true;
-            }
-            slot.fields = None;
-            false
-        });
+        // Mostly empty: no walk set up for nothing.
+        if !self.lent.is_empty() {
+            self.lent.retain(|id| {
+                let Some(slot) = entries.get_mut(*id).filter(|_| *id < cache_from) else {
+                    return false;
+                };
+                // A relocated entry keeps its fields until its new record
+                // is written.
+                if slot.loc >= written {
+                    return true;
+                }
+                slot.fields = None;
+                false
+            });
+        }
         // Past the budget by a margin before any goes, then down to the
         // budget: finding the oldest cached entry is a search through the
         // whole map (a cache miss per step on a big stream), made once per
