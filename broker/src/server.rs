@@ -55,9 +55,10 @@ pub struct BrokerConfig {
     /// per request round (one client pipelining 16 went from ~1.0x
     /// redis-server's rate blocking to ~1.6x spinning). Shards pinned to
     /// CPUs of their own (`cpus`) spin under `always` too: there spinning
-    /// read better or the same on every row against redis-server (one
-    /// client 1.70x against 1.40x blocking, 100-entry pages 1.02x against
-    /// 0.85x; `benches/results/broker-vs-redis-2026-11-29-full.txt`).
+    /// read better on the one-client and page rows against redis-server
+    /// (one client 1.70-1.73x against 1.19-1.51x blocking, 100-entry pages
+    /// 0.95-1.02x against 0.85-0.90x) and the same, within the noise, on
+    /// the others (`benches/results/broker-vs-redis-2026-11-29-full.txt`).
     pub idle_spin: Option<std::time::Duration>,
     /// Pins shard `i` to `cpus[i % cpus.len()]` (`None`: unpinned). Put a
     /// shard that flushes on the CPU that takes the disk's interrupts:
