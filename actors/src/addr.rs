@@ -1075,11 +1075,6 @@ impl<A: Actor> LocalActors<A> {
     ) -> Result<R, RunNowError<F>> {
         // Deliveries already published to this shard go first.
         self.pending.receive_pending();
-        // Activated only on delivery at its home shard, an actor in this
-        // shard's table lives here.
-        match self.ts.find_keyed(key) {
-            Some(cell) => cell.run_now(&self.ts, f),
-            None => Err(RunNowError::NotIdle(f)),
-        }
+        self.ts.run_now_keyed(key, f)
     }
 }

@@ -638,6 +638,21 @@ impl<A: Actor> TypeState<A> {
     pub(crate) fn find_keyed(&self, key: &A::Key) -> Option<Rc<ActorCell<A>>> {
         self.keyed.borrow().get(key).cloned()
     }
+
+    /// `f` on the keyed actor `key` of this table when it is idle (see
+    /// `SystemHandle::run_now_keyed`; the caller took the deliveries
+    /// published to this shard first). Activated only on delivery at its
+    /// home shard, an actor in this shard's table lives here.
+    pub(crate) fn run_now_keyed<R, F: FnOnce(&mut A) -> R>(
+        &self,
+        key: &A::Key,
+        f: F,
+    ) -> Result<R, crate::error::RunNowError<F>> {
+        match self.find_keyed(key) {
+            Some(cell) => cell.run_now(self, f),
+            None => Err(crate::error::RunNowError::NotIdle(f)),
+        }
+    }
 }
 
 /// The tick-end flush of this type's batch for one destination shard,

@@ -1113,12 +1113,7 @@ impl SystemHandle {
         };
         // Deliveries already published to this shard go first.
         mailring::receive_pending();
-        // Activated only on delivery at its home shard, an actor in this
-        // shard's table lives here.
-        match ts.find_keyed(key) {
-            Some(cell) => cell.run_now(&ts, f),
-            None => Err(RunNowError::NotIdle(f)),
-        }
+        ts.run_now_keyed(key, f)
     }
 
     /// The calling shard's table of its active actors of type `A`, to run

@@ -570,3 +570,28 @@ fn the_local_table_runs_closures_by_key_and_exists_only_on_a_shard() {
     assert_eq!(sys.stats().by_type("Tally").unwrap().activations, 1);
     sys.shutdown();
 }
+
+/// A table taken before its actor stopped finds nothing while none is
+/// active (and activates nothing), then the next activation.
+#[test]
+fn a_local_table_kept_across_its_actors_stop_finds_the_next_activation() {
+    let sys = one_shard();
+    let h = sys.handle();
+    let got = sys.block_on_local(move || async move {
+        let t = h.keyed::<Tally>(16);
+        assert_eq!(t.ask(Get).await, Ok(0));
+        let tallies = h.local_actors::<Tally>().unwrap();
+        t.stop();
+        assert!(t.stopped().await.reason == mailring_actors::StopReason::Stopped);
+        let while_stopped = tallies.run_now(&16, |t| t.total).is_err();
+        assert_eq!(h.keyed::<Tally>(16).ask(Get).await, Ok(0));
+        let after = tallies.run_now(&16, |t| {
+            t.total += 9;
+            t.total
+        });
+        (while_stopped, after.ok())
+    });
+    assert_eq!(got, (true, Some(9)));
+    assert_eq!(sys.stats().by_type("Tally").unwrap().activations, 2);
+    sys.shutdown();
+}

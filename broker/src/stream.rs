@@ -766,18 +766,14 @@ impl Stream {
             return Vec::new();
         }
         let take = count.map_or(usize::MAX, |c| usize::try_from(c).unwrap_or(usize::MAX));
-        let range = self.entries.range(Bound::Included(lo), Bound::Included(hi));
+        let (most, range) = self
+            .entries
+            .range_bounded(Bound::Included(lo), Bound::Included(hi));
         let mut missing = Vec::new();
         // Sized once for a page: its `COUNT`, within what the chunks the
         // range spans can hold, up to 1,024 entries (a point read or a
         // read of the newest entries spans one chunk).
-        let mut out: Vec<(StreamId, Option<Fields>)> = Vec::with_capacity(
-            take.min(
-                self.entries
-                    .range_len_bound(Bound::Included(lo), Bound::Included(hi)),
-            )
-            .min(1024),
-        );
+        let mut out: Vec<(StreamId, Option<Fields>)> = Vec::with_capacity(take.min(most).min(1024));
         let mut push = |(id, slot): (StreamId, &Slot)| {
             if slot.fields.is_none() {
                 missing.push((id, slot.loc));

@@ -249,23 +249,31 @@ impl<V> Entries<V> {
         from..to.max(from)
     }
 
-    /// At least as many as the live entries with ids within the bounds:
-    /// what the chunks the range touches can hold (two binary searches).
-    pub(crate) fn range_len_bound(&self, lo: Bound<StreamId>, hi: Bound<StreamId>) -> usize {
-        self.chunk_span(lo, hi).len() * CHUNK
-    }
-
     /// Live entries with ids within the bounds, in order.
     pub(crate) fn range(
         &self,
         lo: Bound<StreamId>,
         hi: Bound<StreamId>,
     ) -> impl DoubleEndedIterator<Item = (StreamId, &V)> + '_ {
-        self.chunks
-            .range(self.chunk_span(lo, hi))
+        self.range_bounded(lo, hi).1
+    }
+
+    /// [`Entries::range`] with at least as many as it yields: what the
+    /// chunks it touches can hold (found by the same search).
+    pub(crate) fn range_bounded(
+        &self,
+        lo: Bound<StreamId>,
+        hi: Bound<StreamId>,
+    ) -> (usize, impl DoubleEndedIterator<Item = (StreamId, &V)> + '_) {
+        let span = self.chunk_span(lo, hi);
+        let most = span.len() * CHUNK;
+        let entries = self
+            .chunks
+            .range(span)
             .flat_map(|c| c.items.iter())
             .filter(move |i| i.live && within(i.id, lo, hi))
-            .map(|i| (i.id, &i.value))
+            .map(|i| (i.id, &i.value));
+        (most, entries)
     }
 
     /// Live entries with ids within the bounds, in order, values mutable.
@@ -346,7 +354,8 @@ mod tests {
             assert_eq!(ours.len(), model.len());
             let (a, b) = (next() % (top + 2), next() % (top + 2));
             let (lo, hi) = (Bound::Included(id(a.min(b))), Bound::Included(id(a.max(b))));
-            assert!(ours.range(lo, hi).count() <= ours.range_len_bound(lo, hi));
+            let (most, found) = ours.range_bounded(lo, hi);
+            assert!(found.count() <= most);
             let pair = |(k, v): (StreamId, &u64)| (k, *v);
             assert_eq!(
                 ours.first().map(pair),
