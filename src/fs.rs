@@ -312,14 +312,16 @@ impl File {
     /// Writes `buf`'s bytes at offset `pos`; returns how many were written
     /// (possibly fewer: a short write is returned as such) and the buffer.
     pub async fn write_at<B: IoBuf>(&self, buf: B, pos: u64) -> (io::Result<usize>, B) {
-        self.write_slice_at(buf, 0, pos).await
+        self.write_slice_at(buf, 0, pos, 0).await
     }
 
+    /// `rw_flags`: `RWF_*` flags of this write alone (`pwritev2`'s).
     async fn write_slice_at<B: IoBuf>(
         &self,
         buf: B,
         from: usize,
         pos: u64,
+        rw_flags: i32,
     ) -> (io::Result<usize>, B) {
         if let Err(e) = file_offset(pos, 0) {
             return (Err(e), buf);
@@ -327,7 +329,10 @@ impl File {
         // SAFETY: a positional write reads at most `len` bytes at `ptr`.
         unsafe {
             submit_write(&self.inner, buf, from, true, |fd, ptr, len| {
-                opcode::Write::new(Fd(fd), ptr, len).offset(pos).build()
+                opcode::Write::new(Fd(fd), ptr, len)
+                    .offset(pos)
+                    .rw_flags(rw_flags)
+                    .build()
             })
             .await
         }
@@ -338,7 +343,44 @@ impl File {
     /// # Errors
     ///
     /// The kernel's error; `WriteZero` if the kernel accepts nothing.
-    pub async fn write_all_at<B: IoBuf>(&self, mut buf: B, pos: u64) -> (io::Result<()>, B) {
+    pub async fn write_all_at<B: IoBuf>(&self, buf: B, pos: u64) -> (io::Result<()>, B) {
+        self.write_all_with(buf, pos, 0).await
+    }
+
+    /// Writes all of `buf`'s bytes at offset `pos` as a data-synchronous
+    /// write (`RWF_DSYNC`): each completes once its data, and the metadata
+    /// needed to read it, are on stable storage, as if the write were
+    /// followed by `fdatasync` of its range, without opening the file
+    /// `O_DSYNC`.
+    ///
+    /// On an `O_DIRECT` file over allocated blocks the kernel issues the
+    /// write from the calling thread. A device with a volatile cache and no
+    /// FUA then needs a cache flush after it, which the kernel runs from a
+    /// worker on the CPU where the write's completion interrupt lands.
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error; `WriteZero` if the kernel accepts nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(file: &mailring::fs::File) -> std::io::Result<()> {
+    /// let (res, _buf) = file.write_all_at_dsync(b"record".to_vec(), 0).await;
+    /// res?; // on disk now, whatever happens to the machine
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn write_all_at_dsync<B: IoBuf>(&self, buf: B, pos: u64) -> (io::Result<()>, B) {
+        self.write_all_with(buf, pos, libc::RWF_DSYNC).await
+    }
+
+    async fn write_all_with<B: IoBuf>(
+        &self,
+        mut buf: B,
+        pos: u64,
+        rw_flags: i32,
+    ) -> (io::Result<()>, B) {
         let total = buf.bytes_init();
         let mut done = 0usize;
         while done < total {
@@ -346,7 +388,7 @@ impl File {
                 Ok(at) => at,
                 Err(e) => return (Err(e), buf),
             };
-            let (res, back) = self.write_slice_at(buf, done, at).await;
+            let (res, back) = self.write_slice_at(buf, done, at, rw_flags).await;
             buf = back;
             match res {
                 Ok(0) => {

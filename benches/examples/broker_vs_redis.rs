@@ -11,7 +11,9 @@
 //! (`BROKER_CLIENT_CPU` picks another; `BROKER_SERVER_CPUS=LIST` pins the
 //! broker's shards with `--cpus LIST` and redis-server to the list's first
 //! CPU). `BROKER_CLIENT_THREADS=N` gives redis-benchmark `--threads N`,
-//! `BROKER_SHARDS=LIST` the broker's shard counts (default `1,2`).
+//! `BROKER_SHARDS=LIST` the broker's shard counts (default `1,2`); an
+//! entry may carry broker flags after its count (`1,1 --no-direct-io`
+//! runs two variants of one shard).
 //!
 //! Run (loopback only):
 //! `cargo build --release -p mailring-broker && cargo run --release -p mailring-bench --example broker_vs_redis -- [pairs] [always|everysec]`
@@ -24,17 +26,26 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, PartialEq)]
 enum Server {
     Redis,
-    Mailring(usize),
+    /// The broker with this many shards and these extra flags.
+    Mailring(usize, Vec<String>),
 }
 
 impl Server {
-    fn name(self) -> String {
+    fn name(&self) -> String {
         match self {
             Server::Redis => "redis-server 7.0".to_owned(),
-            Server::Mailring(n) => format!("mailring, {n} shard{}", if n == 1 { "" } else { "s" }),
+            Server::Mailring(n, flags) => format!(
+                "mailring, {n} shard{}{}",
+                if *n == 1 { "" } else { "s" },
+                if flags.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", flags.join(" "))
+                }
+            ),
         }
     }
 }
@@ -169,7 +180,7 @@ fn broker_binary() -> PathBuf {
     bin
 }
 
-fn start(server: Server, dir: &Path, port: u16, fsync: &str) -> Child {
+fn start(server: &Server, dir: &Path, port: u16, fsync: &str) -> Child {
     std::fs::create_dir_all(dir).unwrap();
     // BROKER_SERVER_CPUS=LIST: mailring's --cpus, and redis-server under
     // `taskset -c` the list's first CPU (its one thread that serves).
@@ -189,8 +200,9 @@ fn start(server: Server, dir: &Path, port: u16, fsync: &str) -> Child {
         .arg(dir)
         .stdout(Stdio::null())
         .spawn(),
-        Server::Mailring(shards) => Command::new(broker_binary())
+        Server::Mailring(shards, flags) => Command::new(broker_binary())
             .args(["--port", &port.to_string(), "--shards", &shards.to_string()])
+            .args(flags)
             .args(
                 std::env::var("BROKER_SPIN_US")
                     .ok()
@@ -253,7 +265,7 @@ fn scale(fsync: &str) -> usize {
     }
 }
 
-fn run_row(server: Server, row: &Row, fsync: &str, base: &Path, seq: usize) -> Measure {
+fn run_row(server: &Server, row: &Row, fsync: &str, base: &Path, seq: usize) -> Measure {
     let requests = row.requests * scale(fsync);
     let dir = base.join(format!("run-{seq}"));
     let port = free_port();
@@ -371,8 +383,13 @@ fn main() {
             std::env::var("BROKER_SHARDS")
                 .unwrap_or_else(|_| "1,2".to_owned())
                 .split(',')
-                .map(|n| {
-                    Server::Mailring(n.trim().parse().expect("BROKER_SHARDS: a list of counts"))
+                .map(|entry| {
+                    let mut words = entry.split_whitespace();
+                    let n = words
+                        .next()
+                        .and_then(|n| n.parse().ok())
+                        .expect("BROKER_SHARDS: a list of counts, each with optional flags");
+                    Server::Mailring(n, words.map(str::to_owned).collect())
                 }),
         )
         .collect();
@@ -394,7 +411,7 @@ fn main() {
         let results: Vec<Vec<Measure>> =
             mailring_bench::alternating_pairs(pairs, servers.len(), |i| {
                 seq += 1;
-                run_row(servers[i], row, &fsync, &base, seq)
+                run_row(&servers[i], row, &fsync, &base, seq)
             });
         let redis_rps: Vec<f64> = results[0].iter().map(|m| m.rps).collect();
         for (s, ms) in servers.iter().zip(&results) {

@@ -20,6 +20,7 @@ fn usage() -> &'static str {
     "usage: broker [--port N] [--bind ADDR] [--shards N] [--dir PATH] \
      [--appendfsync always|everysec|no] [--requirepass PASS] [--maxclients N] [--spin-us N]\n\
      \x20      [--stream-cache BYTES] [--segment-bytes BYTES] [--no-direct-io] [--no-preallocate]\n\
+     \x20      [--always-flush adaptive|write-through|write-then-sync]\n\
      \x20      [--repair-log] [--allow-thp] [--cpus LIST] [--tls-cert PEM --tls-key PEM]\n\
      \x20      broker --bench [--producers N] [--consumers N] [--pipeline N] \
      [--payload BYTES] [--streams N] [--duration SECS]\n\
@@ -92,6 +93,15 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                     }
                 }
                 "--no-direct-io" => config.store.direct_io = false,
+                "--always-flush" => {
+                    let v = value(&mut args)?;
+                    config.store.always_flush =
+                        crate::store::AlwaysFlush::parse(&v).ok_or_else(|| {
+                            format!(
+                                "--always-flush: {v}: adaptive, write-through or write-then-sync"
+                            )
+                        })?;
+                }
                 "--no-preallocate" => config.store.preallocate = false,
                 "--repair-log" => config.store.repair_log = true,
                 "--allow-thp" => allow_thp = true,
@@ -273,6 +283,8 @@ mod tests {
             &["--port", "70000"],
             &["--port", "-1"],
             &["--appendfsync", "sometimes"],
+            &["--always-flush", "sometimes"],
+            &["--always-flush"],
             &["--maxclients", "0"],
             &["--maxclients", "-3"],
             &["--bench", "--maxclients", "5"],

@@ -35,4 +35,4 @@ pub mod store;
 pub mod stream;
 
 pub use crate::server::{Broker, BrokerConfig, RecoveryReport, TlsFiles};
-pub use crate::store::{Fsync, StoreConfig, SyncGate};
+pub use crate::store::{AlwaysFlush, Fsync, StoreConfig, SyncGate};

@@ -4,7 +4,7 @@
 use std::io::BufRead;
 use std::time::Duration;
 
-use mailring_broker::{Broker, BrokerConfig, Fsync, SyncGate};
+use mailring_broker::{AlwaysFlush, Broker, BrokerConfig, Fsync, SyncGate};
 
 mod common;
 use common::client::{start_in, Client, R};
@@ -1370,12 +1370,18 @@ fn xadd_pipelined(
 }
 
 /// Entries of sizes that end inside, on and across 4 KiB blocks, in 32
-/// KiB segments, written by a broker with `direct_io` on or off and direct
-/// writes aligned to `block`; returns each segment's bytes up to their
-/// trailing zeros, by name.
-fn write_mixed_sizes(dir: &std::path::Path, direct_io: bool, block: u64) -> Vec<(String, Vec<u8>)> {
+/// KiB segments, written by a broker with `direct_io` on or off, direct
+/// writes aligned to `block` and flushed as `flush` says; returns each
+/// segment's bytes up to their trailing zeros, by name.
+fn write_mixed_sizes(
+    dir: &std::path::Path,
+    direct_io: bool,
+    block: u64,
+    flush: AlwaysFlush,
+) -> Vec<(String, Vec<u8>)> {
     let mut config = BrokerConfig::default();
     config.store.direct_io = direct_io;
+    config.store.always_flush = flush;
     config.store.direct_block = block;
     config.store.segment_bytes = 32 << 10;
     let broker = start_in(dir, 1, config);
@@ -1440,11 +1446,18 @@ fn assert_same_segments(
 
 #[test]
 fn direct_writes_leave_the_same_segments_as_buffered_ones() {
-    let direct_dir = TempDir::new();
+    // Each way of flushing a direct write (the adaptive one tries both).
     let buffered_dir = TempDir::new();
-    let direct = write_mixed_sizes(&direct_dir.0, true, 4096);
-    let buffered = write_mixed_sizes(&buffered_dir.0, false, 4096);
-    assert_same_segments(&direct_dir.0, &direct, &buffered);
+    let buffered = write_mixed_sizes(&buffered_dir.0, false, 4096, AlwaysFlush::Adaptive);
+    for flush in [
+        AlwaysFlush::Adaptive,
+        AlwaysFlush::WriteThrough,
+        AlwaysFlush::WriteThenSync,
+    ] {
+        let direct_dir = TempDir::new();
+        let direct = write_mixed_sizes(&direct_dir.0, true, 4096, flush);
+        assert_same_segments(&direct_dir.0, &direct, &buffered);
+    }
 }
 
 #[test]
@@ -1453,8 +1466,8 @@ fn refused_direct_writes_fall_back_to_buffered_ones() {
     // (`EINVAL`), and the log goes on through the page cache, losing nothing.
     let refused_dir = TempDir::new();
     let buffered_dir = TempDir::new();
-    let refused = write_mixed_sizes(&refused_dir.0, true, 16);
-    let buffered = write_mixed_sizes(&buffered_dir.0, false, 4096);
+    let refused = write_mixed_sizes(&refused_dir.0, true, 16, AlwaysFlush::Adaptive);
+    let buffered = write_mixed_sizes(&buffered_dir.0, false, 4096, AlwaysFlush::Adaptive);
     assert_same_segments(&refused_dir.0, &refused, &buffered);
 }
 

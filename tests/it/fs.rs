@@ -429,6 +429,61 @@ fn o_direct_reads_with_aligned_buffers() {
 }
 
 #[test]
+fn data_synchronous_writes_land_where_asked_buffered_and_direct() {
+    use mailring::buf::AlignedBuf;
+    let rt = rt2();
+    for direct in [false, true] {
+        let path = temp_path(if direct { "dsync-direct" } else { "dsync" });
+        let _ = std::fs::remove_file(&path);
+        let p = path.clone();
+        let wrote = rt.block_on(async move {
+            let opened = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .custom_flags(if direct { libc::O_DIRECT } else { 0 })
+                .open(&p)
+                .await;
+            let file = match opened {
+                Ok(f) => f,
+                Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                    eprintln!("skipping: this filesystem does not support O_DIRECT ({e})");
+                    return false;
+                }
+                Err(e) => panic!("{e}"),
+            };
+            // Two blocks, the second first: each lands at its offset.
+            for (block, byte) in [(1u64, b'b'), (0, b'a')] {
+                let mut buf = AlignedBuf::new(4096, 4096);
+                buf.extend_from_slice(&[byte; 4096]);
+                let (res, _) = file.write_all_at_dsync(buf, block * 4096).await;
+                res.unwrap();
+            }
+            file.close().await.unwrap();
+            true
+        });
+        if wrote {
+            let data = std::fs::read(&path).unwrap();
+            assert_eq!(data.len(), 8192);
+            assert!(data[..4096].iter().all(|&b| b == b'a'));
+            assert!(data[4096..].iter().all(|&b| b == b'b'));
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    // A file open only for reading refuses it with the kernel's error.
+    let path = temp_path("dsync-read-only");
+    std::fs::write(&path, b"x").unwrap();
+    let p = path.clone();
+    let err = rt.block_on(async move {
+        let file = File::open(&p).await.unwrap();
+        let (res, _) = file.write_all_at_dsync(b"y".to_vec(), 0).await;
+        res.unwrap_err()
+    });
+    assert_eq!(err.raw_os_error(), Some(libc::EBADF));
+    assert_eq!(std::fs::read(&path).unwrap(), b"x");
+}
+
+#[test]
 fn times_before_1970_and_after_read_as_the_file_system_has_them() {
     let rt = rt2();
     let path = temp_path("old-times");
