@@ -87,7 +87,7 @@ pub struct StoreConfig {
     /// A segment is rolled once it holds this many bytes.
     pub segment_bytes: u64,
     /// Under `always`: zero-fill each segment ahead of the writes, in
-    /// flushed chunks, so an `O_DSYNC` append overwrites initialized blocks
+    /// flushed chunks, so a durable append overwrites initialized blocks
     /// instead of allocating (measured: `benches/examples/prealloc.rs`).
     /// Ignored under `everysec` and `no`, whose writes go to the page cache
     /// and are flushed at most once a second: there a zero-fill saves
@@ -154,14 +154,23 @@ impl Default for StoreConfig {
 /// many SSDs), both ways take a write and a cache flush; they differ in
 /// where the flush runs. On the development VM (disk interrupts on CPU 1,
 /// the shard pinned to CPU 0, `redis-benchmark` on CPU 1) a write-through
-/// answered one client in 0.14 ms against 0.19 ms, and 50 clients at
-/// queue depth 1 at 0.91× redis-server's rate against 1.22× (`benches/
-/// results/broker-always-flush-2026-11-29.txt`).
+/// answered one client in 0.14 ms against 0.18 ms, and 50 clients at
+/// queue depth 1 at 0.87× redis-server's rate against 1.19× (`benches/
+/// results/broker-always-flush-2026-11-29.txt`, section 3; the adaptive
+/// way, section 3b, took the quicker one's rate on both).
+///
+/// Only direct writes go one way or the other: under `everysec` and `no`,
+/// and where segments are written through the page cache
+/// ([`StoreConfig::direct_io`] off or refused, or no
+/// [`StoreConfig::preallocate`]), the setting has no effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AlwaysFlush {
     /// Times both ways as the batches go and uses the one whose flushes
     /// finished sooner lately, trying the other for [`ADAPTIVE_TRY_LEN`]
-    /// batches after every [`ADAPTIVE_TRY_EVERY`] (the default).
+    /// batches in a row: first after 16 batches; after each try the other
+    /// way loses, the wait doubles from [`ADAPTIVE_TRY_EVERY`] up to
+    /// [`ADAPTIVE_TRY_MAX`], and after a change of way it is
+    /// `ADAPTIVE_TRY_EVERY` again (the default).
     #[default]
     Adaptive,
     /// One write with `RWF_DSYNC`: issued from the shard, and where a
@@ -187,9 +196,13 @@ impl AlwaysFlush {
     }
 }
 
-/// Under [`AlwaysFlush::Adaptive`]: after this many batches of one way,
-/// the other is tried.
+/// Under [`AlwaysFlush::Adaptive`]: after a change of way, the other way
+/// is tried after this many batches; each try it loses doubles the wait,
+/// up to [`ADAPTIVE_TRY_MAX`].
 pub const ADAPTIVE_TRY_EVERY: u32 = 128;
+
+/// The most batches between two tries of the way not in use.
+pub const ADAPTIVE_TRY_MAX: u32 = 4096;
 
 /// Under [`AlwaysFlush::Adaptive`]: a try of the other way is this many
 /// batches in a row.
@@ -228,12 +241,17 @@ impl FlushWay {
 /// one flush in flight at a time, that time is what both the replies'
 /// latency and the batches' rate follow.
 ///
-/// The way in use is timed on every batch (a moving average). Every
-/// [`ADAPTIVE_TRY_EVERY`] batches the other way takes [`ADAPTIVE_TRY_LEN`]
-/// in a row, and their mean becomes its time: a run of batches, because
-/// the first one's size was set by the other way's pace. The chooser
-/// changes ways when the other one was quicker by more than an eighth,
-/// so noise alone does not flip it.
+/// The way in use is timed on every batch (a moving average). Now and then
+/// the other way takes [`ADAPTIVE_TRY_LEN`] batches in a row, and their
+/// mean becomes its time: a run of batches, because the first one's size
+/// was set by the other way's pace. The chooser changes ways when the
+/// other one was quicker by more than an eighth, so noise alone does not
+/// flip it. Tries cost more than their own batches' time (a slow batch
+/// slows the ones after it: the in-process load generator lost about 6%
+/// trying every 128 batches, and about 2% every 1,024), so while the other
+/// way keeps losing they come half as often each time, down to one in
+/// [`ADAPTIVE_TRY_MAX`] batches (under a second at a few thousand batches a
+/// second), and after a change of way, every [`ADAPTIVE_TRY_EVERY`] again.
 #[derive(Debug)]
 struct FlushChooser {
     setting: AlwaysFlush,
@@ -242,8 +260,10 @@ struct FlushChooser {
     /// Nanoseconds: the way in use, then the other; 0 until timed.
     current_ns: u64,
     other_ns: u64,
-    /// Batches of the way in use since the last try of the other.
+    /// Batches of the way in use since the last try of the other, and how
+    /// many the next try waits for.
     since_try: u32,
+    try_every: u32,
     /// While trying the other way: batches done, and their total time.
     trying: Option<(u32, u64)>,
 }
@@ -257,6 +277,7 @@ impl FlushChooser {
             other_ns: 0,
             // The first try comes early: a fresh broker settles quickly.
             since_try: ADAPTIVE_TRY_EVERY - ADAPTIVE_FIRST_TRY,
+            try_every: ADAPTIVE_TRY_EVERY,
             trying: None,
         }
     }
@@ -266,7 +287,7 @@ impl FlushChooser {
             AlwaysFlush::WriteThrough => FlushWay::WriteThrough,
             AlwaysFlush::WriteThenSync => FlushWay::WriteThenSync,
             AlwaysFlush::Adaptive => {
-                if self.trying.is_none() && self.since_try >= ADAPTIVE_TRY_EVERY {
+                if self.trying.is_none() && self.since_try >= self.try_every {
                     self.trying = Some((0, 0));
                 }
                 if self.trying.is_some() {
@@ -311,9 +332,14 @@ impl FlushChooser {
         self.other_ns = *total / u64::from(*done);
         self.trying = None;
         self.since_try = 0;
-        if self.current_ns == 0 || self.other_ns < self.current_ns - self.current_ns / 8 {
+        // The way in use was timed on at least ADAPTIVE_FIRST_TRY batches
+        // before the first try: `current_ns` is not 0 here.
+        if self.other_ns < self.current_ns - self.current_ns / 8 {
             self.current = way;
             std::mem::swap(&mut self.current_ns, &mut self.other_ns);
+            self.try_every = ADAPTIVE_TRY_EVERY;
+        } else {
+            self.try_every = (self.try_every * 2).min(ADAPTIVE_TRY_MAX);
         }
     }
 }
@@ -1657,33 +1683,105 @@ mod tests {
         (batches / ADAPTIVE_TRY_EVERY + 1) * ADAPTIVE_TRY_LEN
     }
 
-    #[test]
-    fn the_adaptive_flush_goes_the_quicker_way_and_keeps_timing_the_other() {
-        let mut chooser = FlushChooser::new(AlwaysFlush::Adaptive);
-        // Write-then-sync quicker (the other CPU busy): the chooser turns
-        // to it at its first try.
-        let went = run_batches(&mut chooser, 1000, micros(330, 190));
-        assert!(went[0] <= ADAPTIVE_FIRST_TRY + tries_in(1000), "{went:?}");
-        // The other CPU gets time to spare: write-through quickens, and
-        // the chooser turns back within one round of tries.
-        let went = run_batches(&mut chooser, 1000, micros(140, 190));
-        assert!(went[1] <= ADAPTIVE_TRY_EVERY + tries_in(1000), "{went:?}");
-        let went = run_batches(&mut chooser, 1000, micros(140, 190));
-        assert!(went[1] <= tries_in(1000), "{went:?}");
-        assert!(went[1] >= ADAPTIVE_TRY_LEN, "the other way is still tried");
+    /// Runs batches timed by `time` until the next pick starts a try.
+    fn run_to_a_try(chooser: &mut FlushChooser, time: impl Fn(FlushWay) -> Duration) {
+        while chooser.since_try + 1 < chooser.try_every || chooser.trying.is_some() {
+            let way = chooser.pick();
+            chooser.record(way, time(way));
+        }
     }
 
     #[test]
-    fn one_slow_flush_or_a_near_tie_does_not_turn_the_adaptive_flush_over() {
+    fn the_adaptive_flush_goes_the_quicker_way_and_turns_when_the_other_gets_quicker() {
         let mut chooser = FlushChooser::new(AlwaysFlush::Adaptive);
-        run_batches(&mut chooser, 200, micros(140, 190));
-        // A 20 ms hiccup of the disk on a write-through batch.
-        chooser.record(FlushWay::WriteThrough, Duration::from_millis(20));
+        // Write-then-sync quicker (the interrupts' CPU busy): the chooser
+        // turns to it at its first try.
+        let went = run_batches(&mut chooser, 1000, micros(330, 190));
+        assert!(went[0] <= ADAPTIVE_FIRST_TRY + tries_in(1000), "{went:?}");
+        assert_eq!(chooser.current, FlushWay::WriteThenSync);
+        // That CPU gets time to spare: write-through quickens, and the
+        // chooser turns back at its next try, however far tries have
+        // backed off by then.
+        let went = run_batches(
+            &mut chooser,
+            ADAPTIVE_TRY_MAX + ADAPTIVE_TRY_LEN,
+            micros(140, 190),
+        );
+        assert_eq!(chooser.current, FlushWay::WriteThrough, "{went:?}");
         let went = run_batches(&mut chooser, 1000, micros(140, 190));
         assert!(went[1] <= tries_in(1000), "{went:?}");
-        // Ways within an eighth of each other: it stays.
-        let went = run_batches(&mut chooser, 1000, micros(140, 130));
-        assert!(went[1] <= tries_in(1000), "{went:?}");
+    }
+
+    #[test]
+    fn tries_back_off_while_the_other_way_loses_and_never_stop() {
+        let mut chooser = FlushChooser::new(AlwaysFlush::Adaptive);
+        let time = micros(140, 190);
+        // The batches between the starts of successive tries.
+        let mut gaps = Vec::new();
+        let mut since = 0u32;
+        let mut was_trying = false;
+        for _ in 0..4 * ADAPTIVE_TRY_MAX {
+            let way = chooser.pick();
+            let trying = way != chooser.current;
+            if trying && !was_trying {
+                gaps.push(since);
+                since = 0;
+            }
+            was_trying = trying;
+            since += 1;
+            chooser.record(way, time(way));
+        }
+        // The first try after ADAPTIVE_FIRST_TRY batches; each lost try
+        // doubles the wait, from ADAPTIVE_TRY_EVERY up to ADAPTIVE_TRY_MAX.
+        let mut want = vec![ADAPTIVE_FIRST_TRY];
+        let mut every = ADAPTIVE_TRY_EVERY;
+        while want.len() < gaps.len() {
+            every = (every * 2).min(ADAPTIVE_TRY_MAX);
+            want.push(every + ADAPTIVE_TRY_LEN);
+        }
+        assert_eq!(gaps, want);
+        assert!(
+            gaps.iter()
+                .filter(|&&g| g == ADAPTIVE_TRY_MAX + ADAPTIVE_TRY_LEN)
+                .count()
+                >= 2,
+            "tries go on at the longest spacing: {gaps:?}"
+        );
+    }
+
+    #[test]
+    fn after_a_change_of_way_tries_come_often_again() {
+        let mut chooser = FlushChooser::new(AlwaysFlush::Adaptive);
+        run_batches(&mut chooser, 3 * ADAPTIVE_TRY_MAX, micros(140, 190));
+        assert_eq!(chooser.try_every, ADAPTIVE_TRY_MAX);
+        run_to_a_try(&mut chooser, micros(330, 190));
+        run_batches(&mut chooser, ADAPTIVE_TRY_LEN + 1, micros(330, 190));
+        assert_eq!(chooser.current, FlushWay::WriteThenSync);
+        assert_eq!(chooser.try_every, ADAPTIVE_TRY_EVERY);
+    }
+
+    #[test]
+    fn one_slow_flush_just_before_a_try_does_not_turn_the_adaptive_flush_over() {
+        let mut chooser = FlushChooser::new(AlwaysFlush::Adaptive);
+        run_batches(&mut chooser, 200, micros(140, 190));
+        run_to_a_try(&mut chooser, micros(140, 190));
+        // A 20 ms hiccup of the disk on the last write-through batch
+        // before the try: counted as twice the average, it leaves
+        // write-through quicker than write-then-sync's 190 µs.
+        assert!(chooser.trying.is_none());
+        chooser.record(FlushWay::WriteThrough, Duration::from_millis(20));
+        let went = run_batches(&mut chooser, ADAPTIVE_TRY_LEN, micros(140, 190));
+        assert_eq!(went[1], ADAPTIVE_TRY_LEN, "the try came right after it");
+        assert_eq!(chooser.current, FlushWay::WriteThrough);
+    }
+
+    #[test]
+    fn a_near_tie_does_not_turn_the_adaptive_flush_over() {
+        let mut chooser = FlushChooser::new(AlwaysFlush::Adaptive);
+        // Write-then-sync quicker by less than an eighth: it stays.
+        let went = run_batches(&mut chooser, 3 * ADAPTIVE_TRY_MAX, micros(140, 130));
+        assert!(went[1] <= tries_in(3 * ADAPTIVE_TRY_MAX), "{went:?}");
+        assert_eq!(chooser.current, FlushWay::WriteThrough);
     }
 
     #[test]
