@@ -281,6 +281,9 @@ impl Catalog {
 pub struct Shared {
     /// This broker among those of the process (finds its shard logs).
     pub(crate) id: u64,
+    /// What each shard's log did with its durable writes under `always`
+    /// (`INFO mailring`), by log number.
+    pub(crate) flush_stats: Vec<Arc<crate::store::FlushStats>>,
     pub(crate) config: BrokerConfig,
     pub(crate) catalog: Catalog,
     pub(crate) next_client_id: AtomicU64,
@@ -561,16 +564,19 @@ impl Broker {
             }
         }
         let mut flushers = Vec::with_capacity(shards);
+        let flush_stats: Vec<Arc<store::FlushStats>> =
+            (0..shards).map(|_| Arc::default()).collect();
         for (shard, start) in starts.into_iter().enumerate() {
             let log_no = shard as u16;
             let store_config = config.store.clone();
             let gen_dir = recovered.dir.clone();
             let durable = durable.clone();
+            let stats = flush_stats[shard].clone();
             let actors = system.handle();
             flushers.push(runtime.handle().spawn_local_on(
                 mailring::ShardId::new(shard),
                 move || async move {
-                    let log = ShardLog::new(&gen_dir, log_no, &store_config, durable, start);
+                    let log = ShardLog::new(&gen_dir, log_no, &store_config, durable, start, stats);
                     log.on_lagging(move |names| {
                         for name in names {
                             let _ = actors
@@ -587,6 +593,7 @@ impl Broker {
         }
         let shutdown = crate::actor::Notify::new();
         let shared = Arc::new(Shared {
+            flush_stats,
             cached_bytes: Arc::new(CacheGauge::new(shards)),
             id,
             config: config.clone(),

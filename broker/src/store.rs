@@ -185,6 +185,15 @@ pub enum AlwaysFlush {
 }
 
 impl AlwaysFlush {
+    /// The setting's name, as the flag takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AlwaysFlush::Adaptive => "adaptive",
+            AlwaysFlush::WriteThrough => "write-through",
+            AlwaysFlush::WriteThenSync => "write-then-sync",
+        }
+    }
+
     /// Parses `adaptive`, `write-through` or `write-then-sync`.
     pub fn parse(s: &str) -> Option<AlwaysFlush> {
         match s {
@@ -220,7 +229,6 @@ enum FlushWay {
 }
 
 impl FlushWay {
-    #[cfg(test)]
     fn index(self) -> usize {
         match self {
             FlushWay::WriteThrough => 0,
@@ -233,6 +241,44 @@ impl FlushWay {
             FlushWay::WriteThrough => FlushWay::WriteThenSync,
             FlushWay::WriteThenSync => FlushWay::WriteThrough,
         }
+    }
+}
+
+/// What a log's durable writes under `always` did, for `INFO mailring`:
+/// read from any thread while the log's shard updates it.
+#[derive(Debug, Default)]
+pub struct FlushStats {
+    /// Batches made durable each way (by [`FlushWay::index`] order:
+    /// write-through, then write-then-sync).
+    batches: [AtomicU64; 2],
+    /// The chooser's current time of each way, in nanoseconds (0: not
+    /// timed yet).
+    average_ns: [AtomicU64; 2],
+    /// Tries of the way not in use, and changes of way.
+    tries: AtomicU64,
+    changes: AtomicU64,
+    /// The way in use: 0 write-through, 1 write-then-sync.
+    current: AtomicU64,
+}
+
+impl FlushStats {
+    /// One `INFO` field list: `way=...,batches_write_through=N,...`.
+    pub fn info_fields(&self) -> String {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "way={},batches_write_through={},batches_write_then_sync={},write_through_usec={:.1},write_then_sync_usec={:.1},tries={},changes={}",
+            if get(&self.current) == 0 {
+                "write-through"
+            } else {
+                "write-then-sync"
+            },
+            get(&self.batches[0]),
+            get(&self.batches[1]),
+            get(&self.average_ns[0]) as f64 / 1000.0,
+            get(&self.average_ns[1]) as f64 / 1000.0,
+            get(&self.tries),
+            get(&self.changes),
+        )
     }
 }
 
@@ -255,6 +301,7 @@ impl FlushWay {
 #[derive(Debug)]
 struct FlushChooser {
     setting: AlwaysFlush,
+    stats: Arc<FlushStats>,
     /// The way in use.
     current: FlushWay,
     /// Nanoseconds: the way in use, then the other; 0 until timed.
@@ -269,9 +316,17 @@ struct FlushChooser {
 }
 
 impl FlushChooser {
-    fn new(setting: AlwaysFlush) -> FlushChooser {
+    fn new(setting: AlwaysFlush, stats: Arc<FlushStats>) -> FlushChooser {
+        stats.current.store(
+            match setting {
+                AlwaysFlush::WriteThenSync => 1,
+                _ => 0,
+            },
+            Ordering::Relaxed,
+        );
         FlushChooser {
             setting,
+            stats,
             current: FlushWay::WriteThrough,
             current_ns: 0,
             other_ns: 0,
@@ -303,6 +358,7 @@ impl FlushChooser {
     /// gave). One slow flush (the disk's hiccup) moves the average by at
     /// most an eighth of it, and counts in a try as twice the average.
     fn record(&mut self, way: FlushWay, took: Duration) {
+        self.stats.batches[way.index()].fetch_add(1, Ordering::Relaxed);
         if self.setting != AlwaysFlush::Adaptive {
             return;
         }
@@ -319,6 +375,7 @@ impl FlushChooser {
             } else {
                 self.current_ns - self.current_ns / 8 + capped / 8
             };
+            self.stats.average_ns[way.index()].store(self.current_ns, Ordering::Relaxed);
             return;
         }
         let Some((done, total)) = self.trying.as_mut() else {
@@ -332,12 +389,18 @@ impl FlushChooser {
         self.other_ns = *total / u64::from(*done);
         self.trying = None;
         self.since_try = 0;
+        self.stats.tries.fetch_add(1, Ordering::Relaxed);
+        self.stats.average_ns[way.index()].store(self.other_ns, Ordering::Relaxed);
         // The way in use was timed on at least ADAPTIVE_FIRST_TRY batches
         // before the first try: `current_ns` is not 0 here.
         if self.other_ns < self.current_ns - self.current_ns / 8 {
             self.current = way;
             std::mem::swap(&mut self.current_ns, &mut self.other_ns);
             self.try_every = ADAPTIVE_TRY_EVERY;
+            self.stats.changes.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .current
+                .store(way.index() as u64, Ordering::Relaxed);
         } else {
             self.try_every = (self.try_every * 2).min(ADAPTIVE_TRY_MAX);
         }
@@ -617,6 +680,8 @@ pub struct ShardLog {
     direct_io: Cell<bool>,
     /// [`StoreConfig::always_flush`].
     always_flush: AlwaysFlush,
+    /// What its durable writes did (shared with `INFO`).
+    flush_stats: Arc<FlushStats>,
     /// [`StoreConfig::direct_block`], a power of two.
     block: u64,
     /// The segments on disk and what each stream needs of them.
@@ -678,14 +743,16 @@ pub struct LogStart {
 
 impl ShardLog {
     /// A writer for log `log_no` under `gen_dir` (the generation's
-    /// directory), starting a new segment after those in `start`. Its
-    /// flusher must be run ([`ShardLog::run`]).
+    /// directory), starting a new segment after those in `start`, telling
+    /// what its durable writes do in `flush_stats`. Its flusher must be
+    /// run ([`ShardLog::run`]).
     pub fn new(
         gen_dir: &Path,
         log_no: u16,
         config: &StoreConfig,
         durable: DurableFiles,
         start: LogStart,
+        flush_stats: Arc<FlushStats>,
     ) -> Rc<ShardLog> {
         let first = start.segments.iter().max().map_or(1, |s| s + 1);
         let dir = gen_dir.join(log::log_dir_name(log_no));
@@ -730,6 +797,7 @@ impl ShardLog {
                 config.direct_io && config.preallocate && config.fsync == Fsync::Always,
             ),
             always_flush: config.always_flush,
+            flush_stats,
             block: config.direct_block.clamp(1, ZERO_CHUNK).next_power_of_two(),
             retention: RefCell::new(Retention::new(start.segments, start.needs, start.deleted)),
             on_lagging: RefCell::new(None),
@@ -1018,7 +1086,7 @@ impl ShardLog {
         }
         let first = self.pending.borrow().segment;
         let mut seg = self.create_segment(first).await?;
-        let mut chooser = FlushChooser::new(self.always_flush);
+        let mut chooser = FlushChooser::new(self.always_flush, self.flush_stats.clone());
         loop {
             let batch = std::future::poll_fn(|cx| {
                 let mut p = self.pending.borrow_mut();
@@ -1693,7 +1761,7 @@ mod tests {
 
     #[test]
     fn the_adaptive_flush_goes_the_quicker_way_and_turns_when_the_other_gets_quicker() {
-        let mut chooser = FlushChooser::new(AlwaysFlush::Adaptive);
+        let mut chooser = FlushChooser::new(AlwaysFlush::Adaptive, Arc::default());
         // Write-then-sync quicker (the interrupts' CPU busy): the chooser
         // turns to it at its first try.
         let went = run_batches(&mut chooser, 1000, micros(330, 190));
@@ -1714,7 +1782,7 @@ mod tests {
 
     #[test]
     fn tries_back_off_while_the_other_way_loses_and_never_stop() {
-        let mut chooser = FlushChooser::new(AlwaysFlush::Adaptive);
+        let mut chooser = FlushChooser::new(AlwaysFlush::Adaptive, Arc::default());
         let time = micros(140, 190);
         // The batches between the starts of successive tries.
         let mut gaps = Vec::new();
@@ -1751,7 +1819,7 @@ mod tests {
 
     #[test]
     fn after_a_change_of_way_tries_come_often_again() {
-        let mut chooser = FlushChooser::new(AlwaysFlush::Adaptive);
+        let mut chooser = FlushChooser::new(AlwaysFlush::Adaptive, Arc::default());
         run_batches(&mut chooser, 3 * ADAPTIVE_TRY_MAX, micros(140, 190));
         assert_eq!(chooser.try_every, ADAPTIVE_TRY_MAX);
         run_to_a_try(&mut chooser, micros(330, 190));
@@ -1762,7 +1830,7 @@ mod tests {
 
     #[test]
     fn one_slow_flush_just_before_a_try_does_not_turn_the_adaptive_flush_over() {
-        let mut chooser = FlushChooser::new(AlwaysFlush::Adaptive);
+        let mut chooser = FlushChooser::new(AlwaysFlush::Adaptive, Arc::default());
         run_batches(&mut chooser, 200, micros(140, 190));
         run_to_a_try(&mut chooser, micros(140, 190));
         // A 20 ms hiccup of the disk on the last write-through batch
@@ -1777,7 +1845,7 @@ mod tests {
 
     #[test]
     fn a_near_tie_does_not_turn_the_adaptive_flush_over() {
-        let mut chooser = FlushChooser::new(AlwaysFlush::Adaptive);
+        let mut chooser = FlushChooser::new(AlwaysFlush::Adaptive, Arc::default());
         // Write-then-sync quicker by less than an eighth: it stays.
         let went = run_batches(&mut chooser, 3 * ADAPTIVE_TRY_MAX, micros(140, 130));
         assert!(went[1] <= tries_in(3 * ADAPTIVE_TRY_MAX), "{went:?}");
@@ -1790,7 +1858,7 @@ mod tests {
             (AlwaysFlush::WriteThrough, FlushWay::WriteThrough),
             (AlwaysFlush::WriteThenSync, FlushWay::WriteThenSync),
         ] {
-            let mut chooser = FlushChooser::new(setting);
+            let mut chooser = FlushChooser::new(setting, Arc::default());
             // Even where the other way is far quicker.
             let slow = |w: FlushWay| Duration::from_micros(if w == way { 1000 } else { 10 });
             let went = run_batches(&mut chooser, 200, slow);
@@ -1810,6 +1878,13 @@ mod tests {
             Some(AlwaysFlush::WriteThenSync)
         );
         assert_eq!(AlwaysFlush::parse("dsync"), None);
+        for setting in [
+            AlwaysFlush::Adaptive,
+            AlwaysFlush::WriteThrough,
+            AlwaysFlush::WriteThenSync,
+        ] {
+            assert_eq!(AlwaysFlush::parse(setting.name()), Some(setting));
+        }
     }
 
     struct Count(AtomicUsize);

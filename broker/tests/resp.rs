@@ -85,6 +85,90 @@ fn ping_echo_and_unknown_commands() {
     broker.shutdown();
 }
 
+/// Whether the filesystem of the system's temp dir takes `O_DIRECT`.
+fn temp_dir_takes_o_direct() -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = TempDir::new();
+    std::fs::create_dir_all(&dir.0).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(dir.0.join("probe"))
+        .is_ok()
+}
+
+#[test]
+fn info_mailring_shows_how_each_log_made_its_writes_durable() {
+    if !temp_dir_takes_o_direct() {
+        eprintln!("skipping: the temp dir's filesystem refuses O_DIRECT");
+        return;
+    }
+    for (flush, through, then_sync) in [
+        (AlwaysFlush::WriteThrough, true, false),
+        (AlwaysFlush::WriteThenSync, false, true),
+        // The first try of the other way comes after 16 batches.
+        (AlwaysFlush::Adaptive, true, true),
+    ] {
+        let mut config = BrokerConfig::default();
+        config.store.always_flush = flush;
+        let broker = start_with(config);
+        let mut c = Client::connect(broker.local_addr());
+        // One client at queue depth 1: a batch per write, on one shard's log.
+        for i in 1..=40 {
+            let id = format!("1-{i}");
+            assert_eq!(c.cmd(&["XADD", "s", &id, "f", "v"]), R::bulk(&id));
+        }
+        let text = c.cmd(&["INFO", "mailring"]).text();
+        let logs: Vec<&str> = text.lines().filter(|l| l.starts_with("log")).collect();
+        assert_eq!(logs.len(), 2, "a line per shard's log: {text}");
+        let field = |line: &str, f: &str| -> String {
+            line.split_once(':')
+                .unwrap()
+                .1
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('='))
+                .unwrap_or_else(|| panic!("{f} missing: {line}"))
+                .to_owned()
+        };
+        let count = |f: &str| -> u64 {
+            logs.iter()
+                .map(|l| field(l, f).parse::<u64>().unwrap())
+                .sum()
+        };
+        let name = match flush {
+            AlwaysFlush::Adaptive => "adaptive",
+            AlwaysFlush::WriteThrough => "write-through",
+            AlwaysFlush::WriteThenSync => "write-then-sync",
+        };
+        for line in &logs {
+            assert_eq!(field(line, "always_flush"), name, "{line}");
+        }
+        let (by_through, by_then_sync) = (
+            count("batches_write_through"),
+            count("batches_write_then_sync"),
+        );
+        assert!(
+            by_through + by_then_sync >= 40,
+            "{flush:?}: every write a batch: {text}"
+        );
+        assert_eq!(by_through > 0, through, "{flush:?}: {text}");
+        assert_eq!(by_then_sync > 0, then_sync, "{flush:?}: {text}");
+        if flush == AlwaysFlush::Adaptive {
+            assert!(count("tries") >= 1, "{text}");
+        }
+        broker.shutdown();
+    }
+    // Under `everysec` nothing is made durable per batch: no such lines.
+    let mut config = BrokerConfig::default();
+    config.store.fsync = Fsync::EverySec;
+    let broker = start_with(config);
+    let mut c = Client::connect(broker.local_addr());
+    let text = c.cmd(&["INFO", "mailring"]).text();
+    assert!(!text.lines().any(|l| l.starts_with("log")), "{text}");
+    broker.shutdown();
+}
+
 #[test]
 fn info_mailring_shows_each_shard_s_runtime_counters() {
     let broker = start();

@@ -200,7 +200,23 @@ impl RespSession {
                 "commandstats" => shared.command_stats.lines(),
                 "errorstats" => shared.errors.lines(),
                 "cluster" => vec!["cluster_enabled:0".to_owned()],
-                "mailring" => shard_counters(&shared.system),
+                "mailring" => {
+                    let mut lines = shard_counters(&shared.system);
+                    // Under `always` with direct writes: how each log's
+                    // batches were made durable (docs/broker.md, "Where
+                    // a direct write's flush runs").
+                    let store = &shared.config.store;
+                    if store.fsync == crate::Fsync::Always && store.direct_io && store.preallocate {
+                        lines.extend(shared.flush_stats.iter().enumerate().map(|(n, stats)| {
+                            format!(
+                                "log{n}:always_flush={},{}",
+                                store.always_flush.name(),
+                                stats.info_fields()
+                            )
+                        }));
+                    }
+                    lines
+                }
                 "keyspace" if streams > 0 => {
                     vec![format!("db0:keys={streams},expires=0,avg_ttl=0")]
                 }
