@@ -452,17 +452,48 @@ impl File {
         Ok(())
     }
 
-    async fn fsync(&self, flags: FsyncFlags) -> io::Result<()> {
+    /// `fsync` of `range` (`None`: the whole file).
+    async fn fsync(&self, flags: FsyncFlags, range: Option<(u64, u32)>) -> io::Result<()> {
         self.check_shard()?;
         let fd = self.inner.fd.clone();
         let raw = fd.as_raw_fd();
+        let (offset, len) = range.unwrap_or((0, 0));
         // SAFETY: the fsync uses only the fd, held by the op's `Arc`.
         let op = unsafe {
             Op::submit_offloaded(fd, None, |_| {
-                opcode::Fsync::new(Fd(raw)).flags(flags).build()
+                opcode::Fsync::new(Fd(raw))
+                    .flags(flags)
+                    .offset(offset)
+                    .len(len)
+                    .build()
             })
         }?;
         op.await.0.map(drop)
+    }
+
+    /// Flushes the data of `len` bytes from `offset` on, and the metadata
+    /// needed to read them, to the device: `fdatasync` of a range. Dirty
+    /// pages of the file outside the range are not written (a whole-file
+    /// `fdatasync` writes them too); the device's cache is flushed as by
+    /// [`sync_data`](Self::sync_data). A range running past 4 GiB is
+    /// synced to the end of the file.
+    ///
+    /// # Errors
+    ///
+    /// The kernel's error.
+    pub async fn sync_data_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        file_offset(offset, 0)?;
+        // Length 0 with a nonzero offset syncs to the end of the file.
+        let len = u32::try_from(len).unwrap_or(0);
+        let range = if offset == 0 && len == 0 {
+            None
+        } else {
+            Some((offset, len))
+        };
+        self.fsync(FsyncFlags::DATASYNC, range).await
     }
 
     /// Flushes data and metadata to the device (`fsync`).
@@ -471,7 +502,7 @@ impl File {
     ///
     /// The kernel's error.
     pub async fn sync_all(&self) -> io::Result<()> {
-        self.fsync(FsyncFlags::empty()).await
+        self.fsync(FsyncFlags::empty(), None).await
     }
 
     /// Flushes data (and the metadata needed to read it) to the device (`fdatasync`).
@@ -480,7 +511,7 @@ impl File {
     ///
     /// The kernel's error.
     pub async fn sync_data(&self) -> io::Result<()> {
-        self.fsync(FsyncFlags::DATASYNC).await
+        self.fsync(FsyncFlags::DATASYNC, None).await
     }
 
     /// Closes the file with `IORING_OP_CLOSE`, reporting the kernel's answer.

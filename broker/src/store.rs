@@ -178,9 +178,9 @@ pub enum AlwaysFlush {
     /// that took the write's completion interrupt. Quickest while that CPU
     /// has time to spare.
     WriteThrough,
-    /// A write, then `fdatasync` on an io-wq worker of the shard's own
-    /// (which runs where the shard may run): each batch costs the shard's
-    /// CPU a wake-up more, but no other CPU's time.
+    /// A write, then `fdatasync` of the blocks it wrote on an io-wq worker
+    /// of the shard's own (which runs where the shard may run): each batch
+    /// costs the shard's CPU a wake-up more, but no other CPU's time.
     WriteThenSync,
 }
 
@@ -1150,11 +1150,18 @@ impl ShardLog {
                 }
             }
             let started = Instant::now();
+            // The blocks this write covers (a direct write rewrites whole
+            // blocks).
+            let from = seg.pos / self.block * self.block;
+            let to = (seg.pos + len).next_multiple_of(self.block);
             self.write_segment(&mut seg, bytes, way == Some(FlushWay::WriteThrough))
                 .await?;
             if let Some(way) = way {
                 if way == FlushWay::WriteThenSync {
-                    seg.file.sync_data().await?;
+                    // Of this write's range only, as `RWF_DSYNC` does: a
+                    // whole-file flush would also write back the blocks a
+                    // zero-fill is dirtying ahead of the writes.
+                    seg.file.sync_data_range(from, to - from).await?;
                 }
                 chooser.record(way, started.elapsed());
             }

@@ -484,6 +484,41 @@ fn data_synchronous_writes_land_where_asked_buffered_and_direct() {
 }
 
 #[test]
+fn ranged_data_syncs_take_any_range_and_refuse_none_in_range() {
+    let rt = rt2();
+    let path = temp_path("sync-range");
+    let _ = std::fs::remove_file(&path);
+    let p = path.clone();
+    rt.block_on(async move {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .open(&p)
+            .await
+            .unwrap();
+        let (res, _) = file.write_all_at(vec![7u8; 10_000], 0).await;
+        res.unwrap();
+        // Within the file, past its end, empty, over 4 GiB (to the end).
+        for (offset, len) in [
+            (0, 4096),
+            (4096, 5904),
+            (1 << 30, 10),
+            (0, 0),
+            (8192, 5 << 30),
+        ] {
+            file.sync_data_range(offset, len).await.unwrap();
+        }
+        // An offset no file has.
+        let err = file.sync_data_range(u64::MAX, 1).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        file.close().await.unwrap();
+    });
+    assert_eq!(std::fs::read(&path).unwrap(), vec![7u8; 10_000]);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
 fn times_before_1970_and_after_read_as_the_file_system_has_them() {
     let rt = rt2();
     let path = temp_path("old-times");
