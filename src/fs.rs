@@ -475,25 +475,21 @@ impl File {
     /// needed to read them, to the device: `fdatasync` of a range. Dirty
     /// pages of the file outside the range are not written (a whole-file
     /// `fdatasync` writes them too); the device's cache is flushed as by
-    /// [`sync_data`](Self::sync_data). A range running past 4 GiB is
-    /// synced to the end of the file.
+    /// [`sync_data`](Self::sync_data). A range longer than 4 GiB, which
+    /// one operation cannot name, syncs the whole file.
     ///
     /// # Errors
     ///
-    /// The kernel's error.
+    /// The kernel's error; `InvalidInput` for an offset past what a file
+    /// can hold.
     pub async fn sync_data_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check_shard()?;
+        file_offset(offset, 0)?;
         if len == 0 {
             return Ok(());
         }
-        file_offset(offset, 0)?;
-        // Length 0 with a nonzero offset syncs to the end of the file.
-        let len = u32::try_from(len).unwrap_or(0);
-        let range = if offset == 0 && len == 0 {
-            None
-        } else {
-            Some((offset, len))
-        };
-        self.fsync(FsyncFlags::DATASYNC, range).await
+        self.fsync(FsyncFlags::DATASYNC, fsync_range(offset, len))
+            .await
     }
 
     /// Flushes data and metadata to the device (`fsync`).
@@ -813,6 +809,19 @@ pub async fn remove_dir(path: impl AsRef<Path>) -> io::Result<()> {
 /// The file offset `done` bytes past `pos`: io_uring reads an offset of
 /// `-1` as "the file's current position", so an offset past `i64::MAX`
 /// (`u64::MAX` among them) is refused rather than passed on.
+/// The `(offset, len)` of an `IORING_OP_FSYNC` that syncs at least the
+/// `len > 0` bytes from `offset`, or `None` for the whole file. The kernel
+/// syncs from `offset` to `offset + len` inclusive (`vfs_fsync_range`),
+/// the whole file where that end is 0, and `len` is 32 bits.
+fn fsync_range(offset: u64, len: u64) -> Option<(u64, u32)> {
+    let last = u32::try_from(len - 1).ok()?;
+    if offset == 0 && last == 0 {
+        // End 0 would read as "to the end": the whole file covers it.
+        return None;
+    }
+    Some((offset, last))
+}
+
 fn file_offset(pos: u64, done: usize) -> io::Result<u64> {
     pos.checked_add(done as u64)
         .filter(|&at| i64::try_from(at).is_ok())
@@ -870,4 +879,33 @@ pub async fn write(path: impl AsRef<Path>, data: impl Into<Vec<u8>>) -> io::Resu
     let (res, _) = file.write_all_at(data.into(), 0).await;
     res?;
     file.close().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fsync_range;
+
+    /// What the kernel syncs for an SQE's `(offset, len)`: the inclusive
+    /// byte range, or `None` for the whole file (`io_fsync`).
+    fn kernel_range(sqe: Option<(u64, u32)>) -> Option<(u64, u64)> {
+        let (offset, len) = sqe?;
+        let end = offset + u64::from(len);
+        (end > 0).then_some((offset, end))
+    }
+
+    #[test]
+    fn a_ranged_sync_covers_exactly_its_bytes_or_the_whole_file() {
+        // Exact: first and last byte of the range, nothing past it.
+        assert_eq!(kernel_range(fsync_range(4096, 8192)), Some((4096, 12287)));
+        assert_eq!(kernel_range(fsync_range(10, 1)), Some((10, 10)));
+        assert_eq!(kernel_range(fsync_range(0, 4096)), Some((0, 4095)));
+        assert_eq!(
+            kernel_range(fsync_range(1 << 40, 1 << 32)),
+            Some((1 << 40, (1 << 40) + (1 << 32) - 1))
+        );
+        // What one SQE cannot name exactly: the whole file, a superset.
+        assert_eq!(kernel_range(fsync_range(0, 1)), None);
+        assert_eq!(kernel_range(fsync_range(8192, (1 << 32) + 1)), None);
+        assert_eq!(kernel_range(fsync_range(8192, 5 << 30)), None);
+    }
 }

@@ -259,9 +259,18 @@ pub struct FlushStats {
     changes: AtomicU64,
     /// The way in use: 0 write-through, 1 write-then-sync.
     current: AtomicU64,
+    /// Whether the log writes its segment directly now (a filesystem
+    /// that refuses `O_DIRECT` turns this off: its writes are then
+    /// buffered `O_DSYNC` ones and go neither way).
+    direct: AtomicBool,
 }
 
 impl FlushStats {
+    /// Whether the log's writes go one of the two ways now.
+    pub fn direct(&self) -> bool {
+        self.direct.load(Ordering::Relaxed)
+    }
+
     /// One `INFO` field list: `way=...,batches_write_through=N,...`.
     pub fn info_fields(&self) -> String {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -327,7 +336,10 @@ impl FlushChooser {
         FlushChooser {
             setting,
             stats,
-            current: FlushWay::WriteThrough,
+            current: match setting {
+                AlwaysFlush::WriteThenSync => FlushWay::WriteThenSync,
+                _ => FlushWay::WriteThrough,
+            },
             current_ns: 0,
             other_ns: 0,
             // The first try comes early: a fresh broker settles quickly.
@@ -357,11 +369,10 @@ impl FlushChooser {
     /// Takes the time of a batch that went `way` (what [`Self::pick`]
     /// gave). One slow flush (the disk's hiccup) moves the average by at
     /// most an eighth of it, and counts in a try as twice the average.
+    /// A fixed setting is timed the same way (for `INFO`), and never
+    /// tries the other.
     fn record(&mut self, way: FlushWay, took: Duration) {
         self.stats.batches[way.index()].fetch_add(1, Ordering::Relaxed);
-        if self.setting != AlwaysFlush::Adaptive {
-            return;
-        }
         let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX).max(1);
         let capped = if self.current_ns == 0 {
             ns
@@ -1316,6 +1327,7 @@ impl ShardLog {
                     seg.path.display()
                 );
                 self.direct_io.set(false);
+                self.flush_stats.direct.store(false, Ordering::Relaxed);
                 seg.file = Rc::new(open_segment(&seg.path, self.fsync, false, false).await?);
                 let (res, _) = seg.file.write_all_at(bytes, seg.pos).await;
                 return res;
@@ -1407,6 +1419,7 @@ impl ShardLog {
                     self.dir.display()
                 );
                 self.direct_io.set(false);
+                self.flush_stats.direct.store(false, Ordering::Relaxed);
                 direct = false;
                 open_segment(&path, self.fsync, false, true).await?
             }
@@ -1425,6 +1438,9 @@ impl ShardLog {
             presynced: false,
             tail: direct.then(|| self.tail_buf(&[])),
         };
+        self.flush_stats
+            .direct
+            .store(direct && self.fsync == Fsync::Always, Ordering::Relaxed);
         // The header goes the way the records will (a direct segment's is
         // its first block, padded, which the first batch rewrites).
         let header = log::segment_header(self.log_no, no);

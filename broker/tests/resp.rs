@@ -85,17 +85,23 @@ fn ping_echo_and_unknown_commands() {
     broker.shutdown();
 }
 
-/// Whether the filesystem of the system's temp dir takes `O_DIRECT`.
+/// Whether the filesystem of the system's temp dir takes an aligned
+/// `O_DIRECT` write.
 fn temp_dir_takes_o_direct() -> bool {
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
     let dir = TempDir::new();
     std::fs::create_dir_all(&dir.0).unwrap();
-    std::fs::OpenOptions::new()
+    let Ok(file) = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .custom_flags(libc::O_DIRECT)
         .open(dir.0.join("probe"))
-        .is_ok()
+    else {
+        return false;
+    };
+    let mut buf = mailring::buf::AlignedBuf::new(4096, 4096);
+    buf.resize_zeroed(4096);
+    file.write_at(&buf, 0).is_ok()
 }
 
 #[test]
@@ -144,6 +150,30 @@ fn info_mailring_shows_how_each_log_made_its_writes_durable() {
         for line in &logs {
             assert_eq!(field(line, "always_flush"), name, "{line}");
         }
+        // The log that took the writes (the other shard's has none).
+        let busy = logs
+            .iter()
+            .find(|l| {
+                field(l, "batches_write_through") != "0"
+                    || field(l, "batches_write_then_sync") != "0"
+            })
+            .unwrap_or_else(|| panic!("no log counted the writes: {text}"));
+        let usec = |f: &str| field(busy, f).parse::<f64>().unwrap();
+        match flush {
+            AlwaysFlush::WriteThrough => {
+                assert_eq!(field(busy, "way"), "write-through", "{busy}");
+                assert!(usec("write_through_usec") > 0.0, "{busy}");
+            }
+            AlwaysFlush::WriteThenSync => {
+                assert_eq!(field(busy, "way"), "write-then-sync", "{busy}");
+                assert!(usec("write_then_sync_usec") > 0.0, "{busy}");
+            }
+            AlwaysFlush::Adaptive => {
+                // Both ways timed; either may be in use.
+                assert!(usec("write_through_usec") > 0.0, "{busy}");
+                assert!(usec("write_then_sync_usec") > 0.0, "{busy}");
+            }
+        }
         let (by_through, by_then_sync) = (
             count("batches_write_through"),
             count("batches_write_then_sync"),
@@ -159,14 +189,20 @@ fn info_mailring_shows_how_each_log_made_its_writes_durable() {
         }
         broker.shutdown();
     }
-    // Under `everysec` nothing is made durable per batch: no such lines.
-    let mut config = BrokerConfig::default();
-    config.store.fsync = Fsync::EverySec;
-    let broker = start_with(config);
-    let mut c = Client::connect(broker.local_addr());
-    let text = c.cmd(&["INFO", "mailring"]).text();
-    assert!(!text.lines().any(|l| l.starts_with("log")), "{text}");
-    broker.shutdown();
+    // Under `everysec` nothing is made durable per batch, and buffered
+    // segments are `O_DSYNC`: no such lines.
+    let mut everysec = BrokerConfig::default();
+    everysec.store.fsync = Fsync::EverySec;
+    let mut buffered = BrokerConfig::default();
+    buffered.store.direct_io = false;
+    for config in [everysec, buffered] {
+        let broker = start_with(config);
+        let mut c = Client::connect(broker.local_addr());
+        assert_eq!(c.cmd(&["XADD", "s", "1-1", "f", "v"]), R::bulk("1-1"));
+        let text = c.cmd(&["INFO", "mailring"]).text();
+        assert!(!text.lines().any(|l| l.starts_with("log")), "{text}");
+        broker.shutdown();
+    }
 }
 
 #[test]

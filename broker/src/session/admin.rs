@@ -206,15 +206,20 @@ impl RespSession {
                     // batches were made durable (docs/broker.md, "Where
                     // a direct write's flush runs").
                     let store = &shared.config.store;
-                    if store.fsync == crate::Fsync::Always && store.direct_io && store.preallocate {
-                        lines.extend(shared.flush_stats.iter().enumerate().map(|(n, stats)| {
-                            format!(
-                                "log{n}:always_flush={},{}",
-                                store.always_flush.name(),
-                                stats.info_fields()
-                            )
-                        }));
-                    }
+                    lines.extend(
+                        shared
+                            .flush_stats
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, stats)| stats.direct())
+                            .map(|(n, stats)| {
+                                format!(
+                                    "log{n}:always_flush={},{}",
+                                    store.always_flush.name(),
+                                    stats.info_fields()
+                                )
+                            }),
+                    );
                     lines
                 }
                 "keyspace" if streams > 0 => {
