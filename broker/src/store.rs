@@ -326,20 +326,17 @@ struct FlushChooser {
 
 impl FlushChooser {
     fn new(setting: AlwaysFlush, stats: Arc<FlushStats>) -> FlushChooser {
-        stats.current.store(
-            match setting {
-                AlwaysFlush::WriteThenSync => 1,
-                _ => 0,
-            },
-            Ordering::Relaxed,
-        );
+        let current = match setting {
+            AlwaysFlush::WriteThenSync => FlushWay::WriteThenSync,
+            AlwaysFlush::WriteThrough | AlwaysFlush::Adaptive => FlushWay::WriteThrough,
+        };
+        stats
+            .current
+            .store(current.index() as u64, Ordering::Relaxed);
         FlushChooser {
             setting,
             stats,
-            current: match setting {
-                AlwaysFlush::WriteThenSync => FlushWay::WriteThenSync,
-                _ => FlushWay::WriteThrough,
-            },
+            current,
             current_ns: 0,
             other_ns: 0,
             // The first try comes early: a fresh broker settles quickly.
@@ -380,7 +377,8 @@ impl FlushChooser {
             ns.min(self.current_ns.saturating_mul(2))
         };
         if way == self.current {
-            self.since_try += 1;
+            // A fixed setting never resets it: it must not overflow.
+            self.since_try = self.since_try.saturating_add(1);
             self.current_ns = if self.current_ns == 0 {
                 ns
             } else {
@@ -1160,14 +1158,14 @@ impl ShardLog {
                     way = Some(chooser.pick());
                 }
             }
-            let started = Instant::now();
+            let started = way.map(|_| Instant::now());
             // The blocks this write covers (a direct write rewrites whole
             // blocks).
             let from = seg.pos / self.block * self.block;
             let to = (seg.pos + len).next_multiple_of(self.block);
             self.write_segment(&mut seg, bytes, way == Some(FlushWay::WriteThrough))
                 .await?;
-            if let Some(way) = way {
+            if let (Some(way), Some(started)) = (way, started) {
                 if way == FlushWay::WriteThenSync {
                     // Of this write's range only, as `RWF_DSYNC` does: a
                     // whole-file flush would also write back the blocks a
@@ -1873,6 +1871,15 @@ mod tests {
         let went = run_batches(&mut chooser, 3 * ADAPTIVE_TRY_MAX, micros(140, 130));
         assert!(went[1] <= tries_in(3 * ADAPTIVE_TRY_MAX), "{went:?}");
         assert_eq!(chooser.current, FlushWay::WriteThrough);
+    }
+
+    #[test]
+    fn a_fixed_setting_counts_batches_past_u32_without_overflow() {
+        let mut chooser = FlushChooser::new(AlwaysFlush::WriteThrough, Arc::default());
+        chooser.since_try = u32::MAX - 1;
+        run_batches(&mut chooser, 3, micros(140, 190));
+        assert_eq!(chooser.since_try, u32::MAX);
+        assert_eq!(chooser.pick(), FlushWay::WriteThrough);
     }
 
     #[test]

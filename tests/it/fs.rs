@@ -125,6 +125,21 @@ fn a_file_used_from_another_shard_gives_an_error() {
             .unwrap();
         assert!(err.to_string().contains("another shard"), "{err}");
         assert_eq!(buf.capacity(), 3, "the buffer is handed back");
+        // The data-synchronous write and the ranged sync alike, even for
+        // an empty range.
+        let f = file.clone();
+        let errs = handle
+            .spawn_on(ShardId::new(1), async move {
+                let (w, _) = f.write_all_at_dsync(b"x".to_vec(), 0).await;
+                let ranged = f.sync_data_range(0, 3).await;
+                let empty = f.sync_data_range(0, 0).await;
+                [w.unwrap_err(), ranged.unwrap_err(), empty.unwrap_err()]
+            })
+            .await
+            .unwrap();
+        for err in errs {
+            assert!(err.to_string().contains("another shard"), "{err}");
+        }
         let (n, _) = file.read_at(Vec::with_capacity(3), 0).await;
         assert_eq!(n.unwrap(), 3);
     });
