@@ -94,6 +94,7 @@ pub const COMMANDS: &[Spec] = &[
     conn("quit", -1),
     conn("command", -1),
     conn("config", -2),
+    conn("latency", -2),
     conn("info", -1),
     conn("del", -2),
     conn("exists", -2),
@@ -164,6 +165,13 @@ pub const SUBCOMMANDS: &[(&str, &str, i32)] = &[
     ("config", "get", -3),
     ("config", "resetstat", 2),
     ("config", "help", 2),
+    ("latency", "doctor", 2),
+    ("latency", "graph", 3),
+    ("latency", "help", 2),
+    ("latency", "histogram", -2),
+    ("latency", "history", 3),
+    ("latency", "latest", 2),
+    ("latency", "reset", -2),
     ("command", "count", 2),
     ("command", "help", 2),
     ("command", "docs", -2),
@@ -176,7 +184,7 @@ pub const SUBCOMMANDS: &[(&str, &str, i32)] = &[
 pub fn has_subcommands(command: &str) -> bool {
     matches!(
         command,
-        "xgroup" | "xinfo" | "memory" | "client" | "config" | "command"
+        "xgroup" | "xinfo" | "memory" | "client" | "config" | "command" | "latency"
     )
 }
 

@@ -24,10 +24,17 @@
 //! shared out among them) to when its reply was ready, so a command sent to
 //! a stream's actor on another shard counts the trip there and back, where
 //! Redis counts its execution alone. A blocked read counts the time it
-//! waited.
+//! waited. Each command of a run, and each of the commands an `EXEC` ran,
+//! is recorded in its histogram at its share of the time.
+//!
+//! A histogram is made the first time its command runs on a shard (most
+//! of the table's commands never do): 592 counters, log-linear over
+//! nanoseconds (exact below 16 ns, then 16 steps between each power of
+//! two and the next, so a value is at most 1/16 below the bound it is
+//! reported at), up to 2^40 ns (18 minutes; longer waits count there).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -123,9 +130,152 @@ fn slot_name(slot: usize) -> String {
 #[derive(Debug, Default)]
 struct Counts {
     calls: AtomicU64,
-    usec: AtomicU64,
+    /// The calls' time, in nanoseconds (`INFO` shows microseconds).
+    nanos: AtomicU64,
     rejected: AtomicU64,
     failed: AtomicU64,
+    /// Its calls' latencies, made at its first call.
+    latency: OnceLock<Histogram>,
+}
+
+impl Counts {
+    /// `calls` calls that took `nanos` each, in the histogram.
+    #[inline]
+    fn record(&self, nanos: u64, calls: u64) {
+        self.latency
+            .get_or_init(Histogram::new)
+            .record(nanos, calls);
+    }
+}
+
+/// Steps between one power of two and the next, as a power of two.
+const SUB_BITS: u32 = 4;
+const SUB: u64 = 1 << SUB_BITS;
+/// Values at and past this many nanoseconds count in the last bucket.
+const LATENCY_LIMIT_BITS: u32 = 40;
+/// Buckets of a histogram: `SUB` exact ones below `SUB`, then `SUB` for
+/// each power of two from `SUB` up to the limit.
+const BUCKETS: usize = ((LATENCY_LIMIT_BITS - SUB_BITS + 1) * SUB as u32) as usize;
+
+/// The bucket of a latency of `nanos`.
+#[inline]
+fn bucket_of(nanos: u64) -> usize {
+    let v = nanos.min((1 << LATENCY_LIMIT_BITS) - 1);
+    if v < SUB {
+        return v as usize;
+    }
+    // `v` lies in [2^e, 2^(e+1)), cut in SUB steps of 2^(e - SUB_BITS).
+    let e = 63 - v.leading_zeros();
+    let step = (v >> (e - SUB_BITS)) & (SUB - 1);
+    ((e - SUB_BITS + 1) as usize) * SUB as usize + step as usize
+}
+
+/// The highest latency, in nanoseconds, that counts in `bucket`.
+fn bucket_bound(bucket: usize) -> u64 {
+    let (group, step) = (bucket as u64 / SUB, bucket as u64 % SUB);
+    if group == 0 {
+        return step;
+    }
+    let shift = group - 1;
+    ((SUB + step + 1) << shift) - 1
+}
+
+/// A histogram of latencies in nanoseconds.
+#[derive(Debug)]
+struct Histogram {
+    buckets: Box<[AtomicU64]>,
+}
+
+impl Histogram {
+    fn new() -> Self {
+        Histogram {
+            buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    #[inline]
+    fn record(&self, nanos: u64, calls: u64) {
+        self.buckets[bucket_of(nanos)].fetch_add(calls, Ordering::Relaxed);
+    }
+
+    fn clear(&self) {
+        for b in self.buckets.iter() {
+            b.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The percentiles `INFO latencystats` shows, and their names.
+pub(crate) const LATENCY_PERCENTILES: [(f64, &str); 3] =
+    [(50.0, "p50"), (99.0, "p99"), (99.9, "p99.9")];
+
+/// One command's histogram summed over the shards.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Latencies {
+    counts: Vec<u64>,
+    total: u64,
+}
+
+impl Latencies {
+    fn sum<'a>(of: impl Iterator<Item = &'a Histogram>) -> Self {
+        let mut counts = vec![0; BUCKETS];
+        for h in of {
+            for (sum, b) in counts.iter_mut().zip(h.buckets.iter()) {
+                *sum += b.load(Ordering::Relaxed);
+            }
+        }
+        let total = counts.iter().sum();
+        Latencies { counts, total }
+    }
+
+    /// The calls recorded.
+    pub(crate) fn calls(&self) -> u64 {
+        self.total
+    }
+
+    /// The latency, in nanoseconds, that `percentile` per cent of the
+    /// calls took at most (the bound of the bucket the call at that rank
+    /// counts in; the rank rounded to the nearest, at least the first).
+    pub(crate) fn percentile(&self, percentile: f64) -> u64 {
+        let rank = ((percentile / 100.0 * self.total as f64 + 0.5) as u64).max(1);
+        let mut seen = 0;
+        for (bucket, count) in self.counts.iter().enumerate() {
+            seen += count;
+            if seen >= rank {
+                return bucket_bound(bucket);
+            }
+        }
+        bucket_bound(BUCKETS - 1)
+    }
+
+    /// `LATENCY HISTOGRAM`'s cumulative buckets: for each power of two
+    /// of 1,024 ns that adds calls, its bound in whole microseconds as
+    /// Redis 7.0 writes it, and the calls at or under it.
+    pub(crate) fn cumulative(&self) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut seen = 0;
+        let mut bucket = 0;
+        let mut bound: u64 = 1024;
+        while seen < self.total {
+            // Every bucket below `bound` (a power of two at least `SUB`,
+            // so a bucket edge).
+            let before = seen;
+            while bucket < BUCKETS && bucket_bound(bucket) < bound {
+                seen += self.counts[bucket];
+                bucket += 1;
+            }
+            if bucket == BUCKETS {
+                seen = self.total;
+            }
+            if seen > before {
+                // Redis reports a bound as its histogram's highest value
+                // equivalent to it, 1/128 above.
+                out.push(((bound + bound / 128 - 1) / 1000, seen));
+            }
+            bound *= 2;
+        }
+        out
+    }
 }
 
 /// One shard's table. Only that shard's sessions write it (atomics all
@@ -154,16 +304,17 @@ fn is_error(reply: &Reply) -> bool {
 }
 
 impl ShardCounts {
-    /// A command ran and answered `reply` after `usec`.
-    pub(crate) fn ran(&self, slot: Slot, reply: &Reply, usec: u64) {
+    /// A command ran and answered `reply` after `nanos`.
+    pub(crate) fn ran(&self, slot: Slot, reply: &Reply, nanos: u64) {
         let c = &self.slots[usize::from(slot)];
         c.calls.fetch_add(1, Ordering::Relaxed);
-        if usec > 0 {
-            c.usec.fetch_add(usec, Ordering::Relaxed);
+        if nanos > 0 {
+            c.nanos.fetch_add(nanos, Ordering::Relaxed);
         }
         if is_error(reply) {
             c.failed.fetch_add(1, Ordering::Relaxed);
         }
+        c.record(nanos, 1);
     }
 
     /// A command was refused before it ran.
@@ -175,18 +326,20 @@ impl ShardCounts {
 
     /// What a request's reply counts, now that it is ready.
     pub(crate) fn answered(&self, counted: Counted, reply: &Reply) {
-        let usec = counted.since.elapsed().as_micros() as u64;
+        let nanos = nanos_since(counted.since);
         match counted.what {
-            What::One(slot) => self.ran(slot, reply, usec),
+            What::One(slot) => self.ran(slot, reply, nanos),
             What::Exec { exec, inner } => {
-                self.ran(exec, reply, usec);
-                // The commands it ran, each with its own reply; none when
-                // it was refused (its reply is then an error).
+                self.ran(exec, reply, nanos);
+                // The commands it ran, each with its own reply and a
+                // share of its time; none when it was refused (its reply
+                // is then an error).
                 if let Reply::Array(items) = reply {
                     if items.len() == inner.len() {
+                        let share = nanos / inner.len().max(1) as u64;
                         for (slot, item) in inner.iter().zip(items) {
                             if let Some(slot) = slot {
-                                self.ran(*slot, item, 0);
+                                self.ran(*slot, item, share);
                             }
                         }
                     }
@@ -196,13 +349,18 @@ impl ShardCounts {
     }
 }
 
+/// Nanoseconds from `since` to now (saturating past 584 years).
+fn nanos_since(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Counts the commands of a run as their replies are made, in order:
 /// neighbours of one command (a pipeline of `XADD`s) with one update of
 /// each count, and the run's time shared out among them.
 pub(crate) struct RunCount<'a> {
     counts: &'a ShardCounts,
-    /// The run's time, in microseconds, and its number of commands.
-    usec: u64,
+    /// The run's time, in nanoseconds, and its number of commands.
+    nanos: u64,
     commands: u64,
     /// (slot, calls, failed) of the neighbours noted and not yet counted.
     group: Option<(Slot, u64, u64)>,
@@ -213,7 +371,7 @@ impl<'a> RunCount<'a> {
     pub(crate) fn new(counts: &'a ShardCounts, commands: usize, since: Instant) -> Self {
         RunCount {
             counts,
-            usec: since.elapsed().as_micros() as u64,
+            nanos: nanos_since(since),
             commands: commands.max(1) as u64,
             group: None,
         }
@@ -243,14 +401,15 @@ impl<'a> RunCount<'a> {
         };
         let c = &self.counts.slots[usize::from(slot)];
         c.calls.fetch_add(calls, Ordering::Relaxed);
-        // Its share of the run's time, in whole microseconds.
-        let share = self.usec * calls / self.commands;
-        if share > 0 {
-            c.usec.fetch_add(share, Ordering::Relaxed);
+        // Its share of the run's time, and each call's.
+        let each = self.nanos / self.commands;
+        if each > 0 {
+            c.nanos.fetch_add(each * calls, Ordering::Relaxed);
         }
         if failed > 0 {
             c.failed.fetch_add(failed, Ordering::Relaxed);
         }
+        c.record(each, calls);
     }
 }
 
@@ -364,7 +523,7 @@ impl CommandStats {
             if calls == 0 && rejected == 0 && failed == 0 {
                 continue;
             }
-            let usec = sum(|c| &c.usec);
+            let usec = sum(|c| &c.nanos) / 1000;
             // As Redis prints it: a float's quotient, two places.
             let per_call = if calls == 0 {
                 0.0
@@ -379,14 +538,71 @@ impl CommandStats {
         lines
     }
 
+    /// The latencies of the command in `slot`, summed over the shards;
+    /// `None` when none was recorded.
+    fn latencies(&self, slot: usize) -> Option<Latencies> {
+        let latencies = Latencies::sum(
+            self.shards
+                .iter()
+                .filter_map(|s| s.slots[slot].latency.get()),
+        );
+        (latencies.total > 0).then_some(latencies)
+    }
+
+    /// `INFO latencystats`' lines: each command that ran since the start
+    /// or the last `CONFIG RESETSTAT`, its percentiles in microseconds.
+    pub(crate) fn latency_lines(&self) -> Vec<String> {
+        (0..SLOTS)
+            .filter_map(|slot| {
+                let latencies = self.latencies(slot)?;
+                let values: Vec<String> = LATENCY_PERCENTILES
+                    .iter()
+                    .map(|(p, name)| {
+                        let usec = latencies.percentile(*p) as f64 / 1000.0;
+                        format!("{name}={usec:.3}")
+                    })
+                    .collect();
+                Some(format!(
+                    "latency_percentiles_usec_{}:{}",
+                    slot_name(slot),
+                    values.join(",")
+                ))
+            })
+            .collect()
+    }
+
+    /// `LATENCY HISTOGRAM [name ...]`'s commands and their latencies: all
+    /// that ran with no names given; else each named one that ran (`x|y`
+    /// names a subcommand) and a named container's subcommands that ran.
+    pub(crate) fn histograms(&self, names: &[Bytes]) -> Vec<(String, Latencies)> {
+        let wanted = |slot: usize| -> bool {
+            if names.is_empty() {
+                return true;
+            }
+            let name = slot_name(slot);
+            let container = name.split_once('|').map(|(c, _)| c);
+            names.iter().any(|n| {
+                n.eq_ignore_ascii_case(name.as_bytes())
+                    || container.is_some_and(|c| n.eq_ignore_ascii_case(c.as_bytes()))
+            })
+        };
+        (0..SLOTS)
+            .filter(|slot| wanted(*slot))
+            .filter_map(|slot| Some((slot_name(slot), self.latencies(slot)?)))
+            .collect()
+    }
+
     /// `CONFIG RESETSTAT`.
     pub(crate) fn reset(&self) {
         for shard in &self.shards {
             for c in &shard.slots {
                 c.calls.store(0, Ordering::Relaxed);
-                c.usec.store(0, Ordering::Relaxed);
+                c.nanos.store(0, Ordering::Relaxed);
                 c.rejected.store(0, Ordering::Relaxed);
                 c.failed.store(0, Ordering::Relaxed);
+                if let Some(h) = c.latency.get() {
+                    h.clear();
+                }
             }
         }
     }
@@ -426,8 +642,8 @@ mod tests {
     fn shards_sum_and_a_reset_clears_every_count() {
         let stats = CommandStats::new(2);
         let xlen = slot_of(&args(&["xlen", "s"])).unwrap();
-        stats.shards[0].ran(xlen, &Reply::Int(1), 3);
-        stats.shards[1].ran(xlen, &Reply::err("no"), 4);
+        stats.shards[0].ran(xlen, &Reply::Int(1), 3_000);
+        stats.shards[1].ran(xlen, &Reply::err("no"), 4_400);
         stats.shards[1].rejected(xlen);
         assert_eq!(
             stats.lines(),
@@ -454,7 +670,7 @@ mod tests {
         let counts = |slot: Slot| {
             let c = &stats.shards[0].slots[usize::from(slot)];
             let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-            (load(&c.calls), load(&c.usec), load(&c.failed))
+            (load(&c.calls), load(&c.nanos) / 1000, load(&c.failed))
         };
         let (calls, usec, failed) = counts(xadd);
         assert_eq!((calls, failed), (3, 1));
@@ -463,6 +679,159 @@ mod tests {
         let (calls, usec, failed) = counts(xlen);
         assert_eq!((calls, failed), (1, 0));
         assert!(usec >= 200, "{usec}");
+    }
+
+    #[test]
+    fn a_latency_counts_in_the_bucket_whose_bound_is_at_most_a_sixteenth_above_it() {
+        let mut values: Vec<u64> = (0..5000).collect();
+        for e in 4..64 {
+            let p = 1u64 << e;
+            values.extend([p - 1, p, p + 1, p + p / 3]);
+        }
+        values.push(u64::MAX);
+        let mut last = (0, 0);
+        values.sort_unstable();
+        for v in values {
+            let b = bucket_of(v);
+            assert!(b < BUCKETS, "{v}");
+            assert!(b >= last.1, "buckets rise with values: {v}");
+            last = (v, b);
+            let bound = bucket_bound(b);
+            if v < 1 << LATENCY_LIMIT_BITS {
+                assert!(bound >= v, "{v} counts under {bound}");
+                assert!(bound - v <= v / SUB, "{v} reported as {bound}");
+                assert!(b == 0 || bucket_bound(b - 1) < v, "{v} belongs lower");
+            } else {
+                assert_eq!(b, BUCKETS - 1, "{v} counts in the last bucket");
+            }
+        }
+        assert_eq!(bucket_bound(BUCKETS - 1), (1 << LATENCY_LIMIT_BITS) - 1);
+    }
+
+    #[test]
+    fn percentiles_and_cumulative_buckets_come_from_every_shard() {
+        let stats = CommandStats::new(2);
+        let xadd = slot_of(&args(&["xadd"])).unwrap();
+        // 1..=100 us, half on each shard.
+        for us in 1..=100u64 {
+            stats.shards[(us % 2) as usize].ran(xadd, &Reply::Int(1), us * 1000);
+        }
+        let latencies = stats.latencies(usize::from(xadd)).unwrap();
+        assert_eq!(latencies.calls(), 100);
+        let near = |p: f64, us: u64| {
+            let got = latencies.percentile(p);
+            assert!(
+                got >= us * 1000 && got <= us * 1000 + us * 1000 / SUB,
+                "p{p}: {got} ns for {us} us"
+            );
+        };
+        near(50.0, 50);
+        near(99.0, 99);
+        near(99.9, 100);
+        near(0.0, 1);
+        near(100.0, 100);
+        // The same in microseconds, three places.
+        let line = &stats.latency_lines()[0];
+        let us = |p: f64| format!("{:.3}", latencies.percentile(p) as f64 / 1000.0);
+        assert_eq!(
+            *line,
+            format!(
+                "latency_percentiles_usec_xadd:p50={},p99={},p99.9={}",
+                us(50.0),
+                us(99.0),
+                us(99.9)
+            )
+        );
+        // Powers of two of 1,024 ns, written in whole us as Redis writes
+        // them (1.031 us, 2.063, ...); each one that adds calls, with the
+        // calls under it.
+        let cumulative = latencies.cumulative();
+        assert_eq!(
+            cumulative,
+            [
+                (1, 1),
+                (2, 2),
+                (4, 4),
+                (8, 8),
+                (16, 16),
+                (33, 32),
+                (66, 65),
+                (132, 100)
+            ]
+        );
+        // One call under a microsecond and two of five.
+        let xlen = slot_of(&args(&["xlen"])).unwrap();
+        stats.shards[0].ran(xlen, &Reply::Int(1), 500);
+        stats.shards[1].ran(xlen, &Reply::Int(1), 5_000);
+        stats.shards[1].ran(xlen, &Reply::Int(1), 5_000);
+        let xlen_latencies = stats.latencies(usize::from(xlen)).unwrap();
+        assert_eq!(xlen_latencies.cumulative(), [(1, 1), (8, 3)]);
+        // Past the histogram's range: counted at its end.
+        let del = slot_of(&args(&["del"])).unwrap();
+        stats.shards[0].ran(del, &Reply::Int(1), u64::MAX);
+        let del_latencies = stats.latencies(usize::from(del)).unwrap();
+        assert_eq!(
+            del_latencies.percentile(50.0),
+            (1 << LATENCY_LIMIT_BITS) - 1
+        );
+        assert_eq!(del_latencies.cumulative().last().map(|c| c.1), Some(1));
+        // Names: all, one, a container's subcommands, none unknown.
+        let names = |n: &[&str]| -> Vec<String> {
+            stats
+                .histograms(&args(n))
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect()
+        };
+        assert_eq!(names(&[]), ["del", "xadd", "xlen"]);
+        assert_eq!(names(&["XLEN", "nope"]), ["xlen"]);
+        let client_id = slot_of(&args(&["client", "id"])).unwrap();
+        stats.shards[0].ran(client_id, &Reply::Int(1), 10);
+        assert_eq!(names(&["client"]), ["client|id"]);
+        assert_eq!(names(&["CLIENT|ID"]), ["client|id"]);
+        assert!(names(&["client|list"]).is_empty());
+        stats.reset();
+        assert!(stats.latency_lines().is_empty());
+        assert!(names(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_runs_commands_are_recorded_at_their_share_of_its_time() {
+        let stats = CommandStats::new(1);
+        let xadd = slot_of(&args(&["xadd"])).unwrap();
+        let since = Instant::now() - std::time::Duration::from_micros(4000);
+        {
+            let mut run = RunCount::new(&stats.shards[0], 4, since);
+            for _ in 0..4 {
+                run.note(Some(xadd), &Reply::Int(1));
+            }
+        }
+        let latencies = stats.latencies(usize::from(xadd)).unwrap();
+        assert_eq!(latencies.calls(), 4);
+        // Each at least a quarter of 4 ms; far under 4 ms.
+        let p = latencies.percentile(100.0);
+        assert!((1_000_000..2_000_000).contains(&p), "{p}");
+        // `EXEC`'s commands share its time too.
+        let exec = slot_of(&args(&["exec"])).unwrap();
+        let queued = [
+            args(&["xadd", "s", "*", "f", "v"]),
+            args(&["xadd", "s", "*", "f", "v"]),
+        ];
+        let counted = Counted {
+            what: What::Exec {
+                exec,
+                inner: queued.iter().map(|c| slot_of(c)).collect(),
+            },
+            since: Instant::now() - std::time::Duration::from_micros(8000),
+        };
+        let ran = Reply::Array(vec![Reply::Int(1), Reply::Int(2)]);
+        stats.shards[0].answered(counted, &ran);
+        let latencies = stats.latencies(usize::from(xadd)).unwrap();
+        assert_eq!(latencies.calls(), 6);
+        let p = latencies.percentile(100.0);
+        assert!((4_000_000..8_000_000).contains(&p), "{p}");
+        let exec_latencies = stats.latencies(usize::from(exec)).unwrap();
+        assert!(exec_latencies.percentile(50.0) >= 8_000_000);
     }
 
     #[test]

@@ -439,11 +439,17 @@ impl RespSession {
             return command::wrong_arity("config|get");
         }
         let config = &self.shared.config;
-        let params: [(&str, String); 11] = [
+        let percentiles: Vec<String> = command_stats::LATENCY_PERCENTILES
+            .iter()
+            .map(|(p, _)| p.to_string())
+            .collect();
+        let params: [(&str, String); 13] = [
             ("appendonly", "yes".to_owned()),
             ("appendfsync", config.store.fsync.name().to_owned()),
             ("databases", "1".to_owned()),
             ("dir", config.store.dir.display().to_string()),
+            ("latency-tracking", "yes".to_owned()),
+            ("latency-tracking-info-percentiles", percentiles.join(" ")),
             ("maxclients", config.max_clients.to_string()),
             ("maxmemory", "0".to_owned()),
             ("port", self.shared.listening_on().port().to_string()),
@@ -724,6 +730,7 @@ impl RespSession {
                 None => command::not_an_integer(),
             },
             b"config" => self.config(args),
+            b"latency" => self.latency(args),
             b"exists" | b"type" | b"keys" | b"scan" | b"info" | b"dbsize" => {
                 catalog_reply(&self.shared, self.proto, args, None)
             }

@@ -194,17 +194,22 @@ fn run(port: u16, steps: &[Step], resp3: bool) -> Vec<String> {
         .collect()
 }
 
-/// `INFO commandstats` as compared: each line's `usec` and
-/// `usec_per_call` masked (times differ), the lines sorted.
+/// `INFO commandstats` and `INFO latencystats` as compared: each line's
+/// times (`usec`, `usec_per_call`, the percentiles `p50`, `p99`, ...)
+/// masked, the lines sorted.
 fn mask_command_stats(output: &str) -> String {
+    let is_time = |name: &str| {
+        let last = name.rsplit(':').next().unwrap_or(name);
+        name == "usec"
+            || name == "usec_per_call"
+            || (last.starts_with('p') && last[1..].starts_with(|c: char| c.is_ascii_digit()))
+    };
     let mut lines: Vec<String> = output
         .lines()
         .map(|line| {
             line.split(',')
                 .map(|field| match field.split_once('=') {
-                    Some((name, _)) if name == "usec" || name == "usec_per_call" => {
-                        format!("{name}=<t>")
-                    }
+                    Some((name, _)) if is_time(name) => format!("{name}=<t>"),
                     _ => field.to_owned(),
                 })
                 .collect::<Vec<_>>()

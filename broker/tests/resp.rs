@@ -3955,3 +3955,231 @@ fn commands_whose_replies_client_reply_drops_still_count_as_redis_counts_them() 
     assert_eq!(info.lines().count(), 6, "{info}");
     broker.shutdown();
 }
+
+/// `INFO latencystats`' percentiles of one command, in microseconds:
+/// (p50, p99, p99.9), none when it is not listed.
+fn latency_percentiles(info: &str, command: &str) -> Option<(f64, f64, f64)> {
+    let line = info
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("latency_percentiles_usec_{command}:")))?;
+    let field = |f: &str| -> f64 {
+        let value = line
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("{f} missing: {line}"));
+        // As Redis prints them: three decimal places.
+        assert_eq!(
+            value.split_once('.').map(|(_, d)| d.len()),
+            Some(3),
+            "{line}"
+        );
+        value.parse().unwrap()
+    };
+    Some((field("p50"), field("p99"), field("p99.9")))
+}
+
+/// `LATENCY HISTOGRAM`'s reply for one command in RESP3: its calls and
+/// its cumulative buckets (upper bound in microseconds, count).
+fn latency_histogram(reply: &R, command: &str) -> Option<(i64, Vec<(i64, i64)>)> {
+    let R::Map(commands) = reply else {
+        panic!("LATENCY HISTOGRAM answers a map: {reply:?}")
+    };
+    let (_, fields) = commands
+        .iter()
+        .find(|(name, _)| *name == R::bulk(command))?;
+    let R::Map(fields) = fields else {
+        panic!("a command's histogram is a map: {fields:?}")
+    };
+    assert_eq!(fields.len(), 2, "{fields:?}");
+    assert_eq!(fields[0].0, R::bulk("calls"));
+    assert_eq!(fields[1].0, R::bulk("histogram_usec"));
+    let R::Int(calls) = fields[0].1 else {
+        panic!("calls is an integer: {fields:?}")
+    };
+    let R::Map(buckets) = &fields[1].1 else {
+        panic!("histogram_usec is a map: {fields:?}")
+    };
+    let buckets = buckets
+        .iter()
+        .map(|pair| match pair {
+            (R::Int(bound), R::Int(count)) => (*bound, *count),
+            other => panic!("a bucket is two integers: {other:?}"),
+        })
+        .collect();
+    Some((calls, buckets))
+}
+
+#[test]
+fn latencystats_and_latency_histogram_report_each_command_as_redis_7_does() {
+    let (_dir, broker) = start_spread("lat", 2);
+    let mut c = Client::connect(broker.local_addr());
+    assert!(matches!(c.cmd(&["HELLO", "3"]), R::Map(_)));
+    assert_eq!(c.cmd(&["CONFIG", "RESETSTAT"]), R::Status("OK".into()));
+    // One at a time, then a pipelined run over both shards, then errors
+    // (which count, as in Redis) and a refused arity (which does not).
+    for i in 1..=20 {
+        let id = format!("{i}-1");
+        assert_eq!(c.cmd(&["XADD", "lat:0", &id, "f", "v"]), R::bulk(&id));
+    }
+    let mut wire = Vec::new();
+    for i in 0..100u32 {
+        let key = format!("lat:{}", i % 2);
+        let id = format!("{}-2", 100 + i);
+        wire.extend(encode(&[
+            b"XADD",
+            key.as_bytes(),
+            id.as_bytes(),
+            b"f",
+            b"v",
+        ]));
+    }
+    c.send_raw(&wire);
+    for _ in 0..100 {
+        assert!(matches!(c.read(), R::Bulk(_)));
+    }
+    assert!(matches!(
+        c.cmd(&["XADD", "lat:0", "1-1", "f", "v"]),
+        R::Error(_)
+    ));
+    assert!(matches!(c.cmd(&["XLEN"]), R::Error(_)));
+    assert_eq!(c.cmd(&["XLEN", "lat:0"]), R::Int(70));
+
+    let info = c.cmd(&["INFO", "latencystats"]).text();
+    assert!(info.starts_with("# Latencystats\r\n"), "{info}");
+    let (p50, p99, p999) = latency_percentiles(&info, "xadd").unwrap();
+    assert!(0.0 < p50 && p50 <= p99 && p99 <= p999, "{info}");
+    // A command's percentiles are those of its own calls: one XLEN
+    // (the refused one is not a call).
+    let (p50, p99, p999) = latency_percentiles(&info, "xlen").unwrap();
+    assert!(p50 == p99 && p99 == p999, "{info}");
+    assert!(
+        latency_percentiles(&info, "config|resetstat").is_some(),
+        "{info}"
+    );
+    assert_eq!(latency_percentiles(&info, "xrange"), None, "{info}");
+    // Not a default section, as in Redis: `all` and `everything` show
+    // it, between the error counts and the cluster.
+    assert!(!c.cmd(&["INFO"]).text().contains("# Latencystats"));
+    for all in ["all", "everything"] {
+        let text = c.cmd(&["INFO", all]).text();
+        let at = |s: &str| {
+            text.find(s)
+                .unwrap_or_else(|| panic!("{s} missing: {text}"))
+        };
+        assert!(at("# Errorstats") < at("# Latencystats"), "{text}");
+        assert!(at("# Latencystats") < at("# Cluster"), "{text}");
+    }
+
+    // The histogram: every call of the command, in cumulative buckets
+    // whose bounds and counts rise, the last holding them all.
+    let reply = c.cmd(&["LATENCY", "HISTOGRAM", "xadd", "XLEN", "nosuch"]);
+    let R::Map(commands) = &reply else {
+        panic!("{reply:?}")
+    };
+    assert_eq!(commands.len(), 2, "{reply:?}");
+    let (calls, buckets) = latency_histogram(&reply, "xadd").unwrap();
+    assert_eq!(calls, 121, "{reply:?}");
+    assert!(!buckets.is_empty());
+    for pair in buckets.windows(2) {
+        assert!(
+            pair[0].0 < pair[1].0 && pair[0].1 < pair[1].1,
+            "{buckets:?}"
+        );
+    }
+    assert_eq!(buckets.last().unwrap().1, calls, "{buckets:?}");
+    // Bounds are powers of two of 1.024 us, as Redis writes them.
+    for (bound, _) in &buckets {
+        assert!(
+            [1, 2, 4, 8, 16, 33, 66, 132, 264, 528, 1056, 2113, 4227, 8454].contains(bound)
+                || *bound > 8454,
+            "{buckets:?}"
+        );
+    }
+    let (calls, _) = latency_histogram(&reply, "xlen").unwrap();
+    assert_eq!(calls, 1);
+    // A container names all its subcommands that ran.
+    let reply = c.cmd(&["LATENCY", "HISTOGRAM", "config"]);
+    assert!(
+        latency_histogram(&reply, "config|resetstat").is_some(),
+        "{reply:?}"
+    );
+    assert!(
+        latency_histogram(&reply, "config|get").is_none(),
+        "{reply:?}"
+    );
+    // No names: every command that ran since the reset (with INFO's
+    // four calls and the two LATENCY HISTOGRAMs answered so far).
+    let reply = c.cmd(&["LATENCY", "HISTOGRAM"]);
+    assert!(latency_histogram(&reply, "hello").is_none(), "{reply:?}");
+    for command in [
+        "xadd",
+        "xlen",
+        "info",
+        "latency|histogram",
+        "config|resetstat",
+    ] {
+        assert!(
+            latency_histogram(&reply, command).is_some(),
+            "{command}: {reply:?}"
+        );
+    }
+    assert_eq!(latency_histogram(&reply, "info").unwrap().0, 4, "{reply:?}");
+
+    // RESP2: the same as flat arrays.
+    let mut resp2 = Client::connect(broker.local_addr());
+    let reply = resp2.cmd(&["LATENCY", "HISTOGRAM", "xlen"]);
+    let R::Array(flat) = &reply else {
+        panic!("{reply:?}")
+    };
+    assert_eq!(flat[0], R::bulk("xlen"), "{reply:?}");
+    let R::Array(fields) = &flat[1] else {
+        panic!("{reply:?}")
+    };
+    assert_eq!(
+        fields[..3],
+        [R::bulk("calls"), R::Int(1), R::bulk("histogram_usec")]
+    );
+
+    // The latency monitor's commands answer as a Redis whose monitor is
+    // off (its default): nothing recorded.
+    assert_eq!(c.cmd(&["LATENCY", "LATEST"]), R::Array(Vec::new()));
+    assert_eq!(
+        c.cmd(&["LATENCY", "HISTORY", "command"]),
+        R::Array(Vec::new())
+    );
+    assert_eq!(c.cmd(&["LATENCY", "RESET"]), R::Int(0));
+    assert_eq!(c.cmd(&["LATENCY", "RESET", "command", "fork"]), R::Int(0));
+    assert_eq!(
+        c.cmd(&["LATENCY", "GRAPH", "command"]),
+        R::Error("ERR No samples available for event 'command'".into())
+    );
+    assert!(matches!(c.cmd(&["LATENCY", "DOCTOR"]), R::Bulk(_)));
+    assert_eq!(
+        c.cmd(&["LATENCY", "NOPE"]),
+        R::Error("ERR unknown subcommand 'NOPE'. Try LATENCY HELP.".into())
+    );
+    assert_eq!(
+        c.cmd(&["LATENCY"]),
+        R::Error("ERR wrong number of arguments for 'latency' command".into())
+    );
+    assert_eq!(
+        c.cmd(&["CONFIG", "GET", "latency-tracking*"]),
+        R::Map(vec![
+            (R::bulk("latency-tracking"), R::bulk("yes")),
+            (
+                R::bulk("latency-tracking-info-percentiles"),
+                R::bulk("50 99 99.9")
+            ),
+        ])
+    );
+
+    // `CONFIG RESETSTAT` clears them.
+    assert_eq!(c.cmd(&["CONFIG", "RESETSTAT"]), R::Status("OK".into()));
+    let info = c.cmd(&["INFO", "latencystats"]).text();
+    assert_eq!(latency_percentiles(&info, "xadd"), None, "{info}");
+    assert!(
+        latency_percentiles(&info, "config|resetstat").is_some(),
+        "{info}"
+    );
+    broker.shutdown();
+}

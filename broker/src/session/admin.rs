@@ -1,5 +1,6 @@
 //! The server commands a client runs around its streams: `INFO`,
-//! `COMMAND` (what `redis-cli` asks for), `SCAN`, `SHUTDOWN`, `RESET`.
+//! `COMMAND` (what `redis-cli` asks for), `LATENCY`, `SCAN`, `SHUTDOWN`,
+//! `RESET`.
 
 use std::sync::atomic::Ordering;
 
@@ -24,6 +25,7 @@ const SECTIONS: &[&str] = &[
     "modules",
     "commandstats",
     "errorstats",
+    "latencystats",
     "cluster",
     "keyspace",
     "mailring",
@@ -85,8 +87,8 @@ impl RespSession {
             // `everything`): Redis clients parse the default sections.
             let shown = if *section == "mailring" {
                 asked || wanted.iter().any(|w| w == "everything")
-            } else if *section == "commandstats" {
-                // Not a default section, as in Redis.
+            } else if matches!(*section, "commandstats" | "latencystats") {
+                // Not default sections, as in Redis.
                 asked || wanted.iter().any(|w| w == "all" || w == "everything")
             } else {
                 all || asked
@@ -199,6 +201,7 @@ impl RespSession {
                 }
                 "commandstats" => shared.command_stats.lines(),
                 "errorstats" => shared.errors.lines(),
+                "latencystats" => shared.command_stats.latency_lines(),
                 "cluster" => vec!["cluster_enabled:0".to_owned()],
                 "mailring" => {
                     let mut lines = shard_counters(&shared.system);
@@ -240,6 +243,62 @@ impl RespSession {
         match proto {
             Protocol::Resp2 => Reply::bulk(text),
             Protocol::Resp3 => Reply::Verbatim(text),
+        }
+    }
+
+    /// `LATENCY HISTOGRAM [name ...]`: each command's calls in cumulative
+    /// buckets, as Redis 7.0 answers (see [`crate::command_stats`]). The
+    /// latency monitor's subcommands answer as a Redis whose monitor is
+    /// off, its default: no events are recorded.
+    pub(super) fn latency(&self, args: &[Bytes]) -> Reply {
+        let sub = args[1].to_ascii_lowercase();
+        match sub.as_slice() {
+            b"histogram" => Reply::Map(
+                self.shared
+                    .command_stats
+                    .histograms(&args[2..])
+                    .into_iter()
+                    .map(|(name, latencies)| {
+                        let buckets = latencies
+                            .cumulative()
+                            .into_iter()
+                            .map(|(bound, calls)| {
+                                (Reply::Int(bound as i64), Reply::Int(calls as i64))
+                            })
+                            .collect();
+                        let fields = vec![
+                            (Reply::bulk("calls"), Reply::Int(latencies.calls() as i64)),
+                            (Reply::bulk("histogram_usec"), Reply::Map(buckets)),
+                        ];
+                        (Reply::bulk(name), Reply::Map(fields))
+                    })
+                    .collect(),
+            ),
+            b"latest" | b"history" => Reply::Array(Vec::new()),
+            b"reset" => Reply::Int(0),
+            b"graph" => Reply::error_bytes(&[
+                b"ERR No samples available for event '",
+                &args[2],
+                b"'",
+            ]),
+            b"doctor" => Reply::Verbatim(
+                "The latency monitor is off: no latency events are recorded, so there is nothing to diagnose. Each command's latency is tracked: see INFO latencystats and LATENCY HISTOGRAM.".to_owned(),
+            ),
+            b"help" => super::subcommand_help(
+                "LATENCY",
+                &[
+                    ("DOCTOR", "Return a report on latency events (the monitor is off)."),
+                    ("GRAPH <event>", "Return a graph of an event's samples (none are recorded)."),
+                    ("HISTORY <event>", "Return an event's samples (none are recorded)."),
+                    ("LATEST", "Return the latest sample of each event (none are recorded)."),
+                    ("RESET [<event> ...]", "Reset events' samples; return how many were reset."),
+                    (
+                        "HISTOGRAM [<command-name> ...]",
+                        "Return each named command's latencies in cumulative buckets, or every command's that ran.",
+                    ),
+                ],
+            ),
+            _ => command::unknown_subcommand("latency", &args[1]),
         }
     }
 

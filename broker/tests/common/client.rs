@@ -92,6 +92,15 @@ impl Client {
                 buf.truncate(n as usize);
                 R::Bulk(buf)
             }
+            // RESP3's verbatim string: its text after the format (`txt:`).
+            "=" => {
+                let n: usize = rest.parse().unwrap();
+                let mut buf = vec![0u8; n + 2];
+                self.r.read_exact(&mut buf).unwrap();
+                buf.truncate(n);
+                assert_eq!(buf.get(3), Some(&b':'), "a verbatim string's format");
+                R::Bulk(buf.split_off(4))
+            }
             "*" => {
                 let n: i64 = rest.parse().unwrap();
                 if n < 0 {
