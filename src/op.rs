@@ -104,6 +104,19 @@ pub(crate) enum Woken {
         res: i32,
         flags: u32,
     },
+    /// A completion of an abandoned operation with more to come: its
+    /// cleanup to run on the result outside the table's borrow (it may
+    /// wake anyone: a buffer it gives back wakes the receives waiting for
+    /// one), on the resources lent for it, which then go back to their slot
+    /// with [`OpTable::give_back`] (the kernel still uses the memory they
+    /// own, which lending them does not move).
+    Lent {
+        user_data: u64,
+        resources: Box<dyn Any>,
+        cleanup: Cleanup,
+        res: i32,
+        flags: u32,
+    },
 }
 
 /// The in-flight operations of one shard.
@@ -198,13 +211,19 @@ impl OpTable {
                     flags,
                 }
             }
-            SlotState::Abandoned { cleanup, resources } => {
-                // More to come: the kernel still uses the resources.
-                if let Some(cleanup) = *cleanup {
-                    cleanup(res, flags, &**resources);
-                }
-                Woken::None
-            }
+            SlotState::Abandoned { cleanup, resources } => match *cleanup {
+                // More to come: the kernel still uses the resources; they
+                // are lent to the cleanup, a placeholder (no allocation)
+                // in the slot meanwhile.
+                Some(cleanup) => Woken::Lent {
+                    user_data,
+                    resources: std::mem::replace(resources, Box::new(())),
+                    cleanup,
+                    res,
+                    flags,
+                },
+                None => Woken::None,
+            },
             SlotState::Multishot {
                 results,
                 wakers,
@@ -222,6 +241,21 @@ impl OpTable {
             }
             // A second CQE for a single-shot op cannot happen; keep the first.
             SlotState::Done { .. } => Woken::None,
+        }
+    }
+
+    /// Puts back the resources a [`Woken::Lent`] lent. Were their slot
+    /// gone (nothing ends an abandoned slot but its last CQE, which the
+    /// same reaping thread files only after this), the kernel might still
+    /// use their memory: they are leaked, never freed.
+    pub(crate) fn give_back(&mut self, user_data: u64, resources: Box<dyn Any>) {
+        let key = (user_data & 0xffff_ffff) as usize;
+        let generation = ((user_data >> 32) & GENERATION_MASK) as u32;
+        match self.slot_mut(key, generation).map(|slot| &mut slot.state) {
+            Some(SlotState::Abandoned {
+                resources: lent, ..
+            }) => *lent = resources,
+            _ => std::mem::forget(resources),
         }
     }
 
@@ -1038,5 +1072,68 @@ impl Drop for MultishotOp {
             home,
             crate::shard::InboxItem::Call(Box::new(move || drop(home_op))),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        static CLEANUPS: Cell<u32> = const { Cell::new(0) };
+    }
+
+    fn count_cleanup(_res: i32, _flags: u32, resources: &dyn Any) {
+        assert_eq!(
+            resources.downcast_ref::<u64>(),
+            Some(&7),
+            "its own resources"
+        );
+        CLEANUPS.with(|c| c.set(c.get() + 1));
+    }
+
+    #[test]
+    fn an_abandoned_operation_s_cleanup_runs_outside_the_table_on_lent_resources() {
+        let mut table = OpTable::default();
+        let (key, generation) = table.insert(false);
+        let ud = user_data(key, generation);
+        table.slot_mut(key, generation).unwrap().state = SlotState::Abandoned {
+            resources: Box::new(7u64),
+            cleanup: Some(count_cleanup),
+        };
+        // A completion with more to come: nothing runs inside the table;
+        // the cleanup and its resources are handed out.
+        let more = 1 << 1; // IORING_CQE_F_MORE
+        let Woken::Lent {
+            user_data: lent_for,
+            resources,
+            cleanup,
+            res,
+            flags,
+        } = table.complete(ud, 3, more)
+        else {
+            panic!("lent")
+        };
+        assert_eq!(CLEANUPS.with(Cell::get), 0);
+        assert_eq!((lent_for, res, flags), (ud, 3, more));
+        cleanup(res, flags, &*resources);
+        assert_eq!(CLEANUPS.with(Cell::get), 1);
+        assert_eq!(table.awaiting_kernel(), 1);
+        table.give_back(ud, resources);
+        // The last completion releases the same resources.
+        let Woken::Released { resources, .. } = table.complete(ud, 0, 0) else {
+            panic!("released")
+        };
+        assert_eq!(resources.downcast_ref::<u64>(), Some(&7));
+        assert_eq!(table.len(), 0);
+        // Given back to a slot that is gone: leaked, not dropped.
+        struct Loud;
+        impl Drop for Loud {
+            fn drop(&mut self) {
+                panic!("freed while the kernel may use it");
+            }
+        }
+        table.give_back(ud, Box::new(Loud));
     }
 }

@@ -541,6 +541,16 @@ impl Shard {
                 }
                 drop(resources);
             }),
+            Woken::Lent {
+                user_data,
+                resources,
+                cleanup,
+                res,
+                flags,
+            } => {
+                self.guard(CallbackKind::Drop, || cleanup(res, flags, &*resources));
+                self.ops.borrow_mut().give_back(user_data, resources);
+            }
         }
     }
 
@@ -890,7 +900,9 @@ impl Shard {
             Some(Arrival::Waiting(waker)) => {
                 arrivals.insert(id, Arrival::Arrived(res));
                 drop(arrivals);
-                waker.wake();
+                // Whatever it is, its panic must not cost the rest of the
+                // batch being reaped.
+                self.guard(CallbackKind::Waker, move || waker.wake());
             }
             Some(Arrival::Abandoned) => {
                 drop(arrivals);

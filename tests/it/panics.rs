@@ -313,3 +313,90 @@ fn a_runtime_that_ran_cleanly_reports_a_clean_shutdown() {
     assert_eq!(rt.block_on(async { 1 }), 1);
     assert!(rt.shutdown().is_clean());
 }
+
+#[test]
+fn a_panicking_waker_on_a_direct_arrival_loses_no_other_completion() {
+    // Two shards with direct-descriptor tables, panics recorded.
+    let rt = Runtime::builder()
+        .shards(2)
+        .direct_descriptors(16)
+        .on_panic(|_: &PanicEvent<'_>| {})
+        .build()
+        .expect("io_uring runtime");
+    let (tickets_tx, tickets_rx) =
+        mpsc::channel::<(mailring::net::DirectTicket, mailring::net::DirectTicket)>();
+    let (block_tx, block_rx) = mpsc::channel::<()>();
+    // Shard 1 blocks its thread while both moves are sent, so both
+    // arrivals are reaped in one batch once it goes on.
+    let target = rt.handle().spawn_on(S1, async move {
+        block_rx.recv().unwrap();
+        let (first, second) = tickets_rx.recv().unwrap();
+        // The first arrival is awaited by a panicking waker (its future
+        // kept), the second as usual: it must still come.
+        let bad = Arc::new(PanickingWaker(AtomicUsize::new(0)));
+        let waker = Waker::from(bad.clone());
+        let mut first = Box::pin(first.receive());
+        assert!(first
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending());
+        let second = mailring::time::timeout(Duration::from_secs(5), second.receive()).await;
+        // The first arrived as well: its slot is there to take.
+        let first = first.await;
+        (
+            second.map(|s| s.is_ok()),
+            first.is_ok(),
+            bad.0.load(Ordering::SeqCst),
+        )
+    });
+    let moved = rt.block_on(async move {
+        let listener = mailring::net::TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr();
+        let clients = std::thread::spawn(move || {
+            let a = std::net::TcpStream::connect(addr).unwrap();
+            let b = std::net::TcpStream::connect(addr).unwrap();
+            (a, b)
+        });
+        let mut direct = Vec::new();
+        for _ in 0..2 {
+            let (stream, _) = listener.accept().await.unwrap();
+            match mailring::net::DirectStream::from_tcp(stream).await {
+                Ok(d) => direct.push(d),
+                Err((e, _)) => {
+                    eprintln!("skipped: no direct descriptors here ({e})");
+                    return None;
+                }
+            }
+        }
+        let second = direct.pop().unwrap();
+        let first = direct.pop().unwrap();
+        block_tx.send(()).unwrap();
+        // Shard 1 is blocked from here on.
+        mailring::time::sleep(Duration::from_millis(20)).await;
+        let first = first.send_to_shard(S1).await.map_err(|(e, _)| e);
+        let second = second.send_to_shard(S1).await.map_err(|(e, _)| e);
+        match (first, second) {
+            (Ok(a), Ok(b)) => {
+                tickets_tx.send((a, b)).unwrap();
+                Some(clients.join().unwrap())
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("skipped: no moves between rings here ({e})");
+                None
+            }
+        }
+    });
+    let Some(_clients) = moved else {
+        // Shard 1's task found its channels closed (its panic is the
+        // join's error).
+        let _ = rt.block_on(target);
+        return;
+    };
+    let (second, first, wakes) = rt.block_on(target).unwrap();
+    assert_eq!(second, Ok(true), "the second arrival was lost");
+    assert!(first, "the first arrival was lost");
+    assert_eq!(wakes, 1);
+    assert_eq!(panics_of(&rt, S1, CallbackKind::Waker), 1);
+    assert_eq!(panics_of(&rt, S1, CallbackKind::Runtime), 0);
+    rt.shutdown();
+}
