@@ -89,6 +89,13 @@ pub struct FaultInjection {
     /// with this errno, as kernels before 6.0 answer them (`EINVAL`), so
     /// the fallbacks of its users can be tested.
     pub multishot_recvmsg_errno: Option<i32>,
+    /// Answer every move of a direct descriptor to another ring
+    /// ([`DirectStream::send_to_shard`](crate::net::DirectStream::send_to_shard))
+    /// as the kernel does when it put the socket in the target's table but
+    /// could not post the completion that tells the target (`EOVERFLOW`):
+    /// the move is sent with `IORING_MSG_RING_CQE_SKIP`, so the target is
+    /// not told, and fails with `EOVERFLOW`.
+    pub unannounced_fd_moves: bool,
     /// Read the CPU pressure figure that decides whether idle shards spin
     /// (see [`IdlePolicy::Spin`]) from this file instead of
     /// `/proc/pressure/cpu`.

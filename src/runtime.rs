@@ -70,6 +70,8 @@ pub(crate) struct Config {
     pub(crate) hot_wake_threshold: u64,
     /// [`crate::FaultInjection::multishot_recvmsg_errno`].
     pub(crate) multishot_recvmsg_errno: Option<i32>,
+    /// [`crate::FaultInjection::unannounced_fd_moves`].
+    pub(crate) unannounced_fd_moves: bool,
 }
 
 /// State shared by all shards of one runtime and its handles.
@@ -765,6 +767,7 @@ impl Runtime {
                 hot_tags: builder.hot_tags.clone(),
                 hot_wake_threshold: builder.hot_wake_threshold,
                 multishot_recvmsg_errno: builder.faults.multishot_recvmsg_errno,
+                unannounced_fd_moves: builder.faults.unannounced_fd_moves,
             },
             shutdown_barrier: ShutdownBarrier::new(n + 1),
             dynamic_hot: Arc::new(crate::hot::DynamicHotTags::new()),

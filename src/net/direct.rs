@@ -27,6 +27,10 @@ use crate::op::{wrong_shard, Op, OpFile};
 use crate::shard::with_current;
 use crate::{Handle, ShardId};
 
+/// `IORING_MSG_RING_CQE_SKIP`: a `MSG_RING` that posts no completion to
+/// the target ring.
+const MSG_RING_CQE_SKIP: u32 = 1;
+
 /// A slot of one shard's table.
 #[derive(Debug)]
 pub(crate) struct Slot {
@@ -208,7 +212,11 @@ impl DirectStream {
     ///
     /// `Unsupported` (kernel before 6.0), an unknown shard, or the kernel's
     /// error (`ENFILE`: the target's table is full); the stream comes back
-    /// with the error.
+    /// with the error. After `EOVERFLOW` (the kernel put the socket in the
+    /// target's table but could not tell the target, which only happens
+    /// when it cannot allocate even an overflowed completion) the stream
+    /// comes back shut down in both directions: nobody can reach the
+    /// target's copy, whose slot stays taken until the runtime ends.
     pub async fn send_to_shard(
         mut self,
         target: ShardId,
@@ -223,7 +231,7 @@ impl DirectStream {
             s.shared
                 .shards
                 .get(target.index())
-                .map(|t| t.target.ring_fd)
+                .map(|t| (t.target.ring_fd, s.shared.config.unannounced_fd_moves))
                 .ok_or_else(|| {
                     io::Error::new(
                         io::ErrorKind::InvalidInput,
@@ -231,7 +239,7 @@ impl DirectStream {
                     )
                 })
         });
-        let ring_fd = match ring_fd {
+        let (ring_fd, unannounced) = match ring_fd {
             Some(Ok(fd)) => fd,
             Some(Err(e)) => return Err((e, self)),
             None => return Err((wrong_shard(), self)),
@@ -254,6 +262,8 @@ impl DirectStream {
                         DestinationSlot::auto_target(),
                         token(KIND_FD_ARRIVAL, id),
                     )
+                    // The fault injection's: no completion for the target.
+                    .opcode_flags(if unannounced { MSG_RING_CQE_SKIP } else { 0 })
                     .build()
                 },
             )
@@ -262,7 +272,19 @@ impl DirectStream {
             Ok(op) => op.await.0,
             Err(e) => Err(e),
         };
+        let res = match res {
+            Ok(_) if unannounced => Err(io::Error::from_raw_os_error(libc::EOVERFLOW)),
+            res => res,
+        };
         if let Err(e) = res {
+            if e.raw_os_error() == Some(libc::EOVERFLOW) {
+                // The target's table holds the socket, but the target was
+                // not told where (its completion could not be posted), so
+                // nobody can reach it there: shut the socket down, so its
+                // peer sees the end rather than waiting for ever. The slot
+                // there stays taken until the runtime ends.
+                let _ = self.shutdown(Shutdown::Both).await;
+            }
             return Err((e, self));
         }
         // The target holds its own reference: this side's slot goes.

@@ -269,6 +269,47 @@ fn a_direct_stream_whose_move_finds_the_table_full_goes_on_as_a_plain_stream() {
     rt.shutdown();
 }
 
+/// A move the kernel could not announce: the socket went into a slot of
+/// the target's table, but the completion that tells the target which one
+/// could not be posted (`EOVERFLOW`: its completion queue and overflow
+/// list were full), so nobody can reach that slot. Simulated by the fault
+/// injection (the move is sent without a completion for the target). The
+/// socket must be shut down so its peer sees the end, not a silence.
+#[test]
+fn a_move_the_target_was_never_told_of_shuts_the_socket_down_for_its_peer() {
+    let mut faults = mailring::FaultInjection::default();
+    faults.unannounced_fd_moves = true;
+    let rt = Runtime::builder()
+        .shards(2)
+        .direct_descriptors(16)
+        .fault_injection(faults)
+        .build()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = rt.handle().spawn_on(ShardId::new(0), async move {
+        let (direct, _) = accept_direct(tx).await;
+        let Err((e, direct)) = direct.send_to_shard(ShardId::new(1)).await else {
+            panic!("the move was announced");
+        };
+        // EOVERFLOW.
+        assert_eq!(e.raw_os_error(), Some(75), "{e}");
+        drop(direct);
+    });
+    let mut client = std::net::TcpStream::connect(rx.recv().unwrap()).unwrap();
+    rt.block_on(server).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(
+        client.read(&mut [0u8; 8]).map_err(|e| e.kind()),
+        Ok(0),
+        "the peer waits on a socket nobody can reach"
+    );
+    // The moving shard's slot went; the target's is out of reach.
+    wait_slots(&rt, &[0, 0]);
+    rt.shutdown();
+}
+
 /// Without `IORING_OP_FIXED_FD_INSTALL` (hidden here, as on a kernel
 /// before 6.8) the conversion says so and gives the stream back whole.
 #[test]

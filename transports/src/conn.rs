@@ -235,7 +235,8 @@ impl Conn {
                 // No room in the target's table: the socket becomes a
                 // process descriptor again and travels as one. (Not on
                 // other errors: after `EOVERFLOW` the target holds the
-                // socket already.)
+                // socket already, out of anyone's reach, and the runtime
+                // has shut it down.)
                 Err((e, s)) if e.raw_os_error() == Some(libc::ENFILE) => match s.into_tcp().await {
                     Ok(tcp) => tcp
                         .into_std()
