@@ -177,6 +177,8 @@ pub const SUBCOMMANDS: &[(&str, &str, i32)] = &[
     ("command", "docs", -2),
     ("command", "info", -2),
     ("command", "getkeys", -4),
+    ("command", "getkeysandflags", -4),
+    ("command", "list", -2),
 ];
 
 /// Whether a command is a container of subcommands (checked, with their

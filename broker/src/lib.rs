@@ -22,6 +22,7 @@ pub mod actor;
 pub mod bench;
 pub mod cli;
 pub mod command;
+mod command_meta;
 mod command_stats;
 pub mod fields;
 pub mod glob;

@@ -443,27 +443,50 @@ impl RespSession {
             .iter()
             .map(|(p, _)| p.to_string())
             .collect();
-        let params: [(&str, String); 13] = [
-            ("appendonly", "yes".to_owned()),
-            ("appendfsync", config.store.fsync.name().to_owned()),
-            ("databases", "1".to_owned()),
-            ("dir", config.store.dir.display().to_string()),
-            ("latency-tracking", "yes".to_owned()),
-            ("latency-tracking-info-percentiles", percentiles.join(" ")),
-            ("maxclients", config.max_clients.to_string()),
-            ("maxmemory", "0".to_owned()),
-            ("port", self.shared.listening_on().port().to_string()),
-            ("save", String::new()),
+        let text = |t: &str| Bytes::from(t.to_owned());
+        let params: Vec<(&str, Bytes)> = vec![
+            ("appendonly", text("yes")),
+            ("appendfsync", text(config.store.fsync.name())),
+            // The address it listens on (Redis lists its `bind` addresses).
+            ("bind", text(&self.shared.listening_on().ip().to_string())),
+            ("cluster-enabled", text("no")),
+            ("databases", text("1")),
+            ("dir", text(&config.store.dir.display().to_string())),
+            // The latency monitor is off (`LATENCY` answers so); each
+            // command's latency is tracked.
+            ("latency-monitor-threshold", text("0")),
+            ("latency-tracking", text("yes")),
+            (
+                "latency-tracking-info-percentiles",
+                text(&percentiles.join(" ")),
+            ),
+            ("maxclients", text(&config.max_clients.to_string())),
+            ("maxmemory", text("0")),
+            // Nothing is ever evicted.
+            ("maxmemory-policy", text("noeviction")),
+            // No keyspace notifications are sent.
+            ("notify-keyspace-events", text("")),
+            ("port", text(&self.shared.listening_on().port().to_string())),
+            (
+                "proto-max-bulk-len",
+                text(&crate::resp::DEFAULT_MAX_BULK.to_string()),
+            ),
+            // As Redis, which shows it to a client allowed to ask.
+            (
+                "requirepass",
+                config.requirepass.clone().unwrap_or_default(),
+            ),
+            ("save", text("")),
             (
                 "stream-node-max-bytes",
-                crate::stream::NODE_MAX_BYTES.to_string(),
+                text(&crate::stream::NODE_MAX_BYTES.to_string()),
             ),
             (
                 "stream-node-max-entries",
-                crate::stream::NODE_MAX_ENTRIES.to_string(),
+                text(&crate::stream::NODE_MAX_ENTRIES.to_string()),
             ),
             // No idle client is closed (Redis's default, `timeout 0`).
-            ("timeout", "0".to_owned()),
+            ("timeout", text("0")),
         ];
         // A name without glob characters is looked up exactly and echoed as
         // typed; a pattern lists the canonical names it matches.
@@ -484,7 +507,7 @@ impl RespSession {
                     } else {
                         Reply::Bulk(pattern.clone())
                     };
-                    pairs.push((key, Reply::bulk(value.clone())));
+                    pairs.push((key, Reply::Bulk(value.clone())));
                 }
             }
         }

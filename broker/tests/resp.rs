@@ -2671,10 +2671,11 @@ fn client_info_help_and_command_info_describe_what_the_broker_takes() {
 }
 
 /// `COMMAND INFO`'s arity, flags and key positions where a client finds
-/// a command's keys by them, as redis-server 7.0.15 answers (its ACL
-/// categories and key specs aside): `XREAD`/`XREADGROUP` find theirs
-/// after `STREAMS` (`movablekeys`), a container's keys are its
-/// subcommands', which `container|sub` describes.
+/// a command's keys by them, as redis-server 7.0.15 answers (the
+/// differential script `89-command-info.redis` compares the whole
+/// descriptions): `XREAD`/`XREADGROUP` find theirs after `STREAMS`
+/// (`movablekeys`), a container's keys are its subcommands', which
+/// `container|sub` describes and the container lists.
 #[test]
 fn command_info_gives_redis_s_key_positions() {
     let broker = start();
@@ -2713,7 +2714,7 @@ fn command_info_gives_redis_s_key_positions() {
     assert_eq!(head(&mut c, "xinfo"), (-2, f(&[]), [0, 0, 0]));
     assert_eq!(
         head(&mut c, "xgroup|create"),
-        (-5, f(&["write"]), [2, 2, 1])
+        (-5, f(&["write", "denyoom"]), [2, 2, 1])
     );
     assert_eq!(
         head(&mut c, "XINFO|STREAM"),
@@ -2723,8 +2724,95 @@ fn command_info_gives_redis_s_key_positions() {
         head(&mut c, "memory|usage"),
         (-3, f(&["readonly"]), [2, 2, 1])
     );
-    assert_eq!(head(&mut c, "xgroup|help"), (2, f(&[]), [0, 0, 0]));
+    assert_eq!(
+        head(&mut c, "xgroup|help"),
+        (2, f(&["loading", "stale"]), [0, 0, 0])
+    );
     assert_eq!(head(&mut c, "xadd").2, [1, 1, 1]);
+    // Not `readonly`: a client that sends read-only commands to replicas
+    // must keep these on the primary.
+    for name in [
+        "ping", "multi", "exec", "discard", "watch", "hello", "shutdown",
+    ] {
+        let (_, flags, _) = head(&mut c, name);
+        assert!(!flags.contains(&"readonly".to_owned()), "{name}: {flags:?}");
+    }
+    assert_eq!(head(&mut c, "watch").2, [1, -1, 1]);
+    // A container lists each of its subcommands' descriptions.
+    let R::Array(infos) = c.cmd(&["COMMAND", "INFO", "xinfo"]) else {
+        panic!("COMMAND INFO xinfo")
+    };
+    let R::Array(info) = &infos[0] else {
+        panic!("{infos:?}")
+    };
+    let R::Array(subcommands) = &info[9] else {
+        panic!("{info:?}")
+    };
+    let names: Vec<String> = subcommands
+        .iter()
+        .map(|s| match s {
+            R::Array(sub) => sub[0].text(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "xinfo|stream",
+            "xinfo|groups",
+            "xinfo|consumers",
+            "xinfo|help"
+        ]
+    );
+    // Its ACL categories, as Redis's.
+    let R::Array(cats) = c.cmd(&["COMMAND", "INFO", "xadd"]) else {
+        panic!()
+    };
+    let R::Array(xadd) = &cats[0] else { panic!() };
+    assert_eq!(
+        xadd[6],
+        R::Array(vec![
+            R::Status("@write".into()),
+            R::Status("@stream".into()),
+            R::Status("@fast".into())
+        ])
+    );
+    // COMMAND LIST: every command and subcommand, filtered by category
+    // or pattern.
+    let list = |c: &mut Client, args: &[&str]| -> Vec<String> {
+        let mut all = vec!["COMMAND", "LIST"];
+        all.extend(args);
+        match c.cmd(&all) {
+            R::Array(names) => names.iter().map(R::text).collect(),
+            other => panic!("{other:?}"),
+        }
+    };
+    let all = list(&mut c, &[]);
+    let R::Int(count) = c.cmd(&["COMMAND", "COUNT"]) else {
+        panic!()
+    };
+    assert_eq!(
+        all.iter().filter(|n| !n.contains('|')).count() as i64,
+        count
+    );
+    for name in [
+        "xadd",
+        "ping",
+        "xgroup|create",
+        "client|setinfo",
+        "command|list",
+    ] {
+        assert!(all.contains(&name.to_owned()), "{name}: {all:?}");
+    }
+    let mut stream = list(&mut c, &["FILTERBY", "ACLCAT", "stream"]);
+    stream.sort();
+    assert!(stream.iter().all(|n| n.starts_with('x')), "{stream:?}");
+    assert!(stream.contains(&"xgroup|help".to_owned()) && !stream.contains(&"xgroup".to_owned()));
+    assert_eq!(
+        list(&mut c, &["FILTERBY", "PATTERN", "XINFO|*S"]),
+        ["xinfo|groups", "xinfo|consumers"]
+    );
+    assert!(list(&mut c, &["FILTERBY", "MODULE", "x"]).is_empty());
     assert_eq!(
         c.cmd(&["COMMAND", "INFO", "xgroup|nope", "nope|x", "|"]),
         R::Array(vec![R::Nil, R::Nil, R::Nil])

@@ -8,6 +8,7 @@ use bytes::Bytes;
 
 use super::RespSession;
 use crate::command::{self, Kind, COMMANDS};
+use crate::command_meta;
 use crate::glob::glob_match;
 use crate::resp::{parse_int, Protocol, Reply};
 use crate::server::REDIS_VERSION;
@@ -340,12 +341,22 @@ impl RespSession {
                         "Return the keys from a full command.",
                     ),
                     (
+                        "GETKEYSANDFLAGS <full-command>",
+                        "Return the keys and the access flags from a full command.",
+                    ),
+                    (
                         "INFO [<command-name> ...]",
                         "Return details about the named commands, or all.",
+                    ),
+                    (
+                        "LIST [FILTERBY (MODULE <module-name>|ACLCAT <category>|PATTERN <pattern>)]",
+                        "Return the names of the commands and subcommands, filtered.",
                     ),
                 ],
             ),
             b"getkeys" => getkeys(&args[2..]),
+            b"getkeysandflags" => getkeys_and_flags(&args[2..]),
+            b"list" => command_list(&args[2..]),
             b"help" => command::wrong_arity("command|help"),
             b"count" => command::wrong_arity("command|count"),
             _ => command::unknown_subcommand("command", sub),
@@ -451,29 +462,61 @@ fn scan_cursor(arg: &[u8]) -> Option<u64> {
 /// name of `DEL`/`EXISTS`, the first half of what follows `STREAMS` for
 /// `XREAD`/`XREADGROUP`, a subcommand's stream), with its errors.
 fn getkeys(command: &[Bytes]) -> Reply {
+    match keys_of(command) {
+        Ok((keys, _)) => Reply::Array(keys.iter().cloned().map(Reply::Bulk).collect()),
+        Err(e) => e,
+    }
+}
+
+/// `COMMAND GETKEYSANDFLAGS <command> <arg> ...`: each of [`getkeys`]'
+/// streams with the flags of the key specification that found it.
+fn getkeys_and_flags(command: &[Bytes]) -> Reply {
+    match keys_of(command) {
+        Ok((keys, flags)) => Reply::Array(
+            keys.iter()
+                .map(|k| {
+                    Reply::Array(vec![
+                        Reply::Bulk(k.clone()),
+                        Reply::Set(flags.iter().map(|f| Reply::Status(f)).collect()),
+                    ])
+                })
+                .collect(),
+        ),
+        Err(e) => e,
+    }
+}
+
+/// The streams `command` names and the flags its key specification gives
+/// them, or `COMMAND GETKEYS`' error.
+fn keys_of(command: &[Bytes]) -> Result<(&[Bytes], &'static [&'static str]), Reply> {
     let invalid = |what: &str| Reply::err(format!("Invalid {what} specified for command"));
     let Some(spec) = command::lookup(&command[0]) else {
-        return Reply::err("Invalid command specified");
+        return Err(Reply::err("Invalid command specified"));
     };
     if !command::arity_ok(spec, command.len()) {
-        return invalid("number of arguments");
+        return Err(invalid("number of arguments"));
     }
     let no_keys = || Reply::err("The command has no key arguments");
+    // The name its key specification is under.
+    let mut described = spec.name.to_owned();
     let keys: &[Bytes] = match spec.kind {
         _ if command::has_subcommands(spec.name) => {
             let Ok(sub) = command::check_subcommand(spec.name, command) else {
-                return match command::SUBCOMMANDS.iter().any(|(c, s, _)| {
-                    *c == spec.name && s.as_bytes() == command[1].to_ascii_lowercase()
-                }) {
-                    true => invalid("number of arguments"),
-                    false => Reply::err("Invalid command specified"),
-                };
+                return Err(
+                    match command::SUBCOMMANDS.iter().any(|(c, s, _)| {
+                        *c == spec.name && s.as_bytes() == command[1].to_ascii_lowercase()
+                    }) {
+                        true => invalid("number of arguments"),
+                        false => Reply::err("Invalid command specified"),
+                    },
+                );
             };
             let on_stream =
                 matches!(spec.name, "xgroup" | "xinfo") || (spec.name, sub) == ("memory", "usage");
             if sub == "help" || !on_stream {
-                return no_keys();
+                return Err(no_keys());
             }
+            described = format!("{}|{sub}", spec.name);
             &command[2..3]
         }
         Kind::Stream(at) => &command[at..=at],
@@ -488,85 +531,168 @@ fn getkeys(command: &[Bytes]) -> Reply {
                 .position(|a| a.eq_ignore_ascii_case(b"streams"))
                 .map(|i| i + from + 1)
             else {
-                return invalid("arguments");
+                return Err(invalid("arguments"));
             };
             let n = (command.len() - at) / 2;
             if n == 0 {
-                return invalid("arguments");
+                return Err(invalid("arguments"));
             }
             &command[at..at + n]
         }
-        Kind::Connection if matches!(spec.name, "del" | "exists") => &command[1..],
+        Kind::Connection if matches!(spec.name, "del" | "exists" | "watch") => &command[1..],
         Kind::Connection if spec.name == "type" => &command[1..2],
-        Kind::Connection => return no_keys(),
+        Kind::Connection => return Err(no_keys()),
     };
-    Reply::Array(keys.iter().cloned().map(Reply::Bulk).collect())
+    let flags = command_meta::meta(&described)
+        .and_then(|m| m.key_specs.first())
+        .map_or(&[][..], |k| k.flags);
+    Ok((keys, flags))
 }
 
-/// `COMMAND INFO`'s 10-element description of a command, with Redis
-/// 7.0's key positions (`XREAD`/`XREADGROUP` find theirs after `STREAMS`:
-/// `movablekeys`, positions 0; a container's are its subcommands') and
-/// its `write`/`readonly`/`blocking` flags (not its others, nor ACL
-/// categories or key specs).
+/// `COMMAND INFO`'s 10-element description of a command: its name and
+/// arity, then Redis 7.0's flags, key positions, ACL categories, tips and
+/// key specifications ([`crate::command_meta`]); a container's
+/// subcommands, each described the same way.
 fn command_info(spec: &command::Spec) -> Reply {
-    let container = command::has_subcommands(spec.name);
-    let mut flags = Vec::new();
-    if !container {
-        let write = command::is_write_command(spec.name);
-        flags.push(Reply::Status(if write { "write" } else { "readonly" }));
-    }
-    if matches!(spec.name, "xread" | "xreadgroup") {
-        flags.push(Reply::Status("blocking"));
-        flags.push(Reply::Status("movablekeys"));
-    }
-    let keys = match spec.kind {
-        _ if container => (0, 0, 0),
-        Kind::Stream(at) => (at as i64, at as i64, 1),
-        Kind::Connection if matches!(spec.name, "del" | "exists") => (1, -1, 1),
-        Kind::Connection if spec.name == "type" => (1, 1, 1),
-        _ => (0, 0, 0),
-    };
-    info_reply(spec.name, spec.arity, flags, keys)
+    let subcommands = command::has_subcommands(spec.name).then(|| {
+        command::SUBCOMMANDS
+            .iter()
+            .filter(|(c, _, _)| *c == spec.name)
+            .map(|&(c, s, arity)| info_reply(&format!("{c}|{s}"), arity, None))
+            .collect()
+    });
+    info_reply(spec.name, spec.arity, subcommands)
 }
 
-/// `COMMAND INFO container|sub` (`xgroup|create`): its arity, its key
-/// (the stream, argument 2, for `XGROUP`'s and `XINFO`'s and `MEMORY
-/// USAGE`) and whether it writes; `None` for a name the broker has not.
+/// `COMMAND INFO container|sub` (`xgroup|create`); `None` for a name the
+/// broker has not.
 fn subcommand_info(name: &[u8]) -> Option<Reply> {
     let name = std::str::from_utf8(name).ok()?.to_ascii_lowercase();
     let (container, sub) = name.split_once('|')?;
-    let &(c, s, arity) = command::SUBCOMMANDS
+    let &(_, _, arity) = command::SUBCOMMANDS
         .iter()
         .find(|(c, s, _)| *c == container && *s == sub)?;
-    let on_stream = matches!(c, "xgroup" | "xinfo") || (c, s) == ("memory", "usage");
-    let (flags, keys) = if s == "help" || !on_stream {
-        (Vec::new(), (0, 0, 0))
-    } else if c == "xgroup" {
-        (vec![Reply::Status("write")], (2, 2, 1))
-    } else {
-        (vec![Reply::Status("readonly")], (2, 2, 1))
-    };
-    Some(info_reply(&name, arity, flags, keys))
+    Some(info_reply(&name, arity, None))
 }
 
-fn info_reply(
-    name: &str,
-    arity: i32,
-    flags: Vec<Reply>,
-    (first, last, step): (i64, i64, i64),
-) -> Reply {
+/// The description of `name` (a command, or `container|sub`) of `arity`,
+/// with `subcommands` for a container. The sets are RESP3 sets where
+/// Redis sends sets (flags, categories, tips, key specifications; a
+/// command without subcommands an empty set), its subcommands an array.
+fn info_reply(name: &str, arity: i32, subcommands: Option<Vec<Reply>>) -> Reply {
+    let meta = command_meta::meta(name);
+    let statuses =
+        |words: &[&'static str]| Reply::Set(words.iter().map(|w| Reply::Status(w)).collect());
+    let (first, last, step) = meta.map_or((0, 0, 0), |m| m.keys);
     Reply::Array(vec![
         Reply::bulk(name.to_owned()),
         Reply::Int(i64::from(arity)),
-        Reply::Set(flags),
+        statuses(meta.map_or(&[][..], |m| m.flags)),
         Reply::Int(first),
         Reply::Int(last),
         Reply::Int(step),
-        Reply::Set(Vec::new()),
-        Reply::Set(Vec::new()),
-        Reply::Set(Vec::new()),
-        Reply::Array(Vec::new()),
+        statuses(meta.map_or(&[][..], |m| m.acl)),
+        Reply::Set(
+            meta.map_or(&[][..], |m| m.tips)
+                .iter()
+                .map(|t| Reply::bulk(*t))
+                .collect(),
+        ),
+        Reply::Set(
+            meta.map_or(&[][..], |m| m.key_specs)
+                .iter()
+                .map(key_spec_reply)
+                .collect(),
+        ),
+        match subcommands {
+            Some(infos) => Reply::Array(infos),
+            None => Reply::Set(Vec::new()),
+        },
     ])
+}
+
+/// A key specification as `COMMAND INFO` gives it: a map of its notes,
+/// flags, where the search begins and how the keys are found.
+fn key_spec_reply(spec: &command_meta::KeySpec) -> Reply {
+    let text = |t: &'static str| Reply::bulk(t);
+    let mut fields = Vec::with_capacity(4);
+    if let Some(notes) = spec.notes {
+        fields.push((text("notes"), text(notes)));
+    }
+    fields.push((
+        text("flags"),
+        Reply::Set(spec.flags.iter().map(|f| Reply::Status(f)).collect()),
+    ));
+    let begin = match spec.begin {
+        command_meta::Begin::Index(i) => vec![
+            (text("type"), text("index")),
+            (
+                text("spec"),
+                Reply::Map(vec![(text("index"), Reply::Int(i))]),
+            ),
+        ],
+        command_meta::Begin::Keyword { keyword, startfrom } => vec![
+            (text("type"), text("keyword")),
+            (
+                text("spec"),
+                Reply::Map(vec![
+                    (text("keyword"), text(keyword)),
+                    (text("startfrom"), Reply::Int(startfrom)),
+                ]),
+            ),
+        ],
+    };
+    fields.push((text("begin_search"), Reply::Map(begin)));
+    let find = &spec.find;
+    fields.push((
+        text("find_keys"),
+        Reply::Map(vec![
+            (text("type"), text("range")),
+            (
+                text("spec"),
+                Reply::Map(vec![
+                    (text("lastkey"), Reply::Int(find.lastkey)),
+                    (text("keystep"), Reply::Int(find.keystep)),
+                    (text("limit"), Reply::Int(find.limit)),
+                ]),
+            ),
+        ]),
+    ));
+    Reply::Map(fields)
+}
+
+/// `COMMAND LIST [FILTERBY MODULE name | ACLCAT category | PATTERN
+/// pattern]`: the names of the commands and subcommands (no module adds
+/// any).
+fn command_list(args: &[Bytes]) -> Reply {
+    let names = COMMANDS.iter().map(|c| c.name.to_owned()).chain(
+        command::SUBCOMMANDS
+            .iter()
+            .map(|(c, s, _)| format!("{c}|{s}")),
+    );
+    let keep: Box<dyn Fn(&str) -> bool> = match args {
+        [] => Box::new(|_| true),
+        [filterby, kind, value] if filterby.eq_ignore_ascii_case(b"filterby") => {
+            match kind.to_ascii_lowercase().as_slice() {
+                b"module" => Box::new(|_| false),
+                b"aclcat" => {
+                    let category = format!("@{}", String::from_utf8_lossy(value));
+                    Box::new(move |name| {
+                        command_meta::meta(name).is_some_and(|m| {
+                            m.acl.iter().any(|c| c.eq_ignore_ascii_case(&category))
+                        })
+                    })
+                }
+                b"pattern" => {
+                    let pattern = value.clone();
+                    Box::new(move |name| glob_match(&pattern, name.as_bytes(), true))
+                }
+                _ => return command::syntax_error(),
+            }
+        }
+        _ => return command::syntax_error(),
+    };
+    Reply::Array(names.filter(|n| keep(n)).map(Reply::bulk).collect())
 }
 
 /// Bytes as Redis's `*_human` fields write them (`1.50M`).
