@@ -142,3 +142,71 @@ pub fn cpu_time(of: CpuOf) -> io::Result<CpuTime> {
         system: time(usage.ru_stime),
     })
 }
+
+/// How many descriptors this process may open (`RLIMIT_NOFILE`): the soft
+/// limit in force and the hard limit it may be raised to
+/// (`u64::MAX` for no limit).
+///
+/// # Errors
+///
+/// The kernel's refusal (none is expected).
+///
+/// # Examples
+///
+/// ```
+/// let limit = mailring::process::descriptor_limit()?;
+/// assert!(limit.soft <= limit.hard);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn descriptor_limit() -> io::Result<DescriptorLimit> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `getrlimit` writes one `struct rlimit` at the pointer, which
+    // names such a struct of ours.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(DescriptorLimit {
+        soft: limit.rlim_cur,
+        hard: limit.rlim_max,
+    })
+}
+
+/// Raises this process's soft descriptor limit to `wanted`, or as near
+/// as its hard limit lets; never lowers it. Returns the limit in force
+/// after. A server sizes its connection limit by this, as Redis lowers
+/// its `maxclients` to fit.
+///
+/// # Errors
+///
+/// The kernel refused the new limit (it stays as it was).
+pub fn raise_descriptor_limit(wanted: u64) -> io::Result<u64> {
+    let now = descriptor_limit()?;
+    let target = wanted.min(now.hard);
+    if target <= now.soft {
+        return Ok(now.soft);
+    }
+    let limit = libc::rlimit {
+        rlim_cur: target,
+        rlim_max: now.hard,
+    };
+    // SAFETY: `setrlimit` reads one `struct rlimit` at the pointer, which
+    // names such a struct of ours.
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(target)
+}
+
+/// The descriptor limits of [`descriptor_limit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DescriptorLimit {
+    /// The limit in force.
+    pub soft: u64,
+    /// What the soft limit may be raised to.
+    pub hard: u64,
+}

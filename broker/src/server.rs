@@ -32,6 +32,45 @@ pub const MAX_KEY_LEN: usize = 64 * 1024;
 /// it pauses.
 const REFUSALS_IN_FLIGHT: usize = 1024;
 
+/// Descriptors kept for the broker's own use besides one for each shard's
+/// rings, listener and log files ([`DESCRIPTORS_PER_SHARD`]), as Redis
+/// keeps 32 besides its clients'.
+const RESERVED_DESCRIPTORS: u64 = 32;
+
+/// Descriptors each shard keeps: its ring and wake-up descriptors, its
+/// listener, its log's segments and directory.
+const DESCRIPTORS_PER_SHARD: u64 = 8;
+
+/// The clients, and the connections past them taken to be refused, that
+/// fit this process's descriptor limit, raised first as far as it may be
+/// (as Redis lowers `maxclients` to fit `ulimit -n`, so a client past the
+/// limit is told `max number of clients reached` instead of waiting in
+/// the backlog of a listener that cannot accept it); and the warning to
+/// print when `max_clients` had to be lowered.
+fn fit_descriptor_limit(max_clients: usize, shards: usize) -> (usize, usize, Option<String>) {
+    let reserved = RESERVED_DESCRIPTORS + DESCRIPTORS_PER_SHARD * shards as u64;
+    let wanted = (max_clients as u64)
+        .saturating_add(REFUSALS_IN_FLIGHT as u64)
+        .saturating_add(reserved);
+    let (limit, why) = match mailring::process::raise_descriptor_limit(wanted) {
+        Ok(limit) => (limit, String::new()),
+        Err(e) => match mailring::process::descriptor_limit() {
+            Ok(l) => (l.soft, format!(" (raising it failed: {e})")),
+            Err(_) => return (max_clients, REFUSALS_IN_FLIGHT, None),
+        },
+    };
+    if limit >= wanted {
+        return (max_clients, REFUSALS_IN_FLIGHT, None);
+    }
+    let room = usize::try_from(limit.saturating_sub(reserved)).unwrap_or(usize::MAX);
+    let refusals = (room / 8).clamp(1, REFUSALS_IN_FLIGHT);
+    let clients = room.saturating_sub(refusals).clamp(1, max_clients);
+    let warning = format!(
+        "maxclients {max_clients} needs {wanted} descriptors, and the limit is {limit}{why}: maxclients lowered to {clients} (raise `ulimit -n` to serve more)"
+    );
+    (clients, refusals, Some(warning))
+}
+
 /// How the broker is set up.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
@@ -470,7 +509,7 @@ impl Broker {
     ///
     /// The runtime's start-up error (no io_uring), the bind's, or (as
     /// `InvalidInput`) TLS files that do not load.
-    pub fn start(config: BrokerConfig) -> io::Result<Broker> {
+    pub fn start(mut config: BrokerConfig) -> io::Result<Broker> {
         // Before anything touches the data directory: a bad certificate
         // stops the start at once.
         let tls = match &config.tls {
@@ -481,6 +520,11 @@ impl Broker {
             None => None,
         };
         let shards = config.shards.clamp(1, usize::from(u16::MAX));
+        let (max_clients, refusals, lowered) = fit_descriptor_limit(config.max_clients, shards);
+        if let Some(warning) = lowered {
+            eprintln!("mailring-broker: {warning}");
+        }
+        config.max_clients = max_clients;
         let mut recovered = store::recover(
             &config.store.dir,
             shards,
@@ -626,7 +670,7 @@ impl Broker {
         server_config.max_clients = Some(config.max_clients);
         // Each listener pauses past what the broker serves plus room for
         // the refusals in flight (a flood is told, and still bounded).
-        server_config.max_connections = config.max_clients.saturating_add(REFUSALS_IN_FLIGHT);
+        server_config.max_connections = config.max_clients.saturating_add(refusals);
         let mut server = Server::builder(
             RespCodec::new().counting_errors(shared.errors.clone()),
             move |_| RespSession::new(shared.clone()),

@@ -25,7 +25,23 @@ impl Proc {
     }
 
     fn start_with(dir: &Path, extra: &[&str]) -> Proc {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mailring-broker"))
+        Self::start_in(
+            Command::new(env!("CARGO_BIN_EXE_mailring-broker")),
+            dir,
+            extra,
+        )
+    }
+
+    /// Under a descriptor limit of `n` (soft and hard: it cannot raise it).
+    fn start_with_descriptor_limit(dir: &Path, n: u32) -> Proc {
+        let mut bash = Command::new("bash");
+        bash.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\"")])
+            .arg(env!("CARGO_BIN_EXE_mailring-broker"));
+        Self::start_in(bash, dir, &[])
+    }
+
+    fn start_in(mut command: Command, dir: &Path, extra: &[&str]) -> Proc {
+        let mut child = command
             .args(["--port", "0", "--shards", "2", "--dir"])
             .arg(dir)
             .args(extra)
@@ -74,7 +90,8 @@ fn read_bulk(r: &mut BufReader<TcpStream>) -> Option<String> {
     String::from_utf8(buf).ok()
 }
 
-/// Reads a whole reply into text (enough for XRANGE's arrays of bulks).
+/// Reads a whole reply into text (enough for XRANGE's arrays of bulks,
+/// and status and error lines).
 fn read_reply(r: &mut BufReader<TcpStream>, out: &mut Vec<String>) {
     let mut line = String::new();
     r.read_line(&mut line).unwrap();
@@ -93,6 +110,7 @@ fn read_reply(r: &mut BufReader<TcpStream>, out: &mut Vec<String>) {
             buf.truncate(n);
             out.push(String::from_utf8(buf).unwrap());
         }
+        b'+' | b'-' => out.push(line[1..].to_owned()),
         _ => panic!("unexpected reply {line:?}"),
     }
 }
@@ -480,4 +498,49 @@ fn cpus_pins_the_shards_and_a_bad_list_stops_the_start() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--cpus"));
+}
+
+/// Under a low `ulimit -n` the broker lowers `maxclients` to fit (as
+/// Redis does), so a client past it is told, not left in the backlog of a
+/// listener that cannot accept it for want of descriptors.
+#[test]
+fn a_low_descriptor_limit_lowers_maxclients_and_clients_past_it_are_told() {
+    let dir = TempDir::new();
+    let broker = Proc::start_with_descriptor_limit(&dir.0, 128);
+    let connect = || {
+        let c = TcpStream::connect(broker.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        BufReader::new(c)
+    };
+    let ask = |c: &mut BufReader<TcpStream>, args: &[&[u8]]| -> Vec<String> {
+        c.get_mut().write_all(&encode(args)).unwrap();
+        let mut out = Vec::new();
+        read_reply(c, &mut out);
+        out
+    };
+    let mut first = connect();
+    let reply = ask(&mut first, &[b"CONFIG", b"GET", b"maxclients"]);
+    let max: usize = reply[1].parse().unwrap();
+    assert!((1..128).contains(&max), "{reply:?}");
+    // Every client up to it is served; the next is told.
+    let mut clients = vec![first];
+    while clients.len() < max {
+        let mut c = connect();
+        assert_eq!(
+            ask(&mut c, &[b"PING"]),
+            ["PONG"],
+            "client {}",
+            clients.len() + 1
+        );
+        clients.push(c);
+    }
+    for _ in 0..3 {
+        let mut past = connect();
+        let mut line = String::new();
+        past.read_line(&mut line).unwrap();
+        assert_eq!(line, "-ERR max number of clients reached\r\n");
+    }
+    drop(clients);
+    let mut again = connect();
+    assert_eq!(ask(&mut again, &[b"PING"]), ["PONG"]);
 }

@@ -111,9 +111,13 @@ pub struct ServerConfig {
     pub outbound_limit: usize,
     /// How long a send may stay in flight while more than
     /// [`outbound_limit`](Self::outbound_limit) bytes wait behind it
-    /// before the peer counts as a slow reader: a peer that reads keeps
-    /// its sends completing, however much its pipeline's replies add at
-    /// once (Redis closes no normal client for its output). Default 10 s.
+    /// before the peer counts as a slow reader. A send carries at most
+    /// [`outbound_high_water`](Self::outbound_high_water) bytes (64 KiB
+    /// if that is less), so a peer that reads keeps its sends completing,
+    /// however big a reply or however much its pipeline's replies add at
+    /// once (Redis closes no normal client for its output): with the
+    /// defaults, a peer is a slow reader once it takes less than 1 MiB in
+    /// 10 s with more than 8 MiB owed to it. Default 10 s.
     pub slow_reader_grace: Duration,
     /// Pushes ([`SessionsByKey::push`]) a session holds while it is busy
     /// (they run between its frames); past it, more are dropped and
@@ -734,6 +738,10 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
     let wake = WakeCell::register(shared.id);
     let limit = shared.config.max_connections.max(1);
     let mut paused = false;
+    // Out of descriptors or memory: how long to wait before the next
+    // accept (doubling while it lasts), and the last report of it.
+    let mut breather = ACCEPT_BREATHER_MIN;
+    let mut reported: Option<(std::time::Instant, u64)> = None;
     loop {
         // At the limit, wait for a connection of this listener to close
         // (its close wakes this task through the same cell).
@@ -765,6 +773,7 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
         match accepted {
             None => return,
             Some(Ok((stream, peer, local))) => {
+                breather = ACCEPT_BREATHER_MIN;
                 shared.per_listener[index].fetch_add(1, Ordering::AcqRel);
                 shared.live.fetch_add(1, Ordering::AcqRel);
                 // Counted among those served only if it is: refusals still
@@ -827,15 +836,35 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
                     .counters(shard)
                     .accept_errors
                     .fetch_add(1, Ordering::Relaxed);
-                // Out of descriptors or memory: breathe before the next. A
+                // Out of descriptors or memory: breathe before the next,
+                // longer while it lasts, and say so at most every
+                // `ACCEPT_ERROR_REPORT_EVERY` (with how many since). A
                 // connection the peer reset before it was taken
                 // (ECONNABORTED, ENOTCONN) concerns only itself.
                 if matches!(
                     e.raw_os_error(),
                     Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
                 ) {
-                    tracing_error("accept", &e);
-                    mailring::time::sleep(Duration::from_millis(10)).await;
+                    let now = std::time::Instant::now();
+                    match &mut reported {
+                        Some((at, since))
+                            if now.duration_since(*at) < ACCEPT_ERROR_REPORT_EVERY =>
+                        {
+                            *since += 1;
+                        }
+                        _ => {
+                            let since = reported.map_or(0, |(_, n)| n);
+                            let what = if since > 0 {
+                                format!("accept ({since} more like it since the last report)")
+                            } else {
+                                "accept".to_owned()
+                            };
+                            tracing_error(&what, &e);
+                            reported = Some((now, 0));
+                        }
+                    }
+                    mailring::time::sleep(breather).await;
+                    breather = (breather * 2).min(ACCEPT_BREATHER_MAX);
                 }
             }
         }
@@ -1340,6 +1369,19 @@ fn size_read_buffer(rbuf: &mut BytesMut, read_chunk: usize, small_reads: u8) {
     }
 }
 
+/// The first wait of a listener after an accept failed for want of
+/// descriptors or memory, and the longest (it doubles while they last).
+const ACCEPT_BREATHER_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_BREATHER_MAX: Duration = Duration::from_secs(1);
+
+/// How often a listener reports accepts failing for want of descriptors
+/// or memory (each is counted in the stats' `accept_errors`).
+const ACCEPT_ERROR_REPORT_EVERY: Duration = Duration::from_secs(10);
+
+/// The least a send carries when there is that much to send (see
+/// [`ServerConfig::slow_reader_grace`]).
+const MIN_SEND_BATCH: usize = 64 << 10;
+
 /// The most output sent at once with a plain non-blocking send (see
 /// `drive`): a few small replies.
 const SEND_AT_ONCE_MAX: usize = 2048;
@@ -1693,7 +1735,14 @@ async fn drive<S: Session>(
                 }
             }
             if send.is_none() && !cx.wbuf.is_empty() {
-                let batch = cx.wbuf.split().freeze();
+                // At most a high-water mark's worth per send, so a peer
+                // that reads completes sends while a big reply goes out:
+                // the slow-reader grace counts from the last one.
+                let take = cx
+                    .wbuf
+                    .len()
+                    .min(config.outbound_high_water.max(MIN_SEND_BATCH));
+                let batch = cx.wbuf.split_to(take).freeze();
                 in_flight = batch.len();
                 send.set(Some(stream.send_all(batch)));
             }

@@ -1815,6 +1815,69 @@ fn a_reader_that_keeps_up_gets_every_reply_of_a_pipeline_past_the_limit() {
     rt.shutdown();
 }
 
+/// Answers each frame with 8 MiB.
+struct Huge;
+
+impl Session for Huge {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        let mut reply = frame.to_vec();
+        reply.resize(8 << 20, 3);
+        cx.send_frame(Bytes::from(reply));
+    }
+}
+
+/// A client that reads steadily, but slower than one send of its replies
+/// takes, is not a slow reader: the grace is for a send that makes no
+/// progress, not for one whose bytes keep going (a pipeline of two big
+/// `XRANGE`s read at a few MB/s was cut mid-reply).
+#[test]
+fn a_steady_reader_of_replies_longer_than_the_grace_gets_them_all() {
+    let rt = runtime(1);
+    let mut config = ServerConfig::default();
+    config.outbound_high_water = 256 << 10;
+    config.outbound_limit = 1 << 20;
+    config.slow_reader_grace = Duration::from_millis(150);
+    let server = Server::builder(LengthDelimited::new().max_frame(16 << 20), |_| Huge)
+        .config(config)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(64 << 10).unwrap();
+    socket.connect(&server.local_addr().into()).unwrap();
+    let mut c: TcpStream = socket.into();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut wire = Vec::new();
+    for i in 0..2u32 {
+        wire.extend(frame(&i.to_be_bytes()));
+    }
+    c.write_all(&wire).unwrap();
+    // 16 MiB at about 16 MB/s: a second or so, each 8 MiB reply far
+    // longer in flight than the grace.
+    let started = std::time::Instant::now();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 64 << 10];
+    let want = 2 * (4 + (8 << 20));
+    while got < want {
+        match c.read(&mut buf) {
+            Ok(0) => panic!(
+                "closed after {got} of {want} bytes, {:?} in: {:?}",
+                started.elapsed(),
+                server.stats().closed(CloseKind::SlowReader)
+            ),
+            Ok(n) => got += n,
+            Err(e) => panic!("{e} after {got} bytes"),
+        }
+        std::thread::sleep(Duration::from_millis(4));
+    }
+    assert_eq!(server.stats().closed(CloseKind::SlowReader), 0);
+    drop(c);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
