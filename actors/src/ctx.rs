@@ -147,6 +147,10 @@ impl<A: Actor> Ctx<A> {
 
     /// Stops this actor once the current handler returns. A keyed actor
     /// passivates (`on_passivate`, `on_stop`) and comes back on its next message.
+    /// Called in `on_start`, it turns the activation down: no message is
+    /// handled, and those waiting (the ones that activated it) are refused
+    /// (`AskError::Stopped`) rather than handed to a next activation; the
+    /// next message sent activates the key again.
     pub fn stop(&mut self) {
         self.stop_requested = Some(StopReason::Stopped);
     }

@@ -692,9 +692,12 @@ where
     } = batch;
     // A key's `Hash` or `Eq` is user code and may panic: the unwind drops
     // the envelopes not delivered yet, and the guard gives their credits
-    // back to the sender (what was delivered was counted as it went).
+    // back to the sender and their mailbox places to their actors, and
+    // counts them as dead letters (what was delivered was counted as it
+    // went).
     let mut undelivered = Undelivered {
-        flow: &ts.flow,
+        ts,
+        targets,
         source,
         left: usize::from(first.is_some()) + targets.len(),
     };
@@ -766,22 +769,41 @@ where
         }
     }
     drop(envs_left);
+    drop(undelivered);
     targets.clear();
 }
 
-/// The credits of a batch's messages that a panic kept from delivery (see
-/// [`deliver_batch`]); given back to shard `source` when dropped.
-struct Undelivered<'a> {
-    flow: &'a ShardFlow,
+/// A batch's messages that a panic kept from delivery (see
+/// [`deliver_batch`]): the last `left` of `targets` (and the first, if
+/// counted, which went with the panic). When dropped, their credits go
+/// back to shard `source`, their mailbox places to their actors, and they
+/// count as dead letters.
+struct Undelivered<'a, A: Actor> {
+    ts: &'a Rc<TypeState<A>>,
+    targets: &'a [TargetId<A>],
     source: usize,
     left: usize,
 }
 
-impl Drop for Undelivered<'_> {
+impl<A: Actor> Drop for Undelivered<'_, A> {
     #[inline]
     fn drop(&mut self) {
-        if self.left > 0 {
-            self.flow.taken(self.source, self.left as u64);
+        if self.left == 0 {
+            return;
+        }
+        self.ts.flow.taken(self.source, self.left as u64);
+        let dead = &self.ts.counters.dead_letters;
+        dead.set(dead.get() + self.left as u64);
+        if A::CONFIG.mailbox.is_some() {
+            let from = self.targets.len().saturating_sub(self.left);
+            for target in &self.targets[from..] {
+                // The key that panicked panics again here: its place is
+                // lost with it, the others' come back.
+                let free = std::panic::AssertUnwindSafe(|| self.ts.free_place_of(target));
+                if let Err(payload) = std::panic::catch_unwind(free) {
+                    mailring::panic::drop_payload(payload);
+                }
+            }
         }
     }
 }

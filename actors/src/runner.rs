@@ -247,6 +247,8 @@ async fn run<A: Actor>(
         .flatten();
     *cell.actor.borrow_mut() = made;
     let mut needs_start = true;
+    // Whether `on_start` asked to stop: the activation is turned down.
+    let mut refused = false;
     let reason = loop {
         if cell.actor.borrow().is_none() {
             break StopReason::Panicked;
@@ -255,9 +257,14 @@ async fn run<A: Actor>(
             needs_start = false;
             let mut slot = cell.actor.borrow_mut();
             let a = slot.as_mut().expect("checked above");
-            guarded(&frame, CallbackKind::LifecycleHook, a.__on_start(&mut cx))
+            let ok = guarded(&frame, CallbackKind::LifecycleHook, a.__on_start(&mut cx))
                 .await
-                .is_ok()
+                .is_ok();
+            // A stop asked for in `on_start` turns the activation down: the
+            // messages that brought it are refused, not handed to the next
+            // activation, which would turn them down the same way for ever.
+            refused = ok && cx.stop_requested.is_some();
+            ok
         } else {
             true
         };
@@ -317,14 +324,25 @@ async fn run<A: Actor>(
                     let timer_before = cx.timer_sends();
                     let mut slot = cell.actor.borrow_mut();
                     let a = slot.as_mut().expect("checked at the loop's top");
-                    let _ = guarded(
+                    let passivated = guarded(
                         &frame,
                         CallbackKind::LifecycleHook,
                         a.__on_passivate(&mut cx),
                     )
-                    .await;
+                    .await
+                    .is_ok();
                     drop(slot);
-                    if reason == StopReason::Passivated && cell.stop_request.get().is_none() {
+                    if !passivated {
+                        // Its state may be half changed: this instance
+                        // serves nothing more; what came meanwhile goes to
+                        // a fresh activation.
+                        lifecycle!("actor panicked", cell, ts);
+                        bump(&ts.counters.panics);
+                    }
+                    if passivated
+                        && reason == StopReason::Passivated
+                        && cell.stop_request.get().is_none()
+                    {
                         let queued = cell.len();
                         // Everything the timers delivered meanwhile is still queued.
                         let from_timers = (cx.timer_sends() - timer_before) as usize;
@@ -376,14 +394,12 @@ async fn run<A: Actor>(
         ordered.append(&mut rest);
         rest = ordered;
     }
-    cx.stop_children();
-    let gone = cell.actor.borrow_mut().take();
-    drop_actor(gone);
-    let id = crate::ActorId(cell.uid);
-    for watcher in cell.take_watchers() {
-        watcher.notify(Terminated { id, reason });
-    }
-    let redeliver = keyed && matches!(reason, StopReason::Passivated | StopReason::Stopped);
+    // What was queued goes on before anything that may run the shard's
+    // pending deliveries on the spot (stopping a child here, the actor's
+    // `Drop`, a watcher's notice all may send): a later message of the same
+    // sender that activated the key first would overtake them.
+    let redeliver =
+        keyed && !refused && matches!(reason, StopReason::Passivated | StopReason::Stopped);
     if redeliver && !rest.is_empty() {
         // Their places were freed (at the take, or by the close): they
         // hold them again in the key's count until the next activation
@@ -400,6 +416,13 @@ async fn run<A: Actor>(
             AskError::Stopped
         };
         reply::drop_with_reason(why, rest);
+    }
+    cx.stop_children();
+    let gone = cell.actor.borrow_mut().take();
+    drop_actor(gone);
+    let id = crate::ActorId(cell.uid);
+    for watcher in cell.take_watchers() {
+        watcher.notify(Terminated { id, reason });
     }
 }
 

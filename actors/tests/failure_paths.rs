@@ -542,6 +542,62 @@ fn a_key_hash_panicking_mid_batch_gives_the_batch_credits_back() {
     sys.shutdown();
 }
 
+/// [`Trapped`] with a bounded mailbox: each message holds a place until
+/// its actor takes it.
+#[derive(Actor)]
+#[actor(key = TrapKey, pinned = 1, mailbox = 4, activate = BoundedTrapped::new, handles(Add, Get))]
+struct BoundedTrapped {
+    total: u64,
+}
+
+impl BoundedTrapped {
+    fn new(_key: &TrapKey) -> Self {
+        BoundedTrapped { total: 0 }
+    }
+}
+
+impl Handler<Add> for BoundedTrapped {
+    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
+        self.total += m.0;
+    }
+}
+
+impl Handler<Get> for BoundedTrapped {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.total
+    }
+}
+
+#[test]
+fn a_key_hash_panicking_mid_batch_frees_the_mailbox_places_of_what_it_dropped() {
+    let sys = system(2);
+    let h = sys.handle();
+    let (sent, total) = sys.block_on(async move {
+        mailring_actors::mailring::spawn_on(ShardId::new(0), async move {
+            // One batch: the trapped key, then a full mailbox's worth for
+            // key 1, lost with it.
+            h.keyed::<BoundedTrapped>(TrapKey(13)).tell(Add(1)).unwrap();
+            let one = h.keyed::<BoundedTrapped>(TrapKey(1));
+            for _ in 0..4 {
+                one.tell(Add(1)).unwrap();
+            }
+            // Their places come back: a send finds room.
+            let sent = timeout(Duration::from_secs(5), one.send(Add(1))).await;
+            (sent, one.ask(Get).await)
+        })
+        .await
+        .unwrap()
+    });
+    assert!(
+        matches!(sent, Ok(Ok(()))),
+        "the send waited for places a lost batch still holds: {sent:?}"
+    );
+    assert_eq!(total, Ok(1), "the lost batch's four, then the send's one");
+    let dead = sys.stats().by_type("BoundedTrapped").unwrap().dead_letters;
+    assert!(dead >= 4, "the lost tells are dead letters: {dead}");
+    sys.shutdown();
+}
+
 #[test]
 #[should_panic(expected = "shard 5 does not exist: the system has 2 shards")]
 fn spawning_an_actor_pinned_past_the_last_shard_panics_at_the_call() {

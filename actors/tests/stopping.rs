@@ -381,3 +381,122 @@ fn a_stop_from_the_actor_s_shard_follows_the_spawn_delivered_there_before_it() {
     assert!(sys.block_on(async move { addr.ask(Count).await }).is_err());
     sys.shutdown();
 }
+
+/// A keyed actor that turns its activation down in `on_start` (its key
+/// names nothing, say).
+#[derive(Actor)]
+#[actor(key = u32, activate = Refuser::new, handles(Count), hooks)]
+struct Refuser;
+
+impl Refuser {
+    fn new(_key: &u32) -> Self {
+        Refuser
+    }
+}
+
+impl mailring_actors::Hooks for Refuser {
+    async fn on_start(&mut self, cx: &mut Ctx<Self>) {
+        cx.stop();
+    }
+}
+
+impl Handler<Count> for Refuser {
+    async fn handle(&mut self, _m: Count, _cx: &mut Ctx<Self>) -> u32 {
+        1
+    }
+}
+
+#[test]
+fn a_keyed_actor_that_stops_in_on_start_refuses_its_messages_instead_of_bouncing_them() {
+    let sys = system();
+    let k = sys.handle().keyed::<Refuser>(7);
+    let again = k.clone();
+    let (first, second) = sys.block_on(async move {
+        let first = timeout(Duration::from_secs(5), k.ask(Count)).await;
+        // The next message activates it again, and is refused again.
+        let second = timeout(Duration::from_secs(5), again.ask(Count)).await;
+        (first, second)
+    });
+    assert!(
+        matches!(first, Ok(Err(AskError::Stopped))),
+        "the ask was bounced from activation to activation: {first:?}"
+    );
+    assert!(matches!(second, Ok(Err(AskError::Stopped))), "{second:?}");
+    sys.shutdown();
+}
+
+/// The order a keyed actor's messages were handled in, across
+/// activations.
+static SEEN: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+#[derive(Message)]
+struct Seq(u32);
+
+#[derive(Message)]
+struct Quit;
+
+/// Pinned to shard 1, with a child there: stopping it stops the child,
+/// which runs the shard's pending deliveries on the spot.
+#[derive(Actor)]
+#[actor(key = u32, activate = Ledger::new, pinned = 1, handles(Seq, Quit), hooks)]
+struct Ledger {
+    _kid: Option<Addr<Kid>>,
+}
+
+impl Ledger {
+    fn new(_key: &u32) -> Self {
+        Ledger { _kid: None }
+    }
+}
+
+#[derive(Actor, Default)]
+#[actor(handles(Seq))]
+struct Kid;
+
+impl Handler<Seq> for Kid {
+    async fn handle(&mut self, _m: Seq, _cx: &mut Ctx<Self>) {}
+}
+
+impl mailring_actors::Hooks for Ledger {
+    async fn on_start(&mut self, cx: &mut Ctx<Self>) {
+        self._kid = Some(cx.spawn_child(Placement::Pinned(S1), Kid::default));
+    }
+
+    async fn on_stop(&mut self, _cx: &mut Ctx<Self>) {
+        // The sender's next message lands in shard 1's inbox meanwhile.
+        std::thread::sleep(Duration::from_millis(30));
+    }
+}
+
+impl Handler<Seq> for Ledger {
+    async fn handle(&mut self, m: Seq, _cx: &mut Ctx<Self>) {
+        SEEN.lock().unwrap().push(m.0);
+    }
+}
+
+impl Handler<Quit> for Ledger {
+    async fn handle(&mut self, _m: Quit, cx: &mut Ctx<Self>) {
+        cx.stop();
+    }
+}
+
+#[test]
+fn a_stopped_keyed_actor_s_queue_stays_ahead_of_later_messages_from_the_same_sender() {
+    let sys = system();
+    let h = sys.handle().clone();
+    sys.block_on(async move {
+        mailring_actors::mailring::spawn_on(ShardId::new(0), async move {
+            let k = h.keyed::<Ledger>(1);
+            k.tell(Quit).unwrap();
+            k.tell(Seq(1)).unwrap();
+            k.tell(Seq(2)).unwrap();
+            mailring_actors::mailring::time::sleep(Duration::from_millis(10)).await;
+            k.tell(Seq(3)).unwrap();
+            mailring_actors::mailring::time::sleep(Duration::from_millis(150)).await;
+        })
+        .await
+        .unwrap()
+    });
+    assert_eq!(*SEEN.lock().unwrap(), [1, 2, 3], "per-sender order");
+    sys.shutdown();
+}
