@@ -1319,8 +1319,12 @@ impl SystemHandle {
     }
 
     /// The keys of `A` active on `shard` now (activated, not passivated or
-    /// stopping), in no particular order.
+    /// stopping), in no particular order; none on a shard the system does
+    /// not have.
     pub async fn live_keys<A: Actor>(&self, shard: ShardId) -> Vec<A::Key> {
+        if shard.index() >= self.shared.handle.shards() {
+            return Vec::new();
+        }
         let s = self.shared.clone();
         self.shared
             .handle

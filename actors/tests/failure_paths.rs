@@ -599,6 +599,15 @@ fn a_key_hash_panicking_mid_batch_frees_the_mailbox_places_of_what_it_dropped() 
 }
 
 #[test]
+fn live_keys_of_a_shard_the_system_has_not_are_none_not_a_panic() {
+    let sys = system(2);
+    let h = sys.handle().clone();
+    let keys = sys.block_on(async move { h.live_keys::<Trapped>(ShardId::new(9)).await });
+    assert!(keys.is_empty());
+    sys.shutdown();
+}
+
+#[test]
 #[should_panic(expected = "shard 5 does not exist: the system has 2 shards")]
 fn spawning_an_actor_pinned_past_the_last_shard_panics_at_the_call() {
     let sys = system(2);
