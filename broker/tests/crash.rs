@@ -544,3 +544,58 @@ fn a_low_descriptor_limit_lowers_maxclients_and_clients_past_it_are_told() {
     let mut again = connect();
     assert_eq!(ask(&mut again, &[b"PING"]), ["PONG"]);
 }
+
+/// The first segment file under `dir`, searched depth first.
+fn find_segment(dir: &Path) -> Option<std::path::PathBuf> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .collect();
+    entries.sort_by_key(|e| e.file_name());
+    entries.into_iter().find_map(|e| {
+        let path = e.path();
+        if path.is_dir() {
+            find_segment(&path)
+        } else {
+            path.extension().is_some_and(|x| x == "seg").then_some(path)
+        }
+    })
+}
+
+/// A data directory the broker cannot use is named in the error that
+/// stops it (not a bare `Not a directory`).
+#[test]
+fn a_data_directory_it_cannot_use_is_named_in_the_error() {
+    let dir = TempDir::new();
+    let start = |data: &Path| {
+        let mut config = mailring_broker::BrokerConfig {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            ..mailring_broker::BrokerConfig::default()
+        };
+        config.store.dir = data.to_path_buf();
+        mailring_broker::Broker::start(config)
+            .map(|b| b.shutdown())
+            .expect_err("refused")
+            .to_string()
+    };
+    // A file where the directory should be.
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let file = dir.0.join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    let e = start(&file);
+    assert!(e.contains(&file.display().to_string()), "{e}");
+    // A directory where a segment should be.
+    let data = dir.0.join("data");
+    let proc = Proc::start(&data);
+    let mut c = BufReader::new(TcpStream::connect(proc.addr).unwrap());
+    c.get_mut()
+        .write_all(&encode(&[b"XADD", b"s", b"1-1", b"f", b"v"]))
+        .unwrap();
+    assert_eq!(read_bulk(&mut c).as_deref(), Some("1-1"));
+    drop(proc);
+    let segment = find_segment(&data).expect("a segment file");
+    std::fs::remove_file(&segment).unwrap();
+    std::fs::create_dir(&segment).unwrap();
+    let e = start(&data);
+    assert!(e.contains(&segment.display().to_string()), "{e}");
+}

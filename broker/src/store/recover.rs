@@ -159,7 +159,7 @@ fn recover_or_rewrite(
 ) -> io::Result<Recovered> {
     let started = Instant::now();
     if !dir.exists() {
-        std::fs::create_dir_all(dir)?;
+        std::fs::create_dir_all(dir).map_err(at(dir))?;
         if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
             sync_dir(parent)?;
         }
@@ -167,7 +167,7 @@ fn recover_or_rewrite(
     let mut complete: Vec<(u32, PathBuf, usize)> = Vec::new();
     let mut partial: Vec<PathBuf> = Vec::new();
     let mut legacy = false;
-    for entry in std::fs::read_dir(dir)? {
+    for entry in std::fs::read_dir(dir).map_err(at(dir))? {
         let entry = entry?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
@@ -219,7 +219,7 @@ fn recover_or_rewrite(
         None if legacy => (0, dir.to_path_buf(), 0),
         None => {
             let gen_dir = dir.join(gen_dir_name(1));
-            std::fs::create_dir(&gen_dir)?;
+            std::fs::create_dir(&gen_dir).map_err(at(&gen_dir))?;
             mark_complete(&gen_dir, shards)?;
             sync_dir(dir)?;
             return Ok(Recovered {
@@ -293,12 +293,13 @@ fn split_by_route_hash<'a>(streams: impl Iterator<Item = (&'a Bytes, u16)>) -> b
 
 /// Whether a generation directory holds any segment file.
 fn holds_segments(gen_dir: &Path) -> io::Result<bool> {
-    for log in std::fs::read_dir(gen_dir)? {
+    for log in std::fs::read_dir(gen_dir).map_err(at(gen_dir))? {
         let log = log?;
         if !log.file_type()?.is_dir() {
             continue;
         }
-        for seg in std::fs::read_dir(log.path())? {
+        let log_dir = log.path();
+        for seg in std::fs::read_dir(&log_dir).map_err(at(&log_dir))? {
             let name = seg?.file_name();
             if name
                 .to_str()
@@ -313,7 +314,7 @@ fn holds_segments(gen_dir: &Path) -> io::Result<bool> {
 }
 
 fn remove_legacy_logs(dir: &Path) -> io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
+    for entry in std::fs::read_dir(dir).map_err(at(dir))? {
         let entry = entry?;
         if entry
             .file_name()
@@ -340,6 +341,12 @@ const REWRITE_CHUNK: u64 = 4096;
 /// and what follows it in that segment was acknowledged: recovery stops
 /// there with an error, changing nothing, unless `repair` (the
 /// `--repair-log` flag) says to cut that segment at the bad record too.
+/// Names `path` in an error about it (`Not a directory` says nothing of
+/// where).
+fn at(path: &Path) -> impl FnOnce(io::Error) -> io::Error + '_ {
+    move |e| io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+}
+
 fn read_segment(
     path: &Path,
     last: bool,
@@ -347,7 +354,7 @@ fn read_segment(
     out: &mut Recovered,
     mut f: impl FnMut(u64, Record),
 ) -> io::Result<()> {
-    let data = Bytes::from(std::fs::read(path)?);
+    let data = Bytes::from(std::fs::read(path).map_err(at(path))?);
     let len = data.len() as u64;
     let mut records = 0;
     let scan = log::scan_segment_each(data, |at, r| {
@@ -404,7 +411,7 @@ fn numbered_entries<N: Ord>(
     parse: impl Fn(&str) -> Option<N>,
 ) -> io::Result<Vec<(N, PathBuf)>> {
     let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
+    for entry in std::fs::read_dir(dir).map_err(at(dir))? {
         let entry = entry?;
         if let Some(n) = entry.file_name().to_str().and_then(&parse) {
             found.push((n, entry.path()));
@@ -637,7 +644,7 @@ struct Writer {
 impl Writer {
     fn new(gen_dir: &Path, log: u16, limit: u64) -> io::Result<Writer> {
         let dir = gen_dir.join(log::log_dir_name(log));
-        std::fs::create_dir(&dir)?;
+        std::fs::create_dir(&dir).map_err(at(&dir))?;
         Ok(Writer {
             dir,
             log,
@@ -706,7 +713,7 @@ fn rewrite(from: &Recovered, gen_dir: &Path, shards: usize, limit: u64) -> io::R
     if gen_dir.exists() {
         std::fs::remove_dir_all(gen_dir)?;
     }
-    std::fs::create_dir(gen_dir)?;
+    std::fs::create_dir(gen_dir).map_err(at(gen_dir))?;
     let mut writers = (0..shards)
         .map(|log| Writer::new(gen_dir, log as u16, limit))
         .collect::<io::Result<Vec<_>>>()?;
