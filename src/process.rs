@@ -71,14 +71,19 @@ pub fn transparent_huge_pages_disabled() -> io::Result<bool> {
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub fn resident_bytes() -> io::Result<u64> {
+    status_bytes("VmRSS:")
+}
+
+/// A size line of `/proc/self/status` (`VmRSS:   1234 kB`), in bytes.
+fn status_bytes(field: &str) -> io::Result<u64> {
     let status = std::fs::read_to_string("/proc/self/status")?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().strip_suffix("kB"))
         .and_then(|kb| kb.trim().parse::<u64>().ok())
         .map(|kb| kb * 1024)
-        .ok_or_else(|| io::Error::other("no VmRSS line in /proc/self/status"))
+        .ok_or_else(|| io::Error::other(format!("no {field} line in /proc/self/status")))
 }
 
 /// CPU time a process used, in user and in system mode (`getrusage`).
@@ -209,4 +214,22 @@ pub struct DescriptorLimit {
     pub soft: u64,
     /// What the soft limit may be raised to.
     pub hard: u64,
+}
+
+/// The most resident memory this process has had, in bytes (`VmHWM` of
+/// `/proc/self/status`): what a server reports as its memory's peak.
+///
+/// # Errors
+///
+/// `/proc/self/status` could not be read or has no `VmHWM` line.
+///
+/// # Examples
+///
+/// ```
+/// let peak = mailring::process::peak_resident_bytes()?;
+/// assert!(peak >= mailring::process::resident_bytes()? / 2);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn peak_resident_bytes() -> io::Result<u64> {
+    status_bytes("VmHWM:")
 }

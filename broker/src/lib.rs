@@ -29,6 +29,7 @@ pub mod glob;
 pub mod group;
 pub mod id;
 pub mod log;
+mod rates;
 pub mod resp;
 pub mod server;
 pub mod session;

@@ -357,6 +357,45 @@ pub struct Shared {
     pub(crate) recovered: Mutex<HashMap<Bytes, RecoveredStream>>,
     /// Bytes of entries the streams keep in memory, counted per shard.
     pub(crate) cached_bytes: Arc<CacheGauge>,
+    /// `INFO`'s `run_id`: 40 hex digits, new at each start.
+    pub(crate) run_id: String,
+    /// The server's counters (bytes in and out), once it is bound.
+    pub(crate) server_stats: std::sync::OnceLock<mailring_transports::StatsSource>,
+    /// `INFO`'s instantaneous rates, sampled on shard 0.
+    pub(crate) rates: crate::rates::Rates,
+}
+
+impl Shared {
+    /// What [`crate::rates::Rates`] samples: commands, bytes in, bytes out.
+    pub(crate) fn rate_totals(&self) -> crate::rates::Totals {
+        let (bytes_in, bytes_out) = self.net_bytes();
+        [self.clients.commands(), bytes_in, bytes_out]
+    }
+
+    /// Bytes read from and written to clients so far.
+    pub(crate) fn net_bytes(&self) -> (u64, u64) {
+        self.server_stats.get().map_or((0, 0), |source| {
+            let stats = source.stats();
+            (stats.total(|s| s.bytes_in), stats.total(|s| s.bytes_out))
+        })
+    }
+}
+
+/// A fresh `run_id`: 40 hex digits from the kernel's random source (the
+/// clock and process id if it cannot be read).
+fn new_run_id() -> String {
+    use std::io::Read;
+    let mut bytes = [0u8; 20];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if read.is_err() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        bytes[..16].copy_from_slice(&now.to_le_bytes());
+        bytes[16..].copy_from_slice(&std::process::id().to_le_bytes());
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The bytes of entries the streams keep in memory: one counter per shard,
@@ -461,6 +500,8 @@ impl Shared {
 
 /// A running broker: its runtime, actor system and listening server.
 pub struct Broker {
+    /// Samples `INFO`'s instantaneous rates; aborted as the broker stops.
+    sampler: Option<mailring::JoinHandle<()>>,
     runtime: Option<mailring::Runtime>,
     system: Option<ActorSystem>,
     server: Option<Server<RespSession>>,
@@ -656,6 +697,9 @@ impl Broker {
             bound: std::sync::OnceLock::new(),
             system: system.handle(),
             recovered: Mutex::new(recovered.streams),
+            run_id: new_run_id(),
+            server_stats: std::sync::OnceLock::new(),
+            rates: crate::rates::Rates::default(),
         });
         Shared::register(&shared);
         let broker_shared = shared.clone();
@@ -683,6 +727,19 @@ impl Broker {
         let server = server.bind(runtime.handle(), config.addr)?;
         let addr = server.local_addr();
         let _ = broker_shared.bound.set(addr);
+        let _ = broker_shared.server_stats.set(server.stats_source());
+        // The instantaneous rates, sampled on shard 0 until the broker stops.
+        let sampled = broker_shared.clone();
+        let sampler = runtime
+            .handle()
+            .spawn_on(mailring::ShardId::new(0), async move {
+                loop {
+                    mailring::time::sleep(crate::rates::SAMPLE_EVERY).await;
+                    sampled
+                        .rates
+                        .sample(std::time::Instant::now(), sampled.rate_totals());
+                }
+            });
         Ok(Broker {
             runtime: Some(runtime),
             system: Some(system),
@@ -695,6 +752,7 @@ impl Broker {
             shutdown,
             shared: broker_shared,
             tls: tls.zip(config.tls.clone()),
+            sampler: Some(sampler),
         })
     }
 
@@ -904,6 +962,9 @@ impl Broker {
         // Blocked reads are idle, not work in flight: they end now, so the
         // grace period waits only for real work.
         self.shared.release_blocked();
+        if let Some(sampler) = self.sampler.take() {
+            sampler.abort();
+        }
         if let (Some(server), Some(rt)) = (self.server.take(), self.runtime.as_ref()) {
             rt.block_on(server.shutdown());
         }

@@ -4271,3 +4271,73 @@ fn latencystats_and_latency_histogram_report_each_command_as_redis_7_does() {
     );
     broker.shutdown();
 }
+
+/// One `field:value` line of an `INFO` text.
+fn info_field(info: &str, field: &str) -> String {
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("{field} missing: {info}"))
+        .to_owned()
+}
+
+#[test]
+fn info_reports_network_bytes_rates_peak_memory_and_a_run_id() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    let server = c.cmd(&["INFO", "server"]).text();
+    let run_id = info_field(&server, "run_id");
+    assert!(
+        run_id.len() == 40 && run_id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{run_id}"
+    );
+    assert!(
+        info_field(&server, "server_time_usec")
+            .parse::<u64>()
+            .unwrap()
+            > 1 << 50
+    );
+    let memory = c.cmd(&["INFO", "memory"]).text();
+    let used: u64 = info_field(&memory, "used_memory").parse().unwrap();
+    let peak: u64 = info_field(&memory, "used_memory_peak").parse().unwrap();
+    assert!(peak >= used && used > 0, "{memory}");
+    // Bytes in: exactly the requests read since; out: at least the replies.
+    let stats = |c: &mut Client| c.cmd(&["INFO", "stats"]).text();
+    let number = |info: &str, field: &str| -> u64 { info_field(info, field).parse().unwrap() };
+    let before = stats(&mut c);
+    let first_reply = before.len() as u64;
+    assert_eq!(c.cmd(&["PING"]), R::Status("PONG".into()));
+    let after = stats(&mut c);
+    let ping = encode(&[b"PING"]).len() as u64;
+    let info = encode(&[b"INFO", b"stats"]).len() as u64;
+    assert_eq!(
+        number(&after, "total_net_input_bytes") - number(&before, "total_net_input_bytes"),
+        ping + info
+    );
+    let out = number(&after, "total_net_output_bytes") - number(&before, "total_net_output_bytes");
+    assert!(out >= first_reply + "+PONG\r\n".len() as u64, "{out}");
+    for zero in ["expired_keys", "evicted_keys", "pubsub_channels"] {
+        assert_eq!(number(&after, zero), 0);
+    }
+    // A burst of commands shows in the sampled rate (every 100 ms).
+    let mut wire = Vec::new();
+    for _ in 0..2000 {
+        wire.extend(encode(&[b"PING"]));
+    }
+    c.send_raw(&wire);
+    for _ in 0..2000 {
+        assert_eq!(c.read(), R::Status("PONG".into()));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = stats(&mut c);
+        let kbps: f64 = info_field(&now, "instantaneous_input_kbps")
+            .parse()
+            .unwrap();
+        if number(&now, "instantaneous_ops_per_sec") > 0 && kbps > 0.0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no rate seen: {now}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    broker.shutdown();
+}

@@ -34,7 +34,7 @@ pub use crate::balanced::BalancedListener;
 pub use crate::conn::{Framed, FramedError};
 pub use crate::server::{
     HandOff, ListenAddr, ListenMode, PeerClose, Server, ServerBuilder, ServerConfig,
-    ServerShutdownReport, SessionsByKey,
+    ServerShutdownReport, SessionsByKey, StatsSource,
 };
 pub use crate::session::{
     CloseKind, CloseReason, FrameIn, FrameOut, Route, Session, SessionCloser, SessionCtx,

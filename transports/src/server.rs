@@ -630,6 +630,13 @@ impl<S: Session> Server<S> {
         self.shared.stats()
     }
 
+    /// A handle that reads [`stats`](Self::stats) from anywhere, for as
+    /// long as it is kept (a service's own `INFO`, a metrics exporter).
+    pub fn stats_source(&self) -> StatsSource {
+        let shared = self.shared.clone();
+        StatsSource(Arc::new(move || shared.stats()))
+    }
+
     /// Stops accepting, lets sessions finish what they started (replies
     /// outstanding, bytes queued) for the grace period, then closes the
     /// rest; idle connections close at once. Each closes with
@@ -1369,6 +1376,23 @@ fn size_read_buffer(rbuf: &mut BytesMut, read_chunk: usize, small_reads: u8) {
     }
 }
 
+/// Reads a server's counters ([`Server::stats_source`]); cheap to clone.
+#[derive(Clone)]
+pub struct StatsSource(Arc<dyn Fn() -> ServerStats + Send + Sync>);
+
+impl StatsSource {
+    /// The counters now.
+    pub fn stats(&self) -> ServerStats {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for StatsSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StatsSource")
+    }
+}
+
 /// The first wait of a listener after an accept failed for want of
 /// descriptors or memory, and the longest (it doubles while they last).
 const ACCEPT_BREATHER_MIN: Duration = Duration::from_millis(10);
@@ -1726,6 +1750,7 @@ async fn drive<S: Session>(
                 match sent {
                     Some(Ok(n)) => {
                         bytes::Buf::advance(&mut cx.wbuf, n);
+                        counters.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
                         progressed = true;
                     }
                     Some(Err(e)) if e.kind() != std::io::ErrorKind::WouldBlock => {
@@ -1749,6 +1774,11 @@ async fn drive<S: Session>(
             if let Some(op) = send.as_mut().as_pin_mut() {
                 if let Poll::Ready((res, _buf)) = op.poll(task) {
                     send.set(None);
+                    if res.is_ok() {
+                        counters
+                            .bytes_out
+                            .fetch_add(in_flight as u64, Ordering::Relaxed);
+                    }
                     in_flight = 0;
                     send_stalled = false;
                     slow_deadline = None;
@@ -1815,6 +1845,7 @@ async fn drive<S: Session>(
                     return Poll::Ready(match res {
                         Ok(0) => Event::PeerClosed,
                         Ok(n) => {
+                            counters.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
                             small_reads = if n < SMALL_READ {
                                 small_reads.saturating_add(1)
                             } else {

@@ -26,6 +26,8 @@ pub(crate) struct ShardCounters {
     /// Connections running on the shard now (a gauge).
     pub(crate) open: AtomicU64,
     pub(crate) balanced_away: AtomicU64,
+    pub(crate) bytes_in: AtomicU64,
+    pub(crate) bytes_out: AtomicU64,
     closed: [AtomicU64; CloseKind::ALL.len()],
 }
 
@@ -54,6 +56,8 @@ impl ShardCounters {
             handshakes_moved: get(&self.handshakes_moved),
             open: get(&self.open),
             balanced_away: get(&self.balanced_away),
+            bytes_in: get(&self.bytes_in),
+            bytes_out: get(&self.bytes_out),
             closed: std::array::from_fn(|i| get(&self.closed[i])),
         }
     }
@@ -107,6 +111,11 @@ pub struct SessionShardStats {
     /// Fresh plain connections this shard's listener handed to a less
     /// loaded shard ([`ServerConfig::balance_plain_connections`](crate::ServerConfig::balance_plain_connections)).
     pub balanced_away: u64,
+    /// Bytes received from the connections of this shard, as their
+    /// sessions read them (a TLS connection's once decrypted).
+    pub bytes_in: u64,
+    /// Bytes sent to them (a TLS connection's before encryption).
+    pub bytes_out: u64,
     closed: [u64; CloseKind::ALL.len()],
 }
 

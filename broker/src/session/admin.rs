@@ -108,7 +108,15 @@ impl RespSession {
                     format!("os:{} {}", std::env::consts::OS, std::env::consts::ARCH),
                     format!("arch_bits:{}", usize::BITS),
                     format!("process_id:{}", std::process::id()),
+                    format!("run_id:{}", shared.run_id),
                     format!("tcp_port:{}", shared.listening_on().port()),
+                    format!(
+                        "server_time_usec:{}",
+                        std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .unwrap_or_default()
+                            .as_micros()
+                    ),
                     format!("uptime_in_seconds:{}", shared.started.elapsed().as_secs()),
                     format!(
                         "uptime_in_days:{}",
@@ -138,11 +146,16 @@ impl RespSession {
                     // No allocator count is kept: the resident memory
                     // stands for it (`redis-cli --stat` reads it).
                     let rss = mailring::process::resident_bytes().unwrap_or(0);
+                    let peak = mailring::process::peak_resident_bytes()
+                        .unwrap_or(0)
+                        .max(rss);
                     vec![
                         format!("used_memory:{rss}"),
                         format!("used_memory_human:{}", human_bytes(rss)),
                         format!("used_memory_rss:{rss}"),
                         format!("used_memory_rss_human:{}", human_bytes(rss)),
+                        format!("used_memory_peak:{peak}"),
+                        format!("used_memory_peak_human:{}", human_bytes(peak)),
                         "maxmemory:0".to_owned(),
                         "maxmemory_human:0B".to_owned(),
                         "maxmemory_policy:noeviction".to_owned(),
@@ -153,26 +166,42 @@ impl RespSession {
                         ),
                     ]
                 }
-                "stats" => vec![
-                    format!(
-                        "total_connections_received:{}",
-                        shared.next_client_id.load(Ordering::Relaxed)
-                    ),
-                    format!("total_commands_processed:{}", shared.clients.commands()),
-                    format!(
-                        "rejected_connections:{}",
-                        shared.rejected.load(Ordering::Relaxed)
-                    ),
-                    format!("total_error_replies:{}", shared.errors.total()),
-                    format!(
-                        "entries_read_back_ahead:{}",
-                        crate::actor::FETCHED_READS.load(Ordering::Relaxed)
-                    ),
-                    format!(
-                        "entries_read_back_blocking:{}",
-                        crate::stream::BLOCKING_READS.load(Ordering::Relaxed)
-                    ),
-                ],
+                "stats" => {
+                    let (ops, kbps_in, kbps_out) = shared.rates.current();
+                    let (bytes_in, bytes_out) = shared.net_bytes();
+                    vec![
+                        format!(
+                            "total_connections_received:{}",
+                            shared.next_client_id.load(Ordering::Relaxed)
+                        ),
+                        format!("total_commands_processed:{}", shared.clients.commands()),
+                        format!("instantaneous_ops_per_sec:{ops}"),
+                        format!("total_net_input_bytes:{bytes_in}"),
+                        format!("total_net_output_bytes:{bytes_out}"),
+                        format!("instantaneous_input_kbps:{kbps_in:.2}"),
+                        format!("instantaneous_output_kbps:{kbps_out:.2}"),
+                        format!(
+                            "rejected_connections:{}",
+                            shared.rejected.load(Ordering::Relaxed)
+                        ),
+                        // Nothing expires or is evicted, and there is no
+                        // publish/subscribe.
+                        "expired_keys:0".to_owned(),
+                        "evicted_keys:0".to_owned(),
+                        "evicted_clients:0".to_owned(),
+                        "pubsub_channels:0".to_owned(),
+                        "pubsub_patterns:0".to_owned(),
+                        format!("total_error_replies:{}", shared.errors.total()),
+                        format!(
+                            "entries_read_back_ahead:{}",
+                            crate::actor::FETCHED_READS.load(Ordering::Relaxed)
+                        ),
+                        format!(
+                            "entries_read_back_blocking:{}",
+                            crate::stream::BLOCKING_READS.load(Ordering::Relaxed)
+                        ),
+                    ]
+                }
                 // A standalone server: clients that ask for their
                 // topology (`role`, `cluster_enabled`) find it as Redis
                 // gives it.
