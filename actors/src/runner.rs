@@ -257,13 +257,16 @@ async fn run<A: Actor>(
             needs_start = false;
             let mut slot = cell.actor.borrow_mut();
             let a = slot.as_mut().expect("checked above");
+            let asked_before = cx.stop_requested.is_some();
             let ok = guarded(&frame, CallbackKind::LifecycleHook, a.__on_start(&mut cx))
                 .await
                 .is_ok();
             // A stop asked for in `on_start` turns the activation down: the
             // messages that brought it are refused, not handed to the next
             // activation, which would turn them down the same way for ever.
-            refused = ok && cx.stop_requested.is_some();
+            // (One a handler asked for before it panicked, on a restart,
+            // stops the actor as before.)
+            refused = ok && !asked_before && cx.stop_requested.is_some();
             ok
         } else {
             true

@@ -215,8 +215,12 @@ impl Brittle {
     }
 }
 
+/// Set once `Brittle`'s passivation has begun.
+static PASSIVATING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 impl Hooks for Brittle {
     async fn on_passivate(&mut self, _cx: &mut Ctx<Self>) {
+        PASSIVATING.store(true, std::sync::atomic::Ordering::SeqCst);
         self.total = 1000;
         mailring_actors::mailring::time::sleep(Duration::from_millis(50)).await;
         panic!("persisting failed (the test's own)");
@@ -241,8 +245,11 @@ fn a_panic_in_on_passivate_is_counted_and_the_broken_instance_serves_nothing_mor
     let k = sys.handle().keyed::<Brittle>(1);
     let got = sys.block_on(async move {
         k.tell(Add(1)).unwrap();
-        // Idle: it starts passivating; two messages then arrive meanwhile.
-        mailring_actors::mailring::time::sleep(Duration::from_millis(35)).await;
+        // Idle: it starts passivating; two messages then arrive meanwhile
+        // (its hook waits 50 ms before it panics).
+        while !PASSIVATING.load(std::sync::atomic::Ordering::SeqCst) {
+            mailring_actors::mailring::time::sleep(Duration::from_millis(1)).await;
+        }
         k.tell(Add(1)).unwrap();
         k.ask(Get).await
     });

@@ -438,7 +438,7 @@ struct Quit;
 /// Pinned to shard 1, with a child there: stopping it stops the child,
 /// which runs the shard's pending deliveries on the spot.
 #[derive(Actor)]
-#[actor(key = u32, activate = Ledger::new, pinned = 1, handles(Seq, Quit), hooks)]
+#[actor(key = u32, activate = Ledger::new, pinned = 1, handles(Seq, Quit, Count), hooks)]
 struct Ledger {
     _kid: Option<Addr<Kid>>,
 }
@@ -474,6 +474,12 @@ impl Handler<Seq> for Ledger {
     }
 }
 
+impl Handler<Count> for Ledger {
+    async fn handle(&mut self, _m: Count, _cx: &mut Ctx<Self>) -> u32 {
+        0
+    }
+}
+
 impl Handler<Quit> for Ledger {
     async fn handle(&mut self, _m: Quit, cx: &mut Ctx<Self>) {
         cx.stop();
@@ -492,11 +498,51 @@ fn a_stopped_keyed_actor_s_queue_stays_ahead_of_later_messages_from_the_same_sen
             k.tell(Seq(2)).unwrap();
             mailring_actors::mailring::time::sleep(Duration::from_millis(10)).await;
             k.tell(Seq(3)).unwrap();
-            mailring_actors::mailring::time::sleep(Duration::from_millis(150)).await;
+            // Behind the three, from the same sender.
+            k.ask(Count).await.unwrap();
         })
         .await
         .unwrap()
     });
     assert_eq!(*SEEN.lock().unwrap(), [1, 2, 3], "per-sender order");
+    sys.shutdown();
+}
+
+#[derive(Message)]
+struct StopThenPanic;
+
+/// A keyed actor whose handler asks to stop and then panics.
+#[derive(Actor)]
+#[actor(key = u32, activate = Quitter::new, handles(StopThenPanic, Count))]
+struct Quitter;
+
+impl Quitter {
+    fn new(_key: &u32) -> Self {
+        Quitter
+    }
+}
+
+impl Handler<StopThenPanic> for Quitter {
+    async fn handle(&mut self, _m: StopThenPanic, cx: &mut Ctx<Self>) {
+        cx.stop();
+        panic!("after asking to stop (the test's own)");
+    }
+}
+
+impl Handler<Count> for Quitter {
+    async fn handle(&mut self, _m: Count, _cx: &mut Ctx<Self>) -> u32 {
+        1
+    }
+}
+
+#[test]
+fn a_stop_asked_before_a_panic_does_not_turn_the_restarted_activation_down() {
+    let sys = system();
+    let k = sys.handle().keyed::<Quitter>(3);
+    let got = sys.block_on(async move {
+        k.tell(StopThenPanic).unwrap();
+        timeout(Duration::from_secs(5), k.ask(Count)).await
+    });
+    assert!(matches!(got, Ok(Ok(1))), "{got:?}");
     sys.shutdown();
 }

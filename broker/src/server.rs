@@ -32,43 +32,73 @@ pub const MAX_KEY_LEN: usize = 64 * 1024;
 /// it pauses.
 const REFUSALS_IN_FLIGHT: usize = 1024;
 
-/// Descriptors kept for the broker's own use besides one for each shard's
-/// rings, listener and log files ([`DESCRIPTORS_PER_SHARD`]), as Redis
-/// keeps 32 besides its clients'.
+/// Descriptors kept for the broker's own use besides each shard's
+/// ([`DESCRIPTORS_PER_SHARD`]), as Redis keeps 32 besides its clients'.
 const RESERVED_DESCRIPTORS: u64 = 32;
 
 /// Descriptors each shard keeps: its ring and wake-up descriptors, its
-/// listener, its log's segments and directory.
-const DESCRIPTORS_PER_SHARD: u64 = 8;
+/// listener, its log's segment and directory, and the segments its two
+/// read caches hold open.
+const DESCRIPTORS_PER_SHARD: u64 = 8 + 2 * crate::store::reader::OPEN_FILES as u64;
 
-/// The clients, and the connections past them taken to be refused, that
-/// fit this process's descriptor limit, raised first as far as it may be
-/// (as Redis lowers `maxclients` to fit `ulimit -n`, so a client past the
-/// limit is told `max number of clients reached` instead of waiting in
-/// the backlog of a listener that cannot accept it); and the warning to
-/// print when `max_clients` had to be lowered.
-fn fit_descriptor_limit(max_clients: usize, shards: usize) -> (usize, usize, Option<String>) {
-    let reserved = RESERVED_DESCRIPTORS + DESCRIPTORS_PER_SHARD * shards as u64;
+/// How many clients fit the descriptor limit.
+#[derive(Debug, PartialEq, Eq)]
+struct DescriptorFit {
+    /// `maxclients` (lowered if it had to be).
+    clients: usize,
+    /// Connections each shard's listener takes (served ones and refusals
+    /// in flight) before it pauses.
+    per_listener: usize,
+    /// Said on stderr when `clients` was lowered.
+    warning: Option<String>,
+}
+
+/// The clients, and the refusals in flight past them, that fit this
+/// process's descriptor limit with the broker's own descriptors, raised
+/// first as far as it may be (as Redis lowers `maxclients` to fit `ulimit
+/// -n`, so a client past the limit is told `max number of clients
+/// reached` instead of waiting in the backlog of a listener that cannot
+/// accept it). Each listener may take the clients and the refusals: the
+/// clients are counted over all of them, and refusals last as long as it
+/// takes to write one line, so only a flood spread over every listener
+/// at once could hold more.
+fn fit_descriptor_limit(max_clients: usize, shards: usize) -> DescriptorFit {
+    let reserved = RESERVED_DESCRIPTORS + DESCRIPTORS_PER_SHARD * shards.max(1) as u64;
     let wanted = (max_clients as u64)
         .saturating_add(REFUSALS_IN_FLIGHT as u64)
         .saturating_add(reserved);
+    let unfitted = DescriptorFit {
+        clients: max_clients,
+        per_listener: max_clients.saturating_add(REFUSALS_IN_FLIGHT),
+        warning: None,
+    };
     let (limit, why) = match mailring::process::raise_descriptor_limit(wanted) {
         Ok(limit) => (limit, String::new()),
         Err(e) => match mailring::process::descriptor_limit() {
             Ok(l) => (l.soft, format!(" (raising it failed: {e})")),
-            Err(_) => return (max_clients, REFUSALS_IN_FLIGHT, None),
+            Err(_) => return unfitted,
         },
     };
     if limit >= wanted {
-        return (max_clients, REFUSALS_IN_FLIGHT, None);
+        return unfitted;
     }
     let room = usize::try_from(limit.saturating_sub(reserved)).unwrap_or(usize::MAX);
     let refusals = (room / 8).clamp(1, REFUSALS_IN_FLIGHT);
-    let clients = room.saturating_sub(refusals).clamp(1, max_clients);
-    let warning = format!(
-        "maxclients {max_clients} needs {wanted} descriptors, and the limit is {limit}{why}: maxclients lowered to {clients} (raise `ulimit -n` to serve more)"
-    );
-    (clients, refusals, Some(warning))
+    // At least one client (unless none was asked for).
+    let clients = room
+        .saturating_sub(refusals)
+        .min(max_clients)
+        .max(max_clients.min(1));
+    let warning = (clients < max_clients).then(|| {
+        format!(
+            "maxclients {max_clients} needs {wanted} descriptors, and the limit is {limit}{why}: maxclients lowered to {clients} (raise `ulimit -n` to serve more)"
+        )
+    });
+    DescriptorFit {
+        clients,
+        per_listener: clients + refusals,
+        warning,
+    }
 }
 
 /// How the broker is set up.
@@ -363,6 +393,8 @@ pub struct Shared {
     pub(crate) server_stats: std::sync::OnceLock<mailring_transports::StatsSource>,
     /// `INFO`'s instantaneous rates, sampled on shard 0.
     pub(crate) rates: crate::rates::Rates,
+    /// The byte totals at the last `CONFIG RESETSTAT`.
+    pub(crate) net_base: Mutex<(u64, u64)>,
 }
 
 impl Shared {
@@ -372,12 +404,29 @@ impl Shared {
         [self.clients.commands(), bytes_in, bytes_out]
     }
 
-    /// Bytes read from and written to clients so far.
+    /// Bytes read from and written to clients since the start or the
+    /// last `CONFIG RESETSTAT`.
     pub(crate) fn net_bytes(&self) -> (u64, u64) {
+        let (bytes_in, bytes_out) = self.net_bytes_ever();
+        let base = *self.net_base.lock().unwrap_or_else(|p| p.into_inner());
+        (
+            bytes_in.saturating_sub(base.0),
+            bytes_out.saturating_sub(base.1),
+        )
+    }
+
+    /// Bytes read from and written to clients since the start.
+    fn net_bytes_ever(&self) -> (u64, u64) {
         self.server_stats.get().map_or((0, 0), |source| {
             let stats = source.stats();
             (stats.total(|s| s.bytes_in), stats.total(|s| s.bytes_out))
         })
+    }
+
+    /// `CONFIG RESETSTAT`'s part: the byte totals start again at 0.
+    pub(crate) fn reset_net_bytes(&self) {
+        let now = self.net_bytes_ever();
+        *self.net_base.lock().unwrap_or_else(|p| p.into_inner()) = now;
     }
 }
 
@@ -561,11 +610,11 @@ impl Broker {
             None => None,
         };
         let shards = config.shards.clamp(1, usize::from(u16::MAX));
-        let (max_clients, refusals, lowered) = fit_descriptor_limit(config.max_clients, shards);
-        if let Some(warning) = lowered {
+        let fit = fit_descriptor_limit(config.max_clients, shards);
+        if let Some(warning) = &fit.warning {
             eprintln!("mailring-broker: {warning}");
         }
-        config.max_clients = max_clients;
+        config.max_clients = fit.clients;
         let mut recovered = store::recover(
             &config.store.dir,
             shards,
@@ -700,6 +749,7 @@ impl Broker {
             run_id: new_run_id(),
             server_stats: std::sync::OnceLock::new(),
             rates: crate::rates::Rates::default(),
+            net_base: Mutex::new((0, 0)),
         });
         Shared::register(&shared);
         let broker_shared = shared.clone();
@@ -713,8 +763,9 @@ impl Broker {
         server_config.frame_timeout = None;
         server_config.max_clients = Some(config.max_clients);
         // Each listener pauses past what the broker serves plus room for
-        // the refusals in flight (a flood is told, and still bounded).
-        server_config.max_connections = config.max_clients.saturating_add(refusals);
+        // the refusals in flight (a flood is told, and still bounded), or
+        // at its share of the descriptors there are.
+        server_config.max_connections = fit.per_listener;
         let mut server = Server::builder(
             RespCodec::new().counting_errors(shared.errors.clone()),
             move |_| RespSession::new(shared.clone()),
@@ -1011,9 +1062,34 @@ fn default_idle_spin(fsync: crate::store::Fsync, pinned: bool) -> Option<std::ti
 
 #[cfg(test)]
 mod tests {
-    use super::{default_idle_spin, CacheGauge, Names};
+    use super::{default_idle_spin, Broker, BrokerConfig, CacheGauge, Names, Shared};
     use bytes::Bytes;
     use std::sync::Arc;
+
+    #[test]
+    fn a_stopped_broker_leaves_nothing_of_itself_behind() {
+        let dir = std::env::temp_dir().join(format!(
+            "mailring-broker-unit-{}-{}",
+            std::process::id(),
+            line!()
+        ));
+        let mut config = BrokerConfig {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            ..BrokerConfig::default()
+        };
+        config.store.dir = dir.clone();
+        let broker = Broker::start(config).expect("start the broker (needs io_uring)");
+        let id = broker.id;
+        let shared = Arc::downgrade(&Shared::find(id).expect("registered"));
+        // INFO's byte totals read the server (its stats source).
+        assert_eq!(broker.shared.net_bytes(), (0, 0));
+        broker.shutdown();
+        // Nothing holds its state in a cycle (the server's counters are
+        // read through a weak handle).
+        assert!(Shared::find(id).is_none());
+        assert_eq!(shared.strong_count(), 0);
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     fn names_at(positions: &[(u64, &str)]) -> Names {
         let mut names = Names::default();

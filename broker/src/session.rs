@@ -413,6 +413,7 @@ impl RespSession {
                 self.shared.errors.reset();
                 self.shared.command_stats.reset();
                 self.shared.rejected.store(0, Ordering::Relaxed);
+                self.shared.reset_net_bytes();
                 return Reply::OK;
             }
             (b"resetstat", _) => return command::wrong_arity("config|resetstat"),

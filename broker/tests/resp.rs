@@ -4318,7 +4318,18 @@ fn info_reports_network_bytes_rates_peak_memory_and_a_run_id() {
     for zero in ["expired_keys", "evicted_keys", "pubsub_channels"] {
         assert_eq!(number(&after, zero), 0);
     }
-    // A burst of commands shows in the sampled rate (every 100 ms).
+    // `CONFIG RESETSTAT` starts the byte totals again, as in Redis 7.
+    assert_eq!(c.cmd(&["CONFIG", "RESETSTAT"]), R::Status("OK".into()));
+    let reset = stats(&mut c);
+    assert_eq!(
+        number(&reset, "total_net_input_bytes"),
+        encode(&[b"INFO", b"stats"]).len() as u64,
+        "{reset}"
+    );
+    // A burst of commands shows in the sampled rate (every 100 ms), and
+    // every byte of its replies in the output total (sends that complete
+    // while a command runs too).
+    let before_burst = stats(&mut c);
     let mut wire = Vec::new();
     for _ in 0..2000 {
         wire.extend(encode(&[b"PING"]));
@@ -4327,6 +4338,16 @@ fn info_reports_network_bytes_rates_peak_memory_and_a_run_id() {
     for _ in 0..2000 {
         assert_eq!(c.read(), R::Status("PONG".into()));
     }
+    let after_burst = stats(&mut c);
+    let out = number(&after_burst, "total_net_output_bytes")
+        - number(&before_burst, "total_net_output_bytes");
+    // That INFO's own reply, a bulk string, then the replies since.
+    let info_reply = format!("${}\r\n{before_burst}\r\n", before_burst.len()).len() as u64;
+    assert_eq!(
+        out,
+        info_reply + 2000 * "+PONG\r\n".len() as u64,
+        "the replies since the INFO before (and that INFO's own)"
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
         let now = stats(&mut c);

@@ -630,11 +630,18 @@ impl<S: Session> Server<S> {
         self.shared.stats()
     }
 
-    /// A handle that reads [`stats`](Self::stats) from anywhere, for as
-    /// long as it is kept (a service's own `INFO`, a metrics exporter).
+    /// A handle that reads [`stats`](Self::stats) from anywhere (a
+    /// service's own `INFO`, a metrics exporter). It does not keep the
+    /// server alive (it holds it weakly: sessions may hold the handle
+    /// without a cycle): once the server is gone it reads no shards.
     pub fn stats_source(&self) -> StatsSource {
-        let shared = self.shared.clone();
-        StatsSource(Arc::new(move || shared.stats()))
+        let shared = Arc::downgrade(&self.shared);
+        StatsSource(Arc::new(move || {
+            shared
+                .upgrade()
+                .map(|shared| shared.stats())
+                .unwrap_or_default()
+        }))
     }
 
     /// Stops accepting, lets sessions finish what they started (replies
@@ -870,7 +877,17 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
                             reported = Some((now, 0));
                         }
                     }
-                    mailring::time::sleep(breather).await;
+                    // A shutdown meanwhile ends the wait (it wakes this
+                    // listener's cell).
+                    let mut nap = pin!(mailring::time::sleep(breather));
+                    std::future::poll_fn(|cx| {
+                        wake.set(cx.waker());
+                        if shared.closing.load(Ordering::Acquire) {
+                            return Poll::Ready(());
+                        }
+                        nap.as_mut().poll(cx)
+                    })
+                    .await;
                     breather = (breather * 2).min(ACCEPT_BREATHER_MAX);
                 }
             }
@@ -1653,7 +1670,22 @@ async fn drive<S: Session>(
                         closer: Some(&closer),
                         known: &mut closer_waker,
                     };
-                    match run_beside_send(handling, send.as_mut(), stop, &wake).await {
+                    let sending = send.is_some();
+                    let handled = run_beside_send(handling, send.as_mut(), stop, &wake).await;
+                    if sending && send.is_none() {
+                        // The send in flight completed meanwhile: its
+                        // bytes went, and a reader that takes them is
+                        // making progress.
+                        if !matches!(handled, Handled::SendFailed(_)) {
+                            counters
+                                .bytes_out
+                                .fetch_add(in_flight as u64, Ordering::Relaxed);
+                        }
+                        in_flight = 0;
+                        send_stalled = false;
+                        slow_deadline = None;
+                    }
+                    match handled {
                         Handled::Done => {}
                         Handled::SendFailed(reason) => return Exit::Close(reason),
                         // Past the shutdown grace: the handler is dropped.

@@ -1839,7 +1839,7 @@ fn a_steady_reader_of_replies_longer_than_the_grace_gets_them_all() {
     let mut config = ServerConfig::default();
     config.outbound_high_water = 256 << 10;
     config.outbound_limit = 1 << 20;
-    config.slow_reader_grace = Duration::from_millis(150);
+    config.slow_reader_grace = Duration::from_millis(500);
     let server = Server::builder(LengthDelimited::new().max_frame(16 << 20), |_| Huge)
         .config(config)
         .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
@@ -2606,6 +2606,58 @@ fn replies_queued_while_discarded_are_dropped_in_order_and_their_work_still_runs
         *discarded.lock().unwrap(),
         ["later 1", "now a", "turn b", "many c 1", "many c 2", "later 2", "now f"]
     );
+    drop(c);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
+/// Answers each frame with 4 MiB, then takes 20 ms more (its handler
+/// still running while the reply before goes out).
+struct BigThenSlow;
+
+impl Session for BigThenSlow {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        let mut reply = frame.to_vec();
+        reply.resize(4 << 20, 9);
+        cx.send_frame(Bytes::from(reply));
+        mailring::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[test]
+fn every_byte_sent_is_counted_sends_that_end_while_a_handler_runs_too() {
+    let rt = runtime(1);
+    let mut config = ServerConfig::default();
+    config.outbound_high_water = 8 << 20;
+    config.outbound_limit = 64 << 20;
+    let server = one_shard_server(&rt, config, |_| BigThenSlow);
+    let mut c = client(server.local_addr());
+    // Frames 5 ms apart, read as they come: each arrives while the reply
+    // before it is still being sent.
+    let mut writer = c.try_clone().unwrap();
+    let sent = std::thread::spawn(move || {
+        let mut n = 0;
+        for i in 0..8u32 {
+            let f = frame(&i.to_be_bytes());
+            writer.write_all(&f).unwrap();
+            n += f.len();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        n
+    });
+    for i in 0..8u32 {
+        let reply = read_frame(&mut c).unwrap();
+        assert_eq!(&reply[..4], i.to_be_bytes());
+    }
+    let sent = sent.join().unwrap();
+    // The last send's completion may be taken just after its bytes were.
+    wait_for(&server, "every byte counted", |s| {
+        s.total(|s| s.bytes_out) == 8 * (4 + (4 << 20))
+    });
+    assert_eq!(server.stats().total(|s| s.bytes_in), sent as u64);
     drop(c);
     rt.block_on(server.shutdown());
     rt.shutdown();
