@@ -1393,6 +1393,30 @@ fn size_read_buffer(rbuf: &mut BytesMut, read_chunk: usize, small_reads: u8) {
     }
 }
 
+/// A connection's bookkeeping of its send in flight, when that send
+/// completes (in the driver's wait, or while a handler runs).
+struct SendDone<'a> {
+    in_flight: &'a mut usize,
+    stalled: &'a mut bool,
+    slow_deadline: &'a mut Option<Sleep>,
+}
+
+impl SendDone<'_> {
+    /// The send is over (`sent`: its bytes went): they count, and a reader
+    /// that takes them is making progress (the slow-reader grace starts
+    /// again).
+    fn note(self, counters: &ShardCounters, sent: bool) {
+        if sent {
+            counters
+                .bytes_out
+                .fetch_add(*self.in_flight as u64, Ordering::Relaxed);
+        }
+        *self.in_flight = 0;
+        *self.stalled = false;
+        *self.slow_deadline = None;
+    }
+}
+
 /// Reads a server's counters ([`Server::stats_source`]); cheap to clone.
 #[derive(Clone)]
 pub struct StatsSource(Arc<dyn Fn() -> ServerStats + Send + Sync>);
@@ -1673,17 +1697,14 @@ async fn drive<S: Session>(
                     let sending = send.is_some();
                     let handled = run_beside_send(handling, send.as_mut(), stop, &wake).await;
                     if sending && send.is_none() {
-                        // The send in flight completed meanwhile: its
-                        // bytes went, and a reader that takes them is
-                        // making progress.
-                        if !matches!(handled, Handled::SendFailed(_)) {
-                            counters
-                                .bytes_out
-                                .fetch_add(in_flight as u64, Ordering::Relaxed);
+                        // The send in flight completed meanwhile.
+                        let sent = !matches!(handled, Handled::SendFailed(_));
+                        SendDone {
+                            in_flight: &mut in_flight,
+                            stalled: &mut send_stalled,
+                            slow_deadline: &mut slow_deadline,
                         }
-                        in_flight = 0;
-                        send_stalled = false;
-                        slow_deadline = None;
+                        .note(counters, sent);
                     }
                     match handled {
                         Handled::Done => {}
@@ -1806,14 +1827,12 @@ async fn drive<S: Session>(
             if let Some(op) = send.as_mut().as_pin_mut() {
                 if let Poll::Ready((res, _buf)) = op.poll(task) {
                     send.set(None);
-                    if res.is_ok() {
-                        counters
-                            .bytes_out
-                            .fetch_add(in_flight as u64, Ordering::Relaxed);
+                    SendDone {
+                        in_flight: &mut in_flight,
+                        stalled: &mut send_stalled,
+                        slow_deadline: &mut slow_deadline,
                     }
-                    in_flight = 0;
-                    send_stalled = false;
-                    slow_deadline = None;
+                    .note(counters, res.is_ok());
                     if let Err(e) = res {
                         return Poll::Ready(Event::Close(io_close(&e)));
                     }
