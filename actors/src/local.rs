@@ -443,16 +443,19 @@ impl<A: Actor> TypeState<A> {
             return;
         };
         let keyed = self.keyed.borrow();
-        let active = keyed
-            .values()
-            .filter(|c| c.is_open() && c.stop_request.get().is_none())
-            .count();
+        // Not those asked to go, nor those going already (their request
+        // was taken: they are in `on_passivate` or `on_stop`).
+        let staying = |c: &&Rc<ActorCell<A>>| {
+            c.is_open() && c.stop_request.get().is_none() && !c.leaving.get()
+        };
+        let active = keyed.values().filter(staying).count();
         if active <= max {
             return;
         }
         let victim = keyed
             .values()
-            .filter(|c| c.is_open() && c.stop_request.get().is_none() && !Rc::ptr_eq(c, newest))
+            .filter(staying)
+            .filter(|c| !Rc::ptr_eq(c, newest))
             .min_by_key(|c| c.last_used.get())
             .cloned();
         drop(keyed);

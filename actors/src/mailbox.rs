@@ -154,6 +154,9 @@ pub(crate) struct ActorCell<A: Actor> {
     waker: Cell<Option<Waker>>,
     /// Asked to passivate (LRU) or stop (parent, system); read by its task.
     pub(crate) stop_request: Cell<Option<crate::error::StopReason>>,
+    /// Its task is stopping or passivating it (its request taken): the
+    /// active limit looks past it.
+    pub(crate) leaving: Cell<bool>,
     pub(crate) capacity: Option<Arc<Capacity>>,
     watchers: RefCell<Vec<Watcher>>,
     /// At this many watchers, those nobody waits for are dropped.
@@ -185,6 +188,7 @@ impl<A: Actor> ActorCell<A> {
             waker: Cell::new(None),
             state: Cell::new(OPEN),
             stop_request: Cell::new(None),
+            leaving: Cell::new(false),
             last_used: Cell::new(0),
             remote: RemoteCounts::default(),
             capacity,

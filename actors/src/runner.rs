@@ -323,6 +323,7 @@ async fn run<A: Actor>(
                 }
             }
             Outcome::Stop(reason) => {
+                cell.leaving.set(true);
                 if keyed && matches!(reason, StopReason::Passivated | StopReason::Stopped) {
                     let timer_before = cx.timer_sends();
                     let mut slot = cell.actor.borrow_mut();
@@ -351,6 +352,7 @@ async fn run<A: Actor>(
                         let from_timers = (cx.timer_sends() - timer_before) as usize;
                         if !batch.is_empty() || queued > from_timers {
                             // Messages came in while passivating: stay active.
+                            cell.leaving.set(false);
                             continue;
                         }
                         if queued > 0 {

@@ -2690,3 +2690,50 @@ fn an_armed_reply_dropped_off_its_shard_releases_its_timer() {
     assert_eq!(wait_for(0), 0, "the timer stays until its deadline");
     sys.shutdown();
 }
+
+/// At most one active per shard, with a passivation that takes 50 ms.
+#[derive(Actor)]
+#[actor(key = u64, activate = LruSlow::new, max_active = 1, pinned = 0, handles(Get), hooks)]
+struct LruSlow;
+
+impl LruSlow {
+    fn new(_k: &u64) -> Self {
+        LruSlow
+    }
+}
+
+impl Hooks for LruSlow {
+    async fn on_passivate(&mut self, _cx: &mut Ctx<Self>) {
+        mailring_actors::mailring::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Handler<Get> for LruSlow {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        1
+    }
+}
+
+#[test]
+fn the_active_limit_passes_over_an_actor_already_passivating() {
+    let sys = system(2);
+    let h = sys.handle().clone();
+    sys.block_on(async move {
+        // Key 1 pushes key 0 out; key 2 comes while key 0 still
+        // passivates, and must push key 1 out (not pick key 0 again).
+        for k in 0..3u64 {
+            h.keyed::<LruSlow>(k).ask(Get).await.unwrap();
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while sys.stats().by_type("LruSlow").unwrap().active > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            sys.stats().by_type("LruSlow")
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(sys.stats().by_type("LruSlow").unwrap().passivations, 2);
+    sys.shutdown();
+}
