@@ -31,6 +31,9 @@ pub struct Ctx<A: Actor> {
     /// The tasks of `run_later`, `run_interval` and `wait_for`: ended when
     /// the actor stops or restarts.
     tasks: Rc<Scope>,
+    /// This instance of the actor (new at each activation and restart):
+    /// a continuation queued for another instance does not run.
+    epoch: u64,
     /// Messages the actor's timers delivered (not activity: see
     /// [`Ctx::run_interval`]); survives restarts.
     timer_sends: Rc<Cell<u64>>,
@@ -108,6 +111,7 @@ impl<A: Actor> Ctx<A> {
             frame,
             stop_requested: None,
             tasks: Rc::new(Scope::default()),
+            epoch: next_epoch(),
             timer_sends: Rc::new(Cell::new(0)),
             children: Vec::new(),
             prune_children_at: 16,
@@ -251,6 +255,7 @@ impl<A: Actor> Ctx<A> {
     /// starts its own.
     pub(crate) fn restart_tasks(&mut self) {
         std::mem::take(&mut self.tasks).close();
+        self.epoch = next_epoch();
     }
 
     /// Waits for `future` without holding up the actor: other messages are
@@ -260,7 +265,8 @@ impl<A: Actor> Ctx<A> {
     /// ask back) and let messages interleave. `future` runs on this shard and
     /// need not be `Send`; its output must be. If the actor stops or
     /// restarts first, `future` is dropped then (it is not polled again) and
-    /// `then` never runs.
+    /// `then` never runs, even if `future` was ready and `then` queued
+    /// already: it runs only on the instance that waited.
     ///
     /// ```
     /// use std::collections::HashMap;
@@ -341,11 +347,18 @@ impl<A: Actor> Ctx<A> {
         T: Send + 'static,
     {
         let cell = self.cell.clone();
+        let epoch = self.epoch;
         self.tasks
             .spawn(async move {
                 let out = future.await;
-                let resume =
-                    Continuation::new(move |actor: &mut A, cx: &mut Ctx<A>| then(actor, out, cx));
+                // Queued, it may outlive this instance (a restart, a keyed
+                // stop that hands the queue to a fresh activation): then it
+                // is dropped, as if the wait had ended with the instance.
+                let resume = Continuation::new(move |actor: &mut A, cx: &mut Ctx<A>| {
+                    if cx.epoch == epoch {
+                        then(actor, out, cx);
+                    }
+                });
                 let _ = cell.push_own(A::__continuation(resume));
             })
             .detach();
@@ -628,4 +641,10 @@ impl Drop for Member {
         }
         self.scope.free.borrow_mut().push(self.slot);
     }
+}
+
+/// A fresh [`Ctx`] epoch: unique in the process.
+fn next_epoch() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }

@@ -260,3 +260,52 @@ fn a_panic_in_on_passivate_is_counted_and_the_broken_instance_serves_nothing_mor
     assert_eq!(got, Ok(1));
     sys.shutdown();
 }
+
+/// Set when a continuation ran.
+static CONTINUED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+#[derive(Message)]
+struct WaitThenPanic;
+
+/// Waits for something in the background, stays busy, then panics: the
+/// continuation is queued by then.
+#[derive(Actor, Default)]
+#[actor(handles(WaitThenPanic, Get))]
+struct Waiter;
+
+impl Handler<WaitThenPanic> for Waiter {
+    async fn handle(&mut self, _m: WaitThenPanic, cx: &mut Ctx<Self>) {
+        cx.wait_for(
+            mailring_actors::mailring::time::sleep(Duration::from_millis(1)),
+            |_: &mut Self, (), _: &mut Ctx<Self>| {
+                CONTINUED.store(true, std::sync::atomic::Ordering::SeqCst)
+            },
+        );
+        mailring_actors::mailring::time::sleep(Duration::from_millis(30)).await;
+        panic!("busy, then failed (the test's own)");
+    }
+}
+
+impl Handler<Get> for Waiter {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        7
+    }
+}
+
+#[test]
+fn a_continuation_queued_before_a_restart_does_not_run_on_the_fresh_instance() {
+    let (sys, _seen) = system_with_hook();
+    let a = sys.spawn_actor(Placement::Pinned(S1), Waiter::default);
+    let got = sys.block_on(async move {
+        a.tell(WaitThenPanic).unwrap();
+        mailring_actors::mailring::time::sleep(Duration::from_millis(60)).await;
+        a.ask(Get).await
+    });
+    // Restarted (its default policy), and serving.
+    assert_eq!(got, Ok(7));
+    assert!(
+        !CONTINUED.load(std::sync::atomic::Ordering::SeqCst),
+        "the old instance's continuation ran on the new one"
+    );
+    sys.shutdown();
+}
