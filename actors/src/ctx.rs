@@ -34,6 +34,8 @@ pub struct Ctx<A: Actor> {
     /// This instance of the actor (new at each activation and restart):
     /// a continuation queued for another instance does not run.
     epoch: u64,
+    /// `wait_for`s whose future is not done: the actor is not idle.
+    waits: Rc<Cell<usize>>,
     /// Messages the actor's timers delivered (not activity: see
     /// [`Ctx::run_interval`]); survives restarts.
     timer_sends: Rc<Cell<u64>>,
@@ -112,6 +114,7 @@ impl<A: Actor> Ctx<A> {
             stop_requested: None,
             tasks: Rc::new(Scope::default()),
             epoch: next_epoch(),
+            waits: Rc::new(Cell::new(0)),
             timer_sends: Rc::new(Cell::new(0)),
             children: Vec::new(),
             prune_children_at: 16,
@@ -253,6 +256,12 @@ impl<A: Actor> Ctx<A> {
 
     /// Ends the tasks of the actor before a restart; the restarted actor
     /// starts its own.
+    /// Whether a [`wait_for`](Self::wait_for) is still waiting: the actor
+    /// does not passivate for idleness meanwhile.
+    pub(crate) fn waits_pending(&self) -> bool {
+        self.waits.get() > 0
+    }
+
     pub(crate) fn restart_tasks(&mut self) {
         std::mem::take(&mut self.tasks).close();
         self.epoch = next_epoch();
@@ -266,7 +275,8 @@ impl<A: Actor> Ctx<A> {
     /// need not be `Send`; its output must be. If the actor stops or
     /// restarts first, `future` is dropped then (it is not polled again) and
     /// `then` never runs, even if `future` was ready and `then` queued
-    /// already: it runs only on the instance that waited.
+    /// already: it runs only on the instance that waited. A keyed actor
+    /// does not passivate for idleness while a wait is pending.
     ///
     /// ```
     /// use std::collections::HashMap;
@@ -348,9 +358,12 @@ impl<A: Actor> Ctx<A> {
     {
         let cell = self.cell.clone();
         let epoch = self.epoch;
+        // Counted until the future is done (or dropped with the instance).
+        let pending = WaitPending::new(&self.waits);
         self.tasks
             .spawn(async move {
                 let out = future.await;
+                drop(pending);
                 // Queued, it may outlive this instance (a restart, a keyed
                 // stop that hands the queue to a fresh activation): then it
                 // is dropped, as if the wait had ended with the instance.
@@ -647,4 +660,20 @@ impl Drop for Member {
 fn next_epoch() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// One `wait_for` in [`Ctx`]'s count while it lives.
+struct WaitPending(Rc<Cell<usize>>);
+
+impl WaitPending {
+    fn new(waits: &Rc<Cell<usize>>) -> Self {
+        waits.set(waits.get() + 1);
+        WaitPending(waits.clone())
+    }
+}
+
+impl Drop for WaitPending {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
+    }
 }

@@ -552,6 +552,10 @@ async fn process<A: Actor>(
             // Closures run on it meanwhile were activity: the deadline is
             // computed again from now.
             Next::Idle if handled.idle.ran_now_since(cell) => {}
+            // Waiting for something (`wait_for`) is not idleness: a fresh
+            // idle period starts, and what it waited for comes as a
+            // message.
+            Next::Idle if cx.waits_pending() => handled.idle.restarted(),
             Next::Idle => return Outcome::Stop(StopReason::Passivated),
         }
     }

@@ -2737,3 +2737,64 @@ fn the_active_limit_passes_over_an_actor_already_passivating() {
     assert_eq!(sys.stats().by_type("LruSlow").unwrap().passivations, 2);
     sys.shutdown();
 }
+
+#[derive(Message)]
+struct Load;
+
+/// A keyed cache that loads in the background (80 ms), with a 20 ms idle
+/// timeout.
+#[derive(Actor)]
+#[actor(key = u64, activate = SlowCache::new, idle_timeout_ms = 20, handles(Load, Get))]
+struct SlowCache {
+    value: u64,
+}
+
+impl SlowCache {
+    fn new(_k: &u64) -> Self {
+        SlowCache { value: 0 }
+    }
+}
+
+impl Handler<Load> for SlowCache {
+    async fn handle(&mut self, _m: Load, cx: &mut Ctx<Self>) {
+        cx.wait_for(
+            async {
+                mailring_actors::mailring::time::sleep(Duration::from_millis(80)).await;
+                42
+            },
+            |me: &mut Self, v: u64, _: &mut Ctx<Self>| {
+                me.value = v;
+                LOADED.store(v, std::sync::atomic::Ordering::SeqCst);
+            },
+        );
+    }
+}
+
+impl Handler<Get> for SlowCache {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.value
+    }
+}
+
+/// What `SlowCache`'s continuation loaded.
+static LOADED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+#[test]
+fn an_actor_waiting_for_something_is_not_idle() {
+    let sys = system(2);
+    let k = sys.handle().keyed::<SlowCache>(1);
+    sys.block_on(async move {
+        k.tell(Load).unwrap();
+        // Well past the idle timeout and the load: it stayed active while
+        // it waited, and its continuation ran on it (it passivates after).
+        mailring_actors::mailring::time::sleep(Duration::from_millis(200)).await;
+    });
+    assert_eq!(
+        LOADED.load(std::sync::atomic::Ordering::SeqCst),
+        42,
+        "it passivated mid-wait and lost what it waited for"
+    );
+    let stats = sys.stats().by_type("SlowCache").unwrap();
+    assert_eq!((stats.activations, stats.passivations), (1, 1), "{stats:?}");
+    sys.shutdown();
+}
