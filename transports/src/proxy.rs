@@ -452,4 +452,83 @@ mod tests {
             Ok(Parsed::Complete(ProxyHeader { source: None, .. }, _))
         ));
     }
+
+    /// Headers of every shape, mutated, cut and padded at random (a
+    /// fixed seed): the parser never panics, never claims more bytes than
+    /// it was given or than a header may hold, and a header it reads
+    /// whole is only ever "incomplete" before its end, never refused.
+    #[test]
+    fn hostile_headers_get_an_answer_never_a_panic() {
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let addr4 = [10u8, 0, 0, 1, 10, 0, 0, 2, 0, 1, 0, 2];
+        let addr6: Vec<u8> = (0..36).collect();
+        let unix: Vec<u8> = (0..216).map(|i| (i % 250) as u8 + 1).collect();
+        let seeds: Vec<Vec<u8>> = vec![
+            b"PROXY TCP4 192.0.2.1 198.51.100.2 51234 443\r\n".to_vec(),
+            b"PROXY TCP6 2001:db8::1 ::1 65535 0\r\n".to_vec(),
+            b"PROXY UNKNOWN\r\n".to_vec(),
+            v2(1, 0x11, &addr4),
+            v2(1, 0x21, &addr6),
+            v2(1, 0x31, &unix),
+            v2(0, 0x00, &[]),
+            v2(1, 0x11, &[&addr4[..], &[0x04, 0x00, 0x01, 7]].concat()),
+        ];
+        for round in 0..200_000u32 {
+            let mut buf = seeds[(next() % seeds.len() as u64) as usize].clone();
+            let whole = buf.clone();
+            match round % 4 {
+                // A byte changed.
+                0 => {
+                    let at = (next() % buf.len() as u64) as usize;
+                    buf[at] = next() as u8;
+                }
+                // Cut short.
+                1 => buf.truncate((next() % buf.len() as u64) as usize),
+                // Random bytes after it, or a length field changed.
+                2 => {
+                    let extra = (next() % 64) as usize;
+                    buf.extend((0..extra).map(|_| next() as u8));
+                    if buf.starts_with(V2_SIGNATURE) && buf.len() > 15 {
+                        buf[14] = next() as u8;
+                        buf[15] = next() as u8;
+                    }
+                }
+                // Nothing but noise.
+                _ => {
+                    let n = (next() % 300) as usize;
+                    buf = (0..n).map(|_| next() as u8).collect();
+                }
+            }
+            match parse(&buf) {
+                Ok(Parsed::Complete(_, len)) => {
+                    assert!(len <= buf.len(), "{buf:?}");
+                    assert!(len <= V2_MAX.max(V1_MAX), "{buf:?}");
+                    for cut in [0, len / 2, len.saturating_sub(1)] {
+                        if cut < len {
+                            assert_eq!(
+                                parse(&buf[..cut]),
+                                Ok(Parsed::Incomplete),
+                                "{buf:?} at {cut}"
+                            );
+                        }
+                    }
+                }
+                Ok(Parsed::Incomplete) => assert!(buf.len() <= V2_MAX, "{buf:?}"),
+                Err(_) => {}
+            }
+            // The untouched header still reads whole, whatever follows it.
+            let mut padded = whole.clone();
+            padded.extend_from_slice(&buf);
+            assert!(
+                matches!(parse(&padded), Ok(Parsed::Complete(_, n)) if n == whole.len()),
+                "{whole:?}"
+            );
+        }
+    }
 }
