@@ -249,6 +249,8 @@ async fn run<A: Actor>(
     let mut needs_start = true;
     // Whether `on_start` asked to stop: the activation is turned down.
     let mut refused = false;
+    // Whether `on_passivate` panicked: its instance gets no `on_stop`.
+    let mut hook_panicked = false;
     let reason = loop {
         if cell.actor.borrow().is_none() {
             break StopReason::Panicked;
@@ -338,10 +340,11 @@ async fn run<A: Actor>(
                     drop(slot);
                     if !passivated {
                         // Its state may be half changed: this instance
-                        // serves nothing more; what came meanwhile goes to
-                        // a fresh activation.
+                        // serves nothing more (nor runs `on_stop`); what
+                        // came meanwhile goes to a fresh activation.
                         lifecycle!("actor panicked", cell, ts);
                         bump(&ts.counters.panics);
+                        hook_panicked = true;
                     }
                     if passivated
                         && reason == StopReason::Passivated
@@ -375,7 +378,7 @@ async fn run<A: Actor>(
     // Timers and waits end with the activation, before `on_stop` (one
     // started there never runs): no timer message joins the leftovers.
     cx.end_tasks();
-    if reason != StopReason::Panicked {
+    if reason != StopReason::Panicked && !hook_panicked {
         let mut slot = cell.actor.borrow_mut();
         if let Some(a) = slot.as_mut() {
             let _ = guarded(&frame, CallbackKind::LifecycleHook, a.__on_stop(&mut cx)).await;

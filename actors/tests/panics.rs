@@ -218,7 +218,14 @@ impl Brittle {
 /// Set once `Brittle`'s passivation has begun.
 static PASSIVATING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// `Brittle`'s `on_stop` calls.
+static BRITTLE_STOPS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 impl Hooks for Brittle {
+    async fn on_stop(&mut self, _cx: &mut Ctx<Self>) {
+        BRITTLE_STOPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
     async fn on_passivate(&mut self, _cx: &mut Ctx<Self>) {
         PASSIVATING.store(true, std::sync::atomic::Ordering::SeqCst);
         self.total = 1000;
@@ -258,6 +265,8 @@ fn a_panic_in_on_passivate_is_counted_and_the_broken_instance_serves_nothing_mor
     // A fresh activation took the message that came meanwhile, not the
     // instance its failed hook left half-written (1000 + 1).
     assert_eq!(got, Ok(1));
+    // Nor does the broken instance run `on_stop`.
+    assert_eq!(BRITTLE_STOPS.load(std::sync::atomic::Ordering::SeqCst), 0);
     sys.shutdown();
 }
 

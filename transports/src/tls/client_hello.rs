@@ -228,4 +228,61 @@ mod tests {
             Sni::Read(None)
         );
     }
+
+    /// ClientHellos with and without names, mutated, cut and random (a
+    /// fixed seed): the reader never panics, a name it reads is a lower
+    /// case DNS name, and a hello whose name it reads reads the same with
+    /// more bytes after it.
+    #[test]
+    fn hostile_hellos_get_an_answer_never_a_panic() {
+        let mut seed: u64 = 0xd1b5_4a32_d192_ed03;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut two_ext = vec![0, 23, 0, 0];
+        two_ext.extend(sni_extension(b"Tenant.Example"));
+        let seeds: Vec<Vec<u8>> = vec![
+            record(&hello(&sni_extension(b"a.example"))),
+            record(&hello(&two_ext)),
+            record(&hello(&[])),
+            {
+                let message = hello(&sni_extension(b"split.example"));
+                let (one, two) = message.split_at(20);
+                let mut bytes = record(one);
+                bytes.extend(record(two));
+                bytes
+            },
+        ];
+        for round in 0..100_000u32 {
+            let mut bytes = seeds[(next() % seeds.len() as u64) as usize].clone();
+            match round % 4 {
+                0 => {
+                    for _ in 0..(1 + next() % 3) {
+                        let at = (next() % bytes.len() as u64) as usize;
+                        bytes[at] = next() as u8;
+                    }
+                }
+                1 => bytes.truncate((next() % bytes.len() as u64) as usize),
+                2 => bytes.extend((0..next() % 64).map(|_| next() as u8)),
+                _ => bytes = (0..next() % 300).map(|_| next() as u8).collect(),
+            }
+            match server_name(&bytes) {
+                Sni::Read(Some(name)) => {
+                    assert!(
+                        ServerName::try_from(name.as_str()).is_ok()
+                            && name.bytes().all(|b| !b.is_ascii_uppercase()),
+                        "{name:?}"
+                    );
+                    // More bytes after it change nothing.
+                    let mut more = bytes.clone();
+                    more.extend_from_slice(&[22, 3, 1, 0, 1, 0]);
+                    assert_eq!(server_name(&more), Sni::Read(Some(name)));
+                }
+                Sni::Read(None) | Sni::Incomplete => {}
+            }
+        }
+    }
 }
