@@ -806,9 +806,6 @@ pub async fn remove_dir(path: impl AsRef<Path>) -> io::Result<()> {
     .await
 }
 
-/// The file offset `done` bytes past `pos`: io_uring reads an offset of
-/// `-1` as "the file's current position", so an offset past `i64::MAX`
-/// (`u64::MAX` among them) is refused rather than passed on.
 /// The `(offset, len)` of an `IORING_OP_FSYNC` that syncs at least the
 /// `len > 0` bytes from `offset`, or `None` for the whole file. The kernel
 /// syncs from `offset` to `offset + len` inclusive (`vfs_fsync_range`),
@@ -822,6 +819,9 @@ fn fsync_range(offset: u64, len: u64) -> Option<(u64, u32)> {
     Some((offset, last))
 }
 
+/// The file offset `done` bytes past `pos`: io_uring reads an offset of
+/// `-1` as "the file's current position", so an offset past `i64::MAX`
+/// (`u64::MAX` among them) is refused rather than passed on.
 fn file_offset(pos: u64, done: usize) -> io::Result<u64> {
     pos.checked_add(done as u64)
         .filter(|&at| i64::try_from(at).is_ok())

@@ -138,6 +138,14 @@ impl fmt::Debug for OpTable {
     }
 }
 
+/// The slot key and generation a [`user_data`] names.
+fn slot_of(user_data: u64) -> (usize, u32) {
+    (
+        (user_data & 0xffff_ffff) as usize,
+        ((user_data >> 32) & GENERATION_MASK) as u32,
+    )
+}
+
 fn user_data(key: usize, generation: u32) -> u64 {
     ((u64::from(generation) & GENERATION_MASK) << 32) | key as u64
 }
@@ -165,8 +173,7 @@ impl OpTable {
 
     /// Files a CQE; returns the wakers to wake (outside the table's borrow).
     pub(crate) fn complete(&mut self, user_data: u64, res: i32, flags: u32) -> Woken {
-        let key = (user_data & 0xffff_ffff) as usize;
-        let generation = ((user_data >> 32) & GENERATION_MASK) as u32;
+        let (key, generation) = slot_of(user_data);
         let Some(slot) = self
             .slots
             .get_mut(key)
@@ -249,8 +256,7 @@ impl OpTable {
     /// same reaping thread files only after this), the kernel might still
     /// use their memory: they are leaked, never freed.
     pub(crate) fn give_back(&mut self, user_data: u64, resources: Box<dyn Any>) {
-        let key = (user_data & 0xffff_ffff) as usize;
-        let generation = ((user_data >> 32) & GENERATION_MASK) as u32;
+        let (key, generation) = slot_of(user_data);
         match self.slot_mut(key, generation).map(|slot| &mut slot.state) {
             Some(SlotState::Abandoned {
                 resources: lent, ..
