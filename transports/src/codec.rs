@@ -606,13 +606,7 @@ mod tests {
     /// reads cut them, with every header length, and never panic.
     #[test]
     fn frames_decode_the_same_however_the_reads_cut_them() {
-        let mut seed: u64 = 0x94d0_49bb_1331_11eb;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::fuzz::xorshift(0x94d0_49bb_1331_11eb);
         for round in 0..20_000u32 {
             let header = [1usize, 2, 4, 8][(next() % 4) as usize];
             let mut wire = Vec::new();

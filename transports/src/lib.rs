@@ -23,6 +23,8 @@ pub mod codec;
 pub mod compat;
 mod conn;
 pub mod datagram;
+#[cfg(test)]
+mod fuzz;
 pub mod pool;
 pub mod proxy;
 mod server;

@@ -1393,27 +1393,28 @@ fn size_read_buffer(rbuf: &mut BytesMut, read_chunk: usize, small_reads: u8) {
     }
 }
 
-/// A connection's bookkeeping of its send in flight, when that send
-/// completes (in the driver's wait, or while a handler runs).
-struct SendDone<'a> {
-    in_flight: &'a mut usize,
-    stalled: &'a mut bool,
-    slow_deadline: &'a mut Option<Sleep>,
+/// A connection's send in flight, as the driver follows it.
+#[derive(Default)]
+struct SendInFlight {
+    /// Its bytes (0: none in flight).
+    bytes: usize,
+    /// An idle period ended with it still in flight.
+    stalled: bool,
+    /// Past the outbound limit: when it counts as stuck (reset by each
+    /// send that completes).
+    slow_deadline: Option<Sleep>,
 }
 
-impl SendDone<'_> {
-    /// The send is over (`sent`: its bytes went): they count, and a reader
-    /// that takes them is making progress (the slow-reader grace starts
-    /// again).
-    fn note(self, counters: &ShardCounters, sent: bool) {
+impl SendInFlight {
+    /// It is over (`sent`: its bytes went): they count, and a reader that
+    /// takes them is making progress (the slow-reader grace starts again).
+    fn done(&mut self, counters: &ShardCounters, sent: bool) {
         if sent {
             counters
                 .bytes_out
-                .fetch_add(*self.in_flight as u64, Ordering::Relaxed);
+                .fetch_add(self.bytes as u64, Ordering::Relaxed);
         }
-        *self.in_flight = 0;
-        *self.stalled = false;
-        *self.slow_deadline = None;
+        *self = SendInFlight::default();
     }
 }
 
@@ -1587,18 +1588,12 @@ async fn drive<S: Session>(
         _ => None,
     };
     let mut frame_deadline: Option<Sleep> = None;
-    // Past the outbound limit with a send in flight: when that send counts
-    // as stuck (reset by each send that completes).
-    let mut slow_deadline: Option<Sleep> = None;
     // The waker a `SessionCloser` holds now.
     let mut closer_waker = None;
     let mut starved = false;
     // Frames were handled since the session's last `on_drained`.
     let mut handled_since_drained = false;
-    // Bytes of the send in flight.
-    let mut in_flight = 0usize;
-    // An idle period ended with that send still in flight.
-    let mut send_stalled = false;
+    let mut in_flight = SendInFlight::default();
     // Receives in a row that brought little: the next one's buffer is
     // sized by it (see `size_read_buffer`).
     let mut small_reads = SMALL_READS_TO_SHRINK;
@@ -1614,12 +1609,12 @@ async fn drive<S: Session>(
         // Outbound bytes past the limit: no push and no frame is taken
         // until the send drains them (a tiny request may ask for a big
         // reply; the limit holds between frames, not only while waiting).
-        let outbound_full = outbound(cx, in_flight) > config.outbound_limit;
+        let outbound_full = outbound(cx, in_flight.bytes) > config.outbound_limit;
         // Pushes run between frames.
         if let Some(r) = registered.as_ref().filter(|_| !outbound_full) {
             while let Some(push) = r.take() {
                 push(session, cx);
-                if outbound(cx, in_flight) > config.outbound_limit {
+                if outbound(cx, in_flight.bytes) > config.outbound_limit {
                     break;
                 }
             }
@@ -1639,7 +1634,7 @@ async fn drive<S: Session>(
             && cx.takes_frames();
         // Held back by the outbound limit alone, with bytes of requests
         // waiting: more output waits behind the send, as if queued.
-        let outbound_ok = outbound(cx, in_flight) <= config.outbound_limit;
+        let outbound_ok = outbound(cx, in_flight.bytes) <= config.outbound_limit;
         let held_back = may_take && !outbound_ok && (carried.is_some() || !rbuf.is_empty());
         if may_take && outbound_ok {
             let next = match carried.take() {
@@ -1699,12 +1694,7 @@ async fn drive<S: Session>(
                     if sending && send.is_none() {
                         // The send in flight completed meanwhile.
                         let sent = !matches!(handled, Handled::SendFailed(_));
-                        SendDone {
-                            in_flight: &mut in_flight,
-                            stalled: &mut send_stalled,
-                            slow_deadline: &mut slow_deadline,
-                        }
-                        .note(counters, sent);
+                        in_flight.done(counters, sent);
                     }
                     match handled {
                         Handled::Done => {}
@@ -1764,7 +1754,7 @@ async fn drive<S: Session>(
         // Past the outbound limit, one receive still looks for a request
         // held back (which makes the peer a slow reader), and no more is
         // read.
-        let outbound_ok = outbound(cx, in_flight) <= config.outbound_limit;
+        let outbound_ok = outbound(cx, in_flight.bytes) <= config.outbound_limit;
         let wants_bytes = if outbound_ok {
             starved
         } else {
@@ -1821,18 +1811,13 @@ async fn drive<S: Session>(
                     .len()
                     .min(config.outbound_high_water.max(MIN_SEND_BATCH));
                 let batch = cx.wbuf.split_to(take).freeze();
-                in_flight = batch.len();
+                in_flight.bytes = batch.len();
                 send.set(Some(stream.send_all(batch)));
             }
             if let Some(op) = send.as_mut().as_pin_mut() {
                 if let Poll::Ready((res, _buf)) = op.poll(task) {
                     send.set(None);
-                    SendDone {
-                        in_flight: &mut in_flight,
-                        stalled: &mut send_stalled,
-                        slow_deadline: &mut slow_deadline,
-                    }
-                    .note(counters, res.is_ok());
+                    in_flight.done(counters, res.is_ok());
                     if let Err(e) = res {
                         return Poll::Ready(Event::Close(io_close(&e)));
                     }
@@ -1845,18 +1830,19 @@ async fn drive<S: Session>(
             // big reply about to go is not a slow reader, nor a pipeline
             // whose replies came ready together for a peer that reads
             // (its sends complete): a send in flight that long is stuck.
-            let queued = outbound(cx, in_flight);
+            let queued = outbound(cx, in_flight.bytes);
             if queued > config.outbound_limit
                 && send.is_some()
                 && (!cx.wbuf.is_empty() || held_back)
             {
-                let stuck = slow_deadline
+                let stuck = in_flight
+                    .slow_deadline
                     .get_or_insert_with(|| sleep_until(deadline_in(config.slow_reader_grace)));
                 if std::pin::Pin::new(stuck).poll(task).is_ready() {
                     return Poll::Ready(Event::Close(CloseReason::SlowReader { queued }));
                 }
             } else {
-                slow_deadline = None;
+                in_flight.slow_deadline = None;
             }
             if queued > config.outbound_high_water && !over_high_water {
                 over_high_water = true;
@@ -1956,12 +1942,12 @@ async fn drive<S: Session>(
                 // send that spans two idle periods has a peer that stopped
                 // reading.
                 if send.is_some() {
-                    if send_stalled {
+                    if in_flight.stalled {
                         return Exit::Close(CloseReason::SlowReader {
-                            queued: outbound(cx, in_flight),
+                            queued: outbound(cx, in_flight.bytes),
                         });
                     }
-                    send_stalled = true;
+                    in_flight.stalled = true;
                 } else if cx.pending_replies() == 0 && cx.wbuf.is_empty() {
                     return Exit::Close(CloseReason::IdleTimeout);
                 }

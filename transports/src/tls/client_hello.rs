@@ -235,13 +235,7 @@ mod tests {
     /// more bytes after it.
     #[test]
     fn hostile_hellos_get_an_answer_never_a_panic() {
-        let mut seed: u64 = 0xd1b5_4a32_d192_ed03;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::fuzz::xorshift(0xd1b5_4a32_d192_ed03);
         let mut two_ext = vec![0, 23, 0, 0];
         two_ext.extend(sni_extension(b"Tenant.Example"));
         let seeds: Vec<Vec<u8>> = vec![
