@@ -575,19 +575,42 @@ impl CommandStats {
     /// that ran with no names given; else each named one that ran (`x|y`
     /// names a subcommand) and a named container's subcommands that ran.
     pub(crate) fn histograms(&self, names: &[Bytes]) -> Vec<(String, Latencies)> {
-        let wanted = |slot: usize| -> bool {
-            if names.is_empty() {
-                return true;
+        // Each name looked up once (a request may name a million).
+        let mut wanted = [names.is_empty(); SLOTS];
+        for name in names {
+            let (command, sub) = match name.iter().position(|&b| b == b'|') {
+                Some(at) => (&name[..at], Some(&name[at + 1..])),
+                None => (&name[..], None),
+            };
+            let Some(row) = command::lookup_row(command) else {
+                continue;
+            };
+            let first = FIRST_SUBCOMMAND[row];
+            match sub {
+                Some(sub) if first != NOT_A_CONTAINER => {
+                    if let Some(slot) = subcommand_slot(row, usize::from(first), sub) {
+                        wanted[usize::from(slot)] = true;
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    wanted[row] = true;
+                    if first != NOT_A_CONTAINER {
+                        let first = usize::from(first);
+                        let name = COMMANDS[row].name;
+                        let subs = SUBCOMMANDS[first..]
+                            .iter()
+                            .take_while(|(c, _, _)| *c == name)
+                            .count();
+                        for i in first..first + subs {
+                            wanted[COMMANDS.len() + i] = true;
+                        }
+                    }
+                }
             }
-            let name = slot_name(slot);
-            let container = name.split_once('|').map(|(c, _)| c);
-            names.iter().any(|n| {
-                n.eq_ignore_ascii_case(name.as_bytes())
-                    || container.is_some_and(|c| n.eq_ignore_ascii_case(c.as_bytes()))
-            })
-        };
+        }
         (0..SLOTS)
-            .filter(|slot| wanted(*slot))
+            .filter(|slot| wanted[*slot])
             .filter_map(|slot| Some((slot_name(slot), self.latencies(slot)?)))
             .collect()
     }
@@ -790,6 +813,7 @@ mod tests {
         assert_eq!(names(&["client"]), ["client|id"]);
         assert_eq!(names(&["CLIENT|ID"]), ["client|id"]);
         assert!(names(&["client|list"]).is_empty());
+        assert!(names(&["xlen|x", "nope|id", "client|", "|"]).is_empty());
         stats.reset();
         assert!(stats.latency_lines().is_empty());
         assert!(names(&[]).is_empty());

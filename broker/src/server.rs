@@ -593,7 +593,10 @@ impl std::fmt::Debug for Broker {
 
 impl Broker {
     /// Starts a broker: a runtime of `config.shards` shards, its actor
-    /// system, and the server listening on `config.addr`.
+    /// system, and the server listening on `config.addr`. The process's
+    /// soft descriptor limit is raised as far as `config.max_clients`
+    /// needs and the hard limit allows, and `max_clients` lowered to fit
+    /// if it cannot be (as Redis does; a warning on stderr says so).
     ///
     /// # Errors
     ///
