@@ -34,8 +34,6 @@ pub struct Ctx<A: Actor> {
     /// This instance of the actor (new at each activation and restart):
     /// a continuation queued for another instance does not run.
     epoch: u64,
-    /// `wait_for`s whose future is not done: the actor is not idle.
-    waits: Rc<Cell<usize>>,
     /// Messages the actor's timers delivered (not activity: see
     /// [`Ctx::run_interval`]); survives restarts.
     timer_sends: Rc<Cell<u64>>,
@@ -114,7 +112,6 @@ impl<A: Actor> Ctx<A> {
             stop_requested: None,
             tasks: Rc::new(Scope::default()),
             epoch: next_epoch(),
-            waits: Rc::new(Cell::new(0)),
             timer_sends: Rc::new(Cell::new(0)),
             children: Vec::new(),
             prune_children_at: 16,
@@ -259,7 +256,7 @@ impl<A: Actor> Ctx<A> {
     /// Whether a [`wait_for`](Self::wait_for) is still waiting: the actor
     /// does not passivate for idleness meanwhile.
     pub(crate) fn waits_pending(&self) -> bool {
-        self.waits.get() > 0
+        self.cell.pending_waits.get() > 0
     }
 
     pub(crate) fn restart_tasks(&mut self) {
@@ -359,7 +356,7 @@ impl<A: Actor> Ctx<A> {
         let cell = self.cell.clone();
         let epoch = self.epoch;
         // Counted until the future is done (or dropped with the instance).
-        let pending = WaitPending::new(&self.waits);
+        let pending = WaitPending::new(self.cell.clone());
         self.tasks
             .spawn(async move {
                 let out = future.await;
@@ -662,18 +659,19 @@ fn next_epoch() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// One `wait_for` in [`Ctx`]'s count while it lives.
-struct WaitPending(Rc<Cell<usize>>);
+/// One `wait_for` in its actor's count ([`ActorCell::pending_waits`]) while it
+/// lives.
+struct WaitPending<A: Actor>(Rc<ActorCell<A>>);
 
-impl WaitPending {
-    fn new(waits: &Rc<Cell<usize>>) -> Self {
-        waits.set(waits.get() + 1);
-        WaitPending(waits.clone())
+impl<A: Actor> WaitPending<A> {
+    fn new(cell: Rc<ActorCell<A>>) -> Self {
+        cell.pending_waits.set(cell.pending_waits.get() + 1);
+        WaitPending(cell)
     }
 }
 
-impl Drop for WaitPending {
+impl<A: Actor> Drop for WaitPending<A> {
     fn drop(&mut self) {
-        self.0.set(self.0.get() - 1);
+        self.0.pending_waits.set(self.0.pending_waits.get() - 1);
     }
 }

@@ -157,6 +157,8 @@ pub(crate) struct ActorCell<A: Actor> {
     /// Its task is stopping or passivating it (its request taken): the
     /// active limit looks past it.
     pub(crate) leaving: Cell<bool>,
+    /// `Ctx::wait_for`s whose future is not done: the actor is not idle.
+    pub(crate) pending_waits: Cell<usize>,
     pub(crate) capacity: Option<Arc<Capacity>>,
     watchers: RefCell<Vec<Watcher>>,
     /// At this many watchers, those nobody waits for are dropped.
@@ -189,6 +191,7 @@ impl<A: Actor> ActorCell<A> {
             state: Cell::new(OPEN),
             stop_request: Cell::new(None),
             leaving: Cell::new(false),
+            pending_waits: Cell::new(0),
             last_used: Cell::new(0),
             remote: RemoteCounts::default(),
             capacity,
