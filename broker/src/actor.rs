@@ -13,9 +13,12 @@ use bytes::Bytes;
 use mailring_actors::{Actor, Ctx, Handler, Message};
 
 mod groups;
+mod transaction;
 
 pub(crate) use self::groups::no_group_in_readgroup;
 pub use self::groups::{GroupFrom, GroupRead};
+pub(crate) use self::transaction::across_shards;
+pub use self::transaction::{Join, Joined};
 
 use crate::command;
 use crate::id::{parse_id, StreamId};
@@ -32,7 +35,7 @@ use crate::stream::{Fields, Stream};
 /// at start each recovered stream is placed back on the shard whose log
 /// holds it.
 #[derive(Debug, Actor)]
-#[actor(key = Bytes, activate = StreamActor::new, placement = "first_sender", handles(Exec, Read, Watch, ReadGroup, ExecBatch, ExecRun, Checkpoint))]
+#[actor(key = Bytes, activate = StreamActor::new, placement = "first_sender", handles(Exec, Read, Watch, ReadGroup, ExecBatch, ExecRun, Checkpoint, Join))]
 pub struct StreamActor {
     name: Bytes,
     stream: Option<Stream>,
@@ -668,6 +671,11 @@ pub struct ExecBatch {
     pub protos: Vec<Protocol>,
     /// The broker (its id: a message touches no shared reference count).
     pub broker: u64,
+    /// Every stream the transaction names, sorted, when it names more
+    /// than one (this one first: it coordinates, see
+    /// [`transaction`](self::transaction)); empty when it names only this
+    /// one.
+    pub streams: Vec<Bytes>,
 }
 
 /// The replies of an [`ExecBatch`], and the flush they wait for.
@@ -727,6 +735,9 @@ impl Handler<ExecBatch> for StreamActor {
             self.shared = Some(shared);
             self.end_if_nothing(cx);
             return BatchAnswer::refused(&e);
+        }
+        if m.streams.len() > 1 {
+            return self.exec_multi(m, shared, cx).await;
         }
         let was_missing = self.stream.is_none();
         self.batch = Some(Vec::new());
@@ -803,7 +814,7 @@ impl StreamActor {
                 shared,
                 proto,
                 args,
-                Some((&self.name, self.stream.is_some())),
+                &[(self.name.clone(), self.stream.is_some())],
             ),
             // The stream may be named more than once: served once per name,
             // as Redis does. Inside EXEC nothing blocks.
@@ -815,14 +826,10 @@ impl StreamActor {
                 let mut found = Vec::new();
                 for raw in &p.ids {
                     let after = match command::xread_id(raw) {
-                        Ok(Some(id)) => id,
-                        Ok(None) => self.stream.as_ref().map_or(StreamId::MIN, Stream::last_id),
+                        Ok(after) => after,
                         Err(e) => return e,
                     };
-                    let entries = match (self.stream.as_ref(), after.next()) {
-                        (Some(s), Some(lo)) => s.range(lo, StreamId::MAX, p.count, false),
-                        _ => Vec::new(),
-                    };
+                    let entries = self.read_after(after, p.count);
                     if !entries.is_empty() {
                         found.push((self.name.clone(), entries));
                     }
@@ -1737,15 +1744,23 @@ impl StreamActor {
             op,
         };
         let (ticket, loc) = log.append(&record)?;
+        self.appended(&record.op, &ticket, loc, starts);
+        Ok(ticket)
+    }
+
+    /// Notes `op`, this stream's next operation, as logged at `loc` with
+    /// `ticket` (`starts`: the stream did not exist before it).
+    fn appended(&mut self, op: &Op, ticket: &Ticket, loc: Loc, starts: bool) {
         self.last_lsn = ticket.lsn();
         if starts {
-            log.note_making(&self.name, loc.segment, record.op_no);
+            if let Some(log) = &self.log {
+                log.note_making(&self.name, loc.segment, self.op_no + 1);
+            }
             self.made_untold = true;
         }
         self.op_no += 1;
         self.appended_at = loc;
-        self.note(&record.op, loc.segment, starts);
-        Ok(ticket)
+        self.note(op, loc.segment, starts);
     }
 
     /// Runs stream command `name` (the table's lower-case name).

@@ -16,6 +16,20 @@
 //! count) replays in order. Stream names are record fields, never paths.
 //! A record that fails its checksum, or is cut short, ends the segment's
 //! valid part: recovery truncates the file there.
+//!
+//! A `MULTI`/`EXEC` transaction over several streams is written as a
+//! *group*: one record per stream, back to back in one append (so in one
+//! segment), each a part record whose `rest` field counts the parts after
+//! it:
+//!
+//! ```text
+//! part body = 22 | stream name | op: u64 LE | rest: u32 LE | ops: u32 LE count + (kind | fields)...
+//! ```
+//!
+//! The scan hands a group's records on only once its last part (`rest`
+//! 0) is read whole and valid; a group cut short ends the valid part at
+//! its first record, so after a crash all of a transaction's streams have
+//! its changes or none has (Redis drops an incomplete `MULTI` block).
 
 use crate::fields::Fields;
 
@@ -219,6 +233,8 @@ const KIND_ACK: u8 = 16;
 const KIND_CLAIM: u8 = 17;
 const KIND_BATCH: u8 = 20;
 const KIND_SNAPSHOT: u8 = 21;
+/// One stream's part of a transaction over several streams (a group).
+const KIND_PART: u8 = 22;
 
 /// `None` on disk.
 const NO_COUNT: u64 = u64::MAX;
@@ -527,20 +543,65 @@ impl Record {
         seal(dst, start);
     }
 
-    /// Decodes a checked body; `None` if it is malformed.
-    fn decode_body(mut b: Bytes) -> Option<Record> {
+    /// Decodes a checked body; `None` if it is malformed. A group's part
+    /// decodes as an [`Op::Batch`] record, with the count of parts after
+    /// it (`None`: not a part).
+    fn decode_body(mut b: Bytes) -> Option<(Record, Option<u32>)> {
         if !b.has_remaining() {
             return None;
         }
         let kind = b.get_u8();
         let stream = read_bytes(&mut b)?;
         let op_no = read_u64(&mut b)?;
-        let op = read_op(kind, &mut b, 0)?;
+        let (op, rest) = if kind == KIND_PART {
+            let rest = read_u32(&mut b)?;
+            (read_op(KIND_BATCH, &mut b, 0)?, Some(rest))
+        } else {
+            (read_op(kind, &mut b, 0)?, None)
+        };
         if b.has_remaining() {
             return None;
         }
-        Some(Record { stream, op_no, op })
+        Some((Record { stream, op_no, op }, rest))
     }
+}
+
+/// Appends a transaction's records as one group (see the module's
+/// documentation), framed, to `dst`; returns each record's offset from
+/// where the group starts. A group of one record is that record alone.
+///
+/// # Panics
+///
+/// A record whose operation is not an [`Op::Batch`] in a group of more
+/// than one (a transaction's changes to one stream are a batch).
+pub fn encode_group(records: &[Record], dst: &mut BytesMut) -> Vec<u64> {
+    let base = dst.len();
+    if let [one] = records {
+        one.encode(dst);
+        return vec![0];
+    }
+    let mut offsets = Vec::with_capacity(records.len());
+    for (i, record) in records.iter().enumerate() {
+        let Op::Batch(ops) = &record.op else {
+            panic!("a transaction's part is a batch of operations");
+        };
+        let start = dst.len();
+        offsets.push((start - base) as u64);
+        let mut head = [0u8; 8 + 1 + 4];
+        head[8] = KIND_PART;
+        head[9..].copy_from_slice(&(record.stream.len() as u32).to_le_bytes());
+        dst.put_slice(&head);
+        dst.put_slice(&record.stream);
+        dst.put_u64_le(record.op_no);
+        dst.put_u32_le((records.len() - 1 - i) as u32);
+        dst.put_u32_le(ops.len() as u32);
+        for op in ops {
+            dst.put_u8(op_kind(op));
+            put_op_fields(op, dst);
+        }
+        seal(dst, start);
+    }
+    offsets
 }
 
 fn read_id(b: &mut Bytes) -> Option<StreamId> {
@@ -714,27 +775,39 @@ pub enum Framed {
 /// Decodes the framed record at the start of `buf` (checked against its
 /// checksum); its fields share `buf`'s memory.
 pub fn decode_framed(buf: &Bytes) -> Framed {
-    decode_frame(buf, false)
+    match decode_frame(buf, false) {
+        Frame::Record(r, _, len) => Framed::Record(r, len),
+        Frame::Short(n) => Framed::Short(n),
+        Frame::Bad => Framed::Bad,
+    }
+}
+
+/// What [`decode_frame`] found: [`Framed`], with a group part's count of
+/// parts after it.
+enum Frame {
+    Record(Record, Option<u32>, usize),
+    Short(usize),
+    Bad,
 }
 
 /// [`decode_framed`]; `detach`: the record is decoded from its own copy
 /// of its bytes, so what it is kept for does not hold `buf`.
-fn decode_frame(buf: &Bytes, detach: bool) -> Framed {
+fn decode_frame(buf: &Bytes, detach: bool) -> Frame {
     if buf.len() < FRAME_LEN {
-        return Framed::Short(FRAME_LEN);
+        return Frame::Short(FRAME_LEN);
     }
     let len_bytes: [u8; 4] = buf[..4].try_into().expect("4 bytes");
     let len = u32::from_le_bytes(len_bytes) as usize;
     let crc = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
     if len == 0 || len > MAX_RECORD {
-        return Framed::Bad;
+        return Frame::Bad;
     }
     if buf.len() - FRAME_LEN < len {
-        return Framed::Short(FRAME_LEN + len);
+        return Frame::Short(FRAME_LEN + len);
     }
     let body = buf.slice(FRAME_LEN..FRAME_LEN + len);
     if crc32c::crc32c_append(crc_of_len(u32::from_le_bytes(len_bytes)), &body) != crc {
-        return Framed::Bad;
+        return Frame::Bad;
     }
     let body = if detach {
         Bytes::copy_from_slice(&body)
@@ -742,8 +815,8 @@ fn decode_frame(buf: &Bytes, detach: bool) -> Framed {
         body
     };
     match Record::decode_body(body) {
-        Some(r) => Framed::Record(r, FRAME_LEN + len),
-        None => Framed::Bad,
+        Some((r, rest)) => Frame::Record(r, rest, FRAME_LEN + len),
+        None => Frame::Bad,
     }
 }
 
@@ -820,6 +893,11 @@ fn scan_each(data: Bytes, detach: bool, mut f: impl FnMut(u64, Record)) -> Resul
         return Err(BadHeader);
     }
     let mut pos = HEADER_LEN;
+    // The parts of a group read so far, and where it starts: handed on
+    // once its last part is read.
+    let mut group: Vec<(u64, Record)> = Vec::new();
+    let mut group_at = pos;
+    let mut awaiting: Option<u32> = None;
     let tail = loop {
         let rest = data.len() - pos;
         if rest == 0 {
@@ -843,17 +921,48 @@ fn scan_each(data: Bytes, detach: bool, mut f: impl FnMut(u64, Record)) -> Resul
             };
         }
         match decode_frame(&data.slice(pos..), detach) {
-            Framed::Record(record, framed) => {
-                f(pos as u64, record);
+            Frame::Record(record, rest, framed) => {
+                match (awaiting, rest) {
+                    (None, None) => f(pos as u64, record),
+                    (None, Some(rest)) => {
+                        group_at = pos;
+                        group.push((pos as u64, record));
+                        awaiting = Some(rest);
+                    }
+                    // A group's next part: the count of parts after it
+                    // goes down by one.
+                    (Some(n), Some(rest)) if n > 0 && rest == n - 1 => {
+                        group.push((pos as u64, record));
+                        awaiting = Some(rest);
+                    }
+                    // A part out of place, or a plain record inside a
+                    // group: the group is not whole.
+                    _ => break Tail::Corrupt,
+                }
+                if awaiting == Some(0) {
+                    awaiting = None;
+                    for (at, r) in group.drain(..) {
+                        f(at, r);
+                    }
+                }
                 pos += framed;
             }
-            Framed::Short(_) => break Tail::Torn,
-            Framed::Bad => break Tail::Corrupt,
+            Frame::Short(_) => break Tail::Torn,
+            Frame::Bad => break Tail::Corrupt,
         }
+    };
+    // A group cut short: its parts are not valid, whatever their checks
+    // say (written in one append, they end in one crash).
+    let (valid_len, tail) = if group.is_empty() {
+        (pos, tail)
+    } else if tail == Tail::Clean {
+        (group_at, Tail::Torn)
+    } else {
+        (group_at, tail)
     };
     Ok(Scan {
         records: Vec::new(),
-        valid_len: pos as u64,
+        valid_len: valid_len as u64,
         tail,
     })
 }
@@ -1032,6 +1141,128 @@ mod tests {
             assert_eq!(scan.valid_len, two as u64);
             assert_eq!(scan.tail, Tail::Torn);
         }
+    }
+
+    fn part(stream: &str, op_no: u64, ms: u64) -> Record {
+        let Op::Add { id, fields } = add(stream, op_no, ms).op else {
+            unreachable!()
+        };
+        Record {
+            stream: Bytes::copy_from_slice(stream.as_bytes()),
+            op_no,
+            op: Op::Batch(vec![
+                Op::Add { id, fields },
+                Op::TrimThrough {
+                    through: StreamId::new(ms, 0),
+                },
+            ]),
+        }
+    }
+
+    /// A segment of `before`, then `group` as a group, then `after`;
+    /// with the offsets of the group's records and where it ends.
+    fn with_group(
+        before: &[Record],
+        group: &[Record],
+        after: &[Record],
+    ) -> (BytesMut, Vec<u64>, usize) {
+        let mut b = segment(before);
+        let base = b.len() as u64;
+        let offsets = encode_group(group, &mut b)
+            .into_iter()
+            .map(|o| o + base)
+            .collect();
+        let end = b.len();
+        for r in after {
+            r.encode(&mut b);
+        }
+        (b, offsets, end)
+    }
+
+    #[test]
+    fn a_group_scans_as_its_records_at_their_offsets() {
+        let group = [part("a", 4, 1), part("b\0", 1, 2), part("c", 9, 3)];
+        let (seg, offsets, _) = with_group(&[add("x", 1, 1)], &group, &[add("x", 2, 2)]);
+        let scan = scan_segment(seg.clone().freeze()).unwrap();
+        assert_eq!(scan.tail, Tail::Clean);
+        assert_eq!(scan.valid_len, seg.len() as u64);
+        let got: Vec<_> = scan.records.iter().map(|(_, r)| r.clone()).collect();
+        let mut want = vec![add("x", 1, 1)];
+        want.extend(group.iter().cloned());
+        want.push(add("x", 2, 2));
+        assert_eq!(got, want);
+        let at: Vec<u64> = scan.records[1..4].iter().map(|(o, _)| *o).collect();
+        assert_eq!(at, offsets);
+        // The reader finds each part's entries at its own offset.
+        for (o, r) in offsets.iter().zip(&group) {
+            match decode_framed(&seg.clone().freeze().slice(*o as usize..)) {
+                Framed::Record(got, _) => assert_eq!(&got, r),
+                other => panic!("{other:?}"),
+            }
+        }
+        // A group of one is its record alone.
+        let mut one = BytesMut::new();
+        assert_eq!(encode_group(&group[..1], &mut one), vec![0]);
+        let mut plain = BytesMut::new();
+        group[0].encode(&mut plain);
+        assert_eq!(one, plain);
+    }
+
+    #[test]
+    fn a_group_cut_anywhere_is_dropped_whole() {
+        let group = [part("a", 4, 1), part("b", 1, 2), part("c", 9, 3)];
+        let (seg, offsets, end) = with_group(&[add("x", 1, 1)], &group, &[]);
+        let seg = seg.freeze();
+        let start = offsets[0] as usize;
+        for cut in start + 1..end {
+            let scan = scan_segment(seg.slice(..cut)).unwrap();
+            assert_eq!(scan.records.len(), 1, "cut at {cut}");
+            assert_eq!(scan.valid_len, start as u64, "cut at {cut}");
+            assert_eq!(scan.tail, Tail::Torn, "cut at {cut}");
+        }
+        // Cut at a part's end, then zeros (preallocated space): torn too.
+        let mut zeros = BytesMut::from(&seg[..offsets[2] as usize]);
+        zeros.resize(zeros.len() + 4096, 0);
+        let scan = scan_segment(zeros.freeze()).unwrap();
+        assert_eq!((scan.records.len(), scan.valid_len), (1, start as u64));
+        assert_eq!(scan.tail, Tail::Torn);
+    }
+
+    #[test]
+    fn a_flipped_bit_in_any_part_drops_the_group() {
+        let group = [part("a", 4, 1), part("b", 1, 2)];
+        let (seg, offsets, end) = with_group(&[add("x", 1, 1)], &group, &[]);
+        let start = offsets[0] as usize;
+        for byte in (start..end).step_by(3) {
+            let mut bad = seg.clone();
+            bad[byte] ^= 0x10;
+            let scan = scan_segment(bad.freeze()).unwrap();
+            assert_eq!(scan.records.len(), 1, "byte {byte}");
+            assert_eq!(scan.valid_len, start as u64, "byte {byte}");
+            assert_ne!(scan.tail, Tail::Clean);
+        }
+    }
+
+    #[test]
+    fn parts_out_of_place_are_corrupt() {
+        let group = [part("a", 4, 1), part("b", 1, 2), part("c", 9, 3)];
+        // The middle part left out: the last part's count does not follow.
+        let mut b = segment(&[]);
+        let mut parts = BytesMut::new();
+        let offsets = encode_group(&group, &mut parts);
+        b.extend_from_slice(&parts[..offsets[1] as usize]);
+        b.extend_from_slice(&parts[offsets[2] as usize..]);
+        let scan = scan_segment(b.freeze()).unwrap();
+        assert!(scan.records.is_empty());
+        assert_eq!(scan.valid_len, HEADER_LEN as u64);
+        assert_eq!(scan.tail, Tail::Corrupt);
+        // A plain record inside a group.
+        let mut b = segment(&[]);
+        b.extend_from_slice(&parts[..offsets[1] as usize]);
+        add("x", 1, 1).encode(&mut b);
+        let scan = scan_segment(b.freeze()).unwrap();
+        assert!(scan.records.is_empty());
+        assert_eq!(scan.tail, Tail::Corrupt);
     }
 
     #[test]

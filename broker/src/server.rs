@@ -194,11 +194,11 @@ struct Names {
     changes: Vec<Ticket>,
 }
 
-/// One stream as its own transaction left it so far, over the catalog
-/// (which takes the transaction's changes once they are logged): a
-/// `KEYS`, `SCAN` or `INFO` inside the transaction reads the names as of
-/// its place.
-pub(crate) type Own<'a> = Option<(&'a Bytes, bool)>;
+/// The streams of a transaction as it left them so far (whether each
+/// exists), over the catalog (which takes the transaction's changes once
+/// they are logged): a `KEYS`, `SCAN` or `INFO` inside the transaction
+/// reads the names as of its place. Empty outside a transaction.
+pub(crate) type Own<'a> = &'a [(Bytes, bool)];
 
 /// Where `name` sits in `SCAN`'s order: from its stable routing hash, in
 /// `1..=2^63`, so that a cursor (the position to go on from) is never 0,
@@ -290,12 +290,15 @@ impl Catalog {
     /// How many streams exist, with `own` as its transaction left it.
     pub(crate) fn len_with(&self, own: Own<'_>) -> usize {
         let names = self.names();
-        let n = names.by_bytes.len();
-        match own {
-            Some((name, true)) if !names.by_bytes.contains(name) => n + 1,
-            Some((name, false)) if names.by_bytes.contains(name) => n - 1,
-            _ => n,
+        let mut n = names.by_bytes.len();
+        for (name, exists) in own {
+            match (exists, names.by_bytes.contains(name)) {
+                (true, false) => n += 1,
+                (false, true) => n -= 1,
+                _ => {}
+            }
         }
+        n
     }
 
     /// `SCAN`'s page: the names from `cursor` on in `SCAN` order, about
@@ -304,7 +307,8 @@ impl Catalog {
     /// in the page's span). Only the page is copied out under the lock.
     pub(crate) fn page_with(&self, cursor: u64, count: usize, own: Own<'_>) -> (Vec<Bytes>, u64) {
         let (mut page, next) = self.names().page(cursor, count);
-        if let Some((name, exists)) = own {
+        for (name, exists) in own {
+            let exists = *exists;
             let position = scan_position(name);
             let at = page.binary_search_by(|n| (scan_position(n), n).cmp(&(position, name)));
             match (exists, at) {
@@ -330,8 +334,8 @@ impl Catalog {
             .filter(|n| glob_match(pattern, n, false))
             .cloned()
             .collect();
-        if let Some((name, exists)) = own {
-            match (exists, found.binary_search(name)) {
+        for (name, exists) in own {
+            match (*exists, found.binary_search(name)) {
                 (true, Err(at)) if glob_match(pattern, name, false) => {
                     found.insert(at, name.clone())
                 }

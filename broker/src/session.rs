@@ -26,6 +26,7 @@ use crate::stream::Fields;
 mod admin;
 mod clients;
 mod multi;
+pub(crate) use self::multi::streams_of;
 mod run;
 
 pub(crate) use clients::Clients;
@@ -623,7 +624,7 @@ impl RespSession {
                 let proto = self.proto;
                 let count = self.count_later();
                 cx.reply_later_in_turn(move || {
-                    let reply = catalog_reply(&shared, proto, &args, None);
+                    let reply = catalog_reply(&shared, proto, &args, &[]);
                     let unflushed = if shows_names(&args) {
                         shared.catalog.unflushed()
                     } else {
@@ -756,7 +757,7 @@ impl RespSession {
             b"config" => self.config(args),
             b"latency" => self.latency(args),
             b"exists" | b"type" | b"keys" | b"scan" | b"info" | b"dbsize" => {
-                catalog_reply(&self.shared, self.proto, args, None)
+                catalog_reply(&self.shared, self.proto, args, &[])
             }
             b"command" => self.command(args),
             b"watch" => Reply::err(
@@ -1259,9 +1260,9 @@ pub(crate) fn catalog_reply(
     own: Own<'_>,
 ) -> Reply {
     let name = args[0].to_ascii_lowercase();
-    let exists = |k: &Bytes| match own {
-        Some((name, exists)) if name == k => exists,
-        _ => shared.catalog.contains(k),
+    let exists = |k: &Bytes| match own.iter().find(|(name, _)| name == k) {
+        Some((_, exists)) => *exists,
+        None => shared.catalog.contains(k),
     };
     match name.as_slice() {
         b"exists" => Reply::Int(args[1..].iter().filter(|k| exists(k)).count() as i64),

@@ -508,6 +508,7 @@ impl Marks {
 /// Completes when the append it was given for is flushed (per the
 /// policy). `Send`: a session on another shard may await it.
 #[must_use = "a ticket says when the write is durable"]
+#[derive(Clone)]
 pub struct Ticket {
     marks: Arc<Marks>,
     lsn: u64,
@@ -952,6 +953,27 @@ impl ShardLog {
             },
             loc,
         ))
+    }
+
+    /// Appends a transaction's records as one group (see
+    /// [`log::encode_group`]): in one segment, one ticket for all, each
+    /// record's place in order. After a crash recovery finds all of them
+    /// or none.
+    ///
+    /// # Errors
+    ///
+    /// As [`ShardLog::append`]; [`StorageError::TooLarge`] when the group
+    /// is over the record limit (it counts as one record).
+    pub fn append_group(&self, records: &[Record]) -> Result<(Ticket, Vec<Loc>), StorageError> {
+        let mut offsets = Vec::new();
+        let (ticket, first) = self.append_encoded(|dst| {
+            offsets = log::encode_group(records, dst);
+        })?;
+        let locs = offsets
+            .into_iter()
+            .map(|o| Loc::new(first.segment, u64::from(first.offset) + o))
+            .collect();
+        Ok((ticket, locs))
     }
 
     /// Stream `name` needs segments from `need` on (`None`: none), as a

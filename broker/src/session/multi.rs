@@ -1,10 +1,12 @@
-//! `MULTI` / `EXEC` / `DISCARD`. A transaction's data commands run inside
-//! the actor of the one stream they name, in order, with no other client's
-//! command between them, and their changes are logged as one record, so
-//! after a crash all of them are there or none (as Redis drops an
-//! incomplete `MULTI` block from its log). A transaction naming more than
-//! one stream is refused at `EXEC`: its streams may live on different
-//! shards, whose logs cannot commit together.
+//! `MULTI` / `EXEC` / `DISCARD`. A transaction's data commands run in the
+//! actors of the streams they name, in order, with no other client's
+//! command between them, and their changes are logged together (one
+//! record, or one group of records for several streams), so after a crash
+//! all of them are there or none (as Redis drops an incomplete `MULTI`
+//! block from its log). Several streams must share a shard (see
+//! [`crate::actor`]'s `transaction` module): a transaction over streams on
+//! different shards is refused at `EXEC`, since their logs cannot commit
+//! together.
 
 use bytes::Bytes;
 use mailring_transports::SessionCtx;
@@ -70,7 +72,7 @@ pub(super) fn queue(session: &mut RespSession, args: Vec<Bytes>) -> Reply {
 }
 
 /// The streams a queued command names (its data), if any.
-pub(super) fn streams_of<'a>(spec: &Spec, args: &'a [Bytes]) -> Vec<&'a Bytes> {
+pub(crate) fn streams_of<'a>(spec: &Spec, args: &'a [Bytes]) -> Vec<&'a Bytes> {
     match spec.kind {
         Kind::Stream(at) => args.get(at).into_iter().collect(),
         Kind::Read => match command::streams_at(args) {
@@ -148,17 +150,26 @@ impl RespSession {
             .collect();
         streams.sort();
         streams.dedup();
-        if streams.len() > 1 {
-            let names: Vec<String> = streams
-                .iter()
-                .take(4)
-                .map(|s| format!("'{}'", command::printable(s, 64)))
-                .collect();
-            return Some(Reply::err(format!(
-                "MULTI/EXEC naming more than one stream ({}) is not supported: a transaction runs inside one stream's actor and commits as one log record, and streams on different shards cannot commit together; the transaction was discarded",
-                names.join(", ")
-            )));
+        // Over several streams: they must share a shard (each shard logs
+        // its own); those placed already say so now, the coordinator
+        // checks the rest as they join.
+        let multi = streams.len() > 1;
+        if multi {
+            let mut placed = streams.iter().filter_map(|s| {
+                let shard = self.shared.system.placed_shard::<StreamActor>(s)?;
+                Some((*s, shard))
+            });
+            if let Some(first) = placed.next() {
+                if let Some(other) = placed.find(|(_, shard)| *shard != first.1) {
+                    return Some(crate::actor::across_shards(first, other));
+                }
+            }
         }
+        let all_streams: Vec<Bytes> = if multi {
+            streams.iter().map(|s| (*s).clone()).collect()
+        } else {
+            Vec::new()
+        };
         let Some(stream) = streams.first().map(|s| (*s).clone()) else {
             // No stream: every command answers here, in order. `KEYS`,
             // `SCAN` and `INFO` read the catalog, which requests before this one may
@@ -179,7 +190,7 @@ impl RespSession {
                     .zip(&commands)
                     .zip(&protos)
                     .map(|((r, c), p)| {
-                        r.unwrap_or_else(|| super::catalog_reply(&self.shared, *p, c, None))
+                        r.unwrap_or_else(|| super::catalog_reply(&self.shared, *p, c, &[]))
                     })
                     .collect();
                 let reply = Reply::array_in_protocols(replies, &protos);
@@ -194,7 +205,7 @@ impl RespSession {
             cx.reply_later_in_turn(move || {
                 for ((r, c), p) in replies.iter_mut().zip(&commands).zip(&protos) {
                     if r.is_none() {
-                        *r = Some(super::catalog_reply(&shared, *p, c, None));
+                        *r = Some(super::catalog_reply(&shared, *p, c, &[]));
                     }
                 }
                 let replies = replies.into_iter().flatten().collect();
@@ -229,7 +240,8 @@ impl RespSession {
                 Kind::Stream(_) => !StreamActor::makes_stream(spec.name, c),
                 _ => streams_of(spec, c).is_empty() && !reads_catalog(c),
             });
-        if ((only_asks && cx.pending_replies() == 0) || reads_only_missing)
+        if !multi
+            && ((only_asks && cx.pending_replies() == 0) || reads_only_missing)
             && self
                 .shared
                 .system
@@ -289,6 +301,7 @@ impl RespSession {
                 commands: batch,
                 protos: batch_protos,
                 broker,
+                streams: all_streams,
             });
             async move {
                 let mut data = match ask.await {
@@ -325,6 +338,12 @@ impl RespSession {
             cx.hold_frames_until_replied();
         } else {
             cx.reply_later(super::counting(count, start()));
+            if multi {
+                // The streams after the first join as the coordinator
+                // reaches them: the connection's next requests wait, so
+                // none of them runs in a stream before the transaction.
+                cx.hold_frames_until_replied();
+            }
         }
         None
     }

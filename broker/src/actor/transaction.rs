@@ -1,0 +1,641 @@
+//! `MULTI`/`EXEC` over several streams of one shard.
+//!
+//! The stream whose name sorts first coordinates: its actor asks each
+//! other stream, in name order, to join ([`Join`]). A stream that joins
+//! holds: its handler waits for the coordinator's steps, so no other
+//! message of it runs until the transaction ends. Because every
+//! transaction takes its streams in name order, and a stream waits only
+//! for streams after it, two transactions never wait on each other.
+//!
+//! Once every stream has joined, the coordinator runs the commands in
+//! order, each in the actor of the stream it names (its own, or a step
+//! sent to a joined stream), so each sees the transaction's earlier
+//! commands and nobody else's. Then each stream seals its changes as one
+//! record, the coordinator appends the records as one group (see
+//! [`crate::log::encode_group`]), and tells each stream where its record
+//! went: after a crash every stream has the transaction's changes or none
+//! has. If the group cannot be logged, or a stream's actor fails midway,
+//! every stream drops what the commands changed in memory and reads
+//! itself back from the log.
+//!
+//! A stream that lives on another shard cannot join (its changes go to
+//! another log, which cannot commit with this one): the transaction is
+//! refused before any command runs.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use mailring::sync::oneshot;
+use mailring::ShardId;
+use mailring_actors::{Ctx, Handler, Message};
+
+use super::{BatchAnswer, ExecBatch, GroupFrom, GroupRead, Signal, StreamActor};
+use crate::command;
+use crate::id::StreamId;
+use crate::log::{Loc, Op, Record};
+use crate::resp::{Protocol, Reply};
+use crate::server::Shared;
+use crate::store::Ticket;
+use crate::stream::Fields;
+
+/// Asks a stream to take part in a transaction that another stream of
+/// shard `shard` coordinates (see the module's documentation).
+#[derive(Debug, Message)]
+pub struct Join {
+    /// The coordinator's shard: a stream elsewhere declines.
+    pub shard: ShardId,
+    /// The broker (its id: a message touches no shared reference count).
+    pub broker: u64,
+    /// Where the stream says whether it joined.
+    pub ready: oneshot::Sender<Joined>,
+}
+
+/// A stream's answer to [`Join`].
+#[derive(Debug)]
+pub struct Joined {
+    /// The stream's shard.
+    shard: ShardId,
+    /// Where the coordinator sends the first step; `None`: it declined
+    /// (another shard, or the broker is stopping).
+    next: Option<oneshot::Sender<Turn>>,
+    /// Whether the stream exists.
+    exists: bool,
+}
+
+/// What the coordinator tells a joined stream.
+#[derive(Debug)]
+enum Turn {
+    /// Do this, answer there.
+    Step(Step, oneshot::Sender<Stepped>),
+    /// Keep the changes: the stream's record went to `loc` (no place:
+    /// it had none), flushed with `ticket`.
+    Commit(Ticket, Loc),
+    /// Drop the changes.
+    Abort,
+}
+
+/// One step of a transaction in one stream.
+#[derive(Debug)]
+enum Step {
+    /// A command naming this stream.
+    Run(Vec<Bytes>, Protocol),
+    /// `XREAD`'s read of this stream: entries after the id (`None`: `$`).
+    Read(Option<StreamId>, Option<u64>),
+    /// Whether the stream has this group.
+    HasGroup(Bytes),
+    /// `XREADGROUP`'s read of this stream.
+    ReadGroup {
+        group: Bytes,
+        consumer: Bytes,
+        from: GroupFrom,
+        count: Option<u64>,
+        noack: bool,
+    },
+    /// The stream's changes as one record (none if it has none), and the
+    /// log's number of its last append.
+    Seal,
+}
+
+/// A step's result.
+#[derive(Debug)]
+enum Done {
+    Reply(Reply),
+    Entries(Vec<(StreamId, Fields)>),
+    HasGroup(bool),
+    Group(GroupRead),
+    Sealed(Option<Record>, u64),
+}
+
+/// A step's answer, with where the next turn goes.
+#[derive(Debug)]
+struct Stepped {
+    done: Done,
+    exists: bool,
+    next: oneshot::Sender<Turn>,
+}
+
+/// A joined stream, as the coordinator sees it.
+struct Member {
+    name: Bytes,
+    next: Option<oneshot::Sender<Turn>>,
+    exists: bool,
+}
+
+/// A member's actor went away midway (it panicked, or the broker
+/// stopped).
+struct Gone(Bytes);
+
+impl Member {
+    async fn step(&mut self, step: Step) -> Result<Done, Gone> {
+        let gone = || Gone(self.name.clone());
+        let next = self.next.take().ok_or_else(gone)?;
+        let (tx, rx) = oneshot::channel();
+        next.send(Turn::Step(step, tx)).map_err(|_| gone())?;
+        let Stepped { done, exists, next } = rx.await.map_err(|_| gone())?;
+        self.next = Some(next);
+        self.exists = exists;
+        Ok(done)
+    }
+
+    fn end(&mut self, turn: Turn) {
+        if let Some(next) = self.next.take() {
+            let _ = next.send(turn);
+        }
+    }
+}
+
+impl StreamActor {
+    /// One step in this stream.
+    fn step_here(&mut self, step: &Step, shared: &Shared) -> Done {
+        match step {
+            Step::Run(args, proto) => Done::Reply(self.exec_in_batch(args, *proto, shared)),
+            Step::Read(after, count) => Done::Entries(self.read_after(*after, *count)),
+            Step::HasGroup(group) => Done::HasGroup(
+                self.stream
+                    .as_ref()
+                    .is_some_and(|s| s.groups.contains_key(group)),
+            ),
+            Step::ReadGroup {
+                group,
+                consumer,
+                from,
+                count,
+                noack,
+            } => Done::Group(self.read_group(group, consumer, from, *count, *noack).0),
+            Step::Seal => {
+                let ops = self.batch.as_ref().filter(|ops| !ops.is_empty());
+                let record = ops.map(|ops| Record {
+                    stream: self.name.clone(),
+                    op_no: self.op_no + 1,
+                    op: Op::Batch(ops.clone()),
+                });
+                Done::Sealed(record, self.last_lsn)
+            }
+        }
+    }
+
+    /// `XREAD`'s entries of this stream after `after` (`None`: its last
+    /// id), at most `count`.
+    pub(super) fn read_after(
+        &self,
+        after: Option<StreamId>,
+        count: Option<u64>,
+    ) -> Vec<(StreamId, Fields)> {
+        let after = after.unwrap_or_else(|| {
+            self.stream
+                .as_ref()
+                .map_or(StreamId::MIN, crate::stream::Stream::last_id)
+        });
+        match (self.stream.as_ref(), after.next()) {
+            (Some(s), Some(lo)) => s.range(lo, StreamId::MAX, count, false),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Keeps a transaction's changes `ops`, logged as the record at
+    /// `loc` flushed by `ticket` (`was_missing`: the stream did not exist
+    /// before the transaction).
+    pub(super) fn commit_batch(
+        &mut self,
+        ops: Vec<Op>,
+        ticket: &Ticket,
+        loc: Loc,
+        was_missing: bool,
+    ) {
+        if ops.is_empty() || !loc.is_some() {
+            return;
+        }
+        self.appended(&Op::Batch(ops), ticket, loc, was_missing);
+        if let Some(s) = self.stream.as_mut() {
+            s.place(loc);
+        }
+        if was_missing != self.stream.is_none() {
+            // Made or deleted: the catalog learns it now that it is
+            // logged.
+            if let Some(shared) = self.shared.clone() {
+                self.tell_catalog(&shared, ticket);
+            }
+        }
+    }
+}
+
+impl Handler<Join> for StreamActor {
+    async fn handle(&mut self, m: Join, cx: &mut Ctx<Self>) {
+        self.load(m.broker).await;
+        let shard = cx.shard();
+        let (tx, mut turns) = oneshot::channel();
+        let joins = shard == m.shard && self.shared.is_some();
+        let joined = Joined {
+            shard,
+            next: joins.then_some(tx),
+            exists: self.stream.is_some(),
+        };
+        if m.ready.send(joined).is_err() || !joins {
+            self.end_if_nothing(cx);
+            return;
+        }
+        let shared = self.shared.take().expect("checked above");
+        let was_missing = self.stream.is_none();
+        self.batch = Some(Vec::new());
+        // Held here until the coordinator ends the transaction; its going
+        // away (a panic, a stopping broker) aborts it.
+        let commit = loop {
+            let Ok(turn) = turns.await else {
+                break None;
+            };
+            let (step, answer) = match turn {
+                Turn::Step(step, answer) => (step, answer),
+                Turn::Commit(ticket, loc) => break Some((ticket, loc)),
+                Turn::Abort => break None,
+            };
+            let done = self.step_here(&step, &shared);
+            let (tx, rx) = oneshot::channel();
+            let stepped = Stepped {
+                done,
+                exists: self.stream.is_some(),
+                next: tx,
+            };
+            if answer.send(stepped).is_err() {
+                break None;
+            }
+            turns = rx;
+        };
+        self.shared = Some(shared);
+        let ops = self.batch.take().unwrap_or_default();
+        match commit {
+            Some((ticket, loc)) => self.commit_batch(ops, &ticket, loc, was_missing),
+            None => {
+                self.signal = Signal::Quiet;
+                if !ops.is_empty() {
+                    // What the commands changed was never logged.
+                    self.reload(m.broker).await;
+                }
+            }
+        }
+        self.wake_watchers();
+        self.publish_need();
+        self.settle();
+        self.end_if_nothing(cx);
+    }
+}
+
+/// Where a command of the transaction runs.
+enum At {
+    /// The coordinator's own stream.
+    Here,
+    /// A joined stream.
+    Member(usize),
+}
+
+impl StreamActor {
+    /// Runs `m`, a transaction over the streams `m.streams` (sorted, this
+    /// one first), as the module's documentation says.
+    pub(super) async fn exec_multi(
+        &mut self,
+        m: ExecBatch,
+        shared: Arc<Shared>,
+        cx: &mut Ctx<Self>,
+    ) -> BatchAnswer {
+        let here = cx.shard();
+        let mut members: Vec<Member> = Vec::with_capacity(m.streams.len() - 1);
+        let abort_all = |members: &mut Vec<Member>| {
+            for member in members.iter_mut() {
+                member.end(Turn::Abort);
+            }
+        };
+        for name in m.streams.iter().skip(1) {
+            let (ready, joined) = oneshot::channel();
+            let join = Join {
+                shard: here,
+                broker: m.broker,
+                ready,
+            };
+            let sent = shared
+                .system
+                .keyed::<StreamActor>(name.clone())
+                .tell(join)
+                .is_ok();
+            let refusal = match (sent, joined.await) {
+                (
+                    true,
+                    Ok(Joined {
+                        next: Some(next),
+                        exists,
+                        ..
+                    }),
+                ) => {
+                    members.push(Member {
+                        name: name.clone(),
+                        next: Some(next),
+                        exists,
+                    });
+                    continue;
+                }
+                (true, Ok(Joined { shard, .. })) if shard != here => {
+                    across_shards((&self.name, here), (name, shard))
+                }
+                _ => super::broker_gone(),
+            };
+            abort_all(&mut members);
+            self.shared = Some(shared);
+            self.end_if_nothing(cx);
+            return BatchAnswer {
+                replies: Err(refusal),
+                durable: None,
+            };
+        }
+
+        let was_missing = self.stream.is_none();
+        self.batch = Some(Vec::new());
+        let mut replies = Vec::with_capacity(m.commands.len());
+        let protos = m.protos.iter().chain(std::iter::repeat(&Protocol::Resp2));
+        let mut failed = None;
+        for (args, proto) in m.commands.iter().zip(protos) {
+            match self.run_one(args, *proto, &mut members, &shared).await {
+                Ok(reply) => replies.push(reply),
+                Err(Gone(name)) => {
+                    failed = Some(name);
+                    break;
+                }
+            }
+        }
+        // Each stream's changes as one record, in name order.
+        let mine = self.batch.take().unwrap_or_default();
+        let mut records = Vec::new();
+        let mut owners = Vec::new();
+        if !mine.is_empty() {
+            records.push(Record {
+                stream: self.name.clone(),
+                op_no: self.op_no + 1,
+                op: Op::Batch(mine.clone()),
+            });
+            owners.push(At::Here);
+        }
+        let mut last_lsn = self.last_lsn;
+        if failed.is_none() {
+            for (i, member) in members.iter_mut().enumerate() {
+                match member.step(Step::Seal).await {
+                    Ok(Done::Sealed(record, lsn)) => {
+                        last_lsn = last_lsn.max(lsn);
+                        if let Some(r) = record {
+                            records.push(r);
+                            owners.push(At::Member(i));
+                        }
+                    }
+                    Ok(_) => unreachable!("a seal answers with its record"),
+                    Err(Gone(name)) => {
+                        failed = Some(name);
+                        break;
+                    }
+                }
+            }
+        }
+        self.shared = Some(shared);
+        let logged = match (&failed, &self.log) {
+            (Some(_), _) => None,
+            (None, _) if records.is_empty() => Some(None),
+            (None, Some(log)) => match log.append_group(&records) {
+                Ok((ticket, locs)) => Some(Some((ticket, locs))),
+                Err(e) => {
+                    abort_all(&mut members);
+                    self.signal = Signal::Quiet;
+                    if !mine.is_empty() {
+                        self.reload(m.broker).await;
+                    }
+                    self.end_if_nothing(cx);
+                    return BatchAnswer::refused(&e);
+                }
+            },
+            (None, None) => {
+                abort_all(&mut members);
+                self.signal = Signal::Quiet;
+                self.end_if_nothing(cx);
+                return BatchAnswer::refused(&crate::store::StorageError::Closed);
+            }
+        };
+        let Some(logged) = logged else {
+            // A stream's actor failed midway: nothing was logged, and
+            // every stream drops what the commands changed.
+            abort_all(&mut members);
+            self.signal = Signal::Quiet;
+            if !mine.is_empty() {
+                self.reload(m.broker).await;
+            }
+            self.end_if_nothing(cx);
+            let name = failed.unwrap_or_default();
+            return BatchAnswer {
+                replies: Err(Reply::err(format!(
+                    "EXECABORT Transaction discarded because of: the actor of stream '{}' failed while it ran; nothing was changed",
+                    command::printable(&name, 64)
+                ))),
+                durable: None,
+            };
+        };
+        let durable = match logged {
+            None => {
+                // Only reads: what they read may still be flushing.
+                if let Some(log) = &self.log {
+                    let ticket = log.no_wait();
+                    for member in &mut members {
+                        member.end(Turn::Commit(ticket.clone(), Loc::NONE));
+                    }
+                }
+                self.log.as_ref().and_then(|log| log.read_ticket(last_lsn))
+            }
+            Some((ticket, locs)) => {
+                let mut mine = Some(mine);
+                for (owner, loc) in owners.iter().zip(locs) {
+                    match owner {
+                        At::Here => {
+                            let ops = mine.take().unwrap_or_default();
+                            self.commit_batch(ops, &ticket, loc, was_missing);
+                        }
+                        At::Member(i) => members[*i].end(Turn::Commit(ticket.clone(), loc)),
+                    }
+                }
+                // Members that changed nothing are released.
+                for member in &mut members {
+                    member.end(Turn::Commit(ticket.clone(), Loc::NONE));
+                }
+                Some(ticket)
+            }
+        };
+        self.wake_watchers();
+        self.publish_need();
+        self.settle();
+        self.end_if_nothing(cx);
+        BatchAnswer {
+            replies: Ok(replies),
+            durable,
+        }
+    }
+
+    /// Runs one command of a transaction over several streams, in the
+    /// actor of each stream it names.
+    async fn run_one(
+        &mut self,
+        args: &[Bytes],
+        proto: Protocol,
+        members: &mut [Member],
+        shared: &Shared,
+    ) -> Result<Reply, Gone> {
+        let name = command::lookup(&args[0]).map_or("", |s| s.name);
+        match name {
+            "keys" | "scan" | "info" | "dbsize" => {
+                // The catalog with every stream as the transaction left it
+                // so far.
+                let mut own = vec![(self.name.clone(), self.stream.is_some())];
+                own.extend(members.iter().map(|m| (m.name.clone(), m.exists)));
+                Ok(crate::session::catalog_reply(shared, proto, args, &own))
+            }
+            "exists" | "del" => {
+                // Each stream counts itself (as often as it is named).
+                let mut streams: Vec<&Bytes> = args[1..].iter().collect();
+                streams.sort();
+                streams.dedup();
+                let mut total = 0;
+                for stream in streams {
+                    let step = Step::Run(args.to_vec(), proto);
+                    match self.step_in(stream, step, members, shared).await? {
+                        Done::Reply(Reply::Int(n)) => total += n,
+                        Done::Reply(other) => return Ok(other),
+                        _ => unreachable!("a command answers with its reply"),
+                    }
+                }
+                Ok(Reply::Int(total))
+            }
+            "xread" | "xreadgroup" if distinct_read_streams(args) > 1 => {
+                self.read_many(name == "xreadgroup", args, proto, members, shared)
+                    .await
+            }
+            _ => {
+                let spec = command::lookup(&args[0]).expect("queued commands were looked up");
+                let step = Step::Run(args.to_vec(), proto);
+                let done = match crate::session::streams_of(spec, args).first() {
+                    Some(stream) => self.step_in(stream, step, members, shared).await?,
+                    None => self.step_here(&step, shared),
+                };
+                match done {
+                    Done::Reply(r) => Ok(r),
+                    _ => unreachable!("a command answers with its reply"),
+                }
+            }
+        }
+    }
+
+    /// Runs `step` in the actor of `stream`: this one, or a member.
+    async fn step_in(
+        &mut self,
+        stream: &Bytes,
+        step: Step,
+        members: &mut [Member],
+        shared: &Shared,
+    ) -> Result<Done, Gone> {
+        match members.iter().position(|m| m.name == *stream) {
+            Some(i) => members[i].step(step).await,
+            None => Ok(self.step_here(&step, shared)),
+        }
+    }
+
+    /// `XREAD` / `XREADGROUP` naming several of the transaction's
+    /// streams: checked whole first (as Redis checks every stream's group
+    /// and id before it reads any), then each stream read in the order
+    /// named.
+    async fn read_many(
+        &mut self,
+        group_read: bool,
+        args: &[Bytes],
+        proto: Protocol,
+        members: &mut [Member],
+        shared: &Shared,
+    ) -> Result<Reply, Gone> {
+        let p = match command::parse_read(args, group_read) {
+            Ok(p) => p,
+            Err(e) => return Ok(e),
+        };
+        let at = command::streams_at(args).expect("parse_read found the streams");
+        let names: Vec<Bytes> = args[at..at + p.ids.len()].to_vec();
+        let mut steps = Vec::with_capacity(names.len());
+        match &p.group {
+            None => {
+                for raw in &p.ids {
+                    match command::xread_id(raw) {
+                        Ok(after) => steps.push(Step::Read(after, p.count)),
+                        Err(e) => return Ok(e),
+                    }
+                }
+            }
+            Some((group, consumer)) => {
+                for (stream, raw) in names.iter().zip(&p.ids) {
+                    let has = self
+                        .step_in(stream, Step::HasGroup(group.clone()), members, shared)
+                        .await?;
+                    if !matches!(has, Done::HasGroup(true)) {
+                        return Ok(super::no_group_in_readgroup(stream, group));
+                    }
+                    let from = match command::xreadgroup_id(raw) {
+                        Ok(None) => GroupFrom::New,
+                        Ok(Some(_)) => GroupFrom::History(raw.clone()),
+                        Err(e) => return Ok(e),
+                    };
+                    steps.push(Step::ReadGroup {
+                        group: group.clone(),
+                        consumer: consumer.clone(),
+                        from,
+                        count: p.count,
+                        noack: p.noack,
+                    });
+                }
+            }
+        }
+        let mut plain = Vec::new();
+        let mut grouped = Vec::new();
+        for (stream, step) in names.iter().zip(steps) {
+            let history = matches!(
+                step,
+                Step::ReadGroup {
+                    from: GroupFrom::History(_),
+                    ..
+                }
+            );
+            let done = self.step_in(stream, step, members, shared).await?;
+            match done {
+                Done::Entries(e) if !e.is_empty() => plain.push((stream.clone(), e)),
+                Done::Group(GroupRead::Error(e)) => return Ok(e),
+                Done::Group(GroupRead::Entries(e)) if !e.is_empty() || history => {
+                    grouped.push((stream.clone(), e));
+                }
+                _ => {}
+            }
+        }
+        Ok(match (group_read, plain.is_empty() && grouped.is_empty()) {
+            (_, true) => Reply::NilArray,
+            (false, false) => crate::session::streams_reply(plain, proto),
+            (true, false) => crate::session::group_streams_reply(grouped, proto),
+        })
+    }
+}
+
+/// The reply to a transaction over streams `a` and `b` on different
+/// shards: refused, nothing done.
+pub(crate) fn across_shards(a: (&Bytes, ShardId), b: (&Bytes, ShardId)) -> Reply {
+    Reply::err(format!(
+        "MULTI/EXEC over streams on different shards is not supported ('{}' is on shard {}, '{}' on shard {}): each shard logs its own streams, and a transaction commits as one record of one log; the transaction was discarded",
+        command::printable(a.0, 64),
+        a.1.index(),
+        command::printable(b.0, 64),
+        b.1.index(),
+    ))
+}
+
+/// How many different streams an `XREAD` / `XREADGROUP` names.
+fn distinct_read_streams(args: &[Bytes]) -> usize {
+    let Some(at) = command::streams_at(args).filter(|&at| at < args.len()) else {
+        return 0;
+    };
+    let keys = (args.len() - at) / 2;
+    let mut names: Vec<&Bytes> = args[at..at + keys].iter().collect();
+    names.sort();
+    names.dedup();
+    names.len()
+}
