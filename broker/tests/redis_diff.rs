@@ -466,6 +466,10 @@ struct Traffic {
     /// Whether replies carrying idle times (`XPENDING`'s extended form)
     /// are asked: not when the round is compared byte for byte.
     idle_times: bool,
+    /// Whether a transaction may name several streams: only while the
+    /// broker has one shard (over several, its streams may sit on
+    /// different shards, and such a transaction is refused).
+    multi_streams: bool,
 }
 
 const KEYS: [&str; 3] = ["s0", "s1", "s2"];
@@ -477,6 +481,7 @@ impl Traffic {
             next_ms: [1; 3],
             node_info: true,
             idle_times: true,
+            multi_streams: false,
         }
     }
 
@@ -732,7 +737,8 @@ impl Traffic {
         words.join(" ")
     }
 
-    /// The next steps: one command, or a transaction on one stream.
+    /// The next steps: one command, or a transaction (on one stream, or
+    /// while [`Traffic::multi_streams`] over several).
     fn steps(&mut self) -> Vec<Step> {
         let (k, _) = self.key();
         if self.rng.below(25) != 0 {
@@ -749,8 +755,24 @@ impl Traffic {
             command: "MULTI".into(),
             mask: Mask::Idle,
         }];
+        let over_streams = self.multi_streams && self.rng.below(2) == 0;
         for _ in 0..2 + self.rng.below(3) {
-            let (command, mask) = self.stream_command(k, true);
+            let (command, mask) = if over_streams && self.rng.below(5) == 0 {
+                let count = 1 + self.rng.below(4);
+                let ids = [self.id(0), self.id(1), self.id(2)];
+                let command = match self.rng.below(3) {
+                    0 => "EXISTS s2 s0 s1 s0 nope".to_owned(),
+                    1 => format!(
+                        "XREAD COUNT {count} STREAMS s1 s0 s2 {} {} {}",
+                        ids[1], ids[0], ids[2]
+                    ),
+                    _ => format!("XREADGROUP GROUP g0 c0 COUNT {count} STREAMS s0 s2 > >"),
+                };
+                (command, Mask::Ids)
+            } else {
+                let k = if over_streams { self.key().0 } else { k };
+                self.stream_command(k, true)
+            };
             steps.push(Step { command, mask });
         }
         steps.push(Step {
@@ -791,6 +813,7 @@ fn random_traffic_across_restarts_matches_redis_server() {
             let pipelined = round % 2 == 1;
             traffic.node_info = round == 0;
             traffic.idle_times = !pipelined;
+            traffic.multi_streams = shards == 1 && round == 0;
             let mut steps = Vec::new();
             while steps.len() < 150 {
                 steps.extend(traffic.steps());

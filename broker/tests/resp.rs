@@ -1884,6 +1884,38 @@ fn under_everysec_a_failed_flush_beside_the_writes_refuses_every_later_write() {
     broker.shutdown();
 }
 
+/// Adds entries `<ms>-1` for each `ms` of `range` to `key`.
+fn add_entries(c: &mut Client, key: &str, range: std::ops::Range<u64>) {
+    for ms in range {
+        let id = format!("{ms}-1");
+        assert_eq!(c.cmd(&["XADD", key, &id, "f", "v"]), R::bulk(&id));
+    }
+}
+
+/// Waits (at most 10 s) until `blocked` clients are blocked, as `INFO
+/// clients` counts them.
+fn until_blocked(c: &mut Client, blocked: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let want = format!("blocked_clients:{blocked}\r\n");
+    while !c.cmd(&["INFO", "clients"]).text().contains(&want) {
+        assert!(std::time::Instant::now() < deadline, "never {want}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Sends `EXEC` and checks it is refused whole: `EXECABORT` because of
+/// something starting with `why` and saying `detail`.
+fn exec_aborts(c: &mut Client, why: &str, detail: &str) {
+    match c.cmd(&["EXEC"]) {
+        R::Error(e) => assert!(
+            e.strip_prefix("EXECABORT Transaction discarded because of: ")
+                .is_some_and(|e| e.starts_with(why) && e.contains(detail)),
+            "{e}"
+        ),
+        other => panic!("EXEC: {other:?}"),
+    }
+}
+
 #[test]
 fn a_transaction_whose_record_is_refused_changes_nothing() {
     let dir = TempDir::new();
@@ -1916,14 +1948,7 @@ fn a_transaction_whose_record_is_refused_changes_nothing() {
             assert_eq!(c.cmd(&read), R::Status("QUEUED".into()));
             assert_eq!(c.cmd(&["XDEL", "s", "1-1"]), R::Status("QUEUED".into()));
         }
-        match c.cmd(&["EXEC"]) {
-            R::Error(e) => assert!(
-                e.starts_with("EXECABORT Transaction discarded because of: MISCONF")
-                    && e.contains("larger than the log takes"),
-                "{e}"
-            ),
-            other => panic!("EXEC: {other:?}"),
-        }
+        exec_aborts(&mut c, "MISCONF", "larger than the log takes");
     }
     // ...and none of them left a trace: not in memory...
     let now = (
@@ -1959,14 +1984,7 @@ fn a_transaction_whose_record_is_refused_changes_nothing() {
         ">",
     ];
     assert_eq!(c.cmd(&read), R::Status("QUEUED".into()));
-    match c.cmd(&["EXEC"]) {
-        R::Error(e) => assert!(
-            e.starts_with("EXECABORT Transaction discarded because of: MISCONF")
-                && e.contains("larger than the log takes"),
-            "{e}"
-        ),
-        other => panic!("EXEC: {other:?}"),
-    }
+    exec_aborts(&mut c, "MISCONF", "larger than the log takes");
     assert_eq!(c.cmd(&["XINFO", "GROUPS", "d"]), groups);
     assert_eq!(c.cmd(&["XLEN", "d"]), R::Int(400));
     assert_eq!(
@@ -2340,7 +2358,7 @@ fn a_blocked_xreadgroup_is_served_by_the_next_append() {
 }
 
 #[test]
-fn a_transaction_on_one_stream_commits_whole_and_one_on_two_is_refused() {
+fn a_transaction_on_one_stream_commits_whole_and_one_across_shards_is_refused() {
     let dir = TempDir::new();
     {
         let broker = start_in(&dir.0, 2, BrokerConfig::default());
@@ -2367,18 +2385,35 @@ fn a_transaction_on_one_stream_commits_whole_and_one_on_two_is_refused() {
                 R::Status("PONG".into())
             ])
         );
-        // Two streams (here on different shards): refused, nothing done.
+        // Two streams on different shards: refused, nothing done.
         let other = "other";
         c.cmd(&["MULTI"]);
         c.cmd(&["XADD", "tx", "3-1", "a", "3"]);
         c.cmd(&["XADD", other, "1-1", "a", "1"]);
         let r = c.cmd(&["EXEC"]);
-        assert!(
-            matches!(&r, R::Error(e) if e.contains("more than one stream")),
-            "{r:?}"
+        assert_eq!(
+            r,
+            R::Error("ERR MULTI/EXEC over streams on different shards is not supported ('other' is on shard 1, 'tx' on shard 0): each shard logs its own streams, and a transaction commits as one record of one log; the transaction was discarded".into())
         );
         assert_eq!(c.cmd(&["XLEN", "tx"]), R::Int(2));
         assert_eq!(c.cmd(&["EXISTS", other]), R::Int(0));
+        // One stream never placed: the transaction places it (next to
+        // the connection, on shard 0), and the coordinator finds out as
+        // `other`, on shard 1, declines to join.
+        assert_eq!(c.cmd(&["XADD", other, "1-1", "a", "1"]), R::bulk("1-1"));
+        c.cmd(&["MULTI"]);
+        c.cmd(&["XADD", "new", "1-1", "a", "1"]);
+        c.cmd(&["XADD", other, "2-1", "a", "2"]);
+        match c.cmd(&["EXEC"]) {
+            R::Error(e) => assert!(
+                e.starts_with("ERR MULTI/EXEC over streams on different shards")
+                    && e.contains("'other' on shard 1"),
+                "{e}"
+            ),
+            r => panic!("EXEC: {r:?}"),
+        }
+        assert_eq!(c.cmd(&["EXISTS", "new"]), R::Int(0));
+        assert_eq!(c.cmd(&["XLEN", other]), R::Int(1));
         broker.shutdown();
     }
     let broker = start_in(&dir.0, 1, BrokerConfig::default());
@@ -2490,6 +2525,13 @@ fn every_answered_write_survives_a_power_loss_under_always() {
         &["MULTI"],
         &["XADD", "d", "1-1", "f", "1"],
         &["XADD", "d", "2-1", "f", "2"],
+        &["EXEC"],
+        // Over two streams of one shard (one made again).
+        &["MULTI"],
+        &["XADD", "c", "5-1", "f", "c"],
+        &["XADD", "a", "7-1", "f", "7"],
+        &["XREADGROUP", "GROUP", "g", "w5", "STREAMS", "a", ">"],
+        &["XACK", "a", "g", "4-1"],
         &["EXEC"],
     ];
     for cmd in script {
@@ -2842,15 +2884,7 @@ fn a_group_reader_answered_with_no_entry_is_seen_then() {
         b"seen",
         b">",
     ]));
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !c
-        .cmd(&["INFO", "clients"])
-        .text()
-        .contains("blocked_clients:1")
-    {
-        assert!(std::time::Instant::now() < deadline, "never blocked");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    until_blocked(&mut c, 1);
     let idle = |c: &mut Client| {
         let R::Array(consumers) = c.cmd(&["XINFO", "CONSUMERS", "seen", "g"]) else {
             panic!("consumers");
@@ -3951,18 +3985,7 @@ fn commandstats_count_pipelined_runs_over_both_shards_blocked_reads_and_every_co
         b"XREAD", b"BLOCK", b"0", b"STREAMS", b"cs:1", b"$",
     ]));
     let mut other = Client::connect(broker.local_addr());
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !other
-        .cmd(&["INFO", "clients"])
-        .text()
-        .contains("blocked_clients:1")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the read never blocked"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    until_blocked(&mut other, 1);
     let info = other.cmd(&["INFO", "commandstats"]).text();
     assert!(info.starts_with("# Commandstats\r\n"), "{info}");
     assert_eq!(command_stat(&info, "xread"), None, "not served yet: {info}");
@@ -4360,5 +4383,398 @@ fn info_reports_network_bytes_rates_peak_memory_and_a_run_id() {
         assert!(std::time::Instant::now() < deadline, "no rate seen: {now}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    broker.shutdown();
+}
+
+/// A broker of `shards` shards with `streams` placed on its last shard.
+fn start_placed(dir: &TempDir, shards: usize, streams: &[&str]) -> Broker {
+    let broker = start_in(&dir.0, shards, BrokerConfig::default());
+    for s in streams {
+        assert_eq!(
+            broker.place_stream(s.as_bytes(), shards - 1),
+            Ok(shards - 1)
+        );
+    }
+    broker
+}
+
+#[test]
+fn a_transaction_over_streams_of_one_shard_commits_whole_and_survives_restarts() {
+    let dir = TempDir::new();
+    let keys = ["ma", "mb", "mc", "md"];
+    let before;
+    {
+        let broker = start_placed(&dir, 2, &keys);
+        let mut c = Client::connect(broker.local_addr());
+        assert_eq!(c.cmd(&["XADD", "md", "1-1", "f", "old"]), R::bulk("1-1"));
+        assert_eq!(c.cmd(&["MULTI"]), R::Status("OK".into()));
+        for cmd in [
+            &["XADD", "mb", "1-1", "f", "b1"][..],
+            &["XADD", "ma", "1-1", "f", "a1"],
+            &["XGROUP", "CREATE", "mc", "g", "0", "MKSTREAM"],
+            &["XADD", "mc", "2-1", "f", "c2"],
+            &[
+                "XREADGROUP",
+                "GROUP",
+                "g",
+                "w",
+                "STREAMS",
+                "mc",
+                "mb",
+                ">",
+                "0",
+            ],
+            &["EXISTS", "ma", "mb", "md", "nope", "ma"],
+            &["DEL", "md", "nope"],
+            &["DBSIZE"],
+            &["XLEN", "mb"],
+            &["PING"],
+        ] {
+            assert_eq!(c.cmd(cmd), R::Status("QUEUED".into()), "{cmd:?}");
+        }
+        let entry = |id: &str, v: &str| {
+            R::Array(vec![R::bulk(id), R::Array(vec![R::bulk("f"), R::bulk(v)])])
+        };
+        assert_eq!(
+            c.cmd(&["EXEC"]),
+            R::Array(vec![
+                R::bulk("1-1"),
+                R::bulk("1-1"),
+                R::Status("OK".into()),
+                R::bulk("2-1"),
+                // mb has no group `g`: the read fails whole.
+                R::Error("NOGROUP No such key 'mb' or consumer group 'g' in XREADGROUP with GROUP option".into()),
+                R::Int(4),
+                R::Int(1),
+                R::Int(3),
+                R::Int(1),
+                R::Status("PONG".into()),
+            ])
+        );
+        assert_eq!(c.cmd(&["MULTI"]), R::Status("OK".into()));
+        c.cmd(&[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "w",
+            "COUNT",
+            "5",
+            "STREAMS",
+            "mc",
+            ">",
+        ]);
+        c.cmd(&["XREAD", "STREAMS", "mb", "ma", "0", "0"]);
+        assert_eq!(
+            c.cmd(&["EXEC"]),
+            R::Array(vec![
+                R::Array(vec![R::Array(vec![
+                    R::bulk("mc"),
+                    R::Array(vec![entry("2-1", "c2")])
+                ])]),
+                R::Array(vec![
+                    R::Array(vec![R::bulk("mb"), R::Array(vec![entry("1-1", "b1")])]),
+                    R::Array(vec![R::bulk("ma"), R::Array(vec![entry("1-1", "a1")])]),
+                ]),
+            ])
+        );
+        before = visible_state(&mut c, &keys);
+        assert_eq!(c.cmd(&["EXISTS", "md"]), R::Int(0));
+        broker.shutdown();
+    }
+    // Restarted with the same, fewer and more shards: every stream has
+    // the transactions' changes.
+    for shards in [2, 1, 3] {
+        let broker = start_in(&dir.0, shards, BrokerConfig::default());
+        let mut c = Client::connect(broker.local_addr());
+        assert_eq!(visible_state(&mut c, &keys), before, "{shards} shards");
+        broker.shutdown();
+    }
+}
+
+#[test]
+fn a_transaction_over_streams_cut_by_a_crash_is_in_no_stream() {
+    let keys = ["ca", "cb", "cc"];
+    // How far into the transaction's records the crash cuts: none of it,
+    // half, all but one byte; and all of it (then every stream has it).
+    for part in [0.0, 0.5, 0.999, 1.0] {
+        let dir = TempDir::new();
+        // Under `everysec`, so the transaction is written (and answered)
+        // while its flush is held.
+        let gate = SyncGate::new();
+        let mut config = BrokerConfig::default();
+        config.store.fsync = Fsync::EverySec;
+        config.store.sync_gate = Some(gate.clone());
+        let broker = start_in(&dir.0, 2, config);
+        for k in keys {
+            assert_eq!(broker.place_stream(k.as_bytes(), 1), Ok(1));
+        }
+        let mut c = Client::connect(broker.local_addr());
+        assert_eq!(c.cmd(&["XADD", "ca", "1-1", "f", "v"]), R::bulk("1-1"));
+        assert_eq!(c.cmd(&["XADD", "cb", "1-1", "f", "v"]), R::bulk("1-1"));
+        let before = visible_state(&mut c, &keys);
+        // Everything before the transaction flushed (within a second).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let durable = loop {
+            let (written, durable) = broker.written_and_durable_files();
+            if written == durable {
+                break durable;
+            }
+            assert!(std::time::Instant::now() < deadline, "never flushed");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        gate.close();
+        let mut wire = Vec::new();
+        for cmd in [
+            &[&b"MULTI"[..]][..],
+            &[b"XADD", b"ca", b"2-1", b"f", b"tx"],
+            &[b"XADD", b"cb", b"2-1", b"f", b"tx"],
+            &[b"XADD", b"cc", b"1-1", b"f", b"tx"],
+            &[b"XGROUP", b"CREATE", b"cb", b"g", b"0"],
+            &[b"EXEC"],
+        ] {
+            wire.extend(encode(cmd));
+        }
+        c.send_raw(&wire);
+        // Written, not flushed (the flush is held).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let grown = loop {
+            let written = broker.written_files();
+            let grown: Vec<_> = written
+                .iter()
+                .filter(|(p, len)| durable.get(*p).is_none_or(|d| *len > d))
+                .map(|(p, len)| (p.clone(), *len))
+                .collect();
+            if !grown.is_empty() {
+                break grown;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never written: {written:?} {durable:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!(grown.len(), 1, "one segment takes the group: {grown:?}");
+        let (path, written) = grown[0].clone();
+        let from = durable.get(&path).copied().unwrap_or(0);
+        gate.open();
+        broker.shutdown();
+        drop(c);
+        // The crash: the segment keeps what was flushed and `part` of
+        // the transaction's bytes.
+        let keep = from + ((written - from) as f64 * part) as u64;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(keep)
+            .unwrap();
+        let broker = start_in(&dir.0, 2, BrokerConfig::default());
+        let mut c = Client::connect(broker.local_addr());
+        let after = visible_state(&mut c, &keys);
+        if part < 1.0 {
+            assert_eq!(after, before, "cut at {part}");
+            assert_eq!(c.cmd(&["EXISTS", "cc"]), R::Int(0));
+        } else {
+            assert_ne!(after, before);
+            assert_eq!(c.cmd(&["XLEN", "ca"]), R::Int(2));
+            assert_eq!(c.cmd(&["XLEN", "cb"]), R::Int(2));
+            assert_eq!(c.cmd(&["XLEN", "cc"]), R::Int(1));
+            let groups = c.cmd(&["XINFO", "GROUPS", "cb"]);
+            assert!(matches!(&groups, R::Array(g) if g.len() == 1), "{groups:?}");
+        }
+        // The streams go on numbering their records after the restart.
+        assert_eq!(c.cmd(&["XADD", "ca", "9-1", "f", "v"]), R::bulk("9-1"));
+        broker.shutdown();
+    }
+}
+
+#[test]
+fn transactions_over_the_same_streams_in_any_order_all_complete() {
+    // Clients whose transactions name the same streams in different
+    // orders (and plain commands between): each stream joins in name
+    // order, so none waits on another for ever.
+    let dir = TempDir::new();
+    let keys = ["ia", "ib", "ic", "id"];
+    let broker = start_placed(&dir, 2, &keys);
+    let addr = broker.local_addr();
+    let rounds = 60;
+    let clients = 4;
+    let threads: Vec<_> = (0..clients)
+        .map(|ci| {
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                for round in 0..rounds {
+                    let first = keys[(ci + round) % 4];
+                    let second = keys[(ci + round + 1 + ci % 2) % 4];
+                    let mut wire = encode(&[b"MULTI"]);
+                    wire.extend(encode(&[b"XADD", second.as_bytes(), b"*", b"c", b"1"]));
+                    wire.extend(encode(&[b"XADD", first.as_bytes(), b"*", b"c", b"1"]));
+                    wire.extend(encode(&[b"XLEN", second.as_bytes()]));
+                    wire.extend(encode(&[b"EXEC"]));
+                    // A plain write after it, pipelined.
+                    wire.extend(encode(&[b"XADD", second.as_bytes(), b"*", b"after", b"1"]));
+                    c.send_raw(&wire);
+                    assert_eq!(c.read(), R::Status("OK".into()));
+                    for _ in 0..3 {
+                        assert_eq!(c.read(), R::Status("QUEUED".into()));
+                    }
+                    match c.read() {
+                        R::Array(r) => {
+                            assert_eq!(r.len(), 3, "{r:?}");
+                            assert!(is_id(&r[0]) && is_id(&r[1]), "{r:?}");
+                            assert!(matches!(r[2], R::Int(n) if n >= 1), "{r:?}");
+                        }
+                        other => panic!("EXEC: {other:?}"),
+                    }
+                    let after = c.read();
+                    assert!(is_id(&after), "{after:?}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut c = Client::connect(addr);
+    let total: i64 = keys
+        .iter()
+        .map(|k| match c.cmd(&["XLEN", k]) {
+            R::Int(n) => n,
+            other => panic!("{other:?}"),
+        })
+        .sum();
+    assert_eq!(total, (clients * rounds * 3) as i64);
+    broker.shutdown();
+}
+
+#[test]
+fn a_transaction_over_streams_keeps_the_connection_s_order_and_wakes_readers() {
+    let dir = TempDir::new();
+    let broker = start_placed(&dir, 2, &["oa", "ob"]);
+    let mut reader = Client::connect(broker.local_addr());
+    reader.send_raw(&encode(&[
+        b"XREAD", b"BLOCK", b"0", b"STREAMS", b"ob", b"$",
+    ]));
+    let mut c = Client::connect(broker.local_addr());
+    until_blocked(&mut c, 1);
+    // Before, in and after the transaction, pipelined: each runs in
+    // order in the stream it names.
+    let mut wire = Vec::new();
+    for cmd in [
+        &[&b"XADD"[..], b"ob", b"4-0", b"f", b"before"][..],
+        &[b"MULTI"],
+        &[b"XADD", b"oa", b"1-0", b"f", b"v"],
+        &[b"XADD", b"ob", b"5-0", b"f", b"in"],
+        &[b"EXEC"],
+        &[b"XADD", b"ob", b"6-0", b"f", b"after"],
+        &[b"XRANGE", b"ob", b"-", b"+"],
+    ] {
+        wire.extend(encode(cmd));
+    }
+    c.send_raw(&wire);
+    assert_eq!(c.read(), R::bulk("4-0"));
+    assert_eq!(c.read(), R::Status("OK".into()));
+    assert_eq!(c.read(), R::Status("QUEUED".into()));
+    assert_eq!(c.read(), R::Status("QUEUED".into()));
+    assert_eq!(c.read(), R::Array(vec![R::bulk("1-0"), R::bulk("5-0")]));
+    assert_eq!(c.read(), R::bulk("6-0"));
+    match c.read() {
+        R::Array(entries) => assert_eq!(entries.len(), 3),
+        other => panic!("{other:?}"),
+    }
+    // The blocked reader was served by the first entry after its `$`.
+    let entry = R::Array(vec![
+        R::bulk("4-0"),
+        R::Array(vec![R::bulk("f"), R::bulk("before")]),
+    ]);
+    assert_eq!(
+        reader.read(),
+        R::Array(vec![R::Array(vec![R::bulk("ob"), R::Array(vec![entry])])])
+    );
+    broker.shutdown();
+}
+
+#[test]
+fn a_transaction_over_streams_whose_records_are_refused_changes_none() {
+    let dir = TempDir::new();
+    let mut config = BrokerConfig::default();
+    config.store.max_record_bytes = 4096;
+    let broker = start_in(&dir.0, 1, config);
+    let mut c = Client::connect(broker.local_addr());
+    add_entries(&mut c, "rd", 10..410);
+    assert_eq!(c.cmd(&["XADD", "re", "1-1", "f", "v"]), R::bulk("1-1"));
+    assert_eq!(
+        c.cmd(&["XGROUP", "CREATE", "rd", "g", "0"]),
+        R::Status("OK".into())
+    );
+    let before = visible_state(&mut c, &["rd", "re", "rf"]);
+    // Small arguments, large records: a group read delivering 400
+    // entries logs each id. The commands run in every stream, the
+    // group is refused, and each stream is read back as it was.
+    c.cmd(&["MULTI"]);
+    c.cmd(&["XADD", "re", "2-1", "f", "v"]);
+    c.cmd(&["XADD", "rf", "1-1", "f", "v"]);
+    c.cmd(&[
+        "XREADGROUP",
+        "GROUP",
+        "g",
+        "c",
+        "COUNT",
+        "400",
+        "STREAMS",
+        "rd",
+        ">",
+    ]);
+    exec_aborts(&mut c, "MISCONF", "larger than the log takes");
+    assert_eq!(visible_state(&mut c, &["rd", "re", "rf"]), before);
+    assert_eq!(c.cmd(&["EXISTS", "rf"]), R::Int(0));
+    assert_eq!(c.cmd(&["DBSIZE"]), R::Int(2));
+    // And the streams take writes again.
+    assert_eq!(c.cmd(&["XADD", "re", "3-1", "f", "v"]), R::bulk("3-1"));
+    broker.shutdown();
+}
+
+#[test]
+fn a_stream_whose_actor_fails_inside_a_transaction_over_streams_aborts_it_whole() {
+    // `pb`'s entries live only in its segment (no cache), and the disk
+    // damaged them: reading them back inside the transaction makes its
+    // actor panic after `pa` ran its part. Nothing of the transaction
+    // stays, and the other stream serves on.
+    let dir = TempDir::new();
+    let mut config = BrokerConfig::default();
+    config.store.stream_cache_bytes = 0;
+    let broker = start_in(&dir.0, 1, config);
+    let mut c = Client::connect(broker.local_addr());
+    let value = format!("DAMAGED{}", "x".repeat(64));
+    // (`pa`'s record before the damage: a stream read back from its log
+    // is read up to the first bad record.)
+    assert_eq!(c.cmd(&["XADD", "pa", "1-1", "f", "v"]), R::bulk("1-1"));
+    assert_eq!(c.cmd(&["XADD", "pb", "1-1", "f", &value]), R::bulk("1-1"));
+    // More entries after it close its node: only an open node stays in
+    // memory.
+    add_entries(&mut c, "pb", 2..200);
+    let before = c.cmd(&["XRANGE", "pa", "-", "+"]);
+    let mut damaged = 0;
+    for path in common::segment_files(&dir.0) {
+        let mut bytes = std::fs::read(&path).unwrap();
+        if let Some(at) = bytes.windows(7).position(|w| w == b"DAMAGED") {
+            bytes[at..at + 7].copy_from_slice(b"damaged");
+            std::fs::write(&path, &bytes).unwrap();
+            damaged += 1;
+        }
+    }
+    assert_eq!(damaged, 1);
+    c.cmd(&["MULTI"]);
+    c.cmd(&["XADD", "pa", "2-1", "f", "v"]);
+    c.cmd(&["XRANGE", "pb", "-", "+", "COUNT", "1"]);
+    c.cmd(&["XADD", "pa", "3-1", "f", "v"]);
+    exec_aborts(
+        &mut c,
+        "the actor of stream 'pb' failed",
+        "nothing was changed",
+    );
+    assert_eq!(c.cmd(&["XRANGE", "pa", "-", "+"]), before);
+    assert_eq!(c.cmd(&["XADD", "pa", "4-1", "f", "v"]), R::bulk("4-1"));
+    assert_eq!(c.cmd(&["XLEN", "pa"]), R::Int(2));
     broker.shutdown();
 }

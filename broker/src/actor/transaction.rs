@@ -424,7 +424,7 @@ impl StreamActor {
             self.end_if_nothing(cx);
             let name = failed.unwrap_or_default();
             return BatchAnswer {
-                replies: Err(Reply::err(format!(
+                replies: Err(Reply::Error(format!(
                     "EXECABORT Transaction discarded because of: the actor of stream '{}' failed while it ran; nothing was changed",
                     command::printable(&name, 64)
                 ))),

@@ -76,6 +76,20 @@ with r.pipeline(transaction=True) as p:
     p.xadd("ledger", {"a": 2}, id="2-1")
     p.xlen("ledger")
     assert p.execute() == ["1-1", "2-1", 2]
+# A transaction over two streams (redis-py's default pipeline): each
+# stream gets its part, and a read in it sees both.
+with r.pipeline() as p:
+    p.xadd("ledger", {"a": 3}, id="3-1")
+    p.xadd("audit", {"of": "3-1"}, id="3-1")
+    p.xread({"ledger": "2-1", "audit": "0"})
+    p.exists("ledger", "audit")
+    assert p.execute() == [
+        "3-1",
+        "3-1",
+        [["ledger", [("3-1", {"a": "3"})]], ["audit", [("3-1", {"of": "3-1"})]]],
+        2,
+    ]
+assert r.xlen("ledger") == 3 and r.xlen("audit") == 1
 with r.pipeline(transaction=False) as p:
     for n in range(20):
         p.xadd(f"fan:{n % 4}", {"n": n})
