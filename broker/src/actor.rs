@@ -18,6 +18,7 @@ mod transaction;
 pub(crate) use self::groups::no_group_in_readgroup;
 pub use self::groups::{GroupFrom, GroupRead};
 pub(crate) use self::transaction::across_shards;
+pub(crate) use self::transaction::AbsentStreams;
 pub use self::transaction::{Join, Joined};
 
 use crate::command;
@@ -676,6 +677,10 @@ pub struct ExecBatch {
     /// [`transaction`](self::transaction)); empty when it names only this
     /// one.
     pub streams: Vec<Bytes>,
+    /// Streams the transaction names that nobody placed and none of its
+    /// commands makes, sorted: answered as missing streams, placing and
+    /// activating nothing.
+    pub absent: Vec<Bytes>,
 }
 
 /// The replies of an [`ExecBatch`], and the flush they wait for.
@@ -692,16 +697,19 @@ impl BatchAnswer {
     /// A transaction refused whole because its record could not be
     /// logged: Redis's reply to an `EXEC` refused before it ran.
     fn refused(e: &StorageError) -> Self {
-        let Reply::Error(why) = storage_error(e) else {
-            unreachable!("a storage error is an error reply")
-        };
         BatchAnswer {
-            replies: Err(Reply::Error(format!(
-                "EXECABORT Transaction discarded because of: {why}"
-            ))),
+            replies: Err(exec_refused(e)),
             durable: None,
         }
     }
+}
+
+/// `EXEC`'s reply when the transaction's record could not be logged.
+fn exec_refused(e: &StorageError) -> Reply {
+    let Reply::Error(why) = storage_error(e) else {
+        unreachable!("a storage error is an error reply")
+    };
+    Reply::Error(format!("EXECABORT Transaction discarded because of: {why}"))
 }
 
 impl Handler<ExecBatch> for StreamActor {
@@ -736,7 +744,7 @@ impl Handler<ExecBatch> for StreamActor {
             self.end_if_nothing(cx);
             return BatchAnswer::refused(&e);
         }
-        if m.streams.len() > 1 {
+        if m.streams.len() > 1 || !m.absent.is_empty() {
             return self.exec_multi(m, shared, cx).await;
         }
         let was_missing = self.stream.is_none();

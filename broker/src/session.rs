@@ -761,7 +761,7 @@ impl RespSession {
             }
             b"command" => self.command(args),
             b"watch" => Reply::err(
-                "WATCH is not supported: a MULTI/EXEC on one stream runs inside its actor, where no other client's command can interleave, so there is nothing to watch",
+                "WATCH is not supported: a MULTI/EXEC runs in the actors of its streams, which run no other client's command until it ends, so there is nothing to watch",
             ),
             b"unwatch" => Reply::OK,
             // Queued in a transaction with no stream found: its options

@@ -35,7 +35,7 @@ use crate::id::StreamId;
 use crate::log::{Loc, Op, Record};
 use crate::resp::{Protocol, Reply};
 use crate::server::Shared;
-use crate::store::Ticket;
+use crate::store::{StorageError, Ticket};
 use crate::stream::Fields;
 
 /// Asks a stream to take part in a transaction that another stream of
@@ -68,8 +68,9 @@ enum Turn {
     /// Do this, answer there.
     Step(Step, oneshot::Sender<Stepped>),
     /// Keep the changes: the stream's record went to `loc` (no place:
-    /// it had none), flushed with `ticket`.
-    Commit(Ticket, Loc),
+    /// it had none), flushed with `ticket`; say when they are kept (the
+    /// catalog told), so `EXEC`'s reply comes after.
+    Commit(Ticket, Loc, oneshot::Sender<()>),
     /// Drop the changes.
     Abort,
 }
@@ -91,8 +92,9 @@ enum Step {
         count: Option<u64>,
         noack: bool,
     },
-    /// The stream's changes as one record (none if it has none), and the
-    /// log's number of its last append.
+    /// The stream's changes as one record (none if it has none), whether
+    /// the stream was missing before the transaction, and the log's
+    /// number of its last append.
     Seal,
 }
 
@@ -103,7 +105,7 @@ enum Done {
     Entries(Vec<(StreamId, Fields)>),
     HasGroup(bool),
     Group(GroupRead),
-    Sealed(Option<Record>, u64),
+    Sealed(Option<Record>, bool, u64),
 }
 
 /// A step's answer, with where the next turn goes.
@@ -115,6 +117,7 @@ struct Stepped {
 }
 
 /// A joined stream, as the coordinator sees it.
+#[derive(Debug)]
 struct Member {
     name: Bytes,
     next: Option<oneshot::Sender<Turn>>,
@@ -123,6 +126,7 @@ struct Member {
 
 /// A member's actor went away midway (it panicked, or the broker
 /// stopped).
+#[derive(Debug)]
 struct Gone(Bytes);
 
 impl Member {
@@ -141,6 +145,15 @@ impl Member {
         if let Some(next) = self.next.take() {
             let _ = next.send(turn);
         }
+    }
+
+    /// Tells the member to keep its part (its record at `loc`, or none):
+    /// completes once it has (`None`: it was let go already).
+    fn commit(&mut self, ticket: &Ticket, loc: Loc) -> Option<oneshot::Receiver<()>> {
+        let next = self.next.take()?;
+        let (kept, done) = oneshot::channel();
+        next.send(Turn::Commit(ticket.clone(), loc, kept)).ok()?;
+        Some(done)
     }
 }
 
@@ -162,16 +175,20 @@ impl StreamActor {
                 count,
                 noack,
             } => Done::Group(self.read_group(group, consumer, from, *count, *noack).0),
-            Step::Seal => {
-                let ops = self.batch.as_ref().filter(|ops| !ops.is_empty());
-                let record = ops.map(|ops| Record {
-                    stream: self.name.clone(),
-                    op_no: self.op_no + 1,
-                    op: Op::Batch(ops.clone()),
-                });
-                Done::Sealed(record, self.last_lsn)
-            }
+            Step::Seal => self.seal(false),
         }
+    }
+
+    /// [`Step::Seal`]'s answer (`was_missing`: the stream did not exist
+    /// before the transaction).
+    fn seal(&self, was_missing: bool) -> Done {
+        let ops = self.batch.as_ref().filter(|ops| !ops.is_empty());
+        let record = ops.map(|ops| Record {
+            stream: self.name.clone(),
+            op_no: self.op_no + 1,
+            op: Op::Batch(ops.clone()),
+        });
+        Done::Sealed(record, was_missing, self.last_lsn)
     }
 
     /// `XREAD`'s entries of this stream after `after` (`None`: its last
@@ -221,8 +238,12 @@ impl StreamActor {
 
 impl Handler<Join> for StreamActor {
     async fn handle(&mut self, m: Join, cx: &mut Ctx<Self>) {
-        self.load(m.broker).await;
         let shard = cx.shard();
+        if shard == m.shard {
+            // (A stream elsewhere declines without reading itself back
+            // while the coordinator holds its other streams.)
+            self.load(m.broker).await;
+        }
         let (tx, mut turns) = oneshot::channel();
         let joins = shard == m.shard && self.shared.is_some();
         let joined = Joined {
@@ -245,10 +266,13 @@ impl Handler<Join> for StreamActor {
             };
             let (step, answer) = match turn {
                 Turn::Step(step, answer) => (step, answer),
-                Turn::Commit(ticket, loc) => break Some((ticket, loc)),
+                Turn::Commit(ticket, loc, kept) => break Some((ticket, loc, kept)),
                 Turn::Abort => break None,
             };
-            let done = self.step_here(&step, &shared);
+            let done = match step {
+                Step::Seal => self.seal(was_missing),
+                step => self.step_here(&step, &shared),
+            };
             let (tx, rx) = oneshot::channel();
             let stepped = Stepped {
                 done,
@@ -263,7 +287,10 @@ impl Handler<Join> for StreamActor {
         self.shared = Some(shared);
         let ops = self.batch.take().unwrap_or_default();
         match commit {
-            Some((ticket, loc)) => self.commit_batch(ops, &ticket, loc, was_missing),
+            Some((ticket, loc, kept)) => {
+                self.commit_batch(ops, &ticket, loc, was_missing);
+                let _ = kept.send(());
+            }
             None => {
                 self.signal = Signal::Quiet;
                 if !ops.is_empty() {
@@ -287,9 +314,26 @@ enum At {
     Member(usize),
 }
 
+/// The other streams of a transaction, as the coordinator runs it.
+struct Cohort<'a> {
+    /// The joined streams, by name.
+    members: &'a mut [Member],
+    /// Streams nobody placed that the transaction does not make, by name:
+    /// no stream, answered by a detached actor that logs nothing (so
+    /// reading a missing name places and activates nothing).
+    absent: &'a mut [StreamActor],
+}
+
 impl StreamActor {
+    /// A stream nobody placed: answers as a missing stream, logs nothing.
+    fn detached(name: &Bytes) -> StreamActor {
+        let mut actor = StreamActor::new(name);
+        actor.loaded = true;
+        actor
+    }
+
     /// Runs `m`, a transaction over the streams `m.streams` (sorted, this
-    /// one first), as the module's documentation says.
+    /// one first) and `m.absent`, as the module's documentation says.
     pub(super) async fn exec_multi(
         &mut self,
         m: ExecBatch,
@@ -297,7 +341,7 @@ impl StreamActor {
         cx: &mut Ctx<Self>,
     ) -> BatchAnswer {
         let here = cx.shard();
-        let mut members: Vec<Member> = Vec::with_capacity(m.streams.len() - 1);
+        let mut members: Vec<Member> = Vec::with_capacity(m.streams.len().saturating_sub(1));
         let abort_all = |members: &mut Vec<Member>| {
             for member in members.iter_mut() {
                 member.end(Turn::Abort);
@@ -334,6 +378,9 @@ impl StreamActor {
                 (true, Ok(Joined { shard, .. })) if shard != here => {
                     across_shards((&self.name, here), (name, shard))
                 }
+                // Its actor panicked before it could answer (its log
+                // could not give it back).
+                (true, Err(_)) => failed_in(name, "before it ran"),
                 _ => super::broker_gone(),
             };
             abort_all(&mut members);
@@ -344,18 +391,25 @@ impl StreamActor {
                 durable: None,
             };
         }
+        let mut absent: Vec<StreamActor> = m.absent.iter().map(StreamActor::detached).collect();
 
         let was_missing = self.stream.is_none();
         self.batch = Some(Vec::new());
         let mut replies = Vec::with_capacity(m.commands.len());
         let protos = m.protos.iter().chain(std::iter::repeat(&Protocol::Resp2));
         let mut failed = None;
-        for (args, proto) in m.commands.iter().zip(protos) {
-            match self.run_one(args, *proto, &mut members, &shared).await {
-                Ok(reply) => replies.push(reply),
-                Err(Gone(name)) => {
-                    failed = Some(name);
-                    break;
+        {
+            let mut cohort = Cohort {
+                members: &mut members,
+                absent: &mut absent,
+            };
+            for (args, proto) in m.commands.iter().zip(protos) {
+                match self.run_one(args, *proto, &mut cohort, &shared).await {
+                    Ok(reply) => replies.push(reply),
+                    Err(Gone(name)) => {
+                        failed = Some(name);
+                        break;
+                    }
                 }
             }
         }
@@ -369,17 +423,17 @@ impl StreamActor {
                 op_no: self.op_no + 1,
                 op: Op::Batch(mine.clone()),
             });
-            owners.push(At::Here);
+            owners.push((At::Here, was_missing));
         }
         let mut last_lsn = self.last_lsn;
         if failed.is_none() {
             for (i, member) in members.iter_mut().enumerate() {
                 match member.step(Step::Seal).await {
-                    Ok(Done::Sealed(record, lsn)) => {
+                    Ok(Done::Sealed(record, starts, lsn)) => {
                         last_lsn = last_lsn.max(lsn);
                         if let Some(r) = record {
                             records.push(r);
-                            owners.push(At::Member(i));
+                            owners.push((At::Member(i), starts));
                         }
                     }
                     Ok(_) => unreachable!("a seal answers with its record"),
@@ -391,79 +445,86 @@ impl StreamActor {
             }
         }
         self.shared = Some(shared);
-        let logged = match (&failed, &self.log) {
-            (Some(_), _) => None,
-            (None, _) if records.is_empty() => Some(None),
+        let appended = match (&failed, &self.log) {
+            (Some(name), _) => Err(failed_in(name, "while it ran")),
+            (None, _) if records.is_empty() => Ok(None),
             (None, Some(log)) => match log.append_group(&records) {
-                Ok((ticket, locs)) => Some(Some((ticket, locs))),
-                Err(e) => {
-                    abort_all(&mut members);
-                    self.signal = Signal::Quiet;
-                    if !mine.is_empty() {
-                        self.reload(m.broker).await;
+                Ok((ticket, locs)) => {
+                    // The log knows at once the streams the group made: a
+                    // member that had to read itself back from it (its
+                    // coordinator gone before telling it) finds them.
+                    for ((_, starts), (record, loc)) in owners.iter().zip(records.iter().zip(&locs))
+                    {
+                        if *starts {
+                            log.note_making(&record.stream, loc.segment, record.op_no);
+                        }
                     }
-                    self.end_if_nothing(cx);
-                    return BatchAnswer::refused(&e);
+                    Ok(Some((ticket, locs)))
                 }
+                Err(e) => Err(super::exec_refused(&e)),
             },
-            (None, None) => {
+            (None, None) => Err(super::exec_refused(&StorageError::Closed)),
+        };
+        let appended = match appended {
+            Ok(appended) => appended,
+            Err(refusal) => {
+                // Nothing was logged: every stream drops what the commands
+                // changed.
                 abort_all(&mut members);
                 self.signal = Signal::Quiet;
+                if !mine.is_empty() {
+                    self.reload(m.broker).await;
+                }
                 self.end_if_nothing(cx);
-                return BatchAnswer::refused(&crate::store::StorageError::Closed);
+                return BatchAnswer {
+                    replies: Err(refusal),
+                    durable: None,
+                };
             }
         };
-        let Some(logged) = logged else {
-            // A stream's actor failed midway: nothing was logged, and
-            // every stream drops what the commands changed.
-            abort_all(&mut members);
-            self.signal = Signal::Quiet;
-            if !mine.is_empty() {
-                self.reload(m.broker).await;
+        let (ticket, locs) = match (appended, &self.log) {
+            (Some((ticket, locs)), _) => (ticket, locs),
+            // Only reads: members are released, and the reply waits for
+            // the flush of what they read.
+            (None, Some(log)) => (log.no_wait(), Vec::new()),
+            (None, None) => {
+                abort_all(&mut members);
+                self.end_if_nothing(cx);
+                return BatchAnswer {
+                    replies: Err(super::broker_gone()),
+                    durable: None,
+                };
             }
-            self.end_if_nothing(cx);
-            let name = failed.unwrap_or_default();
-            return BatchAnswer {
-                replies: Err(Reply::Error(format!(
-                    "EXECABORT Transaction discarded because of: the actor of stream '{}' failed while it ran; nothing was changed",
-                    command::printable(&name, 64)
-                ))),
-                durable: None,
-            };
         };
-        let durable = match logged {
-            None => {
-                // Only reads: what they read may still be flushing.
-                if let Some(log) = &self.log {
-                    let ticket = log.no_wait();
-                    for member in &mut members {
-                        member.end(Turn::Commit(ticket.clone(), Loc::NONE));
-                    }
+        let mut mine = Some(mine);
+        let mut kept = Vec::with_capacity(members.len());
+        for ((owner, _), loc) in owners.iter().zip(locs) {
+            match owner {
+                At::Here => {
+                    let ops = mine.take().unwrap_or_default();
+                    self.commit_batch(ops, &ticket, loc, was_missing);
                 }
-                self.log.as_ref().and_then(|log| log.read_ticket(last_lsn))
+                At::Member(i) => kept.push(members[*i].commit(&ticket, loc)),
             }
-            Some((ticket, locs)) => {
-                let mut mine = Some(mine);
-                for (owner, loc) in owners.iter().zip(locs) {
-                    match owner {
-                        At::Here => {
-                            let ops = mine.take().unwrap_or_default();
-                            self.commit_batch(ops, &ticket, loc, was_missing);
-                        }
-                        At::Member(i) => members[*i].end(Turn::Commit(ticket.clone(), loc)),
-                    }
-                }
-                // Members that changed nothing are released.
-                for member in &mut members {
-                    member.end(Turn::Commit(ticket.clone(), Loc::NONE));
-                }
-                Some(ticket)
-            }
+        }
+        // Members that changed nothing are released.
+        for member in &mut members {
+            kept.push(member.commit(&ticket, Loc::NONE));
+        }
+        let durable = if ticket.lsn() == 0 {
+            self.log.as_ref().and_then(|log| log.read_ticket(last_lsn))
+        } else {
+            Some(ticket)
         };
         self.wake_watchers();
         self.publish_need();
         self.settle();
         self.end_if_nothing(cx);
+        // Every member has kept its part (told the catalog) before the
+        // reply: the connection's next request sees the whole transaction.
+        for k in kept.into_iter().flatten() {
+            let _ = k.await;
+        }
         BatchAnswer {
             replies: Ok(replies),
             durable,
@@ -476,7 +537,7 @@ impl StreamActor {
         &mut self,
         args: &[Bytes],
         proto: Protocol,
-        members: &mut [Member],
+        cohort: &mut Cohort<'_>,
         shared: &Shared,
     ) -> Result<Reply, Gone> {
         let name = command::lookup(&args[0]).map_or("", |s| s.name);
@@ -485,18 +546,24 @@ impl StreamActor {
                 // The catalog with every stream as the transaction left it
                 // so far.
                 let mut own = vec![(self.name.clone(), self.stream.is_some())];
-                own.extend(members.iter().map(|m| (m.name.clone(), m.exists)));
+                own.extend(cohort.members.iter().map(|m| (m.name.clone(), m.exists)));
+                own.extend(cohort.absent.iter().map(|a| (a.name.clone(), false)));
                 Ok(crate::session::catalog_reply(shared, proto, args, &own))
             }
             "exists" | "del" => {
-                // Each stream counts itself (as often as it is named).
+                // Each stream counts itself: asked once, with its name
+                // once (a stream named twice is counted twice by
+                // `EXISTS`, deleted once by `DEL`).
                 let mut streams: Vec<&Bytes> = args[1..].iter().collect();
                 streams.sort();
-                streams.dedup();
                 let mut total = 0;
-                for stream in streams {
-                    let step = Step::Run(args.to_vec(), proto);
-                    match self.step_in(stream, step, members, shared).await? {
+                for group in streams.chunk_by(|a, b| a == b) {
+                    let stream = group[0];
+                    let step = Step::Run(vec![args[0].clone(), stream.clone()], proto);
+                    match self.step_in(stream, step, cohort, shared).await? {
+                        Done::Reply(Reply::Int(n)) if name == "exists" => {
+                            total += n * group.len() as i64;
+                        }
                         Done::Reply(Reply::Int(n)) => total += n,
                         Done::Reply(other) => return Ok(other),
                         _ => unreachable!("a command answers with its reply"),
@@ -505,14 +572,14 @@ impl StreamActor {
                 Ok(Reply::Int(total))
             }
             "xread" | "xreadgroup" if distinct_read_streams(args) > 1 => {
-                self.read_many(name == "xreadgroup", args, proto, members, shared)
+                self.read_many(name == "xreadgroup", args, proto, cohort, shared)
                     .await
             }
             _ => {
                 let spec = command::lookup(&args[0]).expect("queued commands were looked up");
                 let step = Step::Run(args.to_vec(), proto);
                 let done = match crate::session::streams_of(spec, args).first() {
-                    Some(stream) => self.step_in(stream, step, members, shared).await?,
+                    Some(stream) => self.step_in(stream, step, cohort, shared).await?,
                     None => self.step_here(&step, shared),
                 };
                 match done {
@@ -523,18 +590,22 @@ impl StreamActor {
         }
     }
 
-    /// Runs `step` in the actor of `stream`: this one, or a member.
+    /// Runs `step` in the actor of `stream`: this one, a member, or an
+    /// absent stream's detached actor.
     async fn step_in(
         &mut self,
         stream: &Bytes,
         step: Step,
-        members: &mut [Member],
+        cohort: &mut Cohort<'_>,
         shared: &Shared,
     ) -> Result<Done, Gone> {
-        match members.iter().position(|m| m.name == *stream) {
-            Some(i) => members[i].step(step).await,
-            None => Ok(self.step_here(&step, shared)),
+        if let Ok(i) = cohort.members.binary_search_by(|m| m.name.cmp(stream)) {
+            return cohort.members[i].step(step).await;
         }
+        if let Ok(i) = cohort.absent.binary_search_by(|a| a.name.cmp(stream)) {
+            return Ok(cohort.absent[i].step_here(&step, shared));
+        }
+        Ok(self.step_here(&step, shared))
     }
 
     /// `XREAD` / `XREADGROUP` naming several of the transaction's
@@ -546,7 +617,7 @@ impl StreamActor {
         group_read: bool,
         args: &[Bytes],
         proto: Protocol,
-        members: &mut [Member],
+        cohort: &mut Cohort<'_>,
         shared: &Shared,
     ) -> Result<Reply, Gone> {
         let p = match command::parse_read(args, group_read) {
@@ -568,7 +639,7 @@ impl StreamActor {
             Some((group, consumer)) => {
                 for (stream, raw) in names.iter().zip(&p.ids) {
                     let has = self
-                        .step_in(stream, Step::HasGroup(group.clone()), members, shared)
+                        .step_in(stream, Step::HasGroup(group.clone()), cohort, shared)
                         .await?;
                     if !matches!(has, Done::HasGroup(true)) {
                         return Ok(super::no_group_in_readgroup(stream, group));
@@ -598,8 +669,7 @@ impl StreamActor {
                     ..
                 }
             );
-            let done = self.step_in(stream, step, members, shared).await?;
-            match done {
+            match self.step_in(stream, step, cohort, shared).await? {
                 Done::Entries(e) if !e.is_empty() => plain.push((stream.clone(), e)),
                 Done::Group(GroupRead::Error(e)) => return Ok(e),
                 Done::Group(GroupRead::Entries(e)) if !e.is_empty() || history => {
@@ -616,6 +686,41 @@ impl StreamActor {
     }
 }
 
+/// The streams of a transaction that are all absent (nobody placed them,
+/// none of its commands makes one): its commands are answered as missing
+/// streams answer, by detached actors, activating and placing nothing.
+#[derive(Debug)]
+pub(crate) struct AbsentStreams {
+    first: StreamActor,
+    rest: Vec<StreamActor>,
+}
+
+impl AbsentStreams {
+    /// The streams `names` (sorted, at least one).
+    pub(crate) fn new(names: &[Bytes]) -> AbsentStreams {
+        AbsentStreams {
+            first: StreamActor::detached(&names[0]),
+            rest: names[1..].iter().map(StreamActor::detached).collect(),
+        }
+    }
+
+    /// The reply to `args`, a command naming some of the streams.
+    pub(crate) fn answer(&mut self, args: &[Bytes], proto: Protocol, shared: &Shared) -> Reply {
+        let mut cohort = Cohort {
+            members: &mut [],
+            absent: &mut self.rest,
+        };
+        let run = self.first.run_one(args, proto, &mut cohort, shared);
+        let mut run = std::pin::pin!(run);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match std::future::Future::poll(run.as_mut(), &mut cx) {
+            std::task::Poll::Ready(Ok(reply)) => reply,
+            // Only a member's step waits, and there is none.
+            _ => unreachable!("a transaction without members runs at once"),
+        }
+    }
+}
+
 /// The reply to a transaction over streams `a` and `b` on different
 /// shards: refused, nothing done.
 pub(crate) fn across_shards(a: (&Bytes, ShardId), b: (&Bytes, ShardId)) -> Reply {
@@ -625,6 +730,14 @@ pub(crate) fn across_shards(a: (&Bytes, ShardId), b: (&Bytes, ShardId)) -> Reply
         a.1.index(),
         command::printable(b.0, 64),
         b.1.index(),
+    ))
+}
+
+/// `EXEC`'s reply when the actor of member `name` failed (`when`).
+fn failed_in(name: &Bytes, when: &str) -> Reply {
+    Reply::Error(format!(
+        "EXECABORT Transaction discarded because of: the actor of stream '{}' failed {when}; nothing was changed",
+        command::printable(name, 64)
     ))
 }
 

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use mailring_transports::SessionCtx;
 
 use super::RespSession;
-use crate::actor::{storage_error, BatchAnswer, ExecBatch, StreamActor};
+use crate::actor::{storage_error, AbsentStreams, BatchAnswer, ExecBatch, StreamActor};
 use crate::command::{self, Kind, Spec};
 use crate::resp::Reply;
 
@@ -165,10 +165,49 @@ impl RespSession {
                 }
             }
         }
-        let all_streams: Vec<Bytes> = if multi {
-            streams.iter().map(|s| (*s).clone()).collect()
+        // Over several streams, those nobody placed that no command makes
+        // are absent: no stream, answered as missing by the coordinator,
+        // placing and activating nothing. The others are held: the first
+        // coordinates; those not placed yet go on the placed ones' shard.
+        let (mut held, mut absent): (Vec<Bytes>, Vec<Bytes>) = (Vec::new(), Vec::new());
+        if multi {
+            let makes = |s: &Bytes| {
+                commands.iter().zip(&specs).any(|(c, spec)| {
+                    matches!(spec.kind, Kind::Stream(at) if c.get(at) == Some(s))
+                        && StreamActor::makes_stream(spec.name, c)
+                })
+            };
+            let system = &self.shared.system;
+            let placed = streams
+                .iter()
+                .find_map(|s| system.placed_shard::<StreamActor>(s));
+            for s in &streams {
+                if system.placed_shard::<StreamActor>(s).is_some() || makes(s) {
+                    held.push((*s).clone());
+                } else {
+                    absent.push((*s).clone());
+                }
+            }
+            if let Some(shard) = placed {
+                for s in &held {
+                    // A stream placed elsewhere meanwhile: the coordinator
+                    // finds it out as that stream declines.
+                    let _ = system.place::<StreamActor>(s.clone(), shard);
+                }
+            }
+            let reads = commands.iter().any(|c| reads_catalog(c));
+            if held.is_empty() && !reads && cx.pending_replies() == 0 {
+                return self.answer_absent(&commands, &specs, &absent, cx);
+            }
+            if held.is_empty() {
+                // Catalog reads in turn: the first coordinates all the same.
+                held.push(absent.remove(0));
+            }
+        }
+        let streams: Vec<&Bytes> = if multi {
+            held.iter().collect()
         } else {
-            Vec::new()
+            streams
         };
         let Some(stream) = streams.first().map(|s| (*s).clone()) else {
             // No stream: every command answers here, in order. `KEYS`,
@@ -301,7 +340,8 @@ impl RespSession {
                 commands: batch,
                 protos: batch_protos,
                 broker,
-                streams: all_streams,
+                streams: if multi { held.clone() } else { Vec::new() },
+                absent: absent.clone(),
             });
             async move {
                 let mut data = match ask.await {
@@ -345,6 +385,36 @@ impl RespSession {
                 cx.hold_frames_until_replied();
             }
         }
+        None
+    }
+}
+
+impl RespSession {
+    /// A transaction over streams that are all absent (see
+    /// [`AbsentStreams`]): answered here, in order, placing nothing.
+    fn answer_absent(
+        &mut self,
+        commands: &[Vec<Bytes>],
+        specs: &[&'static Spec],
+        absent: &[Bytes],
+        cx: &mut SessionCtx<Self>,
+    ) -> Option<Reply> {
+        let mut streams = AbsentStreams::new(absent);
+        let mut protos = Vec::with_capacity(commands.len());
+        let mut replies = Vec::with_capacity(commands.len());
+        for (c, spec) in commands.iter().zip(specs) {
+            replies.push(if streams_of(spec, c).is_empty() {
+                self.local_reply(c)
+            } else {
+                streams.answer(c, self.proto, &self.shared)
+            });
+            protos.push(self.proto);
+        }
+        let reply = Reply::array_in_protocols(replies, &protos);
+        if !commands.iter().any(|c| super::shows_names(c)) {
+            return Some(reply);
+        }
+        self.reply_once_flushed(reply, cx);
         None
     }
 }
