@@ -110,7 +110,7 @@ impl BalancedListener {
             // A reuseport group would share the port with another
             // process's group and split its connections: refuse as a
             // single listener would.
-            drop(std::net::TcpListener::bind(addr)?);
+            drop(crate::server::probe_port(addr)?);
         }
         let mut sockets = Vec::with_capacity(shards);
         let mut bound = addr;

@@ -336,9 +336,9 @@ impl<S: Session> ServerBuilder<S> {
         if reuse_port && addr.port() != 0 {
             // A reuseport group would silently share the port with another
             // process's group (same user) and split its connections: a
-            // plain listener binds only where nobody listens, so try one
+            // plain socket binds only where nobody listens, so try one
             // first and refuse with `AddrInUse` as a single listener would.
-            drop(std::net::TcpListener::bind(addr)?);
+            drop(probe_port(addr)?);
         }
         // Bind every socket here, so an error comes back to the caller and
         // port 0 is resolved once for the whole group.
@@ -2301,5 +2301,58 @@ impl<S: Session> SessionsByKey<S> {
             .spawn_on(owner, async move { deliver(&shared, &key, push) })
             .await
             .unwrap_or(0)
+    }
+}
+
+/// Binds a plain socket (no `SO_REUSEPORT`) to `addr` without listening:
+/// `AddrInUse` where anything listens there, a reuseport group of another
+/// process included. It never listens, so a client that connects while
+/// it is bound is refused, never accepted and then reset when it closes.
+pub(crate) fn probe_port(addr: SocketAddr) -> io::Result<socket2::Socket> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    // As a listener binds: a port whose last connections wait out
+    // TIME_WAIT is free.
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    Ok(socket)
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::probe_port;
+    use std::io;
+
+    #[test]
+    fn a_port_probe_refuses_connections_and_finds_listeners() {
+        let held = probe_port("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = held.local_addr().unwrap().as_socket().unwrap();
+        // Bound, not listening: a connect is refused, not accepted.
+        let e = std::net::TcpStream::connect(addr).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+        drop(held);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = listener.local_addr().unwrap();
+        let e = probe_port(taken).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+        // A reuseport group: taken too.
+        let group =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        group.set_reuse_port(true).unwrap();
+        group
+            .bind(
+                &"127.0.0.1:0"
+                    .parse::<std::net::SocketAddr>()
+                    .unwrap()
+                    .into(),
+            )
+            .unwrap();
+        group.listen(8).unwrap();
+        let in_group = group.local_addr().unwrap().as_socket().unwrap();
+        let e = probe_port(in_group).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
     }
 }
