@@ -4841,3 +4841,93 @@ fn a_stream_whose_actor_fails_inside_a_transaction_over_streams_aborts_it_whole(
     assert_eq!(c.cmd(&["XLEN", "pa"]), R::Int(2));
     broker.shutdown();
 }
+
+#[test]
+fn racing_transactions_from_two_shards_each_run_whole_or_not_at_all() {
+    // Two connections on different shards make the same new stream in
+    // transactions at once: both land on one shard and run, or one finds
+    // a stream it names already living on the other shard and is
+    // refused (by its session, or by its coordinator as that stream
+    // declines to join), running nothing.
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 2, BrokerConfig::default());
+    assert_eq!(broker.place_stream(b"home0", 0), Ok(0));
+    assert_eq!(broker.place_stream(b"home1", 1), Ok(1));
+    let addr = broker.local_addr();
+    let rounds = 150;
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let run = |home: &'static str, names: [&'static str; 2]| {
+        let barrier = barrier.clone();
+        std::thread::spawn(move || {
+            let mut c = Client::connect(addr);
+            assert!(is_id(&c.cmd(&["XADD", home, "*", "f", "v"])));
+            let mut ran = Vec::new();
+            for r in 0..rounds {
+                let (a, b) = (format!("{}{r}", names[0]), format!("{}{r}", names[1]));
+                let mut wire = encode(&[b"MULTI"]);
+                wire.extend(encode(&[
+                    b"XADD",
+                    a.as_bytes(),
+                    b"1-1",
+                    b"by",
+                    home.as_bytes(),
+                ]));
+                wire.extend(encode(&[
+                    b"XADD",
+                    b.as_bytes(),
+                    b"*",
+                    b"by",
+                    home.as_bytes(),
+                ]));
+                wire.extend(encode(&[b"EXEC"]));
+                barrier.wait();
+                c.send_raw(&wire);
+                for _ in 0..3 {
+                    c.read();
+                }
+                ran.push(match c.read() {
+                    R::Array(replies) => {
+                        assert_eq!(replies.len(), 2, "{replies:?}");
+                        assert_eq!(replies[0], R::bulk("1-1"));
+                        assert!(is_id(&replies[1]), "{replies:?}");
+                        true
+                    }
+                    R::Error(e) => {
+                        assert!(
+                            e.starts_with("ERR MULTI/EXEC over streams on different shards"),
+                            "{e}"
+                        );
+                        false
+                    }
+                    other => panic!("EXEC: {other:?}"),
+                });
+            }
+            ran
+        })
+    };
+    // `x` and `z` are each one connection's own; `y` both make.
+    let first = run("home0", ["x", "y"]);
+    let second = run("home1", ["z", "y"]);
+    let (first, second) = (first.join().unwrap(), second.join().unwrap());
+    let mut c = Client::connect(addr);
+    let mut refused = 0;
+    for r in 0..rounds {
+        let (x, y, z) = (format!("x{r}"), format!("y{r}"), format!("z{r}"));
+        // Each transaction's changes are in both its streams or neither.
+        assert_eq!(
+            c.cmd(&["XLEN", &x]),
+            R::Int(i64::from(first[r])),
+            "round {r}"
+        );
+        assert_eq!(
+            c.cmd(&["XLEN", &z]),
+            R::Int(i64::from(second[r])),
+            "round {r}"
+        );
+        let made_y = i64::from(first[r]) + i64::from(second[r]);
+        assert_eq!(c.cmd(&["XLEN", &y]), R::Int(made_y), "round {r}");
+        refused += usize::from(!first[r]) + usize::from(!second[r]);
+    }
+    eprintln!("{refused} of {} transactions refused", 2 * rounds);
+    broker.shutdown();
+}
