@@ -4931,3 +4931,70 @@ fn racing_transactions_from_two_shards_each_run_whole_or_not_at_all() {
     eprintln!("{refused} of {} transactions refused", 2 * rounds);
     broker.shutdown();
 }
+
+#[test]
+fn entries_a_transaction_over_streams_added_are_read_back_from_its_records() {
+    // No cache: entries of closed nodes are read back from the log, here
+    // from the part records of transactions over two streams (each
+    // stream's entries at its own record's place), before and after a
+    // restart.
+    let dir = TempDir::new();
+    let mut config = BrokerConfig::default();
+    config.store.stream_cache_bytes = 0;
+    let read_back = |c: &mut Client| -> u64 {
+        let info = c.cmd(&["INFO", "stats"]).text();
+        info.lines()
+            .filter_map(|l| l.strip_prefix("entries_read_back_"))
+            .filter_map(|l| l.split(':').nth(1)?.trim().parse::<u64>().ok())
+            .sum()
+    };
+    let expected = |c: &mut Client, key: &str| {
+        let before = read_back(c);
+        let R::Array(entries) = c.cmd(&["XRANGE", key, "-", "+"]) else {
+            panic!("XRANGE {key}");
+        };
+        assert_eq!(entries.len(), 300, "{key}");
+        for (i, e) in entries.iter().enumerate() {
+            let want = R::Array(vec![
+                R::bulk(&format!("{}-1", i + 1)),
+                R::Array(vec![R::bulk("v"), R::bulk(&format!("{key}{i}"))]),
+            ]);
+            assert_eq!(e, &want, "{key} entry {i}");
+        }
+        // (A lower bound: other tests' reads count too.)
+        assert!(read_back(c) - before >= 150, "{key}: not read back");
+    };
+    {
+        let broker = start_in(&dir.0, 1, config.clone());
+        let mut c = Client::connect(broker.local_addr());
+        for chunk in 0..10 {
+            let mut wire = encode(&[b"MULTI"]);
+            for i in chunk * 30..(chunk + 1) * 30 {
+                for key in ["ra", "rb"] {
+                    let (id, v) = (format!("{}-1", i + 1), format!("{key}{i}"));
+                    wire.extend(encode(&[
+                        b"XADD",
+                        key.as_bytes(),
+                        id.as_bytes(),
+                        b"v",
+                        v.as_bytes(),
+                    ]));
+                }
+            }
+            wire.extend(encode(&[b"EXEC"]));
+            c.send_raw(&wire);
+            for _ in 0..61 {
+                c.read();
+            }
+            assert!(matches!(c.read(), R::Array(r) if r.len() == 60));
+        }
+        expected(&mut c, "ra");
+        expected(&mut c, "rb");
+        broker.shutdown();
+    }
+    let broker = start_in(&dir.0, 1, config);
+    let mut c = Client::connect(broker.local_addr());
+    expected(&mut c, "ra");
+    expected(&mut c, "rb");
+    broker.shutdown();
+}
