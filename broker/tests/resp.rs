@@ -4998,3 +4998,53 @@ fn entries_a_transaction_over_streams_added_are_read_back_from_its_records() {
     expected(&mut c, "rb");
     broker.shutdown();
 }
+
+#[test]
+fn a_stream_restarted_after_a_panic_joins_a_transaction_read_back_from_its_log() {
+    let dir = TempDir::new();
+    let mut config = BrokerConfig::default();
+    config.debug_commands = true;
+    let broker = start_in(&dir.0, 1, config.clone());
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XADD", "ka", "1-0", "f", "a"]), R::bulk("1-0"));
+    assert_eq!(c.cmd(&["XADD", "kb", "1-0", "f", "b"]), R::bulk("1-0"));
+    assert_eq!(
+        c.cmd(&["XGROUP", "CREATE", "kb", "g", "0"]),
+        R::Status("OK".into())
+    );
+    // Its next activation reads it back from the log: here, as it joins.
+    assert!(matches!(
+        c.cmd(&["DEBUG", "PANIC-STREAM", "kb"]),
+        R::Error(_)
+    ));
+    c.cmd(&["MULTI"]);
+    c.cmd(&["XADD", "ka", "2-0", "f", "a"]);
+    c.cmd(&["XADD", "kb", "2-0", "f", "b"]);
+    c.cmd(&["XREADGROUP", "GROUP", "g", "c", "STREAMS", "kb", ">"]);
+    c.cmd(&["XLEN", "kb"]);
+    let entry = |id: &str| {
+        R::Array(vec![
+            R::bulk(id),
+            R::Array(vec![R::bulk("f"), R::bulk("b")]),
+        ])
+    };
+    assert_eq!(
+        c.cmd(&["EXEC"]),
+        R::Array(vec![
+            R::bulk("2-0"),
+            R::bulk("2-0"),
+            R::Array(vec![R::Array(vec![
+                R::bulk("kb"),
+                R::Array(vec![entry("1-0"), entry("2-0")])
+            ])]),
+            R::Int(2),
+        ])
+    );
+    let pending = c.cmd(&["XPENDING", "kb", "g"]);
+    broker.shutdown();
+    let broker = start_in(&dir.0, 1, config);
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XPENDING", "kb", "g"]), pending);
+    assert_eq!(c.cmd(&["XLEN", "ka"]), R::Int(2));
+    broker.shutdown();
+}
