@@ -5002,8 +5002,10 @@ fn entries_a_transaction_over_streams_added_are_read_back_from_its_records() {
 #[test]
 fn a_stream_restarted_after_a_panic_joins_a_transaction_read_back_from_its_log() {
     let dir = TempDir::new();
-    let mut config = BrokerConfig::default();
-    config.debug_commands = true;
+    let config = BrokerConfig {
+        debug_commands: true,
+        ..BrokerConfig::default()
+    };
     let broker = start_in(&dir.0, 1, config.clone());
     let mut c = Client::connect(broker.local_addr());
     assert_eq!(c.cmd(&["XADD", "ka", "1-0", "f", "a"]), R::bulk("1-0"));
