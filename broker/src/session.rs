@@ -843,6 +843,24 @@ impl RespSession {
     /// (or at start, recovered); a name this shard has routed before is
     /// answered from its cache without a lock, so the common case costs
     /// about what the routing it precedes costs.
+    /// Whether `keys` (those not `missing`) are several streams, all
+    /// placed on this connection's shard.
+    fn several_here(&self, keys: &[Bytes], missing: &[bool], cx: &SessionCtx<Self>) -> bool {
+        let mut named: Vec<&Bytes> = keys
+            .iter()
+            .zip(missing)
+            .filter(|(_, m)| !**m)
+            .map(|(k, _)| k)
+            .collect();
+        named.sort();
+        named.dedup();
+        let here = Some(cx.shard());
+        named.len() > 1
+            && named
+                .iter()
+                .all(|k| self.shared.system.placed_shard::<StreamActor>(k) == here)
+    }
+
     fn reads_missing(&self, key: &Bytes) -> bool {
         // A request of this connection that may make the stream placed
         // its name when its ask was sent: every ask is sent as its
@@ -890,23 +908,47 @@ impl RespSession {
             .iter()
             .map(|k| self.shared.system.keyed::<StreamActor>(k.clone()))
             .collect();
-        let reads: Vec<_> = actors
-            .iter()
-            .zip(&ids)
-            .zip(&missing)
-            .map(|((a, id), missing)| {
-                (!missing).then(|| {
-                    read_now_or_ask(
-                        a,
-                        Read {
-                            from: id.map_or(ReadFrom::Last, ReadFrom::After),
-                            count: p.count,
-                            broker,
-                        },
-                    )
-                })
-            })
-            .collect();
+        let read_of = |id: &Option<StreamId>| Read {
+            from: id.map_or(ReadFrom::Last, ReadFrom::After),
+            count: p.count,
+            broker,
+        };
+        let reads: Vec<_> = if p.block.is_none() && self.several_here(&p.keys, &missing, cx) {
+            // Several streams of this shard: one snapshot of them all,
+            // read at once; with any of them busy (a transaction may hold
+            // it), the read runs as a transaction of its own, so it never
+            // sees a transaction in one stream and not yet in another.
+            let mut reads = Vec::with_capacity(actors.len());
+            for ((a, id), missing) in actors.iter().zip(&ids).zip(&missing) {
+                if *missing {
+                    reads.push(None);
+                    continue;
+                }
+                let m = read_of(id);
+                match a.run_now(|actor| actor.read_at_once(&m)) {
+                    Ok(Some((answer, ends))) => {
+                        if ends {
+                            a.stop();
+                        }
+                        reads.push(Some(NowOr::Now(Some(Ok(answer)))));
+                    }
+                    Ok(None) | Err(RunNowError::NotIdle(_)) => {
+                        return self.read_as_transaction(args, cx);
+                    }
+                    Err(RunNowError::Panicked) => {
+                        reads.push(Some(NowOr::Now(Some(Err(AskError::Panicked)))));
+                    }
+                }
+            }
+            reads
+        } else {
+            actors
+                .iter()
+                .zip(&ids)
+                .zip(&missing)
+                .map(|((a, id), missing)| (!missing).then(|| read_now_or_ask(a, read_of(id))))
+                .collect()
+        };
         let block = p.block;
         self.reply_later(cx, async move {
             let mut after = Vec::with_capacity(reads.len());

@@ -5050,3 +5050,63 @@ fn a_stream_restarted_after_a_panic_joins_a_transaction_read_back_from_its_log()
     assert_eq!(c.cmd(&["XLEN", "ka"]), R::Int(2));
     broker.shutdown();
 }
+
+#[test]
+fn a_read_of_several_streams_sees_each_transaction_in_all_of_them_or_none() {
+    // A writer's blocks add one entry to each of two streams; another
+    // client reads both in one `XREAD`: both always hold as many entries
+    // (its reads never fall between a block's parts).
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 1, BrokerConfig::default());
+    let addr = broker.local_addr();
+    let mut c = Client::connect(addr);
+    assert!(is_id(&c.cmd(&["XADD", "isoa", "*", "x", "1"])));
+    assert!(is_id(&c.cmd(&["XADD", "isob", "*", "x", "1"])));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut w = Client::connect(addr);
+            for _ in 0..20 {
+                let mut wire = Vec::new();
+                for _ in 0..20 {
+                    wire.extend(encode(&[b"MULTI"]));
+                    wire.extend(encode(&[b"XADD", b"isoa", b"*", b"x", b"1"]));
+                    wire.extend(encode(&[b"XADD", b"isob", b"*", b"x", b"1"]));
+                    wire.extend(encode(&[b"EXEC"]));
+                }
+                w.send_raw(&wire);
+                for _ in 0..20 * 4 {
+                    w.read();
+                }
+            }
+            done.store(true, std::sync::atomic::Ordering::Release);
+        })
+    };
+    let lengths = |r: &R| -> Vec<usize> {
+        let R::Array(streams) = r else {
+            panic!("{r:?}");
+        };
+        streams
+            .iter()
+            .map(|s| match s {
+                R::Array(kv) => match &kv[1] {
+                    R::Array(entries) => entries.len(),
+                    other => panic!("{other:?}"),
+                },
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    };
+    let mut reads = 0;
+    while !done.load(std::sync::atomic::Ordering::Acquire) && reads < 20_000 {
+        let r = c.cmd(&["XREAD", "STREAMS", "isoa", "isob", "0", "0"]);
+        let l = lengths(&r);
+        assert_eq!(l[0], l[1], "read {reads} fell between a block's parts");
+        reads += 1;
+    }
+    writer.join().unwrap();
+    let l = lengths(&c.cmd(&["XREAD", "STREAMS", "isoa", "isob", "0", "0"]));
+    assert_eq!(l, vec![401, 401]);
+    broker.shutdown();
+}

@@ -14,7 +14,7 @@ use mailring_transports::SessionCtx;
 use super::RespSession;
 use crate::actor::{storage_error, AbsentStreams, BatchAnswer, ExecBatch, StreamActor};
 use crate::command::{self, Kind, Spec};
-use crate::resp::Reply;
+use crate::resp::{Protocol, Reply};
 
 /// The commands queued since `MULTI`.
 #[derive(Debug, Default)]
@@ -126,7 +126,7 @@ impl RespSession {
                         "EXECABORT Transaction discarded because of previous errors.".to_owned(),
                     ));
                 }
-                return match self.exec(queue.commands, cx) {
+                return match self.exec(queue.commands, false, cx) {
                     Some(r) => Handled::Reply(r),
                     None => Handled::Later,
                 };
@@ -138,7 +138,15 @@ impl RespSession {
 
     /// Runs a transaction: its reply now (no stream, or refused), or
     /// `None` when it went to a stream's actor and answers later.
-    fn exec(&mut self, commands: Vec<Vec<Bytes>>, cx: &mut SessionCtx<Self>) -> Option<Reply> {
+    /// `bare`: the block is one command run as a transaction (see
+    /// [`RespSession::read_as_transaction`]), answered with its own reply
+    /// instead of an array of one.
+    pub(super) fn exec(
+        &mut self,
+        commands: Vec<Vec<Bytes>>,
+        bare: bool,
+        cx: &mut SessionCtx<Self>,
+    ) -> Option<Reply> {
         let specs: Vec<&'static Spec> = commands
             .iter()
             .map(|c| command::lookup(&c[0]).expect("queued commands were looked up"))
@@ -197,7 +205,7 @@ impl RespSession {
             }
             let reads = commands.iter().any(|c| reads_catalog(c));
             if held.is_empty() && !reads && cx.pending_replies() == 0 {
-                return self.answer_absent(&commands, &specs, &absent, cx);
+                return self.answer_absent(&commands, &specs, &absent, bare, cx);
             }
             if held.is_empty() {
                 // Catalog reads in turn: the first coordinates all the same.
@@ -232,7 +240,7 @@ impl RespSession {
                         r.unwrap_or_else(|| super::catalog_reply(&self.shared, *p, c, &[]))
                     })
                     .collect();
-                let reply = Reply::array_in_protocols(replies, &protos);
+                let reply = replies_of(replies, &protos, bare);
                 if !shows_names {
                     return Some(reply);
                 }
@@ -248,7 +256,7 @@ impl RespSession {
                     }
                 }
                 let replies = replies.into_iter().flatten().collect();
-                let reply = Reply::array_in_protocols(replies, &protos);
+                let reply = replies_of(replies, &protos, bare);
                 let unflushed = shared.catalog.unflushed();
                 super::counting(count, async move {
                     match super::flushed(unflushed).await {
@@ -300,7 +308,7 @@ impl RespSession {
                 });
                 protos.push(self.proto);
             }
-            let reply = Reply::array_in_protocols(replies, &protos);
+            let reply = replies_of(replies, &protos, bare);
             if !commands.iter().any(|c| super::shows_names(c)) {
                 return Some(reply);
             }
@@ -369,7 +377,7 @@ impl RespSession {
                     .into_iter()
                     .map(|r| r.unwrap_or_else(|| data.next().unwrap_or(Reply::NilArray)))
                     .collect();
-                Reply::array_in_protocols(replies, &protos).frame(proto)
+                replies_of(replies, &protos, bare).frame(proto)
             }
         };
         let count = self.count_later();
@@ -397,6 +405,7 @@ impl RespSession {
         commands: &[Vec<Bytes>],
         specs: &[&'static Spec],
         absent: &[Bytes],
+        bare: bool,
         cx: &mut SessionCtx<Self>,
     ) -> Option<Reply> {
         let mut streams = AbsentStreams::new(absent);
@@ -410,12 +419,34 @@ impl RespSession {
             });
             protos.push(self.proto);
         }
-        let reply = Reply::array_in_protocols(replies, &protos);
+        let reply = replies_of(replies, &protos, bare);
         if !commands.iter().any(|c| super::shows_names(c)) {
             return Some(reply);
         }
         self.reply_once_flushed(reply, cx);
         None
+    }
+}
+
+/// `EXEC`'s reply: the commands' replies, each in the protocol in force
+/// when it ran; `bare`: the one command's reply alone.
+fn replies_of(replies: Vec<Reply>, protos: &[Protocol], bare: bool) -> Reply {
+    if bare {
+        return replies.into_iter().next().unwrap_or(Reply::NilArray);
+    }
+    Reply::array_in_protocols(replies, protos)
+}
+
+impl RespSession {
+    /// An `XREAD` over several streams of this shard, some of them busy
+    /// (a transaction may hold them): run as a transaction of its one
+    /// command, its streams joined in name order, so it reads them all at
+    /// one point between transactions instead of some before one and
+    /// some after.
+    pub(super) fn read_as_transaction(&mut self, args: &[Bytes], cx: &mut SessionCtx<Self>) {
+        if let Some(reply) = self.exec(vec![args.to_vec()], true, cx) {
+            self.reply(reply, cx);
+        }
     }
 }
 
