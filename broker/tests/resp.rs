@@ -5110,3 +5110,46 @@ fn a_read_of_several_streams_sees_each_transaction_in_all_of_them_or_none() {
     assert_eq!(l, vec![401, 401]);
     broker.shutdown();
 }
+
+#[test]
+fn a_deleted_stream_on_another_shard_reads_as_missing_in_a_transaction() {
+    // A deleted stream keeps its shard (the directory never changes a
+    // record). A transaction that only reads it, over streams of another
+    // shard, runs and finds no stream; one that would make it again is
+    // refused.
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 2, BrokerConfig::default());
+    assert_eq!(broker.place_stream(b"gone", 0), Ok(0));
+    assert_eq!(broker.place_stream(b"base", 1), Ok(1));
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XADD", "gone", "1-0", "f", "v"]), R::bulk("1-0"));
+    assert_eq!(c.cmd(&["DEL", "gone"]), R::Int(1));
+    c.cmd(&["MULTI"]);
+    c.cmd(&["XADD", "base", "1-0", "f", "v"]);
+    c.cmd(&["XLEN", "gone"]);
+    c.cmd(&["EXISTS", "gone", "base"]);
+    c.cmd(&["XREAD", "STREAMS", "base", "gone", "0", "0"]);
+    let entry = R::Array(vec![
+        R::bulk("1-0"),
+        R::Array(vec![R::bulk("f"), R::bulk("v")]),
+    ]);
+    assert_eq!(
+        c.cmd(&["EXEC"]),
+        R::Array(vec![
+            R::bulk("1-0"),
+            R::Int(0),
+            R::Int(1),
+            R::Array(vec![R::Array(vec![R::bulk("base"), R::Array(vec![entry])])]),
+        ])
+    );
+    c.cmd(&["MULTI"]);
+    c.cmd(&["XADD", "base", "2-0", "f", "v"]);
+    c.cmd(&["XADD", "gone", "2-0", "f", "v"]);
+    match c.cmd(&["EXEC"]) {
+        R::Error(e) => assert!(e.contains("'gone' on shard 0"), "{e}"),
+        other => panic!("EXEC: {other:?}"),
+    }
+    assert_eq!(c.cmd(&["XLEN", "base"]), R::Int(1));
+    assert_eq!(c.cmd(&["EXISTS", "gone"]), R::Int(0));
+    broker.shutdown();
+}

@@ -158,25 +158,17 @@ impl RespSession {
             .collect();
         streams.sort();
         streams.dedup();
-        // Over several streams: they must share a shard (each shard logs
-        // its own); those placed already say so now, the coordinator
-        // checks the rest as they join.
+        // Over several streams, those that do not exist and that no
+        // command makes are absent: no stream, answered as missing by the
+        // coordinator, placing and activating nothing. A name nobody
+        // placed is no stream; nor is one the catalog lacks, when no
+        // request of this connection is in flight (which may be making
+        // it), wherever it was placed (a deleted stream keeps its shard).
+        // The others are held: they must share a shard (each shard logs
+        // its own; those placed already say so now, the coordinator
+        // checks the rest as they join), the first coordinates, and those
+        // not placed yet go on the placed ones' shard.
         let multi = streams.len() > 1;
-        if multi {
-            let mut placed = streams.iter().filter_map(|s| {
-                let shard = self.shared.system.placed_shard::<StreamActor>(s)?;
-                Some((*s, shard))
-            });
-            if let Some(first) = placed.next() {
-                if let Some(other) = placed.find(|(_, shard)| *shard != first.1) {
-                    return Some(crate::actor::across_shards(first, other));
-                }
-            }
-        }
-        // Over several streams, those nobody placed that no command makes
-        // are absent: no stream, answered as missing by the coordinator,
-        // placing and activating nothing. The others are held: the first
-        // coordinates; those not placed yet go on the placed ones' shard.
         let (mut held, mut absent): (Vec<Bytes>, Vec<Bytes>) = (Vec::new(), Vec::new());
         if multi {
             let makes = |s: &Bytes| {
@@ -185,18 +177,31 @@ impl RespSession {
                         && StreamActor::makes_stream(spec.name, c)
                 })
             };
+            let settled = cx.pending_replies() == 0 && self.run.is_none();
             let system = &self.shared.system;
-            let placed = streams
-                .iter()
-                .find_map(|s| system.placed_shard::<StreamActor>(s));
+            let mut placed: Option<(&Bytes, mailring::ShardId)> = None;
             for s in &streams {
-                if system.placed_shard::<StreamActor>(s).is_some() || makes(s) {
-                    held.push((*s).clone());
-                } else {
+                let shard = system.placed_shard::<StreamActor>(s);
+                let exists = match shard {
+                    None => false,
+                    Some(_) => !settled || self.shared.catalog.contains(s),
+                };
+                if !exists && !makes(s) {
                     absent.push((*s).clone());
+                    continue;
                 }
+                if let Some(shard) = shard {
+                    match placed {
+                        Some(first) if first.1 != shard => {
+                            return Some(crate::actor::across_shards(first, (s, shard)));
+                        }
+                        Some(_) => {}
+                        None => placed = Some((s, shard)),
+                    }
+                }
+                held.push((*s).clone());
             }
-            if let Some(shard) = placed {
+            if let Some((_, shard)) = placed {
                 for s in &held {
                     // A stream placed elsewhere meanwhile: the coordinator
                     // finds it out as that stream declines.
