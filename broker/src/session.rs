@@ -843,9 +843,9 @@ impl RespSession {
     /// (or at start, recovered); a name this shard has routed before is
     /// answered from its cache without a lock, so the common case costs
     /// about what the routing it precedes costs.
-    /// Whether `keys` (those not `missing`) are several streams, all
-    /// placed on this connection's shard.
-    fn several_here(&self, keys: &[Bytes], missing: &[bool], cx: &SessionCtx<Self>) -> bool {
+    /// The shard of `keys` (those not `missing`) when they are several
+    /// streams that all live on one shard.
+    fn several_on_one_shard(&self, keys: &[Bytes], missing: &[bool]) -> Option<mailring::ShardId> {
         let mut named: Vec<&Bytes> = keys
             .iter()
             .zip(missing)
@@ -854,11 +854,15 @@ impl RespSession {
             .collect();
         named.sort();
         named.dedup();
-        let here = Some(cx.shard());
-        named.len() > 1
-            && named
-                .iter()
-                .all(|k| self.shared.system.placed_shard::<StreamActor>(k) == here)
+        if named.len() < 2 {
+            return None;
+        }
+        let system = &self.shared.system;
+        let shard = system.placed_shard::<StreamActor>(named[0])?;
+        named[1..]
+            .iter()
+            .all(|k| system.placed_shard::<StreamActor>(k) == Some(shard))
+            .then_some(shard)
     }
 
     fn reads_missing(&self, key: &Bytes) -> bool {
@@ -913,7 +917,18 @@ impl RespSession {
             count: p.count,
             broker,
         };
-        let reads: Vec<_> = if p.block.is_none() && self.several_here(&p.keys, &missing, cx) {
+        let shared_shard = if p.block.is_none() {
+            self.several_on_one_shard(&p.keys, &missing)
+        } else {
+            None
+        };
+        if shared_shard.is_some_and(|s| s != cx.shard()) {
+            // Several streams of another shard: one snapshot there, as a
+            // transaction of its own (this shard cannot see whether they
+            // are idle).
+            return self.read_as_transaction(args, cx);
+        }
+        let reads: Vec<_> = if shared_shard.is_some() {
             // Several streams of this shard: one snapshot of them all,
             // read at once; with any of them busy (a transaction may hold
             // it), the read runs as a transaction of its own, so it never
@@ -1643,7 +1658,10 @@ impl Session for RespSession {
     }
 
     fn route(&mut self, req: &Request, cx: &SessionCtx<Self>) -> Route<Bytes> {
-        if cx.key().is_some() || !self.authenticated {
+        // Inside `MULTI` commands are only queued: a stream they name is
+        // placed by the transaction if it runs (a refused one must leave
+        // no name placed).
+        if cx.key().is_some() || !self.authenticated || self.multi.is_some() {
             return Route::NotYet;
         }
         match req {

@@ -5055,11 +5055,24 @@ fn a_stream_restarted_after_a_panic_joins_a_transaction_read_back_from_its_log()
 fn a_read_of_several_streams_sees_each_transaction_in_all_of_them_or_none() {
     // A writer's blocks add one entry to each of two streams; another
     // client reads both in one `XREAD`: both always hold as many entries
-    // (its reads never fall between a block's parts).
+    // (its reads never fall between a block's parts), whether the reader
+    // sits on the streams' shard or on another.
+    snapshot_reads(1, None);
+    snapshot_reads(2, Some("elsewhere"));
+}
+
+/// [`a_read_of_several_streams_sees_each_transaction_in_all_of_them_or_none`]
+/// on a broker of `shards` shards, its streams on the last, and the
+/// reader attached to shard 0 by a write to `reader_home` first.
+fn snapshot_reads(shards: usize, reader_home: Option<&str>) {
     let dir = TempDir::new();
-    let broker = start_in(&dir.0, 1, BrokerConfig::default());
+    let broker = start_placed(&dir, shards, &["isoa", "isob"]);
     let addr = broker.local_addr();
     let mut c = Client::connect(addr);
+    if let Some(home) = reader_home {
+        assert_eq!(broker.place_stream(home.as_bytes(), 0), Ok(0));
+        assert!(is_id(&c.cmd(&["XADD", home, "*", "x", "1"])));
+    }
     assert!(is_id(&c.cmd(&["XADD", "isoa", "*", "x", "1"])));
     assert!(is_id(&c.cmd(&["XADD", "isob", "*", "x", "1"])));
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -5151,5 +5164,45 @@ fn a_deleted_stream_on_another_shard_reads_as_missing_in_a_transaction() {
     }
     assert_eq!(c.cmd(&["XLEN", "base"]), R::Int(1));
     assert_eq!(c.cmd(&["EXISTS", "gone"]), R::Int(0));
+    broker.shutdown();
+}
+
+#[test]
+fn a_refused_transaction_places_none_of_its_new_names() {
+    // Commands queued in `MULTI` do not attach the connection (which
+    // would place the first stream they name): a block refused for
+    // spanning two shards leaves its new name unplaced, free to join any
+    // shard's streams later.
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 2, BrokerConfig::default());
+    assert_eq!(broker.place_stream(b"on0", 0), Ok(0));
+    assert_eq!(broker.place_stream(b"on1", 1), Ok(1));
+    let placed = broker.placed_streams();
+    for (i, order) in [["fresh", "on0", "on1"], ["on1", "fresh", "on0"]]
+        .iter()
+        .enumerate()
+    {
+        let mut c = Client::connect(broker.local_addr());
+        c.cmd(&["MULTI"]);
+        for key in order {
+            c.cmd(&["XADD", key, "*", "f", "v"]);
+        }
+        match c.cmd(&["EXEC"]) {
+            R::Error(e) => assert!(e.contains("different shards"), "{i}: {e}"),
+            other => panic!("{i}: EXEC: {other:?}"),
+        }
+        assert_eq!(c.cmd(&["EXISTS", "fresh"]), R::Int(0));
+        assert_eq!(broker.placed_streams(), placed, "{i}: a name was placed");
+    }
+    // Free: it joins shard 1's stream.
+    let mut c = Client::connect(broker.local_addr());
+    c.cmd(&["MULTI"]);
+    c.cmd(&["XADD", "fresh", "1-1", "f", "v"]);
+    c.cmd(&["XADD", "on1", "1-1", "f", "v"]);
+    assert_eq!(
+        c.cmd(&["EXEC"]),
+        R::Array(vec![R::bulk("1-1"), R::bulk("1-1")])
+    );
+    assert_eq!(broker.shard_of_stream(b"fresh"), 1);
     broker.shutdown();
 }

@@ -2308,18 +2308,35 @@ impl<S: Session> SessionsByKey<S> {
 /// `AddrInUse` where anything listens there, a reuseport group of another
 /// process included. It never listens, so a client that connects while
 /// it is bound is refused, never accepted and then reset when it closes.
+///
+/// A listener of a process that just died (killed) stays a few
+/// milliseconds after it: a port found taken is tried again for up to
+/// [`PROBE_PATIENCE`] before `AddrInUse` is believed.
 pub(crate) fn probe_port(addr: SocketAddr) -> io::Result<socket2::Socket> {
-    let socket = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        None,
-    )?;
-    // As a listener binds: a port whose last connections wait out
-    // TIME_WAIT is free.
-    socket.set_reuse_address(true)?;
-    socket.bind(&addr.into())?;
-    Ok(socket)
+    let deadline = std::time::Instant::now() + PROBE_PATIENCE;
+    loop {
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::STREAM,
+            None,
+        )?;
+        // As a listener binds: a port whose last connections wait out
+        // TIME_WAIT is free.
+        socket.set_reuse_address(true)?;
+        match socket.bind(&addr.into()) {
+            Ok(()) => return Ok(socket),
+            Err(e)
+                if e.kind() == io::ErrorKind::AddrInUse && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
+
+/// How long [`probe_port`] tries a taken port again.
+const PROBE_PATIENCE: std::time::Duration = std::time::Duration::from_millis(300);
 
 #[cfg(test)]
 mod probe_tests {
@@ -2338,6 +2355,14 @@ mod probe_tests {
         let taken = listener.local_addr().unwrap();
         let e = probe_port(taken).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+        // A listener that goes a moment later (a killed process's lingers
+        // a few milliseconds): the port is found free.
+        let closing = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            drop(listener);
+        });
+        assert!(probe_port(taken).is_ok());
+        closing.join().unwrap();
         // A reuseport group: taken too.
         let group =
             socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
