@@ -846,6 +846,10 @@ impl RespSession {
     /// The shard of `keys` (those not `missing`) when they are several
     /// streams that all live on one shard.
     fn several_on_one_shard(&self, keys: &[Bytes], missing: &[bool]) -> Option<mailring::ShardId> {
+        if keys.len() < 2 {
+            // The common read: nothing to gather.
+            return None;
+        }
         let mut named: Vec<&Bytes> = keys
             .iter()
             .zip(missing)

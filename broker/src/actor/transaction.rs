@@ -175,7 +175,9 @@ impl StreamActor {
                 count,
                 noack,
             } => Done::Group(self.read_group(group, consumer, from, *count, *noack).0),
-            Step::Seal => self.seal(false),
+            // Only a member seals, in its own loop (which knows whether
+            // the stream existed before); the coordinator seals itself.
+            Step::Seal => unreachable!("a seal is answered by the member's loop"),
         }
     }
 
@@ -571,7 +573,7 @@ impl StreamActor {
                 }
                 Ok(Reply::Int(total))
             }
-            "xread" | "xreadgroup" if distinct_read_streams(args) > 1 => {
+            "xread" | "xreadgroup" if names_several(args) => {
                 self.read_many(name == "xreadgroup", args, proto, cohort, shared)
                     .await
             }
@@ -741,14 +743,13 @@ fn failed_in(name: &Bytes, when: &str) -> Reply {
     ))
 }
 
-/// How many different streams an `XREAD` / `XREADGROUP` names.
-fn distinct_read_streams(args: &[Bytes]) -> usize {
-    let Some(at) = command::streams_at(args).filter(|&at| at < args.len()) else {
-        return 0;
+/// Whether a command names more than one stream.
+fn names_several(args: &[Bytes]) -> bool {
+    let Some(spec) = command::lookup(&args[0]) else {
+        return false;
     };
-    let keys = (args.len() - at) / 2;
-    let mut names: Vec<&Bytes> = args[at..at + keys].iter().collect();
-    names.sort();
-    names.dedup();
-    names.len()
+    let mut named = crate::session::streams_of(spec, args);
+    named.sort();
+    named.dedup();
+    named.len() > 1
 }
