@@ -2361,9 +2361,7 @@ fn a_blocked_xreadgroup_is_served_by_the_next_append() {
 fn a_transaction_on_one_stream_commits_whole_and_one_across_shards_is_refused() {
     let dir = TempDir::new();
     {
-        let broker = start_in(&dir.0, 2, BrokerConfig::default());
-        assert_eq!(broker.place_stream(b"tx", 0), Ok(0));
-        assert_eq!(broker.place_stream(b"other", 1), Ok(1));
+        let broker = start_homes(&dir, &[("tx", 0), ("other", 1)]);
         let mut c = Client::connect(broker.local_addr());
         assert_eq!(c.cmd(&["MULTI"]), R::Status("OK".into()));
         assert_eq!(
@@ -4461,6 +4459,27 @@ fn start_placed(dir: &TempDir, shards: usize, streams: &[&str]) -> Broker {
     broker
 }
 
+/// A broker of two shards with each `(stream, shard)` placed there.
+fn start_homes(dir: &TempDir, homes: &[(&str, usize)]) -> Broker {
+    let broker = start_in(&dir.0, 2, BrokerConfig::default());
+    for (s, shard) in homes {
+        assert_eq!(broker.place_stream(s.as_bytes(), *shard), Ok(*shard));
+    }
+    broker
+}
+
+/// Checks that `r` refuses a transaction over streams on different
+/// shards, naming `detail`.
+fn refused_across_shards(r: &R, detail: &str) {
+    match r {
+        R::Error(e) => assert!(
+            e.starts_with("ERR MULTI/EXEC over streams on different shards") && e.contains(detail),
+            "{e}"
+        ),
+        other => panic!("EXEC: {other:?}"),
+    }
+}
+
 #[test]
 fn a_transaction_over_streams_of_one_shard_commits_whole_and_survives_restarts() {
     let dir = TempDir::new();
@@ -4850,9 +4869,7 @@ fn racing_transactions_from_two_shards_each_run_whole_or_not_at_all() {
     // refused (by its session, or by its coordinator as that stream
     // declines to join), running nothing.
     let dir = TempDir::new();
-    let broker = start_in(&dir.0, 2, BrokerConfig::default());
-    assert_eq!(broker.place_stream(b"home0", 0), Ok(0));
-    assert_eq!(broker.place_stream(b"home1", 1), Ok(1));
+    let broker = start_homes(&dir, &[("home0", 0), ("home1", 1)]);
     let addr = broker.local_addr();
     let rounds = 150;
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
@@ -4892,14 +4909,10 @@ fn racing_transactions_from_two_shards_each_run_whole_or_not_at_all() {
                         assert!(is_id(&replies[1]), "{replies:?}");
                         true
                     }
-                    R::Error(e) => {
-                        assert!(
-                            e.starts_with("ERR MULTI/EXEC over streams on different shards"),
-                            "{e}"
-                        );
+                    refused => {
+                        refused_across_shards(&refused, "");
                         false
                     }
-                    other => panic!("EXEC: {other:?}"),
                 });
             }
             ran
@@ -5131,9 +5144,7 @@ fn a_deleted_stream_on_another_shard_reads_as_missing_in_a_transaction() {
     // shard, runs and finds no stream; one that would make it again is
     // refused.
     let dir = TempDir::new();
-    let broker = start_in(&dir.0, 2, BrokerConfig::default());
-    assert_eq!(broker.place_stream(b"gone", 0), Ok(0));
-    assert_eq!(broker.place_stream(b"base", 1), Ok(1));
+    let broker = start_homes(&dir, &[("gone", 0), ("base", 1)]);
     let mut c = Client::connect(broker.local_addr());
     assert_eq!(c.cmd(&["XADD", "gone", "1-0", "f", "v"]), R::bulk("1-0"));
     assert_eq!(c.cmd(&["DEL", "gone"]), R::Int(1));
@@ -5158,10 +5169,7 @@ fn a_deleted_stream_on_another_shard_reads_as_missing_in_a_transaction() {
     c.cmd(&["MULTI"]);
     c.cmd(&["XADD", "base", "2-0", "f", "v"]);
     c.cmd(&["XADD", "gone", "2-0", "f", "v"]);
-    match c.cmd(&["EXEC"]) {
-        R::Error(e) => assert!(e.contains("'gone' on shard 0"), "{e}"),
-        other => panic!("EXEC: {other:?}"),
-    }
+    refused_across_shards(&c.cmd(&["EXEC"]), "'gone' on shard 0");
     assert_eq!(c.cmd(&["XLEN", "base"]), R::Int(1));
     assert_eq!(c.cmd(&["EXISTS", "gone"]), R::Int(0));
     broker.shutdown();
@@ -5174,9 +5182,7 @@ fn a_refused_transaction_places_none_of_its_new_names() {
     // spanning two shards leaves its new name unplaced, free to join any
     // shard's streams later.
     let dir = TempDir::new();
-    let broker = start_in(&dir.0, 2, BrokerConfig::default());
-    assert_eq!(broker.place_stream(b"on0", 0), Ok(0));
-    assert_eq!(broker.place_stream(b"on1", 1), Ok(1));
+    let broker = start_homes(&dir, &[("on0", 0), ("on1", 1)]);
     let placed = broker.placed_streams();
     for (i, order) in [["fresh", "on0", "on1"], ["on1", "fresh", "on0"]]
         .iter()
@@ -5187,10 +5193,7 @@ fn a_refused_transaction_places_none_of_its_new_names() {
         for key in order {
             c.cmd(&["XADD", key, "*", "f", "v"]);
         }
-        match c.cmd(&["EXEC"]) {
-            R::Error(e) => assert!(e.contains("different shards"), "{i}: {e}"),
-            other => panic!("{i}: EXEC: {other:?}"),
-        }
+        refused_across_shards(&c.cmd(&["EXEC"]), "");
         assert_eq!(c.cmd(&["EXISTS", "fresh"]), R::Int(0));
         assert_eq!(broker.placed_streams(), placed, "{i}: a name was placed");
     }
