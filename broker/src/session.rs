@@ -836,13 +836,6 @@ impl RespSession {
         Some(p)
     }
 
-    /// Whether stream `key` does not exist as far as this connection can
-    /// tell: never placed, with nothing of this connection in flight and
-    /// no run gathered. Every stream that exists (or is being made by a
-    /// request in flight) was placed when it was made or the request sent
-    /// (or at start, recovered); a name this shard has routed before is
-    /// answered from its cache without a lock, so the common case costs
-    /// about what the routing it precedes costs.
     /// The shard of `keys` (those not `missing`) when they are several
     /// streams that all live on one shard.
     fn several_on_one_shard(&self, keys: &[Bytes], missing: &[bool]) -> Option<mailring::ShardId> {
@@ -869,6 +862,13 @@ impl RespSession {
             .then_some(shard)
     }
 
+    /// Whether stream `key` does not exist as far as this connection can
+    /// tell: never placed, with nothing of this connection in flight and
+    /// no run gathered. Every stream that exists (or is being made by a
+    /// request in flight) was placed when it was made or the request sent
+    /// (or at start, recovered); a name this shard has routed before is
+    /// answered from its cache without a lock, so the common case costs
+    /// about what the routing it precedes costs.
     fn reads_missing(&self, key: &Bytes) -> bool {
         // A request of this connection that may make the stream placed
         // its name when its ask was sent: every ask is sent as its
