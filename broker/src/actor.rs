@@ -677,9 +677,10 @@ pub struct ExecBatch {
     /// [`transaction`](self::transaction)); empty when it names only this
     /// one.
     pub streams: Vec<Bytes>,
-    /// Streams the transaction names that nobody placed and none of its
-    /// commands makes, sorted: answered as missing streams, placing and
-    /// activating nothing.
+    /// Streams the transaction names that do not exist (nobody placed
+    /// them, or the catalog lacks them) and none of its commands makes,
+    /// sorted: answered as missing streams, placing and activating
+    /// nothing.
     pub absent: Vec<Bytes>,
 }
 
@@ -764,17 +765,7 @@ impl Handler<ExecBatch> for StreamActor {
         } else {
             match self.append(Op::Batch(ops), was_missing) {
                 Ok(t) => {
-                    let loc = self.appended_at;
-                    if let Some(s) = self.stream.as_mut() {
-                        s.place(loc);
-                    }
-                    if was_missing != self.stream.is_none() {
-                        // Made or deleted: the catalog learns it now that
-                        // it is logged.
-                        if let Some(shared) = self.shared.clone() {
-                            self.tell_catalog(&shared, &t);
-                        }
-                    }
+                    self.batch_logged(&t, self.appended_at, was_missing);
                     Some(t)
                 }
                 Err(e) => {

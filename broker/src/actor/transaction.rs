@@ -225,6 +225,13 @@ impl StreamActor {
             return;
         }
         self.appended(&Op::Batch(ops), ticket, loc, was_missing);
+        self.batch_logged(ticket, loc, was_missing);
+    }
+
+    /// After a transaction's record is appended at `loc`: its entries
+    /// know their place, and the catalog learns whether the stream was
+    /// made or deleted (`was_missing`: before the transaction).
+    pub(super) fn batch_logged(&mut self, ticket: &Ticket, loc: Loc, was_missing: bool) {
         if let Some(s) = self.stream.as_mut() {
             s.place(loc);
         }
