@@ -4821,11 +4821,12 @@ fn a_stream_whose_actor_fails_inside_a_transaction_over_streams_aborts_it_whole(
     // `pb`'s entries live only in its segment (no cache), and the disk
     // damaged them: reading them back inside the transaction makes its
     // actor panic after `pa` ran its part. Nothing of the transaction
-    // stays, and the other stream serves on.
+    // stays, and the other stream serves on. Then the same with the
+    // coordinator's own actor failing.
     let dir = TempDir::new();
     let mut config = BrokerConfig::default();
     config.store.stream_cache_bytes = 0;
-    let broker = start_in(&dir.0, 1, config);
+    let broker = start_in(&dir.0, 1, config.clone());
     let mut c = Client::connect(broker.local_addr());
     let value = format!("DAMAGED{}", "x".repeat(64));
     // (`pa`'s record before the damage: a stream read back from its log
@@ -4836,16 +4837,7 @@ fn a_stream_whose_actor_fails_inside_a_transaction_over_streams_aborts_it_whole(
     // memory.
     add_entries(&mut c, "pb", 2..200);
     let before = c.cmd(&["XRANGE", "pa", "-", "+"]);
-    let mut damaged = 0;
-    for path in common::segment_files(&dir.0) {
-        let mut bytes = std::fs::read(&path).unwrap();
-        if let Some(at) = bytes.windows(7).position(|w| w == b"DAMAGED") {
-            bytes[at..at + 7].copy_from_slice(b"damaged");
-            std::fs::write(&path, &bytes).unwrap();
-            damaged += 1;
-        }
-    }
-    assert_eq!(damaged, 1);
+    damage(&dir, "DAMAGED");
     c.cmd(&["MULTI"]);
     c.cmd(&["XADD", "pa", "2-1", "f", "v"]);
     c.cmd(&["XRANGE", "pb", "-", "+", "COUNT", "1"]);
@@ -4858,7 +4850,50 @@ fn a_stream_whose_actor_fails_inside_a_transaction_over_streams_aborts_it_whole(
     assert_eq!(c.cmd(&["XRANGE", "pa", "-", "+"]), before);
     assert_eq!(c.cmd(&["XADD", "pa", "4-1", "f", "v"]), R::bulk("4-1"));
     assert_eq!(c.cmd(&["XLEN", "pa"]), R::Int(2));
+
     broker.shutdown();
+
+    // The coordinator's own actor failing midway (`qa` sorts first): its
+    // member `qb` ran its part, is let go, and reads itself back (from
+    // a log of its own: a stream is read back up to the first bad
+    // record).
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 1, config);
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XADD", "qb", "1-1", "f", "v"]), R::bulk("1-1"));
+    let value = format!("BROKEN{}", "x".repeat(64));
+    assert_eq!(c.cmd(&["XADD", "qa", "1-1", "f", &value]), R::bulk("1-1"));
+    add_entries(&mut c, "qa", 2..200);
+    let before = c.cmd(&["XRANGE", "qb", "-", "+"]);
+    damage(&dir, "BROKEN");
+    c.cmd(&["MULTI"]);
+    c.cmd(&["XADD", "qb", "2-1", "f", "v"]);
+    c.cmd(&["XRANGE", "qa", "-", "+", "COUNT", "1"]);
+    match c.cmd(&["EXEC"]) {
+        R::Error(e) => assert!(e.starts_with("ERR stream unavailable"), "{e}"),
+        other => panic!("EXEC: {other:?}"),
+    }
+    assert_eq!(c.cmd(&["XRANGE", "qb", "-", "+"]), before);
+    assert_eq!(c.cmd(&["XADD", "qb", "3-1", "f", "v"]), R::bulk("3-1"));
+    broker.shutdown();
+}
+
+/// Damages the one record of the segments under `dir` holding `marker`
+/// (its checksum then fails).
+fn damage(dir: &TempDir, marker: &str) {
+    let mut damaged = 0;
+    for path in common::segment_files(&dir.0) {
+        let mut bytes = std::fs::read(&path).unwrap();
+        if let Some(at) = bytes
+            .windows(marker.len())
+            .position(|w| w == marker.as_bytes())
+        {
+            bytes[at] ^= 0x20;
+            std::fs::write(&path, &bytes).unwrap();
+            damaged += 1;
+        }
+    }
+    assert_eq!(damaged, 1, "{marker}");
 }
 
 #[test]
