@@ -15,6 +15,12 @@
 //! entry may carry broker flags after its count (`1,1 --no-direct-io`
 //! runs two variants of one shard).
 //!
+//! The `multi-*` rows send no `redis-benchmark` load: one client queues
+//! a `MULTI` block of 100,000 commands over many streams and times its
+//! `EXEC` (five blocks per run on one server, after one that makes the
+//! streams when the row reads them); their req/s is commands per second
+//! of `EXEC`, p50 the median `EXEC` in ms and p99 the slowest.
+//!
 //! Run (loopback only):
 //! `cargo build --release -p mailring-broker && cargo run --release -p mailring-bench --example broker_vs_redis -- [pairs] [always|everysec]`
 //! Needs `redis-server` and `redis-benchmark` on the PATH. `BROKER_ROWS`
@@ -155,6 +161,138 @@ const ROWS: &[Row] = &[
         prefill: 1000,
     },
 ];
+
+/// A row of `MULTI` blocks: `commands` of `command` (its key and
+/// arguments follow) over `streams` streams named `prefix` and a number,
+/// round robin.
+struct TransactionRow {
+    name: &'static str,
+    command: &'static str,
+    prefix: &'static str,
+    args: &'static [&'static str],
+    commands: usize,
+    streams: usize,
+    /// Whether the streams are made (one `XADD` each) before the blocks.
+    made: bool,
+}
+
+/// Blocks timed per run.
+const BLOCKS: usize = 5;
+
+const TRANSACTION_ROWS: &[TransactionRow] = &[
+    TransactionRow {
+        name: "multi-xadd-10k",
+        command: "XADD",
+        prefix: "bt",
+        args: &["*", "f", "v"],
+        commands: 100_000,
+        streams: 10_000,
+        made: false,
+    },
+    TransactionRow {
+        name: "multi-xlen-100",
+        command: "XLEN",
+        prefix: "bt",
+        args: &[],
+        commands: 100_000,
+        streams: 100,
+        made: true,
+    },
+    TransactionRow {
+        name: "multi-xlen-10k",
+        command: "XLEN",
+        prefix: "bt",
+        args: &[],
+        commands: 100_000,
+        streams: 10_000,
+        made: true,
+    },
+    TransactionRow {
+        name: "multi-xlen-missing",
+        command: "XLEN",
+        prefix: "nobody",
+        args: &[],
+        commands: 100_000,
+        streams: 10_000,
+        made: false,
+    },
+];
+
+/// A command in RESP.
+fn encode(words: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", words.len()).into_bytes();
+    for w in words {
+        out.extend_from_slice(format!("${}\r\n{w}\r\n", w.len()).as_bytes());
+    }
+    out
+}
+
+/// Sends `request`, then reads until the replies end with `last`.
+fn exchange(conn: &mut std::net::TcpStream, request: &[u8], last: &[u8]) {
+    use std::io::{Read, Write};
+    conn.write_all(request).expect("send");
+    let mut tail = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = conn.read(&mut buf).expect("read");
+        assert!(n > 0, "the server closed the connection");
+        tail.extend_from_slice(&buf[..n]);
+        if tail.ends_with(last) {
+            return;
+        }
+        let keep = tail.len().saturating_sub(last.len());
+        tail.drain(..keep);
+    }
+}
+
+/// A `MULTI` block of `row` (its `EXEC` followed by a `PING`, whose
+/// `+PONG` ends the replies).
+fn block(row: &TransactionRow, command: &str, args: &[&str]) -> (Vec<u8>, Vec<u8>) {
+    let mut queued = encode(&["MULTI"]);
+    for i in 0..row.commands {
+        let key = format!("{}{}", row.prefix, i % row.streams);
+        let mut words = vec![command, key.as_str()];
+        words.extend_from_slice(args);
+        queued.extend(encode(&words));
+    }
+    queued.extend(encode(&["PING"]));
+    let mut exec = encode(&["EXEC"]);
+    exec.extend(encode(&["PING"]));
+    (queued, exec)
+}
+
+fn run_transactions(server: &Server, row: &TransactionRow, base: &Path, seq: usize) -> Measure {
+    let dir = base.join(format!("run-{seq}"));
+    let port = free_port();
+    let mut child = start(server, &dir, port, "everysec");
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    if row.made {
+        let (queued, exec) = block(row, "XADD", &["*", "f", "v"]);
+        exchange(&mut conn, &queued, b"+QUEUED\r\n");
+        exchange(&mut conn, &exec, b"+PONG\r\n");
+    }
+    let (queued, exec) = block(row, row.command, row.args);
+    let cpu0 = cpu_seconds(child.id());
+    let mut times = Vec::with_capacity(BLOCKS);
+    for _ in 0..BLOCKS {
+        exchange(&mut conn, &queued, b"+QUEUED\r\n");
+        let t = Instant::now();
+        exchange(&mut conn, &exec, b"+PONG\r\n");
+        times.push(t.elapsed().as_secs_f64());
+    }
+    let cpu1 = cpu_seconds(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    let slowest = times.iter().copied().fold(0.0, f64::max);
+    let (median, _, _) = quartiles(times);
+    Measure {
+        rps: row.commands as f64 / median,
+        p50: median * 1e3,
+        p99: slowest * 1e3,
+        cpu_us_per_req: (cpu1 - cpu0) * 1e6 / (BLOCKS * row.commands) as f64,
+    }
+}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -401,39 +539,48 @@ fn main() {
     println!("| row | server | median req/s | p50 ms | p99 ms | server CPU/req | req/s ratio vs redis (median [q1, q3]) |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     let mut seq = 0;
-    for row in ROWS {
-        if only
-            .as_ref()
-            .is_some_and(|o| !o.iter().any(|n| n == row.name))
-        {
-            continue;
-        }
-        let results: Vec<Vec<Measure>> =
-            mailring_bench::alternating_pairs(pairs, servers.len(), |i| {
-                seq += 1;
-                run_row(&servers[i], row, &fsync, &base, seq)
-            });
-        let redis_rps: Vec<f64> = results[0].iter().map(|m| m.rps).collect();
-        for (s, ms) in servers.iter().zip(&results) {
-            let (rps, _, _) = quartiles(ms.iter().map(|m| m.rps).collect());
-            let (p50, _, _) = quartiles(ms.iter().map(|m| m.p50).collect());
-            let (p99, _, _) = quartiles(ms.iter().map(|m| m.p99).collect());
-            let (cpu, _, _) = quartiles(ms.iter().map(|m| m.cpu_us_per_req).collect());
-            let ratios: Vec<f64> = ms.iter().zip(&redis_rps).map(|(m, r)| m.rps / r).collect();
-            let (rm, rq1, rq3) = quartiles(ratios);
-            println!(
-                "| {} | {} | {:.0} | {:.3} | {:.3} | {:.1} µs | {:.2} [{:.2}, {:.2}] |",
-                row.name,
-                s.name(),
-                rps,
-                p50,
-                p99,
-                cpu,
-                rm,
-                rq1,
-                rq3
-            );
-        }
+    let chosen = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|n| n == name));
+    for row in ROWS.iter().filter(|r| chosen(r.name)) {
+        let results = mailring_bench::alternating_pairs(pairs, servers.len(), |i| {
+            seq += 1;
+            run_row(&servers[i], row, &fsync, &base, seq)
+        });
+        report(row.name, &servers, &results);
+    }
+    // (`everysec` whatever the argument: a block is one append either
+    // way.)
+    for row in TRANSACTION_ROWS.iter().filter(|r| chosen(r.name)) {
+        let results = mailring_bench::alternating_pairs(pairs, servers.len(), |i| {
+            seq += 1;
+            run_transactions(&servers[i], row, &base, seq)
+        });
+        report(row.name, &servers, &results);
     }
     let _ = std::fs::remove_dir_all(&base);
+}
+
+/// Prints a row's lines: each server's medians, and its ratio to the
+/// first server's (redis-server's) rate.
+fn report(row: &str, servers: &[Server], results: &[Vec<Measure>]) {
+    let redis_rps: Vec<f64> = results[0].iter().map(|m| m.rps).collect();
+    for (s, ms) in servers.iter().zip(results) {
+        let (rps, _, _) = quartiles(ms.iter().map(|m| m.rps).collect());
+        let (p50, _, _) = quartiles(ms.iter().map(|m| m.p50).collect());
+        let (p99, _, _) = quartiles(ms.iter().map(|m| m.p99).collect());
+        let (cpu, _, _) = quartiles(ms.iter().map(|m| m.cpu_us_per_req).collect());
+        let ratios: Vec<f64> = ms.iter().zip(&redis_rps).map(|(m, r)| m.rps / r).collect();
+        let (rm, rq1, rq3) = quartiles(ratios);
+        println!(
+            "| {} | {} | {:.0} | {:.3} | {:.3} | {:.1} µs | {:.2} [{:.2}, {:.2}] |",
+            row,
+            s.name(),
+            rps,
+            p50,
+            p99,
+            cpu,
+            rm,
+            rq1,
+            rq3
+        );
+    }
 }

@@ -794,22 +794,22 @@ impl StreamActor {
     /// `TYPE` of this stream, `XREAD` / `XREADGROUP` without blocking, and
     /// `KEYS` / `SCAN` / `INFO` (the catalog as of their place).
     fn exec_in_batch(&mut self, args: &[Bytes], proto: Protocol, shared: &Shared) -> Reply {
-        let name = args[0].to_ascii_lowercase();
-        match name.as_slice() {
-            b"exists" => Reply::Int(
+        let name = command::lookup(&args[0]).map_or("", |s| s.name);
+        match name {
+            "exists" => Reply::Int(
                 args[1..]
                     .iter()
                     .filter(|k| self.stream.is_some() && **k == self.name)
                     .count() as i64,
             ),
-            b"type" => Reply::Status(if self.stream.is_some() {
+            "type" => Reply::Status(if self.stream.is_some() {
                 "stream"
             } else {
                 "none"
             }),
             // Answered here, at their place in the transaction: the
             // catalog has this stream's changes up to them.
-            b"keys" | b"scan" | b"info" | b"dbsize" => crate::session::catalog_reply(
+            "keys" | "scan" | "info" | "dbsize" => crate::session::catalog_reply(
                 shared,
                 proto,
                 args,
@@ -817,7 +817,7 @@ impl StreamActor {
             ),
             // The stream may be named more than once: served once per name,
             // as Redis does. Inside EXEC nothing blocks.
-            b"xread" => {
+            "xread" => {
                 let p = match command::parse_read(args, false) {
                     Ok(p) => p,
                     Err(e) => return e,
@@ -839,7 +839,7 @@ impl StreamActor {
                     crate::session::streams_reply(found, proto)
                 }
             }
-            b"xreadgroup" => {
+            "xreadgroup" => {
                 let p = match command::parse_read(args, true) {
                     Ok(p) => p,
                     Err(e) => return e,
@@ -875,10 +875,7 @@ impl StreamActor {
                     crate::session::group_streams_reply(found, proto)
                 }
             }
-            _ => {
-                let name = command::lookup(&args[0]).map_or("", |s| s.name);
-                self.exec(name, args, shared).reply
-            }
+            _ => self.exec(name, args, shared).reply,
         }
     }
 }

@@ -4820,9 +4820,10 @@ fn a_transaction_over_streams_whose_records_are_refused_changes_none() {
 fn a_stream_whose_actor_fails_inside_a_transaction_over_streams_aborts_it_whole() {
     // `pb`'s entries live only in its segment (no cache), and the disk
     // damaged them: reading them back inside the transaction makes its
-    // actor panic after `pa` ran its part. Nothing of the transaction
-    // stays, and the other stream serves on. Then the same with the
-    // coordinator's own actor failing.
+    // actor panic after `pa` ran its part, while `pc` runs its part in the
+    // same run of commands. Nothing of the transaction stays, and the
+    // other streams serve on. Then the same with the coordinator's own
+    // actor failing.
     let dir = TempDir::new();
     let mut config = BrokerConfig::default();
     config.store.stream_cache_bytes = 0;
@@ -4832,15 +4833,18 @@ fn a_stream_whose_actor_fails_inside_a_transaction_over_streams_aborts_it_whole(
     // (`pa`'s record before the damage: a stream read back from its log
     // is read up to the first bad record.)
     assert_eq!(c.cmd(&["XADD", "pa", "1-1", "f", "v"]), R::bulk("1-1"));
+    assert_eq!(c.cmd(&["XADD", "pc", "1-1", "f", "v"]), R::bulk("1-1"));
     assert_eq!(c.cmd(&["XADD", "pb", "1-1", "f", &value]), R::bulk("1-1"));
     // More entries after it close its node: only an open node stays in
     // memory.
     add_entries(&mut c, "pb", 2..200);
     let before = c.cmd(&["XRANGE", "pa", "-", "+"]);
+    let before_c = c.cmd(&["XRANGE", "pc", "-", "+"]);
     damage(&dir, "DAMAGED");
     c.cmd(&["MULTI"]);
     c.cmd(&["XADD", "pa", "2-1", "f", "v"]);
     c.cmd(&["XRANGE", "pb", "-", "+", "COUNT", "1"]);
+    c.cmd(&["XADD", "pc", "2-1", "f", "v"]);
     c.cmd(&["XADD", "pa", "3-1", "f", "v"]);
     exec_aborts(
         &mut c,
@@ -4848,8 +4852,10 @@ fn a_stream_whose_actor_fails_inside_a_transaction_over_streams_aborts_it_whole(
         "nothing was changed",
     );
     assert_eq!(c.cmd(&["XRANGE", "pa", "-", "+"]), before);
+    assert_eq!(c.cmd(&["XRANGE", "pc", "-", "+"]), before_c);
     assert_eq!(c.cmd(&["XADD", "pa", "4-1", "f", "v"]), R::bulk("4-1"));
     assert_eq!(c.cmd(&["XLEN", "pa"]), R::Int(2));
+    assert_eq!(c.cmd(&["XADD", "pc", "2-1", "f", "v"]), R::bulk("2-1"));
 
     broker.shutdown();
 

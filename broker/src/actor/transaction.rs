@@ -75,11 +75,17 @@ enum Turn {
     Abort,
 }
 
+/// Commands, each with the protocol in force when it runs.
+type Commands = Vec<(Vec<Bytes>, Protocol)>;
+
 /// One step of a transaction in one stream.
 #[derive(Debug)]
 enum Step {
     /// A command naming this stream.
     Run(Vec<Bytes>, Protocol),
+    /// Commands naming this stream alone, in order: a run of the
+    /// transaction's commands, each of which names one stream.
+    RunMany(Commands),
     /// `XREAD`'s read of this stream: entries after the id (`None`: `$`).
     Read(Option<StreamId>, Option<u64>),
     /// Whether the stream has this group.
@@ -102,6 +108,7 @@ enum Step {
 #[derive(Debug)]
 enum Done {
     Reply(Reply),
+    Replies(Vec<Reply>),
     Entries(Vec<(StreamId, Fields)>),
     HasGroup(bool),
     Group(GroupRead),
@@ -131,11 +138,23 @@ struct Gone(Bytes);
 
 impl Member {
     async fn step(&mut self, step: Step) -> Result<Done, Gone> {
-        let gone = || Gone(self.name.clone());
-        let next = self.next.take().ok_or_else(gone)?;
+        let answer = self.send(step)?;
+        self.receive(answer).await
+    }
+
+    /// Sends `step`; its answer comes to [`Member::receive`] (meanwhile
+    /// the member runs it, and the coordinator may send other members
+    /// theirs).
+    fn send(&mut self, step: Step) -> Result<oneshot::Receiver<Stepped>, Gone> {
+        let next = self.next.take().ok_or_else(|| Gone(self.name.clone()))?;
         let (tx, rx) = oneshot::channel();
-        next.send(Turn::Step(step, tx)).map_err(|_| gone())?;
-        let Stepped { done, exists, next } = rx.await.map_err(|_| gone())?;
+        next.send(Turn::Step(step, tx))
+            .map_err(|_| Gone(self.name.clone()))?;
+        Ok(rx)
+    }
+
+    async fn receive(&mut self, answer: oneshot::Receiver<Stepped>) -> Result<Done, Gone> {
+        let Stepped { done, exists, next } = answer.await.map_err(|_| Gone(self.name.clone()))?;
         self.next = Some(next);
         self.exists = exists;
         Ok(done)
@@ -162,6 +181,12 @@ impl StreamActor {
     fn step_here(&mut self, step: &Step, shared: &Shared) -> Done {
         match step {
             Step::Run(args, proto) => Done::Reply(self.exec_in_batch(args, *proto, shared)),
+            Step::RunMany(commands) => Done::Replies(
+                commands
+                    .iter()
+                    .map(|(args, proto)| self.exec_in_batch(args, *proto, shared))
+                    .collect(),
+            ),
             Step::Read(after, count) => Done::Entries(self.read_after(*after, *count)),
             Step::HasGroup(group) => Done::HasGroup(
                 self.stream
@@ -333,6 +358,83 @@ struct Cohort<'a> {
     absent: &'a mut [StreamActor],
 }
 
+/// The commands for members gathered since the last command that runs
+/// alone (see [`StreamActor::run_all`]).
+struct Wave {
+    /// Per member: where its commands' replies go, and the commands.
+    runs: Vec<(Vec<usize>, Commands)>,
+    /// The members with commands in the wave.
+    touched: Vec<usize>,
+}
+
+impl Wave {
+    /// Sends each member its commands, all at once, and puts the replies
+    /// in their places.
+    async fn run(&mut self, replies: &mut [Reply], cohort: &mut Cohort<'_>) -> Result<(), Gone> {
+        let mut waiting = Vec::with_capacity(self.touched.len());
+        for i in self.touched.drain(..) {
+            let (ats, run) = std::mem::take(&mut self.runs[i]);
+            // (A member that fails drops the answers not taken yet: the
+            // other members of the wave abort.)
+            waiting.push((i, ats, cohort.members[i].send(Step::RunMany(run))?));
+        }
+        for (i, ats, answer) in waiting {
+            match cohort.members[i].receive(answer).await? {
+                Done::Replies(done) => {
+                    for (at, reply) in ats.into_iter().zip(done) {
+                        replies[at] = reply;
+                    }
+                }
+                _ => unreachable!("commands answer with their replies"),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a stream of a transaction runs its commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// The coordinator's own stream.
+    Here,
+    /// A joined stream.
+    Member(usize),
+    /// An absent stream's detached actor.
+    Absent(usize),
+}
+
+impl Cohort<'_> {
+    /// Where `stream` runs (one of the transaction's streams: a member,
+    /// an absent one, or else the coordinator's).
+    fn place_of(&self, stream: &Bytes) -> Place {
+        if let Ok(i) = self.members.binary_search_by(|m| m.name.cmp(stream)) {
+            return Place::Member(i);
+        }
+        if let Ok(i) = self.absent.binary_search_by(|a| a.name.cmp(stream)) {
+            return Place::Absent(i);
+        }
+        Place::Here
+    }
+
+    /// Where `args` runs, if it is a command that names one stream and
+    /// needs nothing but that stream (see [`StreamActor::run_all`]).
+    fn alone_in(&self, args: &[Bytes]) -> Option<Place> {
+        let spec = command::lookup(&args[0])?;
+        if matches!(
+            spec.name,
+            "keys" | "scan" | "info" | "dbsize" | "exists" | "del"
+        ) {
+            return None;
+        }
+        let named = crate::session::streams_of(spec, args);
+        let (first, rest) = named.split_first()?;
+        if rest.iter().any(|s| s != first) {
+            return None;
+        }
+        Some(self.place_of(first))
+    }
+}
+
 impl StreamActor {
     /// A stream nobody placed: answers as a missing stream, logs nothing.
     fn detached(name: &Bytes) -> StreamActor {
@@ -345,7 +447,7 @@ impl StreamActor {
     /// one first) and `m.absent`, as the module's documentation says.
     pub(super) async fn exec_multi(
         &mut self,
-        m: ExecBatch,
+        mut m: ExecBatch,
         shared: Arc<Shared>,
         cx: &mut Ctx<Self>,
     ) -> BatchAnswer {
@@ -404,24 +506,20 @@ impl StreamActor {
 
         let was_missing = self.stream.is_none();
         self.batch = Some(Vec::new());
-        let mut replies = Vec::with_capacity(m.commands.len());
-        let protos = m.protos.iter().chain(std::iter::repeat(&Protocol::Resp2));
         let mut failed = None;
-        {
-            let mut cohort = Cohort {
-                members: &mut members,
-                absent: &mut absent,
-            };
-            for (args, proto) in m.commands.iter().zip(protos) {
-                match self.run_one(args, *proto, &mut cohort, &shared).await {
-                    Ok(reply) => replies.push(reply),
-                    Err(Gone(name)) => {
-                        failed = Some(name);
-                        break;
-                    }
-                }
+        let mut cohort = Cohort {
+            members: &mut members,
+            absent: &mut absent,
+        };
+        let commands = std::mem::take(&mut m.commands);
+        let protos = std::mem::take(&mut m.protos);
+        let replies = match self.run_all(commands, protos, &mut cohort, &shared).await {
+            Ok(replies) => replies,
+            Err(Gone(name)) => {
+                failed = Some(name);
+                Vec::new()
             }
-        }
+        };
         // Each stream's changes as one record, in name order.
         let mine = self.batch.take().unwrap_or_default();
         let mut records = Vec::new();
@@ -436,21 +534,32 @@ impl StreamActor {
         }
         let mut last_lsn = self.last_lsn;
         if failed.is_none() {
-            for (i, member) in members.iter_mut().enumerate() {
-                match member.step(Step::Seal).await {
-                    Ok(Done::Sealed(record, starts, lsn)) => {
-                        last_lsn = last_lsn.max(lsn);
-                        if let Some(r) = record {
-                            records.push(r);
-                            owners.push((At::Member(i), starts));
+            // Every member seals at once; their records are taken in
+            // name order.
+            let sealing: Result<Vec<_>, Gone> = members
+                .iter_mut()
+                .map(|member| member.send(Step::Seal))
+                .collect();
+            match sealing {
+                Ok(sealing) => {
+                    for (i, (member, sealed)) in members.iter_mut().zip(sealing).enumerate() {
+                        match member.receive(sealed).await {
+                            Ok(Done::Sealed(record, starts, lsn)) => {
+                                last_lsn = last_lsn.max(lsn);
+                                if let Some(r) = record {
+                                    records.push(r);
+                                    owners.push((At::Member(i), starts));
+                                }
+                            }
+                            Ok(_) => unreachable!("a seal answers with its record"),
+                            Err(Gone(name)) => {
+                                failed = Some(name);
+                                break;
+                            }
                         }
                     }
-                    Ok(_) => unreachable!("a seal answers with its record"),
-                    Err(Gone(name)) => {
-                        failed = Some(name);
-                        break;
-                    }
                 }
+                Err(Gone(name)) => failed = Some(name),
             }
         }
         self.shared = Some(shared);
@@ -540,6 +649,57 @@ impl StreamActor {
         }
     }
 
+    /// Runs a transaction's commands over the streams of `cohort` and
+    /// this one: their replies, in order. A command that names one stream
+    /// goes into a wave with the commands after it that do too, and each
+    /// member runs its commands of the wave as one step, every member's
+    /// at once (this stream's and absent ones' run as they come): a
+    /// stream's commands keep their order, and commands on different
+    /// streams see nothing of each other. Any other command (one naming
+    /// several streams or none, or reading the catalog) waits for the wave
+    /// before it and runs alone.
+    async fn run_all(
+        &mut self,
+        commands: Vec<Vec<Bytes>>,
+        protos: Vec<Protocol>,
+        cohort: &mut Cohort<'_>,
+        shared: &Shared,
+    ) -> Result<Vec<Reply>, Gone> {
+        let mut replies = Vec::with_capacity(commands.len());
+        let mut wave = Wave {
+            runs: std::iter::repeat_with(Default::default)
+                .take(cohort.members.len())
+                .collect(),
+            touched: Vec::new(),
+        };
+        let protos = protos.into_iter().chain(std::iter::repeat(Protocol::Resp2));
+        for (args, proto) in commands.into_iter().zip(protos) {
+            match cohort.alone_in(&args) {
+                Some(Place::Member(i)) => {
+                    let (ats, run) = &mut wave.runs[i];
+                    if run.is_empty() {
+                        wave.touched.push(i);
+                    }
+                    ats.push(replies.len());
+                    run.push((args, proto));
+                    // (Its reply, once the wave has run.)
+                    replies.push(Reply::NilArray);
+                }
+                Some(Place::Here) => replies.push(self.exec_in_batch(&args, proto, shared)),
+                Some(Place::Absent(i)) => {
+                    replies.push(cohort.absent[i].exec_in_batch(&args, proto, shared));
+                }
+                None => {
+                    wave.run(&mut replies, cohort).await?;
+                    let reply = self.run_one(&args, proto, cohort, shared).await?;
+                    replies.push(reply);
+                }
+            }
+        }
+        wave.run(&mut replies, cohort).await?;
+        Ok(replies)
+    }
+
     /// Runs one command of a transaction over several streams, in the
     /// actor of each stream it names.
     async fn run_one(
@@ -608,13 +768,11 @@ impl StreamActor {
         cohort: &mut Cohort<'_>,
         shared: &Shared,
     ) -> Result<Done, Gone> {
-        if let Ok(i) = cohort.members.binary_search_by(|m| m.name.cmp(stream)) {
-            return cohort.members[i].step(step).await;
+        match cohort.place_of(stream) {
+            Place::Member(i) => cohort.members[i].step(step).await,
+            Place::Absent(i) => Ok(cohort.absent[i].step_here(&step, shared)),
+            Place::Here => Ok(self.step_here(&step, shared)),
         }
-        if let Ok(i) = cohort.absent.binary_search_by(|a| a.name.cmp(stream)) {
-            return Ok(cohort.absent[i].step_here(&step, shared));
-        }
-        Ok(self.step_here(&step, shared))
     }
 
     /// `XREAD` / `XREADGROUP` naming several of the transaction's

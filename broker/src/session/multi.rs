@@ -156,7 +156,13 @@ impl RespSession {
             .zip(&specs)
             .flat_map(|(c, s)| streams_of(s, c))
             .collect();
-        streams.sort();
+        if streams.len() > 32 {
+            // Many commands: duplicates go first, and the names sorted are
+            // the distinct ones.
+            let mut seen = std::collections::HashSet::with_capacity(streams.len());
+            streams.retain(|s| seen.insert(*s));
+        }
+        streams.sort_unstable();
         streams.dedup();
         // Over several streams, those that do not exist and that no
         // command makes are absent: no stream, answered as missing by the
@@ -171,12 +177,19 @@ impl RespSession {
         let multi = streams.len() > 1;
         let (mut held, mut absent): (Vec<Bytes>, Vec<Bytes>) = (Vec::new(), Vec::new());
         if multi {
-            let makes = |s: &Bytes| {
-                commands.iter().zip(&specs).any(|(c, spec)| {
-                    matches!(spec.kind, Kind::Stream(at) if c.get(at) == Some(s))
-                        && StreamActor::makes_stream(spec.name, c)
+            // The names some command may make, gathered once (asking
+            // every command about every name would cost their product).
+            let mut made: Vec<&Bytes> = commands
+                .iter()
+                .zip(&specs)
+                .filter_map(|(c, spec)| match spec.kind {
+                    Kind::Stream(at) if StreamActor::makes_stream(spec.name, c) => c.get(at),
+                    _ => None,
                 })
-            };
+                .collect();
+            made.sort_unstable();
+            made.dedup();
+            let makes = |s: &Bytes| made.binary_search(&s).is_ok();
             let settled = cx.pending_replies() == 0 && self.run.is_none();
             let system = &self.shared.system;
             let mut placed: Option<(&Bytes, mailring::ShardId)> = None;
