@@ -4884,6 +4884,70 @@ fn a_stream_whose_actor_fails_inside_a_transaction_over_streams_aborts_it_whole(
     broker.shutdown();
 }
 
+#[test]
+fn a_transaction_over_many_streams_answers_every_command_in_its_place() {
+    // Dozens of streams (found by hashing their names), some there
+    // before, some made by the block, some never made; commands on them
+    // interleaved, and a catalog read between runs of them: each reply in
+    // its place, each stream's commands in order.
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 1, BrokerConfig::default());
+    let mut c = Client::connect(broker.local_addr());
+    for i in 0..30 {
+        assert_eq!(
+            c.cmd(&["XADD", &format!("old{i}"), "1-1", "f", "v"]),
+            R::bulk("1-1")
+        );
+    }
+    assert_eq!(c.cmd(&["MULTI"]), R::Status("OK".into()));
+    let mut want = Vec::new();
+    let mut queue = |c: &mut Client, args: &[&str], reply: R| {
+        assert_eq!(c.cmd(args), R::Status("QUEUED".into()), "{args:?}");
+        want.push(reply);
+    };
+    for round in 0..3 {
+        for i in 0..30 {
+            let (old, new, never) = (format!("old{i}"), format!("new{i}"), format!("never{i}"));
+            let id = format!("{}-1", round + 2);
+            queue(&mut c, &["XADD", &old, &id, "f", "v"], R::bulk(&id));
+            queue(&mut c, &["XADD", &new, &id, "f", "v"], R::bulk(&id));
+            queue(&mut c, &["XLEN", &never], R::Int(0));
+            queue(&mut c, &["XLEN", &old], R::Int(round + 2));
+            queue(&mut c, &["XLEN", &new], R::Int(round + 1));
+        }
+        queue(&mut c, &["DBSIZE"], R::Int(60));
+    }
+    assert_eq!(c.cmd(&["EXEC"]), R::Array(want));
+    assert_eq!(c.cmd(&["XLEN", "old29"]), R::Int(4));
+    assert_eq!(c.cmd(&["XLEN", "new0"]), R::Int(3));
+    assert_eq!(c.cmd(&["EXISTS", "never0", "never29"]), R::Int(0));
+    assert_eq!(c.cmd(&["DBSIZE"]), R::Int(60));
+
+    // A block over dozens of names nobody made: each answered as a
+    // missing stream, none made.
+    assert_eq!(c.cmd(&["MULTI"]), R::Status("OK".into()));
+    for i in 0..40 {
+        let name = format!("gone{i}");
+        assert_eq!(c.cmd(&["XLEN", &name]), R::Status("QUEUED".into()));
+        assert_eq!(
+            c.cmd(&["XRANGE", &name, "-", "+"]),
+            R::Status("QUEUED".into())
+        );
+    }
+    let replies = (0..40).flat_map(|_| [R::Int(0), R::Array(Vec::new())]);
+    assert_eq!(c.cmd(&["EXEC"]), R::Array(replies.collect()));
+    assert_eq!(c.cmd(&["DBSIZE"]), R::Int(60));
+    broker.shutdown();
+
+    // All of it survives a restart.
+    let broker = start_in(&dir.0, 1, BrokerConfig::default());
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["DBSIZE"]), R::Int(60));
+    assert_eq!(c.cmd(&["XLEN", "new17"]), R::Int(3));
+    assert_eq!(c.cmd(&["XLEN", "old17"]), R::Int(4));
+    broker.shutdown();
+}
+
 /// Damages the one record of the segments under `dir` holding `marker`
 /// (its checksum then fails).
 fn damage(dir: &TempDir, marker: &str) {

@@ -22,6 +22,7 @@
 //! another log, which cannot commit with this one): the transaction is
 //! refused before any command runs.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -60,6 +61,9 @@ pub struct Joined {
     next: Option<oneshot::Sender<Turn>>,
     /// Whether the stream exists.
     exists: bool,
+    /// The log's number of the stream's last append (what a read of it
+    /// waits to be flushed).
+    last_lsn: u64,
 }
 
 /// What the coordinator tells a joined stream.
@@ -120,6 +124,8 @@ enum Done {
 struct Stepped {
     done: Done,
     exists: bool,
+    /// Whether the transaction has changed the stream so far.
+    changed: bool,
     next: oneshot::Sender<Turn>,
 }
 
@@ -129,6 +135,9 @@ struct Member {
     name: Bytes,
     next: Option<oneshot::Sender<Turn>>,
     exists: bool,
+    /// Whether the transaction has changed the stream (only then is it
+    /// asked for a record, and its commit waited for).
+    changed: bool,
 }
 
 /// A member's actor went away midway (it panicked, or the broker
@@ -154,9 +163,15 @@ impl Member {
     }
 
     async fn receive(&mut self, answer: oneshot::Receiver<Stepped>) -> Result<Done, Gone> {
-        let Stepped { done, exists, next } = answer.await.map_err(|_| Gone(self.name.clone()))?;
+        let Stepped {
+            done,
+            exists,
+            changed,
+            next,
+        } = answer.await.map_err(|_| Gone(self.name.clone()))?;
         self.next = Some(next);
         self.exists = exists;
+        self.changed = changed;
         Ok(done)
     }
 
@@ -284,6 +299,7 @@ impl Handler<Join> for StreamActor {
             shard,
             next: joins.then_some(tx),
             exists: self.stream.is_some(),
+            last_lsn: self.last_lsn,
         };
         if m.ready.send(joined).is_err() || !joins {
             self.end_if_nothing(cx);
@@ -311,6 +327,7 @@ impl Handler<Join> for StreamActor {
             let stepped = Stepped {
                 done,
                 exists: self.stream.is_some(),
+                changed: self.batch.as_ref().is_some_and(|ops| !ops.is_empty()),
                 next: tx,
             };
             if answer.send(stepped).is_err() {
@@ -356,6 +373,34 @@ struct Cohort<'a> {
     /// no stream, answered by a detached actor that logs nothing (so
     /// reading a missing name places and activates nothing).
     absent: &'a mut [StreamActor],
+    /// Where each of them runs, when they are many.
+    places: &'a Places,
+}
+
+/// Where each stream of a transaction runs, hashed by name when there
+/// are many (a search among thousands of names per command would cost
+/// more than the command).
+#[derive(Debug, Default)]
+struct Places(HashMap<Bytes, Place, foldhash::fast::RandomState>);
+
+impl Places {
+    /// Below this many streams, a binary search.
+    const HASHED_FROM: usize = 16;
+
+    fn of(members: &[Member], absent: &[StreamActor]) -> Places {
+        if members.len() + absent.len() < Places::HASHED_FROM {
+            return Places::default();
+        }
+        let members = members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.name.clone(), Place::Member(i)));
+        let absent = absent
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (a.name.clone(), Place::Absent(i)));
+        Places(members.chain(absent).collect())
+    }
 }
 
 /// The commands for members gathered since the last command that runs
@@ -407,6 +452,9 @@ impl Cohort<'_> {
     /// Where `stream` runs (one of the transaction's streams: a member,
     /// an absent one, or else the coordinator's).
     fn place_of(&self, stream: &Bytes) -> Place {
+        if !self.places.0.is_empty() {
+            return self.places.0.get(stream).copied().unwrap_or(Place::Here);
+        }
         if let Ok(i) = self.members.binary_search_by(|m| m.name.cmp(stream)) {
             return Place::Member(i);
         }
@@ -452,6 +500,9 @@ impl StreamActor {
         cx: &mut Ctx<Self>,
     ) -> BatchAnswer {
         let here = cx.shard();
+        // (What the transaction reads waits for the flush of the
+        // streams' last appends.)
+        let mut last_lsn = self.last_lsn;
         let mut members: Vec<Member> = Vec::with_capacity(m.streams.len().saturating_sub(1));
         let abort_all = |members: &mut Vec<Member>| {
             for member in members.iter_mut() {
@@ -476,13 +527,16 @@ impl StreamActor {
                     Ok(Joined {
                         next: Some(next),
                         exists,
+                        last_lsn: lsn,
                         ..
                     }),
                 ) => {
+                    last_lsn = last_lsn.max(lsn);
                     members.push(Member {
                         name: name.clone(),
                         next: Some(next),
                         exists,
+                        changed: false,
                     });
                     continue;
                 }
@@ -507,9 +561,11 @@ impl StreamActor {
         let was_missing = self.stream.is_none();
         self.batch = Some(Vec::new());
         let mut failed = None;
+        let places = Places::of(&members, &absent);
         let mut cohort = Cohort {
             members: &mut members,
             absent: &mut absent,
+            places: &places,
         };
         let commands = std::mem::take(&mut m.commands);
         let protos = std::mem::take(&mut m.protos);
@@ -532,18 +588,19 @@ impl StreamActor {
             });
             owners.push((At::Here, was_missing));
         }
-        let mut last_lsn = self.last_lsn;
         if failed.is_none() {
-            // Every member seals at once; their records are taken in
-            // name order.
+            // Every member the transaction changed seals at once; their
+            // records are taken in name order.
             let sealing: Result<Vec<_>, Gone> = members
                 .iter_mut()
-                .map(|member| member.send(Step::Seal))
+                .enumerate()
+                .filter(|(_, member)| member.changed)
+                .map(|(i, member)| Ok((i, member.send(Step::Seal)?)))
                 .collect();
             match sealing {
                 Ok(sealing) => {
-                    for (i, (member, sealed)) in members.iter_mut().zip(sealing).enumerate() {
-                        match member.receive(sealed).await {
+                    for (i, sealed) in sealing {
+                        match members[i].receive(sealed).await {
                             Ok(Done::Sealed(record, starts, lsn)) => {
                                 last_lsn = last_lsn.max(lsn);
                                 if let Some(r) = record {
@@ -625,9 +682,13 @@ impl StreamActor {
                 At::Member(i) => kept.push(members[*i].commit(&ticket, loc)),
             }
         }
-        // Members that changed nothing are released.
+        // Members that changed nothing are released (with nothing to
+        // keep, they are not waited for).
         for member in &mut members {
-            kept.push(member.commit(&ticket, Loc::NONE));
+            let keeping = member.commit(&ticket, Loc::NONE);
+            if member.changed {
+                kept.push(keeping);
+            }
         }
         let durable = if ticket.lsn() == 0 {
             self.log.as_ref().and_then(|log| log.read_ticket(last_lsn))
@@ -860,14 +921,17 @@ impl StreamActor {
 pub(crate) struct AbsentStreams {
     first: StreamActor,
     rest: Vec<StreamActor>,
+    places: Places,
 }
 
 impl AbsentStreams {
     /// The streams `names` (sorted, at least one).
     pub(crate) fn new(names: &[Bytes]) -> AbsentStreams {
+        let rest: Vec<StreamActor> = names[1..].iter().map(StreamActor::detached).collect();
         AbsentStreams {
             first: StreamActor::detached(&names[0]),
-            rest: names[1..].iter().map(StreamActor::detached).collect(),
+            places: Places::of(&[], &rest),
+            rest,
         }
     }
 
@@ -876,6 +940,7 @@ impl AbsentStreams {
         let mut cohort = Cohort {
             members: &mut [],
             absent: &mut self.rest,
+            places: &self.places,
         };
         let run = self.first.run_one(args, proto, &mut cohort, shared);
         let mut run = std::pin::pin!(run);
