@@ -3147,9 +3147,59 @@ fn until_info(c: &mut Client, line: &str) {
     eventually(line, || c.cmd(&["INFO", "clients"]).text().contains(line));
 }
 
+/// A new connection to `addr` that queued the commands `queued` in a
+/// `MULTI` block and sent its `EXEC` (its reply not read).
+fn exec_sent(addr: std::net::SocketAddr, queued: &[&[&str]]) -> Client {
+    let mut client = Client::connect(addr);
+    assert_eq!(client.cmd(&["MULTI"]), R::Status("OK".into()));
+    for q in queued {
+        assert_eq!(client.cmd(q), R::Status("QUEUED".into()), "{q:?}");
+    }
+    client.send_raw(&encode(&[b"EXEC"]));
+    client
+}
+
 /// Waits until a flush is held at `gate` (the write sent before has run).
 fn until_held(gate: &SyncGate) {
     eventually("a flush held", || gate.holding());
+}
+
+#[test]
+fn under_always_a_transaction_reading_a_deleted_stream_of_another_shard_waits_for_the_delete_s_flush(
+) {
+    // `gone` lives on shard 1, `here` on shard 0. Its `DEL` is held at
+    // its flush; transactions that read it as a missing stream (the
+    // catalog lacks it already) must not answer before that flush, or a
+    // crash would bring back a stream they said was gone.
+    let dir = TempDir::new();
+    let (broker, gate) = always_with_gate(&dir, 2);
+    assert_eq!(broker.place_stream(b"gone", 1), Ok(1));
+    assert_eq!(broker.place_stream(b"here", 0), Ok(0));
+    let addr = broker.local_addr();
+    let mut c = Client::connect(addr);
+    assert_eq!(c.cmd(&["XADD", "gone", "1-0", "f", "v"]), R::bulk("1-0"));
+    assert_eq!(c.cmd(&["XADD", "here", "1-0", "f", "v"]), R::bulk("1-0"));
+    let _open = OpenOnDrop(gate.clone());
+    gate.close();
+    c.send_raw(&encode(&[b"DEL", b"gone"]));
+    until_held(&gate);
+    let transaction = |queued: &[&[&str]]| exec_sent(addr, queued);
+    let mut beside = transaction(&[&["XLEN", "here"], &["XLEN", "gone"]]);
+    let mut alone = transaction(&[&["XLEN", "gone"], &["XLEN", "nobody"]]);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        nothing_to_read(&mut beside),
+        "a transaction beside another stream answered before the delete's flush"
+    );
+    assert!(
+        nothing_to_read(&mut alone),
+        "a transaction of missing names answered before the delete's flush"
+    );
+    gate.open();
+    assert_eq!(c.read(), R::Int(1));
+    assert_eq!(beside.read(), R::Array(vec![R::Int(1), R::Int(0)]));
+    assert_eq!(alone.read(), R::Array(vec![R::Int(0), R::Int(0)]));
+    broker.shutdown();
 }
 
 #[test]
@@ -3264,15 +3314,7 @@ fn under_always_no_reply_shows_a_stream_made_or_a_group_destroyed_before_its_flu
     let mut kind = ask(&[b"TYPE", b"new"]);
     let mut info = ask(&[b"INFO", b"keyspace"]);
     let mut dbsize = ask(&[b"DBSIZE"]);
-    let transaction = |queued: &[&[&str]]| {
-        let mut client = Client::connect(addr);
-        assert_eq!(client.cmd(&["MULTI"]), R::Status("OK".into()));
-        for q in queued {
-            assert_eq!(client.cmd(q), R::Status("QUEUED".into()), "{q:?}");
-        }
-        client.send_raw(&encode(&[b"EXEC"]));
-        client
-    };
+    let transaction = |queued: &[&[&str]]| exec_sent(addr, queued);
     let mut read_only = transaction(&[&["XRANGE", "new", "-", "+"]]);
     let mut keys_alone = transaction(&[&["KEYS", "*"]]);
     let mut keys_beside = transaction(&[&["XLEN", "old"], &["KEYS", "*"]]);
@@ -4945,6 +4987,68 @@ fn a_transaction_over_many_streams_answers_every_command_in_its_place() {
     assert_eq!(c.cmd(&["DBSIZE"]), R::Int(60));
     assert_eq!(c.cmd(&["XLEN", "new17"]), R::Int(3));
     assert_eq!(c.cmd(&["XLEN", "old17"]), R::Int(4));
+    broker.shutdown();
+}
+
+#[test]
+fn a_transaction_reading_streams_another_transaction_is_making_sees_it_whole() {
+    // One client's blocks each add to `s1` and make a new stream; another
+    // client's blocks read `s1` and the names the next blocks will make.
+    // Each read sees a block in both its streams or in neither: a name
+    // made in a block `s1` already shows is never missing. (A read whose
+    // name was made between the block's start and its run is refused,
+    // changing nothing.)
+    let dir = TempDir::new();
+    let broker = start_in(&dir.0, 1, BrokerConfig::default());
+    let addr = broker.local_addr();
+    let rounds = 400;
+    let maker = std::thread::spawn(move || {
+        let mut c = Client::connect(addr);
+        for k in 1..=rounds {
+            c.cmd(&["MULTI"]);
+            c.cmd(&["XADD", "s1", "*", "f", "v"]);
+            c.cmd(&["XADD", &format!("made{k}"), "*", "f", "v"]);
+            match c.cmd(&["EXEC"]) {
+                R::Array(r) => assert_eq!(r.len(), 2),
+                other => panic!("EXEC: {other:?}"),
+            }
+        }
+    });
+    let mut c = Client::connect(addr);
+    let (mut seen, mut reads, mut refused) = (0, 0, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while seen < rounds && std::time::Instant::now() < deadline {
+        c.cmd(&["MULTI"]);
+        c.cmd(&["XLEN", "s1"]);
+        let names: Vec<usize> = (seen.max(1)..seen + 4).collect();
+        for j in &names {
+            c.cmd(&["XLEN", &format!("made{j}")]);
+        }
+        let replies = match c.cmd(&["EXEC"]) {
+            R::Array(r) => r,
+            R::Error(e) if e.contains("was made by another client") => {
+                refused += 1;
+                continue;
+            }
+            other => panic!("EXEC: {other:?}"),
+        };
+        reads += 1;
+        let R::Int(len) = replies[0] else {
+            panic!("XLEN: {replies:?}")
+        };
+        for (j, reply) in names.iter().zip(&replies[1..]) {
+            let made = *j as i64 <= len;
+            assert_eq!(
+                reply,
+                &R::Int(made as i64),
+                "s1 has {len} entries, so made{j} is {}made",
+                if made { "" } else { "not " }
+            );
+        }
+        seen = len as usize;
+    }
+    maker.join().unwrap();
+    assert!(reads > refused, "{reads} reads, {refused} refused");
     broker.shutdown();
 }
 

@@ -549,12 +549,19 @@ impl StreamActor {
                 _ => super::broker_gone(),
             };
             abort_all(&mut members);
-            self.shared = Some(shared);
-            self.end_if_nothing(cx);
-            return BatchAnswer {
-                replies: Err(refusal),
-                durable: None,
+            return self.refused_before_running(refusal, shared, cx);
+        }
+        // The names the session found absent are still no stream now
+        // that every held stream has joined (the point where the block
+        // runs): one made meanwhile cannot be answered as missing, nor
+        // joined out of name order.
+        if let Some(name) = m.absent.iter().find(|name| shared.catalog.contains(name)) {
+            let refusal = match shared.system.placed_shard::<StreamActor>(name) {
+                Some(shard) if shard != here => across_shards((&self.name, here), (name, shard)),
+                _ => made_meanwhile(name),
             };
+            abort_all(&mut members);
+            return self.refused_before_running(refusal, shared, cx);
         }
         let mut absent: Vec<StreamActor> = m.absent.iter().map(StreamActor::detached).collect();
 
@@ -707,6 +714,22 @@ impl StreamActor {
         BatchAnswer {
             replies: Ok(replies),
             durable,
+        }
+    }
+
+    /// `EXEC`'s answer when the transaction was refused before any command
+    /// ran (its members let go already).
+    fn refused_before_running(
+        &mut self,
+        refusal: Reply,
+        shared: Arc<Shared>,
+        cx: &mut Ctx<Self>,
+    ) -> BatchAnswer {
+        self.shared = Some(shared);
+        self.end_if_nothing(cx);
+        BatchAnswer {
+            replies: Err(refusal),
+            durable: None,
         }
     }
 
@@ -969,6 +992,15 @@ pub(crate) fn across_shards(a: (&Bytes, ShardId), b: (&Bytes, ShardId)) -> Reply
 fn failed_in(name: &Bytes, when: &str) -> Reply {
     Reply::Error(format!(
         "EXECABORT Transaction discarded because of: the actor of stream '{}' failed {when}; nothing was changed",
+        command::printable(name, 64)
+    ))
+}
+
+/// `EXEC`'s reply when stream `name`, missing as the transaction began,
+/// was made by another client before it could run.
+fn made_meanwhile(name: &Bytes) -> Reply {
+    Reply::Error(format!(
+        "EXECABORT Transaction discarded because of: stream '{}' was made by another client as the transaction began; nothing was changed",
         command::printable(name, 64)
     ))
 }

@@ -169,13 +169,19 @@ impl RespSession {
         // coordinator, placing and activating nothing. A name nobody
         // placed is no stream; nor is one the catalog lacks, when no
         // request of this connection is in flight (which may be making
-        // it), wherever it was placed (a deleted stream keeps its shard).
-        // The others are held: they must share a shard (each shard logs
-        // its own; those placed already say so now, the coordinator
-        // checks the rest as they join), the first coordinates, and those
-        // not placed yet go on the placed ones' shard.
+        // it), and it was placed on another shard than the block's (a
+        // deleted stream keeps its shard). The others are held: they must
+        // share a shard (each shard logs its own; those placed already say
+        // so now, the coordinator checks the rest as they join), the first
+        // coordinates, and those not placed yet go on the placed ones'
+        // shard. A name the catalog lacks on the block's shard is held all
+        // the same: another client's transaction may be making it, and the
+        // block sees that transaction in all its streams or in none.
         let multi = streams.len() > 1;
         let (mut held, mut absent): (Vec<Bytes>, Vec<Bytes>) = (Vec::new(), Vec::new());
+        // Whether an absent name was placed: the catalog may lack it for
+        // a deletion not flushed yet, which the reply waits for.
+        let mut absent_placed = false;
         if multi {
             // The names some command may make, gathered once (asking
             // every command about every name would cost their product).
@@ -193,6 +199,7 @@ impl RespSession {
             let settled = cx.pending_replies() == 0 && self.run.is_none();
             let system = &self.shared.system;
             let mut placed: Option<(&Bytes, mailring::ShardId)> = None;
+            let mut missing = Vec::new();
             for s in &streams {
                 let shard = system.placed_shard::<StreamActor>(s);
                 let exists = match shard {
@@ -200,7 +207,7 @@ impl RespSession {
                     Some(_) => !settled || self.shared.catalog.contains(s),
                 };
                 if !exists && !makes(s) {
-                    absent.push((*s).clone());
+                    missing.push((*s, shard));
                     continue;
                 }
                 if let Some(shard) = shard {
@@ -214,6 +221,21 @@ impl RespSession {
                 }
                 held.push((*s).clone());
             }
+            // The block's shard: its placed streams', else this
+            // connection's (where the streams it makes go).
+            let home = placed.map_or(cx.shard(), |(_, shard)| shard);
+            let holds = missing.iter().any(|(_, shard)| *shard == Some(home));
+            for (s, shard) in missing {
+                if shard == Some(home) {
+                    held.push(s.clone());
+                } else {
+                    absent_placed |= shard.is_some();
+                    absent.push(s.clone());
+                }
+            }
+            if holds {
+                held.sort_unstable();
+            }
             if let Some((_, shard)) = placed {
                 for s in &held {
                     // A stream placed elsewhere meanwhile: the coordinator
@@ -223,7 +245,7 @@ impl RespSession {
             }
             let reads = commands.iter().any(|c| reads_catalog(c));
             if held.is_empty() && !reads && cx.pending_replies() == 0 {
-                return self.answer_absent(&commands, &specs, &absent, bare, cx);
+                return self.answer_absent(&commands, &specs, &absent, absent_placed, bare, cx);
             }
             if held.is_empty() {
                 // Catalog reads in turn: the first coordinates all the same.
@@ -358,7 +380,9 @@ impl RespSession {
         // requests after the transaction wait for it (so it sees none of
         // them).
         let reads = batch.iter().any(|c| reads_catalog(c));
-        let shows_names = batch.iter().any(|c| super::shows_names(c));
+        // (What names show, and what absent ones do not, waits for the
+        // catalog's flush.)
+        let shows_names = absent_placed || batch.iter().any(|c| super::shows_names(c));
         let (system, broker, proto) = (self.shared.system.clone(), self.shared.id, self.proto);
         let shared = self.shared.clone();
         let start = move || {
@@ -417,12 +441,15 @@ impl RespSession {
 
 impl RespSession {
     /// A transaction over streams that are all absent (see
-    /// [`AbsentStreams`]): answered here, in order, placing nothing.
+    /// [`AbsentStreams`]): answered here, in order, placing nothing
+    /// (`placed`: some of them were placed, and the reply waits for the
+    /// catalog's flush, which may be of their deletion).
     fn answer_absent(
         &mut self,
         commands: &[Vec<Bytes>],
         specs: &[&'static Spec],
         absent: &[Bytes],
+        placed: bool,
         bare: bool,
         cx: &mut SessionCtx<Self>,
     ) -> Option<Reply> {
@@ -438,7 +465,7 @@ impl RespSession {
             protos.push(self.proto);
         }
         let reply = replies_of(replies, &protos, bare);
-        if !commands.iter().any(|c| super::shows_names(c)) {
+        if !placed && !commands.iter().any(|c| super::shows_names(c)) {
             return Some(reply);
         }
         self.reply_once_flushed(reply, cx);
