@@ -746,7 +746,10 @@ impl Handler<ExecBatch> for StreamActor {
             return BatchAnswer::refused(&e);
         }
         if m.streams.len() > 1 || !m.absent.is_empty() {
-            return self.exec_multi(m, shared, cx).await;
+            // (Boxed: the rare transaction over several streams keeps a
+            // large state across its awaits, which would otherwise size
+            // every stream's task.)
+            return Box::pin(self.exec_multi(m, shared, cx)).await;
         }
         let was_missing = self.stream.is_none();
         self.batch = Some(Vec::new());
@@ -1261,21 +1264,24 @@ impl StreamActor {
                 self.published = Some(None);
                 None
             }
-            (None, Some(log)) if log.knows(&self.name) => match log
-                .read_back(&self.name, shared.config.store.stream_cache_bytes)
-                .await
-            {
-                Ok(r) => {
-                    // Its last records may not be flushed: a need they
-                    // move waits for the segment now written to.
-                    self.last_segment = log.current_segment();
-                    Some(r)
+            // (Boxed, as every read of the disk here: awaited inline, its
+            // state would size every stream's task, idle ones included.)
+            (None, Some(log)) if log.knows(&self.name) => {
+                match Box::pin(log.read_back(&self.name, shared.config.store.stream_cache_bytes))
+                    .await
+                {
+                    Ok(r) => {
+                        // Its last records may not be flushed: a need they
+                        // move waits for the segment now written to.
+                        self.last_segment = log.current_segment();
+                        Some(r)
+                    }
+                    // Answering from an empty stream would be wrong: this
+                    // panics again, and past its restart budget the actor
+                    // stops, so its commands get an error.
+                    Err(e) => panic!("reading stream back from its log failed: {e}"),
                 }
-                // Answering from an empty stream would be wrong: this
-                // panics again, and past its restart budget the actor
-                // stops, so its commands get an error.
-                Err(e) => panic!("reading stream back from its log failed: {e}"),
-            },
+            }
             (None, _) => None,
         };
         if let Some(r) = recovered {
@@ -1418,7 +1424,7 @@ impl StreamActor {
         let Some(log) = self.log.clone() else {
             return;
         };
-        match log.fetch(&wanted).await {
+        match Box::pin(log.fetch(&wanted)).await {
             Ok(found) => {
                 FETCHED_READS.fetch_add(found.len() as u64, Ordering::Relaxed);
                 if let Some(stream) = self.stream.as_mut() {

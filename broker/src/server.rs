@@ -307,20 +307,11 @@ impl Catalog {
     /// in the page's span). Only the page is copied out under the lock.
     pub(crate) fn page_with(&self, cursor: u64, count: usize, own: Own<'_>) -> (Vec<Bytes>, u64) {
         let (mut page, next) = self.names().page(cursor, count);
-        for (name, exists) in own {
-            let exists = *exists;
+        let in_span = |name: &Bytes| {
             let position = scan_position(name);
-            let at = page.binary_search_by(|n| (scan_position(n), n).cmp(&(position, name)));
-            match (exists, at) {
-                (true, Err(at)) if position >= cursor && (next == 0 || position < next) => {
-                    page.insert(at, name.clone());
-                }
-                (false, Ok(at)) => {
-                    page.remove(at);
-                }
-                _ => {}
-            }
-        }
+            position >= cursor && (next == 0 || position < next)
+        };
+        overridden(&mut page, own, in_span, |n| (scan_position(n), n.clone()));
         (page, next)
     }
 
@@ -334,18 +325,39 @@ impl Catalog {
             .filter(|n| glob_match(pattern, n, false))
             .cloned()
             .collect();
-        for (name, exists) in own {
-            match (*exists, found.binary_search(name)) {
-                (true, Err(at)) if glob_match(pattern, name, false) => {
-                    found.insert(at, name.clone())
-                }
-                (false, Ok(at)) => {
-                    found.remove(at);
-                }
-                _ => {}
-            }
-        }
+        overridden(
+            &mut found,
+            own,
+            |name| glob_match(pattern, name, false),
+            Bytes::clone,
+        );
         found
+    }
+}
+
+/// `names` (sorted by `order`) as transaction `own` left them: its deleted
+/// names taken out, and its made ones that `shown` admits put in, each
+/// once. (Gathered, then sorted once: a transaction may name thousands.)
+fn overridden<K: Ord>(
+    names: &mut Vec<Bytes>,
+    own: Own<'_>,
+    shown: impl Fn(&Bytes) -> bool,
+    order: impl FnMut(&Bytes) -> K,
+) {
+    let mut gone: Vec<&Bytes> = own.iter().filter(|o| !o.1).map(|o| &o.0).collect();
+    if !gone.is_empty() {
+        gone.sort_unstable();
+        names.retain(|n| gone.binary_search(&n).is_err());
+    }
+    let before = names.len();
+    names.extend(
+        own.iter()
+            .filter(|(name, exists)| *exists && shown(name))
+            .map(|(name, _)| name.clone()),
+    );
+    if names.len() > before {
+        names.sort_by_cached_key(order);
+        names.dedup();
     }
 }
 
@@ -1072,6 +1084,47 @@ mod tests {
     use super::{default_idle_spin, Broker, BrokerConfig, CacheGauge, Names, Shared};
     use bytes::Bytes;
     use std::sync::Arc;
+
+    #[test]
+    fn a_transaction_s_own_names_override_the_catalog_in_keys_and_scan_pages() {
+        // Thousands of names of a transaction over a catalog: what KEYS
+        // and every SCAN page show is the catalog with the transaction's
+        // names made or deleted, each once, in order.
+        let catalog = super::Catalog::default();
+        let name = |i: usize| Bytes::from(format!("n{i:05}"));
+        for i in (0..3000).step_by(2) {
+            catalog.insert(&name(i), None);
+        }
+        // Every third name made (even ones exist already), every fifth
+        // even one deleted.
+        let own: Vec<(Bytes, bool)> = (0..3000)
+            .filter(|i| i % 3 == 0 || i % 10 == 0)
+            .map(|i| (name(i), i % 10 != 0))
+            .collect();
+        let exists = |i: usize| (i % 2 == 0 || i % 3 == 0) && i % 10 != 0;
+        let want: Vec<Bytes> = (0..3000).filter(|i| exists(*i)).map(name).collect();
+        assert_eq!(catalog.matching_with(b"*", &own), want);
+        assert_eq!(catalog.len_with(&own), want.len());
+        let some: Vec<Bytes> = want.iter().filter(|n| n.ends_with(b"7")).cloned().collect();
+        assert_eq!(catalog.matching_with(b"*7", &own), some);
+        let mut seen = Vec::new();
+        let mut cursor = 0;
+        loop {
+            let (page, next) = catalog.page_with(cursor, 100, &own);
+            let positions: Vec<u64> = page.iter().map(|n| super::scan_position(n)).collect();
+            assert!(positions.windows(2).all(|w| w[0] <= w[1]), "in order");
+            assert!(positions
+                .iter()
+                .all(|p| *p >= cursor && (next == 0 || *p < next)));
+            seen.extend(page);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        seen.sort();
+        assert_eq!(seen, want, "every name once");
+    }
 
     #[test]
     fn a_stopped_broker_leaves_nothing_of_itself_behind() {

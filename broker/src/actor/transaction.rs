@@ -135,6 +135,9 @@ struct Member {
     name: Bytes,
     next: Option<oneshot::Sender<Turn>>,
     exists: bool,
+    /// Whether it existed as it joined (as the catalog has it, since
+    /// only the stream tells the catalog, and it is held).
+    existed: bool,
     /// Whether the transaction has changed the stream (only then is it
     /// asked for a record, and its commit waited for).
     changed: bool,
@@ -287,6 +290,14 @@ impl StreamActor {
 
 impl Handler<Join> for StreamActor {
     async fn handle(&mut self, m: Join, cx: &mut Ctx<Self>) {
+        // (Boxed, as a transaction's coordinator is.)
+        Box::pin(self.join(m, cx)).await;
+    }
+}
+
+impl StreamActor {
+    /// [`Join`]'s handling (see the module's documentation).
+    async fn join(&mut self, m: Join, cx: &mut Ctx<Self>) {
         let shard = cx.shard();
         if shard == m.shard {
             // (A stream elsewhere declines without reading itself back
@@ -536,6 +547,7 @@ impl StreamActor {
                         name: name.clone(),
                         next: Some(next),
                         exists,
+                        existed: exists,
                         changed: false,
                     });
                     continue;
@@ -797,10 +809,16 @@ impl StreamActor {
         match name {
             "keys" | "scan" | "info" | "dbsize" => {
                 // The catalog with every stream as the transaction left it
-                // so far.
+                // so far: those it made or deleted (the others are as the
+                // catalog has them: held, or checked missing as it began).
                 let mut own = vec![(self.name.clone(), self.stream.is_some())];
-                own.extend(cohort.members.iter().map(|m| (m.name.clone(), m.exists)));
-                own.extend(cohort.absent.iter().map(|a| (a.name.clone(), false)));
+                own.extend(
+                    cohort
+                        .members
+                        .iter()
+                        .filter(|m| m.exists != m.existed)
+                        .map(|m| (m.name.clone(), m.exists)),
+                );
                 Ok(crate::session::catalog_reply(shared, proto, args, &own))
             }
             "exists" | "del" => {
