@@ -24,12 +24,6 @@ use crate::error::{AskError, RunNowError, StopReason};
 use crate::flow::{RemoteCounts, ShardFlow};
 use crate::Terminated;
 
-/// Envelopes an activation's mailbox has room for before it first grows.
-/// Most activations of a keyed type get a handful of messages at a time:
-/// starting at 16 saves the growth steps from 4 (each a reallocation and a
-/// copy) without costing the send path anything.
-const INITIAL_MAILBOX: usize = 16;
-
 /// Envelopes an emptied mailbox buffer may keep room for. A `Vec` keeps
 /// its peak capacity: after a burst of a million messages an actor would
 /// hold two 16 MB buffers (its queue and its task's batch trade places)
@@ -38,10 +32,11 @@ const INITIAL_MAILBOX: usize = 16;
 /// not per message).
 const KEEP_AFTER_BURST: usize = 1024;
 
-/// Replaces an emptied, oversized buffer with a small one.
+/// Replaces an emptied, oversized buffer with none (the next take brings
+/// the queue's).
 #[cold]
 fn release_burst<E>(buffer: &mut Batch<E>) {
-    *buffer = Batch(Vec::with_capacity(INITIAL_MAILBOX));
+    *buffer = Batch(Vec::new());
 }
 
 /// Envelopes an actor's task took from its mailbox and has not handled yet,
@@ -185,7 +180,10 @@ impl<A: Actor> ActorCell<A> {
         Rc::new(ActorCell {
             uid,
             key,
-            queue: RefCell::new(Vec::with_capacity(INITIAL_MAILBOX)),
+            // Room comes with the first message, and grows with the
+            // bursts the actor gets: a keyed type may have a million
+            // activations at rest, and an envelope may be 100 bytes or more.
+            queue: RefCell::new(Vec::new()),
             waiting: Cell::new(false),
             waker: Cell::new(None),
             state: Cell::new(OPEN),

@@ -16,6 +16,9 @@ use crate::id::StreamId;
 /// Entries per chunk.
 const CHUNK: usize = 64;
 
+/// Room a stream's first chunk starts with.
+const FIRST_CHUNK: usize = 4;
+
 /// What the map keeps per entry, besides its id: a value and whether it
 /// is still there (a deleted entry keeps its place until its chunk is
 /// compacted).
@@ -141,7 +144,16 @@ impl<V> Entries<V> {
     }
 
     fn push_chunk(&mut self, item: Item<V>) {
-        let mut items = Vec::with_capacity(CHUNK);
+        // A stream's first chunk grows as it fills: most streams of a
+        // broker with many hold a few entries, and a whole chunk is
+        // CHUNK items (kilobytes) each. A stream past one chunk takes
+        // whole ones.
+        let room = if self.chunks.is_empty() {
+            FIRST_CHUNK
+        } else {
+            CHUNK
+        };
+        let mut items = Vec::with_capacity(room);
         items.push(item);
         self.chunks.push_back(Chunk { items, live: 1 });
         self.live += 1;
