@@ -196,6 +196,31 @@ fn a_call_from_the_actors_own_handler_comes_back() {
 }
 
 #[test]
+fn run_now_as_taken_leaves_what_other_threads_delivered_since_for_later() {
+    // Another thread tells the idle actor while its shard is held in this
+    // task: `run_now_as_taken` sees the shard as last taken in (idle, the
+    // message not yet in the mailbox) and runs; `run_now` takes the
+    // message in first, so the actor is busy until it is handled.
+    let sys = one_shard();
+    let h = sys.handle();
+    let outside = sys.keyed::<Tally>(9);
+    let (as_taken, taking, total) = sys.block_on(async move {
+        let t = h.keyed::<Tally>(9);
+        assert_eq!(t.ask(Get).await, Ok(0));
+        std::thread::spawn(move || outside.tell(Add(5)).unwrap())
+            .join()
+            .unwrap();
+        let as_taken = t.run_now_as_taken(|t| t.total += 1).is_ok();
+        let taking = matches!(t.run_now(|t| t.total += 1), Err(RunNowError::NotIdle(_)));
+        (as_taken, taking, t.ask(Get).await.unwrap())
+    });
+    assert!(as_taken, "did not run on the idle actor");
+    assert!(taking, "run_now overtook the message from the other thread");
+    assert_eq!(total, 6);
+    sys.shutdown();
+}
+
+#[test]
 fn an_inactive_keyed_actor_is_not_activated() {
     let sys = one_shard();
     let h = sys.handle();

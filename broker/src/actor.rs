@@ -568,6 +568,23 @@ impl Handler<ReadGroup> for StreamActor {
 }
 
 impl StreamActor {
+    /// Whether group read `m` (no check, not blocked) would run at once
+    /// now, reading nothing back ([`StreamActor::read_group_at_once`]
+    /// answers it); the group's error when the stream lacks it.
+    pub(crate) fn group_read_ready(&self, m: &ReadGroup) -> Result<bool, Reply> {
+        if !self
+            .stream
+            .as_ref()
+            .is_some_and(|s| s.groups.contains_key(&m.group))
+        {
+            return Err(groups::no_group_in_readgroup(&self.name, &m.group));
+        }
+        Ok(self.runs_at_once()
+            && self
+                .plan_read_group(&m.group, &m.consumer, &m.from, m.count)
+                .is_empty())
+    }
+
     /// A group read's answer before any entry is read: a check of the
     /// group alone, or a blocked reader whose stream or group went.
     fn group_read_early(&self, m: &ReadGroup) -> Option<GroupAnswer> {

@@ -659,7 +659,12 @@ impl RespSession {
                         }
                     })
                     .cloned()
-                    .collect();
+                    .collect::<Vec<_>>();
+                if self.one_shard_of_several(&named) {
+                    // Deleted all at once, as a block of its own, so no
+                    // reader sees some of them gone and others not yet.
+                    return self.run_as_transaction(&args, cx);
+                }
                 let asks = self.ask_each("del", named);
                 let proto = self.proto;
                 // A name left out as missing may have gone by a deletion
@@ -836,6 +841,14 @@ impl RespSession {
         Some(p)
     }
 
+    /// Whether `names` are several streams that all live on one shard.
+    fn one_shard_of_several(&self, names: &[Bytes]) -> bool {
+        names.len() > 1
+            && self
+                .several_on_one_shard(names, &vec![false; names.len()])
+                .is_some()
+    }
+
     /// The shard of `keys` (those not `missing`) when they are several
     /// streams that all live on one shard.
     fn several_on_one_shard(&self, keys: &[Bytes], missing: &[bool]) -> Option<mailring::ShardId> {
@@ -930,7 +943,7 @@ impl RespSession {
             // Several streams of another shard: one snapshot there, as a
             // transaction of its own (this shard cannot see whether they
             // are idle).
-            return self.read_as_transaction(args, cx);
+            return self.run_as_transaction(args, cx);
         }
         let reads: Vec<_> = if shared_shard.is_some() {
             // Several streams of this shard: one snapshot of them all,
@@ -952,7 +965,7 @@ impl RespSession {
                         reads.push(Some(NowOr::Now(Some(Ok(answer)))));
                     }
                     Ok(None) | Err(RunNowError::NotIdle(_)) => {
-                        return self.read_as_transaction(args, cx);
+                        return self.run_as_transaction(args, cx);
                     }
                     Err(RunNowError::Panicked) => {
                         reads.push(Some(NowOr::Now(Some(Err(AskError::Panicked)))));
@@ -1095,6 +1108,16 @@ impl RespSession {
             let r = crate::actor::no_group_in_readgroup(&p.keys[0], &group);
             return self.reply(r, cx);
         }
+        let one_shard = match p.block {
+            None => self.several_on_one_shard(&p.keys, &missing),
+            Some(_) => None,
+        };
+        if one_shard.is_some_and(|s| s != cx.shard()) {
+            // Several streams of another shard: every group checked, then
+            // each stream read, as a block of its own there, so the read
+            // sees another block in all of them or in none.
+            return self.run_as_transaction(args, cx);
+        }
         let broker = self.shared.id;
         let proto = self.proto;
         let actors: Vec<_> = p
@@ -1148,11 +1171,84 @@ impl RespSession {
             };
             (from, group_read_now_or_ask(&watch_actors[0], m), dollar)
         });
+        // Several streams of this shard: every group checked, then each
+        // stream read, now, on their idle actors, as of one instant (what
+        // other shards deliver meanwhile is taken in after: nothing else
+        // runs on the shard), so the read is one snapshot of them all.
+        // With one busy (a transaction may hold it) or a read that must
+        // fetch entries first, nothing is delivered: it runs as a block of
+        // its own.
+        let mut given = Vec::new();
+        let mut checked = Vec::new();
+        if one_shard.is_some() {
+            let mut reads = Vec::with_capacity(n);
+            for (i, id) in ids.iter().enumerate() {
+                if missing[i] {
+                    let e = crate::actor::no_group_in_readgroup(&keys[i], &group_name);
+                    return self.reply(e, cx);
+                }
+                let from = command::xreadgroup_id(id).map(|parsed| match parsed {
+                    None => GroupFrom::New,
+                    Some(_) => GroupFrom::History(id.clone()),
+                });
+                let m = ReadGroup {
+                    group: group_name.clone(),
+                    consumer: consumer_name.clone(),
+                    from: from.clone().unwrap_or(GroupFrom::New),
+                    count: p.count,
+                    noack: p.noack,
+                    check_only: false,
+                    blocked: false,
+                    broker,
+                };
+                let ready = |a: &mut StreamActor| a.group_read_ready(&m);
+                let ready = if i == 0 {
+                    watch_actors[i].run_now(ready)
+                } else {
+                    watch_actors[i].run_now_as_taken(ready)
+                };
+                match ready {
+                    Ok(Ok(true)) => {}
+                    // Its group's error first, then its id's.
+                    Ok(Err(e)) => return self.reply(e, cx),
+                    Ok(Ok(false)) | Err(RunNowError::NotIdle(_)) => {
+                        return self.run_as_transaction(args, cx)
+                    }
+                    Err(RunNowError::Panicked) => {
+                        return self.reply(unavailable(AskError::Panicked), cx)
+                    }
+                }
+                match from {
+                    Ok(from) => checked.push(from),
+                    Err(e) => return self.reply(e, cx),
+                }
+                reads.push(m);
+            }
+            for ((actor, from), mut m) in watch_actors.iter().zip(&checked).zip(reads) {
+                m.from = from.clone();
+                given.push(match actor.run_now_as_taken(|a| a.read_group_at_once(&m)) {
+                    Ok(Some((answer, ends))) => {
+                        if ends {
+                            // As its handler would have ended it.
+                            actor.stop();
+                        }
+                        NowOr::Now(Some(Ok(answer)))
+                    }
+                    // (Found ready above, on a shard where nothing ran
+                    // since: not expected.)
+                    Ok(None) | Err(RunNowError::NotIdle(_)) => NowOr::Asked(actor.ask(m)),
+                    Err(RunNowError::Panicked) => NowOr::Now(Some(Err(AskError::Panicked))),
+                });
+            }
+        }
         self.reply_later(cx, async move {
             let fail = |e: mailring_actors::AskError| unavailable(e).frame(proto);
             let mut froms = Vec::with_capacity(n);
             let mut asked = None;
-            if let Some((from, answer, dollar)) = first {
+            let mut given = given.into_iter();
+            if !checked.is_empty() {
+                froms = checked;
+            } else if let Some((from, answer, dollar)) = first {
                 if let Some(e) = dollar {
                     return match answer.await {
                         Ok(GroupAnswer {
@@ -1195,7 +1291,7 @@ impl RespSession {
             let mut found = Vec::new();
             let mut last_ids = Vec::with_capacity(n);
             for (i, from) in froms.iter().enumerate() {
-                let answer = match asked.take() {
+                let answer = match asked.take().or_else(|| given.next()) {
                     Some(answer) => answer.await,
                     None => ask(i, from.clone(), false, false).await,
                 };

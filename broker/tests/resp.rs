@@ -4501,6 +4501,15 @@ fn start_placed(dir: &TempDir, shards: usize, streams: &[&str]) -> Broker {
     broker
 }
 
+/// A connection attached to shard `shard` (by a write to `home`, placed
+/// there first).
+fn attached(broker: &Broker, home: &str, shard: usize) -> Client {
+    assert_eq!(broker.place_stream(home.as_bytes(), shard), Ok(shard));
+    let mut c = Client::connect(broker.local_addr());
+    assert!(is_id(&c.cmd(&["XADD", home, "*", "x", "1"])));
+    c
+}
+
 /// A broker of two shards with each `(stream, shard)` placed there.
 fn start_homes(dir: &TempDir, homes: &[(&str, usize)]) -> Broker {
     let broker = start_in(&dir.0, 2, BrokerConfig::default());
@@ -5343,6 +5352,137 @@ fn snapshot_reads(shards: usize, reader_home: Option<&str>) {
     writer.join().unwrap();
     let l = lengths(&c.cmd(&["XREAD", "STREAMS", "isoa", "isob", "0", "0"]));
     assert_eq!(l, vec![401, 401]);
+    broker.shutdown();
+}
+
+#[test]
+fn a_group_read_of_several_streams_sees_each_transaction_in_all_of_them_or_none() {
+    // A writer's blocks add one entry to each of two streams; a consumer
+    // reads both with one `XREADGROUP ... COUNT 1 STREAMS a b > >`: each
+    // read gets an entry of both streams or of neither, never one block's
+    // entry in one stream and not yet in the other. (Three shards: the
+    // streams on the last, the writer attached to shard 0, the reader to
+    // another shard or to the streams' own. This test did not fail
+    // reliably before group reads became snapshots: about 1 run in 8.)
+    group_snapshot_reads(1);
+    group_snapshot_reads(2);
+}
+
+/// [`a_group_read_of_several_streams_sees_each_transaction_in_all_of_them_or_none`]
+/// with the reader attached to shard `reader` (2: the streams' own, where
+/// the reads run at once on idle actors; 1: another, where they run as a
+/// block there).
+fn group_snapshot_reads(reader: usize) {
+    let dir = TempDir::new();
+    let broker = start_placed(&dir, 3, &["gra", "grb"]);
+    let mut c = attached(&broker, &format!("grhome{reader}"), reader);
+    for s in ["gra", "grb"] {
+        assert_eq!(
+            c.cmd(&["XGROUP", "CREATE", s, "g", "$", "MKSTREAM"]),
+            R::Status("OK".into())
+        );
+    }
+    // Block k adds entry k-1 to both (one block per round trip, so the
+    // reader often waits for the next).
+    let blocks = 1000;
+    let mut w = attached(&broker, "grhome0", 0);
+    let writer = std::thread::spawn(move || {
+        for k in 1..=blocks {
+            let id = format!("{k}-1");
+            w.cmd(&["MULTI"]);
+            w.cmd(&["XADD", "gra", &id, "x", "1"]);
+            w.cmd(&["XADD", "grb", &id, "x", "1"]);
+            assert!(matches!(w.cmd(&["EXEC"]), R::Array(_)));
+        }
+    });
+    let ids = |stream: &R| -> Vec<R> {
+        let R::Array(kv) = stream else {
+            panic!("{stream:?}")
+        };
+        let R::Array(entries) = &kv[1] else {
+            panic!("{kv:?}")
+        };
+        entries
+            .iter()
+            .map(|e| match e {
+                R::Array(e) => e[0].clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    };
+    let (mut delivered, mut reads) = (0, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while delivered < blocks && std::time::Instant::now() < deadline {
+        let r = c.cmd(&[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "alice",
+            "COUNT",
+            "1",
+            "STREAMS",
+            "gra",
+            "grb",
+            ">",
+            ">",
+        ]);
+        reads += 1;
+        match r {
+            R::Nil => {}
+            R::Array(streams) => {
+                assert_eq!(
+                    streams.len(),
+                    2,
+                    "read {reads} fell between a block's parts"
+                );
+                assert_eq!(
+                    ids(&streams[0]),
+                    ids(&streams[1]),
+                    "read {reads} got different blocks' entries"
+                );
+                delivered += 1;
+            }
+            other => panic!("XREADGROUP: {other:?}"),
+        }
+    }
+    writer.join().unwrap();
+    assert_eq!(delivered, blocks);
+    broker.shutdown();
+}
+
+#[test]
+fn a_delete_of_several_streams_is_seen_whole() {
+    // A writer makes two streams in a block and deletes both with one
+    // `DEL`, over and over; a reader's `XREAD` of both sees both or
+    // neither (Redis runs `DEL a b` whole between two other commands).
+    let dir = TempDir::new();
+    let broker = start_placed(&dir, 3, &["dla", "dlb"]);
+    let rounds = 200;
+    let mut w = attached(&broker, "dlhome0", 0);
+    let mut c = attached(&broker, "dlhome1", 1);
+    let writer = std::thread::spawn(move || {
+        for _ in 0..rounds {
+            w.cmd(&["MULTI"]);
+            w.cmd(&["XADD", "dla", "*", "x", "1"]);
+            w.cmd(&["XADD", "dlb", "*", "x", "1"]);
+            assert!(matches!(w.cmd(&["EXEC"]), R::Array(_)));
+            assert_eq!(w.cmd(&["DEL", "dla", "dlb", "never"]), R::Int(2));
+        }
+    });
+    let mut reads = 0;
+    while !writer.is_finished() && reads < 50_000 {
+        match c.cmd(&["XREAD", "STREAMS", "dla", "dlb", "0", "0"]) {
+            R::Nil => {}
+            R::Array(streams) => assert_eq!(
+                streams.len(),
+                2,
+                "read {reads} saw one stream deleted and not the other"
+            ),
+            other => panic!("XREAD: {other:?}"),
+        }
+        reads += 1;
+    }
+    writer.join().unwrap();
     broker.shutdown();
 }
 

@@ -139,7 +139,7 @@ impl RespSession {
     /// Runs a transaction: its reply now (no stream, or refused), or
     /// `None` when it went to a stream's actor and answers later.
     /// `bare`: the block is one command run as a transaction (see
-    /// [`RespSession::read_as_transaction`]), answered with its own reply
+    /// [`RespSession::run_as_transaction`]), answered with its own reply
     /// instead of an array of one.
     pub(super) fn exec(
         &mut self,
@@ -483,12 +483,13 @@ fn replies_of(replies: Vec<Reply>, protos: &[Protocol], bare: bool) -> Reply {
 }
 
 impl RespSession {
-    /// An `XREAD` over several streams of this shard, some of them busy
-    /// (a transaction may hold them): run as a transaction of its one
-    /// command, its streams joined in name order, so it reads them all at
-    /// one point between transactions instead of some before one and
+    /// A command over several streams of one shard (an `XREAD` of
+    /// streams some of which are busy, as a transaction may hold them, an
+    /// `XREADGROUP`, a `DEL`): run as a transaction of its one command,
+    /// its streams joined in name order, so it reads or changes them all
+    /// at one point between transactions instead of some before one and
     /// some after.
-    pub(super) fn read_as_transaction(&mut self, args: &[Bytes], cx: &mut SessionCtx<Self>) {
+    pub(super) fn run_as_transaction(&mut self, args: &[Bytes], cx: &mut SessionCtx<Self>) {
         if let Some(reply) = self.exec(vec![args.to_vec()], true, cx) {
             self.reply(reply, cx);
         }
