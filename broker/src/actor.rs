@@ -1257,6 +1257,13 @@ impl StreamActor {
         if self.loaded {
             return;
         }
+        // (Boxed: its state, held across the read back, would otherwise
+        // size every handler's, and so every stream's task.)
+        Box::pin(self.load_first(broker)).await;
+    }
+
+    /// [`StreamActor::load`] at the first message.
+    async fn load_first(&mut self, broker: u64) {
         self.loaded = true;
         let Some(shared) = Shared::find(broker) else {
             return;

@@ -234,6 +234,18 @@ impl Names {
 }
 
 impl Names {
+    fn add(&mut self, name: &Bytes) {
+        if self.by_bytes.insert(name.clone()) {
+            self.by_position.insert((scan_position(name), name.clone()));
+        }
+    }
+
+    fn take(&mut self, name: &[u8]) {
+        if let Some(name) = self.by_bytes.take(name) {
+            self.by_position.remove(&(scan_position(&name), name));
+        }
+    }
+
     /// Keeps `change` as its log's last change of the names.
     fn note(&mut self, change: Option<Ticket>) {
         let Some(change) = change else {
@@ -256,19 +268,28 @@ impl Catalog {
     /// durable already).
     pub(crate) fn insert(&self, name: &Bytes, change: Option<Ticket>) {
         let mut names = self.names();
-        if names.by_bytes.insert(name.clone()) {
-            names
-                .by_position
-                .insert((scan_position(name), name.clone()));
-        }
+        names.add(name);
         names.note(change);
     }
 
     /// Stream `name` is gone, as the append `change` logged.
     pub(crate) fn remove(&self, name: &[u8], change: Option<Ticket>) {
         let mut names = self.names();
-        if let Some(name) = names.by_bytes.take(name) {
-            names.by_position.remove(&(scan_position(&name), name));
+        names.take(name);
+        names.note(change);
+    }
+
+    /// Streams made (`true`) or gone by one append `change` (a
+    /// transaction's group), all under one lock: a reader of the names
+    /// sees all of them or none.
+    pub(crate) fn apply(&self, changes: &[(Bytes, bool)], change: Option<Ticket>) {
+        let mut names = self.names();
+        for (name, exists) in changes {
+            if *exists {
+                names.add(name);
+            } else {
+                names.take(name);
+            }
         }
         names.note(change);
     }
@@ -285,6 +306,19 @@ impl Catalog {
     /// Whether stream `name` exists.
     pub fn contains(&self, name: &[u8]) -> bool {
         self.names().by_bytes.contains(name)
+    }
+
+    /// How many of `names` exist (one named twice counts twice), read at
+    /// one point, with `own` as its transaction left it.
+    pub(crate) fn count_with(&self, names: &[Bytes], own: Own<'_>) -> usize {
+        let catalog = self.names();
+        names
+            .iter()
+            .filter(|k| match own.iter().find(|(name, _)| name == *k) {
+                Some((_, exists)) => *exists,
+                None => catalog.by_bytes.contains(*k),
+            })
+            .count()
     }
 
     /// How many streams exist, with `own` as its transaction left it.

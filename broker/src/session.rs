@@ -1422,7 +1422,9 @@ pub(crate) fn catalog_reply(
         None => shared.catalog.contains(k),
     };
     match name.as_slice() {
-        b"exists" => Reply::Int(args[1..].iter().filter(|k| exists(k)).count() as i64),
+        // (Under one lock: a transaction's or a `DEL`'s names change in
+        // the catalog all at once, and are counted all or none.)
+        b"exists" => Reply::Int(shared.catalog.count_with(&args[1..], own) as i64),
         b"type" => Reply::Status(if exists(&args[1]) { "stream" } else { "none" }),
         b"keys" => Reply::Array(
             shared

@@ -690,6 +690,21 @@ impl StreamActor {
                 };
             }
         };
+        // The catalog learns every stream the block made or deleted at
+        // once, so that another client's read of the names sees the block
+        // in all of them or in none (each stream tells it again as it
+        // keeps its part, changing nothing).
+        let mut made_or_gone: Vec<(Bytes, bool)> = members
+            .iter()
+            .filter(|m| m.exists != m.existed)
+            .map(|m| (m.name.clone(), m.exists))
+            .collect();
+        if was_missing != self.stream.is_none() {
+            made_or_gone.push((self.name.clone(), self.stream.is_some()));
+        }
+        if let (false, Some(shared)) = (made_or_gone.is_empty(), &self.shared) {
+            shared.catalog.apply(&made_or_gone, Some(ticket.for_read()));
+        }
         let mut mine = Some(mine);
         let mut kept = Vec::with_capacity(members.len());
         for ((owner, _), loc) in owners.iter().zip(locs) {

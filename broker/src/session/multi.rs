@@ -236,12 +236,14 @@ impl RespSession {
             if holds {
                 held.sort_unstable();
             }
-            if let Some((_, shard)) = placed {
-                for s in &held {
-                    // A stream placed elsewhere meanwhile: the coordinator
-                    // finds it out as that stream declines.
-                    let _ = system.place::<StreamActor>(s.clone(), shard);
-                }
+            // Every held name is placed now, on the block's shard: a
+            // reader of several of them sees them all placed there, and
+            // reads them as one snapshot (new ones too, which the block
+            // would otherwise place one by one as it joins them).
+            for s in &held {
+                // A stream placed elsewhere meanwhile: the coordinator
+                // finds it out as that stream declines.
+                let _ = system.place::<StreamActor>(s.clone(), home);
             }
             let reads = commands.iter().any(|c| reads_catalog(c));
             if held.is_empty() && !reads && cx.pending_replies() == 0 {
