@@ -572,6 +572,11 @@ impl StreamActor {
     /// now, reading nothing back ([`StreamActor::read_group_at_once`]
     /// answers it); the group's error when the stream lacks it.
     pub(crate) fn group_read_ready(&self, m: &ReadGroup) -> Result<bool, Reply> {
+        if !self.runs_at_once() {
+            // Not loaded yet (restarted after a panic, say): its stream and
+            // groups are not known here.
+            return Ok(false);
+        }
         if !self
             .stream
             .as_ref()
@@ -579,10 +584,9 @@ impl StreamActor {
         {
             return Err(groups::no_group_in_readgroup(&self.name, &m.group));
         }
-        Ok(self.runs_at_once()
-            && self
-                .plan_read_group(&m.group, &m.consumer, &m.from, m.count)
-                .is_empty())
+        Ok(self
+            .plan_read_group(&m.group, &m.consumer, &m.from, m.count)
+            .is_empty())
     }
 
     /// A group read's answer before any entry is read: a check of the
@@ -699,6 +703,11 @@ pub struct ExecBatch {
     /// sorted: answered as missing streams, placing and activating
     /// nothing.
     pub absent: Vec<Bytes>,
+    /// One command run as a transaction of its own (a read or a `DEL`
+    /// over several streams), not a client's `MULTI` block: a name found
+    /// absent that was made meanwhile is answered as missing, the command
+    /// taking effect before it was made, instead of refusing the command.
+    pub bare: bool,
 }
 
 /// The replies of an [`ExecBatch`], and the flush they wait for.

@@ -418,7 +418,7 @@ impl Places {
 /// alone (see [`StreamActor::run_all`]).
 struct Wave {
     /// Per member: where its commands' replies go, and the commands.
-    runs: Vec<(Vec<usize>, Commands)>,
+    runs: Vec<(Vec<Sink>, Commands)>,
     /// The members with commands in the wave.
     touched: Vec<usize>,
 }
@@ -437,14 +437,40 @@ impl Wave {
         for (i, ats, answer) in waiting {
             match cohort.members[i].receive(answer).await? {
                 Done::Replies(done) => {
-                    for (at, reply) in ats.into_iter().zip(done) {
-                        replies[at] = reply;
+                    for (sink, reply) in ats.into_iter().zip(done) {
+                        sink.put(reply, replies);
                     }
                 }
                 _ => unreachable!("commands answer with their replies"),
             }
         }
         Ok(())
+    }
+}
+
+/// Where a reply of a wave goes.
+#[derive(Debug, Clone, Copy)]
+enum Sink {
+    /// It is the reply of the command at this place.
+    At(usize),
+    /// A stream's count (`EXISTS`, `DEL` of several streams), added to the
+    /// reply at this place this many times (a name given twice is counted
+    /// twice by `EXISTS`).
+    Count(usize, i64),
+}
+
+impl Sink {
+    fn put(self, reply: Reply, replies: &mut [Reply]) {
+        match (self, reply) {
+            (Sink::At(at), reply) => replies[at] = reply,
+            (Sink::Count(at, times), Reply::Int(n)) => {
+                if let Reply::Int(total) = &mut replies[at] {
+                    *total += n * times;
+                }
+            }
+            // (A stream's count answers with a count.)
+            (Sink::Count(at, _), other) => replies[at] = other,
+        }
     }
 }
 
@@ -567,7 +593,10 @@ impl StreamActor {
         // that every held stream has joined (the point where the block
         // runs): one made meanwhile cannot be answered as missing, nor
         // joined out of name order.
-        if let Some(name) = m.absent.iter().find(|name| shared.catalog.contains(name)) {
+        let made = (!m.bare)
+            .then(|| m.absent.iter().find(|name| shared.catalog.contains(name)))
+            .flatten();
+        if let Some(name) = made {
             let refusal = match shared.system.placed_shard::<StreamActor>(name) {
                 Some(shard) if shard != here => across_shards((&self.name, here), (name, shard)),
                 _ => made_meanwhile(name),
@@ -766,7 +795,8 @@ impl StreamActor {
     /// member runs its commands of the wave as one step, every member's
     /// at once (this stream's and absent ones' run as they come): a
     /// stream's commands keep their order, and commands on different
-    /// streams see nothing of each other. Any other command (one naming
+    /// streams see nothing of each other. `EXISTS` and `DEL` join the wave
+    /// as one count per stream, summed. Any other command (one naming
     /// several streams or none, or reading the catalog) waits for the wave
     /// before it and runs alone.
     async fn run_all(
@@ -785,20 +815,50 @@ impl StreamActor {
         };
         let protos = protos.into_iter().chain(std::iter::repeat(Protocol::Resp2));
         for (args, proto) in commands.into_iter().zip(protos) {
-            match cohort.alone_in(&args) {
-                Some(Place::Member(i)) => {
-                    let (ats, run) = &mut wave.runs[i];
-                    if run.is_empty() {
-                        wave.touched.push(i);
-                    }
-                    ats.push(replies.len());
-                    run.push((args, proto));
-                    // (Its reply, once the wave has run.)
-                    replies.push(Reply::NilArray);
+            if let Some(counted) = counted_per_stream(&args) {
+                // `EXISTS` / `DEL`: each stream counts itself, in the
+                // wave, asked once (a stream named twice is counted twice
+                // by `EXISTS`, deleted once by `DEL`).
+                let at = replies.len();
+                replies.push(Reply::Int(0));
+                let mut streams: Vec<&Bytes> = args[1..].iter().collect();
+                streams.sort_unstable();
+                for group in streams.chunk_by(|a, b| a == b) {
+                    let times = if counted == "exists" {
+                        group.len() as i64
+                    } else {
+                        1
+                    };
+                    let one = vec![args[0].clone(), group[0].clone()];
+                    let sink = Sink::Count(at, times);
+                    self.gather(
+                        cohort.place_of(group[0]),
+                        sink,
+                        one,
+                        proto,
+                        &mut wave,
+                        &mut replies,
+                        cohort,
+                        shared,
+                    );
                 }
-                Some(Place::Here) => replies.push(self.exec_in_batch(&args, proto, shared)),
-                Some(Place::Absent(i)) => {
-                    replies.push(cohort.absent[i].exec_in_batch(&args, proto, shared));
+                continue;
+            }
+            match cohort.alone_in(&args) {
+                Some(place) => {
+                    let at = replies.len();
+                    // (Its reply, once it has run.)
+                    replies.push(Reply::NilArray);
+                    self.gather(
+                        place,
+                        Sink::At(at),
+                        args,
+                        proto,
+                        &mut wave,
+                        &mut replies,
+                        cohort,
+                        shared,
+                    );
                 }
                 None => {
                     wave.run(&mut replies, cohort).await?;
@@ -809,6 +869,40 @@ impl StreamActor {
         }
         wave.run(&mut replies, cohort).await?;
         Ok(replies)
+    }
+
+    /// Puts command `args` for the stream at `place` in `wave` (a
+    /// member's), or runs it now (this stream's, an absent one's), its
+    /// reply to `sink`.
+    #[allow(clippy::too_many_arguments)]
+    fn gather(
+        &mut self,
+        place: Place,
+        sink: Sink,
+        args: Vec<Bytes>,
+        proto: Protocol,
+        wave: &mut Wave,
+        replies: &mut [Reply],
+        cohort: &mut Cohort<'_>,
+        shared: &Shared,
+    ) {
+        match place {
+            Place::Member(i) => {
+                let (sinks, run) = &mut wave.runs[i];
+                if run.is_empty() {
+                    wave.touched.push(i);
+                }
+                sinks.push(sink);
+                run.push((args, proto));
+            }
+            Place::Here => sink.put(self.exec_in_batch(&args, proto, shared), replies),
+            Place::Absent(i) => {
+                sink.put(
+                    cohort.absent[i].exec_in_batch(&args, proto, shared),
+                    replies,
+                );
+            }
+        }
     }
 
     /// Runs one command of a transaction over several streams, in the
@@ -824,8 +918,8 @@ impl StreamActor {
         match name {
             "keys" | "scan" | "info" | "dbsize" => {
                 // The catalog with every stream as the transaction left it
-                // so far: those it made or deleted (the others are as the
-                // catalog has them: held, or checked missing as it began).
+                // so far: those it made or deleted, and the absent ones
+                // (the others are as the catalog has them: held).
                 let mut own = vec![(self.name.clone(), self.stream.is_some())];
                 own.extend(
                     cohort
@@ -834,6 +928,9 @@ impl StreamActor {
                         .filter(|m| m.exists != m.existed)
                         .map(|m| (m.name.clone(), m.exists)),
                 );
+                // (Absent names stay missing to the block, whatever other
+                // shards make meanwhile: it answered them as missing.)
+                own.extend(cohort.absent.iter().map(|a| (a.name.clone(), false)));
                 Ok(crate::session::catalog_reply(shared, proto, args, &own))
             }
             "exists" | "del" => {
@@ -1036,6 +1133,14 @@ fn made_meanwhile(name: &Bytes) -> Reply {
         "EXECABORT Transaction discarded because of: stream '{}' was made by another client as the transaction began; nothing was changed",
         command::printable(name, 64)
     ))
+}
+
+/// `EXISTS` or `DEL` (their lower-case name): commands that count the
+/// streams they name, each stream for itself.
+fn counted_per_stream(args: &[Bytes]) -> Option<&'static str> {
+    command::lookup(&args[0])
+        .map(|spec| spec.name)
+        .filter(|name| matches!(*name, "exists" | "del") && args.len() > 1)
 }
 
 /// Whether a command names more than one stream.

@@ -394,6 +394,7 @@ impl RespSession {
                 broker,
                 streams: if multi { held.clone() } else { Vec::new() },
                 absent: absent.clone(),
+                bare,
             });
             async move {
                 let mut data = match ask.await {
@@ -412,6 +413,7 @@ impl RespSession {
                         }
                         match replies {
                             Ok(replies) => replies.into_iter(),
+                            Err(refused) if bare => return unwrapped(refused).frame(proto),
                             Err(refused) => return refused.frame(proto),
                         }
                     }
@@ -472,6 +474,29 @@ impl RespSession {
         }
         self.reply_once_flushed(reply, cx);
         None
+    }
+}
+
+/// A command run as a transaction of its own answers a refusal with its
+/// cause, as the command alone would (`-MISCONF ...`), without the
+/// transaction's `EXECABORT` wrapping.
+fn unwrapped(refused: Reply) -> Reply {
+    const WRAP: &str = "EXECABORT Transaction discarded because of: ";
+    let Reply::Error(e) = refused else {
+        return refused;
+    };
+    match e.strip_prefix(WRAP) {
+        // A cause with its own code (`MISCONF`, `ERR`).
+        Some(cause)
+            if cause
+                .split(' ')
+                .next()
+                .is_some_and(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_uppercase())) =>
+        {
+            Reply::Error(cause.to_owned())
+        }
+        Some(cause) => Reply::Error(format!("ERR {cause}")),
+        None => Reply::Error(e),
     }
 }
 
