@@ -1226,19 +1226,9 @@ impl RespSession {
             }
             for ((actor, from), mut m) in watch_actors.iter().zip(&checked).zip(reads) {
                 m.from = from.clone();
-                given.push(match actor.run_now_as_taken(|a| a.read_group_at_once(&m)) {
-                    Ok(Some((answer, ends))) => {
-                        if ends {
-                            // As its handler would have ended it.
-                            actor.stop();
-                        }
-                        NowOr::Now(Some(Ok(answer)))
-                    }
-                    // (Found ready above, on a shard where nothing ran
-                    // since: not expected.)
-                    Ok(None) | Err(RunNowError::NotIdle(_)) => NowOr::Asked(actor.ask(m)),
-                    Err(RunNowError::Panicked) => NowOr::Now(Some(Err(AskError::Panicked))),
-                });
+                // (Found ready above, on a shard where nothing ran since:
+                // asked only if that were not so.)
+                given.push(now_or_ask(actor, m, StreamActor::read_group_at_once, false));
             }
         }
         self.reply_later(cx, async move {
@@ -2028,18 +2018,27 @@ impl<T: Unpin> std::future::Future for NowOr<T> {
 
 /// `m` run at once on `addr`'s actor by `at_once` when the actor is idle
 /// on this shard and `at_once` needs no await (as its handler would run
-/// it); asked otherwise.
+/// it); asked otherwise. `take`: other shards' deliveries are taken in
+/// first (`Addr::run_now`); else the shard is seen as last taken in, with
+/// other closures of the same instant (`Addr::run_now_as_taken`).
 fn now_or_ask<M>(
     addr: &mailring_actors::Addr<StreamActor>,
     m: M,
     at_once: impl FnOnce(&mut StreamActor, &M) -> Option<(M::Reply, bool)>,
+    take: bool,
 ) -> NowOr<M::Reply>
 where
     M: mailring_actors::Message + Send,
     M::Reply: Send,
     StreamActor: mailring_actors::Accepts<M>,
 {
-    match addr.run_now(|a| at_once(a, &m)) {
+    let run = |a: &mut StreamActor| at_once(a, &m);
+    let ran = if take {
+        addr.run_now(run)
+    } else {
+        addr.run_now_as_taken(run)
+    };
+    match ran {
         Ok(Some((answer, ends))) => {
             if ends {
                 // As its handler would have ended it.
@@ -2056,14 +2055,14 @@ fn group_read_now_or_ask(
     addr: &mailring_actors::Addr<StreamActor>,
     m: ReadGroup,
 ) -> NowOr<GroupAnswer> {
-    now_or_ask(addr, m, StreamActor::read_group_at_once)
+    now_or_ask(addr, m, StreamActor::read_group_at_once, true)
 }
 
 fn read_now_or_ask(
     addr: &mailring_actors::Addr<StreamActor>,
     m: Read,
 ) -> NowOr<crate::actor::ReadResult> {
-    now_or_ask(addr, m, StreamActor::read_at_once)
+    now_or_ask(addr, m, StreamActor::read_at_once, true)
 }
 
 impl Drop for RespSession {

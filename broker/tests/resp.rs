@@ -4501,6 +4501,46 @@ fn start_placed(dir: &TempDir, shards: usize, streams: &[&str]) -> Broker {
     broker
 }
 
+/// Runs `write` on a thread of its own and `read` (given how many reads
+/// came before) here, over and over, until the writer is done (at most
+/// 100,000 reads), then joins the writer.
+fn while_writing(write: impl FnOnce() + Send + 'static, mut read: impl FnMut(usize)) {
+    let writer = std::thread::spawn(write);
+    let mut reads = 0;
+    while !writer.is_finished() && reads < 100_000 {
+        read(reads);
+        reads += 1;
+    }
+    writer.join().unwrap();
+}
+
+/// `rounds` times: makes `streams` in one block, then deletes them (and a
+/// name nobody made) with one `DEL`.
+fn make_and_delete(w: &mut Client, streams: &[&str], rounds: usize) {
+    let mut del = vec!["DEL"];
+    del.extend_from_slice(streams);
+    del.push("never");
+    for _ in 0..rounds {
+        w.cmd(&["MULTI"]);
+        for s in streams {
+            w.cmd(&["XADD", s, "*", "x", "1"]);
+        }
+        assert!(matches!(w.cmd(&["EXEC"]), R::Array(_)));
+        assert_eq!(w.cmd(&del), R::Int(streams.len() as i64));
+    }
+}
+
+/// Checks that `XREAD` reply `r` of two streams holds both or neither.
+fn both_or_neither(r: R, what: &str) {
+    match r {
+        R::Nil => {}
+        R::Array(streams) => {
+            assert_eq!(streams.len(), 2, "{what} saw one stream and not the other")
+        }
+        other => panic!("{what}: {other:?}"),
+    }
+}
+
 /// The default configuration with a log that takes records of at most
 /// 4 KiB.
 fn with_small_records() -> BrokerConfig {
@@ -5563,29 +5603,11 @@ fn a_delete_of_several_streams_is_seen_whole() {
     let rounds = 200;
     let mut w = attached(&broker, "dlhome0", 0);
     let mut c = attached(&broker, "dlhome1", 1);
-    let writer = std::thread::spawn(move || {
-        for _ in 0..rounds {
-            w.cmd(&["MULTI"]);
-            w.cmd(&["XADD", "dla", "*", "x", "1"]);
-            w.cmd(&["XADD", "dlb", "*", "x", "1"]);
-            assert!(matches!(w.cmd(&["EXEC"]), R::Array(_)));
-            assert_eq!(w.cmd(&["DEL", "dla", "dlb", "never"]), R::Int(2));
-        }
+    let write = move || make_and_delete(&mut w, &["dla", "dlb"], rounds);
+    while_writing(write, |reads| {
+        let r = c.cmd(&["XREAD", "STREAMS", "dla", "dlb", "0", "0"]);
+        both_or_neither(r, &format!("read {reads}"));
     });
-    let mut reads = 0;
-    while !writer.is_finished() && reads < 50_000 {
-        match c.cmd(&["XREAD", "STREAMS", "dla", "dlb", "0", "0"]) {
-            R::Nil => {}
-            R::Array(streams) => assert_eq!(
-                streams.len(),
-                2,
-                "read {reads} saw one stream deleted and not the other"
-            ),
-            other => panic!("XREAD: {other:?}"),
-        }
-        reads += 1;
-    }
-    writer.join().unwrap();
     broker.shutdown();
 }
 
@@ -5603,9 +5625,9 @@ fn a_read_of_streams_a_transaction_is_making_sees_them_all_or_none() {
         let addr = broker.local_addr();
         let rounds = 300;
         let making = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let writer = {
+        let write = {
             let making = making.clone();
-            std::thread::spawn(move || {
+            move || {
                 let mut w = Client::connect(addr);
                 for i in 1..=rounds {
                     making.store(i, std::sync::atomic::Ordering::Release);
@@ -5614,25 +5636,15 @@ fn a_read_of_streams_a_transaction_is_making_sees_them_all_or_none() {
                     w.cmd(&["XADD", &format!("new{i}:b"), "1-1", "f", "v"]);
                     assert!(matches!(w.cmd(&["EXEC"]), R::Array(_)));
                 }
-            })
+            }
         };
         let mut c = Client::connect(addr);
-        let mut reads = 0;
-        while !writer.is_finished() && reads < 100_000 {
+        while_writing(write, |reads| {
             let i = making.load(std::sync::atomic::Ordering::Acquire);
             let (a, b) = (format!("new{i}:a"), format!("new{i}:b"));
-            match c.cmd(&["XREAD", "STREAMS", &a, &b, "0", "0"]) {
-                R::Nil => {}
-                R::Array(streams) => assert_eq!(
-                    streams.len(),
-                    2,
-                    "{shards} shards: read {reads} saw {a} made and {b} not"
-                ),
-                other => panic!("XREAD: {other:?}"),
-            }
-            reads += 1;
-        }
-        writer.join().unwrap();
+            let r = c.cmd(&["XREAD", "STREAMS", &a, &b, "0", "0"]);
+            both_or_neither(r, &format!("{shards} shards: read {reads} of {a} and {b}"));
+        });
         broker.shutdown();
     }
 }
@@ -5651,25 +5663,13 @@ fn exists_of_several_streams_sees_each_transaction_and_delete_whole() {
     // catalog while the block's streams keep their parts.)
     let mut w = attached(&broker, "exhome1", 1);
     let mut c = attached(&broker, "exhome0", 0);
-    let writer = std::thread::spawn(move || {
-        for _ in 0..rounds {
-            w.cmd(&["MULTI"]);
-            for s in ["exa", "exb", "exc"] {
-                w.cmd(&["XADD", s, "*", "x", "1"]);
-            }
-            assert!(matches!(w.cmd(&["EXEC"]), R::Array(_)));
-            assert_eq!(w.cmd(&["DEL", "exa", "exb", "exc"]), R::Int(3));
-        }
-    });
-    let mut reads = 0;
-    while !writer.is_finished() && reads < 100_000 {
+    let write = move || make_and_delete(&mut w, &["exa", "exb", "exc"], rounds);
+    while_writing(write, |reads| {
         match c.cmd(&["EXISTS", "exa", "exb", "exc"]) {
             R::Int(0 | 3) => {}
             other => panic!("EXISTS {reads}: {other:?}"),
         }
-        reads += 1;
-    }
-    writer.join().unwrap();
+    });
     broker.shutdown();
 }
 

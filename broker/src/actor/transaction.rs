@@ -503,8 +503,7 @@ impl Cohort<'_> {
 
     /// Where `args` runs, if it is a command that names one stream and
     /// needs nothing but that stream (see [`StreamActor::run_all`]).
-    fn alone_in(&self, args: &[Bytes]) -> Option<Place> {
-        let spec = command::lookup(&args[0])?;
+    fn alone_in(&self, spec: &command::Spec, args: &[Bytes]) -> Option<Place> {
         if matches!(
             spec.name,
             "keys" | "scan" | "info" | "dbsize" | "exists" | "del"
@@ -815,7 +814,11 @@ impl StreamActor {
         };
         let protos = protos.into_iter().chain(std::iter::repeat(Protocol::Resp2));
         for (args, proto) in commands.into_iter().zip(protos) {
-            if let Some(counted) = counted_per_stream(&args) {
+            let spec = command::lookup(&args[0]);
+            let counted = spec
+                .map(|spec| spec.name)
+                .filter(|name| matches!(*name, "exists" | "del") && args.len() > 1);
+            if let Some(counted) = counted {
                 // `EXISTS` / `DEL`: each stream counts itself, in the
                 // wave, asked once (a stream named twice is counted twice
                 // by `EXISTS`, deleted once by `DEL`).
@@ -844,7 +847,7 @@ impl StreamActor {
                 }
                 continue;
             }
-            match cohort.alone_in(&args) {
+            match spec.and_then(|spec| cohort.alone_in(spec, &args)) {
                 Some(place) => {
                     let at = replies.len();
                     // (Its reply, once it has run.)
@@ -1133,14 +1136,6 @@ fn made_meanwhile(name: &Bytes) -> Reply {
         "EXECABORT Transaction discarded because of: stream '{}' was made by another client as the transaction began; nothing was changed",
         command::printable(name, 64)
     ))
-}
-
-/// `EXISTS` or `DEL` (their lower-case name): commands that count the
-/// streams they name, each stream for itself.
-fn counted_per_stream(args: &[Bytes]) -> Option<&'static str> {
-    command::lookup(&args[0])
-        .map(|spec| spec.name)
-        .filter(|name| matches!(*name, "exists" | "del") && args.len() > 1)
 }
 
 /// Whether a command names more than one stream.
