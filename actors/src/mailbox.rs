@@ -32,6 +32,16 @@ use crate::Terminated;
 /// not per message).
 const KEEP_AFTER_BURST: usize = 1024;
 
+/// Room for one envelope in an empty buffer. A `Vec`'s first growth
+/// makes room for four, and the queue and the task's batch trade buffers
+/// at each take, so an actor sent a message now and then (most keyed
+/// actors, at rest) would keep eight envelopes' room for as long as it
+/// lives; it keeps two this way. A burst grows the buffer as before.
+#[cold]
+fn first_room<E>(buffer: &mut Vec<E>) {
+    buffer.reserve_exact(1);
+}
+
 /// Replaces an emptied, oversized buffer with none (the next take brings
 /// the queue's).
 #[cold]
@@ -260,7 +270,12 @@ impl<A: Actor> ActorCell<A> {
 
     #[inline(always)]
     fn enqueue(&self, env: A::Envelope) {
-        self.queue.borrow_mut().push(env);
+        let mut queue = self.queue.borrow_mut();
+        if queue.capacity() == 0 {
+            first_room(&mut queue);
+        }
+        queue.push(env);
+        drop(queue);
         if self.waiting.get() {
             self.wake();
         }

@@ -492,16 +492,13 @@ async fn process<A: Actor>(
         pending: 0,
         idle: idle_mark,
     };
-    // The actor, out of its cell while messages are handled and back in
-    // it while the task waits for mail, when `run_now` may reach it.
+    // The actor's borrow, held while messages are handled and let go
+    // while the task waits for mail, when `run_now` may reach it.
     let mut held = Held::take(cell);
     loop {
         // The batches taken until the mailbox runs empty, with the actor
-        // at hand; then a wait with the actor back in its cell.
-        let actor = held
-            .actor
-            .as_mut()
-            .expect("an activation's actor is in its cell");
+        // at hand; then a wait with its borrow let go.
+        let actor = held.actor().expect("an activation's actor is in its cell");
         loop {
             if cx.stop_requested.is_some() || cell.stop_request.get().is_some() {
                 if let Some(r) = cx.stop_requested.take() {
@@ -564,38 +561,38 @@ async fn process<A: Actor>(
     }
 }
 
-/// The actor taken out of its cell by the message loop (a local, not a
-/// borrow of the cell, on the per-message path), put back while the loop
-/// waits for mail and when it ends, by a return or a handler's panic.
-/// While it is out, the cell holds `None`: `run_now` finds nothing to run
-/// on.
+/// The actor's borrow held by the message loop across its messages (one
+/// borrow per batch of messages, not one per message), let go while the
+/// loop waits for mail and when it ends, by a return or a handler's panic.
+/// While it is held, `run_now` (a `try_borrow_mut`) finds the actor busy.
+///
+/// (The actor stays in its cell: moving it out into the task and back
+/// would keep room for it in both, the task's future and the cell, for
+/// as long as the activation lives, and copy it twice per wait.)
 struct Held<'c, A: Actor> {
     cell: &'c ActorCell<A>,
-    actor: Option<A>,
+    slot: Option<std::cell::RefMut<'c, Option<A>>>,
 }
 
 impl<'c, A: Actor> Held<'c, A> {
     fn take(cell: &'c ActorCell<A>) -> Self {
-        let actor = cell.actor.borrow_mut().take();
-        Held { cell, actor }
+        Held {
+            cell,
+            slot: Some(cell.actor.borrow_mut()),
+        }
+    }
+
+    /// The actor, while the borrow is held and the activation has one.
+    fn actor(&mut self) -> Option<&mut A> {
+        self.slot.as_mut().and_then(|slot| slot.as_mut())
     }
 
     fn put_back(&mut self) {
-        *self.cell.actor.borrow_mut() = self.actor.take();
+        self.slot = None;
     }
 
     fn take_again(&mut self) {
-        self.actor = self.cell.actor.borrow_mut().take();
-    }
-}
-
-impl<A: Actor> Drop for Held<'_, A> {
-    fn drop(&mut self) {
-        if self.actor.is_some() {
-            // Nothing else holds the cell's borrow here: `run_now` borrows
-            // it only within its own call, on this thread.
-            *self.cell.actor.borrow_mut() = self.actor.take();
-        }
+        self.slot = Some(self.cell.actor.borrow_mut());
     }
 }
 

@@ -1,7 +1,9 @@
 //! The broker against `redis-server` with the same `redis-benchmark`
 //! command lines: XADD with 1 client, 1 client `-P 16`, 50 clients, 50
 //! clients `-P 16`, each on one stream and on `__rand_int__` keys over 100
-//! streams, and 100-entry XRANGE / XREAD pages; redis-server with
+//! streams, 50 clients `-P 16` on keys over 10^8 names (nearly every
+//! append makes a stream: `xadd-c50-P16-new`), and 100-entry XRANGE /
+//! XREAD pages; redis-server with
 //! `appendonly yes`, mailring with 1 and 2 shards, both under the same
 //! `appendfsync`. Contenders alternate within each pair; each run gets a
 //! fresh server and data directory on the same filesystem. Server CPU per
@@ -63,8 +65,8 @@ struct Row {
     pipeline: usize,
     requests: usize,
     command: &'static [&'static str],
-    /// `-r 100`: `__rand_int__` over 100 keys.
-    rand: bool,
+    /// `-r N`: `__rand_int__` over N keys (0: no `-r`).
+    keyspace: u64,
     /// Entries put in stream `s` before the run (read rows).
     prefill: usize,
 }
@@ -76,7 +78,7 @@ const ROWS: &[Row] = &[
         pipeline: 1,
         requests: 2_000,
         command: &["XADD", "s", "*", "f", "v"],
-        rand: false,
+        keyspace: 0,
         prefill: 0,
     },
     Row {
@@ -85,7 +87,7 @@ const ROWS: &[Row] = &[
         pipeline: 1,
         requests: 2_000,
         command: &["XADD", "s:__rand_int__", "*", "f", "v"],
-        rand: true,
+        keyspace: 100,
         prefill: 0,
     },
     Row {
@@ -94,7 +96,7 @@ const ROWS: &[Row] = &[
         pipeline: 16,
         requests: 16_000,
         command: &["XADD", "s", "*", "f", "v"],
-        rand: false,
+        keyspace: 0,
         prefill: 0,
     },
     Row {
@@ -103,7 +105,7 @@ const ROWS: &[Row] = &[
         pipeline: 16,
         requests: 16_000,
         command: &["XADD", "s:__rand_int__", "*", "f", "v"],
-        rand: true,
+        keyspace: 100,
         prefill: 0,
     },
     Row {
@@ -112,7 +114,7 @@ const ROWS: &[Row] = &[
         pipeline: 1,
         requests: 20_000,
         command: &["XADD", "s", "*", "f", "v"],
-        rand: false,
+        keyspace: 0,
         prefill: 0,
     },
     Row {
@@ -121,7 +123,7 @@ const ROWS: &[Row] = &[
         pipeline: 1,
         requests: 20_000,
         command: &["XADD", "s:__rand_int__", "*", "f", "v"],
-        rand: true,
+        keyspace: 100,
         prefill: 0,
     },
     Row {
@@ -130,7 +132,7 @@ const ROWS: &[Row] = &[
         pipeline: 16,
         requests: 80_000,
         command: &["XADD", "s", "*", "f", "v"],
-        rand: false,
+        keyspace: 0,
         prefill: 0,
     },
     Row {
@@ -139,7 +141,18 @@ const ROWS: &[Row] = &[
         pipeline: 16,
         requests: 80_000,
         command: &["XADD", "s:__rand_int__", "*", "f", "v"],
-        rand: true,
+        keyspace: 100,
+        prefill: 0,
+    },
+    // Nearly every append makes a new stream (10^8 names): what making a
+    // stream costs (its actor, its log record, the catalog), not an append.
+    Row {
+        name: "xadd-c50-P16-new",
+        clients: 50,
+        pipeline: 16,
+        requests: 20_000,
+        command: &["XADD", "s:__rand_int__", "*", "f", "v"],
+        keyspace: 100_000_000,
         prefill: 0,
     },
     Row {
@@ -148,7 +161,7 @@ const ROWS: &[Row] = &[
         pipeline: 1,
         requests: 20_000,
         command: &["XRANGE", "s", "-", "+", "COUNT", "100"],
-        rand: false,
+        keyspace: 0,
         prefill: 1000,
     },
     Row {
@@ -157,7 +170,7 @@ const ROWS: &[Row] = &[
         pipeline: 1,
         requests: 20_000,
         command: &["XREAD", "COUNT", "100", "STREAMS", "s", "0"],
-        rand: false,
+        keyspace: 0,
         prefill: 1000,
     },
 ];
@@ -453,8 +466,8 @@ fn run_row(server: &Server, row: &Row, fsync: &str, base: &Path, seq: usize) -> 
     if let (Ok(threads), true) = (std::env::var("BROKER_CLIENT_THREADS"), row.clients > 1) {
         cmd.args(["--threads", &threads]);
     }
-    if row.rand {
-        cmd.args(["-r", "100"]);
+    if row.keyspace > 0 {
+        cmd.args(["-r", &row.keyspace.to_string()]);
     }
     let out = cmd.args(row.command).output().expect("run redis-benchmark");
     let cpu1 = cpu_seconds(child.id());

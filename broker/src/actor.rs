@@ -1041,11 +1041,11 @@ impl Shared {
     /// The watchers waiting for stream `key`'s making: its maker's to
     /// hold.
     fn made(&self, key: &[u8]) -> Vec<Watcher> {
-        self.awaiting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(key)
-            .unwrap_or_default()
+        let mut awaiting = self.awaiting.lock().unwrap_or_else(|p| p.into_inner());
+        if awaiting.is_empty() {
+            return Vec::new();
+        }
+        awaiting.remove(key).unwrap_or_default()
     }
 }
 
@@ -1277,11 +1277,14 @@ impl StreamActor {
         let Some(shared) = Shared::find(broker) else {
             return;
         };
-        let recovered = shared
-            .recovered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.name);
+        let recovered = {
+            let mut recovered = shared.recovered.lock().unwrap_or_else(|p| p.into_inner());
+            if recovered.is_empty() {
+                None
+            } else {
+                recovered.remove(&self.name)
+            }
+        };
         self.log = store::shard_log(shared.id);
         // An earlier activation's last records may still be flushing.
         self.last_lsn = self.log.as_ref().map_or(0, |l| l.last_lsn());

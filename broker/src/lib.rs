@@ -37,4 +37,17 @@ pub mod store;
 pub mod stream;
 
 pub use crate::server::{Broker, BrokerConfig, RecoveryReport, TlsFiles};
+
+/// A map keyed by stream names, hashed with foldhash under a seed drawn
+/// per map at run time (as the actors' own maps of keys are). Names come
+/// from clients: the seed keeps them from choosing colliding names ahead,
+/// and no reply shows such a map's order (`KEYS` sorts its names), so
+/// the seed cannot be read back from it. SipHash, std's default, costs
+/// several hundred instructions a name where this costs tens, and every
+/// stream's making passes through several of these maps.
+pub(crate) type NameMap<V> =
+    std::collections::HashMap<bytes::Bytes, V, foldhash::fast::RandomState>;
+
+/// A set of stream names, hashed as [`NameMap`] is.
+pub(crate) type NameSet = std::collections::HashSet<bytes::Bytes, foldhash::fast::RandomState>;
 pub use crate::store::{AlwaysFlush, Fsync, StoreConfig, SyncGate};

@@ -184,12 +184,16 @@ pub struct Catalog {
     names: Mutex<Names>,
 }
 
-/// The catalog's names twice: in byte order (`KEYS`, lookups) and in
+/// The catalog's names twice: hashed (lookups, `KEYS`, counts) and in
 /// `SCAN` order (each name's [`scan_position`], then its bytes), and the
 /// last change's ticket per shard log.
+///
+/// (A name is looked up, and put in at each stream's making, far more
+/// often than names are listed: the hash costs tens of instructions where
+/// an ordered set's comparisons cost a cache miss each.)
 #[derive(Debug, Default)]
 struct Names {
-    by_bytes: BTreeSet<Bytes>,
+    by_bytes: crate::NameSet,
     by_position: BTreeSet<(u64, Bytes)>,
     changes: Vec<Ticket>,
 }
@@ -359,6 +363,8 @@ impl Catalog {
             .filter(|n| glob_match(pattern, n, false))
             .cloned()
             .collect();
+        // Sorted outside the lock; the hash's order is never shown.
+        found.sort_unstable();
         overridden(
             &mut found,
             own,
@@ -420,7 +426,7 @@ pub struct Shared {
     pub(crate) clients: crate::session::Clients,
     /// Plain blocked readers of streams nobody had named, by name: the
     /// maker's actor adopts them (see [`Shared::await_making`]).
-    pub(crate) awaiting: Mutex<HashMap<Bytes, Vec<crate::actor::Watcher>>>,
+    pub(crate) awaiting: Mutex<crate::NameMap<Vec<crate::actor::Watcher>>>,
     /// Fired by `SHUTDOWN`.
     pub(crate) shutdown: Arc<crate::actor::Notify>,
     /// Set when the broker stops: blocked reads end, new ones do not block.
@@ -434,7 +440,7 @@ pub struct Shared {
     pub(crate) bound: std::sync::OnceLock<SocketAddr>,
     pub(crate) system: SystemHandle,
     /// Streams read back at start, each taken by its actor's first command.
-    pub(crate) recovered: Mutex<HashMap<Bytes, RecoveredStream>>,
+    pub(crate) recovered: Mutex<crate::NameMap<RecoveredStream>>,
     /// Bytes of entries the streams keep in memory, counted per shard.
     pub(crate) cached_bytes: Arc<CacheGauge>,
     /// `INFO`'s `run_id`: 40 hex digits, new at each start.
@@ -791,7 +797,7 @@ impl Broker {
             errors: Arc::default(),
             command_stats: crate::command_stats::CommandStats::new(shards),
             clients: crate::session::Clients::default(),
-            awaiting: Mutex::new(HashMap::new()),
+            awaiting: Mutex::new(crate::NameMap::default()),
             shutdown: shutdown.clone(),
             closing: std::sync::atomic::AtomicBool::new(false),
             blocked: Mutex::new(Vec::new()),

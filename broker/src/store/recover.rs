@@ -74,7 +74,7 @@ pub struct Recovered {
     /// The generation's directory (the logs are under it).
     pub dir: PathBuf,
     /// Streams by name.
-    pub streams: HashMap<Bytes, RecoveredStream>,
+    pub streams: crate::NameMap<RecoveredStream>,
     /// The segments of each log, oldest first.
     pub segments: HashMap<u16, Vec<u32>>,
     /// Records replayed.
@@ -492,7 +492,7 @@ type Located = (u64, u16, u32, Op);
 /// Reads every log of one generation and replays its streams.
 fn read_generation(gen_dir: &Path, repair: bool) -> io::Result<Recovered> {
     let mut out = Recovered::default();
-    let mut per_stream: HashMap<Bytes, Vec<Located>> = HashMap::new();
+    let mut per_stream: crate::NameMap<Vec<Located>> = crate::NameMap::default();
     for (log_no, log_dir) in log_dirs(gen_dir)? {
         let segments = segment_files(&log_dir)?;
         out.segments

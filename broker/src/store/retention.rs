@@ -16,12 +16,13 @@
 //! until then a power loss could bring back the older state, which the
 //! older segments hold.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 
 use bytes::Bytes;
 
 use crate::id::StreamId;
 use crate::stream::Stream;
+use crate::NameMap;
 
 /// Segments a stream may stay behind the log's head before it is asked
 /// to move up (when it can cheaply: see [`Need::movable`]).
@@ -183,7 +184,7 @@ impl Held {
 pub struct Retention {
     /// Segment files on disk.
     segments: BTreeSet<u32>,
-    needs: HashMap<Bytes, Held>,
+    needs: NameMap<Held>,
     /// Every segment up to this one is whole and flushed.
     flushed: u32,
 }
@@ -208,7 +209,7 @@ impl Retention {
     ) -> Self {
         let segments: BTreeSet<u32> = segments.into_iter().collect();
         let last = segments.last().copied().unwrap_or(0);
-        let mut map: HashMap<Bytes, Held> = deleted
+        let mut map: NameMap<Held> = deleted
             .into_iter()
             .map(|(name, op_no)| (name, Held::new(None, last, op_no)))
             .collect();
