@@ -32,14 +32,20 @@ use crate::Terminated;
 /// not per message).
 const KEEP_AFTER_BURST: usize = 1024;
 
-/// Room for one envelope in an empty buffer. A `Vec`'s first growth
-/// makes room for four, and the queue and the task's batch trade buffers
-/// at each take, so an actor sent a message now and then (most keyed
-/// actors, at rest) would keep eight envelopes' room for as long as it
-/// lives; it keeps two this way. A burst grows the buffer as before.
+/// Room for one more envelope in a full buffer: room for one only in an
+/// empty buffer. A `Vec`'s first growth makes room for four, and the
+/// queue and the task's batch trade buffers at each take, so an actor
+/// sent a message now and then (most keyed actors, at rest) would keep
+/// eight envelopes' room for as long as it lives; it keeps two this way.
+/// A burst grows the buffer as before.
 #[cold]
-fn first_room<E>(buffer: &mut Vec<E>) {
-    buffer.reserve_exact(1);
+#[inline(never)]
+fn make_room<E>(buffer: &mut Vec<E>) {
+    if buffer.capacity() == 0 {
+        buffer.reserve_exact(1);
+    } else {
+        buffer.reserve(1);
+    }
 }
 
 /// Replaces an emptied, oversized buffer with none (the next take brings
@@ -271,8 +277,9 @@ impl<A: Actor> ActorCell<A> {
     #[inline(always)]
     fn enqueue(&self, env: A::Envelope) {
         let mut queue = self.queue.borrow_mut();
-        if queue.capacity() == 0 {
-            first_room(&mut queue);
+        // (The push's own check for room, which this one spares it.)
+        if queue.len() == queue.capacity() {
+            make_room(&mut queue);
         }
         queue.push(env);
         drop(queue);
