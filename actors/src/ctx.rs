@@ -29,22 +29,26 @@ pub struct Ctx<A: Actor> {
     pub(crate) frame: Rc<Frame>,
     pub(crate) stop_requested: Option<StopReason>,
     /// The tasks of `run_later`, `run_interval` and `wait_for`: ended when
-    /// the actor stops or restarts.
-    tasks: Rc<Scope>,
+    /// the actor stops or restarts. Made with the first (most actors start
+    /// none: a keyed type may have a million activations at rest).
+    tasks: Option<Rc<Scope>>,
+    /// This activation's tasks were ended (it stops): one started later
+    /// never runs.
+    tasks_ended: bool,
     /// This instance of the actor (new at each activation and restart):
     /// a continuation queued for another instance does not run.
     epoch: u64,
     /// Messages the actor's timers delivered (not activity: see
-    /// [`Ctx::run_interval`]); survives restarts.
-    timer_sends: Rc<Cell<u64>>,
+    /// [`Ctx::run_interval`]); survives restarts. Made with the first timer.
+    timer_sends: Option<Rc<Cell<u64>>>,
     /// Children spawned and not known to have ended: a flag the child's
     /// end sets, and how to stop it.
     children: Vec<Child>,
     /// `children`' length at which ended children are dropped from it.
     prune_children_at: usize,
     /// Lives as long as this activation: a target it watches drops the
-    /// watch once it is gone.
-    alive: Arc<()>,
+    /// watch once it is gone. Made with the first watch.
+    alive: Option<Arc<()>>,
 }
 
 /// A child of [`Ctx::spawn_child`].
@@ -110,12 +114,13 @@ impl<A: Actor> Ctx<A> {
             ts,
             frame,
             stop_requested: None,
-            tasks: Rc::new(Scope::default()),
+            tasks: None,
+            tasks_ended: false,
             epoch: next_epoch(),
-            timer_sends: Rc::new(Cell::new(0)),
+            timer_sends: None,
             children: Vec::new(),
             prune_children_at: 16,
-            alive: Arc::new(()),
+            alive: None,
         }
     }
 
@@ -181,8 +186,8 @@ impl<A: Actor> Ctx<A> {
         M: Message,
     {
         let cell = self.cell.clone();
-        let sends = self.timer_sends.clone();
-        let join = self.tasks.spawn(async move {
+        let sends = self.timer_sends();
+        let join = self.scope().spawn(async move {
             mailring::time::sleep(delay).await;
             if cell.push_own(A::envelope(msg)).is_ok() {
                 sends.set(sends.get() + 1);
@@ -221,8 +226,8 @@ impl<A: Actor> Ctx<A> {
             "Ctx::run_interval needs a non-zero period (use run_later for a single message)"
         );
         let cell = self.cell.clone();
-        let sends = self.timer_sends.clone();
-        let join = self.tasks.spawn(async move {
+        let sends = self.timer_sends();
+        let join = self.scope().spawn(async move {
             // A period too long for an `Instant` (`Duration::MAX`) never ticks.
             let Some(first) = mailring::time::now().checked_add(period) else {
                 return;
@@ -240,15 +245,36 @@ impl<A: Actor> Ctx<A> {
     }
 
     /// Messages this actor's timers have delivered so far.
-    pub(crate) fn timer_sends(&self) -> u64 {
-        self.timer_sends.get()
+    pub(crate) fn timer_sends_so_far(&self) -> u64 {
+        self.timer_sends.as_ref().map_or(0, |sends| sends.get())
+    }
+
+    /// The count this actor's timers add to, made with the first timer.
+    fn timer_sends(&mut self) -> Rc<Cell<u64>> {
+        self.timer_sends.get_or_insert_with(Rc::default).clone()
+    }
+
+    /// The scope of this activation's tasks, made with the first (closed
+    /// if the activation's tasks were ended already).
+    fn scope(&mut self) -> &Rc<Scope> {
+        let ended = self.tasks_ended;
+        self.tasks.get_or_insert_with(|| {
+            let scope = Rc::new(Scope::default());
+            if ended {
+                scope.close();
+            }
+            scope
+        })
     }
 
     /// Ends the tasks of this activation's timers and waits (the actor
     /// stops): each is dropped at its next turn on this shard, and any
     /// started later (in `on_stop`) never runs.
     pub(crate) fn end_tasks(&mut self) {
-        self.tasks.close();
+        self.tasks_ended = true;
+        if let Some(tasks) = &self.tasks {
+            tasks.close();
+        }
     }
 
     /// Ends the tasks of the actor before a restart; the restarted actor
@@ -260,7 +286,9 @@ impl<A: Actor> Ctx<A> {
     }
 
     pub(crate) fn restart_tasks(&mut self) {
-        std::mem::take(&mut self.tasks).close();
+        if let Some(tasks) = self.tasks.take() {
+            tasks.close();
+        }
         self.epoch = next_epoch();
     }
 
@@ -357,7 +385,7 @@ impl<A: Actor> Ctx<A> {
         let epoch = self.epoch;
         // Counted until the future is done (or dropped with the instance).
         let pending = WaitPending::new(self.cell.clone());
-        self.tasks
+        self.scope()
             .spawn(async move {
                 let out = future.await;
                 drop(pending);
@@ -459,7 +487,7 @@ impl<A: Actor> Ctx<A> {
             .mailbox
             .map_or(STREAM_WINDOW, |bound| bound.min(STREAM_WINDOW))
             .max(1);
-        let join = self.tasks.spawn(async move {
+        let join = self.scope().spawn(async move {
             let mut stream = std::pin::pin!(stream);
             loop {
                 poll_fn(|cx| cell.poll_below(window, cx)).await;
@@ -492,7 +520,7 @@ impl<A: Actor> Ctx<A> {
             Box::new(move |t| {
                 let _ = me.tell(t);
             }),
-            Arc::downgrade(&self.alive),
+            Arc::downgrade(self.alive.get_or_insert_with(Arc::default)),
         );
     }
 

@@ -327,7 +327,7 @@ async fn run<A: Actor>(
             Outcome::Stop(reason) => {
                 cell.leaving.set(true);
                 if keyed && matches!(reason, StopReason::Passivated | StopReason::Stopped) {
-                    let timer_before = cx.timer_sends();
+                    let timer_before = cx.timer_sends_so_far();
                     let mut slot = cell.actor.borrow_mut();
                     let a = slot.as_mut().expect("checked at the loop's top");
                     let passivated = guarded(
@@ -352,7 +352,7 @@ async fn run<A: Actor>(
                     {
                         let queued = cell.len();
                         // Everything the timers delivered meanwhile is still queued.
-                        let from_timers = (cx.timer_sends() - timer_before) as usize;
+                        let from_timers = (cx.timer_sends_so_far() - timer_before) as usize;
                         if !batch.is_empty() || queued > from_timers {
                             // Messages came in while passivating: stay active.
                             cell.leaving.set(false);
@@ -645,7 +645,7 @@ impl IdleMark {
         cell: &ActorCell<A>,
         after: Duration,
     ) -> Option<Instant> {
-        let timer = cx.timer_sends();
+        let timer = cx.timer_sends_so_far();
         let others = (self.handled - self.seen_handled).saturating_sub(timer - self.seen_timer);
         let ran_now = cell.ran_now.get();
         let others = others + (ran_now - self.seen_ran_now);

@@ -1773,6 +1773,73 @@ fn run_interval_and_run_later_stop_with_their_actor() {
     sys.shutdown();
 }
 
+/// Starts its first timer and wait in `on_stop`, after its tasks ended:
+/// both far from ready, so only their end drops what they hold.
+#[derive(Actor)]
+#[actor(handles(Ran, StopMe), hooks)]
+struct TimersInOnStop {
+    probe: Arc<Probe>,
+}
+
+impl Hooks for TimersInOnStop {
+    async fn on_stop(&mut self, cx: &mut Ctx<Self>) {
+        cx.run_later(Duration::from_secs(3600), Ran(Guard(self.probe.clone())));
+        let held = Guard(self.probe.clone());
+        cx.wait_for(
+            async move {
+                let _held = held;
+                std::future::pending::<()>().await
+            },
+            |this: &mut TimersInOnStop, (), _cx| {
+                this.probe.ran.fetch_add(1, Ordering::SeqCst);
+            },
+        );
+    }
+}
+
+impl Handler<Ran> for TimersInOnStop {
+    async fn handle(&mut self, m: Ran, _cx: &mut Ctx<Self>) {
+        drop(m.0);
+        self.probe.ran.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Handler<StopMe> for TimersInOnStop {
+    async fn handle(&mut self, _m: StopMe, cx: &mut Ctx<Self>) {
+        cx.stop();
+    }
+}
+
+#[test]
+fn a_timer_or_wait_first_started_in_on_stop_ends_with_its_actor() {
+    let sys = system(2);
+    let probe = Arc::new(Probe::default());
+    let p = probe.clone();
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), move || TimersInOnStop {
+        probe: p.clone(),
+    });
+    let p = probe.clone();
+    let all_dropped = sys.block_on(async move {
+        a.tell(StopMe).unwrap();
+        a.stopped().await;
+        eventually(Duration::from_secs(1), || {
+            p.dropped.load(Ordering::SeqCst) == 2
+        })
+        .await
+    });
+    assert_eq!(
+        probe.ran.load(Ordering::SeqCst),
+        0,
+        "a timer or wait started in on_stop ran"
+    );
+    assert!(
+        all_dropped,
+        "tasks started in on_stop outlived their actor: {} of 2 guards dropped a second after",
+        probe.dropped.load(Ordering::SeqCst)
+    );
+    sys.shutdown();
+}
+
 #[test]
 fn wait_for_futures_end_with_their_actor_and_never_continue_into_it() {
     let sys = system(2);

@@ -1401,7 +1401,7 @@ impl StreamActor {
         }
         self.last_segment = segment;
         if self.runs.back().is_none_or(|r| r.1 != segment) {
-            self.runs.push_back((id, segment));
+            crate::stream::push_back_sparingly(&mut self.runs, (id, segment));
         }
     }
 

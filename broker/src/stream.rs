@@ -32,6 +32,17 @@ pub const NODE_MAX_ENTRIES: u32 = 100;
 /// size Redis's listpack encoding would give it.
 pub const NODE_MAX_BYTES: u64 = 4096;
 
+/// Pushes `item` onto `queue`, making room for it alone in an empty one:
+/// a `VecDeque`'s first growth makes room for four, and most streams hold
+/// one of each such queue (one node, one run of entries in one segment)
+/// for as long as they live.
+pub(crate) fn push_back_sparingly<T>(queue: &mut VecDeque<T>, item: T) {
+    if queue.capacity() == 0 {
+        queue.reserve_exact(1);
+    }
+    queue.push_back(item);
+}
+
 /// One node's worth of entries, as Redis would group them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Node {
@@ -454,14 +465,17 @@ impl Stream {
         if !fits {
             // Copied: a node outlives its first entry's request buffer.
             let names: Vec<Bytes> = fields.names().map(Bytes::copy_from_slice).collect();
-            self.nodes.push_back(Node {
-                total: 0,
-                live: 0,
-                bytes: listpack::node_bytes(&names),
-                last: id,
-                master_id: id,
-                master_fields: names,
-            });
+            push_back_sparingly(
+                &mut self.nodes,
+                Node {
+                    total: 0,
+                    live: 0,
+                    bytes: listpack::node_bytes(&names),
+                    last: id,
+                    master_id: id,
+                    master_fields: names,
+                },
+            );
         }
         let n = self.nodes.back_mut().expect("a tail node");
         n.bytes += listpack::entry_bytes(n.master_id, &n.master_fields, id, &fields);
