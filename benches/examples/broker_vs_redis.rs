@@ -21,7 +21,10 @@
 //! a `MULTI` block of 100,000 commands over many streams and times its
 //! `EXEC` (five blocks per run on one server, after one that makes the
 //! streams when the row reads them); their req/s is commands per second
-//! of `EXEC`, p50 the median `EXEC` in ms and p99 the slowest.
+//! of `EXEC`, p50 the median `EXEC` in ms and p99 the slowest. The
+//! `group-read-2` row times one reader's `XREADGROUP` over two streams
+//! while two writers append to them (see [`run_group_reads`]); the server
+//! CPU it reports includes the writers' appends.
 //!
 //! Run (loopback only):
 //! `cargo build --release -p mailring-broker && cargo run --release -p mailring-bench --example broker_vs_redis -- [pairs] [always|everysec]`
@@ -230,6 +233,89 @@ const TRANSACTION_ROWS: &[TransactionRow] = &[
         made: false,
     },
 ];
+
+/// The `group-read-2` row: one reader loops `XREADGROUP GROUP g c COUNT
+/// 10 NOACK STREAMS xa xb > >` (two streams of one shard, read as one
+/// snapshot) while two `redis-benchmark` writers (4 clients `-P 8` each)
+/// append to `xa` and `xb`; req/s is the reader's calls per second, p50
+/// and p99 its calls' latency, CPU the server's per call.
+const GROUP_READ_ROW: &str = "group-read-2";
+
+/// Reads timed per run of `group-read-2`.
+const GROUP_READS: usize = 20_000;
+
+fn run_group_reads(server: &Server, base: &Path, seq: usize) -> Measure {
+    let dir = base.join(format!("run-{seq}"));
+    let port = free_port();
+    let mut child = start(server, &dir, port, "everysec");
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    for stream in ["xa", "xb"] {
+        let mut request = encode(&["XGROUP", "CREATE", stream, "g", "$", "MKSTREAM"]);
+        request.extend(encode(&["PING"]));
+        exchange(&mut conn, &request, b"+PONG\r\n");
+    }
+    let client_cpu = std::env::var("BROKER_CLIENT_CPU").unwrap_or_else(|_| "1".to_owned());
+    let writers: Vec<Child> = ["xa", "xb"]
+        .iter()
+        .map(|stream| {
+            let mut cmd = if on_path("taskset") {
+                let mut c = Command::new("taskset");
+                c.args(["-c", &client_cpu, "redis-benchmark"]);
+                c
+            } else {
+                Command::new("redis-benchmark")
+            };
+            cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q"])
+                .args(["-c", "4", "-P", "8", "-n", "100000000"])
+                .args(["XADD", stream, "*", "f", "v"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start a redis-benchmark writer")
+        })
+        .collect();
+    // The writers under way before the count starts.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut request = encode(&[
+        "XREADGROUP",
+        "GROUP",
+        "g",
+        "c",
+        "COUNT",
+        "10",
+        "NOACK",
+        "STREAMS",
+        "xa",
+        "xb",
+        ">",
+        ">",
+    ]);
+    request.extend(encode(&["PING"]));
+    let cpu0 = cpu_seconds(child.id());
+    let began = Instant::now();
+    let mut times = Vec::with_capacity(GROUP_READS);
+    for _ in 0..GROUP_READS {
+        let t = Instant::now();
+        exchange(&mut conn, &request, b"+PONG\r\n");
+        times.push(t.elapsed().as_secs_f64());
+    }
+    let elapsed = began.elapsed().as_secs_f64();
+    let cpu1 = cpu_seconds(child.id());
+    for mut w in writers {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    times.sort_by(f64::total_cmp);
+    Measure {
+        rps: GROUP_READS as f64 / elapsed,
+        p50: times[times.len() / 2] * 1e3,
+        p99: times[times.len() * 99 / 100] * 1e3,
+        cpu_us_per_req: (cpu1 - cpu0) * 1e6 / GROUP_READS as f64,
+    }
+}
 
 /// A command in RESP.
 fn encode(words: &[&str]) -> Vec<u8> {
@@ -568,6 +654,13 @@ fn main() {
             run_transactions(&servers[i], row, &base, seq)
         });
         report(row.name, &servers, &results);
+    }
+    if chosen(GROUP_READ_ROW) {
+        let results = mailring_bench::alternating_pairs(pairs, servers.len(), |i| {
+            seq += 1;
+            run_group_reads(&servers[i], &base, seq)
+        });
+        report(GROUP_READ_ROW, &servers, &results);
     }
     let _ = std::fs::remove_dir_all(&base);
 }

@@ -464,7 +464,9 @@ impl Stream {
             .is_some_and(|n| n.total < NODE_MAX_ENTRIES && n.bytes + raw < NODE_MAX_BYTES);
         if !fits {
             // Copied: a node outlives its first entry's request buffer.
-            let names: Vec<Bytes> = fields.names().map(Bytes::copy_from_slice).collect();
+            // (Sized first: `collect` makes room for four at least.)
+            let mut names = Vec::with_capacity(fields.len() / 2);
+            names.extend(fields.names().map(Bytes::copy_from_slice));
             push_back_sparingly(
                 &mut self.nodes,
                 Node {

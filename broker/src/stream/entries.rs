@@ -155,7 +155,7 @@ impl<V> Entries<V> {
         };
         let mut items = Vec::with_capacity(room);
         items.push(item);
-        self.chunks.push_back(Chunk { items, live: 1 });
+        super::push_back_sparingly(&mut self.chunks, Chunk { items, live: 1 });
         self.live += 1;
     }
 
