@@ -254,18 +254,11 @@ fn run_group_reads(server: &Server, base: &Path, seq: usize) -> Measure {
         request.extend(encode(&["PING"]));
         exchange(&mut conn, &request, b"+PONG\r\n");
     }
-    let client_cpu = std::env::var("BROKER_CLIENT_CPU").unwrap_or_else(|_| "1".to_owned());
     let writers: Vec<Child> = ["xa", "xb"]
         .iter()
         .map(|stream| {
-            let mut cmd = if on_path("taskset") {
-                let mut c = Command::new("taskset");
-                c.args(["-c", &client_cpu, "redis-benchmark"]);
-                c
-            } else {
-                Command::new("redis-benchmark")
-            };
-            cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q"])
+            pinned_redis_benchmark()
+                .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q"])
                 .args(["-c", "4", "-P", "8", "-n", "100000000"])
                 .args(["XADD", stream, "*", "f", "v"])
                 .stdout(Stdio::null())
@@ -314,6 +307,19 @@ fn run_group_reads(server: &Server, base: &Path, seq: usize) -> Measure {
         p50: times[times.len() / 2] * 1e3,
         p99: times[times.len() * 99 / 100] * 1e3,
         cpu_us_per_req: (cpu1 - cpu0) * 1e6 / GROUP_READS as f64,
+    }
+}
+
+/// `redis-benchmark`, pinned to CPU 1 (taskset) as the runs are;
+/// `BROKER_CLIENT_CPU` picks another.
+fn pinned_redis_benchmark() -> Command {
+    let client_cpu = std::env::var("BROKER_CLIENT_CPU").unwrap_or_else(|_| "1".to_owned());
+    if on_path("taskset") {
+        let mut c = Command::new("taskset");
+        c.args(["-c", &client_cpu, "redis-benchmark"]);
+        c
+    } else {
+        Command::new("redis-benchmark")
     }
 }
 
@@ -527,16 +533,7 @@ fn run_row(server: &Server, row: &Row, fsync: &str, base: &Path, seq: usize) -> 
         assert!(status.success());
     }
     let cpu0 = cpu_seconds(child.id());
-    // The client pinned to CPU 1 (taskset), as the runs are;
-    // BROKER_CLIENT_CPU picks another.
-    let client_cpu = std::env::var("BROKER_CLIENT_CPU").unwrap_or_else(|_| "1".to_owned());
-    let mut cmd = if on_path("taskset") {
-        let mut c = Command::new("taskset");
-        c.args(["-c", &client_cpu, "redis-benchmark"]);
-        c
-    } else {
-        Command::new("redis-benchmark")
-    };
+    let mut cmd = pinned_redis_benchmark();
     cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "--csv"])
         .args([
             "-c",
