@@ -277,14 +277,14 @@ impl<A: Actor> Ctx<A> {
         }
     }
 
-    /// Ends the tasks of the actor before a restart; the restarted actor
-    /// starts its own.
     /// Whether a [`wait_for`](Self::wait_for) is still waiting: the actor
     /// does not passivate for idleness meanwhile.
     pub(crate) fn waits_pending(&self) -> bool {
         self.cell.pending_waits.get() > 0
     }
 
+    /// Ends the tasks of the actor before a restart; the restarted actor
+    /// starts its own.
     pub(crate) fn restart_tasks(&mut self) {
         if let Some(tasks) = self.tasks.take() {
             tasks.close();

@@ -218,219 +218,225 @@ pub(crate) fn start<A: Actor>(
 
 // The actor's borrow is held across each hook's and handler's await on
 // purpose: it is what tells `run_now` (a `try_borrow_mut`) that the actor
-// is busy. Nothing else borrows it.
-#[allow(clippy::await_holding_refcell_ref)]
-async fn run<A: Actor>(
+// is busy. Nothing else borrows it. (`manual_async_fn`: see below.)
+#[allow(clippy::await_holding_refcell_ref, clippy::manual_async_fn)]
+fn run<A: Actor>(
     ts: Rc<TypeState<A>>,
     cell: Rc<ActorCell<A>>,
     mut make: Box<dyn FnMut() -> Option<A>>,
     mut cx: Ctx<A>,
     parent: Option<ParentLink>,
-) {
-    // Dropped before its teardown (its task cancelled): the actor goes with
-    // it, and no `run_now` reaches it meanwhile.
-    let _orphaned = OrphanGuard(&cell);
-    let frame = cx.frame.clone();
-    let keyed = cell.uid >> 63 == 0;
-    let supervision = A::CONFIG.supervision;
-    let mut restarts: VecDeque<Instant> = VecDeque::new();
-    // Envelopes taken from the mailbox and not yet handled; they survive a
-    // restart (the one that panicked is gone).
-    let mut batch: Batch<A::Envelope> = Batch::new();
-    let mut idle = IdleMark::default();
-    lifecycle!("actor activated", cell, ts);
-    // The actor lives in its cell (`ActorCell::actor`), borrowed for each
-    // hook and message, so that `run_now` may reach it between messages.
-    let made = guarded(&frame, CallbackKind::Factory, async { make() })
-        .await
-        .ok()
-        .flatten();
-    *cell.actor.borrow_mut() = made;
-    let mut needs_start = true;
-    // Whether `on_start` asked to stop: the activation is turned down.
-    let mut refused = false;
-    // Whether `on_passivate` panicked: its instance gets no `on_stop`.
-    let mut hook_panicked = false;
-    let reason = loop {
-        if cell.actor.borrow().is_none() {
-            break StopReason::Panicked;
-        }
-        let started = if needs_start {
-            needs_start = false;
-            let mut slot = cell.actor.borrow_mut();
-            let a = slot.as_mut().expect("checked above");
-            let asked_before = cx.stop_requested.is_some();
-            let ok = guarded(&frame, CallbackKind::LifecycleHook, a.__on_start(&mut cx))
-                .await
-                .is_ok();
-            // A stop asked for in `on_start` turns the activation down: the
-            // messages that brought it are refused, not handed to the next
-            // activation, which would turn them down the same way for ever.
-            // (One a handler asked for before it panicked, on a restart,
-            // stops the actor as before.)
-            refused = ok && !asked_before && cx.stop_requested.is_some();
-            ok
-        } else {
-            true
-        };
-        let outcome = if started {
-            let looped = process(&mut cx, &cell, &ts, keyed, &mut batch, &mut idle);
-            match guarded(&frame, CallbackKind::Handler, looped).await {
-                Ok(outcome) => outcome,
-                Err(()) => {
-                    cx.leave_message();
-                    Outcome::Panicked
-                }
+) -> impl Future<Output = ()> {
+    // An `async` block over the arguments rather than an `async fn`: an
+    // `async fn` moves each argument into a local of its own at its first
+    // poll, and its future keeps room for both (rust-lang/rust#62958),
+    // about 200 bytes (the `Ctx` alone is 150) in every actor's task.
+    async move {
+        // Dropped before its teardown (its task cancelled): the actor goes with
+        // it, and no `run_now` reaches it meanwhile.
+        let _orphaned = OrphanGuard(&cell);
+        let frame = cx.frame.clone();
+        let keyed = cell.uid >> 63 == 0;
+        let supervision = A::CONFIG.supervision;
+        let mut restarts: VecDeque<Instant> = VecDeque::new();
+        // Envelopes taken from the mailbox and not yet handled; they survive a
+        // restart (the one that panicked is gone).
+        let mut batch: Batch<A::Envelope> = Batch::new();
+        let mut idle = IdleMark::default();
+        lifecycle!("actor activated", cell, ts);
+        // The actor lives in its cell (`ActorCell::actor`), borrowed for each
+        // hook and message, so that `run_now` may reach it between messages.
+        let made = guarded(&frame, CallbackKind::Factory, async { make() })
+            .await
+            .ok()
+            .flatten();
+        *cell.actor.borrow_mut() = made;
+        let mut needs_start = true;
+        // Whether `on_start` asked to stop: the activation is turned down.
+        let mut refused = false;
+        // Whether `on_passivate` panicked: its instance gets no `on_stop`.
+        let mut hook_panicked = false;
+        let reason = loop {
+            if cell.actor.borrow().is_none() {
+                break StopReason::Panicked;
             }
-        } else {
-            Outcome::Panicked
-        };
-        match outcome {
-            Outcome::Panicked => {
-                lifecycle!("actor panicked", cell, ts);
-                bump(&ts.counters.panics);
-                let now = Instant::now();
-                while restarts
-                    .front()
-                    .is_some_and(|t| now.duration_since(*t) > supervision.within)
-                {
-                    restarts.pop_front();
-                }
-                let within_budget = (restarts.len() as u32) < supervision.max_restarts;
-                match supervision.policy {
-                    SupervisionPolicy::Restart if within_budget => {
-                        restarts.push_back(now);
-                        lifecycle!("actor restarting", cell, ts);
-                        bump(&ts.counters.restarts);
-                        cx.stop_children();
-                        cx.restart_tasks();
-                        idle.restarted();
-                        let old = cell.actor.borrow_mut().take();
-                        drop_actor(old);
-                        let made = guarded(&frame, CallbackKind::Factory, async { make() })
-                            .await
-                            .ok()
-                            .flatten();
-                        *cell.actor.borrow_mut() = made;
-                        needs_start = true;
-                        continue;
-                    }
-                    SupervisionPolicy::Escalate => {
-                        if let Some(p) = parent {
-                            (p.escalate)();
-                        }
-                        break StopReason::Panicked;
-                    }
-                    _ => break StopReason::Panicked,
-                }
-            }
-            Outcome::Stop(reason) => {
-                cell.leaving.set(true);
-                if keyed && matches!(reason, StopReason::Passivated | StopReason::Stopped) {
-                    let timer_before = cx.timer_sends_so_far();
-                    let mut slot = cell.actor.borrow_mut();
-                    let a = slot.as_mut().expect("checked at the loop's top");
-                    let passivated = guarded(
-                        &frame,
-                        CallbackKind::LifecycleHook,
-                        a.__on_passivate(&mut cx),
-                    )
+            let started = if needs_start {
+                needs_start = false;
+                let mut slot = cell.actor.borrow_mut();
+                let a = slot.as_mut().expect("checked above");
+                let asked_before = cx.stop_requested.is_some();
+                let ok = guarded(&frame, CallbackKind::LifecycleHook, a.__on_start(&mut cx))
                     .await
                     .is_ok();
-                    drop(slot);
-                    if !passivated {
-                        // Its state may be half changed: this instance
-                        // serves nothing more (nor runs `on_stop`); what
-                        // came meanwhile goes to a fresh activation.
-                        lifecycle!("actor panicked", cell, ts);
-                        bump(&ts.counters.panics);
-                        hook_panicked = true;
+                // A stop asked for in `on_start` turns the activation down: the
+                // messages that brought it are refused, not handed to the next
+                // activation, which would turn them down the same way for ever.
+                // (One a handler asked for before it panicked, on a restart,
+                // stops the actor as before.)
+                refused = ok && !asked_before && cx.stop_requested.is_some();
+                ok
+            } else {
+                true
+            };
+            let outcome = if started {
+                let looped = process(&mut cx, &cell, &ts, keyed, &mut batch, &mut idle);
+                match guarded(&frame, CallbackKind::Handler, looped).await {
+                    Ok(outcome) => outcome,
+                    Err(()) => {
+                        cx.leave_message();
+                        Outcome::Panicked
                     }
-                    if passivated
-                        && reason == StopReason::Passivated
-                        && cell.stop_request.get().is_none()
+                }
+            } else {
+                Outcome::Panicked
+            };
+            match outcome {
+                Outcome::Panicked => {
+                    lifecycle!("actor panicked", cell, ts);
+                    bump(&ts.counters.panics);
+                    let now = Instant::now();
+                    while restarts
+                        .front()
+                        .is_some_and(|t| now.duration_since(*t) > supervision.within)
                     {
-                        let queued = cell.len();
-                        // Everything the timers delivered meanwhile is still queued.
-                        let from_timers = (cx.timer_sends_so_far() - timer_before) as usize;
-                        if !batch.is_empty() || queued > from_timers {
-                            // Messages came in while passivating: stay active.
-                            cell.leaving.set(false);
+                        restarts.pop_front();
+                    }
+                    let within_budget = (restarts.len() as u32) < supervision.max_restarts;
+                    match supervision.policy {
+                        SupervisionPolicy::Restart if within_budget => {
+                            restarts.push_back(now);
+                            lifecycle!("actor restarting", cell, ts);
+                            bump(&ts.counters.restarts);
+                            cx.stop_children();
+                            cx.restart_tasks();
+                            idle.restarted();
+                            let old = cell.actor.borrow_mut().take();
+                            drop_actor(old);
+                            let made = guarded(&frame, CallbackKind::Factory, async { make() })
+                                .await
+                                .ok()
+                                .flatten();
+                            *cell.actor.borrow_mut() = made;
+                            needs_start = true;
                             continue;
                         }
-                        if queued > 0 {
-                            // Only timer messages, which are not activity:
-                            // they end with the timers instead of activating
-                            // the actor again.
-                            cx.end_tasks();
-                            let mut ticks = Batch::new();
-                            cell.refill(&mut ticks, &ts.flow);
-                            reply::drop_with_reason(AskError::Stopped, ticks.into_ordered());
+                        SupervisionPolicy::Escalate => {
+                            if let Some(p) = parent {
+                                (p.escalate)();
+                            }
+                            break StopReason::Panicked;
                         }
+                        _ => break StopReason::Panicked,
                     }
-                    lifecycle!("actor passivated", cell, ts);
-                    bump(&ts.counters.passivations);
                 }
-                break reason;
+                Outcome::Stop(reason) => {
+                    cell.leaving.set(true);
+                    if keyed && matches!(reason, StopReason::Passivated | StopReason::Stopped) {
+                        let timer_before = cx.timer_sends_so_far();
+                        let mut slot = cell.actor.borrow_mut();
+                        let a = slot.as_mut().expect("checked at the loop's top");
+                        let passivated = guarded(
+                            &frame,
+                            CallbackKind::LifecycleHook,
+                            a.__on_passivate(&mut cx),
+                        )
+                        .await
+                        .is_ok();
+                        drop(slot);
+                        if !passivated {
+                            // Its state may be half changed: this instance
+                            // serves nothing more (nor runs `on_stop`); what
+                            // came meanwhile goes to a fresh activation.
+                            lifecycle!("actor panicked", cell, ts);
+                            bump(&ts.counters.panics);
+                            hook_panicked = true;
+                        }
+                        if passivated
+                            && reason == StopReason::Passivated
+                            && cell.stop_request.get().is_none()
+                        {
+                            let queued = cell.len();
+                            // Everything the timers delivered meanwhile is still queued.
+                            let from_timers = (cx.timer_sends_so_far() - timer_before) as usize;
+                            if !batch.is_empty() || queued > from_timers {
+                                // Messages came in while passivating: stay active.
+                                cell.leaving.set(false);
+                                continue;
+                            }
+                            if queued > 0 {
+                                // Only timer messages, which are not activity:
+                                // they end with the timers instead of activating
+                                // the actor again.
+                                cx.end_tasks();
+                                let mut ticks = Batch::new();
+                                cell.refill(&mut ticks, &ts.flow);
+                                reply::drop_with_reason(AskError::Stopped, ticks.into_ordered());
+                            }
+                        }
+                        lifecycle!("actor passivated", cell, ts);
+                        bump(&ts.counters.passivations);
+                    }
+                    break reason;
+                }
+            }
+        };
+        // Timers and waits end with the activation, before `on_stop` (one
+        // started there never runs): no timer message joins the leftovers.
+        cx.end_tasks();
+        if reason != StopReason::Panicked && !hook_panicked {
+            let mut slot = cell.actor.borrow_mut();
+            if let Some(a) = slot.as_mut() {
+                let _ = guarded(&frame, CallbackKind::LifecycleHook, a.__on_stop(&mut cx)).await;
             }
         }
-    };
-    // Timers and waits end with the activation, before `on_stop` (one
-    // started there never runs): no timer message joins the leftovers.
-    cx.end_tasks();
-    if reason != StopReason::Panicked && !hook_panicked {
-        let mut slot = cell.actor.borrow_mut();
-        if let Some(a) = slot.as_mut() {
-            let _ = guarded(&frame, CallbackKind::LifecycleHook, a.__on_stop(&mut cx)).await;
+        if reason == StopReason::Stopped && !keyed {
+            bump(&ts.counters.stops);
         }
-    }
-    if reason == StopReason::Stopped && !keyed {
-        bump(&ts.counters.stops);
-    }
-    ts.remove(&cell);
-    let mut rest = cell.close(&ts.flow);
-    if !keyed {
-        // Gone for good: its bounded mailbox never frees a place again
-        // (messages still on their way become dead letters), so no sender
-        // may wait for one.
-        if let Some(c) = &cell.capacity {
-            c.close();
+        ts.remove(&cell);
+        let mut rest = cell.close(&ts.flow);
+        if !keyed {
+            // Gone for good: its bounded mailbox never frees a place again
+            // (messages still on their way become dead letters), so no sender
+            // may wait for one.
+            if let Some(c) = &cell.capacity {
+                c.close();
+            }
         }
-    }
-    if !batch.is_empty() {
-        let mut ordered = batch.into_ordered();
-        ordered.append(&mut rest);
-        rest = ordered;
-    }
-    // What was queued goes on before anything that may run the shard's
-    // pending deliveries on the spot (stopping a child here, the actor's
-    // `Drop`, a watcher's notice all may send): a later message of the same
-    // sender that activated the key first would overtake them.
-    let redeliver =
-        keyed && !refused && matches!(reason, StopReason::Passivated | StopReason::Stopped);
-    if redeliver && !rest.is_empty() {
-        // Their places were freed (at the take, or by the close): they
-        // hold them again in the key's count until the next activation
-        // takes them, or a dead letter frees them.
-        cell.retake_places(rest.len());
-        let target = TargetId::Key(cell.key.clone());
-        for env in rest {
-            ts.deliver_or_drop(&target, env);
+        if !batch.is_empty() {
+            let mut ordered = batch.into_ordered();
+            ordered.append(&mut rest);
+            rest = ordered;
         }
-    } else {
-        let why = if reason == StopReason::Shutdown {
-            AskError::ShuttingDown
+        // What was queued goes on before anything that may run the shard's
+        // pending deliveries on the spot (stopping a child here, the actor's
+        // `Drop`, a watcher's notice all may send): a later message of the same
+        // sender that activated the key first would overtake them.
+        let redeliver =
+            keyed && !refused && matches!(reason, StopReason::Passivated | StopReason::Stopped);
+        if redeliver && !rest.is_empty() {
+            // Their places were freed (at the take, or by the close): they
+            // hold them again in the key's count until the next activation
+            // takes them, or a dead letter frees them.
+            cell.retake_places(rest.len());
+            let target = TargetId::Key(cell.key.clone());
+            for env in rest {
+                ts.deliver_or_drop(&target, env);
+            }
         } else {
-            AskError::Stopped
-        };
-        reply::drop_with_reason(why, rest);
-    }
-    cx.stop_children();
-    let gone = cell.actor.borrow_mut().take();
-    drop_actor(gone);
-    let id = crate::ActorId(cell.uid);
-    for watcher in cell.take_watchers() {
-        watcher.notify(Terminated { id, reason });
+            let why = if reason == StopReason::Shutdown {
+                AskError::ShuttingDown
+            } else {
+                AskError::Stopped
+            };
+            reply::drop_with_reason(why, rest);
+        }
+        cx.stop_children();
+        let gone = cell.actor.borrow_mut().take();
+        drop_actor(gone);
+        let id = crate::ActorId(cell.uid);
+        for watcher in cell.take_watchers() {
+            watcher.notify(Terminated { id, reason });
+        }
     }
 }
 
