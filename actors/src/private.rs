@@ -48,7 +48,7 @@ thread_local! {
 
 /// Runs `f` with this thread's cache of the generic actor type `A` (what a
 /// `thread_local!` gives a non-generic type); `None` past
-/// [`GENERIC_CACHE_SLOTS`] types (the caller then takes its uncached path).
+/// `GENERIC_CACHE_SLOTS` types (the caller then takes its uncached path).
 #[inline(always)]
 pub fn with_generic_cache<A: Actor, R>(f: impl FnOnce(&LocalCache<A>) -> R) -> Option<R> {
     GENERIC_CACHES

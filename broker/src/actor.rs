@@ -695,7 +695,7 @@ pub struct ExecBatch {
     pub broker: u64,
     /// Every stream the transaction names, sorted, when it names more
     /// than one (this one first: it coordinates, see
-    /// [`transaction`](self::transaction)); empty when it names only this
+    /// the `transaction` module); empty when it names only this
     /// one.
     pub streams: Vec<Bytes>,
     /// Streams the transaction names that do not exist (nobody placed
@@ -1050,7 +1050,7 @@ impl Shared {
 }
 
 /// What a blocked reader was served with, inside the stream's actor at
-/// the signal (see [`Notify::serve`]).
+/// the signal (see `Notify::serve`).
 #[derive(Debug)]
 pub enum Served {
     /// An `XREAD`'s entries (none: an entry added and removed at once),

@@ -177,7 +177,7 @@ pub struct TlsFiles {
 ///
 /// A stream's actor changes it after logging the change, with the
 /// change's [`Ticket`]; a reply that shows the names waits for the
-/// tickets not flushed yet ([`Catalog::unflushed`]), as Redis writes no
+/// tickets not flushed yet (`Catalog::unflushed`), as Redis writes no
 /// reply before the flush of what it shows.
 #[derive(Debug, Default)]
 pub struct Catalog {

@@ -35,7 +35,7 @@ struct Shared<F> {
 }
 
 /// TCP connections accepted on every shard, each served by a handler on
-/// the shard with the fewest of them (see the [module](self) doc).
+/// the shard with the fewest of them (see the `balanced` module's doc).
 ///
 /// Dropping it (or [`close`](Self::close)) stops accepting; connections
 /// being served go on until their handlers return.

@@ -7,12 +7,12 @@
 //! The handshake is rustls's unbuffered API over owned-buffer ring I/O:
 //! rustls reads the records where the kernel put them and encodes its own
 //! into a buffer one ring send takes. rustls goes on protecting the
-//! connection's first records ([`opening`]), so that a short connection
-//! does not pay for a second derivation of its keys; then [`record`]
+//! connection's first records (`opening`), so that a short connection
+//! does not pay for a second derivation of its keys; then `record`
 //! protects the records with them (rustls keeps the key schedule): a received
 //! record is decrypted in place and copied once, into the caller's buffer;
 //! a send copies the plaintext once, into the send buffer, where
-//! [`seal`] seals it. Records are written
+//! `seal` seals it. Records are written
 //! by one send at a time (a receive that must answer, a key update or an
 //! alert, waits for the send in flight), so records never interleave on
 //! the wire.
