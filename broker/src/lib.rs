@@ -37,6 +37,7 @@ pub mod store;
 pub mod stream;
 
 pub use crate::server::{Broker, BrokerConfig, RecoveryReport, TlsFiles};
+pub use crate::store::{AlwaysFlush, Fsync, StoreConfig, SyncGate};
 
 /// A map keyed by stream names, hashed with foldhash under a seed drawn
 /// per map at run time (as the actors' own maps of keys are). Names come
@@ -50,4 +51,3 @@ pub(crate) type NameMap<V> =
 
 /// A set of stream names, hashed as [`NameMap`] is.
 pub(crate) type NameSet = std::collections::HashSet<bytes::Bytes, foldhash::fast::RandomState>;
-pub use crate::store::{AlwaysFlush, Fsync, StoreConfig, SyncGate};

@@ -34,8 +34,8 @@ pub const NODE_MAX_BYTES: u64 = 4096;
 
 /// Pushes `item` onto `queue`, making room for it alone in an empty one:
 /// a `VecDeque`'s first growth makes room for four, and most streams hold
-/// one of each such queue (one node, one run of entries in one segment)
-/// for as long as they live.
+/// one element of each such queue (one node, one chunk of entries, one run
+/// of entries in one log segment) for as long as they live.
 pub(crate) fn push_back_sparingly<T>(queue: &mut VecDeque<T>, item: T) {
     if queue.capacity() == 0 {
         queue.reserve_exact(1);
