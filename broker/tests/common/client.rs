@@ -59,6 +59,15 @@ impl Client {
         self.cmd_bytes(&args)
     }
 
+    /// How many entries group `group` of `stream` has pending (the first
+    /// element of `XPENDING`'s summary).
+    pub(crate) fn pending_count(&mut self, stream: &str, group: &str) -> R {
+        let R::Array(summary) = self.cmd(&["XPENDING", stream, group]) else {
+            panic!("XPENDING {stream} {group} answers an array")
+        };
+        summary.into_iter().next().expect("a summary's count")
+    }
+
     pub(crate) fn cmd_bytes(&mut self, args: &[&[u8]]) -> R {
         let wire = encode(args);
         self.send_raw(&wire);
