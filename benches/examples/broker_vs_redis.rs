@@ -500,8 +500,16 @@ struct Measure {
 /// How many times a row's requests a run sends: the counts are sized for
 /// `always`, where the disk paces them; without a flush per request they
 /// would take a few milliseconds, within the noise of a start.
+/// `BROKER_SCALE=N` sets it: with `--threads`, redis-benchmark notices its
+/// end only at its 250 ms progress tick, so a threaded run must last
+/// seconds for its rate to mean anything.
 fn scale(fsync: &str) -> usize {
-    if fsync == "always" {
+    if let Some(n) = std::env::var("BROKER_SCALE")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        n
+    } else if fsync == "always" {
         1
     } else {
         10
