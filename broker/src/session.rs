@@ -48,6 +48,10 @@ pub struct RespSession {
     /// Stream commands gathered from pipelined requests, sent together
     /// when the requests run out or another kind of request comes.
     run: Option<run::Run>,
+    /// The commands' list of the last run of one command, emptied, for the
+    /// next run: a client that sends one request at a time would otherwise
+    /// make and free one per request.
+    spare_commands: run::Commands,
     /// What `CLIENT LIST` shows of this connection (listed once it
     /// opens).
     card: Arc<ClientCard>,
@@ -83,6 +87,7 @@ impl RespSession {
             name: None,
             multi: None,
             run: None,
+            spare_commands: Vec::new(),
             card: Arc::new(ClientCard::new(0)),
             killed: false,
             replies_off: false,

@@ -52,7 +52,7 @@ pub(super) const RUN_ENTRIES_MAX: u64 = 4096;
 /// Stream commands (key first) from consecutive requests, in order.
 #[derive(Debug)]
 pub(super) struct Run {
-    commands: Vec<(&'static str, Vec<Bytes>)>,
+    commands: Commands,
     /// Where each command counts (`INFO commandstats`), in order.
     slots: [Option<Slot>; RUN_MAX],
     /// The most entries their replies may hold ([`reply_entries`]).
@@ -61,10 +61,15 @@ pub(super) struct Run {
     since: std::time::Instant,
 }
 
-impl Default for Run {
-    fn default() -> Self {
+/// A run's commands: each one's name and arguments.
+pub(super) type Commands = Vec<(&'static str, Vec<Bytes>)>;
+
+impl Run {
+    /// A run that gathers into `commands` (empty; its room is kept).
+    fn with_commands(commands: Commands) -> Self {
+        debug_assert!(commands.is_empty());
         Run {
-            commands: Vec::new(),
+            commands,
             slots: [None; RUN_MAX],
             entries: 0,
             since: std::time::Instant::now(),
@@ -190,7 +195,10 @@ impl RespSession {
         args: Vec<Bytes>,
         cx: &mut SessionCtx<Self>,
     ) {
-        let run = self.run.get_or_insert_with(Run::default);
+        let run = match &mut self.run {
+            Some(run) => run,
+            none => none.insert(Run::with_commands(std::mem::take(&mut self.spare_commands))),
+        };
         run.entries = run.entries.saturating_add(reply_entries(name, &args));
         run.slots[run.commands.len()] = slot;
         run.commands.push((name, args));
@@ -209,6 +217,7 @@ impl RespSession {
         if n == 1 {
             let (name, args) = run.commands.pop().expect("one command");
             let counted = run.slots[0].map(|slot| Counted::one_since(slot, run.since));
+            self.spare_commands = run.commands;
             // The request being handled keeps its own count.
             let current = self.counting.take();
             self.to_stream(name, 1, args, counted, cx);
