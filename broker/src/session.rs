@@ -568,63 +568,15 @@ impl RespSession {
                 Ok(()) => cx.close(),
                 Err(e) => self.reply(e, cx),
             },
-            b"exists" | b"type" if cx.pending_replies() > 0 => {
-                // Requests before it, still in flight, may make or delete
-                // the streams it names: each placed name is asked of its
-                // stream's actor, after them (a name never placed names no
-                // stream, nor one a request in flight makes: that request
-                // placed it when it was sent). Nothing waits for it.
-                let proto = self.proto;
-                let exists = name.as_slice() == b"exists";
-                let system = &self.shared.system;
-                let placed: Vec<Bytes> = args[1..]
-                    .iter()
-                    .filter(|k| system.placed_shard::<StreamActor>(k).is_some())
-                    .cloned()
-                    .collect();
-                let asks = self.ask_each("exists", placed.clone());
-                let shared = self.shared.clone();
-                self.reply_later(cx, async move {
-                    let mut n = 0;
-                    for (a, name) in asks.into_iter().zip(&placed) {
-                        match a.await {
-                            Ok(Answer {
-                                reply: Reply::Int(d),
-                                durable,
-                            }) => {
-                                // What it read may still be flushing.
-                                if let Some(t) = durable {
-                                    if let Err(e) = t.await {
-                                        return storage_error(&e).frame(proto);
-                                    }
-                                }
-                                n += d;
-                            }
-                            Ok(Answer { reply, .. }) => return reply.frame(proto),
-                            // Its actor stopped for good: a read, answered
-                            // from the catalog as it would be with nothing
-                            // in flight.
-                            Err(_) => {
-                                n += i64::from(shared.catalog.contains(name));
-                                if let Err(e) = flushed(shared.catalog.unflushed()).await {
-                                    return e.frame(proto);
-                                }
-                            }
-                        }
-                    }
-                    if exists {
-                        Reply::Int(n)
-                    } else {
-                        Reply::Status(if n > 0 { "stream" } else { "none" })
-                    }
-                    .frame(proto)
-                });
-            }
-            b"keys" | b"scan" | b"info" | b"dbsize" if cx.pending_replies() > 0 => {
+            b"exists" | b"type" | b"keys" | b"scan" | b"info" | b"dbsize"
+                if cx.pending_replies() > 0 =>
+            {
                 // Requests before it, still in flight to their streams'
                 // actors, may make or delete streams: answered from the
                 // catalog once they are done, and nothing after it runs
                 // before (a later request could change what it reads).
+                // The catalog is read at one point, under one lock, so a
+                // block's or a `DEL`'s names are counted all or none.
                 let shared = self.shared.clone();
                 let proto = self.proto;
                 let count = self.count_later();

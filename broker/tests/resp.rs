@@ -5654,20 +5654,62 @@ fn exists_of_several_streams_sees_each_transaction_and_delete_whole() {
     // the three counts 0 or 3, never a part (found by a hostile test:
     // 4,790 of 146k calls; each stream of a block told the catalog as it
     // kept its part).
+    let (broker, _c, _dir) =
+        while_three_streams_come_and_go(|c, reads| match c.cmd(&["EXISTS", "exa", "exb", "exc"]) {
+            R::Int(0 | 3) => {}
+            other => panic!("EXISTS {reads}: {other:?}"),
+        });
+    broker.shutdown();
+}
+
+/// A broker of two shards where a writer on shard 1 makes `exa`, `exb`
+/// and `exc` in a block and deletes them with one `DEL`, 300 times,
+/// while `read` runs over and over with a client attached to shard 0
+/// (another thread, reading the catalog while the block's streams keep
+/// their parts); the broker, that client and its directory after.
+fn while_three_streams_come_and_go(
+    mut read: impl FnMut(&mut Client, usize),
+) -> (Broker, Client, TempDir) {
     let dir = TempDir::new();
     let broker = start_placed(&dir, 2, &["exa", "exb", "exc"]);
-    let rounds = 300;
-    // (The reader on the other shard: another thread, reading the
-    // catalog while the block's streams keep their parts.)
     let mut w = attached(&broker, "exhome1", 1);
     let mut c = attached(&broker, "exhome0", 0);
-    let write = move || make_and_delete(&mut w, &["exa", "exb", "exc"], rounds);
-    while_writing(write, |reads| {
-        match c.cmd(&["EXISTS", "exa", "exb", "exc"]) {
+    let write = move || make_and_delete(&mut w, &["exa", "exb", "exc"], 300);
+    while_writing(write, |reads| read(&mut c, reads));
+    (broker, c, dir)
+}
+
+#[test]
+fn exists_behind_the_connection_s_own_requests_sees_each_transaction_and_delete_whole() {
+    // As above, but each `EXISTS` comes pipelined behind an `XADD` of its
+    // own connection, still in flight when it arrives: it too counts 0 or
+    // 3 (it used to ask the three streams' actors one after another, and
+    // could see a block's change in one and not yet in the next).
+    let mut pipeline = encode(&[b"XADD", b"exhome0", b"*", b"x", b"1"]);
+    pipeline.extend(encode(&[b"EXISTS", b"exa", b"exb", b"exc"]));
+    let (broker, mut c, _dir) = while_three_streams_come_and_go(|c, reads| {
+        c.send_raw(&pipeline);
+        assert!(is_id(&c.read()));
+        match c.read() {
             R::Int(0 | 3) => {}
             other => panic!("EXISTS {reads}: {other:?}"),
         }
     });
+    // Its count is the catalog's after the requests before it: its own
+    // stream, made by the `XADD` just before, is there.
+    let mut pipeline = encode(&[b"XADD", b"exnew0", b"*", b"x", b"1"]);
+    pipeline.extend(encode(&[b"EXISTS", b"exnew0", b"exhome0", b"exnone"]));
+    pipeline.extend(encode(&[b"TYPE", b"exnew0"]));
+    pipeline.extend(encode(&[b"DEL", b"exnew0"]));
+    pipeline.extend(encode(&[b"EXISTS", b"exnew0"]));
+    pipeline.extend(encode(&[b"TYPE", b"exnew0"]));
+    c.send_raw(&pipeline);
+    assert!(is_id(&c.read()));
+    assert_eq!(c.read(), R::Int(2));
+    assert_eq!(c.read(), R::Status("stream".into()));
+    assert_eq!(c.read(), R::Int(1));
+    assert_eq!(c.read(), R::Int(0));
+    assert_eq!(c.read(), R::Status("none".into()));
     broker.shutdown();
 }
 
