@@ -1914,10 +1914,36 @@ async fn drive<S: Session>(
                     return Poll::Ready(Event::Close(CloseReason::FrameTimeout));
                 }
             }
-            if registered.as_ref().is_some_and(Registered::has_pushes) {
-                progressed = true;
+            // Pushes run in the loop, but not while the output is past its
+            // limit: then they wait here for the send that drains it (going
+            // round for them would never yield, and the send could not end).
+            if registered.as_ref().is_some_and(Registered::has_pushes)
+                && outbound(cx, in_flight.bytes) <= config.outbound_limit
+            {
+                return Poll::Ready(Event::Progress);
             }
-            if progressed {
+            // Progress (replies written, a send done) that leaves the loop
+            // above nothing new to do goes on waiting here: every operation
+            // and reply still pending was polled above and holds this
+            // task's waker. Most requests of a connection that asks one at
+            // a time end so (their reply written at once, the next receive
+            // armed); going round the loop would poll all of it again for
+            // nothing. The loop has work when output waits for a send (the
+            // one in flight just ended), when a frame may be buffered or
+            // carried (the window or the outbound limit held it), when an
+            // end waits for the replies (a close, a move, a shutdown, the
+            // peer's end), or when a receive it held back may now be armed.
+            let loop_has_work = (send.is_none() && !cx.wbuf.is_empty())
+                || carried.is_some()
+                || !rbuf.is_empty()
+                || cx.close.is_some()
+                || moving.is_some()
+                || closing
+                || peer_closed
+                || peer_gone
+                // No receive armed (it would be, had the loop allowed one).
+                || recv.is_none();
+            if progressed && loop_has_work {
                 Poll::Ready(Event::Progress)
             } else {
                 Poll::Pending

@@ -1142,6 +1142,77 @@ fn a_push_reaches_every_live_session_of_a_key_and_none_else() {
     system.shutdown();
 }
 
+#[test]
+fn a_push_to_a_session_past_its_outbound_limit_waits_without_stopping_its_shard() {
+    // A push made a session's output pass its outbound limit (its client
+    // stopped reading), and another push came: pushes wait while the
+    // output is past the limit, and the session used to go round its loop
+    // for them without ever yielding, so its shard served nothing more
+    // (not even the send or the timer that would end the slow reader).
+    let (rt, system, server, slow) = pushed_past_the_limit(Duration::from_millis(300));
+    // The shard still serves another client, and ends the slow reader.
+    let mut other = client(server.local_addr());
+    other.write_all(&frame(b"PING")).unwrap();
+    assert_eq!(read_frame(&mut other).unwrap(), b"PONG");
+    wait_for(&server, "slow reader close", |s| {
+        s.closed(CloseKind::SlowReader) == 1
+    });
+    drop((slow, other));
+    rt.block_on(server.shutdown());
+    system.shutdown();
+}
+
+#[test]
+fn a_push_held_by_the_outbound_limit_runs_once_the_client_reads() {
+    // As above, but the client reads again before its grace ends: the
+    // waiting push runs once the output is back under the limit.
+    let (rt, system, server, mut c) = pushed_past_the_limit(Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(50));
+    for _ in 0..32 {
+        assert_eq!(read_frame(&mut c).unwrap().len(), 1 << 20);
+    }
+    assert_eq!(read_frame(&mut c).unwrap(), b"after");
+    assert_eq!(server.stats().closed(CloseKind::SlowReader), 0);
+    drop(c);
+    rt.block_on(server.shutdown());
+    system.shutdown();
+}
+
+/// A one-shard tenant server (outbound limit 1 MiB, slow readers closed
+/// after `grace`) and a client of `tenant-1` that reads nothing after its
+/// key's answer, pushed 32 frames of 1 MiB and then, 50 ms later, a frame
+/// `after`.
+fn pushed_past_the_limit(
+    grace: Duration,
+) -> (
+    mailring::Runtime,
+    ActorSystem,
+    Server<TenantSession>,
+    TcpStream,
+) {
+    let rt = runtime(1);
+    let mut config = ServerConfig::default();
+    config.outbound_high_water = 256 << 10;
+    config.outbound_limit = 1 << 20;
+    config.slow_reader_grace = grace;
+    let (system, server) = tenant_server(&rt, config);
+    let mut c = client(server.local_addr());
+    c.write_all(&frame(b"KEY tenant-1")).unwrap();
+    read_frame(&mut c).unwrap();
+    let sessions = server.sessions();
+    let chunk = Bytes::from(vec![7u8; 1 << 20]);
+    sessions.push(&"tenant-1".to_string(), move |_, cx| {
+        for _ in 0..32 {
+            cx.send_frame(chunk.clone());
+        }
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    sessions.push(&"tenant-1".to_string(), |_, cx| {
+        cx.send_frame(Bytes::from_static(b"after"));
+    });
+    (rt, system, server, c)
+}
+
 /// Echoes, but panics on `boom` (in the handler), on `later` (in a
 /// deferred reply) and after `drained` (in `on_drained`).
 #[derive(Default)]
