@@ -717,8 +717,10 @@ async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocke
                         }
                         Ok((n, from)) => {
                             // Small datagrams are copied out and the buffer
-                            // kept; a big one takes the buffer along.
-                            let datagram = if n <= COPY_OUT_MAX {
+                            // kept; a big one takes the buffer along, when
+                            // it fills half of it at least (a queued
+                            // datagram holds at most twice its size).
+                            let datagram = if n <= COPY_OUT_MAX || n < buf.capacity() / 2 {
                                 Bytes::copy_from_slice(&buf[..n])
                             } else {
                                 let d = buf.split().freeze();
@@ -746,6 +748,9 @@ async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocke
         let Some(swept) = got else { break };
         if swept {
             sweep_idle::<S>(&shared, &t);
+            // Ticks missed while the shard was held up are not caught up
+            // one after another: one sweep, then a period from now.
+            sweep.reset();
         }
         // An error (the ICMP answer to an earlier send, ECONNREFUSED and
         // the like) concerns one peer, not the socket: skipped. The
@@ -1157,18 +1162,36 @@ async fn run_session<S: DatagramSession>(
             Err(reason) => break reason,
         };
         cx.peer = peer;
+        // The session's code runs under `catch_unwind` wherever it runs:
+        // as `on_datagram` makes its future (code before an `async` block),
+        // as the future is polled, and as it is dropped.
         let handled = {
-            let mut handling = pin!(session.on_datagram(datagram, &mut cx));
-            std::future::poll_fn(|task| {
-                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    handling.as_mut().poll(task)
-                })) {
-                    Ok(Poll::Ready(())) => Poll::Ready(Ok(())),
-                    Ok(Poll::Pending) => Poll::Pending,
-                    Err(payload) => Poll::Ready(Err(payload)),
+            let (s, c) = (&mut session, &mut cx);
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                S::on_datagram(s, datagram, c)
+            })) {
+                Err(payload) => Err(payload),
+                Ok(future) => {
+                    let mut handling = pin!(Some(future));
+                    let polled = std::future::poll_fn(|task| {
+                        let Some(future) = handling.as_mut().as_pin_mut() else {
+                            return Poll::Ready(Ok(()));
+                        };
+                        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            future.poll(task)
+                        })) {
+                            Ok(Poll::Ready(())) => Poll::Ready(Ok(())),
+                            Ok(Poll::Pending) => Poll::Pending,
+                            Err(payload) => Poll::Ready(Err(payload)),
+                        }
+                    })
+                    .await;
+                    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        handling.set(None);
+                    }));
+                    polled.and(dropped)
                 }
-            })
-            .await
+            }
         };
         if let Err(payload) = handled {
             mailring::panic::report_caught(CallbackKind::Handler, &*payload);

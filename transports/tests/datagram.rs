@@ -730,3 +730,84 @@ fn datagrams_handed_to_a_busy_shard_are_bounded_and_the_rest_dropped_and_counted
     }
     rt.block_on(server.shutdown());
 }
+
+/// Panics outside its future's poll: on an empty datagram before making
+/// its future, and on `drop` as the finished future is dropped; echoes
+/// anything else.
+struct PanicsOutsidePoll;
+
+/// Panics when dropped.
+struct PanicOnDrop;
+
+impl Drop for PanicOnDrop {
+    fn drop(&mut self) {
+        panic!("a handler's future panics as it is dropped");
+    }
+}
+
+/// Finished at once, holding what it holds until it is dropped.
+struct Finished(#[allow(dead_code)] Option<PanicOnDrop>);
+
+impl std::future::Future for Finished {
+    type Output = ();
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        std::task::Poll::Ready(())
+    }
+}
+
+impl DatagramSession for PanicsOutsidePoll {
+    type Key = SocketAddr;
+
+    fn key(_datagram: &[u8], peer: SocketAddr) -> Option<SocketAddr> {
+        Some(peer)
+    }
+
+    fn on_datagram(
+        &mut self,
+        datagram: Bytes,
+        cx: &mut DatagramCtx,
+    ) -> impl std::future::Future<Output = ()> {
+        // Indexing a datagram the peer chose: panics on an empty one.
+        let first = datagram[0];
+        cx.reply(datagram.clone());
+        // (Made only when asked for: made and dropped here, it panics.)
+        if first == b'd' && &datagram[..] == b"drop" {
+            Finished(Some(PanicOnDrop))
+        } else {
+            Finished(None)
+        }
+    }
+}
+
+#[test]
+fn a_panic_outside_a_handler_s_poll_ends_only_its_session_and_gives_back_its_place() {
+    // Room for one session: a place not given back would refuse the next.
+    let (rt, mut config) = one_shard_room_for_two();
+    config.max_sessions = 1;
+    let server = DatagramServer::builder(|_peer: &SocketAddr| PanicsOutsidePoll)
+        .config(config)
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    let p = peer();
+    assert_eq!(ask(&p, addr, b"one"), "one");
+    // An empty datagram: the panic comes before the handler's future.
+    p.send_to(b"", addr).unwrap();
+    wait_until("the first panic", || {
+        total(&server.stats(), |s| s.panicked) == 1 && server.sessions() == 0
+    });
+    assert_eq!(ask(&p, addr, b"two"), "two");
+    // The finished future panics as it is dropped, after its reply.
+    assert_eq!(ask(&p, addr, b"drop"), "drop");
+    wait_until("the second panic", || {
+        total(&server.stats(), |s| s.panicked) == 2 && server.sessions() == 0
+    });
+    // Its place went back: the peer's next datagram opens the one session
+    // there is room for.
+    assert_eq!(ask(&p, addr, b"three"), "three");
+    assert_eq!(server.sessions(), 1);
+    rt.block_on(server.shutdown());
+}
