@@ -57,8 +57,10 @@ impl Group {
         if self.consumers.contains_key(name) {
             return false;
         }
+        // Its own copy: the name may be a slice of the request's read
+        // buffer, which it would keep for the consumer's life.
         self.consumers.insert(
-            name.clone(),
+            Bytes::copy_from_slice(name),
             Consumer {
                 seen_time: now,
                 pel: BTreeSet::new(),
@@ -99,6 +101,12 @@ impl Group {
     /// Gives pending entry `id` (made if missing) to `consumer`, with its
     /// delivery time and count set.
     pub fn claim(&mut self, id: StreamId, consumer: &Bytes, time: u64, count: u64) {
+        // The consumer's own name (see `create_consumer`), not the
+        // request's: a pending entry lasts until it is acknowledged.
+        let consumer = &match self.consumers.get_key_value(consumer) {
+            Some((name, _)) => name.clone(),
+            None => Bytes::copy_from_slice(consumer),
+        };
         if let Some(old) = self.pel.get(&id) {
             if old.consumer != *consumer {
                 if let Some(c) = self.consumers.get_mut(&old.consumer) {
@@ -125,6 +133,27 @@ impl Group {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn consumers_and_pending_entries_keep_none_of_the_request_s_buffer() {
+        // Names sliced from a request's read buffer, as the session hands
+        // them over: kept as they are, each would keep the whole buffer
+        // for as long as the consumer or its pending entry lives.
+        let read = Bytes::from(vec![b'c'; 16 << 10]);
+        let inside = |name: &Bytes| {
+            let (p, r) = (name.as_ptr() as usize, read.as_ptr() as usize);
+            p >= r && p < r + read.len()
+        };
+        let (a, b) = (read.slice(0..2), read.slice(2..5));
+        let mut g = Group::new(StreamId::MIN, Some(0));
+        g.create_consumer(&a, 1);
+        g.deliver(StreamId::new(1, 0), &a, 10);
+        // A consumer made by its claim alone.
+        g.claim(StreamId::new(2, 0), &b, 20, 1);
+        assert!(g.consumers.keys().all(|name| !inside(name)));
+        assert!(g.pel.values().all(|nack| !inside(&nack.consumer)));
+        assert_eq!(g.pel[&StreamId::new(2, 0)].consumer, b);
+    }
 
     #[test]
     fn delivery_ack_claim_and_consumer_removal_keep_both_pels_in_step() {

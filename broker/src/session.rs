@@ -239,7 +239,7 @@ impl RespSession {
                 if let Err(e) = check_client_name(n) {
                     return e;
                 }
-                self.set_name((!n.is_empty()).then(|| n.clone()));
+                self.set_name((!n.is_empty()).then(|| Bytes::copy_from_slice(n)));
                 i += 2;
             } else {
                 return Reply::error_bytes(&[
@@ -313,7 +313,7 @@ impl RespSession {
             (b"getname", 2) => self.name.clone().map_or(Reply::Nil, Reply::Bulk),
             (b"setname", 3) => match check_client_name(&args[2]) {
                 Ok(()) => {
-                    self.set_name((!args[2].is_empty()).then(|| args[2].clone()));
+                    self.set_name((!args[2].is_empty()).then(|| Bytes::copy_from_slice(&args[2])));
                     Reply::OK
                 }
                 Err(e) => e,
@@ -1247,14 +1247,16 @@ impl RespSession {
                 // of an earlier stream were delivered: they are pending
                 // already, and an error alone would hide them from this
                 // reader.
-                let answer = match answer {
-                    Ok(a) => a,
-                    Err(e) => return fail(e),
-                };
-                last_ids.push(answer.last_id);
+                // So is a stream whose actor failed (panicked, stopped).
                 let delivered = found
                     .iter()
                     .any(|(_, e): &(Bytes, GroupEntries)| !e.is_empty());
+                let answer = match answer {
+                    Ok(a) => a,
+                    Err(_) if delivered => continue,
+                    Err(e) => return fail(e),
+                };
+                last_ids.push(answer.last_id);
                 let entries = match answer.read {
                     GroupRead::Entries(e) => e,
                     GroupRead::Error(_) if delivered => continue,

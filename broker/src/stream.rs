@@ -936,9 +936,14 @@ impl Stream {
                 last_id,
                 entries_read,
             } => {
-                self.groups
-                    .entry(group)
-                    .or_insert_with(|| Group::new(last_id, entries_read));
+                if !self.groups.contains_key(&group) {
+                    // Its own copy: the name may be a slice of the request's
+                    // read buffer, which it would keep for the group's life.
+                    self.groups.insert(
+                        Bytes::copy_from_slice(&group),
+                        Group::new(last_id, entries_read),
+                    );
+                }
             }
             Op::GroupSetId {
                 group,
@@ -1051,6 +1056,21 @@ pub fn entry_reply(id: StreamId, fields: &Fields) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_group_s_name_keeps_none_of_the_request_s_buffer() {
+        let read = Bytes::from(vec![b'g'; 16 << 10]);
+        let mut s = Stream::new();
+        s.apply_group(Op::GroupCreate {
+            group: read.slice(0..3),
+            last_id: StreamId::MIN,
+            entries_read: Some(0),
+        });
+        let name = s.groups.keys().next().expect("the group");
+        let (p, r) = (name.as_ptr() as usize, read.as_ptr() as usize);
+        assert!(p < r || p >= r + read.len());
+        assert_eq!(&name[..], b"ggg");
+    }
 
     fn fields() -> Fields {
         Fields::from_parts(&[&b"f"[..], b"v"])

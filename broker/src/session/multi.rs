@@ -60,8 +60,13 @@ impl Queue {
     }
 }
 
-/// Queues a command inside `MULTI`.
+/// Queues a command inside `MULTI`, its arguments copied into one
+/// allocation of their own: as slices of the read buffer they would keep
+/// a whole buffer alive per queued command (a client that queues small
+/// commands one write at a time, and never sends `EXEC`, would make the
+/// server hold about a thousand times what it sent).
 pub(super) fn queue(session: &mut RespSession, args: Vec<Bytes>) -> Reply {
+    let args = owned(&args);
     session
         .multi
         .as_mut()
@@ -69,6 +74,16 @@ pub(super) fn queue(session: &mut RespSession, args: Vec<Bytes>) -> Reply {
         .commands
         .push(args);
     Reply::Status("QUEUED")
+}
+
+/// `args` copied into one allocation of their own.
+fn owned(args: &[Bytes]) -> Vec<Bytes> {
+    let mut own = bytes::BytesMut::with_capacity(args.iter().map(Bytes::len).sum());
+    for arg in args {
+        own.extend_from_slice(arg);
+    }
+    let mut own = own.freeze();
+    args.iter().map(|arg| own.split_to(arg.len())).collect()
 }
 
 /// The streams a queued command names (its data), if any.
@@ -530,4 +545,29 @@ fn reads_catalog(command: &[Bytes]) -> bool {
     [&b"keys"[..], b"scan", b"info", b"dbsize"]
         .iter()
         .any(|c| command[0].eq_ignore_ascii_case(c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `part` lies inside `whole`'s bytes.
+    fn inside(part: &Bytes, whole: &Bytes) -> bool {
+        let (p, w) = (part.as_ptr() as usize, whole.as_ptr() as usize);
+        p >= w && p < w + whole.len()
+    }
+
+    #[test]
+    fn a_queued_command_keeps_none_of_the_read_buffer() {
+        let read = Bytes::from(vec![b'x'; 16 << 10]);
+        let args = vec![
+            read.slice(0..4),
+            read.slice(4..5),
+            read.slice(9..9),
+            read.slice(5..9),
+        ];
+        let own = owned(&args);
+        assert_eq!(own, args);
+        assert!(own.iter().all(|a| a.is_empty() || !inside(a, &read)));
+    }
 }
