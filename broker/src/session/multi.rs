@@ -65,8 +65,8 @@ impl Queue {
 /// a whole buffer alive per queued command (a client that queues small
 /// commands one write at a time, and never sends `EXEC`, would make the
 /// server hold about a thousand times what it sent).
-pub(super) fn queue(session: &mut RespSession, args: Vec<Bytes>) -> Reply {
-    let args = owned(&args);
+pub(super) fn queue(session: &mut RespSession, mut args: Vec<Bytes>) -> Reply {
+    own(&mut args);
     session
         .multi
         .as_mut()
@@ -76,14 +76,16 @@ pub(super) fn queue(session: &mut RespSession, args: Vec<Bytes>) -> Reply {
     Reply::Status("QUEUED")
 }
 
-/// `args` copied into one allocation of their own.
-fn owned(args: &[Bytes]) -> Vec<Bytes> {
+/// Copies `args` into one allocation of their own, in place.
+fn own(args: &mut [Bytes]) {
     let mut own = bytes::BytesMut::with_capacity(args.iter().map(Bytes::len).sum());
-    for arg in args {
+    for arg in args.iter() {
         own.extend_from_slice(arg);
     }
     let mut own = own.freeze();
-    args.iter().map(|arg| own.split_to(arg.len())).collect()
+    for arg in args {
+        *arg = own.split_to(arg.len());
+    }
 }
 
 /// The streams a queued command names (its data), if any.
@@ -566,8 +568,9 @@ mod tests {
             read.slice(9..9),
             read.slice(5..9),
         ];
-        let own = owned(&args);
-        assert_eq!(own, args);
-        assert!(own.iter().all(|a| a.is_empty() || !inside(a, &read)));
+        let mut owned = args.clone();
+        own(&mut owned);
+        assert_eq!(owned, args);
+        assert!(owned.iter().all(|a| a.is_empty() || !inside(a, &read)));
     }
 }
