@@ -61,6 +61,11 @@ use crate::conn::Conn;
 use mailring_actors::mailring::buf::Appending;
 use record::{Read, RecordLayer};
 
+/// The most ciphertext offered to rustls at once while it joins a
+/// handshake message: the largest message rustls takes (64 KiB) in
+/// full-size records, their headers and padding, with room to spare.
+pub(super) const MAX_HANDSHAKE_HELD: usize = 128 << 10;
+
 /// Bytes of ciphertext asked of a receive after a receive that took less
 /// than a quarter of its room, until receives are small for a while.
 const CIPHER_CHUNK: usize = 16 << 10;
@@ -751,6 +756,14 @@ impl TlsState {
             return Ok(());
         }
         let end = at + 5 + len;
+        if end > MAX_HANDSHAKE_HELD {
+            // rustls holds every record of a message it is joining: a
+            // message sent a byte a record, each padded to 16 KiB, would
+            // hold a gigabyte.
+            return Err(TlsFailure::Protocol(
+                "a handshake message spread over more records than one message can take".into(),
+            ));
+        }
         if self.cipher_in.len() < end {
             return Ok(());
         }
@@ -1161,7 +1174,7 @@ impl TlsConn {
     /// every record in it was taken, else a new one that starts with a
     /// copy of what is left (a part record; while rustls protects the
     /// first records, also the whole ones of a handshake message it has
-    /// not all seen, at most 64 KiB, which are rare), so a receive
+    /// not all seen, at most [`MAX_HANDSHAKE_HELD`], which are rare), so a receive
     /// dropped in flight takes nothing the state still needs. The
     /// received bytes are never copied again.
     async fn receive_ciphertext(&self) -> io::Result<()> {

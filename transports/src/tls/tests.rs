@@ -16,7 +16,7 @@ use rustls::{SupportedCipherSuite, SupportedProtocolVersion};
 use super::record::Read;
 use super::{
     next_receive_room, Handshake, Phase, Step, TlsState, CIPHER_CHUNK, CIPHER_CHUNK_MAX,
-    CIPHER_SMALL, SMALL_RECEIVES_TO_SHRINK,
+    CIPHER_SMALL, MAX_HANDSHAKE_HELD, SMALL_RECEIVES_TO_SHRINK,
 };
 
 /// When the connections of a test hand their records from rustls to the
@@ -1031,4 +1031,49 @@ fn the_ciphertext_receive_is_small_only_while_receives_are_small() {
     // A room bigger than asked (a reused buffer) does not raise the ask.
     let (next, _) = next_receive_room(CIPHER_CHUNK, 2 * CIPHER_CHUNK, 12 << 10, 0);
     assert_eq!(next, CIPHER_CHUNK);
+}
+
+#[test]
+fn a_handshake_message_sent_a_byte_a_record_cannot_make_a_connection_hold_more_than_one_message() {
+    // rustls joins a handshake message's fragments in place and lets no
+    // byte go until the message is whole: a peer that sends a message
+    // declared 64 KiB long one byte per record (each record 6 bytes here,
+    // up to 16 KiB once encrypted and padded) would make the connection
+    // hold all of its records. Past what one whole message can take, the
+    // handshake fails.
+    let suite = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256;
+    let mut server = our_server(server_config(&identity(), suite));
+    // A ClientHello's header: type 1, declared length 0xffff.
+    let message = [1u8, 0x00, 0xff, 0xff];
+    let record = |byte: u8| [22u8, 3, 1, 0, 1, byte];
+    let mut failed = None;
+    for (i, byte) in message
+        .iter()
+        .copied()
+        .chain(std::iter::repeat(0))
+        .enumerate()
+        .take(0xffff + 4)
+    {
+        server.cipher_in.extend_from_slice(&record(byte));
+        if i % 64 == 63 {
+            if let Step::Failed(e) = server.handshake_step() {
+                failed = Some((i, e));
+                break;
+            }
+            assert!(
+                server.cipher_in.len() <= MAX_HANDSHAKE_HELD + 6 * 64,
+                "{} bytes held after {i} records",
+                server.cipher_in.len()
+            );
+        }
+    }
+    let (at, failure) = failed.expect("the handshake fails");
+    assert!(
+        at * 6 < MAX_HANDSHAKE_HELD + 6 * 64,
+        "failed after {at} records"
+    );
+    assert!(
+        failure.to_string().contains("handshake message"),
+        "{failure}"
+    );
 }
