@@ -854,7 +854,9 @@ impl<A: Actor> TypeState<A> {
                         TargetId::Uid(_) => StopReason::Stopped,
                         TargetId::Key(_) => StopReason::Passivated,
                     };
-                    notify.notify(crate::Terminated { id, reason });
+                    if notify.wanted() {
+                        notify.notify(crate::Terminated { id, reason });
+                    }
                 }
             },
         }

@@ -129,7 +129,7 @@ impl Watcher {
     }
 
     /// Whether anybody still waits for the notice.
-    fn wanted(&self) -> bool {
+    pub(crate) fn wanted(&self) -> bool {
         self.waiter.as_ref().is_none_or(|w| w.strong_count() > 0)
     }
 

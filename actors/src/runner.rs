@@ -318,6 +318,11 @@ fn run<A: Actor>(
                                 .flatten();
                             *cell.actor.borrow_mut() = made;
                             needs_start = true;
+                            // The shard's other work goes first: an actor
+                            // that fails its `on_start` before any await,
+                            // with a budget that does not run out, would
+                            // restart without end and hold the shard.
+                            mailring::yield_now().await;
                             continue;
                         }
                         SupervisionPolicy::Escalate => {
@@ -434,8 +439,12 @@ fn run<A: Actor>(
         let gone = cell.actor.borrow_mut().take();
         drop_actor(gone);
         let id = crate::ActorId(cell.uid);
+        // A watch ends with the activation that made it: a watcher gone
+        // (passivated, stopped) is not told, nor woken to be told.
         for watcher in cell.take_watchers() {
-            watcher.notify(Terminated { id, reason });
+            if watcher.wanted() {
+                watcher.notify(Terminated { id, reason });
+            }
         }
     }
 }

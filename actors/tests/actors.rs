@@ -1605,6 +1605,62 @@ fn hooks_timers_stop_and_watch() {
     sys.shutdown();
 }
 
+/// Activations of [`PassingWatcher`] and the `Terminated`s it handled.
+static PASSING_ACTIVATIONS: AtomicUsize = AtomicUsize::new(0);
+static PASSING_TERMINATED: AtomicUsize = AtomicUsize::new(0);
+
+/// A keyed actor that watches a `Lifecycle` and passivates when idle.
+#[derive(Actor)]
+#[actor(key = u64, activate = PassingWatcher::new, idle_timeout_ms = 20, handles(WatchLife, Terminated))]
+struct PassingWatcher;
+
+impl PassingWatcher {
+    fn new(_key: &u64) -> Self {
+        PASSING_ACTIVATIONS.fetch_add(1, Ordering::SeqCst);
+        PassingWatcher
+    }
+}
+
+#[derive(Message)]
+struct WatchLife(mailring_actors::Addr<Lifecycle>);
+
+impl Handler<WatchLife> for PassingWatcher {
+    async fn handle(&mut self, m: WatchLife, cx: &mut Ctx<Self>) {
+        cx.watch(&m.0);
+    }
+}
+
+impl Handler<Terminated> for PassingWatcher {
+    async fn handle(&mut self, _m: Terminated, _cx: &mut Ctx<Self>) {
+        PASSING_TERMINATED.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_watch_ends_with_the_watching_activation() {
+    // A keyed actor watched a target and passivated; the target stopped
+    // after. The watch ended with the activation that made it: no
+    // `Terminated` comes, and nothing wakes the key again to take one.
+    let sys = system(2);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let target = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), move || Lifecycle {
+        log: log.clone(),
+        ticks: 0,
+        local: Rc::new(RefCell::new(0)),
+    });
+    let watcher = sys.keyed::<PassingWatcher>(7);
+    sys.block_on(async move {
+        watcher.tell(WatchLife(target.clone())).unwrap();
+        // Idle for 20 ms: passivated.
+        mailring_actors::mailring::time::sleep(Duration::from_millis(150)).await;
+        target.tell(StopMe).unwrap();
+        mailring_actors::mailring::time::sleep(Duration::from_millis(100)).await;
+    });
+    assert_eq!(PASSING_ACTIVATIONS.load(Ordering::SeqCst), 1);
+    assert_eq!(PASSING_TERMINATED.load(Ordering::SeqCst), 0);
+    sys.shutdown();
+}
+
 // ---------------------------------------------------------------- timers and waits end with their actor
 
 /// What a `Scheduler`'s timers and waits did, seen from outside the actor.

@@ -716,3 +716,41 @@ fn a_keyed_type_without_activate_or_factory_fails_the_send_not_silently() {
     assert_eq!(sys.block_on(async move { k.ask(Get).await }), Ok(5));
     sys.shutdown();
 }
+
+// ---------------------------------------------------------------- a restart loop yields
+
+/// Fails its `on_start` every time, before any await, with a restart
+/// budget that never runs out.
+#[derive(Actor, Default)]
+#[actor(handles(Get), hooks, max_restarts = 4294967295, restart_window_ms = 1)]
+struct NeverStarts;
+
+impl Hooks for NeverStarts {
+    async fn on_start(&mut self, _cx: &mut Ctx<Self>) {
+        panic!("a database that cannot be reached");
+    }
+}
+
+impl Handler<Get> for NeverStarts {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        0
+    }
+}
+
+#[test]
+fn an_actor_restarting_without_end_leaves_its_shard_serving_the_others() {
+    // Each restart ran the factory and `on_start` at once, with no await
+    // between: the shard never ran anything else again.
+    let sys = system_with_grace(Duration::from_millis(300));
+    let _stuck = sys.spawn_actor(Placement::Pinned(S1), NeverStarts::default);
+    let counter = sys.spawn_actor(Placement::Pinned(S1), common::Counter::default);
+    let answered = sys.block_on(async move {
+        timeout(Duration::from_secs(5), async {
+            counter.tell(Add(2)).unwrap();
+            counter.ask(Get).await
+        })
+        .await
+    });
+    assert_eq!(answered, Ok(Ok(2)), "the shard's other actor answers");
+    sys.shutdown();
+}
