@@ -237,7 +237,9 @@ impl<A: Actor> Addr<A> {
 
     /// Sends `msg`, waiting for room in a bounded mailbox and, from another
     /// shard, for credit in the sending shard's window to the actor's shard
-    /// (see [`crate::SystemConfig::cross_shard_window`]).
+    /// (see [`crate::SystemConfig::cross_shard_window`]). An actor's send to
+    /// itself from its own handler never waits for room (only it frees its
+    /// places): it takes one past the bound, as its timers' messages do.
     ///
     /// A producer that sends with `send().await` never gets further ahead
     /// of the actors it feeds than the window:
@@ -319,6 +321,15 @@ impl<A: Actor> Addr<A> {
         match &self.capacity {
             Some(c) => match c.poll_acquire(cx) {
                 Poll::Ready(()) => Poll::Ready(true),
+                // An actor's send to itself: only it frees its places, and
+                // not while its handler waits here. It takes one past the
+                // bound, as its timers' messages do.
+                Poll::Pending
+                    if crate::runner::current_frame().is_some_and(|f| f.uid == self.uid()) =>
+                {
+                    c.force_acquire();
+                    Poll::Ready(true)
+                }
                 // No room: wait for it, unless the system is shutting
                 // down (an actor it abandons never frees its places);
                 // the shutdown wakes the waiters it finds registered.

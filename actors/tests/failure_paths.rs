@@ -754,3 +754,53 @@ fn an_actor_restarting_without_end_leaves_its_shard_serving_the_others() {
     assert_eq!(answered, Ok(Ok(2)), "the shard's other actor answers");
     sys.shutdown();
 }
+
+// ---------------------------------------------------------------- a send to itself on a full mailbox
+
+/// A bounded actor (two places) that sends itself `Add`s from a handler.
+#[derive(Actor, Default)]
+#[actor(mailbox = 2, handles(Add, Get, SendSelf))]
+struct SelfSender {
+    total: u64,
+}
+
+#[derive(Message)]
+struct SendSelf(u64);
+
+impl Handler<SendSelf> for SelfSender {
+    async fn handle(&mut self, m: SendSelf, cx: &mut Ctx<Self>) {
+        let me = cx.myself();
+        for _ in 0..m.0 {
+            me.send(Add(1)).await.unwrap();
+        }
+    }
+}
+
+impl Handler<Add> for SelfSender {
+    async fn handle(&mut self, m: Add, _cx: &mut Ctx<Self>) {
+        self.total += m.0;
+    }
+}
+
+impl Handler<Get> for SelfSender {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.total
+    }
+}
+
+#[test]
+fn a_handler_sending_to_its_own_full_mailbox_goes_on() {
+    // Only this actor frees its places, and not while its handler waits:
+    // a send to itself takes a place past the bound, as a timer's does.
+    let sys = system(2);
+    let a = sys.spawn_actor(Placement::Pinned(S1), SelfSender::default);
+    let total = sys.block_on(async move {
+        timeout(Duration::from_secs(5), async {
+            a.ask(SendSelf(10)).await.unwrap();
+            a.ask(Get).await
+        })
+        .await
+    });
+    assert_eq!(total, Ok(Ok(10)));
+    sys.shutdown();
+}
