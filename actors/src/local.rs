@@ -626,9 +626,7 @@ impl<A: Actor> TypeState<A> {
             .cloned()
             .collect();
         for c in &cells {
-            if c.stop_request.get().is_none() {
-                c.stop_request.set(Some(reason));
-            }
+            c.request_stop(reason);
             c.nudge();
         }
         cells.len()
@@ -818,9 +816,7 @@ impl<A: Actor> TypeState<A> {
             Delivery::Msg(env) => self.deliver_or_drop(target, env),
             Delivery::Stop(reason) => {
                 if let Some(cell) = self.find(target).filter(|c| c.is_open()) {
-                    if cell.stop_request.get().is_none() || reason == StopReason::Panicked {
-                        cell.stop_request.set(Some(reason));
-                    }
+                    cell.request_stop(reason);
                     cell.nudge();
                 }
             }

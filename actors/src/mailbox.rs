@@ -165,6 +165,9 @@ pub(crate) struct ActorCell<A: Actor> {
     waker: Cell<Option<Waker>>,
     /// Asked to passivate (LRU) or stop (parent, system); read by its task.
     pub(crate) stop_request: Cell<Option<crate::error::StopReason>>,
+    /// A stop asked for while a panic's request (`stop_request`) was
+    /// there, or before it: the actor then ends instead of restarting.
+    pub(crate) stop_after_panic: Cell<Option<crate::error::StopReason>>,
     /// Its task is stopping or passivating it (its request taken): the
     /// active limit looks past it.
     pub(crate) leaving: Cell<bool>,
@@ -192,6 +195,27 @@ pub(crate) struct ActorCell<A: Actor> {
 }
 
 impl<A: Actor> ActorCell<A> {
+    /// Asks the actor's task to stop for `reason` (`Panicked`: to go
+    /// through its supervision). The first request stands, but a panic's
+    /// goes first: a stop asked for before or after it is kept beside it,
+    /// and ends the actor instead of a restart.
+    pub(crate) fn request_stop(&self, reason: crate::error::StopReason) {
+        use crate::error::StopReason::Panicked;
+        match self.stop_request.get() {
+            None => self.stop_request.set(Some(reason)),
+            Some(Panicked) if reason != Panicked => {
+                if self.stop_after_panic.get().is_none() {
+                    self.stop_after_panic.set(Some(reason));
+                }
+            }
+            Some(earlier) if reason == Panicked && earlier != Panicked => {
+                self.stop_after_panic.set(Some(earlier));
+                self.stop_request.set(Some(Panicked));
+            }
+            Some(_) => {}
+        }
+    }
+
     pub(crate) fn new(uid: u64, key: A::Key, capacity: Option<Arc<Capacity>>) -> Rc<Self> {
         Rc::new(ActorCell {
             uid,
@@ -204,6 +228,7 @@ impl<A: Actor> ActorCell<A> {
             waker: Cell::new(None),
             state: Cell::new(OPEN),
             stop_request: Cell::new(None),
+            stop_after_panic: Cell::new(None),
             leaving: Cell::new(false),
             pending_waits: Cell::new(0),
             last_used: Cell::new(0),

@@ -294,6 +294,11 @@ fn run<A: Actor>(
                 Outcome::Panicked => {
                     lifecycle!("actor panicked", cell, ts);
                     bump(&ts.counters.panics);
+                    // A stop was asked for besides the panic: it ends here,
+                    // with no restart to run on after it.
+                    if cell.stop_after_panic.take().is_some() {
+                        break StopReason::Panicked;
+                    }
                     let now = Instant::now();
                     while restarts
                         .front()

@@ -620,3 +620,29 @@ fn a_local_table_kept_across_its_actors_stop_finds_the_next_activation() {
     assert_eq!(sys.stats().by_type("Tally").unwrap().activations, 2);
     sys.shutdown();
 }
+
+#[test]
+fn a_stop_asked_for_after_a_panicking_closure_is_not_lost_to_the_restart() {
+    // A closure panicked (the actor is due to go through its supervision:
+    // a restart here), and a stop came before the actor's task dealt with
+    // it: the actor stops instead of restarting and running on. The stop
+    // used to be dropped, the panic's request being already there.
+    let sys = one_shard();
+    let h = sys.handle();
+    sys.block_on(async move {
+        let t = h.keyed::<Tally>(9);
+        t.tell(Add(7)).unwrap();
+        assert_eq!(t.ask(Get).await, Ok(7));
+        assert!(matches!(
+            t.run_now(|_| panic!("mid-change")),
+            Err(RunNowError::Panicked)
+        ));
+        t.stop();
+        mailring_actors::mailring::time::sleep(Duration::from_millis(50)).await;
+    });
+    let stats = sys.stats().by_type("Tally").unwrap();
+    assert_eq!(stats.restarts, 0, "stopped, not restarted");
+    assert_eq!(stats.activations, 1);
+    assert_eq!(stats.panics, 1);
+    sys.shutdown();
+}
