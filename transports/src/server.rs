@@ -1918,7 +1918,7 @@ async fn drive<S: Session>(
             // limit: then they wait here for the send that drains it (going
             // round for them would never yield, and the send could not end).
             if registered.as_ref().is_some_and(Registered::has_pushes)
-                && outbound(cx, in_flight.bytes) <= config.outbound_limit
+                && queued <= config.outbound_limit
             {
                 return Poll::Ready(Event::Progress);
             }

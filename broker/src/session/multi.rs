@@ -44,6 +44,24 @@ pub(super) fn reject(session: &mut RespSession, exec: bool, error: Reply) -> Rep
 }
 
 impl Queue {
+    /// Queues a command, its arguments copied into one allocation of
+    /// their own (in place in their list): as slices of the read buffer
+    /// they would keep a whole buffer alive per queued command, and a
+    /// client that queues small commands one write at a time, never
+    /// sending `EXEC`, would make the server hold about a thousand times
+    /// what it sent.
+    fn push(&mut self, mut args: Vec<Bytes>) {
+        let mut own = bytes::BytesMut::with_capacity(args.iter().map(Bytes::len).sum());
+        for arg in &args {
+            own.extend_from_slice(arg);
+        }
+        let mut own = own.freeze();
+        for arg in &mut args {
+            *arg = own.split_to(arg.len());
+        }
+        self.commands.push(args);
+    }
+
     /// Commands queued so far.
     pub(crate) fn len(&self) -> usize {
         self.commands.len()
@@ -60,32 +78,14 @@ impl Queue {
     }
 }
 
-/// Queues a command inside `MULTI`, its arguments copied into one
-/// allocation of their own: as slices of the read buffer they would keep
-/// a whole buffer alive per queued command (a client that queues small
-/// commands one write at a time, and never sends `EXEC`, would make the
-/// server hold about a thousand times what it sent).
-pub(super) fn queue(session: &mut RespSession, mut args: Vec<Bytes>) -> Reply {
-    own(&mut args);
+/// Queues a command inside `MULTI`.
+pub(super) fn queue(session: &mut RespSession, args: Vec<Bytes>) -> Reply {
     session
         .multi
         .as_mut()
         .expect("queue is called inside MULTI")
-        .commands
         .push(args);
     Reply::Status("QUEUED")
-}
-
-/// Copies `args` into one allocation of their own, in place.
-fn own(args: &mut [Bytes]) {
-    let mut own = bytes::BytesMut::with_capacity(args.iter().map(Bytes::len).sum());
-    for arg in args.iter() {
-        own.extend_from_slice(arg);
-    }
-    let mut own = own.freeze();
-    for arg in args {
-        *arg = own.split_to(arg.len());
-    }
 }
 
 /// The streams a queued command names (its data), if any.
@@ -568,9 +568,10 @@ mod tests {
             read.slice(9..9),
             read.slice(5..9),
         ];
-        let mut owned = args.clone();
-        own(&mut owned);
-        assert_eq!(owned, args);
-        assert!(owned.iter().all(|a| a.is_empty() || !inside(a, &read)));
+        let mut queue = Queue::default();
+        queue.push(args.clone());
+        let queued = &queue.commands()[0];
+        assert_eq!(queued, &args);
+        assert!(queued.iter().all(|a| a.is_empty() || !inside(a, &read)));
     }
 }
