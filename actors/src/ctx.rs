@@ -1,15 +1,18 @@
 //! [`Ctx`]: what a handler can do besides changing its actor's state — who
 //! am I, stop, timers, watches, children.
 
+use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::future::{poll_fn, Future};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
+use mailring::panic::CallbackKind;
 use mailring::{JoinHandle, Placement, ShardId};
 
 use crate::actor::{Accepts, Actor, Continuation, Message};
@@ -187,7 +190,8 @@ impl<A: Actor> Ctx<A> {
     {
         let cell = self.cell.clone();
         let sends = self.timer_sends();
-        let join = self.scope().spawn(async move {
+        let failed = self.panic_sink();
+        let join = self.scope().spawn(failed, async move {
             mailring::time::sleep(delay).await;
             if cell.push_own(A::envelope(msg)).is_ok() {
                 sends.set(sends.get() + 1);
@@ -213,7 +217,9 @@ impl<A: Actor> Ctx<A> {
     /// # Panics
     ///
     /// When `period` is zero, here, in the caller (a handler or hook, whose
-    /// panic supervision deals with), not later in the timer's task.
+    /// panic supervision deals with), not later in the timer's task. A
+    /// panic in `make` ends the timer and is the actor's, in its turn (see
+    /// [`wait_for`](Ctx::wait_for)).
     #[track_caller]
     pub fn run_interval<M, F>(&mut self, period: Duration, mut make: F) -> TimerHandle
     where
@@ -227,7 +233,8 @@ impl<A: Actor> Ctx<A> {
         );
         let cell = self.cell.clone();
         let sends = self.timer_sends();
-        let join = self.scope().spawn(async move {
+        let failed = self.panic_sink();
+        let join = self.scope().spawn(failed, async move {
             // A period too long for an `Instant` (`Duration::MAX`) never ticks.
             let Some(first) = mailring::time::now().checked_add(period) else {
                 return;
@@ -252,6 +259,33 @@ impl<A: Actor> Ctx<A> {
     /// The count this actor's timers add to, made with the first timer.
     fn timer_sends(&mut self) -> Rc<Cell<u64>> {
         self.timer_sends.get_or_insert_with(Rc::default).clone()
+    }
+
+    /// Where a panic in this instance's background work (a `wait_for`
+    /// future, a timer's message factory, an attached stream, a message's
+    /// `Drop`) goes: to the actor itself, as a continuation that raises it
+    /// again in the actor's turn, so that it is reported as a handler's panic
+    /// and supervision deals with it as with a panic in the handler that
+    /// started the work. An instance gone by then (restarted, stopped) has
+    /// it reported and dropped.
+    fn panic_sink(&self) -> impl FnOnce(Box<dyn Any + Send>) + 'static {
+        let cell = self.cell.clone();
+        let epoch = self.epoch;
+        move |payload| {
+            if !cell.is_open() {
+                report_and_drop(payload);
+                return;
+            }
+            let raise = Continuation::new(move |_: &mut A, cx: &mut Ctx<A>| {
+                if cx.epoch == epoch {
+                    std::panic::resume_unwind(payload);
+                }
+                // Its instance was replaced before its turn came.
+                report_and_drop(payload);
+            });
+            // Open, and a continuation is never refused as an ask may be.
+            let _ = cell.push_own(A::__continuation(raise));
+        }
     }
 
     /// The scope of this activation's tasks, made with the first (closed
@@ -301,7 +335,9 @@ impl<A: Actor> Ctx<A> {
     /// restarts first, `future` is dropped then (it is not polled again) and
     /// `then` never runs, even if `future` was ready and `then` queued
     /// already: it runs only on the instance that waited. A keyed actor
-    /// does not passivate for idleness while a wait is pending.
+    /// does not passivate for idleness while a wait is pending. A panic in
+    /// `future` is the actor's: supervision deals with it, in the actor's
+    /// turn, as with a panic in a handler.
     ///
     /// ```
     /// use std::collections::HashMap;
@@ -385,8 +421,9 @@ impl<A: Actor> Ctx<A> {
         let epoch = self.epoch;
         // Counted until the future is done (or dropped with the instance).
         let pending = WaitPending::new(self.cell.clone());
+        let failed = self.panic_sink();
         self.scope()
-            .spawn(async move {
+            .spawn(failed, async move {
                 let out = future.await;
                 drop(pending);
                 // Queued, it may outlive this instance (a restart, a keyed
@@ -487,7 +524,8 @@ impl<A: Actor> Ctx<A> {
             .mailbox
             .map_or(STREAM_WINDOW, |bound| bound.min(STREAM_WINDOW))
             .max(1);
-        let join = self.scope().spawn(async move {
+        let failed = self.panic_sink();
+        let join = self.scope().spawn(failed, async move {
             let mut stream = std::pin::pin!(stream);
             loop {
                 poll_fn(|cx| cell.poll_below(window, cx)).await;
@@ -600,16 +638,30 @@ struct Scope {
 }
 
 impl Scope {
-    /// Spawns `fut` on this shard, to end when the scope closes.
-    fn spawn(self: &Rc<Self>, fut: impl Future<Output = ()> + 'static) -> JoinHandle<()> {
+    /// Spawns `fut` on this shard, to end when the scope closes. A panic in
+    /// one of its polls ends it and goes to `failed`.
+    fn spawn(
+        self: &Rc<Self>,
+        failed: impl FnOnce(Box<dyn Any + Send>) + 'static,
+        fut: impl Future<Output = ()> + 'static,
+    ) -> JoinHandle<()> {
         let member = Member::join(self.clone());
         mailring::spawn_local(async move {
             let mut fut = std::pin::pin!(fut);
+            let mut failed = Some(failed);
             poll_fn(|cx| {
                 if member.closed(cx.waker()) {
                     return Poll::Ready(());
                 }
-                fut.as_mut().poll(cx)
+                match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+                    Ok(polled) => polled,
+                    Err(payload) => {
+                        if let Some(failed) = failed.take() {
+                            failed(payload);
+                        }
+                        Poll::Ready(())
+                    }
+                }
             })
             .await
         })
@@ -679,6 +731,13 @@ impl Drop for Member {
         }
         self.scope.free.borrow_mut().push(self.slot);
     }
+}
+
+/// Reports a panic of an actor's background work that no instance raises
+/// again (see [`Ctx::panic_sink`]), then drops it.
+fn report_and_drop(payload: Box<dyn Any + Send>) {
+    mailring::panic::report_caught(CallbackKind::Handler, &*payload);
+    mailring::panic::drop_payload(payload);
 }
 
 /// A fresh [`Ctx`] epoch: unique in the process.

@@ -318,3 +318,92 @@ fn a_continuation_queued_before_a_restart_does_not_run_on_the_fresh_instance() {
     );
     sys.shutdown();
 }
+
+#[derive(Message)]
+struct Arm(u8);
+
+#[derive(Message)]
+struct Tick;
+
+/// A panic in a stream's `poll_next` (the test's own).
+struct BrittleStream;
+
+impl mailring_actors::Stream for BrittleStream {
+    type Item = u64;
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<u64>> {
+        panic!("stream boom");
+    }
+}
+
+/// Holds a number, and starts background work of its own that fails: a
+/// `wait_for` future, a timer's message factory, an attached stream.
+#[derive(Actor, Default)]
+#[actor(handles(Arm, Tick, Get, mailring_actors::StreamMessage<u64>))]
+struct Armed {
+    n: u64,
+}
+
+impl Handler<Arm> for Armed {
+    async fn handle(&mut self, m: Arm, cx: &mut Ctx<Self>) {
+        self.n = 5;
+        match m.0 {
+            0 => cx.wait_for(async { panic!("wait boom") }, |_: &mut Self, (): (), _| {}),
+            1 => {
+                cx.run_interval(Duration::from_millis(5), || -> Tick { panic!("tick boom") });
+            }
+            _ => {
+                cx.attach_stream(BrittleStream);
+            }
+        }
+    }
+}
+
+impl Handler<Tick> for Armed {
+    async fn handle(&mut self, _m: Tick, _cx: &mut Ctx<Self>) {}
+}
+
+impl Handler<mailring_actors::StreamMessage<u64>> for Armed {
+    async fn handle(&mut self, _m: mailring_actors::StreamMessage<u64>, _cx: &mut Ctx<Self>) {}
+}
+
+impl Handler<Get> for Armed {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.n
+    }
+}
+
+/// A panic in the actor's own background work (its `wait_for` future, its
+/// timer's factory, its attached stream) is the actor's panic: reported as a
+/// handler's, and supervision restarts the actor (fresh state), as it would
+/// for a panic in the handler that started the work.
+#[test]
+fn a_panic_in_an_actors_background_work_reaches_its_supervision() {
+    for (which, message) in [(0u8, "wait boom"), (1, "tick boom"), (2, "stream boom")] {
+        let (sys, seen) = system_with_hook();
+        let a = sys.spawn_actor(Placement::Pinned(S1), Armed::default);
+        let (armed, after) = sys.block_on(async move {
+            a.tell(Arm(which)).unwrap();
+            let armed = a.ask(Get).await;
+            mailring_actors::mailring::time::sleep(Duration::from_millis(50)).await;
+            (armed, a.ask(Get).await)
+        });
+        assert_eq!(armed, Ok(5), "{message}");
+        assert_eq!(after, Ok(0), "{message}: the actor was not restarted");
+        assert_eq!(runtime_panics(&sys, CallbackKind::Handler), 1, "{message}");
+        assert_eq!(runtime_panics(&sys, CallbackKind::Task), 0, "{message}");
+        assert!(
+            seen.lock()
+                .unwrap()
+                .contains(&(CallbackKind::Handler, message.to_owned())),
+            "{message}: {:?}",
+            seen.lock().unwrap()
+        );
+        let stats = sys.stats().by_type("Armed").unwrap();
+        assert_eq!(stats.restarts, 1, "{message}");
+        assert_actors_work(&sys);
+        sys.shutdown();
+    }
+}
