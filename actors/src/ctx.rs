@@ -193,7 +193,8 @@ impl<A: Actor> Ctx<A> {
         let failed = self.panic_sink();
         let join = self.scope().spawn(failed, async move {
             mailring::time::sleep(delay).await;
-            if cell.push_own(A::envelope(msg)).is_ok() {
+            // Not while the actor passivates or stops: its timers end with it.
+            if !cell.leaving.get() && cell.push_own(A::envelope(msg)).is_ok() {
                 sends.set(sends.get() + 1);
             }
         });
@@ -210,7 +211,9 @@ impl<A: Actor> Ctx<A> {
     /// another message, whatever its timers deliver meanwhile, and its
     /// timers end with that activation (start them again in `on_start` if
     /// the next activation needs them); ticks that arrive while
-    /// `on_passivate` runs do not keep it active, and are dropped. Handling
+    /// `on_passivate` runs do not keep it active, and are dropped; so are
+    /// ticks queued behind a stop with nothing else since the mailbox last
+    /// ran empty (a keyed actor that stops itself stays stopped). Handling
     /// a tick is otherwise a message like any other. A `wait_for`
     /// continuation is activity.
     ///
@@ -242,6 +245,11 @@ impl<A: Actor> Ctx<A> {
             let mut ticks = mailring::time::interval_at(first, period);
             loop {
                 ticks.tick().await;
+                if cell.leaving.get() {
+                    // Passivating or stopping: not activity, and dropped (a
+                    // passivation that messages call off ticks on).
+                    continue;
+                }
                 if cell.push_own(A::envelope(make())).is_err() {
                     return;
                 }

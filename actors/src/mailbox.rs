@@ -78,6 +78,10 @@ impl<E> Batch<E> {
         self.0.is_empty()
     }
 
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
     pub(crate) fn capacity(&self) -> usize {
         self.0.capacity()
     }

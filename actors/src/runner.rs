@@ -383,6 +383,25 @@ fn run<A: Actor>(
                                 reply::drop_with_reason(AskError::Stopped, ticks.into_ordered());
                             }
                         }
+                        if passivated && reason == StopReason::Stopped {
+                            // Asked to stop with only timer messages behind
+                            // the stop: they end with the timers, as above,
+                            // rather than activate it again (and start its
+                            // timers again). Messages from elsewhere among
+                            // them, which are not told apart from the
+                            // timers', all go to a fresh activation.
+                            let left = batch.len() + cell.len();
+                            if left > 0 && idle.only_timers_left(&cx, left) {
+                                cx.end_tasks();
+                                let mut ticks = std::mem::replace(&mut batch, Batch::new());
+                                if ticks.is_empty() {
+                                    cell.refill(&mut ticks, &ts.flow);
+                                } else {
+                                    cell.take_all(&mut ticks, &ts.flow);
+                                }
+                                reply::drop_with_reason(AskError::Stopped, ticks.into_ordered());
+                            }
+                        }
                         lifecycle!("actor passivated", cell, ts);
                         bump(&ts.counters.passivations);
                     }
@@ -563,7 +582,8 @@ async fn process<A: Actor>(
             }
         }
         handled.flush();
-        let deadline = idle.and_then(|after| handled.idle.deadline(cx, cell, after));
+        let active = handled.idle.emptied(cx, cell);
+        let deadline = idle.and_then(|after| handled.idle.deadline(active, after));
         held.put_back();
         let next = next_batch(cell, batch, &ts.flow, deadline).await;
         held.take_again();
@@ -658,13 +678,9 @@ struct IdleMark {
 }
 
 impl IdleMark {
-    /// The idle deadline, with the mailbox empty now.
-    fn deadline<A: Actor>(
-        &mut self,
-        cx: &Ctx<A>,
-        cell: &ActorCell<A>,
-        after: Duration,
-    ) -> Option<Instant> {
+    /// Notes that the mailbox ran empty; whether anything but timer
+    /// messages came since it last did (activity).
+    fn emptied<A: Actor>(&mut self, cx: &Ctx<A>, cell: &ActorCell<A>) -> bool {
         let timer = cx.timer_sends_so_far();
         let others = (self.handled - self.seen_handled).saturating_sub(timer - self.seen_timer);
         let ran_now = cell.ran_now.get();
@@ -672,10 +688,24 @@ impl IdleMark {
         self.seen_ran_now = ran_now;
         self.seen_handled = self.handled;
         self.seen_timer = timer;
-        if others > 0 || self.deadline.is_none() {
+        others > 0
+    }
+
+    /// The idle deadline, with the mailbox empty now and `active` what
+    /// [`emptied`](Self::emptied) said.
+    fn deadline(&mut self, active: bool, after: Duration) -> Option<Instant> {
+        if active || self.deadline.is_none() {
             self.deadline = Some(mailring::time::now().checked_add(after));
         }
         self.deadline.flatten()
+    }
+
+    /// Whether `left`, the messages still queued, can only be timer
+    /// messages: every message delivered since the mailbox last ran empty
+    /// (those handled and those left) came from the actor's timers.
+    fn only_timers_left<A: Actor>(&self, cx: &Ctx<A>, left: usize) -> bool {
+        let timer = cx.timer_sends_so_far() - self.seen_timer;
+        (self.handled - self.seen_handled) + left as u64 <= timer
     }
 
     /// Whether closures ran on the actor since its deadline was computed.

@@ -627,6 +627,76 @@ fn timer_ticks_do_not_keep_a_keyed_actor_from_passivating() {
     sys.shutdown();
 }
 
+/// A keyed actor that ticks every 2 ms from `on_start` and stops itself at
+/// its third tick; its `on_passivate` takes a while, and ticks keep coming.
+#[derive(Actor)]
+#[actor(key = u64, handles(Tick, Get), hooks)]
+struct Quitter {
+    beats: Arc<Beats>,
+}
+
+impl Hooks for Quitter {
+    async fn on_start(&mut self, cx: &mut Ctx<Self>) {
+        cx.run_interval(Duration::from_millis(2), || Tick);
+    }
+
+    async fn on_passivate(&mut self, _cx: &mut Ctx<Self>) {
+        self.beats.passivated.fetch_add(1, Ordering::SeqCst);
+        mailring_actors::mailring::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+impl Handler<Tick> for Quitter {
+    async fn handle(&mut self, _m: Tick, cx: &mut Ctx<Self>) {
+        if self.beats.ticks.fetch_add(1, Ordering::SeqCst) + 1 == 3 {
+            // Slow enough that the next ticks are queued behind this one.
+            std::thread::sleep(Duration::from_millis(5));
+            cx.stop();
+        }
+    }
+}
+
+impl Handler<Get> for Quitter {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.beats.ticks.load(Ordering::SeqCst) as u64
+    }
+}
+
+/// Its timers end with the activation that stopped itself: ticks queued
+/// behind the stop, or delivered while `on_passivate` runs, are dropped,
+/// not handed to a fresh activation (which would start the timer again,
+/// and the actor would never stay stopped).
+#[test]
+fn timer_ticks_do_not_bring_back_a_keyed_actor_that_stopped_itself() {
+    let sys = system(2);
+    let beats = Arc::new(Beats::default());
+    let b = beats.clone();
+    sys.register_factory::<Quitter>(move |_| Quitter { beats: b.clone() });
+    let r = sys.keyed::<Quitter>(1);
+    let b = beats.clone();
+    let (stopped, at_stop, later) = sys.block_on(async move {
+        r.ask(Get).await.unwrap();
+        let stopped = eventually(Duration::from_secs(2), || {
+            b.passivated.load(Ordering::SeqCst) > 0
+        })
+        .await;
+        mailring_actors::mailring::time::sleep(Duration::from_millis(40)).await;
+        let at_stop = b.ticks.load(Ordering::SeqCst);
+        mailring_actors::mailring::time::sleep(Duration::from_millis(60)).await;
+        (stopped, at_stop, b.ticks.load(Ordering::SeqCst))
+    });
+    assert!(stopped, "never stopped");
+    assert_eq!(at_stop, 3, "ticks handled after the stop");
+    assert_eq!(later, 3, "ticking again after the stop");
+    let stats = sys.stats().by_type("Quitter").unwrap();
+    assert_eq!(
+        (stats.activations, stats.active),
+        (1, 0),
+        "a tick brought it back: {stats:?}"
+    );
+    sys.shutdown();
+}
+
 #[derive(Actor)]
 #[actor(key = u64, activate = Lru::new, max_active = 2, pinned = 0, handles(Get))]
 struct Lru;
