@@ -29,6 +29,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
@@ -82,7 +83,7 @@ pub struct CompatStream {
     read_eof: bool,
     /// Written and not yet handed to a send.
     write_buf: BytesMut,
-    sending: Option<Send_>,
+    sending: Option<InFlight>,
     /// A send that failed, reported by the next write or flush.
     write_error: Option<io::Error>,
     shutting_down: Option<Shutdown>,
@@ -186,8 +187,12 @@ impl CompatStream {
         // A send that ended is taken off, and what was queued behind it
         // handed to the next (a task that wrote, flushed and now waits for
         // the answer polls only here); a failure is kept for the next
-        // write or flush.
-        if self.poll_send(cx).is_ready() {
+        // write or flush. Only once it has ended: polled before, it would
+        // take the wake-up of a writing task that waits for it (a stream
+        // split into a reading and a writing task) for this one.
+        if self.sending.as_ref().is_none_or(InFlight::may_have_ended)
+            && self.poll_send(cx).is_ready()
+        {
             self.start_send(cx);
         }
         loop {
@@ -238,10 +243,10 @@ impl CompatStream {
     /// Moves the send in flight on; a failure is kept for the next write
     /// or flush.
     fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let Some(op) = self.sending.as_mut() else {
+        let Some(in_flight) = self.sending.as_mut() else {
             return Poll::Ready(());
         };
-        let (res, _) = ready!(op.as_mut().poll(cx));
+        let (res, _) = ready!(in_flight.op.as_mut().poll(cx));
         self.sending = None;
         if let Err(e) = res {
             self.write_error.get_or_insert(e);
@@ -277,12 +282,18 @@ impl CompatStream {
     /// waits for that task; dropped, it stops it (and so the send, as
     /// dropping the send itself would). Off the stream's shard the send
     /// stays as it is (its poll failed already with the off-shard error).
-    fn on_its_own(&self, op: Send_) -> Send_ {
+    fn on_its_own(&self, op: Send_) -> InFlight {
         if self.home.is_none() || mailring_actors::mailring::current_shard() != self.home {
-            return op;
+            return InFlight { op, ended: None };
         }
-        let task = StopOnDrop(mailring_actors::mailring::spawn_local(op));
-        Box::pin(async move {
+        let ended = Arc::new(AtomicBool::new(false));
+        let mark = ended.clone();
+        let task = StopOnDrop(mailring_actors::mailring::spawn_local(async move {
+            let out = op.await;
+            mark.store(true, Ordering::Release);
+            out
+        }));
+        let op = Box::pin(async move {
             let mut task = task;
             match (&mut task.0).await {
                 Ok(out) => out,
@@ -291,7 +302,11 @@ impl CompatStream {
                     Bytes::new(),
                 ),
             }
-        })
+        });
+        InFlight {
+            op,
+            ended: Some(ended),
+        }
     }
 
     fn poll_write_slice(&mut self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
@@ -400,8 +415,8 @@ impl Drop for CompatStream {
         let linger = move || {
             drop(mailring_actors::mailring::spawn_local(async move {
                 let _ = mailring_actors::mailring::time::timeout(DROP_LINGER, async move {
-                    if let Some(op) = in_flight {
-                        if op.await.0.is_err() {
+                    if let Some(in_flight) = in_flight {
+                        if in_flight.op.await.0.is_err() {
                             return;
                         }
                     }
@@ -417,6 +432,25 @@ impl Drop for CompatStream {
         } else if let Some(runtime) = &self.runtime {
             runtime.run_on(home, linger);
         }
+    }
+}
+
+/// A send under way and, for one going on in a task of its own, whether
+/// it has ended.
+struct InFlight {
+    op: Send_,
+    /// Set by the send's task as it ends; `None` for a send polled where
+    /// it is (off its shard, where it fails at once).
+    ended: Option<Arc<AtomicBool>>,
+}
+
+impl InFlight {
+    /// Whether polling `op` may find it done without waiting (and so
+    /// without putting the poller's waker in place of the one there).
+    fn may_have_ended(&self) -> bool {
+        self.ended
+            .as_ref()
+            .is_none_or(|ended| ended.load(Ordering::Acquire))
     }
 }
 

@@ -977,3 +977,65 @@ fn a_bad_record_ends_a_read_while_an_unpolled_send_is_stuck() {
     peer.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A stream split into a reading task and a writing task (a WebSocket's
+/// halves, any full-duplex protocol run in two tasks): the reader's polls
+/// do not take the writer's wake-up. The writer waits for a send in flight
+/// (the peer echoes, so the kernel takes the 8 MiB a part at a time) while
+/// the reader is polled for every echoed part.
+#[test]
+fn a_stream_split_into_a_reading_and_a_writing_task_moves_both_ways() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const TOTAL: usize = 8 << 20;
+    let rt = runtime();
+    let (ours, peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    let echo = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let mut peer = peer;
+        peer.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .unwrap();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut echoed = 0;
+        while echoed < TOTAL {
+            let n = peer.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            peer.write_all(&buf[..n])?;
+            echoed += n;
+        }
+        Ok::<_, std::io::Error>(echoed)
+    });
+    let (wrote, read) = rt.block_on_local(move || async move {
+        let stream = CompatStream::unix(UnixStream::from_std(ours).unwrap());
+        let (mut rx, mut tx) = tokio::io::split(stream);
+        let reader = mailring::spawn_local(async move {
+            let mut buf = vec![0u8; 64 << 10];
+            let mut got = 0;
+            while got < TOTAL {
+                match rx.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got += n,
+                }
+            }
+            got
+        });
+        let writer = mailring::spawn_local(async move {
+            let data = patterned(TOTAL as u32);
+            tx.write_all(&data).await?;
+            tx.flush().await?;
+            Ok::<_, std::io::Error>(tx)
+        });
+        let limit = std::time::Duration::from_secs(10);
+        let wrote = mailring::time::timeout(limit, writer).await;
+        let read = mailring::time::timeout(limit, reader).await;
+        (
+            wrote.map(|w| w.unwrap().map(|_| ()).is_ok()),
+            read.map(|r| r.unwrap()),
+        )
+    });
+    assert_eq!(wrote, Ok(true), "the writer hung or failed");
+    assert_eq!(read, Ok(TOTAL), "the reader hung");
+    assert_eq!(echo.join().unwrap().unwrap(), TOTAL);
+    drop(rt);
+}
