@@ -343,23 +343,34 @@ impl TcpListener {
 
     /// Accepts one connection. The listener keeps one multishot
     /// `IORING_OP_ACCEPT` armed; connections wait in its queue, so a dropped
-    /// `accept()` future loses none.
+    /// `accept()` future loses none. A connection its client reset before
+    /// it was accepted is passed over (the kernel hands it over dead).
     ///
     /// # Errors
     ///
     /// The kernel's error (e.g. `EMFILE`), or the shard-ownership error.
     pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
-        let fd = self.acceptor.accept(&self.inner).await?;
-        let peer = SockRef::from(&fd)
-            .peer_addr()?
-            .as_socket()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "accepted a non-IP peer"))?;
-        Ok((
-            TcpStream {
-                core: StreamCore::new(ShardFd::adopt(fd)?),
-            },
-            peer,
-        ))
+        loop {
+            let fd = self.acceptor.accept(&self.inner).await?;
+            let peer = match SockRef::from(&fd).peer_addr() {
+                Ok(peer) => peer,
+                // Reset by its client before it was accepted (a health
+                // check closing with `SO_LINGER` 0): the kernel still
+                // hands it over, dead, with no peer to name. Nothing can
+                // be read from it or sent on it: passed over.
+                Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => continue,
+                Err(e) => return Err(e),
+            };
+            let peer = peer.as_socket().ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidData, "accepted a non-IP peer")
+            })?;
+            return Ok((
+                TcpStream {
+                    core: StreamCore::new(ShardFd::adopt(fd)?),
+                },
+                peer,
+            ));
+        }
     }
 }
 

@@ -1462,3 +1462,29 @@ fn an_abandoned_operation_s_buffer_is_dropped_where_its_drop_may_drop_operations
     let report = rt.shutdown();
     assert_eq!(report.panics.total(), 0, "{:?}", report.panic_records);
 }
+
+/// A client that connects and resets before the server accepts (a health
+/// check or scanner closing with `SO_LINGER` 0) leaves a dead connection in
+/// the accept queue: `accept()` passes over it to the next, it does not
+/// fail (an accept loop written `accept().await?` would end on it).
+#[test]
+fn a_connection_reset_before_its_accept_does_not_fail_the_accept() {
+    let rt = rt2();
+    let (got, second) = rt.block_on(async {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let addr = listener.local_addr();
+        let reset = std::net::TcpStream::connect(addr).unwrap();
+        socket2::SockRef::from(&reset)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(reset);
+        mailring::time::sleep(Duration::from_millis(20)).await;
+        let second = std::net::TcpStream::connect(addr).unwrap();
+        let got = mailring::time::timeout(Duration::from_secs(5), listener.accept())
+            .await
+            .expect("accept hung")
+            .map(|(_, peer)| peer);
+        (got, second)
+    });
+    assert_eq!(got.unwrap(), second.local_addr().unwrap());
+}
