@@ -135,6 +135,19 @@ impl OpenOptions {
                 ))
             }
         };
+        // What `std::fs::OpenOptions` refuses: the kernel would truncate
+        // (or create) a file opened only to read.
+        let refused = match (self.write, self.append) {
+            (true, false) => None,
+            (false, false) => (self.truncate || self.create || self.create_new)
+                .then_some("open: truncate or create without write access"),
+            (_, true) => {
+                (self.truncate && !self.create_new).then_some("open: truncate in append mode")
+            }
+        };
+        if let Some(why) = refused {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
+        }
         let mut flags = access | libc::O_CLOEXEC | self.custom_flags;
         if self.append {
             flags |= libc::O_APPEND;

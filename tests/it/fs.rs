@@ -566,3 +566,70 @@ fn times_before_1970_and_after_read_as_the_file_system_has_them() {
     }
     std::fs::remove_file(&path).unwrap();
 }
+
+/// Option sets that `std::fs::OpenOptions` refuses are refused the same
+/// way (`InvalidInput`), before the kernel sees them: truncating or creating
+/// without write access (which the kernel would carry out on a file opened
+/// to read), and truncating in append mode. The file is untouched.
+#[test]
+fn open_options_std_refuses_are_refused_and_leave_the_file_untouched() {
+    let rt = rt2();
+    let path = temp_path("refused-options");
+    std::fs::write(&path, b"data").unwrap();
+    let missing = temp_path("refused-options-missing");
+    let _ = std::fs::remove_file(&missing);
+    let (p, m) = (path.clone(), missing.clone());
+    let results = rt.block_on(async move {
+        let mut out = Vec::new();
+        out.push(
+            OpenOptions::new()
+                .read(true)
+                .truncate(true)
+                .open(&p)
+                .await
+                .err(),
+        );
+        out.push(
+            OpenOptions::new()
+                .read(true)
+                .create(true)
+                .open(&m)
+                .await
+                .err(),
+        );
+        out.push(
+            OpenOptions::new()
+                .read(true)
+                .create_new(true)
+                .open(&m)
+                .await
+                .err(),
+        );
+        out.push(
+            OpenOptions::new()
+                .append(true)
+                .truncate(true)
+                .open(&p)
+                .await
+                .err(),
+        );
+        out
+    });
+    for (i, err) in results.into_iter().enumerate() {
+        let err = err.unwrap_or_else(|| panic!("option set {i} was accepted"));
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "option set {i}: {err}");
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), b"data");
+    assert!(!missing.exists(), "a file was created without write access");
+    // What std accepts still opens: append with create_new and truncate.
+    let ok = rt.block_on(async move {
+        OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .truncate(true)
+            .open(&missing)
+            .await
+            .map(|_| ())
+    });
+    assert!(ok.is_ok(), "{ok:?}");
+}
