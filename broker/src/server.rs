@@ -303,7 +303,9 @@ impl Catalog {
     /// (it may wait for a later change too: never for less).
     pub(crate) fn unflushed(&self) -> Vec<Ticket> {
         let mut names = self.names();
-        names.changes.retain(|t| !t.is_done());
+        // A change the log failed to write stays: a read waiting on it
+        // gets the log's error (under `always`), not the change.
+        names.changes.retain(|t| !t.is_flushed());
         names.changes.iter().map(Ticket::for_read).collect()
     }
 

@@ -541,6 +541,11 @@ impl Ticket {
             || self.marks.failed.load(Ordering::Acquire)
     }
 
+    /// Whether its append is flushed.
+    pub(crate) fn is_flushed(&self) -> bool {
+        self.marks.done.load(Ordering::Acquire) >= self.lsn
+    }
+
     /// Whether `other` waits on the same log.
     pub(crate) fn same_log(&self, other: &Ticket) -> bool {
         Arc::ptr_eq(&self.marks, &other.marks)

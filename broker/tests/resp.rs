@@ -3257,6 +3257,45 @@ fn under_always_a_read_of_a_change_the_log_failed_to_write_gets_the_error() {
 }
 
 #[test]
+fn under_always_the_names_never_show_a_stream_made_or_deleted_by_a_failed_flush() {
+    // A stream made (and one deleted) by writes whose flush failed: the
+    // commands that read the names (`EXISTS`, `TYPE`, `KEYS`, `SCAN`,
+    // `DBSIZE`) get the log's error, not the change that never reached
+    // the disk (and is gone after a restart).
+    for (failed, name) in [
+        (&["XADD", "new", "1-0", "f", "v"][..], "new"),
+        (&["DEL", "old"], "old"),
+    ] {
+        let dir = TempDir::new();
+        let (broker, gate) = always_with_gate(&dir, 1);
+        let _open = OpenOnDrop(gate.clone());
+        let mut c = Client::connect(broker.local_addr());
+        assert_eq!(c.cmd(&["XADD", "old", "1-0", "f", "v"]), R::bulk("1-0"));
+        gate.fail_flushes();
+        match c.cmd(failed) {
+            R::Error(e) => assert!(e.starts_with("MISCONF"), "{e}"),
+            other => panic!("{failed:?}, whose flush failed: {other:?}"),
+        }
+        for cmd in [
+            &["EXISTS", name][..],
+            &["TYPE", name],
+            &["KEYS", "*"],
+            &["SCAN", "0"],
+            &["DBSIZE"],
+        ] {
+            match c.cmd(cmd) {
+                R::Error(e) => assert!(e.starts_with("MISCONF"), "{failed:?} {cmd:?}: {e}"),
+                other => {
+                    panic!("{failed:?}: {cmd:?} showed a change the log failed to write: {other:?}")
+                }
+            }
+        }
+        drop(_open);
+        broker.shutdown();
+    }
+}
+
+#[test]
 fn under_always_no_reply_shows_a_stream_made_or_a_group_destroyed_before_its_flush() {
     // Redis writes no reply before the flush of the writes it shows. Two
     // writes held at their flush: an `XGROUP DESTROY` (its blocked reader's
