@@ -1353,7 +1353,8 @@ impl ShardLog {
                 );
                 self.direct_io.set(false);
                 self.flush_stats.direct.store(false, Ordering::Relaxed);
-                seg.file = Rc::new(open_segment(&seg.path, self.fsync, false, false).await?);
+                seg.file =
+                    Rc::new(open_segment(&seg.path, self.fsync, false, Made::Already).await?);
                 let (res, _) = seg.file.write_all_at(bytes, seg.pos).await;
                 return res;
             }
@@ -1437,7 +1438,23 @@ impl ShardLog {
     async fn create_segment(&self, no: u32) -> io::Result<Segment> {
         let path = self.dir.join(log::segment_file_name(no));
         let mut direct = self.direct_io.get();
-        let file = match open_segment(&path, self.fsync, direct, true).await {
+        let opened = if direct
+            && self
+                .gate
+                .as_ref()
+                .is_some_and(SyncGate::refuses_direct_open)
+        {
+            // As a filesystem without direct I/O does: the file is made,
+            // then the open fails.
+            open_segment(&path, self.fsync, false, Made::Now)
+                .await?
+                .close()
+                .await?;
+            Err(io::Error::from_raw_os_error(libc::EINVAL))
+        } else {
+            open_segment(&path, self.fsync, direct, Made::Now).await
+        };
+        let file = match opened {
             Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
                 eprintln!(
                     "mailring-broker: {}: the filesystem refuses O_DIRECT ({e}); writing through the page cache",
@@ -1446,7 +1463,11 @@ impl ShardLog {
                 self.direct_io.set(false);
                 self.flush_stats.direct.store(false, Ordering::Relaxed);
                 direct = false;
-                open_segment(&path, self.fsync, false, true).await?
+                // The refused open may have made the file (the kernel
+                // checks for direct I/O after creating it): it is new and
+                // empty either way, so it is opened whether it is there or
+                // not.
+                open_segment(&path, self.fsync, false, Made::NowOrAlready).await?
             }
             other => other?,
         };
@@ -1584,18 +1605,29 @@ fn segment_flags(fsync: Fsync, direct: bool) -> i32 {
     flags
 }
 
-/// Opens segment `path` for writing: a new file (`create`), or an existing
-/// one again (after direct writes were refused).
+/// Whether the segment file an open names is made by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Made {
+    /// A new segment: the open makes it, and fails if it is there.
+    Now,
+    /// An existing segment opened again (after direct writes were refused).
+    Already,
+    /// A new segment that a refused open may have made already.
+    NowOrAlready,
+}
+
+/// Opens segment `path` for writing.
 async fn open_segment(
     path: &Path,
     fsync: Fsync,
     direct: bool,
-    create: bool,
+    made: Made,
 ) -> io::Result<mailring::fs::File> {
     mailring::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .create_new(create)
+        .create_new(made == Made::Now)
+        .create(made == Made::NowOrAlready)
         .custom_flags(segment_flags(fsync, direct))
         .open(path)
         .await
@@ -1614,6 +1646,7 @@ pub struct SyncGate {
 struct GateState {
     closed: bool,
     failing: bool,
+    refusing_direct: bool,
     waiters: Vec<Waker>,
 }
 
@@ -1626,6 +1659,22 @@ impl SyncGate {
     /// Holds every flush from now on.
     pub fn close(&self) {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+    }
+
+    /// Makes every segment made from now on refuse `O_DIRECT` at its open,
+    /// after the file is made, as a filesystem without direct I/O does.
+    pub fn refuse_direct_open(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .refusing_direct = true;
+    }
+
+    fn refuses_direct_open(&self) -> bool {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .refusing_direct
     }
 
     /// Makes every flush from now on fail, as a disk that refuses

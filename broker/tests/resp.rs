@@ -3257,6 +3257,30 @@ fn under_always_a_read_of_a_change_the_log_failed_to_write_gets_the_error() {
 }
 
 #[test]
+fn a_filesystem_that_refuses_o_direct_at_open_gets_writes_through_the_page_cache() {
+    // Such a filesystem makes the file before it refuses the open: the
+    // segment is opened again as it is, not made anew (which fails: it is
+    // there), and writes go through the page cache, across restarts.
+    let dir = TempDir::new();
+    for round in 1..=2 {
+        let gate = SyncGate::new();
+        gate.refuse_direct_open();
+        let mut config = BrokerConfig::default();
+        config.store.sync_gate = Some(gate);
+        let broker = start_in(&dir.0, 1, config);
+        let mut c = Client::connect(broker.local_addr());
+        let id = format!("{round}-0");
+        assert_eq!(
+            c.cmd(&["XADD", "s", &id, "f", "v"]),
+            R::bulk(&id),
+            "round {round}"
+        );
+        assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(round), "round {round}");
+        broker.shutdown();
+    }
+}
+
+#[test]
 fn under_always_the_names_never_show_a_stream_made_or_deleted_by_a_failed_flush() {
     // A stream made (and one deleted) by writes whose flush failed: the
     // commands that read the names (`EXISTS`, `TYPE`, `KEYS`, `SCAN`,
