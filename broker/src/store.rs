@@ -534,13 +534,6 @@ impl Ticket {
         }
     }
 
-    /// Whether its append is flushed, or can no longer be (the log
-    /// failed).
-    pub(crate) fn is_done(&self) -> bool {
-        self.marks.done.load(Ordering::Acquire) >= self.lsn
-            || self.marks.failed.load(Ordering::Acquire)
-    }
-
     /// Whether its append is flushed.
     pub(crate) fn is_flushed(&self) -> bool {
         self.marks.done.load(Ordering::Acquire) >= self.lsn
