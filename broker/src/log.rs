@@ -395,6 +395,9 @@ fn put_snapshot(dst: &mut BytesMut, snap: &Snapshot) {
     }
 }
 
+/// Elements a decoded count reserves room for before they decode.
+const UP_FRONT: usize = 64;
+
 fn read_snapshot(b: &mut Bytes) -> Option<Snapshot> {
     let last_id = read_id(b)?;
     let entries_added = read_u64(b)?;
@@ -403,7 +406,9 @@ fn read_snapshot(b: &mut Bytes) -> Option<Snapshot> {
     if n > b.remaining() {
         return None;
     }
-    let mut groups = Vec::with_capacity(n);
+    // Room grows with what decodes: a group in memory is larger than its
+    // shortest encoding, so a crafted count must not reserve up front.
+    let mut groups = Vec::with_capacity(n.min(UP_FRONT));
     for _ in 0..n {
         let name = read_bytes(b)?;
         let mut g = Group::new(read_id(b)?, read_opt(b)?);
@@ -712,7 +717,8 @@ fn read_op(kind: u8, b: &mut Bytes, depth: u8) -> Option<Op> {
             if n > b.remaining() {
                 return None;
             }
-            let mut ops = Vec::with_capacity(n);
+            // As a snapshot's groups: room grows with what decodes.
+            let mut ops = Vec::with_capacity(n.min(UP_FRONT));
             for _ in 0..n {
                 let kind = b.has_remaining().then(|| b.get_u8())?;
                 ops.push(read_op(kind, b, depth + 1)?);
@@ -986,6 +992,29 @@ mod tests {
         ] {
             assert_eq!(crc_of_len(len), crc32c::crc32c(&len.to_le_bytes()), "{len}");
         }
+    }
+
+    /// A record's counts are checked against its length (one byte an
+    /// element at least), but an element in memory is larger than its
+    /// encoding: a crafted count reserved its size times the count up
+    /// front (200 M operations: 25.6 GB, past this machine's memory, and
+    /// the process aborted). Room grows with what is decoded instead.
+    #[test]
+    fn a_crafted_count_reserves_no_more_than_what_decodes() {
+        const N: usize = 200_000_000;
+        let mut body = BytesMut::with_capacity(4 + N);
+        body.put_u32_le(N as u32);
+        body.resize(4 + N, 0xff);
+        let mut b = body.freeze();
+        assert!(read_op(KIND_BATCH, &mut b, 0).is_none());
+        let mut body = BytesMut::new();
+        put_id(&mut body, StreamId::new(1, 0));
+        body.put_u64_le(0);
+        put_id(&mut body, StreamId::new(0, 0));
+        body.put_u32_le(N as u32);
+        body.resize(body.len() + N, 0xff);
+        let mut b = body.freeze();
+        assert!(read_snapshot(&mut b).is_none());
     }
 
     fn add(stream: &str, op_no: u64, ms: u64) -> Record {
