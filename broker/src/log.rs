@@ -847,6 +847,11 @@ pub struct Scan {
     pub valid_len: u64,
     /// How the valid part ended.
     pub tail: Tail,
+    /// Where a valid record starts right after a corrupt one whose length
+    /// still reads: the corrupt one was damaged in place (a crash tears
+    /// only the end of what was being written), and what follows was
+    /// written, flushed and maybe acknowledged after it.
+    pub valid_after: Option<u64>,
 }
 
 /// The segment header's error.
@@ -886,6 +891,7 @@ pub fn scan_segment_each(data: Bytes, f: impl FnMut(u64, Record)) -> Result<Scan
 fn scan_each(data: Bytes, detach: bool, mut f: impl FnMut(u64, Record)) -> Result<Scan, BadHeader> {
     if data.len() < HEADER_LEN {
         return Ok(Scan {
+            valid_after: None,
             records: Vec::new(),
             valid_len: 0,
             tail: if data.is_empty() {
@@ -904,6 +910,7 @@ fn scan_each(data: Bytes, detach: bool, mut f: impl FnMut(u64, Record)) -> Resul
     let mut group: Vec<(u64, Record)> = Vec::new();
     let mut group_at = pos;
     let mut awaiting: Option<u32> = None;
+    let mut valid_after = None;
     let tail = loop {
         let rest = data.len() - pos;
         if rest == 0 {
@@ -954,7 +961,10 @@ fn scan_each(data: Bytes, detach: bool, mut f: impl FnMut(u64, Record)) -> Resul
                 pos += framed;
             }
             Frame::Short(_) => break Tail::Torn,
-            Frame::Bad => break Tail::Corrupt,
+            Frame::Bad => {
+                valid_after = valid_record_after_bad(&data, pos);
+                break Tail::Corrupt;
+            }
         }
     };
     // A group cut short: its parts are not valid, whatever their checks
@@ -970,7 +980,26 @@ fn scan_each(data: Bytes, detach: bool, mut f: impl FnMut(u64, Record)) -> Resul
         records: Vec::new(),
         valid_len: valid_len as u64,
         tail,
+        valid_after,
     })
+}
+
+/// Where a valid record starts right after the corrupt frame at `pos`, if
+/// that frame's length reads as one (within bounds, and its end inside the
+/// data).
+fn valid_record_after_bad(data: &Bytes, pos: usize) -> Option<u64> {
+    let len = u32::from_le_bytes(data.get(pos..pos + 4)?.try_into().ok()?) as usize;
+    if len == 0 || len > MAX_RECORD {
+        return None;
+    }
+    let next = pos.checked_add(FRAME_LEN + len)?;
+    if next >= data.len() {
+        return None;
+    }
+    match decode_frame(&data.slice(next..), false) {
+        Frame::Record(..) => Some(next as u64),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

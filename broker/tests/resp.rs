@@ -1463,6 +1463,54 @@ fn a_bad_record_in_a_segment_before_the_last_stops_the_start_unless_repair_is_as
     broker.shutdown();
 }
 
+#[test]
+fn a_bad_record_followed_by_valid_ones_in_the_last_segment_stops_the_start_unless_repair_is_asked()
+{
+    // A crash tears only what was being written: valid records after a
+    // bad one in the newest segment mean the bad one was damaged after it
+    // was flushed (and acknowledged), like damage before the last segment.
+    let dir = TempDir::new();
+    {
+        let broker = start_in(&dir.0, 1, BrokerConfig::default());
+        let mut c = Client::connect(broker.local_addr());
+        for j in 1..=10 {
+            let id = format!("1-{j}");
+            assert_eq!(c.cmd(&["XADD", "s", &id, "f", "v"]), R::bulk(&id));
+        }
+        broker.shutdown();
+    }
+    let segments = common::segment_files(&dir.0);
+    let last = segments.last().expect("a segment").clone();
+    let mut data = std::fs::read(&last).unwrap();
+    let scan = mailring_broker::log::scan_segment(bytes::Bytes::from(data.clone())).unwrap();
+    assert_eq!(scan.records.len(), 10);
+    let third = scan.records[2].0 as usize;
+    data[third + 8 + 20] ^= 0x04;
+    std::fs::write(&last, &data).unwrap();
+    let mut plain = BrokerConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        shards: 1,
+        ..Default::default()
+    };
+    plain.store.dir = dir.0.clone();
+    match Broker::start(plain.clone()) {
+        Ok(_) => panic!("cut acknowledged records after a damaged one"),
+        Err(e) => {
+            let text = e.to_string();
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{text}");
+            assert!(text.contains("--repair-log"), "{text}");
+        }
+    }
+    assert_eq!(std::fs::read(&last).unwrap(), data, "nothing changed");
+    let mut repair = plain;
+    repair.store.repair_log = true;
+    let broker = Broker::start(repair).expect("start with --repair-log");
+    assert_eq!(broker.recovery().cut.len(), 1);
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(2));
+    broker.shutdown();
+}
+
 /// Sends `XADD key 1-i f value(i)` for every `i` in one write, then checks
 /// each reply is its id.
 fn xadd_pipelined(

@@ -367,6 +367,17 @@ fn read_segment(
             format!("{}: {e}", path.display()),
         )
     })?;
+    if let (Some(next), true, false) = (scan.valid_after, last, repair) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{}: a corrupt record at byte {} of {len}, followed by a valid one at byte {next}: damaged after it was written (a crash tears only the end of the last write), and what follows may have been acknowledged; nothing was changed. Restore the file, or start with --repair-log to cut this segment there (losing the {} bytes after it)",
+                path.display(),
+                scan.valid_len,
+                len - scan.valid_len,
+            ),
+        ));
+    }
     if scan.tail != Tail::Clean && !last && !repair {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
