@@ -408,6 +408,9 @@ pub struct Framed<C: Codec> {
     /// future was dropped mid-way (part of a frame may be on the wire, or
     /// bytes taken from the socket lost).
     in_io: bool,
+    /// Its sending side was shut down ([`Framed::close_write`]): it sends
+    /// nothing more, so a pool does not hand it out again.
+    write_closed: bool,
 }
 
 impl<C: Codec> Framed<C> {
@@ -548,6 +551,7 @@ impl<C: Codec> Framed<C> {
             frames_out: 0,
             frames_in: 0,
             in_io: false,
+            write_closed: false,
         }
     }
 
@@ -637,10 +641,10 @@ impl<C: Codec> Framed<C> {
 
     /// Whether the connection sits between request-reply exchanges since
     /// `at` (its [`Framed::frames`] then): no send or receive was cut off
-    /// mid-way, and as many replies came as requests went (more may have
-    /// come: a greeting).
+    /// mid-way, its sending side is open, and as many replies came as
+    /// requests went (more may have come: a greeting).
     pub(crate) fn between_exchanges(&self, at: (u64, u64)) -> bool {
-        !self.in_io && self.frames_out - at.0 <= self.frames_in - at.1
+        !self.in_io && !self.write_closed && self.frames_out - at.0 <= self.frames_in - at.1
     }
 
     /// Closes the sending side (the peer reads the end after what was sent).
@@ -649,6 +653,7 @@ impl<C: Codec> Framed<C> {
     ///
     /// The socket's error.
     pub async fn close_write(&mut self) -> io::Result<()> {
+        self.write_closed = true;
         self.flush().await?;
         self.conn.shutdown(Shutdown::Write).await
     }

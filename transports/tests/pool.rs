@@ -751,3 +751,51 @@ fn a_failed_connect_neither_refuses_an_idle_connection_nor_outlasts_good_service
     let s = &pool.stats()[0];
     assert_eq!((s.connects, s.connect_failures), (3, 2), "{s:?}");
 }
+
+#[test]
+fn a_connection_whose_write_side_was_shut_is_not_handed_out_again() {
+    // The caller ends its request with a half-close; the upstream echoes,
+    // reads the end and keeps its side open a while (a slow close): the
+    // connection can send nothing more, so the next caller gets another.
+    use std::io::{Read, Write};
+    let listener = StdListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().take(4) {
+            let Ok(mut conn) = conn else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 256];
+                loop {
+                    match conn.read(&mut buf) {
+                        Ok(0) => {
+                            std::thread::sleep(Duration::from_secs(2));
+                            return;
+                        }
+                        Ok(k) => {
+                            if conn.write_all(&buf[..k]).is_err() {
+                                return;
+                            }
+                        }
+                        Err(_) => return,
+                    }
+                }
+            });
+        }
+    });
+    let rt = runtime();
+    let pool = Pool::new(Upstream::Tcp(addr), LengthDelimited::new(), config(), 2);
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        let mut c = p.get().await.unwrap();
+        c.send(Bytes::from_static(b"a")).await.unwrap();
+        assert_eq!(c.recv().await.unwrap().unwrap(), &b"a"[..]);
+        c.close_write().await.unwrap();
+        drop(c);
+        assert_eq!(
+            p.request(Bytes::from_static(b"b")).await.unwrap(),
+            &b"b"[..]
+        );
+    });
+    let s = &pool.stats()[0];
+    assert_eq!((s.connects, s.reused, s.discarded), (2, 0, 1), "{s:?}");
+}
