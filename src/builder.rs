@@ -96,6 +96,10 @@ pub struct FaultInjection {
     /// the move is sent with `IORING_MSG_RING_CQE_SKIP`, so the target is
     /// not told, and fails with `EOVERFLOW`.
     pub unannounced_fd_moves: bool,
+    /// Refuse `IORING_REGISTER_PBUF_STATUS` (how many buffers of a ring
+    /// the kernel still holds) with `EINVAL`, as kernels before 6.8 do, so
+    /// the multishot receives' way without it can be tested.
+    pub no_buf_ring_status: bool,
     /// Read the CPU pressure figure that decides whether idle shards spin
     /// (see [`IdlePolicy::Spin`]) from this file instead of
     /// `/proc/pressure/cpu`.

@@ -422,6 +422,8 @@ pub(crate) struct RingReceive {
     /// The ring's tail when the kernel said it had no buffer left though
     /// some are not taken back yet: the receive waits until it moves.
     starved_at: Option<u16>,
+    /// The ring's tail when the receive was last armed.
+    armed_at: u16,
 }
 
 /// `ENOBUFS` completions in a row, with buffers provided, after which a
@@ -444,6 +446,7 @@ impl RingReceive {
             finished: false,
             empty_rearms: 0,
             starved_at: None,
+            armed_at: 0,
         }
     }
 
@@ -478,6 +481,7 @@ impl RingReceive {
                     return Poll::Pending;
                 }
                 self.starved_at = None;
+                self.armed_at = self.ring.tail();
                 match arm(&self.ring) {
                     Ok(op) => self.op = Some(op),
                     Err(e) => return Poll::Ready(Some(Err(e))),
@@ -513,12 +517,29 @@ impl RingReceive {
                         // means the kernel cannot use them: an error, not
                         // an endless re-arm.
                         if self.ring.available() > 0 {
-                            if self.ring.kernel_available() == Some(0) {
+                            match self.ring.kernel_available() {
                                 // The kernel has none left: the others are
-                                // in completions not taken yet.
-                                self.starved_at = Some(self.ring.tail());
-                                self.empty_rearms = 0;
-                                continue;
+                                // in completions not taken yet. Wait for
+                                // one to come back.
+                                Some(0) => {
+                                    self.starved_at = Some(self.ring.tail());
+                                    self.empty_rearms = 0;
+                                    continue;
+                                }
+                                // It cannot say (before Linux 6.8): it had
+                                // none at some point since the receive was
+                                // armed. Armed again at once if one came
+                                // back since, else when one does. A ring
+                                // the kernel cannot use then waits (no
+                                // buffer comes back) rather than end a
+                                // receive only starved by another on the
+                                // same ring.
+                                None => {
+                                    self.starved_at = Some(self.armed_at);
+                                    self.empty_rearms = 0;
+                                    continue;
+                                }
+                                Some(_) => {}
                             }
                             self.empty_rearms += 1;
                             if self.empty_rearms >= MAX_EMPTY_REARMS {

@@ -72,6 +72,8 @@ pub(crate) struct Config {
     pub(crate) multishot_recvmsg_errno: Option<i32>,
     /// [`crate::FaultInjection::unannounced_fd_moves`].
     pub(crate) unannounced_fd_moves: bool,
+    /// [`crate::FaultInjection::no_buf_ring_status`].
+    pub(crate) no_buf_ring_status: bool,
 }
 
 /// State shared by all shards of one runtime and its handles.
@@ -768,6 +770,7 @@ impl Runtime {
                 hot_wake_threshold: builder.hot_wake_threshold,
                 multishot_recvmsg_errno: builder.faults.multishot_recvmsg_errno,
                 unannounced_fd_moves: builder.faults.unannounced_fd_moves,
+                no_buf_ring_status: builder.faults.no_buf_ring_status,
             },
             shutdown_barrier: ShutdownBarrier::new(n + 1),
             dynamic_hot: Arc::new(crate::hot::DynamicHotTags::new()),

@@ -514,6 +514,9 @@ impl Shard {
 
     /// The kernel's head of this shard's provided-buffer ring `group`.
     pub(crate) fn buf_ring_head(&self, group: u16) -> std::io::Result<u16> {
+        if self.shared.config.no_buf_ring_status {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
         self.driver.borrow_mut().buf_ring_head(group)
     }
 

@@ -416,8 +416,26 @@ fn connections_share_a_buffer_ring_and_dropped_receives_return_buffers() {
 
 #[test]
 fn a_receive_that_finds_a_shared_ring_filled_for_another_connection_waits_for_a_buffer() {
+    a_receive_finds_a_shared_ring_filled(rt2());
+}
+
+/// The same where the kernel cannot say how many buffers it still holds
+/// (before Linux 6.8): the receive waits, it does not end as if its peer
+/// had closed.
+#[test]
+fn without_the_buffer_status_a_receive_on_a_shared_ring_filled_for_another_still_waits() {
+    let mut faults = mailring::FaultInjection::default();
+    faults.no_buf_ring_status = true;
+    let rt = mailring::Runtime::builder()
+        .shards(2)
+        .fault_injection(faults)
+        .build()
+        .expect("io_uring runtime");
+    a_receive_finds_a_shared_ring_filled(rt);
+}
+
+fn a_receive_finds_a_shared_ring_filled(rt: mailring::Runtime) {
     use mailring::buf::BufRing;
-    let rt = rt2();
     rt.block_on(async {
         let ring = BufRing::new(2, 64).unwrap();
         let listener = TcpListener::bind(any_port()).unwrap();
