@@ -744,6 +744,11 @@ impl StreamCore {
     /// The descriptor, unless an abandoned operation still uses it (then
     /// the core comes back unchanged).
     pub(crate) fn into_owned(self) -> Result<OwnedFd, StreamCore> {
+        // Bytes a dropped `recv` took are the stream's next `recv`'s to
+        // report: the descriptor does not go without them.
+        if self.unreported_loss() > 0 {
+            return Err(self);
+        }
         let StreamCore {
             inner,
             lost,
@@ -928,6 +933,11 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
     /// Receives into `buf` (from its start, up to its capacity); 0 means the
     /// peer closed its side. See the module docs on dropping a pending `recv`.
     /// Errors once if an earlier, dropped `recv` took data (see the module docs).
+    /// Bytes dropped `recv`s took that no `recv` has reported yet.
+    pub(crate) fn unreported_loss(&self) -> usize {
+        self.lost.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub(crate) fn check_lost(&self) -> io::Result<()> {
         match self.lost.swap(0, std::sync::atomic::Ordering::Relaxed) {
             0 => Ok(()),
@@ -1118,7 +1128,9 @@ impl TcpStream {
     ///
     /// # Errors
     ///
-    /// Gives the stream back while an abandoned operation still uses it.
+    /// Gives the stream back while an abandoned operation still uses it,
+    /// or while bytes a dropped `recv` took are not reported yet (its next
+    /// `recv` reports them).
     pub fn into_std(self) -> Result<std::net::TcpStream, TcpStream> {
         self.core
             .into_owned()

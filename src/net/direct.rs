@@ -56,6 +56,17 @@ impl OpFile for Slot {
     fn keep(&self) {}
 }
 
+/// The refusal to move a stream whose dropped `recv`s took bytes no `recv`
+/// has reported yet: its next `recv` reports them, then it may move.
+fn unreported_loss<F: crate::op::OpFile<Raw = RawFd>>(core: &StreamCore<F>) -> io::Result<()> {
+    match core.unreported_loss() {
+        0 => Ok(()),
+        n => Err(io::Error::other(format!(
+            "{n} bytes received by a dropped recv are not reported yet: the stream's next recv reports them, then it may move"
+        ))),
+    }
+}
+
 fn unsupported(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::Unsupported, format!("mailring: {what}"))
 }
@@ -101,6 +112,9 @@ impl DirectStream {
             ));
         }
         if let Err(e) = stream.core.inner.check() {
+            return Err((e, stream));
+        }
+        if let Err(e) = unreported_loss(&stream.core) {
             return Err((e, stream));
         }
         let fd: OwnedFd = match stream.core.into_owned() {
@@ -247,6 +261,9 @@ impl DirectStream {
         if let Err(e) = self.core.inner.check() {
             return Err((e, self));
         }
+        if let Err(e) = unreported_loss(&self.core) {
+            return Err((e, self));
+        }
         let id = MOVES.fetch_add(1, Ordering::Relaxed) & ((1 << 56) - 1);
         let slot = self.slot();
         // SAFETY: a MSG_RING entry refers to no memory: the target ring's fd
@@ -329,6 +346,9 @@ impl DirectStream {
             Some(true) => {}
         }
         if let Err(e) = self.core.inner.check() {
+            return Err((e, self));
+        }
+        if let Err(e) = unreported_loss(&self.core) {
             return Err((e, self));
         }
         let slot = self.slot();

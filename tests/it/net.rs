@@ -591,6 +591,45 @@ fn data_taken_by_a_dropped_recv_is_reported_not_silently_lost() {
     });
 }
 
+/// Bytes a dropped `recv` took are reported by the stream's next `recv`,
+/// also when the stream was to move meanwhile: `into_std` gives the stream
+/// back until they are, rather than hand over a descriptor whose data has
+/// a gap nobody would be told of.
+#[test]
+fn a_stream_with_unreported_lost_bytes_is_not_turned_into_a_std_stream() {
+    use std::future::Future;
+    let rt = rt2();
+    rt.block_on(async {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let addr = listener.local_addr();
+        let client = TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        {
+            let mut pending = std::pin::pin!(server.recv(Vec::with_capacity(64)));
+            std::future::poll_fn(|cx| {
+                assert!(pending.as_mut().poll(cx).is_pending());
+                std::task::Poll::Ready(())
+            })
+            .await;
+            client.send_all(b"abcdefgh".to_vec()).await.0.unwrap();
+            mailring::time::sleep(Duration::from_millis(20)).await;
+        }
+        let server = match server.into_std() {
+            Ok(_) => panic!("moved with 8 lost bytes unreported"),
+            Err(server) => server,
+        };
+        let (r, _) = server.recv(Vec::with_capacity(64)).await;
+        let err = r.unwrap_err();
+        assert!(err.to_string().contains("8 bytes"), "{err}");
+        // Reported: it moves now.
+        let std_stream = server.into_std().expect("moves once reported");
+        let server = TcpStream::from_std(std_stream).unwrap();
+        client.send_all(b"next".to_vec()).await.0.unwrap();
+        let (n, buf) = server.recv(Vec::with_capacity(64)).await;
+        assert_eq!((n.unwrap(), &buf[..]), (4, &b"next"[..]));
+    });
+}
+
 #[test]
 fn a_stream_moves_to_another_shard_explicitly_and_host_names_resolve() {
     let rt = rt2();
