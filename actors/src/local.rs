@@ -293,13 +293,20 @@ impl<A: Actor> TypeState<A> {
         payload: P,
         wrap: impl FnOnce(P) -> A::Envelope,
     ) -> Result<(), (AskError, P)> {
-        // The table's borrow ends with this statement, before any activation.
+        // The table's borrow ends with this statement, before any activation
+        // and before a refused envelope is dropped (its `Drop` is user code,
+        // which may send to an actor of this type that must be activated).
         let missed = match target {
             TargetRef::Uid(uid) => push_live(self, self.unkeyed.borrow().get(&uid), payload, wrap),
             TargetRef::Key(key) => push_live(self, self.keyed.borrow().get(key), payload, wrap),
         };
-        let Err((payload, wrap)) = missed else {
-            return Ok(());
+        let (payload, wrap) = match missed {
+            Ok(()) => return Ok(()),
+            Err(Missed::Refused(why, env)) => {
+                self.dead_letter(why, env);
+                return Ok(());
+            }
+            Err(Missed::NoCell(payload, wrap)) => (payload, wrap),
         };
         match target {
             TargetRef::Uid(_) => Err((AskError::Stopped, payload)),
@@ -717,6 +724,9 @@ where
     // table).
     let tag = source_tag(source);
     let mut envs_left = envs.drain(..);
+    // Envelopes live cells refused (an ask that would close a cycle), to
+    // drop outside the tables' borrows: rare, so empty and unallocated.
+    let mut refused: Vec<(AskError, A::Envelope)> = Vec::new();
     let mut i = 0;
     while i < targets.len() {
         let window = &targets[i..targets.len().min(i + LOOKAHEAD)];
@@ -742,7 +752,16 @@ where
             for cell in cells.iter().take(window.len()) {
                 let Some(cell) = cell else { break };
                 let env = envs_left.next().expect("one envelope per target");
-                if ts.push_remote(cell, env, source) {
+                let queued = match ts.push_or_free(cell, env) {
+                    Ok(()) => true,
+                    // Dropped once the tables are let go (its `Drop` is
+                    // user code, which may send to this type).
+                    Err(refused_env) => {
+                        refused.push(refused_env);
+                        false
+                    }
+                };
+                if queued {
                     match &mut run {
                         Some((c, n)) if std::ptr::eq(*c, &***cell) => *n += 1,
                         _ => {
@@ -760,6 +779,9 @@ where
             }
             pushed
         };
+        for (why, env) in refused.drain(..) {
+            ts.dead_letter_from(source, why, env);
+        }
         i += pushed;
         undelivered.left -= pushed;
         if pushed < window.len() {
@@ -881,19 +903,27 @@ impl<A: Actor> TypeState<A> {
 /// back. The cell is pushed through the caller's borrow of its table:
 /// pushing wakes at most a task into a run queue, and the cell is open, so
 /// nothing here reaches the tables.
+/// Why [`push_live`] did not queue a payload.
+enum Missed<A: Actor, P, W> {
+    /// No live cell: the payload, unwrapped.
+    NoCell(P, W),
+    /// The live cell refused it: a dead letter, for the caller to drop
+    /// once the table is let go.
+    Refused(AskError, A::Envelope),
+}
+
 #[inline(always)]
 fn push_live<A: Actor, P, W: FnOnce(P) -> A::Envelope>(
     ts: &TypeState<A>,
     cell: Option<&Rc<ActorCell<A>>>,
     payload: P,
     wrap: W,
-) -> Result<(), (P, W)> {
+) -> Result<(), Missed<A, P, W>> {
     match cell {
-        Some(cell) if cell.is_open() => {
-            ts.push_resolved(cell, wrap(payload));
-            Ok(())
-        }
-        _ => Err((payload, wrap)),
+        Some(cell) if cell.is_open() => ts
+            .push_or_free(cell, wrap(payload))
+            .map_err(|(why, env)| Missed::Refused(why, env)),
+        _ => Err(Missed::NoCell(payload, wrap)),
     }
 }
 

@@ -513,3 +513,139 @@ fn an_ask_from_outside_any_actor_to_a_blocked_actor_is_not_refused() {
     assert!(matches!(out.3, Some(Ok(_))), "{out:?}");
     sys.shutdown();
 }
+
+// ---------------------------------------------------------------- a refused ask's message
+
+/// A keyed actor: `KCall` tells a peer a `KNote` and asks it a `KPing`
+/// from its handler; `KNote` counts; `KCount` tells the count.
+#[derive(Actor, Default)]
+#[actor(key = u64, handles(KCall, KPing, KNote, KCount))]
+struct Knot {
+    notes: u64,
+    outcome: Outcome,
+}
+
+#[derive(Message)]
+struct KCall {
+    peer: Addr<Knot>,
+    delay: Duration,
+    witness: Addr<Knot>,
+}
+
+/// Its `Drop` tells the witness a `KNote`: a send to a key that may not
+/// be active yet, from wherever the message is dropped.
+struct Witness(Addr<Knot>);
+
+impl Drop for Witness {
+    fn drop(&mut self) {
+        let _ = self.0.tell(KNote);
+    }
+}
+
+#[derive(Message)]
+#[message(reply = u64)]
+struct KPing(#[allow(dead_code)] Witness);
+
+#[derive(Message)]
+struct KNote;
+
+#[derive(Message)]
+#[message(reply = (u64, Outcome))]
+struct KCount;
+
+impl Handler<KCall> for Knot {
+    async fn handle(&mut self, m: KCall, _cx: &mut Ctx<Self>) {
+        if !m.delay.is_zero() {
+            sleep(m.delay).await;
+        }
+        // A tell first: from another shard, the ask then travels second in
+        // a batch.
+        let _ = m.peer.tell(KNote);
+        self.outcome = Some(m.peer.ask(KPing(Witness(m.witness))).await);
+    }
+}
+
+impl Handler<KPing> for Knot {
+    async fn handle(&mut self, _m: KPing, _cx: &mut Ctx<Self>) -> u64 {
+        1
+    }
+}
+
+impl Handler<KNote> for Knot {
+    async fn handle(&mut self, _m: KNote, _cx: &mut Ctx<Self>) {
+        self.notes += 1;
+    }
+}
+
+impl Handler<KCount> for Knot {
+    async fn handle(&mut self, _m: KCount, _cx: &mut Ctx<Self>) -> (u64, Outcome) {
+        (self.notes, self.outcome.take())
+    }
+}
+
+/// The message of an ask refused at delivery (`WouldDeadlock`) is dropped
+/// after the shard's table of the type is let go: its `Drop` may send to
+/// an actor of the same type that must be activated (which takes the
+/// table to change it), and that send arrives.
+#[test]
+fn a_refused_asks_message_is_dropped_outside_the_table_and_may_send() {
+    // On one shard (a same-shard send refused), and on two with the asker
+    // on the other shard (refused in the batch from there), the witness on
+    // the refusing shard.
+    for shards in [1, 2] {
+        refused_ask_drop_sends(shards);
+    }
+}
+
+fn refused_ask_drop_sends(shards: usize) {
+    let sys = system(shards);
+    sys.register_factory::<Knot>(|_| Knot::default());
+    let shard = |k: u64| sys.shard_of::<Knot>(&k);
+    let a_key = 1;
+    let b_key = (2..)
+        .find(|k| shards == 1 || shard(*k) != shard(a_key))
+        .unwrap();
+    let w_key = (100..).find(|k| shard(*k) == shard(a_key)).unwrap();
+    let (a, b, witness) = (
+        sys.keyed::<Knot>(a_key),
+        sys.keyed::<Knot>(b_key),
+        sys.keyed::<Knot>(w_key),
+    );
+    let (notes, out_a, out_b) = sys.block_on(async move {
+        a.tell(KCall {
+            peer: b.clone(),
+            delay: Duration::ZERO,
+            witness: witness.clone(),
+        })
+        .unwrap();
+        b.tell(KCall {
+            peer: a.clone(),
+            delay: Duration::from_millis(30),
+            witness: witness.clone(),
+        })
+        .unwrap();
+        sleep(Duration::from_millis(100)).await;
+        let (_, out_a) = a.ask(KCount).timeout(PATIENCE).await.unwrap();
+        let (_, out_b) = b.ask(KCount).timeout(PATIENCE).await.unwrap();
+        let (notes, _) = witness.ask(KCount).timeout(PATIENCE).await.unwrap();
+        (notes, out_a, out_b)
+    });
+    assert!(matches!(out_a, Some(Ok(1))), "{shards} shards: {out_a:?}");
+    assert_eq!(out_b, Some(Err(AskError::WouldDeadlock)), "{shards} shards");
+    assert_eq!(
+        notes, 2,
+        "{shards} shards: the refused ask's message did not send from its Drop"
+    );
+    let drops: u64 = sys
+        .runtime()
+        .stats()
+        .shards
+        .iter()
+        .map(|s| {
+            s.panics
+                .get(mailring_actors::mailring::panic::CallbackKind::Drop)
+        })
+        .sum();
+    assert_eq!(drops, 0, "{shards} shards: a Drop panicked");
+    sys.shutdown();
+}
