@@ -21,7 +21,8 @@ fn usage() -> &'static str {
      [--appendfsync always|everysec|no] [--requirepass PASS] [--maxclients N] [--spin-us N]\n\
      \x20      [--stream-cache BYTES] [--segment-bytes BYTES] [--no-direct-io] [--no-preallocate]\n\
      \x20      [--always-flush adaptive|write-through|write-then-sync]\n\
-     \x20      [--repair-log] [--allow-thp] [--cpus LIST] [--tls-cert PEM --tls-key PEM]\n\
+     \x20      [--repair-log] [--allow-thp] [--cpus LIST] [--spread-connections]\n\
+     \x20      [--tls-cert PEM --tls-key PEM]\n\
      \x20      broker --bench [--producers N] [--consumers N] [--pipeline N] \
      [--payload BYTES] [--streams N] [--duration SECS]\n\
      \x20             [--dir PARENT] [--appendfsync ...] [--shards N] [and the store's and shards' flags]"
@@ -104,6 +105,7 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
                 }
                 "--no-preallocate" => config.store.preallocate = false,
                 "--repair-log" => config.store.repair_log = true,
+                "--spread-connections" => config.spread_connections = true,
                 "--allow-thp" => allow_thp = true,
                 "--cpus" => {
                     // Shard i on the i-th CPU of the list (wrapping): "1,0".

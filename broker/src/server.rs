@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -144,6 +144,17 @@ pub struct BrokerConfig {
     /// Tests only: `DEBUG PANIC-STREAM key` makes the stream's actor panic
     /// (its supervisor restarts it, and it rebuilds from its log).
     pub debug_commands: bool,
+    /// Spread the connections of a hot stream over the shards
+    /// (`--spread-connections`; off by default). A connection moves to the
+    /// shard of the first stream it names, so its commands on that stream
+    /// never cross shards; with this on, a connection stays where it was
+    /// accepted instead when the stream's shard already serves clearly
+    /// more connections (more than this shard's by a sixteenth of all, and
+    /// one), and its commands go to the stream's actor through the
+    /// mailboxes. Many clients on one stream then keep every shard's
+    /// network work busy instead of one; connections over many streams
+    /// spread evenly either way and still follow their streams.
+    pub spread_connections: bool,
 }
 
 impl Default for BrokerConfig {
@@ -158,6 +169,7 @@ impl Default for BrokerConfig {
             tls: None,
             max_clients: 10_000,
             debug_commands: false,
+            spread_connections: false,
         }
     }
 }
@@ -453,6 +465,8 @@ pub struct Shared {
     pub(crate) rates: crate::rates::Rates,
     /// The byte totals at the last `CONFIG RESETSTAT`.
     pub(crate) net_base: Mutex<(u64, u64)>,
+    /// Client connections on each shard now (where their sessions run).
+    pub(crate) sessions_on: Box<[AtomicUsize]>,
 }
 
 impl Shared {
@@ -811,6 +825,7 @@ impl Broker {
             server_stats: std::sync::OnceLock::new(),
             rates: crate::rates::Rates::default(),
             net_base: Mutex::new((0, 0)),
+            sessions_on: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
         });
         Shared::register(&shared);
         let broker_shared = shared.clone();
@@ -971,6 +986,15 @@ impl Broker {
                 .by_type("StreamActor")
                 .map_or(0, |s| s.ran_now)
         })
+    }
+
+    /// Client connections on each shard now, by shard index.
+    pub fn sessions_by_shard(&self) -> Vec<usize> {
+        self.shared
+            .sessions_on
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .collect()
     }
 
     /// The index of the shard whose log and actor own stream `name` (where

@@ -68,6 +68,12 @@ pub struct RespSession {
     /// What the reply to the request being handled counts, taken by the
     /// reply that answers it.
     counting: command_stats::Pending,
+    /// The shard this connection is counted on in
+    /// [`Shared::sessions_on`] (from its open).
+    seat: Option<usize>,
+    /// With `spread_connections`: the connection stays on the shard it
+    /// runs on rather than follow its first stream (see [`spreads`]).
+    stays: bool,
 }
 
 impl RespSession {
@@ -95,6 +101,8 @@ impl RespSession {
             counts,
             counts_shard: mailring::current_shard(),
             counting: command_stats::Pending::default(),
+            seat: None,
+            stays: false,
         }
     }
 
@@ -1712,7 +1720,7 @@ impl Session for RespSession {
         // Inside `MULTI` commands are only queued: a stream they name is
         // placed by the transaction if it runs (a refused one must leave
         // no name placed).
-        if cx.key().is_some() || !self.authenticated || self.multi.is_some() {
+        if cx.key().is_some() || !self.authenticated || self.multi.is_some() || self.stays {
             return Route::NotYet;
         }
         match req {
@@ -1721,15 +1729,19 @@ impl Session for RespSession {
             // leaves it unplaced, as a hostile client naming many would
             // otherwise leave a record of each.
             Request::Command(args) => match first_stream(args) {
-                Some(key)
-                    if key.len() <= MAX_KEY_LEN
-                        && (may_make_stream(args)
-                            || self
-                                .shared
-                                .system
-                                .placed_shard::<StreamActor>(key)
-                                .is_some()) =>
-                {
+                Some(key) if key.len() <= MAX_KEY_LEN => {
+                    let placed = self.shared.system.placed_shard::<StreamActor>(key);
+                    if placed.is_none() && !may_make_stream(args) {
+                        return Route::NotYet;
+                    }
+                    if let Some(home) = placed {
+                        if self.shared.config.spread_connections
+                            && spreads(&self.shared.sessions_on, cx.shard().index(), home.index())
+                        {
+                            self.stays = true;
+                            return Route::NotYet;
+                        }
+                    }
                     Route::Key(key.clone())
                 }
                 _ => Route::NotYet,
@@ -1740,6 +1752,7 @@ impl Session for RespSession {
 
     async fn on_frame(&mut self, req: Request, cx: &mut SessionCtx<Self>) {
         if self.counts_shard != Some(cx.shard()) {
+            self.sit(cx.shard().index());
             // Moved (to its key's shard, or a less loaded one): counted
             // in the table of the shard it runs on now.
             self.counts_shard = Some(cx.shard());
@@ -1780,6 +1793,7 @@ impl Session for RespSession {
         self.card = Arc::new(ClientCard::new(self.id));
         self.card.open(cx.peer_addr(), cx.local_addr(), cx.closer());
         self.shared.clients.add(self.card.clone());
+        self.sit(cx.shard().index());
     }
 
     fn refusal(&mut self, reason: &CloseReason) -> Option<(Protocol, Reply)> {
@@ -2033,5 +2047,36 @@ impl Drop for RespSession {
             self.shared.clients.remove(self.id);
             self.shared.connected.fetch_sub(1, Ordering::Relaxed);
         }
+        if let Some(seat) = self.seat {
+            self.shared.sessions_on[seat].fetch_sub(1, Ordering::Relaxed);
+        }
     }
+}
+
+impl RespSession {
+    /// Counts this connection on `shard` (and no longer where it was).
+    fn sit(&mut self, shard: usize) {
+        if self.seat == Some(shard) {
+            return;
+        }
+        if let Some(old) = self.seat.replace(shard) {
+            self.shared.sessions_on[old].fetch_sub(1, Ordering::Relaxed);
+        }
+        self.shared.sessions_on[shard].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether a connection on shard `here`, whose first stream lives on
+/// `home`, stays here (`spread_connections`): when `home` serves more
+/// connections than `here` by more than a sixteenth of all of them and
+/// one. Connections over many streams come out about even on every shard
+/// and follow their streams; those of one hot stream fill its shard that
+/// far, and the rest stay where the kernel's reuseport spread put them.
+fn spreads(sessions_on: &[std::sync::atomic::AtomicUsize], here: usize, home: usize) -> bool {
+    if here == home {
+        return false;
+    }
+    let count = |i: usize| sessions_on.get(i).map_or(0, |n| n.load(Ordering::Relaxed));
+    let total: usize = (0..sessions_on.len()).map(count).sum();
+    count(home) > count(here) + total / 16 + 1
 }

@@ -3329,6 +3329,54 @@ fn a_filesystem_that_refuses_o_direct_at_open_gets_writes_through_the_page_cache
 }
 
 #[test]
+fn with_spread_connections_the_clients_of_one_hot_stream_run_on_every_shard() {
+    // Without it every connection follows the stream to its shard; with
+    // it, once the stream's shard serves clearly more, the rest stay
+    // where they were accepted and reach the stream through the
+    // mailboxes: their writes, reads and transactions all land.
+    for spread in [false, true] {
+        let dir = TempDir::new();
+        let mut config = BrokerConfig {
+            spread_connections: spread,
+            ..Default::default()
+        };
+        config.store.fsync = Fsync::EverySec;
+        let broker = start_in(&dir.0, 2, config);
+        let addr = broker.local_addr();
+        let mut first = Client::connect(addr);
+        assert!(matches!(
+            first.cmd(&["XADD", "hot", "*", "f", "v"]),
+            R::Bulk(_)
+        ));
+        let home = broker.shard_of_stream(b"hot");
+        let mut clients: Vec<Client> = (0..24).map(|_| Client::connect(addr)).collect();
+        for c in &mut clients {
+            assert!(matches!(c.cmd(&["XADD", "hot", "*", "f", "v"]), R::Bulk(_)));
+            assert_eq!(c.cmd(&["MULTI"]), R::Status("OK".into()));
+            assert_eq!(
+                c.cmd(&["XADD", "hot", "*", "f", "w"]),
+                R::Status("QUEUED".into())
+            );
+            assert_eq!(c.cmd(&["XLEN", "hot"]), R::Status("QUEUED".into()));
+            match c.cmd(&["EXEC"]) {
+                R::Array(replies) => assert_eq!(replies.len(), 2, "{replies:?}"),
+                other => panic!("EXEC: {other:?}"),
+            }
+        }
+        let on = broker.sessions_by_shard();
+        assert_eq!(on.iter().sum::<usize>(), 25, "{on:?}");
+        if spread {
+            assert!(on.iter().all(|&n| n >= 6), "spread {on:?}");
+        } else {
+            assert_eq!(on[home], 25, "followed the stream: {on:?}");
+        }
+        assert_eq!(first.cmd(&["XLEN", "hot"]), R::Int(1 + 2 * 24));
+        drop(clients);
+        broker.shutdown();
+    }
+}
+
+#[test]
 fn under_always_the_names_never_show_a_stream_made_or_deleted_by_a_failed_flush() {
     // A stream made (and one deleted) by writes whose flush failed: the
     // commands that read the names (`EXISTS`, `TYPE`, `KEYS`, `SCAN`,
