@@ -6,7 +6,9 @@
 # need), the broker's 50-client pipelined rows under `everysec` on 1 shard
 # at `PAIRS` pairs, and the `always` table on 1 and 2 shards at 3 pairs.
 # `PARTS` runs a subset (sessions, tls, udp, everysec, always; all by
-# default), `ALWAYS_ROWS` the `always` rows, `EVERYSEC_ROWS`,
+# default; `spread`, not in the default set, runs the 50-client depth-1
+# rows under `everysec` on 2 shards with and without the broker's
+# `--spread-connections`, at `SPREAD_PAIRS`, default 5), `ALWAYS_ROWS` the `always` rows, `EVERYSEC_ROWS`,
 # `EVERYSEC_SHARDS` and `EVERYSEC_PAIRS` the `everysec` ones. The broker's threaded
 # load generator sees its end only at a 250 ms tick, so the broker's rows
 # send `EVERYSEC_SCALE` (30) and `ALWAYS_SCALE` (8) times their request
@@ -43,5 +45,9 @@ if want always; then
   BROKER_ROWS=${ALWAYS_ROWS:-xadd-c1,xadd-c1-rand,xadd-c1-P16,xadd-c1-P16-rand,xadd-c50,xadd-c50-rand,xadd-c50-P16,xadd-c50-P16-rand} \
     BROKER_SHARDS=1,2 BROKER_SCALE=${ALWAYS_SCALE:-8} \
     timeout 240 "$B/broker_vs_redis" 3 always 2>&1 | grep -v maxclients | tee "$O/broker-always.txt"
+fi
+if want spread; then
+  BROKER_ROWS=${SPREAD_ROWS:-xadd-c50,xadd-c50-rand} BROKER_SHARDS="2,2 --spread-connections" BROKER_SCALE=${EVERYSEC_SCALE:-30} \
+    timeout 300 "$B/broker_vs_redis" "${SPREAD_PAIRS:-5}" everysec 2>&1 | grep -v maxclients | tee "$O/broker-spread.txt"
 fi
 echo done
