@@ -1610,11 +1610,18 @@ async fn drive<S: Session>(
         // until the send drains them (a tiny request may ask for a big
         // reply; the limit holds between frames, not only while waiting).
         let outbound_full = outbound(cx, in_flight.bytes) > config.outbound_limit;
-        // Pushes run between frames.
-        if let Some(r) = registered.as_ref().filter(|_| !outbound_full) {
+        // Pushes run between frames. Frames held behind a deferred reply
+        // take no room in the output yet: they count against the push
+        // queue instead, so pushes to a session owing a slow reply wait in
+        // its queue (and those past it are refused) rather than pile up.
+        let holding = |cx: &SessionCtx<S>| cx.held >= config.push_queue.max(1);
+        if let Some(r) = registered
+            .as_ref()
+            .filter(|_| !outbound_full && !holding(cx))
+        {
             while let Some(push) = r.take() {
                 push(session, cx);
-                if outbound(cx, in_flight.bytes) > config.outbound_limit {
+                if outbound(cx, in_flight.bytes) > config.outbound_limit || holding(cx) {
                     break;
                 }
             }
@@ -1915,10 +1922,13 @@ async fn drive<S: Session>(
                 }
             }
             // Pushes run in the loop, but not while the output is past its
-            // limit: then they wait here for the send that drains it (going
-            // round for them would never yield, and the send could not end).
+            // limit, nor while frames held behind a deferred reply fill
+            // the push queue: then they wait here for the send that drains
+            // the output, or the reply that lets the held frames go (going
+            // round for them would never yield, and neither could end).
             if registered.as_ref().is_some_and(Registered::has_pushes)
                 && queued <= config.outbound_limit
+                && cx.held < config.push_queue.max(1)
             {
                 return Poll::Ready(Event::Progress);
             }

@@ -454,7 +454,7 @@ pub struct SessionCtx<S: Session> {
     /// not ready): they count against the pipeline window with the
     /// pending ones, so a stuck reply cannot gather every later one in
     /// memory.
-    held: usize,
+    pub(crate) held: usize,
     /// Replies queued, and written, since the connection opened (for a
     /// blocked reply's place).
     queued: u64,

@@ -2159,11 +2159,56 @@ impl Session for Busy {
     }
 
     async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        if frame.as_ref() == b"owe" {
+            cx.reply_later(async {
+                mailring::time::sleep(Duration::from_millis(600)).await;
+                Bytes::from_static(b"owed")
+            });
+            return;
+        }
         if frame.as_ref() == b"work" {
             mailring::time::sleep(Duration::from_millis(300)).await;
         }
         cx.send_frame(frame);
     }
+}
+
+#[test]
+fn pushes_to_a_session_owing_a_reply_are_bounded_and_those_refused_are_counted() {
+    // The session waits for a deferred reply: pushed frames queue behind
+    // it, unwritten. They count against the push queue (they took no
+    // room in the output yet, which the outbound limit measures), and
+    // pushes past it are refused and counted, not held without end.
+    let rt = runtime(1);
+    let mut config = ServerConfig::default();
+    config.push_queue = 100;
+    let server = one_shard_server(&rt, config, |_| Busy);
+    let mut c = client(server.local_addr());
+    c.write_all(&frame(b"KEY t")).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"KEY t");
+    c.write_all(&frame(b"owe")).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let sessions = server.sessions();
+    // In rounds the session takes in between (a burst would find the
+    // queue full at once, whatever the session holds).
+    for _ in 0..10 {
+        for _ in 0..100 {
+            sessions.push(&"t".to_string(), |_, cx| {
+                cx.send_frame(Bytes::from_static(b"P"))
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_for(&server, "the pushes refused", |s| {
+        s.total(|s| s.pushes_dropped) == 800
+    });
+    assert_eq!(read_frame(&mut c).unwrap(), b"owed");
+    for _ in 0..200 {
+        assert_eq!(read_frame(&mut c).unwrap(), b"P");
+    }
+    drop(c);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
 }
 
 #[test]
