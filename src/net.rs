@@ -823,6 +823,26 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
             .unwrap_or_else(|| Err(io::ErrorKind::Unsupported.into()))
     }
 
+    /// The streams' `try_recv`: a non-blocking receive on the socket's
+    /// shard, `WouldBlock` while a receive of the socket is on the ring or
+    /// a multishot receive was armed (the bytes would overtake theirs);
+    /// bytes a dropped `recv` took are reported first, as by `recv`.
+    pub(crate) fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.inner.check()?;
+        self.check_lost()?;
+        if self.recv_at_once.reads.any() || self.recv_at_once.multishot.load(Relaxed) {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        // SAFETY: `[u8]` and `[MaybeUninit<u8>]` have the same layout, and
+        // `recv` only writes initialised bytes into the slice (it never
+        // de-initialises one), so `buf` stays fully initialised.
+        let spare = unsafe { &mut *(std::ptr::from_mut(buf) as *mut [std::mem::MaybeUninit<u8>]) };
+        self.inner
+            .recv_now(spare)
+            .unwrap_or_else(|| Err(io::ErrorKind::Unsupported.into()))
+    }
+
     /// The streams' `try_send`: a non-blocking send on the socket's shard,
     /// `WouldBlock` while a write of the socket is on the ring (the bytes
     /// would overtake it).
@@ -1212,6 +1232,23 @@ impl TcpStream {
     /// the OS error (e.g. `ConnectionReset`).
     pub fn try_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
         self.core.try_peek(buf)
+    }
+
+    /// Takes into `buf` the bytes queued on the socket now, with a plain
+    /// non-blocking `recv`: how many, `Ok(0)` at the peer's end, or
+    /// `WouldBlock` when nothing is queued. While a receive of this socket
+    /// is on the ring (or a multishot receive was armed on it) it says
+    /// `WouldBlock` without looking: bytes taken here would overtake that
+    /// receive's. What a TLS layer over a pooled connection reads to see
+    /// whether records that came unasked hold data.
+    ///
+    /// # Errors
+    ///
+    /// `WouldBlock` as above; the bytes a dropped `recv` took, as
+    /// [`recv`](Self::recv) reports them; the wrong-shard error off the
+    /// socket's shard; the OS error (e.g. `ConnectionReset`).
+    pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.core.try_recv(buf)
     }
 
     /// Whether the peer has closed its side: the kernel's TCP state is

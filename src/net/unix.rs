@@ -192,6 +192,18 @@ impl UnixStream {
         self.core.try_peek(buf)
     }
 
+    /// Takes the queued bytes into `buf` without waiting; see
+    /// [`TcpStream::try_recv`](super::TcpStream::try_recv).
+    ///
+    /// # Errors
+    ///
+    /// `WouldBlock` when nothing is queued or a receive is on the ring; the
+    /// bytes a dropped `recv` took; the wrong-shard error off the socket's
+    /// shard; the OS error.
+    pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.core.try_recv(buf)
+    }
+
     /// Starts a multishot receive into buffers of `ring`; see
     /// [`TcpStream::recv_multishot`](super::TcpStream::recv_multishot).
     pub fn recv_multishot(&self, ring: &BufRing) -> RecvMultishot<'_> {

@@ -1545,3 +1545,45 @@ fn a_connection_reset_before_its_accept_does_not_fail_the_accept() {
     });
     assert_eq!(got.unwrap(), second.local_addr().unwrap());
 }
+
+/// `try_recv` takes what is queued without waiting: `WouldBlock` when
+/// nothing is, the bytes when some are, 0 at the peer's end; and it does
+/// not look while a receive is on the ring (the bytes would be its).
+#[test]
+fn try_recv_takes_queued_bytes_without_waiting() {
+    use std::future::Future;
+    let rt = rt2();
+    rt.block_on(async {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let client = TcpStream::connect(listener.local_addr()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let mut buf = [0u8; 16];
+        assert_eq!(
+            server.try_recv(&mut buf).unwrap_err().kind(),
+            ErrorKind::WouldBlock
+        );
+        client.send_all(b"hello".to_vec()).await.0.unwrap();
+        mailring::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(server.try_recv(&mut buf).unwrap(), 5);
+        assert_eq!(&buf[..5], b"hello");
+        {
+            // A receive on the ring: try_recv does not take its bytes.
+            let mut pending = std::pin::pin!(server.recv(Vec::with_capacity(8)));
+            std::future::poll_fn(|cx| {
+                assert!(pending.as_mut().poll(cx).is_pending());
+                std::task::Poll::Ready(())
+            })
+            .await;
+            assert_eq!(
+                server.try_recv(&mut buf).unwrap_err().kind(),
+                ErrorKind::WouldBlock
+            );
+            client.send_all(b"ring".to_vec()).await.0.unwrap();
+            let (n, got) = pending.await;
+            assert_eq!((n.unwrap(), &got[..]), (4, &b"ring"[..]));
+        }
+        drop(client);
+        mailring::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(server.try_recv(&mut buf).unwrap(), 0);
+    });
+}

@@ -126,11 +126,11 @@ impl Conn {
 
     /// Whether an idle connection may be handed out again: still open,
     /// and sent nothing unasked since its last exchange (a frame then
-    /// would be read as the next caller's reply). A TLS connection is
-    /// judged by its end alone (over TCP, the kernel's state, which sees
-    /// the end behind a `close_notify` record): records may come unasked
-    /// there (session tickets), and its record layer reads them on the
-    /// next receive.
+    /// would be read as the next caller's reply). Over TLS records may
+    /// come unasked (session tickets, key updates): those queued are taken
+    /// through the record layer now, and the connection is fit if they
+    /// held no data and no end (over TCP the kernel's state also sees an
+    /// end behind them).
     pub(crate) fn fit_for_reuse(&self) -> bool {
         let mut probe = [0u8; 1];
         let peeked = match self {
@@ -145,21 +145,18 @@ impl Conn {
                         return false;
                     }
                 }
-                return match s.inner().peek_plain(&mut probe) {
-                    Ok(n) => n > 0,
-                    Err(e) => e.kind() == io::ErrorKind::WouldBlock,
-                };
+                return s.at_rest_without_data();
             }
         };
         matches!(peeked, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
-    /// A look at the bytes queued on the socket itself (plain TCP and
+    /// Takes the bytes queued on the socket itself now (plain TCP and
     /// Unix streams; `WouldBlock` for the others).
-    fn peek_plain(&self, buf: &mut [u8]) -> io::Result<usize> {
+    pub(crate) fn recv_plain_now(&self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            Conn::Tcp(s) => s.try_peek(buf),
-            Conn::Unix(s) => s.try_peek(buf),
+            Conn::Tcp(s) => s.try_recv(buf),
+            Conn::Unix(s) => s.try_recv(buf),
             _ => Err(io::ErrorKind::WouldBlock.into()),
         }
     }

@@ -799,3 +799,71 @@ fn a_connection_whose_write_side_was_shut_is_not_handed_out_again() {
     let s = &pool.stats()[0];
     assert_eq!((s.connects, s.reused, s.discarded), (2, 0, 1), "{s:?}");
 }
+
+#[test]
+fn an_idle_tls_connection_sent_data_unasked_is_not_handed_out() {
+    // A TLS upstream (rustls on a std thread) echoes frames; on its first
+    // connection it sends one more frame, unasked, after the first echo.
+    // Records come unasked over TLS anyway (its session tickets): the idle
+    // connection's queued records are read through the record layer at
+    // checkout, and one holding data is dropped, not handed out (its frame
+    // would be read as the next caller's reply, and every reply after it
+    // would be one behind).
+    use std::io::{Read, Write};
+    let dir = std::env::temp_dir().join(format!("mailring-pool-tls-{}", std::process::id()));
+    let (cert, key) = common::self_signed_localhost(&dir);
+    let server_config = Arc::new(tls::server_config_from_pem_files(&cert, &key).unwrap());
+    let listener = StdListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for (n, tcp) in listener.incoming().enumerate().take(4) {
+            let Ok(tcp) = tcp else { return };
+            let config = server_config.clone();
+            std::thread::spawn(move || {
+                let conn = rustls::ServerConnection::new(config).unwrap();
+                let mut tls = rustls::StreamOwned::new(conn, tcp);
+                let mut first = true;
+                loop {
+                    let mut len = [0u8; 4];
+                    if tls.read_exact(&mut len).is_err() {
+                        return;
+                    }
+                    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+                    if tls.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    let _ = tls.write_all(&len);
+                    let _ = tls.write_all(&body);
+                    let _ = tls.flush();
+                    if std::mem::take(&mut first) && n == 0 {
+                        std::thread::sleep(Duration::from_millis(20));
+                        let _ = tls.write_all(b"\0\0\0\x04junk");
+                        let _ = tls.flush();
+                    }
+                }
+            });
+        }
+    });
+    let rt = runtime();
+    let pool = Pool::new(
+        Upstream::Tls {
+            addr,
+            server_name: "localhost".into(),
+            config: Arc::new(tls::client_config_from_ca_pem_file(&cert).unwrap()),
+        },
+        LengthDelimited::new(),
+        config(),
+        2,
+    );
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        for frame in [&b"one"[..], b"two", b"three", b"four"] {
+            let reply = p.request(Bytes::from_static(frame)).await;
+            assert_eq!(reply.unwrap(), frame);
+            mailring::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let s = &pool.stats()[0];
+    assert_eq!((s.connects, s.discarded, s.reused), (2, 1, 2), "{s:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -994,7 +994,49 @@ impl TlsConn {
     pub(crate) fn inner(&self) -> &Conn {
         &self.inner
     }
+
+    /// For a connection at rest between exchanges (a pool's idle one):
+    /// takes the records the peer sent unasked, as far as they are queued
+    /// on the socket now, through the record layer without waiting, and
+    /// says whether it may serve another exchange: only if they held no
+    /// data (session tickets, a key update: their answers go before the
+    /// next data sent) and no end, and the connection did not fail. Data
+    /// there would be read as the next caller's reply.
+    pub(crate) fn at_rest_without_data(&self) -> bool {
+        if self.check().is_err() || self.writing.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut state = self.state();
+        if state.peer_eof {
+            return false;
+        }
+        let mut chunk = [0u8; 4096];
+        let mut taken = 0usize;
+        loop {
+            match self.inner.recv_plain_now(&mut chunk) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    state.cipher_in.extend_from_slice(&chunk[..n]);
+                    taken += n;
+                    // Far more than tickets or key updates take.
+                    if taken > AT_REST_UNASKED {
+                        return false;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => return false,
+            }
+        }
+        // A read takes every whole record at hand that holds no data, and
+        // stops at the first that does (or at the end).
+        let mut plain = BytesMut::new();
+        matches!(state.read(&mut plain), Ok(Read::NeedMore))
+    }
 }
+
+/// Bytes of records a connection at rest may have been sent unasked
+/// ([`TlsConn::at_rest_without_data`]): past them it is not used again.
+const AT_REST_UNASKED: usize = 64 << 10;
 
 impl fmt::Debug for TlsConn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
