@@ -561,26 +561,32 @@ fn connections_accepted_while_a_pause_cancels_the_accept_are_kept() {
     });
 }
 
+/// A connected pair (client, server) whose server side had a `recv`
+/// dropped after the kernel filled its buffer with `data`.
+async fn pair_with_lost_bytes(data: &'static [u8]) -> (TcpStream, TcpStream) {
+    use std::future::Future;
+    let listener = TcpListener::bind(any_port()).unwrap();
+    let client = TcpStream::connect(listener.local_addr()).await.unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    {
+        let mut pending = std::pin::pin!(server.recv(Vec::with_capacity(64)));
+        // Submit the receive, then let the data land in its buffer.
+        std::future::poll_fn(|cx| {
+            assert!(pending.as_mut().poll(cx).is_pending());
+            std::task::Poll::Ready(())
+        })
+        .await;
+        client.send_all(data.to_vec()).await.0.unwrap();
+        mailring::time::sleep(Duration::from_millis(20)).await;
+    } // dropped with the bytes in its buffer
+    (client, server)
+}
+
 #[test]
 fn data_taken_by_a_dropped_recv_is_reported_not_silently_lost() {
-    use std::future::Future;
     let rt = rt2();
     rt.block_on(async {
-        let listener = TcpListener::bind(any_port()).unwrap();
-        let addr = listener.local_addr();
-        let client = TcpStream::connect(addr).await.unwrap();
-        let (server, _) = listener.accept().await.unwrap();
-        {
-            let mut pending = std::pin::pin!(server.recv(Vec::with_capacity(64)));
-            // Submit the receive, then let the data land in its buffer.
-            std::future::poll_fn(|cx| {
-                assert!(pending.as_mut().poll(cx).is_pending());
-                std::task::Poll::Ready(())
-            })
-            .await;
-            client.send_all(b"0123456789".to_vec()).await.0.unwrap();
-            mailring::time::sleep(Duration::from_millis(20)).await;
-        } // dropped with the 10 bytes in its buffer
+        let (client, server) = pair_with_lost_bytes(b"0123456789").await;
         let (r, _) = server.recv(Vec::with_capacity(64)).await;
         let err = r.unwrap_err();
         assert!(err.to_string().contains("10 bytes"), "{err}");
@@ -597,23 +603,9 @@ fn data_taken_by_a_dropped_recv_is_reported_not_silently_lost() {
 /// a gap nobody would be told of.
 #[test]
 fn a_stream_with_unreported_lost_bytes_is_not_turned_into_a_std_stream() {
-    use std::future::Future;
     let rt = rt2();
     rt.block_on(async {
-        let listener = TcpListener::bind(any_port()).unwrap();
-        let addr = listener.local_addr();
-        let client = TcpStream::connect(addr).await.unwrap();
-        let (server, _) = listener.accept().await.unwrap();
-        {
-            let mut pending = std::pin::pin!(server.recv(Vec::with_capacity(64)));
-            std::future::poll_fn(|cx| {
-                assert!(pending.as_mut().poll(cx).is_pending());
-                std::task::Poll::Ready(())
-            })
-            .await;
-            client.send_all(b"abcdefgh".to_vec()).await.0.unwrap();
-            mailring::time::sleep(Duration::from_millis(20)).await;
-        }
+        let (client, server) = pair_with_lost_bytes(b"abcdefgh").await;
         let server = match server.into_std() {
             Ok(_) => panic!("moved with 8 lost bytes unreported"),
             Err(server) => server,

@@ -644,6 +644,15 @@ fn after_a_backoff_one_caller_tries_the_upstream_and_the_others_fail_fast() {
     assert_eq!(pool.stats()[0].connects, 2);
 }
 
+/// Four requests on `p`, 50 ms apart, each answered with its own frame.
+async fn four_requests_50_ms_apart(p: Pool<LengthDelimited>) {
+    for frame in [&b"one"[..], b"two", b"three", b"four"] {
+        let reply = p.request(Bytes::from_static(frame)).await;
+        assert_eq!(reply.unwrap(), frame);
+        mailring::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// An upstream on a std thread: it accepts connections in turn and, on
 /// each, echoes bytes. `then(n)` says what happens after the first echo
 /// on connection `n`: more bytes sent unasked, a close, or nothing.
@@ -690,13 +699,7 @@ fn an_idle_connection_that_was_closed_or_sent_bytes_unasked_is_not_handed_out() 
     let rt = runtime();
     let pool = Pool::new(Upstream::Tcp(addr), LengthDelimited::new(), config(), 2);
     let p = pool.clone();
-    on(&rt, 0, move || async move {
-        for frame in [&b"one"[..], b"two", b"three", b"four"] {
-            let reply = p.request(Bytes::from_static(frame)).await;
-            assert_eq!(reply.unwrap(), frame);
-            mailring::time::sleep(Duration::from_millis(50)).await;
-        }
-    });
+    on(&rt, 0, move || four_requests_50_ms_apart(p));
     let s = &pool.stats()[0];
     assert_eq!((s.connects, s.discarded, s.reused), (3, 2, 1), "{s:?}");
 }
@@ -856,13 +859,7 @@ fn an_idle_tls_connection_sent_data_unasked_is_not_handed_out() {
         2,
     );
     let p = pool.clone();
-    on(&rt, 0, move || async move {
-        for frame in [&b"one"[..], b"two", b"three", b"four"] {
-            let reply = p.request(Bytes::from_static(frame)).await;
-            assert_eq!(reply.unwrap(), frame);
-            mailring::time::sleep(Duration::from_millis(50)).await;
-        }
-    });
+    on(&rt, 0, move || four_requests_50_ms_apart(p));
     let s = &pool.stats()[0];
     assert_eq!((s.connects, s.discarded, s.reused), (2, 1, 2), "{s:?}");
     let _ = std::fs::remove_dir_all(&dir);

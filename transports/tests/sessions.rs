@@ -2173,12 +2173,9 @@ impl Session for Busy {
     }
 }
 
-#[test]
-fn pushes_to_a_session_owing_a_reply_are_bounded_and_those_refused_are_counted() {
-    // The session waits for a deferred reply: pushed frames queue behind
-    // it, unwritten. They count against the push queue (they took no
-    // room in the output yet, which the outbound limit measures), and
-    // pushes past it are refused and counted, not held without end.
+/// A one-shard server of [`Busy`] sessions with a push queue of 100, and
+/// a client of key `t` that has sent `request` (50 ms ago).
+fn busy_session_asked(request: &[u8]) -> (mailring::Runtime, Server<Busy>, TcpStream) {
     let rt = runtime(1);
     let mut config = ServerConfig::default();
     config.push_queue = 100;
@@ -2186,8 +2183,18 @@ fn pushes_to_a_session_owing_a_reply_are_bounded_and_those_refused_are_counted()
     let mut c = client(server.local_addr());
     c.write_all(&frame(b"KEY t")).unwrap();
     assert_eq!(read_frame(&mut c).unwrap(), b"KEY t");
-    c.write_all(&frame(b"owe")).unwrap();
+    c.write_all(&frame(request)).unwrap();
     std::thread::sleep(Duration::from_millis(50));
+    (rt, server, c)
+}
+
+#[test]
+fn pushes_to_a_session_owing_a_reply_are_bounded_and_those_refused_are_counted() {
+    // The session waits for a deferred reply: pushed frames queue behind
+    // it, unwritten. They count against the push queue (they took no
+    // room in the output yet, which the outbound limit measures), and
+    // pushes past it are refused and counted, not held without end.
+    let (rt, server, mut c) = busy_session_asked(b"owe");
     let sessions = server.sessions();
     // In rounds the session takes in between (a burst would find the
     // queue full at once, whatever the session holds).
@@ -2213,15 +2220,7 @@ fn pushes_to_a_session_owing_a_reply_are_bounded_and_those_refused_are_counted()
 
 #[test]
 fn pushes_to_a_busy_session_are_bounded_and_those_refused_are_counted() {
-    let rt = runtime(1);
-    let mut config = ServerConfig::default();
-    config.push_queue = 100;
-    let server = one_shard_server(&rt, config, |_| Busy);
-    let mut c = client(server.local_addr());
-    c.write_all(&frame(b"KEY t")).unwrap();
-    assert_eq!(read_frame(&mut c).unwrap(), b"KEY t");
-    c.write_all(&frame(b"work")).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
+    let (rt, server, mut c) = busy_session_asked(b"work");
     let sessions = server.sessions();
     for _ in 0..1000 {
         sessions.push(&"t".to_string(), |_, cx| {
