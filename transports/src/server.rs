@@ -1583,6 +1583,10 @@ async fn drive<S: Session>(
     let mut moving: Option<(S::Key, FrameIn<S>)> = None;
     let mut over_high_water = false;
     let mut idle = config.idle_timeout.map(|t| sleep_until(deadline_in(t)));
+    // A frame was handled since the idle timer was last set: the period
+    // was not idle (a handler that ran past it kept the timer unpolled,
+    // and the next request, sent in time, is read after it fires).
+    let mut handled_since_idle = false;
     let mut handshake = match (config.handshake_timeout, &cx.key) {
         (Some(t), None) => Some(sleep_until(deadline_in(t))),
         _ => None,
@@ -1685,6 +1689,7 @@ async fn drive<S: Session>(
                     }
                     counters.frames_in.fetch_add(1, Ordering::Relaxed);
                     handled_since_drained = true;
+                    handled_since_idle = true;
                     // Run the handler; meanwhile only the send in flight
                     // moves (everything else waits for the context).
                     // A closer handed out before (or by) this handler ends
@@ -1974,10 +1979,12 @@ async fn drive<S: Session>(
             Event::PeerClosed => peer_closed = true,
             Event::HighWater(queued) => session.on_backpressure(queued, cx),
             Event::Idle => {
-                // Replies outstanding or being written are activity; but a
-                // send that spans two idle periods has a peer that stopped
-                // reading.
-                if send.is_some() {
+                // Frames handled are activity; so are replies outstanding
+                // or being written, but a send that spans two idle periods
+                // has a peer that stopped reading.
+                if std::mem::take(&mut handled_since_idle) {
+                    // Not idle.
+                } else if send.is_some() {
                     if in_flight.stalled {
                         return Exit::Close(CloseReason::SlowReader {
                             queued: outbound(cx, in_flight.bytes),

@@ -2189,6 +2189,32 @@ fn busy_session_asked(request: &[u8]) -> (mailring::Runtime, Server<Busy>, TcpSt
 }
 
 #[test]
+fn a_request_sent_in_time_behind_a_long_handler_is_not_cut_by_the_idle_timeout() {
+    // The handler of `work` takes 300 ms, past the 200 ms idle timeout;
+    // the client sends `ping` 100 ms after it. The idle timer is due by
+    // the time the server reads again: a period in which a frame was
+    // handled is not idle, and `ping` is answered.
+    let rt = runtime(1);
+    let mut config = ServerConfig::default();
+    config.idle_timeout = Some(Duration::from_millis(200));
+    let server = one_shard_server(&rt, config, |_| Busy);
+    let mut c = client(server.local_addr());
+    c.write_all(&frame(b"work")).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    c.write_all(&frame(b"ping")).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"work");
+    assert_eq!(read_frame(&mut c).unwrap(), b"ping");
+    assert_eq!(server.stats().closed(CloseKind::IdleTimeout), 0);
+    // Idle for real: closed.
+    wait_for(&server, "the idle close", |s| {
+        s.closed(CloseKind::IdleTimeout) == 1
+    });
+    drop(c);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
+#[test]
 fn pushes_to_a_session_owing_a_reply_are_bounded_and_those_refused_are_counted() {
     // The session waits for a deferred reply: pushed frames queue behind
     // it, unwritten. They count against the push queue (they took no
