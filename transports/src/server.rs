@@ -1619,9 +1619,13 @@ async fn drive<S: Session>(
         // queue instead, so pushes to a session owing a slow reply wait in
         // its queue (and those past it are refused) rather than pile up.
         let holding = |cx: &SessionCtx<S>| cx.held >= config.push_queue.max(1);
+        // Nor once it is to close or move: what is left of them is counted
+        // as dropped when it ends (a steady flow would keep it writing).
+        let leaving =
+            cx.close.is_some() || moving.is_some() || shared.closing.load(Ordering::Acquire);
         if let Some(r) = registered
             .as_ref()
-            .filter(|_| !outbound_full && !holding(cx))
+            .filter(|_| !outbound_full && !holding(cx) && !leaving)
         {
             while let Some(push) = r.take() {
                 push(session, cx);
@@ -1934,6 +1938,9 @@ async fn drive<S: Session>(
             if registered.as_ref().is_some_and(Registered::has_pushes)
                 && queued <= config.outbound_limit
                 && cx.held < config.push_queue.max(1)
+                && cx.close.is_none()
+                && moving.is_none()
+                && !closing
             {
                 return Poll::Ready(Event::Progress);
             }

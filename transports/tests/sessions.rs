@@ -2159,6 +2159,11 @@ impl Session for Busy {
     }
 
     async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        if frame.as_ref() == b"QUIT" {
+            cx.send_frame(Bytes::from_static(b"bye"));
+            cx.close();
+            return;
+        }
         if frame.as_ref() == b"owe" {
             cx.reply_later(async {
                 mailring::time::sleep(Duration::from_millis(600)).await;
@@ -2186,6 +2191,47 @@ fn busy_session_asked(request: &[u8]) -> (mailring::Runtime, Server<Busy>, TcpSt
     c.write_all(&frame(request)).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     (rt, server, c)
+}
+
+#[test]
+fn a_session_that_closes_ends_though_pushes_keep_coming() {
+    // A thread pushes 64 KiB frames to the session faster than its client
+    // reads them; the client says QUIT (the session closes once what is
+    // queued is written). Pushes are no longer taken once it closes: its
+    // output runs dry and it ends, rather than write pushes as long as
+    // they come.
+    let (rt, server, mut c) = busy_session_asked(b"KEY t");
+    let sessions = server.sessions();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pushing = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let chunk = Bytes::from(vec![7u8; 64 << 10]);
+            let until = Instant::now() + Duration::from_secs(5);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+                let chunk = chunk.clone();
+                sessions.push(&"t".to_string(), move |_, cx| cx.send_frame(chunk.clone()));
+                std::thread::sleep(Duration::from_micros(500));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    c.write_all(&frame(b"QUIT")).unwrap();
+    let asked = Instant::now();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    while read_frame(&mut c).is_ok() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let took = asked.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    pushing.join().unwrap();
+    assert!(
+        took < Duration::from_secs(2),
+        "the closing session wrote pushes for {took:?}"
+    );
+    drop(c);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
 }
 
 #[test]
