@@ -1192,6 +1192,7 @@ fn run_connection<S: Session>(
                     }
                     Err(reason) => {
                         close(&conn, &mut session, &mut cx, reason);
+                        drop_session(session);
                         return;
                     }
                 }
@@ -1286,6 +1287,19 @@ fn run_connection<S: Session>(
             }
         };
         close(&conn, &mut session, &mut cx, reason);
+        drop_session(session);
+    }
+}
+
+/// Drops the session of a connection that ended, catching a panic of its
+/// `Drop`: reported as a `Drop` panic, not counted as the connection's
+/// close a second time (its close was counted with its reason).
+fn drop_session<S>(session: S) {
+    if let Err(payload) =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(session)))
+    {
+        mailring::panic::report_caught(CallbackKind::Drop, &*payload);
+        mailring::panic::drop_payload(payload);
     }
 }
 

@@ -87,7 +87,9 @@ pub struct SessionShardStats {
     pub accept_paused: u64,
     /// Failed accepts (e.g. out of descriptors).
     pub accept_errors: u64,
-    /// Pushes run on a session of this shard (one per session reached).
+    /// Pushes queued for a session of this shard (one per session
+    /// reached); one its connection ended before it ran counts in
+    /// `pushes_dropped` as well.
     pub pushes_delivered: u64,
     /// Pushes to a key with no live session on this shard, its shard.
     pub push_dead_letters: u64,

@@ -2193,6 +2193,57 @@ fn busy_session_asked(request: &[u8]) -> (mailring::Runtime, Server<Busy>, TcpSt
     (rt, server, c)
 }
 
+/// Echoes; its `Drop` panics.
+struct DropPanics;
+
+impl Session for DropPanics {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        cx.send_frame(frame);
+    }
+}
+
+impl Drop for DropPanics {
+    fn drop(&mut self) {
+        panic!("a session's Drop panics on purpose");
+    }
+}
+
+#[test]
+fn a_session_whose_drop_panics_is_counted_closed_once() {
+    // Its close is counted with its reason (the peer closed); the panic of
+    // its `Drop` is reported as a `Drop` panic, not counted as a second
+    // close.
+    let rt = runtime(1);
+    let server = one_shard_server(&rt, ServerConfig::default(), |_| DropPanics);
+    let mut c = client(server.local_addr());
+    c.write_all(&frame(b"hi")).unwrap();
+    assert_eq!(read_frame(&mut c).unwrap(), b"hi");
+    drop(c);
+    wait_for(&server, "the close", |s| {
+        s.closed(CloseKind::PeerClosed) == 1
+    });
+    // The panic hook may take a while (a backtrace): until the connection
+    // is gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.live_connections() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(server.live_connections(), 0);
+    assert_eq!(server.stats().closed(CloseKind::Panicked), 0);
+    let drops: u64 = rt
+        .stats()
+        .shards
+        .iter()
+        .map(|s| s.panics.get(mailring::panic::CallbackKind::Drop))
+        .sum();
+    assert_eq!(drops, 1);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
+
 #[test]
 fn a_session_that_closes_ends_though_pushes_keep_coming() {
     // A thread pushes 64 KiB frames to the session faster than its client
