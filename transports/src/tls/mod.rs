@@ -1203,10 +1203,9 @@ impl TlsConn {
     async fn fail(&self, e: io::Error) -> io::Error {
         // A flush in flight sends the alert with what it has (it goes on
         // while records wait); a receive never waits behind it, whose
-        // writer may not be polled again (a task that only reads).
-        if !self.writing.load(Ordering::Acquire) {
-            let _ = self.flush_ignoring_state().await;
-        }
+        // writer may not be polled again (a task that only reads), nor for
+        // room the peer may never make.
+        let _ = self.flush_now();
         e
     }
 
@@ -1286,17 +1285,18 @@ impl TlsConn {
                 let must_flush = state.wants_write() && !self.writing.load(Ordering::Acquire);
                 (read, must_flush, state.peer_eof)
             };
+            // Records the read queued go out as far as the socket takes
+            // them now; the rest goes before anything the caller sends
+            // next (an answer to a key update need only precede our next
+            // data). A receive never waits for room: the peer may be
+            // reading nothing until its own bytes are read.
+            if must_flush {
+                self.flush_now()?;
+            }
             match read {
                 Err(e) => return Err(self.fail(e).await),
-                Ok(Read::Plaintext(n)) => {
-                    // The answer goes before anything the caller sends.
-                    if must_flush {
-                        self.flush().await?;
-                    }
-                    return Ok(n);
-                }
+                Ok(Read::Plaintext(n)) => return Ok(n),
                 Ok(Read::End) => return Ok(0),
-                Ok(Read::NeedMore) if must_flush => self.flush().await?,
                 Ok(Read::NeedMore) if peer_eof => {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
@@ -1374,6 +1374,53 @@ impl TlsConn {
     async fn flush(&self) -> io::Result<()> {
         self.check()?;
         self.flush_ignoring_state().await
+    }
+
+    /// Sends what the socket takes of the queued records now, without
+    /// waiting, unless a flush is going on (it sends them too); the rest
+    /// stays queued for the next send or flush. Works on a failed
+    /// connection too (an alert that says why).
+    fn flush_now(&self) -> io::Result<()> {
+        if self.abandoned.load(Ordering::Acquire) {
+            return Err(abandoned_send().into_io());
+        }
+        if self.writing.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let mut turn = WriteTurn {
+            conn: self,
+            released: false,
+        };
+        let mut state = self.state();
+        let res = if state.wants_write() {
+            match self.inner.try_send_plain(&state.records_out) {
+                Some(Ok(n)) if n == state.records_out.len() => {
+                    state.take_outgoing();
+                    Ok(())
+                }
+                Some(Ok(n)) => {
+                    state.records_out.advance(n);
+                    Ok(())
+                }
+                Some(Err(e))
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    Ok(())
+                }
+                Some(Err(e)) => Err(self.records_lost(e)),
+                // No way to send without waiting (a direct descriptor):
+                // the next flush sends them.
+                None => Ok(()),
+            }
+        } else {
+            Ok(())
+        };
+        drop(state);
+        turn.release();
+        res
     }
 
     /// [`flush`](Self::flush) on a connection already failed (to send the

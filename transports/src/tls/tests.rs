@@ -1077,3 +1077,62 @@ fn a_handshake_message_sent_a_byte_a_record_cannot_make_a_connection_hold_more_t
         "{failure}"
     );
 }
+
+#[test]
+fn a_receive_that_queues_a_key_update_answer_does_not_wait_for_room_to_send_it() {
+    for_each_hand_over(|_| key_update_answer_without_room());
+}
+
+/// Our end's send buffer is full (the peer reads nothing) and no send of
+/// ours is under way; the peer sends data, a request for a key update,
+/// more data. The receive queues the answer and hands out the data: the
+/// answer goes when the socket has room (before our next data), not
+/// before the receive returns, which would wait for a peer that may be
+/// waiting for us to read.
+fn key_update_answer_without_room() {
+    use mailring_actors::mailring;
+    let (server, mut client, _) =
+        our_server_and_rustls_client(rustls::crypto::ring::cipher_suite::TLS13_AES_256_GCM_SHA384);
+    let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    // Fill our send buffer through a second descriptor of our end.
+    let filler = ours.try_clone().unwrap();
+    filler.set_nonblocking(true).unwrap();
+    loop {
+        match (&filler).write(&[0u8; 4096]) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    client.writer().write_all(b"hello").unwrap();
+    client.refresh_traffic_keys().unwrap();
+    client.writer().write_all(b"world").unwrap();
+    let mut records = Vec::new();
+    while client.wants_write() {
+        client.write_tls(&mut records).unwrap();
+    }
+    theirs.write_all(&records).unwrap();
+    let rt = mailring::Runtime::builder().shards(1).build().unwrap();
+    let got = rt.block_on_local(move || async move {
+        let conn = super::TlsConn::from_state(
+            crate::conn::Conn::Unix(mailring::net::UnixStream::from_std(ours).unwrap()),
+            server,
+        );
+        let mut got = Vec::new();
+        let read = mailring::time::timeout(std::time::Duration::from_secs(2), async {
+            while got.len() < 10 {
+                let (n, buf) = conn.recv(BytesMut::with_capacity(64)).await;
+                let n = n.unwrap();
+                assert!(n > 0, "the end");
+                got.extend_from_slice(&buf[..n]);
+            }
+        })
+        .await;
+        drop(filler);
+        read.map(|()| got)
+    });
+    assert_eq!(
+        got.expect("the receive waited to send the answer"),
+        b"helloworld"
+    );
+}
