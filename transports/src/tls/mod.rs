@@ -1352,10 +1352,17 @@ impl TlsConn {
     fn write_turn(&self) -> impl Future<Output = WriteTurn<'_>> {
         std::future::poll_fn(move |cx| {
             if self.writing.swap(true, Ordering::AcqRel) {
-                self.write_waiters
+                // Once per waiting task: a writer polled again and again
+                // while a send is under way (woken by something else) adds
+                // nothing more.
+                let mut waiters = self
+                    .write_waiters
                     .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push(cx.waker().clone());
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                    waiters.push(cx.waker().clone());
+                }
+                drop(waiters);
                 // Released meanwhile: try again at once.
                 if !self.writing.load(Ordering::Acquire) {
                     cx.waker().wake_by_ref();

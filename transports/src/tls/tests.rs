@@ -1136,3 +1136,38 @@ fn key_update_answer_without_room() {
         b"helloworld"
     );
 }
+
+/// A writer polled again and again while another send holds the write
+/// side (a task woken by something else, a select over a timer) waits
+/// once: the list of waiters does not grow with each poll.
+#[test]
+fn a_writer_polled_again_while_it_waits_for_its_turn_waits_once() {
+    use mailring_actors::mailring;
+    use std::future::Future;
+    let (server, _client, _) =
+        our_server_and_rustls_client(rustls::crypto::ring::cipher_suite::TLS13_AES_256_GCM_SHA384);
+    let (ours, _theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let rt = mailring::Runtime::builder().shards(1).build().unwrap();
+    let waiting = rt.block_on_local(move || async move {
+        let conn = super::TlsConn::from_state(
+            crate::conn::Conn::Unix(mailring::net::UnixStream::from_std(ours).unwrap()),
+            server,
+        );
+        // Another send holds the write side.
+        conn.writing
+            .store(true, std::sync::atomic::Ordering::Release);
+        let mut turn = std::pin::pin!(conn.write_turn());
+        for _ in 0..1000 {
+            std::future::poll_fn(|cx| {
+                assert!(turn.as_mut().poll(cx).is_pending());
+                std::task::Poll::Ready(())
+            })
+            .await;
+        }
+        let waiting = conn.write_waiters.lock().unwrap().len();
+        conn.writing
+            .store(false, std::sync::atomic::Ordering::Release);
+        waiting
+    });
+    assert_eq!(waiting, 1);
+}
