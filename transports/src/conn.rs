@@ -151,6 +151,17 @@ impl Conn {
         matches!(peeked, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
+    /// Whether bytes of the peer's are held that make no whole unit yet:
+    /// over TLS, part of a record (the plaintext it carries has begun to
+    /// come); never for a plain stream, whose bytes reach the caller as
+    /// they come.
+    pub(crate) fn partial_input(&self) -> bool {
+        match self {
+            Conn::Tls(s) => s.has_partial_record(),
+            _ => false,
+        }
+    }
+
     /// Takes the bytes queued on the socket itself now (plain TCP and
     /// Unix streams; `WouldBlock` for the others).
     pub(crate) fn recv_plain_now(&self, buf: &mut [u8]) -> io::Result<usize> {

@@ -1923,6 +1923,17 @@ async fn drive<S: Session>(
                         Err(e) => Event::Close(io_close(&e)),
                     });
                 }
+                // A TLS record under way (a client sending a byte a second
+                // inside one): the frame it carries has started, though no
+                // byte of it is plaintext yet. A record that ended with no
+                // data (a key update) started none.
+                if stream.partial_input() {
+                    if frame_deadline.is_none() {
+                        frame_deadline = config.frame_timeout.map(|t| sleep_until(deadline_in(t)));
+                    }
+                } else if rbuf.is_empty() {
+                    frame_deadline = None;
+                }
             }
             if shared.closing.load(Ordering::Acquire) != closing
                 || shared.forced.load(Ordering::Acquire)

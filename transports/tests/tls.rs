@@ -889,3 +889,56 @@ fn a_receive_dropped_while_a_record_is_half_in_loses_nothing_of_it() {
     assert_eq!(&first[..], &body[..]);
     assert_eq!(&second[..], b"second");
 }
+
+/// A client that sends a TLS record a byte at a time (a slow-loris inside
+/// one record): the frame it carries has started once the record has,
+/// and the frame timeout ends it, as it ends a plain client sending a
+/// frame a byte at a time; the record layer's bytes count.
+#[test]
+fn a_record_sent_a_byte_at_a_time_is_cut_by_the_frame_timeout() {
+    let pki = Pki::new("slow-record");
+    let (ca, ca_path) = pki.ca("ca");
+    let (cert, key) = pki.leaf(&ca, "server", &["localhost"], false);
+    let rt = runtime(1);
+    let mut config = ServerConfig::default();
+    config.frame_timeout = Some(Duration::from_millis(300));
+    let server = Server::builder(LengthDelimited::new(), |_| Echo)
+        .config(config)
+        .tls(TlsAcceptor::from_pem_files(&cert, &key).unwrap())
+        .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let mut c = tls_client(server.local_addr(), &ca_path, "localhost", &[]).unwrap();
+    assert_eq!(round_trip(&mut c, b"first"), b"first");
+    // A record with no data (a key update), then a wait past the frame
+    // timeout: no frame had started.
+    c.conn.refresh_traffic_keys().unwrap();
+    c.conn.complete_io(&mut c.sock).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(round_trip(&mut c, b"second"), b"second");
+    assert_eq!(server.stats().closed(CloseKind::FrameTimeout), 0);
+    // The next frame's record, a byte every 20 ms (4 s for 200 bytes).
+    c.conn.writer().write_all(&frame(&[7u8; 180])).unwrap();
+    let mut record = Vec::new();
+    while c.conn.wants_write() {
+        c.conn.write_tls(&mut record).unwrap();
+    }
+    let started = Instant::now();
+    for byte in &record {
+        if c.sock.write_all(std::slice::from_ref(byte)).is_err() {
+            break;
+        }
+        if server.stats().closed(CloseKind::FrameTimeout) == 1 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_for(&server, "the frame timeout", |s| {
+        s.closed(CloseKind::FrameTimeout) == 1
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "cut after {:?}",
+        started.elapsed()
+    );
+    rt.block_on(server.shutdown());
+}

@@ -995,6 +995,11 @@ impl TlsConn {
         &self.inner
     }
 
+    /// Whether part of a record is held (its rest not received yet).
+    pub(crate) fn has_partial_record(&self) -> bool {
+        !self.state().cipher_in.is_empty()
+    }
+
     /// For a connection at rest between exchanges (a pool's idle one):
     /// takes the records the peer sent unasked, as far as they are queued
     /// on the socket now, through the record layer without waiting, and
