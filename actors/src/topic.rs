@@ -302,11 +302,12 @@ where
         let mut stopped = Vec::new();
         if let Some((last, rest)) = local.senders.split_last() {
             for s in rest {
-                if let Err(TellError::Stopped(_)) = s.tell(msg.clone()) {
+                if tell_guarded(s, || msg.clone()) {
                     stopped.push(s.id());
                 }
             }
-            if let Err(TellError::Stopped(_)) = last.tell(msg) {
+            let mut msg = Some(msg);
+            if tell_guarded(last, || msg.take().expect("taken once")) {
                 stopped.push(last.id());
             }
         }
@@ -330,6 +331,35 @@ where
             }
         }
         *cache.borrow_mut() = local;
+    }
+}
+
+/// Tells `sender` the copy `copy` makes; whether it had stopped. User code
+/// runs here (the message's `Clone`, and the `Drop` of a copy a stopped
+/// subscriber hands back): a panic in it is caught and reported, and the
+/// subscribers after this one still get their copies.
+fn tell_guarded<M: Message + Send>(sender: &Sender<M>, copy: impl FnOnce() -> M) -> bool
+where
+    M::Reply: Send,
+{
+    let told = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sender.tell(copy())));
+    match told {
+        Ok(Ok(())) => false,
+        Ok(Err(refused)) => {
+            let stopped = matches!(refused, TellError::Stopped(_));
+            if let Err(payload) =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(refused)))
+            {
+                mailring::panic::report_caught(mailring::panic::CallbackKind::Drop, &*payload);
+                mailring::panic::drop_payload(payload);
+            }
+            stopped
+        }
+        Err(payload) => {
+            mailring::panic::report_caught(mailring::panic::CallbackKind::Handler, &*payload);
+            mailring::panic::drop_payload(payload);
+            false
+        }
     }
 }
 

@@ -352,3 +352,78 @@ fn a_stopped_keyed_subscriber_stays_subscribed_and_a_gracefully_stopped_unkeyed_
     }
     sys.shutdown();
 }
+
+/// A message that panics when a copy is dropped unhandled (a must-use
+/// guard): its handler forgets the copy it takes.
+#[derive(Message, Debug)]
+struct MustUse(u64);
+
+impl Clone for MustUse {
+    fn clone(&self) -> Self {
+        MustUse(self.0)
+    }
+}
+
+impl Drop for MustUse {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            panic!("a MustUse was dropped unhandled (the test's own)");
+        }
+    }
+}
+
+#[derive(Actor, Default)]
+#[actor(handles(MustUse, Seen))]
+struct Careful {
+    seen: Vec<u64>,
+}
+
+impl Handler<MustUse> for Careful {
+    async fn handle(&mut self, m: MustUse, _cx: &mut Ctx<Self>) {
+        self.seen.push(m.0);
+        std::mem::forget(m);
+    }
+}
+
+impl Handler<Seen> for Careful {
+    async fn handle(&mut self, _m: Seen, _cx: &mut Ctx<Self>) -> Vec<u64> {
+        self.seen.clone()
+    }
+}
+
+/// A stopped subscriber hands its copy back, and dropping it panics: the
+/// subscribers after it on that shard still get every message, and the
+/// stopped one leaves the topic.
+#[test]
+fn a_copy_whose_drop_panics_at_a_stopped_subscriber_cuts_off_no_other() {
+    let sys = system(1);
+    let topic: Topic<MustUse> = sys.handle().topic();
+    let subs: Vec<_> = (0..3)
+        .map(|_| sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Careful::default))
+        .collect();
+    for s in &subs {
+        assert!(topic.subscribe(s.clone()));
+    }
+    let first = subs[0].clone();
+    sys.block_on(async move {
+        first.stop();
+        first.stopped().await;
+    });
+    let t = topic.clone();
+    sys.block_on(sys.runtime().spawn_on(ShardId::new(0), async move {
+        t.publish(MustUse(1));
+        t.publish(MustUse(2));
+    }))
+    .unwrap();
+    let rest = subs[1..].to_vec();
+    let seen = sys.block_on(async move {
+        let mut all = Vec::new();
+        for s in &rest {
+            all.push(s.ask(Seen).await.unwrap());
+        }
+        all
+    });
+    assert_eq!(seen, vec![vec![1, 2], vec![1, 2]]);
+    assert_eq!(topic.subscriber_count(), 2);
+    sys.shutdown();
+}
