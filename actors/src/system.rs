@@ -810,14 +810,15 @@ impl ActorSystem {
         let report = match deadline {
             Some(d) => {
                 let left = d.saturating_duration_since(std::time::Instant::now());
-                mailring::time::timeout(left + Duration::from_secs(1), gather)
+                mailring::time::timeout(left + Duration::from_secs(2), gather)
                     .await
                     .ok()
                     .and_then(Result::ok)
             }
             None => gather.await.ok(),
         }
-        .unwrap_or_default();
+        .unwrap_or_else(|| SystemShutdownReport::unreported(self.shared.handle.shards()));
+        warn_unfinished(&report);
         drop_registries(&self.shared);
         if let Some(runtime) = self.runtime.take() {
             // Not on this shard, which the runtime's shutdown waits for.
@@ -898,8 +899,22 @@ async fn stop_actors(
             }));
         }
         let mut report = SystemShutdownReport::default();
+        // A shard held by a handler that never yields runs none of its
+        // part: waited for until a second past the grace period.
+        let until = deadline.and_then(|d| d.checked_add(Duration::from_secs(1)));
         for j in joins {
-            if let Ok(shard) = j.await {
+            let gathered = match until {
+                Some(u) => {
+                    let left = u.saturating_duration_since(std::time::Instant::now());
+                    mailring::time::timeout(left, j).await.ok()
+                }
+                None => Some(j.await),
+            };
+            let Some(gathered) = gathered else {
+                report.shards_unreported += 1;
+                continue;
+            };
+            if let Ok(shard) = gathered {
                 report.actors_stopped += shard.actors_stopped;
                 report.actors_abandoned += shard.actors_abandoned;
                 report.actor_panics += shard.actor_panics;
@@ -932,20 +947,18 @@ fn shut_down(
     // Waited for from here, with a bound: a shard stuck in a handler that
     // never yields runs none of this, and its thread is then abandoned by
     // the runtime's bounded shutdown below.
-    let outer = deadline.and_then(|d| d.checked_add(Duration::from_secs(1)));
+    // (A second more than the gathering on shard 0 waits for the others.)
+    let n = shared.handle.shards();
+    let outer = deadline.and_then(|d| d.checked_add(Duration::from_secs(2)));
     let mut report = match outer {
         Some(outer) => {
             let left = outer.saturating_duration_since(std::time::Instant::now());
-            gathered.recv_timeout(left).unwrap_or_default()
+            gathered.recv_timeout(left).ok()
         }
-        None => gathered.recv().unwrap_or_default(),
-    };
-    if report.actors_abandoned > 0 {
-        eprintln!(
-            "mailring-actors: {} actors still running after the shutdown grace period; dropping them",
-            report.actors_abandoned
-        );
+        None => gathered.recv().ok(),
     }
+    .unwrap_or_else(|| SystemShutdownReport::unreported(n));
+    warn_unfinished(&report);
     report.runtime = match (runtime, deadline) {
         (Some(rt), Some(_)) => rt.shutdown_timeout(grace),
         (Some(rt), None) => rt.shutdown(),
@@ -953,6 +966,22 @@ fn shut_down(
     };
     drop_registries(&shared);
     report
+}
+
+/// Says on stderr what a shutdown left running or could not account for.
+fn warn_unfinished(report: &SystemShutdownReport) {
+    if report.actors_abandoned > 0 {
+        eprintln!(
+            "mailring-actors: {} actors still running after the shutdown grace period; dropping them",
+            report.actors_abandoned
+        );
+    }
+    if report.shards_unreported > 0 {
+        eprintln!(
+            "mailring-actors: {} shards sent no shutdown figures within the grace period (a handler that never yields?)",
+            report.shards_unreported
+        );
+    }
 }
 
 /// What the system keeps for its whole life goes at its shutdown: a named
@@ -1004,13 +1033,28 @@ pub struct SystemShutdownReport {
     /// ([`ActorTypeStats::dead_letters`](crate::ActorTypeStats::dead_letters)
     /// summed).
     pub dead_letters: u64,
+    /// Shards whose figures did not come within the grace period and the
+    /// second after it (a handler that never yields holds its shard): the
+    /// figures above leave their actors out, and the report is not clean.
+    pub shards_unreported: u64,
 }
 
 impl SystemShutdownReport {
     /// Whether shutdown found nothing to report: every actor stopped in
     /// time, no actor panicked, and the runtime's report is clean.
     pub fn is_clean(&self) -> bool {
-        self.actors_abandoned == 0 && self.actor_panics == 0 && self.runtime.is_clean()
+        self.actors_abandoned == 0
+            && self.actor_panics == 0
+            && self.shards_unreported == 0
+            && self.runtime.is_clean()
+    }
+
+    /// The report of a shutdown none of whose `shards` sent its figures.
+    fn unreported(shards: usize) -> Self {
+        SystemShutdownReport {
+            shards_unreported: shards as u64,
+            ..SystemShutdownReport::default()
+        }
     }
 }
 

@@ -117,3 +117,46 @@ fn a_system_dropped_on_its_runtimes_shard_stops_its_actors_and_leaves_the_runtim
     assert_eq!(stopped, mailring_actors::StopReason::Shutdown);
     assert_eq!(rt.block_on(async { 1 }), 1);
 }
+
+#[derive(Message)]
+struct Stall(std::time::Duration);
+
+#[derive(Actor, Default)]
+#[actor(handles(Stall))]
+struct Staller;
+
+impl Handler<Stall> for Staller {
+    async fn handle(&mut self, m: Stall, _cx: &mut Ctx<Self>) {
+        // A handler that never yields: its shard runs nothing meanwhile.
+        std::thread::sleep(m.0);
+    }
+}
+
+/// A shard stuck in a handler that never yields sends no figures within
+/// the grace period (and the second after it): the report says so and
+/// is not clean, with the other shards' figures, rather than an empty
+/// report that reads as a clean stop.
+#[test]
+fn a_shutdown_whose_figures_do_not_come_in_time_is_not_clean() {
+    let rt = runtime();
+    let config = SystemConfig {
+        shutdown_grace: std::time::Duration::from_millis(100),
+        ..SystemConfig::default()
+    };
+    let sys = ActorSystem::start_on(rt.handle(), config).unwrap();
+    let _idle = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Probe::default);
+    let stuck = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Staller::default);
+    stuck
+        .tell(Stall(std::time::Duration::from_secs(3)))
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let report = sys.shutdown();
+    assert!(!report.is_clean(), "{report:?}");
+    // Shard 0's idle actor stopped; shard 1 said nothing.
+    assert_eq!(
+        (report.actors_stopped, report.shards_unreported),
+        (1, 1),
+        "{report:?}"
+    );
+    drop(rt);
+}
