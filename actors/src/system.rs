@@ -1199,6 +1199,14 @@ impl SystemHandle {
             .factories
             .write()
             .unwrap_or_else(|p| p.into_inner());
+        // Past the start of shutdown nothing is activated any more, and a
+        // factory kept would keep what it holds (a handle of the system)
+        // for ever.
+        if self.shared.is_shutting_down() {
+            drop(map);
+            drop(f);
+            return;
+        }
         map.insert(TypeId::of::<A>(), Arc::new(f));
         drop(map);
         let slot = A::__slot().index();
@@ -1225,6 +1233,12 @@ impl SystemHandle {
         M::Reply: Send,
     {
         let mut topics = self.shared.topics.lock().unwrap_or_else(|p| p.into_inner());
+        if self.shared.is_shutting_down() {
+            // A topic of a closing system delivers nothing: not kept (it
+            // holds the system).
+            drop(topics);
+            return crate::Topic::new(self.shared.clone());
+        }
         let entry = topics
             .entry((TypeId::of::<M>(), name.to_owned()))
             .or_insert_with(|| Box::new(crate::Topic::<M>::new(self.shared.clone())));
@@ -1253,6 +1267,13 @@ impl SystemHandle {
         A::Key: Send,
     {
         let mut names = self.shared.names.lock().unwrap_or_else(|p| p.into_inner());
+        // Past the start of shutdown (checked under the lock its end takes
+        // the names under): kept, the `Addr` would hold the system for ever.
+        if self.shared.is_shutting_down() {
+            drop(names);
+            drop(addr);
+            return;
+        }
         names.insert(name.into(), (TypeId::of::<A>(), Box::new(addr)));
     }
 

@@ -160,3 +160,48 @@ fn a_shutdown_whose_figures_do_not_come_in_time_is_not_clean() {
     );
     drop(rt);
 }
+
+/// Sets its flag when dropped.
+struct DropFlag(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[derive(Actor)]
+#[actor(key = u32, handles(Bump))]
+struct Late;
+
+impl Handler<Bump> for Late {
+    async fn handle(&mut self, _m: Bump, _cx: &mut Ctx<Self>) {}
+}
+
+/// A handle kept past the system's shutdown (the runtime goes on serving):
+/// what it registers then is not kept, so a factory holding the system's
+/// handle, a named `Addr` or a named topic cannot keep the system alive
+/// for ever.
+#[test]
+fn what_is_registered_after_shutdown_is_not_kept() {
+    let rt = runtime();
+    let sys = ActorSystem::start_on(rt.handle(), SystemConfig::default()).unwrap();
+    let handle = sys.handle();
+    let probe = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Probe::default);
+    sys.shutdown();
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = DropFlag(dropped.clone());
+    let held = handle.clone();
+    handle.register_factory::<Late>(move |_| {
+        let _ = (&flag, &held);
+        Late
+    });
+    assert!(
+        dropped.load(std::sync::atomic::Ordering::SeqCst),
+        "the factory (and the handle it holds) was kept"
+    );
+    handle.register_name("probe", probe);
+    assert!(handle.lookup::<Probe>("probe").is_none());
+    drop(handle);
+    assert!(rt.shutdown().is_clean());
+}
