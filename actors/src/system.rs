@@ -1011,7 +1011,10 @@ fn drop_registries(registries: &SystemShared) {
 ///
 /// An actor still running when the grace period ends is abandoned: its task
 /// is dropped with the runtime (so it also counts in
-/// `runtime.tasks_cancelled`), without `on_stop`.
+/// `runtime.tasks_cancelled`), without `on_stop`. Under
+/// [`ActorSystem::start_on`] the runtime is the caller's and goes on: the
+/// abandoned task runs on until it ends (then its `on_stop` runs) or that
+/// runtime shuts down.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SystemShutdownReport {
@@ -1022,7 +1025,8 @@ pub struct SystemShutdownReport {
     /// [`SystemConfig::shutdown_grace`] (each ran its `on_stop`).
     pub actors_stopped: u64,
     /// Actors still running when the grace period ended (a handler that
-    /// did not return): dropped with the runtime.
+    /// did not return): dropped with the runtime (a runtime of the
+    /// system's own; see the type's doc for `start_on`).
     pub actors_abandoned: u64,
     /// Handler and `on_start` panics the actor layer caught during
     /// the system's life ([`ActorTypeStats::panics`](crate::ActorTypeStats::panics)
