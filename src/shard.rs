@@ -766,7 +766,9 @@ impl Shard {
             if i == self.index {
                 continue;
             }
-            let load = remote.load.load(Ordering::Relaxed) + out.batches[i].len();
+            // (No batches once shutdown took them: a spawn from a `Drop`
+            // that runs after it still finds a shard, which refuses it.)
+            let load = remote.load.load(Ordering::Relaxed) + out.batches.get(i).map_or(0, Vec::len);
             if load < best.0 {
                 best = (load, i);
             }
@@ -1431,6 +1433,13 @@ impl Shard {
         {
             self.caught(CallbackKind::Runtime, p);
         }
+        // The wakers of the cancelled operations ran user code, which may
+        // have spawned onto this shard.
+        if let Err(p) =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.shut_down_tasks()))
+        {
+            self.caught(CallbackKind::Runtime, p);
+        }
         let leaked = self.ops.borrow_mut().leak_pending();
         let tally = &self.shared.tally;
         tally.ops_leaked.fetch_add(leaked as u64, Ordering::Relaxed);
@@ -1442,6 +1451,27 @@ impl Shard {
     /// `Cancelled`), timer, hot counter and batch.
     fn drop_all_work(&self) {
         self.close_inbox();
+        self.shut_down_tasks();
+        let wakers = self.timers.borrow_mut().clear();
+        self.guard(CallbackKind::Drop, move || drop(wakers));
+        self.hot.borrow_mut().clear();
+        // Callbacks queued for a tick end that will not come are dropped unrun.
+        let tick_end = std::mem::take(&mut *self.tick_end.borrow_mut());
+        self.guard(CallbackKind::Drop, move || drop(tick_end));
+        let outgoing = std::mem::take(&mut *self.outgoing.borrow_mut());
+        for item in outgoing.batches.into_iter().flatten() {
+            item.refuse(&self.shared, Some(self.index));
+        }
+        self.close_inbox();
+        // The user code that ran since (a timer waker's `Drop`, a closure
+        // dropped unrun) may have spawned onto this shard.
+        self.shut_down_tasks();
+    }
+
+    /// Shuts down every task queued or owned here (their joiners resolve to
+    /// `Cancelled`), again and again until none is left: dropping one runs
+    /// user code, which may spawn another.
+    fn shut_down_tasks(&self) {
         let tally = &self.shared.tally;
         let count = |cancelled: bool| {
             if cancelled {
@@ -1483,17 +1513,6 @@ impl Shard {
                 None => {}
             }
         }
-        let wakers = self.timers.borrow_mut().clear();
-        self.guard(CallbackKind::Drop, move || drop(wakers));
-        self.hot.borrow_mut().clear();
-        // Callbacks queued for a tick end that will not come are dropped unrun.
-        let tick_end = std::mem::take(&mut *self.tick_end.borrow_mut());
-        self.guard(CallbackKind::Drop, move || drop(tick_end));
-        let outgoing = std::mem::take(&mut *self.outgoing.borrow_mut());
-        for item in outgoing.batches.into_iter().flatten() {
-            item.refuse(&self.shared, Some(self.index));
-        }
-        self.close_inbox();
     }
 
     /// Step 4: cancels every operation in flight and reaps completions until

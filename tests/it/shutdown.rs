@@ -268,3 +268,67 @@ fn shutdown_timeout_with_nothing_stuck_is_a_plain_shutdown() {
     assert_eq!(report.shards_abandoned, 0);
     assert_eq!(report.tasks_cancelled, 1);
 }
+
+/// A waker held by a timer whose `Drop` spawns: the timer wheel drops its
+/// wakers after the shard's tasks were shut down.
+struct SpawnsOnDrop {
+    handle: mailring::Handle,
+    stealable: bool,
+    out: mpsc::Sender<mailring::JoinHandle<()>>,
+}
+
+impl std::task::Wake for SpawnsOnDrop {
+    fn wake(self: std::sync::Arc<Self>) {}
+}
+
+impl Drop for SpawnsOnDrop {
+    fn drop(&mut self) {
+        let join = if self.stealable {
+            self.handle.spawn(async {})
+        } else {
+            self.handle.spawn_on(S0, async {})
+        };
+        let _ = self.out.send(join);
+    }
+}
+
+/// User code that runs late in a shard's shutdown (a waker's `Drop`, when
+/// the timer wheel lets its wakers go) and spawns: onto its own shard, the
+/// task is cancelled and its handle resolves (it was queued where nothing
+/// ran it again, and the handle never resolved); as a stealable task on a
+/// runtime of two shards, no panic (the shard's batches were gone, and
+/// picking the least loaded shard indexed them).
+#[test]
+fn a_spawn_from_user_code_late_in_shutdown_resolves_and_does_not_panic() {
+    for (shards, stealable) in [(1, false), (2, false), (2, true)] {
+        let rt = mailring::Runtime::builder().shards(shards).build().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let handle = rt.handle().clone();
+        rt.handle().spawn_on(S0, async move {
+            let waker = std::task::Waker::from(std::sync::Arc::new(SpawnsOnDrop {
+                handle,
+                stealable,
+                out: tx,
+            }));
+            let mut sleep = Box::pin(mailring::time::sleep(Duration::from_secs(3600)));
+            assert!(sleep
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(&waker))
+                .is_pending());
+            // The wheel keeps its clone of the waker; this task's goes.
+            std::mem::forget(sleep);
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let report = shutdown_within(rt);
+        assert_eq!(report.panics.total(), 0, "{shards} shards: {report:?}");
+        let join = within(&rx, 5, "the spawn from the waker's Drop");
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !join.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            join.is_finished(),
+            "{shards} shards, stealable {stealable}: the handle never resolved"
+        );
+    }
+}
