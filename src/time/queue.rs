@@ -198,10 +198,23 @@ impl TimerQueue {
     fn release(&mut self, index: u32) -> Option<Waker> {
         let e = &mut self.entries[index as usize];
         let waker = e.waker.take();
-        e.generation = e.generation.checked_add(1).unwrap_or(1);
-        e.next = self.free;
         e.prev = NIL;
-        self.free = index;
+        match e.generation.checked_add(1) {
+            Some(next) => {
+                e.generation = next;
+                e.next = self.free;
+                self.free = index;
+            }
+            // Its generations are spent: wrapping them would let a key
+            // made 2^32 uses ago match a later timer here (a `Sleep` not
+            // polled since would remove or take over that timer). Retired
+            // instead, with a generation no key has, and never used again
+            // (an entry's few dozen bytes per four billion timers).
+            None => {
+                e.generation = 0;
+                e.next = NIL;
+            }
+        }
         self.live -= 1;
         if self.live == 0 {
             self.next_bound = u64::MAX;
@@ -393,6 +406,30 @@ mod tests {
         fn wake(self: Arc<Self>) {
             self.1.lock().unwrap().push(self.0);
         }
+    }
+
+    /// An entry whose generations are spent is retired: a key made before
+    /// the last of them matches nothing later, and the entry is not handed
+    /// out again.
+    #[test]
+    fn an_entry_whose_generations_are_spent_is_retired() {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let t0 = Instant::now();
+        let mut q = TimerQueue::new(t0);
+        let a = q.insert(t0 + Duration::from_secs(3600), waker.clone());
+        q.remove(a);
+        q.entries[a.index()].generation = u32::MAX;
+        let last = q.insert(t0 + Duration::from_secs(3600), waker.clone());
+        assert_eq!((last.index(), last.generation()), (a.index(), u32::MAX));
+        q.remove(last);
+        // Taken again, the entry would carry generation 1 (wrapped) and
+        // the next key would be another's: it is retired instead.
+        let next = q.insert(t0 + Duration::from_secs(3600), waker.clone());
+        assert_ne!(next.index(), a.index());
+        assert!(!q.set_waker(last, &waker), "a spent key matched");
+        assert!(!q.reset(last, t0 + Duration::from_secs(1)));
+        assert!(q.set_waker(next, &waker));
     }
 
     #[test]
