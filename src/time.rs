@@ -92,12 +92,17 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
 
 /// Runs `future`, giving up when `duration` passes first (a duration too long
 /// for an `Instant`, such as `Duration::MAX`, saturates as in [`sleep`]).
+/// The duration counts from this call, as [`sleep`]'s does, not from the
+/// first poll.
 ///
 /// # Errors
 ///
 /// [`Elapsed`] when the deadline passed before the future finished; the future is dropped.
-pub async fn timeout<F: Future>(duration: Duration, future: F) -> Result<F::Output, Elapsed> {
-    timeout_at(after(now(), duration), future).await
+pub fn timeout<F: Future>(
+    duration: Duration,
+    future: F,
+) -> impl Future<Output = Result<F::Output, Elapsed>> {
+    timeout_at(after(now(), duration), future)
 }
 
 /// Runs `future`, giving up at `deadline`.

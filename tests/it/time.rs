@@ -555,3 +555,22 @@ fn a_sleep_moved_earlier_from_another_thread_wakes_at_its_new_deadline() {
         started.elapsed()
     );
 }
+
+/// A timeout's duration counts from the call, as a sleep's does: one made,
+/// left unpolled past its duration, gives up at its first poll.
+#[test]
+fn a_timeout_counts_from_its_call_not_its_first_poll() {
+    let rt = crate::rt2();
+    let waited = rt.block_on(async {
+        let t = mailring::time::timeout(Duration::from_millis(200), std::future::pending::<()>());
+        mailring::time::sleep(Duration::from_millis(300)).await;
+        let started = std::time::Instant::now();
+        assert!(t.await.is_err());
+        started.elapsed()
+    });
+    // Counted from the first poll, it would wait 200 ms more.
+    assert!(
+        waited < Duration::from_millis(150),
+        "waited {waited:?} more"
+    );
+}
