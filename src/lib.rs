@@ -291,6 +291,11 @@ mod api {
     /// callback that hands the whole batch to the runtime, so the batch still
     /// travels with this tick's doorbell.
     ///
+    /// A callback may queue more; they run in the same tick end, before the
+    /// batches go. So a callback that queues itself again every time never
+    /// lets the tick end (its shard runs nothing else): queue again only
+    /// when there is something new to hand over.
+    ///
     /// # Errors
     ///
     /// Gives `f` back when the caller is not running on a shard.
