@@ -160,6 +160,11 @@ const SPARE_CARRIERS: usize = 8;
 /// no batch allocates, whatever its size, and no lock is taken.
 pub(crate) struct Carrier<A: Actor> {
     system_id: u64,
+    /// The system, for a shard whose registry is not installed yet (a
+    /// system started from a shard sends the installs at its tick's end,
+    /// one shard after another: a batch from a shard installed first may
+    /// arrive before). Not touched on the way otherwise.
+    system: Arc<SystemShared>,
     /// The sending shard, whose spare list the emptied carrier joins.
     from: usize,
     /// On its way back to `from`, empty.
@@ -172,7 +177,8 @@ where
     A::Envelope: Send,
 {
     fn run(mut self: Box<Self>) {
-        let Some(ts) = type_state_by_id::<A>(self.system_id) else {
+        let found = type_state_by_id::<A>(self.system_id).or_else(|| type_state::<A>(&self.system));
+        let Some(ts) = found else {
             reply::drop_with_reason(AskError::ShuttingDown, self);
             return;
         };
@@ -512,9 +518,11 @@ impl<A: Actor> TypeState<A> {
         A::Envelope: Send,
     {
         self.flush_outbound(dest);
-        let system_id = self.system.id;
+        let system = self.system.clone();
         self.system.handle.run_on(ShardId::new(dest), move || {
-            match type_state_by_id::<A>(system_id) {
+            // (A system started from a shard may reach a shard before its
+            // registry's install does: it is made here then.)
+            match type_state::<A>(&system) {
                 Some(ts) => ts.apply(&target, item),
                 None => reply::drop_with_reason(AskError::ShuttingDown, item),
             }
@@ -609,11 +617,13 @@ impl<A: Actor> TypeState<A> {
         let spare = self.spares.borrow_mut().pop();
         let mut carrier = spare.unwrap_or_else(|| {
             self.carriers_made.set(self.carriers_made.get() + 1);
-            // Only the system's id travels: the receiver finds its own
-            // registry, so no shared reference count bounces between shards
-            // per batch.
+            // The receiver finds its own registry by the system's id: no
+            // shared reference count bounces between shards per batch (the
+            // carrier's reference to the system is taken once, when it is
+            // made, and read only where no registry is installed yet).
             Box::new(Carrier {
                 system_id: self.system.id,
+                system: self.system.clone(),
                 from: self.shard,
                 returning: false,
                 batch: Outbound::new(),
