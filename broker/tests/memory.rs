@@ -165,6 +165,49 @@ fn evicted_entries_come_back_through_every_read() {
         .unwrap();
     assert_eq!(info_stream[at + 1], entry(&id(0), 0));
 
+    // A read over several streams (of one shard) runs as a transaction of
+    // its own, so that it sees each transaction in all of them or none:
+    // its reads are planned and fetched ahead all the same.
+    for (create, read) in [
+        (
+            None,
+            vec!["XREAD", "COUNT", "5", "STREAMS", "s", "t", "0-0", "0-0"],
+        ),
+        (
+            Some("g2"),
+            vec![
+                "XREADGROUP",
+                "GROUP",
+                "g2",
+                "c",
+                "COUNT",
+                "5",
+                "STREAMS",
+                "s",
+                "t",
+                ">",
+                ">",
+            ],
+        ),
+    ] {
+        if let Some(group) = create {
+            for stream in ["s", "t"] {
+                assert_eq!(
+                    c.cmd(&["XGROUP", "CREATE", stream, group, "0"]),
+                    R::Status("OK".into())
+                );
+            }
+        }
+        match c.cmd(&read) {
+            R::Array(per_stream) => assert_eq!(
+                per_stream[0],
+                R::Array(vec![R::bulk("s"), entries(0..5)]),
+                "{read:?}"
+            ),
+            other => panic!("{read:?}: {other:?}"),
+        }
+    }
+
     // All of that read old entries through the ring, none blocking.
     assert_eq!(info(&mut c, "entries_read_back_blocking"), blocking);
     assert!(info(&mut c, "entries_read_back_ahead") >= ahead + ENTRIES as u64);

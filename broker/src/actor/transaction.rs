@@ -195,6 +195,29 @@ impl Member {
 }
 
 impl StreamActor {
+    /// Brings back, through the ring, the evicted entries a read step is
+    /// about to read (a read over several streams runs as a transaction
+    /// of its own: without this each of its entries not in memory was a
+    /// blocking read on the shard's thread). Other steps read back what
+    /// they need as they run, as the commands of a `MULTI` do.
+    async fn fetch_for(&mut self, step: &Step) {
+        let wanted = match step {
+            Step::Read(Some(after), count) => match (self.stream.as_ref(), after.next()) {
+                (Some(s), Some(lo)) => s.missing_in_range(lo, StreamId::MAX, *count, false),
+                _ => Vec::new(),
+            },
+            Step::ReadGroup {
+                group,
+                consumer,
+                from,
+                count,
+                ..
+            } => self.plan_read_group(group, consumer, from, *count),
+            _ => Vec::new(),
+        };
+        self.fetch(wanted).await;
+    }
+
     /// One step in this stream.
     fn step_here(&mut self, step: &Step, shared: &Shared) -> Done {
         match step {
@@ -332,7 +355,10 @@ impl StreamActor {
             };
             let done = match step {
                 Step::Seal => self.seal(was_missing),
-                step => self.step_here(&step, &shared),
+                step => {
+                    self.fetch_for(&step).await;
+                    self.step_here(&step, &shared)
+                }
             };
             let (tx, rx) = oneshot::channel();
             let stepped = Stepped {
@@ -988,7 +1014,10 @@ impl StreamActor {
         match cohort.place_of(stream) {
             Place::Member(i) => cohort.members[i].step(step).await,
             Place::Absent(i) => Ok(cohort.absent[i].step_here(&step, shared)),
-            Place::Here => Ok(self.step_here(&step, shared)),
+            Place::Here => {
+                self.fetch_for(&step).await;
+                Ok(self.step_here(&step, shared))
+            }
         }
     }
 
