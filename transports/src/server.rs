@@ -1597,10 +1597,6 @@ async fn drive<S: Session>(
     let mut moving: Option<(S::Key, FrameIn<S>)> = None;
     let mut over_high_water = false;
     let mut idle = config.idle_timeout.map(|t| sleep_until(deadline_in(t)));
-    // A frame was handled since the idle timer was last set: the period
-    // was not idle (a handler that ran past it kept the timer unpolled,
-    // and the next request, sent in time, is read after it fires).
-    let mut handled_since_idle = false;
     let mut handshake = match (config.handshake_timeout, &cx.key) {
         (Some(t), None) => Some(sleep_until(deadline_in(t))),
         _ => None,
@@ -1707,7 +1703,6 @@ async fn drive<S: Session>(
                     }
                     counters.frames_in.fetch_add(1, Ordering::Relaxed);
                     handled_since_drained = true;
-                    handled_since_idle = true;
                     // Run the handler; meanwhile only the send in flight
                     // moves (everything else waits for the context).
                     // A closer handed out before (or by) this handler ends
@@ -1721,6 +1716,12 @@ async fn drive<S: Session>(
                     };
                     let sending = send.is_some();
                     let handled = run_beside_send(handling, send.as_mut(), stop, &wake).await;
+                    // The idle period starts again when the handler is done:
+                    // one that ran past it kept the timer unpolled, and the
+                    // next request, sent in time, is read after it is due.
+                    if let (Some(t), Some(d)) = (idle.as_mut(), config.idle_timeout) {
+                        t.reset(deadline_in(d));
+                    }
                     if sending && send.is_none() {
                         // The send in flight completed meanwhile.
                         let sent = !matches!(handled, Handled::SendFailed(_));
@@ -2011,12 +2012,10 @@ async fn drive<S: Session>(
             Event::PeerClosed => peer_closed = true,
             Event::HighWater(queued) => session.on_backpressure(queued, cx),
             Event::Idle => {
-                // Frames handled are activity; so are replies outstanding
-                // or being written, but a send that spans two idle periods
-                // has a peer that stopped reading.
-                if std::mem::take(&mut handled_since_idle) {
-                    // Not idle.
-                } else if send.is_some() {
+                // Replies outstanding or being written are activity; but a
+                // send that spans two idle periods has a peer that stopped
+                // reading.
+                if send.is_some() {
                     if in_flight.stalled {
                         return Exit::Close(CloseReason::SlowReader {
                             queued: outbound(cx, in_flight.bytes),

@@ -2303,10 +2303,16 @@ fn a_request_sent_in_time_behind_a_long_handler_is_not_cut_by_the_idle_timeout()
     assert_eq!(read_frame(&mut c).unwrap(), b"work");
     assert_eq!(read_frame(&mut c).unwrap(), b"ping");
     assert_eq!(server.stats().closed(CloseKind::IdleTimeout), 0);
-    // Idle for real: closed.
-    wait_for(&server, "the idle close", |s| {
-        s.closed(CloseKind::IdleTimeout) == 1
-    });
+    // Idle for real: closed one idle period after the last reply, not two.
+    let quiet = Instant::now();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert!(read_frame(&mut c).is_err(), "closed");
+    let took = quiet.elapsed();
+    assert!(
+        took < Duration::from_millis(350),
+        "closed {took:?} after the last reply (the idle timeout is 200 ms)"
+    );
+    assert_eq!(server.stats().closed(CloseKind::IdleTimeout), 1);
     drop(c);
     rt.block_on(server.shutdown());
     rt.shutdown();
