@@ -193,8 +193,11 @@ impl<A: Actor> Ctx<A> {
         let failed = self.panic_sink();
         let join = self.scope().spawn(failed, async move {
             mailring::time::sleep(delay).await;
-            // Not while the actor passivates or stops: its timers end with it.
-            if !cell.leaving.get() && cell.push_own(A::envelope(msg)).is_ok() {
+            // Queued even while the actor passivates: a passivation that
+            // messages call off goes on with this instance, which the
+            // message is for (one that does not drops it with the other
+            // timer messages).
+            if cell.push_own(A::envelope(msg)).is_ok() {
                 sends.set(sends.get() + 1);
             }
         });
@@ -280,11 +283,17 @@ impl<A: Actor> Ctx<A> {
         let cell = self.cell.clone();
         let epoch = self.epoch;
         move |payload| {
-            if !cell.is_open() {
+            // A closed actor, or one leaving (its `on_passivate` runs):
+            // queued, the panic would be handed to a fresh activation with
+            // the rest (a keyed actor that stopped itself would come back
+            // to report it).
+            if !cell.is_open() || cell.leaving.get() {
                 report_and_drop(payload);
                 return;
             }
+            let mut unraised = Unraised(Some(payload));
             let raise = Continuation::new(move |_: &mut A, cx: &mut Ctx<A>| {
+                let payload = unraised.0.take().expect("raised once");
                 if cx.epoch == epoch {
                     std::panic::resume_unwind(payload);
                 }
@@ -738,6 +747,18 @@ impl Drop for Member {
             *entry = None;
         }
         self.scope.free.borrow_mut().push(self.slot);
+    }
+}
+
+/// A background panic queued to its actor: reported when dropped unraised
+/// (the actor's mailbox dropped with the continuation in it).
+struct Unraised(Option<Box<dyn Any + Send>>);
+
+impl Drop for Unraised {
+    fn drop(&mut self) {
+        if let Some(payload) = self.0.take() {
+            report_and_drop(payload);
+        }
     }
 }
 

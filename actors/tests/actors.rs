@@ -627,6 +627,83 @@ fn timer_ticks_do_not_keep_a_keyed_actor_from_passivating() {
     sys.shutdown();
 }
 
+#[derive(Message)]
+struct Remind;
+
+#[derive(Message)]
+struct Poke;
+
+/// Counts reminders and pokes; asks for a reminder in 60 ms when poked
+/// first; passivates after 20 ms idle, and takes 100 ms to.
+#[derive(Actor)]
+#[actor(key = u64, idle_timeout_ms = 20, handles(Remind, Poke, Get), hooks)]
+struct Forgetful {
+    beats: Arc<Beats>,
+    pokes: u64,
+}
+
+impl Hooks for Forgetful {
+    async fn on_passivate(&mut self, _cx: &mut Ctx<Self>) {
+        self.beats.passivated.fetch_add(1, Ordering::SeqCst);
+        mailring_actors::mailring::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+impl Handler<Poke> for Forgetful {
+    async fn handle(&mut self, _m: Poke, cx: &mut Ctx<Self>) {
+        self.pokes += 1;
+        if self.pokes == 1 {
+            cx.run_later(Duration::from_millis(60), Remind);
+        }
+    }
+}
+
+impl Handler<Remind> for Forgetful {
+    async fn handle(&mut self, _m: Remind, _cx: &mut Ctx<Self>) {
+        self.beats.ticks.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Handler<Get> for Forgetful {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.pokes
+    }
+}
+
+/// A `run_later` message that comes while the actor passivates, a
+/// passivation a message then calls off: the instance goes on, and gets
+/// its message (it was dropped as if the actor had gone).
+#[test]
+fn a_run_later_message_that_comes_during_a_called_off_passivation_is_handled() {
+    let sys = system(2);
+    let beats = Arc::new(Beats::default());
+    let b = beats.clone();
+    sys.register_factory::<Forgetful>(move |_| Forgetful {
+        beats: b.clone(),
+        pokes: 0,
+    });
+    let r = sys.keyed::<Forgetful>(1);
+    let b = beats.clone();
+    let (pokes, reminded, passivations) = sys.block_on(async move {
+        r.tell(Poke).unwrap();
+        // Idle after 20 ms: passivating until about 120 ms; the reminder
+        // comes at 60 ms, this poke at 80 ms (calling the passivation off).
+        mailring_actors::mailring::time::sleep(Duration::from_millis(80)).await;
+        r.tell(Poke).unwrap();
+        mailring_actors::mailring::time::sleep(Duration::from_millis(100)).await;
+        let pokes = r.ask(Get).await.unwrap();
+        (
+            pokes,
+            b.ticks.load(Ordering::SeqCst),
+            b.passivated.load(Ordering::SeqCst),
+        )
+    });
+    assert!(passivations >= 1, "never passivated");
+    assert_eq!(pokes, 2, "the same instance went on");
+    assert_eq!(reminded, 1, "the reminder was lost");
+    sys.shutdown();
+}
+
 /// A keyed actor that ticks every 2 ms from `on_start` and stops itself at
 /// its third tick; its `on_passivate` takes a while, and ticks keep coming.
 #[derive(Actor)]
