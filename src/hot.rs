@@ -279,17 +279,10 @@ pub async fn next_hot_count(tag: u16) -> u64 {
     poll_fn(|cx| poll_hot_count(tag, cx)).await
 }
 
-/// Tasks waiting on one hot counter before its list is swept (see
-/// [`poll_hot_count`]).
-const HOT_WAITERS_BEFORE_SWEEP: usize = 1024;
-
 /// Takes the current shard's hot counter for `tag` if it is non-zero; else
 /// registers `cx`'s waker to be woken when it reaches the wake threshold (or
 /// the shard has nothing else to do). The poll form of [`next_hot_count`],
-/// for futures that wait on a counter among other conditions. A waiter
-/// may be woken with nothing to take, and polls again: a future dropped
-/// while it waited leaves its waker listed, so past 1024 waiters the list
-/// is woken whole and emptied, and the live ones put theirs back.
+/// for futures that wait on a counter among other conditions.
 ///
 /// # Panics
 ///
@@ -307,16 +300,6 @@ pub fn poll_hot_count(tag: u16, cx: &mut Context<'_>) -> Poll<u64> {
         }
         let c = hot.counters.get_mut(&tag).expect("checked above");
         if !c.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-            if c.waiters.len() >= HOT_WAITERS_BEFORE_SWEEP {
-                // A waiter given up (its future dropped) leaves its waker
-                // here: the list is woken whole and emptied (outside the
-                // shard's borrow), and those still waiting put theirs back.
-                let swept = std::mem::take(&mut c.waiters);
-                c.waiters.push(cx.waker().clone());
-                drop(hot);
-                swept.into_iter().for_each(Waker::wake);
-                return Poll::Pending;
-            }
             c.waiters.push(cx.waker().clone());
         }
         Poll::Pending

@@ -52,10 +52,6 @@ use std::task::{Context, Poll, Waker};
 
 use mailring::{hot, ShardId};
 
-/// Tasks waiting on one window before the list is swept (see
-/// [`ShardFlow::poll_credit`]).
-const WAITERS_BEFORE_SWEEP: usize = 1024;
-
 /// One shard's side of every window it is part of.
 pub(crate) struct ShardFlow {
     /// The system's first credit tag: tag `credit_base + s` carries the
@@ -145,14 +141,6 @@ impl ShardFlow {
         }
         let mut waiting = self.waiting[dest].borrow_mut();
         if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
-            if waiting.len() >= WAITERS_BEFORE_SWEEP {
-                // A `send` given up (its future dropped) leaves its waker
-                // here: the list is woken whole and emptied, and the
-                // senders still waiting put theirs back.
-                std::mem::take(&mut *waiting)
-                    .into_iter()
-                    .for_each(Waker::wake);
-            }
             waiting.push(cx.waker().clone());
         }
         Poll::Pending
