@@ -651,6 +651,10 @@ pub struct RecoveryReport {
     pub bytes: u64,
     /// Segments whose torn or corrupt tails were cut, with the bytes cut.
     pub cut: Vec<(std::path::PathBuf, u64)>,
+    /// Copies of the cut tails in which valid records followed the
+    /// corrupt one (a crash's out-of-order write, or damaged data that may
+    /// have held acknowledged writes), kept beside their segments.
+    pub saved: Vec<std::path::PathBuf>,
     /// How long recovery took.
     pub elapsed: std::time::Duration,
     /// Whether the logs were rewritten for this shard count.
@@ -706,6 +710,7 @@ impl Broker {
             records: recovered.records,
             bytes: recovered.bytes,
             cut: recovered.cut.clone(),
+            saved: recovered.saved.clone(),
             elapsed: recovered.elapsed,
             migrated: recovered.migrated,
         };

@@ -121,10 +121,10 @@ pub struct StoreConfig {
     pub max_record_bytes: u64,
     /// At start, cut a segment that is not its log's last at a bad record
     /// (losing what follows it there) instead of refusing to start: for
-    /// a disk that damaged flushed data (the `--repair-log` flag); also a
-    /// last segment's corrupt record that valid records follow. A torn or
+    /// a disk that damaged flushed data (the `--repair-log` flag). A torn or
     /// corrupt tail of a log's last segment, what a crash leaves, is cut
-    /// either way.
+    /// either way (kept beside the segment when valid records follow the
+    /// corrupt one).
     pub repair_log: bool,
     /// Crash tests only: a gate every flush waits on.
     pub sync_gate: Option<SyncGate>,

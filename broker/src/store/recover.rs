@@ -83,6 +83,9 @@ pub struct Recovered {
     pub bytes: u64,
     /// Segments whose tails were cut, with the bytes cut.
     pub cut: Vec<(PathBuf, u64)>,
+    /// Copies of cut tails in which valid records followed the corrupt
+    /// one (see [`read_segment`]).
+    pub saved: Vec<PathBuf>,
     /// Whether the logs were rewritten for another shard count.
     pub migrated: bool,
     /// How long recovery took.
@@ -271,6 +274,7 @@ fn recover_or_rewrite(
         let mut again = recover_or_rewrite(dir, shards, segment_bytes, cache_bytes, repair, false)?;
         again.migrated = true;
         again.cut = out.cut;
+        again.saved = out.saved;
         again.elapsed = started.elapsed();
         return Ok(again);
     }
@@ -347,6 +351,36 @@ fn at(path: &Path) -> impl FnOnce(io::Error) -> io::Error + '_ {
     move |e| io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
 
+/// Writes `tail`, cut from segment `path`, to a file of its own beside it
+/// (`<segment>.cut`, or `.cut-2` and on if that is taken), flushed with
+/// its directory entry; returns its path.
+fn save_cut_tail(path: &Path, tail: &[u8]) -> io::Result<PathBuf> {
+    use std::io::Write;
+    let mut n = 1;
+    let (saved, mut file) = loop {
+        let name = match n {
+            1 => format!("{}.cut", path.display()),
+            n => format!("{}.cut-{n}", path.display()),
+        };
+        let candidate = PathBuf::from(name);
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&candidate)
+        {
+            Ok(file) => break (candidate, file),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
+            Err(e) => return Err(at(&candidate)(e)),
+        }
+    };
+    file.write_all(tail).map_err(at(&saved))?;
+    file.sync_all().map_err(at(&saved))?;
+    if let Some(dir) = saved.parent() {
+        sync_dir(dir)?;
+    }
+    Ok(saved)
+}
+
 fn read_segment(
     path: &Path,
     last: bool,
@@ -357,7 +391,7 @@ fn read_segment(
     let data = Bytes::from(std::fs::read(path).map_err(at(path))?);
     let len = data.len() as u64;
     let mut records = 0;
-    let scan = log::scan_segment_each(data, |at, r| {
+    let scan = log::scan_segment_each(data.clone(), |at, r| {
         records += 1;
         f(at, r);
     })
@@ -367,16 +401,22 @@ fn read_segment(
             format!("{}: {e}", path.display()),
         )
     })?;
-    if let (Some(next), true, false) = (scan.valid_after, last, repair) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "{}: a corrupt record at byte {} of {len}, followed by a valid one at byte {next}: damaged after it was written (a crash tears only the end of the last write), and what follows may have been acknowledged; nothing was changed. Restore the file, or start with --repair-log to cut this segment there (losing the {} bytes after it)",
-                path.display(),
-                scan.valid_len,
-                len - scan.valid_len,
-            ),
-        ));
+    if let (Some(next), true) = (scan.valid_after, last) {
+        // Valid records after a corrupt one in the last segment: the
+        // blocks of a write never flushed, made durable out of order by a
+        // crash (not acknowledged: cut, as a torn tail is), or damage to
+        // flushed data (acknowledged). Recovery cannot tell them apart:
+        // the tail is cut so the broker starts, and kept beside the
+        // segment, so nothing is destroyed.
+        let saved = save_cut_tail(path, &data[scan.valid_len as usize..])?;
+        eprintln!(
+            "mailring-broker: {}: a corrupt record at byte {} of {len}, with a valid one after it at byte {next}; the {} bytes from the corrupt record on were cut (a crash's out-of-order write, or damaged data: if they held acknowledged writes, the disk lost them) and kept in {}",
+            path.display(),
+            scan.valid_len,
+            len - scan.valid_len,
+            saved.display(),
+        );
+        out.saved.push(saved);
     }
     if scan.tail != Tail::Clean && !last && !repair {
         return Err(io::Error::new(
