@@ -84,7 +84,7 @@ pub struct Recovered {
     /// Segments whose tails were cut, with the bytes cut.
     pub cut: Vec<(PathBuf, u64)>,
     /// Copies of cut tails in which valid records followed the corrupt
-    /// one (see [`read_segment`]).
+    /// one (kept beside their segments as `<segment>.cut`).
     pub saved: Vec<PathBuf>,
     /// Whether the logs were rewritten for another shard count.
     pub migrated: bool,
