@@ -834,12 +834,8 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         if self.recv_at_once.reads.any() || self.recv_at_once.multishot.load(Relaxed) {
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        // SAFETY: `[u8]` and `[MaybeUninit<u8>]` have the same layout, and
-        // `recv` only writes initialised bytes into the slice (it never
-        // de-initialises one), so `buf` stays fully initialised.
-        let spare = unsafe { &mut *(std::ptr::from_mut(buf) as *mut [std::mem::MaybeUninit<u8>]) };
         self.inner
-            .recv_now(spare)
+            .recv_now(crate::op::initialised_as_spare(buf))
             .unwrap_or_else(|| Err(io::ErrorKind::Unsupported.into()))
     }
 

@@ -811,15 +811,20 @@ impl OpFile for ShardFd {
         Some(socket2::SockRef::from(&*self.fd).recv_with_flags(buf, libc::MSG_DONTWAIT))
     }
     fn peek_now(&self, buf: &mut [u8]) -> Option<io::Result<usize>> {
-        // SAFETY: `[u8]` and `[MaybeUninit<u8>]` have the same layout, and
-        // `recv` only writes initialised bytes into the slice (it never
-        // de-initialises one), so `buf` stays fully initialised.
-        let buf = unsafe { &mut *(std::ptr::from_mut(buf) as *mut [std::mem::MaybeUninit<u8>]) };
-        Some(
-            socket2::SockRef::from(&*self.fd)
-                .recv_with_flags(buf, libc::MSG_PEEK | libc::MSG_DONTWAIT),
-        )
+        Some(socket2::SockRef::from(&*self.fd).recv_with_flags(
+            initialised_as_spare(buf),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        ))
     }
+}
+
+/// `buf` as the spare room a `recv` takes, for a receive into bytes that
+/// are initialised already.
+pub(crate) fn initialised_as_spare(buf: &mut [u8]) -> &mut [std::mem::MaybeUninit<u8>] {
+    // SAFETY: `[u8]` and `[MaybeUninit<u8>]` have the same layout, and the
+    // only writer given the result, `recv`, writes initialised bytes into
+    // it (it never de-initialises one), so `buf` stays fully initialised.
+    unsafe { &mut *(std::ptr::from_mut(buf) as *mut [std::mem::MaybeUninit<u8>]) }
 }
 
 /// Submits a read-like operation on `fd`'s shard: the kernel writes into

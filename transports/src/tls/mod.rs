@@ -1388,6 +1388,25 @@ impl TlsConn {
         self.flush_ignoring_state().await
     }
 
+    /// Sends what the socket takes of `records` now, with a non-blocking
+    /// send (TCP or Unix; none for a direct descriptor): how many bytes it
+    /// took. A failure other than a full socket loses the records.
+    fn send_what_fits(&self, records: &[u8]) -> io::Result<usize> {
+        match self.inner.try_send_plain(records) {
+            Some(Ok(n)) => Ok(n),
+            Some(Err(e))
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                Ok(0)
+            }
+            Some(Err(e)) => Err(self.records_lost(e)),
+            None => Ok(0),
+        }
+    }
+
     /// Sends what the socket takes of the queued records now, without
     /// waiting, unless a flush is going on (it sends them too); the rest
     /// stays queued for the next send or flush. Works on a failed
@@ -1405,28 +1424,13 @@ impl TlsConn {
         };
         let mut state = self.state();
         let res = if state.wants_write() {
-            match self.inner.try_send_plain(&state.records_out) {
-                Some(Ok(n)) if n == state.records_out.len() => {
+            self.send_what_fits(&state.records_out).map(|n| {
+                if n == state.records_out.len() {
                     state.take_outgoing();
-                    Ok(())
-                }
-                Some(Ok(n)) => {
+                } else {
                     state.records_out.advance(n);
-                    Ok(())
                 }
-                Some(Err(e))
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    Ok(())
-                }
-                Some(Err(e)) => Err(self.records_lost(e)),
-                // No way to send without waiting (a direct descriptor):
-                // the next flush sends them.
-                None => Ok(()),
-            }
+            })
         } else {
             Ok(())
         };
@@ -1458,17 +1462,11 @@ impl TlsConn {
             // (TCP or Unix; this flush holds the write turn, so no send of
             // ours is on the ring): no operation to complete, and no
             // wake-up of this task for it. The rest goes through the ring.
-            match self.inner.try_send_plain(&records) {
-                Some(Ok(n)) if n == records.len() => continue,
-                Some(Ok(n)) => records.advance(n),
-                Some(Err(e))
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) => {}
-                Some(Err(e)) => return Err(self.records_lost(e)),
-                None => {}
+            let sent = self.send_what_fits(&records)?;
+            if sent == records.len() {
+                continue;
             }
+            records.advance(sent);
             let mut in_flight = SendInFlight {
                 abandoned: &self.abandoned,
                 done: false,
