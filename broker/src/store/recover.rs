@@ -358,10 +358,13 @@ fn save_cut_tail(path: &Path, tail: &[u8]) -> io::Result<PathBuf> {
     use std::io::Write;
     let mut n = 1;
     let (saved, mut file) = loop {
-        let name = match n {
-            1 => format!("{}.cut", path.display()),
-            n => format!("{}.cut-{n}", path.display()),
-        };
+        // (Built on the path's own bytes: a data directory's name need not
+        // be UTF-8.)
+        let mut name = path.as_os_str().to_owned();
+        match n {
+            1 => name.push(".cut"),
+            n => name.push(format!(".cut-{n}")),
+        }
         let candidate = PathBuf::from(name);
         match std::fs::OpenOptions::new()
             .write(true)
