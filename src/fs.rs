@@ -341,7 +341,7 @@ impl File {
         }
         // SAFETY: a positional write reads at most `len` bytes at `ptr`.
         unsafe {
-            submit_write(&self.inner, buf, from, true, |fd, ptr, len| {
+            submit_write(&self.inner, buf, from, true, (), |fd, ptr, len| {
                 opcode::Write::new(Fd(fd), ptr, len)
                     .offset(pos)
                     .rw_flags(rw_flags)

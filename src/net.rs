@@ -627,46 +627,86 @@ impl<'a> RecvMultishot<'a> {
 #[derive(Debug)]
 pub(crate) struct StreamCore<F: OpFile = ShardFd> {
     pub(crate) inner: F,
-    /// Bytes received by `recv`s whose futures were dropped after the kernel
-    /// had filled their buffers; reported by the next `recv`.
-    lost: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Its operations on the ring, and bytes dropped `recv`s took.
+    book: std::sync::Arc<OpBook>,
     /// When a send may go out at once (see [`SendAtOnce`]).
     at_once: SendAtOnce,
     /// When a receive may be taken at once (see [`RecvAtOnce`]).
     recv_at_once: RecvAtOnce,
 }
 
-/// Operations of one kind (writes, or receives) of a socket on the ring:
-/// counted from submission until their future completes. A future dropped
-/// before that leaves its operation counted for good: it may still be in
-/// flight, and the socket then always takes the ring for that kind, which is
-/// correct, only slower.
-///
-/// Counted on the socket's shard (after `check`), and uncounted wherever
-/// the operation's future finishes (a future polled off its shard after
-/// its submission finishes there): atomic adds, so no count is lost to a
-/// race (each `finished` follows its `count`, so it never goes below 0).
+/// What a stream socket's operations on the ring share with the stream,
+/// behind an `Arc` that each of them holds until its CQE: how many of each
+/// kind are in flight, and the bytes dropped `recv`s took.
 #[derive(Debug, Default)]
-struct OnRing(std::sync::atomic::AtomicU32);
+struct OpBook {
+    /// Bytes received by `recv`s whose futures were dropped after the kernel
+    /// had filled their buffers; reported by the next `recv`.
+    lost: std::sync::atomic::AtomicUsize,
+    reads: std::sync::atomic::AtomicU32,
+    writes: std::sync::atomic::AtomicU32,
+}
 
-impl OnRing {
-    fn any(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Relaxed) > 0
+impl OpBook {
+    fn reads_on_ring(&self) -> bool {
+        self.reads.load(std::sync::atomic::Ordering::Relaxed) > 0
     }
 
-    /// Counts one operation until [`Counted::finished`].
-    fn count(&self) -> Counted<'_> {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Counted(self)
+    fn writes_on_ring(&self) -> bool {
+        self.writes.load(std::sync::atomic::Ordering::Relaxed) > 0
     }
 }
 
-/// An operation counted by [`OnRing::count`].
-struct Counted<'a>(&'a OnRing);
+/// One operation of a stream socket on the ring (a write, or a receive),
+/// counted in its [`OpBook`] from submission until this is dropped. It
+/// travels in the operation's resources, so it is dropped when the future
+/// takes the result or, for a future dropped first, when the op table drops
+/// the abandoned operation's resources at its CQE: while the kernel may
+/// still use the socket for it, and no longer. (An operation abandoned off
+/// its shard is leaked with its resources and stays counted: the socket
+/// then always takes the ring for that kind, which is correct, only slower.)
+///
+/// Counted on the socket's shard (after `check`), uncounted wherever the
+/// operation's resources are dropped: atomic adds, so no count is lost to
+/// a race (each drop follows its count, so it never goes below 0).
+#[derive(Debug)]
+struct OnRing {
+    book: std::sync::Arc<OpBook>,
+    write: bool,
+}
 
-impl Counted<'_> {
-    fn finished(self) {
-        self.0 .0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+impl OnRing {
+    fn counter(&self) -> &std::sync::atomic::AtomicU32 {
+        if self.write {
+            &self.book.writes
+        } else {
+            &self.book.reads
+        }
+    }
+
+    fn read(book: &std::sync::Arc<OpBook>) -> OnRing {
+        Self::count(book, false)
+    }
+
+    fn write(book: &std::sync::Arc<OpBook>) -> OnRing {
+        Self::count(book, true)
+    }
+
+    fn count(book: &std::sync::Arc<OpBook>, write: bool) -> OnRing {
+        let op = OnRing {
+            book: book.clone(),
+            write,
+        };
+        op.counter()
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        op
+    }
+}
+
+impl Drop for OnRing {
+    fn drop(&mut self) {
+        self.counter()
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -678,13 +718,12 @@ impl Counted<'_> {
 /// again at once would be a wasted call).
 #[derive(Debug, Default)]
 struct SendAtOnce {
-    writes: OnRing,
     full: std::sync::atomic::AtomicBool,
 }
 
 impl SendAtOnce {
-    fn allowed(&self) -> bool {
-        !self.writes.any() && !self.full.load(std::sync::atomic::Ordering::Relaxed)
+    fn allowed(&self, book: &OpBook) -> bool {
+        !book.writes_on_ring() && !self.full.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn set_full(&self, full: bool) {
@@ -703,7 +742,6 @@ impl SendAtOnce {
 /// when each read takes exactly one frame.
 #[derive(Debug, Default)]
 struct RecvAtOnce {
-    reads: OnRing,
     more_queued: std::sync::atomic::AtomicBool,
     /// A multishot receive was armed on the socket: its bytes arrive
     /// through the ring from then on (one dropped may still take some until
@@ -712,9 +750,9 @@ struct RecvAtOnce {
 }
 
 impl RecvAtOnce {
-    fn allowed(&self) -> bool {
+    fn allowed(&self, book: &OpBook) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
-        !self.reads.any() && self.more_queued.load(Relaxed) && !self.multishot.load(Relaxed)
+        !book.reads_on_ring() && self.more_queued.load(Relaxed) && !self.multishot.load(Relaxed)
     }
 
     fn set_more_queued(&self, more: bool) {
@@ -732,10 +770,12 @@ impl RecvAtOnce {
 
 /// Records data an abandoned `recv` received (its buffer is gone with it).
 fn note_lost_recv<B: 'static, K: 'static>(res: i32, _flags: u32, resources: &dyn std::any::Any) {
-    type Resources<B, K> = Option<(B, K, std::sync::Arc<std::sync::atomic::AtomicUsize>)>;
+    type Resources<B, K> = Option<(B, K, OnRing)>;
     if res > 0 {
-        if let Some(Some((_, _, lost))) = resources.downcast_ref::<Resources<B, K>>() {
-            lost.fetch_add(res as usize, std::sync::atomic::Ordering::Relaxed);
+        if let Some(Some((_, _, read))) = resources.downcast_ref::<Resources<B, K>>() {
+            read.book
+                .lost
+                .fetch_add(res as usize, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }
@@ -751,13 +791,13 @@ impl StreamCore {
         }
         let StreamCore {
             inner,
-            lost,
+            book,
             at_once,
             recv_at_once,
         } = self;
         inner.into_owned().map_err(|inner| StreamCore {
             inner,
-            lost,
+            book,
             at_once,
             recv_at_once,
         })
@@ -768,7 +808,7 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
     pub(crate) fn new(inner: F) -> StreamCore<F> {
         StreamCore {
             inner,
-            lost: Default::default(),
+            book: Default::default(),
             at_once: SendAtOnce::default(),
             recv_at_once: RecvAtOnce::default(),
         }
@@ -779,17 +819,16 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         if let Err(e) = self.inner.check() {
             return (Err(e), buf);
         }
-        let write = self.at_once.writes.count();
+        let write = OnRing::write(&self.book);
         // SAFETY: a send reads at most `len` bytes at `ptr`.
         let out = unsafe {
-            submit_write(&self.inner, buf, from, false, |fd, ptr, len| {
+            submit_write(&self.inner, buf, from, false, write, |fd, ptr, len| {
                 opcode::Send::new(Fd(fd), ptr, len)
                     .flags(libc::MSG_NOSIGNAL)
                     .build()
             })
             .await
         };
-        write.finished();
         // A write completed: the socket had room again.
         self.at_once.set_full(false);
         out
@@ -815,7 +854,7 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
     pub(crate) fn try_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
         use std::sync::atomic::Ordering::Relaxed;
         self.inner.check()?;
-        if self.recv_at_once.reads.any() || self.recv_at_once.multishot.load(Relaxed) {
+        if self.book.reads_on_ring() || self.recv_at_once.multishot.load(Relaxed) {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         self.inner
@@ -831,7 +870,7 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         use std::sync::atomic::Ordering::Relaxed;
         self.inner.check()?;
         self.check_lost()?;
-        if self.recv_at_once.reads.any() || self.recv_at_once.multishot.load(Relaxed) {
+        if self.book.reads_on_ring() || self.recv_at_once.multishot.load(Relaxed) {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         self.inner
@@ -844,7 +883,7 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
     /// would overtake it).
     pub(crate) fn try_send(&self, buf: &[u8]) -> io::Result<usize> {
         self.inner.check()?;
-        if self.at_once.writes.any() {
+        if self.book.writes_on_ring() {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         self.send_now(buf)
@@ -860,18 +899,17 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         if let Err(e) = self.inner.check() {
             return (Err(e), buf);
         }
-        let write = self.at_once.writes.count();
+        let write = OnRing::write(&self.book);
         // SAFETY: a zero-copy send reads at most `len` bytes at `ptr`; the op
         // table keeps the buffer until the kernel's notification CQE.
         let out = unsafe {
-            submit_write(&self.inner, buf, from, false, |fd, ptr, len| {
+            submit_write(&self.inner, buf, from, false, write, |fd, ptr, len| {
                 opcode::SendZc::new(Fd(fd), ptr, len)
                     .flags(libc::MSG_NOSIGNAL)
                     .build()
             })
             .await
         };
-        write.finished();
         // A write completed: the socket had room again.
         self.at_once.set_full(false);
         out
@@ -901,7 +939,7 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         if !zero_copy
             && !F::FIXED
             && total > 0
-            && self.at_once.allowed()
+            && self.at_once.allowed(&self.book)
             && crate::shard::take_immediate_io()
         {
             if let Err(e) = self.inner.check() {
@@ -951,11 +989,11 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
     /// Errors once if an earlier, dropped `recv` took data (see the module docs).
     /// Bytes dropped `recv`s took that no `recv` has reported yet.
     pub(crate) fn unreported_loss(&self) -> usize {
-        self.lost.load(std::sync::atomic::Ordering::Relaxed)
+        self.book.lost.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn check_lost(&self) -> io::Result<()> {
-        match self.lost.swap(0, std::sync::atomic::Ordering::Relaxed) {
+        match self.book.lost.swap(0, std::sync::atomic::Ordering::Relaxed) {
             0 => Ok(()),
             n => Err(io::Error::other(format!(
                 "{n} bytes received by a dropped recv were lost; the stream's data is no longer contiguous"
@@ -970,7 +1008,10 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         let len = buf.bytes_total().min(u32::MAX as usize) as u32;
         // Bytes likely queued (the last receive filled its buffer): take
         // them at once, with no operation to submit and complete.
-        if !F::FIXED && len > 0 && self.recv_at_once.allowed() && crate::shard::take_immediate_io()
+        if !F::FIXED
+            && len > 0
+            && self.recv_at_once.allowed(&self.book)
+            && crate::shard::take_immediate_io()
         {
             let ptr = buf.stable_mut_ptr();
             // SAFETY: `ptr` names `len` writable bytes (`IoBufMut`
@@ -1000,15 +1041,16 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
             }
         }
         let keep = self.inner.keep();
-        let lost = self.lost.clone();
         let raw = self.inner.raw();
-        let read = self.recv_at_once.reads.count();
+        // Uncounted when the op's resources go: below, or at the CQE of a
+        // receive whose future was dropped.
+        let read = OnRing::read(&self.book);
         // SAFETY: the recv writes at most `len` bytes into the buffer's heap memory
         // (stable, `IoBufMut` contract) and uses the socket kept by `keep`; both
         // stay in the op until its CQE.
         let op = unsafe {
             Op::submit(
-                (buf, keep, lost),
+                (buf, keep, read),
                 Some(note_lost_recv::<B, F::Keep>),
                 |(b, _, _)| F::finish(opcode::Recv::new(Fd(raw), b.stable_mut_ptr(), len).build()),
             )
@@ -1018,7 +1060,6 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
         // The kernel says whether bytes were left queued after this
         // receive (`IORING_CQE_F_SOCK_NONEMPTY`; never said by a kernel
         // that does not report it, which then takes nothing at once).
-        read.finished();
         self.recv_at_once.set_more_queued(
             matches!(res, Ok((_, flags)) if io_uring::cqueue::sock_nonempty(flags)),
         );
@@ -1203,8 +1244,9 @@ impl TcpStream {
     /// that is reading goes out this way with no operation to submit and
     /// complete, and no wake-up of the task when it completes; what is left
     /// goes through [`send_all`](Self::send_all). While a send of this
-    /// socket is on the ring (or one whose future was dropped may still be)
-    /// it says `WouldBlock` and sends nothing: the bytes would overtake it.
+    /// socket is on the ring (also one whose future was dropped, until its
+    /// completion comes) it says `WouldBlock` and sends nothing: the bytes
+    /// would overtake it.
     ///
     /// # Errors
     ///
@@ -1219,8 +1261,9 @@ impl TcpStream {
     /// when the peer closed its side (nothing queued before the end), or
     /// `WouldBlock` when nothing is queued. A pool checks this way that an
     /// idle connection is still open and was sent nothing unasked. While a
-    /// receive of this socket is on the ring (or a multishot receive was
-    /// armed on it) it says `WouldBlock`: the bytes may be that receive's.
+    /// receive of this socket is on the ring (also one whose future was
+    /// dropped, until its completion comes), or once a multishot receive was
+    /// armed on it, it says `WouldBlock`: the bytes may be that receive's.
     ///
     /// # Errors
     ///

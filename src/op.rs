@@ -880,12 +880,14 @@ pub(crate) async unsafe fn submit_read<B: crate::buf::IoBufMut, F: OpFile>(
 /// `ptr` and uses no other memory.
 ///
 /// `offloaded`: the kernel most likely runs it on an io-wq worker (a write
-/// to a regular file), see [`Op::submit_offloaded`].
-pub(crate) async unsafe fn submit_write<B: crate::buf::IoBuf, F: OpFile>(
+/// to a regular file), see [`Op::submit_offloaded`]. `hold` stays in the
+/// op's resources until its CQE (dropped then, or with the result).
+pub(crate) async unsafe fn submit_write<B: crate::buf::IoBuf, F: OpFile, H: 'static>(
     fd: &F,
     buf: B,
     from: usize,
     offloaded: bool,
+    hold: H,
     build: impl FnOnce(F::Raw, *const u8, u32) -> squeue::Entry,
 ) -> (io::Result<usize>, B) {
     if let Err(e) = fd.check() {
@@ -900,12 +902,12 @@ pub(crate) async unsafe fn submit_write<B: crate::buf::IoBuf, F: OpFile>(
     // on (stable, `IoBuf` contract; caller's contract on `build`) and uses the
     // fd kept open by `keep`; both live in the op until its CQE.
     let op = unsafe {
-        Op::submit_as(offloaded, (buf, keep), None, |(b, _)| {
+        Op::submit_as(offloaded, (buf, keep, hold), None, |(b, _, _)| {
             F::finish(build(raw, b.stable_ptr().add(from), len))
         })
     };
     let op = op.expect("checked to be on the descriptor's shard");
-    let (res, (buf, _)) = op.await;
+    let (res, (buf, _, _)) = op.await;
     (res.map(|(n, _)| n as usize), buf)
 }
 

@@ -1579,3 +1579,90 @@ fn try_recv_takes_queued_bytes_without_waiting() {
         assert_eq!(server.try_recv(&mut buf).unwrap(), 0);
     });
 }
+
+/// A `recv` dropped while on the ring (cancelled, nothing received) does
+/// not keep the stream's non-blocking receives and peeks refused: once its
+/// cancellation has landed, `try_recv` and `try_peek` take queued bytes.
+#[test]
+fn a_dropped_recv_does_not_refuse_try_recv_for_good() {
+    use std::future::Future;
+    let rt = rt2();
+    rt.block_on(async {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let client = TcpStream::connect(listener.local_addr()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        {
+            let mut pending = std::pin::pin!(server.recv(Vec::with_capacity(8)));
+            std::future::poll_fn(|cx| {
+                assert!(pending.as_mut().poll(cx).is_pending());
+                std::task::Poll::Ready(())
+            })
+            .await;
+        }
+        // The cancellation lands within a tick or two.
+        mailring::time::sleep(Duration::from_millis(20)).await;
+        client.send_all(b"after".to_vec()).await.0.unwrap();
+        mailring::time::sleep(Duration::from_millis(20)).await;
+        let mut buf = [0u8; 16];
+        assert_eq!(server.try_peek(&mut buf).unwrap(), 5);
+        assert_eq!(server.try_recv(&mut buf).unwrap(), 5);
+        assert_eq!(&buf[..5], b"after");
+    });
+}
+
+/// A send dropped while on the ring (the peer's window full) does not keep
+/// `try_send` refused for good: once the kernel is done with it, and the
+/// peer has read, the stream sends without the ring again.
+#[test]
+fn a_dropped_send_does_not_refuse_try_send_for_good() {
+    use std::future::Future;
+    let rt = rt2();
+    rt.block_on(async {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let client = TcpStream::connect(listener.local_addr()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        // Fill both socket buffers until a send has to wait on the ring.
+        let chunk = vec![7u8; 1 << 20];
+        let mut sent = 0usize;
+        {
+            let mut pending = loop {
+                let mut send = Box::pin(server.send_all(chunk.clone()));
+                let ready = std::future::poll_fn(|cx| {
+                    std::task::Poll::Ready(send.as_mut().poll(cx).is_ready())
+                })
+                .await;
+                if !ready {
+                    break send;
+                }
+                sent += chunk.len();
+                assert!(sent < 1 << 30, "the peer's buffers never filled");
+            };
+            assert_eq!(
+                server.try_send(b"x").unwrap_err().kind(),
+                ErrorKind::WouldBlock
+            );
+            // Dropped while on the ring.
+            std::future::poll_fn(|cx| {
+                let _ = pending.as_mut().poll(cx);
+                std::task::Poll::Ready(())
+            })
+            .await;
+        }
+        // Drain what the client has, so that the socket has room again.
+        let mut drained = 0usize;
+        loop {
+            match mailring::time::timeout(
+                Duration::from_millis(200),
+                client.recv(Vec::with_capacity(1 << 20)),
+            )
+            .await
+            {
+                Ok((Ok(0), _)) | Err(_) => break,
+                Ok((Ok(n), _)) => drained += n,
+                Ok((Err(e), _)) => panic!("client recv failed: {e}"),
+            }
+        }
+        assert!(drained >= sent, "drained {drained} of {sent}");
+        assert_eq!(server.try_send(b"x").unwrap(), 1);
+    });
+}
