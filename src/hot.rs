@@ -50,6 +50,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use crate::shard::{with_current, ShardId};
+use crate::sync::{WaitKey, WaitList};
 
 /// How many unconsumed tiny messages of one (non-hot) tag a shard keeps;
 /// later arrivals are dropped and counted in
@@ -70,13 +71,13 @@ pub struct TinyMessage {
 #[derive(Debug, Default)]
 struct Counter {
     value: u64,
-    waiters: Vec<Waker>,
+    waiters: WaitList,
 }
 
 #[derive(Debug, Default)]
 struct Queue {
     items: VecDeque<TinyMessage>,
-    waiters: Vec<Waker>,
+    waiters: WaitList,
 }
 
 /// The first tag [`Handle::register_hot_tags`](crate::Handle::register_hot_tags)
@@ -196,7 +197,7 @@ impl HotState {
         if let Some(c) = self.counters.get_mut(&msg.tag) {
             c.value += u64::from(msg.value);
             if c.value >= self.threshold {
-                wake.append(&mut c.waiters);
+                c.waiters.drain_into(wake);
             }
         } else {
             let q = self.queues.entry(msg.tag).or_default();
@@ -204,7 +205,7 @@ impl HotState {
                 return false;
             }
             q.items.push_back(msg);
-            wake.append(&mut q.waiters);
+            q.waiters.drain_into(wake);
         }
         true
     }
@@ -214,8 +215,8 @@ impl HotState {
     pub(crate) fn flush_idle(&mut self, wake: &mut Vec<Waker>) -> bool {
         let before = wake.len();
         for c in self.counters.values_mut() {
-            if c.value > 0 {
-                wake.append(&mut c.waiters);
+            if c.value > 0 && !c.waiters.is_empty() {
+                c.waiters.drain_into(wake);
             }
         }
         wake.len() > before
@@ -226,11 +227,20 @@ impl HotState {
         (c.value > 0).then(|| std::mem::take(&mut c.value))
     }
 
-    pub(crate) fn clear(&mut self) {
+    /// Drops every count and queued message; the waiters' wakers come
+    /// back, to be dropped once the state is released (a waker's drop may
+    /// drop a task whose [`HotWait`] looks here).
+    pub(crate) fn clear(&mut self) -> Vec<Waker> {
+        let mut wakers = Vec::new();
         for c in self.counters.values_mut() {
-            c.waiters.clear();
+            c.value = 0;
+            c.waiters.drain_into(&mut wakers);
+        }
+        for q in self.queues.values_mut() {
+            q.waiters.drain_into(&mut wakers);
         }
         self.queues.clear();
+        wakers
     }
 }
 
@@ -271,39 +281,147 @@ pub fn try_take_hot_count(tag: u16) -> Option<u64> {
 
 /// Waits until the current shard's hot counter for `tag` is non-zero (and has
 /// reached the wake threshold, or the shard has nothing else to do), then takes it.
+/// Dropped while it waits, it takes its waker back (see [`HotWait`]).
 ///
 /// # Panics
 ///
 /// Outside a mailring shard, or when `tag` was not registered as a hot tag.
 pub async fn next_hot_count(tag: u16) -> u64 {
-    poll_fn(|cx| poll_hot_count(tag, cx)).await
+    let mut wait = HotWait::new(tag);
+    poll_fn(|cx| wait.poll_count(cx)).await
 }
 
-/// Takes the current shard's hot counter for `tag` if it is non-zero; else
-/// registers `cx`'s waker to be woken when it reaches the wake threshold (or
-/// the shard has nothing else to do). The poll form of [`next_hot_count`],
-/// for futures that wait on a counter among other conditions.
+/// A task's wait on one tag of its shard: a hot counter
+/// ([`poll_count`](Self::poll_count)) or a plain tag's queue of tiny
+/// messages ([`poll_tiny`](Self::poll_tiny)). The poll forms of
+/// [`next_hot_count`] and [`next_tiny`], for futures that wait on a tag
+/// among other conditions.
 ///
-/// # Panics
-///
-/// Outside a mailring shard, or when `tag` was not registered as a hot tag.
-pub fn poll_hot_count(tag: u16, cx: &mut Context<'_>) -> Poll<u64> {
-    on_shard("poll_hot_count", |shard| {
-        let mut hot = shard.hot_mut();
-        assert!(
-            hot.is_hot(tag),
-            "tag {tag} is not a coalesced hot tag: register it with Builder::coalesced_hot_tag \
-             or Handle::register_hot_tags"
-        );
-        if let Some(v) = hot.take_count(tag) {
-            return Poll::Ready(v);
+/// Polled again, it replaces its waker in place; dropped while waiting
+/// (a future given up by a timeout or a `select!`), it takes its waker
+/// back from the tag's waiters, so a wait nobody awaits holds no task.
+/// Dropped on another thread than its shard's, it leaves its waker to the
+/// tag's next wake.
+#[derive(Debug)]
+pub struct HotWait {
+    tag: u16,
+    /// Where the waker is listed: the runtime and shard, and the key.
+    listed: Option<(u64, usize, WaitKey)>,
+}
+
+impl HotWait {
+    /// A wait on `tag`, listed nowhere until its first pending poll.
+    pub fn new(tag: u16) -> HotWait {
+        HotWait { tag, listed: None }
+    }
+
+    /// The tag waited on.
+    pub fn tag(&self) -> u16 {
+        self.tag
+    }
+
+    /// The key of this wait's listing on `shard`, taken out (put back by
+    /// [`Self::listed_on`]); a listing on another shard is forgotten.
+    fn key_on(&mut self, shard: &crate::shard::Shard) -> Option<WaitKey> {
+        match self.listed.take() {
+            Some((runtime, index, key))
+                if runtime == shard.runtime_id() && index == shard.index() =>
+            {
+                Some(key)
+            }
+            _ => None,
         }
-        let c = hot.counters.get_mut(&tag).expect("checked above");
-        if !c.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-            c.waiters.push(cx.waker().clone());
-        }
-        Poll::Pending
-    })
+    }
+
+    fn listed_on(&mut self, shard: &crate::shard::Shard, key: Option<WaitKey>) {
+        self.listed = key.map(|k| (shard.runtime_id(), shard.index(), k));
+    }
+
+    /// Takes the current shard's hot counter for the tag if it is non-zero;
+    /// else lists `cx`'s waker to be woken when it reaches the wake
+    /// threshold (or the shard has nothing else to do).
+    ///
+    /// # Panics
+    ///
+    /// Outside a mailring shard, or when the tag was not registered as a
+    /// hot tag.
+    pub fn poll_count(&mut self, cx: &mut Context<'_>) -> Poll<u64> {
+        let tag = self.tag;
+        on_shard("HotWait::poll_count", |shard| {
+            let mut key = self.key_on(shard);
+            let mut hot = shard.hot_mut();
+            assert!(
+                hot.is_hot(tag),
+                "tag {tag} is not a coalesced hot tag: register it with Builder::coalesced_hot_tag \
+                 or Handle::register_hot_tags"
+            );
+            let c = hot.counters.get_mut(&tag).expect("checked above");
+            let polled = if c.value > 0 {
+                c.waiters.remove(&mut key);
+                Poll::Ready(std::mem::take(&mut c.value))
+            } else {
+                c.waiters.register(&mut key, cx.waker());
+                Poll::Pending
+            };
+            drop(hot);
+            self.listed_on(shard, key);
+            polled
+        })
+    }
+
+    /// Takes the oldest queued tiny message with the tag on the current
+    /// shard; else lists `cx`'s waker to be woken when one comes.
+    ///
+    /// # Panics
+    ///
+    /// Outside a mailring shard.
+    pub fn poll_tiny(&mut self, cx: &mut Context<'_>) -> Poll<TinyMessage> {
+        let tag = self.tag;
+        on_shard("HotWait::poll_tiny", |shard| {
+            let mut key = self.key_on(shard);
+            let mut hot = shard.hot_mut();
+            let q = hot.queues.entry(tag).or_default();
+            let polled = match q.items.pop_front() {
+                Some(m) => {
+                    q.waiters.remove(&mut key);
+                    Poll::Ready(m)
+                }
+                None => {
+                    q.waiters.register(&mut key, cx.waker());
+                    Poll::Pending
+                }
+            };
+            drop(hot);
+            self.listed_on(shard, key);
+            polled
+        })
+    }
+}
+
+impl Drop for HotWait {
+    fn drop(&mut self) {
+        let Some((runtime, index, key)) = self.listed.take() else {
+            return;
+        };
+        let tag = self.tag;
+        let taken = with_current(|shard| {
+            if shard.runtime_id() != runtime || shard.index() != index {
+                return None;
+            }
+            // Borrowed already: the shard is taking every waker (a wake, or
+            // its shutdown), and this one with them.
+            let mut hot = shard.try_hot_mut()?;
+            let mut key = Some(key);
+            let hot = &mut *hot;
+            match hot.counters.get_mut(&tag) {
+                Some(c) => c.waiters.remove(&mut key),
+                None => hot.queues.get_mut(&tag)?.waiters.remove(&mut key),
+            }
+        });
+        // Dropped after the state is released: it may hold the last
+        // reference to a task.
+        drop(taken);
+    }
 }
 
 /// Takes the oldest queued tiny message with `tag` on the current shard.
@@ -322,23 +440,12 @@ pub fn try_next_tiny(tag: u16) -> Option<TinyMessage> {
 }
 
 /// Waits for the next tiny message with `tag` on the current shard.
+/// Dropped while it waits, it takes its waker back (see [`HotWait`]).
 ///
 /// # Panics
 ///
 /// Outside a mailring shard.
 pub async fn next_tiny(tag: u16) -> TinyMessage {
-    poll_fn(|cx| {
-        on_shard("next_tiny", |shard| {
-            let mut hot = shard.hot_mut();
-            let q = hot.queues.entry(tag).or_default();
-            if let Some(m) = q.items.pop_front() {
-                return Poll::Ready(m);
-            }
-            if !q.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                q.waiters.push(cx.waker().clone());
-            }
-            Poll::Pending
-        })
-    })
-    .await
+    let mut wait = HotWait::new(tag);
+    poll_fn(|cx| wait.poll_tiny(cx)).await
 }

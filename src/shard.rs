@@ -456,6 +456,11 @@ impl Shard {
         self.timers.borrow_mut()
     }
 
+    /// The hot state, unless it is borrowed already.
+    pub(crate) fn try_hot_mut(&self) -> Option<RefMut<'_, HotState>> {
+        self.hot.try_borrow_mut().ok()
+    }
+
     pub(crate) fn hot_mut(&self) -> RefMut<'_, HotState> {
         self.hot.borrow_mut()
     }
@@ -1454,7 +1459,8 @@ impl Shard {
         self.shut_down_tasks();
         let wakers = self.timers.borrow_mut().clear();
         self.guard(CallbackKind::Drop, move || drop(wakers));
-        self.hot.borrow_mut().clear();
+        let wakers = self.hot.borrow_mut().clear();
+        self.guard(CallbackKind::Drop, move || drop(wakers));
         // Callbacks queued for a tick end that will not come are dropped unrun.
         let tick_end = std::mem::take(&mut *self.tick_end.borrow_mut());
         self.guard(CallbackKind::Drop, move || drop(tick_end));

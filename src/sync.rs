@@ -1,5 +1,6 @@
 //! Synchronisation that works with any executor: a lock-free one-shot value
-//! [`Slot`] to embed in shared state, and the [`oneshot`] channel built on it.
+//! [`Slot`] to embed in shared state, the [`oneshot`] channel built on it,
+//! and [`WaitList`], the wakers of a wait whose waiters may give up.
 //!
 //! A [`Slot`] holds at most one value over its life: the first
 //! [`send`](Slot::send) (or [`close`](Slot::close)) wins, the first
@@ -14,6 +15,9 @@
 //! one allocation.
 
 pub mod oneshot;
+mod wait_list;
+
+pub use wait_list::{TakenWakers, WaitKey, WaitList};
 
 use std::fmt;
 use std::mem::MaybeUninit;

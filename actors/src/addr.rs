@@ -311,7 +311,9 @@ impl<A: Actor> Addr<A> {
         // A shutting-down system returns no more credits: its sends go
         // on (and fail or become dead letters) without waiting for them.
         if let Some((ts, dest)) = self.windowed_route() {
-            if ts.flow.poll_credit(dest, cx).is_pending() && !self.system.arc().is_shutting_down() {
+            if ts.flow.poll_credit(dest, cx, &mut room.credit).is_pending()
+                && !self.system.arc().is_shutting_down()
+            {
                 return Poll::Pending;
             }
         }
@@ -319,7 +321,7 @@ impl<A: Actor> Addr<A> {
         // the delivery that follows: a place is taken only when both are
         // there.
         match &self.capacity {
-            Some(c) => match c.poll_acquire(cx) {
+            Some(c) => match room.place.poll_acquire(c, cx) {
                 Poll::Ready(()) => Poll::Ready(true),
                 // An actor's send to itself: only it frees its places, and
                 // not while its handler waits here. It takes one past the

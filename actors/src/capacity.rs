@@ -24,7 +24,9 @@
 //! loom_tests`).
 
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
+
+use mailring::sync::{WaitKey, WaitList};
 
 use crate::loom::{lock, AtomicBool, AtomicUsize, Mutex, Ordering};
 
@@ -40,7 +42,9 @@ pub(crate) struct Capacity {
     /// `waiters` may hold a waker: set after a push and cleared by the
     /// release that takes them all, both under the `waiters` lock.
     waiting: AtomicBool,
-    waiters: Mutex<Vec<Waker>>,
+    /// Each waiting sender's waker under a key of its own: a sender that
+    /// gives up takes it back ([`Capacity::forget`]).
+    waiters: Mutex<WaitList>,
     /// The (unkeyed) actor ended: nothing frees places any more, and none
     /// is needed: every acquire succeeds, and the message becomes a dead
     /// letter.
@@ -53,7 +57,7 @@ impl Capacity {
             cap: cap.max(1),
             depth: AtomicUsize::new(0),
             waiting: AtomicBool::new(false),
-            waiters: Mutex::new(Vec::new()),
+            waiters: Mutex::new(WaitList::new()),
             closed: AtomicBool::new(false),
         })
     }
@@ -67,9 +71,9 @@ impl Capacity {
         let waiters = {
             let mut w = lock(&self.waiters);
             self.waiting.store(false, Ordering::Release);
-            std::mem::take(&mut *w)
+            w.take_all()
         };
-        waiters.into_iter().for_each(Waker::wake);
+        waiters.wake();
     }
 
     /// No place is taken (nothing sent and not yet taken by the actor).
@@ -136,24 +140,24 @@ impl Capacity {
             let waiters = {
                 let mut w = lock(&self.waiters);
                 self.waiting.store(false, Ordering::Release);
-                std::mem::take(&mut *w)
+                w.take_all()
             };
-            waiters.into_iter().for_each(Waker::wake);
+            waiters.wake();
         }
     }
 
-    /// Takes a place, or registers `cx` to be woken when one frees.
-    pub(crate) fn poll_acquire(&self, cx: &mut Context<'_>) -> Poll<()> {
+    /// Takes a place, or registers `cx` to be woken when one frees, under
+    /// `key` (a sender polled again while it waits is listed once; one
+    /// that gets its place, or gives up, takes its waker back with
+    /// [`forget`](Self::forget)).
+    pub(crate) fn poll_acquire(&self, cx: &mut Context<'_>, key: &mut Option<WaitKey>) -> Poll<()> {
         if self.try_acquire() {
+            self.forget(key);
             return Poll::Ready(());
         }
         {
             let mut w = lock(&self.waiters);
-            // A sender polled again while still waiting is registered once
-            // (the list would otherwise grow with every spurious poll).
-            if !w.iter().any(|known| known.will_wake(cx.waker())) {
-                w.push(cx.waker().clone());
-            }
+            w.register(key, cx.waker());
             self.waiting.store(true, Ordering::Release);
         }
         // Registered: a release whose decrement comes after this re-read
@@ -162,9 +166,21 @@ impl Capacity {
         // read-modify-write (adding nothing) because a plain load could
         // read a value older than such a decrement.
         if self.acquire_from(self.depth.fetch_add(0, Ordering::AcqRel)) {
+            self.forget(key);
             return Poll::Ready(());
         }
         Poll::Pending
+    }
+
+    /// Takes back the waker a sender listed under `key`, if no release
+    /// took it yet (the sender got its place, or gave up).
+    pub(crate) fn forget(&self, key: &mut Option<WaitKey>) {
+        if key.is_none() {
+            return;
+        }
+        let waker = lock(&self.waiters).remove(key);
+        // Dropped with the lock released: it may be a task's last reference.
+        drop(waker);
     }
 }
 
@@ -172,7 +188,7 @@ impl Capacity {
 mod loom_tests {
     use super::*;
     use loom::thread;
-    use std::task::Wake;
+    use std::task::{Wake, Waker};
 
     /// Counts wakes; `Wake` needs std's `Arc`, which is fine for a counter
     /// read only after the threads are joined.
@@ -227,7 +243,8 @@ mod loom_tests {
             };
             let (count, waker) = counting_waker();
             let mut cx = Context::from_waker(&waker);
-            let polled = c.poll_acquire(&mut cx);
+            let mut key = None;
+            let polled = c.poll_acquire(&mut cx, &mut key);
             releaser.join().unwrap();
             let tried = trier.join().unwrap();
             assert!(
@@ -239,7 +256,7 @@ mod loom_tests {
                     count.woken(),
                     "lost wake: the place is free, the sender waits"
                 );
-                assert!(c.poll_acquire(&mut cx).is_ready());
+                assert!(c.poll_acquire(&mut cx, &mut key).is_ready());
             }
             assert_eq!(depth(&c), 1, "the place is taken once (by trier or sender)");
         });
@@ -280,11 +297,12 @@ mod loom_tests {
             };
             let (count, waker) = counting_waker();
             let mut cx = Context::from_waker(&waker);
-            let polled = c.poll_acquire(&mut cx);
+            let mut key = None;
+            let polled = c.poll_acquire(&mut cx, &mut key);
             releaser.join().unwrap();
             if polled.is_pending() {
                 assert!(count.woken(), "lost wake: the place was freed");
-                assert!(c.poll_acquire(&mut cx).is_ready());
+                assert!(c.poll_acquire(&mut cx, &mut key).is_ready());
             }
             assert_eq!(depth(&c), 1, "the count is the places taken");
         });
@@ -294,6 +312,7 @@ mod loom_tests {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use std::task::Waker;
 
     #[test]
     fn a_sender_polled_again_while_full_is_registered_once() {
@@ -305,11 +324,12 @@ mod tests {
         }
         let waker = Waker::from(Arc::new(Nop));
         let mut cx = Context::from_waker(&waker);
+        let mut key = None;
         for _ in 0..5 {
-            assert!(cap.poll_acquire(&mut cx).is_pending());
+            assert!(cap.poll_acquire(&mut cx, &mut key).is_pending());
         }
         assert_eq!(lock(&cap.waiters).len(), 1);
         cap.release(1);
-        assert!(cap.poll_acquire(&mut cx).is_ready());
+        assert!(cap.poll_acquire(&mut cx, &mut key).is_ready());
     }
 }

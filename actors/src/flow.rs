@@ -48,9 +48,11 @@
 //! [`SystemConfig::cross_shard_window`]: crate::SystemConfig::cross_shard_window
 
 use std::cell::{Cell, RefCell};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
-use mailring::{hot, ShardId};
+use mailring::hot::{self, HotWait};
+use mailring::sync::{WaitKey, WaitList};
+use mailring::ShardId;
 
 /// One shard's side of every window it is part of.
 pub(crate) struct ShardFlow {
@@ -71,7 +73,26 @@ pub(crate) struct ShardFlow {
     /// takes arriving credits wakes them (a task that takes them with
     /// `try_tell` may leave room it does not use: the hot counter's own
     /// waiters would not hear of it).
-    waiting: Box<[RefCell<Vec<Waker>>]>,
+    waiting: Box<[RefCell<WaitList>]>,
+}
+
+/// A send's wait for credit on one window: its listing among the window's
+/// waiters and its wait on the credit counter, both taken back when it is
+/// dropped (see `crate::local::forget_credit_wait`), so a send given up
+/// while the window is spent holds no task.
+#[derive(Default)]
+pub(crate) struct CreditWait {
+    /// The shard and destination whose waiters list it, and its key there.
+    listed: Option<(usize, usize, WaitKey)>,
+    /// Its wait on the credit counter of the destination it waits on.
+    counter: Option<HotWait>,
+}
+
+impl CreditWait {
+    /// Its listing, taken out: `(shard, dest, key)`.
+    pub(crate) fn take_listing(&mut self) -> Option<(usize, usize, WaitKey)> {
+        self.listed.take()
+    }
 }
 
 impl ShardFlow {
@@ -84,7 +105,7 @@ impl ShardFlow {
             return_at: window.div_ceil(2),
             in_flight: (0..shards).map(|_| Cell::new(0)).collect(),
             owed: (0..shards).map(|_| Cell::new(0)).collect(),
-            waiting: (0..shards).map(|_| RefCell::new(Vec::new())).collect(),
+            waiting: (0..shards).map(|_| RefCell::new(WaitList::new())).collect(),
         }
     }
 
@@ -122,36 +143,80 @@ impl ShardFlow {
         let left = c.get().saturating_sub(n);
         c.set(left);
         if left < self.window {
-            let waiting = std::mem::take(&mut *self.waiting[dest].borrow_mut());
-            waiting.into_iter().for_each(Waker::wake);
+            let waiting = self.waiting[dest].borrow_mut().take_all();
+            waiting.wake();
         }
     }
 
     /// Ready when one more message may go to `dest`; else `cx` is woken by
-    /// the next credits `dest` returns.
-    pub(crate) fn poll_credit(&self, dest: usize, cx: &mut Context<'_>) -> Poll<()> {
+    /// the next credits `dest` returns, listed under `wait`.
+    pub(crate) fn poll_credit(
+        &self,
+        dest: usize,
+        cx: &mut Context<'_>,
+        wait: &mut CreditWait,
+    ) -> Poll<()> {
         if self.has_credit(dest) {
+            self.forget(wait);
             return Poll::Ready(());
         }
-        while let Poll::Ready(n) = hot::poll_hot_count(self.credit_tag(dest), cx) {
+        let tag = self.credit_tag(dest);
+        let counter = wait.counter.get_or_insert_with(|| HotWait::new(tag));
+        if counter.tag() != tag {
+            *counter = HotWait::new(tag);
+        }
+        while let Poll::Ready(n) = counter.poll_count(cx) {
             self.credit(dest, n);
             if self.in_flight[dest].get() < self.window {
+                self.forget(wait);
                 return Poll::Ready(());
             }
         }
-        let mut waiting = self.waiting[dest].borrow_mut();
-        if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
-            waiting.push(cx.waker().clone());
-        }
+        let mut key = match wait.listed.take() {
+            Some((shard, listed_dest, key)) if shard == self.shard && listed_dest == dest => {
+                Some(key)
+            }
+            other => {
+                // Listed for another window (or shard): taken back first.
+                if let Some(listing) = other {
+                    drop(self.forget_listing(listing));
+                }
+                None
+            }
+        };
+        self.waiting[dest]
+            .borrow_mut()
+            .register(&mut key, cx.waker());
+        wait.listed = key.map(|k| (self.shard, dest, k));
         Poll::Pending
+    }
+
+    /// Takes `wait`'s listing back (it is done waiting).
+    fn forget(&self, wait: &mut CreditWait) {
+        if let Some(listing) = wait.listed.take() {
+            drop(self.forget_listing(listing));
+        }
+    }
+
+    /// Takes back the waker a listing names, when it is one of this
+    /// shard's; dropped by the caller once no list is borrowed.
+    pub(crate) fn forget_listing(
+        &self,
+        (shard, dest, key): (usize, usize, WaitKey),
+    ) -> Option<std::task::Waker> {
+        if shard != self.shard {
+            return None;
+        }
+        let mut waiting = self.waiting.get(dest)?.try_borrow_mut().ok()?;
+        waiting.remove(&mut Some(key))
     }
 
     /// Wakes every task waiting for credit (the system is shutting down:
     /// they stop waiting).
     pub(crate) fn release_waiters(&self) {
         for waiting in self.waiting.iter() {
-            let waiting = std::mem::take(&mut *waiting.borrow_mut());
-            waiting.into_iter().for_each(Waker::wake);
+            let waiting = waiting.borrow_mut().take_all();
+            waiting.wake();
         }
     }
 

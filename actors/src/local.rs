@@ -1195,6 +1195,19 @@ fn with_registry<R>(system_id: u64, f: impl FnOnce(&ShardActors) -> R) -> Option
     find_registry(system_id).map(|reg| f(&reg))
 }
 
+/// Takes back the listing of a send's wait for credit (the send is
+/// dropped, or done) from the calling shard's windows of system
+/// `system_id`; a listing of another shard, or one a wake took, is left.
+pub(crate) fn forget_credit_wait(system_id: u64, wait: &mut crate::flow::CreditWait) {
+    let Some(listing) = wait.take_listing() else {
+        return;
+    };
+    let waker = with_registry(system_id, |reg| reg.flow.forget_listing(listing)).flatten();
+    // Dropped with no registry borrowed: it may hold the last reference to
+    // a task.
+    drop(waker);
+}
+
 /// Installs the calling shard's registry for `system` (at system start).
 pub(crate) fn install(system: &Arc<SystemShared>) {
     let _ = registry(system);

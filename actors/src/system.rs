@@ -54,7 +54,8 @@ pub(crate) struct SystemShared {
     /// Senders waiting for room in a bounded mailbox ([`RoomWait`]): woken
     /// when the system starts shutting down, as an abandoned actor never
     /// frees its places.
-    room_waiters: Mutex<RoomWaiters>,
+    /// The wakers of the senders waiting for room (to wake at shutdown).
+    room_waiters: Mutex<mailring::sync::WaitList>,
     /// Set by [`SystemHandle::request_shutdown`]; what
     /// [`ActorSystem::wait_for_shutdown_request`] waits on.
     shutdown_requested: Mutex<bool>,
@@ -63,32 +64,72 @@ pub(crate) struct SystemShared {
     shutdown_request: std::sync::Condvar,
 }
 
-/// The wakers of the senders waiting for room, by slot (`None`: free).
-#[derive(Default)]
-struct RoomWaiters {
-    wakers: Vec<Option<Waker>>,
-    free: Vec<usize>,
-}
-
 /// A sender's registration to be woken when the system starts shutting
 /// down while it waits for room in a bounded mailbox (see
 /// [`crate::Addr::send`]); freed when dropped.
 pub(crate) struct RoomWait<'a> {
     shared: &'a SystemShared,
-    slot: Option<usize>,
+    slot: Option<mailring::sync::WaitKey>,
+    /// Its wait for credit on a cross-shard window, taken back when dropped.
+    pub(crate) credit: crate::flow::CreditWait,
+    /// Its listing among the senders waiting for room in a bounded
+    /// mailbox, taken back when dropped.
+    pub(crate) place: PlaceWait,
+}
+
+/// A sender's listing among those waiting for room in one bounded mailbox
+/// (see [`crate::capacity::Capacity::poll_acquire`]); dropped, it takes
+/// its waker back, so a send given up at a full mailbox holds no task.
+#[derive(Default)]
+pub(crate) struct PlaceWait {
+    listed: Option<(Arc<crate::capacity::Capacity>, mailring::sync::WaitKey)>,
+}
+
+impl PlaceWait {
+    /// Takes a place in `capacity`, or lists `cx` to be woken when one
+    /// frees.
+    pub(crate) fn poll_acquire(
+        &mut self,
+        capacity: &Arc<crate::capacity::Capacity>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        let mut key = match self.listed.take() {
+            Some((listed_in, key)) if Arc::ptr_eq(&listed_in, capacity) => Some(key),
+            Some((other, key)) => {
+                other.forget(&mut Some(key));
+                None
+            }
+            None => None,
+        };
+        let polled = capacity.poll_acquire(cx, &mut key);
+        self.listed = key.map(|k| (capacity.clone(), k));
+        polled
+    }
+}
+
+impl Drop for PlaceWait {
+    fn drop(&mut self) {
+        if let Some((capacity, key)) = self.listed.take() {
+            capacity.forget(&mut Some(key));
+        }
+    }
 }
 
 impl<'a> RoomWait<'a> {
     pub(crate) fn new(shared: &'a SystemShared) -> Self {
-        RoomWait { shared, slot: None }
+        RoomWait {
+            shared,
+            slot: None,
+            credit: Default::default(),
+            place: Default::default(),
+        }
     }
 
     /// Registers `waker` to be woken when the system starts shutting down;
     /// whether it already is. The shutdown sets its flag and takes the
     /// waiters under the lock this reads the flag under, so a shutdown
-    /// either came first (and this says so) or wakes `waker`; once the flag
-    /// is set the table is never used again (no slot taken before is
-    /// looked up in it).
+    /// either came first (and this says so) or wakes `waker` (its wake
+    /// ends every key: none taken before names anything then).
     pub(crate) fn register(&mut self, waker: &Waker) -> bool {
         let mut w = self
             .shared
@@ -98,42 +139,23 @@ impl<'a> RoomWait<'a> {
         if self.shared.is_shutting_down() {
             return true;
         }
-        match self.slot {
-            Some(slot) => match &mut w.wakers[slot] {
-                Some(old) if old.will_wake(waker) => {}
-                entry => *entry = Some(waker.clone()),
-            },
-            None => {
-                let slot = match w.free.pop() {
-                    Some(slot) => {
-                        w.wakers[slot] = Some(waker.clone());
-                        slot
-                    }
-                    None => {
-                        w.wakers.push(Some(waker.clone()));
-                        w.wakers.len() - 1
-                    }
-                };
-                self.slot = Some(slot);
-            }
-        }
+        w.register(&mut self.slot, waker);
         false
     }
 }
 
 impl Drop for RoomWait<'_> {
     fn drop(&mut self) {
-        if let Some(slot) = self.slot {
-            let mut w = self
+        crate::local::forget_credit_wait(self.shared.id, &mut self.credit);
+        if self.slot.is_some() {
+            let waker = self
                 .shared
                 .room_waiters
                 .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            // Once shutting down, the table was taken: nothing to free.
-            if !self.shared.is_shutting_down() {
-                w.wakers[slot] = None;
-                w.free.push(slot);
-            }
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&mut self.slot);
+            // Dropped with the lock released.
+            drop(waker);
         }
     }
 }
@@ -226,7 +248,7 @@ impl SystemShared {
             directories: Mutex::new(HashMap::new()),
             capacities: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
-            room_waiters: Mutex::new(RoomWaiters::default()),
+            room_waiters: Mutex::new(mailring::sync::WaitList::new()),
             shutdown_requested: Mutex::new(false),
             topics: Mutex::new(HashMap::new()),
             shutdown_request: std::sync::Condvar::new(),
@@ -239,9 +261,9 @@ impl SystemShared {
         let woken = {
             let mut w = self.room_waiters.lock().unwrap_or_else(|p| p.into_inner());
             self.shutting_down.store(true, Ordering::Release);
-            std::mem::take(&mut *w)
+            w.take_all()
         };
-        woken.wakers.into_iter().flatten().for_each(Waker::wake);
+        woken.wake();
     }
 
     pub(crate) fn is_shutting_down(&self) -> bool {

@@ -243,3 +243,50 @@ fn a_tag_registered_after_build_is_summed_like_a_builders() {
     assert!(wakeups < 100, "{wakeups} wakeups: not summed");
     assert!(rt.stats().shards[0].tiny_sent < 100, "{:?}", rt.stats());
 }
+
+/// A waker that counts nothing; its `Arc`'s count says who holds it.
+struct Spy;
+
+impl std::task::Wake for Spy {
+    fn wake(self: std::sync::Arc<Self>) {}
+}
+
+/// Polls `fut` once with a waker of its own, drops it: whether it was
+/// pending, and how many references to that waker are held elsewhere.
+fn poll_once_then_drop<F: std::future::Future>(fut: F) -> (bool, usize) {
+    let spy = std::sync::Arc::new(Spy);
+    let waker = std::task::Waker::from(spy.clone());
+    let mut cx = std::task::Context::from_waker(&waker);
+    let pending = std::pin::pin!(fut).as_mut().poll(&mut cx).is_pending();
+    drop(waker);
+    (pending, std::sync::Arc::strong_count(&spy) - 1)
+}
+
+/// Waits given up (a timeout, a `select!`) take their wakers back from
+/// the tag's waiters: a counter or a queue nobody feeds holds no task of
+/// theirs; a `HotWait` polled again lists one waker, not one per poll;
+/// and a wait still listed is woken by the next value.
+#[test]
+fn waits_given_up_on_hot_counters_and_tiny_queues_hold_no_waker() {
+    let rt = mailring::Runtime::builder()
+        .shards(1)
+        .coalesced_hot_tag(HOT)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for _ in 0..3 {
+            assert_eq!(poll_once_then_drop(hot::next_hot_count(HOT)), (true, 0));
+            assert_eq!(poll_once_then_drop(hot::next_tiny(PLAIN)), (true, 0));
+        }
+        let mut wait = hot::HotWait::new(HOT);
+        let got = std::future::poll_fn(|cx| {
+            for _ in 0..10 {
+                assert!(wait.poll_count(cx).is_pending());
+            }
+            std::task::Poll::Ready(())
+        });
+        got.await;
+        hot::send_tiny(ShardId::new(0), HOT, 5);
+        assert_eq!(std::future::poll_fn(|cx| wait.poll_count(cx)).await, 5);
+    });
+}
