@@ -201,6 +201,36 @@ pub enum PlaceError {
     ShuttingDown,
 }
 
+/// Why [`Topic::try_subscribe`](crate::Topic::try_subscribe) did not add
+/// a subscriber.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubscribeError {
+    /// The actor is subscribed already (it still gets each message once).
+    #[error("{id} is subscribed to this topic already")]
+    AlreadySubscribed {
+        /// The actor.
+        id: crate::ActorId,
+    },
+    /// The actor belongs to another actor system than the topic: actor ids
+    /// are only unique within a system (a keyed actor's id is its type and
+    /// key), so the topic could not tell it from one of its own.
+    #[error("{id} belongs to another actor system than this topic")]
+    OtherSystem {
+        /// The actor.
+        id: crate::ActorId,
+    },
+    /// The actor would live on a shard the system does not have (a keyed
+    /// type pinned past the last shard): it never runs.
+    #[error("{id} would live on shard {shard}, which the system does not have")]
+    NoSuchShard {
+        /// The actor.
+        id: crate::ActorId,
+        /// Its shard.
+        shard: usize,
+    },
+}
+
 /// Why an actor stopped, as carried by [`crate::Terminated`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

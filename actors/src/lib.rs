@@ -153,7 +153,7 @@ pub use crate::addr::{ActorId, Addr, KeyedRef, LocalActors, LocalAddr};
 #[cfg(not(loom))]
 pub use crate::ctx::{Ctx, StreamMessage, TimerHandle, STREAM_WINDOW};
 #[cfg(not(loom))]
-pub use crate::error::{AskError, PlaceError, RunNowError, StopReason, TellError};
+pub use crate::error::{AskError, PlaceError, RunNowError, StopReason, SubscribeError, TellError};
 #[cfg(not(loom))]
 pub use crate::recipient::Recipient;
 #[cfg(not(loom))]

@@ -219,6 +219,11 @@ impl<M: Message> Recipient<M> {
         self.addr.shard()
     }
 
+    /// The id of the actor system the actor belongs to.
+    pub(crate) fn system_id(&self) -> u64 {
+        self.addr.system().id
+    }
+
     /// A lookup-free sender to the actor, on the actor's shard (activating
     /// a keyed one); `None` elsewhere or when it stopped.
     pub(crate) fn local(&self) -> Option<Box<dyn LocalTell<M>>> {

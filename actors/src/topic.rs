@@ -28,7 +28,7 @@ use mailring::ShardId;
 
 use crate::actor::Message;
 use crate::addr::ActorId;
-use crate::error::TellError;
+use crate::error::{SubscribeError, TellError};
 use crate::recipient::{LocalTell, Recipient};
 use crate::system::SystemShared;
 
@@ -186,21 +186,44 @@ where
     }
 
     /// Subscribes an actor (an `Addr`, a `KeyedRef` or a `Recipient`);
-    /// returns `false` if it was subscribed already (it still gets each
-    /// message once).
+    /// returns `false` if it was not added: it was subscribed already (it
+    /// still gets each message once), or it could not be (see
+    /// [`try_subscribe`](Self::try_subscribe), which says why).
     pub fn subscribe(&self, subscriber: impl Into<Recipient<M>>) -> bool {
+        self.try_subscribe(subscriber).is_ok()
+    }
+
+    /// Subscribes an actor (an `Addr`, a `KeyedRef` or a `Recipient`) of
+    /// the topic's own actor system.
+    ///
+    /// # Errors
+    ///
+    /// [`SubscribeError::AlreadySubscribed`] when it is subscribed already
+    /// (it still gets each message once); [`SubscribeError::OtherSystem`]
+    /// for an actor of another system (ids are unique only within one:
+    /// the topic could not tell it from its own); and
+    /// [`SubscribeError::NoSuchShard`] for a keyed type pinned past the
+    /// system's last shard, which never runs.
+    pub fn try_subscribe(&self, subscriber: impl Into<Recipient<M>>) -> Result<(), SubscribeError> {
         let r: Recipient<M> = subscriber.into();
+        let id = r.id();
+        if r.system_id() != self.shared.system.id {
+            return Err(SubscribeError::OtherSystem { id });
+        }
         let Some(shard) = self.shared.shards.get(r.shard().index()) else {
-            return false; // A keyed type pinned past the last shard never runs.
+            return Err(SubscribeError::NoSuchShard {
+                id,
+                shard: r.shard().index(),
+            });
         };
         let mut list = shard.list.lock().unwrap_or_else(|p| p.into_inner());
-        if !list.ids.insert(r.id()) {
-            return false;
+        if !list.ids.insert(id) {
+            return Err(SubscribeError::AlreadySubscribed { id });
         }
         list.live.push(r);
         shard.count.fetch_add(1, Ordering::Relaxed);
         shard.generation.fetch_add(1, Ordering::Release);
-        true
+        Ok(())
     }
 
     /// Ends the subscription of the actor `id` (see [`Recipient::id`],

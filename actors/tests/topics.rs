@@ -427,3 +427,43 @@ fn a_copy_whose_drop_panics_at_a_stopped_subscriber_cuts_off_no_other() {
     assert_eq!(topic.subscriber_count(), 2);
     sys.shutdown();
 }
+
+/// Two systems on one runtime each have keyed actor 9 of the same type,
+/// with the same id (ids are unique within a system). A topic takes its
+/// own system's and refuses the other's, saying why, rather than taking
+/// it for its own (refused as "already subscribed") or delivering to it
+/// through its own system's tables.
+#[test]
+fn a_topic_refuses_an_actor_of_another_system_and_says_why() {
+    use mailring_actors::{SubscribeError, SystemConfig};
+    let rt = Runtime::builder()
+        .shards(2)
+        .build()
+        .expect("io_uring available");
+    let mine = ActorSystem::start_on(rt.handle(), SystemConfig::default()).unwrap();
+    let theirs = ActorSystem::start_on(rt.handle(), SystemConfig::default()).unwrap();
+    let topic: Topic<Tick> = mine.handle().topic();
+    let own = mine.keyed::<KeyedListener>(9);
+    let foreign = theirs.keyed::<KeyedListener>(9);
+    assert_eq!(own.id(), foreign.id(), "the same type and key: the same id");
+    assert_eq!(
+        topic.try_subscribe(foreign.clone()),
+        Err(SubscribeError::OtherSystem { id: foreign.id() })
+    );
+    assert_eq!(topic.try_subscribe(own.clone()), Ok(()));
+    assert_eq!(
+        topic.try_subscribe(own.clone()),
+        Err(SubscribeError::AlreadySubscribed { id: own.id() })
+    );
+    assert_eq!(topic.subscriber_count(), 1);
+    topic.publish(Tick(5));
+    let (own_seen, foreign_seen) = rt.block_on(async move {
+        (
+            own.ask(Seen).await.unwrap(),
+            foreign.ask(Seen).await.unwrap(),
+        )
+    });
+    assert_eq!((own_seen, foreign_seen), (vec![5], vec![]));
+    mine.shutdown();
+    theirs.shutdown();
+}
