@@ -356,14 +356,15 @@ impl HotWait {
                  or Handle::register_hot_tags"
             );
             let c = hot.counters.get_mut(&tag).expect("checked above");
-            let polled = if c.value > 0 {
-                c.waiters.remove(&mut key);
-                Poll::Ready(std::mem::take(&mut c.value))
+            let (polled, unlisted) = if c.value > 0 {
+                let unlisted = c.waiters.remove(&mut key);
+                (Poll::Ready(std::mem::take(&mut c.value)), unlisted)
             } else {
-                c.waiters.register(&mut key, cx.waker());
-                Poll::Pending
+                (Poll::Pending, c.waiters.register(&mut key, cx.waker()))
             };
             drop(hot);
+            // A waker's drop may look at the hot state: not borrowed now.
+            drop(unlisted);
             self.listed_on(shard, key);
             polled
         })
@@ -381,17 +382,12 @@ impl HotWait {
             let mut key = self.key_on(shard);
             let mut hot = shard.hot_mut();
             let q = hot.queues.entry(tag).or_default();
-            let polled = match q.items.pop_front() {
-                Some(m) => {
-                    q.waiters.remove(&mut key);
-                    Poll::Ready(m)
-                }
-                None => {
-                    q.waiters.register(&mut key, cx.waker());
-                    Poll::Pending
-                }
+            let (polled, unlisted) = match q.items.pop_front() {
+                Some(m) => (Poll::Ready(m), q.waiters.remove(&mut key)),
+                None => (Poll::Pending, q.waiters.register(&mut key, cx.waker())),
             };
             drop(hot);
+            drop(unlisted);
             self.listed_on(shard, key);
             polled
         })
@@ -411,12 +407,15 @@ impl Drop for HotWait {
             // Borrowed already: the shard is taking every waker (a wake, or
             // its shutdown), and this one with them.
             let mut hot = shard.try_hot_mut()?;
-            let mut key = Some(key);
+            // Listed as a counter's waiter, or a queue's (a tag waited on
+            // as a queue may have been adopted as hot since): the key names
+            // a slot of one list only.
             let hot = &mut *hot;
-            match hot.counters.get_mut(&tag) {
-                Some(c) => c.waiters.remove(&mut key),
-                None => hot.queues.get_mut(&tag)?.waiters.remove(&mut key),
-            }
+            let counter = hot.counters.get_mut(&tag).map(|c| &mut c.waiters);
+            let queue = hot.queues.get_mut(&tag).map(|q| &mut q.waiters);
+            let mut key = Some(key);
+            let list = counter.into_iter().chain(queue).find(|l| l.holds(&key))?;
+            list.remove(&mut key)
         });
         // Dropped after the state is released: it may hold the last
         // reference to a task.

@@ -662,9 +662,11 @@ impl OpBook {
 /// travels in the operation's resources, so it is dropped when the future
 /// takes the result or, for a future dropped first, when the op table drops
 /// the abandoned operation's resources at its CQE: while the kernel may
-/// still use the socket for it, and no longer. (An operation abandoned off
-/// its shard is leaked with its resources and stays counted: the socket
-/// then always takes the ring for that kind, which is correct, only slower.)
+/// still use the socket for it, and no longer. (An operation whose future
+/// was moved to another thread by hand and dropped there is leaked with its
+/// resources and stays counted: the socket then always takes the ring for
+/// that kind, and its `try_send`, or `try_recv` and `try_peek`, say
+/// `WouldBlock` for good.)
 ///
 /// Counted on the socket's shard (after `check`), uncounted wherever the
 /// operation's resources are dropped: atomic adds, so no count is lost to
@@ -785,17 +787,18 @@ impl StreamCore {
     /// the core comes back unchanged).
     pub(crate) fn into_owned(self) -> Result<OwnedFd, StreamCore> {
         // Bytes a dropped `recv` took are the stream's next `recv`'s to
-        // report: the descriptor does not go without them.
-        if self.unreported_loss() > 0 {
-            return Err(self);
-        }
+        // report: the descriptor does not go without them. Looked at once
+        // no abandoned operation holds the descriptor (an abandoned
+        // receive notes its bytes before it lets go, maybe on the shard
+        // while this runs elsewhere).
         let StreamCore {
             inner,
             book,
             at_once,
             recv_at_once,
         } = self;
-        inner.into_owned().map_err(|inner| StreamCore {
+        let no_loss = || book.lost.load(std::sync::atomic::Ordering::Relaxed) == 0;
+        inner.into_owned_if(no_loss).map_err(|inner| StreamCore {
             inner,
             book,
             at_once,
@@ -812,6 +815,14 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
             at_once: SendAtOnce::default(),
             recv_at_once: RecvAtOnce::default(),
         }
+    }
+
+    /// Counts this socket's operations, and bytes its dropped `recv`s
+    /// took, with those of `other`, the same socket in another form (a
+    /// direct slot made a descriptor, or moved to another ring): what
+    /// `other` abandoned still in flight keeps counting here.
+    pub(crate) fn share_book_of<G: OpFile<Raw = RawFd>>(&mut self, other: &StreamCore<G>) {
+        self.book = other.book.clone();
     }
 
     pub(crate) async fn send_from<B: IoBuf>(&self, buf: B, from: usize) -> (io::Result<usize>, B) {

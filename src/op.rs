@@ -735,8 +735,27 @@ impl ShardFd {
     /// Gives the descriptor up, for moving it to another shard; fails (giving
     /// `self` back) while an abandoned operation still holds it.
     pub(crate) fn into_owned(self) -> Result<std::os::fd::OwnedFd, ShardFd> {
+        self.into_owned_if(|| true)
+    }
+
+    /// As [`into_owned`](Self::into_owned), and only if `free()` holds once
+    /// no abandoned operation holds the descriptor: it is asked after, so
+    /// it sees what such an operation did before it let go (the release of
+    /// its reference, acquired by the unwrap).
+    pub(crate) fn into_owned_if(
+        self,
+        free: impl FnOnce() -> bool,
+    ) -> Result<std::os::fd::OwnedFd, ShardFd> {
         let ShardFd { fd, runtime, shard } = self;
-        std::sync::Arc::try_unwrap(fd).map_err(|fd| ShardFd { fd, runtime, shard })
+        match std::sync::Arc::try_unwrap(fd) {
+            Ok(owned) if free() => Ok(owned),
+            Ok(owned) => Err(ShardFd {
+                fd: std::sync::Arc::new(owned),
+                runtime,
+                shard,
+            }),
+            Err(fd) => Err(ShardFd { fd, runtime, shard }),
+        }
     }
 
     pub(crate) fn raw(&self) -> std::os::fd::RawFd {

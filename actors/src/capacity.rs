@@ -155,11 +155,15 @@ impl Capacity {
             self.forget(key);
             return Poll::Ready(());
         }
-        {
+        let replaced = {
             let mut w = lock(&self.waiters);
-            w.register(key, cx.waker());
+            let replaced = w.register(key, cx.waker());
             self.waiting.store(true, Ordering::Release);
-        }
+            replaced
+        };
+        // Dropped with the lock released: a waker's drop may run code that
+        // takes it (a sender's `PlaceWait`).
+        drop(replaced);
         // Registered: a release whose decrement comes after this re-read
         // in `depth`'s order sees `waiting` and wakes us; one that comes
         // before it freed a place this re-read sees. The re-read is a

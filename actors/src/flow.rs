@@ -184,9 +184,11 @@ impl ShardFlow {
                 None
             }
         };
-        self.waiting[dest]
+        let replaced = self.waiting[dest]
             .borrow_mut()
             .register(&mut key, cx.waker());
+        // Dropped with the list released.
+        drop(replaced);
         wait.listed = key.map(|k| (self.shard, dest, k));
         Poll::Pending
     }

@@ -131,15 +131,19 @@ impl<'a> RoomWait<'a> {
     /// either came first (and this says so) or wakes `waker` (its wake
     /// ends every key: none taken before names anything then).
     pub(crate) fn register(&mut self, waker: &Waker) -> bool {
-        let mut w = self
-            .shared
-            .room_waiters
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if self.shared.is_shutting_down() {
-            return true;
-        }
-        w.register(&mut self.slot, waker);
+        let replaced = {
+            let mut w = self
+                .shared
+                .room_waiters
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if self.shared.is_shutting_down() {
+                return true;
+            }
+            w.register(&mut self.slot, waker)
+        };
+        // Dropped with the lock released.
+        drop(replaced);
         false
     }
 }

@@ -218,9 +218,10 @@ impl DirectStream {
     /// a slot the kernel picks there) and closes this shard's slot. The
     /// ticket, which may travel to `target` any way (a closure, a job, a
     /// message), gives the stream back there with
-    /// [`DirectTicket::receive`]. Operations must not be in flight on the
-    /// stream (the socket stays open under them, but their completions stay
-    /// here).
+    /// [`DirectTicket::receive`]. Operations whose futures were dropped
+    /// may still be in flight here: the stream there goes on counting them
+    /// (a send of it does not overtake one, and bytes a dropped `recv`
+    /// took are reported by its next `recv`).
     ///
     /// # Errors
     ///
@@ -313,6 +314,7 @@ impl DirectStream {
             peer: self.peer,
             handle: self.handle.clone(),
             redeemed: false,
+            book: self.core.book.clone(),
         })
     }
 }
@@ -323,7 +325,7 @@ impl DirectStream {
     /// (`IORING_OP_FIXED_FD_INSTALL`, close-on-exec, kernel 6.8+) and the
     /// slot is closed. What a move that found the target's table full falls
     /// back on: the stream then travels as a plain descriptor. Operations
-    /// must not be in flight on the stream (as for
+    /// whose futures were dropped still count on the plain stream (as for
     /// [`send_to_shard`](Self::send_to_shard)).
     ///
     /// # Errors
@@ -373,7 +375,12 @@ impl DirectStream {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         match TcpStream::from_std(std::net::TcpStream::from(fd)) {
             // The descriptor holds the socket now: the slot goes (`Drop`).
-            Ok(stream) => Ok(stream),
+            // Operations abandoned on the slot still count on the socket
+            // (a send they would overtake, bytes a dropped recv took).
+            Ok(mut stream) => {
+                stream.core.share_book_of(&self.core);
+                Ok(stream)
+            }
             // Not reached (checked to be on the stream's shard); the slot
             // still holds the socket.
             Err(e) => Err((e, self)),
@@ -414,6 +421,9 @@ pub struct DirectTicket {
     peer: Option<SocketAddr>,
     handle: Handle,
     redeemed: bool,
+    /// The socket's operations still on the sending ring (abandoned ones)
+    /// and bytes dropped `recv`s took: the stream goes on counting them.
+    book: std::sync::Arc<super::OpBook>,
 }
 
 impl DirectTicket {
@@ -456,12 +466,14 @@ impl DirectTicket {
             return Err(io::Error::from_raw_os_error(-res));
         }
         let runtime = self.handle.id();
+        let mut core = StreamCore::new(Slot {
+            slot: res as u32,
+            runtime,
+            shard: target.index(),
+        });
+        core.book = self.book.clone();
         Ok(DirectStream {
-            core: StreamCore::new(Slot {
-                slot: res as u32,
-                runtime,
-                shard: target.index(),
-            }),
+            core,
             peer: self.peer,
             handle: self.handle.clone(),
             moved: false,

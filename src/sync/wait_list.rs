@@ -32,9 +32,9 @@ static NEXT_LIST: AtomicU64 = AtomicU64::new(0);
 /// let mut list = WaitList::new();
 /// let mut first: Option<WaitKey> = None;
 /// let mut second: Option<WaitKey> = None;
-/// list.register(&mut first, Waker::noop());
-/// list.register(&mut first, Waker::noop()); // polled again: still one
-/// list.register(&mut second, Waker::noop());
+/// let _ = list.register(&mut first, Waker::noop());
+/// let _ = list.register(&mut first, Waker::noop()); // polled again: still one
+/// let _ = list.register(&mut second, Waker::noop());
 /// assert_eq!(list.len(), 2);
 /// list.remove(&mut first); // the first waiter gave up
 /// assert_eq!(list.len(), 1);
@@ -94,6 +94,14 @@ impl WaitList {
         self.len == 0
     }
 
+    /// Whether `key` names a waker listed here (one of this list's, given
+    /// since its last wake and not removed).
+    pub fn holds(&self, key: &Option<WaitKey>) -> bool {
+        key.as_ref()
+            .and_then(|k| self.slot_of(k))
+            .is_some_and(|slot| self.slots[slot].is_some())
+    }
+
     /// The slot `key` names in this list, in this round.
     fn slot_of(&self, key: &WaitKey) -> Option<usize> {
         (key.list == self.id && key.round == self.round).then_some(key.slot)
@@ -101,17 +109,19 @@ impl WaitList {
 
     /// Lists `waker` for the waiter holding `key`: in place of its earlier
     /// waker when `key` names a slot of this list that no wake emptied
-    /// since, else in a new slot, which `key` then names.
-    pub fn register(&mut self, key: &mut Option<WaitKey>, waker: &Waker) {
+    /// since, else in a new slot, which `key` then names. The waker it
+    /// replaced comes back, to be dropped once the state the list lives in
+    /// is released (a waker's drop may run code that looks there).
+    #[must_use = "the replaced waker is to be dropped once the list's lock or borrow is released"]
+    pub fn register(&mut self, key: &mut Option<WaitKey>, waker: &Waker) -> Option<Waker> {
         if let Some(slot) = key.as_ref().and_then(|k| self.slot_of(k)) {
-            match &mut self.slots[slot] {
-                Some(listed) if listed.will_wake(waker) => {}
+            return match &mut self.slots[slot] {
+                Some(listed) if listed.will_wake(waker) => None,
                 listed => {
                     debug_assert!(listed.is_some(), "a live key names a listed waker");
-                    *listed = Some(waker.clone());
+                    listed.replace(waker.clone())
                 }
-            }
-            return;
+            };
         }
         let slot = match self.free.pop() {
             Some(slot) => {
@@ -129,10 +139,12 @@ impl WaitList {
             round: self.round,
             slot,
         });
+        None
     }
 
     /// Takes back the waker `key` names, if a wake has not taken it yet;
-    /// `key` is `None` afterwards either way.
+    /// `key` is `None` afterwards either way. Drop what comes back once the
+    /// state the list lives in is released.
     pub fn remove(&mut self, key: &mut Option<WaitKey>) -> Option<Waker> {
         let slot = key.take().and_then(|k| self.slot_of(&k))?;
         let waker = self.slots[slot].take();
@@ -215,8 +227,8 @@ mod tests {
         let (stays, stays_waker) = counting();
         let mut a = None;
         let mut b = None;
-        list.register(&mut a, &gave_up_waker);
-        list.register(&mut b, &stays_waker);
+        let _ = list.register(&mut a, &gave_up_waker);
+        let _ = list.register(&mut b, &stays_waker);
         drop(gave_up_waker);
         assert!(list.remove(&mut a).is_some());
         // The list holds no reference to the waiter that gave up.
@@ -232,24 +244,24 @@ mod tests {
         let mut other = WaitList::new();
         let (_, w) = counting();
         let mut old = None;
-        list.register(&mut old, &w);
+        let _ = list.register(&mut old, &w);
         let mut out = Vec::new();
         list.drain_into(&mut out);
         assert_eq!(out.len(), 1);
         // A new waiter takes slot 0 again in the new round.
         let mut new = None;
-        list.register(&mut new, &w);
+        let _ = list.register(&mut new, &w);
         assert!(list.remove(&mut old).is_none());
         assert_eq!(list.len(), 1);
         let mut foreign = None;
-        other.register(&mut foreign, &w);
+        let _ = other.register(&mut foreign, &w);
         assert!(list.remove(&mut foreign).is_none());
         assert_eq!((list.len(), other.len()), (1, 1));
         // Re-registering under a stale key lists a new slot.
         let mut stale = None;
-        other.register(&mut stale, &w);
+        let _ = other.register(&mut stale, &w);
         other.take_all();
-        other.register(&mut stale, &w);
+        let _ = other.register(&mut stale, &w);
         assert_eq!(other.len(), 1);
     }
 
@@ -260,9 +272,9 @@ mod tests {
         let (second, w2) = counting();
         let mut key = None;
         for _ in 0..100 {
-            list.register(&mut key, &w1);
+            let _ = list.register(&mut key, &w1);
         }
-        list.register(&mut key, &w2);
+        let _ = list.register(&mut key, &w2);
         assert_eq!(list.len(), 1);
         list.take_all().wake();
         assert_eq!(first.0.load(Ordering::Relaxed), 0);
@@ -276,7 +288,7 @@ mod tests {
         let mut keys: Vec<Option<WaitKey>> = (0..8).map(|_| None).collect();
         for round in 0..1000 {
             for k in keys.iter_mut() {
-                list.register(k, &w);
+                let _ = list.register(k, &w);
             }
             for k in keys.iter_mut() {
                 list.remove(k);

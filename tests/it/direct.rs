@@ -344,3 +344,54 @@ fn without_fixed_fd_install_a_direct_stream_stays_direct_and_whole() {
     wait_slots(&rt, &[0]);
     rt.shutdown();
 }
+
+/// A `recv` dropped right before the stream changes form (made a plain
+/// stream, or moved to another ring) may still take bytes: its operation
+/// runs when the tick's submissions go, after the change. Those bytes are
+/// reported by the next `recv` of the stream in its new form, not lost
+/// without a word (the new form started a count of its own).
+#[test]
+fn bytes_a_recv_dropped_before_a_change_of_form_took_are_reported_after_it() {
+    for to_tcp in [true, false] {
+        let rt = two_shards_with_slots(8);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (sent_tx, sent_rx) = std::sync::mpsc::channel::<()>();
+        let server = rt.handle().spawn_on(ShardId::new(0), async move {
+            let (direct, _) = accept_direct(tx).await;
+            // The client's bytes are queued on the socket before the
+            // receive is even submitted: it takes them when it goes.
+            sent_rx.recv().unwrap();
+            submit_then_drop(direct.recv(Vec::with_capacity(64))).await;
+            if to_tcp {
+                let tcp = direct.into_tcp().await.map_err(|(e, _)| e).unwrap();
+                let (r, _) = tcp.recv(Vec::with_capacity(64)).await;
+                r.map(|n| n as u64).map_err(|e| e.to_string())
+            } else {
+                let ticket = direct
+                    .send_to_shard(ShardId::new(1))
+                    .await
+                    .map_err(|(e, _)| e)
+                    .unwrap();
+                mailring::spawn_with(mailring::Placement::Pinned(ShardId::new(1)), async move {
+                    let moved = ticket.receive().await.unwrap();
+                    let (r, _) = moved.recv(Vec::with_capacity(64)).await;
+                    r.map(|n| n as u64).map_err(|e| e.to_string())
+                })
+                .await
+                .unwrap()
+            }
+        });
+        let mut client = std::net::TcpStream::connect(rx.recv().unwrap()).unwrap();
+        client.write_all(b"0123456789").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        sent_tx.send(()).unwrap();
+        // Unblocks a `recv` that waited in vain (the bytes lost unsaid).
+        std::thread::sleep(Duration::from_millis(200));
+        client.write_all(b"late").unwrap();
+        let got = rt.block_on(server).unwrap();
+        let err = got.expect_err("the next recv reports the bytes the dropped one took");
+        assert!(err.contains("10 bytes"), "to_tcp {to_tcp}: {err}");
+        drop(client);
+        rt.shutdown();
+    }
+}

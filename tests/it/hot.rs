@@ -290,3 +290,26 @@ fn waits_given_up_on_hot_counters_and_tiny_queues_hold_no_waker() {
         assert_eq!(std::future::poll_fn(|cx| wait.poll_count(cx)).await, 5);
     });
 }
+
+/// A wait on a plain tag's queue, given up after the tag became hot (a tag
+/// registered after `build()`), still takes its waker back from the queue.
+#[test]
+fn a_queue_wait_given_up_after_its_tag_became_hot_holds_no_waker() {
+    let rt = mailring::Runtime::builder().shards(1).build().unwrap();
+    let h = rt.handle().clone();
+    let held = rt.block_on(async move {
+        let tag = mailring::hot::DYNAMIC_HOT_TAGS;
+        let spy = std::sync::Arc::new(Spy);
+        let waker = std::task::Waker::from(spy.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut wait = hot::HotWait::new(tag);
+        assert!(wait.poll_tiny(&mut cx).is_pending());
+        assert_eq!(h.register_hot_tags(1).unwrap(), tag..tag + 1);
+        // The shard adopts the tag as hot when it next meets it.
+        assert_eq!(hot::try_take_hot_count(tag), None);
+        drop(wait);
+        drop(waker);
+        std::sync::Arc::strong_count(&spy) - 1
+    });
+    assert_eq!(held, 0);
+}
