@@ -191,6 +191,43 @@ where
     }
 }
 
+/// A keyed cell in its type's LRU heap, with its `last_used` as it was when
+/// listed: the heap's top is the entry with the oldest stamp.
+struct LruEntry<A: Actor> {
+    stamp: u64,
+    cell: Rc<ActorCell<A>>,
+}
+
+impl<A: Actor> LruEntry<A> {
+    fn of(cell: Rc<ActorCell<A>>) -> Self {
+        LruEntry {
+            stamp: cell.last_used.get(),
+            cell,
+        }
+    }
+}
+
+impl<A: Actor> PartialEq for LruEntry<A> {
+    fn eq(&self, other: &Self) -> bool {
+        self.stamp == other.stamp
+    }
+}
+
+impl<A: Actor> Eq for LruEntry<A> {}
+
+impl<A: Actor> PartialOrd for LruEntry<A> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<A: Actor> Ord for LruEntry<A> {
+    /// Reversed: the oldest stamp is the greatest, at the top of the heap.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.stamp.cmp(&self.stamp)
+    }
+}
+
 /// One actor type's state on one shard.
 pub(crate) struct TypeState<A: Actor> {
     pub(crate) shard: usize,
@@ -205,6 +242,12 @@ pub(crate) struct TypeState<A: Actor> {
     carriers_made: Cell<usize>,
     /// Advances on every delivery; cells remember it for LRU passivation.
     clock: Cell<u64>,
+    /// A type with `max_active`: its keyed cells by their `last_used` as it
+    /// was when each was listed (see [`LruEntry`]).
+    lru: RefCell<std::collections::BinaryHeap<LruEntry<A>>>,
+    /// Keyed actors asked to passivate by the active limit that have not
+    /// ended (nor called their passivation off) yet.
+    lru_victims: Cell<usize>,
     pub(crate) counters: Counters,
     /// This shard's credit windows (shared by every type here).
     pub(crate) flow: Rc<ShardFlow>,
@@ -229,6 +272,8 @@ impl<A: Actor> TypeState<A> {
             spares: RefCell::new(Vec::new()),
             carriers_made: Cell::new(0),
             clock: Cell::new(0),
+            lru: RefCell::new(std::collections::BinaryHeap::new()),
+            lru_victims: Cell::new(0),
             counters: Counters::default(),
             flow,
             directory: OnceCell::new(),
@@ -451,30 +496,74 @@ impl<A: Actor> TypeState<A> {
     }
 
     /// Passivates the least recently used keyed actor when over the limit.
+    ///
+    /// Active are the keyed actors of this shard but those the limit asked
+    /// to passivate that have not ended yet (one that stops for another
+    /// reason counts until it ends). The least recently used is found in
+    /// the type's LRU heap, without a walk of every actor: its entries
+    /// carry each cell's `last_used` as it was when listed, never more
+    /// than it is now, so an entry found current at the top is the least
+    /// recently used of all; one found stale goes back with the cell's
+    /// stamp of now, one of a cell that ended is dropped, and one of a cell
+    /// on its way out is put back after the search.
     fn enforce_active_limit(&self, newest: &Rc<ActorCell<A>>) {
         let Some(max) = A::CONFIG.max_active_per_shard else {
             return;
         };
         let keyed = self.keyed.borrow();
-        // Not those asked to go, nor those going already (their request
-        // was taken: they are in `on_passivate` or `on_stop`).
-        let staying = |c: &&Rc<ActorCell<A>>| {
-            c.is_open() && c.stop_request.get().is_none() && !c.leaving.get()
-        };
-        let active = keyed.values().filter(staying).count();
-        if active <= max {
-            return;
+        let mut lru = self.lru.borrow_mut();
+        // Entries of cells that ended are dropped when they come to the
+        // top; rebuilt whole when they outnumber the live ones.
+        if lru.len() > 2 * keyed.len() + 16 {
+            *lru = keyed
+                .values()
+                .filter(|c| !Rc::ptr_eq(c, newest))
+                .map(|c| LruEntry::of(c.clone()))
+                .collect();
         }
-        let victim = keyed
-            .values()
-            .filter(staying)
-            .filter(|c| !Rc::ptr_eq(c, newest))
-            .min_by_key(|c| c.last_used.get())
-            .cloned();
+        let active = keyed.len().saturating_sub(self.lru_victims.get());
+        let mut victim = None;
+        if active > max {
+            let mut aside = Vec::new();
+            while let Some(entry) = lru.pop() {
+                let cell = &entry.cell;
+                if !keyed.get(&cell.key).is_some_and(|c| Rc::ptr_eq(c, cell)) {
+                    continue; // Ended: forgotten.
+                }
+                if entry.stamp != cell.last_used.get() {
+                    lru.push(LruEntry::of(entry.cell));
+                    continue;
+                }
+                // Not those asked to go, nor those going already (their
+                // request was taken: they are in `on_passivate` or `on_stop`).
+                let staying =
+                    cell.is_open() && cell.stop_request.get().is_none() && !cell.leaving.get();
+                if staying && !Rc::ptr_eq(cell, newest) {
+                    victim = Some(cell.clone());
+                }
+                aside.push(entry);
+                if victim.is_some() {
+                    break;
+                }
+            }
+            lru.extend(aside);
+        }
+        lru.push(LruEntry::of(newest.clone()));
+        drop(lru);
         drop(keyed);
         if let Some(v) = victim {
+            v.lru_victim.set(true);
+            self.lru_victims.set(self.lru_victims.get() + 1);
             v.stop_request.set(Some(StopReason::Passivated));
             v.nudge();
+        }
+    }
+
+    /// `cell`, asked to passivate by the active limit, ended or called its
+    /// passivation off: it is no longer on its way out for the limit.
+    pub(crate) fn lru_victim_done(&self, cell: &ActorCell<A>) {
+        if cell.lru_victim.replace(false) {
+            self.lru_victims.set(self.lru_victims.get() - 1);
         }
     }
 
@@ -497,6 +586,7 @@ impl<A: Actor> TypeState<A> {
     /// Forgets `cell` (its task is finishing); a newer activation of the same
     /// key stays.
     pub(crate) fn remove(&self, cell: &Rc<ActorCell<A>>) {
+        self.lru_victim_done(cell);
         if cell.uid >> 63 == 1 {
             self.unkeyed.borrow_mut().remove(&cell.uid);
         } else {

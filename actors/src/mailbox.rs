@@ -169,6 +169,9 @@ pub(crate) struct ActorCell<A: Actor> {
     waker: Cell<Option<Waker>>,
     /// Asked to passivate (LRU) or stop (parent, system); read by its task.
     pub(crate) stop_request: Cell<Option<crate::error::StopReason>>,
+    /// Asked to passivate by its type's active limit, and not ended (nor
+    /// called it off) yet: counted in the type's `lru_victims`.
+    pub(crate) lru_victim: Cell<bool>,
     /// A stop asked for while a panic's request (`stop_request`) was
     /// there, or before it: the actor then ends instead of restarting.
     pub(crate) stop_after_panic: Cell<Option<crate::error::StopReason>>,
@@ -232,6 +235,7 @@ impl<A: Actor> ActorCell<A> {
             waker: Cell::new(None),
             state: Cell::new(OPEN),
             stop_request: Cell::new(None),
+            lru_victim: Cell::new(false),
             stop_after_panic: Cell::new(None),
             leaving: Cell::new(false),
             pending_waits: Cell::new(0),

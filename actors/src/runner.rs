@@ -371,6 +371,7 @@ fn run<A: Actor>(
                             if !batch.is_empty() || queued > from_timers {
                                 // Messages came in while passivating: stay active.
                                 cell.leaving.set(false);
+                                ts.lru_victim_done(&cell);
                                 continue;
                             }
                             if queued > 0 {

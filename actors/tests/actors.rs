@@ -3068,3 +3068,63 @@ fn an_actor_waiting_for_something_is_not_idle() {
     assert_eq!((stats.activations, stats.passivations), (1, 1), "{stats:?}");
     sys.shutdown();
 }
+
+/// Keys passivated by the active limit, in order.
+static LRU_MODEL_GONE: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+#[derive(Actor)]
+#[actor(key = u64, activate = LruModel::new, max_active = 4, pinned = 0, handles(Get), hooks)]
+struct LruModel(u64);
+
+impl LruModel {
+    fn new(k: &u64) -> Self {
+        LruModel(*k)
+    }
+}
+
+impl Hooks for LruModel {
+    async fn on_passivate(&mut self, _cx: &mut Ctx<Self>) {
+        LRU_MODEL_GONE.lock().unwrap().push(self.0);
+    }
+}
+
+impl Handler<Get> for LruModel {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        self.0
+    }
+}
+
+/// Over a long mixed run of uses and new keys, the active limit passivates
+/// exactly the key a model LRU list says, each time.
+#[test]
+fn the_active_limit_passivates_exactly_what_a_model_lru_says() {
+    let sys = system(1);
+    let h = sys.handle().clone();
+    let expected = sys.block_on(async move {
+        let mut model: Vec<u64> = Vec::new(); // least recently used first
+        let mut gone = Vec::new();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..400 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Mostly the few hot keys, sometimes one of many cold ones.
+            let k = if x % 3 == 0 { x % 40 } else { x % 6 };
+            let new = !model.contains(&k);
+            model.retain(|&m| m != k);
+            model.push(k);
+            if new && model.len() > 4 {
+                gone.push(model.remove(0));
+            }
+            assert_eq!(h.keyed::<LruModel>(k).ask(Get).await.unwrap(), k);
+            if new {
+                // The victim passivates on its next turn.
+                mailring_actors::mailring::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        gone
+    });
+    assert!(expected.len() > 50, "the run passivated {}", expected.len());
+    assert_eq!(*LRU_MODEL_GONE.lock().unwrap(), expected);
+    sys.shutdown();
+}
