@@ -651,9 +651,9 @@ pub struct RecoveryReport {
     pub bytes: u64,
     /// Segments whose torn or corrupt tails were cut, with the bytes cut.
     pub cut: Vec<(std::path::PathBuf, u64)>,
-    /// Copies of the cut tails in which valid records followed the
-    /// corrupt one (a crash's out-of-order write, or damaged data that may
-    /// have held acknowledged writes), kept beside their segments.
+    /// Copies of the cut tails that held more than zeros (a crash's
+    /// unfinished or out-of-order write, or damaged data that may have
+    /// held acknowledged writes), kept in the data directory's `salvage/`.
     pub saved: Vec<std::path::PathBuf>,
     /// How long recovery took.
     pub elapsed: std::time::Duration,

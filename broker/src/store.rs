@@ -123,8 +123,8 @@ pub struct StoreConfig {
     /// (losing what follows it there) instead of refusing to start: for
     /// a disk that damaged flushed data (the `--repair-log` flag). A torn or
     /// corrupt tail of a log's last segment, what a crash leaves, is cut
-    /// either way (kept beside the segment when valid records follow the
-    /// corrupt one).
+    /// either way. Every cut tail that holds more than zeros is kept in
+    /// the data directory's `salvage/` first.
     pub repair_log: bool,
     /// Crash tests only: a gate every flush waits on.
     pub sync_gate: Option<SyncGate>,
@@ -919,7 +919,7 @@ impl ShardLog {
             return Err(StorageError::Closed);
         }
         let at = p.buf.len();
-        encode(&mut p.buf);
+        encode_or_roll_back(&mut p.buf, encode);
         let len = (p.buf.len() - at) as u64;
         if !log::record_fits(len as usize, self.max_record as usize) {
             p.buf.truncate(at);
@@ -1806,11 +1806,41 @@ where
     }
 }
 
+/// Runs `encode`, which appends to `buf`; if it panics, `buf` is cut back
+/// to what it held before, then the panic goes on. The buffer is the
+/// shard's, shared by every stream: a half-encoded frame left in it would
+/// be written ahead of every later record, and recovery stops at it.
+fn encode_or_roll_back(buf: &mut BytesMut, encode: impl FnOnce(&mut BytesMut)) {
+    let at = buf.len();
+    if let Err(payload) =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| encode(&mut *buf)))
+    {
+        buf.truncate(at);
+        std::panic::resume_unwind(payload);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
     use std::task::Wake;
+
+    #[test]
+    fn an_encoding_that_panics_leaves_the_shards_buffer_as_it_was() {
+        let mut buf = BytesMut::from(&b"whole frames"[..]);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            encode_or_roll_back(&mut buf, |dst| {
+                dst.extend_from_slice(&[0u8; 12]);
+                dst.extend_from_slice(b"half a body");
+                panic!("a record that cannot be encoded");
+            })
+        }));
+        assert!(caught.is_err(), "the panic goes on to the caller");
+        assert_eq!(&buf[..], b"whole frames");
+        encode_or_roll_back(&mut buf, |dst| dst.extend_from_slice(b"+next"));
+        assert_eq!(&buf[..], b"whole frames+next");
+    }
 
     /// Runs `batches` batches through `chooser`, each way taking the time
     /// `time` gives it; returns how many went each way.

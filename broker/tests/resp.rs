@@ -1464,41 +1464,17 @@ fn a_bad_record_in_a_segment_before_the_last_stops_the_start_unless_repair_is_as
 }
 
 #[test]
-fn a_bad_record_followed_by_valid_ones_in_the_last_segment_is_cut_and_kept_beside_it() {
+fn a_bad_record_followed_by_valid_ones_in_the_last_segment_is_cut_and_kept_in_salvage() {
     // Valid records after a corrupt one in the newest segment: a crash's
     // unflushed write made durable out of order, or damage to flushed
     // (maybe acknowledged) records. The tail is cut, so the broker starts
-    // as after any torn write, and its bytes are kept in a file beside
-    // the segment, so nothing is destroyed.
+    // as after any torn write, and its bytes are kept in a file of the
+    // data directory's salvage, so nothing is destroyed.
     let dir = TempDir::new();
-    {
-        let broker = start_in(&dir.0, 1, BrokerConfig::default());
-        let mut c = Client::connect(broker.local_addr());
-        for j in 1..=10 {
-            let id = format!("1-{j}");
-            assert_eq!(c.cmd(&["XADD", "s", &id, "f", "v"]), R::bulk(&id));
-        }
-        broker.shutdown();
-    }
-    let segments = common::segment_files(&dir.0);
-    let last = segments.last().expect("a segment").clone();
-    let mut data = std::fs::read(&last).unwrap();
-    let scan = mailring_broker::log::scan_segment(bytes::Bytes::from(data.clone())).unwrap();
-    assert_eq!(scan.records.len(), 10);
-    let third = scan.records[2].0 as usize;
-    data[third + 8 + 20] ^= 0x04;
-    std::fs::write(&last, &data).unwrap();
+    let (data, third) = a_log_with_a_corrupt_third_record(&dir.0);
     let broker = start_in(&dir.0, 1, BrokerConfig::default());
     assert_eq!(broker.recovery().cut.len(), 1);
-    let saved = broker.recovery().saved.clone();
-    assert_eq!(saved.len(), 1, "{saved:?}");
-    let kept = std::fs::read(&saved[0]).unwrap();
-    let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-    assert_eq!(
-        &kept[..end - third],
-        &data[third..end],
-        "the cut bytes, kept"
-    );
+    the_one_kept_tail_is(&broker, &data, third);
     let mut c = Client::connect(broker.local_addr());
     assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(2));
     assert_eq!(c.cmd(&["XADD", "s", "2-1", "f", "v"]), R::bulk("2-1"));
@@ -1509,6 +1485,78 @@ fn a_bad_record_followed_by_valid_ones_in_the_last_segment_is_cut_and_kept_besid
     let mut c = Client::connect(broker.local_addr());
     assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(3));
     broker.shutdown();
+}
+
+/// A single-shard log whose last segment holds ten `XADD`s to `s`, the
+/// third made corrupt; its bytes as written, and where the third starts.
+fn a_log_with_a_corrupt_third_record(dir: &std::path::Path) -> (Vec<u8>, usize) {
+    {
+        let broker = start_in(dir, 1, BrokerConfig::default());
+        let mut c = Client::connect(broker.local_addr());
+        for j in 1..=10 {
+            let id = format!("1-{j}");
+            assert_eq!(c.cmd(&["XADD", "s", &id, "f", "v"]), R::bulk(&id));
+        }
+        broker.shutdown();
+    }
+    let segments = common::segment_files(dir);
+    let last = segments.last().expect("a segment").clone();
+    let mut data = std::fs::read(&last).unwrap();
+    let scan = mailring_broker::log::scan_segment(bytes::Bytes::from(data.clone())).unwrap();
+    assert_eq!(scan.records.len(), 10);
+    let third = scan.records[2].0 as usize;
+    data[third + 8 + 20] ^= 0x04;
+    std::fs::write(&last, &data).unwrap();
+    (data, third)
+}
+
+/// Asserts that the start kept one cut tail, holding `data` (a
+/// segment's bytes) from `from` to its last non-zero byte; its path.
+fn the_one_kept_tail_is(broker: &Broker, data: &[u8], from: usize) -> std::path::PathBuf {
+    let saved = broker.recovery().saved.clone();
+    assert_eq!(saved.len(), 1, "{saved:?}");
+    let kept = std::fs::read(&saved[0]).expect("the kept tail is there");
+    let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    assert_eq!(&kept[..end - from], &data[from..end], "the cut bytes, kept");
+    saved[0].clone()
+}
+
+/// Damage that makes a record's length larger reads as a torn end (a
+/// record longer than the file): its tail, and the acknowledged records
+/// after it, are cut as a crash's unfinished write is, but not without a
+/// copy: every cut tail that holds more than zeros is kept.
+#[test]
+fn a_tail_cut_as_torn_is_kept_when_it_holds_more_than_zeros() {
+    let dir = TempDir::new();
+    let (mut data, third) = a_log_with_a_corrupt_third_record(&dir.0);
+    // Undo the flip; lengthen the third record's frame instead.
+    data[third + 8 + 20] ^= 0x04;
+    data[third..third + 4].copy_from_slice(&1_000_000u32.to_le_bytes());
+    let last = common::segment_files(&dir.0).last().unwrap().clone();
+    std::fs::write(&last, &data).unwrap();
+    let broker = start_in(&dir.0, 1, BrokerConfig::default());
+    assert_eq!(broker.recovery().cut.len(), 1);
+    the_one_kept_tail_is(&broker, &data, third);
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(2));
+    broker.shutdown();
+}
+
+/// The kept copy of a cut tail outlives the rewrite of the logs for
+/// another shard count in the same start (which removes the old
+/// generation's directory), and the starts after it.
+#[test]
+fn a_kept_cut_tail_outlives_a_rewrite_for_another_shard_count() {
+    let dir = TempDir::new();
+    let (data, third) = a_log_with_a_corrupt_third_record(&dir.0);
+    let broker = start_in(&dir.0, 2, BrokerConfig::default());
+    assert!(broker.recovery().migrated, "rewritten for 2 shards");
+    let saved = the_one_kept_tail_is(&broker, &data, third);
+    broker.shutdown();
+    let broker = start_in(&dir.0, 3, BrokerConfig::default());
+    assert!(broker.recovery().migrated);
+    broker.shutdown();
+    assert!(saved.exists(), "{} after another rewrite", saved.display());
 }
 
 /// Sends `XADD key 1-i f value(i)` for every `i` in one write, then checks

@@ -83,8 +83,9 @@ pub struct Recovered {
     pub bytes: u64,
     /// Segments whose tails were cut, with the bytes cut.
     pub cut: Vec<(PathBuf, u64)>,
-    /// Copies of cut tails in which valid records followed the corrupt
-    /// one (kept beside their segments as `<segment>.cut`).
+    /// Copies of the cut tails that held anything but zeros, kept in the
+    /// data directory's `salvage` directory as
+    /// `<generation>-<log>-<segment>.cut`.
     pub saved: Vec<PathBuf>,
     /// Whether the logs were rewritten for another shard count.
     pub migrated: bool,
@@ -95,6 +96,9 @@ pub struct Recovered {
 pub(super) fn sync_dir(path: &Path) -> io::Result<()> {
     File::open(path)?.sync_all()
 }
+
+/// The data directory's directory of cut tails (see [`salvage_dir`]).
+const SALVAGE: &str = "salvage";
 
 fn gen_dir_name(gen: u32) -> String {
     format!("gen-{gen:05}")
@@ -351,21 +355,59 @@ fn at(path: &Path) -> impl FnOnce(io::Error) -> io::Error + '_ {
     move |e| io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
 
-/// Writes `tail`, cut from segment `path`, to a file of its own beside it
-/// (`<segment>.cut`, or `.cut-2` and on if that is taken), flushed with
-/// its directory entry; returns its path.
+/// The directory that keeps cut tails: `salvage` in the data directory,
+/// which no rewrite, generation change or removal of old logs touches.
+/// `segment` is `<data>/<generation>/<log>/<file>` (or `<data>/<log>/<file>`
+/// in the older layout).
+fn salvage_dir(segment: &Path) -> PathBuf {
+    let log_dir = segment.parent().unwrap_or(Path::new("."));
+    let above = log_dir.parent().unwrap_or(Path::new("."));
+    let is_generation = above
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(parse_gen_dir_name)
+        .is_some();
+    let data = if is_generation {
+        above.parent().unwrap_or(Path::new("."))
+    } else {
+        above
+    };
+    data.join(SALVAGE)
+}
+
+/// Keeps `tail`, cut from segment `path`, in the data directory's
+/// [`salvage_dir`] as `<generation>-<log>-<segment>.cut` (or `.cut-2` and
+/// on if that is taken), flushed with its directory entry before the
+/// segment is cut.
 fn save_cut_tail(path: &Path, tail: &[u8]) -> io::Result<PathBuf> {
     use std::io::Write;
+    let salvage = salvage_dir(path);
+    std::fs::create_dir_all(&salvage).map_err(at(&salvage))?;
+    if let Some(data) = salvage.parent() {
+        sync_dir(data)?;
+    }
+    // The segment's place, from the data directory down (the names are
+    // the broker's own: ASCII).
+    let mut origin = Vec::new();
+    let mut at_path = Some(path);
+    while let Some(p) = at_path {
+        match p.file_name().and_then(|n| n.to_str()) {
+            Some(name) if origin.len() < 3 => origin.push(name.to_owned()),
+            _ => break,
+        }
+        at_path = p.parent();
+    }
+    if origin.len() == 3 && parse_gen_dir_name(&origin[2]).is_none() {
+        origin.pop();
+    }
+    origin.reverse();
+    let stem = origin.join("-");
     let mut n = 1;
     let (saved, mut file) = loop {
-        // (Built on the path's own bytes: a data directory's name need not
-        // be UTF-8.)
-        let mut name = path.as_os_str().to_owned();
-        match n {
-            1 => name.push(".cut"),
-            n => name.push(format!(".cut-{n}")),
-        }
-        let candidate = PathBuf::from(name);
+        let candidate = salvage.join(match n {
+            1 => format!("{stem}.cut"),
+            n => format!("{stem}.cut-{n}"),
+        });
         match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -378,9 +420,7 @@ fn save_cut_tail(path: &Path, tail: &[u8]) -> io::Result<PathBuf> {
     };
     file.write_all(tail).map_err(at(&saved))?;
     file.sync_all().map_err(at(&saved))?;
-    if let Some(dir) = saved.parent() {
-        sync_dir(dir)?;
-    }
+    sync_dir(&salvage)?;
     Ok(saved)
 }
 
@@ -404,21 +444,34 @@ fn read_segment(
             format!("{}: {e}", path.display()),
         )
     })?;
-    if let (Some(next), true) = (scan.valid_after, last) {
-        // Valid records after a corrupt one in the last segment: the
-        // blocks of a write never flushed, made durable out of order by a
-        // crash (not acknowledged: cut, as a torn tail is), or damage to
-        // flushed data (acknowledged). Recovery cannot tell them apart:
-        // the tail is cut so the broker starts, and kept beside the
-        // segment, so nothing is destroyed.
-        let saved = save_cut_tail(path, &data[scan.valid_len as usize..])?;
-        eprintln!(
-            "mailring-broker: {}: a corrupt record at byte {} of {len}, with a valid one after it at byte {next}; the {} bytes from the corrupt record on were cut (a crash's out-of-order write, or damaged data: if they held acknowledged writes, the disk lost them) and kept in {}",
-            path.display(),
-            scan.valid_len,
-            len - scan.valid_len,
-            saved.display(),
-        );
+    // A tail about to be cut (the last segment's, or any under repair) is
+    // kept first unless it is all zeros (a preallocated end): a torn
+    // write was never acknowledged, but damaged flushed records were,
+    // and recovery cannot always tell them apart (a length the damage
+    // made larger reads as a torn end). Nothing is destroyed.
+    let cut_off = &data[scan.valid_len as usize..];
+    if scan.tail != Tail::Clean && (last || repair) && cut_off.iter().any(|&b| b != 0) {
+        let saved = save_cut_tail(path, cut_off)?;
+        match scan.valid_after {
+            // Valid records after a corrupt one: the blocks of a write
+            // never flushed, made durable out of order by a crash (not
+            // acknowledged), or damage to flushed data (acknowledged).
+            Some(next) => eprintln!(
+                "mailring-broker: {}: a corrupt record at byte {} of {len}, with a valid one after it at byte {next}; the {} bytes from the corrupt record on were cut (a crash's out-of-order write, or damaged data: if they held acknowledged writes, the disk lost them) and kept in {}",
+                path.display(),
+                scan.valid_len,
+                len - scan.valid_len,
+                saved.display(),
+            ),
+            None => eprintln!(
+                "mailring-broker: {}: a {} record at byte {} of {len}; the {} bytes from it on were cut (most likely a write a crash left unfinished, never acknowledged) and kept in {}",
+                path.display(),
+                if scan.tail == Tail::Torn { "truncated" } else { "corrupt" },
+                scan.valid_len,
+                len - scan.valid_len,
+                saved.display(),
+            ),
+        }
         out.saved.push(saved);
     }
     if scan.tail != Tail::Clean && !last && !repair {
