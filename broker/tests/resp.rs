@@ -1521,6 +1521,46 @@ fn the_one_kept_tail_is(broker: &Broker, data: &[u8], from: usize) -> std::path:
     saved[0].clone()
 }
 
+/// A crash while a new segment is made, before its header is flushed,
+/// can leave the file with a block of zeros where the header was to be:
+/// no record in it can have been acknowledged (records follow the
+/// header's flush). That last segment is read as empty, not refused; one
+/// whose header holds anything else is cut the same way, its bytes kept.
+#[test]
+fn a_last_segment_whose_header_never_reached_the_disk_is_read_as_empty() {
+    for garbage in [false, true] {
+        let dir = TempDir::new();
+        {
+            let broker = start_in(&dir.0, 1, BrokerConfig::default());
+            let mut c = Client::connect(broker.local_addr());
+            for j in 1..=3 {
+                let id = format!("1-{j}");
+                assert_eq!(c.cmd(&["XADD", "s", &id, "f", "v"]), R::bulk(&id));
+            }
+            broker.shutdown();
+        }
+        let last = common::segment_files(&dir.0).last().unwrap().clone();
+        let name = last.file_name().unwrap().to_str().unwrap();
+        let no = u32::from_str_radix(name.trim_end_matches(".seg"), 16).unwrap();
+        let next = last.with_file_name(mailring_broker::log::segment_file_name(no + 1));
+        let mut block = vec![0u8; 4096];
+        if garbage {
+            block[..11].copy_from_slice(b"not a magic");
+        }
+        std::fs::write(&next, &block).unwrap();
+        let broker = start_in(&dir.0, 1, BrokerConfig::default());
+        assert_eq!(broker.recovery().saved.len(), usize::from(garbage));
+        let mut c = Client::connect(broker.local_addr());
+        assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(3), "garbage {garbage}");
+        assert_eq!(c.cmd(&["XADD", "s", "2-1", "f", "v"]), R::bulk("2-1"));
+        broker.shutdown();
+        let broker = start_in(&dir.0, 1, BrokerConfig::default());
+        let mut c = Client::connect(broker.local_addr());
+        assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(4));
+        broker.shutdown();
+    }
+}
+
 /// Damage that makes a record's length larger reads as a torn end (a
 /// record longer than the file): its tail, and the acknowledged records
 /// after it, are cut as a crash's unfinished write is, but not without a

@@ -434,16 +434,29 @@ fn read_segment(
     let data = Bytes::from(std::fs::read(path).map_err(at(path))?);
     let len = data.len() as u64;
     let mut records = 0;
-    let scan = log::scan_segment_each(data.clone(), |at, r| {
+    let scan = match log::scan_segment_each(data.clone(), |at, r| {
         records += 1;
         f(at, r);
-    })
-    .map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{}: {e}", path.display()),
-        )
-    })?;
+    }) {
+        Ok(scan) => scan,
+        // The last segment's header is flushed before any record goes in:
+        // a crash while the segment was made can leave its block without
+        // the header (zeros), and no record there was acknowledged. It is
+        // read as empty: cut whole (its bytes kept, if not all zeros, as
+        // a cut tail is).
+        Err(log::BadHeader) if last => log::Scan {
+            valid_after: None,
+            records: Vec::new(),
+            valid_len: 0,
+            tail: log::Tail::Corrupt,
+        },
+        Err(e) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {e}", path.display()),
+            ))
+        }
+    };
     // A tail about to be cut (the last segment's, or any under repair) is
     // kept first unless it is all zeros (a preallocated end): a torn
     // write was never acknowledged, but damaged flushed records were,
