@@ -454,6 +454,21 @@ impl RingReceive {
         &self.ring
     }
 
+    /// Whether the receive ended (the kernel's end, or an error that
+    /// polling again would only repeat).
+    pub(crate) fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Says `e` once and ends the receive: an error polling again would
+    /// only repeat (a wrong shard, a ring it cannot use), which a loop
+    /// that logs errors and goes on would otherwise spin on.
+    pub(crate) fn end_with<T>(&mut self, e: io::Error) -> Poll<Option<io::Result<T>>> {
+        self.finished = true;
+        self.op = None;
+        Poll::Ready(Some(Err(e)))
+    }
+
     /// The next filled buffer; `None` once the kernel reports the end (a
     /// receive of 0). `arm` submits the multishot receive on this ring's
     /// group when none is armed.
@@ -468,7 +483,7 @@ impl RingReceive {
         // The socket is on this shard; the ring must be too, or the receive
         // would name a group of this ring that is another shard's (or none).
         if !self.ring.on_owner() {
-            return Poll::Ready(Some(Err(foreign_ring())));
+            return self.end_with(foreign_ring());
         }
         loop {
             if self.op.is_none() {
@@ -584,22 +599,28 @@ impl<'a> RecvMultishot<'a> {
         }
     }
 
-    /// The next buffer of data; `None` once the peer closed its side.
+    /// The next buffer of data; `None` once the peer closed its side, or
+    /// after an error that polling again would repeat.
     ///
     /// # Errors
     ///
-    /// The kernel's error, or the shard-ownership error.
+    /// The kernel's error, or bytes a dropped `recv` took (said once, then
+    /// the data goes on); and, ending the receive, the shard-ownership
+    /// error or a ring of another shard.
     pub async fn next(&mut self) -> Option<io::Result<RecvBuf>> {
         std::future::poll_fn(|cx| self.poll_next(cx)).await
     }
 
     fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Option<io::Result<RecvBuf>>> {
-        if let Err(e) = self
-            .stream
-            .inner
-            .check()
-            .and_then(|()| self.stream.check_lost())
-        {
+        if self.receive.is_finished() {
+            return Poll::Ready(None);
+        }
+        // Off the socket's shard: an error polling again would repeat.
+        if let Err(e) = self.stream.inner.check() {
+            return self.receive.end_with(e);
+        }
+        // Bytes a dropped `recv` took: said once, then the data goes on.
+        if let Err(e) = self.stream.check_lost() {
             return Poll::Ready(Some(Err(e)));
         }
         let stream = self.stream;

@@ -285,15 +285,17 @@ pub struct RecvFromMultishot<'a> {
 }
 
 impl RecvFromMultishot<'_> {
-    /// The next datagram (`None` never comes from a UDP socket; kept for
-    /// the shape of a stream).
+    /// The next datagram; `None` only after an error that polling again
+    /// would repeat (below), said once.
     ///
     /// # Errors
     ///
     /// The kernel's error (an ICMP error answer to an earlier send, such as
-    /// `ConnectionRefused`, arrives here and the receive goes on), the
-    /// shard-ownership error, or `InvalidData` for a buffer the kernel
-    /// filled in a shape this does not know.
+    /// `ConnectionRefused`, arrives here and the receive goes on), or
+    /// `InvalidData` for a buffer the kernel filled in a shape this does
+    /// not know; and, ending the receive, the shard-ownership error, a
+    /// ring of another shard, or a ring the kernel consumes a part at a
+    /// time (`InvalidInput`).
     pub async fn next(&mut self) -> Option<io::Result<RecvDatagram>> {
         std::future::poll_fn(|cx| self.poll_next(cx)).await
     }
@@ -303,21 +305,26 @@ impl RecvFromMultishot<'_> {
         &mut self,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<io::Result<RecvDatagram>>> {
+        if self.receive.is_finished() {
+            return std::task::Poll::Ready(None);
+        }
+        // Errors that polling again would only repeat end the stream
+        // after they are said once.
         if let Err(e) = self.socket.inner.check() {
-            return std::task::Poll::Ready(Some(Err(e)));
+            return self.receive.end_with(e);
         }
         let injected = crate::shard::with_current(|s| s.shared.config.multishot_recvmsg_errno);
         if let Some(errno) = injected.flatten() {
-            return std::task::Poll::Ready(Some(Err(io::Error::from_raw_os_error(errno))));
+            return self.receive.end_with(io::Error::from_raw_os_error(errno));
         }
         if self.receive.ring().is_incremental() {
             // A datagram must start a buffer: the kernel fails a receive
             // whose rest of a buffer cannot hold the header and address.
-            return std::task::Poll::Ready(Some(Err(io::Error::new(
+            return self.receive.end_with(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "mailring: datagram receives need a ring of whole buffers (BufRing::whole), \
                  not one the kernel consumes a part at a time",
-            ))));
+            ));
         }
         let inner = &self.socket.inner;
         let polled = self.receive.poll_next(cx, |ring| {

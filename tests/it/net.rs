@@ -778,13 +778,16 @@ fn a_multishot_datagram_receive_from_the_wrong_shard_or_ring_fails() {
             let server = UdpSocket::bind(any_port()).unwrap();
             let partial = BufRing::new(4, 256).unwrap();
             if partial.is_incremental() {
-                let err = server
-                    .recv_from_multishot(&partial)
+                let mut incoming = server.recv_from_multishot(&partial);
+                let err = incoming
                     .next()
                     .await
                     .expect("an item")
                     .expect_err("a ring of parts");
                 assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
+                // Said once, then the stream ends: a loop that logs the
+                // error and goes on does not spin on it.
+                assert!(incoming.next().await.is_none());
             }
             let mut incoming = server.recv_from_multishot(&ring1);
             let err = mailring::time::timeout(Duration::from_secs(5), incoming.next())
@@ -793,6 +796,7 @@ fn a_multishot_datagram_receive_from_the_wrong_shard_or_ring_fails() {
                 .expect("an item")
                 .expect_err("a ring of shard 1");
             assert!(err.to_string().contains("another shard"), "{err}");
+            assert!(incoming.next().await.is_none(), "ended after the error");
         })
         .await
         .unwrap();

@@ -161,6 +161,13 @@ pub struct DatagramConfig {
     /// they are dropped and counted ([`DatagramShardStats::queue_full`]).
     /// Default 256.
     pub session_queue: usize,
+    /// Bytes of datagrams queued on one shard over all its sessions (each
+    /// counted with [`QUEUED_OVERHEAD`] bytes more, for its place in the
+    /// queue): sessions whose handlers are slow could otherwise hold
+    /// `max_sessions × session_queue × max_datagram` bytes between them.
+    /// Past it, datagrams are dropped and counted
+    /// ([`DatagramShardStats::queued_bytes_full`]). Default 64 MiB.
+    pub max_queued_bytes: usize,
     /// Datagrams handed to a shard (their key's) by the others and not
     /// taken by it yet, counted per destination shard over every shard
     /// that hands to it: while that shard is busy (a handler holding its
@@ -195,6 +202,7 @@ impl Default for DatagramConfig {
             idle_timeout: Duration::from_secs(60),
             max_sessions: 10_000,
             session_queue: 256,
+            max_queued_bytes: 64 << 20,
             handoff_queue: 4096,
             multishot_receive: true,
             max_datagram: MAX_DATAGRAM,
@@ -211,6 +219,7 @@ struct Counters {
     garbage: AtomicU64,
     over_capacity: AtomicU64,
     queue_full: AtomicU64,
+    queued_bytes_full: AtomicU64,
     forwarded: AtomicU64,
     handoff_full: AtomicU64,
     /// Datagrams handed to this shard that it has not taken yet.
@@ -237,6 +246,9 @@ pub struct DatagramShardStats {
     pub over_capacity: u64,
     /// Datagrams dropped because their session's queue was full.
     pub queue_full: u64,
+    /// Datagrams dropped because the shard's sessions held
+    /// [`DatagramConfig::max_queued_bytes`] in their queues.
+    pub queued_bytes_full: u64,
     /// Datagrams received here and handed to their key's shard.
     pub forwarded: u64,
     /// Datagrams received here for another shard that already had
@@ -276,6 +288,7 @@ impl Counters {
             send_errors: get(&self.send_errors),
             oversized: get(&self.oversized),
             quiet_peer_looks: get(&self.quiet_peer_looks),
+            queued_bytes_full: get(&self.queued_bytes_full),
         }
     }
 }
@@ -313,6 +326,10 @@ impl<S: DatagramSession> Shared<S> {
 /// last heard from a peer.
 struct Slot {
     inbox: RefCell<VecDeque<(SocketAddr, Bytes)>>,
+    /// What `inbox` holds, as counted in `queued` (see [`queued_cost`]).
+    inbox_bytes: Cell<usize>,
+    /// The shard's bytes queued in its sessions' inboxes.
+    queued: Rc<Cell<usize>>,
     waker: RefCell<Option<Waker>>,
     last: Cell<Instant>,
     stop: Cell<Option<DatagramClose>>,
@@ -320,11 +337,63 @@ struct Slot {
     ended: Cell<bool>,
 }
 
+/// The bytes a queued datagram is counted for, against
+/// [`DatagramConfig::max_queued_bytes`]: its own and its place's.
+fn queued_cost(datagram: &Bytes) -> usize {
+    datagram.len() + QUEUED_OVERHEAD
+}
+
+/// What a queued datagram is counted for beyond its bytes (its place in
+/// the queue, its buffer's header): an empty datagram is not free.
+pub const QUEUED_OVERHEAD: usize = 64;
+
 impl Slot {
+    fn new(queued: Rc<Cell<usize>>, now: Instant) -> Slot {
+        Slot {
+            inbox: RefCell::new(VecDeque::new()),
+            inbox_bytes: Cell::new(0),
+            queued,
+            waker: RefCell::new(None),
+            last: Cell::new(now),
+            stop: Cell::new(None),
+            ended: Cell::new(false),
+        }
+    }
+
     fn wake(&self) {
         if let Some(w) = self.waker.borrow_mut().take() {
             w.wake();
         }
+    }
+
+    fn charge(&self, bytes: usize) {
+        self.inbox_bytes.set(self.inbox_bytes.get() + bytes);
+        self.queued.set(self.queued.get() + bytes);
+    }
+
+    fn uncharge(&self, bytes: usize) {
+        self.inbox_bytes.set(self.inbox_bytes.get() - bytes);
+        self.queued.set(self.queued.get() - bytes);
+    }
+
+    /// The next queued datagram.
+    fn take_next(&self) -> Option<(SocketAddr, Bytes)> {
+        let next = self.inbox.borrow_mut().pop_front()?;
+        self.uncharge(queued_cost(&next.1));
+        Some(next)
+    }
+
+    /// Every queued datagram.
+    fn take_all(&self) -> VecDeque<(SocketAddr, Bytes)> {
+        let all = std::mem::take(&mut *self.inbox.borrow_mut());
+        self.uncharge(self.inbox_bytes.get());
+        all
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.queued.set(self.queued.get() - self.inbox_bytes.get());
     }
 }
 
@@ -340,6 +409,8 @@ struct Table<S: DatagramSession> {
     none_quiet_until: Option<Instant>,
     /// The receive loop, woken to see a shutdown.
     loop_waker: Option<Waker>,
+    /// Bytes of datagrams queued in the sessions' inboxes here.
+    queued: Rc<Cell<usize>>,
 }
 
 /// A datagram handed to a shard whose receive loop has not started yet.
@@ -611,6 +682,7 @@ async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocke
         peers: HashMap::new(),
         none_quiet_until: None,
         loop_waker: None,
+        queued: Rc::new(Cell::new(0)),
     }));
     TABLES.with(|tables| {
         tables
@@ -1062,13 +1134,8 @@ fn deliver<S: DatagramSession>(
                     return None;
                 }
             };
-            let slot = Rc::new(Slot {
-                inbox: RefCell::new(VecDeque::new()),
-                waker: RefCell::new(None),
-                last: Cell::new(now),
-                stop: Cell::new(None),
-                ended: Cell::new(false),
-            });
+            let queued = t.borrow().queued.clone();
+            let slot = Rc::new(Slot::new(queued, now));
             t.borrow_mut().sessions.insert(key.clone(), slot.clone());
             counters.opened.fetch_add(1, Ordering::Relaxed);
             mailring::spawn_local(run_session(
@@ -1109,8 +1176,17 @@ fn into_slot<S: DatagramSession>(
             .fetch_add(1, Ordering::Relaxed);
         return;
     }
+    let cost = queued_cost(&datagram);
+    if slot.queued.get() + cost > shared.config.max_queued_bytes {
+        shared
+            .counters(shard)
+            .queued_bytes_full
+            .fetch_add(1, Ordering::Relaxed);
+        return;
+    }
     inbox.push_back((peer, datagram));
     drop(inbox);
+    slot.charge(cost);
     slot.wake();
 }
 
@@ -1147,7 +1223,7 @@ async fn run_session<S: DatagramSession>(
     };
     let reason = loop {
         let next = std::future::poll_fn(|task| {
-            if let Some(d) = slot.inbox.borrow_mut().pop_front() {
+            if let Some(d) = slot.take_next() {
                 return Poll::Ready(Ok(d));
             }
             if let Some(reason) = slot.stop.get() {
@@ -1165,12 +1241,16 @@ async fn run_session<S: DatagramSession>(
         // The session's code runs under `catch_unwind` wherever it runs:
         // as `on_datagram` makes its future (code before an `async` block),
         // as the future is polled, and as it is dropped.
+        let mid_way;
         let handled = {
             let (s, c) = (&mut session, &mut cx);
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
                 S::on_datagram(s, datagram, c)
             })) {
-                Err(payload) => Err(payload),
+                Err(payload) => {
+                    mid_way = true;
+                    Err(payload)
+                }
                 Ok(future) => {
                     let mut handling = pin!(Some(future));
                     let polled = std::future::poll_fn(|task| {
@@ -1189,10 +1269,18 @@ async fn run_session<S: DatagramSession>(
                     let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         handling.set(None);
                     }));
+                    mid_way = polled.is_err();
                     polled.and(dropped)
                 }
             }
         };
+        if mid_way {
+            // What a handler queued before it panicked on its way is not
+            // sent (as a connection's unsent replies are not): its state
+            // may be half changed. One that finished, then panicked as its
+            // future was dropped, did its work: its replies go.
+            cx.out.clear();
+        }
         if let Err(payload) = handled {
             mailring::panic::report_caught(CallbackKind::Handler, &*payload);
             mailring::panic::drop_payload(payload);
@@ -1207,7 +1295,7 @@ async fn run_session<S: DatagramSession>(
     // Those already queued behind the end go to that new session too.
     // Taken whole (its room freed too): a peer's entry may keep the ended
     // slot until the peer is forgotten.
-    let left = std::mem::take(&mut *slot.inbox.borrow_mut());
+    let left = slot.take_all();
     slot.waker.borrow_mut().take();
     {
         let mut table = t.borrow_mut();

@@ -67,6 +67,10 @@ impl DatagramSession for PerPeer {
         if &datagram[..] == b"panic" {
             panic!("a session's handler panics");
         }
+        if &datagram[..] == b"reply, then panic" {
+            cx.reply(Bytes::from_static(b"half done"));
+            panic!("a session's handler panics after its reply");
+        }
         if &datagram[..] == b"stuck" {
             std::future::pending::<()>().await;
         }
@@ -809,5 +813,65 @@ fn a_panic_outside_a_handler_s_poll_ends_only_its_session_and_gives_back_its_pla
     // there is room for.
     assert_eq!(ask(&p, addr, b"three"), "three");
     assert_eq!(server.sessions(), 1);
+    rt.block_on(server.shutdown());
+}
+
+/// Sessions whose handlers are stuck cannot make a shard hold more than
+/// `max_queued_bytes` of datagrams in their queues, however many sessions
+/// there are: past it, datagrams are dropped and counted.
+#[test]
+fn the_datagrams_queued_on_a_shard_are_bounded_in_bytes_over_all_its_sessions() {
+    let rt = mailring::Runtime::builder()
+        .shards(1)
+        .build()
+        .expect("io_uring available");
+    let mut config = DatagramConfig::default();
+    config.max_queued_bytes = 20_000;
+    config.shutdown_grace = Duration::from_millis(50);
+    let (server, _) = per_peer_server(&rt, config);
+    let addr = server.local_addr();
+    let peers: Vec<UdpSocket> = (0..4).map(|_| peer()).collect();
+    for p in &peers {
+        p.send_to(b"stuck", addr).unwrap();
+    }
+    let body = vec![b'x'; 1000];
+    for _ in 0..10 {
+        for p in &peers {
+            p.send_to(&body, addr).unwrap();
+            // Not faster than the shard takes them (the socket's own
+            // buffer would drop them first).
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    wait_until("every datagram", || {
+        total(&server.stats(), |s| s.datagrams_in) == 44
+    });
+    let stats = server.stats();
+    let dropped = total(&stats, |s| s.queued_bytes_full);
+    // 40 of 1,000 bytes (each counted with its overhead) against 20,000:
+    // at most 19 are queued.
+    assert!(dropped >= 21, "{stats:?}");
+    assert_eq!(total(&stats, |s| s.queue_full), 0, "{stats:?}");
+    rt.block_on(server.shutdown());
+}
+
+/// A handler that queued a reply and then panicked sends nothing: its
+/// session ends as a connection's does, with what it had not sent yet
+/// (its state may be half changed); the peer's next datagram opens a new
+/// session.
+#[test]
+fn a_handler_that_panics_after_queueing_a_reply_sends_nothing() {
+    let rt = runtime();
+    let (server, _) = per_peer_server(&rt, DatagramConfig::default());
+    let addr = server.local_addr();
+    let p = peer();
+    let me = p.local_addr().unwrap();
+    p.send_to(b"reply, then panic", addr).unwrap();
+    wait_until("the panic", || total(&server.stats(), |s| s.panicked) == 1);
+    assert_eq!(
+        ask(&p, addr, b"x"),
+        format!("1 {me} x"),
+        "a new session, and no half-done reply"
+    );
     rt.block_on(server.shutdown());
 }
