@@ -85,7 +85,12 @@ pub trait DatagramSession: Send + Sized + 'static {
     fn key(datagram: &[u8], peer: SocketAddr) -> Option<Self::Key>;
 
     /// Handles one datagram (its sender is [`DatagramCtx::peer`]).
-    /// Datagrams of a session are handled one at a time, in arrival order.
+    /// Datagrams of a session are handled one at a time, in the order the
+    /// shard took them: their arrival order with the multishot receive.
+    /// With single receives (kernels before 6.0, or
+    /// [`DatagramConfig::multishot_receive`] off), several are in flight,
+    /// and datagrams that arrive together may be handed in another order,
+    /// as UDP allows.
     fn on_datagram(&mut self, datagram: Bytes, cx: &mut DatagramCtx) -> impl Future<Output = ()>;
 
     /// Runs once when the session ends.
@@ -904,18 +909,18 @@ fn arrive<S: DatagramSession>(
                     .counters(shard)
                     .quiet_peer_looks
                     .fetch_add(1, Ordering::Relaxed);
-                match forget_quiet_peers(&mut t.peers, now, quiet) {
-                    Ok(()) => true,
-                    Err(first_quiet) => {
-                        // Looked at again once one may be quiet, and not
-                        // before an eighth of the wait: a flood of
-                        // newcomers costs one look per period, not one
-                        // each.
-                        let next = first_quiet.max(mailring::time::deadline_in(quiet / 8));
-                        t.none_quiet_until = Some(next);
-                        false
-                    }
+                let quarter = (t.peers.len() / 4).max(1);
+                let (forgot, next_quiet) = forget_quiet_peers(&mut t.peers, now, quiet);
+                if forgot < quarter {
+                    // Few were quiet: looked at again once one more may be,
+                    // and not before an eighth of the wait. A flood of
+                    // newcomers costs one look per period, not one each,
+                    // also when each look frees a place or two (peers that
+                    // fall quiet one at a time).
+                    let next = next_quiet.max(mailring::time::deadline_in(quiet / 8));
+                    t.none_quiet_until = Some(next);
                 }
+                forgot > 0
             };
             if !room {
                 shared
@@ -1058,24 +1063,27 @@ fn garbage<S: DatagramSession>(
 }
 
 /// Forgets remembered peers not heard from for `quiet` (at most a
-/// quarter of them, and at least one, the longest quiet first). If none
-/// is quiet: the first moment one may be (the oldest heard from, plus
-/// `quiet`). A table at its bound makes room in one pass, paid for by the
-/// next quarter of new peers.
+/// quarter of them, and at least one, the longest quiet first); how many
+/// it forgot, and the first moment a peer it kept may be quiet (now, if
+/// some already are). A table at its bound makes room in one pass, paid
+/// for by the next quarter of new peers.
 fn forget_quiet_peers<K>(
     peers: &mut HashMap<PeerAddr, Peer<K>>,
     now: Instant,
     quiet: Duration,
-) -> Result<(), Instant> {
-    let mut oldest = now;
-    let mut seen: Vec<Instant> = peers
-        .values()
-        .map(|peer| peer.last)
-        .inspect(|last| oldest = oldest.min(*last))
-        .filter(|last| now.saturating_duration_since(*last) >= quiet)
-        .collect();
+) -> (usize, Instant) {
+    // When the first peer kept may be quiet.
+    let mut next_quiet = now.checked_add(quiet).unwrap_or(now);
+    let mut seen: Vec<Instant> = Vec::new();
+    for peer in peers.values() {
+        if now.saturating_duration_since(peer.last) >= quiet {
+            seen.push(peer.last);
+        } else {
+            next_quiet = next_quiet.min(peer.last.checked_add(quiet).unwrap_or(now));
+        }
+    }
     if seen.is_empty() {
-        return Err(oldest.checked_add(quiet).unwrap_or(now));
+        return (0, next_quiet);
     }
     let forget = (peers.len() / 4).clamp(1, seen.len());
     let (_, cutoff, _) = seen.select_nth_unstable(forget - 1);
@@ -1089,7 +1097,11 @@ fn forget_quiet_peers<K>(
             true
         }
     });
-    Ok(())
+    // Quiet peers kept (more than a quarter were quiet) are quiet now.
+    if forget < seen.len() {
+        next_quiet = now;
+    }
+    (forget, next_quiet)
 }
 
 /// Puts a datagram in its session's inbox on this (the key's) shard,

@@ -565,6 +565,41 @@ fn a_server_dropped_without_shutdown_stops_and_frees_its_port() {
     wait_until("the port free again", || UdpSocket::bind(addr).is_ok());
 }
 
+/// A full peer table where one peer fell quiet: the first newcomer's look
+/// forgets it and takes its place; later ones are refused without a look
+/// until another may have fallen quiet (a look that frees a place or two
+/// does not invite the next newcomer to walk the whole table again).
+#[test]
+fn a_look_that_frees_few_places_is_not_repeated_for_each_newcomer() {
+    let rt = mailring::Runtime::builder()
+        .shards(1)
+        .build()
+        .expect("io_uring available");
+    let mut config = DatagramConfig::default();
+    config.max_sessions = 8;
+    // Quiet after a quarter of this: 500 ms.
+    config.idle_timeout = Duration::from_secs(2);
+    let (server, _closes) = per_peer_server(&rt, config);
+    let addr = server.local_addr();
+    let members: Vec<UdpSocket> = (0..8).map(|_| peer()).collect();
+    let me = members[0].local_addr().unwrap();
+    assert_eq!(ask(&members[0], addr, b"bye"), format!("1 {me} bye"));
+    std::thread::sleep(Duration::from_millis(600));
+    for p in &members[1..] {
+        let me = p.local_addr().unwrap();
+        assert_eq!(ask(p, addr, b"bye"), format!("1 {me} bye"));
+    }
+    let newcomers: Vec<UdpSocket> = (0..20).map(|_| peer()).collect();
+    for p in &newcomers {
+        p.send_to(b"let me in", addr).unwrap();
+    }
+    wait_until("19 refusals", || {
+        total(&server.stats(), |s| s.over_capacity) == 19
+    });
+    assert_eq!(total(&server.stats(), |s| s.quiet_peer_looks), 1);
+    rt.block_on(server.shutdown());
+}
+
 #[test]
 fn peers_heard_from_lately_keep_their_key_when_the_table_is_full() {
     // One shard, room for two: the key comes in a peer's first datagram
