@@ -404,7 +404,9 @@ impl Drop for Slot {
 
 /// A server's state on one shard.
 struct Table<S: DatagramSession> {
-    socket: Rc<UdpSocket>,
+    /// The shard's socket; `None` once the server stopped and its
+    /// sessions ended or had their grace.
+    socket: Option<Rc<UdpSocket>>,
     sessions: HashMap<S::Key, Rc<Slot>>,
     /// Peers seen here, with their key and when they were last heard.
     peers: HashMap<PeerAddr, Peer<S::Key>>,
@@ -643,8 +645,9 @@ impl<S: DatagramSession> DatagramServer<S> {
         open
     }
 
-    /// Stops every shard's receive loop (which then closes its socket)
-    /// and tells every session to end.
+    /// Stops every shard's receive loop (which then closes its socket,
+    /// once its sessions ended or had the shutdown's grace) and tells
+    /// every session to end.
     fn stop_receiving(&self) {
         if self.shared.closing.swap(true, Ordering::AcqRel) {
             return;
@@ -682,7 +685,7 @@ async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocke
     let shard = mailring::current_shard().expect("on a shard");
     let socket = Rc::new(socket);
     let t: Rc<RefCell<Table<S>>> = Rc::new(RefCell::new(Table {
-        socket: socket.clone(),
+        socket: Some(socket.clone()),
         sessions: HashMap::new(),
         peers: HashMap::new(),
         none_quiet_until: None,
@@ -849,6 +852,24 @@ async fn shard_loop<S: DatagramSession>(shared: Arc<Shared<S>>, socket: UdpSocke
         slot.wake();
     }
     TABLES.with(|tables| tables.borrow_mut().remove(&shared.id));
+    // The sessions hold the table, and with it the socket, which would
+    // stay in the port's reuse group, read by nobody, as long as one of
+    // them runs (a handler that never finishes): it goes once they end,
+    // or at the shutdown's grace, whichever comes first (their later
+    // sends are dropped and counted). Then it closes once no send uses it
+    // (this loop's own reference goes as it returns).
+    if t.borrow().sessions.is_empty() {
+        t.borrow_mut().socket = None;
+    } else {
+        let grace = shared.config.shutdown_grace;
+        mailring::spawn_local(async move {
+            let deadline = mailring::time::deadline_in(grace);
+            while !t.borrow().sessions.is_empty() && mailring::time::now() < deadline {
+                mailring::time::sleep(Duration::from_millis(1)).await;
+            }
+            t.borrow_mut().socket = None;
+        });
+    }
 }
 
 /// A datagram received on this shard: keyed, then delivered here or
@@ -1362,8 +1383,15 @@ async fn send_out<S: DatagramSession>(
     if cx.out.is_empty() {
         return;
     }
-    let socket = t.borrow().socket.clone();
     let counters = shared.counters(shard);
+    let Some(socket) = t.borrow().socket.clone() else {
+        // The server stopped and this session outlived its grace.
+        counters
+            .send_errors
+            .fetch_add(cx.out.len() as u64, Ordering::Relaxed);
+        cx.out.clear();
+        return;
+    };
     for (peer, datagram) in cx.out.drain(..) {
         // At once when the socket has room (a datagram send never waits
         // for the peer); through the ring, waiting for room, when not.

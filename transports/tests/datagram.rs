@@ -910,3 +910,40 @@ fn a_handler_that_panics_after_queueing_a_reply_sends_nothing() {
     );
     rt.block_on(server.shutdown());
 }
+
+/// A session stuck past the shutdown's grace does not keep its shard's
+/// socket open: a server bound to the same address afterwards gets every
+/// peer's datagrams (a socket left in the port's reuse group, read by
+/// nobody, would take some of them).
+#[test]
+fn a_session_stuck_past_the_grace_does_not_keep_the_port() {
+    let rt = runtime();
+    let mut config = DatagramConfig::default();
+    config.shutdown_grace = Duration::from_millis(50);
+    let (server, _) = per_peer_server(&rt, config.clone());
+    let addr = server.local_addr();
+    let stuck = peer();
+    stuck.send_to(b"stuck", addr).unwrap();
+    wait_until("the stuck datagram", || {
+        total(&server.stats(), |s| s.datagrams_in) == 1
+    });
+    assert_eq!(rt.block_on(server.shutdown()), 1);
+    // The stuck session lives on, past its grace.
+    std::thread::sleep(Duration::from_millis(100));
+    let closes = Arc::new(Mutex::new(Vec::new()));
+    let c = closes.clone();
+    let again = DatagramServer::builder(move |_peer: &SocketAddr| PerPeer {
+        seen: 0,
+        closes: c.clone(),
+    })
+    .config(config)
+    .bind(rt.handle(), addr)
+    .unwrap();
+    for _ in 0..16 {
+        let p = peer();
+        p.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let me = p.local_addr().unwrap();
+        assert_eq!(ask(&p, addr, b"hi"), format!("1 {me} hi"));
+    }
+    rt.block_on(again.shutdown());
+}
