@@ -1104,6 +1104,7 @@ impl ShardLog {
     pub async fn run(self: Rc<Self>) -> io::Result<()> {
         let res = self.run_inner().await;
         if let Err(e) = &res {
+            recover::mark_write_failed(&self.dir);
             self.marks.fail(StorageError::Write(e.to_string()));
         }
         res
@@ -1403,7 +1404,12 @@ impl ShardLog {
                 Ok(()) => durable.set(&path, pos),
                 // Nothing waits on this flush: fail the log now, so the
                 // next append is refused instead of answered.
-                Err(e) => marks.fail(StorageError::Write(e.to_string())),
+                Err(e) => {
+                    if let Some(log_dir) = path.parent() {
+                        recover::mark_write_failed(log_dir);
+                    }
+                    marks.fail(StorageError::Write(e.to_string()))
+                }
             }
             res
         }));

@@ -1944,6 +1944,49 @@ fn under_everysec_a_held_flush_holds_no_reply_and_later_writes_are_flushed_after
     broker.shutdown();
 }
 
+/// After a failed flush the kernel may keep the unwritten bytes as clean
+/// pages: a restart would read them back as if on disk. The failed log's
+/// directory is marked, and the next start writes that log's last segment
+/// again before it flushes it, then takes the mark away; what it read is
+/// there, and the log takes writes again.
+#[test]
+fn a_start_after_a_failed_flush_writes_the_last_segment_again_before_it_builds_on_it() {
+    let dir = TempDir::new();
+    let (broker, gate) = everysec_with_gate(&dir);
+    let mut c = Client::connect(broker.local_addr());
+    assert_eq!(c.cmd(&["XADD", "s", "1-1", "f", "v"]), R::bulk("1-1"));
+    gate.fail_flushes();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut n = 2;
+    while let R::Bulk(_) = c.cmd(&["XADD", "s", &format!("1-{n}"), "f", "v"]) {
+        n += 1;
+        assert!(std::time::Instant::now() < deadline, "no write refused");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let marks = |dir: &std::path::Path| -> usize {
+        common::segment_files(dir)
+            .iter()
+            .filter_map(|seg| seg.parent())
+            .filter(|log| log.join("write-failed").exists())
+            .count()
+    };
+    broker.shutdown();
+    assert_eq!(marks(&dir.0), 1, "the failed log's directory is marked");
+    let broker = start_in(&dir.0, 1, BrokerConfig::default());
+    assert_eq!(
+        marks(&dir.0),
+        0,
+        "taken away once written again and flushed"
+    );
+    let mut c = Client::connect(broker.local_addr());
+    let R::Int(len) = c.cmd(&["XLEN", "s"]) else {
+        panic!("XLEN")
+    };
+    assert!(len >= 1, "{len}");
+    assert_eq!(c.cmd(&["XADD", "s", "2-1", "f", "v"]), R::bulk("2-1"));
+    broker.shutdown();
+}
+
 #[test]
 fn under_everysec_a_failed_flush_beside_the_writes_refuses_every_later_write() {
     let dir = TempDir::new();

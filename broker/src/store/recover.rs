@@ -100,6 +100,32 @@ pub(super) fn sync_dir(path: &Path) -> io::Result<()> {
 /// The data directory's directory of cut tails (see [`salvage_dir`]).
 const SALVAGE: &str = "salvage";
 
+/// The mark a log's directory gets when a write or flush of it failed:
+/// after a failed flush the kernel may have dropped the unwritten pages'
+/// dirt, keeping their bytes in its cache, so the next start would read
+/// back, and build on, records that never reached the disk. A start that
+/// finds it writes its last segment again before flushing it, then takes
+/// the mark away.
+const WRITE_FAILED: &str = "write-failed";
+
+/// Takes the mark of [`WRITE_FAILED`] away once the log's last segment
+/// was written again and flushed.
+fn clear_write_failed(log_dir: &Path) -> io::Result<()> {
+    let mark = log_dir.join(WRITE_FAILED);
+    std::fs::remove_file(&mark).map_err(at(&mark))?;
+    sync_dir(log_dir)
+}
+
+/// Marks log directory `log_dir` as having had a failed write or flush
+/// (see [`WRITE_FAILED`]); best effort: the disk may be failing.
+pub(crate) fn mark_write_failed(log_dir: &Path) {
+    let mark = log_dir.join(WRITE_FAILED);
+    if let Ok(f) = File::create(&mark) {
+        let _ = f.sync_all();
+        let _ = sync_dir(log_dir);
+    }
+}
+
 fn gen_dir_name(gen: u32) -> String {
     format!("gen-{gen:05}")
 }
@@ -428,6 +454,7 @@ fn read_segment(
     path: &Path,
     last: bool,
     repair: bool,
+    refresh: bool,
     out: &mut Recovered,
     mut f: impl FnMut(u64, Record),
 ) -> io::Result<()> {
@@ -506,6 +533,15 @@ fn read_segment(
         file.set_len(scan.valid_len)?;
         out.cut.push((path.to_path_buf(), len - scan.valid_len));
     }
+    // A log whose last run failed a write or flush (`refresh`): the cache
+    // may hold bytes that never reached the disk, as clean pages a flush
+    // would not write. They are written again, so the flush below makes
+    // durable what was read (or fails, and the start with it).
+    if refresh {
+        use std::os::unix::fs::FileExt;
+        file.write_all_at(&data[..scan.valid_len as usize], 0)
+            .map_err(at(path))?;
+    }
     // What is read here is built on (needs move, segments go), so it
     // must be durable: a killed process leaves its writes in the page
     // cache only (a no-op for a clean file).
@@ -558,44 +594,56 @@ fn read_generation_streamed(
         out.segments
             .insert(log_no, segments.iter().map(|(s, _)| *s).collect());
         let count = segments.len();
+        let refresh = log_dir.join(WRITE_FAILED).exists();
         for (i, (seg, path)) in segments.into_iter().enumerate() {
             let mut streams = std::mem::take(&mut out.streams);
             let mut mixed = false;
-            read_segment(&path, i + 1 == count, repair, &mut out, |offset, record| {
-                if mixed {
-                    return;
-                }
-                let r = match streams.get_mut(&record.stream) {
-                    Some(r) => r,
-                    None => {
-                        // Its own copy: the name outlives the record.
-                        let name = Bytes::copy_from_slice(&record.stream);
-                        streams
-                            .entry(name)
-                            .or_insert_with(|| RecoveredStream::empty(log_no))
+            let last = i + 1 == count;
+            read_segment(
+                &path,
+                last,
+                repair,
+                refresh && last,
+                &mut out,
+                |offset, record| {
+                    if mixed {
+                        return;
                     }
-                };
-                if r.log != log_no || (r.op_no != 0 && record.op_no <= r.op_no) {
-                    mixed = true;
-                    return;
-                }
-                r.op_no = record.op_no;
-                replay(r, record.op, Loc::new(seg, offset));
-                if let Some(s) = r.stream.as_mut() {
-                    if !s.has_source() {
-                        s.set_source(source.clone());
+                    let r = match streams.get_mut(&record.stream) {
+                        Some(r) => r,
+                        None => {
+                            // Its own copy: the name outlives the record.
+                            let name = Bytes::copy_from_slice(&record.stream);
+                            streams
+                                .entry(name)
+                                .or_insert_with(|| RecoveredStream::empty(log_no))
+                        }
+                    };
+                    if r.log != log_no || (r.op_no != 0 && record.op_no <= r.op_no) {
+                        mixed = true;
+                        return;
                     }
-                    // Settled now and then, not per record.
-                    let slack = (cache_bytes / 16).max(64 << 10);
-                    if s.cached_bytes() > cache_bytes.saturating_add(slack) {
-                        s.settle(cache_bytes, Loc::MAX);
+                    r.op_no = record.op_no;
+                    replay(r, record.op, Loc::new(seg, offset));
+                    if let Some(s) = r.stream.as_mut() {
+                        if !s.has_source() {
+                            s.set_source(source.clone());
+                        }
+                        // Settled now and then, not per record.
+                        let slack = (cache_bytes / 16).max(64 << 10);
+                        if s.cached_bytes() > cache_bytes.saturating_add(slack) {
+                            s.settle(cache_bytes, Loc::MAX);
+                        }
                     }
-                }
-            })?;
+                },
+            )?;
             if mixed {
                 return Ok(None);
             }
             out.streams = streams;
+        }
+        if refresh {
+            clear_write_failed(&log_dir)?;
         }
     }
     for r in out.streams.values_mut() {
@@ -618,13 +666,18 @@ fn read_generation(gen_dir: &Path, repair: bool) -> io::Result<Recovered> {
         out.segments
             .insert(log_no, segments.iter().map(|(s, _)| *s).collect());
         let count = segments.len();
+        let refresh = log_dir.join(WRITE_FAILED).exists();
         for (i, (seg, path)) in segments.into_iter().enumerate() {
-            read_segment(&path, i + 1 == count, repair, &mut out, |_, r| {
+            let last = i + 1 == count;
+            read_segment(&path, last, repair, refresh && last, &mut out, |_, r| {
                 per_stream
                     .entry(r.stream)
                     .or_default()
                     .push((r.op_no, log_no, seg, r.op));
             })?;
+        }
+        if refresh {
+            clear_write_failed(&log_dir)?;
         }
     }
     for (name, mut ops) in per_stream {
