@@ -250,8 +250,11 @@ pub fn run(args: impl IntoIterator<Item = String>) -> ExitCode {
         return ExitCode::FAILURE;
     }
     say!("shutting down");
-    broker.shutdown();
-    ExitCode::SUCCESS
+    match broker.shutdown_checked() {
+        Ok(()) => ExitCode::SUCCESS,
+        // Said on stderr as it failed; the exit status says it too.
+        Err(_) => ExitCode::FAILURE,
+    }
 }
 
 #[cfg(test)]

@@ -1094,12 +1094,27 @@ impl Broker {
     }
 
     /// Stops accepting, lets connections finish within the grace period,
-    /// and stops the actors and the runtime.
+    /// and stops the actors and the runtime. A log whose last flush fails
+    /// is said on stderr; [`shutdown_checked`](Self::shutdown_checked)
+    /// gives it back.
     pub fn shutdown(mut self) {
-        self.stop();
+        let _ = self.stop();
     }
 
-    fn stop(&mut self) {
+    /// As [`shutdown`](Self::shutdown), giving back the error of a log
+    /// whose flush of what was appended failed at the end (what it held
+    /// may not be on disk; the process should say so in its exit status,
+    /// as redis-server refuses to stop on a failed save).
+    ///
+    /// # Errors
+    ///
+    /// The first log's flush error, with its shard.
+    pub fn shutdown_checked(mut self) -> std::io::Result<()> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> std::io::Result<()> {
+        let mut failed = Ok(());
         // Blocked reads are idle, not work in flight: they end now, so the
         // grace period waits only for real work.
         self.shared.release_blocked();
@@ -1125,21 +1140,28 @@ impl Broker {
                         });
                 let _ = rt.block_on(closer);
             }
-            for f in self.flushers.drain(..) {
+            for (shard, f) in self.flushers.drain(..).enumerate() {
                 if let Ok(Err(e)) = rt.block_on(f) {
-                    eprintln!("broker: flushing the log at shutdown: {e}");
+                    eprintln!("broker: flushing the log of shard {shard} at shutdown: {e}");
+                    if failed.is_ok() {
+                        failed = Err(std::io::Error::new(
+                            e.kind(),
+                            format!("the log of shard {shard} failed its last flush: {e}"),
+                        ));
+                    }
                 }
             }
         }
         if let Some(rt) = self.runtime.take() {
             let _ = rt.shutdown();
         }
+        failed
     }
 }
 
 impl Drop for Broker {
     fn drop(&mut self) {
-        self.stop();
+        let _ = self.stop();
     }
 }
 

@@ -1970,7 +1970,11 @@ fn a_start_after_a_failed_flush_writes_the_last_segment_again_before_it_builds_o
             .filter(|log| log.join("write-failed").exists())
             .count()
     };
-    broker.shutdown();
+    let stopped = broker.shutdown_checked();
+    assert!(
+        stopped.is_err(),
+        "a failed log is said at shutdown: {stopped:?}"
+    );
     assert_eq!(marks(&dir.0), 1, "the failed log's directory is marked");
     let broker = start_in(&dir.0, 1, BrokerConfig::default());
     assert_eq!(
@@ -1984,7 +1988,7 @@ fn a_start_after_a_failed_flush_writes_the_last_segment_again_before_it_builds_o
     };
     assert!(len >= 1, "{len}");
     assert_eq!(c.cmd(&["XADD", "s", "2-1", "f", "v"]), R::bulk("2-1"));
-    broker.shutdown();
+    broker.shutdown_checked().expect("a clean stop");
 }
 
 #[test]
