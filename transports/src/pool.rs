@@ -745,9 +745,10 @@ fn jittered(delay: Duration) -> Duration {
 /// It goes back only between exchanges: when every frame sent since the
 /// checkout has had its reply (a frame received for each; more is fine, a
 /// greeting) and no send or receive was cut off mid-way (its future
-/// dropped: part of a frame may be on the wire, or bytes read lost).
-/// Otherwise it is closed, so the next caller never reads a reply meant
-/// for another. A protocol whose requests do not each get one reply
+/// dropped: part of a frame may be on the wire, or bytes read lost), and
+/// not dropped by a panic's unwinding (what the caller's code set up on
+/// it is unknown). Otherwise it is closed, so the next caller never reads
+/// a reply meant for another. A protocol whose requests do not each get one reply
 /// frame should [`discard`](Self::discard) or keep its own connections.
 pub struct Pooled<C: Codec> {
     pool: Pool<C>,
@@ -800,7 +801,11 @@ impl<C: Codec> Drop for Pooled<C> {
             counters.open.fetch_sub(1, Ordering::Relaxed);
             return;
         };
-        if self.discard || !framed.between_exchanges(self.at) || framed.is_closed() {
+        // Dropped by a panic's unwinding: what the caller's code set up on
+        // the connection (a transaction begun, a database selected) is
+        // unknown, whatever the frame counts say.
+        let unwinding = std::thread::panicking();
+        if self.discard || unwinding || !framed.between_exchanges(self.at) || framed.is_closed() {
             counters.discarded.fetch_add(1, Ordering::Relaxed);
             counters.open.fetch_sub(1, Ordering::Relaxed);
             l.open -= 1;

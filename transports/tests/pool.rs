@@ -812,8 +812,24 @@ fn an_idle_tls_connection_sent_data_unasked_is_not_handed_out() {
     // checkout, and one holding data is dropped, not handed out (its frame
     // would be read as the next caller's reply, and every reply after it
     // would be one behind).
+    idle_tls_connection_sent_unasked(false);
+}
+
+#[test]
+fn an_idle_tls_connection_sent_part_of_a_record_unasked_is_not_handed_out() {
+    // As above, with only the first half of the unasked record sent (the
+    // rest on its way, as a long record's are): the connection is not
+    // handed out either (its next reply would be read behind those bytes).
+    idle_tls_connection_sent_unasked(true);
+}
+
+/// A TLS echo upstream that sends a frame unasked after its first echo on
+/// its first connection (only the first half of its record if `half`);
+/// four requests 50 ms apart through a pool all get their own replies,
+/// and the pool drops the connection that was sent the frame.
+fn idle_tls_connection_sent_unasked(half: bool) {
     use std::io::{Read, Write};
-    let dir = std::env::temp_dir().join(format!("mailring-pool-tls-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("mailring-pool-tls-{}-{half}", std::process::id()));
     let (cert, key) = common::self_signed_localhost(&dir);
     let server_config = Arc::new(tls::server_config_from_pem_files(&cert, &key).unwrap());
     let listener = StdListener::bind("127.0.0.1:0").unwrap();
@@ -840,6 +856,17 @@ fn an_idle_tls_connection_sent_data_unasked_is_not_handed_out() {
                     let _ = tls.flush();
                     if std::mem::take(&mut first) && n == 0 {
                         std::thread::sleep(Duration::from_millis(20));
+                        if half {
+                            let _ = tls.conn.writer().write_all(b"\0\0\0\x04junk");
+                            let mut record = Vec::new();
+                            let _ = tls.conn.write_tls(&mut record);
+                            let _ = tls.sock.write_all(&record[..record.len() / 2]);
+                            let _ = tls.sock.flush();
+                            // The rest is late (the connection stays
+                            // open meanwhile): it is not to be used again.
+                            std::thread::sleep(Duration::from_secs(2));
+                            return;
+                        }
                         let _ = tls.write_all(b"\0\0\0\x04junk");
                         let _ = tls.flush();
                     }
@@ -863,4 +890,30 @@ fn an_idle_tls_connection_sent_data_unasked_is_not_handed_out() {
     let s = &pool.stats()[0];
     assert_eq!((s.connects, s.discarded, s.reused), (2, 1, 2), "{s:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A task that panics while it holds a connection (its exchange finished,
+/// so the frame counts balance) does not give the connection back: what
+/// the user's code had set up on it (a transaction begun, a database
+/// selected) is unknown. The next caller gets a fresh connection.
+#[test]
+fn a_connection_held_by_a_task_that_panics_is_not_given_back() {
+    let rt = runtime();
+    let server = upstream(&rt, "127.0.0.1:0".parse().unwrap());
+    let pool = pool_to(&server, config());
+    let p = pool.clone();
+    let panicked = rt.block_on(
+        rt.handle()
+            .spawn_local_on(ShardId::new(0), move || async move {
+                let mut c = p.get().await.unwrap();
+                c.send(Bytes::from_static(b"BEGIN")).await.unwrap();
+                assert_eq!(c.recv().await.unwrap().unwrap(), &b"BEGIN"[..]);
+                panic!("the caller's code panics with the connection in hand");
+            }),
+    );
+    assert!(panicked.is_err(), "the task panicked");
+    let p = pool.clone();
+    on(&rt, 0, move || async move { echoed(&p, b"after").await });
+    let s = &pool.stats()[0];
+    assert_eq!((s.connects, s.reused, s.discarded), (2, 0, 1), "{s:?}");
 }

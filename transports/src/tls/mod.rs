@@ -1005,8 +1005,8 @@ impl TlsConn {
     /// on the socket now, through the record layer without waiting, and
     /// says whether it may serve another exchange: only if they held no
     /// data (session tickets, a key update: their answers go before the
-    /// next data sent) and no end, and the connection did not fail. Data
-    /// there would be read as the next caller's reply.
+    /// next data sent), no end and no part of a record, and the connection
+    /// did not fail. Data there would be read as the next caller's reply.
     pub(crate) fn at_rest_without_data(&self) -> bool {
         if self.check().is_err() || self.writing.load(Ordering::Acquire) {
             return false;
@@ -1033,9 +1033,11 @@ impl TlsConn {
             }
         }
         // A read takes every whole record at hand that holds no data, and
-        // stops at the first that does (or at the end).
+        // stops at the first that does (or at the end). Part of a record
+        // left over (the rest on its way) may be data too: its next reply
+        // would be read behind it.
         let mut plain = BytesMut::new();
-        matches!(state.read(&mut plain), Ok(Read::NeedMore))
+        matches!(state.read(&mut plain), Ok(Read::NeedMore)) && state.cipher_in.is_empty()
     }
 }
 
