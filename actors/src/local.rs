@@ -505,7 +505,7 @@ impl<A: Actor> TypeState<A> {
     /// than it is now, so an entry found current at the top is the least
     /// recently used of all; one found stale goes back with the cell's
     /// stamp of now, one of a cell that ended is dropped, and one of a cell
-    /// on its way out is put back after the search.
+    /// on its way out goes back after the search under the clock of now.
     fn enforce_active_limit(&self, newest: &Rc<ActorCell<A>>) {
         let Some(max) = A::CONFIG.max_active_per_shard else {
             return;
@@ -524,29 +524,41 @@ impl<A: Actor> TypeState<A> {
         let active = keyed.len().saturating_sub(self.lru_victims.get());
         let mut victim = None;
         if active > max {
-            let mut aside = Vec::new();
+            // Cells on their way out (the victim too, from now on) go to
+            // the heap's far end, under the clock of now: the next searches
+            // find the least recently used staying cells first, not the
+            // same leaving ones again. A cell that stays after all (its
+            // passivation called off by new mail, a restart) was just
+            // used: near the end is about where it belongs, and its entry,
+            // stale at the top one day, goes back under its own stamp.
+            let mut leaving = Vec::new();
             while let Some(entry) = lru.pop() {
-                let cell = &entry.cell;
-                if !keyed.get(&cell.key).is_some_and(|c| Rc::ptr_eq(c, cell)) {
+                let cell = entry.cell;
+                if !keyed.get(&cell.key).is_some_and(|c| Rc::ptr_eq(c, &cell)) {
                     continue; // Ended: forgotten.
-                }
-                if entry.stamp != cell.last_used.get() {
-                    lru.push(LruEntry::of(entry.cell));
-                    continue;
                 }
                 // Not those asked to go, nor those going already (their
                 // request was taken: they are in `on_passivate` or `on_stop`).
                 let staying =
                     cell.is_open() && cell.stop_request.get().is_none() && !cell.leaving.get();
-                if staying && !Rc::ptr_eq(cell, newest) {
-                    victim = Some(cell.clone());
+                if !staying || Rc::ptr_eq(&cell, newest) {
+                    leaving.push(cell);
+                    continue;
                 }
-                aside.push(entry);
-                if victim.is_some() {
-                    break;
+                if entry.stamp != cell.last_used.get() {
+                    lru.push(LruEntry::of(cell));
+                    continue;
                 }
+                victim = Some(cell);
+                break;
             }
-            lru.extend(aside);
+            let now = self.clock.get();
+            lru.extend(
+                leaving
+                    .into_iter()
+                    .chain(victim.clone())
+                    .map(|cell| LruEntry { stamp: now, cell }),
+            );
         }
         lru.push(LruEntry::of(newest.clone()));
         drop(lru);
@@ -557,6 +569,28 @@ impl<A: Actor> TypeState<A> {
             v.stop_request.set(Some(StopReason::Passivated));
             v.nudge();
         }
+    }
+
+    /// Rebuilds the LRU heap from the live cells once entries of cells
+    /// that ended outnumber them: they hold those cells (their keys, their
+    /// mailbox counts) until then, also after the type's traffic stopped.
+    fn prune_lru(&self) {
+        if A::CONFIG.max_active_per_shard.is_none() {
+            return;
+        }
+        let old = {
+            let (Ok(keyed), Ok(mut lru)) = (self.keyed.try_borrow(), self.lru.try_borrow_mut())
+            else {
+                return;
+            };
+            if lru.len() <= 2 * keyed.len() + 16 {
+                return;
+            }
+            let live = keyed.values().map(|c| LruEntry::of(c.clone())).collect();
+            std::mem::replace(&mut *lru, live)
+        };
+        // Dropped with the tables released.
+        drop(old);
     }
 
     /// `cell`, asked to passivate by the active limit, ended or called its
@@ -599,6 +633,7 @@ impl<A: Actor> TypeState<A> {
         if hw > self.counters.high_water.get() {
             self.counters.high_water.set(hw);
         }
+        self.prune_lru();
     }
 
     /// Queues a control delivery (stop, watch) for `dest` after every message

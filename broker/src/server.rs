@@ -1141,14 +1141,19 @@ impl Broker {
                 let _ = rt.block_on(closer);
             }
             for (shard, f) in self.flushers.drain(..).enumerate() {
-                if let Ok(Err(e)) = rt.block_on(f) {
-                    eprintln!("broker: flushing the log of shard {shard} at shutdown: {e}");
-                    if failed.is_ok() {
-                        failed = Err(std::io::Error::new(
-                            e.kind(),
-                            format!("the log of shard {shard} failed its last flush: {e}"),
-                        ));
-                    }
+                let e = match rt.block_on(f) {
+                    Ok(Ok(())) => continue,
+                    Ok(Err(e)) => e,
+                    // Its flusher panicked, or was dropped: what it held
+                    // is not known to be on disk.
+                    Err(e) => std::io::Error::other(e.to_string()),
+                };
+                eprintln!("broker: the log of shard {shard} failed: {e}");
+                if failed.is_ok() {
+                    failed = Err(std::io::Error::new(
+                        e.kind(),
+                        format!("the log of shard {shard} failed (what it held may not be on disk): {e}"),
+                    ));
                 }
             }
         }

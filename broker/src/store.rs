@@ -1104,8 +1104,8 @@ impl ShardLog {
     pub async fn run(self: Rc<Self>) -> io::Result<()> {
         let res = self.run_inner().await;
         if let Err(e) = &res {
-            recover::mark_write_failed(&self.dir);
             self.marks.fail(StorageError::Write(e.to_string()));
+            mark_write_failed(&self.dir).await;
         }
         res
     }
@@ -1405,10 +1405,10 @@ impl ShardLog {
                 // Nothing waits on this flush: fail the log now, so the
                 // next append is refused instead of answered.
                 Err(e) => {
+                    marks.fail(StorageError::Write(e.to_string()));
                     if let Some(log_dir) = path.parent() {
-                        recover::mark_write_failed(log_dir);
+                        mark_write_failed(log_dir).await;
                     }
-                    marks.fail(StorageError::Write(e.to_string()))
                 }
             }
             res
@@ -1810,6 +1810,15 @@ where
         }
         return Ok(out);
     }
+}
+
+/// Marks `log_dir` as having had a failed write or flush (see
+/// [`recover::mark_write_failed`]) on a blocking thread: the disk that
+/// just failed may take its error timeout to answer, and the shard goes
+/// on meanwhile.
+async fn mark_write_failed(log_dir: &Path) {
+    let log_dir = log_dir.to_path_buf();
+    let _ = mailring::spawn_blocking(move || recover::mark_write_failed(&log_dir)).await;
 }
 
 /// Runs `encode`, which appends to `buf`; if it panics, `buf` is cut back

@@ -267,13 +267,22 @@ fn recover_or_rewrite(
     // memory. The older layout (or a stream found in two logs) is read
     // whole and ordered first.
     let streamed = if gen == 0 {
-        None
+        Err(Recovered::default())
     } else {
         read_generation_streamed(&source, cache_bytes, repair)?
     };
     let mut out = match streamed {
-        Some(out) => out,
-        None => read_generation(&source, repair)?,
+        Ok(out) => out,
+        // What the streamed read cut and kept before it gave up is cut
+        // already: the whole read finds it so, and says it here.
+        Err(partial) => {
+            let mut out = read_generation(&source, repair)?;
+            let (mut cut, mut saved) = (partial.cut, partial.saved);
+            cut.append(&mut out.cut);
+            saved.append(&mut out.saved);
+            (out.cut, out.saved) = (cut, saved);
+            out
+        }
     };
     out.dir = source.clone();
     // A stream lives on the shard of the log that holds it, whichever
@@ -468,15 +477,24 @@ fn read_segment(
         Ok(scan) => scan,
         // The last segment's header is flushed before any record goes in:
         // a crash while the segment was made can leave its block without
-        // the header (zeros), and no record there was acknowledged. It is
-        // read as empty: cut whole (its bytes kept, if not all zeros, as
-        // a cut tail is).
-        Err(log::BadHeader) if last => log::Scan {
-            valid_after: None,
-            records: Vec::new(),
-            valid_len: 0,
-            tail: log::Tail::Corrupt,
-        },
+        // the header (zeros), and no record there was acknowledged. Such
+        // a header is read as an empty segment, cut whole (its bytes
+        // kept if not all zeros, as a cut tail is). A header that holds
+        // anything else is damage, or another format: refused as in any
+        // other segment (its records may have been acknowledged).
+        Err(log::BadHeader)
+            if last
+                && data[..log::HEADER_LEN.min(data.len())]
+                    .iter()
+                    .all(|&b| b == 0) =>
+        {
+            log::Scan {
+                valid_after: None,
+                records: Vec::new(),
+                valid_len: 0,
+                tail: log::Tail::Corrupt,
+            }
+        }
         Err(e) => {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -490,9 +508,27 @@ fn read_segment(
     // and recovery cannot always tell them apart (a length the damage
     // made larger reads as a torn end). Nothing is destroyed.
     let cut_off = &data[scan.valid_len as usize..];
-    if scan.tail != Tail::Clean && (last || repair) && cut_off.iter().any(|&b| b != 0) {
-        let saved = save_cut_tail(path, cut_off)?;
-        match scan.valid_after {
+    // Up to its last byte that is not zero (a preallocated end is not
+    // kept).
+    let cut_off = &cut_off[..cut_off.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)];
+    if scan.tail != Tail::Clean && (last || repair) && !cut_off.is_empty() {
+        let saved = match save_cut_tail(path, cut_off) {
+            Ok(saved) => Some(saved),
+            // A crash's torn write, with nothing valid after it, was not
+            // acknowledged: a disk too full (or failing) to keep it does
+            // not stop the start. Anything else is not cut unkept.
+            Err(e) if scan.tail == Tail::Torn && scan.valid_after.is_none() => {
+                eprintln!(
+                    "mailring-broker: {}: the {} bytes of a torn write at its end could not be kept ({e}); cut unkept",
+                    path.display(),
+                    cut_off.len()
+                );
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(saved) = saved {
+            match scan.valid_after {
             // Valid records after a corrupt one: the blocks of a write
             // never flushed, made durable out of order by a crash (not
             // acknowledged), or damage to flushed data (acknowledged).
@@ -512,7 +548,8 @@ fn read_segment(
                 saved.display(),
             ),
         }
-        out.saved.push(saved);
+            out.saved.push(saved);
+        }
     }
     if scan.tail != Tail::Clean && !last && !repair {
         return Err(io::Error::new(
@@ -580,13 +617,14 @@ fn numbered_entries<N: Ord>(
 /// Reads a generation whose streams each sit in one log, replaying each
 /// record as it is read and keeping at most `cache_bytes` of each
 /// stream's newest entries in memory (the rest are read back from the
-/// segments when needed). `None` if a stream turns up in two logs or out
-/// of order: that generation is read whole ([`read_generation`]).
+/// segments when needed). `Err` (with what was read so far, whose cut
+/// tails are cut) if a stream turns up in two logs or out of order: that
+/// generation is read whole ([`read_generation`]).
 fn read_generation_streamed(
     gen_dir: &Path,
     cache_bytes: u64,
     repair: bool,
-) -> io::Result<Option<Recovered>> {
+) -> io::Result<Result<Recovered, Recovered>> {
     let mut out = Recovered::default();
     for (log_no, log_dir) in log_dirs(gen_dir)? {
         let source = SegmentSource::new(log_dir.clone());
@@ -638,7 +676,7 @@ fn read_generation_streamed(
                 },
             )?;
             if mixed {
-                return Ok(None);
+                return Ok(Err(out));
             }
             out.streams = streams;
         }
@@ -651,7 +689,7 @@ fn read_generation_streamed(
             s.settle(cache_bytes, Loc::MAX);
         }
     }
-    Ok(Some(out))
+    Ok(Ok(out))
 }
 
 /// One stream's records as read: operation number, log, segment, op.
