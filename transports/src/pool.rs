@@ -7,8 +7,9 @@
 //! instead of queueing on a dead upstream; the first caller after it tries
 //! the upstream again while the others still fail fast, and a connection
 //! that serves well starts the next backoff from its first step. An idle
-//! connection that the upstream closed, or sent bytes nobody asked for, is
-//! dropped rather than handed out, as is one dropped in the middle of an
+//! connection that the upstream closed, or sent bytes nobody asked for, or
+//! that sat idle past [`PoolConfig::idle_timeout`], is dropped rather than
+//! handed out, as is one given back by a panic, or dropped in the middle of an
 //! exchange (a request whose reply did not come, a send or receive cut
 //! off). [`Pool::request`] gives up on an upstream that does not answer
 //! after [`PoolConfig::request_timeout`]. A connect or a wait that its
@@ -91,6 +92,13 @@ pub struct PoolConfig {
     /// from the network) fails its callers instead of holding each
     /// connection for good. The connection is dropped. Default 10 s.
     pub request_timeout: Duration,
+    /// How long a connection may sit idle in the pool and still be handed
+    /// out: one idle longer is closed at the next checkout instead, as the
+    /// upstream (its own idle timeout) or a NAT between (its flow table)
+    /// may have ended it without a word, and a caller would wait its whole
+    /// request timeout on it. Keep it below the upstream's idle timeout.
+    /// Default 60 s.
+    pub idle_timeout: Duration,
 }
 
 impl Default for PoolConfig {
@@ -103,6 +111,7 @@ impl Default for PoolConfig {
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(10),
             request_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -282,7 +291,8 @@ enum Health {
 
 /// A shard's part of a pool.
 struct Local<C: Codec> {
-    idle: Vec<Framed<C>>,
+    /// Idle connections, each with when it came back.
+    idle: Vec<(Framed<C>, std::time::Instant)>,
     open: usize,
     waiting: VecDeque<Rc<Waiter>>,
     health: Health,
@@ -414,7 +424,29 @@ impl<C: Codec> Pool<C> {
                 let mut l = local.borrow_mut();
                 // An idle connection first, whatever the health: it is
                 // open, and the upstream answered on it last time.
-                while let Some(framed) = l.idle.pop() {
+                // Those idle past the idle timeout are closed, the oldest
+                // (the bottom of the stack, in the order they came back)
+                // too, not only those a caller would take.
+                let now = mailring::time::now();
+                let idle_timeout = self.shared.config.idle_timeout;
+                let stale = |since: &std::time::Instant| {
+                    now.saturating_duration_since(*since) > idle_timeout
+                };
+                let stale_ones = l.idle.partition_point(|(_, since)| stale(since));
+                if stale_ones > 0 {
+                    let gone: Vec<_> = l.idle.drain(..stale_ones).collect();
+                    counters
+                        .idle
+                        .fetch_sub(gone.len() as u64, Ordering::Relaxed);
+                    counters
+                        .discarded
+                        .fetch_add(gone.len() as u64, Ordering::Relaxed);
+                    counters
+                        .open
+                        .fetch_sub(gone.len() as u64, Ordering::Relaxed);
+                    l.open -= gone.len();
+                }
+                while let Some((framed, _)) = l.idle.pop() {
                     counters.idle.fetch_sub(1, Ordering::Relaxed);
                     if !framed.fit_for_reuse() {
                         counters.discarded.fetch_add(1, Ordering::Relaxed);
@@ -814,7 +846,7 @@ impl<C: Codec> Drop for Pooled<C> {
             // step again.
             l.last_delay = None;
             counters.idle.fetch_add(1, Ordering::Relaxed);
-            l.idle.push(framed);
+            l.idle.push((framed, mailring::time::now()));
         }
         // The next waiter takes it (or the freed place).
         if let Some(w) = l.waiting.pop_front() {

@@ -917,3 +917,26 @@ fn a_connection_held_by_a_task_that_panics_is_not_given_back() {
     let s = &pool.stats()[0];
     assert_eq!((s.connects, s.reused, s.discarded), (2, 0, 1), "{s:?}");
 }
+
+/// A connection left idle longer than the pool's idle timeout is closed
+/// at the next checkout, not handed out: a server's own idle close, or a
+/// NAT that forgot the flow, may have ended it without a word (a caller
+/// would then wait its whole request timeout on a connection nobody
+/// answers).
+#[test]
+fn a_connection_idle_past_the_idle_timeout_is_not_handed_out() {
+    let rt = runtime();
+    let server = upstream(&rt, "127.0.0.1:0".parse().unwrap());
+    let mut c = config();
+    c.idle_timeout = Duration::from_millis(50);
+    let pool = pool_to(&server, c);
+    let p = pool.clone();
+    on(&rt, 0, move || async move {
+        echoed(&p, b"one").await;
+        echoed(&p, b"two").await;
+        mailring::time::sleep(Duration::from_millis(120)).await;
+        echoed(&p, b"three").await;
+    });
+    let s = &pool.stats()[0];
+    assert_eq!((s.connects, s.reused, s.discarded), (2, 1, 1), "{s:?}");
+}
