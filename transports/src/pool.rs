@@ -599,6 +599,15 @@ impl<C: Codec> Pool<C> {
                 l.health = Health::Up;
                 l.last_delay = None;
                 l.connected += 1;
+                // A waiter woken while this try was under way may have
+                // failed fast and left the place it was woken for: with
+                // the upstream up, the next in line takes it (a spurious
+                // wake only makes it look again).
+                if l.open < self.shared.config.max_connections.max(1) {
+                    if let Some(w) = l.waiting.pop_front() {
+                        w.wake();
+                    }
+                }
                 Ok(self.checked_out(&local, shard, framed))
             }
             Err(e) => {
