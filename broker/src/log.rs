@@ -71,13 +71,16 @@ pub fn segment_file_name(segment: u32) -> String {
     format!("{segment:016x}.seg")
 }
 
-/// The segment number of a file name, if it is one.
+/// The segment number of a file name, if it is one: only the name
+/// [`segment_file_name`] gives (`…A.seg` or `+…` would name a segment
+/// twice: replayed twice, or refused at its making).
 pub fn parse_segment_file_name(name: &str) -> Option<u32> {
     let hex = name.strip_suffix(".seg")?;
     if hex.len() != 16 {
         return None;
     }
-    u32::try_from(u64::from_str_radix(hex, 16).ok()?).ok()
+    let n = u32::try_from(u64::from_str_radix(hex, 16).ok()?).ok()?;
+    (segment_file_name(n) == name).then_some(n)
 }
 
 /// The directory name of log `log`.
@@ -85,9 +88,12 @@ pub fn log_dir_name(log: u16) -> String {
     format!("log-{log:03}")
 }
 
-/// The log number of a directory name, if it is one.
+/// The log number of a directory name, if it is one: only the name
+/// [`log_dir_name`] gives (`log-1` beside `log-001` would be one log read
+/// twice).
 pub fn parse_log_dir_name(name: &str) -> Option<u16> {
-    name.strip_prefix("log-")?.parse().ok()
+    let n = name.strip_prefix("log-")?.parse().ok()?;
+    (log_dir_name(n) == name).then_some(n)
 }
 
 /// What a record does to its stream.
@@ -1372,6 +1378,12 @@ mod tests {
     fn names_parse_back() {
         assert_eq!(parse_segment_file_name(&segment_file_name(42)), Some(42));
         assert_eq!(parse_segment_file_name("x.seg"), None);
+        // Only the canonical spelling: another would name a segment twice.
+        assert_eq!(parse_segment_file_name("000000000000002A.seg"), None);
+        assert_eq!(parse_segment_file_name("+00000000000002a.seg"), None);
+        assert_eq!(parse_log_dir_name(&log_dir_name(7)), Some(7));
+        assert_eq!(parse_log_dir_name("log-7"), None);
+        assert_eq!(parse_log_dir_name("log-+07"), None);
         assert_eq!(parse_log_dir_name(&log_dir_name(7)), Some(7));
     }
 }
