@@ -23,6 +23,7 @@
 //! ```
 
 use std::future::poll_fn;
+use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -290,13 +291,18 @@ pub fn signal(kind: SignalKind) -> io::Result<Signal> {
     })
 }
 
-/// Completes at the next Ctrl-C (SIGINT). From the first call on, Ctrl-C
-/// no longer ends the process by itself.
+/// Completes at the next Ctrl-C (SIGINT) from this call on. The call
+/// installs the handler (not the future's first poll): from then on,
+/// Ctrl-C no longer ends the process by itself, also before the future
+/// is awaited, and one that comes before is not lost.
 ///
 /// # Errors
 ///
 /// As [`signal`].
-pub async fn ctrl_c() -> io::Result<()> {
-    signal(SignalKind::interrupt())?.recv().await;
-    Ok(())
+pub fn ctrl_c() -> impl Future<Output = io::Result<()>> + Send {
+    let installed = signal(SignalKind::interrupt());
+    async move {
+        installed?.recv().await;
+        Ok(())
+    }
 }

@@ -127,7 +127,9 @@ pub async fn timeout_at<F: Future>(deadline: Instant, future: F) -> Result<F::Ou
 
 /// A ticker: the first tick completes at once, then one every `period`.
 ///
-/// Missed ticks fire back to back until the schedule has caught up.
+/// Missed ticks (a shard held up for several periods) fire back to back
+/// until the schedule has caught up, unless
+/// [`Interval::set_missed_tick_behavior`] says otherwise.
 ///
 /// # Panics
 ///
@@ -146,7 +148,26 @@ pub fn interval_at(start: Instant, period: Duration) -> Interval {
     Interval {
         sleep: sleep_until(start),
         period,
+        missed: MissedTickBehavior::Burst,
     }
+}
+
+/// What an [`Interval`] does after ticks it missed (its shard held up for
+/// longer than a period: a long handler, a paused process). The late tick
+/// itself completes at once in every case; they differ in when the next
+/// one is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissedTickBehavior {
+    /// The missed ticks fire back to back until the schedule has caught
+    /// up (the default): as many ticks as periods passed, some late.
+    #[default]
+    Burst,
+    /// The schedule starts again a period after the late tick: ticks are
+    /// never closer than a period, and the missed ones are lost.
+    Delay,
+    /// The next tick is the first of the original schedule still to
+    /// come: the schedule keeps its phase, and the missed ones are lost.
+    Skip,
 }
 
 /// Where a `Sleep` is registered.
@@ -373,6 +394,7 @@ impl Drop for Sleep {
 pub struct Interval {
     sleep: Sleep,
     period: Duration,
+    missed: MissedTickBehavior,
 }
 
 impl Interval {
@@ -386,7 +408,29 @@ impl Interval {
         match Pin::new(&mut self.sleep).poll(cx) {
             Poll::Ready(()) => {
                 let at = self.sleep.deadline();
-                self.sleep.reset(after(at, self.period));
+                let on_time = after(at, self.period);
+                let next = match self.missed {
+                    MissedTickBehavior::Burst => on_time,
+                    _ => {
+                        let now = now();
+                        if on_time > now {
+                            on_time
+                        } else if self.missed == MissedTickBehavior::Delay {
+                            after(now, self.period)
+                        } else {
+                            // The first tick of the schedule after now.
+                            let behind = now.duration_since(at).as_nanos();
+                            let periods = behind / self.period.as_nanos() + 1;
+                            let ahead = self
+                                .period
+                                .as_nanos()
+                                .saturating_mul(periods)
+                                .min(u128::from(u64::MAX));
+                            after(at, Duration::from_nanos(ahead as u64))
+                        }
+                    }
+                };
+                self.sleep.reset(next);
                 Poll::Ready(at)
             }
             Poll::Pending => Poll::Pending,
@@ -396,6 +440,17 @@ impl Interval {
     /// The period between ticks.
     pub fn period(&self) -> Duration {
         self.period
+    }
+
+    /// What it does after missed ticks ([`MissedTickBehavior::Burst`]
+    /// unless set).
+    pub fn missed_tick_behavior(&self) -> MissedTickBehavior {
+        self.missed
+    }
+
+    /// Sets what it does after missed ticks, from its next tick on.
+    pub fn set_missed_tick_behavior(&mut self, behavior: MissedTickBehavior) {
+        self.missed = behavior;
     }
 
     /// Restarts the schedule: the next tick is one period from now.

@@ -13,14 +13,25 @@ fn main() {
         std::thread::sleep(Duration::from_secs(5));
         std::process::exit(0); // not reached
     }
+    if std::env::var_os("MAILRING_SIGNAL_CHILD_CTRL_C").is_some() {
+        // `ctrl_c()` made, not yet awaited: Ctrl-C is taken from then on.
+        let stop = ctrl_c();
+        // SAFETY: raising a signal in our own process.
+        unsafe { libc::raise(libc::SIGINT) };
+        let rt = mailring::Runtime::builder().shards(1).build().unwrap();
+        let done = rt
+            .block_on(async move { mailring::time::timeout(Duration::from_secs(10), stop).await });
+        std::process::exit(if matches!(done, Ok(Ok(()))) { 0 } else { 3 });
+    }
     a_program_that_never_asks_keeps_its_default_ctrl_c();
+    ctrl_c_takes_ctrl_c_from_its_call_not_its_first_poll();
     refused_signals_are_an_error_not_a_handler();
     a_delivery_before_the_wait_is_not_lost();
     ctrl_c_wakes_a_task_on_a_shard();
     sigterm_wakes_every_listener();
     a_wait_dropped_leaves_no_waker_behind();
     a_panicking_waker_does_not_end_the_deliveries();
-    println!("signals: 7 tests passed");
+    println!("signals: 8 tests passed");
 }
 
 fn a_program_that_never_asks_keeps_its_default_ctrl_c() {
@@ -40,6 +51,28 @@ fn a_program_that_never_asks_keeps_its_default_ctrl_c() {
     }
     let status = child.status().unwrap();
     assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}");
+}
+
+/// A program that makes `ctrl_c()` during its start and awaits it later
+/// is not ended by a Ctrl-C in between: the handler is installed by the
+/// call, and the future completes for that Ctrl-C.
+fn ctrl_c_takes_ctrl_c_from_its_call_not_its_first_poll() {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child.env("MAILRING_SIGNAL_CHILD_CTRL_C", "1");
+    // SAFETY: as above.
+    unsafe {
+        child.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let status = child.status().unwrap();
+    assert_eq!(
+        (status.code(), status.signal()),
+        (Some(0), None),
+        "{status:?}"
+    );
 }
 
 fn refused_signals_are_an_error_not_a_handler() {

@@ -104,9 +104,27 @@ impl<T> JoinCell<T> {
     }
 
     pub(crate) fn detach(&self) {
-        if !self.slot.close() {
-            // Already completed: drop the output now.
-            drop(self.slot.try_take());
+        if self.slot.close() {
+            return;
+        }
+        // Completed, or completing: the output is dropped now, here. A
+        // completion caught writing it (a move, never blocked) is waited
+        // out, or the output would stay in the cell until its last
+        // reference went, wherever that is.
+        let mut spins = 0u32;
+        loop {
+            match self.slot.try_take() {
+                Ok(output) => return drop(output),
+                Err(crate::sync::TakeError::Closed) => return,
+                Err(crate::sync::TakeError::Empty) => {
+                    spins += 1;
+                    if spins < 64 {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+            }
         }
     }
 

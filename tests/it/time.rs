@@ -574,3 +574,49 @@ fn a_timeout_counts_from_its_call_not_its_first_poll() {
         "waited {waited:?} more"
     );
 }
+
+/// An interval whose shard was held up for several periods: by default
+/// the missed ticks fire back to back (`Burst`); `Delay` starts the
+/// schedule again a period after the late tick; `Skip` goes on at the
+/// next tick of the original schedule still to come. Each late tick
+/// itself completes at once.
+#[test]
+fn an_interval_that_missed_ticks_catches_up_as_its_behaviour_says() {
+    use mailring::time::MissedTickBehavior;
+    let rt = rt2();
+    let period = Duration::from_millis(10);
+    for behaviour in [
+        MissedTickBehavior::Burst,
+        MissedTickBehavior::Delay,
+        MissedTickBehavior::Skip,
+    ] {
+        let (first, late, next, resumed_at) = rt.block_on(async move {
+            let mut iv = interval(period);
+            iv.set_missed_tick_behavior(behaviour);
+            assert_eq!(iv.missed_tick_behavior(), behaviour);
+            let first = iv.tick().await;
+            // The shard is held up for five and a half periods.
+            std::thread::sleep(Duration::from_millis(55));
+            let late = iv.tick().await;
+            let resumed_at = mailring::time::now();
+            let next = iv.tick().await;
+            (first, late, next, resumed_at)
+        });
+        assert_eq!(late, first + period, "{behaviour:?}: the first late tick");
+        match behaviour {
+            MissedTickBehavior::Burst => assert_eq!(next, first + 2 * period),
+            MissedTickBehavior::Skip => assert_eq!(next, first + 6 * period),
+            MissedTickBehavior::Delay => {
+                assert!(
+                    next >= resumed_at + period - Duration::from_millis(1),
+                    "{behaviour:?}"
+                );
+                assert!(
+                    next > first + 5 * period,
+                    "{behaviour:?}: {:?}",
+                    next - first
+                );
+            }
+        }
+    }
+}
