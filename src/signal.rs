@@ -29,6 +29,8 @@ use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::task::{Poll, Waker};
 
+use crate::sync::{WaitKey, WaitList};
+
 /// Signal numbers below this are catchable here (Linux has 64 signals).
 const SIGNALS: usize = 65;
 
@@ -41,10 +43,9 @@ static EVENTFD: AtomicI32 = AtomicI32::new(-1);
 /// Installed signals and the futures waiting on each.
 struct Registry {
     installed: [bool; SIGNALS],
-    /// Per signal, the wakers of the waits in progress, each under the
-    /// number of its wait (which takes it back when dropped).
-    waiters: Vec<Vec<(u64, Waker)>>,
-    next_wait: u64,
+    /// Per signal, the wakers of the waits in progress, each under its
+    /// wait's key (the wait takes it back when dropped).
+    waiters: Vec<WaitList>,
 }
 
 fn registry() -> &'static Mutex<Registry> {
@@ -52,8 +53,7 @@ fn registry() -> &'static Mutex<Registry> {
     REGISTRY.get_or_init(|| {
         Mutex::new(Registry {
             installed: [false; SIGNALS],
-            waiters: (0..SIGNALS).map(|_| Vec::new()).collect(),
-            next_wait: 0,
+            waiters: (0..SIGNALS).map(|_| WaitList::new()).collect(),
         })
     })
 }
@@ -96,24 +96,38 @@ fn start_reader() -> io::Result<()> {
     }
     std::thread::Builder::new()
         .name("mailring-signals".into())
-        .spawn(move || loop {
-            let mut value = 0u64;
-            // SAFETY: reads 8 bytes into a local from the eventfd, which is
-            // never closed.
-            let n = unsafe { libc::read(fd, (&mut value as *mut u64).cast(), 8) };
-            if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                return;
-            }
-            let woken: Vec<Waker> = lock()
-                .waiters
-                .iter_mut()
-                .flat_map(std::mem::take)
-                .map(|(_, w)| w)
-                .collect();
-            for waker in woken {
-                // A waker that panics (a user's) must not end this thread:
-                // every later delivery would go unread.
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake()));
+        .spawn(move || {
+            // Each signal's deliveries as of the last wake: only the waits
+            // of a signal that came are woken (a flood of one signal does
+            // not wake every wait on the others).
+            let mut woke_at = [0u64; SIGNALS];
+            let mut woken: Vec<Waker> = Vec::new();
+            loop {
+                let mut value = 0u64;
+                // SAFETY: reads 8 bytes into a local from the eventfd, which
+                // is never closed.
+                let n = unsafe { libc::read(fd, (&mut value as *mut u64).cast(), 8) };
+                if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                    return;
+                }
+                {
+                    let mut registry = lock();
+                    for (signum, seen) in woke_at.iter_mut().enumerate() {
+                        // Loaded under the lock a wait registers under and
+                        // then looks again: either it sees this delivery,
+                        // or it is listed here and woken.
+                        let now = DELIVERED[signum].load(Ordering::SeqCst);
+                        if now != *seen {
+                            *seen = now;
+                            registry.waiters[signum].drain_into(&mut woken);
+                        }
+                    }
+                }
+                for waker in woken.drain(..) {
+                    // A waker that panics (a user's) must not end this
+                    // thread: every later delivery would go unread.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake()));
+                }
             }
         })
         .inspect_err(|_| {
@@ -190,20 +204,17 @@ impl SignalKind {
 /// A wait's place among a signal's wakers, taken back on drop.
 struct Registered {
     signum: usize,
-    wait: u64,
+    key: Option<WaitKey>,
 }
 
 impl Drop for Registered {
     fn drop(&mut self) {
+        if self.key.is_none() {
+            return;
+        }
         // The waker leaves the registry under its lock and is dropped after
         // it: its drop may end a task whose own waits lock the registry.
-        let mine = {
-            let mut registry = lock();
-            let list = &mut registry.waiters[self.signum];
-            list.iter()
-                .position(|(w, _)| *w == self.wait)
-                .map(|at| list.swap_remove(at))
-        };
+        let mine = lock().waiters[self.signum].remove(&mut self.key);
         drop(mine);
     }
 }
@@ -220,26 +231,16 @@ impl Signal {
     /// `Signal` was made or last completed).
     pub async fn recv(&mut self) {
         let signum = self.signum;
-        let wait = {
-            let mut registry = lock();
-            registry.next_wait += 1;
-            registry.next_wait
-        };
         // Dropped with the wait (completed, or abandoned in a `select`):
         // its waker goes with it.
-        let _registered = Registered { signum, wait };
+        let mut registered = Registered { signum, key: None };
         poll_fn(|cx| {
             if self.take() {
                 return Poll::Ready(());
             }
-            {
-                let mut registry = lock();
-                let list = &mut registry.waiters[signum];
-                match list.iter_mut().find(|(w, _)| *w == wait) {
-                    Some((_, waker)) => waker.clone_from(cx.waker()),
-                    None => list.push((wait, cx.waker().clone())),
-                }
-            }
+            let replaced = lock().waiters[signum].register(&mut registered.key, cx.waker());
+            // Dropped with the lock released.
+            drop(replaced);
             // A delivery between the check and the registration.
             if self.take() {
                 return Poll::Ready(());

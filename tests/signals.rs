@@ -31,7 +31,8 @@ fn main() {
     sigterm_wakes_every_listener();
     a_wait_dropped_leaves_no_waker_behind();
     a_panicking_waker_does_not_end_the_deliveries();
-    println!("signals: 8 tests passed");
+    a_delivery_wakes_only_the_waits_on_its_own_signal();
+    println!("signals: 9 tests passed");
 }
 
 fn a_program_that_never_asks_keeps_its_default_ctrl_c() {
@@ -200,4 +201,44 @@ fn a_panicking_waker_does_not_end_the_deliveries() {
     std::thread::sleep(Duration::from_millis(50));
     send_until(libc::SIGUSR2, || waited.is_finished());
     assert!(waited.join().unwrap().is_ok(), "a later delivery was seen");
+}
+
+/// A waker that counts its wakes.
+struct Counting(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Counting {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A delivery of one signal wakes the waits on it, not every wait on every
+/// signal (thousands of connections waiting on SIGTERM would each be woken
+/// and polled again by every SIGCHLD).
+fn a_delivery_wakes_only_the_waits_on_its_own_signal() {
+    use std::future::Future;
+    let mut winch = signal(SignalKind::from_raw(libc::SIGWINCH)).unwrap();
+    let mut quit = signal(SignalKind::quit()).unwrap();
+    let quiet = std::sync::Arc::new(Counting(Default::default()));
+    let heard = std::sync::Arc::new(Counting(Default::default()));
+    let quiet_waker = std::task::Waker::from(quiet.clone());
+    let heard_waker = std::task::Waker::from(heard.clone());
+    let mut on_quit = std::pin::pin!(quit.recv());
+    let mut on_winch = std::pin::pin!(winch.recv());
+    assert!(on_quit
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(&quiet_waker))
+        .is_pending());
+    assert!(on_winch
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(&heard_waker))
+        .is_pending());
+    send_until(libc::SIGWINCH, || {
+        heard.0.load(std::sync::atomic::Ordering::SeqCst) > 0
+    });
+    assert_eq!(
+        quiet.0.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a SIGQUIT wait was woken"
+    );
 }
