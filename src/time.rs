@@ -152,6 +152,10 @@ pub fn interval_at(start: Instant, period: Duration) -> Interval {
     }
 }
 
+/// How late a tick may be polled and not count as late for
+/// [`MissedTickBehavior::Delay`] (at most half a period).
+const DELAY_SLACK: Duration = Duration::from_millis(5);
+
 /// What an [`Interval`] does after ticks it missed (its shard held up for
 /// longer than a period: a long handler, a paused process). The late tick
 /// itself completes at once in every case; they differ in when the next
@@ -162,8 +166,10 @@ pub enum MissedTickBehavior {
     /// up (the default): as many ticks as periods passed, some late.
     #[default]
     Burst,
-    /// The schedule starts again a period after the late tick: ticks are
-    /// never closer than a period, and the missed ones are lost.
+    /// The schedule starts again a period after a late tick (one polled
+    /// more than the lesser of 5 ms and half a period after its time):
+    /// ticks are never closer than a period less that slack, and the
+    /// missed ones are lost.
     Delay,
     /// The next tick is the first of the original schedule still to
     /// come: the schedule keeps its phase, and the missed ones are lost.
@@ -411,12 +417,23 @@ impl Interval {
                 let on_time = after(at, self.period);
                 let next = match self.missed {
                     MissedTickBehavior::Burst => on_time,
-                    _ => {
+                    MissedTickBehavior::Delay => {
+                        // Late (past a slack for the shard's own latency:
+                        // the lesser of 5 ms and half a period), the next
+                        // is a period from now: ticks are not closer than
+                        // a period, less that slack.
+                        let now = now();
+                        let slack = DELAY_SLACK.min(self.period / 2);
+                        if now > after(at, slack) {
+                            after(now, self.period)
+                        } else {
+                            on_time
+                        }
+                    }
+                    MissedTickBehavior::Skip => {
                         let now = now();
                         if on_time > now {
                             on_time
-                        } else if self.missed == MissedTickBehavior::Delay {
-                            after(now, self.period)
                         } else {
                             // The first tick of the schedule after now.
                             let behind = now.duration_since(at).as_nanos();

@@ -630,6 +630,9 @@ pub struct Broker {
     id: u64,
     /// Each shard's log flusher.
     flushers: Vec<mailring::JoinHandle<io::Result<()>>>,
+    /// Each shard's log directory (for the write-failed mark of a log
+    /// found failed at the end).
+    log_dirs: Vec<std::path::PathBuf>,
     durable: DurableFiles,
     recovery: RecoveryReport,
     /// Fired by a client's `SHUTDOWN`.
@@ -778,6 +781,9 @@ impl Broker {
             }
         }
         let mut flushers = Vec::with_capacity(shards);
+        let log_dirs: Vec<std::path::PathBuf> = (0..shards)
+            .map(|shard| recovered.dir.join(crate::log::log_dir_name(shard as u16)))
+            .collect();
         let flush_stats: Vec<Arc<store::FlushStats>> =
             (0..shards).map(|_| Arc::default()).collect();
         for (shard, start) in starts.into_iter().enumerate() {
@@ -879,6 +885,7 @@ impl Broker {
             addr,
             id,
             flushers,
+            log_dirs,
             durable,
             recovery,
             shutdown,
@@ -1149,6 +1156,12 @@ impl Broker {
                     Err(e) => std::io::Error::other(e.to_string()),
                 };
                 eprintln!("broker: the log of shard {shard} failed: {e}");
+                // Marked as its flusher would have (it may have been stopped
+                // before, or panicked): the next start writes its last
+                // segment again before it builds on it.
+                if let Some(dir) = self.log_dirs.get(shard) {
+                    crate::store::mark_write_failed_now(dir);
+                }
                 if failed.is_ok() {
                     failed = Err(std::io::Error::new(
                         e.kind(),

@@ -28,6 +28,7 @@ mod recover;
 pub mod retention;
 
 use self::reader::SegmentSource;
+pub(crate) use self::recover::mark_write_failed as mark_write_failed_now;
 pub use self::recover::{home_log, recover, snapshot_of, Recovered, RecoveredStream};
 use self::retention::{Need, Retention};
 

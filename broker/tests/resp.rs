@@ -1578,6 +1578,41 @@ fn a_last_segment_whose_header_never_reached_the_disk_is_read_as_empty() {
     }
 }
 
+/// A segment restored by hand under another spelling of its name (upper
+/// case) is not skipped without a word (its records would not be
+/// replayed, and a rewrite would remove it): the start is refused, naming
+/// it, and nothing is changed.
+#[test]
+fn a_segment_spelled_another_way_stops_the_start() {
+    let dir = TempDir::new();
+    {
+        let broker = start_in(&dir.0, 1, BrokerConfig::default());
+        let mut c = Client::connect(broker.local_addr());
+        assert_eq!(c.cmd(&["XADD", "s", "1-1", "f", "v"]), R::bulk("1-1"));
+        broker.shutdown();
+    }
+    let last = common::segment_files(&dir.0).last().unwrap().clone();
+    let upper = last.with_file_name(
+        last.file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .replace(".seg", ".SEG"),
+    );
+    std::fs::rename(&last, &upper).unwrap();
+    let mut config = BrokerConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        shards: 1,
+        ..BrokerConfig::default()
+    };
+    config.store.dir = dir.0.clone();
+    let Err(e) = Broker::start(config) else {
+        panic!("started without the segment spelled another way");
+    };
+    assert!(e.to_string().contains("not a name the broker gives"), "{e}");
+    assert!(upper.exists(), "left as it was");
+}
+
 /// Damage that makes a record's length larger reads as a torn end (a
 /// record longer than the file): its tail, and the acknowledged records
 /// after it, are cut as a crash's unfinished write is, but not without a

@@ -445,6 +445,14 @@ impl<C: Codec> Pool<C> {
                         .open
                         .fetch_sub(gone.len() as u64, Ordering::Relaxed);
                     l.open -= gone.len();
+                    // Their places are free: those waiting take them (this
+                    // caller may take one, and a spare wake only looks).
+                    for _ in 0..gone.len() {
+                        match l.waiting.pop_front() {
+                            Some(w) => w.wake(),
+                            None => break,
+                        }
+                    }
                 }
                 while let Some((framed, _)) = l.idle.pop() {
                     counters.idle.fetch_sub(1, Ordering::Relaxed);

@@ -453,9 +453,16 @@ fn save_cut_tail(path: &Path, tail: &[u8]) -> io::Result<PathBuf> {
             Err(e) => return Err(at(&candidate)(e)),
         }
     };
-    file.write_all(tail).map_err(at(&saved))?;
-    file.sync_all().map_err(at(&saved))?;
-    sync_dir(&salvage)?;
+    let written = file
+        .write_all(tail)
+        .and_then(|()| file.sync_all())
+        .and_then(|()| sync_dir(&salvage));
+    if let Err(e) = written {
+        // No half copy left to be taken for the whole.
+        drop(file);
+        let _ = std::fs::remove_file(&saved);
+        return Err(at(&saved)(e));
+    }
     Ok(saved)
 }
 
@@ -517,7 +524,11 @@ fn read_segment(
             // A crash's torn write, with nothing valid after it, was not
             // acknowledged: a disk too full (or failing) to keep it does
             // not stop the start. Anything else is not cut unkept.
-            Err(e) if scan.tail == Tail::Torn && scan.valid_after.is_none() => {
+            Err(e)
+                if scan.tail == Tail::Torn
+                    && scan.valid_after.is_none()
+                    && matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) =>
+            {
                 eprintln!(
                     "mailring-broker: {}: the {} bytes of a torn write at its end could not be kept ({e}); cut unkept",
                     path.display(),
@@ -533,19 +544,21 @@ fn read_segment(
             // never flushed, made durable out of order by a crash (not
             // acknowledged), or damage to flushed data (acknowledged).
             Some(next) => eprintln!(
-                "mailring-broker: {}: a corrupt record at byte {} of {len}, with a valid one after it at byte {next}; the {} bytes from the corrupt record on were cut (a crash's out-of-order write, or damaged data: if they held acknowledged writes, the disk lost them) and kept in {}",
+                "mailring-broker: {}: a corrupt record at byte {} of {len}, with a valid one after it at byte {next}; the {} bytes from the corrupt record on were cut (a crash's out-of-order write, or damaged data: if they held acknowledged writes, the disk lost them) and kept in {} (up to the last byte that is not zero, {} bytes)",
                 path.display(),
                 scan.valid_len,
                 len - scan.valid_len,
                 saved.display(),
+                cut_off.len(),
             ),
             None => eprintln!(
-                "mailring-broker: {}: a {} record at byte {} of {len}; the {} bytes from it on were cut (most likely a write a crash left unfinished, never acknowledged) and kept in {}",
+                "mailring-broker: {}: a {} record at byte {} of {len}; the {} bytes from it on were cut (most likely a write a crash left unfinished, never acknowledged) and kept in {} (up to the last byte that is not zero, {} bytes)",
                 path.display(),
                 if scan.tail == Tail::Torn { "truncated" } else { "corrupt" },
                 scan.valid_len,
                 len - scan.valid_len,
                 saved.display(),
+                cut_off.len(),
             ),
         }
             out.saved.push(saved);
@@ -590,24 +603,44 @@ fn read_segment(
 
 /// The log directories of a generation, in order.
 fn log_dirs(gen_dir: &Path) -> io::Result<Vec<(u16, PathBuf)>> {
-    numbered_entries(gen_dir, log::parse_log_dir_name)
+    numbered_entries(gen_dir, log::parse_log_dir_name, |name| {
+        name.starts_with("log-")
+    })
 }
 
 /// The segment files of a log directory, in order.
 fn segment_files(log_dir: &Path) -> io::Result<Vec<(u32, PathBuf)>> {
-    numbered_entries(log_dir, log::parse_segment_file_name)
+    numbered_entries(log_dir, log::parse_segment_file_name, |name| {
+        name.to_ascii_lowercase().ends_with(".seg")
+    })
 }
 
-/// The entries of `dir` whose names `parse` numbers, by number.
+/// The entries of `dir` whose names `parse` numbers, by number. One that
+/// `looks_like` such a name but is not spelled as the broker spells it
+/// (a log directory or segment restored by hand as `log-1`, `…A.SEG`)
+/// stops the start: skipped, its records would not be replayed, and a
+/// rewrite would remove it with its generation.
 fn numbered_entries<N: Ord>(
     dir: &Path,
     parse: impl Fn(&str) -> Option<N>,
+    looks_like: impl Fn(&str) -> bool,
 ) -> io::Result<Vec<(N, PathBuf)>> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(at(dir))? {
         let entry = entry?;
-        if let Some(n) = entry.file_name().to_str().and_then(&parse) {
-            found.push((n, entry.path()));
+        let name = entry.file_name();
+        match name.to_str().and_then(&parse) {
+            Some(n) => found.push((n, entry.path())),
+            None if name.to_str().is_some_and(&looks_like) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{}: not a name the broker gives (a log directory is `log-000`, a segment `0000000000000001.seg`): rename it so, or move it out of the data directory; nothing was changed",
+                        entry.path().display()
+                    ),
+                ));
+            }
+            None => {}
         }
     }
     found.sort();
