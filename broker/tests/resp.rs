@@ -1550,13 +1550,7 @@ fn a_last_segment_whose_header_never_reached_the_disk_is_read_as_empty() {
             block[..11].copy_from_slice(b"not a magic");
         }
         std::fs::write(&next, &block).unwrap();
-        let mut config = BrokerConfig {
-            addr: "127.0.0.1:0".parse().unwrap(),
-            shards: 1,
-            ..BrokerConfig::default()
-        };
-        config.store.dir = dir.0.clone();
-        let broker = match Broker::start(config) {
+        let broker = match try_start_in(&dir.0, 1) {
             Ok(broker) => broker,
             Err(e) => {
                 assert!(garbage, "refused a header of zeros: {e}");
@@ -1576,6 +1570,18 @@ fn a_last_segment_whose_header_never_reached_the_disk_is_read_as_empty() {
         assert_eq!(c.cmd(&["XLEN", "s"]), R::Int(4));
         broker.shutdown();
     }
+}
+
+/// A loopback broker of `shards` over data directory `dir`, or why it did
+/// not start.
+fn try_start_in(dir: &std::path::Path, shards: usize) -> std::io::Result<Broker> {
+    let mut config = BrokerConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        shards,
+        ..BrokerConfig::default()
+    };
+    config.store.dir = dir.to_path_buf();
+    Broker::start(config)
 }
 
 /// A segment restored by hand under another spelling of its name (upper
@@ -1600,13 +1606,7 @@ fn a_segment_spelled_another_way_stops_the_start() {
             .replace(".seg", ".SEG"),
     );
     std::fs::rename(&last, &upper).unwrap();
-    let mut config = BrokerConfig {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        shards: 1,
-        ..BrokerConfig::default()
-    };
-    config.store.dir = dir.0.clone();
-    let Err(e) = Broker::start(config) else {
+    let Err(e) = try_start_in(&dir.0, 1) else {
         panic!("started without the segment spelled another way");
     };
     assert!(e.to_string().contains("not a name the broker gives"), "{e}");
