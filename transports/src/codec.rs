@@ -55,7 +55,9 @@ pub trait Codec: Clone + Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// A frame this codec refuses; the connection is closed.
+    /// A frame this codec refuses: a server closes the connection; a
+    /// [`Framed`](crate::Framed) returns the error from its `recv`, and
+    /// the caller decides (what the codec consumed is gone).
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Self::In>, CodecError>;
 
     /// Appends `frame`'s encoding to `dst`.

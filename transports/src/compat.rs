@@ -31,7 +31,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{ready, Context, Poll, Waker};
 
 use bytes::{Buf, Bytes, BytesMut};
 use mailring_actors::mailring::net::{TcpStream, UnixStream};
@@ -286,11 +286,33 @@ impl CompatStream {
         if self.home.is_none() || mailring_actors::mailring::current_shard() != self.home {
             return InFlight { op, ended: None };
         }
-        let ended = Arc::new(AtomicBool::new(false));
+        let ended = Arc::new(SendEnd::default());
         let mark = ended.clone();
+        let conn = self.conn.clone();
         let task = StopOnDrop(mailring_actors::mailring::spawn_local(async move {
-            let out = op.await;
-            mark.store(true, Ordering::Release);
+            let mut out = op.await;
+            loop {
+                // What was written behind it goes next, until nothing is
+                // (or a send failed: the error is the writer's to hear).
+                let (next, writer) = {
+                    let mut behind = mark.behind();
+                    let next = if out.0.is_err() || behind.bytes.is_empty() {
+                        behind.closed = true;
+                        None
+                    } else {
+                        Some(behind.bytes.split().freeze())
+                    };
+                    (next, behind.writer.take())
+                };
+                if let Some(w) = writer {
+                    w.wake();
+                }
+                match next {
+                    Some(batch) => out = conn.send_all(batch).await,
+                    None => break,
+                }
+            }
+            mark.done.store(true, Ordering::Release);
             out
         }));
         let op = Box::pin(async move {
@@ -321,8 +343,41 @@ impl CompatStream {
                     "the stream was shut down for writing",
                 )));
             }
+            if self.shutting_down.is_some() {
+                // A shutdown under way (its poll given up mid-way): bytes
+                // written now would go after the end.
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "the stream is being shut down for writing",
+                )));
+            }
             if data.is_empty() {
                 return Poll::Ready(Ok(0));
+            }
+            // A send going on in its task: queued behind it, for the task
+            // to send next (see `SendEnd`), unless it took its last look.
+            if let Some(end) = self.sending.as_ref().and_then(|s| s.ended.clone()) {
+                let mut behind = end.behind();
+                if !behind.closed {
+                    // Written before, so sent before.
+                    if !self.write_buf.is_empty() {
+                        behind.bytes.unsplit(self.write_buf.split());
+                    }
+                    let room = WRITE_BUFFER.saturating_sub(behind.bytes.len());
+                    if room == 0 {
+                        behind.writer = Some(cx.waker().clone());
+                        return Poll::Pending;
+                    }
+                    let n = data.len().min(room);
+                    behind.bytes.extend_from_slice(&data[..n]);
+                    return Poll::Ready(Ok(n));
+                }
+                drop(behind);
+                // Ending: its handle, polled above, wakes this task.
+                if !self.sending.as_ref().is_some_and(InFlight::may_have_ended) {
+                    return Poll::Pending;
+                }
+                continue;
             }
             let room = WRITE_BUFFER.saturating_sub(self.write_buf.len());
             if room > 0 {
@@ -441,7 +496,36 @@ struct InFlight {
     op: Send_,
     /// Set by the send's task as it ends; `None` for a send polled where
     /// it is (off its shard, where it fails at once).
-    ended: Option<Arc<AtomicBool>>,
+    ended: Option<Arc<SendEnd>>,
+}
+
+/// A send going on in a task of its own: whether it has ended, and the
+/// bytes written behind it meanwhile, which its task sends after it, in
+/// order (the writer that queued them may wait for something else now,
+/// as a task that writes a request and then waits for its answer from a
+/// reading task does: nobody would start their send).
+#[derive(Default)]
+struct SendEnd {
+    done: AtomicBool,
+    behind: std::sync::Mutex<Behind>,
+}
+
+/// See [`SendEnd`].
+#[derive(Default)]
+struct Behind {
+    /// Written behind the send, not handed to one yet.
+    bytes: BytesMut,
+    /// The task took its last look: bytes written from now on go to a
+    /// send of their own.
+    closed: bool,
+    /// A writer waiting for room in `bytes`.
+    writer: Option<Waker>,
+}
+
+impl SendEnd {
+    fn behind(&self) -> std::sync::MutexGuard<'_, Behind> {
+        self.behind.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl InFlight {
@@ -450,7 +534,7 @@ impl InFlight {
     fn may_have_ended(&self) -> bool {
         self.ended
             .as_ref()
-            .is_none_or(|ended| ended.load(Ordering::Acquire))
+            .is_none_or(|ended| ended.done.load(Ordering::Acquire))
     }
 }
 

@@ -416,6 +416,13 @@ pub struct Framed<C: Codec> {
     /// future was dropped mid-way (part of a frame may be on the wire, or
     /// bytes taken from the socket lost).
     in_io: bool,
+    /// A send is under way (as `in_io`): still set at the next send or
+    /// receive, it was given up mid-way.
+    in_send: bool,
+    /// A send was given up mid-way (part of a frame may be on the wire),
+    /// or a receive given up mid-way lost bytes: the frames are out of
+    /// step with the peer's, and every later send and receive fails.
+    broken: bool,
     /// Its sending side was shut down ([`Framed::close_write`]): it sends
     /// nothing more, so a pool does not hand it out again.
     write_closed: bool,
@@ -559,6 +566,8 @@ impl<C: Codec> Framed<C> {
             frames_out: 0,
             frames_in: 0,
             in_io: false,
+            in_send: false,
+            broken: false,
             write_closed: false,
         }
     }
@@ -574,19 +583,42 @@ impl<C: Codec> Framed<C> {
         Ok(())
     }
 
-    /// Sends what [`feed`](Self::feed) buffered.
+    /// Sends what [`feed`](Self::feed) buffered. Given up mid-way (its
+    /// future dropped: a timeout, a `select!`), part of a frame may be on
+    /// the wire: every later send and receive of the connection fails
+    /// (`BrokenPipe`); close it. A receive given up before anything came
+    /// is harmless (an idle timeout around [`recv`](Self::recv)).
     ///
     /// # Errors
     ///
-    /// The socket's error.
+    /// The socket's error; `BrokenPipe` after a send given up mid-way, or
+    /// a receive given up mid-way that lost bytes.
     pub async fn flush(&mut self) -> io::Result<()> {
+        self.check_in_step()?;
         if self.wbuf.is_empty() {
             return Ok(());
         }
         self.in_io = true;
+        self.in_send = true;
         let (res, _) = self.conn.send_all(self.wbuf.split().freeze()).await;
+        self.in_send = false;
         self.in_io = false;
         res
+    }
+
+    /// Fails once a send was given up mid-way, or a receive given up
+    /// mid-way lost bytes: the frames are out of step with the peer's.
+    fn check_in_step(&mut self) -> io::Result<()> {
+        if self.in_send {
+            self.broken = true;
+        }
+        if self.broken {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "a send or receive of this connection was given up mid-way: its frames are out of step with the peer's; close it",
+            ));
+        }
+        Ok(())
     }
 
     /// Encodes and sends one frame.
@@ -607,6 +639,10 @@ impl<C: Codec> Framed<C> {
     /// The socket's error, the codec's refusal, or a peer that closed in
     /// the middle of a frame.
     pub async fn recv(&mut self) -> Result<Option<C::In>, FramedError> {
+        // A receive given up mid-way is harmless unless it lost bytes,
+        // which the socket's next receive reports (once): then out of step.
+        let after_cut = self.in_io;
+        self.check_in_step()?;
         loop {
             if let Some(frame) = self.codec.decode(&mut self.rbuf)? {
                 self.frames_in += 1;
@@ -624,6 +660,9 @@ impl<C: Codec> Framed<C> {
             let (res, tail) = self.conn.recv(tail).await;
             self.in_io = false;
             self.rbuf.unsplit(tail);
+            if res.is_err() && after_cut {
+                self.broken = true;
+            }
             if res? == 0 {
                 self.eof = true;
             }
@@ -652,7 +691,10 @@ impl<C: Codec> Framed<C> {
     /// mid-way, its sending side is open, and as many replies came as
     /// requests went (more may have come: a greeting).
     pub(crate) fn between_exchanges(&self, at: (u64, u64)) -> bool {
-        !self.in_io && !self.write_closed && self.frames_out - at.0 <= self.frames_in - at.1
+        !self.in_io
+            && !self.broken
+            && !self.write_closed
+            && self.frames_out - at.0 <= self.frames_in - at.1
     }
 
     /// Closes the sending side (the peer reads the end after what was sent).

@@ -463,6 +463,28 @@ fn a_stream_dropped_off_its_shard_still_sends_every_accepted_byte() {
 /// then a wait for the answer, is not left half sent.
 #[test]
 fn a_send_taken_in_part_goes_on_while_the_task_reads() {
+    request_then_answer(true, false);
+}
+
+/// As above without a flush: a Tokio `TcpStream` needs none (the kernel
+/// holds what a write took), and the bytes a write accepted behind a send
+/// in flight go out when it ends, while the task only reads.
+#[test]
+fn bytes_written_behind_a_send_in_flight_go_out_while_the_task_reads_without_a_flush() {
+    request_then_answer(false, false);
+}
+
+/// As above, the stream split between a task that writes (then waits for
+/// something else, not the stream) and one that reads.
+#[test]
+fn bytes_written_behind_a_send_in_flight_go_out_while_another_task_reads() {
+    request_then_answer(false, true);
+}
+
+/// A 2 MiB request to a peer that reads it slowly (after 200 ms, 1 KiB at
+/// a time) and then answers `done`; the request flushed or not, written
+/// and read by one task or by two (`split`).
+fn request_then_answer(flush: bool, split: bool) {
     use std::io::{Read, Write};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rt = runtime();
@@ -500,9 +522,30 @@ fn a_send_taken_in_part_goes_on_while_the_task_reads() {
             .unwrap();
         let tcp = mailring::net::TcpStream::from_std(std_tcp).unwrap();
         let mut stream = CompatStream::tcp(tcp);
-        stream.write_all(&request).await.unwrap();
-        stream.flush().await.unwrap();
         let mut answer = [0u8; 4];
+        if split {
+            let (mut reader, mut writer) = tokio::io::split(stream);
+            let (done, done_rx) = mailring::sync::oneshot::channel::<()>();
+            let writing = mailring::spawn_local(async move {
+                writer.write_all(&request).await.unwrap();
+                // Waits for something else, not the stream.
+                let _ = done_rx.await;
+                writer
+            });
+            let got = mailring::time::timeout(
+                std::time::Duration::from_secs(10),
+                reader.read_exact(&mut answer),
+            )
+            .await
+            .map(|r| r.map(|_| answer));
+            let _ = done.send(());
+            let _ = writing.await;
+            return got;
+        }
+        stream.write_all(&request).await.unwrap();
+        if flush {
+            stream.flush().await.unwrap();
+        }
         mailring::time::timeout(
             std::time::Duration::from_secs(10),
             stream.read_exact(&mut answer),
