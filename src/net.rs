@@ -643,6 +643,30 @@ impl<'a> RecvMultishot<'a> {
     }
 }
 
+/// The error (inside an [`io::Error`] of kind `Other`) a stream's receive
+/// reports once when `recv`s whose futures were dropped had taken bytes
+/// off the socket: they are gone, and the stream's data is no longer
+/// contiguous. A framed protocol over the stream is out of step from
+/// there on. Find it with `error.get_ref().and_then(|e|
+/// e.downcast_ref::<LostBytes>())`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{bytes} bytes received by a dropped recv were lost; the stream's data is no longer contiguous"
+)]
+pub struct LostBytes {
+    /// How many.
+    pub bytes: usize,
+}
+
+impl LostBytes {
+    /// Whether `error` is this error (reported by a stream's receive).
+    pub fn is(error: &io::Error) -> bool {
+        error
+            .get_ref()
+            .is_some_and(|e| e.downcast_ref::<LostBytes>().is_some())
+    }
+}
+
 /// What every connected stream socket does on the ring, named by a
 /// descriptor ([`ShardFd`]) or a direct-descriptor slot.
 #[derive(Debug)]
@@ -1027,9 +1051,7 @@ impl<F: OpFile<Raw = RawFd>> StreamCore<F> {
     pub(crate) fn check_lost(&self) -> io::Result<()> {
         match self.book.lost.swap(0, std::sync::atomic::Ordering::Relaxed) {
             0 => Ok(()),
-            n => Err(io::Error::other(format!(
-                "{n} bytes received by a dropped recv were lost; the stream's data is no longer contiguous"
-            ))),
+            n => Err(io::Error::other(LostBytes { bytes: n })),
         }
     }
 

@@ -590,6 +590,12 @@ fn data_taken_by_a_dropped_recv_is_reported_not_silently_lost() {
         let (r, _) = server.recv(Vec::with_capacity(64)).await;
         let err = r.unwrap_err();
         assert!(err.to_string().contains("10 bytes"), "{err}");
+        // Typed: a framed protocol above tells it from other errors.
+        assert!(mailring::net::LostBytes::is(&err), "{err:?}");
+        let lost = err
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<mailring::net::LostBytes>());
+        assert_eq!(lost.map(|l| l.bytes), Some(10));
         // The stream goes on.
         client.send_all(b"next".to_vec()).await.0.unwrap();
         let (n, buf) = server.recv(Vec::with_capacity(64)).await;

@@ -356,7 +356,14 @@ impl CompatStream {
             }
             // A send going on in its task: queued behind it, for the task
             // to send next (see `SendEnd`), unless it took its last look.
-            if let Some(end) = self.sending.as_ref().and_then(|s| s.ended.clone()) {
+            let on_home =
+                self.home.is_some() && mailring_actors::mailring::current_shard() == self.home;
+            if let Some(end) = self
+                .sending
+                .as_ref()
+                .and_then(|s| s.ended.clone())
+                .filter(|_| on_home)
+            {
                 let mut behind = end.behind();
                 if !behind.closed {
                     // Written before, so sent before.
@@ -372,12 +379,9 @@ impl CompatStream {
                     behind.bytes.extend_from_slice(&data[..n]);
                     return Poll::Ready(Ok(n));
                 }
-                drop(behind);
-                // Ending: its handle, polled above, wakes this task.
-                if !self.sending.as_ref().is_some_and(InFlight::may_have_ended) {
-                    return Poll::Pending;
-                }
-                continue;
+                // Ending (its task set `closed` and ends in the same
+                // step): its handle, polled above, wakes this task.
+                return Poll::Pending;
             }
             let room = WRITE_BUFFER.saturating_sub(self.write_buf.len());
             if room > 0 {

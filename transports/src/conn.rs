@@ -640,8 +640,8 @@ impl<C: Codec> Framed<C> {
     /// the middle of a frame.
     pub async fn recv(&mut self) -> Result<Option<C::In>, FramedError> {
         // A receive given up mid-way is harmless unless it lost bytes,
-        // which the socket's next receive reports (once): then out of step.
-        let after_cut = self.in_io;
+        // which a later receive of the socket reports (once): then out of
+        // step for good.
         self.check_in_step()?;
         loop {
             if let Some(frame) = self.codec.decode(&mut self.rbuf)? {
@@ -660,7 +660,10 @@ impl<C: Codec> Framed<C> {
             let (res, tail) = self.conn.recv(tail).await;
             self.in_io = false;
             self.rbuf.unsplit(tail);
-            if res.is_err() && after_cut {
+            if res
+                .as_ref()
+                .is_err_and(mailring_actors::mailring::net::LostBytes::is)
+            {
                 self.broken = true;
             }
             if res? == 0 {
@@ -704,7 +707,11 @@ impl<C: Codec> Framed<C> {
     /// The socket's error.
     pub async fn close_write(&mut self) -> io::Result<()> {
         self.write_closed = true;
-        self.flush().await?;
+        // Nothing left to send (a broken connection included): the end
+        // goes to the peer all the same.
+        if !self.wbuf.is_empty() {
+            self.flush().await?;
+        }
         self.conn.shutdown(Shutdown::Write).await
     }
 }

@@ -61,3 +61,40 @@ fn a_receive_given_up_before_anything_came_leaves_the_connection_whole() {
     });
     assert_eq!((&got.0[..], &got.1[..]), (&b"hello"[..], &b"back"[..]));
 }
+
+/// A receive given up after the kernel had filled its buffer lost those
+/// bytes: a later receive says so once, and the connection is out of step
+/// for good, also when a send came in between.
+#[test]
+fn a_receive_that_lost_bytes_breaks_the_connection_even_after_a_send() {
+    use std::future::Future;
+    let rt = runtime();
+    let (lost, after) = rt.block_on_local(|| async {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let mut framed = Framed::unix(ours, LengthDelimited::new());
+        let mut peer = Framed::unix(theirs, LengthDelimited::new());
+        {
+            let mut cut = std::pin::pin!(framed.recv());
+            std::future::poll_fn(|cx| {
+                assert!(cut.as_mut().poll(cx).is_pending());
+                std::task::Poll::Ready(())
+            })
+            .await;
+            peer.send(Bytes::from_static(b"taken, then lost")).await.unwrap();
+            mailring::time::sleep(Duration::from_millis(20)).await;
+        }
+        framed.send(Bytes::from_static(b"a send between")).await.unwrap();
+        let lost = framed.recv().await;
+        peer.send(Bytes::from_static(b"whole")).await.unwrap();
+        let after = mailring::time::timeout(Duration::from_millis(200), framed.recv()).await;
+        (
+            matches!(&lost, Err(mailring_transports::FramedError::Io(e)) if mailring::net::LostBytes::is(e)),
+            matches!(after, Ok(Err(_))),
+        )
+    });
+    assert_eq!(
+        (lost, after),
+        (true, true),
+        "(the loss said, then out of step)"
+    );
+}
