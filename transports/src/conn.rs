@@ -609,7 +609,9 @@ impl<C: Codec> Framed<C> {
     /// Fails once a send was given up mid-way, or a receive given up
     /// mid-way lost bytes: the frames are out of step with the peer's.
     fn check_in_step(&mut self) -> io::Result<()> {
-        if self.in_send {
+        // Over TLS the record layer keeps this mark itself (a record sent
+        // part way), and says so in its own error.
+        if self.in_send && !matches!(self.conn, Conn::Tls(_)) {
             self.broken = true;
         }
         if self.broken {
