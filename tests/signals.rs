@@ -35,13 +35,14 @@ fn main() {
     println!("signals: 9 tests passed");
 }
 
-fn a_program_that_never_asks_keeps_its_default_ctrl_c() {
-    use std::os::unix::process::{CommandExt, ExitStatusExt};
+/// This test binary run again as a child with `mode` set in its
+/// environment, SIGINT at its default (as from an interactive shell: a
+/// test runner started in the background of a script inherits SIGINT
+/// ignored, and exec keeps an ignored signal ignored); how it ended.
+fn run_child(mode: &str) -> std::process::ExitStatus {
+    use std::os::unix::process::CommandExt;
     let mut child = std::process::Command::new(std::env::current_exe().unwrap());
-    child.env("MAILRING_SIGNAL_CHILD", "1");
-    // The child starts with SIGINT at its default, as from an interactive
-    // shell: a test runner started in the background of a script inherits
-    // SIGINT ignored, and exec keeps an ignored signal ignored.
+    child.env(mode, "1");
     // SAFETY: `signal` is async-signal-safe; nothing else runs in the child
     // between fork and exec.
     unsafe {
@@ -50,7 +51,12 @@ fn a_program_that_never_asks_keeps_its_default_ctrl_c() {
             Ok(())
         });
     }
-    let status = child.status().unwrap();
+    child.status().unwrap()
+}
+
+fn a_program_that_never_asks_keeps_its_default_ctrl_c() {
+    use std::os::unix::process::ExitStatusExt;
+    let status = run_child("MAILRING_SIGNAL_CHILD");
     assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}");
 }
 
@@ -58,17 +64,8 @@ fn a_program_that_never_asks_keeps_its_default_ctrl_c() {
 /// is not ended by a Ctrl-C in between: the handler is installed by the
 /// call, and the future completes for that Ctrl-C.
 fn ctrl_c_takes_ctrl_c_from_its_call_not_its_first_poll() {
-    use std::os::unix::process::{CommandExt, ExitStatusExt};
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
-    child.env("MAILRING_SIGNAL_CHILD_CTRL_C", "1");
-    // SAFETY: as above.
-    unsafe {
-        child.pre_exec(|| {
-            libc::signal(libc::SIGINT, libc::SIG_DFL);
-            Ok(())
-        });
-    }
-    let status = child.status().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    let status = run_child("MAILRING_SIGNAL_CHILD_CTRL_C");
     assert_eq!(
         (status.code(), status.signal()),
         (Some(0), None),
