@@ -66,6 +66,19 @@ pub fn segment_header(log: u16, segment: u32) -> [u8; HEADER_LEN] {
     h
 }
 
+/// The log and segment numbers a segment header names, if `data` starts
+/// with one (magic and version as [`segment_header`] writes them).
+pub fn header_place(data: &[u8]) -> Option<(u16, u32)> {
+    let h = data.get(..HEADER_LEN)?;
+    if &h[..8] != MAGIC || u16::from_le_bytes([h[8], h[9]]) != VERSION as u16 {
+        return None;
+    }
+    Some((
+        u16::from_le_bytes([h[10], h[11]]),
+        u32::from_le_bytes([h[12], h[13], h[14], h[15]]),
+    ))
+}
+
 /// The file name of segment `segment`.
 pub fn segment_file_name(segment: u32) -> String {
     format!("{segment:016x}.seg")

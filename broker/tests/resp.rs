@@ -1613,6 +1613,100 @@ fn a_segment_spelled_another_way_stops_the_start() {
     assert!(upper.exists(), "left as it was");
 }
 
+/// A log of four or more segments of one stream, written through one
+/// shard with 32 KiB segments; the segment files, in order.
+fn a_log_of_several_segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut config = BrokerConfig::default();
+    config.store.segment_bytes = 32 << 10;
+    let broker = start_in(dir, 1, config);
+    let mut c = Client::connect(broker.local_addr());
+    let value = "v".repeat(2000);
+    for j in 1..=80 {
+        let id = format!("1-{j}");
+        assert_eq!(c.cmd(&["XADD", "s", &id, "f", &value]), R::bulk(&id));
+    }
+    broker.shutdown();
+    let segments = common::segment_files(dir);
+    assert!(segments.len() >= 4, "{segments:?}");
+    segments
+}
+
+/// A segment lost from the middle of a log (deleted by hand, lost by the
+/// filesystem) held acknowledged records: the log's segments are removed
+/// oldest first only, so a gap is never the broker's own doing. The
+/// start is refused, naming the missing segment, unless `--repair-log`
+/// says to go on without it.
+#[test]
+fn a_segment_missing_between_two_others_stops_the_start_unless_repair_is_asked() {
+    let dir = TempDir::new();
+    let segments = a_log_of_several_segments(&dir.0);
+    let missing = segments[1].clone();
+    std::fs::remove_file(&missing).unwrap();
+    let Err(e) = try_start_in(&dir.0, 1) else {
+        panic!("started without the segment between two others");
+    };
+    let text = e.to_string();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{text}");
+    let name = missing.file_name().unwrap().to_str().unwrap();
+    assert!(text.contains(name), "{text}");
+    assert!(text.contains("--repair-log"), "{text}");
+    for s in segments.iter().filter(|s| **s != missing) {
+        assert!(s.exists(), "{} left as it was", s.display());
+    }
+    let mut repair = BrokerConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        shards: 1,
+        ..BrokerConfig::default()
+    };
+    repair.store.dir = dir.0.clone();
+    repair.store.repair_log = true;
+    let broker = Broker::start(repair).expect("start with --repair-log");
+    let mut c = Client::connect(broker.local_addr());
+    let R::Int(left) = c.cmd(&["XLEN", "s"]) else {
+        panic!("XLEN");
+    };
+    assert!(0 < left && left < 80, "{left}");
+    broker.shutdown();
+}
+
+/// A segment file whose header names another segment or another log (a
+/// file copied or renamed by hand into the wrong place) would replay its
+/// records as the ones that belong there: the start is refused, naming
+/// the file and what its header says.
+#[test]
+fn a_segment_whose_header_names_another_place_stops_the_start() {
+    let dir = TempDir::new();
+    let segments = a_log_of_several_segments(&dir.0);
+    // Two segments' files swapped.
+    let (a, b) = (&segments[1], &segments[2]);
+    let parked = a.with_extension("parked");
+    std::fs::rename(a, &parked).unwrap();
+    std::fs::rename(b, a).unwrap();
+    std::fs::rename(&parked, b).unwrap();
+    let Err(e) = try_start_in(&dir.0, 1) else {
+        panic!("started with two segments' files swapped");
+    };
+    let text = e.to_string();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{text}");
+    assert!(text.contains("its header names segment"), "{text}");
+    // A segment of log 0 put in log 1's directory (2 logs).
+    std::fs::rename(a, &parked).unwrap();
+    std::fs::rename(b, a).unwrap();
+    std::fs::rename(&parked, b).unwrap();
+    let log0 = segments[0].parent().unwrap();
+    let log1 = log0.with_file_name("log-001");
+    std::fs::create_dir(&log1).unwrap();
+    let last = segments.last().unwrap();
+    std::fs::copy(last, log1.join(last.file_name().unwrap())).unwrap();
+    let gen = log0.parent().unwrap();
+    std::fs::write(gen.join("COMPLETE"), b"logs 2\n").unwrap();
+    let Err(e) = try_start_in(&dir.0, 2) else {
+        panic!("started with a segment of log 0 in log 1");
+    };
+    let text = e.to_string();
+    assert!(text.contains("log 0"), "{text}");
+}
+
 /// Damage that makes a record's length larger reads as a torn end (a
 /// record longer than the file): its tail, and the acknowledged records
 /// after it, are cut as a crash's unfinished write is, but not without a

@@ -112,6 +112,10 @@ pub enum DatagramClose {
     /// The session's code panicked (reported to the runtime; `on_close`
     /// does not run).
     Panicked,
+    /// A handler ran past [`DatagramConfig::handler_timeout`]: it was
+    /// dropped where it waited, and the replies it had queued were not
+    /// sent.
+    HandlerTimeout,
 }
 
 /// A datagram session's view: who sent the datagram being handled, replies.
@@ -199,6 +203,17 @@ pub struct DatagramConfig {
     /// running (a handler that never finishes) are left to end with the
     /// runtime, and counted as dropped in its shutdown report. Default 5 s.
     pub shutdown_grace: Duration,
+    /// How long one `on_datagram` may run. A handler still running past
+    /// it (waiting on an upstream that never answers) is dropped where it
+    /// waits, its queued replies are not sent (its state may be half
+    /// changed), and its session ends with
+    /// [`DatagramClose::HandlerTimeout`] (counted in
+    /// [`DatagramShardStats::handler_timeouts`]); the key's next datagrams,
+    /// those queued behind it included, open a new session. Without it a
+    /// stuck handler would hold its key, and drop its peer's datagrams,
+    /// until shutdown. `None`: handlers run as long as they take. Default
+    /// 30 s.
+    pub handler_timeout: Option<Duration>,
 }
 
 impl Default for DatagramConfig {
@@ -212,6 +227,7 @@ impl Default for DatagramConfig {
             multishot_receive: true,
             max_datagram: MAX_DATAGRAM,
             shutdown_grace: Duration::from_secs(5),
+            handler_timeout: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -232,6 +248,7 @@ struct Counters {
     opened: AtomicU64,
     expired: AtomicU64,
     panicked: AtomicU64,
+    handler_timeouts: AtomicU64,
     send_errors: AtomicU64,
     oversized: AtomicU64,
     quiet_peer_looks: AtomicU64,
@@ -265,6 +282,9 @@ pub struct DatagramShardStats {
     pub expired: u64,
     /// Sessions here whose code panicked.
     pub panicked: u64,
+    /// Sessions here that ended because a handler ran past
+    /// [`DatagramConfig::handler_timeout`].
+    pub handler_timeouts: u64,
     /// Sends that failed (the datagram is lost, as UDP may lose it).
     pub send_errors: u64,
     /// Datagrams longer than [`DatagramConfig::max_datagram`], dropped.
@@ -290,6 +310,7 @@ impl Counters {
             opened: get(&self.opened),
             expired: get(&self.expired),
             panicked: get(&self.panicked),
+            handler_timeouts: get(&self.handler_timeouts),
             send_errors: get(&self.send_errors),
             oversized: get(&self.oversized),
             quiet_peer_looks: get(&self.quiet_peer_looks),
@@ -1275,6 +1296,7 @@ async fn run_session<S: DatagramSession>(
         // as `on_datagram` makes its future (code before an `async` block),
         // as the future is polled, and as it is dropped.
         let mid_way;
+        let mut timed_out = false;
         let handled = {
             let (s, c) = (&mut session, &mut cx);
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
@@ -1286,24 +1308,39 @@ async fn run_session<S: DatagramSession>(
                 }
                 Ok(future) => {
                     let mut handling = pin!(Some(future));
+                    // Made at the handler's first wait: one that finishes
+                    // at once never touches the timers.
+                    let mut deadline = pin!(None::<mailring::time::Sleep>);
                     let polled = std::future::poll_fn(|task| {
                         let Some(future) = handling.as_mut().as_pin_mut() else {
-                            return Poll::Ready(Ok(()));
+                            return Poll::Ready(Ok(true));
                         };
                         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             future.poll(task)
                         })) {
-                            Ok(Poll::Ready(())) => Poll::Ready(Ok(())),
-                            Ok(Poll::Pending) => Poll::Pending,
-                            Err(payload) => Poll::Ready(Err(payload)),
+                            Ok(Poll::Ready(())) => return Poll::Ready(Ok(true)),
+                            Ok(Poll::Pending) => {}
+                            Err(payload) => return Poll::Ready(Err(payload)),
+                        }
+                        let Some(limit) = shared.config.handler_timeout else {
+                            return Poll::Pending;
+                        };
+                        if deadline.is_none() {
+                            deadline.set(Some(mailring::time::sleep(limit)));
+                        }
+                        match deadline.as_mut().as_pin_mut().map(|sleep| sleep.poll(task)) {
+                            Some(Poll::Ready(())) => Poll::Ready(Ok(false)),
+                            _ => Poll::Pending,
                         }
                     })
                     .await;
                     let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         handling.set(None);
                     }));
-                    mid_way = polled.is_err();
-                    polled.and(dropped)
+                    // Given up at the deadline: dropped mid-way.
+                    timed_out = matches!(polled, Ok(false));
+                    mid_way = !matches!(polled, Ok(true));
+                    polled.map(drop).and(dropped)
                 }
             }
         };
@@ -1318,6 +1355,9 @@ async fn run_session<S: DatagramSession>(
             mailring::panic::report_caught(CallbackKind::Handler, &*payload);
             mailring::panic::drop_payload(payload);
             break DatagramClose::Panicked;
+        }
+        if timed_out {
+            break DatagramClose::HandlerTimeout;
         }
         send_out(&shared, &t, shard, &mut cx).await;
         if cx.close {
@@ -1345,6 +1385,12 @@ async fn run_session<S: DatagramSession>(
         shared
             .counters(shard)
             .expired
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    if reason == DatagramClose::HandlerTimeout {
+        shared
+            .counters(shard)
+            .handler_timeouts
             .fetch_add(1, Ordering::Relaxed);
     }
     if reason == DatagramClose::Panicked {

@@ -74,6 +74,10 @@ impl DatagramSession for PerPeer {
         if &datagram[..] == b"stuck" {
             std::future::pending::<()>().await;
         }
+        if &datagram[..] == b"reply, then stuck" {
+            cx.reply(Bytes::from_static(b"half done"));
+            std::future::pending::<()>().await;
+        }
         self.seen += 1;
         let mut out = format!("{} {} ", self.seen, cx.peer()).into_bytes();
         out.extend_from_slice(&datagram);
@@ -946,4 +950,71 @@ fn a_session_stuck_past_the_grace_does_not_keep_the_port() {
         assert_eq!(ask(&p, addr, b"hi"), format!("1 {me} hi"));
     }
     rt.block_on(again.shutdown());
+}
+
+/// A handler that never finishes is given up at the handler timeout: its
+/// session ends (`on_close` is told why), what it queued is not sent (its
+/// state may be half changed), and the peer's next datagrams, those queued
+/// behind it included, go to a new session: a stuck handler does not pin
+/// its key until shutdown.
+#[test]
+fn a_handler_past_the_handler_timeout_ends_its_session_and_frees_its_key() {
+    assert_eq!(
+        DatagramConfig::default().handler_timeout,
+        Some(Duration::from_secs(30))
+    );
+    let rt = runtime();
+    let mut config = DatagramConfig::default();
+    config.handler_timeout = Some(Duration::from_millis(100));
+    let (server, closes) = per_peer_server(&rt, config);
+    let addr = server.local_addr();
+    for stuck in [&b"stuck"[..], b"reply, then stuck"] {
+        let p = peer();
+        let me = p.local_addr().unwrap();
+        p.send_to(stuck, addr).unwrap();
+        // Queued behind the stuck one: handled by the next session.
+        p.send_to(b"behind", addr).unwrap();
+        let mut buf = [0u8; 2048];
+        let (n, _) = p.recv_from(&mut buf).expect("a reply");
+        assert_eq!(
+            std::str::from_utf8(&buf[..n]).unwrap(),
+            format!("1 {me} behind"),
+            "nothing of the stuck handler's is sent"
+        );
+        assert_eq!(ask(&p, addr, b"again"), format!("2 {me} again"));
+    }
+    assert_eq!(
+        *closes.lock().unwrap(),
+        vec![DatagramClose::HandlerTimeout; 2]
+    );
+    assert_eq!(total(&server.stats(), |s| s.handler_timeouts), 2);
+    assert_eq!(total(&server.stats(), |s| s.panicked), 0);
+    rt.block_on(server.shutdown());
+}
+
+/// With no handler timeout, a slow handler is waited for however long it
+/// takes.
+#[test]
+fn without_a_handler_timeout_a_slow_handler_is_waited_for() {
+    let rt = runtime();
+    let mut config = DatagramConfig::default();
+    config.handler_timeout = None;
+    config.idle_timeout = Duration::from_millis(50);
+    config.shutdown_grace = Duration::from_millis(50);
+    let (server, closes) = per_peer_server(&rt, config);
+    let addr = server.local_addr();
+    let p = peer();
+    p.send_to(b"stuck", addr).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        closes.lock().unwrap().is_empty(),
+        "{:?}",
+        closes.lock().unwrap()
+    );
+    assert_eq!(total(&server.stats(), |s| s.handler_timeouts), 0);
+    assert_eq!(
+        rt.block_on(server.shutdown()),
+        1,
+        "the slow handler outlives the grace"
+    );
 }

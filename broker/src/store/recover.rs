@@ -468,6 +468,7 @@ fn save_cut_tail(path: &Path, tail: &[u8]) -> io::Result<PathBuf> {
 
 fn read_segment(
     path: &Path,
+    place: (u16, u32),
     last: bool,
     repair: bool,
     refresh: bool,
@@ -475,6 +476,7 @@ fn read_segment(
     mut f: impl FnMut(u64, Record),
 ) -> io::Result<()> {
     let data = Bytes::from(std::fs::read(path).map_err(at(path))?);
+    check_header_place(path, &data, place, repair)?;
     let len = data.len() as u64;
     let mut records = 0;
     let scan = match log::scan_segment_each(data.clone(), |at, r| {
@@ -601,6 +603,88 @@ fn read_segment(
     Ok(())
 }
 
+/// Refuses a segment whose header names another log or segment than the
+/// place it is read from (`place`: its log directory's number, its file
+/// name's): a file copied or renamed by hand into the wrong place, whose
+/// records would be replayed as the ones that belong there. Under
+/// `repair` the place wins, with a message (a header damaged there).
+fn check_header_place(path: &Path, data: &[u8], place: (u16, u32), repair: bool) -> io::Result<()> {
+    let Some(named) = log::header_place(data) else {
+        // No header (short, zeros, another format): the scan decides.
+        return Ok(());
+    };
+    if named == place {
+        return Ok(());
+    }
+    let said = format!(
+        "{}: its header names segment {} of log {}, but the file is segment {} of log {}",
+        path.display(),
+        named.1,
+        named.0,
+        place.1,
+        place.0
+    );
+    if repair {
+        eprintln!("mailring-broker: {said}; read as what its place says (--repair-log)");
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!(
+            "{said} (copied or renamed into another's place?): nothing was changed. Put it back where its header says, or start with --repair-log to read it as what its place says"
+        ),
+    ))
+}
+
+/// Refuses a log whose segments skip a number: a log's segments are
+/// removed oldest first only, so a missing one between two others was
+/// lost (deleted by hand, or by the filesystem) with acknowledged
+/// records. Under `repair` the log is read without it, with a message.
+fn check_no_gap(log_dir: &Path, segments: &[(u32, PathBuf)], repair: bool) -> io::Result<()> {
+    for pair in segments.windows(2) {
+        let (before, after) = (pair[0].0, pair[1].0);
+        if after == before + 1 {
+            continue;
+        }
+        let missing = log_dir.join(log::segment_file_name(before + 1));
+        let said = format!(
+            "{}: missing, between {} and {} ({} segment{} lost from the middle of the log, with the records they held)",
+            missing.display(),
+            log::segment_file_name(before),
+            log::segment_file_name(after),
+            after - before - 1,
+            if after - before - 1 == 1 { "" } else { "s" },
+        );
+        if !repair {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{said}: nothing was changed. Restore it, or start with --repair-log to go on without it"
+                ),
+            ));
+        }
+        eprintln!("mailring-broker: {said}; read without it (--repair-log)");
+    }
+    Ok(())
+}
+
+/// The segment files of log `log_no`, in order, listed in `out`, and
+/// whether its last run failed a write or flush (its last segment is
+/// written again as it is read); a gap between them refused (see
+/// [`check_no_gap`]).
+fn log_segments(
+    log_no: u16,
+    log_dir: &Path,
+    repair: bool,
+    out: &mut Recovered,
+) -> io::Result<(Vec<(u32, PathBuf)>, bool)> {
+    let segments = segment_files(log_dir)?;
+    check_no_gap(log_dir, &segments, repair)?;
+    out.segments
+        .insert(log_no, segments.iter().map(|(s, _)| *s).collect());
+    Ok((segments, log_dir.join(WRITE_FAILED).exists()))
+}
+
 /// The log directories of a generation, in order.
 fn log_dirs(gen_dir: &Path) -> io::Result<Vec<(u16, PathBuf)>> {
     numbered_entries(gen_dir, log::parse_log_dir_name, |name| {
@@ -661,17 +745,15 @@ fn read_generation_streamed(
     let mut out = Recovered::default();
     for (log_no, log_dir) in log_dirs(gen_dir)? {
         let source = SegmentSource::new(log_dir.clone());
-        let segments = segment_files(&log_dir)?;
-        out.segments
-            .insert(log_no, segments.iter().map(|(s, _)| *s).collect());
+        let (segments, refresh) = log_segments(log_no, &log_dir, repair, &mut out)?;
         let count = segments.len();
-        let refresh = log_dir.join(WRITE_FAILED).exists();
         for (i, (seg, path)) in segments.into_iter().enumerate() {
             let mut streams = std::mem::take(&mut out.streams);
             let mut mixed = false;
             let last = i + 1 == count;
             read_segment(
                 &path,
+                (log_no, seg),
                 last,
                 repair,
                 refresh && last,
@@ -733,19 +815,24 @@ fn read_generation(gen_dir: &Path, repair: bool) -> io::Result<Recovered> {
     let mut out = Recovered::default();
     let mut per_stream: crate::NameMap<Vec<Located>> = crate::NameMap::default();
     for (log_no, log_dir) in log_dirs(gen_dir)? {
-        let segments = segment_files(&log_dir)?;
-        out.segments
-            .insert(log_no, segments.iter().map(|(s, _)| *s).collect());
+        let (segments, refresh) = log_segments(log_no, &log_dir, repair, &mut out)?;
         let count = segments.len();
-        let refresh = log_dir.join(WRITE_FAILED).exists();
         for (i, (seg, path)) in segments.into_iter().enumerate() {
             let last = i + 1 == count;
-            read_segment(&path, last, repair, refresh && last, &mut out, |_, r| {
-                per_stream
-                    .entry(r.stream)
-                    .or_default()
-                    .push((r.op_no, log_no, seg, r.op));
-            })?;
+            read_segment(
+                &path,
+                (log_no, seg),
+                last,
+                repair,
+                refresh && last,
+                &mut out,
+                |_, r| {
+                    per_stream
+                        .entry(r.stream)
+                        .or_default()
+                        .push((r.op_no, log_no, seg, r.op));
+                },
+            )?;
         }
         if refresh {
             clear_write_failed(&log_dir)?;
