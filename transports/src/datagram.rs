@@ -1310,7 +1310,7 @@ async fn run_session<S: DatagramSession>(
                     let mut handling = pin!(Some(future));
                     // Made at the handler's first wait: one that finishes
                     // at once never touches the timers.
-                    let mut deadline = pin!(None::<mailring::time::Sleep>);
+                    let mut deadline: Option<mailring::time::Sleep> = None;
                     let polled = std::future::poll_fn(|task| {
                         let Some(future) = handling.as_mut().as_pin_mut() else {
                             return Poll::Ready(Ok(true));
@@ -1325,12 +1325,10 @@ async fn run_session<S: DatagramSession>(
                         let Some(limit) = shared.config.handler_timeout else {
                             return Poll::Pending;
                         };
-                        if deadline.is_none() {
-                            deadline.set(Some(mailring::time::sleep(limit)));
-                        }
-                        match deadline.as_mut().as_pin_mut().map(|sleep| sleep.poll(task)) {
-                            Some(Poll::Ready(())) => Poll::Ready(Ok(false)),
-                            _ => Poll::Pending,
+                        let sleep = deadline.get_or_insert_with(|| mailring::time::sleep(limit));
+                        match std::pin::Pin::new(sleep).poll(task) {
+                            Poll::Ready(()) => Poll::Ready(Ok(false)),
+                            Poll::Pending => Poll::Pending,
                         }
                     })
                     .await;

@@ -138,6 +138,16 @@ pub struct ServerConfig {
     /// Close a connection that starts a frame and does not finish it within
     /// this time. Default 30 s.
     pub frame_timeout: Option<Duration>,
+    /// Close a connection whose `on_frame` handler is still running after
+    /// this long ([`CloseReason::HandlerTimeout`]): the handler is dropped
+    /// where it waits (an upstream that never answers), with the replies
+    /// not yet written. Without it such a handler holds its connection,
+    /// and its place under the limits, until the shutdown's grace runs
+    /// out, even after the peer has gone: nothing reads the socket while
+    /// a handler runs. Default none (as tower's timeout layer, it is
+    /// asked for); deferred replies ([`SessionCtx::reply_later`]) do not
+    /// count, their handler having returned.
+    pub handler_timeout: Option<Duration>,
     /// With [`ListenMode::ReusePort`] on TCP: steer each connection to
     /// listener `mailring::net::steered_index(source port, shards)` (a
     /// multiplicative hash of the port, in a classic BPF program on the
@@ -211,6 +221,7 @@ impl Default for ServerConfig {
             idle_timeout: None,
             handshake_timeout: None,
             frame_timeout: Some(Duration::from_secs(30)),
+            handler_timeout: None,
             source_port_steering: true,
             hand_off: HandOff::Descriptor,
             max_per_key: None,
@@ -1713,6 +1724,7 @@ async fn drive<S: Session>(
                         forced: &shared.forced,
                         closer: Some(&closer),
                         known: &mut closer_waker,
+                        limit: config.handler_timeout,
                     };
                     let sending = send.is_some();
                     let handled = run_beside_send(handling, send.as_mut(), stop, &wake).await;
@@ -1733,6 +1745,7 @@ async fn drive<S: Session>(
                         // Past the shutdown grace: the handler is dropped.
                         Handled::Forced => return Exit::Close(CloseReason::Shutdown),
                         Handled::Closed => return Exit::Close(CloseReason::ClosedByHandle),
+                        Handled::TimedOut => return Exit::Close(CloseReason::HandlerTimeout),
                     }
                     continue;
                 }
@@ -2071,6 +2084,8 @@ enum Handled {
     /// A [`crate::SessionCloser`] closed the connection: the handler is
     /// dropped.
     Closed,
+    /// The handler ran past the server's handler timeout: it is dropped.
+    TimedOut,
 }
 
 /// What ends a handler early.
@@ -2080,6 +2095,8 @@ struct Stop<'a> {
     /// The connection's closers (with the waker they hold now).
     closer: Option<&'a CloserState>,
     known: &'a mut Option<Waker>,
+    /// How long the handler may run ([`ServerConfig::handler_timeout`]).
+    limit: Option<Duration>,
 }
 
 /// Runs a handler's future to its end while polling the send in flight, if
@@ -2100,7 +2117,11 @@ where
         forced,
         closer,
         known,
+        limit,
     } = stop;
+    // Made at the handler's first wait: one that finishes at once never
+    // touches the timers.
+    let mut deadline: Option<Sleep> = None;
     std::future::poll_fn(|task| {
         if forced.load(Ordering::Acquire) {
             return Poll::Ready(Handled::Forced);
@@ -2117,10 +2138,20 @@ where
                 }
             }
         }
-        handling.as_mut().poll(task).map(|()| match failed.take() {
-            Some(e) => Handled::SendFailed(e),
-            None => Handled::Done,
-        })
+        if let Poll::Ready(()) = handling.as_mut().poll(task) {
+            return Poll::Ready(match failed.take() {
+                Some(e) => Handled::SendFailed(e),
+                None => Handled::Done,
+            });
+        }
+        let Some(limit) = limit else {
+            return Poll::Pending;
+        };
+        let sleep = deadline.get_or_insert_with(|| mailring::time::sleep(limit));
+        match Pin::new(sleep).poll(task) {
+            Poll::Ready(()) => Poll::Ready(Handled::TimedOut),
+            Poll::Pending => Poll::Pending,
+        }
     })
     .await
 }

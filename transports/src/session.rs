@@ -163,6 +163,9 @@ pub enum CloseReason {
     /// A frame was started and not finished within the frame deadline (a
     /// client sending a byte a second).
     FrameTimeout,
+    /// A handler ran past [`crate::ServerConfig::handler_timeout`]: it was
+    /// dropped where it waited, and the replies not yet written with it.
+    HandlerTimeout,
     /// A frame the codec refused (malformed or over the maximum).
     BadFrame(CodecError),
     /// A frame the session sent could not be encoded.
@@ -213,6 +216,7 @@ impl CloseReason {
             CloseReason::IdleTimeout => CloseKind::IdleTimeout,
             CloseReason::HandshakeTimeout => CloseKind::HandshakeTimeout,
             CloseReason::FrameTimeout => CloseKind::FrameTimeout,
+            CloseReason::HandlerTimeout => CloseKind::HandlerTimeout,
             CloseReason::BadFrame(_) => CloseKind::BadFrame,
             CloseReason::BadOutput(_) => CloseKind::BadOutput,
             CloseReason::SlowReader { .. } => CloseKind::SlowReader,
@@ -237,6 +241,7 @@ impl fmt::Display for CloseReason {
             CloseReason::IdleTimeout => f.write_str("idle timeout"),
             CloseReason::HandshakeTimeout => f.write_str("no key within the handshake timeout"),
             CloseReason::FrameTimeout => f.write_str("frame not completed in time"),
+            CloseReason::HandlerTimeout => f.write_str("a handler ran past its timeout"),
             CloseReason::BadFrame(e) => write!(f, "bad frame: {e}"),
             CloseReason::BadOutput(e) => write!(f, "frame could not be encoded: {e}"),
             CloseReason::SlowReader { queued } => {
@@ -387,11 +392,12 @@ pub enum CloseKind {
     ProxyHeader,
     ClosedByHandle,
     ClientLimit,
+    HandlerTimeout,
 }
 
 impl CloseKind {
     /// Every kind, in counter order.
-    pub const ALL: [CloseKind; 17] = [
+    pub const ALL: [CloseKind; 18] = [
         CloseKind::PeerClosed,
         CloseKind::ClosedBySession,
         CloseKind::IdleTimeout,
@@ -409,6 +415,7 @@ impl CloseKind {
         CloseKind::ProxyHeader,
         CloseKind::ClosedByHandle,
         CloseKind::ClientLimit,
+        CloseKind::HandlerTimeout,
     ];
 
     pub(crate) fn index(self) -> usize {

@@ -2907,3 +2907,64 @@ fn every_byte_sent_is_counted_sends_that_end_while_a_handler_runs_too() {
     rt.block_on(server.shutdown());
     rt.shutdown();
 }
+
+/// A session whose handler waits for ever on a `stuck` frame, after
+/// queueing a reply; it echoes anything else. Its close reasons are kept.
+struct StuckOnAsk {
+    closes: Arc<Mutex<Vec<CloseKind>>>,
+}
+
+impl Session for StuckOnAsk {
+    type Codec = LengthDelimited;
+    type Key = ();
+
+    async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
+        if &frame[..] == b"stuck" {
+            cx.send_frame(Bytes::from_static(b"half done"));
+            std::future::pending::<()>().await;
+        }
+        cx.send_frame(frame);
+    }
+
+    fn on_close(&mut self, reason: &mailring_transports::CloseReason, _cx: &mut SessionCtx<Self>) {
+        self.closes.lock().unwrap().push(reason.kind());
+    }
+}
+
+/// A handler still running at `ServerConfig::handler_timeout` (an
+/// upstream that never answers) is dropped and its connection closed with
+/// a counted reason, the replies it queued unsent; other connections are
+/// served meanwhile. Without the timeout (the default) it is waited for.
+#[test]
+fn a_handler_past_the_handler_timeout_closes_its_connection() {
+    assert_eq!(ServerConfig::default().handler_timeout, None);
+    let rt = runtime(1);
+    let closes = Arc::new(Mutex::new(Vec::new()));
+    let c = closes.clone();
+    let mut config = ServerConfig::default();
+    config.handler_timeout = Some(Duration::from_millis(100));
+    let server = one_shard_server(&rt, config, move |_| StuckOnAsk { closes: c.clone() });
+    let addr = server.local_addr();
+    let mut good = client(addr);
+    let mut stuck = client(addr);
+    stuck.write_all(&frame(b"first")).unwrap();
+    assert_eq!(read_frame(&mut stuck).unwrap(), b"first");
+    stuck.write_all(&frame(b"stuck")).unwrap();
+    good.write_all(&frame(b"served meanwhile")).unwrap();
+    assert_eq!(read_frame(&mut good).unwrap(), b"served meanwhile");
+    let mut rest = Vec::new();
+    stuck
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _ = stuck.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "nothing of the stuck handler's: {rest:?}");
+    wait_for(&server, "the handler timeout", |s| {
+        s.closed(CloseKind::HandlerTimeout) == 1
+    });
+    assert_eq!(*closes.lock().unwrap(), vec![CloseKind::HandlerTimeout]);
+    good.write_all(&frame(b"still")).unwrap();
+    assert_eq!(read_frame(&mut good).unwrap(), b"still");
+    drop(good);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}
