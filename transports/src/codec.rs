@@ -9,6 +9,8 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+mod bounded;
+
 /// Why a frame could not be decoded or encoded. Each closes only the
 /// connection it concerns (see `CloseReason::BadFrame`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -193,7 +195,12 @@ impl Codec for LengthDelimited {
 
 /// Lines ended by `\n` (a `\r` before it is dropped too); frames are the
 /// line's bytes without the ending, and encoding appends `\n`.
-#[derive(Debug, Clone, Copy)]
+///
+/// A `Lines` remembers how far it searched the buffer it was last given
+/// (so a long line arriving in pieces is searched once): it decodes one
+/// stream. A clone starts fresh, so a template a server clones for each
+/// connection may have been used before.
+#[derive(Debug)]
 pub struct Lines {
     max: usize,
     /// How far the buffer was searched for `\n` already.
@@ -203,6 +210,15 @@ pub struct Lines {
 impl Default for Lines {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl Clone for Lines {
+    fn clone(&self) -> Self {
+        Lines {
+            max: self.max,
+            scanned: 0,
+        }
     }
 }
 
@@ -265,6 +281,12 @@ impl Codec for Lines {
                 "a line to send contains `\\n`".into(),
             ));
         }
+        if frame.last() == Some(&b'\r') {
+            // The reader would take it for part of the ending.
+            return Err(CodecError::Malformed(
+                "a line to send ends in `\\r`, which its reader would drop with the ending".into(),
+            ));
+        }
         dst.reserve(frame.len() + 1);
         dst.extend_from_slice(&frame);
         dst.put_u8(b'\n');
@@ -320,13 +342,18 @@ impl Codec for RawBytes {
 /// [`LengthDelimited`] frames: decodes `In`, encodes `Out` (the same type
 /// on both ends of a symmetric protocol).
 ///
-/// A frame's value may claim in memory (its strings, byte buffers and
-/// collections, as bincode counts them before it reads them) up to 16
-/// times the frame maximum, in steps (at least 1 MiB, at most 8 GiB); a
-/// claim past that is refused as malformed. A length field is read before
-/// the bytes it counts: without a bound, 14 bytes claiming a string of
-/// 2^50 bytes would make the decoder ask for that much memory, and the
-/// process would abort when it is refused.
+/// A frame's value may claim in memory up to 16 times the frame maximum
+/// in its strings and byte buffers, as bincode counts them before it reads
+/// them (in steps: at least 1 MiB, at most 8 GiB), and as much again in
+/// the elements of its sequences and maps, each counted at its size in
+/// memory and at least 16 bytes (what the bound allows per byte of the
+/// frame: an element of a zero-size type takes none on the wire); it may nest at most [`MAX_BINCODE_DEPTH`] levels. Past any
+/// of these the frame is refused as malformed, and its connection closed.
+/// A length field is read before the bytes it counts: without a bound, 14
+/// bytes claiming a string of 2^50 bytes would make the decoder ask for
+/// that much memory, 10 bytes claiming 2^64 `()`s would spin the shard for
+/// ever, one byte per level of a recursive type would overflow its stack
+/// (all three abort or freeze far more than one connection).
 ///
 /// ```
 /// use bytes::BytesMut;
@@ -389,20 +416,50 @@ impl<In, Out> Bincode<In, Out> {
 /// element, 8 in memory; a `u128` one, 16).
 const DECODED_PER_FRAME_BYTE: usize = 16;
 
-/// Decodes `In` from `frame`, its containers claiming at most the first
-/// step of bincode's compile-time limits that covers `memory`.
+/// How deep a [`Bincode`] value may nest (serde_json's limit): each level
+/// takes stack frames of the shard's thread, and a stack overflow aborts
+/// the process (it is no panic to catch). A recursive message type (a
+/// tree, an expression) would otherwise let one frame of `0x01` bytes
+/// nest a million levels.
+pub const MAX_BINCODE_DEPTH: usize = 128;
+
+/// Decodes `In` from `frame`: its strings and byte buffers claiming at
+/// most the first step of bincode's compile-time limits that covers
+/// `memory`, its sequences' and maps' elements taking at most `memory` in
+/// all (each at its type's size in memory, and at least 16 bytes:
+/// bincode's limit counts bytes read, and an element may take none), nested at
+/// most [`MAX_BINCODE_DEPTH`] levels.
 fn decode_bounded<In: serde::de::DeserializeOwned>(
     frame: &[u8],
     memory: usize,
 ) -> Result<(In, usize), bincode::error::DecodeError> {
-    use bincode::serde::decode_from_slice;
+    use bincode::serde::seed_decode_from_slice as decode;
+    let limits = bounded::Limits::new(MAX_BINCODE_DEPTH, memory);
+    let seed = BoundedSeed::<In> {
+        limits: &limits,
+        value: std::marker::PhantomData,
+    };
     let standard = bincode::config::standard();
     match memory {
-        m if m <= 1 << 20 => decode_from_slice(frame, standard.with_limit::<{ 1 << 20 }>()),
-        m if m <= 1 << 24 => decode_from_slice(frame, standard.with_limit::<{ 1 << 24 }>()),
-        m if m <= 1 << 27 => decode_from_slice(frame, standard.with_limit::<{ 1 << 27 }>()),
-        m if m <= 1 << 30 => decode_from_slice(frame, standard.with_limit::<{ 1 << 30 }>()),
-        _ => decode_from_slice(frame, standard.with_limit::<{ 1 << 33 }>()),
+        m if m <= 1 << 20 => decode(seed, frame, standard.with_limit::<{ 1 << 20 }>()),
+        m if m <= 1 << 24 => decode(seed, frame, standard.with_limit::<{ 1 << 24 }>()),
+        m if m <= 1 << 27 => decode(seed, frame, standard.with_limit::<{ 1 << 27 }>()),
+        m if m <= 1 << 30 => decode(seed, frame, standard.with_limit::<{ 1 << 30 }>()),
+        _ => decode(seed, frame, standard.with_limit::<{ 1 << 33 }>()),
+    }
+}
+
+/// Deserializes an `In` held to `limits`.
+struct BoundedSeed<'l, In> {
+    limits: &'l bounded::Limits,
+    value: std::marker::PhantomData<fn() -> In>,
+}
+
+impl<'de, In: serde::de::DeserializeOwned> serde::de::DeserializeSeed<'de> for BoundedSeed<'_, In> {
+    type Value = In;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<In, D::Error> {
+        In::deserialize(bounded::Bounded::new(d, self.limits))
     }
 }
 
@@ -496,6 +553,33 @@ mod tests {
     }
 
     #[test]
+    fn lines_refuse_to_send_what_would_not_come_back_as_sent() {
+        let mut c = Lines::new();
+        let mut wire = BytesMut::new();
+        assert!(c.encode(Bytes::from_static(b"a\nb"), &mut wire).is_err());
+        assert!(c.encode(Bytes::from_static(b"abc\r"), &mut wire).is_err());
+        c.encode(Bytes::from_static(b"a\rb"), &mut wire).unwrap();
+        assert_eq!(&c.decode(&mut wire).unwrap().unwrap()[..], b"a\rb");
+    }
+
+    /// A codec used as a template (it searched a buffer of its own) hands
+    /// its clones no trace of that search: each finds every line of its
+    /// own stream.
+    #[test]
+    fn a_clone_of_lines_searches_its_stream_from_the_start() {
+        let mut template = Lines::new();
+        assert_eq!(
+            template.decode(&mut BytesMut::from("abcdef")).unwrap(),
+            None
+        );
+        let mut c = template.clone();
+        let mut buf = BytesMut::from("x\ny\nzzzzzz\n");
+        assert_eq!(&c.decode(&mut buf).unwrap().unwrap()[..], b"x");
+        assert_eq!(&c.decode(&mut buf).unwrap().unwrap()[..], b"y");
+        assert_eq!(&c.decode(&mut buf).unwrap().unwrap()[..], b"zzzzzz");
+    }
+
+    #[test]
     fn lines_strip_their_ending_and_refuse_an_endless_line() {
         let mut c = Lines::new().max_line(8);
         let mut buf = BytesMut::from(&b"PING\r\nab"[..]);
@@ -558,6 +642,85 @@ mod tests {
             c.decode(&mut padded),
             Err(CodecError::Malformed(_))
         ));
+    }
+
+    /// A tree of any depth, as a recursive message type is.
+    #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+    enum Expr {
+        Lit(u8),
+        Neg(Box<Expr>),
+    }
+
+    fn framed(body: Vec<u8>) -> BytesMut {
+        let mut wire = BytesMut::new();
+        LengthDelimited::new()
+            .encode(Bytes::from(body), &mut wire)
+            .unwrap();
+        wire
+    }
+
+    /// A frame nesting a recursive type a million levels deep would
+    /// overflow the shard's stack (an abort, not a panic: every
+    /// connection of the process with it); it is refused past
+    /// [`MAX_BINCODE_DEPTH`] levels, while a tree within it decodes.
+    #[test]
+    fn bincode_refuses_values_nested_past_its_depth_limit() {
+        let mut c = Bincode::<Expr, Expr>::new();
+        let mut deep = Expr::Lit(7);
+        for _ in 0..MAX_BINCODE_DEPTH / 2 {
+            deep = Expr::Neg(Box::new(deep));
+        }
+        let mut wire = BytesMut::new();
+        c.encode(deep, &mut wire).unwrap();
+        assert!(matches!(c.decode(&mut wire), Ok(Some(Expr::Neg(_)))));
+        // One level per byte: 0x01 is `Neg`.
+        let mut hostile = framed(vec![1u8; 1 << 20]);
+        match c.decode(&mut hostile) {
+            Err(CodecError::Malformed(e)) => assert!(e.contains("deep"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A sequence of zero-size elements takes no byte on the wire per
+    /// element: ten bytes claiming 2^64 of them would spin the shard for
+    /// ever. Every element counts against the frame's memory bound.
+    #[test]
+    fn bincode_counts_zero_size_elements_against_its_bound() {
+        let mut c = Bincode::<Vec<()>, Vec<()>>::new();
+        let mut body = vec![0xfd];
+        body.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(
+            c.decode(&mut framed(body)),
+            Err(CodecError::Malformed(_))
+        ));
+        let mut wire = BytesMut::new();
+        c.encode(vec![(); 1000], &mut wire).unwrap();
+        assert_eq!(c.decode(&mut wire).unwrap(), Some(vec![(); 1000]));
+    }
+
+    /// Elements small on the wire and large in memory (`None` is one byte,
+    /// an `Option<[u128; 32]>` 528) are counted at their size in
+    /// memory: a frame may not claim more than 16 times the frame maximum
+    /// through them.
+    #[test]
+    fn bincode_counts_elements_at_their_size_in_memory() {
+        let frames = LengthDelimited::new().max_frame(1 << 16);
+        let mut c =
+            Bincode::<Vec<Option<[u128; 32]>>, Vec<Option<[u128; 32]>>>::with_frames(frames);
+        // 60,000 `None`s: 60 KB on the wire, about 32 MB in memory.
+        let mut body = vec![0xfb];
+        body.extend_from_slice(&60_000u16.to_le_bytes());
+        body.extend(std::iter::repeat_n(0u8, 60_000));
+        let mut wire = BytesMut::new();
+        { frames }.encode(Bytes::from(body), &mut wire).unwrap();
+        match c.decode(&mut wire) {
+            Err(CodecError::Malformed(e)) => assert!(e.contains("memory"), "{e}"),
+            other => panic!("{:?}", other.map(|v| v.map(|v| v.len()))),
+        }
+        // Within the bound: decoded.
+        let mut wire = BytesMut::new();
+        c.encode(vec![None; 500], &mut wire).unwrap();
+        assert_eq!(c.decode(&mut wire).unwrap().map(|v| v.len()), Some(500));
     }
 
     #[test]

@@ -176,6 +176,10 @@ fn parse_v2(buf: &[u8]) -> Result<Parsed, ProxyError> {
     if version != 2 {
         return Err(ProxyError::V2(format!("version {version}")));
     }
+    // Refused from the fixed part, before waiting for the body.
+    if command > 1 {
+        return Err(ProxyError::V2(format!("command {command}")));
+    }
     let len = usize::from(u16::from_be_bytes([buf[14], buf[15]]));
     let total = 16 + len;
     if total > V2_MAX {
@@ -190,7 +194,16 @@ fn parse_v2(buf: &[u8]) -> Result<Parsed, ProxyError> {
         // ignored whatever it holds.
         0 => (None, None),
         1 => match buf[13] >> 4 {
-            0 => (None, None),
+            // UNSPEC: nothing to say about the peer.
+            0 if buf[13] == 0 => (None, None),
+            // Family UNSPEC with a transport: a value the spec says
+            // receivers must refuse.
+            0 => {
+                return Err(ProxyError::V2(format!(
+                    "family and transport {:#04x}",
+                    buf[13]
+                )))
+            }
             family => {
                 // A stream listener takes stream connections only.
                 let transport = buf[13] & 0x0f;
@@ -336,6 +349,27 @@ mod tests {
             }
             assert!(matches!(parse(&h), Ok(Parsed::Complete(_, n)) if n == h.len()));
         }
+    }
+
+    /// Family and transport bytes the spec says a receiver must refuse
+    /// (`0x01`..=`0x0f`: no family, a transport) are refused, and a bad
+    /// command is refused from the fixed part, without waiting for a body
+    /// that may never come.
+    #[test]
+    fn v2_refuses_an_unspecified_family_with_a_transport_and_a_bad_command_early() {
+        for byte in 0x01..=0x0f {
+            assert!(
+                matches!(parse(&v2(1, byte, &[])), Err(ProxyError::V2(_))),
+                "{byte:#04x}"
+            );
+        }
+        assert!(matches!(
+            parse(&v2(1, 0x00, &[])),
+            Ok(Parsed::Complete(ProxyHeader { source: None, .. }, 16))
+        ));
+        let mut fixed = v2(2, 0x11, &[0u8; 100]);
+        fixed.truncate(16);
+        assert!(matches!(parse(&fixed), Err(ProxyError::V2(_))));
     }
 
     #[test]
