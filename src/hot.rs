@@ -91,41 +91,87 @@ pub const DYNAMIC_HOT_TAGS: u16 = 0xC000;
 #[non_exhaustive]
 pub enum HotTagError {
     /// Fewer than the tags asked for are left in the dynamic range
-    /// (`DYNAMIC_HOT_TAGS..=u16::MAX`; tags are never reused).
+    /// (`DYNAMIC_HOT_TAGS..u16::MAX`), counting those given back with
+    /// [`Handle::release_hot_tags`](crate::Handle::release_hot_tags).
     #[error(
-        "no {asked} consecutive hot tags are left from {DYNAMIC_HOT_TAGS:#x} up          (registered tags are never reused): register fewer, or fewer systems on one runtime"
+        "no {asked} consecutive hot tags are left from {DYNAMIC_HOT_TAGS:#x} up: register fewer, release the ones no longer used, or start fewer systems on one runtime at a time"
     )]
     Exhausted {
         /// How many were asked for.
         asked: u16,
     },
+    /// A tag given to [`Handle::release_hot_tags`](crate::Handle::release_hot_tags)
+    /// is not one `register_hot_tags` handed out, or was released already.
+    #[error("hot tag {tag:#x} is not registered (not handed out by register_hot_tags, or released already)")]
+    NotRegistered {
+        /// The first such tag.
+        tag: u16,
+    },
 }
 
 /// Tags registered as hot after `build()`, shared by the shards: each shard
-/// adopts one (gives it a counter) the first time it meets it.
+/// adopts one (gives it a counter) the first time it meets it. A tag
+/// given back stays hot (its bit set: a straggler using it finds a
+/// counter, not a panic) and is handed out again.
 #[derive(Debug)]
 pub(crate) struct DynamicHotTags {
-    /// One bit per tag, set (Release) before the tag is handed out.
+    /// One bit per tag, set (Release) before the tag is handed out the
+    /// first time, never cleared.
     bits: Box<[AtomicU64]>,
-    /// The next tag to hand out (`u32`: one past `u16::MAX` is "none left").
-    next: Mutex<u32>,
+    handed: Mutex<Handed>,
+}
+
+/// Which dynamic tags are out.
+#[derive(Debug)]
+struct Handed {
+    /// The next tag never handed out (`u32`: one past `u16::MAX` is "none
+    /// left").
+    next: u32,
+    /// Runs given back, free to hand out again.
+    free: Vec<Range<u32>>,
+    /// Runs being given back (their stragglers waited out).
+    releasing: Vec<Range<u32>>,
 }
 
 impl DynamicHotTags {
     pub(crate) fn new() -> Self {
         DynamicHotTags {
             bits: (0..1024).map(|_| AtomicU64::new(0)).collect(),
-            next: Mutex::new(u32::from(DYNAMIC_HOT_TAGS)),
+            handed: Mutex::new(Handed {
+                next: u32::from(DYNAMIC_HOT_TAGS),
+                free: Vec::new(),
+                releasing: Vec::new(),
+            }),
         }
     }
 
-    /// Hands out `count` consecutive tags none of which is in `taken`.
+    fn handed(&self) -> std::sync::MutexGuard<'_, Handed> {
+        self.handed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands out `count` consecutive tags none of which is in `taken`:
+    /// from a run given back if one is long enough, else never used ones.
     pub(crate) fn register(&self, count: u16, taken: &[u16]) -> Result<Range<u16>, HotTagError> {
-        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        let mut handed = self.handed();
+        let count32 = u32::from(count);
+        if let Some(i) = handed.free.iter().position(|r| r.len() >= count32 as usize) {
+            let run = handed.free[i].clone();
+            let end = run.start + count32;
+            if end == run.end {
+                handed.free.swap_remove(i);
+            } else {
+                handed.free[i].start = end;
+            }
+            // In range: freed runs lie within `DYNAMIC_HOT_TAGS..u16::MAX`.
+            return Ok(run.start as u16..end as u16);
+        }
+        let next = &mut handed.next;
         let mut start = *next;
         loop {
             let end = start + u32::from(count);
-            if end > 1 << 16 {
+            // A `Range<u16>` ends at `u16::MAX` at most: the last tag is
+            // never handed out (a range ending past it would wrap to 0).
+            if end > u32::from(u16::MAX) {
                 return Err(HotTagError::Exhausted { asked: count });
             }
             match taken
@@ -140,7 +186,7 @@ impl DynamicHotTags {
                         self.bits[(tag / 64) as usize].fetch_or(1 << (tag % 64), Ordering::Release);
                     }
                     *next = end;
-                    // In range: `end <= 1 << 16`.
+                    // In range: `end <= u16::MAX`.
                     return Ok(start as u16..end as u16);
                 }
             }
@@ -150,6 +196,46 @@ impl DynamicHotTags {
     fn contains(&self, tag: u16) -> bool {
         tag >= DYNAMIC_HOT_TAGS
             && self.bits[usize::from(tag / 64)].load(Ordering::Acquire) & (1 << (tag % 64)) != 0
+    }
+
+    /// Starts giving `tags` back: refused unless every one is out (handed
+    /// out, not free nor being given back).
+    pub(crate) fn begin_release(&self, tags: Range<u16>) -> Result<(), HotTagError> {
+        let mut handed = self.handed();
+        let run = u32::from(tags.start)..u32::from(tags.end);
+        let overlaps = |r: &Range<u32>| r.start < run.end && run.start < r.end;
+        for tag in tags.clone() {
+            let tag32 = u32::from(tag);
+            let out = self.contains(tag)
+                && tag32 < handed.next
+                && !handed
+                    .free
+                    .iter()
+                    .chain(&handed.releasing)
+                    .any(|r| r.contains(&tag32));
+            if !out {
+                return Err(HotTagError::NotRegistered { tag });
+            }
+        }
+        debug_assert!(!handed.releasing.iter().any(overlaps));
+        if !run.is_empty() {
+            handed.releasing.push(run);
+        }
+        Ok(())
+    }
+
+    /// Ends giving `tags` back ([`begin_release`](Self::begin_release)):
+    /// they are free to hand out again, or, when `freed` is false (the
+    /// runtime shut down meanwhile), kept out.
+    pub(crate) fn end_release(&self, tags: Range<u16>, freed: bool) {
+        let mut handed = self.handed();
+        let run = u32::from(tags.start)..u32::from(tags.end);
+        if let Some(i) = handed.releasing.iter().position(|r| *r == run) {
+            handed.releasing.swap_remove(i);
+            if freed {
+                handed.free.push(run);
+            }
+        }
     }
 }
 
@@ -176,6 +262,21 @@ impl HotState {
     /// the first time this shard meets it.
     pub(crate) fn is_hot(&mut self, tag: u16) -> bool {
         self.counters.contains_key(&tag) || self.adopt(tag)
+    }
+
+    /// Forgets what this shard holds for `tags` (being given back): their
+    /// counts and queued tiny messages; their waiters are woken into `wake`
+    /// (none should be left; one that is sees nothing and waits again).
+    pub(crate) fn reset(&mut self, tags: Range<u16>, wake: &mut Vec<Waker>) {
+        for tag in tags {
+            if let Some(c) = self.counters.get_mut(&tag) {
+                c.value = 0;
+                c.waiters.drain_into(wake);
+            }
+            if let Some(mut q) = self.queues.remove(&tag) {
+                q.waiters.drain_into(wake);
+            }
+        }
     }
 
     #[cold]

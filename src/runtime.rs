@@ -544,6 +544,76 @@ impl Handle {
             .register(count, &self.shared.config.hot_tags)
     }
 
+    /// Gives back tags [`register_hot_tags`](Self::register_hot_tags)
+    /// handed out, for a later registration to reuse: what a layer
+    /// started on this runtime does when it stops (an actor system shut
+    /// down gives back its credit tags), so that layers started and
+    /// stopped in turn never run out.
+    ///
+    /// The caller must have stopped using the tags: nothing sends on them,
+    /// takes their counts or waits on them any more. Tiny messages already
+    /// sent (queued in a shard's tick, or on their way through a ring)
+    /// are waited out and discarded with what the counters hold: every
+    /// shard finishes a tick three times over before the tags go back, so
+    /// none of them reaches the tags' next owner. From any thread or
+    /// shard; it waits for every shard.
+    ///
+    /// # Errors
+    ///
+    /// [`HotTagError::NotRegistered`](crate::hot::HotTagError::NotRegistered)
+    /// when a tag was not handed out, or was given back already (nothing
+    /// is given back then).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let rt = mailring::Runtime::builder().shards(2).build()?;
+    /// let handle = rt.handle().clone();
+    /// let tags = handle.register_hot_tags(2).expect("tags left");
+    /// let again = rt.block_on(async move {
+    ///     handle.release_hot_tags(tags.clone()).await.expect("handed out");
+    ///     handle.register_hot_tags(2).expect("tags left")
+    /// });
+    /// assert_eq!(again, 0xC000..0xC002);
+    /// # Ok::<(), mailring::BuildError>(())
+    /// ```
+    pub async fn release_hot_tags(
+        &self,
+        tags: std::ops::Range<u16>,
+    ) -> Result<(), crate::hot::HotTagError> {
+        self.shared.dynamic_hot.begin_release(tags.clone())?;
+        let shards = self.shards();
+        let mut done = true;
+        // Three ticks on every shard, one after another: the first
+        // publishes what each had queued, the second reaps it where it
+        // went, the third allows for a completion queue that overflowed.
+        for _ in 0..3 {
+            let ticks: Vec<_> = (0..shards)
+                .map(|s| self.spawn_on(ShardId::new(s), async {}))
+                .collect();
+            for tick in ticks {
+                done &= tick.await.is_ok();
+            }
+        }
+        let resets: Vec<_> = (0..shards)
+            .map(|s| {
+                let tags = tags.clone();
+                self.spawn_on(ShardId::new(s), async move {
+                    let mut wake = Vec::new();
+                    crate::shard::with_current(|shard| shard.hot_mut().reset(tags, &mut wake));
+                    for waker in wake {
+                        waker.wake();
+                    }
+                })
+            })
+            .collect();
+        for reset in resets {
+            done &= reset.await.is_ok();
+        }
+        self.shared.dynamic_hot.end_release(tags, done);
+        Ok(())
+    }
+
     /// Runs `future` on shard 0 and blocks until it finishes (see
     /// [`Runtime::block_on`]); for code that holds a `Handle`, not the
     /// `Runtime`.

@@ -38,7 +38,10 @@
 //! nothing holds its share, and handlers that `send().await` to each
 //! other's shards can wait on each other's windows (the guide says to use
 //! `tell`/`try_tell` inside handlers). A shutting-down system returns no
-//! credits, so `send` stops waiting for them then.
+//! credits, so `send` stops waiting for them then; once its actors have
+//! ended, its credit tags go back to the runtime (`Handle::release_hot_tags`,
+//! which waits out the credits still on their way), for the next system
+//! started on it.
 //!
 //! Credits cannot name an actor: a hot counter is one sum per shard and tag.
 //! So the window is per pair of shards, which is what the shard-per-core
@@ -60,6 +63,10 @@ pub(crate) struct ShardFlow {
     /// credits shard `s` returns (registered on the runtime at start, one
     /// per shard, so two systems on one runtime never share one).
     credit_base: u16,
+    /// Set once the system is shutting down: its credit tags are then on
+    /// their way back to the runtime (for another system to reuse), so no
+    /// credit is returned or taken through them any more.
+    shutting_down: std::sync::Arc<std::sync::atomic::AtomicBool>,
     shard: usize,
     window: u64,
     /// Unreturned credits that make the receiver hand them back.
@@ -96,10 +103,17 @@ impl CreditWait {
 }
 
 impl ShardFlow {
-    pub(crate) fn new(shard: usize, shards: usize, window: u32, credit_base: u16) -> Self {
+    pub(crate) fn new(
+        shard: usize,
+        shards: usize,
+        window: u32,
+        credit_base: u16,
+        shutting_down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> Self {
         let window = u64::from(window.max(1));
         ShardFlow {
             credit_base,
+            shutting_down,
             shard,
             window,
             return_at: window.div_ceil(2),
@@ -128,9 +142,17 @@ impl ShardFlow {
         self.in_flight[dest].get() < self.window || self.absorb(dest)
     }
 
-    /// Takes the credits `dest` returned; whether the window has room now.
+    /// Takes the credits `dest` returned; whether the window has room now
+    /// (always, once the system is shutting down: its sends no longer
+    /// wait, and its credit tags may belong to another system soon).
     #[cold]
     fn absorb(&self, dest: usize) -> bool {
+        if self
+            .shutting_down
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return true;
+        }
         if let Some(n) = hot::try_take_hot_count(self.credit_tag(dest)) {
             self.credit(dest, n);
         }
@@ -238,6 +260,14 @@ impl ShardFlow {
 
     #[cold]
     fn give_back(&self, source: usize, mut owed: u64) {
+        // A shutting-down system's senders no longer wait for credits, and
+        // its tags go back to the runtime.
+        if self
+            .shutting_down
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return;
+        }
         while owed > 0 {
             let part = owed.min(u64::from(u32::MAX));
             hot::send_tiny(

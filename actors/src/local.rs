@@ -1240,6 +1240,7 @@ fn registry(system: &Arc<SystemShared>) -> Option<Rc<ShardActors>> {
             system.handle.shards(),
             system.cross_shard_window,
             system.credit_base,
+            system.shutting_down.clone(),
         )),
         topics: RefCell::new(HashMap::new()),
     });

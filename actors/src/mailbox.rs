@@ -588,7 +588,7 @@ mod tests {
             assert!(cell.push(num(n)).is_ok());
         }
         let mut batch = Batch::new();
-        let flow = ShardFlow::new(0, 1, 8, mailring::hot::DYNAMIC_HOT_TAGS);
+        let flow = ShardFlow::new(0, 1, 8, mailring::hot::DYNAMIC_HOT_TAGS, Default::default());
         assert_eq!(cell.take_all(&mut batch, &flow), 3);
         // Consume one, leaving 1 and 2 in the batch, then queue 3..6.
         assert_eq!(batch.next().map(number), Some(0));
@@ -653,7 +653,7 @@ mod tests {
             assert!(cell.push(<Quiet as Accepts<Ping>>::envelope(Ping)).is_ok());
         }
         let mut batch = Batch::new();
-        let flow = ShardFlow::new(0, 1, 8, mailring::hot::DYNAMIC_HOT_TAGS);
+        let flow = ShardFlow::new(0, 1, 8, mailring::hot::DYNAMIC_HOT_TAGS, Default::default());
         assert_eq!(cell.refill(&mut batch, &flow), 100_000);
         assert!(batch.capacity() >= 100_000);
         batch.0.clear();

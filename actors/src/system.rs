@@ -41,7 +41,8 @@ pub(crate) struct SystemShared {
     /// The turn of `Placement::RoundRobin`, apart from the uids (a spawn also
     /// takes a uid, so sharing that counter skipped every other shard).
     next_round_robin: AtomicUsize,
-    shutting_down: AtomicBool,
+    /// Shared with each shard's credit flow (see `crate::flow`).
+    pub(crate) shutting_down: Arc<AtomicBool>,
     closed: AtomicBool,
     factories: RwLock<AnyMap>,
     /// One bit per actor type slot: a factory is registered (what a send
@@ -245,7 +246,7 @@ impl SystemShared {
             credit_base,
             next_uid: AtomicU64::new(1),
             next_round_robin: AtomicUsize::new(0),
-            shutting_down: AtomicBool::new(false),
+            shutting_down: Arc::new(AtomicBool::new(false)),
             closed: AtomicBool::new(false),
             factories: RwLock::new(HashMap::new()),
             factory_bits: (0..64).map(|_| AtomicU64::new(0)).collect(),
@@ -530,7 +531,10 @@ impl ActorSystem {
     ///
     /// [`HotTagError::Exhausted`](mailring::hot::HotTagError::Exhausted):
     /// the runtime has no room left for the system's credit tags (one per
-    /// shard; thousands of systems were started on it).
+    /// shard; thousands of systems run on it at once). A system shut down
+    /// gives its tags back once its actors have all ended (its shutdown
+    /// waits up to two seconds for that), so systems started and stopped
+    /// in turn never run out.
     ///
     /// # Examples
     ///
@@ -846,6 +850,11 @@ impl ActorSystem {
         .unwrap_or_else(|| SystemShutdownReport::unreported(self.shared.handle.shards()));
         warn_unfinished(&report);
         drop_registries(&self.shared);
+        if self.runtime.is_none() {
+            if let Some(release) = release_credit_tags(&self.shared, &report) {
+                let _ = mailring::time::timeout(CREDIT_TAGS_RELEASE_WAIT, release).await;
+            }
+        }
         if let Some(runtime) = self.runtime.take() {
             // Not on this shard, which the runtime's shutdown waits for.
             let _ = std::thread::Builder::new()
@@ -886,8 +895,13 @@ impl ActorSystem {
 
 /// The system's credit tags, one per shard: the first.
 fn register_credit_tags(handle: &Handle) -> Result<u16, mailring::hot::HotTagError> {
-    let shards = handle.shards().min(mailring::MAX_SHARDS) as u16;
-    Ok(handle.register_hot_tags(shards)?.start)
+    Ok(handle.register_hot_tags(credit_tag_count(handle))?.start)
+}
+
+/// How many credit tags a system on `handle`'s runtime takes: one per
+/// shard.
+fn credit_tag_count(handle: &Handle) -> u16 {
+    handle.shards().min(mailring::MAX_SHARDS) as u16
 }
 
 /// Stops every actor of `shared` on every shard, each shard giving up at
@@ -985,13 +999,53 @@ fn shut_down(
     }
     .unwrap_or_else(|| SystemShutdownReport::unreported(n));
     warn_unfinished(&report);
+    let borrowed = runtime.is_none();
     report.runtime = match (runtime, deadline) {
         (Some(rt), Some(_)) => rt.shutdown_timeout(grace),
         (Some(rt), None) => rt.shutdown(),
         (None, _) => ShutdownReport::default(),
     };
     drop_registries(&shared);
+    if borrowed {
+        if let Some(release) = release_credit_tags(&shared, &report) {
+            // Waited for with a bound, as the stop was (a shard stuck in
+            // some other task's code would hold it); past it, the tags go
+            // back once that shard moves on.
+            let (done, released) = std::sync::mpsc::channel();
+            shared
+                .handle
+                .spawn_on(ShardId::new(0), async move {
+                    let _ = done.send(release.await);
+                })
+                .detach();
+            let _ = released.recv_timeout(CREDIT_TAGS_RELEASE_WAIT);
+        }
+    }
     report
+}
+
+/// How long a shutdown waits for its credit tags to go back to a runtime
+/// it did not start.
+const CREDIT_TAGS_RELEASE_WAIT: Duration = Duration::from_secs(2);
+
+/// Gives the credit tags of `shared`, a system on a runtime it did not
+/// start, back to that runtime for the next system started on it; `None`
+/// when its shutdown left actors running (they could still hand credits
+/// back through them) or a shard unheard from.
+fn release_credit_tags(
+    shared: &Arc<SystemShared>,
+    report: &SystemShutdownReport,
+) -> Option<mailring::JoinHandle<()>> {
+    if report.actors_abandoned > 0 || report.shards_unreported > 0 {
+        return None;
+    }
+    let handle = shared.handle.clone();
+    let tags = shared.credit_base..shared.credit_base + credit_tag_count(&handle);
+    Some(shared.handle.spawn_on(ShardId::new(0), async move {
+        if let Err(e) = handle.release_hot_tags(tags).await {
+            debug_assert!(false, "a system's credit tags given back twice: {e}");
+        }
+    }))
 }
 
 /// Says on stderr what a shutdown left running or could not account for.

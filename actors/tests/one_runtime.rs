@@ -205,3 +205,51 @@ fn what_is_registered_after_shutdown_is_not_kept() {
     drop(handle);
     assert!(rt.shutdown().is_clean());
 }
+
+/// Systems started on a runtime and shut down give their credit tags
+/// back: a runtime with room for two systems' tags at a time runs any
+/// number of them one after another. Credits still on their way when a
+/// system ends, and sends through an address the ended system left
+/// behind, never reach the next owner of its tags (a window credited
+/// twice, or robbed, would let its sender past the window or hold it for
+/// good).
+#[test]
+fn systems_started_and_shut_down_in_turn_reuse_their_credit_tags() {
+    let rt = runtime();
+    // Every dynamic tag but four taken: room for two 2-shard systems
+    // (the last tag, `u16::MAX`, is never handed out).
+    let all = u16::MAX - mailring_actors::mailring::hot::DYNAMIC_HOT_TAGS;
+    rt.handle().register_hot_tags(all - 4).unwrap();
+    let mut left_behind: Option<mailring_actors::Addr<Probe>> = None;
+    for round in 0..12 {
+        let sys = ActorSystem::start_on(rt.handle(), small_window())
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let p = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), Probe::default);
+        let old = left_behind.take();
+        let total = rt
+            .block_on(rt.handle().spawn_on(ShardId::new(0), async move {
+                for i in 0..500 {
+                    // The ended system's address, used now and then.
+                    if let Some(old) = &old {
+                        if i % 50 == 0 {
+                            let _ = old.tell(Bump);
+                            let _ = old.send(Bump).await;
+                        }
+                    }
+                    p.send(Bump).await.unwrap();
+                }
+                let total = p.ask(Total).await.unwrap();
+                // Messages left in flight as the system ends.
+                for _ in 0..3 {
+                    let _ = p.tell(Bump);
+                }
+                (total, p)
+            }))
+            .unwrap();
+        assert_eq!(total.0, 500, "round {round}");
+        left_behind = Some(total.1);
+        let report = sys.shutdown();
+        assert!(report.is_clean(), "round {round}: {report:?}");
+    }
+    assert!(rt.shutdown().is_clean());
+}

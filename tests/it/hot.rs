@@ -220,6 +220,45 @@ fn tags_registered_after_build_are_disjoint_skip_the_builders_and_run_out() {
     assert_eq!(h.register_hot_tags(1).unwrap(), first + 10..first + 11);
 }
 
+/// Tags given back are handed out again, without what their counters
+/// held; a tag never handed out, or given back twice, is refused.
+#[test]
+fn tags_given_back_are_handed_out_again_with_nothing_left_on_them() {
+    let rt = mailring::Runtime::builder().shards(2).build().unwrap();
+    let h = rt.handle().clone();
+    let tags = h.register_hot_tags(2).unwrap();
+    let tag = tags.start;
+    let h2 = h.clone();
+    let again = rt.block_on(async move {
+        // Counts left on both shards, one of them still on its way.
+        hot::send_tiny(ShardId::new(0), tag, 5);
+        hot::send_tiny(ShardId::new(1), tag, 7);
+        h2.release_hot_tags(tags.clone()).await.unwrap();
+        assert_eq!(
+            h2.release_hot_tags(tags.clone()).await,
+            Err(hot::HotTagError::NotRegistered { tag })
+        );
+        let unissued = tags.end + 10;
+        assert_eq!(
+            h2.release_hot_tags(unissued..unissued + 1).await,
+            Err(hot::HotTagError::NotRegistered { tag: unissued })
+        );
+        let again = h2.register_hot_tags(1).unwrap();
+        assert_eq!(again, tag..tag + 1, "a run given back is taken first");
+        assert_eq!(hot::try_take_hot_count(tag), None, "nothing left here");
+        again
+    });
+    let left_on_1 = rt
+        .block_on(h.spawn_on(ShardId::new(1), async move {
+            hot::try_take_hot_count(again.start)
+        }))
+        .unwrap();
+    assert_eq!(left_on_1, None, "nothing left on the other shard");
+    // The rest of the run given back comes next.
+    assert_eq!(h.register_hot_tags(1).unwrap(), tag + 1..tag + 2);
+    assert_eq!(h.register_hot_tags(1).unwrap(), tag + 2..tag + 3);
+}
+
 #[test]
 fn a_tag_registered_after_build_is_summed_like_a_builders() {
     let rt = mailring::Runtime::builder().shards(2).build().unwrap();
