@@ -21,9 +21,13 @@ use std::time::Duration;
 use mailring_actors::mailring::net::{TcpListener, TcpStream};
 use mailring_actors::mailring::{self, Handle, JoinHandle, ShardId};
 
-/// How long an accept loop waits after an accept that failed for want of
-/// descriptors or memory before it tries again.
+/// How long an accept loop waits, at first, after an accept that failed
+/// for a reason that is not the connection's own (out of descriptors or
+/// memory, a listener that fails for good) before it tries again; the wait
+/// doubles while they go on failing.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
+/// The longest pause between failed accepts, while they go on failing.
+const ACCEPT_ERROR_PAUSE_MAX: Duration = Duration::from_secs(1);
 
 /// What the accept loops and the handlers share.
 struct Shared<F> {
@@ -222,19 +226,24 @@ async fn accept_loop<F, Fut>(
             return;
         }
     };
+    let mut pause = ACCEPT_ERROR_PAUSE;
     loop {
         let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
+            Ok(accepted) => {
+                pause = ACCEPT_ERROR_PAUSE;
+                accepted
+            }
             Err(e) => {
                 shared.accept_errors.fetch_add(1, Ordering::Relaxed);
-                // Out of descriptors or memory: breathe before the next. A
-                // connection the peer reset before it was taken
+                // Out of descriptors or memory, or a listener that fails
+                // for good: breathe before the next, longer while it
+                // lasts. A connection the peer reset before it was taken
                 // (ECONNABORTED) concerns only itself.
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-                ) {
-                    mailring::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                if crate::server::accept_error_concerns_one_connection(&e) {
+                    pause = ACCEPT_ERROR_PAUSE;
+                } else {
+                    mailring::time::sleep(pause).await;
+                    pause = (pause * 2).min(ACCEPT_ERROR_PAUSE_MAX);
                 }
                 continue;
             }

@@ -861,15 +861,13 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
                     .counters(shard)
                     .accept_errors
                     .fetch_add(1, Ordering::Relaxed);
-                // Out of descriptors or memory: breathe before the next,
-                // longer while it lasts, and say so at most every
+                // Out of descriptors or memory, or a listener that fails
+                // for good: breathe before the next, longer while it
+                // lasts, and say so at most every
                 // `ACCEPT_ERROR_REPORT_EVERY` (with how many since). A
                 // connection the peer reset before it was taken
-                // (ECONNABORTED, ENOTCONN) concerns only itself.
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-                ) {
+                // (ECONNABORTED) concerns only itself.
+                if !accept_error_concerns_one_connection(&e) {
                     let now = std::time::Instant::now();
                     match &mut reported {
                         Some((at, since))
@@ -1462,6 +1460,33 @@ impl std::fmt::Debug for StatsSource {
 
 /// The first wait of a listener after an accept failed for want of
 /// descriptors or memory, and the longest (it doubles while they last).
+/// Whether a failed accept concerns only the connection it would have
+/// taken (accept(2): a connection reset or refused before it was taken,
+/// and the network errors of a pending connection, which Linux passes on
+/// and asks callers to treat as a retry). Anything else (out of
+/// descriptors or memory, a listening socket that fails for good, an
+/// error the ring reports) would fail again at once: the accept loop
+/// pauses before its next try rather than spin.
+pub(crate) fn accept_error_concerns_one_connection(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ECONNABORTED
+                | libc::EPERM
+                | libc::EPROTO
+                | libc::ENETDOWN
+                | libc::ENOPROTOOPT
+                | libc::EHOSTDOWN
+                | libc::ENONET
+                | libc::EHOSTUNREACH
+                | libc::ENETUNREACH
+                | libc::ETIMEDOUT
+                | libc::EAGAIN
+                | libc::EINTR
+        )
+    )
+}
+
 const ACCEPT_BREATHER_MIN: Duration = Duration::from_millis(10);
 const ACCEPT_BREATHER_MAX: Duration = Duration::from_secs(1);
 

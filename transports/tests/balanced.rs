@@ -152,3 +152,33 @@ fn a_port_something_listens_on_is_refused() {
     assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
     rt.shutdown();
 }
+
+/// A listener whose accepts keep failing (its sockets shut down under it,
+/// so every accept says `EINVAL`) is retried with pauses that grow, not in
+/// a busy loop, and the connections it served go on.
+#[test]
+fn accepts_that_keep_failing_are_retried_with_pauses_not_at_once() {
+    let rt = runtime(2);
+    let listener = echo_recording(&rt, Arc::new(Mutex::new(Vec::new())));
+    let addr = listener.local_addr();
+    let mut good = TcpStream::connect(addr).unwrap();
+    good.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    round_trip(&mut good, b"before");
+    let fds = common::listening_fds(addr);
+    assert!(!fds.is_empty(), "the listeners' sockets");
+    for fd in fds {
+        // SAFETY: a socket of this process's; only its receiving side is
+        // shut down.
+        assert_eq!(unsafe { libc::shutdown(fd, libc::SHUT_RD) }, 0);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while listener.accept_errors() == 0 {
+        assert!(Instant::now() < deadline, "no failed accept");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let errors = listener.accept_errors();
+    assert!(errors < 100, "{errors} failed accepts in half a second");
+    round_trip(&mut good, b"still served");
+}

@@ -2968,3 +2968,35 @@ fn a_handler_past_the_handler_timeout_closes_its_connection() {
     rt.block_on(server.shutdown());
     rt.shutdown();
 }
+
+/// A listener whose accepts keep failing (here its socket was shut down
+/// under the server, so every accept says `EINVAL`) is not retried in a
+/// busy loop: each failure waits, longer while they last, as one out of
+/// descriptors does, and the shard goes on serving its connections.
+#[test]
+fn a_listener_whose_accepts_keep_failing_is_retried_with_pauses_not_at_once() {
+    let rt = runtime(1);
+    let server = one_shard_server(&rt, ServerConfig::default(), |_| Echo);
+    let addr = server.local_addr();
+    let mut good = client(addr);
+    round_trip(&mut good, b"before");
+    let fds = common::listening_fds(addr);
+    assert!(!fds.is_empty(), "the listener's socket");
+    for fd in fds {
+        // SAFETY: a socket of this process's; only its receiving side is
+        // shut down.
+        assert_eq!(unsafe { libc::shutdown(fd, libc::SHUT_RD) }, 0);
+    }
+    wait_for(&server, "a failed accept", |s| {
+        s.total(|s| s.accept_errors) > 0
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let errors = server.stats().total(|s| s.accept_errors);
+    // Pauses of 10 ms doubling: under ten in half a second (a busy loop
+    // makes hundreds of thousands).
+    assert!(errors < 100, "{errors} failed accepts in half a second");
+    round_trip(&mut good, b"still served");
+    drop(good);
+    rt.block_on(server.shutdown());
+    rt.shutdown();
+}

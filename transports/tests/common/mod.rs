@@ -135,3 +135,44 @@ pub(crate) fn connect_steered_to(addr: SocketAddr, shard: usize) -> TcpStream {
         return s;
     }
 }
+
+/// The listening sockets of this process bound to `addr` (every shard's
+/// with `ReusePort`), found among its descriptors.
+pub(crate) fn listening_fds(addr: std::net::SocketAddr) -> Vec<i32> {
+    let mut fds = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: all zeros is a valid `sockaddr_in` (plain integers).
+        let mut storage: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: `storage` is a writable `sockaddr_in` of `len` bytes.
+        let named = unsafe { libc::getsockname(fd, (&raw mut storage).cast(), &mut len) };
+        let mut listening: libc::c_int = 0;
+        let mut olen = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `listening` is a writable `c_int` of `olen` bytes.
+        let asked = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_ACCEPTCONN,
+                (&raw mut listening).cast(),
+                &mut olen,
+            )
+        };
+        if named == 0
+            && asked == 0
+            && listening == 1
+            && storage.sin_family == libc::AF_INET as libc::sa_family_t
+            && u16::from_be(storage.sin_port) == addr.port()
+        {
+            fds.push(fd);
+        }
+    }
+    fds
+}
