@@ -108,12 +108,34 @@ fn parse_v1(buf: &[u8]) -> Result<Parsed, ProxyError> {
         if buf.len() >= V1_MAX {
             return Err(ProxyError::TooLong(V1_MAX));
         }
-        // A byte that can never be in a v1 line fails now, not at 107.
-        if let Some(b) = buf
+        // A byte that can never be in a v1 line fails now, not at 107: a
+        // `\r` only as the last byte so far (its `\n` to come).
+        let last = buf.len() - 1;
+        if let Some((_, b)) = buf
             .iter()
-            .find(|b| !(b.is_ascii_graphic() || **b == b' ' || **b == b'\r'))
+            .enumerate()
+            .find(|&(i, b)| !(b.is_ascii_graphic() || *b == b' ' || (*b == b'\r' && i == last)))
         {
             return Err(ProxyError::V1(format!("byte {b:#04x} in the line")));
+        }
+        // So does a protocol that can never be one.
+        let proto = buf[6..]
+            .split(|&b| b == b' ' || b == b'\r')
+            .next()
+            .unwrap_or(&[]);
+        let complete = buf.len() > 6 + proto.len();
+        let known = [&b"TCP4"[..], b"TCP6", b"UNKNOWN"];
+        if !known.iter().any(|k| {
+            if complete {
+                *k == proto
+            } else {
+                k.starts_with(proto)
+            }
+        }) {
+            return Err(ProxyError::V1(format!(
+                "protocol {:?}",
+                String::from_utf8_lossy(proto)
+            )));
         }
         return Ok(Parsed::Incomplete);
     };
@@ -355,6 +377,42 @@ mod tests {
     /// (`0x01`..=`0x0f`: no family, a transport) are refused, and a bad
     /// command is refused from the fixed part, without waiting for a body
     /// that may never come.
+    /// A v1 line that can never be valid is refused as the byte that
+    /// makes it so arrives, not when its end (or byte 107, or the
+    /// timeout) comes.
+    #[test]
+    fn v1_refuses_a_stray_cr_or_an_unknown_protocol_early() {
+        for early in [
+            &b"PROXY \rX"[..],
+            b"PROXY FOO",
+            b"PROXY TCP5",
+            b"PROXY TCP4X",
+            b"PROXY UNKNOWNS",
+            b"PROXY TCP4 1.2.3.4\r ",
+        ] {
+            assert!(
+                matches!(parse(early), Err(ProxyError::V1(_))),
+                "{:?}",
+                String::from_utf8_lossy(early)
+            );
+        }
+        for fine in [
+            &b"PROXY T"[..],
+            b"PROXY TCP",
+            b"PROXY TCP4",
+            b"PROXY TCP4 1.2",
+            b"PROXY UNKNOWN whatever",
+            b"PROXY TCP4 1.2.3.4 5.6.7.8 1 2\r",
+        ] {
+            assert_eq!(
+                parse(fine),
+                Ok(Parsed::Incomplete),
+                "{:?}",
+                String::from_utf8_lossy(fine)
+            );
+        }
+    }
+
     #[test]
     fn v2_refuses_an_unspecified_family_with_a_transport_and_a_bad_command_early() {
         for byte in 0x01..=0x0f {
