@@ -92,7 +92,9 @@ pub const DYNAMIC_HOT_TAGS: u16 = 0xC000;
 pub enum HotTagError {
     /// Fewer than the tags asked for are left in the dynamic range
     /// (`DYNAMIC_HOT_TAGS..u16::MAX`), counting those given back with
-    /// [`Handle::release_hot_tags`](crate::Handle::release_hot_tags).
+    /// [`Handle::release_hot_tags`](crate::Handle::release_hot_tags) (an
+    /// actor system gives its tags back when its shutdown ends all its
+    /// actors, not when it leaves some running).
     #[error(
         "no {asked} consecutive hot tags are left from {DYNAMIC_HOT_TAGS:#x} up: register fewer, release the ones no longer used, or start fewer systems on one runtime at a time"
     )]

@@ -504,8 +504,9 @@ impl Handle {
     /// any thread or shard; it never waits.
     ///
     /// The tags come from [`hot::DYNAMIC_HOT_TAGS`](crate::hot::DYNAMIC_HOT_TAGS)
-    /// up, skipping the ones the `Builder` registered; two callers never
-    /// get the same tag, and a tag is never handed out twice.
+    /// up, skipping the ones the `Builder` registered; two holders never
+    /// have the same tag at once: a tag is handed out again only after
+    /// [`release_hot_tags`](Self::release_hot_tags) gave it back.
     ///
     /// # Errors
     ///
@@ -554,9 +555,12 @@ impl Handle {
     /// takes their counts or waits on them any more. Tiny messages already
     /// sent (queued in a shard's tick, or on their way through a ring)
     /// are waited out and discarded with what the counters hold: every
-    /// shard finishes a tick three times over before the tags go back, so
-    /// none of them reaches the tags' next owner. From any thread or
-    /// shard; it waits for every shard.
+    /// shard begins a new tick (taking its inbox, reaping its ring) twice
+    /// over, three rounds in turn, before the counts are dropped and the
+    /// tags go back, so none of them reaches the tags' next owner. The
+    /// work runs in a task of its own: dropping the returned future (a
+    /// timeout) leaves it to finish. From any thread or shard; it waits
+    /// for every shard.
     ///
     /// # Errors
     ///
@@ -577,19 +581,47 @@ impl Handle {
     /// assert_eq!(again, 0xC000..0xC002);
     /// # Ok::<(), mailring::BuildError>(())
     /// ```
-    pub async fn release_hot_tags(
+    pub fn release_hot_tags(
         &self,
         tags: std::ops::Range<u16>,
-    ) -> Result<(), crate::hot::HotTagError> {
-        self.shared.dynamic_hot.begin_release(tags.clone())?;
+    ) -> impl Future<Output = Result<(), crate::hot::HotTagError>> + Send + 'static {
+        let begun = self.shared.dynamic_hot.begin_release(tags.clone());
+        let handle = self.clone();
+        let release = begun.map(|()| {
+            // Its own task: the tags are not left half released if the
+            // caller gives up waiting.
+            self.spawn_on(ShardId::new(0), async move {
+                let done = handle.wait_out_and_reset(tags.clone()).await;
+                handle.shared.dynamic_hot.end_release(tags, done);
+            })
+        });
+        async move {
+            match release {
+                Ok(task) => {
+                    let _ = task.await;
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        }
+    }
+
+    /// Waits out the tiny messages on their way on `tags` (see
+    /// [`release_hot_tags`](Self::release_hot_tags)), then drops what every
+    /// shard holds for them; `false` when a shard could not take part (the
+    /// runtime is shutting down).
+    async fn wait_out_and_reset(&self, tags: std::ops::Range<u16>) -> bool {
         let shards = self.shards();
         let mut done = true;
-        // Three ticks on every shard, one after another: the first
-        // publishes what each had queued, the second reaps it where it
-        // went, the third allows for a completion queue that overflowed.
+        // Each round: every shard begins two ticks after it sees the
+        // round's task (the first publishes what the shard had queued, the
+        // second's start takes its inbox and reaps its ring). Three rounds
+        // in turn: the first publishes, the second reaps what it
+        // published, the third allows for a completion queue that
+        // overflowed or a send the ring refused.
         for _ in 0..3 {
             let ticks: Vec<_> = (0..shards)
-                .map(|s| self.spawn_on(ShardId::new(s), async {}))
+                .map(|s| self.spawn_on(ShardId::new(s), two_tick_starts()))
                 .collect();
             for tick in ticks {
                 done &= tick.await.is_ok();
@@ -610,8 +642,7 @@ impl Handle {
         for reset in resets {
             done &= reset.await.is_ok();
         }
-        self.shared.dynamic_hot.end_release(tags, done);
-        Ok(())
+        done
     }
 
     /// Runs `future` on shard 0 and blocks until it finishes (see
@@ -1218,4 +1249,22 @@ pub(crate) fn wait_on_thread<F: Future>(future: F) -> F::Output {
             thread::park();
         }
     }
+}
+
+/// Completes once the shard it runs on has begun two more ticks than the
+/// one it was first polled in (every tick begins by taking its inbox and
+/// reaping its ring, and the one between ends by publishing what it
+/// queued).
+async fn two_tick_starts() {
+    let mut first = None;
+    std::future::poll_fn(|cx| {
+        let now = crate::shard::current_tick().unwrap_or(0);
+        let first = *first.get_or_insert(now);
+        if now >= first.wrapping_add(2) || crate::shard::current_tick().is_none() {
+            return std::task::Poll::Ready(());
+        }
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
+    .await;
 }

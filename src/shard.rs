@@ -257,6 +257,12 @@ pub(crate) fn take_immediate_io() -> bool {
     .unwrap_or(false)
 }
 
+/// The number of the calling shard's current tick (each starts by taking
+/// its inbox and reaping its ring); `None` off every shard.
+pub(crate) fn current_tick() -> Option<u64> {
+    with_current(|s| s.ticks.get())
+}
+
 /// Runs `f` with the shard of the calling thread, if it is a shard thread.
 pub(crate) fn with_current<R>(f: impl FnOnce(&Shard) -> R) -> Option<R> {
     let ptr = CURRENT.try_with(Cell::get).ok()?;

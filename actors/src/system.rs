@@ -531,10 +531,12 @@ impl ActorSystem {
     ///
     /// [`HotTagError::Exhausted`](mailring::hot::HotTagError::Exhausted):
     /// the runtime has no room left for the system's credit tags (one per
-    /// shard; thousands of systems run on it at once). A system shut down
-    /// gives its tags back once its actors have all ended (its shutdown
-    /// waits up to two seconds for that), so systems started and stopped
-    /// in turn never run out.
+    /// shard; thousands of systems run on it at once). A system whose
+    /// shutdown ended all its actors gives its tags back (the shutdown
+    /// waits up to two seconds for the runtime to take them), so systems
+    /// started and stopped in turn never run out; one whose shutdown left
+    /// actors running, or a shard unheard from, keeps them for good (those
+    /// actors could still hand credits back through them).
     ///
     /// # Examples
     ///

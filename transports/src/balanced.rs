@@ -180,8 +180,9 @@ impl BalancedListener {
         self.counts.moved()
     }
 
-    /// Accepts that failed (those for want of descriptors or memory
-    /// followed by a 10 ms pause).
+    /// Accepts that failed (each for a reason not the connection's own,
+    /// such as a want of descriptors or memory, followed by a pause of
+    /// 10 ms that doubles, up to a second, while they go on).
     pub fn accept_errors(&self) -> u64 {
         self.counts.accept_errors()
     }

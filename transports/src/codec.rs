@@ -194,7 +194,10 @@ impl Codec for LengthDelimited {
 }
 
 /// Lines ended by `\n` (a `\r` before it is dropped too); frames are the
-/// line's bytes without the ending, and encoding appends `\n`.
+/// line's bytes without the ending, and encoding appends `\n`: a frame
+/// sent with a `\r` at its end goes out ended by `\r\n`, as the lines of a
+/// CRLF protocol (SMTP, POP3, IRC) are (a reader drops that `\r` with the
+/// ending).
 ///
 /// A `Lines` remembers how far it searched the buffer it was last given
 /// (so a long line arriving in pieces is searched once): it decodes one
@@ -281,12 +284,6 @@ impl Codec for Lines {
                 "a line to send contains `\\n`".into(),
             ));
         }
-        if frame.last() == Some(&b'\r') {
-            // The reader would take it for part of the ending.
-            return Err(CodecError::Malformed(
-                "a line to send ends in `\\r`, which its reader would drop with the ending".into(),
-            ));
-        }
         dst.reserve(frame.len() + 1);
         dst.extend_from_slice(&frame);
         dst.put_u8(b'\n');
@@ -345,9 +342,11 @@ impl Codec for RawBytes {
 /// A frame's value may claim in memory up to 16 times the frame maximum
 /// in its strings and byte buffers, as bincode counts them before it reads
 /// them (in steps: at least 1 MiB, at most 8 GiB), and as much again in
-/// the elements of its sequences and maps, each counted at its size in
-/// memory and at least 16 bytes (what the bound allows per byte of the
-/// frame: an element of a zero-size type takes none on the wire); it may nest at most [`MAX_BINCODE_DEPTH`] levels. Past any
+/// the elements of its collections (sequences and maps: not the fields of
+/// a struct, tuple or array, which are their parent's size), each counted
+/// at its size in memory and at least 16 bytes (what the bound allows per
+/// byte of the frame: an element of a zero-size type takes none on the
+/// wire); it may nest at most [`MAX_BINCODE_DEPTH`] levels. Past any
 /// of these the frame is refused as malformed, and its connection closed.
 /// A length field is read before the bytes it counts: without a bound, 14
 /// bytes claiming a string of 2^50 bytes would make the decoder ask for
@@ -425,7 +424,7 @@ pub const MAX_BINCODE_DEPTH: usize = 128;
 
 /// Decodes `In` from `frame`: its strings and byte buffers claiming at
 /// most the first step of bincode's compile-time limits that covers
-/// `memory`, its sequences' and maps' elements taking at most `memory` in
+/// `memory`, its collections' elements taking at most `memory` in
 /// all (each at its type's size in memory, and at least 16 bytes:
 /// bincode's limit counts bytes read, and an element may take none), nested at
 /// most [`MAX_BINCODE_DEPTH`] levels.
@@ -553,11 +552,14 @@ mod tests {
     }
 
     #[test]
-    fn lines_refuse_to_send_what_would_not_come_back_as_sent() {
+    fn lines_refuse_to_send_a_line_break_and_end_a_cr_terminated_line_with_crlf() {
         let mut c = Lines::new();
         let mut wire = BytesMut::new();
         assert!(c.encode(Bytes::from_static(b"a\nb"), &mut wire).is_err());
-        assert!(c.encode(Bytes::from_static(b"abc\r"), &mut wire).is_err());
+        c.encode(Bytes::from_static(b"HELO x\r"), &mut wire)
+            .unwrap();
+        assert_eq!(&wire[..], b"HELO x\r\n");
+        assert_eq!(&c.decode(&mut wire).unwrap().unwrap()[..], b"HELO x");
         c.encode(Bytes::from_static(b"a\rb"), &mut wire).unwrap();
         assert_eq!(&c.decode(&mut wire).unwrap().unwrap()[..], b"a\rb");
     }
@@ -721,6 +723,28 @@ mod tests {
         let mut wire = BytesMut::new();
         c.encode(vec![None; 500], &mut wire).unwrap();
         assert_eq!(c.decode(&mut wire).unwrap().map(|v| v.len()), Some(500));
+    }
+
+    /// The fields of a struct, tuple or array (which bincode reads as a
+    /// sequence too) are not counted again beside their parent: frames
+    /// near the maximum of hashes or pairs of small numbers decode.
+    #[test]
+    fn bincode_counts_a_collections_elements_not_each_of_their_fields() {
+        let frames = LengthDelimited::new().max_frame(1 << 16);
+        let mut hashes = Bincode::<Vec<[u8; 32]>, Vec<[u8; 32]>>::with_frames(frames);
+        let mut wire = BytesMut::new();
+        hashes.encode(vec![[7u8; 32]; 2000], &mut wire).unwrap();
+        assert_eq!(
+            hashes.decode(&mut wire).unwrap().map(|v| v.len()),
+            Some(2000)
+        );
+        let mut pairs = Bincode::<Vec<(u32, u32)>, Vec<(u32, u32)>>::with_frames(frames);
+        let mut wire = BytesMut::new();
+        pairs.encode(vec![(1, 2); 32_000], &mut wire).unwrap();
+        assert_eq!(
+            pairs.decode(&mut wire).unwrap().map(|v| v.len()),
+            Some(32_000)
+        );
     }
 
     #[test]

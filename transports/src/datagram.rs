@@ -203,8 +203,8 @@ pub struct DatagramConfig {
     /// running (a handler that never finishes) are left to end with the
     /// runtime, and counted as dropped in its shutdown report. Default 5 s.
     pub shutdown_grace: Duration,
-    /// How long one `on_datagram` may run. A handler still running past
-    /// it (waiting on an upstream that never answers) is dropped where it
+    /// How long one `on_datagram` may run from its first wait (one that
+    /// never waits is not timed). A handler still running past it (waiting on an upstream that never answers) is dropped where it
     /// waits, its queued replies are not sent (its state may be half
     /// changed), and its session ends with
     /// [`DatagramClose::HandlerTimeout`] (counted in

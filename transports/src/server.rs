@@ -138,8 +138,9 @@ pub struct ServerConfig {
     /// Close a connection that starts a frame and does not finish it within
     /// this time. Default 30 s.
     pub frame_timeout: Option<Duration>,
-    /// Close a connection whose `on_frame` handler is still running after
-    /// this long ([`CloseReason::HandlerTimeout`]): the handler is dropped
+    /// Close a connection whose `on_frame` handler is still running this
+    /// long after it first waited (one that never waits is not timed;
+    /// [`CloseReason::HandlerTimeout`]): the handler is dropped
     /// where it waits (an upstream that never answers), with the replies
     /// not yet written. Without it such a handler holds its connection,
     /// and its place under the limits, until the shutdown's grace runs
@@ -763,8 +764,9 @@ async fn accept_loop<S: Session>(shared: Arc<Shared<S>>, listener: Listener, ind
     let wake = WakeCell::register(shared.id);
     let limit = shared.config.max_connections.max(1);
     let mut paused = false;
-    // Out of descriptors or memory: how long to wait before the next
-    // accept (doubling while it lasts), and the last report of it.
+    // Accepts failing for a reason not the connection's own (out of
+    // descriptors or memory): how long to wait before the next accept
+    // (doubling while it lasts), and the last report of it.
     let mut breather = ACCEPT_BREATHER_MIN;
     let mut reported: Option<(std::time::Instant, u64)> = None;
     loop {
@@ -1458,8 +1460,6 @@ impl std::fmt::Debug for StatsSource {
     }
 }
 
-/// The first wait of a listener after an accept failed for want of
-/// descriptors or memory, and the longest (it doubles while they last).
 /// Whether a failed accept concerns only the connection it would have
 /// taken (accept(2): a connection reset or refused before it was taken,
 /// and the network errors of a pending connection, which Linux passes on
@@ -1487,11 +1487,14 @@ pub(crate) fn accept_error_concerns_one_connection(e: &std::io::Error) -> bool {
     )
 }
 
+/// The first wait of a listener after an accept failed for a reason not
+/// the connection's own (see [`accept_error_concerns_one_connection`]),
+/// and the longest (it doubles while they last).
 const ACCEPT_BREATHER_MIN: Duration = Duration::from_millis(10);
 const ACCEPT_BREATHER_MAX: Duration = Duration::from_secs(1);
 
-/// How often a listener reports accepts failing for want of descriptors
-/// or memory (each is counted in the stats' `accept_errors`).
+/// How often a listener reports accepts failing for a reason not the
+/// connection's own (each is counted in the stats' `accept_errors`).
 const ACCEPT_ERROR_REPORT_EVERY: Duration = Duration::from_secs(10);
 
 /// The least a send carries when there is that much to send (see
@@ -2174,7 +2177,12 @@ where
         };
         let sleep = deadline.get_or_insert_with(|| mailring::time::sleep(limit));
         match Pin::new(sleep).poll(task) {
-            Poll::Ready(()) => Poll::Ready(Handled::TimedOut),
+            // A send that failed meanwhile is the first cause (and its
+            // bytes were not sent).
+            Poll::Ready(()) => Poll::Ready(match failed.take() {
+                Some(e) => Handled::SendFailed(e),
+                None => Handled::TimedOut,
+            }),
             Poll::Pending => Poll::Pending,
         }
     })

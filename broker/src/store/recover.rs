@@ -108,6 +108,10 @@ const SALVAGE: &str = "salvage";
 /// the mark away.
 const WRITE_FAILED: &str = "write-failed";
 
+/// In a log directory: the segments `--repair-log` agreed to go on without
+/// (one number a line), so later starts do not refuse the same gap.
+const SEGMENTS_LOST: &str = "segments-lost";
+
 /// Takes the mark of [`WRITE_FAILED`] away once the log's last segment
 /// was written again and flushed.
 fn clear_write_failed(log_dir: &Path) -> io::Result<()> {
@@ -625,13 +629,24 @@ fn check_header_place(path: &Path, data: &[u8], place: (u16, u32), repair: bool)
         place.0
     );
     if repair {
-        eprintln!("mailring-broker: {said}; read as what its place says (--repair-log)");
+        // Written so, once: later starts find it as its place says.
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(at(path))?;
+        file.write_all_at(&log::segment_header(place.0, place.1), 0)
+            .and_then(|()| file.sync_all())
+            .map_err(at(path))?;
+        eprintln!(
+            "mailring-broker: {said}; its header now says what its place does (--repair-log)"
+        );
         return Ok(());
     }
     Err(io::Error::new(
         io::ErrorKind::InvalidData,
         format!(
-            "{said} (copied or renamed into another's place?): nothing was changed. Put it back where its header says, or start with --repair-log to read it as what its place says"
+            "{said} (copied or renamed into another's place?): nothing was changed. Put it back where its header says, or start once with --repair-log to take it for what its place says (its header is written so)"
         ),
     ))
 }
@@ -641,9 +656,16 @@ fn check_header_place(path: &Path, data: &[u8], place: (u16, u32), repair: bool)
 /// lost (deleted by hand, or by the filesystem) with acknowledged
 /// records. Under `repair` the log is read without it, with a message.
 fn check_no_gap(log_dir: &Path, segments: &[(u32, PathBuf)], repair: bool) -> io::Result<()> {
+    let lost_file = log_dir.join(SEGMENTS_LOST);
+    let mut lost: Vec<u32> = match std::fs::read_to_string(&lost_file) {
+        Ok(text) => text.lines().filter_map(|l| l.trim().parse().ok()).collect(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(at(&lost_file)(e)),
+    };
+    let known = lost.len();
     for pair in segments.windows(2) {
         let (before, after) = (pair[0].0, pair[1].0);
-        if after == before + 1 {
+        if after == before + 1 || (before + 1..after).all(|n| lost.contains(&n)) {
             continue;
         }
         let missing = log_dir.join(log::segment_file_name(before + 1));
@@ -659,11 +681,21 @@ fn check_no_gap(log_dir: &Path, segments: &[(u32, PathBuf)], repair: bool) -> io
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "{said}: nothing was changed. Restore it, or start with --repair-log to go on without it"
+                    "{said}: nothing was changed. Restore it, or start once with --repair-log to go on without it for good (it is noted in {SEGMENTS_LOST})"
                 ),
             ));
         }
-        eprintln!("mailring-broker: {said}; read without it (--repair-log)");
+        eprintln!("mailring-broker: {said}; read without it from now on (--repair-log)");
+        lost.extend(before + 1..after);
+    }
+    if lost.len() > known {
+        // Kept, so later starts go on without them too.
+        let text: String = lost.iter().map(|n| format!("{n}\n")).collect();
+        let mut file = File::create(&lost_file).map_err(at(&lost_file))?;
+        file.write_all(text.as_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(at(&lost_file))?;
+        sync_dir(log_dir)?;
     }
     Ok(())
 }

@@ -81,28 +81,47 @@ impl Limits {
 pub(crate) struct Bounded<'l, T> {
     inner: T,
     limits: &'l Limits,
+    /// For a visitor, and the sequence or map access it is handed: whether
+    /// its elements are counted against the memory bound. Those of a
+    /// collection (`deserialize_seq`, `deserialize_map`) are; the fields
+    /// of a struct, tuple or array (which bincode also reads as a
+    /// sequence) are not: their memory is their parent's size.
+    counted: bool,
 }
 
 impl<'l, T> Bounded<'l, T> {
     pub(crate) fn new(inner: T, limits: &'l Limits) -> Self {
-        Bounded { inner, limits }
+        Bounded {
+            inner,
+            limits,
+            counted: false,
+        }
     }
 
     fn wrap<U>(&self, inner: U) -> Bounded<'l, U> {
         Bounded {
             inner,
             limits: self.limits,
+            counted: self.counted,
+        }
+    }
+
+    fn wrap_counted<U>(&self, inner: U, counted: bool) -> Bounded<'l, U> {
+        Bounded {
+            inner,
+            limits: self.limits,
+            counted,
         }
     }
 }
 
 /// Forwards `deserialize_*` methods, one level deeper, with the visitor
-/// bounded.
+/// bounded (its elements counted when `counted`: a collection's).
 macro_rules! forward_deserialize {
-    ($($method:ident($($arg:ident: $ty:ty),*);)*) => {$(
+    ($($method:ident($($arg:ident: $ty:ty),*) $counted:literal;)*) => {$(
         fn $method<V: Visitor<'de>>(self, $($arg: $ty,)* visitor: V) -> Result<V::Value, D::Error> {
             self.limits.enter()?;
-            let visitor = self.wrap(visitor);
+            let visitor = self.wrap_counted(visitor, $counted);
             let value = self.inner.$method($($arg,)* visitor);
             self.limits.leave();
             value
@@ -114,37 +133,37 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Bounded<'_, D> {
     type Error = D::Error;
 
     forward_deserialize! {
-        deserialize_any();
-        deserialize_bool();
-        deserialize_i8();
-        deserialize_i16();
-        deserialize_i32();
-        deserialize_i64();
-        deserialize_i128();
-        deserialize_u8();
-        deserialize_u16();
-        deserialize_u32();
-        deserialize_u64();
-        deserialize_u128();
-        deserialize_f32();
-        deserialize_f64();
-        deserialize_char();
-        deserialize_str();
-        deserialize_string();
-        deserialize_bytes();
-        deserialize_byte_buf();
-        deserialize_option();
-        deserialize_unit();
-        deserialize_unit_struct(name: &'static str);
-        deserialize_newtype_struct(name: &'static str);
-        deserialize_seq();
-        deserialize_tuple(len: usize);
-        deserialize_tuple_struct(name: &'static str, len: usize);
-        deserialize_map();
-        deserialize_struct(name: &'static str, fields: &'static [&'static str]);
-        deserialize_enum(name: &'static str, variants: &'static [&'static str]);
-        deserialize_identifier();
-        deserialize_ignored_any();
+        deserialize_any() true;
+        deserialize_bool() false;
+        deserialize_i8() false;
+        deserialize_i16() false;
+        deserialize_i32() false;
+        deserialize_i64() false;
+        deserialize_i128() false;
+        deserialize_u8() false;
+        deserialize_u16() false;
+        deserialize_u32() false;
+        deserialize_u64() false;
+        deserialize_u128() false;
+        deserialize_f32() false;
+        deserialize_f64() false;
+        deserialize_char() false;
+        deserialize_str() false;
+        deserialize_string() false;
+        deserialize_bytes() false;
+        deserialize_byte_buf() false;
+        deserialize_option() false;
+        deserialize_unit() false;
+        deserialize_unit_struct(name: &'static str) false;
+        deserialize_newtype_struct(name: &'static str) false;
+        deserialize_seq() true;
+        deserialize_tuple(len: usize) false;
+        deserialize_tuple_struct(name: &'static str, len: usize) false;
+        deserialize_map() true;
+        deserialize_struct(name: &'static str, fields: &'static [&'static str]) false;
+        deserialize_enum(name: &'static str, variants: &'static [&'static str]) false;
+        deserialize_identifier() false;
+        deserialize_ignored_any() true;
     }
 
     fn is_human_readable(&self) -> bool {
@@ -257,7 +276,7 @@ impl<'de, A: SeqAccess<'de>> SeqAccess<'de> for Bounded<'_, A> {
     ) -> Result<Option<T::Value>, A::Error> {
         let seed = self.seed(seed);
         let element = self.inner.next_element_seed(seed)?;
-        if element.is_some() {
+        if self.counted && element.is_some() {
             self.limits.charge::<T::Value, A::Error>()?;
         }
         Ok(element)
@@ -277,7 +296,7 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for Bounded<'_, A> {
     ) -> Result<Option<K::Value>, A::Error> {
         let seed = self.seed(seed);
         let key = self.inner.next_key_seed(seed)?;
-        if key.is_some() {
+        if self.counted && key.is_some() {
             self.limits.charge::<K::Value, A::Error>()?;
         }
         Ok(key)
@@ -286,7 +305,9 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for Bounded<'_, A> {
     fn next_value_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<T::Value, A::Error> {
         let seed = self.seed(seed);
         let value = self.inner.next_value_seed(seed)?;
-        self.limits.charge::<T::Value, A::Error>()?;
+        if self.counted {
+            self.limits.charge::<T::Value, A::Error>()?;
+        }
         Ok(value)
     }
 
