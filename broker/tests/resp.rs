@@ -1613,6 +1613,18 @@ fn a_segment_spelled_another_way_stops_the_start() {
     assert!(upper.exists(), "left as it was");
 }
 
+/// One shard on `dir`, asked to repair its log (`--repair-log`).
+fn repairing_one_shard(dir: &std::path::Path) -> BrokerConfig {
+    let mut config = BrokerConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        shards: 1,
+        ..BrokerConfig::default()
+    };
+    config.store.dir = dir.to_path_buf();
+    config.store.repair_log = true;
+    config
+}
+
 /// A log of four or more segments of one stream, written through one
 /// shard with 32 KiB segments; the segment files, in order.
 fn a_log_of_several_segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
@@ -1653,13 +1665,7 @@ fn a_segment_missing_between_two_others_stops_the_start_unless_repair_is_asked()
     for s in segments.iter().filter(|s| **s != missing) {
         assert!(s.exists(), "{} left as it was", s.display());
     }
-    let mut repair = BrokerConfig {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        shards: 1,
-        ..BrokerConfig::default()
-    };
-    repair.store.dir = dir.0.clone();
-    repair.store.repair_log = true;
+    let repair = repairing_one_shard(&dir.0);
     let broker = Broker::start(repair).expect("start with --repair-log");
     let mut c = Client::connect(broker.local_addr());
     let R::Int(left) = c.cmd(&["XLEN", "s"]) else {
@@ -1696,13 +1702,7 @@ fn a_segment_whose_header_names_another_place_stops_the_start() {
     assert!(text.contains("its header names segment"), "{text}");
     // Started once with --repair-log, the files are taken for what their
     // places say, and their headers written so: later starts go on.
-    let mut repair = BrokerConfig {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        shards: 1,
-        ..BrokerConfig::default()
-    };
-    repair.store.dir = dir.0.clone();
-    repair.store.repair_log = true;
+    let repair = repairing_one_shard(&dir.0);
     Broker::start(repair)
         .expect("start with --repair-log")
         .shutdown();
