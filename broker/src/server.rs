@@ -370,12 +370,14 @@ impl Catalog {
     /// Names matching `pattern`, in byte order, with `own` as its
     /// transaction left it.
     pub(crate) fn matching_with(&self, pattern: &[u8], own: Own<'_>) -> Vec<Bytes> {
-        let mut found: Vec<Bytes> = self
-            .names()
-            .by_bytes
-            .iter()
+        // Copied out under the lock (a count on each name's buffer), and
+        // matched outside it: a pattern's cost is its length times each
+        // name's, and every shard's making, deleting and lookup of a name
+        // waits on this lock.
+        let names: Vec<Bytes> = self.names().by_bytes.iter().cloned().collect();
+        let mut found: Vec<Bytes> = names
+            .into_iter()
             .filter(|n| glob_match(pattern, n, false))
-            .cloned()
             .collect();
         // Sorted outside the lock; the hash's order is never shown.
         found.sort_unstable();

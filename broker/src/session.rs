@@ -207,7 +207,7 @@ impl RespSession {
                 )),
             };
         };
-        if user.is_some_and(|u| u != b"default") || pass != want.as_ref() {
+        if user.is_some_and(|u| u != b"default") || !same_secret(pass, want.as_ref()) {
             return Err(Reply::Error(
                 "WRONGPASS invalid username-password pair or user is disabled.".to_owned(),
             ));
@@ -2079,4 +2079,34 @@ fn spreads(sessions_on: &[std::sync::atomic::AtomicUsize], here: usize, home: us
     let count = |i: usize| sessions_on.get(i).map_or(0, |n| n.load(Ordering::Relaxed));
     let total: usize = (0..sessions_on.len()).map(count).sum();
     count(home) > count(here) + total / 16 + 1
+}
+
+/// Whether `given` is the password `want`, in a time that does not depend
+/// on where they first differ (a byte-by-byte comparison that stops there
+/// tells a client, by its timing, how much of a guess was right); it
+/// depends only on the longer one's length.
+fn same_secret(given: &[u8], want: &[u8]) -> bool {
+    let len = given.len().max(want.len());
+    let mut differ = u8::from(given.len() != want.len());
+    for i in 0..len {
+        let a = given.get(i).copied().unwrap_or(0);
+        let b = want.get(i).copied().unwrap_or(0);
+        differ |= a ^ b;
+    }
+    std::hint::black_box(differ) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_secret;
+
+    #[test]
+    fn a_secret_is_the_same_only_byte_for_byte_and_length_for_length() {
+        assert!(same_secret(b"hunter2", b"hunter2"));
+        assert!(same_secret(b"", b""));
+        assert!(!same_secret(b"hunter", b"hunter2"));
+        assert!(!same_secret(b"hunter2\0", b"hunter2"));
+        assert!(!same_secret(b"hunter3", b"hunter2"));
+        assert!(!same_secret(b"", b"x"));
+    }
 }

@@ -2766,6 +2766,46 @@ fn a_transaction_on_one_stream_commits_whole_and_one_across_shards_is_refused() 
     broker.shutdown();
 }
 
+/// A transaction over one name nobody made, with a stream command that
+/// names no stream (`XINFO HELP`, `XGROUP HELP`) or a command of the
+/// session's own: each is answered as it is alone, not run against the
+/// missing stream (which read an argument past the end and closed the
+/// connection, losing the replies to what it had pipelined before).
+#[test]
+fn a_transaction_over_a_missing_name_answers_its_commands_that_name_no_stream() {
+    let broker = start();
+    let mut c = Client::connect(broker.local_addr());
+    let help = |c: &mut Client, cmd: &[&str]| c.cmd(cmd);
+    let xinfo_help = help(&mut c, &["XINFO", "HELP"]);
+    let xgroup_help = help(&mut c, &["XGROUP", "HELP"]);
+    assert!(
+        matches!(&xinfo_help, R::Array(lines) if !lines.is_empty()),
+        "{xinfo_help:?}"
+    );
+    for (cmd, alone) in [
+        (&["XINFO", "HELP"][..], &xinfo_help),
+        (&["XGROUP", "HELP"][..], &xgroup_help),
+    ] {
+        c.send_raw(&encode(&[b"XADD", b"lost", b"*", b"f", b"v"]));
+        c.send_raw(&encode(&[b"MULTI"]));
+        c.send_raw(&encode(&[b"XLEN", b"nokey"]));
+        let raw: Vec<&[u8]> = cmd.iter().map(|a| a.as_bytes()).collect();
+        c.send_raw(&encode(&raw));
+        c.send_raw(&encode(&[b"EXEC"]));
+        assert!(matches!(c.read(), R::Bulk(_)), "the XADD's id");
+        assert_eq!(c.read(), R::Status("OK".into()));
+        assert_eq!(c.read(), R::Status("QUEUED".into()));
+        assert_eq!(c.read(), R::Status("QUEUED".into()));
+        assert_eq!(
+            c.read(),
+            R::Array(vec![R::Int(0), alone.clone()]),
+            "{cmd:?}"
+        );
+    }
+    assert_eq!(c.cmd(&["XLEN", "lost"]), R::Int(2));
+    broker.shutdown();
+}
+
 #[test]
 fn a_transaction_reading_names_nobody_made_places_none_of_them() {
     // As single commands and one-stream transactions do: a name that

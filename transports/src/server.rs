@@ -1848,6 +1848,12 @@ async fn drive<S: Session>(
             // A deferred reply that finished frees a place in the window
             // even when older ones still wait: that is progress too.
             let mut progressed = cx.poll_slots(task) || cx.pending_replies() < pending_before;
+            if send.is_none() && cx.wbuf.is_empty() && cx.wbuf_was_big {
+                // A big reply went out whole: its buffer goes (the sent
+                // batches took views of it; this empty one kept it all).
+                cx.wbuf = BytesMut::new();
+                cx.wbuf_was_big = false;
+            }
             if send.is_none() && !cx.wbuf.is_empty() {
                 counters.send_ops.fetch_add(1, Ordering::Relaxed);
                 note_owner(counters, shard);
@@ -1882,6 +1888,7 @@ async fn drive<S: Session>(
                     .wbuf
                     .len()
                     .min(config.outbound_high_water.max(MIN_SEND_BATCH));
+                cx.wbuf_was_big |= take >= MIN_SEND_BATCH;
                 let batch = cx.wbuf.split_to(take).freeze();
                 in_flight.bytes = batch.len();
                 send.set(Some(stream.send_all(batch)));

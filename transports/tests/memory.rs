@@ -34,6 +34,11 @@ impl Session for EchoOrAmplify {
     async fn on_frame(&mut self, frame: Bytes, cx: &mut SessionCtx<Self>) {
         if &frame[..] == b"amp" {
             cx.send_frame(Bytes::from(vec![b'y'; MAX_FRAME - 16]));
+        } else if &frame[..] == b"burst" {
+            // One request, replies of several MiB in all.
+            for _ in 0..BURST_FRAMES {
+                cx.send_frame(Bytes::from(vec![b'z'; MAX_FRAME - 16]));
+            }
         } else {
             cx.send_frame(frame);
         }
@@ -51,6 +56,7 @@ fn client(addr: SocketAddr) -> TcpStream {
 const MAX_FRAME: usize = 64 << 10;
 const OUTBOUND_LIMIT: usize = 256 << 10;
 const BAD_CLIENTS: usize = 40;
+const BURST_FRAMES: usize = 100;
 
 fn main() {
     let rt = mailring::Runtime::builder().shards(2).build().unwrap();
@@ -161,6 +167,51 @@ fn main() {
     assert_eq!(server.live_connections(), 1);
     drop(good);
     rt.block_on(server.shutdown());
+    big_reply_then_idle(&rt);
     rt.shutdown();
-    println!("memory: 1 test passed");
+    println!("memory: 2 tests passed");
+}
+
+/// A reply of several MiB, read whole: the connection, idle again, keeps
+/// nothing of it (its outbound buffer kept the whole allocation after the
+/// last send while the connection lived). Default limits: the reply is
+/// under the outbound limit.
+fn big_reply_then_idle(rt: &mailring::Runtime) {
+    let server = Server::builder(LengthDelimited::new().max_frame(MAX_FRAME), |_| {
+        EchoOrAmplify
+    })
+    .bind(rt.handle(), "127.0.0.1:0".parse().unwrap())
+    .unwrap();
+    let addr = server.local_addr();
+    // A reply of several MiB, read whole: the connection, idle again,
+    // keeps nothing of it (its outbound buffer held the whole allocation
+    // after the last send while the connection lived).
+    let mut good = client(addr);
+    round_trip(&mut good, b"warm up");
+    let before = live();
+    good.write_all(&frame(b"burst")).unwrap();
+    for _ in 0..BURST_FRAMES {
+        let got = common::read_frame(&mut good).unwrap();
+        assert_eq!(got.len(), MAX_FRAME - 16);
+    }
+    round_trip(&mut good, b"after the burst");
+    let settle = Instant::now() + Duration::from_secs(5);
+    let kept = loop {
+        let now = live() - before;
+        if now < 256 << 10 || Instant::now() > settle {
+            break now;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    println!(
+        "memory: an idle connection after a {} KiB reply: {kept:+} B against before",
+        (BURST_FRAMES * MAX_FRAME) >> 10
+    );
+    assert!(
+        kept < 256 << 10,
+        "an idle connection keeps {kept} B after a big reply"
+    );
+    assert_eq!(server.live_connections(), 1);
+    drop(good);
+    rt.block_on(server.shutdown());
 }

@@ -139,9 +139,12 @@ impl StreamActor {
     }
 
     fn xgroup_inner(&mut self, args: &[Bytes], shared: &Shared) -> Result<Answer, Reply> {
-        let sub = args[1].to_ascii_lowercase();
-        let key = &args[2];
-        let group = &args[3];
+        // The session checks the arity before a stream sees the command;
+        // refused here too, never read past the end.
+        let [_, sub, key, group, ..] = args else {
+            return Err(bad_subcommand("XGROUP", args.get(1).map_or(&[][..], |a| a)));
+        };
+        let sub = sub.to_ascii_lowercase();
         let bad_options = || bad_subcommand("XGROUP", &args[1]);
         let mut mkstream = false;
         let mut entries_read: Option<i64> = None;
@@ -790,8 +793,12 @@ impl StreamActor {
     }
 
     fn xinfo_inner(&mut self, args: &[Bytes]) -> Result<Answer, Reply> {
-        let sub = args[1].to_ascii_lowercase();
-        let key = &args[2];
+        // The session checks the arity before a stream sees the command;
+        // refused here too, never read past the end.
+        let [_, sub, key, ..] = args else {
+            return Err(bad_subcommand("XINFO", args.get(1).map_or(&[][..], |a| a)));
+        };
+        let sub = sub.to_ascii_lowercase();
         let Some(stream) = self.stream.as_ref() else {
             return Err(Reply::err("no such key"));
         };

@@ -360,7 +360,9 @@ impl RespSession {
                 replies.push(match (spec.name, spec.kind) {
                     ("exists", _) => Reply::Int(0),
                     ("type", _) => Reply::Status("none"),
-                    (_, Kind::Stream(_)) => {
+                    // (A stream command that names no stream, `XINFO
+                    // HELP`, answers as it does alone.)
+                    (_, Kind::Stream(_)) if !streams_of(spec, c).is_empty() => {
                         StreamActor::answer_missing(spec.name, &stream, c, &self.shared)
                     }
                     _ => self.local_reply(c),
