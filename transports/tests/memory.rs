@@ -151,14 +151,7 @@ fn main() {
         "live heap grew by {grew} B during the attack, bound {bound} B"
     );
     round_trip(&mut good, b"after");
-    let settle = Instant::now() + Duration::from_secs(5);
-    let after = loop {
-        let now = live() - before;
-        if now < 256 << 10 || Instant::now() > settle {
-            break now;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let after = settled_above(before);
     println!("memory: after the bad clients closed: {after:+} B against before");
     assert!(
         after < 256 << 10,
@@ -195,14 +188,7 @@ fn big_reply_then_idle(rt: &mailring::Runtime) {
         assert_eq!(got.len(), MAX_FRAME - 16);
     }
     round_trip(&mut good, b"after the burst");
-    let settle = Instant::now() + Duration::from_secs(5);
-    let kept = loop {
-        let now = live() - before;
-        if now < 256 << 10 || Instant::now() > settle {
-            break now;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let kept = settled_above(before);
     println!(
         "memory: an idle connection after a {} KiB reply: {kept:+} B against before",
         (BURST_FRAMES * MAX_FRAME) >> 10
@@ -214,4 +200,17 @@ fn big_reply_then_idle(rt: &mailring::Runtime) {
     assert_eq!(server.live_connections(), 1);
     drop(good);
     rt.block_on(server.shutdown());
+}
+
+/// The live heap above `before` once it has come within 256 KiB of it, or
+/// after 5 s (what the server frees, it frees on its shards' threads).
+fn settled_above(before: isize) -> isize {
+    let settle = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = live() - before;
+        if now < 256 << 10 || Instant::now() > settle {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
