@@ -33,6 +33,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
 use io_uring::opcode;
@@ -117,7 +118,9 @@ impl OpenOptions {
         self
     }
 
-    /// Extra `open(2)` flags, e.g. `libc::O_DIRECT`.
+    /// Extra `open(2)` flags, e.g. `libc::O_DIRECT`. The access mode
+    /// among them is ignored (`read`/`write` say it), and `O_TRUNC` or
+    /// `O_CREAT` without write access is refused, as the builder's own.
     pub fn custom_flags(&mut self, flags: i32) -> &mut Self {
         self.custom_flags = flags;
         self
@@ -135,11 +138,17 @@ impl OpenOptions {
                 ))
             }
         };
+        // The access mode is this builder's to say (as std masks it).
+        let custom = self.custom_flags & !libc::O_ACCMODE;
         // What `std::fs::OpenOptions` refuses: the kernel would truncate
-        // (or create) a file opened only to read.
+        // (or create) a file opened only to read; asked through the extra
+        // flags too.
         let refused = match (self.write, self.append) {
             (true, false) => None,
-            (false, false) => (self.truncate || self.create || self.create_new)
+            (false, false) => (self.truncate
+                || self.create
+                || self.create_new
+                || custom & (libc::O_TRUNC | libc::O_CREAT) != 0)
                 .then_some("open: truncate or create without write access"),
             (_, true) => {
                 (self.truncate && !self.create_new).then_some("open: truncate in append mode")
@@ -148,7 +157,7 @@ impl OpenOptions {
         if let Some(why) = refused {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
         }
-        let mut flags = access | libc::O_CLOEXEC | self.custom_flags;
+        let mut flags = access | libc::O_CLOEXEC | custom;
         if self.append {
             flags |= libc::O_APPEND;
         }
@@ -208,6 +217,11 @@ fn close_fd(res: i32, _flags: u32, _resources: &dyn std::any::Any) {
 #[derive(Debug)]
 pub struct File {
     inner: ShardFd,
+    /// The error (an errno; 0 for none) of a sync whose future was dropped
+    /// before it completed: the kernel reports a writeback error once, to
+    /// the sync that sees it, so that one going unseen would let the next
+    /// sync say the data is safe. The next sync or `close` reports it.
+    unreported: Arc<AtomicI32>,
 }
 
 impl File {
@@ -254,13 +268,26 @@ impl File {
         self.inner
             .into_owned()
             .map(std::fs::File::from)
-            .map_err(|inner| File { inner })
+            .map_err(|inner| File {
+                inner,
+                unreported: self.unreported,
+            })
     }
 
     fn adopt(fd: OwnedFd) -> io::Result<File> {
         Ok(File {
             inner: ShardFd::adopt(fd)?,
+            unreported: Arc::default(),
         })
+    }
+
+    /// The error of a sync given up before it completed, if one is left
+    /// unreported (taken: reported once, as the kernel does).
+    fn take_unreported(&self) -> io::Result<()> {
+        match self.unreported.swap(0, Ordering::AcqRel) {
+            0 => Ok(()),
+            errno => Err(io::Error::from_raw_os_error(errno)),
+        }
     }
 
     fn check_shard(&self) -> io::Result<()> {
@@ -371,6 +398,10 @@ impl File {
     /// FUA then needs a cache flush after it, which the kernel runs from a
     /// worker on the CPU where the write's completion interrupt lands.
     ///
+    /// It makes the file's bytes durable, not its name: a file just created
+    /// survives a power loss once its directory is synced too (open the
+    /// directory and `sync_all` it, as a log that makes segments does).
+    ///
     /// # Errors
     ///
     /// The kernel's error; `WriteZero` if the kernel accepts nothing.
@@ -380,7 +411,8 @@ impl File {
     /// ```no_run
     /// # async fn demo(file: &mailring::fs::File) -> std::io::Result<()> {
     /// let (res, _buf) = file.write_all_at_dsync(b"record".to_vec(), 0).await;
-    /// res?; // on disk now, whatever happens to the machine
+    /// res?; // its bytes on disk now (a file just made also needs its
+    ///       // directory synced for its name to survive a power loss)
     /// # Ok(())
     /// # }
     /// ```
@@ -468,12 +500,16 @@ impl File {
     /// `fsync` of `range` (`None`: the whole file).
     async fn fsync(&self, flags: FsyncFlags, range: Option<(u64, u32)>) -> io::Result<()> {
         self.check_shard()?;
+        // A sync given up earlier failed: the data it covered may be lost,
+        // whatever this one finds.
+        self.take_unreported()?;
         let fd = self.inner.fd.clone();
         let raw = fd.as_raw_fd();
         let (offset, len) = range.unwrap_or((0, 0));
+        let resources: SyncResources = (fd, self.unreported.clone());
         // SAFETY: the fsync uses only the fd, held by the op's `Arc`.
         let op = unsafe {
-            Op::submit_offloaded(fd, None, |_| {
+            Op::submit_offloaded(resources, Some(keep_unseen_sync_error), |_| {
                 opcode::Fsync::new(Fd(raw))
                     .flags(flags)
                     .offset(offset)
@@ -527,19 +563,45 @@ impl File {
     ///
     /// # Errors
     ///
-    /// The kernel's error (a close error can mean lost writes on some filesystems).
+    /// The kernel's error (a close error can mean lost writes on some
+    /// filesystems); the error of a sync given up before it completed, left
+    /// unreported (the file is closed all the same); `ResourceBusy` when an
+    /// operation given up on the file is still in flight: the descriptor
+    /// then closes when that operation completes, and what that close says
+    /// is not reported.
     pub async fn close(self) -> io::Result<()> {
         self.check_shard()?;
+        let unreported = self.take_unreported();
         match Arc::try_unwrap(self.inner.fd) {
             Ok(fd) => {
                 let raw = fd.into_raw_fd();
                 // SAFETY: the close uses a raw fd we own and no longer use elsewhere.
                 let op = unsafe { Op::submit((), None, |_| opcode::Close::new(Fd(raw)).build()) }?;
-                op.await.0.map(drop)
+                let closed = op.await.0.map(drop);
+                unreported.and(closed)
             }
             // Operations abandoned earlier still hold it: it closes when they finish.
-            Err(_) => Ok(()),
+            Err(_) => unreported.and(Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                "an operation given up on this file is still in flight: its descriptor closes when that completes, unreported",
+            ))),
         }
+    }
+}
+
+/// What a sync lends the ring: the descriptor, and the file's place for
+/// an error nobody saw.
+type SyncResources = (Arc<OwnedFd>, Arc<AtomicI32>);
+
+/// The cleanup of a sync whose future was dropped: keeps its error for the
+/// file's next sync or close (see `File::unreported`).
+fn keep_unseen_sync_error(res: i32, _flags: u32, resources: &dyn std::any::Any) {
+    if res >= 0 {
+        return;
+    }
+    if let Some((_, unreported)) = resources.downcast_ref::<SyncResources>() {
+        // The first one kept: a later one is most likely the same loss.
+        let _ = unreported.compare_exchange(0, -res, Ordering::AcqRel, Ordering::Acquire);
     }
 }
 
@@ -896,7 +958,34 @@ pub async fn write(path: impl AsRef<Path>, data: impl Into<Vec<u8>>) -> io::Resu
 
 #[cfg(test)]
 mod tests {
-    use super::fsync_range;
+    use super::{fsync_range, keep_unseen_sync_error, File, SyncResources};
+
+    /// The error of a sync given up before it completed (its future
+    /// dropped) is not lost: the kernel reports a writeback error once, to
+    /// the sync that sees it, so the next sync would say the data is safe.
+    /// It is reported once, by the file's next sync or close. (The
+    /// completion is played here: no device at hand fails its syncs.)
+    #[test]
+    fn the_error_of_a_sync_given_up_is_reported_by_the_next_sync_or_close() {
+        let rt = crate::Runtime::builder().shards(1).build().unwrap();
+        let path = std::env::temp_dir().join(format!("mailring-unseen-{}", std::process::id()));
+        let p = path.clone();
+        rt.block_on(async move {
+            let file = File::from_std(std::fs::File::create(&p).unwrap()).unwrap();
+            let lent: SyncResources = (file.inner.fd.clone(), file.unreported.clone());
+            keep_unseen_sync_error(-libc::EIO, 0, &lent);
+            // A second failure kept beside it: the first stays.
+            keep_unseen_sync_error(-libc::ENOSPC, 0, &lent);
+            let e = file.sync_data().await.unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EIO));
+            file.sync_data().await.expect("reported once");
+            keep_unseen_sync_error(-libc::EIO, 0, &lent);
+            drop(lent);
+            let e = file.close().await.unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        });
+        let _ = std::fs::remove_file(path);
+    }
 
     /// What the kernel syncs for an SQE's `(offset, len)`: the inclusive
     /// byte range, or `None` for the whole file (`io_fsync`).

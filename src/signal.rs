@@ -265,8 +265,11 @@ impl Signal {
 /// # Errors
 ///
 /// `InvalidInput` for SIGKILL, SIGSTOP (uncatchable), SIGSEGV, SIGBUS,
-/// SIGILL, SIGFPE (faults: catching them hides crashes) and numbers out of
-/// range; the OS error of `sigaction` or of the eventfd.
+/// SIGILL, SIGFPE, SIGSYS, SIGTRAP (raised by the thread's own faulting
+/// instruction or call: catching them hides crashes, or a seccomp refusal,
+/// or a debugger's breakpoint), SIGABRT (`abort` ends the process after
+/// the handler whatever it does) and numbers out of range; the OS error of
+/// `sigaction` or of the eventfd.
 pub fn signal(kind: SignalKind) -> io::Result<Signal> {
     let forbidden = [
         libc::SIGKILL,
@@ -275,6 +278,9 @@ pub fn signal(kind: SignalKind) -> io::Result<Signal> {
         libc::SIGBUS,
         libc::SIGILL,
         libc::SIGFPE,
+        libc::SIGSYS,
+        libc::SIGTRAP,
+        libc::SIGABRT,
     ];
     let signum = usize::try_from(kind.0)
         .ok()
@@ -285,11 +291,11 @@ pub fn signal(kind: SignalKind) -> io::Result<Signal> {
                 format!("signal {} cannot be listened for", kind.0),
             )
         })?;
+    // Counted before the handler goes in: a signal that comes while it is
+    // installed is one from this call on, not taken as seen.
+    let seen = DELIVERED[signum].load(Ordering::SeqCst);
     install(signum)?;
-    Ok(Signal {
-        signum,
-        seen: DELIVERED[signum].load(Ordering::SeqCst),
-    })
+    Ok(Signal { signum, seen })
 }
 
 /// Completes at the next Ctrl-C (SIGINT) from this call on. The call

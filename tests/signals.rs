@@ -74,7 +74,17 @@ fn ctrl_c_takes_ctrl_c_from_its_call_not_its_first_poll() {
 }
 
 fn refused_signals_are_an_error_not_a_handler() {
-    for raw in [libc::SIGKILL, libc::SIGSTOP, libc::SIGSEGV, 0, 65, -1] {
+    for raw in [
+        libc::SIGKILL,
+        libc::SIGSTOP,
+        libc::SIGSEGV,
+        libc::SIGSYS,
+        libc::SIGTRAP,
+        libc::SIGABRT,
+        0,
+        65,
+        -1,
+    ] {
         let err = signal(SignalKind::from_raw(raw)).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{raw}");
     }

@@ -613,6 +613,17 @@ fn open_options_std_refuses_are_refused_and_leave_the_file_untouched() {
                 .await
                 .err(),
         );
+        // The same asked through the extra flags.
+        for extra in [libc::O_TRUNC, libc::O_CREAT] {
+            out.push(
+                OpenOptions::new()
+                    .read(true)
+                    .custom_flags(extra)
+                    .open(if extra == libc::O_CREAT { &m } else { &p })
+                    .await
+                    .err(),
+            );
+        }
         out
     });
     for (i, err) in results.into_iter().enumerate() {
@@ -632,4 +643,37 @@ fn open_options_std_refuses_are_refused_and_leave_the_file_untouched() {
             .map(|_| ())
     });
     assert!(ok.is_ok(), "{ok:?}");
+    // An access mode among the extra flags is not taken (as std masks
+    // it): a file opened to read is not opened to write.
+    let p = path.clone();
+    let write = rt.block_on(async move {
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_WRONLY)
+            .open(&p)
+            .await
+            .unwrap();
+        file.write_all_at(b"over".to_vec(), 0).await.0
+    });
+    assert!(write.is_err(), "written through a file opened to read");
+    assert_eq!(std::fs::read(&path).unwrap(), b"data");
+}
+
+/// A close while an operation given up on the file is still in flight
+/// cannot close it (that operation holds the descriptor until its
+/// completion) and says so, rather than answering `Ok` for a close that
+/// has not happened.
+#[test]
+fn a_close_while_a_given_up_operation_holds_the_file_says_so() {
+    let rt = rt2();
+    rt.block_on(async move {
+        let (reader, _writer) = pipe();
+        let file = File::from_std(reader).unwrap();
+        // A read of an empty pipe waits: given up, it is cancelled, and
+        // holds the descriptor until the cancellation completes.
+        let read = file.read_at(vec![0u8; 16], 0);
+        assert!(mailring::time::timeout(Duration::ZERO, read).await.is_err());
+        let e = file.close().await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ResourceBusy, "{e}");
+    });
 }
