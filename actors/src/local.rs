@@ -179,7 +179,14 @@ where
     fn run(mut self: Box<Self>) {
         let found = type_state_by_id::<A>(self.system_id).or_else(|| type_state::<A>(&self.system));
         let Some(ts) = found else {
-            reply::drop_with_reason(AskError::ShuttingDown, self);
+            let Outbound {
+                first,
+                targets,
+                envs,
+            } = std::mem::replace(&mut self.batch, Outbound::new());
+            drop(targets);
+            reply::drop_each_with_reason(AskError::ShuttingDown, first.map(|(_, env)| env));
+            reply::drop_each_with_reason(AskError::ShuttingDown, envs);
             return;
         };
         if self.returning {

@@ -456,6 +456,17 @@ pub(crate) fn drop_with_reason<T>(reason: AskError, value: T) {
     }
 }
 
+/// Drops each of `items` (envelopes) as [`drop_with_reason`] does, one at
+/// a time: a message whose `Drop` panics is reported on its own, and the
+/// rest are dropped after it. (Dropped together, a second panicking `Drop`
+/// would come while the first unwinds through the collection's own drop:
+/// the process aborts.)
+pub(crate) fn drop_each_with_reason<I: IntoIterator>(reason: AskError, items: I) {
+    for item in items {
+        drop_with_reason(reason, item);
+    }
+}
+
 impl<R> Drop for ReplyTo<R> {
     #[inline]
     fn drop(&mut self) {

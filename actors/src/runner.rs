@@ -294,9 +294,21 @@ fn run<A: Actor>(
                 Outcome::Panicked => {
                     lifecycle!("actor panicked", cell, ts);
                     bump(&ts.counters.panics);
-                    // A stop was asked for besides the panic: it ends here,
-                    // with no restart to run on after it.
-                    if cell.stop_after_panic.take().is_some() {
+                    // A stop was asked for besides the panic (or before
+                    // it, still waiting for its turn: a shutdown, a parent
+                    // that stopped): it ends here, with no restart to run
+                    // on after it (a factory and `on_start` run during a
+                    // shutdown).
+                    let stop_waiting = matches!(
+                        cell.stop_request.get(),
+                        Some(
+                            StopReason::Stopped | StopReason::ParentStopped | StopReason::Shutdown
+                        )
+                    );
+                    // (The handler's own `cx.stop()` before its panic is
+                    // not such a request: the panic goes through
+                    // supervision, and the restarted actor serves on.)
+                    if cell.stop_after_panic.take().is_some() || stop_waiting {
                         break StopReason::Panicked;
                     }
                     let now = Instant::now();
@@ -381,7 +393,10 @@ fn run<A: Actor>(
                                 cx.end_tasks();
                                 let mut ticks = Batch::new();
                                 cell.refill(&mut ticks, &ts.flow);
-                                reply::drop_with_reason(AskError::Stopped, ticks.into_ordered());
+                                reply::drop_each_with_reason(
+                                    AskError::Stopped,
+                                    ticks.into_ordered(),
+                                );
                             }
                         }
                         if passivated && reason == StopReason::Stopped {
@@ -400,7 +415,10 @@ fn run<A: Actor>(
                                 } else {
                                     cell.take_all(&mut ticks, &ts.flow);
                                 }
-                                reply::drop_with_reason(AskError::Stopped, ticks.into_ordered());
+                                reply::drop_each_with_reason(
+                                    AskError::Stopped,
+                                    ticks.into_ordered(),
+                                );
                             }
                         }
                         lifecycle!("actor passivated", cell, ts);
@@ -458,7 +476,7 @@ fn run<A: Actor>(
             } else {
                 AskError::Stopped
             };
-            reply::drop_with_reason(why, rest);
+            reply::drop_each_with_reason(why, rest);
         }
         cx.stop_children();
         let gone = cell.actor.borrow_mut().take();

@@ -407,3 +407,95 @@ fn a_panic_in_an_actors_background_work_reaches_its_supervision() {
         sys.shutdown();
     }
 }
+
+/// A message whose `Drop` panics whatever is going on (even while
+/// another panic unwinds).
+#[derive(Message)]
+struct Bomb;
+
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        panic!("message drop boom, always");
+    }
+}
+
+/// Holds its shard's attention for a while, then stops itself.
+#[derive(Message)]
+struct HoldThenStop;
+
+#[derive(Actor, Default)]
+#[actor(handles(Bomb, HoldThenStop))]
+struct Bunker;
+
+impl Handler<Bomb> for Bunker {
+    async fn handle(&mut self, m: Bomb, _cx: &mut Ctx<Self>) {
+        std::mem::forget(m);
+    }
+}
+
+impl Handler<HoldThenStop> for Bunker {
+    async fn handle(&mut self, _m: HoldThenStop, cx: &mut Ctx<Self>) {
+        mailring_actors::mailring::time::sleep(Duration::from_millis(50)).await;
+        cx.stop();
+    }
+}
+
+/// Several queued messages whose `Drop` panics, left behind by an actor
+/// that stops: each is dropped and reported on its own. (Dropped together,
+/// the second panicked while the first unwound through the collection's
+/// drop: the process aborted.)
+#[test]
+fn messages_whose_drops_panic_left_behind_by_a_stop_are_each_reported() {
+    let (sys, _seen) = system_with_hook();
+    let a = sys.spawn_actor(Placement::Pinned(S1), Bunker::default);
+    let stopped = a.stopped();
+    sys.block_on(async move {
+        a.tell(HoldThenStop).unwrap();
+        for _ in 0..3 {
+            let _ = a.tell(Bomb);
+        }
+        stopped.await
+    });
+    assert!(runtime_panics(&sys, CallbackKind::Drop) >= 3);
+    assert_actors_work(&sys);
+}
+
+/// `Fuse`s made (by its factory).
+static FUSES_MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Waits a while, then panics.
+#[derive(Message)]
+struct Burn;
+
+/// Restarted on a panic (the default supervision).
+#[derive(Actor)]
+#[actor(handles(Burn))]
+struct Fuse;
+
+impl Handler<Burn> for Fuse {
+    async fn handle(&mut self, _m: Burn, _cx: &mut Ctx<Self>) {
+        mailring_actors::mailring::time::sleep(Duration::from_millis(100)).await;
+        panic!("burnt out (the test's own)");
+    }
+}
+
+/// A handler that panics while a shutdown waits for it ends its actor:
+/// no restart (its factory and `on_start` again) during the shutdown.
+#[test]
+fn a_panic_while_a_shutdown_waits_ends_the_actor_without_a_restart() {
+    let (sys, _seen) = system_with_hook();
+    let a = sys.spawn_actor(Placement::Pinned(S1), || {
+        FUSES_MADE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Fuse
+    });
+    a.tell(Burn).unwrap();
+    // The handler is under way.
+    std::thread::sleep(Duration::from_millis(30));
+    let report = sys.shutdown();
+    assert_eq!(report.actors_abandoned, 0, "{report:?}");
+    assert_eq!(
+        FUSES_MADE.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "made again during the shutdown"
+    );
+}
