@@ -256,11 +256,16 @@ fn run<A: Actor>(
         let mut refused = false;
         // Whether `on_passivate` panicked: its instance gets no `on_stop`.
         let mut hook_panicked = false;
+        // Whether the factory panicked making the actor again for a
+        // restart: one more failure for the supervision.
+        let mut remade_in_vain = false;
         let reason = loop {
-            if cell.actor.borrow().is_none() {
+            if cell.actor.borrow().is_none() && !remade_in_vain {
                 break StopReason::Panicked;
             }
-            let started = if needs_start {
+            let started = if remade_in_vain {
+                false
+            } else if needs_start {
                 needs_start = false;
                 let mut slot = cell.actor.borrow_mut();
                 let a = slot.as_mut().expect("checked above");
@@ -278,7 +283,10 @@ fn run<A: Actor>(
             } else {
                 true
             };
-            let outcome = if started {
+            let outcome = if remade_in_vain {
+                remade_in_vain = false;
+                Outcome::Panicked
+            } else if started {
                 let looped = process(&mut cx, &cell, &ts, keyed, &mut batch, &mut idle);
                 match guarded(&frame, CallbackKind::Handler, looped).await {
                     Ok(outcome) => outcome,
@@ -329,11 +337,16 @@ fn run<A: Actor>(
                             idle.restarted();
                             let old = cell.actor.borrow_mut().take();
                             drop_actor(old);
-                            let made = guarded(&frame, CallbackKind::Factory, async { make() })
-                                .await
-                                .ok()
-                                .flatten();
-                            *cell.actor.borrow_mut() = made;
+                            // A factory that panics is supervised as a
+                            // handler that does; one that has no actor to
+                            // give ends it.
+                            *cell.actor.borrow_mut() =
+                                guarded(&frame, CallbackKind::Factory, async { make() })
+                                    .await
+                                    .unwrap_or_else(|()| {
+                                        remade_in_vain = true;
+                                        None
+                                    });
                             needs_start = true;
                             // The shard's other work goes first: an actor
                             // that fails its `on_start` before any await,

@@ -499,3 +499,44 @@ fn a_panic_while_a_shutdown_waits_ends_the_actor_without_a_restart() {
         "made again during the shutdown"
     );
 }
+
+/// `Phoenix`es the factory was asked for.
+static PHOENIX_CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Panics on `Burn`; counts what it was sent (`Add`) otherwise.
+#[derive(Actor, Default)]
+#[actor(handles(Burn, Get))]
+struct Phoenix;
+
+impl Handler<Get> for Phoenix {
+    async fn handle(&mut self, _m: Get, _cx: &mut Ctx<Self>) -> u64 {
+        7
+    }
+}
+
+impl Handler<Burn> for Phoenix {
+    async fn handle(&mut self, _m: Burn, _cx: &mut Ctx<Self>) {
+        panic!("burnt (the test's own)");
+    }
+}
+
+/// A factory that panics on a restart is one more failure for the
+/// supervision, within its budget: the actor is restarted again (its
+/// factory asked once more), not stopped for good with restarts left.
+#[test]
+fn a_factory_that_panics_on_a_restart_counts_against_the_budget_not_as_the_end() {
+    let (sys, _seen) = system_with_hook();
+    let a = sys.spawn_actor(Placement::Pinned(S1), || {
+        if PHOENIX_CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            panic!("the factory fails once (the test's own)");
+        }
+        Phoenix
+    });
+    let got = sys.block_on(async move {
+        a.tell(Burn).unwrap();
+        mailring_actors::mailring::time::timeout(Duration::from_secs(5), a.ask(Get)).await
+    });
+    assert_eq!(got.expect("answered"), Ok(7));
+    assert_eq!(PHOENIX_CALLS.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert_eq!(runtime_panics(&sys, CallbackKind::Factory), 1);
+}
