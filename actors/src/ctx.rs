@@ -52,6 +52,17 @@ pub struct Ctx<A: Actor> {
     /// Lives as long as this activation: a target it watches drops the
     /// watch once it is gone. Made with the first watch.
     alive: Option<Arc<()>>,
+    /// The watches standing, by target (its type and id): each flag is set
+    /// once the target has told its end. Made with the first watch.
+    watching: Option<Box<Watching>>,
+}
+
+/// A `Ctx`'s standing watches (see [`Ctx::watch`]).
+#[derive(Default)]
+struct Watching {
+    by_target: std::collections::HashMap<(std::any::TypeId, u64), Arc<AtomicBool>>,
+    /// `by_target`'s size at which told watches are dropped from it.
+    prune_at: usize,
 }
 
 /// A child of [`Ctx::spawn_child`].
@@ -124,6 +135,7 @@ impl<A: Actor> Ctx<A> {
             children: Vec::new(),
             prune_children_at: 16,
             alive: None,
+            watching: None,
         }
     }
 
@@ -561,18 +573,38 @@ impl<A: Actor> Ctx<A> {
 
     /// Delivers a [`Terminated`] message to this actor when `target` stops
     /// (at once if it is not running; for a keyed target, when its current
-    /// activation ends).
+    /// activation ends). Watching a target again while its watch stands
+    /// (before its `Terminated` was sent) has no effect: one end, one
+    /// message, however many calls.
     pub fn watch<B: Actor>(&mut self, target: &Addr<B>)
     where
         A: Accepts<Terminated>,
         A::Envelope: Send,
         B::Envelope: Send,
     {
+        let watching = self.watching.get_or_insert_with(Box::default);
+        let key = (std::any::TypeId::of::<B>(), target.uid());
+        if watching
+            .by_target
+            .get(&key)
+            .is_some_and(|told| !told.load(Ordering::Acquire))
+        {
+            return;
+        }
+        if watching.by_target.len() >= watching.prune_at {
+            watching
+                .by_target
+                .retain(|_, told| !told.load(Ordering::Acquire));
+            watching.prune_at = (watching.by_target.len() * 2).max(16);
+        }
+        let told = Arc::new(AtomicBool::new(false));
+        watching.by_target.insert(key, told.clone());
         let me = self.myself.clone();
         // Dropped by the target once this activation is gone: an actor
         // watched by many short-lived ones keeps only the live watches.
         target.watch_while(
             Box::new(move |t| {
+                told.store(true, Ordering::Release);
                 let _ = me.tell(t);
             }),
             Arc::downgrade(self.alive.get_or_insert_with(Arc::default)),

@@ -1752,6 +1752,49 @@ fn hooks_timers_stop_and_watch() {
     sys.shutdown();
 }
 
+/// Watching an actor again while its watch stands has no effect: an actor
+/// that calls `cx.watch` in every handler keeps one watch on its target
+/// (the target's list grew by one each time, and the watcher got one
+/// `Terminated` per call), and a target watched after its end is watched
+/// anew.
+#[test]
+fn watching_an_actor_again_while_its_watch_stands_has_no_effect() {
+    let sys = system(2);
+    let make = || Lifecycle {
+        log: Arc::new(Mutex::new(Vec::new())),
+        ticks: 0,
+        local: Rc::new(RefCell::new(0)),
+    };
+    let a = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), make);
+    let b = sys.spawn_actor(Placement::Pinned(ShardId::new(1)), make);
+    let w = sys.spawn_actor(Placement::Pinned(ShardId::new(0)), Watcher::default);
+    let seen = sys.block_on(async move {
+        for _ in 0..100 {
+            w.tell(WatchIt(a.clone())).unwrap();
+        }
+        w.tell(WatchIt(b.clone())).unwrap();
+        w.ask(Get).await.unwrap();
+        a.tell(StopMe).unwrap();
+        while a.ask(Get).await.is_ok() {
+            mailring_actors::mailring::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Watched after its end: told at once, once more.
+        w.tell(WatchIt(a.clone())).unwrap();
+        b.tell(StopMe).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let seen = w.ask(Get).await.unwrap();
+            if seen >= 3 || std::time::Instant::now() > deadline {
+                mailring_actors::mailring::time::sleep(Duration::from_millis(50)).await;
+                break w.ask(Get).await.unwrap();
+            }
+            mailring_actors::mailring::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
+    assert_eq!(seen, 3, "one Terminated per standing watch");
+    sys.shutdown();
+}
+
 /// Activations of [`PassingWatcher`] and the `Terminated`s it handled.
 static PASSING_ACTIVATIONS: AtomicUsize = AtomicUsize::new(0);
 static PASSING_TERMINATED: AtomicUsize = AtomicUsize::new(0);
