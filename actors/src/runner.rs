@@ -292,6 +292,11 @@ fn run<A: Actor>(
                     Ok(outcome) => outcome,
                     Err(()) => {
                         cx.leave_message();
+                        // The message that panicked was taken too: what
+                        // decides whether only timer messages are left
+                        // counts it (unseen, a message from elsewhere
+                        // behind it could be taken for a timer's).
+                        idle.handled += 1;
                         Outcome::Panicked
                     }
                 }

@@ -540,3 +540,83 @@ fn a_factory_that_panics_on_a_restart_counts_against_the_budget_not_as_the_end()
     assert_eq!(PHOENIX_CALLS.load(std::sync::atomic::Ordering::SeqCst), 3);
     assert_eq!(runtime_panics(&sys, CallbackKind::Factory), 1);
 }
+
+/// `Metronome` ticks handled, and whether its `Note` came through.
+static METRONOME_TICKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+static METRONOME_NOTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static METRONOME_FIRST_TICK: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+#[derive(Message)]
+struct Beat;
+
+#[derive(Message)]
+struct Note;
+
+/// A keyed actor ticking every millisecond: its first tick panics after a
+/// while, its second asks to stop.
+#[derive(Actor)]
+#[actor(key = u8, activate = Metronome::new, handles(Beat, Note), hooks)]
+struct Metronome;
+
+impl Metronome {
+    fn new(_key: &u8) -> Self {
+        Metronome
+    }
+}
+
+impl Hooks for Metronome {
+    async fn on_start(&mut self, cx: &mut Ctx<Self>) {
+        cx.run_interval(Duration::from_millis(1), || Beat);
+    }
+}
+
+impl Handler<Beat> for Metronome {
+    async fn handle(&mut self, _m: Beat, cx: &mut Ctx<Self>) {
+        match METRONOME_TICKS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+            0 => {
+                METRONOME_FIRST_TICK.store(true, std::sync::atomic::Ordering::SeqCst);
+                mailring_actors::mailring::time::sleep(Duration::from_millis(30)).await;
+                panic!("the first beat fails (the test's own)");
+            }
+            1 => cx.stop(),
+            _ => {}
+        }
+    }
+}
+
+impl Handler<Note> for Metronome {
+    async fn handle(&mut self, _m: Note, _cx: &mut Ctx<Self>) {
+        METRONOME_NOTED.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A message from elsewhere queued among timer messages behind a stop is
+/// not taken for one of them (and dropped) because the tick before it
+/// panicked: the panicked tick counts among those handled, and the note
+/// goes to a fresh activation.
+#[test]
+fn a_message_behind_a_panicked_tick_and_a_stop_is_not_dropped_as_a_timers() {
+    let (sys, _seen) = system_with_hook();
+    let k = sys.handle().keyed::<Metronome>(1);
+    let noted = sys.block_on(async move {
+        // Activates it; its ticks start.
+        let _ = k.tell(Note);
+        while !METRONOME_FIRST_TICK.load(std::sync::atomic::Ordering::SeqCst) {
+            mailring_actors::mailring::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Behind a few ticks, while the first one runs.
+        mailring_actors::mailring::time::sleep(Duration::from_millis(5)).await;
+        METRONOME_NOTED.store(false, std::sync::atomic::Ordering::SeqCst);
+        k.tell(Note).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        while !METRONOME_NOTED.load(std::sync::atomic::Ordering::SeqCst)
+            && std::time::Instant::now() < deadline
+        {
+            mailring_actors::mailring::time::sleep(Duration::from_millis(2)).await;
+        }
+        METRONOME_NOTED.load(std::sync::atomic::Ordering::SeqCst)
+    });
+    assert!(noted, "the note was dropped with the timer messages");
+    sys.shutdown();
+}
