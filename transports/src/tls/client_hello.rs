@@ -134,7 +134,12 @@ fn name_in_hello(mut hello: &[u8]) -> Option<String> {
             // An IP address is no server name (RFC 6066 §3), for rustls
             // neither.
             return match ServerName::try_from(name).ok()? {
-                ServerName::DnsName(dns) => Some(dns.as_ref().to_ascii_lowercase()),
+                // One name, one form: lower case, without the root's dot
+                // (`Tenant-7.Example.` is `tenant-7.example`).
+                ServerName::DnsName(dns) => {
+                    let name = dns.as_ref();
+                    Some(name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase())
+                }
                 _ => None,
             };
         }
@@ -188,6 +193,17 @@ mod tests {
         assert_eq!(
             server_name(&bytes),
             Sni::Read(Some("tenant-7.example.com".into()))
+        );
+    }
+
+    /// One name has one form: the root's trailing dot is dropped, so a
+    /// client cannot make a second key of a tenant's name with it.
+    #[test]
+    fn a_name_with_the_roots_trailing_dot_is_the_name_without_it() {
+        let bytes = record(&hello(&sni_extension(b"Tenant-7.Example.")));
+        assert_eq!(
+            server_name(&bytes),
+            Sni::Read(Some("tenant-7.example".into()))
         );
     }
 

@@ -360,7 +360,11 @@ impl TlsAcceptor {
 
     /// Replaces the certificate chain and key with those of two PEM files,
     /// keeping every other setting (ALPN, versions); on an error the
-    /// configuration in use stays.
+    /// configuration in use stays. The certificate resolver becomes this
+    /// one certificate (a resolver choosing among several by SNI is
+    /// replaced: give the whole configuration to [`reload`](Self::reload)
+    /// for that). A [`reload`](Self::reload) running meanwhile is not
+    /// undone: the configuration is read and replaced under one lock.
     ///
     /// # Errors
     ///
@@ -371,9 +375,14 @@ impl TlsAcceptor {
         key: impl AsRef<Path>,
     ) -> Result<(), TlsError> {
         let certified = certified_key_from_pem_files(cert.as_ref(), key.as_ref())?;
-        let mut config = (*self.config()).clone();
+        let mut in_use = self
+            .config
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut config = (**in_use).clone();
         config.cert_resolver = Arc::new(rustls::sign::SingleCertAndKey::from(certified));
-        self.reload(config);
+        prepare_server_config(&mut config);
+        *in_use = Arc::new(config);
         Ok(())
     }
 
@@ -412,7 +421,10 @@ fn prepare_server_config(config: &mut rustls::ServerConfig) {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TlsInfo {
-    /// The server name the client asked for (SNI), on the server side.
+    /// The server name the client asked for (SNI), on the server side, in
+    /// lower case and without a trailing dot. The client chooses it (any
+    /// DNS name, whatever the certificate served names): a hint of the
+    /// tenant for placement, not an identity to trust.
     pub server_name: Option<String>,
     /// The application protocol agreed by ALPN.
     pub alpn: Option<Vec<u8>>,
@@ -1219,12 +1231,14 @@ impl TlsConn {
     /// One receive of ciphertext from the socket into the state's buffer.
     ///
     /// The kernel gets a buffer of its own: the state's whole buffer when
-    /// every record in it was taken, else a new one that starts with a
-    /// copy of what is left (a part record; while rustls protects the
-    /// first records, also the whole ones of a handshake message it has
-    /// not all seen, at most [`MAX_HANDSHAKE_HELD`], which are rare), so a receive
-    /// dropped in flight takes nothing the state still needs. The
-    /// received bytes are never copied again.
+    /// every record in it was taken (the received bytes are never copied
+    /// again), else a new one, whose bytes are then appended to what is
+    /// left (a part record; while rustls protects the first records, also
+    /// the whole ones of a handshake message it has not all seen, at most
+    /// [`MAX_HANDSHAKE_HELD`]), so a receive dropped in flight takes
+    /// nothing the state still needs. (Copying what is left into each new
+    /// buffer instead made a peer that sends a byte at a time cost the
+    /// whole part record per byte.)
     async fn receive_ciphertext(&self) -> io::Result<()> {
         let (landing, kept) = {
             let mut state = self.state();
@@ -1240,9 +1254,7 @@ impl TlsConn {
                 }
                 landing
             } else {
-                let mut landing = BytesMut::with_capacity(kept + room);
-                landing.extend_from_slice(&state.cipher_in);
-                landing
+                BytesMut::with_capacity(room)
             };
             (landing, kept)
         };
@@ -1251,12 +1263,14 @@ impl TlsConn {
         let landing = landing.into_inner();
         let mut state = self.state();
         let received = res?;
-        if state.cipher_in.len() == kept {
+        if kept == 0 && state.cipher_in.is_empty() {
             state.cipher_in = landing;
         } else {
-            // The state's bytes changed meanwhile (no second reader does
-            // that today): keep them, and append what came.
-            state.cipher_in.extend_from_slice(&landing[kept..]);
+            // After what is left (or, should the state's bytes have
+            // changed meanwhile, which no second reader does today, after
+            // them): what came.
+            let came = &landing[landing.len() - received..];
+            state.cipher_in.extend_from_slice(came);
         }
         (state.receive_room, state.small_receives) =
             next_receive_room(state.receive_room, room, received, state.small_receives);
