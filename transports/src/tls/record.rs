@@ -293,6 +293,12 @@ impl RecordLayer {
             return Err(protocol("data written after close_notify"));
         }
         let records = plain.len().div_ceil(MAX_PLAINTEXT).max(1);
+        // TLS 1.2 has no key update: a write its keys cannot cover whole
+        // is refused whole (its first records sent, then the end, would
+        // read as a clean end after part of it).
+        if !self.is_tls13() && self.tx_seq.saturating_add(records as u64) >= self.tx_limit {
+            return Err(self.end_at_limit(out));
+        }
         out.reserve(plain.len() + records * Sealer::OVERHEAD);
         for chunk in plain.chunks(MAX_PLAINTEXT) {
             self.encrypt(ContentType::ApplicationData, chunk, out)?;
@@ -333,6 +339,21 @@ impl RecordLayer {
         failure
     }
 
+    /// TLS 1.2's end at its record limit (it has no key update): said
+    /// cleanly, with `close_notify` (the last record the keys allow), as
+    /// rustls does; the failure to give back.
+    fn end_at_limit(&mut self, out: &mut BytesMut) -> TlsFailure {
+        if !self.close_notify_sent {
+            self.close_notify_sent = true;
+            let _ = self.encrypt_one(
+                ContentType::Alert,
+                &[ALERT_LEVEL_WARNING, u8::from(AlertDescription::CloseNotify)],
+                out,
+            );
+        }
+        protocol("the cipher suite's confidentiality limit was reached")
+    }
+
     /// One record, under the current key (after a key update of our own
     /// if the limit is reached).
     fn encrypt(
@@ -345,18 +366,7 @@ impl RecordLayer {
         // so the KeyUpdate itself is within it.
         if self.tx_seq.saturating_add(1) >= self.tx_limit {
             if !self.is_tls13() {
-                // TLS 1.2 has no key update: the end, said cleanly.
-                if !self.close_notify_sent {
-                    self.close_notify_sent = true;
-                    let _ = self.encrypt_one(
-                        ContentType::Alert,
-                        &[ALERT_LEVEL_WARNING, u8::from(AlertDescription::CloseNotify)],
-                        out,
-                    );
-                }
-                return Err(protocol(
-                    "the cipher suite's confidentiality limit was reached",
-                ));
+                return Err(self.end_at_limit(out));
             }
             self.update_tx_key(out)?;
         }

@@ -427,6 +427,28 @@ fn our_key_update_at_the_confidentiality_limit_keeps_a_rustls_peer_reading() {
     assert_eq!(read_all(&mut server), (b"after".to_vec(), false));
 }
 
+/// A write that would cross TLS 1.2's record limit part way is refused
+/// whole (as rustls checks every fragment before it writes any): the peer
+/// gets nothing of it, then the clean end, not its first records and then
+/// an end that reads as clean.
+#[test]
+fn tls12_near_its_limit_refuses_a_write_whole_not_part_of_it() {
+    let (mut client, mut server) =
+        pair(rustls::crypto::ring::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256);
+    let Phase::Traffic(layer) = &mut client.phase else {
+        unreachable!()
+    };
+    // Finished was record 0, "one" is record 1; a write of two records
+    // (2 and 3) would reach the limit of 4 at its second.
+    layer.set_tx_limit(4);
+    client.encrypt(b"one").unwrap();
+    let two_records = pattern(16 * 1024 + 1, 9);
+    let e = client.encrypt(&two_records).unwrap_err();
+    assert!(e.to_string().contains("confidentiality limit"), "{e}");
+    transfer(&mut client, &mut server);
+    assert_eq!(read_all(&mut server), (b"one".to_vec(), true));
+}
+
 #[test]
 fn tls12_refuses_to_send_past_the_confidentiality_limit() {
     let (mut client, mut server) =
