@@ -120,7 +120,8 @@ impl OpenOptions {
 
     /// Extra `open(2)` flags, e.g. `libc::O_DIRECT`. The access mode
     /// among them is ignored (`read`/`write` say it), and `O_TRUNC` or
-    /// `O_CREAT` without write access is refused, as the builder's own.
+    /// `O_CREAT` is refused without write or append access, as the
+    /// builder's own are.
     pub fn custom_flags(&mut self, flags: i32) -> &mut Self {
         self.custom_flags = flags;
         self
@@ -263,8 +264,13 @@ impl File {
     ///
     /// # Errors
     ///
-    /// Gives the file back while an abandoned operation still uses its descriptor.
+    /// Gives the file back while an abandoned operation still uses its
+    /// descriptor, or while the error of a sync given up is left unreported
+    /// (a sync or `close` reports it; a std file would not).
     pub fn into_std(self) -> Result<std::fs::File, File> {
+        if self.unreported.load(Ordering::Acquire) != 0 {
+            return Err(self);
+        }
         self.inner
             .into_owned()
             .map(std::fs::File::from)
@@ -565,10 +571,11 @@ impl File {
     ///
     /// The kernel's error (a close error can mean lost writes on some
     /// filesystems); the error of a sync given up before it completed, left
-    /// unreported (the file is closed all the same); `ResourceBusy` when an
-    /// operation given up on the file is still in flight: the descriptor
-    /// then closes when that operation completes, and what that close says
-    /// is not reported.
+    /// unreported (the file is closed all the same when nothing else holds
+    /// it); `ResourceBusy` when an operation given up on the file is still
+    /// in flight: the descriptor then closes when that operation
+    /// completes, and neither what that close says nor the error of a sync
+    /// still running then is reported.
     pub async fn close(self) -> io::Result<()> {
         self.check_shard()?;
         let unreported = self.take_unreported();
@@ -596,7 +603,9 @@ type SyncResources = (Arc<OwnedFd>, Arc<AtomicI32>);
 /// The cleanup of a sync whose future was dropped: keeps its error for the
 /// file's next sync or close (see `File::unreported`).
 fn keep_unseen_sync_error(res: i32, _flags: u32, resources: &dyn std::any::Any) {
-    if res >= 0 {
+    // Cancelled (the drop asks the ring to cancel it) or interrupted: it
+    // synced nothing and lost nothing; the next sync does the work.
+    if res >= 0 || res == -libc::ECANCELED || res == -libc::EINTR {
         return;
     }
     if let Some((_, unreported)) = resources.downcast_ref::<SyncResources>() {
@@ -979,8 +988,14 @@ mod tests {
             let e = file.sync_data().await.unwrap_err();
             assert_eq!(e.raw_os_error(), Some(libc::EIO));
             file.sync_data().await.expect("reported once");
+            // A sync cancelled by its drop, or interrupted, lost nothing.
+            keep_unseen_sync_error(-libc::ECANCELED, 0, &lent);
+            keep_unseen_sync_error(-libc::EINTR, 0, &lent);
+            file.sync_data().await.expect("nothing kept");
             keep_unseen_sync_error(-libc::EIO, 0, &lent);
             drop(lent);
+            // Not turned into a std file, which would not report it.
+            let file = file.into_std().expect_err("an error left unreported");
             let e = file.close().await.unwrap_err();
             assert_eq!(e.raw_os_error(), Some(libc::EIO));
         });

@@ -314,9 +314,7 @@ fn run<A: Actor>(
                     // shutdown).
                     let stop_waiting = matches!(
                         cell.stop_request.get(),
-                        Some(
-                            StopReason::Stopped | StopReason::ParentStopped | StopReason::Shutdown
-                        )
+                        Some(StopReason::ParentStopped | StopReason::Shutdown)
                     );
                     // (The handler's own `cx.stop()` before its panic is
                     // not such a request: the panic goes through

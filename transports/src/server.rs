@@ -1497,6 +1497,11 @@ const ACCEPT_BREATHER_MAX: Duration = Duration::from_secs(1);
 /// connection's own (each is counted in the stats' `accept_errors`).
 const ACCEPT_ERROR_REPORT_EVERY: Duration = Duration::from_secs(10);
 
+/// Bytes of big replies (sent in full batches) after which a connection's
+/// emptied outbound buffer lets go of its allocation (see
+/// `SessionCtx::wbuf_big_bytes`): replies under it reuse the buffer.
+pub(crate) const WBUF_KEEP_MAX: usize = 256 << 10;
+
 /// The least a send carries when there is that much to send (see
 /// [`ServerConfig::slow_reader_grace`]).
 const MIN_SEND_BATCH: usize = 64 << 10;
@@ -1848,11 +1853,11 @@ async fn drive<S: Session>(
             // A deferred reply that finished frees a place in the window
             // even when older ones still wait: that is progress too.
             let mut progressed = cx.poll_slots(task) || cx.pending_replies() < pending_before;
-            if send.is_none() && cx.wbuf.is_empty() && cx.wbuf_was_big {
-                // A big reply went out whole: its buffer goes (the sent
+            if send.is_none() && cx.wbuf.is_empty() && cx.wbuf_big_bytes >= WBUF_KEEP_MAX {
+                // Big replies went out whole: their buffer goes (the sent
                 // batches took views of it; this empty one kept it all).
                 cx.wbuf = BytesMut::new();
-                cx.wbuf_was_big = false;
+                cx.wbuf_big_bytes = 0;
             }
             if send.is_none() && !cx.wbuf.is_empty() {
                 counters.send_ops.fetch_add(1, Ordering::Relaxed);
@@ -1888,7 +1893,9 @@ async fn drive<S: Session>(
                     .wbuf
                     .len()
                     .min(config.outbound_high_water.max(MIN_SEND_BATCH));
-                cx.wbuf_was_big |= take >= MIN_SEND_BATCH;
+                if take >= MIN_SEND_BATCH {
+                    cx.wbuf_big_bytes = cx.wbuf_big_bytes.saturating_add(take);
+                }
                 let batch = cx.wbuf.split_to(take).freeze();
                 in_flight.bytes = batch.len();
                 send.set(Some(stream.send_all(batch)));

@@ -453,11 +453,12 @@ pub struct SessionCtx<S: Session> {
     pub(crate) encoder: S::Codec,
     /// Encoded bytes not yet handed to a send.
     pub(crate) wbuf: BytesMut,
-    /// A send took a full batch from `wbuf` (a big reply): once `wbuf` is
-    /// empty it lets go of its allocation rather than keep it for the next
-    /// reply (an idle connection would otherwise hold the biggest reply it
-    /// ever sent).
-    pub(crate) wbuf_was_big: bool,
+    /// Bytes sends took from `wbuf` in full batches since it last let go
+    /// of its allocation: past [`crate::server::WBUF_KEEP_MAX`], once
+    /// `wbuf` is empty, it lets go rather than keep the allocation for the
+    /// next reply (an idle connection would otherwise hold the biggest
+    /// reply it ever sent); replies under it keep reusing it.
+    pub(crate) wbuf_big_bytes: usize,
     /// Frames behind a deferred reply, in order; the front is the oldest.
     slots: VecDeque<Slot<FrameOut<S>>>,
     /// Deferred replies among `slots`.
@@ -515,7 +516,7 @@ impl<S: Session> SessionCtx<S> {
             proxy: None,
             encoder: codec,
             wbuf: BytesMut::new(),
-            wbuf_was_big: false,
+            wbuf_big_bytes: 0,
             slots: VecDeque::new(),
             pending: 0,
             held: 0,

@@ -139,8 +139,10 @@ impl StreamActor {
     }
 
     fn xgroup_inner(&mut self, args: &[Bytes], shared: &Shared) -> Result<Answer, Reply> {
-        // The session checks the arity before a stream sees the command;
-        // refused here too, never read past the end.
+        // The session checks each subcommand's arity before a stream sees
+        // the command; a command too short to name its stream and group
+        // (one that reached here by another way, as `XGROUP HELP` once
+        // did) is refused here too.
         let [_, sub, key, group, ..] = args else {
             return Err(bad_subcommand("XGROUP", args.get(1).map_or(&[][..], |a| a)));
         };
@@ -793,8 +795,10 @@ impl StreamActor {
     }
 
     fn xinfo_inner(&mut self, args: &[Bytes]) -> Result<Answer, Reply> {
-        // The session checks the arity before a stream sees the command;
-        // refused here too, never read past the end.
+        // The session checks each subcommand's arity before a stream sees
+        // the command; a command too short to name its stream (one that
+        // reached here by another way, as `XINFO HELP` once did) is
+        // refused here too.
         let [_, sub, key, ..] = args else {
             return Err(bad_subcommand("XINFO", args.get(1).map_or(&[][..], |a| a)));
         };

@@ -552,6 +552,8 @@ pub(crate) struct TlsState {
     receive_room: usize,
     /// Receives in a row that brought less than [`CIPHER_SMALL`].
     small_receives: u8,
+    /// Bytes the last receive of ciphertext brought.
+    last_received: usize,
     /// Plaintext rustls decrypted (data that came with the handshake's
     /// last records, or the first records it protects) and the caller has
     /// not taken yet.
@@ -617,6 +619,7 @@ impl TlsState {
             cipher_in: received,
             receive_room: CIPHER_SMALL,
             small_receives: SMALL_RECEIVES_TO_SHRINK,
+            last_received: usize::MAX,
             early_plain: BytesMut::new(),
             broken: None,
             peer_eof: false,
@@ -1230,15 +1233,16 @@ impl TlsConn {
 
     /// One receive of ciphertext from the socket into the state's buffer.
     ///
-    /// The kernel gets a buffer of its own: the state's whole buffer when
-    /// every record in it was taken (the received bytes are never copied
-    /// again), else a new one, whose bytes are then appended to what is
-    /// left (a part record; while rustls protects the first records, also
-    /// the whole ones of a handshake message it has not all seen, at most
-    /// [`MAX_HANDSHAKE_HELD`]), so a receive dropped in flight takes
-    /// nothing the state still needs. (Copying what is left into each new
-    /// buffer instead made a peer that sends a byte at a time cost the
-    /// whole part record per byte.)
+    /// The kernel gets a buffer of its own, so a receive dropped in flight
+    /// takes nothing the state still needs: the state's whole buffer when
+    /// every record in it was taken; else, what is left (a part record;
+    /// while rustls protects the first records, also the whole ones of a
+    /// handshake message it has not all seen, at most
+    /// [`MAX_HANDSHAKE_HELD`]) is copied into a new one when the last
+    /// receive brought at least as much (a bulk transfer: the received
+    /// bytes are never copied again), and otherwise the new one's bytes are
+    /// appended to it (a peer sending a byte at a time would cost a copy of
+    /// the whole part record per byte).
     async fn receive_ciphertext(&self) -> io::Result<()> {
         let (landing, kept) = {
             let mut state = self.state();
@@ -1253,6 +1257,10 @@ impl TlsConn {
                     landing = BytesMut::with_capacity(room);
                 }
                 landing
+            } else if kept <= state.last_received {
+                let mut landing = BytesMut::with_capacity(kept + room);
+                landing.extend_from_slice(&state.cipher_in);
+                landing
             } else {
                 BytesMut::with_capacity(room)
             };
@@ -1263,7 +1271,9 @@ impl TlsConn {
         let landing = landing.into_inner();
         let mut state = self.state();
         let received = res?;
-        if kept == 0 && state.cipher_in.is_empty() {
+        state.last_received = received;
+        if landing.len() - received == kept && state.cipher_in.len() == kept {
+            // It holds what was left, then what came.
             state.cipher_in = landing;
         } else {
             // After what is left (or, should the state's bytes have

@@ -296,7 +296,8 @@ impl RecordLayer {
         // TLS 1.2 has no key update: a write its keys cannot cover whole
         // is refused whole (its first records sent, then the end, would
         // read as a clean end after part of it).
-        if !self.is_tls13() && self.tx_seq.saturating_add(records as u64) >= self.tx_limit {
+        let sealed = plain.len().div_ceil(MAX_PLAINTEXT) as u64;
+        if !self.is_tls13() && sealed > 0 && self.tx_seq.saturating_add(sealed) >= self.tx_limit {
             return Err(self.end_at_limit(out));
         }
         out.reserve(plain.len() + records * Sealer::OVERHEAD);
