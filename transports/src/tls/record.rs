@@ -41,6 +41,10 @@ pub(super) const MAX_PLAINTEXT: usize = 1 << 14;
 /// The most ciphertext one record may carry (TLS 1.2's bound, RFC 5246
 /// §6.2.3; TLS 1.3's is 256 bytes past the plaintext).
 const MAX_CIPHERTEXT: usize = MAX_PLAINTEXT + 2048;
+/// TLS 1.3's bound on one record's ciphertext (RFC 8446 §5.2): a longer
+/// one is refused with `record_overflow` from its header, before its body
+/// is buffered or decrypted.
+const MAX_CIPHERTEXT_TLS13: usize = MAX_PLAINTEXT + 256;
 /// The most bytes of post-handshake messages held while they are split
 /// over records.
 const MAX_HANDSHAKE_MESSAGE: usize = 64 << 10;
@@ -471,7 +475,12 @@ impl RecordLayer {
         let typ = ContentType::from(header[0]);
         let version = ProtocolVersion::from(u16::from_be_bytes([header[1], header[2]]));
         let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
-        if len > MAX_CIPHERTEXT {
+        let max = if self.is_tls13() {
+            MAX_CIPHERTEXT_TLS13
+        } else {
+            MAX_CIPHERTEXT
+        };
+        if len > max {
             return Err(self.fail(
                 AlertDescription::RecordOverflow,
                 protocol(format!("a record of {len} bytes, over the limit")),

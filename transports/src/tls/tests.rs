@@ -555,6 +555,17 @@ fn bad_records_refused(hand_over: u32) {
         // The alert that says why is queued for the peer.
         assert!(server.wants_write());
     }
+    // Past TLS 1.3's bound (2^14 + 256), though within TLS 1.2's: refused
+    // from the header, with `record_overflow`, by our record layer.
+    if hand_over == 0 {
+        let (_client, mut server) = pair(suite);
+        let len = (16 * 1024 + 257) as u16;
+        server.cipher_in.extend_from_slice(&[23, 3, 3]);
+        server.cipher_in.extend_from_slice(&len.to_be_bytes());
+        let e = server.read(&mut BytesMut::with_capacity(100)).unwrap_err();
+        assert!(e.to_string().contains("over the limit"), "{e}");
+        assert!(server.wants_write(), "the alert is queued");
+    }
     // A fatal alert from the peer fails the connection with its name.
     let (mut server, mut client, _) = our_server_and_rustls_client(suite);
     client.send_close_notify();
