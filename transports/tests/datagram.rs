@@ -993,7 +993,9 @@ fn a_handler_past_the_handler_timeout_ends_its_session_and_frees_its_key() {
 }
 
 /// With no handler timeout, a slow handler is waited for however long it
-/// takes.
+/// takes, and neither the idle expiry (six times shorter than the wait
+/// here) nor anything else ends its session meanwhile: the peer's next
+/// datagram queues behind it instead of opening a session of its own.
 #[test]
 fn without_a_handler_timeout_a_slow_handler_is_waited_for() {
     let rt = runtime();
@@ -1006,12 +1008,18 @@ fn without_a_handler_timeout_a_slow_handler_is_waited_for() {
     let p = peer();
     p.send_to(b"stuck", addr).unwrap();
     std::thread::sleep(Duration::from_millis(300));
+    p.send_to(b"behind", addr).unwrap();
+    wait_until("the datagram behind", || {
+        total(&server.stats(), |s| s.datagrams_in) == 2
+    });
+    std::thread::sleep(Duration::from_millis(50));
     assert!(
         closes.lock().unwrap().is_empty(),
         "{:?}",
         closes.lock().unwrap()
     );
     assert_eq!(total(&server.stats(), |s| s.handler_timeouts), 0);
+    assert_eq!(total(&server.stats(), |s| s.opened), 1, "one session");
     assert_eq!(
         rt.block_on(server.shutdown()),
         1,
